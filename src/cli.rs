@@ -1,0 +1,255 @@
+//! The command line: one subcommand per job, each with help a user can act on.
+//!
+//! This module owns argument parsing, logging set-up and printing. It must not
+//! hold logic of its own: each subcommand hands over to its module.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::device::{self, Inventory};
+use crate::host::HostRoot;
+use crate::simulate;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "gpu-operator",
+    version,
+    about = "Runs AMD Instinct and Radeon GPUs on Kubernetes and on bare metal",
+    long_about = "Runs AMD Instinct and Radeon GPUs on Kubernetes and on bare metal.\n\n\
+        One binary does the node work (discovery, device plugin, labels, metrics, health) \
+        and, on the elected agent, reconciles DeviceConfig resources cluster-wide.\n\n\
+        Try it without a GPU:\n  \
+        gpu-operator simulate --profile mi300x --partition cpx_nps4 --out /tmp/h\n  \
+        gpu-operator discover --host-root /tmp/h"
+)]
+pub struct Cli {
+    /// Log format on stderr.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "GPU_OPERATOR_LOG_FORMAT")]
+    pub log_format: LogFormat,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// List the AMD GPUs on this host, their partitions and links.
+    ///
+    /// Reads sysfs and the KFD topology under the host root. Problems with single
+    /// GPUs are reported in the output, not as failures; the exit code is non-zero
+    /// only when the host root itself cannot be read.
+    Discover(DiscoverArgs),
+    /// Write a simulated GPU host (sysfs, devfs, /sys/module/amdgpu) into a directory.
+    ///
+    /// Every other subcommand reads the result exactly as it reads a real host:
+    /// pass the directory as --host-root. Writing again into the same directory
+    /// replaces the simulated GPUs, which is how to repartition or hot-add.
+    Simulate(SimulateArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct HostRootArg {
+    /// Directory that stands for the host's `/` (e.g. /host in a container, or a
+    /// directory written by `gpu-operator simulate`).
+    #[arg(long, value_name = "DIR", default_value = "/", env = "GPU_OPERATOR_HOST_ROOT")]
+    pub host_root: PathBuf,
+}
+
+impl HostRootArg {
+    /// The host root, checked to be a readable directory.
+    pub fn open(&self) -> Result<HostRoot, String> {
+        match std::fs::metadata(&self.host_root) {
+            Ok(meta) if meta.is_dir() => Ok(HostRoot::new(&self.host_root)),
+            Ok(_) => Err(format!("host root {} is not a directory", self.host_root.display())),
+            Err(e) => Err(format!("host root {}: {e}", self.host_root.display())),
+        }
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct DiscoverArgs {
+    #[command(flatten)]
+    pub host: HostRootArg,
+    /// `table` for people, `json` for tools (shape documented in README).
+    #[arg(long, short, value_enum, default_value_t = OutputFormat::Table)]
+    pub output: OutputFormat,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum OutputFormat {
+    Table,
+    Json,
+}
+
+#[derive(Args, Debug)]
+pub struct SimulateArgs {
+    /// Machine to simulate: mi300x, mi250x, mi210, radeon-w7900 or mi300x-vf.
+    #[arg(long, value_name = "NAME", value_parser = clap::builder::PossibleValuesParser::new(simulate::PROFILES.iter().map(|p| p.name)))]
+    pub profile: String,
+    /// Directory to write into: empty, new, or written by an earlier `simulate`.
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
+    /// Number of GPUs as discovery reports them (an MI250X card counts as two).
+    /// Defaults to the profile's usual count.
+    #[arg(long, value_name = "N")]
+    pub gpus: Option<usize>,
+    /// Partition mode of partitionable profiles, COMPUTE_MEMORY, e.g. cpx_nps4 or
+    /// spx_nps1 (the default).
+    #[arg(long, value_name = "COMPUTE_MEMORY")]
+    pub partition: Option<String>,
+    /// Simulate the GPUs with no amdgpu driver bound (no module, KFD or DRM nodes).
+    #[arg(long)]
+    pub no_driver: bool,
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.log_format);
+    match cli.command {
+        Command::Discover(args) => run_discover(args),
+        Command::Simulate(args) => run_simulate(args),
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    // A second initialisation (in tests) is harmless, so its error is ignored.
+    let _ = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+}
+
+/// Prints `error: <message>` and returns the given exit code.
+pub fn fail(message: impl std::fmt::Display, code: u8) -> ExitCode {
+    eprintln!("error: {message}");
+    ExitCode::from(code)
+}
+
+fn run_discover(args: DiscoverArgs) -> ExitCode {
+    let host = match args.host.open() {
+        Ok(host) => host,
+        Err(message) => return fail(message, 2),
+    };
+    let inventory = device::discover(&host);
+    for warning in &inventory.warnings {
+        tracing::warn!(%warning, "discovery");
+    }
+    match args.output {
+        OutputFormat::Json => match serde_json::to_string_pretty(&inventory) {
+            Ok(json) => println!("{json}"),
+            Err(e) => return fail(format!("cannot encode inventory: {e}"), 1),
+        },
+        OutputFormat::Table => print!("{}", inventory_table(&inventory)),
+    }
+    ExitCode::SUCCESS
+}
+
+/// One row per GPU, its partitions beneath, then problems.
+pub fn inventory_table(inventory: &Inventory) -> String {
+    let mut out = String::new();
+    let driver = &inventory.driver;
+    let _ = writeln!(
+        out,
+        "driver: {} (version {}, /dev/kfd {})",
+        if driver.loaded { "loaded" } else { "not loaded" },
+        driver.version.as_deref().unwrap_or("inbox/unknown"),
+        if driver.kfd_present { "present" } else { "absent" },
+    );
+    let _ = writeln!(out, "{} GPU(s)", inventory.gpus.len());
+    if inventory.gpus.is_empty() {
+        return out;
+    }
+    let _ = writeln!(
+        out,
+        "{:<13} {:<24} {:<6} {:>4} {:>5} {:>7} {:>4} {:>7} {:>5} {:<8} {:<10} {:<20}",
+        "BDF", "PRODUCT", "DEVICE", "NUMA", "CARD", "RENDER", "KFD", "VRAM", "CUS", "PARTS", "GFX", "HIVE"
+    );
+    let opt = |v: Option<u32>| v.map_or("-".to_owned(), |v| v.to_string());
+    for gpu in &inventory.gpus {
+        let _ = writeln!(
+            out,
+            "{:<13} {:<24} {:<6} {:>4} {:>5} {:>7} {:>4} {:>7} {:>5} {:<8} {:<10} {:<20}",
+            gpu.bdf,
+            gpu.product_name.as_deref().unwrap_or("-"),
+            format!("{:04x}", gpu.device_id),
+            gpu.numa_node.map_or("-".to_owned(), |n| n.to_string()),
+            opt(gpu.card),
+            opt(gpu.render_minor),
+            opt(gpu.kfd_node),
+            gpu.vram_bytes
+                .map_or("-".to_owned(), |b| format!("{}G", b >> 30)),
+            opt(gpu.cu_count),
+            gpu.partition_profile().unwrap_or_else(|| "-".into()),
+            gpu.gfx_target_version
+                .map_or("-".to_owned(), |v| v.to_string()),
+            gpu.hive_id.map_or("-".to_owned(), |h| h.to_string()),
+        );
+        for part in &gpu.partitions {
+            let _ = writeln!(
+                out,
+                "  partition {:<2} card {:>3}  render {:>3}  kfd {:>3}",
+                part.id,
+                opt(part.card),
+                opt(part.render_minor),
+                opt(part.kfd_node),
+            );
+        }
+        if !gpu.links.is_empty() {
+            let xgmi = gpu
+                .links
+                .iter()
+                .filter(|l| l.kind == device::LinkKind::Xgmi)
+                .count();
+            let _ = writeln!(
+                out,
+                "  links: {} xgmi, {} other",
+                xgmi,
+                gpu.links.len() - xgmi
+            );
+        }
+        for problem in &gpu.problems {
+            let _ = writeln!(out, "  problem: {problem}");
+        }
+    }
+    for warning in &inventory.warnings {
+        let _ = writeln!(out, "warning: {warning}");
+    }
+    out
+}
+
+fn run_simulate(args: SimulateArgs) -> ExitCode {
+    let mut spec = match simulate::SimSpec::new(&args.profile, args.gpus, args.partition.as_deref()) {
+        Ok(spec) => spec,
+        Err(e) => return fail(e, 2),
+    };
+    spec.driver_loaded = !args.no_driver;
+    let host = HostRoot::new(&args.out);
+    match simulate::write_host(&host, &spec) {
+        Ok(summary) => {
+            println!(
+                "simulated {} with {} GPU(s), {} KFD GPU node(s), {} files in {}",
+                spec.profile.name,
+                summary.gpus,
+                summary.partitions,
+                summary.files,
+                args.out.display()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(e, 1),
+    }
+}

@@ -1,0 +1,404 @@
+//! KFD topology: `/sys/class/kfd/kfd/topology/nodes/*`.
+//!
+//! The kernel's compute driver (KFD) describes every CPU and GPU agent as a
+//! topology node with a `properties` file of `key value` lines, plus memory banks
+//! and links to other nodes. A GPU split into partitions shows one node per
+//! partition; the partitions of one physical GPU share `unique_id` and differ in
+//! the function bits of `location_id`.
+//!
+//! This module parses nodes and groups them into physical GPUs. It does not know
+//! about PCI or DRM; `discover` joins those in.
+
+use std::collections::BTreeMap;
+
+use super::model::{Link, LinkKind, format_bdf, split_location_id};
+use crate::host::HostRoot;
+
+pub const TOPOLOGY_DIR: &str = "/sys/class/kfd/kfd/topology";
+
+/// The subset of a node's `properties` that discovery uses.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeProperties {
+    pub cpu_cores_count: u64,
+    pub simd_count: u64,
+    pub simd_per_cu: u64,
+    pub gfx_target_version: u64,
+    pub vendor_id: u64,
+    pub device_id: u64,
+    pub location_id: u64,
+    pub domain: u64,
+    pub drm_render_minor: Option<u64>,
+    pub hive_id: u64,
+    pub unique_id: u64,
+    pub num_xcc: Option<u64>,
+    pub local_mem_size: u64,
+}
+
+impl NodeProperties {
+    /// Parses a `properties` file. Lines that do not parse are returned as problems;
+    /// the rest are kept, so one bad line costs one value, not the node.
+    pub fn parse(text: &str) -> (Self, Vec<String>) {
+        let mut props = NodeProperties::default();
+        let mut problems = Vec::new();
+        for line in text.lines() {
+            let line = line.trim();
+            if line.is_empty() {
+                continue;
+            }
+            let Some((key, value)) = line.split_once(char::is_whitespace) else {
+                problems.push(format!("property line {line:?} has no value"));
+                continue;
+            };
+            let value = value.trim();
+            let Ok(number) = value.parse::<u64>() else {
+                problems.push(format!("property {key}: {value:?} is not a number"));
+                continue;
+            };
+            match key {
+                "cpu_cores_count" => props.cpu_cores_count = number,
+                "simd_count" => props.simd_count = number,
+                "simd_per_cu" => props.simd_per_cu = number,
+                "gfx_target_version" => props.gfx_target_version = number,
+                "vendor_id" => props.vendor_id = number,
+                "device_id" => props.device_id = number,
+                "location_id" => props.location_id = number,
+                "domain" => props.domain = number,
+                "drm_render_minor" => props.drm_render_minor = Some(number),
+                "hive_id" => props.hive_id = number,
+                "unique_id" => props.unique_id = number,
+                "num_xcc" => props.num_xcc = Some(number),
+                "local_mem_size" => props.local_mem_size = number,
+                _ => {}
+            }
+        }
+        (props, problems)
+    }
+
+    /// GPUs have SIMDs; CPU agents report `simd_count 0`.
+    pub fn is_gpu(&self) -> bool {
+        self.simd_count > 0
+    }
+
+    /// The PCI address encoded in `domain` and `location_id`.
+    pub fn bdf(&self) -> String {
+        let (bus, device, function) = split_location_id(self.location_id);
+        format_bdf(self.domain as u32, bus, device, function)
+    }
+
+    /// The PCI address with the function bits cleared: what the partitions of one
+    /// GPU have in common when `unique_id` is not reported.
+    fn slot(&self) -> (u64, u64) {
+        (self.domain, self.location_id & !0x7)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KfdLink {
+    pub kind: LinkKind,
+    pub node_to: u32,
+    pub weight: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KfdNode {
+    pub id: u32,
+    pub props: NodeProperties,
+    /// Sum of the framebuffer memory banks (heap types 1 and 2), when reported.
+    pub vram_bytes: Option<u64>,
+    /// Links are read only for the first node of each physical GPU (see
+    /// [`read_topology`]); empty elsewhere.
+    pub links: Vec<KfdLink>,
+    pub problems: Vec<String>,
+}
+
+/// All KFD nodes of a host, ordered by node id.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KfdTopology {
+    pub nodes: Vec<KfdNode>,
+    /// Problems that belong to no single node (an unreadable nodes directory).
+    pub problems: Vec<String>,
+}
+
+/// One physical GPU as KFD sees it: its nodes, first the one whose `location_id`
+/// has the lowest function number (partition 0).
+#[derive(Clone, Debug)]
+pub struct KfdGpu<'a> {
+    pub nodes: Vec<&'a KfdNode>,
+}
+
+impl KfdGpu<'_> {
+    pub fn primary(&self) -> &KfdNode {
+        self.nodes[0]
+    }
+
+    pub fn bdf(&self) -> String {
+        self.primary().props.bdf()
+    }
+
+    pub fn simd_count(&self) -> u64 {
+        self.nodes.iter().map(|n| n.props.simd_count).sum()
+    }
+
+    pub fn cu_count(&self) -> Option<u64> {
+        let per_cu = self.primary().props.simd_per_cu;
+        (per_cu > 0).then(|| self.simd_count() / per_cu)
+    }
+}
+
+impl KfdTopology {
+    pub fn gpu_nodes(&self) -> impl Iterator<Item = &KfdNode> {
+        self.nodes.iter().filter(|n| n.props.is_gpu())
+    }
+
+    pub fn node(&self, id: u32) -> Option<&KfdNode> {
+        self.nodes
+            .binary_search_by_key(&id, |n| n.id)
+            .ok()
+            .map(|i| &self.nodes[i])
+    }
+
+    /// Groups GPU nodes into physical GPUs: by `unique_id` when the kernel reports
+    /// one, else by PCI slot (domain, bus and device). Ordered by PCI address.
+    pub fn gpus(&self) -> Vec<KfdGpu<'_>> {
+        let mut groups: BTreeMap<GroupKey, Vec<&KfdNode>> = BTreeMap::new();
+        for node in self.gpu_nodes() {
+            groups.entry(group_key(&node.props)).or_default().push(node);
+        }
+        let mut gpus: Vec<KfdGpu<'_>> = groups
+            .into_values()
+            .map(|mut nodes| {
+                nodes.sort_by_key(|n| (n.props.location_id, n.id));
+                KfdGpu { nodes }
+            })
+            .collect();
+        gpus.sort_by_key(|g| (g.primary().props.domain, g.primary().props.location_id));
+        gpus
+    }
+}
+
+impl KfdTopology {
+    /// The links from one physical GPU to the others, one per peer: the fastest kind
+    /// seen and the lowest weight. Links to CPUs and between partitions of the same
+    /// GPU are left out. Ordered fastest first, then by address.
+    pub fn links_of(&self, gpu: &KfdGpu<'_>) -> Vec<Link> {
+        let owner_bdf: BTreeMap<u32, String> = self
+            .gpus()
+            .iter()
+            .flat_map(|g| {
+                let bdf = g.bdf();
+                g.nodes.iter().map(move |n| (n.id, bdf.clone()))
+            })
+            .collect();
+        let own = gpu.bdf();
+        let mut best: BTreeMap<String, (LinkKind, u32)> = BTreeMap::new();
+        for link in gpu.nodes.iter().flat_map(|n| &n.links) {
+            let Some(to_bdf) = owner_bdf.get(&link.node_to) else {
+                continue;
+            };
+            if *to_bdf == own {
+                continue;
+            }
+            best.entry(to_bdf.clone())
+                .and_modify(|(kind, weight)| {
+                    *kind = (*kind).min(link.kind);
+                    *weight = (*weight).min(link.weight);
+                })
+                .or_insert((link.kind, link.weight));
+        }
+        let mut links: Vec<Link> = best
+            .into_iter()
+            .map(|(to_bdf, (kind, weight))| Link {
+                to_bdf,
+                kind,
+                weight,
+            })
+            .collect();
+        links.sort_by(|a, b| (a.kind, a.weight, &a.to_bdf).cmp(&(b.kind, b.weight, &b.to_bdf)));
+        links
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum GroupKey {
+    Unique(u64),
+    Slot(u64, u64),
+}
+
+fn group_key(props: &NodeProperties) -> GroupKey {
+    if props.unique_id != 0 {
+        GroupKey::Unique(props.unique_id)
+    } else {
+        let (domain, slot) = props.slot();
+        GroupKey::Slot(domain, slot)
+    }
+}
+
+/// Reads the topology under `dir` (normally [`TOPOLOGY_DIR`]). An absent directory
+/// is an empty topology: the driver is not loaded, or this is not a GPU host.
+///
+/// To stay fast on partitioned hosts (an MI300X in CPX mode has 64 GPU nodes with
+/// 63 links each), links are read only for the first node of each physical GPU:
+/// partitions of one GPU share its links.
+pub fn read_topology(host: &HostRoot, dir: &str) -> KfdTopology {
+    let mut topology = KfdTopology::default();
+    let nodes_dir = format!("{dir}/nodes");
+    let names = match host.list_dir_or_empty(&nodes_dir) {
+        Ok(names) => names,
+        Err(e) => {
+            topology.problems.push(e.to_string());
+            return topology;
+        }
+    };
+    for name in names {
+        let Ok(id) = name.parse::<u32>() else {
+            continue;
+        };
+        let node_dir = format!("{nodes_dir}/{name}");
+        match host.read_string(format!("{node_dir}/properties")) {
+            Ok(text) => {
+                let (props, problems) = NodeProperties::parse(&text);
+                let problems = problems
+                    .into_iter()
+                    .map(|p| format!("kfd node {id}: {p}"))
+                    .collect();
+                topology.nodes.push(KfdNode {
+                    id,
+                    props,
+                    vram_bytes: None,
+                    links: Vec::new(),
+                    problems,
+                });
+            }
+            // A node that vanished mid-scan is simply gone.
+            Err(e) if e.is_not_found() => {}
+            Err(e) => topology.problems.push(format!("kfd node {id}: {e}")),
+        }
+    }
+    topology.nodes.sort_by_key(|n| n.id);
+
+    let primaries: Vec<u32> = topology.gpus().iter().map(|g| g.primary().id).collect();
+    for node in topology.nodes.iter_mut().filter(|n| n.props.is_gpu()) {
+        let node_dir = format!("{nodes_dir}/{}", node.id);
+        node.vram_bytes = read_vram(host, &node_dir, &mut node.problems);
+        if primaries.contains(&node.id) {
+            for kind in ["io_links", "p2p_links"] {
+                read_links(host, &format!("{node_dir}/{kind}"), node);
+            }
+        }
+    }
+    topology
+}
+
+fn read_vram(host: &HostRoot, node_dir: &str, problems: &mut Vec<String>) -> Option<u64> {
+    let banks_dir = format!("{node_dir}/mem_banks");
+    let names = host.list_dir_or_empty(&banks_dir).unwrap_or_else(|e| {
+        problems.push(e.to_string());
+        Vec::new()
+    });
+    let mut total = None;
+    for name in names {
+        let text = match host.read_string(format!("{banks_dir}/{name}/properties")) {
+            Ok(text) => text,
+            Err(e) if e.is_not_found() => continue,
+            Err(e) => {
+                problems.push(e.to_string());
+                continue;
+            }
+        };
+        let fields = parse_pairs(&text);
+        // Heap types 1 (FB_PUBLIC) and 2 (FB_PRIVATE) are device memory.
+        if matches!(fields.get("heap_type"), Some(1 | 2)) {
+            if let Some(size) = fields.get("size_in_bytes") {
+                *total.get_or_insert(0u64) += size;
+            }
+        }
+    }
+    total
+}
+
+fn read_links(host: &HostRoot, links_dir: &str, node: &mut KfdNode) {
+    let names = match host.list_dir_or_empty(links_dir) {
+        Ok(names) => names,
+        Err(e) => {
+            node.problems.push(e.to_string());
+            return;
+        }
+    };
+    for name in names {
+        match host.read_string(format!("{links_dir}/{name}/properties")) {
+            Ok(text) => {
+                let fields = parse_pairs(&text);
+                match (fields.get("type"), fields.get("node_to")) {
+                    (Some(&kind), Some(&to)) => node.links.push(KfdLink {
+                        kind: LinkKind::from_kfd_type(kind),
+                        node_to: to as u32,
+                        weight: fields.get("weight").copied().unwrap_or(0) as u32,
+                    }),
+                    _ => node
+                        .problems
+                        .push(format!("{links_dir}/{name}: link without type or node_to")),
+                }
+            }
+            Err(e) if e.is_not_found() => {}
+            Err(e) => node.problems.push(format!("unreadable link: {e}")),
+        }
+    }
+}
+
+/// Parses `key value` lines, skipping any that are not `word number`.
+fn parse_pairs(text: &str) -> BTreeMap<&str, u64> {
+    text.lines()
+        .filter_map(|line| {
+            let (key, value) = line.trim().split_once(char::is_whitespace)?;
+            Some((key, value.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn properties_keep_good_lines_and_report_bad_ones() {
+        let (props, problems) = NodeProperties::parse(
+            "simd_count 152\nlocation_id 1280\nhive_id 15188982192727901047\ndomain x\nlonely\n",
+        );
+        assert_eq!(props.simd_count, 152);
+        assert_eq!(props.hive_id, 15188982192727901047);
+        assert_eq!(props.bdf(), "0000:05:00.0");
+        assert_eq!(problems.len(), 2, "{problems:?}");
+    }
+
+    #[test]
+    fn nodes_group_by_unique_id_else_by_slot() {
+        let node = |id, location_id, unique_id| KfdNode {
+            id,
+            props: NodeProperties {
+                simd_count: 4,
+                location_id,
+                unique_id,
+                ..Default::default()
+            },
+            vram_bytes: None,
+            links: vec![],
+            problems: vec![],
+        };
+        let topology = KfdTopology {
+            nodes: vec![
+                node(2, 1281, 7),
+                node(3, 1280, 7),
+                node(4, 9984, 0),
+                node(5, 9985, 0),
+                node(6, 18176, 9),
+            ],
+            problems: vec![],
+        };
+        let gpus = topology.gpus();
+        assert_eq!(gpus.len(), 3);
+        assert_eq!(gpus[0].primary().id, 3, "partition 0 has the lowest function");
+        assert_eq!(gpus[0].nodes.len(), 2);
+        assert_eq!(gpus[1].nodes.len(), 2);
+        assert_eq!(gpus[2].bdf(), "0000:47:00.0");
+    }
+}

@@ -1,0 +1,305 @@
+//! Host access: every file this program reads or writes on the host goes through
+//! a [`HostRoot`].
+//!
+//! The root is `/` on a bare-metal host, typically `/host` inside a container that
+//! mounts the host's `/sys` and `/dev`, and a temporary directory in tests and demos,
+//! where `gpu-operator simulate` has written a tree that mirrors the kernel's layout.
+//! Code elsewhere names host paths exactly as they appear on a real host
+//! (`/sys/class/kfd/...`) and never joins the root itself.
+//!
+//! This module owns path mapping, bounded reads and the parsing of single-value
+//! sysfs attributes. It must not know what any file means: that belongs to the
+//! modules that read them.
+
+use std::fs;
+use std::io::{self, Read};
+use std::path::{Component, Path, PathBuf};
+use std::str::FromStr;
+
+/// Upper bound for one attribute read. sysfs attributes fit in a page; the bound
+/// keeps a misbehaving file (or a device node mistaken for one) from filling memory.
+const MAX_ATTR_BYTES: u64 = 64 * 1024;
+
+/// An error from host access. It always names the host path it concerns.
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{path}: cannot parse {value:?} as {expected}")]
+    Parse {
+        path: PathBuf,
+        value: String,
+        expected: &'static str,
+    },
+}
+
+impl HostError {
+    /// True when the file or one of its parents does not exist: the normal way for
+    /// an optional attribute to be absent, or for a device to vanish mid-scan.
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, HostError::Io { source, .. } if source.kind() == io::ErrorKind::NotFound)
+    }
+
+    fn io(path: &Path, source: io::Error) -> Self {
+        HostError::Io {
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+}
+
+pub type Result<T, E = HostError> = std::result::Result<T, E>;
+
+/// The root under which host paths are resolved.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostRoot {
+    root: PathBuf,
+}
+
+impl Default for HostRoot {
+    fn default() -> Self {
+        Self::new("/")
+    }
+}
+
+impl HostRoot {
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        Self { root: root.into() }
+    }
+
+    /// The directory that stands for the host's `/`.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Maps a host path (`/sys/bus/pci`) to where it lives under this root.
+    /// `..` components are dropped, so a path can never climb out of the root.
+    pub fn path(&self, host_path: impl AsRef<Path>) -> PathBuf {
+        let mut out = self.root.clone();
+        for component in host_path.as_ref().components() {
+            if let Component::Normal(part) = component {
+                out.push(part);
+            }
+        }
+        out
+    }
+
+    pub fn exists(&self, host_path: impl AsRef<Path>) -> bool {
+        self.path(host_path).exists()
+    }
+
+    /// Reads a whole (small) file as UTF-8, at most 64 KiB.
+    pub fn read_string(&self, host_path: impl AsRef<Path>) -> Result<String> {
+        let path = self.path(host_path);
+        let file = fs::File::open(&path).map_err(|e| HostError::io(&path, e))?;
+        let mut buf = String::new();
+        file.take(MAX_ATTR_BYTES)
+            .read_to_string(&mut buf)
+            .map_err(|e| HostError::io(&path, e))?;
+        Ok(buf)
+    }
+
+    /// Reads a sysfs attribute: the file's content with surrounding white space removed.
+    pub fn read_attr(&self, host_path: impl AsRef<Path>) -> Result<String> {
+        self.read_string(host_path).map(|s| s.trim().to_owned())
+    }
+
+    /// Reads an optional attribute: `Ok(None)` when the file is absent or empty.
+    pub fn read_optional_attr(&self, host_path: impl AsRef<Path>) -> Result<Option<String>> {
+        match self.read_attr(host_path) {
+            Ok(value) if value.is_empty() => Ok(None),
+            Ok(value) => Ok(Some(value)),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Reads an attribute and parses it with `FromStr`; `expected` names the type in errors.
+    pub fn read_parsed<T: FromStr>(
+        &self,
+        host_path: impl AsRef<Path>,
+        expected: &'static str,
+    ) -> Result<T> {
+        let host_path = host_path.as_ref();
+        let value = self.read_attr(host_path)?;
+        value.parse().map_err(|_| HostError::Parse {
+            path: self.path(host_path),
+            value,
+            expected,
+        })
+    }
+
+    /// Reads a hexadecimal attribute such as `0x1002` (the `0x` is optional).
+    pub fn read_hex(&self, host_path: impl AsRef<Path>) -> Result<u64> {
+        let host_path = host_path.as_ref();
+        let value = self.read_attr(host_path)?;
+        parse_hex(&value).ok_or_else(|| HostError::Parse {
+            path: self.path(host_path),
+            value,
+            expected: "a hexadecimal number",
+        })
+    }
+
+    /// Lists the names in a directory, sorted. Names that are not UTF-8 are skipped:
+    /// no kernel object this program cares about has one.
+    pub fn list_dir(&self, host_path: impl AsRef<Path>) -> Result<Vec<String>> {
+        let path = self.path(host_path);
+        let entries = fs::read_dir(&path).map_err(|e| HostError::io(&path, e))?;
+        let mut names = Vec::new();
+        for entry in entries {
+            let entry = entry.map_err(|e| HostError::io(&path, e))?;
+            if let Ok(name) = entry.file_name().into_string() {
+                names.push(name);
+            }
+        }
+        names.sort();
+        Ok(names)
+    }
+
+    /// Like [`HostRoot::list_dir`], but an absent directory is an empty list.
+    pub fn list_dir_or_empty(&self, host_path: impl AsRef<Path>) -> Result<Vec<String>> {
+        match self.list_dir(host_path) {
+            Err(e) if e.is_not_found() => Ok(Vec::new()),
+            other => other,
+        }
+    }
+
+    /// Writes a file, creating its parent directories.
+    pub fn write(&self, host_path: impl AsRef<Path>, contents: impl AsRef<[u8]>) -> Result<()> {
+        let path = self.path(host_path);
+        if let Some(parent) = path.parent() {
+            fs::create_dir_all(parent).map_err(|e| HostError::io(parent, e))?;
+        }
+        fs::write(&path, contents).map_err(|e| HostError::io(&path, e))
+    }
+
+    pub fn create_dir_all(&self, host_path: impl AsRef<Path>) -> Result<()> {
+        let path = self.path(host_path);
+        fs::create_dir_all(&path).map_err(|e| HostError::io(&path, e))
+    }
+
+    /// Removes a file or a whole directory tree; absent is fine.
+    pub fn remove_all(&self, host_path: impl AsRef<Path>) -> Result<()> {
+        let path = self.path(host_path);
+        let result = match fs::symlink_metadata(&path) {
+            Ok(meta) if meta.is_dir() => fs::remove_dir_all(&path),
+            Ok(_) => fs::remove_file(&path),
+            Err(e) => Err(e),
+        };
+        match result {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(HostError::io(&path, e)),
+            _ => Ok(()),
+        }
+    }
+
+    /// Creates a symbolic link at `link` pointing at the host path `target`. The link
+    /// is written relative, as sysfs writes its own, so that it resolves inside this
+    /// root too.
+    pub fn symlink(&self, target: impl AsRef<Path>, link: impl AsRef<Path>) -> Result<()> {
+        let link_host = link.as_ref();
+        let relative = relative_link(link_host, target.as_ref());
+        let path = self.path(link_host);
+        if let Some(parent) = path.parent() {
+            fs::create_dir_all(parent).map_err(|e| HostError::io(parent, e))?;
+        }
+        // Replacing an existing link keeps `simulate` idempotent.
+        if fs::symlink_metadata(&path).is_ok() {
+            fs::remove_file(&path).map_err(|e| HostError::io(&path, e))?;
+        }
+        std::os::unix::fs::symlink(&relative, &path).map_err(|e| HostError::io(&path, e))
+    }
+}
+
+/// Parses `0x1002`, `0X1002` or `1002` as hexadecimal.
+pub fn parse_hex(value: &str) -> Option<u64> {
+    let digits = value
+        .strip_prefix("0x")
+        .or_else(|| value.strip_prefix("0X"))
+        .unwrap_or(value);
+    u64::from_str_radix(digits, 16).ok()
+}
+
+/// The relative path from the directory holding `link` to `target`, both host paths.
+fn relative_link(link: &Path, target: &Path) -> PathBuf {
+    let normal = |p: &Path| -> Vec<std::ffi::OsString> {
+        p.components()
+            .filter_map(|c| match c {
+                Component::Normal(s) => Some(s.to_os_string()),
+                _ => None,
+            })
+            .collect()
+    };
+    let link_dir = {
+        let mut parts = normal(link);
+        parts.pop();
+        parts
+    };
+    let target = normal(target);
+    let common = link_dir
+        .iter()
+        .zip(target.iter())
+        .take_while(|(a, b)| a == b)
+        .count();
+    let mut out = PathBuf::new();
+    for _ in common..link_dir.len() {
+        out.push("..");
+    }
+    for part in &target[common..] {
+        out.push(part);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn path_maps_under_root_and_cannot_escape() {
+        let host = HostRoot::new("/tmp/h");
+        assert_eq!(host.path("/sys/bus/pci"), PathBuf::from("/tmp/h/sys/bus/pci"));
+        assert_eq!(host.path("sys/x"), PathBuf::from("/tmp/h/sys/x"));
+        assert_eq!(host.path("/../../etc/passwd"), PathBuf::from("/tmp/h/etc/passwd"));
+    }
+
+    #[test]
+    fn relative_links_resolve_inside_the_root() {
+        assert_eq!(
+            relative_link(
+                Path::new("/sys/bus/pci/drivers/amdgpu/0000:05:00.0"),
+                Path::new("/sys/devices/pci0000:00/0000:05:00.0")
+            ),
+            PathBuf::from("../../../../devices/pci0000:00/0000:05:00.0")
+        );
+    }
+
+    #[test]
+    fn reads_attributes_and_reports_paths_in_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let host = HostRoot::new(dir.path());
+        host.write("/sys/a/vendor", "0x1002\n").unwrap();
+        host.write("/sys/a/numa_node", "-1\n").unwrap();
+        host.write("/sys/a/bad", "zz\n").unwrap();
+        assert_eq!(host.read_hex("/sys/a/vendor").unwrap(), 0x1002);
+        assert_eq!(host.read_parsed::<i32>("/sys/a/numa_node", "an integer").unwrap(), -1);
+        let err = host.read_parsed::<u32>("/sys/a/bad", "an integer").unwrap_err();
+        assert!(err.to_string().contains("sys/a/bad"), "{err}");
+        assert!(!err.is_not_found());
+        assert!(host.read_attr("/sys/a/missing").unwrap_err().is_not_found());
+        assert_eq!(host.read_optional_attr("/sys/a/missing").unwrap(), None);
+    }
+
+    #[test]
+    fn symlinks_are_relative_and_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let host = HostRoot::new(dir.path());
+        host.write("/sys/devices/x/vendor", "0x1002").unwrap();
+        host.symlink("/sys/devices/x", "/sys/bus/pci/drivers/amdgpu/x").unwrap();
+        host.symlink("/sys/devices/x", "/sys/bus/pci/drivers/amdgpu/x").unwrap();
+        assert_eq!(host.read_attr("/sys/bus/pci/drivers/amdgpu/x/vendor").unwrap(), "0x1002");
+    }
+}

@@ -1,0 +1,12 @@
+//! gpu-operator: one binary that runs AMD GPUs on Kubernetes and on bare metal.
+//!
+//! Every capability is a module of its own. Each module opens with a note on what
+//! it owns and what it must not do. The binary (`main.rs`) only parses the command
+//! line and hands over to [`cli`].
+
+pub mod api;
+pub mod cli;
+pub mod device;
+pub mod host;
+pub mod plugin;
+pub mod simulate;

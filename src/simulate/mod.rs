@@ -1,0 +1,617 @@
+//! Simulated GPU hosts: writes sysfs and devfs trees that mirror the kernel's
+//! layout, so that discovery and every later component run their real code path
+//! on a machine without GPUs.
+//!
+//! What is written, per GPU:
+//! - the PCI function under `/sys/devices/pci0000:00/<bdf>` with identity, partition
+//!   modes, memory, clock, PCIe, RAS and hwmon attributes, linked from
+//!   `/sys/bus/pci/drivers/amdgpu` and `/sys/bus/pci/devices`;
+//! - DRM nodes (`drm/cardN`, `drm/renderDN`, `/sys/class/drm`), and for partitions
+//!   beyond the first, `amdgpu_xcp_N` platform devices that carry their own;
+//! - KFD topology nodes with memory banks and io/p2p links;
+//! - `/sys/module/amdgpu`, `/dev/kfd` and `/dev/dri/*` (plain files: a simulated
+//!   host cannot create device nodes without privileges).
+//!
+//! Writing is idempotent: the GPU parts of the tree are replaced, so writing again
+//! with another partition mode or GPU count is how tests repartition or hotplug.
+//! The simulator refuses to touch a directory that looks like a live root.
+
+mod profiles;
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+pub use profiles::{Fabric, GpuModel, PROFILES, Profile, compute_mode_partitions};
+
+use crate::device::model::format_bdf;
+use crate::host::{HostError, HostRoot};
+
+/// Marks a directory as written by the simulator; its presence lets a rewrite
+/// clear the previous GPU tree.
+pub const MARKER: &str = "/.gpu-operator-simulated";
+
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    #[error("unknown profile {name:?}; known profiles: {}", profiles::names().join(", "))]
+    UnknownProfile { name: String },
+    #[error("profile {profile} supports 1 to {max} GPUs, not {requested}")]
+    GpuCount {
+        profile: &'static str,
+        max: usize,
+        requested: usize,
+    },
+    #[error("profile {profile} is not partitionable")]
+    NotPartitionable { profile: &'static str },
+    #[error("bad partition {value:?}: {reason}")]
+    BadPartition { value: String, reason: String },
+    #[error(
+        "refusing to write a simulated host into {path}: it looks like a live root or holds \
+         files the simulator did not write (use an empty or previously simulated directory)"
+    )]
+    UnsafeTarget { path: String },
+    #[error(transparent)]
+    Host(#[from] HostError),
+}
+
+/// What to simulate.
+#[derive(Clone, Debug)]
+pub struct SimSpec {
+    pub profile: &'static Profile,
+    pub gpus: usize,
+    /// Compute and memory mode, lowercase (`cpx`, `nps4`); `None` for the
+    /// profile's default (`spx`/`nps1` when partitionable).
+    pub partition: Option<(String, String)>,
+    /// When false, the PCI functions exist but no driver is bound: no
+    /// `/sys/module/amdgpu`, no KFD, no DRM nodes.
+    pub driver_loaded: bool,
+    /// Name partition platform devices `amdgpu_xcp.N` instead of `amdgpu_xcp_N`,
+    /// as some kernels do.
+    pub xcp_dot_spelling: bool,
+}
+
+impl SimSpec {
+    /// Validates a profile name, GPU count and `COMPUTE_MEMORY` partition string.
+    pub fn new(profile: &str, gpus: Option<usize>, partition: Option<&str>) -> Result<Self, SimError> {
+        let profile = profiles::find(profile).ok_or_else(|| SimError::UnknownProfile {
+            name: profile.to_owned(),
+        })?;
+        let gpus = gpus.unwrap_or(profile.default_gpus);
+        if gpus == 0 || gpus > profile.max_gpus {
+            return Err(SimError::GpuCount {
+                profile: profile.name,
+                max: profile.max_gpus,
+                requested: gpus,
+            });
+        }
+        let partition = partition
+            .map(|value| parse_partition(profile, value))
+            .transpose()?;
+        Ok(Self {
+            profile,
+            gpus,
+            partition,
+            driver_loaded: true,
+            xcp_dot_spelling: false,
+        })
+    }
+
+    fn partitionable(&self) -> bool {
+        !self.profile.model.compute_modes.is_empty()
+    }
+
+    /// Current (compute, memory) modes, lowercase, when partitionable.
+    fn modes(&self) -> Option<(String, String)> {
+        self.partitionable().then(|| {
+            self.partition
+                .clone()
+                .unwrap_or_else(|| ("spx".into(), "nps1".into()))
+        })
+    }
+
+    /// Partitions per GPU.
+    pub fn partitions_per_gpu(&self) -> u32 {
+        self.modes()
+            .and_then(|(compute, _)| compute_mode_partitions(&compute))
+            .unwrap_or(1)
+    }
+}
+
+fn parse_partition(profile: &'static Profile, value: &str) -> Result<(String, String), SimError> {
+    let bad = |reason: String| SimError::BadPartition {
+        value: value.to_owned(),
+        reason,
+    };
+    let model = &profile.model;
+    if model.compute_modes.is_empty() {
+        return Err(SimError::NotPartitionable {
+            profile: profile.name,
+        });
+    }
+    let (compute, memory) = value
+        .to_ascii_lowercase()
+        .split_once('_')
+        .map(|(c, m)| (c.to_owned(), m.to_owned()))
+        .ok_or_else(|| bad("expected COMPUTE_MEMORY, e.g. cpx_nps4".into()))?;
+    let offered = |modes: &[&str], mode: &str| modes.iter().any(|m| m.eq_ignore_ascii_case(mode));
+    if !offered(model.compute_modes, &compute) {
+        return Err(bad(format!(
+            "compute mode must be one of {}",
+            model.compute_modes.join(", ").to_ascii_lowercase()
+        )));
+    }
+    if !offered(model.memory_modes, &memory) {
+        return Err(bad(format!(
+            "memory mode must be one of {}",
+            model.memory_modes.join(", ").to_ascii_lowercase()
+        )));
+    }
+    let partitions = compute_mode_partitions(&compute).unwrap_or(1);
+    let domains = profiles::memory_mode_domains(&memory).unwrap_or(1);
+    // Each memory domain must be served by whole partitions, as the hardware requires.
+    if domains > partitions {
+        return Err(bad(format!(
+            "{memory} needs at least {domains} compute partitions; {compute} has {partitions}"
+        )));
+    }
+    Ok((compute, memory))
+}
+
+/// What [`write_host`] wrote.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SimSummary {
+    pub gpus: usize,
+    pub partitions: usize,
+    pub files: usize,
+}
+
+/// Writes (or rewrites) the simulated host under `host`'s root.
+pub fn write_host(host: &HostRoot, spec: &SimSpec) -> Result<SimSummary, SimError> {
+    check_target(host.root())?;
+    clear_gpu_tree(host)?;
+    let mut w = Writer { host, files: 0 };
+    w.file(MARKER, format!("{} {} gpus\n", spec.profile.name, spec.gpus))?;
+    let layout = Layout::new(spec);
+    for gpu in &layout.gpus {
+        write_pci_function(&mut w, spec, gpu)?;
+    }
+    if spec.driver_loaded {
+        write_driver(&mut w)?;
+        write_kfd(&mut w, spec, &layout)?;
+    }
+    Ok(SimSummary {
+        gpus: layout.gpus.len(),
+        partitions: layout.gpus.iter().map(|g| g.nodes.len()).sum::<usize>(),
+        files: w.files,
+    })
+}
+
+/// Refuses `/` and anything that looks like a mounted root, and any non-empty
+/// directory the simulator did not write.
+fn check_target(root: &Path) -> Result<(), SimError> {
+    let unsafe_target = || SimError::UnsafeTarget {
+        path: root.display().to_string(),
+    };
+    let canonical = root.canonicalize().unwrap_or_else(|_| root.to_path_buf());
+    if canonical == Path::new("/") || canonical.join("proc/self").exists() {
+        return Err(unsafe_target());
+    }
+    let marked = canonical.join(MARKER.trim_start_matches('/')).exists();
+    let empty = match std::fs::read_dir(&canonical) {
+        Ok(mut entries) => entries.next().is_none(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => true,
+        Err(e) => {
+            return Err(HostError::Io {
+                path: canonical,
+                source: e,
+            }
+            .into());
+        }
+    };
+    if marked || empty {
+        Ok(())
+    } else {
+        Err(unsafe_target())
+    }
+}
+
+fn clear_gpu_tree(host: &HostRoot) -> Result<(), HostError> {
+    for path in [
+        "/sys/bus/pci/drivers/amdgpu",
+        "/sys/bus/pci/devices",
+        "/sys/devices/pci0000:00",
+        "/sys/class/kfd",
+        "/sys/class/drm",
+        "/sys/module/amdgpu",
+        "/dev/dri",
+        "/dev/kfd",
+    ] {
+        host.remove_all(path)?;
+    }
+    for entry in host.list_dir_or_empty("/sys/devices/platform")? {
+        if entry.starts_with("amdgpu_xcp") {
+            host.remove_all(format!("/sys/devices/platform/{entry}"))?;
+        }
+    }
+    Ok(())
+}
+
+/// Counts files as it writes them, for the summary.
+struct Writer<'a> {
+    host: &'a HostRoot,
+    files: usize,
+}
+
+impl Writer<'_> {
+    fn file(&mut self, path: impl AsRef<Path>, contents: impl AsRef<[u8]>) -> Result<(), HostError> {
+        self.files += 1;
+        self.host.write(path, contents)
+    }
+
+    fn attrs(&mut self, dir: &str, attrs: &[(&str, String)]) -> Result<(), HostError> {
+        for (name, value) in attrs {
+            self.file(format!("{dir}/{name}"), format!("{value}\n"))?;
+        }
+        Ok(())
+    }
+
+    fn link(&mut self, target: &str, link: &str) -> Result<(), HostError> {
+        self.host.symlink(target, link)
+    }
+}
+
+/// Where every GPU and partition sits: addresses, DRM numbers, KFD node ids.
+struct Layout {
+    gpus: Vec<GpuLayout>,
+}
+
+struct GpuLayout {
+    index: usize,
+    bus: u8,
+    bdf: String,
+    numa: i32,
+    unique_id: u64,
+    hive_id: u64,
+    nodes: Vec<NodeLayout>,
+}
+
+struct NodeLayout {
+    kfd_id: u32,
+    partition: u32,
+    card: u32,
+    render_minor: u32,
+    /// Index of the `amdgpu_xcp` platform device, for partitions after the first.
+    xcp: Option<u32>,
+}
+
+impl Layout {
+    fn new(spec: &SimSpec) -> Self {
+        let profile = spec.profile;
+        let per_gpu = spec.partitions_per_gpu();
+        // Partitionable GPUs reserve eight DRM minors each, as MI300 and MI308 hosts do.
+        let stride = if spec.partitionable() { 8 } else { 1 };
+        let mut next_xcp = 0;
+        let gpus = (0..spec.gpus)
+            .map(|index| {
+                let bus = profile.buses[index];
+                let nodes = (0..per_gpu)
+                    .map(|p| {
+                        let render_minor = 128 + index as u32 * stride + p;
+                        let xcp = (p > 0).then(|| {
+                            next_xcp += 1;
+                            next_xcp - 1
+                        });
+                        NodeLayout {
+                            kfd_id: profile.cpu_nodes + index as u32 * per_gpu + p,
+                            partition: p,
+                            card: render_minor - 128,
+                            render_minor,
+                            xcp,
+                        }
+                    })
+                    .collect();
+                GpuLayout {
+                    index,
+                    bus,
+                    bdf: format_bdf(0, bus, 0, 0),
+                    numa: profile.numa[index * profile.numa.len() / spec.gpus],
+                    unique_id: mix(u64::from(profile.model.device_id) << 16 | index as u64),
+                    hive_id: match profile.fabric {
+                        Fabric::OneHive => mix(u64::from(profile.model.device_id)),
+                        Fabric::BridgedPairs => mix(0x4856 << 8 | (index / 2) as u64),
+                        Fabric::PcieOnly => 0,
+                    },
+                    nodes,
+                }
+            })
+            .collect();
+        Self { gpus }
+    }
+}
+
+/// A fixed bit mixer (splitmix64's finaliser) for stable, non-zero, distinct ids.
+fn mix(seed: u64) -> u64 {
+    let mut z = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    (z ^ (z >> 31)) | 1
+}
+
+fn pci_dir(bdf: &str) -> String {
+    format!("/sys/devices/pci0000:00/{bdf}")
+}
+
+fn write_pci_function(w: &mut Writer<'_>, spec: &SimSpec, gpu: &GpuLayout) -> Result<(), HostError> {
+    let model = &spec.profile.model;
+    let dir = pci_dir(&gpu.bdf);
+    let is_display = model.gfx_target_version >= 100000;
+    let mut attrs = vec![
+        ("vendor", "0x1002".to_owned()),
+        ("device", format!("0x{:04x}", model.device_id)),
+        ("revision", format!("0x{:02x}", model.revision)),
+        ("subsystem_vendor", "0x1002".to_owned()),
+        ("subsystem_device", format!("0x{:04x}", model.subsystem_device)),
+        ("class", if is_display { "0x030000" } else { "0x120000" }.to_owned()),
+        ("numa_node", gpu.numa.to_string()),
+        ("serial_number", format!("{:016X}", gpu.unique_id)),
+        ("unique_id", format!("{:x}", gpu.unique_id)),
+        ("vbios_version", model.vbios.to_owned()),
+    ];
+    if let Some(name) = model.product_name {
+        attrs.push(("product_name", name.to_owned()));
+    }
+    if let Some((compute, memory)) = spec.modes() {
+        attrs.extend([
+            ("current_compute_partition", compute.to_ascii_uppercase()),
+            ("available_compute_partition", model.compute_modes.join(", ")),
+            ("current_memory_partition", memory.to_ascii_uppercase()),
+            ("available_memory_partition", model.memory_modes.join(", ")),
+        ]);
+    }
+    w.attrs(&dir, &attrs)?;
+    w.link(&dir, &format!("/sys/bus/pci/devices/{}", gpu.bdf))?;
+    if !spec.driver_loaded {
+        return Ok(());
+    }
+    w.link(&dir, &format!("/sys/bus/pci/drivers/amdgpu/{}", gpu.bdf))?;
+    write_telemetry(w, spec, gpu, &dir)?;
+    for node in &gpu.nodes {
+        let node_dir = match node.xcp {
+            None => dir.clone(),
+            Some(xcp) => {
+                let sep = if spec.xcp_dot_spelling { '.' } else { '_' };
+                format!("/sys/devices/platform/amdgpu_xcp{sep}{xcp}")
+            }
+        };
+        for (name, minor) in [
+            (format!("card{}", node.card), node.card),
+            (format!("renderD{}", node.render_minor), node.render_minor),
+        ] {
+            let drm_dir = format!("{node_dir}/drm/{name}");
+            w.file(format!("{drm_dir}/dev"), format!("226:{minor}\n"))?;
+            w.link(&drm_dir, &format!("/sys/class/drm/{name}"))?;
+            w.file(format!("/dev/dri/{name}"), "")?;
+        }
+    }
+    Ok(())
+}
+
+/// The attributes that metrics and health read, with plausible idle values.
+fn write_telemetry(
+    w: &mut Writer<'_>,
+    spec: &SimSpec,
+    gpu: &GpuLayout,
+    dir: &str,
+) -> Result<(), HostError> {
+    let model = &spec.profile.model;
+    let vram = model.vram_bytes;
+    w.attrs(
+        dir,
+        &[
+            ("mem_info_vram_total", vram.to_string()),
+            ("mem_info_vram_used", (vram / 100).to_string()),
+            ("mem_info_vis_vram_total", vram.to_string()),
+            ("mem_info_vis_vram_used", (vram / 100).to_string()),
+            ("mem_info_gtt_total", (512u64 << 30).to_string()),
+            ("mem_info_gtt_used", (16u64 << 20).to_string()),
+            ("gpu_busy_percent", "0".into()),
+            ("mem_busy_percent", "0".into()),
+            ("pp_dpm_sclk", "0: 500Mhz *\n1: 1500Mhz\n2: 2100Mhz".into()),
+            ("pp_dpm_mclk", "0: 900Mhz\n1: 1300Mhz *".into()),
+            ("current_link_speed", model.max_link_speed.into()),
+            ("current_link_width", model.max_link_width.to_string()),
+            ("max_link_speed", model.max_link_speed.into()),
+            ("max_link_width", model.max_link_width.to_string()),
+            ("pcie_replay_count", "0".into()),
+        ],
+    )?;
+    for block in ["umc", "sdma", "gfx", "mmhub", "pcie_bif", "hdp", "xgmi_wafl"] {
+        w.file(format!("{dir}/ras/{block}_err_count"), "ue: 0\nce: 0\n")?;
+    }
+    let hwmon = format!("{dir}/hwmon/hwmon{}", gpu.index);
+    w.attrs(
+        &hwmon,
+        &[
+            ("name", "amdgpu".into()),
+            ("temp1_label", "edge".into()),
+            ("temp1_input", "35000".into()),
+            ("temp2_label", "junction".into()),
+            ("temp2_input", "40000".into()),
+            ("temp3_label", "mem".into()),
+            ("temp3_input", "38000".into()),
+            ("temp2_crit", "105000".into()),
+            ("power1_average", "140000000".into()),
+            ("power1_input", "141000000".into()),
+            ("energy1_input", "0".into()),
+        ],
+    )
+}
+
+fn write_driver(w: &mut Writer<'_>) -> Result<(), HostError> {
+    w.attrs(
+        "/sys/module/amdgpu",
+        &[
+            ("version", "6.12.12".into()),
+            ("srcversion", "4E0B1C2D3A5F6E7D8C9B0A1".into()),
+            ("initstate", "live".into()),
+        ],
+    )?;
+    w.link(
+        "/sys/bus/pci/drivers/amdgpu",
+        "/sys/module/amdgpu/drivers/pci:amdgpu",
+    )?;
+    w.file("/dev/kfd", "")
+}
+
+fn write_kfd(w: &mut Writer<'_>, spec: &SimSpec, layout: &Layout) -> Result<(), HostError> {
+    let profile = spec.profile;
+    let model = &profile.model;
+    let topo = "/sys/class/kfd/kfd/topology";
+    w.file(format!("{topo}/generation_id"), "1\n")?;
+    w.file(
+        format!("{topo}/system_properties"),
+        "platform_oem 0\nplatform_id 0\nplatform_rev 0\n",
+    )?;
+    for cpu in 0..profile.cpu_nodes {
+        let props = "cpu_cores_count 96\nsimd_count 0\nmem_banks_count 1\ngfx_target_version 0\n\
+                     vendor_id 0\ndevice_id 0\nlocation_id 0\ndomain 0\ndrm_render_minor 0\n\
+                     hive_id 0\nunique_id 0\n";
+        w.file(format!("{topo}/nodes/{cpu}/properties"), props)?;
+    }
+    let per_gpu = spec.partitions_per_gpu();
+    let simds = model.cu_count / per_gpu * model.simd_per_cu;
+    let gfx = model.gfx_target_version;
+    let gfx_name = format!("gfx{}{}{:x}", gfx / 10000, gfx / 100 % 100, gfx % 100);
+    for gpu in &layout.gpus {
+        for node in &gpu.nodes {
+            let dir = format!("{topo}/nodes/{}", node.kfd_id);
+            let (io_links, p2p_links) = links(spec, layout, gpu, node);
+            let mut props = String::new();
+            for (key, value) in [
+                ("cpu_cores_count", 0),
+                ("simd_count", u64::from(simds)),
+                ("mem_banks_count", 1),
+                ("io_links_count", io_links.len() as u64),
+                ("p2p_links_count", p2p_links.len() as u64),
+                ("simd_per_cu", u64::from(model.simd_per_cu)),
+                ("max_waves_per_simd", 8),
+                ("wave_front_size", 64),
+                ("gfx_target_version", u64::from(gfx)),
+                ("vendor_id", 4098),
+                ("device_id", u64::from(model.device_id)),
+                ("location_id", u64::from(gpu.bus) << 8 | u64::from(node.partition)),
+                ("domain", 0),
+                ("drm_render_minor", u64::from(node.render_minor)),
+                ("hive_id", gpu.hive_id),
+                ("num_sdma_engines", 2),
+                ("unique_id", gpu.unique_id),
+                ("num_xcc", u64::from(8 / per_gpu.min(8))),
+                ("local_mem_size", 0),
+                ("max_engine_clk_fcompute", 2100),
+            ] {
+                let _ = writeln!(props, "{key} {value}");
+            }
+            w.file(format!("{dir}/properties"), props)?;
+            w.file(format!("{dir}/gpu_id"), format!("{}\n", gpu.unique_id % 65521))?;
+            w.file(format!("{dir}/name"), format!("{gfx_name}\n"))?;
+            w.file(
+                format!("{dir}/mem_banks/0/properties"),
+                format!(
+                    "heap_type 1\nsize_in_bytes {}\nflags 0\nwidth 8192\nmem_clk_max 1300\n",
+                    model.vram_bytes / u64::from(per_gpu)
+                ),
+            )?;
+            for (kind, list) in [("io_links", io_links), ("p2p_links", p2p_links)] {
+                for (i, (link_type, to, weight)) in list.into_iter().enumerate() {
+                    w.file(
+                        format!("{dir}/{kind}/{i}/properties"),
+                        format!(
+                            "type {link_type}\nversion_major 0\nversion_minor 0\nnode_from {}\n\
+                             node_to {to}\nweight {weight}\n",
+                            node.kfd_id
+                        ),
+                    )?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// (type, node_to, weight) of a node's io_links and p2p_links. XGMI peers and the
+/// local CPU are io_links; GPUs reached only over PCIe are p2p_links, as in the
+/// MI210 capture.
+type LinkList = Vec<(u32, u32, u32)>;
+
+fn links(spec: &SimSpec, layout: &Layout, gpu: &GpuLayout, node: &NodeLayout) -> (LinkList, LinkList) {
+    const XGMI: u32 = 11;
+    const PCIE: u32 = 2;
+    let cpu = u32::try_from(gpu.numa.max(0)).unwrap_or(0) % spec.profile.cpu_nodes.max(1);
+    let mut io = vec![(PCIE, cpu, 20)];
+    let mut p2p = Vec::new();
+    for peer in &layout.gpus {
+        for other in &peer.nodes {
+            if other.kfd_id == node.kfd_id {
+                continue;
+            }
+            if peer.index == gpu.index {
+                io.push((XGMI, other.kfd_id, 13));
+            } else if gpu.hive_id != 0 && peer.hive_id == gpu.hive_id {
+                io.push((XGMI, other.kfd_id, 15));
+            } else {
+                p2p.push((PCIE, other.kfd_id, 40));
+            }
+        }
+    }
+    (io, p2p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn partition_strings_are_checked() {
+        assert!(SimSpec::new("mi300x", None, Some("cpx_nps4")).is_ok());
+        assert!(SimSpec::new("mi300x", None, Some("CPX_NPS1")).is_ok());
+        let err = SimSpec::new("mi300x", None, Some("spx_nps4")).unwrap_err();
+        assert!(err.to_string().contains("nps4 needs at least 4"), "{err}");
+        assert!(matches!(
+            SimSpec::new("mi300x", None, Some("cpx")),
+            Err(SimError::BadPartition { .. })
+        ));
+        assert!(matches!(
+            SimSpec::new("mi300x", None, Some("xpx_nps1")),
+            Err(SimError::BadPartition { .. })
+        ));
+        assert!(matches!(
+            SimSpec::new("mi210", None, Some("cpx_nps4")),
+            Err(SimError::NotPartitionable { .. })
+        ));
+        assert!(matches!(
+            SimSpec::new("mi400", None, None),
+            Err(SimError::UnknownProfile { .. })
+        ));
+        assert!(matches!(
+            SimSpec::new("mi300x", Some(9), None),
+            Err(SimError::GpuCount { .. })
+        ));
+    }
+
+    #[test]
+    fn refuses_live_roots_and_foreign_directories() {
+        assert!(matches!(check_target(Path::new("/")), Err(SimError::UnsafeTarget { .. })));
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("precious"), "x").unwrap();
+        assert!(matches!(check_target(dir.path()), Err(SimError::UnsafeTarget { .. })));
+        let empty = tempfile::tempdir().unwrap();
+        assert!(check_target(empty.path()).is_ok());
+        assert!(check_target(&empty.path().join("new")).is_ok());
+    }
+
+    #[test]
+    fn ids_are_distinct_and_non_zero() {
+        let ids: std::collections::BTreeSet<u64> = (0..64).map(mix).collect();
+        assert_eq!(ids.len(), 64);
+        assert!(!ids.contains(&0));
+    }
+}
