@@ -60,7 +60,12 @@ pub enum Command {
 pub struct HostRootArg {
     /// Directory that stands for the host's `/` (e.g. /host in a container, or a
     /// directory written by `gpu-operator simulate`).
-    #[arg(long, value_name = "DIR", default_value = "/", env = "GPU_OPERATOR_HOST_ROOT")]
+    #[arg(
+        long,
+        value_name = "DIR",
+        default_value = "/",
+        env = "GPU_OPERATOR_HOST_ROOT"
+    )]
     pub host_root: PathBuf,
 }
 
@@ -69,7 +74,10 @@ impl HostRootArg {
     pub fn open(&self) -> Result<HostRoot, String> {
         match std::fs::metadata(&self.host_root) {
             Ok(meta) if meta.is_dir() => Ok(HostRoot::new(&self.host_root)),
-            Ok(_) => Err(format!("host root {} is not a directory", self.host_root.display())),
+            Ok(_) => Err(format!(
+                "host root {} is not a directory",
+                self.host_root.display()
+            )),
             Err(e) => Err(format!("host root {}: {e}", self.host_root.display())),
         }
     }
@@ -165,9 +173,17 @@ pub fn inventory_table(inventory: &Inventory) -> String {
     let _ = writeln!(
         out,
         "driver: {} (version {}, /dev/kfd {})",
-        if driver.loaded { "loaded" } else { "not loaded" },
+        if driver.loaded {
+            "loaded"
+        } else {
+            "not loaded"
+        },
         driver.version.as_deref().unwrap_or("inbox/unknown"),
-        if driver.kfd_present { "present" } else { "absent" },
+        if driver.kfd_present {
+            "present"
+        } else {
+            "absent"
+        },
     );
     let _ = writeln!(out, "{} GPU(s)", inventory.gpus.len());
     if inventory.gpus.is_empty() {
@@ -176,7 +192,18 @@ pub fn inventory_table(inventory: &Inventory) -> String {
     let _ = writeln!(
         out,
         "{:<13} {:<24} {:<6} {:>4} {:>5} {:>7} {:>4} {:>7} {:>5} {:<8} {:<10} {:<20}",
-        "BDF", "PRODUCT", "DEVICE", "NUMA", "CARD", "RENDER", "KFD", "VRAM", "CUS", "PARTS", "GFX", "HIVE"
+        "BDF",
+        "PRODUCT",
+        "DEVICE",
+        "NUMA",
+        "CARD",
+        "RENDER",
+        "KFD",
+        "VRAM",
+        "CUS",
+        "PARTS",
+        "GFX",
+        "HIVE"
     );
     let opt = |v: Option<u32>| v.map_or("-".to_owned(), |v| v.to_string());
     for gpu in &inventory.gpus {
@@ -232,7 +259,8 @@ pub fn inventory_table(inventory: &Inventory) -> String {
 }
 
 fn run_simulate(args: SimulateArgs) -> ExitCode {
-    let mut spec = match simulate::SimSpec::new(&args.profile, args.gpus, args.partition.as_deref()) {
+    let mut spec = match simulate::SimSpec::new(&args.profile, args.gpus, args.partition.as_deref())
+    {
         Ok(spec) => spec,
         Err(e) => return fail(e, 2),
     };

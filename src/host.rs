@@ -261,9 +261,15 @@ mod tests {
     #[test]
     fn path_maps_under_root_and_cannot_escape() {
         let host = HostRoot::new("/tmp/h");
-        assert_eq!(host.path("/sys/bus/pci"), PathBuf::from("/tmp/h/sys/bus/pci"));
+        assert_eq!(
+            host.path("/sys/bus/pci"),
+            PathBuf::from("/tmp/h/sys/bus/pci")
+        );
         assert_eq!(host.path("sys/x"), PathBuf::from("/tmp/h/sys/x"));
-        assert_eq!(host.path("/../../etc/passwd"), PathBuf::from("/tmp/h/etc/passwd"));
+        assert_eq!(
+            host.path("/../../etc/passwd"),
+            PathBuf::from("/tmp/h/etc/passwd")
+        );
     }
 
     #[test]
@@ -285,8 +291,14 @@ mod tests {
         host.write("/sys/a/numa_node", "-1\n").unwrap();
         host.write("/sys/a/bad", "zz\n").unwrap();
         assert_eq!(host.read_hex("/sys/a/vendor").unwrap(), 0x1002);
-        assert_eq!(host.read_parsed::<i32>("/sys/a/numa_node", "an integer").unwrap(), -1);
-        let err = host.read_parsed::<u32>("/sys/a/bad", "an integer").unwrap_err();
+        assert_eq!(
+            host.read_parsed::<i32>("/sys/a/numa_node", "an integer")
+                .unwrap(),
+            -1
+        );
+        let err = host
+            .read_parsed::<u32>("/sys/a/bad", "an integer")
+            .unwrap_err();
         assert!(err.to_string().contains("sys/a/bad"), "{err}");
         assert!(!err.is_not_found());
         assert!(host.read_attr("/sys/a/missing").unwrap_err().is_not_found());
@@ -298,8 +310,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let host = HostRoot::new(dir.path());
         host.write("/sys/devices/x/vendor", "0x1002").unwrap();
-        host.symlink("/sys/devices/x", "/sys/bus/pci/drivers/amdgpu/x").unwrap();
-        host.symlink("/sys/devices/x", "/sys/bus/pci/drivers/amdgpu/x").unwrap();
-        assert_eq!(host.read_attr("/sys/bus/pci/drivers/amdgpu/x/vendor").unwrap(), "0x1002");
+        host.symlink("/sys/devices/x", "/sys/bus/pci/drivers/amdgpu/x")
+            .unwrap();
+        host.symlink("/sys/devices/x", "/sys/bus/pci/drivers/amdgpu/x")
+            .unwrap();
+        assert_eq!(
+            host.read_attr("/sys/bus/pci/drivers/amdgpu/x/vendor")
+                .unwrap(),
+            "0x1002"
+        );
     }
 }

@@ -307,10 +307,10 @@ fn read_vram(host: &HostRoot, node_dir: &str, problems: &mut Vec<String>) -> Opt
         };
         let fields = parse_pairs(&text);
         // Heap types 1 (FB_PUBLIC) and 2 (FB_PRIVATE) are device memory.
-        if matches!(fields.get("heap_type"), Some(1 | 2)) {
-            if let Some(size) = fields.get("size_in_bytes") {
-                *total.get_or_insert(0u64) += size;
-            }
+        if matches!(fields.get("heap_type"), Some(1 | 2))
+            && let Some(size) = fields.get("size_in_bytes")
+        {
+            *total.get_or_insert(0u64) += size;
         }
     }
     total
@@ -396,7 +396,11 @@ mod tests {
         };
         let gpus = topology.gpus();
         assert_eq!(gpus.len(), 3);
-        assert_eq!(gpus[0].primary().id, 3, "partition 0 has the lowest function");
+        assert_eq!(
+            gpus[0].primary().id,
+            3,
+            "partition 0 has the lowest function"
+        );
         assert_eq!(gpus[0].nodes.len(), 2);
         assert_eq!(gpus[1].nodes.len(), 2);
         assert_eq!(gpus[2].bdf(), "0000:47:00.0");

@@ -49,8 +49,7 @@ pub fn discover(host: &HostRoot) -> Inventory {
     let mut claimed = vec![false; kfd_gpus.len()];
     for bdf in bdfs {
         let mut gpu = match read_pci_function(host, &format!("{pci_dir}/{bdf}"), &bdf) {
-            Ok(Some(gpu)) => gpu,
-            Ok(None) => continue,
+            Ok(gpu) => gpu,
             Err(e) => {
                 inventory
                     .warnings
@@ -61,12 +60,15 @@ pub fn discover(host: &HostRoot) -> Inventory {
         if let (Some(card), Some(minor)) = (gpu.card, gpu.render_minor) {
             render_to_card.insert(minor, card);
         }
-        let matched = kfd_gpus.iter().position(|k| k.bdf() == gpu.bdf).or_else(|| {
-            let unique = gpu.unique_id?;
-            kfd_gpus
-                .iter()
-                .position(|k| k.primary().props.unique_id == unique)
-        });
+        let matched = kfd_gpus
+            .iter()
+            .position(|k| k.bdf() == gpu.bdf)
+            .or_else(|| {
+                let unique = gpu.unique_id?;
+                kfd_gpus
+                    .iter()
+                    .position(|k| k.primary().props.unique_id == unique)
+            });
         match matched {
             Some(index) => {
                 claimed[index] = true;
@@ -95,7 +97,10 @@ fn driver_state(host: &HostRoot) -> DriverState {
     let module = "/sys/module/amdgpu";
     DriverState {
         loaded: host.exists(module),
-        version: host.read_optional_attr(format!("{module}/version")).ok().flatten(),
+        version: host
+            .read_optional_attr(format!("{module}/version"))
+            .ok()
+            .flatten(),
         srcversion: host
             .read_optional_attr(format!("{module}/srcversion"))
             .ok()
@@ -128,10 +133,10 @@ fn partition_drm_nodes(host: &HostRoot, warnings: &mut Vec<String>) -> BTreeMap<
         if !(entry.starts_with("amdgpu_xcp_") || entry.starts_with("amdgpu_xcp.")) {
             continue;
         }
-        if let Ok(names) = host.list_dir(format!("{PLATFORM_DIR}/{entry}/drm")) {
-            if let (Some(card), Some(minor)) = drm_nodes(&names) {
-                map.insert(minor, card);
-            }
+        if let Ok(names) = host.list_dir(format!("{PLATFORM_DIR}/{entry}/drm"))
+            && let (Some(card), Some(minor)) = drm_nodes(&names)
+        {
+            map.insert(minor, card);
         }
     }
     map
@@ -207,12 +212,16 @@ impl AttrReader<'_> {
     }
 }
 
-/// Reads one PCI function. `Ok(None)` for a function that is not AMD's; `Err` when
-/// its identity cannot be read at all (it vanished, or the directory is broken).
-fn read_pci_function(host: &HostRoot, dir: &str, bdf: &str) -> Result<Option<Gpu>, HostError> {
+/// Reads one PCI function. `Err` when its identity cannot be read (it vanished, the
+/// directory is broken) or is not an AMD device: amdgpu binds nothing else.
+fn read_pci_function(host: &HostRoot, dir: &str, bdf: &str) -> Result<Gpu, HostError> {
     let vendor_id = host.read_hex(format!("{dir}/vendor"))?;
     if vendor_id != u64::from(AMD_VENDOR_ID) {
-        return Ok(None);
+        return Err(HostError::Parse {
+            path: host.path(format!("{dir}/vendor")),
+            value: format!("0x{vendor_id:04x}"),
+            expected: "AMD's vendor id 0x1002",
+        });
     }
     let device_id = host.read_hex(format!("{dir}/device"))?;
     let mut attrs = AttrReader {
@@ -249,7 +258,7 @@ fn read_pci_function(host: &HostRoot, dir: &str, bdf: &str) -> Result<Option<Gpu
         Err(e) => attrs.problems.push(e.to_string()),
     }
     gpu.problems = attrs.problems;
-    Ok(Some(gpu))
+    Ok(gpu)
 }
 
 /// Fills in what KFD knows about a GPU: compute size, hive, partitions and links.

@@ -167,7 +167,10 @@ async fn run(
 /// The per-GPU differences between two snapshots, ordered by address.
 pub fn diff(before: &Inventory, after: &Inventory) -> Vec<(DeviceAction, String)> {
     let index = |inv: &Inventory| -> BTreeMap<String, Gpu> {
-        inv.gpus.iter().map(|g| (g.bdf.clone(), g.clone())).collect()
+        inv.gpus
+            .iter()
+            .map(|g| (g.bdf.clone(), g.clone()))
+            .collect()
     };
     let (before, after) = (index(before), index(after));
     let mut out = Vec::new();

@@ -71,7 +71,11 @@ pub struct SimSpec {
 
 impl SimSpec {
     /// Validates a profile name, GPU count and `COMPUTE_MEMORY` partition string.
-    pub fn new(profile: &str, gpus: Option<usize>, partition: Option<&str>) -> Result<Self, SimError> {
+    pub fn new(
+        profile: &str,
+        gpus: Option<usize>,
+        partition: Option<&str>,
+    ) -> Result<Self, SimError> {
         let profile = profiles::find(profile).ok_or_else(|| SimError::UnknownProfile {
             name: profile.to_owned(),
         })?;
@@ -169,7 +173,10 @@ pub fn write_host(host: &HostRoot, spec: &SimSpec) -> Result<SimSummary, SimErro
     check_target(host.root())?;
     clear_gpu_tree(host)?;
     let mut w = Writer { host, files: 0 };
-    w.file(MARKER, format!("{} {} gpus\n", spec.profile.name, spec.gpus))?;
+    w.file(
+        MARKER,
+        format!("{} {} gpus\n", spec.profile.name, spec.gpus),
+    )?;
     let layout = Layout::new(spec);
     for gpu in &layout.gpus {
         write_pci_function(&mut w, spec, gpu)?;
@@ -242,7 +249,11 @@ struct Writer<'a> {
 }
 
 impl Writer<'_> {
-    fn file(&mut self, path: impl AsRef<Path>, contents: impl AsRef<[u8]>) -> Result<(), HostError> {
+    fn file(
+        &mut self,
+        path: impl AsRef<Path>,
+        contents: impl AsRef<[u8]>,
+    ) -> Result<(), HostError> {
         self.files += 1;
         self.host.write(path, contents)
     }
@@ -340,7 +351,11 @@ fn pci_dir(bdf: &str) -> String {
     format!("/sys/devices/pci0000:00/{bdf}")
 }
 
-fn write_pci_function(w: &mut Writer<'_>, spec: &SimSpec, gpu: &GpuLayout) -> Result<(), HostError> {
+fn write_pci_function(
+    w: &mut Writer<'_>,
+    spec: &SimSpec,
+    gpu: &GpuLayout,
+) -> Result<(), HostError> {
     let model = &spec.profile.model;
     let dir = pci_dir(&gpu.bdf);
     let is_display = model.gfx_target_version >= 100000;
@@ -349,8 +364,14 @@ fn write_pci_function(w: &mut Writer<'_>, spec: &SimSpec, gpu: &GpuLayout) -> Re
         ("device", format!("0x{:04x}", model.device_id)),
         ("revision", format!("0x{:02x}", model.revision)),
         ("subsystem_vendor", "0x1002".to_owned()),
-        ("subsystem_device", format!("0x{:04x}", model.subsystem_device)),
-        ("class", if is_display { "0x030000" } else { "0x120000" }.to_owned()),
+        (
+            "subsystem_device",
+            format!("0x{:04x}", model.subsystem_device),
+        ),
+        (
+            "class",
+            if is_display { "0x030000" } else { "0x120000" }.to_owned(),
+        ),
         ("numa_node", gpu.numa.to_string()),
         ("serial_number", format!("{:016X}", gpu.unique_id)),
         ("unique_id", format!("{:x}", gpu.unique_id)),
@@ -362,7 +383,10 @@ fn write_pci_function(w: &mut Writer<'_>, spec: &SimSpec, gpu: &GpuLayout) -> Re
     if let Some((compute, memory)) = spec.modes() {
         attrs.extend([
             ("current_compute_partition", compute.to_ascii_uppercase()),
-            ("available_compute_partition", model.compute_modes.join(", ")),
+            (
+                "available_compute_partition",
+                model.compute_modes.join(", "),
+            ),
             ("current_memory_partition", memory.to_ascii_uppercase()),
             ("available_memory_partition", model.memory_modes.join(", ")),
         ]);
@@ -424,7 +448,15 @@ fn write_telemetry(
             ("pcie_replay_count", "0".into()),
         ],
     )?;
-    for block in ["umc", "sdma", "gfx", "mmhub", "pcie_bif", "hdp", "xgmi_wafl"] {
+    for block in [
+        "umc",
+        "sdma",
+        "gfx",
+        "mmhub",
+        "pcie_bif",
+        "hdp",
+        "xgmi_wafl",
+    ] {
         w.file(format!("{dir}/ras/{block}_err_count"), "ue: 0\nce: 0\n")?;
     }
     let hwmon = format!("{dir}/hwmon/hwmon{}", gpu.index);
@@ -498,7 +530,10 @@ fn write_kfd(w: &mut Writer<'_>, spec: &SimSpec, layout: &Layout) -> Result<(), 
                 ("gfx_target_version", u64::from(gfx)),
                 ("vendor_id", 4098),
                 ("device_id", u64::from(model.device_id)),
-                ("location_id", u64::from(gpu.bus) << 8 | u64::from(node.partition)),
+                (
+                    "location_id",
+                    u64::from(gpu.bus) << 8 | u64::from(node.partition),
+                ),
                 ("domain", 0),
                 ("drm_render_minor", u64::from(node.render_minor)),
                 ("hive_id", gpu.hive_id),
@@ -511,7 +546,10 @@ fn write_kfd(w: &mut Writer<'_>, spec: &SimSpec, layout: &Layout) -> Result<(), 
                 let _ = writeln!(props, "{key} {value}");
             }
             w.file(format!("{dir}/properties"), props)?;
-            w.file(format!("{dir}/gpu_id"), format!("{}\n", gpu.unique_id % 65521))?;
+            w.file(
+                format!("{dir}/gpu_id"),
+                format!("{}\n", gpu.unique_id % 65521),
+            )?;
             w.file(format!("{dir}/name"), format!("{gfx_name}\n"))?;
             w.file(
                 format!("{dir}/mem_banks/0/properties"),
@@ -542,7 +580,12 @@ fn write_kfd(w: &mut Writer<'_>, spec: &SimSpec, layout: &Layout) -> Result<(), 
 /// MI210 capture.
 type LinkList = Vec<(u32, u32, u32)>;
 
-fn links(spec: &SimSpec, layout: &Layout, gpu: &GpuLayout, node: &NodeLayout) -> (LinkList, LinkList) {
+fn links(
+    spec: &SimSpec,
+    layout: &Layout,
+    gpu: &GpuLayout,
+    node: &NodeLayout,
+) -> (LinkList, LinkList) {
     const XGMI: u32 = 11;
     const PCIE: u32 = 2;
     let cpu = u32::try_from(gpu.numa.max(0)).unwrap_or(0) % spec.profile.cpu_nodes.max(1);
@@ -599,10 +642,16 @@ mod tests {
 
     #[test]
     fn refuses_live_roots_and_foreign_directories() {
-        assert!(matches!(check_target(Path::new("/")), Err(SimError::UnsafeTarget { .. })));
+        assert!(matches!(
+            check_target(Path::new("/")),
+            Err(SimError::UnsafeTarget { .. })
+        ));
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("precious"), "x").unwrap();
-        assert!(matches!(check_target(dir.path()), Err(SimError::UnsafeTarget { .. })));
+        assert!(matches!(
+            check_target(dir.path()),
+            Err(SimError::UnsafeTarget { .. })
+        ));
         let empty = tempfile::tempdir().unwrap();
         assert!(check_target(empty.path()).is_ok());
         assert!(check_target(&empty.path().join("new")).is_ok());
