@@ -203,20 +203,21 @@ mod udev_monitor {
             tracing::info!("udev not available for this host root; relying on rescans");
             return;
         }
-        let socket = match udev::MonitorBuilder::new()
-            .and_then(|b| b.match_subsystem("drm"))
-            .and_then(|b| b.match_subsystem("pci"))
-            .and_then(|b| b.listen())
-        {
-            Ok(socket) => socket,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot open udev monitor; relying on rescans");
-                return;
-            }
-        };
+        // libudev handles are not Send, so the socket is opened on its own thread.
         let spawned = std::thread::Builder::new()
             .name("udev-monitor".into())
             .spawn(move || {
+                let socket = match udev::MonitorBuilder::new()
+                    .and_then(|b| b.match_subsystem("drm"))
+                    .and_then(|b| b.match_subsystem("pci"))
+                    .and_then(|b| b.listen())
+                {
+                    Ok(socket) => socket,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot open udev monitor; relying on rescans");
+                        return;
+                    }
+                };
                 let mut fds = [libc::pollfd {
                     fd: socket.as_raw_fd(),
                     events: libc::POLLIN,
