@@ -8,5 +8,6 @@ pub mod api;
 pub mod cli;
 pub mod device;
 pub mod host;
+pub mod labeller;
 pub mod plugin;
 pub mod simulate;

@@ -1,0 +1,290 @@
+//! Node labels that describe the node's GPUs, in the reference labeller's format,
+//! so that existing nodeSelectors keep working.
+//!
+//! Format, per label kind (`family`, `device-id`, `vram`, ...):
+//! - all GPUs agree on the value: `amd.com/gpu.<kind>=<value>`, plus
+//!   `beta.amd.com/gpu.<kind>=<value>` and the counter `beta.amd.com/gpu.<kind>.<value>=<count>`;
+//! - GPUs differ: `amd.com/gpu.<kind>.<value>=<count>` for each value.
+//!
+//! Plus single-value labels: `amd.com/gpu.compute-memory-partition` (only when every
+//! GPU is in the same mode), `amd.com/gpu.compute-partitioning-supported` and
+//! `amd.com/gpu.memory-partitioning-supported`. Values describe physical GPUs: an
+//! MI300X in CPX mode counts as one GPU with 304 CUs, not eight partitions.
+//!
+//! Which labels this agent wrote is recorded in the annotation [`OWNED_ANNOTATION`],
+//! so that stale ones can be removed without ever touching labels someone else
+//! wrote. This module computes labels and patches as plain data; writing them to
+//! the Node is the agent's job.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::device::Inventory;
+
+/// Annotation listing the label keys the labeller owns on a Node, comma-separated.
+pub const OWNED_ANNOTATION: &str = "amd.com/gpu-labeller-keys";
+
+/// The label kinds `nodeLabellerArguments` can select.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum LabelKind {
+    Family,
+    DeviceId,
+    ProductName,
+    Vram,
+    CuCount,
+    SimdCount,
+    DriverVersion,
+    DriverSrcVersion,
+    ComputeMemoryPartition,
+    ComputePartitioningSupported,
+    MemoryPartitioningSupported,
+}
+
+impl LabelKind {
+    pub const ALL: [LabelKind; 11] = [
+        LabelKind::Family,
+        LabelKind::DeviceId,
+        LabelKind::ProductName,
+        LabelKind::Vram,
+        LabelKind::CuCount,
+        LabelKind::SimdCount,
+        LabelKind::DriverVersion,
+        LabelKind::DriverSrcVersion,
+        LabelKind::ComputeMemoryPartition,
+        LabelKind::ComputePartitioningSupported,
+        LabelKind::MemoryPartitioningSupported,
+    ];
+
+    /// The name used in labels and in `nodeLabellerArguments`.
+    pub fn name(self) -> &'static str {
+        match self {
+            LabelKind::Family => "family",
+            LabelKind::DeviceId => "device-id",
+            LabelKind::ProductName => "product-name",
+            LabelKind::Vram => "vram",
+            LabelKind::CuCount => "cu-count",
+            LabelKind::SimdCount => "simd-count",
+            LabelKind::DriverVersion => "driver-version",
+            LabelKind::DriverSrcVersion => "driver-src-version",
+            LabelKind::ComputeMemoryPartition => "compute-memory-partition",
+            LabelKind::ComputePartitioningSupported => "compute-partitioning-supported",
+            LabelKind::MemoryPartitioningSupported => "memory-partitioning-supported",
+        }
+    }
+
+    /// Parses a `nodeLabellerArguments` entry: the reference's flag spelling, with
+    /// or without a leading `-` or `--`. Unknown names (e.g. `firmware`, which this
+    /// agent does not label) give `None`.
+    pub fn parse(arg: &str) -> Option<Self> {
+        let name = arg.trim().trim_start_matches('-');
+        LabelKind::ALL.into_iter().find(|k| k.name() == name)
+    }
+}
+
+/// Family acronym of a `gfx_target_version` (major*10000 + minor*100 + stepping),
+/// as the reference labeller names amdgpu families.
+pub fn family(gfx_target_version: u32) -> Option<&'static str> {
+    let major = gfx_target_version / 10000;
+    let minor = gfx_target_version / 100 % 100;
+    let step = gfx_target_version % 100;
+    Some(match (major, minor, step) {
+        (6, ..) => "SI",
+        (7, ..) => "CI",
+        (8, 0, 1) => "CZ",
+        (8, ..) => "VI",
+        (9, 0, 2 | 0xc) | (9, 0, 9) => "RV",
+        (9, ..) => "AI",
+        (10, 3, 3) => "VGH",
+        (10, 3, 5) => "YC",
+        (10, 3, 6) => "GC_10_3_6",
+        (10, 3, 7) => "GC_10_3_7",
+        (10, ..) => "NV",
+        (11, 0, 3) => "GC_11_0_1",
+        (11, 0, _) => "GC_11_0_0",
+        (11, 5, _) => "GC_11_5_0",
+        (12, 0, _) => "GC_12_0_0",
+        _ => return None,
+    })
+}
+
+/// Makes a string a valid label value: at most 63 characters of `[A-Za-z0-9_.-]`,
+/// starting and ending with an alphanumeric. Spaces become `_`, parentheses and
+/// anything else invalid are dropped, as the reference does with product names.
+pub fn label_value(raw: &str) -> String {
+    let mapped: String = raw
+        .chars()
+        .filter_map(|c| match c {
+            ' ' => Some('_'),
+            c if c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-') => Some(c),
+            _ => None,
+        })
+        .take(63)
+        .collect();
+    mapped
+        .trim_matches(|c: char| !c.is_ascii_alphanumeric())
+        .to_owned()
+}
+
+/// The labels this node should carry for the selected kinds.
+pub fn desired_labels(
+    inventory: &Inventory,
+    kinds: &BTreeSet<LabelKind>,
+) -> BTreeMap<String, String> {
+    let mut labels = BTreeMap::new();
+    if inventory.gpus.is_empty() {
+        return labels;
+    }
+    for &kind in kinds {
+        match kind {
+            LabelKind::ComputeMemoryPartition => {
+                let modes: BTreeSet<Option<String>> = inventory
+                    .gpus
+                    .iter()
+                    .map(|g| g.partition_profile())
+                    .collect();
+                if let [Some(mode)] = modes.into_iter().collect::<Vec<_>>().as_slice() {
+                    labels.insert(key(kind), label_value(mode));
+                }
+            }
+            LabelKind::ComputePartitioningSupported | LabelKind::MemoryPartitioningSupported => {
+                let supported = inventory.gpus.iter().all(|g| {
+                    if kind == LabelKind::ComputePartitioningSupported {
+                        g.supports_compute_partitioning()
+                    } else {
+                        g.supports_memory_partitioning()
+                    }
+                });
+                labels.insert(key(kind), supported.to_string());
+            }
+            _ => counted_labels(inventory, kind, &mut labels),
+        }
+    }
+    labels
+}
+
+fn key(kind: LabelKind) -> String {
+    format!("amd.com/gpu.{}", kind.name())
+}
+
+/// The per-GPU value of a counted kind; `None` when the GPU does not report it.
+fn gpu_value(inventory: &Inventory, gpu: &crate::device::Gpu, kind: LabelKind) -> Option<String> {
+    let value = match kind {
+        LabelKind::Family => family(gpu.gfx_target_version?)?.to_owned(),
+        LabelKind::DeviceId => format!("{:x}", gpu.device_id),
+        LabelKind::ProductName => gpu.product_name.clone()?,
+        LabelKind::Vram => {
+            let mib = gpu.vram_bytes? / (1024 * 1024);
+            format!("{}G", (mib as f64 / 1024.0).round() as u64)
+        }
+        LabelKind::CuCount => gpu.cu_count?.to_string(),
+        LabelKind::SimdCount => gpu.simd_count?.to_string(),
+        LabelKind::DriverVersion => inventory.driver.version.clone()?,
+        LabelKind::DriverSrcVersion => inventory.driver.srcversion.clone()?,
+        _ => return None,
+    };
+    let value = label_value(&value);
+    (!value.is_empty()).then_some(value)
+}
+
+fn counted_labels(inventory: &Inventory, kind: LabelKind, labels: &mut BTreeMap<String, String>) {
+    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+    for gpu in &inventory.gpus {
+        if let Some(value) = gpu_value(inventory, gpu, kind) {
+            *counts.entry(value).or_default() += 1;
+        }
+    }
+    let name = kind.name();
+    // Agreement means every GPU reports the same value; a GPU without a value
+    // (a VF without product_name) makes the set non-uniform.
+    let reported: usize = counts.values().sum();
+    if counts.len() == 1 && reported == inventory.gpus.len() {
+        let (value, count) = counts.into_iter().next().unwrap_or_default();
+        labels.insert(format!("amd.com/gpu.{name}"), value.clone());
+        labels.insert(format!("beta.amd.com/gpu.{name}"), value.clone());
+        labels.insert(
+            format!("beta.amd.com/gpu.{name}.{value}"),
+            count.to_string(),
+        );
+    } else {
+        for (value, count) in counts {
+            labels.insert(format!("amd.com/gpu.{name}.{value}"), count.to_string());
+        }
+    }
+}
+
+/// The change to make to a Node's labels.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LabelPatch {
+    /// Labels to add or change.
+    pub set: BTreeMap<String, String>,
+    /// Labels this agent wrote earlier that are no longer wanted.
+    pub remove: BTreeSet<String>,
+    /// New value of [`OWNED_ANNOTATION`]; `None` to remove it.
+    pub owned: Option<String>,
+}
+
+impl LabelPatch {
+    /// The JSON merge patch (`application/merge-patch+json`) for the Node.
+    pub fn to_merge_patch(&self) -> serde_json::Value {
+        let mut labels = serde_json::Map::new();
+        for (k, v) in &self.set {
+            labels.insert(k.clone(), serde_json::Value::String(v.clone()));
+        }
+        for k in &self.remove {
+            labels.insert(k.clone(), serde_json::Value::Null);
+        }
+        let owned = match &self.owned {
+            Some(keys) => serde_json::Value::String(keys.clone()),
+            None => serde_json::Value::Null,
+        };
+        serde_json::json!({
+            "metadata": {
+                "labels": labels,
+                "annotations": { OWNED_ANNOTATION: owned },
+            }
+        })
+    }
+}
+
+/// What to change on a Node whose labels and annotations are given, so that it
+/// carries exactly `desired` among the labels this agent owns; `None` when nothing
+/// needs to change. Keys owned by someone else are never in `remove`, even when
+/// they look like ours.
+pub fn plan_labels(
+    current_labels: &BTreeMap<String, String>,
+    current_annotations: &BTreeMap<String, String>,
+    desired: &BTreeMap<String, String>,
+) -> Option<LabelPatch> {
+    let previously_owned: BTreeSet<String> = current_annotations
+        .get(OWNED_ANNOTATION)
+        .map(|keys| {
+            keys.split(',')
+                .filter(|k| !k.is_empty())
+                .map(str::to_owned)
+                .collect()
+        })
+        .unwrap_or_default();
+    let set: BTreeMap<String, String> = desired
+        .iter()
+        .filter(|(k, v)| current_labels.get(*k) != Some(*v))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let remove: BTreeSet<String> = previously_owned
+        .iter()
+        .filter(|k| !desired.contains_key(*k) && current_labels.contains_key(*k))
+        .cloned()
+        .collect();
+    let now_owned: Vec<&str> = desired.keys().map(String::as_str).collect();
+    let owned_value = (!now_owned.is_empty()).then(|| now_owned.join(","));
+    let annotation_changes = current_annotations.get(OWNED_ANNOTATION) != owned_value.as_ref();
+    if set.is_empty() && remove.is_empty() && !annotation_changes {
+        return None;
+    }
+    Some(LabelPatch {
+        set,
+        remove,
+        owned: owned_value,
+    })
+}
+
+#[cfg(test)]
+mod tests;

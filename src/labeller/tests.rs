@@ -1,0 +1,245 @@
+use super::*;
+use crate::device::{DriverState, Gpu};
+
+fn mi300x(partition: Option<(&str, &str)>) -> Gpu {
+    Gpu {
+        bdf: "0000:05:00.0".into(),
+        vendor_id: 0x1002,
+        device_id: 0x74a1,
+        product_name: Some("AMD Instinct MI300X (OAM)".into()),
+        vram_bytes: Some(192 << 30),
+        cu_count: Some(304),
+        simd_count: Some(1216),
+        gfx_target_version: Some(90402),
+        compute_partition: partition.map(|p| p.0.to_owned()),
+        memory_partition: partition.map(|p| p.1.to_owned()),
+        available_compute_partitions: vec!["spx".into(), "cpx".into()],
+        available_memory_partitions: vec!["nps1".into(), "nps4".into()],
+        ..Gpu::default()
+    }
+}
+
+fn inventory(gpus: Vec<Gpu>) -> Inventory {
+    Inventory {
+        driver: DriverState {
+            loaded: true,
+            version: Some("6.12.12".into()),
+            srcversion: Some("ABC123".into()),
+            kfd_present: true,
+        },
+        gpus,
+        warnings: vec![],
+    }
+}
+
+fn all() -> BTreeSet<LabelKind> {
+    LabelKind::ALL.into_iter().collect()
+}
+
+#[test]
+fn uniform_gpus_get_value_labels_and_beta_counters() {
+    let labels = desired_labels(&inventory(vec![mi300x(Some(("cpx", "nps4"))); 8]), &all());
+    let get = |k: &str| labels.get(k).map(String::as_str);
+    assert_eq!(get("amd.com/gpu.family"), Some("AI"));
+    assert_eq!(get("beta.amd.com/gpu.family"), Some("AI"));
+    assert_eq!(get("beta.amd.com/gpu.family.AI"), Some("8"));
+    assert_eq!(get("amd.com/gpu.device-id"), Some("74a1"));
+    assert_eq!(
+        get("amd.com/gpu.product-name"),
+        Some("AMD_Instinct_MI300X_OAM")
+    );
+    assert_eq!(get("amd.com/gpu.vram"), Some("192G"));
+    assert_eq!(get("amd.com/gpu.cu-count"), Some("304"));
+    assert_eq!(get("amd.com/gpu.simd-count"), Some("1216"));
+    assert_eq!(get("amd.com/gpu.driver-version"), Some("6.12.12"));
+    assert_eq!(get("amd.com/gpu.driver-src-version"), Some("ABC123"));
+    assert_eq!(
+        get("amd.com/gpu.compute-memory-partition"),
+        Some("cpx_nps4")
+    );
+    assert_eq!(
+        get("amd.com/gpu.compute-partitioning-supported"),
+        Some("true")
+    );
+    assert_eq!(
+        get("amd.com/gpu.memory-partitioning-supported"),
+        Some("true")
+    );
+    assert!(!labels.contains_key("amd.com/gpu.family.AI"));
+}
+
+#[test]
+fn differing_gpus_get_counters_per_value() {
+    let mut small = mi300x(Some(("spx", "nps1")));
+    small.cu_count = Some(228);
+    let labels = desired_labels(
+        &inventory(vec![mi300x(Some(("cpx", "nps4"))), small.clone(), small]),
+        &all(),
+    );
+    assert_eq!(
+        labels.get("amd.com/gpu.cu-count.304").map(String::as_str),
+        Some("1")
+    );
+    assert_eq!(
+        labels.get("amd.com/gpu.cu-count.228").map(String::as_str),
+        Some("2")
+    );
+    assert!(!labels.contains_key("amd.com/gpu.cu-count"));
+    assert!(!labels.contains_key("beta.amd.com/gpu.cu-count"));
+    // The partition label is for homogeneous nodes only.
+    assert!(!labels.contains_key("amd.com/gpu.compute-memory-partition"));
+}
+
+#[test]
+fn a_vf_without_product_name_still_gets_every_other_label() {
+    let mut vf = mi300x(None);
+    vf.product_name = None;
+    vf.available_compute_partitions.clear();
+    vf.available_memory_partitions.clear();
+    let labels = desired_labels(&inventory(vec![vf; 2]), &all());
+    assert!(!labels.keys().any(|k| k.contains("product-name")));
+    for kind in [
+        "family",
+        "device-id",
+        "vram",
+        "cu-count",
+        "simd-count",
+        "driver-version",
+    ] {
+        assert!(
+            labels.contains_key(&format!("amd.com/gpu.{kind}")),
+            "{kind}: {labels:?}"
+        );
+    }
+    assert_eq!(
+        labels
+            .get("amd.com/gpu.compute-partitioning-supported")
+            .map(String::as_str),
+        Some("false")
+    );
+}
+
+#[test]
+fn selected_kinds_only_and_none_without_gpus() {
+    let kinds: BTreeSet<LabelKind> = [LabelKind::Vram].into_iter().collect();
+    let labels = desired_labels(&inventory(vec![mi300x(None)]), &kinds);
+    assert_eq!(labels.len(), 3, "{labels:?}");
+    assert!(labels.keys().all(|k| k.contains("vram")));
+    assert!(desired_labels(&inventory(vec![]), &all()).is_empty());
+}
+
+#[test]
+fn labeller_arguments_accept_the_reference_flag_spelling() {
+    assert_eq!(LabelKind::parse("-vram"), Some(LabelKind::Vram));
+    assert_eq!(LabelKind::parse("--cu-count"), Some(LabelKind::CuCount));
+    assert_eq!(
+        LabelKind::parse("compute-memory-partition"),
+        Some(LabelKind::ComputeMemoryPartition)
+    );
+    assert_eq!(LabelKind::parse("firmware"), None);
+    assert_eq!(LabelKind::parse("vrams"), None);
+}
+
+#[test]
+fn family_names_follow_amdgpu_families() {
+    assert_eq!(family(90402), Some("AI"));
+    assert_eq!(family(90010), Some("AI"));
+    assert_eq!(family(90002), Some("RV"));
+    assert_eq!(family(100300), Some("NV"));
+    assert_eq!(family(110000), Some("GC_11_0_0"));
+    assert_eq!(family(110500), Some("GC_11_5_0"));
+    assert_eq!(family(0), None);
+}
+
+#[test]
+fn label_values_are_valid() {
+    assert_eq!(
+        label_value("AMD Instinct MI300X (OAM)"),
+        "AMD_Instinct_MI300X_OAM"
+    );
+    assert_eq!(label_value(" (x) "), "x");
+    assert_eq!(label_value(&"a".repeat(80)).len(), 63);
+    assert_eq!(label_value("é+/"), "");
+}
+
+fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+#[test]
+fn plan_sets_new_removes_stale_owned_and_leaves_others_alone() {
+    let current = map(&[
+        ("kubernetes.io/hostname", "n1"),
+        ("amd.com/gpu.vram", "64G"),
+        ("amd.com/gpu.cu-count", "104"),
+        ("amd.com/gpu.family", "AI"),
+    ]);
+    // The admin wrote amd.com/gpu.family by hand; we own only vram and cu-count.
+    let annotations = map(&[(OWNED_ANNOTATION, "amd.com/gpu.cu-count,amd.com/gpu.vram")]);
+    let desired = map(&[("amd.com/gpu.vram", "192G")]);
+    let patch = plan_labels(&current, &annotations, &desired).expect("a change");
+    assert_eq!(patch.set, map(&[("amd.com/gpu.vram", "192G")]));
+    assert_eq!(patch.remove, ["amd.com/gpu.cu-count".to_string()].into());
+    assert_eq!(patch.owned.as_deref(), Some("amd.com/gpu.vram"));
+    let json = patch.to_merge_patch();
+    assert_eq!(
+        json["metadata"]["labels"]["amd.com/gpu.cu-count"],
+        serde_json::Value::Null
+    );
+    assert!(
+        json["metadata"]["labels"]
+            .get("amd.com/gpu.family")
+            .is_none()
+    );
+}
+
+#[test]
+fn plan_is_none_when_nothing_changed() {
+    let desired = map(&[("amd.com/gpu.vram", "192G")]);
+    let annotations = map(&[(OWNED_ANNOTATION, "amd.com/gpu.vram")]);
+    assert_eq!(plan_labels(&desired, &annotations, &desired), None);
+}
+
+#[test]
+fn disabling_removes_everything_owned_and_the_annotation() {
+    let current = map(&[("amd.com/gpu.vram", "192G"), ("x", "y")]);
+    let annotations = map(&[(OWNED_ANNOTATION, "amd.com/gpu.vram")]);
+    let patch = plan_labels(&current, &annotations, &BTreeMap::new()).expect("a change");
+    assert_eq!(patch.remove, ["amd.com/gpu.vram".to_string()].into());
+    assert_eq!(patch.owned, None);
+    assert_eq!(
+        patch.to_merge_patch()["metadata"]["annotations"][OWNED_ANNOTATION],
+        serde_json::Value::Null
+    );
+    // Nothing owned and nothing wanted: nothing to do.
+    assert_eq!(
+        plan_labels(&current, &BTreeMap::new(), &BTreeMap::new()),
+        None
+    );
+}
+
+#[test]
+fn labels_from_a_simulated_host() {
+    let dir = tempfile::tempdir().unwrap();
+    let host = crate::host::HostRoot::new(dir.path());
+    let spec = crate::simulate::SimSpec::new("mi300x", None, Some("cpx_nps4")).unwrap();
+    crate::simulate::write_host(&host, &spec).unwrap();
+    let labels = desired_labels(&crate::device::discover(&host), &all());
+    assert_eq!(
+        labels.get("beta.amd.com/gpu.family.AI").map(String::as_str),
+        Some("8")
+    );
+    assert_eq!(
+        labels.get("amd.com/gpu.product-name").map(String::as_str),
+        Some("AMD_Instinct_MI300X")
+    );
+    assert_eq!(
+        labels
+            .get("amd.com/gpu.compute-memory-partition")
+            .map(String::as_str),
+        Some("cpx_nps4")
+    );
+}
