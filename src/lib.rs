@@ -4,6 +4,7 @@
 //! it owns and what it must not do. The binary (`main.rs`) only parses the command
 //! line and hands over to [`cli`].
 
+pub mod agent;
 pub mod api;
 pub mod cli;
 pub mod device;

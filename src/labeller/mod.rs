@@ -18,67 +18,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use crate::api::NodeLabellerKind as LabelKind;
 use crate::device::Inventory;
 
 /// Annotation listing the label keys the labeller owns on a Node, comma-separated.
 pub const OWNED_ANNOTATION: &str = "amd.com/gpu-labeller-keys";
-
-/// The label kinds `nodeLabellerArguments` can select.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum LabelKind {
-    Family,
-    DeviceId,
-    ProductName,
-    Vram,
-    CuCount,
-    SimdCount,
-    DriverVersion,
-    DriverSrcVersion,
-    ComputeMemoryPartition,
-    ComputePartitioningSupported,
-    MemoryPartitioningSupported,
-}
-
-impl LabelKind {
-    pub const ALL: [LabelKind; 11] = [
-        LabelKind::Family,
-        LabelKind::DeviceId,
-        LabelKind::ProductName,
-        LabelKind::Vram,
-        LabelKind::CuCount,
-        LabelKind::SimdCount,
-        LabelKind::DriverVersion,
-        LabelKind::DriverSrcVersion,
-        LabelKind::ComputeMemoryPartition,
-        LabelKind::ComputePartitioningSupported,
-        LabelKind::MemoryPartitioningSupported,
-    ];
-
-    /// The name used in labels and in `nodeLabellerArguments`.
-    pub fn name(self) -> &'static str {
-        match self {
-            LabelKind::Family => "family",
-            LabelKind::DeviceId => "device-id",
-            LabelKind::ProductName => "product-name",
-            LabelKind::Vram => "vram",
-            LabelKind::CuCount => "cu-count",
-            LabelKind::SimdCount => "simd-count",
-            LabelKind::DriverVersion => "driver-version",
-            LabelKind::DriverSrcVersion => "driver-src-version",
-            LabelKind::ComputeMemoryPartition => "compute-memory-partition",
-            LabelKind::ComputePartitioningSupported => "compute-partitioning-supported",
-            LabelKind::MemoryPartitioningSupported => "memory-partitioning-supported",
-        }
-    }
-
-    /// Parses a `nodeLabellerArguments` entry: the reference's flag spelling, with
-    /// or without a leading `-` or `--`. Unknown names (e.g. `firmware`, which this
-    /// agent does not label) give `None`.
-    pub fn parse(arg: &str) -> Option<Self> {
-        let name = arg.trim().trim_start_matches('-');
-        LabelKind::ALL.into_iter().find(|k| k.name() == name)
-    }
-}
 
 /// Family acronym of a `gfx_target_version` (major*10000 + minor*100 + stepping),
 /// as the reference labeller names amdgpu families.
@@ -124,11 +68,10 @@ pub fn label_value(raw: &str) -> String {
         .to_owned()
 }
 
-/// The labels this node should carry for the selected kinds.
-pub fn desired_labels(
-    inventory: &Inventory,
-    kinds: &BTreeSet<LabelKind>,
-) -> BTreeMap<String, String> {
+/// The labels this node should carry for the selected kinds (normally
+/// `DeviceConfigSpec::node_labeller_kinds`). `firmware` labels are not produced:
+/// this agent does not read firmware versions.
+pub fn desired_labels(inventory: &Inventory, kinds: &[LabelKind]) -> BTreeMap<String, String> {
     let mut labels = BTreeMap::new();
     if inventory.gpus.is_empty() {
         return labels;
@@ -162,7 +105,7 @@ pub fn desired_labels(
 }
 
 fn key(kind: LabelKind) -> String {
-    format!("amd.com/gpu.{}", kind.name())
+    format!("amd.com/gpu.{}", kind.as_str())
 }
 
 /// The per-GPU value of a counted kind; `None` when the GPU does not report it.
@@ -179,7 +122,10 @@ fn gpu_value(inventory: &Inventory, gpu: &crate::device::Gpu, kind: LabelKind) -
         LabelKind::SimdCount => gpu.simd_count?.to_string(),
         LabelKind::DriverVersion => inventory.driver.version.clone()?,
         LabelKind::DriverSrcVersion => inventory.driver.srcversion.clone()?,
-        _ => return None,
+        LabelKind::Firmware
+        | LabelKind::ComputeMemoryPartition
+        | LabelKind::ComputePartitioningSupported
+        | LabelKind::MemoryPartitioningSupported => return None,
     };
     let value = label_value(&value);
     (!value.is_empty()).then_some(value)
@@ -192,7 +138,7 @@ fn counted_labels(inventory: &Inventory, kind: LabelKind, labels: &mut BTreeMap<
             *counts.entry(value).or_default() += 1;
         }
     }
-    let name = kind.name();
+    let name = kind.as_str();
     // Agreement means every GPU reports the same value; a GPU without a value
     // (a VF without product_name) makes the set non-uniform.
     let reported: usize = counts.values().sum();
