@@ -1,0 +1,2159 @@
+//! The object store: one generic map of JSON objects keyed by group/resource/namespace/name,
+//! a global resourceVersion counter (like etcd's revision), and the event history that
+//! watches resume from.
+//!
+//! Everything the API verbs mean lives here (create/update/patch/apply/delete semantics,
+//! finalizers, generation, status subresource rules, list snapshots, eviction). The HTTP
+//! layer only parses requests and serialises answers. The store never blocks and never does
+//! I/O; committed events are pushed to a broadcast channel for open watches.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+
+use base64::Engine as _;
+use serde_json::{Map, Value, json};
+use tokio::sync::broadcast;
+
+use crate::error::{ApiError, ApiResult, Cause, Qualified};
+use crate::fields::{self, ManagerKey, Operation, Ownership, Scope};
+use crate::patch;
+use crate::resources::{ResourceType, builtin_types, type_from_crd};
+use crate::selector::{FieldSelector, LabelSelector};
+
+/// The key of one stored object. Cluster-scoped objects have an empty namespace. The served
+/// version is not part of the key: all versions of a resource share one object, as they do in
+/// a real cluster (the emulator converts between versions by rewriting `apiVersion` only).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ObjKey {
+    pub group: String,
+    pub resource: String,
+    pub namespace: String,
+    pub name: String,
+}
+
+#[derive(Clone, Debug)]
+struct Stored {
+    value: Value,
+    owners: Ownership,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventType {
+    Added,
+    Modified,
+    Deleted,
+}
+
+impl EventType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventType::Added => "ADDED",
+            EventType::Modified => "MODIFIED",
+            EventType::Deleted => "DELETED",
+        }
+    }
+}
+
+/// One committed change, as kept in the history and sent to watches.
+#[derive(Debug)]
+pub struct Record {
+    pub rv: u64,
+    pub etype: EventType,
+    pub key: ObjKey,
+    /// The object after the change (for deletions: its last state, at the deletion's rv).
+    pub object: Value,
+    /// The object before the change (modifications and deletions).
+    pub prev: Option<Value>,
+}
+
+/// Who is writing, for field ownership, and whether to persist.
+#[derive(Clone, Debug)]
+pub struct WriteCtx {
+    pub manager: String,
+    pub dry_run: bool,
+}
+
+/// The `DeleteOptions` fields the emulator honours.
+#[derive(Clone, Debug, Default)]
+pub struct DeleteOpts {
+    pub uid: Option<String>,
+    pub resource_version: Option<String>,
+    pub dry_run: bool,
+}
+
+impl DeleteOpts {
+    /// Reads a `DeleteOptions` body (or the `deleteOptions` of an Eviction).
+    pub fn from_body(body: &Value, dry_run: bool) -> Self {
+        let s = |p: &str| body.pointer(p).and_then(Value::as_str).map(str::to_string);
+        let body_dry = body
+            .get("dryRun")
+            .and_then(Value::as_array)
+            .is_some_and(|a| a.iter().any(|x| x == "All"));
+        Self {
+            uid: s("/preconditions/uid"),
+            resource_version: s("/preconditions/resourceVersion"),
+            dry_run: dry_run || body_dry,
+        }
+    }
+}
+
+/// List query parameters.
+#[derive(Clone, Debug, Default)]
+pub struct ListOpts {
+    pub label: LabelSelector,
+    pub field: FieldSelector,
+    pub limit: Option<usize>,
+    pub continue_token: Option<String>,
+    pub resource_version: Option<String>,
+    pub resource_version_match: Option<String>,
+}
+
+/// Watch query parameters.
+#[derive(Clone, Debug, Default)]
+pub struct WatchOpts {
+    pub label: LabelSelector,
+    pub field: FieldSelector,
+    pub resource_version: Option<String>,
+    pub resource_version_match: Option<String>,
+    pub send_initial_events: bool,
+    pub bookmarks: bool,
+}
+
+/// Which events a watch wants.
+#[derive(Clone, Debug)]
+pub struct WatchFilter {
+    pub group: String,
+    pub resource: String,
+    pub namespace: Option<String>,
+    pub label: LabelSelector,
+    pub field: FieldSelector,
+}
+
+impl WatchFilter {
+    fn matches_obj(&self, v: &Value) -> bool {
+        self.label.matches_object(v) && self.field.matches(v)
+    }
+
+    /// The event a watch with this filter sees for a record, if any. Objects that start or
+    /// stop matching a selector appear as ADDED or DELETED, as with the real watch cache.
+    pub fn event_for(&self, rec: &Record) -> Option<(EventType, Value)> {
+        if rec.key.group != self.group || rec.key.resource != self.resource {
+            return None;
+        }
+        if let Some(ns) = &self.namespace
+            && &rec.key.namespace != ns
+        {
+            return None;
+        }
+        let now = self.matches_obj(&rec.object);
+        match rec.etype {
+            EventType::Added => now.then(|| (EventType::Added, rec.object.clone())),
+            EventType::Deleted => {
+                let before = rec.prev.as_ref().is_some_and(|p| self.matches_obj(p));
+                (now || before).then(|| (EventType::Deleted, rec.object.clone()))
+            }
+            EventType::Modified => {
+                let before = rec.prev.as_ref().is_some_and(|p| self.matches_obj(p));
+                match (before, now) {
+                    (true, true) => Some((EventType::Modified, rec.object.clone())),
+                    (false, true) => Some((EventType::Added, rec.object.clone())),
+                    (true, false) => Some((EventType::Deleted, rec.object.clone())),
+                    (false, false) => None,
+                }
+            }
+        }
+    }
+}
+
+/// How a watch starts.
+pub enum WatchStart {
+    /// The requested resourceVersion is compacted: send this as an `ERROR` event and close.
+    Expired(ApiError),
+    Stream {
+        /// Events to send before live ones (initial state or history replay).
+        initial: Vec<(EventType, Value)>,
+        rx: broadcast::Receiver<Arc<Record>>,
+        /// Which live events the watch wants.
+        filter: WatchFilter,
+        /// The revision the live part starts after.
+        start_rv: u64,
+        /// Send the `k8s.io/initial-events-end` bookmark after `initial`.
+        initial_events_end: bool,
+    },
+}
+
+/// The current time as the API server writes timestamps.
+pub fn now() -> String {
+    jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string()
+}
+
+fn meta(v: &Value) -> Option<&Map<String, Value>> {
+    v.get("metadata").and_then(Value::as_object)
+}
+
+fn meta_str<'a>(v: &'a Value, field: &str) -> Option<&'a str> {
+    meta(v).and_then(|m| m.get(field)).and_then(Value::as_str)
+}
+
+fn meta_mut(v: &mut Value) -> &mut Map<String, Value> {
+    if !v.is_object() {
+        *v = Value::Object(Map::new());
+    }
+    let o = v.as_object_mut().expect("made an object above");
+    let m = o
+        .entry("metadata")
+        .or_insert_with(|| Value::Object(Map::new()));
+    if !m.is_object() {
+        *m = Value::Object(Map::new());
+    }
+    m.as_object_mut().expect("made an object above")
+}
+
+fn finalizers(v: &Value) -> Vec<String> {
+    meta(v)
+        .and_then(|m| m.get("finalizers"))
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(|x| x.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A DNS-1123 subdomain, as most object names must be.
+fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 253
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
+        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && name.ends_with(|c: char| c.is_ascii_alphanumeric())
+}
+
+/// The part of an object that decides `metadata.generation`: all but metadata, and all but
+/// status when the type has a status subresource.
+fn generation_view(v: &Value, rt: &ResourceType) -> Value {
+    let mut c = v.clone();
+    if let Some(o) = c.as_object_mut() {
+        o.remove("metadata");
+        o.remove("apiVersion");
+        o.remove("kind");
+        if rt.status {
+            o.remove("status");
+        }
+    }
+    c
+}
+
+/// The object without the fields every write changes, to detect no-op writes.
+fn content_view(v: &Value) -> Value {
+    let mut c = v.clone();
+    if let Some(o) = c.as_object_mut() {
+        o.remove("apiVersion");
+        if let Some(Value::Object(m)) = o.get_mut("metadata") {
+            m.remove("resourceVersion");
+            m.remove("managedFields");
+        }
+    }
+    c
+}
+
+fn decode_continue(token: &str) -> ApiResult<(u64, String)> {
+    let bad = || ApiError::bad_request(format!("continue key is not valid: {token}"));
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(token)
+        .map_err(|_| bad())?;
+    let v: Value = serde_json::from_slice(&bytes).map_err(|_| bad())?;
+    let rv = v.get("rv").and_then(Value::as_u64).ok_or_else(bad)?;
+    let start = v.get("start").and_then(Value::as_str).ok_or_else(bad)?;
+    Ok((rv, start.to_string()))
+}
+
+fn encode_continue(rv: u64, start: &str) -> String {
+    let v = json!({"v": "meta.k8s.io/v1", "rv": rv, "start": start});
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string())
+}
+
+fn parse_rv(s: &str) -> ApiResult<u64> {
+    s.parse::<u64>()
+        .map_err(|_| ApiError::bad_request(format!("invalid resource version \"{s}\"")))
+}
+
+fn q(rt: &ResourceType) -> Qualified<'_> {
+    Qualified {
+        group: &rt.group,
+        resource: &rt.plural,
+    }
+}
+
+fn invalid_one(
+    rt: &ResourceType,
+    name: &str,
+    reason: &str,
+    field: &str,
+    message: impl Into<String>,
+) -> ApiError {
+    ApiError::invalid(
+        &rt.kind,
+        &rt.group,
+        name,
+        vec![Cause {
+            reason: reason.into(),
+            message: message.into(),
+            field: Some(field.into()),
+        }],
+    )
+}
+
+/// A small non-cryptographic generator for uids and generated names (splitmix64).
+#[derive(Debug)]
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn uid(&mut self) -> String {
+        let a = self.next();
+        let b = self.next();
+        let a = (a & 0xFFFF_FFFF_FFFF_0FFF) | 0x0000_0000_0000_4000;
+        let b = (b & 0x3FFF_FFFF_FFFF_FFFF) | 0x8000_0000_0000_0000;
+        format!(
+            "{:08x}-{:04x}-{:04x}-{:04x}-{:012x}",
+            a >> 32,
+            (a >> 16) & 0xFFFF,
+            a & 0xFFFF,
+            b >> 48,
+            b & 0xFFFF_FFFF_FFFF
+        )
+    }
+
+    /// Five characters from the alphabet the real server uses for `generateName`.
+    fn suffix(&mut self) -> String {
+        const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+        (0..5)
+            .map(|_| ALPHABET[(self.next() % ALPHABET.len() as u64) as usize] as char)
+            .collect()
+    }
+}
+
+/// The store. See the module docs.
+pub struct Store {
+    rv: u64,
+    /// History covers revisions after this one; resuming from an older one is `410 Gone`.
+    compacted: u64,
+    history_limit: usize,
+    objects: BTreeMap<ObjKey, Stored>,
+    history: VecDeque<Arc<Record>>,
+    types: BTreeMap<(String, String), ResourceType>,
+    events: broadcast::Sender<Arc<Record>>,
+    rng: Rng,
+}
+
+impl Store {
+    /// A store with the built-in types and the namespaces every cluster has.
+    pub fn new(history_limit: usize, events: broadcast::Sender<Arc<Record>>) -> Self {
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0x1234_5678);
+        let mut s = Self {
+            rv: 0,
+            compacted: 0,
+            history_limit: history_limit.max(1),
+            objects: BTreeMap::new(),
+            history: VecDeque::new(),
+            types: BTreeMap::new(),
+            events,
+            rng: Rng(seed),
+        };
+        for t in builtin_types() {
+            s.types.insert((t.group.clone(), t.plural.clone()), t);
+        }
+        let ns_type = s.types[&(String::new(), "namespaces".to_string())].clone();
+        let ctx = WriteCtx {
+            manager: "kube-apiserver".into(),
+            dry_run: false,
+        };
+        for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
+            let body = json!({"metadata": {"name": ns}});
+            // Creating the well-known namespaces in an empty store cannot fail.
+            let _ = s.create(&ns_type, "v1", None, body, &ctx);
+        }
+        s
+    }
+
+    pub fn resource_version(&self) -> u64 {
+        self.rv
+    }
+
+    pub fn compacted_revision(&self) -> u64 {
+        self.compacted
+    }
+
+    /// All served types.
+    pub fn types(&self) -> impl Iterator<Item = &ResourceType> {
+        self.types.values()
+    }
+
+    /// Finds the type served at `group/version` under `plural`.
+    pub fn find_type(&self, group: &str, version: &str, plural: &str) -> Option<&ResourceType> {
+        self.types
+            .get(&(group.to_string(), plural.to_string()))
+            .filter(|t| t.serves(version))
+    }
+
+    /// Forgets all history and advances the revision, so that every resourceVersion a client
+    /// holds is now too old: resumes and exact lists answer `410 Gone`.
+    pub fn compact(&mut self) {
+        self.rv += 1;
+        self.compacted = self.rv;
+        self.history.clear();
+    }
+
+    fn key(rt: &ResourceType, ns: Option<&str>, name: &str) -> ObjKey {
+        ObjKey {
+            group: rt.group.clone(),
+            resource: rt.plural.clone(),
+            namespace: if rt.namespaced {
+                ns.unwrap_or_default().to_string()
+            } else {
+                String::new()
+            },
+            name: name.to_string(),
+        }
+    }
+
+    /// The object as served at `version`.
+    fn output(rt: &ResourceType, version: &str, v: &Value) -> Value {
+        let mut out = v.clone();
+        if let Some(o) = out.as_object_mut() {
+            o.insert("apiVersion".into(), json!(rt.api_version(version)));
+            o.insert("kind".into(), json!(rt.kind));
+        }
+        out
+    }
+
+    fn commit(&mut self, etype: EventType, key: ObjKey, object: Value, prev: Option<Value>) {
+        let rec = Arc::new(Record {
+            rv: self.rv,
+            etype,
+            key,
+            object,
+            prev,
+        });
+        self.history.push_back(rec.clone());
+        while self.history.len() > self.history_limit {
+            if let Some(old) = self.history.pop_front() {
+                self.compacted = old.rv;
+            }
+        }
+        // No receivers is fine: nobody is watching.
+        let _ = self.events.send(rec);
+    }
+
+    fn check_type_meta(rt: &ResourceType, version: &str, body: &Value) -> ApiResult<()> {
+        if let Some(av) = body.get("apiVersion").and_then(Value::as_str)
+            && !av.is_empty()
+            && av != rt.api_version(version)
+        {
+            // Another served version of the same resource is accepted.
+            let ok = rt.versions.iter().any(|v| rt.api_version(v) == av);
+            if !ok {
+                return Err(ApiError::bad_request(format!(
+                    "the API version in the data ({av}) does not match the expected API version ({})",
+                    rt.api_version(version)
+                )));
+            }
+        }
+        if let Some(k) = body.get("kind").and_then(Value::as_str)
+            && !k.is_empty()
+            && k != rt.kind
+        {
+            return Err(ApiError::bad_request(format!(
+                "the kind in the data ({k}) does not match the expected kind ({})",
+                rt.kind
+            )));
+        }
+        Ok(())
+    }
+
+    fn check_namespace_open(&self, ns: &str) -> ApiResult<()> {
+        let key = ObjKey {
+            group: String::new(),
+            resource: "namespaces".into(),
+            namespace: String::new(),
+            name: ns.to_string(),
+        };
+        match self.objects.get(&key) {
+            None => Err(ApiError::not_found(
+                Qualified {
+                    group: "",
+                    resource: "namespaces",
+                },
+                ns,
+            )),
+            Some(s) if meta(&s.value).is_some_and(|m| m.contains_key("deletionTimestamp")) => {
+                Err(ApiError::forbidden(format!(
+                    "unable to create new content in namespace {ns} because it is being terminated"
+                )))
+            }
+            Some(_) => Ok(()),
+        }
+    }
+
+    /// Kind-specific changes the real server makes on every write.
+    fn normalize(rt: &ResourceType, v: &mut Value) -> ApiResult<()> {
+        if rt.group.is_empty() && rt.plural == "secrets" {
+            // `stringData` is write-only: merged into `data`, base64-encoded.
+            if let Some(Value::Object(sd)) = v.as_object_mut().and_then(|o| o.remove("stringData"))
+            {
+                let o = v.as_object_mut().expect("checked above");
+                let data = o.entry("data").or_insert_with(|| json!({}));
+                if let Some(d) = data.as_object_mut() {
+                    for (k, val) in sd {
+                        let text = val.as_str().unwrap_or_default();
+                        d.insert(
+                            k,
+                            json!(base64::engine::general_purpose::STANDARD.encode(text)),
+                        );
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `GET` one object.
+    pub fn get(
+        &self,
+        rt: &ResourceType,
+        version: &str,
+        ns: Option<&str>,
+        name: &str,
+    ) -> ApiResult<Value> {
+        let key = Self::key(rt, ns, name);
+        self.objects
+            .get(&key)
+            .map(|s| Self::output(rt, version, &s.value))
+            .ok_or_else(|| ApiError::not_found(q(rt), name))
+    }
+
+    /// `POST` a new object. `owners` is set when the write is a server-side apply.
+    pub fn create(
+        &mut self,
+        rt: &ResourceType,
+        version: &str,
+        ns: Option<&str>,
+        body: Value,
+        ctx: &WriteCtx,
+    ) -> ApiResult<Value> {
+        self.create_inner(rt, version, ns, body, ctx, None)
+    }
+
+    fn create_inner(
+        &mut self,
+        rt: &ResourceType,
+        version: &str,
+        ns: Option<&str>,
+        mut body: Value,
+        ctx: &WriteCtx,
+        apply_owner: Option<(ManagerKey, bool)>,
+    ) -> ApiResult<Value> {
+        if !body.is_object() {
+            return Err(ApiError::bad_request(
+                "the body of the request is not a JSON object",
+            ));
+        }
+        Self::check_type_meta(rt, version, &body)?;
+        let given_name = meta_str(&body, "name").unwrap_or("").to_string();
+        let generate = meta_str(&body, "generateName").unwrap_or("").to_string();
+        if given_name.is_empty() && generate.is_empty() {
+            return Err(invalid_one(
+                rt,
+                "",
+                "FieldValueRequired",
+                "metadata.name",
+                "Required value: name or generateName is required",
+            ));
+        }
+        // Namespace: from the URL, and the body must agree.
+        let namespace = if rt.namespaced {
+            let url_ns = ns.unwrap_or_default();
+            if let Some(bns) = meta_str(&body, "namespace")
+                && !bns.is_empty()
+                && bns != url_ns
+            {
+                return Err(ApiError::bad_request(
+                    "the namespace of the provided object does not match the namespace sent on the request",
+                ));
+            }
+            self.check_namespace_open(url_ns)?;
+            Some(url_ns.to_string())
+        } else {
+            None
+        };
+        let mut name = given_name.clone();
+        if name.is_empty() {
+            let prefix: String = generate.chars().take(253 - 5).collect();
+            for _ in 0..8 {
+                name = format!("{prefix}{}", self.rng.suffix());
+                if !self
+                    .objects
+                    .contains_key(&Self::key(rt, namespace.as_deref(), &name))
+                {
+                    break;
+                }
+            }
+        }
+        if !valid_name(&name) {
+            return Err(invalid_one(
+                rt,
+                &name,
+                "FieldValueInvalid",
+                "metadata.name",
+                format!(
+                    "Invalid value: \"{name}\": a lowercase RFC 1123 subdomain must consist of lower case \
+                     alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character"
+                ),
+            ));
+        }
+        let key = Self::key(rt, namespace.as_deref(), &name);
+        if self.objects.contains_key(&key) {
+            return Err(ApiError::already_exists(q(rt), &name));
+        }
+
+        // Kind-specific defaults and validation.
+        let is_core = rt.group.is_empty();
+        if rt.status && !(is_core && rt.plural == "nodes") {
+            // The status subresource owns status: creates start without one.
+            if let Some(o) = body.as_object_mut() {
+                o.remove("status");
+            }
+        }
+        if is_core && rt.plural == "pods" {
+            body["status"] = json!({"phase": "Pending"});
+        }
+        if is_core && rt.plural == "namespaces" {
+            body["status"] = json!({"phase": "Active"});
+            body["spec"] = json!({"finalizers": ["kubernetes"]});
+            let labels = meta_mut(&mut body)
+                .entry("labels")
+                .or_insert_with(|| json!({}));
+            if let Some(l) = labels.as_object_mut() {
+                l.insert("kubernetes.io/metadata.name".into(), json!(name));
+            }
+        }
+        let crd_type =
+            if rt.group == "apiextensions.k8s.io" && rt.plural == "customresourcedefinitions" {
+                let mut probe = body.clone();
+                meta_mut(&mut probe).insert("name".into(), json!(name));
+                let t = type_from_crd(&probe).map_err(|problems| crd_invalid(&name, problems))?;
+                if let Some(existing) = self.types.get(&(t.group.clone(), t.plural.clone()))
+                    && !existing.custom
+                {
+                    return Err(crd_invalid(
+                        &name,
+                        vec![(
+                            "spec.names.plural".into(),
+                            "is already served by a built-in type".into(),
+                        )],
+                    ));
+                }
+                body["status"] = crd_status(&body, &t);
+                Some(t)
+            } else {
+                None
+            };
+        Self::normalize(rt, &mut body)?;
+
+        let now = now();
+        let uid = self.rng.uid();
+        {
+            let m = meta_mut(&mut body);
+            m.insert("name".into(), json!(name));
+            match &namespace {
+                Some(n) => m.insert("namespace".into(), json!(n)),
+                None => m.remove("namespace"),
+            };
+            m.insert("uid".into(), json!(uid));
+            m.insert("creationTimestamp".into(), json!(now));
+            if rt.generation {
+                m.insert("generation".into(), json!(1));
+            } else {
+                m.remove("generation");
+            }
+            for f in [
+                "deletionTimestamp",
+                "deletionGracePeriodSeconds",
+                "selfLink",
+                "managedFields",
+                "resourceVersion",
+            ] {
+                m.remove(f);
+            }
+        }
+        let obj = body.as_object_mut().expect("checked above");
+        obj.insert("apiVersion".into(), json!(rt.api_version(version)));
+        obj.insert("kind".into(), json!(rt.kind));
+
+        let mut owners = Ownership::default();
+        let api_version = rt.api_version(version);
+        match apply_owner {
+            Some((key, force)) => {
+                let leaves = fields::owned_leaves(&body, rt, key.scope);
+                owners.record_apply(key, &leaves, force, &api_version, &now);
+            }
+            None => {
+                let leaves = fields::owned_leaves(&body, rt, Scope::Main);
+                owners.record_update(
+                    ManagerKey {
+                        manager: ctx.manager.clone(),
+                        operation: Operation::Update,
+                        scope: Scope::Main,
+                    },
+                    &BTreeMap::new(),
+                    &leaves,
+                    &api_version,
+                    &now,
+                );
+            }
+        }
+        if !owners.0.is_empty() {
+            meta_mut(&mut body).insert("managedFields".into(), owners.render());
+        }
+        if ctx.dry_run {
+            return Ok(Self::output(rt, version, &body));
+        }
+        self.rv += 1;
+        meta_mut(&mut body).insert("resourceVersion".into(), json!(self.rv.to_string()));
+        self.objects.insert(
+            key.clone(),
+            Stored {
+                value: body.clone(),
+                owners,
+            },
+        );
+        self.commit(EventType::Added, key, body.clone(), None);
+        if let Some(t) = crd_type {
+            self.types.insert((t.group.clone(), t.plural.clone()), t);
+        }
+        Ok(Self::output(rt, version, &body))
+    }
+
+    /// `PUT` an object (or its status).
+    #[allow(clippy::too_many_arguments)]
+    pub fn update(
+        &mut self,
+        rt: &ResourceType,
+        version: &str,
+        ns: Option<&str>,
+        name: &str,
+        scope: Scope,
+        body: Value,
+        ctx: &WriteCtx,
+    ) -> ApiResult<Value> {
+        let key = Self::key(rt, ns, name);
+        let Some(old) = self.objects.get(&key).cloned() else {
+            return Err(ApiError::not_found(q(rt), name));
+        };
+        let owner = ManagerKey {
+            manager: ctx.manager.clone(),
+            operation: Operation::Update,
+            scope,
+        };
+        self.finish_update(
+            rt,
+            version,
+            key,
+            old,
+            body,
+            scope,
+            OwnerChange::Update(owner),
+            ctx,
+        )
+    }
+
+    /// `PATCH` with a JSON merge, JSON or strategic merge patch.
+    #[allow(clippy::too_many_arguments)]
+    pub fn patch(
+        &mut self,
+        rt: &ResourceType,
+        version: &str,
+        ns: Option<&str>,
+        name: &str,
+        scope: Scope,
+        kind: PatchKind,
+        body: &[u8],
+        ctx: &WriteCtx,
+    ) -> ApiResult<Value> {
+        let key = Self::key(rt, ns, name);
+        let Some(old) = self.objects.get(&key).cloned() else {
+            return Err(ApiError::not_found(q(rt), name));
+        };
+        let base = Self::output(rt, version, &old.value);
+        let candidate = match kind {
+            PatchKind::Merge => {
+                let p: Value = serde_json::from_slice(body)
+                    .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
+                let mut c = base;
+                json_patch::merge(&mut c, &p);
+                c
+            }
+            PatchKind::Json => {
+                let ops: json_patch::Patch = serde_json::from_slice(body)
+                    .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
+                let mut c = base;
+                json_patch::patch(&mut c, &ops).map_err(|e| {
+                    ApiError::new(
+                        422,
+                        "Invalid",
+                        format!(
+                            "the server rejected our request due to an error in our request: {e}"
+                        ),
+                    )
+                })?;
+                c
+            }
+            PatchKind::Strategic => {
+                if rt.custom {
+                    return Err(ApiError::unsupported_media_type(
+                        "the body of the request was in an unknown format - accepted media types include: \
+                         application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml",
+                    ));
+                }
+                let p: Value = serde_json::from_slice(body)
+                    .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
+                let lookup = |path: &[String]| rt.list_type(path);
+                patch::strategic_merge(&base, &p, &lookup).map_err(|e| {
+                    ApiError::new(
+                        422,
+                        "Invalid",
+                        format!(
+                            "the server rejected our request due to an error in our request: {e}"
+                        ),
+                    )
+                })?
+            }
+        };
+        let owner = ManagerKey {
+            manager: ctx.manager.clone(),
+            operation: Operation::Update,
+            scope,
+        };
+        self.finish_update(
+            rt,
+            version,
+            key,
+            old,
+            candidate,
+            scope,
+            OwnerChange::Update(owner),
+            ctx,
+        )
+    }
+
+    /// Server-side apply (`application/apply-patch+yaml`). Creates the object when missing.
+    #[allow(clippy::too_many_arguments)]
+    pub fn apply(
+        &mut self,
+        rt: &ResourceType,
+        version: &str,
+        ns: Option<&str>,
+        name: &str,
+        scope: Scope,
+        applied: Value,
+        force: bool,
+        ctx: &WriteCtx,
+    ) -> ApiResult<Value> {
+        if !applied.is_object() {
+            return Err(ApiError::bad_request("apply patch must be an object"));
+        }
+        for f in ["apiVersion", "kind"] {
+            if applied
+                .get(f)
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .is_empty()
+            {
+                return Err(ApiError::bad_request(format!(
+                    "{f} must be set in an apply patch"
+                )));
+            }
+        }
+        Self::check_type_meta(rt, version, &applied)?;
+        if let Some(n) = meta_str(&applied, "name")
+            && !n.is_empty()
+            && n != name
+        {
+            return Err(ApiError::bad_request(format!(
+                "the name of the object ({n}) does not match the name on the URL ({name})"
+            )));
+        }
+        let applier = ManagerKey {
+            manager: ctx.manager.clone(),
+            operation: Operation::Apply,
+            scope,
+        };
+        let key = Self::key(rt, ns, name);
+        let Some(old) = self.objects.get(&key).cloned() else {
+            if scope == Scope::Status {
+                return Err(ApiError::not_found(q(rt), name));
+            }
+            let mut body = strip_nulls(&applied);
+            meta_mut(&mut body).insert("name".into(), json!(name));
+            return self.create_inner(rt, version, ns, body, ctx, Some((applier, force)));
+        };
+        let applied_leaves = fields::owned_leaves(&applied, rt, scope);
+        let live_leaves = fields::owned_leaves(&old.value, rt, scope);
+        if !force {
+            let conflicts = old
+                .owners
+                .apply_conflicts(&applier, &applied_leaves, &live_leaves);
+            if !conflicts.is_empty() {
+                return Err(apply_conflict_error(rt, name, &conflicts));
+            }
+        }
+        let mut candidate = old.value.clone();
+        for p in old.owners.fields_to_remove(&applier, &applied_leaves) {
+            fields::remove_path(&mut candidate, &p);
+        }
+        // Only the parts of the applied config a manager can own are merged in.
+        let mut scoped = Map::new();
+        for (k, v) in applied.as_object().expect("checked above") {
+            match (scope, k.as_str()) {
+                (_, "apiVersion" | "kind") => {}
+                (Scope::Status, "status") => {
+                    scoped.insert(k.clone(), v.clone());
+                }
+                (Scope::Status, _) => {}
+                (Scope::Main, "status") if rt.status => {}
+                (Scope::Main, "metadata") => {
+                    let mut m = Map::new();
+                    if let Some(am) = v.as_object() {
+                        for (mk, mv) in am {
+                            if matches!(
+                                mk.as_str(),
+                                "labels" | "annotations" | "finalizers" | "ownerReferences"
+                            ) {
+                                m.insert(mk.clone(), mv.clone());
+                            }
+                        }
+                    }
+                    scoped.insert(k.clone(), Value::Object(m));
+                }
+                (Scope::Main, _) => {
+                    scoped.insert(k.clone(), v.clone());
+                }
+            }
+        }
+        let lookup = |path: &[String]| rt.list_type(path);
+        patch::apply_merge(
+            &mut candidate,
+            &Value::Object(scoped),
+            &mut Vec::new(),
+            &lookup,
+        );
+        // A resourceVersion in the applied config is a precondition.
+        match meta_str(&applied, "resourceVersion") {
+            Some(rv) if !rv.is_empty() => {
+                meta_mut(&mut candidate).insert("resourceVersion".into(), json!(rv));
+            }
+            _ => {}
+        }
+        let mut owners = old.owners.clone();
+        owners.record_apply(
+            applier,
+            &applied_leaves,
+            force,
+            &rt.api_version(version),
+            &now(),
+        );
+        self.finish_update(
+            rt,
+            version,
+            key,
+            old,
+            candidate,
+            scope,
+            OwnerChange::Set(owners),
+            ctx,
+        )
+    }
+
+    /// The shared tail of update, patch and apply.
+    #[allow(clippy::too_many_arguments)]
+    fn finish_update(
+        &mut self,
+        rt: &ResourceType,
+        version: &str,
+        key: ObjKey,
+        old: Stored,
+        candidate: Value,
+        scope: Scope,
+        owner_change: OwnerChange,
+        ctx: &WriteCtx,
+    ) -> ApiResult<Value> {
+        if !candidate.is_object() {
+            return Err(ApiError::bad_request(
+                "the body of the request is not a JSON object",
+            ));
+        }
+        Self::check_type_meta(rt, version, &candidate)?;
+        if let Some(n) = meta_str(&candidate, "name")
+            && n != key.name
+        {
+            return Err(ApiError::bad_request(format!(
+                "the name of the object ({n}) does not match the name on the URL ({})",
+                key.name
+            )));
+        }
+        if rt.namespaced
+            && let Some(n) = meta_str(&candidate, "namespace")
+            && !n.is_empty()
+            && n != key.namespace
+        {
+            return Err(ApiError::bad_request(
+                "the namespace of the provided object does not match the namespace sent on the request",
+            ));
+        }
+        let old_rv = meta_str(&old.value, "resourceVersion")
+            .unwrap_or("")
+            .to_string();
+        if let Some(rv) = meta_str(&candidate, "resourceVersion")
+            && !rv.is_empty()
+            && rv != old_rv
+        {
+            return Err(ApiError::conflict(q(rt), &key.name));
+        }
+
+        // Scope rules: main writes keep the old status, status writes change only status.
+        let mut new = match scope {
+            Scope::Main => {
+                let mut n = candidate;
+                if rt.status {
+                    let o = n.as_object_mut().expect("checked above");
+                    match old.value.get("status") {
+                        Some(s) => o.insert("status".into(), s.clone()),
+                        None => o.remove("status"),
+                    };
+                }
+                n
+            }
+            Scope::Status => {
+                let mut n = old.value.clone();
+                let o = n.as_object_mut().expect("stored objects are objects");
+                match candidate.get("status") {
+                    Some(s) => o.insert("status".into(), s.clone()),
+                    None => o.remove("status"),
+                };
+                n
+            }
+        };
+        Self::normalize(rt, &mut new)?;
+
+        // System metadata is the server's.
+        let old_meta = meta(&old.value).cloned().unwrap_or_default();
+        let new_fin = finalizers(&new);
+        {
+            let m = meta_mut(&mut new);
+            for f in [
+                "name",
+                "namespace",
+                "uid",
+                "creationTimestamp",
+                "deletionTimestamp",
+                "deletionGracePeriodSeconds",
+                "generation",
+                "generateName",
+            ] {
+                match old_meta.get(f) {
+                    Some(v) => m.insert(f.into(), v.clone()),
+                    None => m.remove(f),
+                };
+            }
+            m.remove("managedFields");
+            m.remove("selfLink");
+            m.insert("resourceVersion".into(), json!(old_rv));
+        }
+        if old_meta.contains_key("deletionTimestamp") {
+            let old_fin = finalizers(&old.value);
+            if new_fin.iter().any(|f| !old_fin.contains(f)) {
+                return Err(invalid_one(
+                    rt,
+                    &key.name,
+                    "FieldValueForbidden",
+                    "metadata.finalizers",
+                    "Forbidden: no new finalizers can be added if the object is being deleted",
+                ));
+            }
+        }
+        let o = new.as_object_mut().expect("checked above");
+        o.insert("apiVersion".into(), json!(rt.api_version(version)));
+        o.insert("kind".into(), json!(rt.kind));
+
+        let crd_type =
+            if rt.group == "apiextensions.k8s.io" && rt.plural == "customresourcedefinitions" {
+                let t = type_from_crd(&new).map_err(|p| crd_invalid(&key.name, p))?;
+                let old_group = old.value.pointer("/spec/group");
+                let old_plural = old.value.pointer("/spec/names/plural");
+                if old_group != new.pointer("/spec/group")
+                    || old_plural != new.pointer("/spec/names/plural")
+                {
+                    return Err(crd_invalid(
+                        &key.name,
+                        vec![("spec.names.plural".into(), "field is immutable".into())],
+                    ));
+                }
+                if scope == Scope::Main {
+                    new["status"] = crd_status(&new, &t);
+                }
+                Some(t)
+            } else {
+                None
+            };
+
+        if rt.generation && generation_view(&new, rt) != generation_view(&old.value, rt) {
+            let g = old_meta
+                .get("generation")
+                .and_then(Value::as_i64)
+                .unwrap_or(1);
+            meta_mut(&mut new).insert("generation".into(), json!(g + 1));
+        }
+
+        let now = now();
+        let api_version = rt.api_version(version);
+        let mut owners = match owner_change {
+            OwnerChange::Set(o) => o,
+            OwnerChange::Update(mgr) => {
+                let mut o = old.owners.clone();
+                let before = fields::owned_leaves(&old.value, rt, scope);
+                let after = fields::owned_leaves(&new, rt, scope);
+                o.record_update(mgr, &before, &after, &api_version, &now);
+                o
+            }
+        };
+        let mut all = fields::owned_leaves(&new, rt, Scope::Main);
+        all.extend(fields::owned_leaves(&new, rt, Scope::Status));
+        owners.prune(&all);
+
+        // A write that changes nothing is not a write: no new revision, no event.
+        if content_view(&new) == content_view(&old.value) && owners == old.owners {
+            return Ok(Self::output(rt, version, &old.value));
+        }
+        if !owners.0.is_empty() {
+            meta_mut(&mut new).insert("managedFields".into(), owners.render());
+        }
+        if ctx.dry_run {
+            return Ok(Self::output(rt, version, &new));
+        }
+        self.rv += 1;
+        meta_mut(&mut new).insert("resourceVersion".into(), json!(self.rv.to_string()));
+        let terminating = meta(&new).is_some_and(|m| m.contains_key("deletionTimestamp"));
+        if terminating && finalizers(&new).is_empty() {
+            // The last finalizer is gone: the deletion completes now.
+            self.objects.remove(&key);
+            self.commit(
+                EventType::Deleted,
+                key.clone(),
+                new.clone(),
+                Some(old.value),
+            );
+            self.after_removal(rt, &key);
+            return Ok(Self::output(rt, version, &new));
+        }
+        self.objects.insert(
+            key.clone(),
+            Stored {
+                value: new.clone(),
+                owners,
+            },
+        );
+        self.commit(EventType::Modified, key, new.clone(), Some(old.value));
+        if let Some(t) = crd_type {
+            self.types.insert((t.group.clone(), t.plural.clone()), t);
+        }
+        Ok(Self::output(rt, version, &new))
+    }
+
+    /// `DELETE` one object. Objects with finalizers only get a `deletionTimestamp`.
+    pub fn delete(
+        &mut self,
+        rt: &ResourceType,
+        version: &str,
+        ns: Option<&str>,
+        name: &str,
+        opts: &DeleteOpts,
+    ) -> ApiResult<Value> {
+        let key = Self::key(rt, ns, name);
+        let Some(old) = self.objects.get(&key).cloned() else {
+            return Err(ApiError::not_found(q(rt), name));
+        };
+        let uid = meta_str(&old.value, "uid").unwrap_or("");
+        if let Some(p) = &opts.uid
+            && p != uid
+        {
+            return Err(ApiError::conflict_msg(
+                q(rt),
+                name,
+                format!("Precondition failed: UID in precondition: {p}, UID in object meta: {uid}"),
+            ));
+        }
+        let rv = meta_str(&old.value, "resourceVersion").unwrap_or("");
+        if let Some(p) = &opts.resource_version
+            && p != rv
+        {
+            return Err(ApiError::conflict_msg(
+                q(rt),
+                name,
+                format!(
+                    "Precondition failed: ResourceVersion in precondition: {p}, ResourceVersion in object meta: {rv}"
+                ),
+            ));
+        }
+        let is_namespace = rt.group.is_empty() && rt.plural == "namespaces";
+        if !finalizers(&old.value).is_empty() || is_namespace {
+            if meta(&old.value).is_some_and(|m| m.contains_key("deletionTimestamp")) {
+                return Ok(Self::output(rt, version, &old.value));
+            }
+            let mut new = old.value.clone();
+            {
+                let m = meta_mut(&mut new);
+                m.insert("deletionTimestamp".into(), json!(now()));
+                m.insert("deletionGracePeriodSeconds".into(), json!(0));
+                if rt.generation {
+                    let g = m.get("generation").and_then(Value::as_i64).unwrap_or(1);
+                    m.insert("generation".into(), json!(g + 1));
+                }
+            }
+            if is_namespace {
+                new["status"] = json!({"phase": "Terminating"});
+            }
+            if opts.dry_run {
+                return Ok(Self::output(rt, version, &new));
+            }
+            self.rv += 1;
+            meta_mut(&mut new).insert("resourceVersion".into(), json!(self.rv.to_string()));
+            self.objects.insert(
+                key.clone(),
+                Stored {
+                    value: new.clone(),
+                    owners: old.owners,
+                },
+            );
+            self.commit(EventType::Modified, key, new.clone(), Some(old.value));
+            if is_namespace {
+                self.terminate_namespace(name);
+                // It may be gone already, when nothing in it had finalizers.
+                if let Ok(v) = self.get(rt, version, None, name) {
+                    return Ok(v);
+                }
+            }
+            return Ok(Self::output(rt, version, &new));
+        }
+        if opts.dry_run {
+            return Ok(Self::output(rt, version, &old.value));
+        }
+        let out = self.remove_now(&key, old.value);
+        self.after_removal(rt, &key);
+        Ok(Self::output(rt, version, &out))
+    }
+
+    /// Removes an object at a new revision and records the DELETED event.
+    fn remove_now(&mut self, key: &ObjKey, last: Value) -> Value {
+        self.objects.remove(key);
+        self.rv += 1;
+        let mut fin = last.clone();
+        meta_mut(&mut fin).insert("resourceVersion".into(), json!(self.rv.to_string()));
+        self.commit(EventType::Deleted, key.clone(), fin.clone(), Some(last));
+        fin
+    }
+
+    /// What follows an object's removal: a deleted CRD stops being served (and its objects
+    /// go); a terminating namespace that became empty goes.
+    fn after_removal(&mut self, rt: &ResourceType, key: &ObjKey) {
+        if rt.group == "apiextensions.k8s.io" && rt.plural == "customresourcedefinitions" {
+            let found = self
+                .types
+                .iter()
+                .find(|(_, t)| t.custom && format!("{}.{}", t.plural, t.group) == key.name)
+                .map(|(k, _)| k.clone());
+            if let Some(gr) = found {
+                let keys: Vec<ObjKey> = self
+                    .objects
+                    .keys()
+                    .filter(|k| k.group == gr.0 && k.resource == gr.1)
+                    .cloned()
+                    .collect();
+                for k in keys {
+                    if let Some(s) = self.objects.get(&k).cloned() {
+                        self.remove_now(&k, s.value);
+                    }
+                }
+                self.types.remove(&gr);
+            }
+        }
+        if !key.namespace.is_empty() {
+            self.finish_namespace_if_empty(&key.namespace.clone());
+        }
+    }
+
+    fn terminate_namespace(&mut self, ns: &str) {
+        let keys: Vec<ObjKey> = self
+            .objects
+            .keys()
+            .filter(|k| k.namespace == ns)
+            .cloned()
+            .collect();
+        for k in keys {
+            let Some(rt) = self
+                .types
+                .get(&(k.group.clone(), k.resource.clone()))
+                .cloned()
+            else {
+                continue;
+            };
+            let version = rt.preferred_version().to_string();
+            // Objects with finalizers stay (terminating) until those are removed.
+            let _ = self.delete(&rt, &version, Some(ns), &k.name, &DeleteOpts::default());
+        }
+        self.finish_namespace_if_empty(ns);
+    }
+
+    fn finish_namespace_if_empty(&mut self, ns: &str) {
+        let key = ObjKey {
+            group: String::new(),
+            resource: "namespaces".into(),
+            namespace: String::new(),
+            name: ns.to_string(),
+        };
+        let Some(s) = self.objects.get(&key).cloned() else {
+            return;
+        };
+        let terminating = meta(&s.value).is_some_and(|m| m.contains_key("deletionTimestamp"));
+        if !terminating || !finalizers(&s.value).is_empty() {
+            return;
+        }
+        if self.objects.keys().any(|k| k.namespace == ns) {
+            return;
+        }
+        self.remove_now(&key, s.value);
+    }
+
+    /// Objects of one resource as they were at revision `at`, rebuilt from the history.
+    fn snapshot(&self, rt: &ResourceType, at: u64) -> BTreeMap<ObjKey, Value> {
+        let mut m: BTreeMap<ObjKey, Value> = self
+            .objects
+            .iter()
+            .filter(|(k, _)| k.group == rt.group && k.resource == rt.plural)
+            .map(|(k, s)| (k.clone(), s.value.clone()))
+            .collect();
+        for rec in self.history.iter().rev().take_while(|r| r.rv > at) {
+            if rec.key.group != rt.group || rec.key.resource != rt.plural {
+                continue;
+            }
+            match rec.etype {
+                EventType::Added => {
+                    m.remove(&rec.key);
+                }
+                EventType::Modified | EventType::Deleted => {
+                    if let Some(p) = &rec.prev {
+                        m.insert(rec.key.clone(), p.clone());
+                    }
+                }
+            }
+        }
+        m
+    }
+
+    fn check_fields(rt: &ResourceType, field: &FieldSelector) -> ApiResult<()> {
+        for r in &field.0 {
+            if !rt.supports_field(&r.field) {
+                return Err(ApiError::bad_request(format!(
+                    "field label not supported: {}",
+                    r.field
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn too_large(rv: u64, current: u64) -> ApiError {
+        let mut e = ApiError::new(
+            504,
+            "Timeout",
+            format!("Too large resource version: {rv}, current: {current}"),
+        );
+        e.details.causes.push(Cause {
+            reason: "ResourceVersionTooLarge".into(),
+            message: "Too large resource version".into(),
+            field: None,
+        });
+        e.details.retry_after_seconds = Some(1);
+        e
+    }
+
+    /// `LIST` (one namespace, or all when `ns` is `None`).
+    pub fn list(
+        &self,
+        rt: &ResourceType,
+        version: &str,
+        ns: Option<&str>,
+        opts: &ListOpts,
+    ) -> ApiResult<Value> {
+        Self::check_fields(rt, &opts.field)?;
+        let mut start_after: Option<String> = None;
+        let at = if let Some(token) = opts.continue_token.as_deref().filter(|t| !t.is_empty()) {
+            let (rv, start) = decode_continue(token)?;
+            if rv < self.compacted {
+                return Err(ApiError::expired(
+                    "The provided continue parameter is too old to display a consistent list result. \
+                     You can start a new list without the continue parameter.",
+                ));
+            }
+            start_after = Some(start);
+            rv
+        } else {
+            let rv = opts.resource_version.as_deref().filter(|s| !s.is_empty());
+            match (
+                rv,
+                opts.resource_version_match
+                    .as_deref()
+                    .filter(|s| !s.is_empty()),
+            ) {
+                (None, None) => self.rv,
+                (None, Some(_)) => {
+                    return Err(ApiError::new(
+                        422,
+                        "Invalid",
+                        "ListOptions.meta.k8s.io \"\" is invalid: resourceVersionMatch: Forbidden: \
+                         resourceVersionMatch is forbidden unless resourceVersion is provided",
+                    ));
+                }
+                (Some(rv), Some("Exact")) => {
+                    let n = parse_rv(rv)?;
+                    if n == 0 {
+                        return Err(ApiError::new(
+                            422,
+                            "Invalid",
+                            "ListOptions.meta.k8s.io \"\" is invalid: resourceVersionMatch: Forbidden: \
+                             resourceVersionMatch \"exact\" is forbidden for resourceVersion \"0\"",
+                        ));
+                    }
+                    if n > self.rv {
+                        return Err(Self::too_large(n, self.rv));
+                    }
+                    if n < self.compacted {
+                        return Err(ApiError::expired(format!(
+                            "The resourceVersion for the provided list is too old. Requested {n}, oldest available {}",
+                            self.compacted
+                        )));
+                    }
+                    n
+                }
+                (Some(rv), Some("NotOlderThan") | None) => {
+                    let n = parse_rv(rv)?;
+                    if n > self.rv {
+                        return Err(Self::too_large(n, self.rv));
+                    }
+                    self.rv
+                }
+                (Some(_), Some(other)) => {
+                    return Err(ApiError::new(
+                        422,
+                        "Invalid",
+                        format!(
+                            "ListOptions.meta.k8s.io \"\" is invalid: resourceVersionMatch: Unsupported value: \"{other}\""
+                        ),
+                    ));
+                }
+            }
+        };
+        let snap = if at == self.rv {
+            self.snapshot(rt, u64::MAX)
+        } else {
+            self.snapshot(rt, at)
+        };
+        let position = |k: &ObjKey| format!("{}/{}", k.namespace, k.name);
+        let matching: Vec<(&ObjKey, &Value)> = snap
+            .iter()
+            .filter(|(k, v)| {
+                ns.is_none_or(|n| k.namespace == n)
+                    && start_after.as_ref().is_none_or(|s| position(k) > *s)
+                    && opts.label.matches_object(v)
+                    && opts.field.matches(v)
+            })
+            .collect();
+        let take = opts
+            .limit
+            .filter(|l| *l > 0)
+            .map_or(matching.len(), |l| l.min(matching.len()));
+        let items: Vec<Value> = matching[..take]
+            .iter()
+            .map(|(_, v)| Self::output(rt, version, v))
+            .collect();
+        let remaining = matching.len() - take;
+        let last_key = take.checked_sub(1).map(|i| position(matching[i].0));
+        let mut list_meta = json!({"resourceVersion": at.to_string()});
+        if remaining > 0
+            && let Some(last) = &last_key
+        {
+            list_meta["continue"] = json!(encode_continue(at, last));
+            if opts.label.is_empty() && opts.field.is_empty() {
+                list_meta["remainingItemCount"] = json!(remaining);
+            }
+        }
+        Ok(json!({
+            "kind": rt.list_kind,
+            "apiVersion": rt.api_version(version),
+            "metadata": list_meta,
+            "items": items,
+        }))
+    }
+
+    /// `DELETE` on a collection: deletes what a list with the same selectors returns.
+    pub fn delete_collection(
+        &mut self,
+        rt: &ResourceType,
+        version: &str,
+        ns: Option<&str>,
+        opts: &ListOpts,
+        del: &DeleteOpts,
+    ) -> ApiResult<Value> {
+        let listed = self.list(
+            rt,
+            version,
+            ns,
+            &ListOpts {
+                label: opts.label.clone(),
+                field: opts.field.clone(),
+                ..Default::default()
+            },
+        )?;
+        let mut deleted = Vec::new();
+        for item in listed["items"].as_array().cloned().unwrap_or_default() {
+            let name = meta_str(&item, "name").unwrap_or_default().to_string();
+            let item_ns = meta_str(&item, "namespace").map(str::to_string);
+            let one = DeleteOpts {
+                dry_run: del.dry_run,
+                ..Default::default()
+            };
+            match self.delete(rt, version, item_ns.as_deref(), &name, &one) {
+                Ok(v) => deleted.push(v),
+                Err(e) if e.code == 404 => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(json!({
+            "kind": rt.list_kind,
+            "apiVersion": rt.api_version(version),
+            "metadata": {"resourceVersion": self.rv.to_string()},
+            "items": deleted,
+        }))
+    }
+
+    /// Starts a watch: validates the parameters and collects what to send first, all under
+    /// the store lock so that no event falls between the initial part and the live part.
+    pub fn watch(
+        &self,
+        rt: &ResourceType,
+        ns: Option<&str>,
+        opts: &WatchOpts,
+    ) -> ApiResult<WatchStart> {
+        Self::check_fields(rt, &opts.field)?;
+        let filter = WatchFilter {
+            group: rt.group.clone(),
+            resource: rt.plural.clone(),
+            namespace: ns.map(str::to_string),
+            label: opts.label.clone(),
+            field: opts.field.clone(),
+        };
+        let rv_match = opts
+            .resource_version_match
+            .as_deref()
+            .filter(|s| !s.is_empty());
+        if opts.send_initial_events {
+            if rv_match != Some("NotOlderThan") {
+                return Err(ApiError::new(
+                    422,
+                    "Invalid",
+                    "ListOptions.meta.k8s.io \"\" is invalid: resourceVersionMatch: Forbidden: \
+                     sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
+                ));
+            }
+            if !opts.bookmarks {
+                return Err(ApiError::new(
+                    422,
+                    "Invalid",
+                    "ListOptions.meta.k8s.io \"\" is invalid: allowWatchBookmarks: Forbidden: \
+                     sendInitialEvents requires setting allowWatchBookmarks to true",
+                ));
+            }
+        } else if rv_match.is_some() {
+            return Err(ApiError::new(
+                422,
+                "Invalid",
+                "ListOptions.meta.k8s.io \"\" is invalid: resourceVersionMatch: Forbidden: \
+                 resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided",
+            ));
+        }
+        let rv = opts.resource_version.as_deref().filter(|s| !s.is_empty());
+        let current_state = |s: &Self| -> Vec<(EventType, Value)> {
+            s.objects
+                .iter()
+                .filter(|(k, st)| {
+                    k.group == rt.group
+                        && k.resource == rt.plural
+                        && ns.is_none_or(|n| k.namespace == n)
+                        && filter.matches_obj(&st.value)
+                })
+                .map(|(_, st)| (EventType::Added, st.value.clone()))
+                .collect()
+        };
+        let initial = match rv {
+            None | Some("0") => current_state(self),
+            Some(_) if opts.send_initial_events => current_state(self),
+            Some(s) => {
+                let n = parse_rv(s)?;
+                if n < self.compacted {
+                    return Ok(WatchStart::Expired(ApiError::expired(format!(
+                        "too old resource version: {n} ({})",
+                        self.compacted
+                    ))));
+                }
+                self.history
+                    .iter()
+                    .filter(|r| r.rv > n)
+                    .filter_map(|r| filter.event_for(r))
+                    .collect()
+            }
+        };
+        Ok(WatchStart::Stream {
+            initial,
+            rx: self.events.subscribe(),
+            filter,
+            start_rv: self.rv,
+            initial_events_end: opts.send_initial_events,
+        })
+    }
+
+    /// `POST pods/<name>/eviction`: deletes the pod unless a PodDisruptionBudget forbids it.
+    pub fn evict(&mut self, ns: &str, name: &str, body: &Value, dry_run: bool) -> ApiResult<Value> {
+        let pods = self.types[&(String::new(), "pods".to_string())].clone();
+        if let Some(n) = meta_str(body, "name")
+            && n != name
+        {
+            return Err(ApiError::bad_request(format!(
+                "name in URL does not match name in Eviction object: {name} != {n}"
+            )));
+        }
+        let pod = self.get(&pods, "v1", Some(ns), name)?;
+        let del = DeleteOpts::from_body(body.get("deleteOptions").unwrap_or(&Value::Null), dry_run);
+        let phase = pod
+            .pointer("/status/phase")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        let terminating = meta(&pod).is_some_and(|m| m.contains_key("deletionTimestamp"));
+        if !(terminating || matches!(phase, "Succeeded" | "Failed" | "Pending")) {
+            self.check_disruption_budget(ns, &pod)?;
+        }
+        self.delete(&pods, "v1", Some(ns), name, &del)?;
+        Ok(json!({
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Success",
+            "code": 201,
+        }))
+    }
+
+    fn check_disruption_budget(&self, ns: &str, pod: &Value) -> ApiResult<()> {
+        let pod_labels = pod.pointer("/metadata/labels").and_then(Value::as_object);
+        let pdbs: Vec<&Value> = self
+            .objects
+            .iter()
+            .filter(|(k, _)| {
+                k.group == "policy" && k.resource == "poddisruptionbudgets" && k.namespace == ns
+            })
+            .map(|(_, s)| &s.value)
+            .filter(|pdb| {
+                pdb.pointer("/spec/selector")
+                    .and_then(LabelSelector::from_object)
+                    .is_some_and(|sel| !sel.is_empty() && sel.matches(pod_labels))
+            })
+            .collect();
+        match pdbs.len() {
+            0 => Ok(()),
+            1 => {
+                let pdb = pdbs[0];
+                let sel = pdb
+                    .pointer("/spec/selector")
+                    .and_then(LabelSelector::from_object)
+                    .unwrap_or_default();
+                let covered: Vec<&Value> = self
+                    .objects
+                    .iter()
+                    .filter(|(k, _)| {
+                        k.group.is_empty() && k.resource == "pods" && k.namespace == ns
+                    })
+                    .map(|(_, s)| &s.value)
+                    .filter(|p| sel.matches_object(p))
+                    .filter(|p| !meta(p).is_some_and(|m| m.contains_key("deletionTimestamp")))
+                    .collect();
+                let expected = covered.len() as i64;
+                let healthy = covered.iter().filter(|p| pod_ready(p)).count() as i64;
+                let desired = desired_healthy(pdb, expected);
+                let pdb_name = meta_str(pdb, "name").unwrap_or_default();
+                let this_ready = pod_ready(pod);
+                let always_allow_unhealthy = pdb
+                    .pointer("/spec/unhealthyPodEvictionPolicy")
+                    .and_then(Value::as_str)
+                    == Some("AlwaysAllow");
+                let allowed = if this_ready {
+                    healthy - desired > 0
+                } else {
+                    always_allow_unhealthy || healthy >= desired
+                };
+                if allowed {
+                    return Ok(());
+                }
+                let mut e = ApiError::too_many_requests(
+                    "Cannot evict pod as it would violate the pod's disruption budget.",
+                );
+                e.details.causes.push(Cause {
+                    reason: "DisruptionBudget".into(),
+                    message: format!(
+                        "The disruption budget {pdb_name} needs {desired} healthy pods and has {healthy} currently"
+                    ),
+                    field: None,
+                });
+                Err(e)
+            }
+            _ => Err(ApiError::internal(
+                "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support.",
+            )),
+        }
+    }
+}
+
+/// Which patch format a `PATCH` carries (apply is separate: [`Store::apply`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PatchKind {
+    Merge,
+    Json,
+    Strategic,
+}
+
+enum OwnerChange {
+    Update(ManagerKey),
+    Set(Ownership),
+}
+
+fn strip_nulls(v: &Value) -> Value {
+    match v {
+        Value::Object(m) => Value::Object(
+            m.iter()
+                .filter(|(_, v)| !v.is_null())
+                .map(|(k, v)| (k.clone(), strip_nulls(v)))
+                .collect(),
+        ),
+        Value::Array(a) => Value::Array(a.iter().map(strip_nulls).collect()),
+        other => other.clone(),
+    }
+}
+
+fn crd_invalid(name: &str, problems: Vec<(String, String)>) -> ApiError {
+    ApiError::invalid(
+        "CustomResourceDefinition",
+        "apiextensions.k8s.io",
+        name,
+        problems
+            .into_iter()
+            .map(|(f, m)| Cause {
+                reason: "FieldValueInvalid".into(),
+                message: m,
+                field: Some(f),
+            })
+            .collect(),
+    )
+}
+
+/// The status the CRD controllers would write: names accepted, established.
+fn crd_status(crd: &Value, t: &ResourceType) -> Value {
+    let now = now();
+    let mut names = crd
+        .pointer("/spec/names")
+        .cloned()
+        .unwrap_or_else(|| json!({}));
+    names["singular"] = json!(t.singular);
+    names["listKind"] = json!(t.list_kind);
+    let stored = crd
+        .pointer("/spec/versions")
+        .and_then(Value::as_array)
+        .and_then(|vs| {
+            vs.iter()
+                .find(|v| v.get("storage").and_then(Value::as_bool) == Some(true))
+        })
+        .and_then(|v| v.get("name").cloned())
+        .unwrap_or_else(|| json!(t.preferred_version()));
+    json!({
+        "acceptedNames": names,
+        "storedVersions": [stored],
+        "conditions": [
+            {"type": "NamesAccepted", "status": "True", "reason": "NoConflicts",
+             "message": "no conflicts found", "lastTransitionTime": now},
+            {"type": "Established", "status": "True", "reason": "InitialNamesAccepted",
+             "message": "the initial names have been accepted", "lastTransitionTime": now},
+        ],
+    })
+}
+
+fn pod_ready(p: &Value) -> bool {
+    p.pointer("/status/phase").and_then(Value::as_str) == Some("Running")
+        && p.pointer("/status/conditions")
+            .and_then(Value::as_array)
+            .is_some_and(|cs| {
+                cs.iter()
+                    .any(|c| c["type"] == "Ready" && c["status"] == "True")
+            })
+}
+
+/// How many covered pods a PodDisruptionBudget wants healthy. The real server reads this
+/// from the PDB status, written by the disruption controller; the emulator runs no
+/// controllers, so it computes it from the spec.
+fn desired_healthy(pdb: &Value, expected: i64) -> i64 {
+    let scaled = |v: &Value| -> Option<i64> {
+        match v {
+            Value::Number(n) => n.as_i64(),
+            Value::String(s) => {
+                let pct: i64 = s.strip_suffix('%')?.parse().ok()?;
+                Some((pct * expected + 99) / 100)
+            }
+            _ => None,
+        }
+    };
+    if let Some(n) = pdb.pointer("/spec/minAvailable").and_then(scaled) {
+        return n;
+    }
+    if let Some(n) = pdb.pointer("/spec/maxUnavailable").and_then(scaled) {
+        return (expected - n).max(0);
+    }
+    0
+}
+
+fn apply_conflict_error(rt: &ResourceType, name: &str, conflicts: &[fields::Conflict]) -> ApiError {
+    let n = conflicts.len();
+    let message = if n == 1 {
+        let c = &conflicts[0];
+        format!(
+            "Apply failed with 1 conflict: conflict with \"{}\" using {}: {}",
+            c.manager,
+            c.api_version,
+            fields::dotted(&c.path)
+        )
+    } else {
+        let lines: Vec<String> = conflicts
+            .iter()
+            .map(|c| {
+                format!(
+                    "conflict with \"{}\" using {}: {}",
+                    c.manager,
+                    c.api_version,
+                    fields::dotted(&c.path)
+                )
+            })
+            .collect();
+        format!("Apply failed with {n} conflicts: {}", lines.join("\n"))
+    };
+    let mut e = ApiError::conflict_msg(q(rt), name, message);
+    e.details.causes = conflicts
+        .iter()
+        .map(|c| Cause {
+            reason: "FieldManagerConflict".into(),
+            message: format!("conflict with \"{}\" using {}", c.manager, c.api_version),
+            field: Some(fields::dotted(&c.path)),
+        })
+        .collect();
+    e
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store() -> Store {
+        let (tx, _) = broadcast::channel(64);
+        Store::new(100, tx)
+    }
+
+    fn rt(s: &Store, group: &str, plural: &str) -> ResourceType {
+        s.types[&(group.to_string(), plural.to_string())].clone()
+    }
+
+    fn ctx(m: &str) -> WriteCtx {
+        WriteCtx {
+            manager: m.into(),
+            dry_run: false,
+        }
+    }
+
+    #[test]
+    fn well_known_namespaces_exist() {
+        let s = store();
+        let ns = rt(&s, "", "namespaces");
+        let d = s.get(&ns, "v1", None, "default").unwrap();
+        assert_eq!(d["status"]["phase"], "Active");
+        assert_eq!(
+            d["metadata"]["labels"]["kubernetes.io/metadata.name"],
+            "default"
+        );
+        assert_eq!(s.resource_version(), 4);
+    }
+
+    #[test]
+    fn create_sets_system_fields_and_rejects_duplicates() {
+        let mut s = store();
+        let cm = rt(&s, "", "configmaps");
+        let out = s
+            .create(
+                &cm,
+                "v1",
+                Some("default"),
+                json!({"metadata": {"generateName": "cfg-"}, "data": {"a": "b"}}),
+                &ctx("t"),
+            )
+            .unwrap();
+        let name = out["metadata"]["name"].as_str().unwrap();
+        assert!(name.starts_with("cfg-") && name.len() == 9);
+        assert_eq!(out["metadata"]["uid"].as_str().unwrap().len(), 36);
+        assert!(
+            out["metadata"].get("generation").is_none(),
+            "config maps have no generation"
+        );
+        assert_eq!(out["metadata"]["resourceVersion"], "5");
+        assert_eq!(out["kind"], "ConfigMap");
+        let again = s
+            .create(
+                &cm,
+                "v1",
+                Some("default"),
+                json!({"metadata": {"name": name}}),
+                &ctx("t"),
+            )
+            .unwrap_err();
+        assert_eq!((again.code, again.reason.as_str()), (409, "AlreadyExists"));
+        let missing_ns = s
+            .create(
+                &cm,
+                "v1",
+                Some("nope"),
+                json!({"metadata": {"name": "x"}}),
+                &ctx("t"),
+            )
+            .unwrap_err();
+        assert_eq!(missing_ns.code, 404);
+        let bad = s
+            .create(
+                &cm,
+                "v1",
+                Some("default"),
+                json!({"metadata": {"name": "Bad_Name"}}),
+                &ctx("t"),
+            )
+            .unwrap_err();
+        assert_eq!((bad.code, bad.reason.as_str()), (422, "Invalid"));
+    }
+
+    #[test]
+    fn stale_update_conflicts() {
+        let mut s = store();
+        let cm = rt(&s, "", "configmaps");
+        let v1 = s
+            .create(
+                &cm,
+                "v1",
+                Some("default"),
+                json!({"metadata": {"name": "c"}, "data": {"a": "1"}}),
+                &ctx("t"),
+            )
+            .unwrap();
+        let mut v2 = v1.clone();
+        v2["data"]["a"] = json!("2");
+        s.update(&cm, "v1", Some("default"), "c", Scope::Main, v2, &ctx("t"))
+            .unwrap();
+        let mut stale = v1.clone();
+        stale["data"]["a"] = json!("3");
+        let err = s
+            .update(
+                &cm,
+                "v1",
+                Some("default"),
+                "c",
+                Scope::Main,
+                stale,
+                &ctx("t"),
+            )
+            .unwrap_err();
+        assert_eq!((err.code, err.reason.as_str()), (409, "Conflict"));
+    }
+
+    #[test]
+    fn finalizers_hold_deletion() {
+        let mut s = store();
+        let cm = rt(&s, "", "configmaps");
+        s.create(
+            &cm,
+            "v1",
+            Some("default"),
+            json!({"metadata": {"name": "f", "finalizers": ["x/y"]}}),
+            &ctx("t"),
+        )
+        .unwrap();
+        let d = s
+            .delete(&cm, "v1", Some("default"), "f", &DeleteOpts::default())
+            .unwrap();
+        assert!(d["metadata"]["deletionTimestamp"].is_string());
+        assert!(s.get(&cm, "v1", Some("default"), "f").is_ok());
+        let p = s
+            .patch(
+                &cm,
+                "v1",
+                Some("default"),
+                "f",
+                Scope::Main,
+                PatchKind::Merge,
+                br#"{"metadata":{"finalizers":null}}"#,
+                &ctx("t"),
+            )
+            .unwrap();
+        assert!(p["metadata"]["deletionTimestamp"].is_string());
+        assert_eq!(
+            s.get(&cm, "v1", Some("default"), "f").unwrap_err().code,
+            404
+        );
+    }
+
+    #[test]
+    fn list_pages_are_a_consistent_snapshot() {
+        let mut s = store();
+        let cm = rt(&s, "", "configmaps");
+        for i in 0..5 {
+            s.create(
+                &cm,
+                "v1",
+                Some("default"),
+                json!({"metadata": {"name": format!("c{i}")}}),
+                &ctx("t"),
+            )
+            .unwrap();
+        }
+        let page1 = s
+            .list(
+                &cm,
+                "v1",
+                None,
+                &ListOpts {
+                    limit: Some(2),
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+        assert_eq!(page1["items"].as_array().unwrap().len(), 2);
+        assert_eq!(page1["metadata"]["remainingItemCount"], 3);
+        let token = page1["metadata"]["continue"].as_str().unwrap().to_string();
+        // A change after the first page does not show in later pages.
+        s.delete(&cm, "v1", Some("default"), "c4", &DeleteOpts::default())
+            .unwrap();
+        let page2 = s
+            .list(
+                &cm,
+                "v1",
+                None,
+                &ListOpts {
+                    limit: Some(10),
+                    continue_token: Some(token.clone()),
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+        let names: Vec<&str> = page2["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["metadata"]["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, vec!["c2", "c3", "c4"]);
+        assert!(page2["metadata"].get("continue").is_none());
+        s.compact();
+        let gone = s
+            .list(
+                &cm,
+                "v1",
+                None,
+                &ListOpts {
+                    continue_token: Some(token),
+                    ..Default::default()
+                },
+            )
+            .unwrap_err();
+        assert_eq!(gone.code, 410);
+    }
+
+    #[test]
+    fn watch_filter_turns_selector_changes_into_add_and_delete() {
+        let f = WatchFilter {
+            group: String::new(),
+            resource: "pods".into(),
+            namespace: None,
+            label: LabelSelector::parse("app=x").unwrap(),
+            field: FieldSelector::default(),
+        };
+        let key = ObjKey {
+            group: String::new(),
+            resource: "pods".into(),
+            namespace: "d".into(),
+            name: "p".into(),
+        };
+        let with = json!({"metadata": {"labels": {"app": "x"}}});
+        let without = json!({"metadata": {"labels": {}}});
+        let rec = |prev: &Value, obj: &Value| Record {
+            rv: 1,
+            etype: EventType::Modified,
+            key: key.clone(),
+            object: obj.clone(),
+            prev: Some(prev.clone()),
+        };
+        assert_eq!(
+            f.event_for(&rec(&without, &with)).unwrap().0,
+            EventType::Added
+        );
+        assert_eq!(
+            f.event_for(&rec(&with, &without)).unwrap().0,
+            EventType::Deleted
+        );
+        assert_eq!(
+            f.event_for(&rec(&with, &with)).unwrap().0,
+            EventType::Modified
+        );
+        assert!(f.event_for(&rec(&without, &without)).is_none());
+    }
+
+    #[test]
+    fn pdb_math() {
+        let pdb = json!({"spec": {"minAvailable": "50%"}});
+        assert_eq!(desired_healthy(&pdb, 3), 2);
+        let pdb = json!({"spec": {"maxUnavailable": 1}});
+        assert_eq!(desired_healthy(&pdb, 3), 2);
+        let pdb = json!({"spec": {"minAvailable": 2}});
+        assert_eq!(desired_healthy(&pdb, 5), 2);
+    }
+}
