@@ -1,0 +1,182 @@
+//! The `crd` and `validate` subcommands.
+//!
+//! Argument structs and entry points for `src/cli.rs` to wire in. The work is
+//! done by pure functions ([`validate_text`]) that return the report lines and
+//! the outcome; the entry points only read files and print. This module must not
+//! hold validation rules of its own: those are in `validate`.
+
+use std::io::{Read as _, Write as _};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Args;
+
+use super::validate::{document_problems, ignored_field_notes};
+use super::yaml::{DocumentKind, parse_documents};
+
+/// Print the DeviceConfig CustomResourceDefinition as YAML.
+///
+/// The output is the same as deploy/crd/deviceconfigs.amd.com.yaml; apply it with
+/// `gpu-operator crd | kubectl apply -f -`.
+#[derive(Args, Debug, Clone, Default)]
+pub struct CrdArgs {}
+
+/// Runs `gpu-operator crd`.
+pub fn run_crd(_args: CrdArgs) -> ExitCode {
+    match super::crd::crd_yaml() {
+        Ok(yaml) => {
+            let mut out = std::io::stdout().lock();
+            // A closed pipe (e.g. `| head`) is not worth a panic or an error code.
+            let _ = out.write_all(yaml.as_bytes()).and_then(|()| out.flush());
+            ExitCode::SUCCESS
+        }
+        Err(err) => {
+            eprintln!("gpu-operator crd: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Check DeviceConfig YAML files without a cluster.
+///
+/// Each file may hold several documents; documents of other kinds are skipped.
+/// Every problem is printed with its file, document index and field path, along
+/// with notes on fields that are accepted but ignored in this design. Exit
+/// status: 0 when every file is valid, 1 when a file has problems, 2 when a file
+/// cannot be read or parsed (the error names its line and column).
+#[derive(Args, Debug, Clone)]
+pub struct ValidateArgs {
+    /// DeviceConfig YAML files to check ("-" reads standard input).
+    #[arg(required = true, value_name = "FILE")]
+    pub files: Vec<PathBuf>,
+
+    /// Print problems only: leave out the notes on ignored fields and skipped documents.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+/// How a file fared. Ordered by severity, so the worst of several files is their `max`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Outcome {
+    /// Every DeviceConfig in it is valid.
+    Valid,
+    /// It parses, but has problems.
+    Invalid,
+    /// It cannot be read or parsed.
+    Unreadable,
+}
+
+impl Outcome {
+    /// The exit status for this outcome: 0, 1 or 2.
+    pub fn exit_code(self) -> u8 {
+        match self {
+            Self::Valid => 0,
+            Self::Invalid => 1,
+            Self::Unreadable => 2,
+        }
+    }
+}
+
+/// What `validate` prints for one file, and the outcome.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FileReport {
+    /// How the file fared.
+    pub outcome: Outcome,
+    /// Lines to print, each starting with the file name.
+    pub lines: Vec<String>,
+}
+
+/// Validates the YAML `text` of the file called `name`. With `notes`, the report
+/// also lists ignored fields and skipped documents.
+pub fn validate_text(name: &str, text: &str, notes: bool) -> FileReport {
+    let documents = match parse_documents(text) {
+        Ok(documents) => documents,
+        Err(err) => {
+            return FileReport {
+                outcome: Outcome::Unreadable,
+                lines: vec![format!(
+                    "{name}:{}:{}: cannot parse: {}",
+                    err.line, err.column, err.message
+                )],
+            };
+        }
+    };
+    let mut lines = Vec::new();
+    let mut configs = 0usize;
+    let mut problems = 0usize;
+    for doc in &documents {
+        let at = format!("{name}: document {} (line {})", doc.index, doc.line);
+        match &doc.kind {
+            DocumentKind::DeviceConfig { config, .. } => {
+                configs += 1;
+                let found = document_problems(doc);
+                problems += found.len();
+                lines.extend(found.iter().map(|problem| format!("{at}: {problem}")));
+                if notes {
+                    lines.extend(
+                        ignored_field_notes(&config.spec)
+                            .iter()
+                            .map(|note| format!("{at}: note: {note}")),
+                    );
+                }
+            }
+            DocumentKind::Other { api_version, kind } => {
+                if notes {
+                    lines.push(format!(
+                        "{at}: note: skipped, not a DeviceConfig (apiVersion {}, kind {})",
+                        api_version.as_deref().unwrap_or("missing"),
+                        kind.as_deref().unwrap_or("missing")
+                    ));
+                }
+            }
+        }
+    }
+    let outcome = if configs == 0 {
+        lines.push(format!("{name}: no DeviceConfig document found"));
+        Outcome::Invalid
+    } else if problems > 0 {
+        let s = if problems == 1 { "" } else { "s" };
+        lines.push(format!(
+            "{name}: invalid: {problems} problem{s} in {configs} DeviceConfig(s)"
+        ));
+        Outcome::Invalid
+    } else {
+        lines.push(format!("{name}: valid: {configs} DeviceConfig(s)"));
+        Outcome::Valid
+    };
+    FileReport { outcome, lines }
+}
+
+/// Reads `path` ("-" is standard input) and validates it.
+pub fn validate_file(path: &std::path::Path, notes: bool) -> FileReport {
+    let name = path.display().to_string();
+    let text = if name == "-" {
+        let mut text = String::new();
+        std::io::stdin().read_to_string(&mut text).map(|_| text)
+    } else {
+        std::fs::read_to_string(path)
+    };
+    match text {
+        Ok(text) => validate_text(&name, &text, notes),
+        Err(err) => FileReport {
+            outcome: Outcome::Unreadable,
+            lines: vec![format!("{name}: cannot read: {err}")],
+        },
+    }
+}
+
+/// Runs `gpu-operator validate FILE...`.
+pub fn run_validate(args: ValidateArgs) -> ExitCode {
+    let mut worst = Outcome::Valid;
+    let mut out = std::io::stdout().lock();
+    for path in &args.files {
+        let report = validate_file(path, !args.quiet);
+        worst = worst.max(report.outcome);
+        for line in &report.lines {
+            // Keep going on a closed pipe: the exit status still tells the result.
+            let _ = writeln!(out, "{line}");
+        }
+    }
+    let _ = out.flush();
+    ExitCode::from(worst.exit_code())
+}

@@ -1,0 +1,31 @@
+//! The DeviceConfig API (`amd.com/v1alpha1`, kind `DeviceConfig`): types, CRD,
+//! validation and the `crd` / `validate` subcommands.
+//!
+//! Administrators' DeviceConfig YAML written for AMD's GPU Operator applies here
+//! unchanged and means the same thing. This module owns that contract: the wire
+//! format ([`types`]), what fields mean in this design ([`semantics`]), which
+//! specs are acceptable ([`validate`]), the CRD ([`crd`]) and reading YAML
+//! ([`yaml`]).
+//!
+//! Everything here is pure: no cluster access, no host access. Checks that need
+//! the cluster (referenced Secrets and ConfigMaps exist) belong to the reconciler.
+
+pub mod cli;
+pub mod crd;
+pub mod enums;
+pub mod semantics;
+pub mod syntax;
+pub mod types;
+pub mod validate;
+pub mod yaml;
+
+pub use crd::{crd, crd_yaml};
+pub use enums::{DriverType, PullPolicy, ServiceType, TlsVersion, UpgradeState, UpgradeStrategy};
+pub use semantics::{NodeLabellerKind, Operand, ResourceNamingStrategy, selector_matches};
+pub use types::*;
+pub use validate::{
+    IgnoredField, Problem, document_problems, ignored_field_notes, ignored_fields, validate,
+};
+pub use yaml::{
+    Document, DocumentKind, ParseError, parse_device_configs, parse_documents, to_yaml,
+};

@@ -1,0 +1,475 @@
+//! What DeviceConfig fields mean to this design: effective values after the
+//! reference's fallbacks, node selection, and parsed forms of stringly-typed
+//! arguments.
+//!
+//! The agent and the reconciler read the spec through these helpers rather than
+//! re-deriving the reference's rules. Everything here is a pure function of the
+//! spec; nothing judges it (that is `validate`, which these helpers mirror: a
+//! value `validate` rejects comes back as `None` here).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+use super::enums::{DriverType, ServiceType};
+use super::syntax::{self, CountOrPercent};
+use super::types::{
+    ConfigManagerSpec, DeviceConfigSpec, DevicePluginSpec, DraDriverSpec, DriverSpec,
+    DriverUpgradePolicySpec, MetricsExporterSpec, RemediationWorkflowSpec, TestRunnerSpec,
+};
+
+/// `devicePluginArguments` key that selects how GPUs are named as resources.
+pub const ARG_RESOURCE_NAMING_STRATEGY: &str = "resource_naming_strategy";
+/// `devicePluginArguments` key that tells the device plugin which driver type the node runs.
+pub const ARG_DRIVER_TYPE: &str = "driver_type";
+/// The `devicePluginArguments` keys the reference device plugin accepts.
+pub const KNOWN_DEVICE_PLUGIN_ARGUMENTS: &[&str] = &[ARG_RESOURCE_NAMING_STRATEGY, ARG_DRIVER_TYPE];
+
+/// How GPUs (and their partitions) are advertised to the kubelet.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum ResourceNamingStrategy {
+    /// Everything is `amd.com/gpu`.
+    #[default]
+    Single,
+    /// Partitions get their own resource names (e.g. `amd.com/cpx_nps4`).
+    Mixed,
+}
+
+impl ResourceNamingStrategy {
+    /// The spellings accepted in `devicePluginArguments`.
+    pub const KNOWN: &'static [&'static str] = &["single", "mixed"];
+
+    /// Parses the argument value.
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "single" => Some(Self::Single),
+            "mixed" => Some(Self::Mixed),
+            _ => None,
+        }
+    }
+}
+
+/// One node label generator of the node labeller (`nodeLabellerArguments`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum NodeLabellerKind {
+    Vram,
+    CuCount,
+    SimdCount,
+    DeviceId,
+    Family,
+    ProductName,
+    DriverVersion,
+    DriverSrcVersion,
+    Firmware,
+    ComputeMemoryPartition,
+    ComputePartitioningSupported,
+    MemoryPartitioningSupported,
+}
+
+impl NodeLabellerKind {
+    /// Every kind with its flag spelling.
+    pub const ALL: &'static [(Self, &'static str)] = &[
+        (Self::Vram, "vram"),
+        (Self::CuCount, "cu-count"),
+        (Self::SimdCount, "simd-count"),
+        (Self::DeviceId, "device-id"),
+        (Self::Family, "family"),
+        (Self::ProductName, "product-name"),
+        (Self::DriverVersion, "driver-version"),
+        (Self::DriverSrcVersion, "driver-src-version"),
+        (Self::Firmware, "firmware"),
+        (Self::ComputeMemoryPartition, "compute-memory-partition"),
+        (
+            Self::ComputePartitioningSupported,
+            "compute-partitioning-supported",
+        ),
+        (
+            Self::MemoryPartitioningSupported,
+            "memory-partitioning-supported",
+        ),
+    ];
+
+    /// The kinds the reference node labeller always runs, whatever the arguments say.
+    pub const DEFAULTS: &'static [Self] = &[
+        Self::Vram,
+        Self::CuCount,
+        Self::SimdCount,
+        Self::DeviceId,
+        Self::Family,
+        Self::ProductName,
+        Self::DriverVersion,
+    ];
+
+    /// Parses one `nodeLabellerArguments` entry. The reference spells them as
+    /// flags, so one or two leading `-` are accepted (`-vram`, `--vram`, `vram`).
+    pub fn parse(text: &str) -> Option<Self> {
+        let name = text
+            .strip_prefix("--")
+            .or_else(|| text.strip_prefix('-'))
+            .unwrap_or(text);
+        Self::ALL
+            .iter()
+            .find(|(_, flag)| *flag == name)
+            .map(|(kind, _)| *kind)
+    }
+
+    /// The flag spelling without dashes.
+    pub fn as_str(self) -> &'static str {
+        Self::ALL
+            .iter()
+            .find(|(kind, _)| *kind == self)
+            .map_or("", |(_, flag)| flag)
+    }
+}
+
+impl fmt::Display for NodeLabellerKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The parts of the reference that have their own node selector.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Operand {
+    /// Driver install (spec.selector only).
+    Driver,
+    /// Device plugin and node labeller (spec.selector only).
+    DevicePlugin,
+    /// DRA driver (draDriver.selector, else spec.selector).
+    DraDriver,
+    /// Metrics (metricsExporter.selector, else spec.selector).
+    MetricsExporter,
+    /// Tests (testRunner.selector, else spec.selector).
+    TestRunner,
+    /// Device configuration (configManager.selector, else spec.selector).
+    ConfigManager,
+}
+
+/// Whether every `selector` pair is among `labels`. An empty selector matches
+/// every node, as an empty Kubernetes nodeSelector does.
+pub fn selector_matches(
+    selector: &BTreeMap<String, String>,
+    labels: &BTreeMap<String, String>,
+) -> bool {
+    selector
+        .iter()
+        .all(|(key, value)| labels.get(key) == Some(value))
+}
+
+impl DeviceConfigSpec {
+    /// Whether a node with these labels is managed by this DeviceConfig
+    /// (`spec.selector`; empty selects every node).
+    pub fn selects(&self, labels: &BTreeMap<String, String>) -> bool {
+        selector_matches(&self.selector, labels)
+    }
+
+    /// The node selector that applies to `operand`. An operand's own selector,
+    /// when non-empty, replaces `spec.selector` (the reference puts it on the
+    /// operand's DaemonSet in place of the global one).
+    pub fn selector_for(&self, operand: Operand) -> &BTreeMap<String, String> {
+        let own = match operand {
+            Operand::Driver | Operand::DevicePlugin => None,
+            Operand::DraDriver => Some(&self.dra_driver.selector),
+            Operand::MetricsExporter => Some(&self.metrics_exporter.selector),
+            Operand::TestRunner => Some(&self.test_runner.selector),
+            Operand::ConfigManager => Some(&self.config_manager.selector),
+        };
+        match own {
+            Some(selector) if !selector.is_empty() => selector,
+            _ => &self.selector,
+        }
+    }
+
+    /// Whether `operand` runs on a node with these labels: the operand must be
+    /// enabled and its selector must match.
+    pub fn runs_on(&self, operand: Operand, labels: &BTreeMap<String, String>) -> bool {
+        self.is_enabled(operand) && selector_matches(self.selector_for(operand), labels)
+    }
+
+    /// Whether `operand` is enabled, with the reference's defaults for unset fields.
+    pub fn is_enabled(&self, operand: Operand) -> bool {
+        match operand {
+            Operand::Driver => self.driver.enable,
+            Operand::DevicePlugin => self.device_plugin.enable_device_plugin,
+            Operand::DraDriver => self.dra_driver.enable,
+            Operand::MetricsExporter => self.metrics_exporter.is_enabled(),
+            Operand::TestRunner => self.test_runner.is_enabled(),
+            Operand::ConfigManager => self.config_manager.is_enabled(),
+        }
+    }
+}
+
+impl DriverSpec {
+    /// Whether this driver type binds devices to vfio-pci instead of loading amdgpu.
+    pub fn is_passthrough(&self) -> bool {
+        matches!(
+            self.driver_type,
+            DriverType::VfPassthrough | DriverType::PfPassthrough
+        )
+    }
+
+    /// Whether driver upgrades roll across nodes automatically.
+    pub fn auto_upgrade(&self) -> bool {
+        self.upgrade_policy
+            .as_ref()
+            .and_then(|policy| policy.enable)
+            .unwrap_or(false)
+    }
+}
+
+impl DriverUpgradePolicySpec {
+    /// How many nodes may upgrade at once; `None` means no limit (`0` in the spec).
+    /// A negative value (rejected by `validate`) also yields `None`.
+    pub fn parallel_limit(&self) -> Option<u32> {
+        u32::try_from(self.max_parallel_upgrades)
+            .ok()
+            .filter(|limit| *limit > 0)
+    }
+
+    /// How many of `total_nodes` may be in a failed upgrade state before upgrades
+    /// stop. Percentages round up. `None` when the value is invalid.
+    pub fn max_unavailable(&self, total_nodes: u32) -> Option<u32> {
+        syntax::parse_count_or_percent(&self.max_unavailable_nodes)
+            .ok()
+            .map(|v: CountOrPercent| v.resolve(total_nodes))
+    }
+}
+
+impl DevicePluginSpec {
+    /// The resource naming strategy: `single` when unset, `None` when the value
+    /// is not one the device plugin knows (`validate` reports it).
+    pub fn resource_naming_strategy(&self) -> Option<ResourceNamingStrategy> {
+        match self
+            .device_plugin_arguments
+            .get(ARG_RESOURCE_NAMING_STRATEGY)
+        {
+            None => Some(ResourceNamingStrategy::default()),
+            Some(value) => ResourceNamingStrategy::parse(value),
+        }
+    }
+
+    /// The label generators to run when the node labeller is enabled: the
+    /// reference defaults plus every recognised entry of `nodeLabellerArguments`,
+    /// sorted and without duplicates. Unrecognised entries are skipped
+    /// (`validate` reports them).
+    pub fn node_labeller_kinds(&self) -> Vec<NodeLabellerKind> {
+        let mut kinds: Vec<NodeLabellerKind> = NodeLabellerKind::DEFAULTS
+            .iter()
+            .copied()
+            .chain(
+                self.node_labeller_arguments
+                    .iter()
+                    .filter_map(|arg| NodeLabellerKind::parse(arg)),
+            )
+            .collect();
+        kinds.sort();
+        kinds.dedup();
+        kinds
+    }
+}
+
+impl DraDriverSpec {
+    /// Whether the DRA driver is enabled.
+    pub fn is_enabled(&self) -> bool {
+        self.enable
+    }
+}
+
+impl MetricsExporterSpec {
+    /// Whether metrics are served (off unless `enable: true`).
+    pub fn is_enabled(&self) -> bool {
+        self.enable.unwrap_or(false)
+    }
+
+    /// The node port to request, only for a NodePort service.
+    pub fn requested_node_port(&self) -> Option<i32> {
+        match self.service_type {
+            ServiceType::NodePort => self.node_port,
+            _ => None,
+        }
+    }
+
+    /// Whether a ServiceMonitor is wanted.
+    pub fn wants_service_monitor(&self) -> bool {
+        self.prometheus
+            .as_ref()
+            .and_then(|prometheus| prometheus.service_monitor.as_ref())
+            .and_then(|monitor| monitor.enable)
+            .unwrap_or(false)
+    }
+
+    /// Whether the metrics endpoint requires authentication (rbacConfig.enable).
+    pub fn access_control_enabled(&self) -> bool {
+        self.rbac_config.enable.unwrap_or(false)
+    }
+}
+
+impl TestRunnerSpec {
+    /// Whether GPU tests run (off unless `enable: true`).
+    pub fn is_enabled(&self) -> bool {
+        self.enable.unwrap_or(false)
+    }
+}
+
+impl ConfigManagerSpec {
+    /// Whether device configuration is applied (off unless `enable: true`).
+    pub fn is_enabled(&self) -> bool {
+        self.enable.unwrap_or(false)
+    }
+}
+
+impl RemediationWorkflowSpec {
+    /// Whether remediation is on (off unless `enable: true`).
+    pub fn is_enabled(&self) -> bool {
+        self.enable.unwrap_or(false)
+    }
+
+    /// How long failed workflows are kept; `None` when the value is invalid.
+    pub fn ttl_for_failed_workflows(&self) -> Option<Duration> {
+        syntax::parse_duration(&self.ttl_for_failed_workflows).ok()
+    }
+
+    /// How long to wait for a rebooting node; `None` when the value is invalid.
+    pub fn reboot_timeout(&self) -> Option<Duration> {
+        syntax::parse_duration(&self.reboot_timeout).ok()
+    }
+
+    /// How many remediations may run at once; `None` means no limit.
+    pub fn parallel_limit(&self) -> Option<u32> {
+        u32::try_from(self.max_parallel_workflows)
+            .ok()
+            .filter(|limit| *limit > 0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn empty_selector_selects_every_node() {
+        let spec = DeviceConfigSpec::default();
+        assert!(spec.selects(&labels(&[])));
+        assert!(spec.selects(&labels(&[("a", "b")])));
+    }
+
+    #[test]
+    fn selector_needs_every_pair() {
+        let spec = DeviceConfigSpec {
+            selector: labels(&[
+                ("feature.node.kubernetes.io/amd-gpu", "true"),
+                ("zone", "a"),
+            ]),
+            ..Default::default()
+        };
+        assert!(spec.selects(&labels(&[
+            ("feature.node.kubernetes.io/amd-gpu", "true"),
+            ("zone", "a"),
+            ("x", "y")
+        ])));
+        assert!(!spec.selects(&labels(&[("feature.node.kubernetes.io/amd-gpu", "true")])));
+        assert!(!spec.selects(&labels(&[
+            ("feature.node.kubernetes.io/amd-gpu", "false"),
+            ("zone", "a")
+        ])));
+    }
+
+    #[test]
+    fn operand_selector_replaces_the_global_one() {
+        let mut spec = DeviceConfigSpec {
+            selector: labels(&[("gpu", "true")]),
+            ..Default::default()
+        };
+        spec.metrics_exporter.selector = labels(&[("metrics", "on")]);
+        spec.metrics_exporter.enable = Some(true);
+        assert_eq!(
+            spec.selector_for(Operand::MetricsExporter),
+            &labels(&[("metrics", "on")])
+        );
+        assert_eq!(
+            spec.selector_for(Operand::TestRunner),
+            &labels(&[("gpu", "true")])
+        );
+        assert!(spec.runs_on(Operand::MetricsExporter, &labels(&[("metrics", "on")])));
+        assert!(!spec.runs_on(Operand::MetricsExporter, &labels(&[("gpu", "true")])));
+        // Disabled operands run nowhere.
+        assert!(!spec.runs_on(Operand::TestRunner, &labels(&[("gpu", "true")])));
+        assert!(spec.runs_on(Operand::Driver, &labels(&[("gpu", "true")])));
+    }
+
+    #[test]
+    fn naming_strategy() {
+        let mut dp = DevicePluginSpec::default();
+        assert_eq!(
+            dp.resource_naming_strategy(),
+            Some(ResourceNamingStrategy::Single)
+        );
+        dp.device_plugin_arguments
+            .insert(ARG_RESOURCE_NAMING_STRATEGY.into(), "mixed".into());
+        assert_eq!(
+            dp.resource_naming_strategy(),
+            Some(ResourceNamingStrategy::Mixed)
+        );
+        dp.device_plugin_arguments
+            .insert(ARG_RESOURCE_NAMING_STRATEGY.into(), "Mixed".into());
+        assert_eq!(dp.resource_naming_strategy(), None);
+    }
+
+    #[test]
+    fn labeller_kinds_add_to_defaults() {
+        let mut dp = DevicePluginSpec::default();
+        assert_eq!(
+            dp.node_labeller_kinds(),
+            NodeLabellerKind::DEFAULTS.to_vec()
+        );
+        dp.node_labeller_arguments = vec![
+            "-compute-memory-partition".into(),
+            "firmware".into(),
+            "--vram".into(),
+            "bogus".into(),
+        ];
+        let kinds = dp.node_labeller_kinds();
+        assert!(kinds.contains(&NodeLabellerKind::ComputeMemoryPartition));
+        assert!(kinds.contains(&NodeLabellerKind::Firmware));
+        assert_eq!(kinds.len(), NodeLabellerKind::DEFAULTS.len() + 2);
+        assert_eq!(NodeLabellerKind::parse("---vram"), None);
+        assert_eq!(
+            NodeLabellerKind::parse("-cu-count"),
+            Some(NodeLabellerKind::CuCount)
+        );
+    }
+
+    #[test]
+    fn upgrade_limits() {
+        let mut policy = DriverUpgradePolicySpec::default();
+        assert_eq!(policy.parallel_limit(), Some(1));
+        assert_eq!(policy.max_unavailable(10), Some(3));
+        policy.max_parallel_upgrades = 0;
+        assert_eq!(policy.parallel_limit(), None);
+        policy.max_unavailable_nodes = IntOrString::Int(2);
+        assert_eq!(policy.max_unavailable(10), Some(2));
+        policy.max_unavailable_nodes = IntOrString::String("130%".into());
+        assert_eq!(policy.max_unavailable(10), None);
+    }
+
+    #[test]
+    fn remediation_durations() {
+        let mut rw = RemediationWorkflowSpec::default();
+        assert_eq!(
+            rw.ttl_for_failed_workflows(),
+            Some(Duration::from_secs(24 * 3600))
+        );
+        assert_eq!(rw.reboot_timeout(), Some(Duration::from_secs(15 * 60)));
+        rw.reboot_timeout = "soon".into();
+        assert_eq!(rw.reboot_timeout(), None);
+        assert_eq!(rw.parallel_limit(), None);
+    }
+}

@@ -1,0 +1,814 @@
+//! Validation of a DeviceConfig spec, and the notes on fields this design ignores.
+//!
+//! [`validate`] is a pure function over the spec that returns every problem at
+//! once, each with its field path. The `validate` subcommand uses it on files
+//! and the reconciler uses it on every DeviceConfig it sees, so the two always
+//! agree. It checks what the spec alone can tell: enum values, syntax of
+//! durations, labels, taints and int-or-percent values, ranges, and
+//! combinations the reference rejects. It must not look at the cluster: whether
+//! referenced Secrets and ConfigMaps exist is the reconciler's check.
+//!
+//! Fields that only configure the reference's operand pods (images, pull
+//! policies, per-operand tolerations, ...) are never problems here, whatever
+//! their value: they are accepted, kept, and listed by [`ignored_field_notes`].
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use k8s_openapi::api::core::v1::Taint;
+
+use super::enums::{PullPolicy, RELABEL_ACTIONS, TAINT_EFFECTS};
+use super::semantics::{
+    ARG_DRIVER_TYPE, ARG_RESOURCE_NAMING_STRATEGY, KNOWN_DEVICE_PLUGIN_ARGUMENTS, NodeLabellerKind,
+    ResourceNamingStrategy,
+};
+use super::syntax;
+use super::types::{
+    DaemonSetUpgradeSpec, DeviceConfigSpec, DrainSpec, DriverUpgradePolicySpec, LocalObjectRef,
+    MetricsExporterSpec, PodDeletionSpec, RemediationWorkflowSpec, ServiceMonitorConfig,
+    default_exporter_resources, is_default,
+};
+use super::yaml::{Document, DocumentKind, KIND, api_version};
+use super::{DriverType, ServiceType};
+
+/// One thing wrong with a DeviceConfig, at a field path such as
+/// `spec.driver.upgradePolicy.maxUnavailableNodes`.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Problem {
+    /// Where, as a dotted path from the object root.
+    pub path: String,
+    /// What is wrong, as a sentence fragment that names the bad value.
+    pub message: String,
+}
+
+impl Problem {
+    /// A problem at `path`.
+    pub fn new(path: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            path: path.into(),
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.path, self.message)
+    }
+}
+
+/// A field that is set but has no effect in this design.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct IgnoredField {
+    /// Field path, e.g. `spec.devicePlugin.devicePluginImage`.
+    pub path: String,
+    /// Why it has no effect.
+    pub reason: String,
+}
+
+impl fmt::Display for IgnoredField {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: ignored in this design ({})", self.path, self.reason)
+    }
+}
+
+/// Every problem with `spec`, in field order. Empty means valid.
+pub fn validate(spec: &DeviceConfigSpec) -> Vec<Problem> {
+    let mut check = Checker::default();
+    check.driver(spec);
+    check.device_plugin(spec);
+    check.dra_driver(spec);
+    check.metrics_exporter(&spec.metrics_exporter);
+    check.labels("spec.testRunner.selector", &spec.test_runner.selector);
+    check.path(
+        "spec.testRunner.logsLocation.hostPath",
+        &spec.test_runner.logs_location.host_path,
+    );
+    check.labels("spec.configManager.selector", &spec.config_manager.selector);
+    check.labels("spec.selector", &spec.selector);
+    check.remediation(&spec.remediation_workflow);
+    check.problems
+}
+
+/// Every problem with a parsed document: its apiVersion, fields the API does
+/// not know, and [`validate`] on its spec. Paths are from the object root.
+/// Documents that are not DeviceConfigs have none.
+pub fn document_problems(doc: &Document) -> Vec<Problem> {
+    let DocumentKind::DeviceConfig {
+        config,
+        api_version: written,
+        unknown_fields,
+    } = &doc.kind
+    else {
+        return Vec::new();
+    };
+    let mut problems = Vec::new();
+    let expected = api_version();
+    match written {
+        Some(written) if *written == expected => {}
+        Some(written) => problems.push(Problem::new(
+            "apiVersion",
+            format!("{written:?} is not {expected} (kind {KIND})"),
+        )),
+        None => problems.push(Problem::new(
+            "apiVersion",
+            format!("is missing; set it to {expected}"),
+        )),
+    }
+    problems.extend(
+        unknown_fields
+            .iter()
+            .map(|path| Problem::new(path.clone(), "is not a field of DeviceConfig")),
+    );
+    problems.extend(validate(&config.spec));
+    problems
+}
+
+#[derive(Default)]
+struct Checker {
+    problems: Vec<Problem>,
+}
+
+impl Checker {
+    fn push(&mut self, path: impl Into<String>, message: impl Into<String>) {
+        self.problems.push(Problem::new(path, message));
+    }
+
+    fn one_of(&mut self, path: &str, value: &str, known: &[&str]) {
+        if !known.contains(&value) {
+            self.push(
+                path,
+                format!("{value:?} is not one of {}", known.join(", ")),
+            );
+        }
+    }
+
+    fn at_least(&mut self, path: &str, value: i64, min: i64) {
+        if value < min {
+            self.push(path, format!("{value} is less than {min}"));
+        }
+    }
+
+    fn labels(&mut self, path: &str, labels: &BTreeMap<String, String>) {
+        for (key, value) in labels {
+            if let Err(why) = syntax::check_label_key(key) {
+                self.push(path, format!("label key {key:?} {why}"));
+            }
+            if let Err(why) = syntax::check_label_value(value) {
+                self.push(
+                    format!("{path}.{key}"),
+                    format!("label value {value:?} {why}"),
+                );
+            }
+        }
+    }
+
+    fn annotation_keys(&mut self, path: &str, annotations: &BTreeMap<String, String>) {
+        for key in annotations.keys() {
+            if let Err(why) = syntax::check_label_key(key) {
+                self.push(path, format!("annotation key {key:?} {why}"));
+            }
+        }
+    }
+
+    fn duration(&mut self, path: &str, value: &str) {
+        if let Err(why) = syntax::parse_duration(value) {
+            self.push(path, why);
+        }
+    }
+
+    fn path(&mut self, path: &str, value: &str) {
+        if let Err(why) = syntax::check_absolute_path(value) {
+            self.push(path, why);
+        }
+    }
+
+    fn object_ref(&mut self, path: &str, reference: &Option<LocalObjectRef>) {
+        if let Some(reference) = reference
+            && reference.name.is_empty()
+        {
+            self.push(
+                format!("{path}.name"),
+                "is empty; name the object or leave the reference out",
+            );
+        }
+    }
+
+    fn driver(&mut self, spec: &DeviceConfigSpec) {
+        let driver = &spec.driver;
+        self.one_of(
+            "spec.driver.driverType",
+            driver.driver_type.as_str(),
+            DriverType::KNOWN,
+        );
+        if let Some(policy) = &driver.upgrade_policy {
+            self.driver_upgrade("spec.driver.upgradePolicy", policy);
+        }
+        self.object_ref(
+            "spec.driver.imageSign.keySecret",
+            &driver.image_sign.key_secret,
+        );
+        self.object_ref(
+            "spec.driver.imageSign.certSecret",
+            &driver.image_sign.cert_secret,
+        );
+    }
+
+    fn driver_upgrade(&mut self, path: &str, policy: &DriverUpgradePolicySpec) {
+        self.at_least(
+            &format!("{path}.maxParallelUpgrades"),
+            policy.max_parallel_upgrades,
+            0,
+        );
+        if let Err(why) = syntax::parse_count_or_percent(&policy.max_unavailable_nodes) {
+            self.push(format!("{path}.maxUnavailableNodes"), why);
+        }
+        if let Some(drain) = &policy.node_drain_policy {
+            self.drain(&format!("{path}.nodeDrainPolicy"), drain);
+        }
+        if let Some(deletion) = &policy.pod_deletion_policy {
+            self.pod_deletion(&format!("{path}.podDeletionPolicy"), deletion);
+        }
+    }
+
+    fn drain(&mut self, path: &str, drain: &DrainSpec) {
+        self.at_least(&format!("{path}.timeoutSeconds"), drain.timeout_seconds, 0);
+        self.at_least(
+            &format!("{path}.gracePeriodSeconds"),
+            drain.grace_period_seconds,
+            -1,
+        );
+    }
+
+    fn pod_deletion(&mut self, path: &str, deletion: &PodDeletionSpec) {
+        self.at_least(
+            &format!("{path}.timeoutSeconds"),
+            deletion.timeout_seconds,
+            0,
+        );
+        self.at_least(
+            &format!("{path}.gracePeriodSeconds"),
+            deletion.grace_period_seconds,
+            -1,
+        );
+    }
+
+    fn device_plugin(&mut self, spec: &DeviceConfigSpec) {
+        let dp = &spec.device_plugin;
+        for (key, value) in &dp.device_plugin_arguments {
+            let path = format!("spec.devicePlugin.devicePluginArguments.{key}");
+            match key.as_str() {
+                ARG_RESOURCE_NAMING_STRATEGY => {
+                    self.one_of(&path, value, ResourceNamingStrategy::KNOWN)
+                }
+                ARG_DRIVER_TYPE => self.one_of(&path, value, DriverType::KNOWN),
+                _ => self.push(
+                    "spec.devicePlugin.devicePluginArguments",
+                    format!(
+                        "{key:?} is not a device plugin argument (known: {})",
+                        KNOWN_DEVICE_PLUGIN_ARGUMENTS.join(", ")
+                    ),
+                ),
+            }
+        }
+        for (index, arg) in dp.node_labeller_arguments.iter().enumerate() {
+            if NodeLabellerKind::parse(arg).is_none() {
+                let known: Vec<&str> = NodeLabellerKind::ALL
+                    .iter()
+                    .map(|(_, flag)| *flag)
+                    .collect();
+                self.push(
+                    format!("spec.devicePlugin.nodeLabellerArguments[{index}]"),
+                    format!(
+                        "{arg:?} is not a node labeller argument (known: {})",
+                        known.join(", ")
+                    ),
+                );
+            }
+        }
+        self.path(
+            "spec.devicePlugin.kubeletSocketPath",
+            &dp.kubelet_socket_path,
+        );
+    }
+
+    fn dra_driver(&mut self, spec: &DeviceConfigSpec) {
+        if spec.dra_driver.enable && spec.device_plugin.enable_device_plugin {
+            self.push(
+                "spec.draDriver.enable",
+                "the DRA driver and the device plugin cannot both be enabled; \
+                 set spec.devicePlugin.enableDevicePlugin: false to use DRA",
+            );
+        }
+        self.labels("spec.draDriver.selector", &spec.dra_driver.selector);
+    }
+
+    fn metrics_exporter(&mut self, me: &MetricsExporterSpec) {
+        if !(1..=65535).contains(&me.port) {
+            self.push(
+                "spec.metricsExporter.port",
+                format!("{} is not a port between 1 and 65535", me.port),
+            );
+        }
+        self.one_of(
+            "spec.metricsExporter.serviceType",
+            me.service_type.as_str(),
+            ServiceType::KNOWN,
+        );
+        if let Some(node_port) = me.node_port
+            && !(30000..=32767).contains(&node_port)
+        {
+            self.push(
+                "spec.metricsExporter.nodePort",
+                format!("{node_port} is not between 30000 and 32767"),
+            );
+        }
+        self.labels("spec.metricsExporter.selector", &me.selector);
+        self.path(
+            "spec.metricsExporter.podResourceAPISocketPath",
+            &me.pod_resource_api_socket_path,
+        );
+        self.annotation_keys(
+            "spec.metricsExporter.serviceAnnotations",
+            &me.service_annotations,
+        );
+        if let Some(monitor) = me
+            .prometheus
+            .as_ref()
+            .and_then(|p| p.service_monitor.as_ref())
+        {
+            self.service_monitor("spec.metricsExporter.prometheus.serviceMonitor", monitor);
+        }
+        let rbac = &me.rbac_config;
+        if let Some(auth) = &rbac.static_authorization
+            && auth.enable == Some(true)
+            && auth.client_name.as_deref().unwrap_or("").is_empty()
+        {
+            self.push(
+                "spec.metricsExporter.rbacConfig.staticAuthorization.clientName",
+                "is required when static authorization is enabled",
+            );
+        }
+        self.object_ref("spec.metricsExporter.rbacConfig.secret", &rbac.secret);
+        self.object_ref(
+            "spec.metricsExporter.rbacConfig.clientCAConfigMap",
+            &rbac.client_ca_config_map,
+        );
+    }
+
+    fn service_monitor(&mut self, path: &str, monitor: &ServiceMonitorConfig) {
+        if let Some(interval) = &monitor.interval
+            && let Err(why) = syntax::parse_interval(interval)
+        {
+            self.push(format!("{path}.interval"), why);
+        }
+        self.labels(&format!("{path}.labels"), &monitor.labels);
+        for (name, rules) in [
+            ("relabelings", &monitor.relabelings),
+            ("metricRelabelings", &monitor.metric_relabelings),
+        ] {
+            for (index, rule) in rules.iter().enumerate() {
+                let rule_path = format!("{path}.{name}[{index}]");
+                self.one_of(
+                    &format!("{rule_path}.action"),
+                    &rule.action,
+                    RELABEL_ACTIONS,
+                );
+                for (label_index, label) in rule.source_labels.iter().enumerate() {
+                    let valid = label.chars().enumerate().all(|(i, c)| {
+                        c == '_' || c.is_ascii_alphabetic() || (i > 0 && c.is_ascii_digit())
+                    }) && !label.is_empty();
+                    if !valid {
+                        self.push(
+                            format!("{rule_path}.sourceLabels[{label_index}]"),
+                            format!("{label:?} is not a Prometheus label name"),
+                        );
+                    }
+                }
+            }
+        }
+        if let Some(tls) = &monitor.tls_config {
+            for (name, version) in [
+                ("minVersion", &tls.min_version),
+                ("maxVersion", &tls.max_version),
+            ] {
+                if let Some(version) = version {
+                    self.one_of(
+                        &format!("{path}.tlsConfig.{name}"),
+                        version.as_str(),
+                        super::TlsVersion::KNOWN,
+                    );
+                }
+            }
+        }
+    }
+
+    fn remediation(&mut self, rw: &RemediationWorkflowSpec) {
+        const PATH: &str = "spec.remediationWorkflow";
+        let has_config = rw.config.as_ref().is_some_and(|c| !c.name.is_empty());
+        let has_image = rw
+            .config_map_image
+            .as_deref()
+            .is_some_and(|image| !image.is_empty());
+        if rw.is_enabled() && !has_config && !has_image {
+            self.push(
+                format!("{PATH}.enable"),
+                "remediation is enabled but neither config nor configMapImage is set; \
+                 name the ConfigMap that maps node conditions to workflows",
+            );
+        }
+        self.object_ref(&format!("{PATH}.config"), &rw.config);
+        self.duration(
+            &format!("{PATH}.ttlForFailedWorkflows"),
+            &rw.ttl_for_failed_workflows,
+        );
+        self.duration(&format!("{PATH}.rebootTimeout"), &rw.reboot_timeout);
+        self.at_least(
+            &format!("{PATH}.maxParallelWorkflows"),
+            rw.max_parallel_workflows,
+            0,
+        );
+        for (index, taint) in rw.node_remediation_taints.iter().enumerate() {
+            self.taint(&format!("{PATH}.nodeRemediationTaints[{index}]"), taint);
+        }
+        self.labels(
+            &format!("{PATH}.nodeRemediationLabels"),
+            &rw.node_remediation_labels,
+        );
+        if let Some(drain) = &rw.node_drain_policy {
+            self.drain(&format!("{PATH}.nodeDrainPolicy"), drain);
+        }
+    }
+
+    fn taint(&mut self, path: &str, taint: &Taint) {
+        if let Err(why) = syntax::check_label_key(&taint.key) {
+            self.push(
+                format!("{path}.key"),
+                format!("taint key {:?} {why}", taint.key),
+            );
+        }
+        if let Some(value) = &taint.value
+            && let Err(why) = syntax::check_label_value(value)
+        {
+            self.push(
+                format!("{path}.value"),
+                format!("taint value {value:?} {why}"),
+            );
+        }
+        self.one_of(&format!("{path}.effect"), &taint.effect, TAINT_EFFECTS);
+    }
+}
+
+const WHY_IMAGE: &str =
+    "one gpu-operator binary does this work on every node; no operand image is pulled";
+const WHY_PULL_SECRET: &str = "no operand image is pulled";
+const WHY_TOLERATIONS: &str =
+    "the gpu-operator DaemonSet's own tolerations decide where the agent runs";
+const WHY_DAEMONSET: &str =
+    "there is no operand DaemonSet to update; the agent DaemonSet's update strategy applies";
+const WHY_POD: &str = "there is no operand pod; set this on the gpu-operator DaemonSet";
+const WHY_DRIVER_IMAGE: &str =
+    "the agent installs the driver on the host itself; no driver image is built or pulled";
+const WHY_NO_CONTAINER: &str =
+    "the agent works on the host directly; there is no operand container";
+
+/// The set fields that have no effect in this design, with their paths (e.g.
+/// `spec.devicePlugin.devicePluginImage`). Empty for a spec that uses none.
+pub fn ignored_fields(spec: &DeviceConfigSpec) -> Vec<String> {
+    ignored_field_notes(spec)
+        .into_iter()
+        .map(|note| note.path)
+        .collect()
+}
+
+/// [`ignored_fields`] with the reason for each.
+pub fn ignored_field_notes(spec: &DeviceConfigSpec) -> Vec<IgnoredField> {
+    let mut notes = Notes::default();
+    let d = &spec.driver;
+    notes.set("spec.driver.image", d.image.is_some(), WHY_DRIVER_IMAGE);
+    notes.set(
+        "spec.driver.useSourceImage",
+        d.use_source_image.is_some(),
+        WHY_DRIVER_IMAGE,
+    );
+    notes.set(
+        "spec.driver.imageRegistryTLS",
+        !is_default(&d.image_registry_tls),
+        WHY_DRIVER_IMAGE,
+    );
+    notes.set(
+        "spec.driver.imageRegistrySecret",
+        d.image_registry_secret.is_some(),
+        WHY_DRIVER_IMAGE,
+    );
+    notes.set(
+        "spec.driver.imageBuild",
+        !is_default(&d.image_build),
+        WHY_DRIVER_IMAGE,
+    );
+    notes.set(
+        "spec.driver.tolerations",
+        !d.tolerations.is_empty(),
+        WHY_TOLERATIONS,
+    );
+
+    let dp = &spec.device_plugin;
+    notes.set(
+        "spec.devicePlugin.devicePluginImage",
+        dp.device_plugin_image.is_some(),
+        WHY_IMAGE,
+    );
+    notes.pull_policy(
+        "spec.devicePlugin.devicePluginImagePullPolicy",
+        &dp.device_plugin_image_pull_policy,
+    );
+    notes.set(
+        "spec.devicePlugin.devicePluginTolerations",
+        !dp.device_plugin_tolerations.is_empty(),
+        WHY_TOLERATIONS,
+    );
+    notes.set(
+        "spec.devicePlugin.nodeLabellerImage",
+        dp.node_labeller_image.is_some(),
+        WHY_IMAGE,
+    );
+    notes.pull_policy(
+        "spec.devicePlugin.nodeLabellerImagePullPolicy",
+        &dp.node_labeller_image_pull_policy,
+    );
+    notes.set(
+        "spec.devicePlugin.nodeLabellerTolerations",
+        !dp.node_labeller_tolerations.is_empty(),
+        WHY_TOLERATIONS,
+    );
+    notes.set(
+        "spec.devicePlugin.imageRegistrySecret",
+        dp.image_registry_secret.is_some(),
+        WHY_PULL_SECRET,
+    );
+    notes.daemonset("spec.devicePlugin.upgradePolicy", &dp.upgrade_policy);
+    notes.set(
+        "spec.devicePlugin.hostNetwork",
+        dp.host_network.is_some(),
+        WHY_POD,
+    );
+
+    let dra = &spec.dra_driver;
+    notes.set("spec.draDriver.image", dra.image.is_some(), WHY_IMAGE);
+    notes.pull_policy("spec.draDriver.imagePullPolicy", &dra.image_pull_policy);
+    notes.set(
+        "spec.draDriver.tolerations",
+        !dra.tolerations.is_empty(),
+        WHY_TOLERATIONS,
+    );
+    notes.set(
+        "spec.draDriver.imageRegistrySecret",
+        dra.image_registry_secret.is_some(),
+        WHY_PULL_SECRET,
+    );
+    notes.daemonset("spec.draDriver.upgradePolicy", &dra.upgrade_policy);
+
+    let me = &spec.metrics_exporter;
+    notes.set("spec.metricsExporter.image", me.image.is_some(), WHY_IMAGE);
+    notes.set(
+        "spec.metricsExporter.imageRegistrySecret",
+        me.image_registry_secret.is_some(),
+        WHY_PULL_SECRET,
+    );
+    notes.pull_policy(
+        "spec.metricsExporter.imagePullPolicy",
+        &me.image_pull_policy,
+    );
+    notes.set(
+        "spec.metricsExporter.tolerations",
+        !me.tolerations.is_empty(),
+        WHY_TOLERATIONS,
+    );
+    notes.set(
+        "spec.metricsExporter.rbacConfig.image",
+        me.rbac_config.image.is_some(),
+        WHY_IMAGE,
+    );
+    notes.daemonset("spec.metricsExporter.upgradePolicy", &me.upgrade_policy);
+    notes.set(
+        "spec.metricsExporter.resource",
+        me.resource != default_exporter_resources(),
+        WHY_POD,
+    );
+    notes.set(
+        "spec.metricsExporter.podAnnotations",
+        !me.pod_annotations.is_empty(),
+        WHY_POD,
+    );
+    notes.set(
+        "spec.metricsExporter.hostNetwork",
+        me.host_network.is_some(),
+        WHY_POD,
+    );
+
+    let tr = &spec.test_runner;
+    notes.set("spec.testRunner.image", tr.image.is_some(), WHY_IMAGE);
+    notes.pull_policy("spec.testRunner.imagePullPolicy", &tr.image_pull_policy);
+    notes.set(
+        "spec.testRunner.tolerations",
+        !tr.tolerations.is_empty(),
+        WHY_TOLERATIONS,
+    );
+    notes.set(
+        "spec.testRunner.imageRegistrySecret",
+        tr.image_registry_secret.is_some(),
+        WHY_PULL_SECRET,
+    );
+    notes.daemonset("spec.testRunner.upgradePolicy", &tr.upgrade_policy);
+    notes.set(
+        "spec.testRunner.logsLocation.mountPath",
+        tr.logs_location.mount_path != super::types::DEFAULT_TEST_RUNNER_LOGS,
+        WHY_NO_CONTAINER,
+    );
+
+    let cm = &spec.config_manager;
+    notes.set("spec.configManager.image", cm.image.is_some(), WHY_IMAGE);
+    notes.pull_policy("spec.configManager.imagePullPolicy", &cm.image_pull_policy);
+    notes.set(
+        "spec.configManager.imageRegistrySecret",
+        cm.image_registry_secret.is_some(),
+        WHY_PULL_SECRET,
+    );
+    notes.daemonset("spec.configManager.upgradePolicy", &cm.upgrade_policy);
+    notes.set(
+        "spec.configManager.configManagerTolerations",
+        !cm.config_manager_tolerations.is_empty(),
+        WHY_TOLERATIONS,
+    );
+
+    let cc = &spec.common_config;
+    notes.set(
+        "spec.commonConfig.initContainerImage",
+        cc.init_container_image.is_some(),
+        WHY_NO_CONTAINER,
+    );
+    notes.set(
+        "spec.commonConfig.imageRegistrySecrets",
+        !cc.image_registry_secrets.is_empty(),
+        WHY_PULL_SECRET,
+    );
+    notes.set(
+        "spec.commonConfig.utilsContainer",
+        !is_default(&cc.utils_container),
+        WHY_NO_CONTAINER,
+    );
+    notes.pull_policy(
+        "spec.commonConfig.utilsContainer.imagePullPolicy",
+        &cc.utils_container.image_pull_policy,
+    );
+
+    notes.set(
+        "spec.remediationWorkflow.testerImage",
+        spec.remediation_workflow.tester_image.is_some(),
+        WHY_IMAGE,
+    );
+    notes.notes
+}
+
+#[derive(Default)]
+struct Notes {
+    notes: Vec<IgnoredField>,
+}
+
+impl Notes {
+    fn set(&mut self, path: &str, is_set: bool, reason: &str) {
+        if is_set {
+            self.notes.push(IgnoredField {
+                path: path.to_string(),
+                reason: reason.to_string(),
+            });
+        }
+    }
+
+    /// Pull policies are ignored too, but a value the API server would reject is
+    /// worth knowing before `kubectl apply` says so.
+    fn pull_policy(&mut self, path: &str, policy: &Option<PullPolicy>) {
+        let Some(policy) = policy else { return };
+        let reason = if policy.is_known() {
+            WHY_PULL_SECRET.to_string()
+        } else {
+            format!(
+                "{WHY_PULL_SECRET}; note that the API server only accepts {}",
+                PullPolicy::KNOWN.join(", ")
+            )
+        };
+        self.notes.push(IgnoredField {
+            path: path.to_string(),
+            reason,
+        });
+    }
+
+    fn daemonset(&mut self, path: &str, policy: &Option<DaemonSetUpgradeSpec>) {
+        self.set(path, policy.is_some(), WHY_DAEMONSET);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::types::{DriverUpgradePolicySpec, ServiceMonitorConfig};
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+    fn paths(problems: &[Problem]) -> Vec<&str> {
+        problems.iter().map(|p| p.path.as_str()).collect()
+    }
+
+    #[test]
+    fn default_spec_is_valid_and_ignores_nothing() {
+        let spec = DeviceConfigSpec::default();
+        assert_eq!(validate(&spec), vec![]);
+        assert!(ignored_fields(&spec).is_empty());
+    }
+
+    #[test]
+    fn problem_display_is_path_colon_message() {
+        let mut spec = DeviceConfigSpec::default();
+        spec.driver.upgrade_policy = Some(DriverUpgradePolicySpec {
+            max_unavailable_nodes: IntOrString::String("130%".into()),
+            ..Default::default()
+        });
+        let problems = validate(&spec);
+        assert_eq!(
+            problems.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            vec![
+                r#"spec.driver.upgradePolicy.maxUnavailableNodes: "130%" is not a percentage between 0% and 100%"#
+            ]
+        );
+    }
+
+    #[test]
+    fn every_problem_is_reported_at_once() {
+        let mut spec = DeviceConfigSpec::default();
+        spec.driver.driver_type = "gpu".into();
+        spec.dra_driver.enable = true;
+        spec.metrics_exporter.node_port = Some(80);
+        spec.remediation_workflow.reboot_timeout = "later".into();
+        let problems = validate(&spec);
+        assert_eq!(
+            paths(&problems),
+            vec![
+                "spec.driver.driverType",
+                "spec.draDriver.enable",
+                "spec.metricsExporter.nodePort",
+                "spec.remediationWorkflow.rebootTimeout"
+            ]
+        );
+    }
+
+    #[test]
+    fn ignored_fields_are_never_problems() {
+        let mut spec = DeviceConfigSpec::default();
+        spec.device_plugin.device_plugin_image = Some("NOT A VALID IMAGE".into());
+        spec.device_plugin.device_plugin_image_pull_policy = Some("Sometimes".into());
+        spec.metrics_exporter.upgrade_policy = Some(DaemonSetUpgradeSpec {
+            upgrade_strategy: Some("Sideways".into()),
+            max_unavailable: -3,
+        });
+        assert_eq!(validate(&spec), vec![]);
+        let notes = ignored_field_notes(&spec);
+        assert_eq!(
+            notes.iter().map(|n| n.path.as_str()).collect::<Vec<_>>(),
+            vec![
+                "spec.devicePlugin.devicePluginImage",
+                "spec.devicePlugin.devicePluginImagePullPolicy",
+                "spec.metricsExporter.upgradePolicy"
+            ]
+        );
+        assert!(
+            notes[1]
+                .reason
+                .contains("only accepts Always, IfNotPresent, Never"),
+            "{}",
+            notes[1].reason
+        );
+    }
+
+    #[test]
+    fn service_monitor_rules() {
+        let mut spec = DeviceConfigSpec::default();
+        spec.metrics_exporter.prometheus = Some(crate::api::types::PrometheusConfig {
+            service_monitor: Some(ServiceMonitorConfig {
+                interval: Some("1m30s".into()),
+                relabelings: vec![crate::api::types::RelabelConfig {
+                    action: "rename".into(),
+                    source_labels: vec!["ok_label".into(), "9bad".into()],
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+        });
+        assert_eq!(
+            paths(&validate(&spec)),
+            vec![
+                "spec.metricsExporter.prometheus.serviceMonitor.interval",
+                "spec.metricsExporter.prometheus.serviceMonitor.relabelings[0].action",
+                "spec.metricsExporter.prometheus.serviceMonitor.relabelings[0].sourceLabels[1]"
+            ]
+        );
+    }
+}

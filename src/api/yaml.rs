@@ -1,0 +1,304 @@
+//! Reading and writing DeviceConfig YAML.
+//!
+//! [`parse_documents`] reads a (multi-document) YAML text the way an
+//! administrator's file is written: DeviceConfigs possibly mixed with other
+//! objects (a Namespace first, say), YAML 1.1 spellings such as `enable: True`,
+//! numbers quoted or not. It reports a syntax or type error with its line and
+//! column, and records fields the API does not know (which `kubectl apply`
+//! rejects) so that `validate` can list them with every other problem.
+//!
+//! This module must not judge values; that is `validate`.
+
+use std::fmt;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::Resource;
+use serde::de::{self, Deserializer, IgnoredAny, MapAccess, Visitor};
+use serde::{Deserialize, Serialize};
+use serde_saphyr::Spanned;
+
+use super::types::{DeviceConfig, DeviceConfigSpec, DeviceConfigStatus};
+
+/// `kind` of a DeviceConfig document.
+pub const KIND: &str = "DeviceConfig";
+
+/// `apiVersion` of a DeviceConfig document.
+pub fn api_version() -> String {
+    DeviceConfig::api_version(&()).into_owned()
+}
+
+/// A YAML text that cannot be read: the first syntax or type error, with its
+/// position (1-based) in the text.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("line {line}, column {column}: {message}")]
+pub struct ParseError {
+    /// 1-based line of the error, 0 when unknown.
+    pub line: u64,
+    /// 1-based column of the error, 0 when unknown.
+    pub column: u64,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl ParseError {
+    fn from_saphyr(err: &serde_saphyr::Error) -> Self {
+        let (line, column) = err.location().map_or((0, 0), |at| (at.line(), at.column()));
+        let plain = serde_saphyr::render_options! { snippets: serde_saphyr::SnippetMode::Off };
+        let mut message = err.render_with_options(plain);
+        // The plain rendering ends with " at line L, column C"; the position is
+        // reported separately.
+        for suffix in [
+            format!(" at line {line}, column {column}"),
+            format!(" at line {line} column {column}"),
+        ] {
+            if let Some(stripped) = message.strip_suffix(suffix.as_str()) {
+                message = stripped.to_string();
+            }
+        }
+        Self {
+            line,
+            column,
+            message,
+        }
+    }
+}
+
+/// One document of a YAML text.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Document {
+    /// 0-based position among the text's non-empty documents.
+    pub index: usize,
+    /// 1-based line where the document starts.
+    pub line: u64,
+    /// What the document holds.
+    pub kind: DocumentKind,
+}
+
+/// What a document holds.
+#[derive(Debug, Clone, PartialEq)]
+pub enum DocumentKind {
+    /// A `kind: DeviceConfig` document, with defaults applied.
+    DeviceConfig {
+        /// The resource as the agent and reconciler see it.
+        config: Box<DeviceConfig>,
+        /// `apiVersion` as written (`None` when missing); anything but
+        /// `amd.com/v1alpha1` is a problem.
+        api_version: Option<String>,
+        /// Paths of fields the API does not define (e.g. `spec.driver.enabel`).
+        unknown_fields: Vec<String>,
+    },
+    /// Another object (or no object at all); not a DeviceConfig.
+    Other {
+        /// `apiVersion` as written.
+        api_version: Option<String>,
+        /// `kind` as written.
+        kind: Option<String>,
+    },
+}
+
+/// Parses every document of a YAML text. Empty documents are skipped.
+pub fn parse_documents(text: &str) -> Result<Vec<Document>, ParseError> {
+    let docs: Vec<Spanned<TrackedDoc>> =
+        serde_saphyr::from_multiple(text).map_err(|e| ParseError::from_saphyr(&e))?;
+    docs.into_iter()
+        .enumerate()
+        .map(|(index, spanned)| {
+            let line = spanned.referenced.line();
+            let raw = spanned.value.0;
+            let kind = raw.into_kind().map_err(|message| ParseError {
+                line,
+                column: 1,
+                message,
+            })?;
+            Ok(Document { index, line, kind })
+        })
+        .collect()
+}
+
+/// Parses a YAML text that must hold DeviceConfigs only, as the agent reads its
+/// configuration in standalone mode. Unknown fields are dropped (as the API
+/// server prunes them); run `validate` to report them.
+pub fn parse_device_configs(text: &str) -> Result<Vec<DeviceConfig>, ParseError> {
+    parse_documents(text)?
+        .into_iter()
+        .map(|doc| match doc.kind {
+            DocumentKind::DeviceConfig { config, .. } => Ok(*config),
+            DocumentKind::Other { kind, .. } => Err(ParseError {
+                line: doc.line,
+                column: 1,
+                message: format!(
+                    "document {} is not a DeviceConfig (kind {})",
+                    doc.index,
+                    kind.as_deref().unwrap_or("missing")
+                ),
+            }),
+        })
+        .collect()
+}
+
+/// Writes a value as YAML (one document, no `---`).
+pub fn to_yaml<T: Serialize>(value: &T) -> Result<String, serde_saphyr::SerializeError> {
+    serde_saphyr::to_string(value)
+}
+
+/// A document as read, before it is known to be a DeviceConfig.
+#[derive(Default)]
+struct RawDoc {
+    api_version: Option<String>,
+    kind: Option<String>,
+    metadata: Option<ObjectMeta>,
+    spec: Option<Slot<DeviceConfigSpec>>,
+    status: Option<Slot<DeviceConfigStatus>>,
+    unknown_fields: Vec<String>,
+}
+
+/// A section read either straight into its type (when `kind` came first, as it
+/// does in practice, so type errors keep their line and column) or buffered
+/// because `kind` was not known yet.
+enum Slot<T> {
+    Typed(T),
+    Buffered(serde_json::Value),
+}
+
+impl<T: de::DeserializeOwned + Default> Slot<T> {
+    fn resolve(self, section: &str, unknown: &mut Vec<String>) -> Result<T, String> {
+        match self {
+            Self::Typed(value) => Ok(value),
+            Self::Buffered(serde_json::Value::Null) => Ok(T::default()),
+            Self::Buffered(value) => serde_ignored::deserialize(value, |path| {
+                unknown.push(format!("{section}.{}", format_path(&path)))
+            })
+            .map_err(|e| format!("{section}: {e}")),
+        }
+    }
+}
+
+impl RawDoc {
+    fn is_device_config(&self) -> bool {
+        self.kind.as_deref() == Some(KIND)
+    }
+
+    fn into_kind(mut self) -> Result<DocumentKind, String> {
+        if !self.is_device_config() {
+            return Ok(DocumentKind::Other {
+                api_version: self.api_version,
+                kind: self.kind,
+            });
+        }
+        let mut unknown = std::mem::take(&mut self.unknown_fields);
+        let spec = match self.spec {
+            Some(slot) => slot.resolve("spec", &mut unknown)?,
+            None => DeviceConfigSpec::default(),
+        };
+        let status = match self.status {
+            Some(slot) => Some(slot.resolve("status", &mut unknown)?),
+            None => None,
+        };
+        unknown.sort();
+        unknown.dedup();
+        let config = DeviceConfig {
+            metadata: self.metadata.unwrap_or_default(),
+            spec,
+            status,
+        };
+        Ok(DocumentKind::DeviceConfig {
+            config: Box::new(config),
+            api_version: self.api_version,
+            unknown_fields: unknown,
+        })
+    }
+}
+
+/// A document together with the paths serde ignored while reading it.
+struct TrackedDoc(RawDoc);
+
+impl<'de> Deserialize<'de> for TrackedDoc {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let mut unknown = Vec::new();
+        let mut raw: RawDoc =
+            serde_ignored::deserialize(deserializer, |path| unknown.push(format_path(&path)))?;
+        if raw.is_device_config() {
+            raw.unknown_fields.extend(unknown);
+        }
+        Ok(Self(raw))
+    }
+}
+
+impl<'de> Deserialize<'de> for RawDoc {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_map(RawDocVisitor)
+    }
+}
+
+struct RawDocVisitor;
+
+impl<'de> Visitor<'de> for RawDocVisitor {
+    type Value = RawDoc;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a Kubernetes object (a mapping with apiVersion, kind, metadata and spec)")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RawDoc, A::Error> {
+        let mut doc = RawDoc::default();
+        while let Some(key) = map.next_key::<String>()? {
+            match key.as_str() {
+                "apiVersion" => doc.api_version = map.next_value()?,
+                "kind" => doc.kind = map.next_value()?,
+                "metadata" => doc.metadata = map.next_value()?,
+                "spec" => doc.spec = next_slot(&mut map, &doc)?,
+                "status" => doc.status = next_slot(&mut map, &doc)?,
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(doc)
+    }
+}
+
+fn next_slot<'de, A, T>(map: &mut A, doc: &RawDoc) -> Result<Option<Slot<T>>, A::Error>
+where
+    A: MapAccess<'de>,
+    T: Deserialize<'de> + Default,
+{
+    if doc.is_device_config() {
+        let value: Option<T> = map.next_value()?;
+        Ok(Some(Slot::Typed(value.unwrap_or_default())))
+    } else if doc.kind.is_none() {
+        Ok(Some(Slot::Buffered(map.next_value()?)))
+    } else {
+        map.next_value::<IgnoredAny>()?;
+        Ok(None)
+    }
+}
+
+/// Formats a serde_ignored path as a field path: `spec.devicePlugin.x`,
+/// `spec.remediationWorkflow.nodeRemediationTaints[0].colour`.
+fn format_path(path: &serde_ignored::Path<'_>) -> String {
+    fn walk(path: &serde_ignored::Path<'_>, out: &mut String) {
+        use serde_ignored::Path;
+        match path {
+            Path::Root => {}
+            Path::Seq { parent, index } => {
+                walk(parent, out);
+                out.push_str(&format!("[{index}]"));
+            }
+            Path::Map { parent, key } => {
+                walk(parent, out);
+                if !out.is_empty() {
+                    out.push('.');
+                }
+                out.push_str(key);
+            }
+            Path::Some { parent }
+            | Path::NewtypeStruct { parent }
+            | Path::NewtypeVariant { parent } => {
+                walk(parent, out);
+            }
+        }
+    }
+    let mut out = String::new();
+    walk(path, &mut out);
+    out
+}
