@@ -1,0 +1,241 @@
+//! Device plugin figures: time from start to registration, re-registration after
+//! a kubelet restart, and Allocate / GetPreferredAllocation latency (p50, p99),
+//! over real unix sockets against the test kubelet and for the pure
+//! preferred-allocation function alone.
+//!
+//! Run with `cargo bench --bench plugin`. Prints a table; nothing is asserted
+//! (goals: registration well under 1 s after a kubelet restart, preferred
+//! allocation under 1 ms for 64 devices).
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::hint::black_box;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gpu_operator::device::{Gpu, Link, LinkKind};
+use gpu_operator::plugin::{
+    DevicePluginService, HealthReport, PluginConfig, PluginDevice, ResourceNamingStrategy,
+    Topology, preferred_allocation,
+};
+use support::hosts::SimHost;
+use support::kubelet::{TestKubelet, allocate_request, preferred_request};
+
+struct Figures {
+    name: String,
+    samples: Vec<Duration>,
+}
+
+impl Figures {
+    fn new(name: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            samples: Vec::new(),
+        }
+    }
+
+    fn print(mut self) {
+        self.samples.sort();
+        let pick = |q: f64| {
+            let i = ((self.samples.len() as f64 - 1.0) * q).round() as usize;
+            self.samples[i]
+        };
+        println!(
+            "{:<58} n={:<6} p50={:>10.1?} p99={:>10.1?} max={:>10.1?}",
+            self.name,
+            self.samples.len(),
+            pick(0.50),
+            pick(0.99),
+            pick(1.0)
+        );
+    }
+}
+
+fn main() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    runtime.block_on(registration());
+    runtime.block_on(rpc_latency());
+    pure_preferred_allocation();
+}
+
+/// Start → registration accepted by the test kubelet (which dials back into the
+/// plugin before accepting), and kubelet restart → registration again.
+async fn registration() {
+    let sim = SimHost::new("mi300x", None);
+    let mut start = Figures::new("start -> registered (mi300x, 8 GPUs)");
+    let mut again = Figures::new("kubelet restart -> registered again");
+    for _ in 0..20 {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut kubelet = TestKubelet::start(dir.path()).await;
+        let (_inventory_tx, inventory) = sim.feed();
+        let (_health_tx, health) = tokio::sync::watch::channel(HealthReport::default());
+        let config =
+            PluginConfig::new(dir.path(), ResourceNamingStrategy::Single, sim.host.clone());
+        let began = Instant::now();
+        let plugin = DevicePluginService::start(config, inventory, health);
+        let registered = kubelet.wait_for_registration("amd.com/gpu", 1).await;
+        start.samples.push(registered.at.duration_since(began));
+
+        for n in 2..4 {
+            let restarted = kubelet.restart().await;
+            let registered = kubelet.wait_for_registration("amd.com/gpu", n).await;
+            again.samples.push(registered.at.duration_since(restarted));
+        }
+        plugin.stop().await;
+    }
+    start.print();
+    again.print();
+}
+
+/// Allocate and GetPreferredAllocation as the kubelet calls them.
+async fn rpc_latency() {
+    let sim = SimHost::new("mi300x", Some("cpx_nps4"));
+    let dir = tempfile::tempdir().expect("temp dir");
+    let kubelet = TestKubelet::start(dir.path()).await;
+    let (_inventory_tx, inventory) = sim.feed();
+    let (_health_tx, health) = tokio::sync::watch::channel(HealthReport::default());
+    let config = PluginConfig::new(dir.path(), ResourceNamingStrategy::Single, sim.host.clone());
+    let plugin = DevicePluginService::start(config, inventory, health);
+    kubelet.wait_for_registration("amd.com/gpu", 1).await;
+    let devices = kubelet
+        .list_and_watch("amd.com_gpu.sock")
+        .await
+        .next()
+        .await;
+    let ids: Vec<String> = devices.iter().map(|d| d.id.clone()).collect();
+    let mut client = kubelet.client("amd.com_gpu.sock").await;
+
+    for (label, count) in [
+        ("Allocate, 1 partition (gRPC)", 1),
+        ("Allocate, 8 partitions (gRPC)", 8),
+    ] {
+        let request_ids: Vec<&str> = ids.iter().take(count).map(String::as_str).collect();
+        let mut figures = Figures::new(label);
+        for i in 0..2200 {
+            let began = Instant::now();
+            let response = client
+                .allocate(allocate_request(&request_ids))
+                .await
+                .expect("allocate");
+            if i >= 200 {
+                figures.samples.push(began.elapsed());
+            }
+            black_box(response);
+        }
+        figures.print();
+    }
+
+    let partly_used: Vec<String> = ids.iter().skip(5).cloned().collect();
+    for (label, available, size) in [
+        ("GetPreferredAllocation, 64 free, size 8 (gRPC)", &ids, 8),
+        (
+            "GetPreferredAllocation, 59 free, size 1 (gRPC)",
+            &partly_used,
+            1,
+        ),
+        ("GetPreferredAllocation, 64 free, size 20 (gRPC)", &ids, 20),
+    ] {
+        let mut figures = Figures::new(label);
+        for i in 0..2200 {
+            let began = Instant::now();
+            let response = client
+                .get_preferred_allocation(preferred_request(available, &[], size))
+                .await
+                .expect("preferred allocation");
+            if i >= 200 {
+                figures.samples.push(began.elapsed());
+            }
+            black_box(response);
+        }
+        figures.print();
+    }
+    plugin.stop().await;
+}
+
+/// The pure function alone, on 64 devices: 8 GPUs × 8 partitions (MI300X CPX),
+/// and the worst case for the search, 64 whole GPUs.
+fn pure_preferred_allocation() {
+    let cpx = synthetic(8, 8);
+    let whole = synthetic(64, 1);
+    for (label, (devices, gpus), size) in [
+        (
+            "preferred_allocation, 8 GPUs x 8 partitions, size 1",
+            &cpx,
+            1,
+        ),
+        (
+            "preferred_allocation, 8 GPUs x 8 partitions, size 8",
+            &cpx,
+            8,
+        ),
+        (
+            "preferred_allocation, 8 GPUs x 8 partitions, size 20",
+            &cpx,
+            20,
+        ),
+        ("preferred_allocation, 64 whole GPUs, size 1", &whole, 1),
+        ("preferred_allocation, 64 whole GPUs, size 8", &whole, 8),
+        ("preferred_allocation, 64 whole GPUs, size 32", &whole, 32),
+    ] {
+        let topology = Arc::new(Topology::new(devices, gpus));
+        let available: Vec<String> = devices.iter().map(|d| d.id.clone()).collect();
+        let mut figures = Figures::new(label);
+        for i in 0..5500 {
+            let began = Instant::now();
+            let chosen = preferred_allocation(&topology, black_box(&available), &[], size);
+            if i >= 500 {
+                figures.samples.push(began.elapsed());
+            }
+            black_box(chosen);
+        }
+        figures.print();
+    }
+}
+
+/// `gpus` GPUs in two NUMA nodes, XGMI hives of eight, PCIe between hives.
+fn synthetic(gpus: usize, partitions: usize) -> (Vec<PluginDevice>, Vec<Gpu>) {
+    let bdf = |g: usize| format!("0000:{:02x}:{:02x}.0", g / 32 + 1, g % 32);
+    let mut devices = Vec::new();
+    let mut inventory = Vec::new();
+    for g in 0..gpus {
+        let numa = (g * 2 / gpus) as i64;
+        for p in 0..partitions {
+            devices.push(PluginDevice {
+                id: if p == 0 {
+                    bdf(g)
+                } else {
+                    format!("amdgpu_xcp_{}", g * 7 + p - 1)
+                },
+                gpu_bdf: bdf(g),
+                partition: (partitions > 1).then_some(p as u32),
+                numa_node: Some(numa),
+                card: Some((g * partitions + p) as u32),
+                render_minor: Some((128 + g * partitions + p) as u32),
+            });
+        }
+        let links = (0..gpus)
+            .filter(|&h| h != g)
+            .map(|h| Link {
+                to_bdf: bdf(h),
+                kind: if h / 8 == g / 8 {
+                    LinkKind::Xgmi
+                } else {
+                    LinkKind::Pcie
+                },
+                weight: 15,
+            })
+            .collect();
+        inventory.push(Gpu {
+            bdf: bdf(g),
+            numa_node: Some(numa as i32),
+            links,
+            ..Gpu::default()
+        });
+    }
+    (devices, inventory)
+}

@@ -1,0 +1,573 @@
+//! The running device plugin: one supervisor task that follows the inventory,
+//! health reports and the kubelet, and one task per resource that keeps its
+//! socket served and registered.
+//!
+//! The supervisor owns the plan (which resources, which devices, what health)
+//! and publishes each resource's [`ResourceState`] through a watch channel;
+//! resource tasks own their socket and registration. Decisions are delegated to
+//! the pure modules; this module only wires them to time, files and sockets. It
+//! must not block: every wait is bounded or cancellable by `stop`.
+//!
+//! Timing: every `poll_interval` (200 ms by default) the supervisor re-checks
+//! device nodes and the identity of `kubelet.sock`, and each resource task checks
+//! that its own socket is still there. A recreated `kubelet.sock` therefore leads
+//! to re-registration within about one interval; a deleted plugin socket is
+//! bound again and re-registered.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, MissedTickBehavior};
+
+use crate::device::Inventory;
+use crate::host::HostRoot;
+
+use super::api;
+use super::devices::{
+    LayoutConflict, PluginDevice, ResourceNamingStrategy, ResourcePlan, XcpNames, plan_resources,
+    resource_name, socket_name,
+};
+use super::health::{HealthReport, NodeChecks, device_health};
+use super::preferred::Topology;
+use super::probe;
+use super::server::{SocketServer, file_id, register};
+use super::state::{AdvertisedDevice, ResourceState};
+
+/// How often registration is retried while the kubelet is unreachable.
+const REGISTER_RETRY: Duration = Duration::from_secs(1);
+/// Bound on the whole stop sequence; the agent has 5 s from SIGTERM to exit.
+const STOP_BUDGET: Duration = Duration::from_secs(3);
+
+/// What the plugin serves and where.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PluginConfig {
+    /// The kubelet's device plugin directory as this process sees it (usually
+    /// mounted at the same path in the agent's container). Not mapped under
+    /// `host`: the kubelet and the plugin talk through this directory directly.
+    pub device_plugin_dir: PathBuf,
+    pub strategy: ResourceNamingStrategy,
+    /// Where device nodes (`/dev/kfd`, `/dev/dri/...`) and sysfs are read.
+    pub host: HostRoot,
+    /// Period of the presence checks described in the module documentation.
+    pub poll_interval: Duration,
+}
+
+impl PluginConfig {
+    /// The kubelet's default device plugin directory.
+    pub const DEFAULT_DIR: &'static str = "/var/lib/kubelet/device-plugins";
+    pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(200);
+
+    pub fn new(
+        device_plugin_dir: impl Into<PathBuf>,
+        strategy: ResourceNamingStrategy,
+        host: HostRoot,
+    ) -> Self {
+        Self {
+            device_plugin_dir: device_plugin_dir.into(),
+            strategy,
+            host,
+            poll_interval: Self::DEFAULT_POLL_INTERVAL,
+        }
+    }
+}
+
+/// What the plugin is doing, for the agent's status and Events.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PluginStatus {
+    /// Served resources, by name.
+    pub resources: Vec<ResourceStatus>,
+    /// Set when the `single` strategy meets mixed partition layouts; the GPUs
+    /// concerned are not offered. Worth an Event.
+    pub conflict: Option<LayoutConflict>,
+    /// One line summing up every current problem (conflict, socket and
+    /// registration errors); `None` when all is well.
+    pub error: Option<String>,
+    /// False once the service has stopped.
+    pub running: bool,
+}
+
+/// One served resource.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ResourceStatus {
+    /// `amd.com/gpu`, `amd.com/cpx_nps4`...
+    pub name: String,
+    pub devices: usize,
+    pub healthy: usize,
+    /// The kubelet accepted the current registration.
+    pub registered: bool,
+    /// The latest socket or registration problem, cleared on success.
+    pub error: Option<String>,
+}
+
+/// Returned when the service is no longer running.
+#[derive(Debug, thiserror::Error)]
+#[error("the device plugin service has stopped")]
+pub struct Stopped;
+
+enum Command {
+    Reconfigure(PluginConfig),
+    Stop,
+}
+
+/// Handle on the running device plugin. Dropping it stops the plugin too, but
+/// without waiting; call [`DevicePluginService::stop`] for a clean exit.
+pub struct DevicePluginService {
+    commands: mpsc::Sender<Command>,
+    status: watch::Receiver<PluginStatus>,
+    task: JoinHandle<()>,
+}
+
+impl DevicePluginService {
+    /// Starts serving. `inventory` is the feed of discovery results; `health`
+    /// the feed of other health sources (pass the receiver of a channel holding
+    /// `HealthReport::default()` when there are none). Either feed may close;
+    /// the plugin then keeps the last value. Must be called inside a tokio
+    /// runtime; problems are reported through [`DevicePluginService::status`].
+    pub fn start(
+        config: PluginConfig,
+        inventory: watch::Receiver<Arc<Inventory>>,
+        health: watch::Receiver<HealthReport>,
+    ) -> Self {
+        let (commands, command_rx) = mpsc::channel(8);
+        let (status_tx, status) = watch::channel(PluginStatus {
+            running: true,
+            ..PluginStatus::default()
+        });
+        let supervisor = Supervisor::new(config, Arc::new(status_tx));
+        let task = tokio::spawn(supervisor.run(command_rx, inventory, health));
+        Self {
+            commands,
+            status,
+            task,
+        }
+    }
+
+    /// A receiver of the current status; it changes whenever the status does.
+    pub fn status(&self) -> watch::Receiver<PluginStatus> {
+        self.status.clone()
+    }
+
+    /// Applies a new configuration. A new directory or poll interval restarts
+    /// every resource server; a new strategy or host root only re-plans, keeping
+    /// the servers of resources whose names survive.
+    pub async fn reconfigure(&self, config: PluginConfig) -> Result<(), Stopped> {
+        self.commands
+            .send(Command::Reconfigure(config))
+            .await
+            .map_err(|_| Stopped)
+    }
+
+    /// Stops every server, ends open streams and removes the plugin's sockets.
+    /// Returns within a few seconds whatever the peers do.
+    pub async fn stop(mut self) {
+        let _ = self.commands.send(Command::Stop).await;
+        if tokio::time::timeout(STOP_BUDGET + Duration::from_secs(1), &mut self.task)
+            .await
+            .is_err()
+        {
+            tracing::warn!("device plugin did not stop in time; aborting it");
+            self.task.abort();
+        }
+    }
+}
+
+/// A running resource task and the channels that drive it.
+struct ResourceHandle {
+    state: watch::Sender<Arc<ResourceState>>,
+    stop: watch::Sender<bool>,
+    task: JoinHandle<()>,
+}
+
+struct Supervisor {
+    config: PluginConfig,
+    inventory: Arc<Inventory>,
+    report: HealthReport,
+    plan: ResourcePlan,
+    xcp: XcpNames,
+    checks: NodeChecks,
+    servers: BTreeMap<String, ResourceHandle>,
+    status: Arc<watch::Sender<PluginStatus>>,
+    kubelet_generation: watch::Sender<u64>,
+    kubelet_id: Option<super::server::FileId>,
+}
+
+impl Supervisor {
+    fn new(config: PluginConfig, status: Arc<watch::Sender<PluginStatus>>) -> Self {
+        let kubelet_id = file_id(&config.device_plugin_dir.join(api::KUBELET_SOCKET));
+        Self {
+            config,
+            inventory: Arc::default(),
+            report: HealthReport::default(),
+            plan: ResourcePlan::default(),
+            xcp: XcpNames::new(),
+            checks: NodeChecks::default(),
+            servers: BTreeMap::new(),
+            status,
+            kubelet_generation: watch::channel(0).0,
+            kubelet_id,
+        }
+    }
+
+    async fn run(
+        mut self,
+        mut commands: mpsc::Receiver<Command>,
+        mut inventory: watch::Receiver<Arc<Inventory>>,
+        mut health: watch::Receiver<HealthReport>,
+    ) {
+        self.inventory = inventory.borrow_and_update().clone();
+        self.report = health.borrow_and_update().clone();
+        self.replan().await;
+        let (mut inventory_open, mut health_open) = (true, true);
+        let mut tick = ticker(self.config.poll_interval);
+        loop {
+            tokio::select! {
+                command = commands.recv() => match command {
+                    Some(Command::Reconfigure(config)) => {
+                        let restart = config.device_plugin_dir != self.config.device_plugin_dir
+                            || config.poll_interval != self.config.poll_interval;
+                        if restart {
+                            self.stop_all().await;
+                            self.kubelet_id = file_id(&config.device_plugin_dir.join(api::KUBELET_SOCKET));
+                            tick = ticker(config.poll_interval);
+                        }
+                        self.config = config;
+                        self.replan().await;
+                    }
+                    Some(Command::Stop) | None => break,
+                },
+                changed = inventory.changed(), if inventory_open => match changed {
+                    Ok(()) => {
+                        self.inventory = inventory.borrow_and_update().clone();
+                        self.replan().await;
+                    }
+                    Err(_) => inventory_open = false,
+                },
+                changed = health.changed(), if health_open => match changed {
+                    Ok(()) => {
+                        self.report = health.borrow_and_update().clone();
+                        self.publish();
+                    }
+                    Err(_) => health_open = false,
+                },
+                _ = tick.tick() => {
+                    self.check_kubelet();
+                    self.refresh_checks();
+                    self.publish();
+                }
+            }
+        }
+        self.stop_all().await;
+        self.status.send_modify(|s| {
+            s.resources.clear();
+            s.running = false;
+            s.error = None;
+        });
+    }
+
+    /// Bumps the kubelet generation when `kubelet.sock` appears or is replaced.
+    fn check_kubelet(&mut self) {
+        let id = file_id(&self.config.device_plugin_dir.join(api::KUBELET_SOCKET));
+        if id != self.kubelet_id {
+            if id.is_some() {
+                tracing::info!("kubelet.sock was (re)created; registering again");
+                self.kubelet_generation.send_modify(|g| *g += 1);
+            }
+            self.kubelet_id = id;
+        }
+    }
+
+    fn refresh_checks(&mut self) {
+        self.checks = probe::node_checks(
+            &self.config.host,
+            self.inventory.driver.loaded,
+            self.plan.resources.values().flatten(),
+        );
+    }
+
+    /// Recomputes resources and devices, then starts, updates and stops servers.
+    async fn replan(&mut self) {
+        self.xcp = probe::xcp_names(&self.config.host);
+        self.plan = plan_resources(&self.inventory, self.config.strategy, &self.xcp);
+        if let Some(conflict) = &self.plan.conflict {
+            tracing::warn!(%conflict, "partition layouts conflict");
+        }
+        self.refresh_checks();
+
+        let gone: Vec<String> = self
+            .servers
+            .keys()
+            .filter(|name| !self.plan.resources.contains_key(*name))
+            .cloned()
+            .collect();
+        let mut stopping = Vec::new();
+        for name in gone {
+            if let Some(handle) = self.servers.remove(&name) {
+                tracing::info!(resource = %resource_name(&name), "resource withdrawn");
+                let _ = handle.stop.send(true);
+                stopping.push(handle.task);
+            }
+        }
+        join_bounded(stopping).await;
+
+        for (short, devices) in &self.plan.resources {
+            let topology = Arc::new(Topology::new(devices, &self.inventory.gpus));
+            let state = Arc::new(build_state(
+                short,
+                devices,
+                &self.checks,
+                &self.report,
+                topology,
+            ));
+            match self.servers.get(short) {
+                Some(handle) => {
+                    handle.state.send_replace(state);
+                }
+                None => {
+                    tracing::info!(resource = %resource_name(short), devices = devices.len(), "serving resource");
+                    let handle = self.spawn_resource(short, state);
+                    self.servers.insert(short.clone(), handle);
+                }
+            }
+        }
+        self.publish_status();
+    }
+
+    /// Pushes fresh health into every resource whose advertised list changed.
+    fn publish(&mut self) {
+        for (short, handle) in &self.servers {
+            let Some(devices) = self.plan.resources.get(short) else {
+                continue;
+            };
+            handle.state.send_if_modified(|current| {
+                let next = build_state(
+                    short,
+                    devices,
+                    &self.checks,
+                    &self.report,
+                    current.topology.clone(),
+                );
+                if next.devices == current.devices {
+                    return false;
+                }
+                *current = Arc::new(next);
+                true
+            });
+        }
+        self.publish_status();
+    }
+
+    fn publish_status(&self) {
+        let mut entries: Vec<ResourceStatus> = Vec::new();
+        for (short, handle) in &self.servers {
+            let state = handle.state.borrow();
+            entries.push(ResourceStatus {
+                name: resource_name(short),
+                devices: state.devices.len(),
+                healthy: state.healthy_count(),
+                ..ResourceStatus::default()
+            });
+        }
+        let conflict = self.plan.conflict.clone();
+        self.status.send_if_modified(|s| {
+            // Registration state belongs to the resource tasks; keep theirs.
+            for entry in &mut entries {
+                if let Some(old) = s.resources.iter().find(|r| r.name == entry.name) {
+                    entry.registered = old.registered;
+                    entry.error = old.error.clone();
+                }
+            }
+            let mut next = s.clone();
+            next.resources = entries;
+            next.conflict = conflict;
+            next.error = summarize(&next);
+            if next == *s {
+                return false;
+            }
+            *s = next;
+            true
+        });
+    }
+
+    fn spawn_resource(&self, short: &str, state: Arc<ResourceState>) -> ResourceHandle {
+        let (state_tx, state_rx) = watch::channel(state);
+        let (stop, stop_rx) = watch::channel(false);
+        let task = ResourceTask {
+            short: short.to_owned(),
+            dir: self.config.device_plugin_dir.clone(),
+            poll_interval: self.config.poll_interval,
+            status: self.status.clone(),
+        };
+        // The entry exists before the task can report on it.
+        let name = resource_name(short);
+        self.status.send_modify(|s| {
+            if !s.resources.iter().any(|r| r.name == name) {
+                s.resources.push(ResourceStatus {
+                    name,
+                    ..ResourceStatus::default()
+                });
+            }
+        });
+        let kubelet = self.kubelet_generation.subscribe();
+        let task = tokio::spawn(task.run(state_rx, kubelet, stop_rx));
+        ResourceHandle {
+            state: state_tx,
+            stop,
+            task,
+        }
+    }
+
+    async fn stop_all(&mut self) {
+        let mut tasks = Vec::new();
+        for (_, handle) in std::mem::take(&mut self.servers) {
+            let _ = handle.stop.send(true);
+            tasks.push(handle.task);
+        }
+        join_bounded(tasks).await;
+        self.publish_status();
+    }
+}
+
+/// Waits for tasks (already told to stop) within the stop budget, then aborts
+/// the stragglers.
+async fn join_bounded(tasks: Vec<JoinHandle<()>>) {
+    let deadline = Instant::now() + STOP_BUDGET;
+    for mut task in tasks {
+        if tokio::time::timeout_at(deadline, &mut task).await.is_err() {
+            tracing::warn!("resource server did not stop in time; aborting it");
+            task.abort();
+        }
+    }
+}
+
+fn ticker(period: Duration) -> tokio::time::Interval {
+    let mut tick = tokio::time::interval(period.max(Duration::from_millis(10)));
+    tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    tick
+}
+
+fn build_state(
+    short: &str,
+    devices: &[PluginDevice],
+    checks: &NodeChecks,
+    report: &HealthReport,
+    topology: Arc<Topology>,
+) -> ResourceState {
+    let advertised = devices
+        .iter()
+        .map(|d| AdvertisedDevice {
+            device: d.clone(),
+            health: device_health(d, checks, report),
+        })
+        .collect();
+    ResourceState::new(short, advertised, topology)
+}
+
+fn summarize(status: &PluginStatus) -> Option<String> {
+    let mut problems: Vec<String> = status.conflict.iter().map(ToString::to_string).collect();
+    problems.extend(
+        status
+            .resources
+            .iter()
+            .filter_map(|r| r.error.as_ref().map(|e| format!("{}: {e}", r.name))),
+    );
+    (!problems.is_empty()).then(|| problems.join("; "))
+}
+
+/// Keeps one resource's socket served and registered.
+struct ResourceTask {
+    short: String,
+    dir: PathBuf,
+    poll_interval: Duration,
+    status: Arc<watch::Sender<PluginStatus>>,
+}
+
+impl ResourceTask {
+    async fn run(
+        self,
+        state: watch::Receiver<Arc<ResourceState>>,
+        mut kubelet: watch::Receiver<u64>,
+        mut stop: watch::Receiver<bool>,
+    ) {
+        let socket = self.dir.join(socket_name(&self.short));
+        let mut tick = ticker(self.poll_interval);
+        let mut server: Option<SocketServer> = None;
+        let mut need_register = true;
+        let mut next_attempt = Instant::now();
+        loop {
+            if !server.as_ref().is_some_and(SocketServer::is_intact) {
+                if let Some(old) = server.take() {
+                    tracing::info!(socket = %socket.display(), "plugin socket vanished; serving it again");
+                    old.shutdown().await;
+                }
+                match SocketServer::bind(&socket, state.clone()) {
+                    Ok(s) => {
+                        server = Some(s);
+                        need_register = true;
+                        next_attempt = Instant::now();
+                    }
+                    Err(e) => self.report(
+                        false,
+                        Some(format!("cannot serve on {}: {e}", socket.display())),
+                    ),
+                }
+            }
+            if need_register && server.is_some() && Instant::now() >= next_attempt {
+                let result = tokio::select! {
+                    result = register(&self.dir, &self.short) => result,
+                    _ = stop.wait_for(|s| *s) => break,
+                };
+                match result {
+                    Ok(()) => {
+                        tracing::info!(resource = %resource_name(&self.short), "registered with the kubelet");
+                        need_register = false;
+                        self.report(true, None);
+                    }
+                    Err(e) => {
+                        next_attempt = Instant::now() + REGISTER_RETRY;
+                        self.report(false, Some(e.to_string()));
+                    }
+                }
+            }
+            tokio::select! {
+                _ = tick.tick() => {}
+                changed = kubelet.changed() => match changed {
+                    Ok(()) => {
+                        need_register = true;
+                        next_attempt = Instant::now();
+                    }
+                    Err(_) => break,
+                },
+                _ = stop.wait_for(|s| *s) => break,
+            }
+        }
+        if let Some(server) = server {
+            server.shutdown().await;
+        }
+    }
+
+    /// Records registration state; logs problems once per change, not per retry.
+    fn report(&self, registered: bool, error: Option<String>) {
+        let name = resource_name(&self.short);
+        self.status.send_if_modified(|s| {
+            let Some(entry) = s.resources.iter_mut().find(|r| r.name == name) else {
+                return false;
+            };
+            if entry.registered == registered && entry.error == error {
+                return false;
+            }
+            if let Some(e) = &error
+                && entry.error.as_ref() != Some(e)
+            {
+                tracing::warn!(resource = %name, error = %e, "device plugin problem");
+            }
+            entry.registered = registered;
+            entry.error = error;
+            s.error = summarize(s);
+            true
+        });
+    }
+}
