@@ -149,20 +149,18 @@ fn walk(
                 names.pop();
             }
         }
+        // Keyed and set lists are owned item by item (an empty one owns nothing, so applying
+        // `[]` lets go of one's own items without touching anybody else's).
         Value::Array(items) => match rt.list_type(names) {
-            ListType::Map(keys)
-                if items.iter().all(|i| key_element(i, &keys).is_some()) && !items.is_empty() =>
-            {
+            ListType::Map(keys) if items.iter().all(|i| key_element(i, &keys).is_some()) => {
                 for item in items {
-                    let Some(ke) = key_element(item, &keys) else {
-                        continue;
-                    };
+                    let Some(ke) = key_element(item, &keys) else { continue };
                     path.push(ke);
                     walk(item, rt, names, path, out);
                     path.pop();
                 }
             }
-            ListType::Set if !items.is_empty() => {
+            ListType::Set => {
                 for item in items {
                     path.push(format!("v:{item}"));
                     out.insert(path.clone(), item.clone());
@@ -207,6 +205,18 @@ pub fn remove_path(obj: &mut Value, path: &[String]) -> bool {
         if rest.is_empty() {
             items.remove(pos);
             return true;
+        }
+        // A key field goes only with its item, once nothing else is left in it.
+        if let [only] = rest
+            && only.strip_prefix("f:").is_some_and(|f| key.contains_key(f))
+        {
+            let keys_only = items[pos]
+                .as_object()
+                .is_some_and(|m| m.keys().all(|k| key.contains_key(k)));
+            if keys_only {
+                items.remove(pos);
+            }
+            return keys_only;
         }
         let removed = remove_path(&mut items[pos], rest);
         // An item left with nothing but its keys was owned only through those fields.
