@@ -54,6 +54,14 @@ pub enum Command {
     /// pass the directory as --host-root. Writing again into the same directory
     /// replaces the simulated GPUs, which is how to repartition or hot-add.
     Simulate(SimulateArgs),
+    /// Run the node agent (normally as a DaemonSet pod on every GPU node).
+    ///
+    /// Watches its own Node and the DeviceConfigs, runs the services that the
+    /// DeviceConfig selecting this node enables (device plugin, node labeller),
+    /// and publishes its status in the Node annotation amd.com/gpu-agent-status.
+    /// Kubernetes access comes from the in-cluster service account, or KUBECONFIG.
+    /// Stops cleanly on SIGTERM or SIGINT.
+    Agent(AgentArgs),
 }
 
 #[derive(Args, Debug)]
@@ -119,12 +127,37 @@ pub struct SimulateArgs {
     pub no_driver: bool,
 }
 
+#[derive(Args, Debug)]
+pub struct AgentArgs {
+    /// Name of the Node this agent runs on (the DaemonSet sets it from the downward API).
+    #[arg(long, env = "NODE_NAME", value_name = "NAME")]
+    pub node_name: String,
+    #[command(flatten)]
+    pub host: HostRootArg,
+    /// The kubelet's root directory; device plugin sockets live in its
+    /// `device-plugins/` unless the DeviceConfig's kubeletSocketPath says otherwise.
+    #[arg(
+        long,
+        value_name = "DIR",
+        default_value = "/var/lib/kubelet",
+        env = "KUBELET_DIR"
+    )]
+    pub kubelet_dir: PathBuf,
+    /// Watch DeviceConfigs in this namespace only; all namespaces when unset.
+    #[arg(long, value_name = "NS", env = "WATCH_NAMESPACE")]
+    pub namespace: Option<String>,
+    /// Seconds between discovery rescans (udev events trigger rescans too).
+    #[arg(long, value_name = "SECONDS", default_value_t = 5.0)]
+    pub rescan_interval: f64,
+}
+
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_format);
     match cli.command {
         Command::Discover(args) => run_discover(args),
         Command::Simulate(args) => run_simulate(args),
+        Command::Agent(args) => run_agent(args),
     }
 }
 
@@ -280,4 +313,78 @@ fn run_simulate(args: SimulateArgs) -> ExitCode {
         }
         Err(e) => fail(e, 1),
     }
+}
+
+/// Builds the async runtime the long-running subcommands use.
+fn runtime() -> Result<tokio::runtime::Runtime, String> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the async runtime: {e}"))
+}
+
+/// A token cancelled on SIGTERM or SIGINT. A second signal, or 5 s after the
+/// first, exits the process outright so that a stuck shutdown cannot hang a
+/// node drain.
+pub fn shutdown_on_signals() -> tokio_util::sync::CancellationToken {
+    use tokio::signal::unix::{SignalKind, signal};
+    let token = tokio_util::sync::CancellationToken::new();
+    let cancel = token.clone();
+    tokio::spawn(async move {
+        let (Ok(mut term), Ok(mut int)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) else {
+            tracing::error!("cannot install signal handlers; stop with SIGKILL");
+            return;
+        };
+        tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
+        tracing::info!("shutdown requested");
+        cancel.cancel();
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+            _ = tokio::time::sleep(std::time::Duration::from_secs(5)) => {}
+        }
+        tracing::error!("shutdown did not finish in time; exiting");
+        std::process::exit(1);
+    });
+    token
+}
+
+fn run_agent(args: AgentArgs) -> ExitCode {
+    let host = match args.host.open() {
+        Ok(host) => host,
+        Err(message) => return fail(message, 2),
+    };
+    if !(args.rescan_interval.is_finite() && args.rescan_interval > 0.0) {
+        return fail("--rescan-interval must be a positive number of seconds", 2);
+    }
+    let runtime = match runtime() {
+        Ok(rt) => rt,
+        Err(message) => return fail(message, 1),
+    };
+    runtime.block_on(async move {
+        let client = match kube::Client::try_default().await {
+            Ok(client) => client,
+            Err(e) => {
+                return fail(
+                    format!("cannot reach Kubernetes (in-cluster config or KUBECONFIG): {e}"),
+                    1,
+                );
+            }
+        };
+        let config = crate::agent::AgentConfig {
+            node_name: args.node_name,
+            namespace: args.namespace,
+            host,
+            kubelet_dir: args.kubelet_dir,
+            rescan_interval: std::time::Duration::from_secs_f64(args.rescan_interval),
+        };
+        match crate::agent::run(client, config, shutdown_on_signals()).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => fail(e, 1),
+        }
+    })
 }

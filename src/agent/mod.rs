@@ -1,3 +1,341 @@
-//! The node agent: finds its Node, works out which DeviceConfig selects it, and
-//! runs the node services that DeviceConfig enables.
+//! The node agent: finds its Node, works out which DeviceConfig selects that
+//! Node, and runs the node services that DeviceConfig enables.
+//!
+//! Everything is driven by watches, never by polling the API: one watch on the
+//! agent's own Node (by field selector), one reflector on DeviceConfigs, and the
+//! discovery change stream. Each time any of them changes, the agent recomputes
+//! what should run ([`select`], pure), applies it to its service slots
+//! ([`supervisor`]), and publishes its status annotation ([`status`]) if, and only
+//! if, it changed. An idle agent therefore makes no request besides its watches.
+//!
+//! This module owns the node's side of the contract with the cluster: which
+//! DeviceConfig it follows, the status annotation, GPU labels and the Events it
+//! records on its Node. It must not write DeviceConfig status: that is the
+//! leader's job (`cluster`).
+
+pub mod select;
+pub mod services;
+pub mod status;
 pub mod supervisor;
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::watcher::{self, Event as WatchEvent};
+use kube::{Api, Client, Resource, ResourceExt};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::api::DeviceConfig;
+use crate::device::watch::{DeviceWatch, WatchConfig};
+use crate::host::HostRoot;
+use crate::plugin::{HealthReport, PluginStatus};
+use select::{DesiredServices, NodeContext, Selection, plan_services, select_config};
+use services::{FIELD_MANAGER, LabellerService, PluginService, sync_labels};
+use status::{AgentStatus, STATUS_ANNOTATION, STATUS_VERSION, ServiceStatus};
+use supervisor::{Slot, SlotChange};
+
+/// How the agent was started.
+#[derive(Clone, Debug)]
+pub struct AgentConfig {
+    pub node_name: String,
+    /// Namespace whose DeviceConfigs are watched; all namespaces when `None`.
+    pub namespace: Option<String>,
+    pub host: HostRoot,
+    /// The kubelet's root directory as this process sees it.
+    pub kubelet_dir: PathBuf,
+    /// Discovery rescan interval (the safety net behind udev).
+    pub rescan_interval: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("the DeviceConfig watch ended unexpectedly")]
+    WatchEnded,
+}
+
+/// Runs the agent until `shutdown` fires, then stops every service (removing
+/// their sockets) and returns.
+pub async fn run(
+    client: Client,
+    config: AgentConfig,
+    shutdown: CancellationToken,
+) -> Result<(), AgentError> {
+    let node_name = config.node_name.clone();
+    tracing::info!(node = %node_name, namespace = ?config.namespace, host_root = %config.host.root().display(), "agent starting");
+    let devices = DeviceWatch::start(
+        config.host.clone(),
+        WatchConfig {
+            rescan_interval: config.rescan_interval,
+            use_udev: true,
+        },
+    )
+    .await;
+    let mut inventory = devices.inventory();
+    let nodes: Api<Node> = Api::all(client.clone());
+
+    let watches = CancellationToken::new();
+    let _stop_watches = watches.clone().drop_guard();
+    let mut node_rx = spawn_node_watch(nodes.clone(), &node_name, watches.clone());
+    let (configs, mut configs_changed) =
+        spawn_config_reflector(&client, config.namespace.as_deref(), watches.clone());
+
+    let (_health_tx, health_rx) = watch::channel(HealthReport::default());
+    let (plugin_status_tx, mut plugin_status) = watch::channel(PluginStatus::default());
+    let mut plugin = Slot::new(PluginService {
+        inventory: inventory.clone(),
+        health: health_rx,
+        status: plugin_status_tx,
+    });
+    let mut labeller = Slot::new(LabellerService {
+        nodes: nodes.clone(),
+        inventory: inventory.clone(),
+        node: node_rx.clone(),
+    });
+    let mut plugin_state = plugin.subscribe();
+    let mut labeller_state = labeller.subscribe();
+
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "gpu-operator".into(),
+            instance: Some(node_name.clone()),
+        },
+    );
+    let mut reported = BTreeSet::<String>::new();
+    let mut last_status: Option<AgentStatus> = None;
+
+    loop {
+        let node = node_rx.borrow_and_update().clone();
+        configs_changed.borrow_and_update();
+        plugin_state.borrow_and_update();
+        labeller_state.borrow_and_update();
+        if let Some(node) = node {
+            let labels = node.labels().clone();
+            let selection = select_config(&labels, configs.state().iter().map(Arc::as_ref));
+            let desired = match &selection {
+                Selection::One(selected) => plan_services(
+                    &selected.spec,
+                    &NodeContext {
+                        labels: &labels,
+                        kubelet_dir: &config.kubelet_dir,
+                        host: &config.host,
+                    },
+                ),
+                Selection::None | Selection::Conflict(_) => DesiredServices::default(),
+            };
+            plugin.apply(desired.device_plugin).await;
+            if labeller.apply(desired.labeller).await == SlotChange::Stopped {
+                // Disabled or deselected: remove the labels this agent wrote.
+                if let Err(e) = sync_labels(&nodes, &node, &Default::default()).await {
+                    tracing::warn!(error = %e, "cannot remove GPU labels");
+                }
+            }
+            let problems = problems(&selection, &plugin_status.borrow_and_update());
+            for problem in &problems {
+                if reported.insert(problem.clone()) {
+                    record_warning(&recorder, &node, problem).await;
+                }
+            }
+            reported.retain(|p| problems.contains(p));
+            let status = build_status(
+                &selection,
+                &plugin,
+                &labeller,
+                &plugin_status.borrow(),
+                &inventory.borrow_and_update(),
+                problems,
+            );
+            if last_status
+                .as_ref()
+                .is_none_or(|last| status.differs_from(last))
+            {
+                match publish_status(&nodes, &node_name, &status).await {
+                    Ok(()) => last_status = Some(status),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot publish agent status; will retry on the next change")
+                    }
+                }
+            }
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            _ = node_rx.changed() => {}
+            changed = configs_changed.changed() => if changed.is_err() { return Err(AgentError::WatchEnded) },
+            _ = inventory.changed() => {}
+            _ = plugin_status.changed() => {}
+            _ = plugin_state.changed() => {}
+            _ = labeller_state.changed() => {}
+            // A failed status write is retried without waiting for another change.
+            _ = tokio::time::sleep(Duration::from_secs(10)), if last_status.is_none() => {}
+        }
+    }
+    tracing::info!("agent stopping");
+    tokio::join!(plugin.stop(), labeller.stop());
+    drop(devices);
+    Ok(())
+}
+
+/// Watches the agent's own Node; `None` until it is seen, or after it is deleted.
+fn spawn_node_watch(
+    nodes: Api<Node>,
+    name: &str,
+    stop: CancellationToken,
+) -> watch::Receiver<Option<Arc<Node>>> {
+    let (tx, rx) = watch::channel(None);
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let name = name.to_owned();
+    tokio::spawn(async move {
+        let mut events = watcher::watcher(nodes, config).default_backoff().boxed();
+        loop {
+            let event = tokio::select! {
+                _ = stop.cancelled() => return,
+                event = events.next() => event,
+            };
+            match event {
+                Some(Ok(WatchEvent::Apply(node) | WatchEvent::InitApply(node))) => {
+                    tx.send_replace(Some(Arc::new(node)));
+                }
+                Some(Ok(WatchEvent::Delete(_))) => {
+                    tracing::warn!(node = %name, "own Node deleted");
+                    tx.send_replace(None);
+                }
+                Some(Ok(WatchEvent::Init | WatchEvent::InitDone)) => {}
+                Some(Err(e)) => {
+                    tracing::warn!(node = %name, error = %e, "Node watch error; retrying")
+                }
+                None => return,
+            }
+        }
+    });
+    rx
+}
+
+/// Reflects DeviceConfigs into a store; the counter changes on every event.
+fn spawn_config_reflector(
+    client: &Client,
+    namespace: Option<&str>,
+    stop: CancellationToken,
+) -> (Store<DeviceConfig>, watch::Receiver<u64>) {
+    let api: Api<DeviceConfig> = match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    let (store, writer) = reflector::store();
+    let (tx, rx) = watch::channel(0u64);
+    tokio::spawn(async move {
+        let mut events =
+            reflector::reflector(writer, watcher::watcher(api, watcher::Config::default()))
+                .default_backoff()
+                .boxed();
+        loop {
+            let event = tokio::select! {
+                _ = stop.cancelled() => return,
+                event = events.next() => event,
+            };
+            match event {
+                Some(Ok(WatchEvent::Init | WatchEvent::InitApply(_))) => {}
+                Some(Ok(_)) => tx.send_modify(|n| *n += 1),
+                Some(Err(e)) => tracing::warn!(error = %e, "DeviceConfig watch error; retrying"),
+                None => return,
+            }
+        }
+    });
+    (store, rx)
+}
+
+/// What needs a person's attention on this node.
+fn problems(selection: &Selection, plugin: &PluginStatus) -> Vec<String> {
+    let mut problems = Vec::new();
+    if let Selection::Conflict(keys) = selection {
+        problems.push(format!(
+            "DeviceConfigs {} all select this node; nothing runs until exactly one does",
+            keys.join(", ")
+        ));
+    }
+    if let Some(conflict) = &plugin.conflict {
+        problems.push(conflict.to_string());
+    }
+    problems
+}
+
+fn build_status(
+    selection: &Selection,
+    plugin: &Slot<PluginService>,
+    labeller: &Slot<LabellerService>,
+    plugin_status: &PluginStatus,
+    inventory: &crate::device::Inventory,
+    problems: Vec<String>,
+) -> AgentStatus {
+    let (device_config, uid, generation) = match selection {
+        Selection::One(s) => (Some(s.key.clone()), s.uid.clone(), s.generation),
+        _ => (None, None, None),
+    };
+    let services = [
+        (plugin.name(), plugin.state()),
+        (labeller.name(), labeller.state()),
+    ]
+    .into_iter()
+    .filter_map(|(name, state)| ServiceStatus::from_state(&state).map(|s| (name.to_owned(), s)))
+    .collect();
+    AgentStatus {
+        v: STATUS_VERSION,
+        device_config,
+        uid,
+        generation,
+        services,
+        resources: plugin_status
+            .resources
+            .iter()
+            .map(|r| (r.name.clone(), r.devices))
+            .collect(),
+        gpus: inventory.gpus.len(),
+        driver_version: inventory.driver.version.clone(),
+        problems,
+        since: k8s_openapi::jiff::Timestamp::now().to_string(),
+    }
+}
+
+async fn publish_status(
+    nodes: &Api<Node>,
+    node: &str,
+    status: &AgentStatus,
+) -> Result<(), kube::Error> {
+    let patch = serde_json::json!({
+        "metadata": { "annotations": { STATUS_ANNOTATION: status.to_json() } }
+    });
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..PatchParams::default()
+    };
+    nodes.patch(node, &params, &Patch::Merge(&patch)).await?;
+    tracing::debug!(node, "published agent status");
+    Ok(())
+}
+
+async fn record_warning(recorder: &Recorder, node: &Node, note: &str) {
+    let reason = if note.starts_with("DeviceConfigs") {
+        "ConflictingDeviceConfigs"
+    } else {
+        "PartitionLayoutConflict"
+    };
+    tracing::warn!(reason, note, "recording Warning Event on the Node");
+    let event = KubeEvent {
+        type_: EventType::Warning,
+        reason: reason.into(),
+        note: Some(note.to_owned()),
+        action: "SelectDeviceConfig".into(),
+        secondary: None,
+    };
+    if let Err(e) = recorder.publish(&event, &node.object_ref(&())).await {
+        tracing::warn!(error = %e, "cannot record Event");
+    }
+}

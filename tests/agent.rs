@@ -1,0 +1,369 @@
+//! The node agent end to end: a simulated host, the API emulator, and a test
+//! kubelet on unix sockets. Production code runs unmodified on top of them.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use gpu_operator::agent::status::{AgentStatus, STATUS_ANNOTATION};
+use gpu_operator::agent::{self, AgentConfig};
+use gpu_operator::api::DeviceConfig;
+use gpu_operator::host::HostRoot;
+use gpu_operator::labeller::OWNED_ANNOTATION;
+use gpu_operator::simulate::{self, SimSpec};
+use kube::Api;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube_emulator::{Emulator, EmulatorConfig};
+use serde_json::{Value, json};
+use support::kubelet::TestKubelet;
+use tokio_util::sync::CancellationToken;
+
+const NODE: &str = "gpu-node-1";
+const WAIT: Duration = Duration::from_secs(10);
+
+struct Harness {
+    emulator: Emulator,
+    _dir: tempfile::TempDir,
+    host: HostRoot,
+    kubelet: TestKubelet,
+    shutdown: CancellationToken,
+    agent: Option<tokio::task::JoinHandle<Result<(), agent::AgentError>>>,
+}
+
+impl Harness {
+    async fn start(profile: &str, partition: Option<&str>, node_labels: Value) -> Self {
+        let emulator = Emulator::start(EmulatorConfig::default()).await.unwrap();
+        emulator
+            .create(serde_json::to_value(gpu_operator::api::crd()).unwrap())
+            .unwrap();
+        emulator
+            .create(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kube-amd-gpu"}}))
+            .unwrap();
+        emulator
+            .create(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "labels": node_labels}}))
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let host = HostRoot::new(dir.path().join("host"));
+        simulate::write_host(&host, &SimSpec::new(profile, None, partition).unwrap()).unwrap();
+        let kubelet_dir = dir.path().join("kubelet");
+        std::fs::create_dir_all(kubelet_dir.join("device-plugins")).unwrap();
+        let kubelet = TestKubelet::start(&kubelet_dir.join("device-plugins")).await;
+        let mut harness = Self {
+            emulator,
+            _dir: dir,
+            host,
+            kubelet,
+            shutdown: CancellationToken::new(),
+            agent: None,
+        };
+        harness.spawn_agent(kubelet_dir);
+        harness
+    }
+
+    fn spawn_agent(&mut self, kubelet_dir: PathBuf) {
+        let config = AgentConfig {
+            node_name: NODE.into(),
+            namespace: None,
+            host: self.host.clone(),
+            kubelet_dir,
+            rescan_interval: Duration::from_millis(200),
+        };
+        let client = self.emulator.client();
+        let shutdown = self.shutdown.clone();
+        self.agent = Some(tokio::spawn(agent::run(client, config, shutdown)));
+    }
+
+    /// Creates the DeviceConfig, or merges `spec` into the existing one, through
+    /// the API like an administrator would.
+    async fn apply_device_config(&self, name: &str, spec: Value) {
+        let api: Api<DeviceConfig> = Api::namespaced(self.emulator.client(), "kube-amd-gpu");
+        if api.get_opt(name).await.unwrap().is_some() {
+            api.patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "spec": spec })),
+            )
+            .await
+            .unwrap();
+        } else {
+            let object: DeviceConfig = serde_json::from_value(json!({
+                "apiVersion": "amd.com/v1alpha1", "kind": "DeviceConfig",
+                "metadata": {"name": name, "namespace": "kube-amd-gpu"},
+                "spec": spec,
+            }))
+            .unwrap();
+            api.create(&PostParams::default(), &object).await.unwrap();
+        }
+    }
+
+    async fn delete_device_config(&self, name: &str) {
+        let api: Api<DeviceConfig> = Api::namespaced(self.emulator.client(), "kube-amd-gpu");
+        api.delete(name, &DeleteParams::default()).await.unwrap();
+    }
+
+    fn node(&self) -> Value {
+        self.emulator
+            .get("v1", "Node", "", NODE)
+            .expect("node exists")
+    }
+
+    fn labels(&self) -> BTreeMap<String, String> {
+        serde_json::from_value(self.node()["metadata"]["labels"].clone()).unwrap_or_default()
+    }
+
+    fn status(&self) -> Option<AgentStatus> {
+        let text = self.node()["metadata"]["annotations"][STATUS_ANNOTATION]
+            .as_str()?
+            .to_owned();
+        Some(AgentStatus::parse(&text).expect("status annotation parses"))
+    }
+
+    async fn eventually(&self, what: &str, condition: impl Fn(&Self) -> bool) {
+        let deadline = Instant::now() + WAIT;
+        while !condition(self) {
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what}; node: {:#}",
+                self.node()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn stop(&mut self) -> Duration {
+        let started = Instant::now();
+        self.shutdown.cancel();
+        let result = tokio::time::timeout(Duration::from_secs(10), self.agent.take().unwrap())
+            .await
+            .expect("agent stops")
+            .expect("agent task did not panic");
+        result.expect("agent stops cleanly");
+        started.elapsed()
+    }
+}
+
+fn plugin_sockets(dir: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("amd.com_"))
+        .collect();
+    names.sort();
+    names
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_runs_the_services_its_device_config_enables() {
+    let mut h = Harness::start(
+        "mi300x",
+        None,
+        json!({"feature.node.kubernetes.io/amd-gpu": "true"}),
+    )
+    .await;
+    // Nothing selects the node yet: nothing runs, and the status says so.
+    h.eventually("a status without DeviceConfig", |h| {
+        h.status()
+            .is_some_and(|s| s.device_config.is_none() && s.gpus == 8)
+    })
+    .await;
+    assert!(h.kubelet.registrations().is_empty());
+
+    h.apply_device_config(
+        "gpus",
+        json!({"selector": {"feature.node.kubernetes.io/amd-gpu": "true"}}),
+    )
+    .await;
+    let registered = h.kubelet.wait_for_registration("amd.com/gpu", 1).await;
+    assert_eq!(registered.request.version, "v1beta1");
+    let mut devices = h.kubelet.list_and_watch(&registered.request.endpoint).await;
+    assert_eq!(devices.next().await.len(), 8);
+
+    h.eventually("GPU labels", |h| {
+        let labels = h.labels();
+        labels.get("amd.com/gpu.family").map(String::as_str) == Some("AI")
+            && labels.get("amd.com/gpu.vram").map(String::as_str) == Some("192G")
+            && labels.get("amd.com/gpu.product-name").map(String::as_str)
+                == Some("AMD_Instinct_MI300X")
+    })
+    .await;
+    assert_eq!(
+        h.labels()
+            .get("feature.node.kubernetes.io/amd-gpu")
+            .map(String::as_str),
+        Some("true"),
+        "labels the agent did not write are kept"
+    );
+    h.eventually("status following the DeviceConfig", |h| {
+        h.status().is_some_and(|s| {
+            s.device_config.as_deref() == Some("kube-amd-gpu/gpus")
+                && s.generation == Some(1)
+                && s.services.contains_key("devicePlugin")
+                && s.services.contains_key("labeller")
+                && s.resources.get("amd.com/gpu") == Some(&8)
+        })
+    })
+    .await;
+
+    // Idle: only the watches stay open; no request for a few seconds.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = h.emulator.requests();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let made = h.emulator.requests().since(&before);
+    assert_eq!(
+        made.non_watch().total(),
+        0,
+        "an idle agent made requests:\n{made}"
+    );
+
+    // Disabling the labeller removes exactly the labels it wrote; the plugin keeps running.
+    h.apply_device_config(
+        "gpus",
+        json!({"selector": {"feature.node.kubernetes.io/amd-gpu": "true"},
+               "devicePlugin": {"enableNodeLabeller": false}}),
+    )
+    .await;
+    h.eventually("GPU labels removed", |h| {
+        let labels = h.labels();
+        !labels.keys().any(|k| k.contains("amd.com/gpu."))
+            && labels.contains_key("feature.node.kubernetes.io/amd-gpu")
+            && h.node()["metadata"]["annotations"]
+                .get(OWNED_ANNOTATION)
+                .is_none()
+    })
+    .await;
+    h.eventually("generation 2 applied", |h| {
+        h.status()
+            .is_some_and(|s| s.generation == Some(2) && !s.services.contains_key("labeller"))
+    })
+    .await;
+    assert_eq!(
+        h.kubelet.registrations().len(),
+        1,
+        "the plugin was not restarted"
+    );
+
+    // SIGTERM: services stop, sockets are removed, well within 5 s.
+    let took = h.stop().await;
+    assert!(took < Duration::from_secs(5), "shutdown took {took:?}");
+    assert!(
+        plugin_sockets(h.kubelet.dir()).is_empty(),
+        "{:?}",
+        plugin_sockets(h.kubelet.dir())
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conflicting_device_configs_run_nothing_and_warn() {
+    let mut h = Harness::start("mi210", None, json!({"gpu": "amd"})).await;
+    h.apply_device_config("one", json!({"selector": {"gpu": "amd"}}))
+        .await;
+    h.kubelet.wait_for_registration("amd.com/gpu", 1).await;
+    h.apply_device_config("two", json!({})).await;
+    h.eventually("conflict in status", |h| {
+        h.status().is_some_and(|s| {
+            s.device_config.is_none()
+                && s.services.is_empty()
+                && s.problems
+                    .iter()
+                    .any(|p| p.contains("kube-amd-gpu/one") && p.contains("kube-amd-gpu/two"))
+        })
+    })
+    .await;
+    h.eventually("plugin sockets removed", |h| {
+        plugin_sockets(h.kubelet.dir()).is_empty()
+    })
+    .await;
+    let events = h.emulator.list("events.k8s.io/v1", "Event");
+    let warning = events
+        .iter()
+        .find(|e| e["reason"] == "ConflictingDeviceConfigs")
+        .unwrap_or_else(|| panic!("no conflict Event in {events:#?}"));
+    assert_eq!(warning["type"], "Warning");
+    assert_eq!(warning["regarding"]["kind"], "Node");
+    assert!(
+        warning["note"]
+            .as_str()
+            .unwrap()
+            .contains("kube-amd-gpu/two")
+    );
+
+    // Resolving the conflict brings the services back.
+    h.delete_device_config("two").await;
+    h.kubelet.wait_for_registration("amd.com/gpu", 2).await;
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repartitioning_updates_devices_and_labels_without_restart() {
+    let mut h = Harness::start("mi300x", None, json!({})).await;
+    h.apply_device_config(
+        "gpus",
+        json!({"devicePlugin": {"nodeLabellerArguments": ["-compute-memory-partition"]}}),
+    )
+    .await;
+    let registered = h.kubelet.wait_for_registration("amd.com/gpu", 1).await;
+    let mut devices = h.kubelet.list_and_watch(&registered.request.endpoint).await;
+    assert_eq!(devices.next().await.len(), 8);
+    h.eventually("spx label", |h| {
+        h.labels()
+            .get("amd.com/gpu.compute-memory-partition")
+            .map(String::as_str)
+            == Some("spx_nps1")
+    })
+    .await;
+
+    simulate::write_host(
+        &h.host,
+        &SimSpec::new("mi300x", None, Some("cpx_nps4")).unwrap(),
+    )
+    .unwrap();
+    let listed = devices
+        .next_matching("64 partitions", |d| d.len() == 64)
+        .await;
+    assert_eq!(listed.len(), 64);
+    h.eventually("cpx label", |h| {
+        h.labels()
+            .get("amd.com/gpu.compute-memory-partition")
+            .map(String::as_str)
+            == Some("cpx_nps4")
+    })
+    .await;
+    assert_eq!(
+        h.kubelet.registrations().len(),
+        1,
+        "no restart or re-registration needed"
+    );
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_survives_api_errors() {
+    let mut h = Harness::start("radeon-w7900", None, json!({})).await;
+    // The first status writes fail; the agent retries and still converges.
+    h.emulator.faults().fail_next(2, "patch", "nodes", 500);
+    h.apply_device_config("gpus", json!({})).await;
+    h.kubelet.wait_for_registration("amd.com/gpu", 1).await;
+    h.eventually("labels despite failed patches", |h| {
+        h.labels().contains_key("amd.com/gpu.family")
+    })
+    .await;
+    h.eventually("status despite failed patches", |h| {
+        h.status().is_some_and(|s| s.device_config.is_some())
+    })
+    .await;
+    // A dropped watch is resumed: a later change still arrives.
+    h.emulator.faults().drop_watches();
+    h.apply_device_config(
+        "gpus",
+        json!({"devicePlugin": {"enableNodeLabeller": false}}),
+    )
+    .await;
+    h.eventually("labels removed after watch drop", |h| {
+        !h.labels().contains_key("amd.com/gpu.family")
+    })
+    .await;
+    h.stop().await;
+}
