@@ -62,6 +62,19 @@ pub enum Command {
     /// Kubernetes access comes from the in-cluster service account, or KUBECONFIG.
     /// Stops cleanly on SIGTERM or SIGINT.
     Agent(AgentArgs),
+    /// Print the DeviceConfig CustomResourceDefinition as YAML.
+    ///
+    /// The output is the same as deploy/crd/deviceconfigs.amd.com.yaml; apply it
+    /// with `gpu-operator crd | kubectl apply -f -`.
+    Crd(crate::api::cli::CrdArgs),
+    /// Check DeviceConfig YAML files without a cluster.
+    ///
+    /// Each file may hold several documents; documents of other kinds are skipped.
+    /// Every problem is printed with its file, document index and field path, with
+    /// notes on fields that are accepted but ignored in this design. Exit status:
+    /// 0 when every file is valid, 1 when a file has problems, 2 when a file cannot
+    /// be read or parsed (the error names its line and column).
+    Validate(crate::api::cli::ValidateArgs),
 }
 
 #[derive(Args, Debug)]
@@ -158,6 +171,8 @@ pub fn main() -> ExitCode {
         Command::Discover(args) => run_discover(args),
         Command::Simulate(args) => run_simulate(args),
         Command::Agent(args) => run_agent(args),
+        Command::Crd(args) => crate::api::cli::run_crd(args),
+        Command::Validate(args) => crate::api::cli::run_validate(args),
     }
 }
 
