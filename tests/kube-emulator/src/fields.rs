@@ -154,7 +154,9 @@ fn walk(
         Value::Array(items) => match rt.list_type(names) {
             ListType::Map(keys) if items.iter().all(|i| key_element(i, &keys).is_some()) => {
                 for item in items {
-                    let Some(ke) = key_element(item, &keys) else { continue };
+                    let Some(ke) = key_element(item, &keys) else {
+                        continue;
+                    };
                     path.push(ke);
                     walk(item, rt, names, path, out);
                     path.pop();

@@ -8,7 +8,8 @@ use http_body_util::BodyExt as _;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, Secret};
 use kube::api::{
-    Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, PropagationPolicy, ResourceExt, VersionMatch,
+    Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, PropagationPolicy, ResourceExt,
+    VersionMatch,
 };
 use kube::core::{GroupVersionKind, Status};
 use serde_json::{Value, json};
@@ -40,16 +41,34 @@ async fn discovery_lists_builtin_groups_and_version() {
             ("resource.k8s.io", "v1", "ResourceSlice", false),
             ("resource.k8s.io", "v1", "ResourceClaim", true),
             ("resource.k8s.io", "v1", "DeviceClass", false),
-            ("apiextensions.k8s.io", "v1", "CustomResourceDefinition", false),
+            (
+                "apiextensions.k8s.io",
+                "v1",
+                "CustomResourceDefinition",
+                false,
+            ),
         ] {
             let (ar, caps) = d
                 .resolve_gvk(&GroupVersionKind::gvk(g, v, k))
                 .unwrap_or_else(|| panic!("{g}/{v} {k} is discoverable"));
-            assert_eq!(caps.scope == kube::discovery::Scope::Namespaced, namespaced, "{k} scope");
-            assert!(caps.supports_operation(kube::discovery::verbs::WATCH), "{k} watchable");
+            assert_eq!(
+                caps.scope == kube::discovery::Scope::Namespaced,
+                namespaced,
+                "{k} scope"
+            );
+            assert!(
+                caps.supports_operation(kube::discovery::verbs::WATCH),
+                "{k} watchable"
+            );
             if k == "Pod" || k == "Node" {
-                assert!(caps.subresources.iter().any(|(s, _)| s.plural == format!("{}/status", ar.plural)
-                    || s.plural == "status"), "{k} has a status subresource: {:?}", caps.subresources);
+                assert!(
+                    caps.subresources
+                        .iter()
+                        .any(|(s, _)| s.plural == format!("{}/status", ar.plural)
+                            || s.plural == "status"),
+                    "{k} has a status subresource: {:?}",
+                    caps.subresources
+                );
             }
         }
     })
@@ -63,10 +82,19 @@ async fn create_fills_server_fields_and_rejects_duplicates() {
     let mut generated = cm("", json!({"a": "1"}));
     generated.metadata.name = None;
     generated.metadata.generate_name = Some("gen-".into());
-    let a = api.create(&PostParams::default(), &generated).await.unwrap();
-    let b = api.create(&PostParams::default(), &generated).await.unwrap();
+    let a = api
+        .create(&PostParams::default(), &generated)
+        .await
+        .unwrap();
+    let b = api
+        .create(&PostParams::default(), &generated)
+        .await
+        .unwrap();
     let (na, nb) = (a.name_any(), b.name_any());
-    assert!(na.starts_with("gen-") && na.len() == 9, "generated name {na}");
+    assert!(
+        na.starts_with("gen-") && na.len() == 9,
+        "generated name {na}"
+    );
     assert_ne!(na, nb);
     assert_eq!(a.uid().unwrap().len(), 36);
     assert_ne!(a.uid(), b.uid());
@@ -78,13 +106,20 @@ async fn create_fills_server_fields_and_rejects_duplicates() {
     assert!(rvb > rva, "resourceVersions increase");
     assert_eq!(a.metadata.namespace.as_deref(), Some("default"));
 
-    let dup = api_error(api.create(&PostParams::default(), &cm(&na, json!({}))).await);
+    let dup = api_error(
+        api.create(&PostParams::default(), &cm(&na, json!({})))
+            .await,
+    );
     assert_eq!((dup.code, dup.reason.as_str()), (409, "AlreadyExists"));
     assert_eq!(dup.message, format!("configmaps \"{na}\" already exists"));
 
     // Namespaced objects need an existing namespace.
     let elsewhere: Api<ConfigMap> = Api::namespaced(emu.client(), "missing");
-    let e = api_error(elsewhere.create(&PostParams::default(), &cm("x", json!({}))).await);
+    let e = api_error(
+        elsewhere
+            .create(&PostParams::default(), &cm("x", json!({})))
+            .await,
+    );
     assert_eq!((e.code, e.reason.as_str()), (404, "NotFound"));
 
     // Generation is kept where the real server keeps it.
@@ -92,12 +127,21 @@ async fn create_fills_server_fields_and_rejects_duplicates() {
     let p: Pod = serde_json::from_value(pod("p", "n1", json!({}), true)).unwrap();
     let p = pods.create(&PostParams::default(), &p).await.unwrap();
     assert_eq!(p.metadata.generation, Some(1));
-    assert_eq!(p.status.unwrap().phase.as_deref(), Some("Pending"), "create resets pod status");
-    assert_eq!(a.metadata.generation, None, "config maps have no generation");
+    assert_eq!(
+        p.status.unwrap().phase.as_deref(),
+        Some("Pending"),
+        "create resets pod status"
+    );
+    assert_eq!(
+        a.metadata.generation, None,
+        "config maps have no generation"
+    );
 
     // Secrets: stringData lands base64-encoded in data.
     let secrets: Api<Secret> = Api::default_namespaced(emu.client());
-    let s: Secret = serde_json::from_value(json!({"metadata": {"name": "s"}, "stringData": {"k": "hello"}})).unwrap();
+    let s: Secret =
+        serde_json::from_value(json!({"metadata": {"name": "s"}, "stringData": {"k": "hello"}}))
+            .unwrap();
     let s = secrets.create(&PostParams::default(), &s).await.unwrap();
     assert_eq!(s.data.unwrap()["k"].0, b"hello");
 }
@@ -106,7 +150,10 @@ async fn create_fills_server_fields_and_rejects_duplicates() {
 async fn update_with_a_stale_resource_version_conflicts() {
     let emu = start().await;
     let api: Api<ConfigMap> = Api::default_namespaced(emu.client());
-    let v1 = api.create(&PostParams::default(), &cm("c", json!({"a": "1"}))).await.unwrap();
+    let v1 = api
+        .create(&PostParams::default(), &cm("c", json!({"a": "1"})))
+        .await
+        .unwrap();
     let mut v2 = v1.clone();
     v2.data = Some([("a".to_string(), "2".to_string())].into());
     let v2 = api.replace("c", &PostParams::default(), &v2).await.unwrap();
@@ -116,21 +163,34 @@ async fn update_with_a_stale_resource_version_conflicts() {
     stale.data = Some([("a".to_string(), "3".to_string())].into());
     let e = api_error(api.replace("c", &PostParams::default(), &stale).await);
     assert_eq!((e.code, e.reason.as_str()), (409, "Conflict"));
-    assert!(e.message.contains("the object has been modified"), "{}", e.message);
+    assert!(
+        e.message.contains("the object has been modified"),
+        "{}",
+        e.message
+    );
 
     // Without a resourceVersion the update is unconditional.
     let mut blind = v2.clone();
     blind.metadata.resource_version = None;
     blind.data = Some([("a".to_string(), "4".to_string())].into());
-    let v4 = api.replace("c", &PostParams::default(), &blind).await.unwrap();
+    let v4 = api
+        .replace("c", &PostParams::default(), &blind)
+        .await
+        .unwrap();
     assert_eq!(v4.data.unwrap()["a"], "4");
 
     // A write that changes nothing keeps the resourceVersion.
     let same = api.get("c").await.unwrap();
-    let again = api.replace("c", &PostParams::default(), &same).await.unwrap();
+    let again = api
+        .replace("c", &PostParams::default(), &same)
+        .await
+        .unwrap();
     assert_eq!(same.resource_version(), again.resource_version());
 
-    let missing = api_error(api.replace("nope", &PostParams::default(), &cm("nope", json!({}))).await);
+    let missing = api_error(
+        api.replace("nope", &PostParams::default(), &cm("nope", json!({})))
+            .await,
+    );
     assert_eq!(missing.code, 404);
 }
 
@@ -145,7 +205,18 @@ async fn patch_formats() {
     }))
     .unwrap();
     let created = nodes.create(&PostParams::default(), &node).await.unwrap();
-    assert_eq!(created.status.as_ref().unwrap().conditions.as_ref().unwrap().len(), 2, "nodes keep status on create");
+    assert_eq!(
+        created
+            .status
+            .as_ref()
+            .unwrap()
+            .conditions
+            .as_ref()
+            .unwrap()
+            .len(),
+        2,
+        "nodes keep status on create"
+    );
 
     // Strategic merge (what `kubectl cordon` and `label` send for built-ins).
     let pp = PatchParams::default();
@@ -159,18 +230,42 @@ async fn patch_formats() {
 
     // Strategic merge on node status merges conditions by type.
     let n = nodes
-        .patch_status("n1", &pp, &Patch::Strategic(json!({"status": {"conditions": [{"type": "Ready", "status": "False"}]}})))
+        .patch_status(
+            "n1",
+            &pp,
+            &Patch::Strategic(
+                json!({"status": {"conditions": [{"type": "Ready", "status": "False"}]}}),
+            ),
+        )
         .await
         .unwrap();
     let conds = n.status.unwrap().conditions.unwrap();
     assert_eq!(conds.len(), 2);
-    assert_eq!(conds.iter().find(|c| c.type_ == "Ready").unwrap().status, "False");
+    assert_eq!(
+        conds.iter().find(|c| c.type_ == "Ready").unwrap().status,
+        "False"
+    );
 
     // JSON merge patch.
     let cms: Api<ConfigMap> = Api::default_namespaced(client.clone());
-    cms.create(&PostParams::default(), &cm("m", json!({"a": "1", "b": "2"}))).await.unwrap();
-    let m = cms.patch("m", &pp, &Patch::Merge(json!({"data": {"a": null, "c": "3"}}))).await.unwrap();
-    assert_eq!(m.data.unwrap(), [("b".into(), "2".into()), ("c".into(), "3".into())].into());
+    cms.create(
+        &PostParams::default(),
+        &cm("m", json!({"a": "1", "b": "2"})),
+    )
+    .await
+    .unwrap();
+    let m = cms
+        .patch(
+            "m",
+            &pp,
+            &Patch::Merge(json!({"data": {"a": null, "c": "3"}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        m.data.unwrap(),
+        [("b".into(), "2".into()), ("c".into(), "3".into())].into()
+    );
 
     // JSON patch, including a failing test operation.
     let ops: json_patch::Patch = serde_json::from_value(json!([
@@ -181,14 +276,19 @@ async fn patch_formats() {
     let m = cms.patch("m", &pp, &Patch::Json::<()>(ops)).await.unwrap();
     assert_eq!(m.data.unwrap()["b"], "20");
     let bad: json_patch::Patch =
-        serde_json::from_value(json!([{"op": "test", "path": "/data/b", "value": "nope"}])).unwrap();
+        serde_json::from_value(json!([{"op": "test", "path": "/data/b", "value": "nope"}]))
+            .unwrap();
     let e = api_error(cms.patch("m", &pp, &Patch::Json::<()>(bad)).await);
     assert_eq!(e.code, 422);
 
     // A resourceVersion inside a patch is a precondition.
     let e = api_error(
-        cms.patch("m", &pp, &Patch::Merge(json!({"metadata": {"resourceVersion": "1"}, "data": {"x": "y"}})))
-            .await,
+        cms.patch(
+            "m",
+            &pp,
+            &Patch::Merge(json!({"metadata": {"resourceVersion": "1"}, "data": {"x": "y"}})),
+        )
+        .await,
     );
     assert_eq!(e.code, 409);
 
@@ -202,7 +302,10 @@ async fn patch_formats() {
         })))
         .await
         .unwrap();
-    assert_eq!(l.spec.as_ref().unwrap().holder_identity.as_deref(), Some("me"));
+    assert_eq!(
+        l.spec.as_ref().unwrap().holder_identity.as_deref(),
+        Some("me")
+    );
     let mf = l.metadata.managed_fields.unwrap();
     assert_eq!(mf[0].manager.as_deref(), Some("test-manager"));
     assert_eq!(mf[0].operation.as_deref(), Some("Apply"));
@@ -213,14 +316,32 @@ async fn patch_formats() {
 
 async fn seed_pods(client: &kube::Client) {
     let nss: Api<Namespace> = Api::all(client.clone());
-    nss.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "other"}})).unwrap())
-        .await
-        .unwrap();
+    nss.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({"metadata": {"name": "other"}})).unwrap(),
+    )
+    .await
+    .unwrap();
     for (ns, name, node, labels) in [
-        ("default", "a1", "n1", json!({"app": "gpu", "tier": "agent"})),
-        ("default", "a2", "n2", json!({"app": "gpu", "tier": "agent"})),
+        (
+            "default",
+            "a1",
+            "n1",
+            json!({"app": "gpu", "tier": "agent"}),
+        ),
+        (
+            "default",
+            "a2",
+            "n2",
+            json!({"app": "gpu", "tier": "agent"}),
+        ),
         ("default", "b1", "n1", json!({"app": "web"})),
-        ("other", "a3", "n1", json!({"app": "gpu", "tier": "operator"})),
+        (
+            "other",
+            "a3",
+            "n1",
+            json!({"app": "gpu", "tier": "operator"}),
+        ),
         ("other", "c1", "", json!({})),
     ] {
         let mut p = pod(name, node, labels, true);
@@ -248,26 +369,73 @@ async fn list_selectors_and_paging() {
         let all = all.clone();
         async move { names(&all.list(&lp).await.unwrap()) }
     };
-    assert_eq!(list(ListParams::default()).await, ["a1", "a2", "a3", "b1", "c1"]);
-    assert_eq!(names(&default.list(&ListParams::default()).await.unwrap()), ["a1", "a2", "b1"]);
+    assert_eq!(
+        list(ListParams::default()).await,
+        ["a1", "a2", "a3", "b1", "c1"]
+    );
+    assert_eq!(
+        names(&default.list(&ListParams::default()).await.unwrap()),
+        ["a1", "a2", "b1"]
+    );
     // Equality and set-based label selectors.
-    assert_eq!(list(ListParams::default().labels("app=gpu")).await, ["a1", "a2", "a3"]);
-    assert_eq!(list(ListParams::default().labels("app==gpu,tier!=agent")).await, ["a3"]);
-    assert_eq!(list(ListParams::default().labels("tier in (agent,operator)")).await, ["a1", "a2", "a3"]);
-    assert_eq!(list(ListParams::default().labels("app notin (gpu)")).await, ["b1", "c1"]);
-    assert_eq!(list(ListParams::default().labels("tier")).await, ["a1", "a2", "a3"]);
-    assert_eq!(list(ListParams::default().labels("!tier")).await, ["b1", "c1"]);
+    assert_eq!(
+        list(ListParams::default().labels("app=gpu")).await,
+        ["a1", "a2", "a3"]
+    );
+    assert_eq!(
+        list(ListParams::default().labels("app==gpu,tier!=agent")).await,
+        ["a3"]
+    );
+    assert_eq!(
+        list(ListParams::default().labels("tier in (agent,operator)")).await,
+        ["a1", "a2", "a3"]
+    );
+    assert_eq!(
+        list(ListParams::default().labels("app notin (gpu)")).await,
+        ["b1", "c1"]
+    );
+    assert_eq!(
+        list(ListParams::default().labels("tier")).await,
+        ["a1", "a2", "a3"]
+    );
+    assert_eq!(
+        list(ListParams::default().labels("!tier")).await,
+        ["b1", "c1"]
+    );
     // Field selectors.
-    assert_eq!(list(ListParams::default().fields("metadata.name=a2")).await, ["a2"]);
-    assert_eq!(list(ListParams::default().fields("metadata.namespace=other")).await, ["a3", "c1"]);
-    assert_eq!(list(ListParams::default().fields("spec.nodeName=n1")).await, ["a1", "a3", "b1"]);
-    assert_eq!(list(ListParams::default().fields("spec.nodeName=")).await, ["c1"]);
+    assert_eq!(
+        list(ListParams::default().fields("metadata.name=a2")).await,
+        ["a2"]
+    );
+    assert_eq!(
+        list(ListParams::default().fields("metadata.namespace=other")).await,
+        ["a3", "c1"]
+    );
+    assert_eq!(
+        list(ListParams::default().fields("spec.nodeName=n1")).await,
+        ["a1", "a3", "b1"]
+    );
+    assert_eq!(
+        list(ListParams::default().fields("spec.nodeName=")).await,
+        ["c1"]
+    );
     assert_eq!(
         list(ListParams::default().fields("spec.nodeName!=n1,metadata.namespace=default")).await,
         ["a2"]
     );
-    assert_eq!(list(ListParams::default().fields("spec.nodeName=n1").labels("app=gpu")).await, ["a1", "a3"]);
-    let e = api_error(all.list(&ListParams::default().fields("spec.schedulerName2=x")).await);
+    assert_eq!(
+        list(
+            ListParams::default()
+                .fields("spec.nodeName=n1")
+                .labels("app=gpu")
+        )
+        .await,
+        ["a1", "a3"]
+    );
+    let e = api_error(
+        all.list(&ListParams::default().fields("spec.schedulerName2=x"))
+            .await,
+    );
     assert_eq!((e.code, e.reason.as_str()), (400, "BadRequest"));
     let e = api_error(all.list(&ListParams::default().labels("app in gpu")).await);
     assert_eq!(e.code, 400);
@@ -277,13 +445,26 @@ async fn list_selectors_and_paging() {
     assert_eq!(names(&first), ["a1", "a2"]);
     assert_eq!(first.metadata.remaining_item_count, Some(3));
     let token = first.metadata.continue_.clone().unwrap();
-    default.delete("b1", &DeleteParams::default()).await.unwrap();
-    let second = all.list(&ListParams::default().limit(2).continue_token(&token)).await.unwrap();
+    default
+        .delete("b1", &DeleteParams::default())
+        .await
+        .unwrap();
+    let second = all
+        .list(&ListParams::default().limit(2).continue_token(&token))
+        .await
+        .unwrap();
     // b1 was deleted after the first page, but the pages show the list as it was.
     assert_eq!(names(&second), ["a3", "b1"]);
-    assert_eq!(second.metadata.resource_version, first.metadata.resource_version, "pages share the snapshot");
+    assert_eq!(
+        second.metadata.resource_version, first.metadata.resource_version,
+        "pages share the snapshot"
+    );
     let third = all
-        .list(&ListParams::default().limit(2).continue_token(second.metadata.continue_.as_ref().unwrap()))
+        .list(
+            &ListParams::default()
+                .limit(2)
+                .continue_token(second.metadata.continue_.as_ref().unwrap()),
+        )
         .await
         .unwrap();
     assert_eq!(names(&third), ["c1"]);
@@ -294,37 +475,58 @@ async fn list_selectors_and_paging() {
 async fn list_resource_version_semantics() {
     let emu = start().await;
     let api: Api<ConfigMap> = Api::default_namespaced(emu.client());
-    let c1 = api.create(&PostParams::default(), &cm("one", json!({}))).await.unwrap();
+    let c1 = api
+        .create(&PostParams::default(), &cm("one", json!({})))
+        .await
+        .unwrap();
     let rv1 = c1.resource_version().unwrap();
-    api.create(&PostParams::default(), &cm("two", json!({}))).await.unwrap();
+    api.create(&PostParams::default(), &cm("two", json!({})))
+        .await
+        .unwrap();
 
     // Any / NotOlderThan: current data.
     let any = api.list(&ListParams::default().match_any()).await.unwrap();
     assert_eq!(any.items.len(), 2);
     let not_older = api
-        .list(&ListParams::default().at(&rv1).matching(VersionMatch::NotOlderThan))
+        .list(
+            &ListParams::default()
+                .at(&rv1)
+                .matching(VersionMatch::NotOlderThan),
+        )
         .await
         .unwrap();
     assert_eq!(not_older.items.len(), 2);
     // Exact: the list as it was then.
-    let exact = api.list(&ListParams::default().at(&rv1).matching(VersionMatch::Exact)).await.unwrap();
+    let exact = api
+        .list(&ListParams::default().at(&rv1).matching(VersionMatch::Exact))
+        .await
+        .unwrap();
     assert_eq!(exact.items.len(), 1);
-    assert_eq!(exact.metadata.resource_version.as_deref(), Some(rv1.as_str()));
+    assert_eq!(
+        exact.metadata.resource_version.as_deref(),
+        Some(rv1.as_str())
+    );
     // Too new: 504 with the real server's wording.
     let cur: u64 = any.metadata.resource_version.unwrap().parse().unwrap();
     let e = api_error(
         emu.client_without_retries()
             .request::<kube::core::ObjectList<ConfigMap>>(
-                http::Request::get(format!("/api/v1/namespaces/default/configmaps?resourceVersion={}", cur + 100))
-                    .body(Vec::new())
-                    .unwrap(),
+                http::Request::get(format!(
+                    "/api/v1/namespaces/default/configmaps?resourceVersion={}",
+                    cur + 100
+                ))
+                .body(Vec::new())
+                .unwrap(),
             )
             .await,
     );
     assert_eq!((e.code, e.reason.as_str()), (504, "Timeout"));
     // Compacted: 410.
     emu.faults().compact();
-    let e = api_error(api.list(&ListParams::default().at(&rv1).matching(VersionMatch::Exact)).await);
+    let e = api_error(
+        api.list(&ListParams::default().at(&rv1).matching(VersionMatch::Exact))
+            .await,
+    );
     assert_eq!(e.code, 410);
     assert_eq!(e.reason, "Expired");
 }
@@ -343,27 +545,53 @@ async fn finalizers_hold_deletion_and_deletecollection() {
     let got = api.get("held").await.unwrap();
     assert!(got.metadata.deletion_timestamp.is_some());
     let e = api_error(
-        api.patch("held", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": ["amd.com/cleanup", "x/y"]}})))
-            .await,
+        api.patch(
+            "held",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": ["amd.com/cleanup", "x/y"]}})),
+        )
+        .await,
     );
     assert_eq!(e.code, 422);
     // Removing the last finalizer completes the deletion.
-    api.patch("held", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": null}})))
-        .await
-        .unwrap();
+    api.patch(
+        "held",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+    )
+    .await
+    .unwrap();
     assert_eq!(api_error(api.get("held").await).code, 404);
 
     // Preconditions.
-    let c = api.create(&PostParams::default(), &cm("pre", json!({}))).await.unwrap();
-    let e = api_error(api.delete("pre", &DeleteParams::default().preconditions(kube::api::Preconditions {
-        uid: Some("wrong".into()),
-        resource_version: None,
-    })).await);
-    assert_eq!(e.code, 409);
-    api.delete("pre", &DeleteParams { propagation_policy: Some(PropagationPolicy::Background), ..Default::default() }
-        .preconditions(kube::api::Preconditions { uid: c.uid(), resource_version: None }))
+    let c = api
+        .create(&PostParams::default(), &cm("pre", json!({})))
         .await
         .unwrap();
+    let e = api_error(
+        api.delete(
+            "pre",
+            &DeleteParams::default().preconditions(kube::api::Preconditions {
+                uid: Some("wrong".into()),
+                resource_version: None,
+            }),
+        )
+        .await,
+    );
+    assert_eq!(e.code, 409);
+    api.delete(
+        "pre",
+        &DeleteParams {
+            propagation_policy: Some(PropagationPolicy::Background),
+            ..Default::default()
+        }
+        .preconditions(kube::api::Preconditions {
+            uid: c.uid(),
+            resource_version: None,
+        }),
+    )
+    .await
+    .unwrap();
 
     // deletecollection with a selector.
     for (n, app) in [("x1", "x"), ("x2", "x"), ("y1", "y")] {
@@ -372,22 +600,37 @@ async fn finalizers_hold_deletion_and_deletecollection() {
         api.create(&PostParams::default(), &c).await.unwrap();
     }
     let gone = api
-        .delete_collection(&DeleteParams::default(), &ListParams::default().labels("app=x"))
+        .delete_collection(
+            &DeleteParams::default(),
+            &ListParams::default().labels("app=x"),
+        )
         .await
         .unwrap()
         .left()
         .unwrap();
     assert_eq!(gone.items.len(), 2);
-    let left: Vec<String> = api.list(&ListParams::default()).await.unwrap().items.iter().map(|c| c.name_any()).collect();
+    let left: Vec<String> = api
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|c| c.name_any())
+        .collect();
     assert_eq!(left, ["y1"]);
 
     // Deleting a namespace deletes what is in it.
     let nss: Api<Namespace> = Api::all(emu.client());
-    nss.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "tmp"}})).unwrap())
+    nss.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({"metadata": {"name": "tmp"}})).unwrap(),
+    )
+    .await
+    .unwrap();
+    let tmp: Api<ConfigMap> = Api::namespaced(emu.client(), "tmp");
+    tmp.create(&PostParams::default(), &cm("in-tmp", json!({})))
         .await
         .unwrap();
-    let tmp: Api<ConfigMap> = Api::namespaced(emu.client(), "tmp");
-    tmp.create(&PostParams::default(), &cm("in-tmp", json!({}))).await.unwrap();
     nss.delete("tmp", &DeleteParams::default()).await.unwrap();
     assert_eq!(api_error(tmp.get("in-tmp").await).code, 404);
     assert_eq!(api_error(nss.get("tmp").await).code, 404);
@@ -428,15 +671,30 @@ async fn errors_are_status_objects() {
     assert_eq!(r.1["details"]["name"], "none");
     check(r, 404, "NotFound");
     let body = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}});
-    raw(&client, post("/api/v1/namespaces/default/configmaps", body.clone())).await;
-    check(raw(&client, post("/api/v1/namespaces/default/configmaps", body)).await, 409, "AlreadyExists");
+    raw(
+        &client,
+        post("/api/v1/namespaces/default/configmaps", body.clone()),
+    )
+    .await;
+    check(
+        raw(&client, post("/api/v1/namespaces/default/configmaps", body)).await,
+        409,
+        "AlreadyExists",
+    );
     let stale = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x", "resourceVersion": "1"}});
     let put = http::Request::put("/api/v1/namespaces/default/configmaps/x")
         .header("content-type", "application/json")
         .body(serde_json::to_vec(&stale).unwrap())
         .unwrap();
     check(raw(&client, put).await, 409, "Conflict");
-    let r = raw(&client, post("/api/v1/namespaces/default/configmaps", json!({"metadata": {"name": "Not_Valid"}}))).await;
+    let r = raw(
+        &client,
+        post(
+            "/api/v1/namespaces/default/configmaps",
+            json!({"metadata": {"name": "Not_Valid"}}),
+        ),
+    )
+    .await;
     assert_eq!(r.1["details"]["causes"][0]["field"], "metadata.name");
     check(r, 422, "Invalid");
     emu.faults().compact();
@@ -458,10 +716,19 @@ async fn errors_are_status_objects() {
         .unwrap();
     check(raw(&client, weird).await, 415, "UnsupportedMediaType");
     emu.faults().fail_next(1, "get", "namespaces", 429);
-    check(raw(&client, get("/api/v1/namespaces/default")).await, 429, "TooManyRequests");
+    check(
+        raw(&client, get("/api/v1/namespaces/default")).await,
+        429,
+        "TooManyRequests",
+    );
     // Unknown paths answer a Status too.
-    check(raw(&client, get("/apis/nope.example.com/v1/things")).await, 404, "NotFound");
-    let s: Status = serde_json::from_value(raw(&client, get("/api/v1/nodes/missing")).await.1).unwrap();
+    check(
+        raw(&client, get("/apis/nope.example.com/v1/things")).await,
+        404,
+        "NotFound",
+    );
+    let s: Status =
+        serde_json::from_value(raw(&client, get("/api/v1/nodes/missing")).await.1).unwrap();
     assert!(s.is_not_found());
 }
 
@@ -469,15 +736,30 @@ async fn errors_are_status_objects() {
 async fn kubeconfig_file_works_with_kube() {
     let emu = start().await;
     let kc = kube::config::Kubeconfig::read_from(emu.kubeconfig_path()).unwrap();
-    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await.unwrap();
+    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .unwrap();
     assert_eq!(config.default_namespace, "default");
     let client = kube::Client::try_from(config).unwrap();
     let ns: Api<Namespace> = Api::all(client);
-    let names: Vec<String> = ns.list(&ListParams::default()).await.unwrap().items.iter().map(|n| n.name_any()).collect();
-    assert_eq!(names, ["default", "kube-node-lease", "kube-public", "kube-system"]);
+    let names: Vec<String> = ns
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|n| n.name_any())
+        .collect();
+    assert_eq!(
+        names,
+        ["default", "kube-node-lease", "kube-public", "kube-system"]
+    );
     // And the other helpers agree with it.
     let out = tempfile::NamedTempFile::new().unwrap();
     emu.write_kubeconfig(out.path()).unwrap();
-    assert_eq!(std::fs::read_to_string(out.path()).unwrap(), emu.kubeconfig_yaml());
+    assert_eq!(
+        std::fs::read_to_string(out.path()).unwrap(),
+        emu.kubeconfig_yaml()
+    );
     assert!(emu.kubeconfig_yaml().contains(&emu.url()));
 }

@@ -5,8 +5,11 @@ mod common;
 
 use common::{api_error, start, within};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams, ResourceExt};
 use kube::CustomResource;
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch,
+    PatchParams, PostParams, ResourceExt,
+};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
@@ -33,7 +36,11 @@ pub struct DeviceConfigStatus {
     pub phase: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub conditions: Option<Vec<Value>>,
-    #[serde(default, rename = "observedGeneration", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        rename = "observedGeneration",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub observed_generation: Option<i64>,
 }
 
@@ -90,24 +97,47 @@ async fn creating_a_crd_serves_its_resource() {
 
     let crd = install(&client, deviceconfig_crd()).await;
     let conds = crd.status.unwrap().conditions.unwrap();
-    assert!(conds.iter().any(|c| c.type_ == "Established" && c.status == "True"));
+    assert!(
+        conds
+            .iter()
+            .any(|c| c.type_ == "Established" && c.status == "True")
+    );
 
     within(10, "discovery sees the new group", async {
         let d = kube::Discovery::new(client.clone()).run().await.unwrap();
         let (ar, caps) = d
-            .resolve_gvk(&GroupVersionKind::gvk("amd.com", "v1alpha1", "DeviceConfig"))
+            .resolve_gvk(&GroupVersionKind::gvk(
+                "amd.com",
+                "v1alpha1",
+                "DeviceConfig",
+            ))
             .expect("DeviceConfig discoverable");
         assert_eq!(ar.plural, "deviceconfigs");
         assert_eq!(caps.scope, kube::discovery::Scope::Namespaced);
     })
     .await;
 
-    let obj = DeviceConfig::new("gpus", DeviceConfigSpec { driver: Some(json!({"enable": true})), selector: None });
+    let obj = DeviceConfig::new(
+        "gpus",
+        DeviceConfigSpec {
+            driver: Some(json!({"enable": true})),
+            selector: None,
+        },
+    );
     let mut with_status = obj.clone();
-    with_status.status = Some(DeviceConfigStatus { phase: Some("Ignored".into()), ..Default::default() });
-    let created = dc.create(&PostParams::default(), &with_status).await.unwrap();
+    with_status.status = Some(DeviceConfigStatus {
+        phase: Some("Ignored".into()),
+        ..Default::default()
+    });
+    let created = dc
+        .create(&PostParams::default(), &with_status)
+        .await
+        .unwrap();
     assert_eq!(created.metadata.generation, Some(1));
-    assert_eq!(created.status, None, "creates drop status when a status subresource exists");
+    assert_eq!(
+        created.status, None,
+        "creates drop status when a status subresource exists"
+    );
 
     // Duplicate names conflict for custom resources too.
     let e = api_error(dc.create(&PostParams::default(), &obj).await);
@@ -116,13 +146,19 @@ async fn creating_a_crd_serves_its_resource() {
 
     // The second CRD from our deployment, used untyped.
     install(&client, servicemonitor_crd()).await;
-    let ar = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("monitoring.coreos.com", "v1", "ServiceMonitor"), "servicemonitors");
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("monitoring.coreos.com", "v1", "ServiceMonitor"),
+        "servicemonitors",
+    );
     let sm: Api<DynamicObject> = Api::namespaced_with(client.clone(), "default", &ar);
     let mut m = DynamicObject::new("gpu-metrics", &ar);
     m.data = json!({"spec": {"endpoints": [{"port": "metrics"}], "selector": {"matchLabels": {"app": "exporter"}}}});
     let m = sm.create(&PostParams::default(), &m).await.unwrap();
     assert_eq!(m.data["spec"]["endpoints"][0]["port"], "metrics");
-    assert_eq!(sm.list(&ListParams::default()).await.unwrap().items.len(), 1);
+    assert_eq!(
+        sm.list(&ListParams::default()).await.unwrap().items.len(),
+        1
+    );
 }
 
 #[tokio::test]
@@ -132,18 +168,48 @@ async fn generation_counts_spec_changes_and_status_is_separate() {
     install(&client, deviceconfig_crd()).await;
     let dc: Api<DeviceConfig> = Api::default_namespaced(client.clone());
     let pp = PatchParams::default();
-    dc.create(&PostParams::default(), &DeviceConfig::new("g", DeviceConfigSpec { driver: None, selector: None }))
-        .await
-        .unwrap();
+    dc.create(
+        &PostParams::default(),
+        &DeviceConfig::new(
+            "g",
+            DeviceConfigSpec {
+                driver: None,
+                selector: None,
+            },
+        ),
+    )
+    .await
+    .unwrap();
 
     // Spec change: generation + 1.
-    let o = dc.patch("g", &pp, &Patch::Merge(json!({"spec": {"driver": {"enable": true}}}))).await.unwrap();
+    let o = dc
+        .patch(
+            "g",
+            &pp,
+            &Patch::Merge(json!({"spec": {"driver": {"enable": true}}})),
+        )
+        .await
+        .unwrap();
     assert_eq!(o.metadata.generation, Some(2));
     // Metadata change: no generation change.
-    let o = dc.patch("g", &pp, &Patch::Merge(json!({"metadata": {"labels": {"x": "y"}}}))).await.unwrap();
+    let o = dc
+        .patch(
+            "g",
+            &pp,
+            &Patch::Merge(json!({"metadata": {"labels": {"x": "y"}}})),
+        )
+        .await
+        .unwrap();
     assert_eq!(o.metadata.generation, Some(2));
     // Status through the main resource is ignored.
-    let o = dc.patch("g", &pp, &Patch::Merge(json!({"status": {"phase": "Ready"}}))).await.unwrap();
+    let o = dc
+        .patch(
+            "g",
+            &pp,
+            &Patch::Merge(json!({"status": {"phase": "Ready"}})),
+        )
+        .await
+        .unwrap();
     assert_eq!(o.status, None);
     assert_eq!(o.metadata.generation, Some(2));
     // Status through /status changes only status, never spec or generation.
@@ -164,14 +230,23 @@ async fn generation_counts_spec_changes_and_status_is_separate() {
     // replace_status keeps the spec.
     let mut s = dc.get("g").await.unwrap();
     s.spec.selector = None;
-    s.status = Some(DeviceConfigStatus { phase: Some("Degraded".into()), ..Default::default() });
-    let o = dc.replace_status("g", &PostParams::default(), &s).await.unwrap();
+    s.status = Some(DeviceConfigStatus {
+        phase: Some("Degraded".into()),
+        ..Default::default()
+    });
+    let o = dc
+        .replace_status("g", &PostParams::default(), &s)
+        .await
+        .unwrap();
     assert_eq!(o.spec.selector, Some(json!({"a": "b"})));
     assert_eq!(o.status.unwrap().phase.as_deref(), Some("Degraded"));
     assert_eq!(o.metadata.generation, Some(3));
 
     // Strategic merge patch is not for custom resources, as on a real server.
-    let e = api_error(dc.patch("g", &pp, &Patch::Strategic(json!({"spec": {}}))).await);
+    let e = api_error(
+        dc.patch("g", &pp, &Patch::Strategic(json!({"spec": {}})))
+            .await,
+    );
     assert_eq!((e.code, e.reason.as_str()), (415, "UnsupportedMediaType"));
 }
 
@@ -181,29 +256,70 @@ async fn status_apply_by_two_writers_merges_list_map_conditions() {
     let client = emu.client();
     install(&client, deviceconfig_crd()).await;
     let dc: Api<DeviceConfig> = Api::default_namespaced(client.clone());
-    dc.create(&PostParams::default(), &DeviceConfig::new("g", DeviceConfigSpec { driver: None, selector: None }))
-        .await
-        .unwrap();
+    dc.create(
+        &PostParams::default(),
+        &DeviceConfig::new(
+            "g",
+            DeviceConfigSpec {
+                driver: None,
+                selector: None,
+            },
+        ),
+    )
+    .await
+    .unwrap();
     let status = |conds: Value| json!({"apiVersion": "amd.com/v1alpha1", "kind": "DeviceConfig", "status": {"conditions": conds}});
     let a = PatchParams::apply("agent-node-a").force();
     let b = PatchParams::apply("agent-node-b").force();
-    dc.patch_status("g", &a, &Patch::Apply(status(json!([{"type": "NodeAReady", "status": "True"}]))))
-        .await
-        .unwrap();
+    dc.patch_status(
+        "g",
+        &a,
+        &Patch::Apply(status(json!([{"type": "NodeAReady", "status": "True"}]))),
+    )
+    .await
+    .unwrap();
     let o = dc
-        .patch_status("g", &b, &Patch::Apply(status(json!([{"type": "NodeBReady", "status": "True"}]))))
+        .patch_status(
+            "g",
+            &b,
+            &Patch::Apply(status(json!([{"type": "NodeBReady", "status": "True"}]))),
+        )
         .await
         .unwrap();
-    let types: Vec<String> = o.status.unwrap().conditions.unwrap().iter().map(|c| c["type"].as_str().unwrap().to_string()).collect();
+    let types: Vec<String> = o
+        .status
+        .unwrap()
+        .conditions
+        .unwrap()
+        .iter()
+        .map(|c| c["type"].as_str().unwrap().to_string())
+        .collect();
     assert_eq!(types, ["NodeAReady", "NodeBReady"]);
     // A re-applies without its condition: only A's entry goes.
-    let o = dc.patch_status("g", &a, &Patch::Apply(status(json!([])))).await.unwrap();
-    let types: Vec<String> = o.status.unwrap().conditions.unwrap().iter().map(|c| c["type"].as_str().unwrap().to_string()).collect();
+    let o = dc
+        .patch_status("g", &a, &Patch::Apply(status(json!([]))))
+        .await
+        .unwrap();
+    let types: Vec<String> = o
+        .status
+        .unwrap()
+        .conditions
+        .unwrap()
+        .iter()
+        .map(|c| c["type"].as_str().unwrap().to_string())
+        .collect();
     assert_eq!(types, ["NodeBReady"]);
     let mf = o.metadata.managed_fields.unwrap();
-    let b_entry = mf.iter().find(|m| m.manager.as_deref() == Some("agent-node-b")).unwrap();
+    let b_entry = mf
+        .iter()
+        .find(|m| m.manager.as_deref() == Some("agent-node-b"))
+        .unwrap();
     assert_eq!(b_entry.subresource.as_deref(), Some("status"));
-    assert_eq!(o.metadata.generation, Some(1), "status writes never bump generation");
+    assert_eq!(
+        o.metadata.generation,
+        Some(1),
+        "status writes never bump generation"
+    );
 }
 
 #[tokio::test]
@@ -219,12 +335,21 @@ async fn cluster_scoped_crd_and_crd_deletion() {
     spec.names.list_kind = Some("WidgetList".into());
     crd.metadata.name = Some("widgets.example.com".into());
     install(&client, crd).await;
-    let ar = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("example.com", "v1", "Widget"), "widgets");
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("example.com", "v1", "Widget"),
+        "widgets",
+    );
     let all: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
-    let w = all.create(&PostParams::default(), &DynamicObject::new("w1", &ar)).await.unwrap();
+    let w = all
+        .create(&PostParams::default(), &DynamicObject::new("w1", &ar))
+        .await
+        .unwrap();
     assert_eq!(w.metadata.namespace, None);
     let namespaced: Api<DynamicObject> = Api::namespaced_with(client.clone(), "default", &ar);
-    assert_eq!(api_error(namespaced.list(&ListParams::default()).await).code, 404);
+    assert_eq!(
+        api_error(namespaced.list(&ListParams::default()).await).code,
+        404
+    );
 
     // A CRD whose name does not match its names is invalid.
     let mut bad = servicemonitor_crd();
@@ -234,11 +359,20 @@ async fn cluster_scoped_crd_and_crd_deletion() {
     assert_eq!((e.code, e.reason.as_str()), (422, "Invalid"));
 
     // Deleting the CRD removes its objects and stops serving it.
-    crds.delete("widgets.example.com", &DeleteParams::default()).await.unwrap();
+    crds.delete("widgets.example.com", &DeleteParams::default())
+        .await
+        .unwrap();
     assert_eq!(api_error(all.list(&ListParams::default()).await).code, 404);
     let d = kube::Discovery::new(client.clone()).run().await.unwrap();
     assert!(!d.has_group("example.com"));
     assert!(emu.list("example.com/v1", "Widget").is_empty());
-    let names: Vec<String> = crds.list(&ListParams::default()).await.unwrap().items.iter().map(|c| c.name_any()).collect();
+    let names: Vec<String> = crds
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|c| c.name_any())
+        .collect();
     assert!(names.is_empty(), "{names:?}");
 }

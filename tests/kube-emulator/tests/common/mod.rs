@@ -15,7 +15,9 @@ pub async fn start() -> Emulator {
 }
 
 pub async fn start_with(config: EmulatorConfig) -> Emulator {
-    Emulator::start(config).await.expect("emulator starts on 127.0.0.1")
+    Emulator::start(config)
+        .await
+        .expect("emulator starts on 127.0.0.1")
 }
 
 /// Runs `f`, failing the test if it takes longer than `secs`.
@@ -59,11 +61,18 @@ pub fn pod(name: &str, node: &str, labels: Value, ready: bool) -> Value {
 }
 
 /// Creates a pod and sets its status (creates drop status, as on a real server).
-pub async fn create_pod(client: &kube::Client, ns: &str, pod: Value) -> k8s_openapi::api::core::v1::Pod {
+pub async fn create_pod(
+    client: &kube::Client,
+    ns: &str,
+    pod: Value,
+) -> k8s_openapi::api::core::v1::Pod {
     use k8s_openapi::api::core::v1::Pod;
     let api: Api<Pod> = Api::namespaced(client.clone(), ns);
     let typed: Pod = serde_json::from_value(pod.clone()).expect("pod json");
-    let created = api.create(&PostParams::default(), &typed).await.expect("create pod");
+    let created = api
+        .create(&PostParams::default(), &typed)
+        .await
+        .expect("create pod");
     let name = created.metadata.name.clone().expect("named");
     let mut with_status = created;
     with_status.status = serde_json::from_value(pod["status"].clone()).expect("status json");
