@@ -135,6 +135,10 @@ pub struct SimulateArgs {
     /// spx_nps1 (the default).
     #[arg(long, value_name = "COMPUTE_MEMORY")]
     pub partition: Option<String>,
+    /// Give one GPU its own partition mode, INDEX=COMPUTE_MEMORY (e.g. 0=cpx_nps4),
+    /// to simulate a heterogeneous node. Repeatable.
+    #[arg(long, value_name = "INDEX=COMPUTE_MEMORY")]
+    pub gpu_partition: Vec<String>,
     /// Simulate the GPUs with no amdgpu driver bound (no module, KFD or DRM nodes).
     #[arg(long)]
     pub no_driver: bool,
@@ -313,6 +317,21 @@ fn run_simulate(args: SimulateArgs) -> ExitCode {
         Err(e) => return fail(e, 2),
     };
     spec.driver_loaded = !args.no_driver;
+    for entry in &args.gpu_partition {
+        let parsed = entry
+            .split_once('=')
+            .and_then(|(index, mode)| Some((index.parse::<usize>().ok()?, mode)));
+        let Some((index, mode)) = parsed else {
+            return fail(
+                format!("--gpu-partition {entry:?}: expected INDEX=COMPUTE_MEMORY"),
+                2,
+            );
+        };
+        spec = match spec.with_gpu_partition(index, mode) {
+            Ok(spec) => spec,
+            Err(e) => return fail(e, 2),
+        };
+    }
     let host = HostRoot::new(&args.out);
     match simulate::write_host(&host, &spec) {
         Ok(summary) => {

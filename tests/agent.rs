@@ -34,6 +34,10 @@ struct Harness {
 
 impl Harness {
     async fn start(profile: &str, partition: Option<&str>, node_labels: Value) -> Self {
+        Self::start_with(SimSpec::new(profile, None, partition).unwrap(), node_labels).await
+    }
+
+    async fn start_with(spec: SimSpec, node_labels: Value) -> Self {
         let emulator = Emulator::start(EmulatorConfig::default()).await.unwrap();
         emulator
             .create(serde_json::to_value(gpu_operator::api::crd()).unwrap())
@@ -46,7 +50,7 @@ impl Harness {
             .unwrap();
         let dir = tempfile::tempdir().unwrap();
         let host = HostRoot::new(dir.path().join("host"));
-        simulate::write_host(&host, &SimSpec::new(profile, None, partition).unwrap()).unwrap();
+        simulate::write_host(&host, &spec).unwrap();
         let kubelet_dir = dir.path().join("kubelet");
         std::fs::create_dir_all(kubelet_dir.join("device-plugins")).unwrap();
         let kubelet = TestKubelet::start(&kubelet_dir.join("device-plugins")).await;
@@ -363,6 +367,54 @@ async fn the_agent_survives_api_errors() {
     .await;
     h.eventually("labels removed after watch drop", |h| {
         !h.labels().contains_key("amd.com/gpu.family")
+    })
+    .await;
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heterogeneous_layouts_warn_with_single_and_split_with_mixed() {
+    let spec = SimSpec::new("mi300x", Some(4), Some("spx_nps1"))
+        .unwrap()
+        .with_gpu_partition(0, "cpx_nps4")
+        .unwrap();
+    let mut h = Harness::start_with(spec, json!({})).await;
+    h.apply_device_config("gpus", json!({})).await;
+    h.eventually("layout conflict in status", |h| {
+        h.status().is_some_and(|s| {
+            s.problems
+                .iter()
+                .any(|p| p.contains("cpx_nps4") && p.contains("spx_nps1"))
+        })
+    })
+    .await;
+    let events = h.emulator.list("events.k8s.io/v1", "Event");
+    assert!(
+        events
+            .iter()
+            .any(|e| e["reason"] == "PartitionLayoutConflict" && e["type"] == "Warning"),
+        "{events:#?}"
+    );
+
+    h.apply_device_config(
+        "gpus",
+        json!({"devicePlugin": {"devicePluginArguments": {"resource_naming_strategy": "mixed"}}}),
+    )
+    .await;
+    let cpx = h.kubelet.wait_for_registration("amd.com/cpx_nps4", 1).await;
+    let spx = h.kubelet.wait_for_registration("amd.com/spx_nps1", 1).await;
+    assert_ne!(
+        cpx.request.endpoint, spx.request.endpoint,
+        "one socket per resource"
+    );
+    h.eventually("both sockets", |h| {
+        plugin_sockets(h.kubelet.dir()) == ["amd.com_cpx_nps4.sock", "amd.com_spx_nps1.sock"]
+    })
+    .await;
+    h.eventually("problem cleared", |h| {
+        h.status().is_some_and(|s| {
+            s.problems.is_empty() && s.resources.get("amd.com/cpx_nps4") == Some(&8)
+        })
     })
     .await;
     h.stop().await;

@@ -242,6 +242,43 @@ fn partitionable_gpus_report_their_modes() {
 }
 
 #[test]
+fn a_heterogeneous_node_keeps_each_gpus_layout() {
+    let dir = tempfile::tempdir().unwrap();
+    let host = HostRoot::new(dir.path());
+    let spec = SimSpec::new("mi300x", Some(3), Some("spx_nps1"))
+        .unwrap()
+        .with_gpu_partition(1, "cpx_nps4")
+        .unwrap();
+    simulate::write_host(&host, &spec).unwrap();
+    let inv = discover(&host);
+    assert!(inv.warnings.is_empty(), "{:?}", inv.warnings);
+    let layouts: Vec<(Option<String>, usize)> = inv
+        .gpus
+        .iter()
+        .map(|g| (g.partition_profile(), g.partitions.len()))
+        .collect();
+    assert_eq!(
+        layouts,
+        [
+            (Some("spx_nps1".into()), 0),
+            (Some("cpx_nps4".into()), 8),
+            (Some("spx_nps1".into()), 0)
+        ]
+    );
+    assert!(
+        inv.gpus
+            .iter()
+            .all(|g| g.problems.is_empty() && g.cu_count == Some(304))
+    );
+    assert!(
+        SimSpec::new("mi300x", Some(3), None)
+            .unwrap()
+            .with_gpu_partition(3, "cpx_nps4")
+            .is_err()
+    );
+}
+
+#[test]
 fn vf_without_product_name_and_numa_minus_one_is_kept() {
     let (_dir, host) = simulated("mi300x-vf", Some(1), None);
     let gpu = &discover(&host).gpus[0];

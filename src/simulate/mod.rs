@@ -18,6 +18,7 @@
 
 mod profiles;
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 
@@ -61,6 +62,9 @@ pub struct SimSpec {
     /// Compute and memory mode, lowercase (`cpx`, `nps4`); `None` for the
     /// profile's default (`spx`/`nps1` when partitionable).
     pub partition: Option<(String, String)>,
+    /// Per-GPU partition modes that differ from `partition`, by GPU index: how a
+    /// heterogeneous node (some GPUs repartitioned, some not) is simulated.
+    pub gpu_partitions: BTreeMap<usize, (String, String)>,
     /// When false, the PCI functions exist but no driver is bound: no
     /// `/sys/module/amdgpu`, no KFD, no DRM nodes.
     pub driver_loaded: bool,
@@ -94,6 +98,7 @@ impl SimSpec {
             profile,
             gpus,
             partition,
+            gpu_partitions: BTreeMap::new(),
             driver_loaded: true,
             xcp_dot_spelling: false,
         })
@@ -103,18 +108,33 @@ impl SimSpec {
         !self.profile.model.compute_modes.is_empty()
     }
 
-    /// Current (compute, memory) modes, lowercase, when partitionable.
-    fn modes(&self) -> Option<(String, String)> {
+    /// Sets GPU `index` to its own `COMPUTE_MEMORY` partition mode.
+    pub fn with_gpu_partition(mut self, index: usize, partition: &str) -> Result<Self, SimError> {
+        if index >= self.gpus {
+            return Err(SimError::BadPartition {
+                value: format!("{index}={partition}"),
+                reason: format!("there are only {} GPUs", self.gpus),
+            });
+        }
+        let modes = parse_partition(self.profile, partition)?;
+        self.gpu_partitions.insert(index, modes);
+        Ok(self)
+    }
+
+    /// Current (compute, memory) modes of GPU `index`, lowercase, when partitionable.
+    fn modes(&self, index: usize) -> Option<(String, String)> {
         self.partitionable().then(|| {
-            self.partition
-                .clone()
+            self.gpu_partitions
+                .get(&index)
+                .or(self.partition.as_ref())
+                .cloned()
                 .unwrap_or_else(|| ("spx".into(), "nps1".into()))
         })
     }
 
-    /// Partitions per GPU.
-    pub fn partitions_per_gpu(&self) -> u32 {
-        self.modes()
+    /// Partitions of GPU `index`.
+    pub fn partitions_of(&self, index: usize) -> u32 {
+        self.modes(index)
             .and_then(|(compute, _)| compute_mode_partitions(&compute))
             .unwrap_or(1)
     }
@@ -297,22 +317,23 @@ struct NodeLayout {
 impl Layout {
     fn new(spec: &SimSpec) -> Self {
         let profile = spec.profile;
-        let per_gpu = spec.partitions_per_gpu();
         // Partitionable GPUs reserve eight DRM minors each, as MI300 and MI308 hosts do.
         let stride = if spec.partitionable() { 8 } else { 1 };
         let mut next_xcp = 0;
+        let mut next_kfd = profile.cpu_nodes;
         let gpus = (0..spec.gpus)
             .map(|index| {
                 let bus = profile.buses[index];
-                let nodes = (0..per_gpu)
+                let nodes = (0..spec.partitions_of(index))
                     .map(|p| {
                         let render_minor = 128 + index as u32 * stride + p;
                         let xcp = (p > 0).then(|| {
                             next_xcp += 1;
                             next_xcp - 1
                         });
+                        next_kfd += 1;
                         NodeLayout {
-                            kfd_id: profile.cpu_nodes + index as u32 * per_gpu + p,
+                            kfd_id: next_kfd - 1,
                             partition: p,
                             card: render_minor - 128,
                             render_minor,
@@ -380,7 +401,7 @@ fn write_pci_function(
     if let Some(name) = model.product_name {
         attrs.push(("product_name", name.to_owned()));
     }
-    if let Some((compute, memory)) = spec.modes() {
+    if let Some((compute, memory)) = spec.modes(gpu.index) {
         attrs.extend([
             ("current_compute_partition", compute.to_ascii_uppercase()),
             (
@@ -509,11 +530,11 @@ fn write_kfd(w: &mut Writer<'_>, spec: &SimSpec, layout: &Layout) -> Result<(), 
                      hive_id 0\nunique_id 0\n";
         w.file(format!("{topo}/nodes/{cpu}/properties"), props)?;
     }
-    let per_gpu = spec.partitions_per_gpu();
-    let simds = model.cu_count / per_gpu * model.simd_per_cu;
     let gfx = model.gfx_target_version;
     let gfx_name = format!("gfx{}{}{:x}", gfx / 10000, gfx / 100 % 100, gfx % 100);
     for gpu in &layout.gpus {
+        let per_gpu = spec.partitions_of(gpu.index);
+        let simds = model.cu_count / per_gpu * model.simd_per_cu;
         for node in &gpu.nodes {
             let dir = format!("{topo}/nodes/{}", node.kfd_id);
             let (io_links, p2p_links) = links(spec, layout, gpu, node);
