@@ -1,0 +1,451 @@
+//! Conformance against a real client: `/usr/bin/kubectl` (v1.32 here and in CI) driving the
+//! `kube-emulator` binary. Covers get (table, `-o yaml`, `-o jsonpath`), `create -f`,
+//! client-side `apply -f` (including a CRD and then its custom resource), label, annotate,
+//! `patch --type=merge`, cordon, delete, and `get -w` in one process seeing a label change made
+//! by another.
+//!
+//! Run just this: `cargo test -p kube-emulator --test kubectl -- --nocapture`.
+//! If kubectl is missing the tests print a SKIPPED notice and return.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+const KUBECTL: &str = "/usr/bin/kubectl";
+
+fn kubectl_present(test: &str) -> bool {
+    if Path::new(KUBECTL).exists() {
+        return true;
+    }
+    println!("SKIPPED {test}: {KUBECTL} not found; the kubectl conformance check did not run");
+    false
+}
+
+/// The emulator binary, started on a free port with its kubeconfig in a temporary directory.
+struct Server {
+    child: Child,
+    dir: tempfile::TempDir,
+    kubeconfig: PathBuf,
+    url: String,
+}
+
+impl Server {
+    async fn start() -> Server {
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = dir.path().join("kubeconfig");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_kube-emulator"))
+            .args(["--port", "0", "--kubeconfig"])
+            .arg(&kubeconfig)
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start the kube-emulator binary");
+        let stdout = child.stdout.take().unwrap();
+        let mut lines = BufReader::new(stdout).lines();
+        let first = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
+            .await
+            .expect("emulator prints its address")
+            .unwrap()
+            .expect("a first line");
+        let url = first
+            .strip_prefix("listening on ")
+            .expect("listening line")
+            .to_string();
+        let second = lines.next_line().await.unwrap().unwrap();
+        assert_eq!(second, format!("kubeconfig: {}", kubeconfig.display()));
+        // Keep draining stdout so the child never blocks on a full pipe.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        Server {
+            child,
+            dir,
+            kubeconfig,
+            url,
+        }
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(KUBECTL);
+        c.args(args)
+            .arg("--cache-dir")
+            .arg(self.dir.path().join("cache"))
+            .env("KUBECONFIG", &self.kubeconfig)
+            .env("HOME", self.dir.path())
+            .kill_on_drop(true);
+        c
+    }
+
+    /// Runs kubectl, returning (success, stdout, stderr).
+    async fn run(&self, args: &[&str]) -> (bool, String, String) {
+        let out = tokio::time::timeout(Duration::from_secs(30), self.command(args).output())
+            .await
+            .unwrap_or_else(|_| panic!("kubectl {args:?} timed out"))
+            .expect("kubectl runs");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    /// Runs kubectl and requires success.
+    async fn ok(&self, args: &[&str]) -> String {
+        let (ok, out, err) = self.run(args).await;
+        assert!(ok, "kubectl {args:?} failed:\nstdout: {out}\nstderr: {err}");
+        out
+    }
+
+    async fn json(&self, args: &[&str]) -> Value {
+        let mut a = args.to_vec();
+        a.extend(["-o", "json"]);
+        serde_json::from_str(&self.ok(&a).await).expect("kubectl -o json prints JSON")
+    }
+
+    fn write(&self, name: &str, text: &str) -> String {
+        let p = self.dir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        p.display().to_string()
+    }
+
+    /// Request counts from the server's `/debug/requests`.
+    async fn counts(&self) -> Value {
+        let client = kube::Client::try_from(kube::Config::new(self.url.parse().unwrap())).unwrap();
+        let text = client
+            .request_text(
+                http::Request::get("/debug/requests")
+                    .body(Vec::new())
+                    .unwrap(),
+            )
+            .await
+            .unwrap();
+        serde_json::from_str(&text).unwrap()
+    }
+
+    async fn stop(mut self) {
+        // Our own child, by its handle.
+        let _ = self.child.kill().await;
+    }
+}
+
+fn count(doc: &Value, verb: &str, resource: &str) -> u64 {
+    doc["requests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["verb"] == verb && r["resource"] == resource)
+        .map(|r| r["count"].as_u64().unwrap())
+        .sum()
+}
+
+const CONFIGMAP: &str = "apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: demo
+  labels:
+    app: demo
+data:
+  a: \"1\"
+";
+
+const NODE: &str = "apiVersion: v1
+kind: Node
+metadata:
+  name: node-1
+  labels:
+    kubernetes.io/hostname: node-1
+status:
+  conditions:
+  - type: Ready
+    status: \"True\"
+";
+
+const CRD: &str = "apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: deviceconfigs.amd.com
+spec:
+  group: amd.com
+  scope: Namespaced
+  names:
+    plural: deviceconfigs
+    singular: deviceconfig
+    kind: DeviceConfig
+    listKind: DeviceConfigList
+  versions:
+  - name: v1alpha1
+    served: true
+    storage: true
+    subresources:
+      status: {}
+    schema:
+      openAPIV3Schema:
+        type: object
+        x-kubernetes-preserve-unknown-fields: true
+";
+
+const DEVICECONFIG: &str = "apiVersion: amd.com/v1alpha1
+kind: DeviceConfig
+metadata:
+  name: gpus
+spec:
+  driver:
+    enable: true
+";
+
+#[tokio::test]
+async fn kubectl_crud_commands_work_against_the_binary() {
+    if !kubectl_present("kubectl_crud_commands_work_against_the_binary") {
+        return;
+    }
+    let s = Server::start().await;
+    let version = s.ok(&["version"]).await;
+    assert!(version.contains("Server Version: v1.34.0"), "{version}");
+
+    // create -f
+    let cm = s.write("cm.yaml", CONFIGMAP);
+    assert!(
+        s.ok(&["create", "-f", &cm])
+            .await
+            .contains("configmap/demo created")
+    );
+    let node = s.write("node.yaml", NODE);
+    assert!(
+        s.ok(&["create", "-f", &node])
+            .await
+            .contains("node/node-1 created")
+    );
+    let (ok, _, err) = s.run(&["create", "-f", &cm]).await;
+    assert!(!ok && err.contains("AlreadyExists"), "{err}");
+
+    // get (server-side table) and get -o yaml
+    let table = s.ok(&["get", "configmaps"]).await;
+    assert!(table.starts_with("NAME"), "{table}");
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with("demo ") && l.contains(" 1 ")),
+        "{table}"
+    );
+    let yaml = s.ok(&["get", "configmap", "demo", "-o", "yaml"]).await;
+    let obj: Value = serde_saphyr::from_str(&yaml).expect("kubectl -o yaml prints YAML");
+    assert_eq!(obj["data"]["a"], "1");
+    assert_eq!(obj["metadata"]["uid"].as_str().unwrap().len(), 36);
+    assert!(
+        s.ok(&["get", "nodes"])
+            .await
+            .lines()
+            .any(|l| l.starts_with("node-1") && l.contains("Ready"))
+    );
+    let ns = s.ok(&["get", "ns", "-o", "name"]).await;
+    assert!(ns.contains("namespace/kube-system"), "{ns}");
+
+    // label, annotate, patch --type=merge
+    assert!(
+        s.ok(&["label", "configmap", "demo", "tier=gpu"])
+            .await
+            .contains("labeled")
+    );
+    assert!(
+        s.ok(&["annotate", "configmap", "demo", "note=hello"])
+            .await
+            .contains("annotated")
+    );
+    assert!(
+        s.ok(&[
+            "patch",
+            "configmap",
+            "demo",
+            "--type=merge",
+            "-p",
+            r#"{"data":{"b":"2"}}"#
+        ])
+        .await
+        .contains("patched")
+    );
+    let obj = s.json(&["get", "configmap", "demo"]).await;
+    assert_eq!(obj["metadata"]["labels"]["tier"], "gpu");
+    assert_eq!(obj["metadata"]["annotations"]["note"], "hello");
+    assert_eq!(obj["data"]["b"], "2");
+    assert!(
+        s.ok(&["label", "configmap", "demo", "tier-"])
+            .await
+            .contains("unlabeled")
+    );
+    assert!(
+        s.json(&["get", "configmap", "demo"]).await["metadata"]["labels"]
+            .get("tier")
+            .is_none()
+    );
+
+    // cordon (strategic merge patch on the node)
+    assert!(
+        s.ok(&["cordon", "node-1"])
+            .await
+            .contains("node/node-1 cordoned")
+    );
+    assert_eq!(
+        s.ok(&[
+            "get",
+            "node",
+            "node-1",
+            "-o",
+            "jsonpath={.spec.unschedulable}"
+        ])
+        .await,
+        "true"
+    );
+    assert!(
+        s.ok(&["get", "nodes"])
+            .await
+            .contains("Ready,SchedulingDisabled")
+    );
+    assert!(s.ok(&["uncordon", "node-1"]).await.contains("uncordoned"));
+
+    // apply -f (client-side): update an existing object, then create with apply.
+    let changed = s.write("cm2.yaml", &CONFIGMAP.replace("a: \"1\"", "a: \"5\""));
+    let out = s.ok(&["apply", "-f", &changed]).await;
+    assert!(out.contains("configmap/demo configured"), "{out}");
+    let obj = s.json(&["get", "configmap", "demo"]).await;
+    assert_eq!(obj["data"]["a"], "5");
+    assert_eq!(
+        obj["data"]["b"], "2",
+        "fields apply does not manage are kept"
+    );
+    assert!(
+        obj["metadata"]["annotations"]["kubectl.kubernetes.io/last-applied-configuration"]
+            .is_string()
+    );
+    let fresh = s.write(
+        "cm3.yaml",
+        &CONFIGMAP.replace("name: demo", "name: applied"),
+    );
+    assert!(
+        s.ok(&["apply", "-f", &fresh])
+            .await
+            .contains("configmap/applied created")
+    );
+    // Dropping a label from the file removes it on the next apply (three-way merge).
+    let fewer = s.write(
+        "cm4.yaml",
+        &CONFIGMAP
+            .replace("name: demo", "name: applied")
+            .replace("    app: demo\n", "    other: x\n"),
+    );
+    s.ok(&["apply", "-f", &fewer]).await;
+    let labels = s.json(&["get", "configmap", "applied"]).await["metadata"]["labels"].clone();
+    assert_eq!(labels, serde_json::json!({"other": "x"}));
+
+    // A CRD, then its custom resource, all through kubectl.
+    let crd = s.write("crd.yaml", CRD);
+    assert!(s.ok(&["apply", "-f", &crd]).await.contains("created"));
+    let dc = s.write("dc.yaml", DEVICECONFIG);
+    assert!(
+        s.ok(&["apply", "-f", &dc])
+            .await
+            .contains("deviceconfig.amd.com/gpus created")
+    );
+    assert!(s.ok(&["get", "deviceconfigs"]).await.contains("gpus"));
+    assert!(
+        s.ok(&["label", "deviceconfig", "gpus", "x=y"])
+            .await
+            .contains("labeled"),
+        "label on a custom resource uses a merge patch"
+    );
+
+    // delete
+    assert!(
+        s.ok(&["delete", "configmap", "demo"])
+            .await
+            .contains("deleted")
+    );
+    let (ok, _, err) = s.run(&["get", "configmap", "demo"]).await;
+    assert!(!ok && err.contains("NotFound"), "{err}");
+    assert!(s.ok(&["delete", "-f", &dc]).await.contains("deleted"));
+
+    // The emulator counted what kubectl did.
+    let counts = s.counts().await;
+    assert!(count(&counts, "patch", "configmaps") >= 5, "{counts}");
+    assert!(count(&counts, "patch", "nodes") >= 2, "{counts}");
+    assert!(count(&counts, "create", "configmaps") >= 2, "{counts}");
+    assert!(
+        count(&counts, "delete", "deviceconfigs.amd.com") == 1,
+        "{counts}"
+    );
+    s.stop().await;
+}
+
+/// Reads lines from a child's stdout until one satisfies `want`.
+async fn wait_line(
+    lines: &mut tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+    what: &str,
+    want: impl Fn(&str) -> bool,
+) -> String {
+    let found = tokio::time::timeout(Duration::from_secs(15), async {
+        while let Some(l) = lines.next_line().await.expect("read watch output") {
+            if want(&l) {
+                return Some(l);
+            }
+        }
+        None
+    })
+    .await
+    .unwrap_or_else(|_| panic!("timed out waiting for {what}"));
+    found.unwrap_or_else(|| panic!("watch ended before {what}"))
+}
+
+#[tokio::test]
+async fn kubectl_watch_sees_a_label_change_made_by_another_process() {
+    if !kubectl_present("kubectl_watch_sees_a_label_change_made_by_another_process") {
+        return;
+    }
+    let s = Server::start().await;
+    let cm = s.write("cm.yaml", CONFIGMAP);
+    s.ok(&["create", "-f", &cm]).await;
+
+    // One process watches the label; another changes it.
+    let mut watch = s
+        .command(&[
+            "get",
+            "configmap",
+            "demo",
+            "-w",
+            "-o",
+            "jsonpath={.metadata.name}={.metadata.labels.tier}{\"\\n\"}",
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(watch.stdout.take().unwrap()).lines();
+    wait_line(&mut lines, "the initial object", |l| l == "demo=").await;
+    s.ok(&["label", "configmap", "demo", "tier=gpu"]).await;
+    wait_line(&mut lines, "the new label", |l| l == "demo=gpu").await;
+    s.ok(&["label", "configmap", "demo", "tier=cpu", "--overwrite"])
+        .await;
+    wait_line(&mut lines, "the changed label", |l| l == "demo=cpu").await;
+
+    // Table watch: new rows for objects created by another process.
+    let mut table = s
+        .command(&["get", "configmaps", "-w"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut rows = BufReader::new(table.stdout.take().unwrap()).lines();
+    wait_line(&mut rows, "the header", |l| l.starts_with("NAME")).await;
+    wait_line(&mut rows, "the demo row", |l| l.starts_with("demo ")).await;
+    let other = s.write(
+        "other.yaml",
+        &CONFIGMAP.replace("name: demo", "name: second"),
+    );
+    s.ok(&["create", "-f", &other]).await;
+    wait_line(&mut rows, "the new row", |l| l.starts_with("second ")).await;
+
+    let counts = s.counts().await;
+    assert!(count(&counts, "watch", "configmaps") >= 2, "{counts}");
+    // Both watchers are our children; stop them by handle.
+    let _ = watch.kill().await;
+    let _ = table.kill().await;
+    s.stop().await;
+}
