@@ -509,6 +509,10 @@ fn parse_errors_point_at_line_and_column() {
         .expect_err("port is not a number");
     assert_eq!(err.line, 5, "{err}");
     assert_eq!(err.column, 11, "{err}");
+    assert!(
+        err.message.contains("whole number") && err.message.contains("\"lots\""),
+        "{err}"
+    );
     let err = parse_documents("spec:\n  driver: [unclosed\n").expect_err("bad syntax");
     assert_eq!((err.line, err.column), (2, 11), "{err}");
     assert!(err.message.contains("unclosed"), "{err}");

@@ -312,6 +312,15 @@ fn unknown_fields_and_api_version() {
         document_problems(&parse_documents(text).expect("parses")[0]),
         vec![]
     );
+    let nameless = "apiVersion: amd.com/v1alpha1\nkind: DeviceConfig\nspec: {}\n";
+    let found = document_problems(&parse_documents(nameless).expect("parses")[0]);
+    assert_eq!(
+        found,
+        vec![Problem::new(
+            "metadata.name",
+            "is missing; every Kubernetes object needs a name"
+        )]
+    );
 }
 
 #[test]

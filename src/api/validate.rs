@@ -115,6 +115,12 @@ pub fn document_problems(doc: &Document) -> Vec<Problem> {
             format!("is missing; set it to {expected}"),
         )),
     }
+    if config.metadata.name.as_deref().unwrap_or("").is_empty() {
+        problems.push(Problem::new(
+            "metadata.name",
+            "is missing; every Kubernetes object needs a name",
+        ));
+    }
     problems.extend(
         unknown_fields
             .iter()

@@ -41,12 +41,14 @@ pub struct ParseError {
 }
 
 impl ParseError {
-    fn from_saphyr(err: &serde_saphyr::Error) -> Self {
+    fn from_saphyr(err: &serde_saphyr::Error, text: &str) -> Self {
         let (line, column) = err.location().map_or((0, 0), |at| (at.line(), at.column()));
-        let plain = serde_saphyr::render_options! { snippets: serde_saphyr::SnippetMode::Off };
+        let plain = serde_saphyr::render_options! {
+            formatter: &serde_saphyr::UserMessageFormatter,
+            snippets: serde_saphyr::SnippetMode::Off,
+        };
         let mut message = err.render_with_options(plain);
-        // The plain rendering ends with " at line L, column C"; the position is
-        // reported separately.
+        // The plain rendering ends with the position, which is reported separately.
         for suffix in [
             format!(" at line {line}, column {column}"),
             format!(" at line {line} column {column}"),
@@ -55,12 +57,44 @@ impl ParseError {
                 message = stripped.to_string();
             }
         }
+        // serde's wording for integers names Rust types ("invalid i32").
+        let is_rust_int = message.strip_prefix("invalid ").is_some_and(|ty| {
+            matches!(
+                ty,
+                "i8" | "i16" | "i32" | "i64" | "u8" | "u16" | "u32" | "u64"
+            )
+        });
+        if is_rust_int {
+            message = "expected a whole number in range".to_string();
+        }
+        if let Some(found) = token_at(text, line, column) {
+            message = format!("{message} (found {found:?})");
+        }
         Self {
             line,
             column,
             message,
         }
     }
+}
+
+/// The rest of the line at a 1-based position, shortened, to show what was found there.
+fn token_at(text: &str, line: u64, column: u64) -> Option<String> {
+    let line_text = text
+        .lines()
+        .nth(usize::try_from(line.checked_sub(1)?).ok()?)?;
+    let start = usize::try_from(column.checked_sub(1)?).ok()?;
+    let rest: String = line_text.chars().skip(start).collect();
+    let rest = rest.split(" #").next().unwrap_or("").trim();
+    if rest.is_empty() {
+        return None;
+    }
+    const MAX: usize = 40;
+    Some(if rest.chars().count() > MAX {
+        format!("{}...", rest.chars().take(MAX).collect::<String>())
+    } else {
+        rest.to_string()
+    })
 }
 
 /// One document of a YAML text.
@@ -99,7 +133,7 @@ pub enum DocumentKind {
 /// Parses every document of a YAML text. Empty documents are skipped.
 pub fn parse_documents(text: &str) -> Result<Vec<Document>, ParseError> {
     let docs: Vec<Spanned<TrackedDoc>> =
-        serde_saphyr::from_multiple(text).map_err(|e| ParseError::from_saphyr(&e))?;
+        serde_saphyr::from_multiple(text).map_err(|e| ParseError::from_saphyr(&e, text))?;
     docs.into_iter()
         .enumerate()
         .map(|(index, spanned)| {
