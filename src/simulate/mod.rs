@@ -440,7 +440,8 @@ fn write_pci_function(
     Ok(())
 }
 
-/// The attributes that metrics and health read, with plausible idle values.
+/// The attributes that metrics and health read. Values that change over time
+/// come from [`dynamic_telemetry`] at tick 0.
 fn write_telemetry(
     w: &mut Writer<'_>,
     spec: &SimSpec,
@@ -453,15 +454,8 @@ fn write_telemetry(
         dir,
         &[
             ("mem_info_vram_total", vram.to_string()),
-            ("mem_info_vram_used", (vram / 100).to_string()),
             ("mem_info_vis_vram_total", vram.to_string()),
-            ("mem_info_vis_vram_used", (vram / 100).to_string()),
             ("mem_info_gtt_total", (512u64 << 30).to_string()),
-            ("mem_info_gtt_used", (16u64 << 20).to_string()),
-            ("gpu_busy_percent", "0".into()),
-            ("mem_busy_percent", "0".into()),
-            ("pp_dpm_sclk", "0: 500Mhz *\n1: 1500Mhz\n2: 2100Mhz".into()),
-            ("pp_dpm_mclk", "0: 900Mhz\n1: 1300Mhz *".into()),
             ("current_link_speed", model.max_link_speed.into()),
             ("current_link_width", model.max_link_width.to_string()),
             ("max_link_speed", model.max_link_speed.into()),
@@ -469,15 +463,7 @@ fn write_telemetry(
             ("pcie_replay_count", "0".into()),
         ],
     )?;
-    for block in [
-        "umc",
-        "sdma",
-        "gfx",
-        "mmhub",
-        "pcie_bif",
-        "hdp",
-        "xgmi_wafl",
-    ] {
+    for block in RAS_BLOCKS {
         w.file(format!("{dir}/ras/{block}_err_count"), "ue: 0\nce: 0\n")?;
     }
     let hwmon = format!("{dir}/hwmon/hwmon{}", gpu.index);
@@ -486,17 +472,158 @@ fn write_telemetry(
         &[
             ("name", "amdgpu".into()),
             ("temp1_label", "edge".into()),
-            ("temp1_input", "35000".into()),
             ("temp2_label", "junction".into()),
-            ("temp2_input", "40000".into()),
             ("temp3_label", "mem".into()),
-            ("temp3_input", "38000".into()),
             ("temp2_crit", "105000".into()),
-            ("power1_average", "140000000".into()),
-            ("power1_input", "141000000".into()),
-            ("energy1_input", "0".into()),
         ],
-    )
+    )?;
+    for (path, value) in dynamic_telemetry(model, gpu.index, 0) {
+        w.file(format!("{dir}/{path}"), format!("{value}\n"))?;
+    }
+    Ok(())
+}
+
+/// RAS blocks with an `<block>_err_count` file.
+pub const RAS_BLOCKS: [&str; 7] = [
+    "umc",
+    "sdma",
+    "gfx",
+    "mmhub",
+    "pcie_bif",
+    "hdp",
+    "xgmi_wafl",
+];
+
+/// Telemetry that moves with time, as (path relative to the PCI device, value):
+/// a slow load wave per GPU drives activity, memory, temperatures, power and the
+/// current clock level; energy only grows.
+fn dynamic_telemetry(model: &GpuModel, index: usize, tick: u64) -> Vec<(String, String)> {
+    let phase = tick as f64 * 0.35 + index as f64 * 0.9;
+    let load = (phase.sin() + 1.0) / 2.0;
+    let vram = model.vram_bytes as f64;
+    let vram_used = (vram * (0.01 + 0.5 * load)) as u64;
+    let edge = 35_000 + (load * 30_000.0) as u64;
+    let power = 140_000_000 + (load * 550_000_000.0) as u64;
+    let level = (load * 2.99) as usize;
+    let sclk = ["500", "1500", "2100"]
+        .iter()
+        .enumerate()
+        .map(|(i, mhz)| format!("{i}: {mhz}Mhz{}", if i == level { " *" } else { "" }))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let hwmon = format!("hwmon/hwmon{index}");
+    vec![
+        (
+            "gpu_busy_percent".into(),
+            ((load * 100.0).round() as u64).to_string(),
+        ),
+        (
+            "mem_busy_percent".into(),
+            ((load * 60.0).round() as u64).to_string(),
+        ),
+        ("mem_info_vram_used".into(), vram_used.to_string()),
+        ("mem_info_vis_vram_used".into(), vram_used.to_string()),
+        (
+            "mem_info_gtt_used".into(),
+            ((16u64 << 20) + (load * (1u64 << 30) as f64) as u64).to_string(),
+        ),
+        ("pp_dpm_sclk".into(), sclk),
+        ("pp_dpm_mclk".into(), "0: 900Mhz\n1: 1300Mhz *".into()),
+        (format!("{hwmon}/temp1_input"), edge.to_string()),
+        (format!("{hwmon}/temp2_input"), (edge + 5_000).to_string()),
+        (format!("{hwmon}/temp3_input"), (edge + 3_000).to_string()),
+        (format!("{hwmon}/power1_average"), power.to_string()),
+        (
+            format!("{hwmon}/power1_input"),
+            (power + 1_000_000).to_string(),
+        ),
+        // Microjoules: about 150 J per tick.
+        (
+            format!("{hwmon}/energy1_input"),
+            (tick * 150_000_000).to_string(),
+        ),
+    ]
+}
+
+/// Moves every simulated GPU's telemetry to `tick` (the standalone demo calls this
+/// every sampling interval so that metrics change over time). GPUs that a test
+/// removed are skipped.
+pub fn advance_telemetry(host: &HostRoot, spec: &SimSpec, tick: u64) -> Result<(), SimError> {
+    for gpu in &Layout::new(spec).gpus {
+        let dir = pci_dir(&gpu.bdf);
+        if !host.exists(&dir) {
+            continue;
+        }
+        for (path, value) in dynamic_telemetry(&spec.profile.model, gpu.index, tick) {
+            let path = format!("{dir}/{path}");
+            // A file a test turned into a FIFO (a hung attribute) stays hung.
+            if is_fifo(&host.path(&path)) {
+                continue;
+            }
+            host.write(path, format!("{value}\n"))?;
+        }
+    }
+    Ok(())
+}
+
+/// Sets a GPU's RAS error counters for one block, as the kernel reports them.
+pub fn set_ecc_counts(
+    host: &HostRoot,
+    bdf: &str,
+    block: &str,
+    uncorrectable: u64,
+    correctable: u64,
+) -> Result<(), SimError> {
+    host.write(
+        format!("{}/ras/{block}_err_count", pci_dir(bdf)),
+        format!("ue: {uncorrectable}\nce: {correctable}\n"),
+    )?;
+    Ok(())
+}
+
+/// Makes a host file hang on read, as a stuck sysfs attribute does: it is
+/// replaced by a FIFO with no writer, so `open` blocks. [`release_hung_file`]
+/// undoes it and lets blocked readers go.
+pub fn hang_file(host: &HostRoot, host_path: &str) -> Result<(), SimError> {
+    let path = host.path(host_path);
+    host.remove_all(host_path)?;
+    let c_path =
+        std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| HostError::Io {
+            path: path.clone(),
+            source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
+        })?;
+    // SAFETY: `c_path` is a valid NUL-terminated string for the duration of the call.
+    if unsafe { libc::mkfifo(c_path.as_ptr(), 0o644) } != 0 {
+        return Err(HostError::Io {
+            path,
+            source: std::io::Error::last_os_error(),
+        }
+        .into());
+    }
+    Ok(())
+}
+
+/// Releases readers blocked on a file made by [`hang_file`] and puts `value` back.
+pub fn release_hung_file(host: &HostRoot, host_path: &str, value: &str) -> Result<(), SimError> {
+    let path = host.path(host_path);
+    if is_fifo(&path) {
+        // Opening the write end wakes every reader blocked in open(); they then
+        // read end-of-file. Keep it open while the FIFO is replaced.
+        use std::os::unix::fs::OpenOptionsExt;
+        let writer = std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&path);
+        host.remove_all(host_path)?;
+        drop(writer);
+    }
+    host.write(host_path, format!("{value}\n"))?;
+    Ok(())
+}
+
+fn is_fifo(path: &Path) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_fifo())
 }
 
 fn write_driver(w: &mut Writer<'_>) -> Result<(), HostError> {
@@ -683,5 +810,59 @@ mod tests {
         let ids: std::collections::BTreeSet<u64> = (0..64).map(mix).collect();
         assert_eq!(ids.len(), 64);
         assert!(!ids.contains(&0));
+    }
+
+    #[test]
+    fn telemetry_moves_with_time_and_energy_only_grows() {
+        let dir = tempfile::tempdir().unwrap();
+        let host = HostRoot::new(dir.path());
+        let spec = SimSpec::new("mi210", Some(1), None).unwrap();
+        write_host(&host, &spec).unwrap();
+        let read = |name: &str| -> u64 {
+            host.read_parsed(
+                format!("/sys/devices/pci0000:00/0000:03:00.0/{name}"),
+                "a number",
+            )
+            .unwrap()
+        };
+        let mut temps = std::collections::BTreeSet::new();
+        let mut energy = 0;
+        for tick in 1..8 {
+            advance_telemetry(&host, &spec, tick).unwrap();
+            temps.insert(read("hwmon/hwmon0/temp1_input"));
+            let now = read("hwmon/hwmon0/energy1_input");
+            assert!(now > energy);
+            energy = now;
+            assert!(read("gpu_busy_percent") <= 100);
+        }
+        assert!(temps.len() > 3, "temperature should change: {temps:?}");
+        let sclk = host
+            .read_string("/sys/devices/pci0000:00/0000:03:00.0/pp_dpm_sclk")
+            .unwrap();
+        assert_eq!(sclk.matches('*').count(), 1, "{sclk}");
+    }
+
+    #[test]
+    fn ecc_counts_and_hung_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let host = HostRoot::new(dir.path());
+        write_host(&host, &SimSpec::new("mi210", Some(1), None).unwrap()).unwrap();
+        set_ecc_counts(&host, "0000:03:00.0", "umc", 2, 5).unwrap();
+        assert_eq!(
+            host.read_string("/sys/devices/pci0000:00/0000:03:00.0/ras/umc_err_count")
+                .unwrap(),
+            "ue: 2\nce: 5\n"
+        );
+        let file = "/sys/devices/pci0000:00/0000:03:00.0/current_link_speed";
+        hang_file(&host, file).unwrap();
+        let reader = {
+            let host = host.clone();
+            std::thread::spawn(move || host.read_attr(file))
+        };
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        assert!(!reader.is_finished(), "a read of a hung file blocks");
+        release_hung_file(&host, file, "16.0 GT/s PCIe").unwrap();
+        let _ = reader.join().unwrap();
+        assert_eq!(host.read_attr(file).unwrap(), "16.0 GT/s PCIe");
     }
 }
