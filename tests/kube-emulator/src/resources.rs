@@ -241,7 +241,8 @@ pub fn builtin_types() -> Vec<ResourceType> {
             true,
             &["pdb"],
         )
-        .with_status(),
+        .with_status()
+        .with_generation(),
         R::builtin(
             "resource.k8s.io",
             "v1",
@@ -250,6 +251,7 @@ pub fn builtin_types() -> Vec<ResourceType> {
             false,
             &[],
         )
+        .with_generation()
         .with_fields(&["spec.nodeName", "spec.driver"]),
         R::builtin(
             "resource.k8s.io",
@@ -259,7 +261,8 @@ pub fn builtin_types() -> Vec<ResourceType> {
             true,
             &[],
         )
-        .with_status(),
+        .with_status()
+        .with_generation(),
         R::builtin(
             "resource.k8s.io",
             "v1",
@@ -267,7 +270,8 @@ pub fn builtin_types() -> Vec<ResourceType> {
             "DeviceClass",
             false,
             &[],
-        ),
+        )
+        .with_generation(),
         R::builtin(
             "apiextensions.k8s.io",
             "v1",

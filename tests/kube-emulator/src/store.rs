@@ -1221,6 +1221,11 @@ impl Store {
             ));
         }
         let is_namespace = rt.group.is_empty() && rt.plural == "namespaces";
+        if is_namespace && matches!(name, "default" | "kube-system" | "kube-public") {
+            return Err(ApiError::forbidden(format!(
+                "namespaces \"{name}\" is forbidden: this namespace may not be deleted"
+            )));
+        }
         if !finalizers(&old.value).is_empty() || is_namespace {
             if meta(&old.value).is_some_and(|m| m.contains_key("deletionTimestamp")) {
                 return Ok(Self::output(rt, version, &old.value));

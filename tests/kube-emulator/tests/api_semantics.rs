@@ -113,6 +113,20 @@ async fn create_fills_server_fields_and_rejects_duplicates() {
     assert_eq!((dup.code, dup.reason.as_str()), (409, "AlreadyExists"));
     assert_eq!(dup.message, format!("configmaps \"{na}\" already exists"));
 
+    // dryRun answers without storing.
+    let dry = api
+        .create(
+            &PostParams {
+                dry_run: true,
+                ..Default::default()
+            },
+            &cm("dry", json!({})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(dry.name_any(), "dry");
+    assert_eq!(api_error(api.get("dry").await).code, 404);
+
     // Namespaced objects need an existing namespace.
     let elsewhere: Api<ConfigMap> = Api::namespaced(emu.client(), "missing");
     let e = api_error(
@@ -634,6 +648,39 @@ async fn finalizers_hold_deletion_and_deletecollection() {
     nss.delete("tmp", &DeleteParams::default()).await.unwrap();
     assert_eq!(api_error(tmp.get("in-tmp").await).code, 404);
     assert_eq!(api_error(nss.get("tmp").await).code, 404);
+    // A namespace whose content has finalizers stays Terminating until they are gone, and
+    // takes no new content meanwhile.
+    nss.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({"metadata": {"name": "slow"}})).unwrap(),
+    )
+    .await
+    .unwrap();
+    let slow: Api<ConfigMap> = Api::namespaced(emu.client(), "slow");
+    let mut pinned = cm("pinned", json!({}));
+    pinned.metadata.finalizers = Some(vec!["amd.com/cleanup".into()]);
+    slow.create(&PostParams::default(), &pinned).await.unwrap();
+    nss.delete("slow", &DeleteParams::default()).await.unwrap();
+    let terminating = nss.get("slow").await.unwrap();
+    assert_eq!(
+        terminating.status.unwrap().phase.as_deref(),
+        Some("Terminating")
+    );
+    let e = api_error(
+        slow.create(&PostParams::default(), &cm("late", json!({})))
+            .await,
+    );
+    assert_eq!((e.code, e.reason.as_str()), (403, "Forbidden"));
+    slow.patch(
+        "pinned",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+    )
+    .await
+    .unwrap();
+    assert_eq!(api_error(nss.get("slow").await).code, 404);
+    let e = api_error(nss.delete("default", &DeleteParams::default()).await);
+    assert_eq!((e.code, e.reason.as_str()), (403, "Forbidden"));
 }
 
 /// Reads the raw body of a request, to check that errors are `metav1.Status` documents.
@@ -715,6 +762,12 @@ async fn errors_are_status_objects() {
         .body(b"{}".to_vec())
         .unwrap();
     check(raw(&client, weird).await, 415, "UnsupportedMediaType");
+    emu.faults().fail_next(1, "get", "namespaces", 410);
+    check(
+        raw(&client, get("/api/v1/namespaces/default")).await,
+        410,
+        "Gone",
+    );
     emu.faults().fail_next(1, "get", "namespaces", 429);
     check(
         raw(&client, get("/api/v1/namespaces/default")).await,
@@ -762,4 +815,117 @@ async fn kubeconfig_file_works_with_kube() {
         emu.kubeconfig_yaml()
     );
     assert!(emu.kubeconfig_yaml().contains(&emu.url()));
+}
+
+#[tokio::test]
+async fn events_services_and_resource_kinds() {
+    use k8s_openapi::api::core::v1::{Event as CoreEvent, Service};
+    use k8s_openapi::api::events::v1::Event;
+    use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
+    use kube::Resource as _;
+    use kube::runtime::events::{Event as RuntimeEvent, EventType, Recorder, Reporter};
+
+    let emu = start().await;
+    let client = emu.client();
+    let nodes: Api<Node> = Api::all(client.clone());
+    let node = nodes
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "gpu-node"}})).unwrap(),
+        )
+        .await
+        .unwrap();
+
+    // kube-runtime's recorder: events.k8s.io/v1 create, then a merge patch for the series.
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "gpu-operator".into(),
+            instance: Some("agent-1".into()),
+        },
+    );
+    let ev = RuntimeEvent {
+        type_: EventType::Normal,
+        reason: "DriverLoaded".into(),
+        note: Some("amdgpu loaded".into()),
+        action: "Load".into(),
+        secondary: None,
+    };
+    let reference = node.object_ref(&());
+    recorder.publish(&ev, &reference).await.unwrap();
+    recorder.publish(&ev, &reference).await.unwrap();
+    let events: Api<Event> = Api::default_namespaced(client.clone());
+    let list = events.list(&ListParams::default()).await.unwrap();
+    assert_eq!(list.items.len(), 1);
+    assert_eq!(list.items[0].series.as_ref().map(|s| s.count), Some(2));
+    assert_eq!(list.items[0].reason.as_deref(), Some("DriverLoaded"));
+    let made = emu.requests();
+    assert_eq!(made.get("create", "events.events.k8s.io"), 1, "{made}");
+    assert_eq!(made.get("patch", "events.events.k8s.io"), 1, "{made}");
+
+    // Core events with their field selectors.
+    let core: Api<CoreEvent> = Api::default_namespaced(client.clone());
+    core.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({
+            "metadata": {"name": "e1"}, "reason": "Started", "type": "Normal",
+            "involvedObject": {"kind": "Node", "name": "gpu-node"}
+        }))
+        .unwrap(),
+    )
+    .await
+    .unwrap();
+    let l = core
+        .list(&ListParams::default().fields("involvedObject.kind=Node,reason=Started"))
+        .await
+        .unwrap();
+    assert_eq!(l.items.len(), 1);
+
+    // Services keep status to the status subresource.
+    let svcs: Api<Service> = Api::default_namespaced(client.clone());
+    let svc = svcs
+        .create(&PostParams::default(), &serde_json::from_value(json!({
+            "metadata": {"name": "metrics"},
+            "spec": {"ports": [{"name": "http", "port": 5000}], "selector": {"app": "exporter"}},
+            "status": {"loadBalancer": {"ingress": [{"ip": "1.2.3.4"}]}}
+        })).unwrap())
+        .await
+        .unwrap();
+    assert!(
+        svc.status
+            .and_then(|s| s.load_balancer)
+            .and_then(|l| l.ingress)
+            .is_none()
+    );
+
+    // DRA kinds, with ResourceSlice field selectors.
+    let slices: Api<ResourceSlice> = Api::all(client.clone());
+    for (name, node) in [("s1", "gpu-node"), ("s2", "other")] {
+        slices
+            .create(&PostParams::default(), &serde_json::from_value(json!({
+                "metadata": {"name": name},
+                "spec": {"driver": "gpu.amd.com", "nodeName": node, "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                         "devices": [{"name": "gpu-0"}]}
+            })).unwrap())
+            .await
+            .unwrap();
+    }
+    let mine = slices
+        .list(&ListParams::default().fields("spec.nodeName=gpu-node,spec.driver=gpu.amd.com"))
+        .await
+        .unwrap();
+    assert_eq!(
+        mine.items.iter().map(|s| s.name_any()).collect::<Vec<_>>(),
+        ["s1"]
+    );
+    let classes: Api<DeviceClass> = Api::all(client.clone());
+    let dc = classes
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "gpu.amd.com"}, "spec": {}}))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(dc.metadata.generation, Some(1));
 }

@@ -338,6 +338,25 @@ async fn kubectl_crud_commands_work_against_the_binary() {
     let labels = s.json(&["get", "configmap", "applied"]).await["metadata"]["labels"].clone();
     assert_eq!(labels, serde_json::json!({"other": "x"}));
 
+    // Server-side apply through kubectl.
+    let ssa = s.write("cm5.yaml", &CONFIGMAP.replace("name: demo", "name: ssa"));
+    assert!(
+        s.ok(&["apply", "--server-side", "-f", &ssa])
+            .await
+            .contains("configmap/ssa serverside-applied")
+    );
+    let managed = s
+        .json(&["get", "configmap", "ssa", "--show-managed-fields"])
+        .await;
+    assert_eq!(
+        managed["metadata"]["managedFields"][0]["manager"],
+        "kubectl"
+    );
+    assert_eq!(
+        managed["metadata"]["managedFields"][0]["operation"],
+        "Apply"
+    );
+
     // A CRD, then its custom resource, all through kubectl.
     let crd = s.write("crd.yaml", CRD);
     assert!(s.ok(&["apply", "-f", &crd]).await.contains("created"));
