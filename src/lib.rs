@@ -7,6 +7,7 @@
 pub mod agent;
 pub mod api;
 pub mod cli;
+pub mod cluster;
 pub mod device;
 pub mod health;
 pub mod host;

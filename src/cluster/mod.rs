@@ -1,0 +1,227 @@
+//! The cluster role: one agent, elected through a Lease, reconciles DeviceConfigs
+//! for the whole cluster. There is no separate controller Deployment.
+//!
+//! [`lease`] decides who leads; [`run`] starts kube-runtime's `Controller` when
+//! this agent becomes leader and aborts it the moment leadership is lost, so no
+//! leader work outlives the lease. The reconciler ([`reconcile`]) is fed by a
+//! DeviceConfig watch and by Node changes that matter (labels, the agent status
+//! annotation, conditions, unschedulable); heartbeat-only Node updates are
+//! filtered out before they can trigger anything. It never requeues while all is
+//! well.
+//!
+//! This module must not do node work: the agent on each node does that, and the
+//! leader only reads what agents report.
+
+pub mod lease;
+pub mod reconcile;
+pub mod resources;
+pub mod status;
+
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
+use kube::runtime::controller::{self, Controller};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::{PredicateConfig, WatchStreamExt, watcher};
+use kube::{Api, Client, ResourceExt};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::agent::status::STATUS_ANNOTATION;
+use crate::api::DeviceConfig;
+use lease::LeaderGuard;
+use reconcile::{Context, Stats, error_policy};
+
+/// Tunables of the leader's reconciler.
+#[derive(Clone, Debug)]
+pub struct ClusterConfig {
+    /// Minimum time between two status writes of one DeviceConfig.
+    pub status_interval: Duration,
+    /// How long deletion waits for agents on NotReady nodes.
+    pub teardown_timeout: Duration,
+    /// Identity shown on Events.
+    pub instance: String,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        Self {
+            status_interval: Duration::from_secs(1),
+            teardown_timeout: Duration::from_secs(300),
+            instance: "gpu-operator".into(),
+        }
+    }
+}
+
+/// A hash of what in a Node matters to DeviceConfig status: labels, the agent
+/// status annotation, condition statuses (not their heartbeat times) and
+/// `unschedulable`. Nodes whose hash did not change trigger no reconcile.
+pub fn node_relevance(node: &Node) -> Option<u64> {
+    let mut hasher = DefaultHasher::new();
+    node.labels().hash(&mut hasher);
+    node.annotations().get(STATUS_ANNOTATION).hash(&mut hasher);
+    node.spec
+        .as_ref()
+        .and_then(|s| s.unschedulable)
+        .hash(&mut hasher);
+    if let Some(conditions) = node.status.as_ref().and_then(|s| s.conditions.as_ref()) {
+        for c in conditions {
+            (&c.type_, &c.status, &c.reason, &c.message).hash(&mut hasher);
+        }
+    }
+    Some(hasher.finish())
+}
+
+/// Runs the reconciler whenever `leading` is true, until `shutdown`. Returns the
+/// counters of the last leadership term's reconciler (for tests and benchmarks).
+pub async fn run(
+    client: Client,
+    config: ClusterConfig,
+    mut leading: watch::Receiver<bool>,
+    guard: LeaderGuard,
+    shutdown: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            held = leading.wait_for(|l| *l) => if held.is_err() { return },
+        }
+        tracing::info!("leading: starting the DeviceConfig reconciler");
+        let stats = Arc::new(Stats::default());
+        let term = tokio::spawn(reconcile_until_cancelled(
+            client.clone(),
+            config.clone(),
+            guard.clone(),
+            stats,
+        ));
+        tokio::select! {
+            _ = shutdown.cancelled() => {
+                term.abort();
+                return;
+            }
+            _ = leading.wait_for(|l| !*l) => {}
+        }
+        // Leadership lost: stop at once. Writes in flight were checked against the
+        // guard before they were sent; nothing new is sent after this.
+        term.abort();
+        tracing::warn!("no longer leading: reconciler stopped");
+    }
+}
+
+/// Runs the Controller until the task is aborted.
+pub async fn reconcile_until_cancelled(
+    client: Client,
+    config: ClusterConfig,
+    guard: LeaderGuard,
+    stats: Arc<Stats>,
+) {
+    let (nodes, node_writer) = reflector::store::<Node>();
+    let node_events = reflector::reflector(
+        node_writer,
+        watcher::watcher(Api::<Node>::all(client.clone()), watcher::Config::default()).modify(
+            |node| {
+                // The leader keeps thousands of Nodes in memory: drop what it never reads.
+                node.managed_fields_mut().clear();
+                if let Some(status) = node.status.as_mut() {
+                    status.images = None;
+                    status.volumes_attached = None;
+                    status.volumes_in_use = None;
+                }
+            },
+        ),
+    )
+    .default_backoff()
+    .touched_objects()
+    .predicate_filter(node_relevance, PredicateConfig::default());
+
+    let controller = Controller::new(
+        Api::<DeviceConfig>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .with_config(controller::Config::default().debounce(Duration::from_millis(200)));
+    let configs = controller.store();
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "gpu-operator".into(),
+            instance: Some(config.instance.clone()),
+        },
+    );
+    let mut context = Context::new(client, nodes, configs.clone(), guard, recorder);
+    context.status_interval = config.status_interval;
+    context.teardown_timeout = config.teardown_timeout;
+    context.stats = stats;
+    let mapper_configs = configs.clone();
+    controller
+        .watches_stream(node_events, move |_node: Node| {
+            // Any relevant Node change may change which DeviceConfigs select it and
+            // what their status says; there are few DeviceConfigs.
+            mapper_configs
+                .state()
+                .iter()
+                .map(|dc| ObjectRef::from_obj(dc.as_ref()))
+                .collect::<Vec<_>>()
+        })
+        .run(reconcile::reconcile, error_policy, Arc::new(context))
+        .for_each(|result| async move {
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "reconcile error");
+            }
+        })
+        .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{NodeCondition, NodeStatus};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    fn node(heartbeat: i64, ready: &str) -> Node {
+        let mut node = Node::default();
+        node.metadata.name = Some("n".into());
+        node.status = Some(NodeStatus {
+            conditions: Some(vec![NodeCondition {
+                type_: "Ready".into(),
+                status: ready.into(),
+                last_heartbeat_time: Some(Time(
+                    k8s_openapi::jiff::Timestamp::from_second(heartbeat).unwrap(),
+                )),
+                ..NodeCondition::default()
+            }]),
+            ..NodeStatus::default()
+        });
+        node
+    }
+
+    #[test]
+    fn heartbeats_are_not_relevant_but_readiness_labels_and_status_are() {
+        let base = node(1, "True");
+        assert_eq!(node_relevance(&base), node_relevance(&node(99, "True")));
+        assert_ne!(node_relevance(&base), node_relevance(&node(1, "False")));
+        let mut labelled = base.clone();
+        labelled.labels_mut().insert("a".into(), "b".into());
+        assert_ne!(node_relevance(&base), node_relevance(&labelled));
+        let mut annotated = base.clone();
+        annotated
+            .annotations_mut()
+            .insert(STATUS_ANNOTATION.into(), "{}".into());
+        assert_ne!(node_relevance(&base), node_relevance(&annotated));
+        let mut other_annotation = base.clone();
+        other_annotation
+            .annotations_mut()
+            .insert("unrelated".into(), "x".into());
+        assert_eq!(node_relevance(&base), node_relevance(&other_annotation));
+        let mut cordoned = base.clone();
+        cordoned
+            .spec
+            .get_or_insert_with(Default::default)
+            .unschedulable = Some(true);
+        assert_ne!(node_relevance(&base), node_relevance(&cordoned));
+    }
+}

@@ -1,0 +1,453 @@
+//! The DeviceConfig reconciler, split the Stackable way into steps: validate,
+//! select, own (finalizer, Service, ServiceMonitor), then update status. All
+//! decisions are pure functions in `status` and `resources`; this file does the
+//! I/O, and every write first asks the [`LeaderGuard`] whether the lease is still
+//! held.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Service};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::reflector::Store;
+use kube::{Api, Client, Resource, ResourceExt};
+use serde_json::json;
+use tokio::time::Instant;
+
+use super::lease::LeaderGuard;
+use super::resources::{self, metrics_service, service_monitor};
+use super::status::{NodeView, Problems, desired_status, status_changed};
+use crate::agent::select::config_key;
+use crate::api::{DeviceConfig, validate};
+
+pub const FINALIZER: &str = "amd.node.kubernetes.io/deviceconfig-finalizer";
+const FIELD_MANAGER: &str = "gpu-operator-leader";
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("not the leader any more; write skipped")]
+    NotLeader,
+    #[error("{action} {object}: {source}")]
+    Kube {
+        action: &'static str,
+        object: String,
+        #[source]
+        source: kube::Error,
+    },
+}
+
+fn kube_err(action: &'static str, object: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
+    let object = object.into();
+    move |source| Error::Kube {
+        action,
+        object,
+        source,
+    }
+}
+
+/// Everything a reconcile needs besides the DeviceConfig itself.
+pub struct Context {
+    pub client: Client,
+    pub nodes: Store<Node>,
+    pub configs: Store<DeviceConfig>,
+    pub guard: LeaderGuard,
+    pub recorder: Recorder,
+    /// Minimum time between two status writes of one DeviceConfig.
+    pub status_interval: Duration,
+    /// How long deletion waits for agents on NotReady nodes to tear down.
+    pub teardown_timeout: Duration,
+    last_status_write: Mutex<HashMap<String, Instant>>,
+    /// Counts reconciles and writes, for tests, benchmarks and metrics.
+    pub stats: Arc<Stats>,
+}
+
+#[derive(Debug, Default)]
+pub struct Stats {
+    pub reconciles: std::sync::atomic::AtomicU64,
+    pub status_writes: std::sync::atomic::AtomicU64,
+}
+
+impl Context {
+    pub fn new(
+        client: Client,
+        nodes: Store<Node>,
+        configs: Store<DeviceConfig>,
+        guard: LeaderGuard,
+        recorder: Recorder,
+    ) -> Self {
+        Self {
+            client,
+            nodes,
+            configs,
+            guard,
+            recorder,
+            status_interval: Duration::from_secs(1),
+            teardown_timeout: Duration::from_secs(300),
+            last_status_write: Mutex::new(HashMap::new()),
+            stats: Arc::default(),
+        }
+    }
+
+    fn check_leader(&self) -> Result<(), Error> {
+        if self.guard.is_held() {
+            Ok(())
+        } else {
+            Err(Error::NotLeader)
+        }
+    }
+
+    async fn event(&self, dc: &DeviceConfig, type_: EventType, reason: &str, note: String) {
+        if self.check_leader().is_err() {
+            return;
+        }
+        let event = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(note),
+            action: "Reconcile".into(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&event, &dc.object_ref(&())).await {
+            tracing::warn!(error = %e, "cannot record Event");
+        }
+    }
+}
+
+/// Reconciles one DeviceConfig.
+pub async fn reconcile(dc: Arc<DeviceConfig>, ctx: Arc<Context>) -> Result<Action, Error> {
+    ctx.stats
+        .reconciles
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    ctx.check_leader()?;
+    let key = config_key(&dc);
+    let selected: Vec<NodeView> = ctx
+        .nodes
+        .state()
+        .iter()
+        .filter(|n| dc.spec.selects(n.labels()))
+        .map(|n| NodeView::from_node(n))
+        .collect();
+    if dc.metadata.deletion_timestamp.is_some() {
+        return tear_down(&dc, &selected, &ctx).await;
+    }
+    ensure_finalizer(&dc, &ctx).await?;
+
+    // 1. Validate, including what needs the cluster.
+    let mut problems = Problems {
+        validation: validate(&dc.spec).iter().map(ToString::to_string).collect(),
+        other: Vec::new(),
+    };
+    problems
+        .validation
+        .extend(missing_references(&dc, &ctx).await?);
+    // 2-3. Each selected Node belongs to one DeviceConfig only.
+    problems
+        .validation
+        .extend(conflicts(&dc, &selected, &ctx.configs));
+
+    // 4. Owned objects.
+    if let Err(e) = apply_owned(&dc, &ctx).await {
+        problems.other.push(e.to_string());
+    }
+
+    // 5. Status, written only when it changes and at most once per interval.
+    let now = Time(k8s_openapi::jiff::Timestamp::now());
+    let desired = desired_status(&dc, &selected, &problems, dc.status.as_ref(), &now);
+    if !status_changed(dc.status.as_ref(), &desired) {
+        return Ok(Action::await_change());
+    }
+    if let Some(wait) = throttle(&ctx, &key) {
+        return Ok(Action::requeue(wait));
+    }
+    ctx.check_leader()?;
+    let api: Api<DeviceConfig> =
+        Api::namespaced(ctx.client.clone(), &dc.namespace().unwrap_or_default());
+    // A JSON patch replaces the whole status, so counts that fell to zero (and
+    // are therefore left out of the serialised status) are cleared too.
+    let patch = json!([{ "op": "add", "path": "/status", "value": desired }]);
+    let patch: json_patch::Patch = serde_json::from_value(patch).map_err(|e| Error::Kube {
+        action: "encoding status of",
+        object: key.clone(),
+        source: kube::Error::SerdeError(e),
+    })?;
+    api.patch_status(
+        &dc.name_any(),
+        &PatchParams::default(),
+        &Patch::Json::<()>(patch),
+    )
+    .await
+    .map_err(kube_err("writing status of", &key))?;
+    ctx.stats
+        .status_writes
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    if let Ok(mut last) = ctx.last_status_write.lock() {
+        last.insert(key.clone(), Instant::now());
+    }
+    let was_ready = ready_status(dc.status.as_ref());
+    let is_ready = ready_status(Some(&desired));
+    if was_ready != is_ready {
+        let (type_, reason) = if is_ready == Some(true) {
+            (EventType::Normal, "Ready")
+        } else {
+            (EventType::Warning, "NotReady")
+        };
+        let message = desired
+            .conditions
+            .iter()
+            .find(|c| c.type_ == crate::api::CONDITION_READY)
+            .map(|c| format!("{}: {}", c.reason, c.message))
+            .unwrap_or_default();
+        ctx.event(&dc, type_, reason, message).await;
+    }
+    Ok(Action::await_change())
+}
+
+fn ready_status(status: Option<&crate::api::DeviceConfigStatus>) -> Option<bool> {
+    status?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == crate::api::CONDITION_READY)
+        .map(|c| c.status == "True")
+}
+
+/// Time left before the next status write of `key` is allowed, if any.
+fn throttle(ctx: &Context, key: &str) -> Option<Duration> {
+    let last = ctx.last_status_write.lock().ok()?.get(key).copied()?;
+    let next = last + ctx.status_interval;
+    let now = Instant::now();
+    (now < next).then(|| next - now)
+}
+
+pub fn error_policy(dc: Arc<DeviceConfig>, error: &Error, _ctx: Arc<Context>) -> Action {
+    match error {
+        Error::NotLeader => Action::await_change(),
+        other => {
+            tracing::warn!(deviceconfig = %config_key(&dc), error = %other, "reconcile failed; retrying");
+            Action::requeue(Duration::from_secs(5))
+        }
+    }
+}
+
+async fn ensure_finalizer(dc: &DeviceConfig, ctx: &Context) -> Result<(), Error> {
+    if dc.finalizers().iter().any(|f| f == FINALIZER) {
+        return Ok(());
+    }
+    let mut finalizers = dc.finalizers().to_vec();
+    finalizers.push(FINALIZER.to_owned());
+    patch_finalizers(dc, ctx, finalizers).await
+}
+
+/// Sets `metadata.finalizers`, guarded by the resourceVersion that was read so
+/// that a concurrent change by someone else is not overwritten.
+async fn patch_finalizers(
+    dc: &DeviceConfig,
+    ctx: &Context,
+    finalizers: Vec<String>,
+) -> Result<(), Error> {
+    ctx.check_leader()?;
+    let api: Api<DeviceConfig> =
+        Api::namespaced(ctx.client.clone(), &dc.namespace().unwrap_or_default());
+    let patch = json!({
+        "metadata": { "finalizers": finalizers, "resourceVersion": dc.resource_version() }
+    });
+    api.patch(
+        &dc.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(&patch),
+    )
+    .await
+    .map(|_| ())
+    .map_err(kube_err("updating finalizers of", config_key(dc)))
+}
+
+/// ConfigMaps the spec names that do not exist.
+async fn missing_references(dc: &DeviceConfig, ctx: &Context) -> Result<Vec<String>, Error> {
+    let spec = &dc.spec;
+    let mut wanted: Vec<(&str, String)> = Vec::new();
+    if spec.metrics_exporter.is_enabled()
+        && let Some(name) = spec.metrics_exporter.config.name.clone()
+    {
+        wanted.push(("spec.metricsExporter.config.name", name));
+    }
+    if spec.test_runner.is_enabled()
+        && let Some(config) = &spec.test_runner.config
+    {
+        wanted.push(("spec.testRunner.config.name", config.name.clone()));
+    }
+    if spec.remediation_workflow.is_enabled()
+        && let Some(config) = &spec.remediation_workflow.config
+    {
+        wanted.push(("spec.remediationWorkflow.config.name", config.name.clone()));
+    }
+    let api: Api<ConfigMap> =
+        Api::namespaced(ctx.client.clone(), &dc.namespace().unwrap_or_default());
+    let mut missing = Vec::new();
+    for (path, name) in wanted {
+        if name.is_empty() {
+            continue;
+        }
+        let found = api
+            .get_opt(&name)
+            .await
+            .map_err(kube_err("looking up ConfigMap", name.clone()))?;
+        if found.is_none() {
+            missing.push(format!("{path}: ConfigMap {name:?} does not exist"));
+        }
+    }
+    Ok(missing)
+}
+
+/// Nodes that another (live) DeviceConfig selects too.
+fn conflicts(
+    dc: &DeviceConfig,
+    selected: &[NodeView],
+    configs: &Store<DeviceConfig>,
+) -> Vec<String> {
+    let key = config_key(dc);
+    let others: Vec<Arc<DeviceConfig>> = configs
+        .state()
+        .into_iter()
+        .filter(|o| config_key(o) != key && o.metadata.deletion_timestamp.is_none())
+        .collect();
+    let mut problems = Vec::new();
+    for node in selected {
+        let claimants: BTreeSet<String> = others
+            .iter()
+            .filter(|o| o.spec.selects(&node.labels))
+            .map(|o| config_key(o))
+            .collect();
+        if !claimants.is_empty() {
+            problems.push(format!(
+                "spec.selector: node {} is also selected by {}; a node may belong to one DeviceConfig only",
+                node.name,
+                claimants.into_iter().collect::<Vec<_>>().join(", ")
+            ));
+        }
+    }
+    problems
+}
+
+/// Creates, updates or deletes the metrics Service and ServiceMonitor.
+async fn apply_owned(dc: &DeviceConfig, ctx: &Context) -> Result<(), Error> {
+    let ns = dc.namespace().unwrap_or_default();
+    let name = resources::metrics_service_name(dc);
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    let services: Api<Service> = Api::namespaced(ctx.client.clone(), &ns);
+    ctx.check_leader()?;
+    match metrics_service(dc) {
+        Some(service) => {
+            services
+                .patch(&name, &params, &Patch::Apply(&service))
+                .await
+                .map_err(kube_err("applying Service", &name))?;
+        }
+        None => delete_if_present(&services, &name).await?,
+    }
+    let wanted = service_monitor(dc);
+    if wanted.is_none() && !dc.spec.metrics_exporter.wants_service_monitor() && dc.status.is_none()
+    {
+        // Nothing to create and nothing we could have created before.
+        return Ok(());
+    }
+    let resource = resources::service_monitor_resource();
+    if !ctx
+        .client
+        .list_api_group_resources(&resource.api_version)
+        .await
+        .is_ok_and(|list| list.resources.iter().any(|r| r.name == resource.plural))
+    {
+        if wanted.is_some() {
+            tracing::info!(deviceconfig = %config_key(dc), "ServiceMonitor wanted but its CRD is not served; skipped");
+        }
+        return Ok(());
+    }
+    let monitors: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), &ns, &resource);
+    ctx.check_leader()?;
+    match wanted {
+        Some(monitor) => {
+            monitors
+                .patch(&name, &params, &Patch::Apply(&monitor))
+                .await
+                .map_err(kube_err("applying ServiceMonitor", &name))?;
+        }
+        None => delete_if_present(&monitors, &name).await?,
+    }
+    Ok(())
+}
+
+async fn delete_if_present<K>(api: &Api<K>, name: &str) -> Result<(), Error>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    match api.delete(name, &DeleteParams::default()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+        Err(e) => Err(kube_err("deleting", name)(e)),
+    }
+}
+
+/// Deletion: agents see the DeviceConfig is going and stop its services; once
+/// every selected agent reports it no longer follows it (or its Node has been
+/// NotReady past the timeout), owned objects are removed and the finalizer with them.
+async fn tear_down(
+    dc: &DeviceConfig,
+    selected: &[NodeView],
+    ctx: &Context,
+) -> Result<Action, Error> {
+    if !dc.finalizers().iter().any(|f| f == FINALIZER) {
+        return Ok(Action::await_change());
+    }
+    let key = config_key(dc);
+    let since_deletion = dc
+        .metadata
+        .deletion_timestamp
+        .as_ref()
+        .and_then(|t| {
+            let elapsed = k8s_openapi::jiff::Timestamp::now().duration_since(t.0);
+            Duration::try_from(elapsed).ok()
+        })
+        .unwrap_or_default();
+    let following = |n: &&NodeView| {
+        n.agent
+            .as_ref()
+            .is_some_and(|a| a.device_config.as_deref() == Some(key.as_str()))
+    };
+    let waiting: Vec<&NodeView> = selected.iter().filter(following).collect();
+    let timed_out = since_deletion >= ctx.teardown_timeout;
+    let blocking: Vec<&&NodeView> = waiting.iter().filter(|n| n.ready || !timed_out).collect();
+    if !blocking.is_empty() {
+        tracing::info!(deviceconfig = %key, waiting = blocking.len(), "waiting for agents to tear down");
+        let recheck = ctx
+            .teardown_timeout
+            .saturating_sub(since_deletion)
+            .max(Duration::from_secs(1));
+        return Ok(Action::requeue(recheck.min(Duration::from_secs(30))));
+    }
+    let ns = dc.namespace().unwrap_or_default();
+    let name = resources::metrics_service_name(dc);
+    ctx.check_leader()?;
+    delete_if_present(&Api::<Service>::namespaced(ctx.client.clone(), &ns), &name).await?;
+    let given_up: Vec<String> = waiting.iter().map(|n| n.name.clone()).collect();
+    let remaining: Vec<String> = dc
+        .finalizers()
+        .iter()
+        .filter(|f| *f != FINALIZER)
+        .cloned()
+        .collect();
+    patch_finalizers(dc, ctx, remaining).await?;
+    let note = if given_up.is_empty() {
+        format!("torn down on every selected node ({})", selected.len())
+    } else {
+        format!(
+            "torn down; gave up waiting for NotReady node(s) {} after {:?}",
+            given_up.join(", "),
+            ctx.teardown_timeout
+        )
+    };
+    ctx.event(dc, EventType::Normal, "TornDown", note).await;
+    Ok(Action::await_change())
+}

@@ -1,0 +1,202 @@
+//! Objects the leader owns on behalf of a DeviceConfig, built as plain data: the
+//! metrics Service and the Prometheus ServiceMonitor.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::api::{ApiResource, DynamicObject, ObjectMeta};
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+
+use crate::api::{DeviceConfig, ServiceType};
+
+/// Labels on every agent pod (the DaemonSet in deploy/ sets them); the metrics
+/// Service selects these.
+pub const AGENT_POD_LABEL: (&str, &str) = ("app.kubernetes.io/name", "gpu-operator");
+/// Name of the metrics port on the Service, referenced by the ServiceMonitor.
+pub const METRICS_PORT_NAME: &str = "exporter-port";
+
+/// `<deviceconfig>-metrics-exporter`, as the reference names it.
+pub fn metrics_service_name(dc: &DeviceConfig) -> String {
+    format!("{}-metrics-exporter", dc.name_any())
+}
+
+fn owned_meta(dc: &DeviceConfig, labels: BTreeMap<String, String>) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(metrics_service_name(dc)),
+        namespace: dc.namespace(),
+        labels: Some(labels),
+        owner_references: dc.controller_owner_ref(&()).map(|r| vec![r]),
+        ..ObjectMeta::default()
+    }
+}
+
+fn service_labels(dc: &DeviceConfig) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (
+            "app.kubernetes.io/name".to_owned(),
+            "gpu-operator-metrics".to_owned(),
+        ),
+        ("app.kubernetes.io/instance".to_owned(), dc.name_any()),
+    ])
+}
+
+/// The metrics Service, or `None` when metrics are disabled.
+pub fn metrics_service(dc: &DeviceConfig) -> Option<Service> {
+    let spec = &dc.spec.metrics_exporter;
+    if !spec.is_enabled() {
+        return None;
+    }
+    let mut meta = owned_meta(dc, service_labels(dc));
+    if !spec.service_annotations.is_empty() {
+        meta.annotations = Some(spec.service_annotations.clone());
+    }
+    let node_port = matches!(spec.service_type, ServiceType::NodePort);
+    Some(Service {
+        metadata: meta,
+        spec: Some(ServiceSpec {
+            type_: Some(if node_port { "NodePort" } else { "ClusterIP" }.to_owned()),
+            selector: Some(BTreeMap::from([(
+                AGENT_POD_LABEL.0.to_owned(),
+                AGENT_POD_LABEL.1.to_owned(),
+            )])),
+            ports: Some(vec![ServicePort {
+                name: Some(METRICS_PORT_NAME.to_owned()),
+                protocol: Some("TCP".into()),
+                port: spec.port,
+                target_port: Some(IntOrString::Int(spec.port)),
+                node_port: spec.requested_node_port(),
+                ..ServicePort::default()
+            }]),
+            ..ServiceSpec::default()
+        }),
+        ..Service::default()
+    })
+}
+
+pub fn service_monitor_resource() -> ApiResource {
+    ApiResource {
+        group: "monitoring.coreos.com".into(),
+        version: "v1".into(),
+        api_version: "monitoring.coreos.com/v1".into(),
+        kind: "ServiceMonitor".into(),
+        plural: "servicemonitors".into(),
+    }
+}
+
+/// The ServiceMonitor, or `None` when metrics or the monitor are disabled.
+pub fn service_monitor(dc: &DeviceConfig) -> Option<DynamicObject> {
+    let spec = &dc.spec.metrics_exporter;
+    if !spec.is_enabled() || !spec.wants_service_monitor() {
+        return None;
+    }
+    let monitor = spec.prometheus.as_ref()?.service_monitor.as_ref()?;
+    let mut labels = service_labels(dc);
+    labels.extend(monitor.labels.clone());
+    let mut endpoint = json!({
+        "port": METRICS_PORT_NAME,
+        "path": "/metrics",
+        "honorLabels": monitor.honor_labels,
+    });
+    let fields = [
+        ("interval", serde_json::to_value(&monitor.interval)),
+        (
+            "honorTimestamps",
+            serde_json::to_value(monitor.honor_timestamps),
+        ),
+        ("relabelings", serde_json::to_value(&monitor.relabelings)),
+        (
+            "metricRelabelings",
+            serde_json::to_value(&monitor.metric_relabelings),
+        ),
+        (
+            "authorization",
+            serde_json::to_value(&monitor.authorization),
+        ),
+        (
+            "bearerTokenFile",
+            serde_json::to_value(&monitor.bearer_token_file),
+        ),
+        ("tlsConfig", serde_json::to_value(&monitor.tls_config)),
+    ];
+    for (name, value) in fields {
+        match value {
+            Ok(serde_json::Value::Null) => {}
+            Ok(serde_json::Value::Array(items)) if items.is_empty() => {}
+            Ok(value) => endpoint[name] = value,
+            Err(e) => {
+                tracing::warn!(field = name, error = %e, "cannot render ServiceMonitor field")
+            }
+        }
+    }
+    let mut body = json!({
+        "selector": { "matchLabels": service_labels(dc) },
+        "namespaceSelector": { "matchNames": [dc.namespace().unwrap_or_default()] },
+        "endpoints": [endpoint],
+    });
+    if let Some(attach) = &monitor.attach_metadata
+        && let Ok(value) = serde_json::to_value(attach)
+    {
+        body["attachMetadata"] = value;
+    }
+    let mut object = DynamicObject::new(&metrics_service_name(dc), &service_monitor_resource())
+        .within(&dc.namespace().unwrap_or_default());
+    object.metadata = owned_meta(dc, labels);
+    object.data = json!({ "spec": body });
+    Some(object)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::DeviceConfigSpec;
+
+    fn dc(spec: serde_json::Value) -> DeviceConfig {
+        let spec: DeviceConfigSpec = serde_json::from_value(spec).unwrap();
+        let mut dc = DeviceConfig::new("gpus", spec);
+        dc.metadata.namespace = Some("kube-amd-gpu".into());
+        dc.metadata.uid = Some("u1".into());
+        dc
+    }
+
+    #[test]
+    fn service_follows_the_spec() {
+        assert!(
+            metrics_service(&dc(json!({}))).is_none(),
+            "metrics are off by default"
+        );
+        let svc = metrics_service(&dc(json!({"metricsExporter": {
+            "enable": true, "port": 5001, "serviceType": "NodePort", "nodePort": 32500,
+            "serviceAnnotations": {"a": "b"}}})))
+        .unwrap();
+        assert_eq!(svc.metadata.name.as_deref(), Some("gpus-metrics-exporter"));
+        assert_eq!(
+            svc.metadata.owner_references.as_ref().unwrap()[0].kind,
+            "DeviceConfig"
+        );
+        assert_eq!(svc.metadata.annotations.unwrap()["a"], "b");
+        let spec = svc.spec.unwrap();
+        assert_eq!(spec.type_.as_deref(), Some("NodePort"));
+        let port = &spec.ports.unwrap()[0];
+        assert_eq!((port.port, port.node_port), (5001, Some(32500)));
+        let cluster_ip =
+            metrics_service(&dc(json!({"metricsExporter": {"enable": true}}))).unwrap();
+        let port = &cluster_ip.spec.unwrap().ports.unwrap()[0];
+        assert_eq!((port.port, port.node_port), (5000, None));
+    }
+
+    #[test]
+    fn service_monitor_only_when_asked() {
+        assert!(service_monitor(&dc(json!({"metricsExporter": {"enable": true}}))).is_none());
+        let sm = service_monitor(&dc(json!({"metricsExporter": {"enable": true, "prometheus": {
+            "serviceMonitor": {"enable": true, "interval": "30s", "labels": {"release": "prom"}}}}})))
+        .unwrap();
+        assert_eq!(sm.metadata.labels.as_ref().unwrap()["release"], "prom");
+        let endpoint = &sm.data["spec"]["endpoints"][0];
+        assert_eq!(endpoint["interval"], "30s");
+        assert_eq!(endpoint["port"], METRICS_PORT_NAME);
+        assert_eq!(endpoint["honorLabels"], true);
+        assert!(endpoint.get("relabelings").is_none());
+    }
+}

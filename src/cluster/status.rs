@@ -1,0 +1,370 @@
+//! What a DeviceConfig's status should say: a pure function of the DeviceConfig,
+//! the Nodes it selects (with their agents' status annotations) and the problems
+//! the reconciler found.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::ResourceExt;
+
+use crate::agent::select::config_key;
+use crate::agent::status::{AgentStatus, STATUS_ANNOTATION};
+use crate::api::{
+    CONDITION_ERROR, CONDITION_READY, DeploymentStatus, DeviceConfig, DeviceConfigStatus,
+    ModuleStatus, Operand, REASON_ERROR, REASON_NO_MATCHING_NODES, REASON_OPERATOR_READY,
+    REASON_VALIDATION_ERROR,
+};
+
+/// A selected Node as the status needs it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct NodeView {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    /// The agent's status annotation, when present and parseable.
+    pub agent: Option<AgentStatus>,
+    /// The Node's `Ready` condition is True.
+    pub ready: bool,
+    pub kernel_version: String,
+    pub boot_id: String,
+}
+
+impl NodeView {
+    pub fn from_node(node: &Node) -> Self {
+        let status = node.status.as_ref();
+        let info = status.and_then(|s| s.node_info.as_ref());
+        Self {
+            name: node.name_any(),
+            labels: node.labels().clone(),
+            agent: node
+                .annotations()
+                .get(STATUS_ANNOTATION)
+                .and_then(|text| AgentStatus::parse(text).ok()),
+            ready: status
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True")),
+            kernel_version: info.map(|i| i.kernel_version.clone()).unwrap_or_default(),
+            boot_id: info.map(|i| i.boot_id.clone()).unwrap_or_default(),
+        }
+    }
+
+    /// The agent reports that it follows this DeviceConfig.
+    fn follows(&self, key: &str, uid: Option<&str>) -> Option<&AgentStatus> {
+        self.agent.as_ref().filter(|a| {
+            a.device_config.as_deref() == Some(key) && (uid.is_none() || a.uid.as_deref() == uid)
+        })
+    }
+}
+
+/// Why a DeviceConfig cannot be applied: validation problems, missing references,
+/// nodes claimed by another DeviceConfig.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Problems {
+    pub validation: Vec<String>,
+    pub other: Vec<String>,
+}
+
+/// The status to write. `previous` provides condition transition times and the
+/// last observed generation, which only moves forward once every selected agent
+/// reports that it applied the current generation.
+pub fn desired_status(
+    dc: &DeviceConfig,
+    selected: &[NodeView],
+    problems: &Problems,
+    previous: Option<&DeviceConfigStatus>,
+    now: &Time,
+) -> DeviceConfigStatus {
+    let key = config_key(dc);
+    let uid = dc.metadata.uid.as_deref();
+    let generation = dc.metadata.generation.unwrap_or(0);
+    let spec = &dc.spec;
+    let matching = selected.len() as i32;
+    let count =
+        |pred: &dyn Fn(&NodeView) -> bool| selected.iter().filter(|n| pred(n)).count() as i32;
+    let service_running = |node: &NodeView, service: &str| {
+        node.follows(&key, uid)
+            .and_then(|a| a.services.get(service))
+            .is_some_and(|s| s.is_available())
+    };
+    let deployment = |operand: Operand, service: Option<&str>| DeploymentStatus {
+        nodes_matching_selector_number: matching,
+        desired_number: count(&|n| spec.runs_on(operand, &n.labels)),
+        available_number: match service {
+            Some(service) => {
+                count(&|n| spec.runs_on(operand, &n.labels) && service_running(n, service))
+            }
+            None => 0,
+        },
+    };
+    let driver = DeploymentStatus {
+        nodes_matching_selector_number: matching,
+        desired_number: if spec.driver.enable { matching } else { 0 },
+        // The driver is available where the agent follows this config and sees it loaded.
+        available_number: if spec.driver.enable {
+            count(&|n| {
+                n.follows(&key, uid)
+                    .is_some_and(|a| a.driver_version.is_some() || a.gpus > 0)
+            })
+        } else {
+            0
+        },
+    };
+    let previous_modules = previous.map(|p| &p.node_module_status);
+    let node_module_status = if spec.driver.enable {
+        selected
+            .iter()
+            .map(|n| {
+                let module = ModuleStatus {
+                    container_image: n
+                        .follows(&key, uid)
+                        .and_then(|a| a.driver_version.clone())
+                        .map(|v| format!("amdgpu {v}"))
+                        .unwrap_or_default(),
+                    kernel_version: n.kernel_version.clone(),
+                    boot_id: n.boot_id.clone(),
+                    ..ModuleStatus::default()
+                };
+                let last = previous_modules.and_then(|m| m.get(&n.name));
+                let transition = match last {
+                    Some(last)
+                        if ModuleStatus {
+                            last_transition_time: String::new(),
+                            ..last.clone()
+                        } == module =>
+                    {
+                        last.last_transition_time.clone()
+                    }
+                    _ => now.0.to_string(),
+                };
+                (
+                    n.name.clone(),
+                    ModuleStatus {
+                        last_transition_time: transition,
+                        ..module
+                    },
+                )
+            })
+            .collect()
+    } else {
+        BTreeMap::new()
+    };
+
+    let all_applied = !selected.is_empty()
+        && selected.iter().all(|n| {
+            n.follows(&key, uid)
+                .is_some_and(|a| a.generation == Some(generation))
+        });
+    let observed_generation =
+        if all_applied || (selected.is_empty() && problems.validation.is_empty()) {
+            generation
+        } else {
+            previous.map_or(0, |p| p.observed_generation)
+        };
+
+    let (ready, error) = if !problems.validation.is_empty() {
+        let message = problems.validation.join("; ");
+        (
+            ("False", REASON_VALIDATION_ERROR, message.clone()),
+            ("True", REASON_VALIDATION_ERROR, message),
+        )
+    } else if !problems.other.is_empty() {
+        let message = problems.other.join("; ");
+        (
+            ("False", REASON_ERROR, message.clone()),
+            ("True", REASON_ERROR, message),
+        )
+    } else if selected.is_empty() {
+        (
+            (
+                "False",
+                REASON_NO_MATCHING_NODES,
+                "the selector matches no node".to_owned(),
+            ),
+            ("False", REASON_NO_MATCHING_NODES, String::new()),
+        )
+    } else {
+        (
+            (
+                "True",
+                REASON_OPERATOR_READY,
+                format!("applied to {matching} node(s)"),
+            ),
+            ("False", REASON_OPERATOR_READY, String::new()),
+        )
+    };
+    let previous_conditions = previous.map(|p| p.conditions.as_slice()).unwrap_or(&[]);
+    let conditions = vec![
+        condition(CONDITION_READY, ready, generation, previous_conditions, now),
+        condition(CONDITION_ERROR, error, generation, previous_conditions, now),
+    ];
+
+    DeviceConfigStatus {
+        device_plugin: deployment(Operand::DevicePlugin, Some("devicePlugin")),
+        driver,
+        metrics_exporter: deployment(Operand::MetricsExporter, Some("metrics")),
+        config_manager: deployment(Operand::ConfigManager, None),
+        remediation_workflow: DeploymentStatus {
+            nodes_matching_selector_number: matching,
+            desired_number: if spec.remediation_workflow.is_enabled() {
+                matching
+            } else {
+                0
+            },
+            available_number: 0,
+        },
+        node_module_status,
+        conditions,
+        observed_generation,
+    }
+}
+
+/// A condition that keeps its transition time while its status is unchanged.
+fn condition(
+    type_: &str,
+    (status, reason, message): (&str, &str, String),
+    generation: i64,
+    previous: &[Condition],
+    now: &Time,
+) -> Condition {
+    let last_transition_time = previous
+        .iter()
+        .find(|c| c.type_ == type_ && c.status == status)
+        .map_or_else(|| now.clone(), |c| c.last_transition_time.clone());
+    Condition {
+        type_: type_.to_owned(),
+        status: status.to_owned(),
+        reason: reason.to_owned(),
+        message,
+        observed_generation: Some(generation),
+        last_transition_time,
+    }
+}
+
+/// True when two statuses differ in anything a person would notice: transition
+/// times alone do not count.
+pub fn status_changed(current: Option<&DeviceConfigStatus>, desired: &DeviceConfigStatus) -> bool {
+    let Some(current) = current else {
+        return true;
+    };
+    let strip = |s: &DeviceConfigStatus| {
+        let mut s = s.clone();
+        for c in &mut s.conditions {
+            c.last_transition_time = Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
+        }
+        for m in s.node_module_status.values_mut() {
+            m.last_transition_time.clear();
+        }
+        s
+    };
+    strip(current) != strip(desired)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::status::ServiceStatus;
+    use crate::api::DeviceConfigSpec;
+
+    fn dc(generation: i64) -> DeviceConfig {
+        let mut dc = DeviceConfig::new("gpus", DeviceConfigSpec::default());
+        dc.metadata.namespace = Some("ns".into());
+        dc.metadata.uid = Some("uid-1".into());
+        dc.metadata.generation = Some(generation);
+        dc
+    }
+
+    fn node(name: &str, generation: Option<i64>, plugin_running: bool) -> NodeView {
+        NodeView {
+            name: name.into(),
+            ready: true,
+            agent: generation.map(|g| AgentStatus {
+                v: 1,
+                device_config: Some("ns/gpus".into()),
+                uid: Some("uid-1".into()),
+                generation: Some(g),
+                services: if plugin_running {
+                    [("devicePlugin".to_string(), ServiceStatus::Running)].into()
+                } else {
+                    BTreeMap::new()
+                },
+                gpus: 8,
+                driver_version: Some("6.12.12".into()),
+                ..AgentStatus::default()
+            }),
+            ..NodeView::default()
+        }
+    }
+
+    fn now() -> Time {
+        Time(k8s_openapi::jiff::Timestamp::from_second(1_800_000_000).unwrap())
+    }
+
+    fn cond<'a>(status: &'a DeviceConfigStatus, type_: &str) -> &'a Condition {
+        status.conditions.iter().find(|c| c.type_ == type_).unwrap()
+    }
+
+    #[test]
+    fn counts_and_ready_when_all_agents_applied_the_generation() {
+        let nodes = [node("a", Some(2), true), node("b", Some(2), true)];
+        let status = desired_status(&dc(2), &nodes, &Problems::default(), None, &now());
+        assert_eq!(status.device_plugin.nodes_matching_selector_number, 2);
+        assert_eq!(status.device_plugin.desired_number, 2);
+        assert_eq!(status.device_plugin.available_number, 2);
+        assert_eq!(status.driver.available_number, 2);
+        assert_eq!(status.observed_generation, 2);
+        assert_eq!(cond(&status, "Ready").status, "True");
+        assert_eq!(cond(&status, "Ready").reason, "OperatorReady");
+        assert_eq!(cond(&status, "Error").status, "False");
+        assert_eq!(status.node_module_status.len(), 2);
+    }
+
+    #[test]
+    fn observed_generation_waits_for_every_agent() {
+        let previous = DeviceConfigStatus {
+            observed_generation: 1,
+            ..DeviceConfigStatus::default()
+        };
+        let nodes = [
+            node("a", Some(2), true),
+            node("b", Some(1), false),
+            node("c", None, false),
+        ];
+        let status = desired_status(
+            &dc(2),
+            &nodes,
+            &Problems::default(),
+            Some(&previous),
+            &now(),
+        );
+        assert_eq!(status.observed_generation, 1);
+        assert_eq!(status.device_plugin.available_number, 1);
+    }
+
+    #[test]
+    fn validation_errors_and_no_matching_nodes() {
+        let problems = Problems {
+            validation: vec!["spec.x: bad".into()],
+            other: vec![],
+        };
+        let status = desired_status(&dc(1), &[], &problems, None, &now());
+        assert_eq!(cond(&status, "Ready").status, "False");
+        assert_eq!(cond(&status, "Error").status, "True");
+        assert_eq!(cond(&status, "Error").reason, "ValidationError");
+        assert!(cond(&status, "Error").message.contains("spec.x: bad"));
+        let status = desired_status(&dc(1), &[], &Problems::default(), None, &now());
+        assert_eq!(cond(&status, "Ready").reason, "NoMatchingNodes");
+    }
+
+    #[test]
+    fn transition_times_are_kept_and_do_not_count_as_changes() {
+        let nodes = [node("a", Some(1), true)];
+        let first = desired_status(&dc(1), &nodes, &Problems::default(), None, &now());
+        let later = Time(k8s_openapi::jiff::Timestamp::from_second(1_800_000_100).unwrap());
+        let second = desired_status(&dc(1), &nodes, &Problems::default(), Some(&first), &later);
+        assert_eq!(first, second, "nothing changed, not even times");
+        assert!(!status_changed(Some(&first), &second));
+        let fewer = desired_status(&dc(1), &[], &Problems::default(), Some(&first), &later);
+        assert!(status_changed(Some(&first), &fewer));
+        assert_eq!(cond(&fewer, "Ready").last_transition_time, later);
+    }
+}
