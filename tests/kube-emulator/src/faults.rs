@@ -11,6 +11,9 @@
 //! resource (discovery, `/version`) use their path: `/api`, `/apis/apps/v1`. Verbs are the
 //! Kubernetes ones: `get`, `list`, `watch`, `create`, `update`, `patch`, `delete`,
 //! `deletecollection`.
+//!
+//! This module only records rules and counts; the server applies them at the door, before a
+//! request reaches the store, so faults never change stored state.
 
 use std::collections::BTreeMap;
 use std::fmt;

@@ -347,3 +347,30 @@ impl Drop for Emulator {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Tests share one emulator between tasks (several agents against one API server).
+    #[test]
+    fn emulator_handles_are_shareable() {
+        fn send_sync<T: Send + Sync>() {}
+        send_sync::<Emulator>();
+        send_sync::<Faults>();
+        send_sync::<RequestCounts>();
+    }
+
+    #[test]
+    fn config_builder_sets_every_field() {
+        let c = EmulatorConfig::default()
+            .port(1234)
+            .history_limit(7)
+            .bookmark_interval(Duration::from_millis(5))
+            .default_watch_timeout(Duration::from_secs(9));
+        assert_eq!(c.port, 1234);
+        assert_eq!(c.history_limit, 7);
+        assert_eq!(c.bookmark_interval, Duration::from_millis(5));
+        assert_eq!(c.default_watch_timeout, Duration::from_secs(9));
+    }
+}
