@@ -1,11 +1,11 @@
 //! Device plugin figures: time from start to registration, re-registration after
-//! a kubelet restart, and Allocate / GetPreferredAllocation latency (p50, p99),
+//! a kubelet restart, stop, and Allocate / GetPreferredAllocation latency (p50, p99),
 //! over real unix sockets against the test kubelet and for the pure
 //! preferred-allocation function alone.
 //!
 //! Run with `cargo bench --bench plugin`. Prints a table; nothing is asserted
-//! (goals: registration well under 1 s after a kubelet restart, preferred
-//! allocation under 1 ms for 64 devices).
+//! (goals: registration well under 1 s after a kubelet restart, stop well under
+//! the agent's 5 s, preferred allocation under 1 ms for 64 devices).
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -69,6 +69,7 @@ async fn registration() {
     let sim = SimHost::new("mi300x", None);
     let mut start = Figures::new("start -> registered (mi300x, 8 GPUs)");
     let mut again = Figures::new("kubelet restart -> registered again");
+    let mut stop = Figures::new("stop() with an open ListAndWatch stream");
     for _ in 0..20 {
         let dir = tempfile::tempdir().expect("temp dir");
         let mut kubelet = TestKubelet::start(dir.path()).await;
@@ -81,15 +82,21 @@ async fn registration() {
         let registered = kubelet.wait_for_registration("amd.com/gpu", 1).await;
         start.samples.push(registered.at.duration_since(began));
 
-        for n in 2..4 {
+        for _ in 0..2 {
+            let n = kubelet.registrations().len() + 1;
             let restarted = kubelet.restart().await;
             let registered = kubelet.wait_for_registration("amd.com/gpu", n).await;
             again.samples.push(registered.at.duration_since(restarted));
         }
+        let mut stream = kubelet.list_and_watch("amd.com_gpu.sock").await;
+        stream.next().await;
+        let began = Instant::now();
         plugin.stop().await;
+        stop.samples.push(began.elapsed());
     }
     start.print();
     again.print();
+    stop.print();
 }
 
 /// Allocate and GetPreferredAllocation as the kubelet calls them.

@@ -17,15 +17,19 @@ async fn kubelet_restart_leads_to_a_new_registration() {
     let mut rig = Rig::start("mi300x", None, Single).await;
     rig.kubelet.wait_for_registration("amd.com/gpu", 1).await;
 
-    let restarted = rig.kubelet.restart().await;
+    rig.kubelet.restart().await;
     assert!(
         !rig.plugin_dir.path().join("amd.com_gpu.sock").exists(),
         "restart wiped the plugin socket"
     );
+    // How fast is a benchmark figure (`cargo bench --bench plugin`); here only
+    // that it happens, within the test kubelet's bounded wait.
     let again = rig.kubelet.wait_for_registration("amd.com/gpu", 2).await;
-    // The requirement is 1 s; the bound here only catches a plugin that never
-    // notices (timing goals belong to benchmarks).
-    assert!(again.at.duration_since(restarted) < Duration::from_secs(5));
+    assert_eq!(again.request.endpoint, "amd.com_gpu.sock");
+    // Once: the wiped socket and the new kubelet.sock are one event. Several
+    // poll intervals pass without another registration.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(rig.kubelet.registrations().len(), 2);
     assert!(
         rig.plugin_dir.path().join("amd.com_gpu.sock").exists(),
         "socket recreated"
@@ -283,12 +287,7 @@ async fn stopping_removes_the_sockets_and_ends_streams() {
     let mut stream = rig.kubelet.list_and_watch("amd.com_gpu.sock").await;
     stream.next().await;
     let status = rig.plugin().status();
-    let stopping = tokio::time::Instant::now();
     rig.stop().await;
-    assert!(
-        stopping.elapsed() < Duration::from_secs(5),
-        "stop is bounded"
-    );
     assert_eq!(rig.sockets(), ["kubelet.sock"]);
     assert!(!status.borrow().running);
     assert!(stream.ended().await);

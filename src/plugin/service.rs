@@ -28,13 +28,13 @@ use crate::host::HostRoot;
 
 use super::api;
 use super::devices::{
-    LayoutConflict, PluginDevice, ResourceNamingStrategy, ResourcePlan, XcpNames, plan_resources,
+    LayoutConflict, PluginDevice, ResourceNamingStrategy, ResourcePlan, plan_resources,
     resource_name, socket_name,
 };
 use super::health::{HealthReport, NodeChecks, device_health};
 use super::preferred::Topology;
 use super::probe;
-use super::server::{SocketServer, file_id, register};
+use super::server::{FileId, SocketServer, file_id, register};
 use super::state::{AdvertisedDevice, ResourceState};
 
 /// How often registration is retried while the kubelet is unreachable.
@@ -187,12 +187,11 @@ struct Supervisor {
     inventory: Arc<Inventory>,
     report: HealthReport,
     plan: ResourcePlan,
-    xcp: XcpNames,
     checks: NodeChecks,
     servers: BTreeMap<String, ResourceHandle>,
     status: Arc<watch::Sender<PluginStatus>>,
     kubelet_generation: watch::Sender<u64>,
-    kubelet_id: Option<super::server::FileId>,
+    kubelet_id: Option<FileId>,
 }
 
 impl Supervisor {
@@ -203,7 +202,6 @@ impl Supervisor {
             inventory: Arc::default(),
             report: HealthReport::default(),
             plan: ResourcePlan::default(),
-            xcp: XcpNames::new(),
             checks: NodeChecks::default(),
             servers: BTreeMap::new(),
             status,
@@ -290,8 +288,8 @@ impl Supervisor {
 
     /// Recomputes resources and devices, then starts, updates and stops servers.
     async fn replan(&mut self) {
-        self.xcp = probe::xcp_names(&self.config.host);
-        self.plan = plan_resources(&self.inventory, self.config.strategy, &self.xcp);
+        let xcp = probe::xcp_names(&self.config.host);
+        self.plan = plan_resources(&self.inventory, self.config.strategy, &xcp);
         if let Some(conflict) = &self.plan.conflict {
             tracing::warn!(%conflict, "partition layouts conflict");
         }
@@ -495,8 +493,13 @@ impl ResourceTask {
         let socket = self.dir.join(socket_name(&self.short));
         let mut tick = ticker(self.poll_interval);
         let mut server: Option<SocketServer> = None;
+        let kubelet_socket = self.dir.join(api::KUBELET_SOCKET);
         let mut need_register = true;
         let mut next_attempt = Instant::now();
+        // The kubelet socket our registration went to. A restart that wipes our
+        // socket as well is seen twice (our socket, then kubelet.sock); this
+        // keeps it to one registration.
+        let mut registered_with: Option<FileId> = None;
         loop {
             if !server.as_ref().is_some_and(SocketServer::is_intact) {
                 if let Some(old) = server.take() {
@@ -516,6 +519,7 @@ impl ResourceTask {
                 }
             }
             if need_register && server.is_some() && Instant::now() >= next_attempt {
+                let target = file_id(&kubelet_socket);
                 let result = tokio::select! {
                     result = register(&self.dir, &self.short) => result,
                     _ = stop.wait_for(|s| *s) => break,
@@ -524,6 +528,7 @@ impl ResourceTask {
                     Ok(()) => {
                         tracing::info!(resource = %resource_name(&self.short), "registered with the kubelet");
                         need_register = false;
+                        registered_with = target;
                         self.report(true, None);
                     }
                     Err(e) => {
@@ -536,8 +541,11 @@ impl ResourceTask {
                 _ = tick.tick() => {}
                 changed = kubelet.changed() => match changed {
                     Ok(()) => {
-                        need_register = true;
-                        next_attempt = Instant::now();
+                        let current = file_id(&kubelet_socket);
+                        if need_register || registered_with.is_none() || current != registered_with {
+                            need_register = true;
+                            next_attempt = Instant::now();
+                        }
                     }
                     Err(_) => break,
                 },
