@@ -166,6 +166,22 @@ pub struct AgentArgs {
     /// Seconds between discovery rescans (udev events trigger rescans too).
     #[arg(long, value_name = "SECONDS", default_value_t = 5.0)]
     pub rescan_interval: f64,
+    /// Namespace of the leader-election Lease (normally the agent's own, from the
+    /// downward API). Without it the agent does node work only and never leads.
+    #[arg(long, value_name = "NS", env = "POD_NAMESPACE")]
+    pub lease_namespace: Option<String>,
+    /// This pod's name; with the node name it forms the leader identity.
+    #[arg(long, value_name = "NAME", env = "POD_NAME", default_value = "agent")]
+    pub pod_name: String,
+    /// Seconds a leader's lease stays valid without renewal.
+    #[arg(long, value_name = "SECONDS", default_value_t = 15)]
+    pub lease_duration: u64,
+    /// Seconds between lease renewals by the leader.
+    #[arg(long, value_name = "SECONDS", default_value_t = 5)]
+    pub lease_renew: u64,
+    /// Do not campaign for the cluster role even when --lease-namespace is set.
+    #[arg(long)]
+    pub no_leader_election: bool,
 }
 
 pub fn main() -> ExitCode {
@@ -409,7 +425,32 @@ fn run_agent(args: AgentArgs) -> ExitCode {
                 );
             }
         };
+        let leader = match (&args.lease_namespace, args.no_leader_election) {
+            (Some(namespace), false) => {
+                if args.lease_renew == 0 || args.lease_renew >= args.lease_duration {
+                    return fail(
+                        "--lease-renew must be positive and shorter than --lease-duration",
+                        2,
+                    );
+                }
+                let mut lease = crate::cluster::lease::LeaseConfig::new(
+                    namespace.clone(),
+                    format!("{}/{}", args.node_name, args.pod_name),
+                );
+                lease.duration = std::time::Duration::from_secs(args.lease_duration);
+                lease.renew_every = std::time::Duration::from_secs(args.lease_renew);
+                Some(crate::agent::LeaderConfig {
+                    lease,
+                    cluster: crate::cluster::ClusterConfig {
+                        instance: args.node_name.clone(),
+                        ..Default::default()
+                    },
+                })
+            }
+            _ => None,
+        };
         let config = crate::agent::AgentConfig {
+            leader,
             node_name: args.node_name,
             namespace: args.namespace,
             host,

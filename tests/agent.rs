@@ -73,6 +73,7 @@ impl Harness {
             host: self.host.clone(),
             kubelet_dir,
             rescan_interval: Duration::from_millis(200),
+            leader: None,
         };
         let client = self.emulator.client();
         let shutdown = self.shutdown.clone();

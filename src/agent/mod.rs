@@ -54,6 +54,15 @@ pub struct AgentConfig {
     pub kubelet_dir: PathBuf,
     /// Discovery rescan interval (the safety net behind udev).
     pub rescan_interval: Duration,
+    /// Campaign for the cluster role; `None` runs node work only.
+    pub leader: Option<LeaderConfig>,
+}
+
+/// How this agent takes part in leader election.
+#[derive(Clone, Debug)]
+pub struct LeaderConfig {
+    pub lease: crate::cluster::lease::LeaseConfig,
+    pub cluster: crate::cluster::ClusterConfig,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -81,6 +90,24 @@ pub async fn run(
     .await;
     let mut inventory = devices.inventory();
     let nodes: Api<Node> = Api::all(client.clone());
+
+    // The cluster role runs beside node work and stops with it: on shutdown the
+    // election releases the lease so that a standby takes over at once.
+    let leader = config.leader.clone().map(|leader| {
+        let election = crate::cluster::lease::Election::start(
+            client.clone(),
+            leader.lease,
+            shutdown.child_token(),
+        );
+        let cluster = tokio::spawn(crate::cluster::run(
+            client.clone(),
+            leader.cluster,
+            election.leading.clone(),
+            election.guard.clone(),
+            shutdown.child_token(),
+        ));
+        (election, cluster)
+    });
 
     let watches = CancellationToken::new();
     let _stop_watches = watches.clone().drop_guard();
@@ -179,7 +206,13 @@ pub async fn run(
         }
     }
     tracing::info!("agent stopping");
-    tokio::join!(plugin.stop(), labeller.stop());
+    let release = async {
+        if let Some((election, cluster)) = leader {
+            cluster.abort();
+            election.finished().await;
+        }
+    };
+    tokio::join!(plugin.stop(), labeller.stop(), release);
     drop(devices);
     Ok(())
 }

@@ -1,0 +1,570 @@
+//! The cluster role end to end: several agents (one per simulated node) against
+//! one API emulator elect a leader, which reconciles DeviceConfigs; failover,
+//! network partition, status, conflicts and deletion.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use gpu_operator::agent::{self, AgentConfig, LeaderConfig};
+use gpu_operator::api::DeviceConfig;
+use gpu_operator::cluster::ClusterConfig;
+use gpu_operator::cluster::lease::{Election, LeaseConfig};
+use gpu_operator::cluster::reconcile::FINALIZER;
+use gpu_operator::host::HostRoot;
+use gpu_operator::simulate::{self, SimSpec};
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use kube_emulator::{Emulator, EmulatorConfig};
+use serde_json::{Value, json};
+use support::kubelet::TestKubelet;
+use tokio::io::AsyncReadExt;
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+
+const NS: &str = "kube-amd-gpu";
+const LEASE_DURATION: Duration = Duration::from_secs(3);
+const WAIT: Duration = Duration::from_secs(15);
+
+/// A TCP proxy between one agent and the emulator that a test can cut, to play a
+/// network partition. While cut it accepts connections, records the request line
+/// of what the agent tried to send, and closes them.
+struct Proxy {
+    addr: SocketAddr,
+    cut: Arc<AtomicBool>,
+    attempts: Arc<Mutex<Vec<(Instant, String)>>>,
+    connections: Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+}
+
+impl Proxy {
+    async fn start(upstream: SocketAddr) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let cut = Arc::new(AtomicBool::new(false));
+        let attempts = Arc::new(Mutex::new(Vec::new()));
+        let connections = Arc::new(Mutex::new(Vec::new()));
+        let (c, a, conns) = (cut.clone(), attempts.clone(), connections.clone());
+        tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                if c.load(Ordering::SeqCst) {
+                    let mut buf = vec![0u8; 512];
+                    let n = tokio::time::timeout(Duration::from_secs(1), inbound.read(&mut buf))
+                        .await
+                        .ok()
+                        .and_then(Result::ok)
+                        .unwrap_or(0);
+                    let line = String::from_utf8_lossy(&buf[..n])
+                        .lines()
+                        .next()
+                        .unwrap_or("")
+                        .to_owned();
+                    a.lock().unwrap().push((Instant::now(), line));
+                    continue;
+                }
+                let task = tokio::spawn(async move {
+                    if let Ok(mut outbound) = TcpStream::connect(upstream).await {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    }
+                });
+                conns.lock().unwrap().push(task);
+            }
+        });
+        Self {
+            addr,
+            cut,
+            attempts,
+            connections,
+        }
+    }
+
+    fn client(&self, emulator: &Emulator) -> Client {
+        let mut config = emulator.config();
+        config.cluster_url = format!("http://{}", self.addr).parse().unwrap();
+        Client::try_from(config).unwrap()
+    }
+
+    /// Cuts the link: open connections (watches included) break, new ones fail.
+    fn cut(&self) {
+        self.cut.store(true, Ordering::SeqCst);
+        for task in self.connections.lock().unwrap().drain(..) {
+            task.abort();
+        }
+    }
+
+    fn writes_after(&self, t: Instant) -> Vec<String> {
+        self.attempts
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(at, line)| *at > t && !line.starts_with("GET"))
+            .map(|(_, line)| line.clone())
+            .collect()
+    }
+}
+
+struct Member {
+    name: String,
+    shutdown: CancellationToken,
+    task: Option<tokio::task::JoinHandle<Result<(), agent::AgentError>>>,
+    _dir: tempfile::TempDir,
+    kubelet_dir: std::path::PathBuf,
+}
+
+struct Fleet {
+    emulator: Emulator,
+    members: Vec<Member>,
+}
+
+impl Fleet {
+    async fn start(node_labels: &[Value], kubelet_on_first: bool) -> (Self, Option<TestKubelet>) {
+        let emulator = Emulator::start(EmulatorConfig::default()).await.unwrap();
+        emulator
+            .create(serde_json::to_value(gpu_operator::api::crd()).unwrap())
+            .unwrap();
+        emulator
+            .create(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}))
+            .unwrap();
+        let mut members = Vec::new();
+        let mut kubelet = None;
+        for (i, labels) in node_labels.iter().enumerate() {
+            let name = format!("node-{i}");
+            emulator
+                .create(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels},
+                    "status": {"conditions": [{"type": "Ready", "status": "True"}]}}))
+                .unwrap();
+            let dir = tempfile::tempdir().unwrap();
+            let host = HostRoot::new(dir.path().join("host"));
+            simulate::write_host(&host, &SimSpec::new("mi210", Some(1), None).unwrap()).unwrap();
+            let kubelet_dir = dir.path().join("kubelet");
+            std::fs::create_dir_all(kubelet_dir.join("device-plugins")).unwrap();
+            if kubelet_on_first && i == 0 {
+                kubelet = Some(TestKubelet::start(&kubelet_dir.join("device-plugins")).await);
+            }
+            members.push(Member {
+                name,
+                shutdown: CancellationToken::new(),
+                task: None,
+                _dir: dir,
+                kubelet_dir,
+            });
+        }
+        let mut fleet = Self { emulator, members };
+        for i in 0..fleet.members.len() {
+            fleet.spawn(i, None);
+        }
+        (fleet, kubelet)
+    }
+
+    fn spawn(&mut self, i: usize, client: Option<Client>) {
+        let member = &mut self.members[i];
+        let mut lease = LeaseConfig::new(NS, format!("{}/pod-{i}", member.name));
+        lease.duration = LEASE_DURATION;
+        lease.renew_every = Duration::from_secs(1);
+        let config = AgentConfig {
+            node_name: member.name.clone(),
+            namespace: None,
+            host: HostRoot::new(member._dir.path().join("host")),
+            kubelet_dir: member.kubelet_dir.clone(),
+            rescan_interval: Duration::from_millis(500),
+            leader: Some(LeaderConfig {
+                lease,
+                cluster: ClusterConfig {
+                    teardown_timeout: Duration::from_secs(5),
+                    instance: member.name.clone(),
+                    ..ClusterConfig::default()
+                },
+            }),
+        };
+        member.shutdown = CancellationToken::new();
+        let client = client.unwrap_or_else(|| self.emulator.client());
+        member.task = Some(tokio::spawn(agent::run(
+            client,
+            config,
+            member.shutdown.clone(),
+        )));
+    }
+
+    async fn holder(&self) -> Option<String> {
+        let leases: Api<Lease> = Api::namespaced(self.emulator.client(), NS);
+        leases
+            .get_opt("gpu-operator-leader")
+            .await
+            .ok()
+            .flatten()
+            .and_then(|l| l.spec?.holder_identity)
+            .filter(|h| !h.is_empty())
+    }
+
+    async fn wait_holder(&self, not: Option<&str>, within: Duration) -> (String, Duration) {
+        let started = Instant::now();
+        loop {
+            if let Some(holder) = self.holder().await
+                && Some(holder.as_str()) != not
+            {
+                return (holder, started.elapsed());
+            }
+            assert!(
+                started.elapsed() < within,
+                "no new leader within {within:?} (was {not:?})"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    fn index_of(&self, identity: &str) -> usize {
+        self.members
+            .iter()
+            .position(|m| identity.starts_with(&format!("{}/", m.name)))
+            .unwrap()
+    }
+
+    fn kill(&mut self, i: usize) {
+        // A crash: no release, no clean-up.
+        self.members[i].task.take().unwrap().abort();
+    }
+
+    async fn stop(&mut self, i: usize) -> Duration {
+        let started = Instant::now();
+        self.members[i].shutdown.cancel();
+        if let Some(task) = self.members[i].task.take() {
+            tokio::time::timeout(Duration::from_secs(10), task)
+                .await
+                .expect("agent stops")
+                .expect("no panic")
+                .expect("clean stop");
+        }
+        started.elapsed()
+    }
+
+    async fn stop_all(&mut self) {
+        for i in 0..self.members.len() {
+            if self.members[i].task.is_some() {
+                self.stop(i).await;
+            }
+        }
+    }
+
+    fn configs(&self) -> Api<DeviceConfig> {
+        Api::namespaced(self.emulator.client(), NS)
+    }
+
+    async fn apply(&self, name: &str, spec: Value) {
+        let object: DeviceConfig = serde_json::from_value(json!({
+            "apiVersion": "amd.com/v1alpha1", "kind": "DeviceConfig",
+            "metadata": {"name": name, "namespace": NS}, "spec": spec,
+        }))
+        .unwrap();
+        let api = self.configs();
+        if api.get_opt(name).await.unwrap().is_some() {
+            api.patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": object.spec})),
+            )
+            .await
+            .unwrap();
+        } else {
+            api.create(&PostParams::default(), &object).await.unwrap();
+        }
+    }
+
+    async fn status_of(&self, name: &str) -> Value {
+        let dc = self.configs().get_opt(name).await.unwrap();
+        dc.map(|dc| serde_json::to_value(dc.status).unwrap())
+            .unwrap_or(Value::Null)
+    }
+
+    async fn eventually(&self, what: &str, check: impl AsyncFn(&Self) -> bool) {
+        let deadline = Instant::now() + WAIT;
+        while !check(self).await {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+fn condition<'a>(status: &'a Value, type_: &str) -> &'a Value {
+    status["conditions"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["type"] == type_))
+        .unwrap_or(&Value::Null)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_leader_reconciles_and_fails_over() {
+    let labels = [
+        json!({"gpu": "yes"}),
+        json!({"gpu": "yes"}),
+        json!({"gpu": "no"}),
+    ];
+    let (mut fleet, _kubelet) = Fleet::start(&labels, false).await;
+    let (leader, _) = fleet.wait_holder(None, WAIT).await;
+
+    // Status: a selector for 2 of 3 nodes.
+    fleet
+        .apply("gpus", json!({"selector": {"gpu": "yes"}}))
+        .await;
+    fleet
+        .eventually("Ready with counts", async |f| {
+            let s = f.status_of("gpus").await;
+            condition(&s, "Ready")["status"] == "True"
+                && s["devicePlugin"]["nodesMatchingSelectorNumber"] == 2
+                && s["devicePlugin"]["desiredNumber"] == 2
+                && s["devicePlugin"]["availableNumber"] == 2
+                && s["observedGeneration"] == 1
+        })
+        .await;
+    let dc = fleet.configs().get("gpus").await.unwrap();
+    assert!(
+        dc.metadata
+            .finalizers
+            .unwrap_or_default()
+            .contains(&FINALIZER.to_string())
+    );
+    assert_eq!(
+        condition(&fleet.status_of("gpus").await, "Ready")["reason"],
+        "OperatorReady"
+    );
+
+    // Idle: after convergence nothing but watches and lease renewals.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let before = fleet.emulator.requests();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let made = fleet.emulator.requests().since(&before);
+    let unexpected = made.non_watch().filter(|k| !k.resource.starts_with("leases"));
+    assert_eq!(
+        unexpected.total(),
+        0,
+        "idle requests besides watches and lease renewals:\n{made}"
+    );
+
+    // Killing the leader (no release) moves leadership within duration + 2 s.
+    let i = fleet.index_of(&leader);
+    fleet.kill(i);
+    let (second, took) = fleet
+        .wait_holder(Some(&leader), LEASE_DURATION + Duration::from_secs(4))
+        .await;
+    assert!(
+        took <= LEASE_DURATION + Duration::from_secs(2),
+        "failover took {took:?}"
+    );
+
+    // The new leader reconciles: a spec change reaches status.
+    fleet
+        .apply(
+            "gpus",
+            json!({"selector": {"gpu": "yes"}, "devicePlugin": {"enableNodeLabeller": false}}),
+        )
+        .await;
+    fleet
+        .eventually("generation 2 observed", async |f| {
+            f.status_of("gpus").await["observedGeneration"] == 2
+        })
+        .await;
+
+    // A graceful stop releases the lease: a standby takes over within 2 s.
+    let j = fleet.index_of(&second);
+    let stop_started = Instant::now();
+    fleet.stop(j).await;
+    let (third, _) = fleet
+        .wait_holder(Some(&second), Duration::from_secs(5))
+        .await;
+    let took = stop_started.elapsed();
+    assert!(
+        took <= Duration::from_secs(2),
+        "graceful handover took {took:?}"
+    );
+    assert_ne!(third, leader);
+    fleet.stop_all().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_and_overlapping_device_configs_get_validation_errors() {
+    let (mut fleet, _kubelet) = Fleet::start(&[json!({"gpu": "yes"})], false).await;
+    fleet.wait_holder(None, WAIT).await;
+    fleet
+        .apply(
+            "both",
+            json!({"draDriver": {"enable": true}, "selector": {"gpu": "no"}}),
+        )
+        .await;
+    fleet
+        .eventually("ValidationError for device plugin + DRA", async |f| {
+            let s = f.status_of("both").await;
+            let error = condition(&s, "Error");
+            error["status"] == "True"
+                && error["reason"] == "ValidationError"
+                && error["message"]
+                    .as_str()
+                    .unwrap_or("")
+                    .contains("draDriver")
+                && condition(&s, "Ready")["status"] == "False"
+        })
+        .await;
+
+    fleet
+        .apply("first", json!({"selector": {"gpu": "yes"}}))
+        .await;
+    fleet.apply("second", json!({})).await;
+    for name in ["first", "second"] {
+        fleet
+            .eventually("overlap flagged", async |f| {
+                let s = f.status_of(name).await;
+                let error = condition(&s, "Error");
+                error["reason"] == "ValidationError"
+                    && error["message"].as_str().unwrap_or("").contains("node-0")
+            })
+            .await;
+    }
+    // A missing ConfigMap reference is a validation error too.
+    fleet
+        .apply(
+            "first",
+            json!({"metricsExporter": {"enable": true, "config": {"name": "absent"}}}),
+        )
+        .await;
+    fleet
+        .configs()
+        .delete("second", &DeleteParams::default())
+        .await
+        .unwrap();
+    fleet
+        .eventually("missing ConfigMap flagged", async |f| {
+            condition(&f.status_of("first").await, "Error")["message"]
+                .as_str()
+                .unwrap_or("")
+                .contains("ConfigMap \"absent\" does not exist")
+        })
+        .await;
+    fleet.stop_all().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_device_config_tears_down_then_releases_the_finalizer() {
+    let (mut fleet, kubelet) = Fleet::start(&[json!({})], true).await;
+    let kubelet = kubelet.unwrap();
+    fleet.wait_holder(None, WAIT).await;
+    fleet
+        .apply(
+            "gpus",
+            json!({"metricsExporter": {"enable": true, "port": 5055}}),
+        )
+        .await;
+    kubelet.wait_for_registration("amd.com/gpu", 1).await;
+    fleet
+        .eventually("labels and Service", async |f| {
+            let node = f.emulator.get("v1", "Node", "", "node-0").unwrap();
+            node["metadata"]["labels"]
+                .get("amd.com/gpu.family")
+                .is_some()
+                && f.emulator
+                    .get("v1", "Service", NS, "gpus-metrics-exporter")
+                    .is_some()
+        })
+        .await;
+    fleet
+        .configs()
+        .delete("gpus", &DeleteParams::default())
+        .await
+        .unwrap();
+    fleet
+        .eventually("DeviceConfig gone", async |f| {
+            f.configs().get_opt("gpus").await.unwrap().is_none()
+        })
+        .await;
+    let node = fleet.emulator.get("v1", "Node", "", "node-0").unwrap();
+    let labels = node["metadata"]["labels"]
+        .as_object()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        !labels.keys().any(|k| k.starts_with("amd.com/gpu.")),
+        "{labels:?}"
+    );
+    let sockets: Vec<_> = std::fs::read_dir(kubelet.dir())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("amd.com_"))
+        .collect();
+    assert!(sockets.is_empty(), "{sockets:?}");
+    assert!(
+        fleet
+            .emulator
+            .get("v1", "Service", NS, "gpus-metrics-exporter")
+            .is_none()
+    );
+    let events = fleet.emulator.list("events.k8s.io/v1", "Event");
+    assert!(
+        events.iter().any(|e| e["reason"] == "TornDown"),
+        "{events:#?}"
+    );
+    fleet.stop_all().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitioned_leader_stops_leading_and_writes_nothing_after_expiry() {
+    let emulator = Emulator::start(EmulatorConfig::default()).await.unwrap();
+    emulator
+        .create(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}))
+        .unwrap();
+    let proxy = Proxy::start(emulator.addr()).await;
+    let shutdown = CancellationToken::new();
+    let mut config = LeaseConfig::new(NS, "cut-off/pod");
+    config.duration = LEASE_DURATION;
+    config.renew_every = Duration::from_secs(1);
+    let cut_off = Election::start(
+        proxy.client(&emulator),
+        config.clone(),
+        shutdown.child_token(),
+    );
+    let mut leading = cut_off.leading.clone();
+    tokio::time::timeout(WAIT, leading.wait_for(|l| *l))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(cut_off.guard.is_held());
+
+    let mut standby_config = config.clone();
+    standby_config.identity = "standby/pod".into();
+    let standby = Election::start(emulator.client(), standby_config, shutdown.child_token());
+
+    let cut_at = Instant::now();
+    proxy.cut();
+    tokio::time::timeout(
+        LEASE_DURATION + Duration::from_secs(1),
+        leading.wait_for(|l| !*l),
+    )
+    .await
+    .expect("leadership ends by local expiry")
+    .unwrap();
+    let lost_after = cut_at.elapsed();
+    assert!(
+        lost_after <= LEASE_DURATION,
+        "lost leadership only after {lost_after:?}"
+    );
+    assert!(!cut_off.guard.is_held(), "the guard refuses leader writes");
+    let expired_at = Instant::now();
+
+    let mut standby_leading = standby.leading.clone();
+    tokio::time::timeout(
+        LEASE_DURATION + Duration::from_secs(3),
+        standby_leading.wait_for(|l| *l),
+    )
+    .await
+    .expect("the standby takes over")
+    .unwrap();
+    // The cut-off candidate may try to take the lease back; it writes nothing else.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let writes = proxy.writes_after(expired_at);
+    assert!(
+        writes.iter().all(|w| w.contains("/leases")),
+        "writes other than lease attempts after expiry: {writes:?}"
+    );
+    shutdown.cancel();
+    cut_off.finished().await;
+    standby.finished().await;
+}
