@@ -15,3 +15,4 @@ pub mod labeller;
 pub mod metrics;
 pub mod plugin;
 pub mod simulate;
+pub mod testrunner;
