@@ -7,15 +7,20 @@
 //! CRDs and pod eviction behave like the real server's. Tests can inject faults (failures,
 //! latency, dropped watches, compaction, restarts) and read how many requests were made.
 //!
-//! ```no_run
-//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use k8s_openapi::api::core::v1::Namespace;
+//! use kube::api::{Api, ListParams};
 //! use kube_emulator::{Emulator, EmulatorConfig};
+//!
 //! let emu = Emulator::start(EmulatorConfig::default()).await?;
-//! let client = emu.client();
 //! let before = emu.requests();
-//! // ... run code against `client` ...
+//! let namespaces: Api<Namespace> = Api::all(emu.client());
+//! assert_eq!(namespaces.list(&ListParams::default()).await?.items.len(), 4);
 //! let made = emu.requests().since(&before);
-//! assert_eq!(made.non_watch().total(), 0, "unexpected requests:\n{made}");
+//! assert_eq!(made.get("list", "namespaces"), 1, "{made}");
+//! assert_eq!(made.non_watch().total(), 1);
 //! # Ok(()) }
 //! ```
 //!

@@ -567,12 +567,46 @@ fn resource_list(store: &Store, group: &str, version: &str) -> Option<Value> {
     )
 }
 
-/// Whether the client asked for a `meta.k8s.io` Table (as `kubectl get` does).
-fn wants_table(headers: &HeaderMap) -> bool {
-    headers
+/// The shape a client asked for in `Accept`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Render {
+    Full,
+    /// `meta.k8s.io` Table (as `kubectl get` asks).
+    Table,
+    /// `meta.k8s.io` PartialObjectMetadata(List) (kube's `*_metadata` calls, metadata watchers).
+    Metadata,
+}
+
+fn render_mode(headers: &HeaderMap) -> Render {
+    let accept = headers
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|a| a.contains("as=Table"))
+        .unwrap_or("");
+    // The first acceptable entry wins; both of these fall back to plain JSON last.
+    match accept.split(',').next().unwrap_or("") {
+        a if a.contains("as=Table") => Render::Table,
+        a if a.contains("as=PartialObjectMetadata") => Render::Metadata,
+        _ => Render::Full,
+    }
+}
+
+/// Renders an object (or a list) as the client asked.
+fn render(rt: &ResourceType, v: &Value, is_list: bool, mode: Render) -> Value {
+    let is_object = v.get("metadata").is_some() && v.get("kind") != Some(&json!("Status"));
+    match mode {
+        Render::Full => v.clone(),
+        _ if !is_object => v.clone(),
+        Render::Table => table::to_table(rt, v, is_list),
+        Render::Metadata if is_list => json!({
+            "kind": "PartialObjectMetadataList",
+            "apiVersion": "meta.k8s.io/v1",
+            "metadata": v.get("metadata").cloned().unwrap_or_else(|| json!({})),
+            "items": v.get("items").and_then(Value::as_array).map(|items| {
+                items.iter().map(table::partial_metadata).collect::<Vec<_>>()
+            }).unwrap_or_default(),
+        }),
+        Render::Metadata => table::partial_metadata(v),
+    }
 }
 
 async fn handle_resource(
@@ -702,15 +736,16 @@ async fn handle_resource(
             "{method} is not supported"
         ))),
     };
+    let mode = match render_mode(&headers) {
+        // Only reads answer tables; writes answer the object.
+        Render::Table if verb != "list" && verb != "get" => Render::Full,
+        m => m,
+    };
     match result {
-        Ok((code, v)) if verb == "list" || verb == "get" => {
-            if wants_table(&headers) {
-                json_response(code, &table::to_table(&rt, &v, verb == "list"))
-            } else {
-                json_response(code, &v)
-            }
-        }
-        Ok((code, v)) => json_response(code, &v),
+        Ok((code, v)) => json_response(
+            code,
+            &render(&rt, &v, verb == "list" || verb == "deletecollection", mode),
+        ),
         Err(e) => error_response(&e),
     }
 }
@@ -867,7 +902,7 @@ fn start_watch(
         .unwrap_or(shared.settings.default_watch_timeout);
     let start = shared.store().watch(rt, ns, &opts);
     let (tx, rx) = mpsc::channel::<Chunk>(256);
-    let as_table = wants_table(headers);
+    let mode = render_mode(headers);
     match start {
         Err(e) => error_response(&e),
         Ok(WatchStart::Expired(e)) => {
@@ -895,7 +930,7 @@ fn start_watch(
                 bookmarks,
                 timeout,
                 drop,
-                as_table,
+                mode,
             };
             tokio::spawn(job.run(initial, events));
             stream_response(rx)
@@ -932,17 +967,13 @@ struct WatchJob {
     bookmarks: bool,
     timeout: Duration,
     drop: CancellationToken,
-    as_table: bool,
+    mode: Render,
 }
 
 impl WatchJob {
     fn line(&self, etype: EventType, obj: &Value) -> Bytes {
         let obj = served(&self.rt, &self.version, obj);
-        if self.as_table {
-            event_line(etype.as_str(), &table::to_table(&self.rt, &obj, false))
-        } else {
-            event_line(etype.as_str(), &obj)
-        }
+        event_line(etype.as_str(), &render(&self.rt, &obj, false, self.mode))
     }
 
     async fn send(&self, b: Bytes) -> bool {

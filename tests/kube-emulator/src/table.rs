@@ -194,8 +194,9 @@ fn cells(rt: &ResourceType, obj: &Value) -> Vec<Value> {
     }
 }
 
-/// The row object kubectl uses for namespaces, labels and `--show-labels`.
-fn partial_metadata(obj: &Value) -> Value {
+/// An object's `PartialObjectMetadata`: the row object kubectl uses for namespaces and
+/// labels, and what metadata-only clients get.
+pub fn partial_metadata(obj: &Value) -> Value {
     json!({
         "kind": "PartialObjectMetadata",
         "apiVersion": "meta.k8s.io/v1",

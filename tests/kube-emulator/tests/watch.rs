@@ -529,3 +529,40 @@ async fn watcher_resumes_after_a_server_restart() {
     assert_eq!(made.get("list", "configmaps"), 0, "{made}");
     task.abort();
 }
+
+#[tokio::test]
+async fn metadata_only_lists_gets_and_watchers() {
+    use kube::api::PartialObjectMeta;
+    let emu = start().await;
+    let api: Api<ConfigMap> = Api::default_namespaced(emu.client());
+    api.create(&PostParams::default(), &cm("a", json!({"app": "x"})))
+        .await
+        .unwrap();
+
+    let list = api.list_metadata(&ListParams::default()).await.unwrap();
+    assert_eq!(list.items.len(), 1);
+    assert_eq!(list.items[0].metadata.labels.as_ref().unwrap()["app"], "x");
+    let one = api.get_metadata("a").await.unwrap();
+    assert_eq!(one.types.as_ref().unwrap().kind, "PartialObjectMetadata");
+
+    // kube 5 sends metadata-only requests for `Api<PartialObjectMeta<K>>`.
+    let meta: Api<PartialObjectMeta<ConfigMap>> = Api::default_namespaced(emu.client());
+    let mut s = watcher(meta, watcher::Config::default()).boxed();
+    within(5, "metadata InitDone", async {
+        while !matches!(s.next().await, Some(Ok(watcher::Event::InitDone))) {}
+    })
+    .await;
+    api.create(&PostParams::default(), &cm("b", json!({})))
+        .await
+        .unwrap();
+    let applied = within(5, "metadata Apply", async {
+        loop {
+            if let Some(Ok(watcher::Event::Apply(m))) = s.next().await {
+                return m;
+            }
+        }
+    })
+    .await;
+    assert_eq!(applied.name_any(), "b");
+    assert_eq!(applied.types.unwrap().kind, "PartialObjectMetadata");
+}
