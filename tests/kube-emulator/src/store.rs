@@ -1416,7 +1416,8 @@ impl Store {
         opts: &ListOpts,
     ) -> ApiResult<Value> {
         Self::check_fields(rt, &opts.field)?;
-        let mut start_after: Option<String> = None;
+        // Continue after this (namespace, name); compared as a pair, the order of the store.
+        let mut start_after: Option<(String, String)> = None;
         let at = if let Some(token) = opts.continue_token.as_deref().filter(|t| !t.is_empty()) {
             let (rv, start) = decode_continue(token)?;
             if rv < self.compacted {
@@ -1425,7 +1426,8 @@ impl Store {
                      You can start a new list without the continue parameter.",
                 ));
             }
-            start_after = Some(start);
+            let (sns, sname) = start.split_once('/').unwrap_or(("", start.as_str()));
+            start_after = Some((sns.to_string(), sname.to_string()));
             rv
         } else {
             let rv = opts.resource_version.as_deref().filter(|s| !s.is_empty());
@@ -1493,7 +1495,9 @@ impl Store {
             .iter()
             .filter(|(k, v)| {
                 ns.is_none_or(|n| k.namespace == n)
-                    && start_after.as_ref().is_none_or(|s| position(k) > *s)
+                    && start_after
+                        .as_ref()
+                        .is_none_or(|(sns, sname)| (&k.namespace, &k.name) > (sns, sname))
                     && opts.label.matches_object(v)
                     && opts.field.matches(v)
             })
@@ -2045,6 +2049,56 @@ mod tests {
             s.get(&cm, "v1", Some("default"), "f").unwrap_err().code,
             404
         );
+    }
+
+    #[test]
+    fn paging_visits_every_object_once_across_namespaces() {
+        let mut s = store();
+        let ns = rt(&s, "", "namespaces");
+        let cm = rt(&s, "", "configmaps");
+        // "a" is a prefix of "a-b": the page order must follow the store's (ns, name) order.
+        for n in ["a", "a-b"] {
+            s.create(&ns, "v1", None, json!({"metadata": {"name": n}}), &ctx("t"))
+                .unwrap();
+            for c in ["x", "y"] {
+                s.create(
+                    &cm,
+                    "v1",
+                    Some(n),
+                    json!({"metadata": {"name": c}}),
+                    &ctx("t"),
+                )
+                .unwrap();
+            }
+        }
+        let mut seen = Vec::new();
+        let mut token = None;
+        for _ in 0..10 {
+            let page = s
+                .list(
+                    &cm,
+                    "v1",
+                    None,
+                    &ListOpts {
+                        limit: Some(1),
+                        continue_token: token.clone(),
+                        ..Default::default()
+                    },
+                )
+                .unwrap();
+            for i in page["items"].as_array().unwrap() {
+                seen.push(format!(
+                    "{}/{}",
+                    i["metadata"]["namespace"].as_str().unwrap(),
+                    i["metadata"]["name"].as_str().unwrap()
+                ));
+            }
+            token = page["metadata"]["continue"].as_str().map(str::to_string);
+            if token.is_none() {
+                break;
+            }
+        }
+        assert_eq!(seen, ["a/x", "a/y", "a-b/x", "a-b/y"]);
     }
 
     #[test]
