@@ -20,11 +20,14 @@ struct Proto {
 }
 
 const PROTOS: &[Proto] = &[
-    // Later: podresources v1 (k8s.io/kubelet/podresources/v1/api.proto, package v1)
-    // and the DRA kubelet plugin API (k8s.io/kubelet/dra/v1beta1/api.proto, package v1beta1).
+    // Later: the DRA kubelet plugin API (k8s.io/kubelet/dra/v1beta1/api.proto, package v1beta1).
     Proto {
         file: "k8s.io/kubelet/deviceplugin/v1beta1/api.proto",
         out_dir: "deviceplugin",
+    },
+    Proto {
+        file: "k8s.io/kubelet/podresources/v1/api.proto",
+        out_dir: "podresources",
     },
 ];
 

@@ -1,1 +1,76 @@
-//! (being written)
+//! GPU health monitor: decides, every fraction of a second, whether each GPU is
+//! fit to be handed to a container, and tells the device plugin, the Node and
+//! anyone listening.
+//!
+//! Checks per GPU ([`checks`], pure): the PCI function is present and bound to
+//! amdgpu; `/dev/kfd` and the GPU's DRM nodes exist; uncorrectable ECC errors of
+//! every RAS block stay within their threshold (default 0); the junction
+//! temperature stays below its critical limit; the PCIe link runs at its maximum
+//! width and speed; no GPU seen since the monitor started has disappeared.
+//! Thresholds come from the exporter's `config.json` (`HealthThresholds`), the
+//! same ConfigMap as the metrics. Flapping is damped ([`damping`]): several bad
+//! samples in a row make a GPU Unhealthy, several good ones Healthy again.
+//!
+//! Outputs of a running [`HealthMonitor`]:
+//! - [`HealthMonitor::report`]: the [`HealthReport`] the device plugin consumes
+//!   (its devices turn Unhealthy within about half a second at the default
+//!   250 ms interval);
+//! - [`HealthMonitor::snapshot`]: per-GPU state and reasons, for `gpu_health`
+//!   and the Node;
+//! - [`HealthMonitor::subscribe`]: a stream of [`HealthTransition`]s.
+//!
+//! Pure decisions for the Node ([`outputs`]): the `AMDGPUUnhealthy` condition,
+//! the reference's `metricsexporter.amd.com.gpu.<id>.state=unhealthy` labels,
+//! Events; [`node`] writes condition and labels. Samples are read through the
+//! exporter's bounded reader ([`crate::metrics::reader`]), so a hung sysfs file
+//! costs one value, not the monitor. This module must not serve metrics or touch
+//! the Kubernetes API outside [`node`].
+
+pub mod checks;
+pub mod damping;
+pub mod monitor;
+pub mod node;
+pub mod outputs;
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+pub use checks::Thresholds;
+pub use damping::Damping;
+pub use monitor::{HealthConfig, HealthMonitor, MonitorState};
+pub use node::{NodeHealthError, NodeHealthWrite, apply_node_health, publish_node_health};
+
+pub use crate::plugin::HealthReport;
+
+/// One GPU's health.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct GpuHealth {
+    pub healthy: bool,
+    /// Why it is unhealthy; empty when healthy.
+    pub reasons: Vec<String>,
+    /// Its logical GPU ids (`gpu_id` label; one per partition), as last seen.
+    pub gpu_ids: Vec<u32>,
+}
+
+/// Every GPU's health, by PCI address.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct HealthSnapshot {
+    pub gpus: BTreeMap<String, GpuHealth>,
+}
+
+impl HealthSnapshot {
+    pub fn unhealthy(&self) -> impl Iterator<Item = (&String, &GpuHealth)> {
+        self.gpus.iter().filter(|(_, h)| !h.healthy)
+    }
+}
+
+/// A GPU changed state.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct HealthTransition {
+    pub bdf: String,
+    pub healthy: bool,
+    /// Why it became unhealthy; empty on recovery.
+    pub reasons: Vec<String>,
+    pub gpu_ids: Vec<u32>,
+}

@@ -1,1 +1,510 @@
-//! (being written)
+//! GPU metrics exporter: Prometheus metrics compatible with AMD's
+//! device-metrics-exporter (names, labels, `config.json`), read from amdgpu sysfs.
+//!
+//! Endpoints on `metricsExporter.port` (default 5000): `/metrics`,
+//! `/gpumetrics` (JSON), `/healthz`, `/readyz`. A background task samples every
+//! GPU at an interval (default 5 s) through a [`reader::BoundedReader`] (per-file
+//! deadlines on threads of its own, so a hung sysfs file costs one value), asks
+//! the kubelet which pod holds which device ([`pods`]), renders the exposition
+//! once ([`render`]) and publishes it; a scrape copies the latest rendering and
+//! never waits for sysfs. The agent's own metrics ([`agent`]) are served too.
+//!
+//! Layout: [`sysfs`] (what files mean), [`sample`] (what to read, and reading
+//! it), [`config`] (`config.json`), [`devices`] (logical GPU numbering and device
+//! IDs), [`render`] (series, text and JSON), [`pods`], [`server`] (HTTP), and
+//! [`MetricsService`] here, which the agent supervises. The decisions are pure;
+//! I/O is in `sample`, `pods`, `server` and the service loop.
+//!
+//! This module must not decide GPU health (it shows [`crate::health`]'s verdict
+//! as `gpu_health`) nor talk to the Kubernetes API: the agent watches the
+//! ConfigMap and passes its `config.json` in [`MetricsConfig::config_text`].
+
+pub mod agent;
+pub mod config;
+pub mod devices;
+pub mod podresources;
+pub mod pods;
+pub mod reader;
+pub mod render;
+pub mod sample;
+pub mod server;
+pub mod sysfs;
+
+use std::collections::BTreeMap;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use serde::Serialize;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::agent::supervisor::{Service, ServiceError, ServiceFuture, Slot};
+use crate::api::MetricsExporterSpec;
+use crate::device::Inventory;
+use crate::device::watch::{DeviceWatch, WatchConfig};
+use crate::health::{HealthConfig, HealthMonitor, HealthSnapshot};
+use crate::host::HostRoot;
+use crate::plugin::DeviceRef;
+use config::{ExporterConfig, parse_config};
+use pods::PodRef;
+use reader::BoundedReader;
+use render::RenderInput;
+use sample::{HostSample, Sampler, Scope};
+use server::Published;
+
+pub use config::ConfigError;
+
+/// Configuration of the exporter service.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MetricsConfig {
+    /// Where to listen. Port 0 picks a free port; [`MetricsService::status`]
+    /// tells which.
+    pub listen: SocketAddr,
+    /// Time between samples.
+    pub interval: Duration,
+    /// Deadline of each sysfs read.
+    pub file_timeout: Duration,
+    /// The ConfigMap's `config.json`; `None` for the defaults (every field).
+    pub config_text: Option<String>,
+    /// The `hostname` label: the Node name.
+    pub hostname: String,
+    /// The kubelet's PodResources socket; `None` for no pod labels.
+    pub pod_resources_socket: Option<PathBuf>,
+    pub host: HostRoot,
+}
+
+impl MetricsConfig {
+    pub const DEFAULT_PORT: u16 = 5000;
+    pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(5);
+    pub const DEFAULT_FILE_TIMEOUT: Duration = Duration::from_millis(500);
+    /// How long a PodResources `List` may take.
+    pub const POD_RESOURCES_TIMEOUT: Duration = Duration::from_secs(2);
+
+    /// Defaults: all interfaces, port 5000, 5 s interval, no pod labels.
+    pub fn new(host: HostRoot, hostname: impl Into<String>) -> Self {
+        Self {
+            listen: SocketAddr::from((Ipv4Addr::UNSPECIFIED, Self::DEFAULT_PORT)),
+            interval: Self::DEFAULT_INTERVAL,
+            file_timeout: Self::DEFAULT_FILE_TIMEOUT,
+            config_text: None,
+            hostname: hostname.into(),
+            pod_resources_socket: None,
+            host,
+        }
+    }
+
+    /// The configuration a DeviceConfig's `metricsExporter` asks for.
+    /// `podResourceAPISocketPath` is the directory of the kubelet's socket; at
+    /// its default it follows `kubelet_dir`, like the device plugin's socket
+    /// directory does.
+    pub fn for_spec(
+        spec: &MetricsExporterSpec,
+        host: HostRoot,
+        hostname: impl Into<String>,
+        kubelet_dir: &Path,
+        config_text: Option<String>,
+    ) -> Self {
+        let port = u16::try_from(spec.port)
+            .ok()
+            .filter(|p| *p != 0)
+            .unwrap_or(Self::DEFAULT_PORT);
+        Self {
+            listen: SocketAddr::from((Ipv4Addr::UNSPECIFIED, port)),
+            config_text,
+            pod_resources_socket: Some(pod_resources_socket(
+                &spec.pod_resource_api_socket_path,
+                kubelet_dir,
+            )),
+            ..Self::new(host, hostname)
+        }
+    }
+}
+
+/// The kubelet's PodResources socket for a `podResourceAPISocketPath` value.
+pub fn pod_resources_socket(spec_dir: &str, kubelet_dir: &Path) -> PathBuf {
+    let dir = if spec_dir.is_empty() || spec_dir == crate::api::types::DEFAULT_POD_RESOURCES_PATH {
+        kubelet_dir.join("pod-resources")
+    } else {
+        PathBuf::from(spec_dir)
+    };
+    dir.join(podresources::SOCKET)
+}
+
+/// What the exporter is doing, for the agent's status and for tests.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct ExporterStatus {
+    /// The bound address, once listening.
+    pub listening: Option<SocketAddr>,
+    /// Samples taken by the current run.
+    pub samples: u64,
+    pub last_sample_ms: Option<f64>,
+    /// Why the latest config text was rejected (the last good one is in force).
+    pub config_error: Option<String>,
+    /// What the config in force asked for that is not supported.
+    pub config_warnings: Vec<String>,
+    /// The latest PodResources failure, cleared by the next success.
+    pub pod_resources_error: Option<String>,
+    /// Series in the latest GPU exposition.
+    pub series: usize,
+}
+
+/// The exporter service. Create it once; a supervisor slot runs it with a
+/// [`MetricsConfig`].
+pub struct MetricsService {
+    inventory: watch::Receiver<Arc<Inventory>>,
+    health: Option<watch::Receiver<Arc<HealthSnapshot>>>,
+    status: watch::Sender<ExporterStatus>,
+}
+
+impl MetricsService {
+    /// `health` is the health monitor's snapshot; without it `gpu_health` is
+    /// not exported.
+    pub fn new(
+        inventory: watch::Receiver<Arc<Inventory>>,
+        health: Option<watch::Receiver<Arc<HealthSnapshot>>>,
+    ) -> Self {
+        Self {
+            inventory,
+            health,
+            status: watch::Sender::new(ExporterStatus::default()),
+        }
+    }
+
+    pub fn status(&self) -> watch::Receiver<ExporterStatus> {
+        self.status.subscribe()
+    }
+}
+
+/// The configuration in force and what a new text does to it.
+struct ConfigState {
+    config: ExporterConfig,
+    text: Option<String>,
+    errors: u64,
+    error: Option<String>,
+}
+
+impl ConfigState {
+    fn new() -> Self {
+        Self {
+            config: ExporterConfig::default(),
+            text: None,
+            errors: 0,
+            error: None,
+        }
+    }
+
+    /// Applies a text; a bad one keeps the last good config and is remembered.
+    fn apply(&mut self, text: Option<&str>) {
+        if self.text.as_deref() == text && self.text.is_some() {
+            return;
+        }
+        self.text = text.map(str::to_owned);
+        match parse_config(text.unwrap_or_default()) {
+            Ok(config) => {
+                for warning in &config.warnings {
+                    tracing::warn!(%warning, "exporter config");
+                }
+                self.config = config;
+                self.error = None;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "exporter config rejected; keeping the last good one");
+                self.errors += 1;
+                self.error = Some(e.to_string());
+            }
+        }
+    }
+}
+
+/// The latest inputs of a rendering.
+#[derive(Default)]
+struct Latest {
+    inventory: Arc<Inventory>,
+    sample: HostSample,
+    pods: BTreeMap<DeviceRef, PodRef>,
+    pod_errors: u64,
+    pod_error: Option<String>,
+}
+
+impl MetricsService {
+    fn render(
+        &self,
+        latest: &Latest,
+        config: &ConfigState,
+        hostname: &str,
+        reader: &BoundedReader,
+    ) -> (Published, usize) {
+        let health = self.health.as_ref().map(|h| h.borrow().clone());
+        let input = RenderInput {
+            inventory: &latest.inventory,
+            sample: &latest.sample,
+            pods: &latest.pods,
+            health: health.as_deref(),
+            config: &config.config,
+            hostname,
+        };
+        let mut families = render::families(&input);
+        let series = families.iter().map(|f| f.series.len()).sum();
+        let me = agent::ExporterSelf {
+            reader: reader.stats(),
+            sample_seconds: latest.sample.duration_ms / 1000.0,
+            config_reload_ok: config.error.is_none(),
+            config_errors: config.errors,
+            pod_resources_errors: latest.pod_errors,
+        };
+        families.extend(agent::families(
+            &agent::counters(),
+            agent::process_stats().as_ref(),
+            &me,
+        ));
+        let metrics = render::encode(families);
+        let json = serde_json::to_vec(&render::json_view(&input)).unwrap_or_default();
+        (
+            Published {
+                metrics: Bytes::from(metrics),
+                json: Bytes::from(json),
+                ready: true,
+            },
+            series,
+        )
+    }
+}
+
+impl Service for MetricsService {
+    type Config = MetricsConfig;
+
+    fn name(&self) -> &'static str {
+        "metricsExporter"
+    }
+
+    fn run(
+        self: Arc<Self>,
+        mut config: watch::Receiver<MetricsConfig>,
+        cancel: CancellationToken,
+    ) -> ServiceFuture {
+        Box::pin(async move {
+            let mut current = config.borrow_and_update().clone();
+            let (published_tx, published_rx) = watch::channel(Arc::new(Published::default()));
+            let mut server_stop = cancel.child_token();
+            let (addr, mut server) =
+                server::serve(current.listen, published_rx.clone(), server_stop.clone())
+                    .await
+                    .map_err(|e| ServiceError::new(format!("cannot listen on {}: {e}", current.listen)))?;
+            tracing::info!(%addr, "metrics exporter listening");
+            self.status.send_replace(ExporterStatus {
+                listening: Some(addr),
+                ..ExporterStatus::default()
+            });
+            let new_sampler = |c: &MetricsConfig| {
+                Sampler::new(
+                    BoundedReader::new(c.host.clone(), BoundedReader::DEFAULT_MAX_THREADS),
+                    c.file_timeout,
+                )
+            };
+            let mut sampler = new_sampler(&current);
+            let mut exporter_config = ConfigState::new();
+            exporter_config.apply(current.config_text.as_deref());
+            let mut latest = Latest::default();
+            let mut health = self.health.clone();
+            let mut ticker = tokio::time::interval(current.interval);
+            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut sampled = false;
+            let result = loop {
+                let health_changed = async {
+                    match health.as_mut() {
+                        Some(h) => h.changed().await.is_ok(),
+                        None => std::future::pending().await,
+                    }
+                };
+                let resample = tokio::select! {
+                    _ = cancel.cancelled() => break Ok(()),
+                    _ = &mut server => break Err(ServiceError::new("the metrics HTTP server stopped")),
+                    changed = config.changed() => {
+                        if changed.is_err() {
+                            break Ok(());
+                        }
+                        let next = config.borrow_and_update().clone();
+                        if next.listen != current.listen {
+                            server_stop.cancel();
+                            server_stop = cancel.child_token();
+                            let (addr, task) = match server::serve(next.listen, published_rx.clone(), server_stop.clone()).await {
+                                Ok(bound) => bound,
+                                Err(e) => break Err(ServiceError::new(format!("cannot listen on {}: {e}", next.listen))),
+                            };
+                            server = task;
+                            tracing::info!(%addr, "metrics exporter listening");
+                            self.status.send_modify(|s| s.listening = Some(addr));
+                        }
+                        if next.host != current.host || next.file_timeout != current.file_timeout {
+                            sampler = new_sampler(&next);
+                        }
+                        if next.interval != current.interval {
+                            ticker = tokio::time::interval(next.interval);
+                            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                        }
+                        exporter_config.apply(next.config_text.as_deref());
+                        let resample = next.host != current.host;
+                        current = next;
+                        resample
+                    }
+                    alive = health_changed => {
+                        if !alive {
+                            // The monitor is gone: stop showing its last verdict.
+                            health = None;
+                        }
+                        false
+                    }
+                    _ = ticker.tick() => true,
+                };
+                let did_sample = resample || !sampled;
+                if did_sample {
+                    self.sample(&mut sampler, &current, &mut latest).await;
+                    sampled = true;
+                }
+                let (published, series) =
+                    self.render(&latest, &exporter_config, &current.hostname, sampler.reader());
+                published_tx.send_replace(Arc::new(published));
+                self.status.send_modify(|s| {
+                    s.samples += u64::from(did_sample);
+                    s.last_sample_ms = Some(latest.sample.duration_ms);
+                    s.config_error = exporter_config.error.clone();
+                    s.config_warnings = exporter_config.config.warnings.clone();
+                    s.pod_resources_error = latest.pod_error.clone();
+                    s.series = series;
+                });
+            };
+            server_stop.cancel();
+            let _ = tokio::time::timeout(Duration::from_secs(2), server).await;
+            self.status.send_modify(|s| s.listening = None);
+            result
+        })
+    }
+}
+
+impl MetricsService {
+    async fn sample(&self, sampler: &mut Sampler, config: &MetricsConfig, latest: &mut Latest) {
+        let inventory = self.inventory.borrow().clone();
+        let pods = async {
+            let Some(socket) = &config.pod_resources_socket else {
+                return Ok(None);
+            };
+            pods::list(socket, MetricsConfig::POD_RESOURCES_TIMEOUT).await
+        };
+        let timeout = config.file_timeout;
+        let reader = sampler.reader().clone();
+        let xcp = async { pods::xcp_names(&reader, timeout).await };
+        let (sample, pod_list, xcp) =
+            tokio::join!(sampler.sample(&inventory, Scope::Full), pods, xcp);
+        match pod_list {
+            Ok(Some(list)) => {
+                let ids = devices::device_ids(&inventory, &xcp);
+                latest.pods = pods::assign(&list, &ids);
+                latest.pod_error = None;
+            }
+            Ok(None) => {
+                latest.pods.clear();
+                latest.pod_error = None;
+            }
+            Err(e) => {
+                // Keep the last known pods: a kubelet restart should not blank
+                // every pod label for a scrape or two.
+                tracing::warn!(error = %e, "cannot list pod resources");
+                latest.pod_errors += 1;
+                latest.pod_error = Some(e.to_string());
+            }
+        }
+        latest.inventory = inventory;
+        latest.sample = sample;
+    }
+}
+
+/// Running metrics and health without Kubernetes (bare metal, demos).
+pub mod standalone {
+    use super::*;
+
+    /// What to run.
+    #[derive(Clone, Debug)]
+    pub struct StandaloneConfig {
+        pub metrics: MetricsConfig,
+        pub health: HealthConfig,
+        /// Discovery rescan interval.
+        pub rescan_interval: Duration,
+        /// On a simulated host, move its telemetry every metrics interval so the
+        /// numbers change (`gpu-operator simulate` hosts only).
+        pub simulate: Option<crate::simulate::SimSpec>,
+    }
+
+    impl StandaloneConfig {
+        pub fn new(host: HostRoot, listen: SocketAddr, hostname: impl Into<String>) -> Self {
+            Self {
+                metrics: MetricsConfig {
+                    listen,
+                    ..MetricsConfig::new(host.clone(), hostname)
+                },
+                health: HealthConfig::new(host),
+                rescan_interval: Duration::from_secs(2),
+                simulate: None,
+            }
+        }
+    }
+
+    /// Discovery, the health monitor and the exporter, until `cancel` fires.
+    /// `on_listening` receives the bound address once the exporter listens.
+    pub async fn run(
+        config: StandaloneConfig,
+        on_listening: Option<tokio::sync::oneshot::Sender<SocketAddr>>,
+        cancel: CancellationToken,
+    ) -> Result<(), ServiceError> {
+        let devices = DeviceWatch::start(
+            config.metrics.host.clone(),
+            WatchConfig {
+                rescan_interval: config.rescan_interval,
+                use_udev: true,
+            },
+        )
+        .await;
+        let monitor = HealthMonitor::new(devices.inventory());
+        let exporter = MetricsService::new(devices.inventory(), Some(monitor.snapshot()));
+        let mut status = exporter.status();
+        let mut health_slot = Slot::new(monitor);
+        let mut metrics_slot = Slot::new(exporter);
+        health_slot.apply(Some(config.health.clone())).await;
+        metrics_slot.apply(Some(config.metrics.clone())).await;
+        if let Some(spec) = config.simulate.clone() {
+            let host = config.metrics.host.clone();
+            let every = config.metrics.interval;
+            let stop = cancel.clone();
+            tokio::spawn(async move {
+                let mut tick = 0u64;
+                loop {
+                    tokio::select! {
+                        _ = stop.cancelled() => return,
+                        _ = tokio::time::sleep(every) => {}
+                    }
+                    tick += 1;
+                    if let Err(e) = crate::simulate::advance_telemetry(&host, &spec, tick) {
+                        tracing::warn!(error = %e, "cannot advance simulated telemetry");
+                    }
+                }
+            });
+        }
+        let mut on_listening = on_listening;
+        loop {
+            if let Some(addr) = status.borrow_and_update().listening
+                && let Some(tx) = on_listening.take()
+            {
+                let _ = tx.send(addr);
+            }
+            tokio::select! {
+                _ = cancel.cancelled() => break,
+                changed = status.changed() => if changed.is_err() { break },
+            }
+        }
+        tokio::join!(metrics_slot.stop(), health_slot.stop());
+        drop(devices);
+        Ok(())
+    }
+}

@@ -1,0 +1,357 @@
+//! The running monitor: samples the health-relevant files at a short interval,
+//! runs the checks, damps, and publishes the results on its channels.
+//!
+//! [`MonitorState::step`] is the pure core (sample in, snapshot and transitions
+//! out); [`HealthMonitor`] is the supervised service around it. The channels
+//! belong to the [`HealthMonitor`] value, not to a run, so receivers handed out
+//! once stay valid across restarts and reconfigurations.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{broadcast, watch};
+use tokio_util::sync::CancellationToken;
+
+use super::checks::{Thresholds, evaluate};
+use super::damping::{Damping, Step, Tracker};
+use super::outputs::health_report;
+use super::{GpuHealth, HealthSnapshot, HealthTransition};
+use crate::agent::supervisor::{Service, ServiceFuture};
+use crate::device::Inventory;
+use crate::host::HostRoot;
+use crate::metrics::config::parse_config;
+use crate::metrics::devices::logical_gpus;
+use crate::metrics::reader::BoundedReader;
+use crate::metrics::sample::{HostSample, Sampler, Scope};
+use crate::plugin::HealthReport;
+
+/// Configuration of the health monitor.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HealthConfig {
+    pub host: HostRoot,
+    /// Time between samples.
+    pub interval: Duration,
+    /// Deadline of each file read; a file that misses it counts as unknown.
+    pub file_timeout: Duration,
+    pub damping: Damping,
+    /// The exporter's `config.json` text, for `HealthThresholds`. A text that
+    /// does not parse is reported and the last good thresholds stay in force.
+    pub exporter_config: Option<String>,
+    /// Check that PCIe links run at full width and speed.
+    pub check_pcie_link: bool,
+}
+
+impl HealthConfig {
+    pub const DEFAULT_INTERVAL: Duration = Duration::from_millis(250);
+    pub const DEFAULT_FILE_TIMEOUT: Duration = Duration::from_millis(200);
+
+    pub fn new(host: HostRoot) -> Self {
+        Self {
+            host,
+            interval: Self::DEFAULT_INTERVAL,
+            file_timeout: Self::DEFAULT_FILE_TIMEOUT,
+            damping: Damping::default(),
+            exporter_config: None,
+            check_pcie_link: true,
+        }
+    }
+}
+
+/// Health over time of every GPU seen.
+#[derive(Clone, Debug, Default)]
+pub struct MonitorState {
+    trackers: BTreeMap<String, Tracker>,
+    /// Every GPU seen since start: the baseline for "missing".
+    seen: BTreeSet<String>,
+    /// Logical GPU ids, as last seen in the inventory.
+    ids: BTreeMap<String, Vec<u32>>,
+}
+
+impl MonitorState {
+    /// Feeds one sample. Returns the new snapshot and the GPUs that changed state.
+    pub fn step(
+        &mut self,
+        inventory: &Inventory,
+        sample: &HostSample,
+        thresholds: &Thresholds,
+        damping: &Damping,
+    ) -> (HealthSnapshot, Vec<HealthTransition>) {
+        self.seen
+            .extend(inventory.gpus.iter().map(|g| g.bdf.clone()));
+        let mut ids: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+        for l in logical_gpus(inventory) {
+            ids.entry(l.bdf).or_default().push(l.gpu_id);
+        }
+        self.ids.extend(ids);
+        let mut transitions = Vec::new();
+        for (bdf, problems) in evaluate(inventory, sample, &self.seen, thresholds) {
+            let tracker = self.trackers.entry(bdf.clone()).or_default();
+            let step = tracker.observe(problems, damping);
+            if matches!(step, Step::BecameHealthy | Step::BecameUnhealthy) {
+                transitions.push(HealthTransition {
+                    bdf: bdf.clone(),
+                    healthy: tracker.healthy,
+                    reasons: tracker.reasons.clone(),
+                    gpu_ids: self.ids.get(&bdf).cloned().unwrap_or_default(),
+                });
+            }
+        }
+        (self.snapshot(), transitions)
+    }
+
+    pub fn snapshot(&self) -> HealthSnapshot {
+        HealthSnapshot {
+            gpus: self
+                .trackers
+                .iter()
+                .map(|(bdf, t)| {
+                    (
+                        bdf.clone(),
+                        GpuHealth {
+                            healthy: t.healthy,
+                            reasons: t.reasons.clone(),
+                            gpu_ids: self.ids.get(bdf).cloned().unwrap_or_default(),
+                        },
+                    )
+                })
+                .collect(),
+        }
+    }
+}
+
+/// The health monitor service. Create it once, hand out its receivers, and let a
+/// supervisor slot run it.
+pub struct HealthMonitor {
+    inventory: watch::Receiver<Arc<Inventory>>,
+    report: watch::Sender<HealthReport>,
+    snapshot: watch::Sender<Arc<HealthSnapshot>>,
+    transitions: broadcast::Sender<HealthTransition>,
+    config_error: watch::Sender<Option<String>>,
+}
+
+impl HealthMonitor {
+    pub fn new(inventory: watch::Receiver<Arc<Inventory>>) -> Self {
+        Self {
+            inventory,
+            report: watch::Sender::new(HealthReport::default()),
+            snapshot: watch::Sender::new(Arc::new(HealthSnapshot::default())),
+            transitions: broadcast::channel(256).0,
+            config_error: watch::Sender::new(None),
+        }
+    }
+
+    /// For the device plugin: devices of unhealthy GPUs, with reasons.
+    pub fn report(&self) -> watch::Receiver<HealthReport> {
+        self.report.subscribe()
+    }
+
+    /// Every GPU's state, for the metrics exporter and the Node.
+    pub fn snapshot(&self) -> watch::Receiver<Arc<HealthSnapshot>> {
+        self.snapshot.subscribe()
+    }
+
+    /// State changes as they happen.
+    pub fn subscribe(&self) -> broadcast::Receiver<HealthTransition> {
+        self.transitions.subscribe()
+    }
+
+    /// Why the last exporter config text was rejected, if it was.
+    pub fn config_error(&self) -> watch::Receiver<Option<String>> {
+        self.config_error.subscribe()
+    }
+
+    fn publish(&self, snapshot: HealthSnapshot, transitions: Vec<HealthTransition>) {
+        for t in transitions {
+            if t.healthy {
+                tracing::info!(bdf = %t.bdf, "GPU healthy again");
+            } else {
+                tracing::warn!(bdf = %t.bdf, reasons = ?t.reasons, "GPU unhealthy");
+            }
+            // Nobody listening is fine.
+            let _ = self.transitions.send(t);
+        }
+        let report = health_report(&snapshot);
+        self.report.send_if_modified(|current| {
+            let changed = *current != report;
+            *current = report;
+            changed
+        });
+        self.snapshot.send_if_modified(|current| {
+            let changed = **current != snapshot;
+            if changed {
+                *current = Arc::new(snapshot);
+            }
+            changed
+        });
+    }
+
+    /// Applies a config: returns the thresholds to use, keeping `last` when the
+    /// exporter config text is bad.
+    fn thresholds(&self, config: &HealthConfig, last: &Thresholds) -> Thresholds {
+        let limits = match config.exporter_config.as_deref().map(parse_config) {
+            None => Default::default(),
+            Some(Ok(parsed)) => parsed.health_thresholds,
+            Some(Err(e)) => {
+                let message = e.to_string();
+                tracing::warn!(error = %message, "exporter config rejected; keeping the last good health thresholds");
+                self.config_error.send_replace(Some(message));
+                return Thresholds {
+                    pcie_link: config.check_pcie_link,
+                    ..last.clone()
+                };
+            }
+        };
+        self.config_error.send_replace(None);
+        Thresholds {
+            limits,
+            pcie_link: config.check_pcie_link,
+        }
+    }
+}
+
+impl Service for HealthMonitor {
+    type Config = HealthConfig;
+
+    fn name(&self) -> &'static str {
+        "healthMonitor"
+    }
+
+    fn run(
+        self: Arc<Self>,
+        mut config: watch::Receiver<HealthConfig>,
+        cancel: CancellationToken,
+    ) -> ServiceFuture {
+        Box::pin(async move {
+            let mut current = config.borrow_and_update().clone();
+            let mut thresholds = self.thresholds(&current, &Thresholds::default());
+            let mut sampler = Sampler::new(
+                BoundedReader::new(current.host.clone(), BoundedReader::DEFAULT_MAX_THREADS),
+                current.file_timeout,
+            );
+            let mut state = MonitorState::default();
+            let mut ticker = tokio::time::interval(current.interval);
+            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = cancel.cancelled() => break,
+                    changed = config.changed() => {
+                        if changed.is_err() {
+                            break;
+                        }
+                        let next = config.borrow_and_update().clone();
+                        if next.host != current.host || next.file_timeout != current.file_timeout {
+                            sampler = Sampler::new(
+                                BoundedReader::new(next.host.clone(), BoundedReader::DEFAULT_MAX_THREADS),
+                                next.file_timeout,
+                            );
+                        }
+                        if next.interval != current.interval {
+                            ticker = tokio::time::interval(next.interval);
+                            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                        }
+                        thresholds = self.thresholds(&next, &thresholds);
+                        current = next;
+                        continue;
+                    }
+                    _ = ticker.tick() => {}
+                }
+                let inventory = self.inventory.borrow().clone();
+                let sample = sampler.sample(&inventory, Scope::Health).await;
+                let (snapshot, transitions) =
+                    state.step(&inventory, &sample, &thresholds, &current.damping);
+                self.publish(snapshot, transitions);
+            }
+            // Stopped: nothing vouches for the old verdicts any more; the device
+            // plugin's own checks remain.
+            self.report.send_replace(HealthReport::default());
+            self.snapshot
+                .send_replace(Arc::new(HealthSnapshot::default()));
+            Ok(())
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::Gpu;
+    use crate::metrics::sample::GpuReadings;
+    use crate::metrics::sysfs::EccCount;
+
+    fn inventory(bdfs: &[&str]) -> Inventory {
+        Inventory {
+            gpus: bdfs
+                .iter()
+                .map(|b| Gpu {
+                    bdf: (*b).into(),
+                    ..Gpu::default()
+                })
+                .collect(),
+            ..Inventory::default()
+        }
+    }
+
+    fn sample(ue: u64) -> HostSample {
+        let mut r = GpuReadings {
+            bdf: "0000:05:00.0".into(),
+            present: Some(true),
+            bound: Some(true),
+            ..GpuReadings::default()
+        };
+        r.ecc.insert("umc".into(), EccCount { ue, ce: 0 });
+        let mut s = HostSample {
+            kfd_present: Some(true),
+            ..HostSample::default()
+        };
+        s.gpus.insert(r.bdf.clone(), r);
+        s
+    }
+
+    #[test]
+    fn step_damps_and_reports_transitions() {
+        let damping = Damping {
+            unhealthy_after: 2,
+            healthy_after: 1,
+        };
+        let thresholds = Thresholds::default();
+        let inv = inventory(&["0000:05:00.0"]);
+        let mut state = MonitorState::default();
+        let (snap, t) = state.step(&inv, &sample(0), &thresholds, &damping);
+        assert!(t.is_empty() && snap.gpus["0000:05:00.0"].healthy);
+        assert_eq!(snap.gpus["0000:05:00.0"].gpu_ids, [0]);
+        let (_, t) = state.step(&inv, &sample(1), &thresholds, &damping);
+        assert!(t.is_empty(), "one bad sample is not enough");
+        let (snap, t) = state.step(&inv, &sample(1), &thresholds, &damping);
+        assert_eq!(t.len(), 1);
+        assert!(!t[0].healthy);
+        assert_eq!(t[0].gpu_ids, [0]);
+        assert!(!snap.gpus["0000:05:00.0"].healthy);
+        assert_eq!(
+            health_report(&snap).unhealthy.len(),
+            1,
+            "the plugin hears of it"
+        );
+        let (snap, t) = state.step(&inv, &sample(0), &thresholds, &damping);
+        assert!(t[0].healthy && snap.gpus["0000:05:00.0"].healthy);
+    }
+
+    #[test]
+    fn a_vanished_gpu_stays_in_the_snapshot_as_unhealthy() {
+        let damping = Damping {
+            unhealthy_after: 1,
+            healthy_after: 1,
+        };
+        let mut state = MonitorState::default();
+        let both = inventory(&["0000:05:00.0", "0000:27:00.0"]);
+        state.step(&both, &sample(0), &Thresholds::default(), &damping);
+        let one = inventory(&["0000:05:00.0"]);
+        let (snap, t) = state.step(&one, &sample(0), &Thresholds::default(), &damping);
+        assert_eq!(t.len(), 1);
+        assert_eq!(t[0].bdf, "0000:27:00.0");
+        assert_eq!(t[0].gpu_ids, [1], "ids as last seen");
+        assert!(snap.gpus["0000:27:00.0"].reasons[0].contains("missing"));
+        let (snap, _) = state.step(&both, &sample(0), &Thresholds::default(), &damping);
+        assert!(snap.gpus["0000:27:00.0"].healthy, "it came back");
+    }
+}

@@ -1,0 +1,249 @@
+//! The agent's own metrics, served next to the GPU metrics: reconciles, API
+//! errors, service restarts, sysfs reader health, and the standard process
+//! metrics (`process_resident_memory_bytes`, `process_cpu_seconds_total`, ...).
+//!
+//! Counting is a relaxed atomic increment, so any code may count from anywhere:
+//!
+//! ```
+//! gpu_operator::metrics::agent::record_reconcile();
+//! gpu_operator::metrics::agent::record_api_error();
+//! ```
+//!
+//! Process figures are read from `/proc/self` (procfs) when the exporter takes a
+//! sample, not on scrape.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::Serialize;
+
+use super::reader::ReaderStats;
+use super::render::{Family, Kind, Series};
+use crate::agent::supervisor::SERVICE_RESTARTS;
+
+static RECONCILES: AtomicU64 = AtomicU64::new(0);
+static API_ERRORS: AtomicU64 = AtomicU64::new(0);
+
+/// Counts one reconcile (of the node agent or the cluster role).
+pub fn record_reconcile() {
+    RECONCILES.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Counts one failed Kubernetes API request.
+pub fn record_api_error() {
+    API_ERRORS.fetch_add(1, Ordering::Relaxed);
+}
+
+/// The counters as they are now.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Counters {
+    pub reconciles: u64,
+    pub api_errors: u64,
+    pub service_restarts: u64,
+}
+
+pub fn counters() -> Counters {
+    Counters {
+        reconciles: RECONCILES.load(Ordering::Relaxed),
+        api_errors: API_ERRORS.load(Ordering::Relaxed),
+        service_restarts: SERVICE_RESTARTS.load(Ordering::Relaxed),
+    }
+}
+
+/// This process, from `/proc/self`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct ProcessStats {
+    pub resident_memory_bytes: u64,
+    pub virtual_memory_bytes: u64,
+    pub cpu_seconds: f64,
+    pub start_time_seconds: f64,
+    pub threads: u64,
+}
+
+/// Reads [`ProcessStats`]; `None` where procfs is unavailable.
+pub fn process_stats() -> Option<ProcessStats> {
+    let stat = procfs::process::Process::myself().ok()?.stat().ok()?;
+    let ticks = procfs::ticks_per_second().max(1) as f64;
+    let boot = procfs::boot_time_secs().ok()? as f64;
+    Some(ProcessStats {
+        resident_memory_bytes: stat.rss.saturating_mul(procfs::page_size()),
+        virtual_memory_bytes: stat.vsize,
+        cpu_seconds: (stat.utime + stat.stime) as f64 / ticks,
+        start_time_seconds: boot + stat.starttime as f64 / ticks,
+        threads: u64::try_from(stat.num_threads).unwrap_or(0),
+    })
+}
+
+/// The exporter's view of itself, for the families below.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct ExporterSelf {
+    pub reader: ReaderStats,
+    /// Duration of the last sample, seconds.
+    pub sample_seconds: f64,
+    pub config_reload_ok: bool,
+    pub config_errors: u64,
+    pub pod_resources_errors: u64,
+}
+
+/// The agent's families. Pure.
+pub fn families(counters: &Counters, process: Option<&ProcessStats>, me: &ExporterSelf) -> Vec<Family> {
+    let one = |name: &str, help: &str, kind: Kind, value: f64| Family {
+        name: name.to_owned(),
+        help: help.to_owned(),
+        kind,
+        series: vec![Series {
+            labels: Vec::new(),
+            value,
+        }],
+    };
+    let mut out = vec![
+        one(
+            "gpu_operator_reconciles_total",
+            "Reconciles run by this agent",
+            Kind::Counter,
+            counters.reconciles as f64,
+        ),
+        one(
+            "gpu_operator_api_errors_total",
+            "Failed Kubernetes API requests",
+            Kind::Counter,
+            counters.api_errors as f64,
+        ),
+        one(
+            "gpu_operator_service_restarts_total",
+            "Restarts of failed node services",
+            Kind::Counter,
+            counters.service_restarts as f64,
+        ),
+        one(
+            "gpu_operator_sysfs_reads_total",
+            "sysfs reads started by the exporter and the health monitor",
+            Kind::Counter,
+            me.reader.reads as f64,
+        ),
+        one(
+            "gpu_operator_sysfs_read_timeouts_total",
+            "sysfs reads that missed their deadline",
+            Kind::Counter,
+            me.reader.timeouts as f64,
+        ),
+        one(
+            "gpu_operator_sysfs_reads_skipped_total",
+            "sysfs reads skipped because an earlier read of the file was stuck",
+            Kind::Counter,
+            me.reader.skipped_stuck as f64,
+        ),
+        one(
+            "gpu_operator_sysfs_reader_threads",
+            "Threads of the sysfs reader, including those parked on hung files",
+            Kind::Gauge,
+            me.reader.threads as f64,
+        ),
+        one(
+            "gpu_operator_metrics_sample_duration_seconds",
+            "Time the last GPU sample took",
+            Kind::Gauge,
+            me.sample_seconds,
+        ),
+        one(
+            "gpu_operator_metrics_config_last_reload_successful",
+            "Whether the last exporter config was accepted (1) or rejected (0)",
+            Kind::Gauge,
+            if me.config_reload_ok { 1.0 } else { 0.0 },
+        ),
+        one(
+            "gpu_operator_metrics_config_errors_total",
+            "Exporter configs rejected",
+            Kind::Counter,
+            me.config_errors as f64,
+        ),
+        one(
+            "gpu_operator_pod_resources_errors_total",
+            "Failed calls to the kubelet PodResources API",
+            Kind::Counter,
+            me.pod_resources_errors as f64,
+        ),
+    ];
+    if let Some(p) = process {
+        out.extend([
+            one(
+                "process_resident_memory_bytes",
+                "Resident memory size in bytes",
+                Kind::Gauge,
+                p.resident_memory_bytes as f64,
+            ),
+            one(
+                "process_virtual_memory_bytes",
+                "Virtual memory size in bytes",
+                Kind::Gauge,
+                p.virtual_memory_bytes as f64,
+            ),
+            one(
+                "process_cpu_seconds_total",
+                "User and system CPU time spent, seconds",
+                Kind::Counter,
+                p.cpu_seconds,
+            ),
+            one(
+                "process_start_time_seconds",
+                "Start time of the process since the Unix epoch, seconds",
+                Kind::Gauge,
+                p.start_time_seconds,
+            ),
+            one(
+                "process_threads",
+                "Number of OS threads in the process",
+                Kind::Gauge,
+                p.threads as f64,
+            ),
+        ]);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_count() {
+        let before = counters();
+        record_reconcile();
+        record_reconcile();
+        record_api_error();
+        let after = counters();
+        // Other tests may count concurrently: at least ours are there.
+        assert!(after.reconciles >= before.reconciles + 2);
+        assert!(after.api_errors > before.api_errors);
+    }
+
+    #[test]
+    fn process_stats_are_plausible() {
+        let p = process_stats().expect("procfs on Linux");
+        assert!(p.resident_memory_bytes > 1 << 20, "{p:?}");
+        assert!(p.threads >= 1);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64();
+        assert!(p.start_time_seconds <= now + 1.0 && p.start_time_seconds > now - 86_400.0);
+    }
+
+    #[test]
+    fn families_include_process_metrics_when_known() {
+        let counters = Counters {
+            reconciles: 3,
+            api_errors: 1,
+            service_restarts: 2,
+        };
+        let me = ExporterSelf::default();
+        let without = families(&counters, None, &me);
+        let with = families(&counters, Some(&ProcessStats::default()), &me);
+        assert_eq!(with.len(), without.len() + 5);
+        let restarts = without
+            .iter()
+            .find(|f| f.name == "gpu_operator_service_restarts_total")
+            .unwrap();
+        assert_eq!(restarts.series[0].value, 2.0);
+        assert_eq!(restarts.kind, Kind::Counter);
+    }
+}

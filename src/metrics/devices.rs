@@ -1,0 +1,167 @@
+//! Logical GPUs as the reference exporter numbers them, and the device IDs the
+//! kubelet knows them by.
+//!
+//! The reference (AMD's device-metrics-exporter, through amd-smi) lists every
+//! compute partition as a GPU of its own and numbers them in order: by PCI
+//! address, then partition. That number is the `gpu_id` label and the `<id>` in
+//! the `metricsexporter.amd.com.gpu.<id>.state` node labels. An unpartitioned
+//! GPU is one logical GPU with partition id 0. Device IDs are the device plugin's
+//! ([`crate::plugin::plan_resources`]), so that pods found through the kubelet's
+//! PodResources API map back to GPUs. Pure.
+
+use std::collections::BTreeMap;
+
+use crate::device::{Gpu, Inventory};
+use crate::plugin::devices::XcpNames;
+use crate::plugin::{DeviceRef, ResourceNamingStrategy, plan_resources};
+
+/// One GPU as the reference counts them: a whole GPU, or one partition.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LogicalGpu {
+    pub gpu_id: u32,
+    pub bdf: String,
+    /// Partition index; 0 for an unpartitioned GPU.
+    pub partition: u32,
+    /// The GPU is split into several partitions.
+    pub partitioned: bool,
+}
+
+impl LogicalGpu {
+    /// The partition carries the GPU's device-level metrics (power, temperature,
+    /// ECC, PCIe): partition 0, which the driver and amd-smi treat as the GPU.
+    pub fn is_primary(&self) -> bool {
+        self.partition == 0
+    }
+
+    /// How the device plugin and health reports name it.
+    pub fn device_ref(&self) -> DeviceRef {
+        if self.partitioned {
+            DeviceRef::partition(self.bdf.clone(), self.partition)
+        } else {
+            DeviceRef::gpu(self.bdf.clone())
+        }
+    }
+}
+
+/// The logical GPUs of an inventory, numbered.
+pub fn logical_gpus(inventory: &Inventory) -> Vec<LogicalGpu> {
+    let mut gpus: Vec<&Gpu> = inventory.gpus.iter().collect();
+    gpus.sort_by(|a, b| a.bdf.cmp(&b.bdf));
+    let mut out = Vec::new();
+    for gpu in gpus {
+        let mut partitions: Vec<u32> = gpu.partitions.iter().map(|p| p.id).collect();
+        partitions.sort_unstable();
+        partitions.dedup();
+        let partitioned = partitions.len() > 1;
+        if partitions.is_empty() {
+            partitions.push(0);
+        }
+        for partition in partitions {
+            out.push(LogicalGpu {
+                gpu_id: out.len() as u32,
+                bdf: gpu.bdf.clone(),
+                partition,
+                partitioned,
+            });
+        }
+    }
+    out
+}
+
+/// Device ID (as the kubelet reports it) → the GPU or partition it names.
+/// IDs do not depend on the naming strategy; `mixed` is used because it offers
+/// every GPU, whatever their partition layouts.
+pub fn device_ids(inventory: &Inventory, xcp_names: &XcpNames) -> BTreeMap<String, DeviceRef> {
+    plan_resources(inventory, ResourceNamingStrategy::Mixed, xcp_names)
+        .resources
+        .into_values()
+        .flatten()
+        .map(|d| {
+            let device = match d.partition {
+                Some(p) => DeviceRef::partition(d.gpu_bdf, p),
+                None => DeviceRef::gpu(d.gpu_bdf),
+            };
+            (d.id, device)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::Partition;
+
+    fn gpu(bdf: &str, partitions: u32) -> Gpu {
+        Gpu {
+            bdf: bdf.into(),
+            card: Some(0),
+            render_minor: Some(128),
+            available_compute_partitions: vec!["spx".into(), "cpx".into()],
+            available_memory_partitions: vec!["nps1".into()],
+            compute_partition: Some(if partitions > 1 { "cpx" } else { "spx" }.into()),
+            memory_partition: Some("nps1".into()),
+            partitions: (0..partitions)
+                .filter(|_| partitions > 1)
+                .map(|i| Partition {
+                    id: i,
+                    card: Some(i),
+                    render_minor: Some(128 + i),
+                    kfd_node: Some(i + 2),
+                })
+                .collect(),
+            ..Gpu::default()
+        }
+    }
+
+    #[test]
+    fn partitions_are_numbered_after_their_gpu_in_address_order() {
+        let inventory = Inventory {
+            gpus: vec![gpu("0000:27:00.0", 1), gpu("0000:05:00.0", 3)],
+            ..Inventory::default()
+        };
+        let logical = logical_gpus(&inventory);
+        let ids: Vec<(u32, &str, u32, bool)> = logical
+            .iter()
+            .map(|g| (g.gpu_id, g.bdf.as_str(), g.partition, g.partitioned))
+            .collect();
+        assert_eq!(
+            ids,
+            [
+                (0, "0000:05:00.0", 0, true),
+                (1, "0000:05:00.0", 1, true),
+                (2, "0000:05:00.0", 2, true),
+                (3, "0000:27:00.0", 0, false),
+            ]
+        );
+    }
+
+    #[test]
+    fn device_ids_follow_the_device_plugin() {
+        let inventory = Inventory {
+            gpus: vec![gpu("0000:05:00.0", 2), gpu("0000:27:00.0", 1)],
+            ..Inventory::default()
+        };
+        let xcp = XcpNames::from([(129, "amdgpu_xcp_0".to_owned())]);
+        let ids = device_ids(&inventory, &xcp);
+        assert_eq!(
+            ids,
+            BTreeMap::from([
+                (
+                    "0000:05:00.0".to_owned(),
+                    DeviceRef::partition("0000:05:00.0", 0)
+                ),
+                (
+                    "amdgpu_xcp_0".to_owned(),
+                    DeviceRef::partition("0000:05:00.0", 1)
+                ),
+                ("0000:27:00.0".to_owned(), DeviceRef::gpu("0000:27:00.0")),
+            ])
+        );
+        let logical = logical_gpus(&inventory);
+        assert_eq!(
+            logical[1].device_ref(),
+            DeviceRef::partition("0000:05:00.0", 1)
+        );
+        assert_eq!(logical[2].device_ref(), DeviceRef::gpu("0000:27:00.0"));
+    }
+}

@@ -1,0 +1,269 @@
+//! Which pod holds which GPU, from the kubelet's PodResources API (`List` on
+//! `<kubelet-dir>/pod-resources/kubelet.sock`).
+//!
+//! The kubelet reports devices by the IDs the device plugin advertised; they are
+//! matched against [`super::devices::device_ids`], so both sides use the device
+//! plugin's naming. Only `amd.com/*` resources are considered. A missing socket
+//! (no kubelet, standalone mode) means no pod labels, not an error. [`assign`] is
+//! pure; [`list`] and [`xcp_names`] do the I/O.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Serialize;
+use tonic::transport::Endpoint;
+
+use super::podresources::v1::pod_resources_lister_client::PodResourcesListerClient;
+use super::podresources::v1::{ListPodResourcesRequest, ListPodResourcesResponse};
+use super::reader::BoundedReader;
+use crate::plugin::DeviceRef;
+use crate::plugin::devices::{RESOURCE_NAMESPACE, XcpNames};
+
+/// The container a device is allocated to.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct PodRef {
+    pub pod: String,
+    pub namespace: String,
+    pub container: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PodResourcesError {
+    #[error("{socket}: cannot connect to the kubelet's PodResources API: {source}")]
+    Connect {
+        socket: PathBuf,
+        #[source]
+        source: tonic::transport::Error,
+    },
+    #[error("{socket}: PodResources List failed: {status}")]
+    List {
+        socket: PathBuf,
+        status: Box<tonic::Status>,
+    },
+    #[error("{socket}: PodResources List did not answer within {timeout:?}")]
+    Timeout { socket: PathBuf, timeout: Duration },
+    #[error("{socket}: the socket path is not UTF-8")]
+    NonUtf8Path { socket: PathBuf },
+}
+
+/// Asks the kubelet which devices each container holds. `Ok(None)` when the
+/// socket does not exist.
+pub async fn list(
+    socket: &Path,
+    timeout: Duration,
+) -> Result<Option<ListPodResourcesResponse>, PodResourcesError> {
+    if !socket.exists() {
+        return Ok(None);
+    }
+    let uri = socket
+        .to_str()
+        .map(|s| format!("unix://{s}"))
+        .ok_or_else(|| PodResourcesError::NonUtf8Path {
+            socket: socket.to_path_buf(),
+        })?;
+    let call = async {
+        let channel = Endpoint::from_shared(uri)
+            .map_err(|source| PodResourcesError::Connect {
+                socket: socket.to_path_buf(),
+                source,
+            })?
+            .connect()
+            .await
+            .map_err(|source| PodResourcesError::Connect {
+                socket: socket.to_path_buf(),
+                source,
+            })?;
+        PodResourcesListerClient::new(channel)
+            .list(ListPodResourcesRequest {})
+            .await
+            .map(|r| Some(r.into_inner()))
+            .map_err(|status| PodResourcesError::List {
+                socket: socket.to_path_buf(),
+                status: Box::new(status),
+            })
+    };
+    tokio::time::timeout(timeout, call)
+        .await
+        .unwrap_or_else(|_| {
+            Err(PodResourcesError::Timeout {
+                socket: socket.to_path_buf(),
+                timeout,
+            })
+        })
+}
+
+/// The container holding each known device. Devices the kubelet reports that
+/// this host does not know (another vendor, a stale checkpoint) are skipped.
+pub fn assign(
+    response: &ListPodResourcesResponse,
+    ids: &BTreeMap<String, DeviceRef>,
+) -> BTreeMap<DeviceRef, PodRef> {
+    let prefix = format!("{RESOURCE_NAMESPACE}/");
+    let mut out = BTreeMap::new();
+    for pod in &response.pod_resources {
+        for container in &pod.containers {
+            for devices in container
+                .devices
+                .iter()
+                .filter(|d| d.resource_name.starts_with(&prefix))
+            {
+                for id in &devices.device_ids {
+                    if let Some(device) = ids.get(id) {
+                        out.entry(device.clone()).or_insert_with(|| PodRef {
+                            pod: pod.name.clone(),
+                            namespace: pod.namespace.clone(),
+                            container: container.name.clone(),
+                        });
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The pod of a device: its own entry, or for a partition of a GPU allocated
+/// whole, the GPU's.
+pub fn pod_of<'a>(pods: &'a BTreeMap<DeviceRef, PodRef>, device: &DeviceRef) -> Option<&'a PodRef> {
+    pods.get(device)
+        .or_else(|| pods.get(&DeviceRef::gpu(device.bdf.clone())))
+}
+
+const PLATFORM_DIR: &str = "/sys/devices/platform";
+
+/// Render minor → `amdgpu_xcp_N` platform device, which names partition device
+/// IDs. The same host facts as the device plugin's own lookup (private to
+/// `plugin`), read here through the bounded reader.
+pub async fn xcp_names(reader: &BoundedReader, timeout: Duration) -> XcpNames {
+    let mut names = XcpNames::new();
+    let entries = reader
+        .list_dir(PLATFORM_DIR, timeout)
+        .await
+        .unwrap_or_default();
+    let xcps: Vec<String> = entries
+        .into_iter()
+        .filter(|n| n.starts_with("amdgpu_xcp_") || n.starts_with("amdgpu_xcp."))
+        .collect();
+    let listings = futures::future::join_all(xcps.iter().map(|name| {
+        let dir = format!("{PLATFORM_DIR}/{name}/drm");
+        async move { reader.list_dir(&dir, timeout).await.unwrap_or_default() }
+    }))
+    .await;
+    for (name, nodes) in xcps.iter().zip(listings) {
+        for node in nodes {
+            if let Some(minor) = node.strip_prefix("renderD").and_then(|m| m.parse().ok()) {
+                names.insert(minor, name.clone());
+            }
+        }
+    }
+    names
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::podresources::v1::{ContainerDevices, ContainerResources, PodResources};
+
+    fn response() -> ListPodResourcesResponse {
+        let devices = |resource: &str, ids: &[&str]| ContainerDevices {
+            resource_name: resource.into(),
+            device_ids: ids.iter().map(|s| s.to_string()).collect(),
+            topology: None,
+        };
+        ListPodResourcesResponse {
+            pod_resources: vec![
+                PodResources {
+                    name: "train".into(),
+                    namespace: "ml".into(),
+                    containers: vec![ContainerResources {
+                        name: "worker".into(),
+                        devices: vec![
+                            devices("amd.com/gpu", &["0000:05:00.0", "amdgpu_xcp_3"]),
+                            devices("example.com/nic", &["0000:27:00.0"]),
+                        ],
+                        ..ContainerResources::default()
+                    }],
+                },
+                PodResources {
+                    name: "other".into(),
+                    namespace: "default".into(),
+                    containers: vec![ContainerResources {
+                        name: "c".into(),
+                        devices: vec![devices("amd.com/cpx_nps4", &["unknown-id"])],
+                        ..ContainerResources::default()
+                    }],
+                },
+            ],
+        }
+    }
+
+    #[test]
+    fn devices_map_to_their_containers() {
+        let ids = BTreeMap::from([
+            ("0000:05:00.0".to_owned(), DeviceRef::partition("0000:05:00.0", 0)),
+            ("amdgpu_xcp_3".to_owned(), DeviceRef::partition("0000:05:00.0", 4)),
+            ("0000:27:00.0".to_owned(), DeviceRef::gpu("0000:27:00.0")),
+        ]);
+        let pods = assign(&response(), &ids);
+        let train = PodRef {
+            pod: "train".into(),
+            namespace: "ml".into(),
+            container: "worker".into(),
+        };
+        assert_eq!(
+            pods,
+            BTreeMap::from([
+                (DeviceRef::partition("0000:05:00.0", 0), train.clone()),
+                (DeviceRef::partition("0000:05:00.0", 4), train.clone()),
+            ]),
+            "the NIC resource and the unknown ID are not GPUs"
+        );
+        assert_eq!(
+            pod_of(&pods, &DeviceRef::partition("0000:05:00.0", 4)),
+            Some(&train)
+        );
+        assert_eq!(pod_of(&pods, &DeviceRef::partition("0000:05:00.0", 1)), None);
+    }
+
+    #[test]
+    fn a_partition_of_a_gpu_allocated_whole_belongs_to_that_pod() {
+        let pod = PodRef {
+            pod: "p".into(),
+            ..PodRef::default()
+        };
+        let pods = BTreeMap::from([(DeviceRef::gpu("0000:05:00.0"), pod.clone())]);
+        assert_eq!(
+            pod_of(&pods, &DeviceRef::partition("0000:05:00.0", 2)),
+            Some(&pod)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_missing_socket_is_no_pods() {
+        let dir = tempfile::tempdir().unwrap();
+        let answer = list(&dir.path().join("kubelet.sock"), Duration::from_secs(1))
+            .await
+            .unwrap();
+        assert!(answer.is_none());
+    }
+
+    #[tokio::test]
+    async fn platform_devices_name_partitions() {
+        let dir = tempfile::tempdir().unwrap();
+        let host = crate::host::HostRoot::new(dir.path());
+        host.create_dir_all("/sys/devices/platform/amdgpu_xcp_3/drm/renderD131")
+            .unwrap();
+        host.create_dir_all("/sys/devices/platform/amdgpu_xcp.5/drm/renderD133")
+            .unwrap();
+        host.create_dir_all("/sys/devices/platform/serial8250").unwrap();
+        let reader = BoundedReader::new(host, 2);
+        assert_eq!(
+            xcp_names(&reader, Duration::from_secs(1)).await,
+            XcpNames::from([
+                (131, "amdgpu_xcp_3".to_owned()),
+                (133, "amdgpu_xcp.5".to_owned())
+            ])
+        );
+    }
+}

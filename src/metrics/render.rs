@@ -1,0 +1,849 @@
+//! From a sample to the exposition: which series exist, with which labels and
+//! values, in the reference exporter's names; then the Prometheus text format
+//! (0.0.4, through `prometheus-client`) and the JSON view.
+//!
+//! Scope of each metric on partitioned GPUs. The reference reports every
+//! partition as a GPU, and the driver reports device-level values (power,
+//! temperatures, ECC, PCIe, memory, clocks, activity) only on the primary
+//! partition, with "not available" on the others, which the reference drops. So
+//! device-level metrics have one series per physical GPU, labelled with its
+//! partition 0 (`gpu_partition_id="0"`): 8 series of `gpu_edge_temperature` on an
+//! MI300X in any mode. Per-partition series are those whose value is known per
+//! partition: `gpu_health`, 64 series on an MI300X in CPX mode. sysfs offers
+//! `gpu_busy_percent` and the `pp_dpm_*` clocks only for the whole device, so
+//! activity and clocks stay device-level here (the reference's per-XCP values
+//! come from the firmware's metrics table, which is not parsed).
+//!
+//! Types: the reference declares everything a gauge, which `promtool check
+//! metrics` rejects for names ending in `_total`. The ECC totals are declared
+//! counters (they only grow) and `gpu_nodes_total` untyped; series names and
+//! values are unchanged, so queries and dashboards keep working.
+//!
+//! Pure, except that encoding allocates.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
+use serde::Serialize;
+
+use super::config::{ECC_BLOCKS, ExporterConfig, ecc_suffix};
+use super::devices::{LogicalGpu, logical_gpus};
+use super::pods::{PodRef, pod_of};
+use super::sample::{GpuReadings, HostSample};
+use super::sysfs::bytes_to_mib;
+use crate::device::{Gpu, Inventory};
+use crate::health::HealthSnapshot;
+use crate::plugin::DeviceRef;
+
+/// How a family is declared.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum Kind {
+    Gauge,
+    Counter,
+    Untyped,
+}
+
+/// One metric family and its series.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Family {
+    pub name: String,
+    pub help: String,
+    pub kind: Kind,
+    pub series: Vec<Series>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Series {
+    /// Sorted by name.
+    pub labels: Vec<(String, String)>,
+    pub value: f64,
+}
+
+type Value = fn(&GpuReadings) -> Option<f64>;
+
+/// A device-level field: one series per physical GPU.
+struct DeviceField {
+    field: &'static str,
+    name: &'static str,
+    help: &'static str,
+    kind: Kind,
+    value: Value,
+}
+
+fn mib(v: Option<u64>) -> Option<f64> {
+    v.map(bytes_to_mib)
+}
+
+fn free(total: Option<u64>, used: Option<u64>) -> Option<f64> {
+    Some(bytes_to_mib(total?.saturating_sub(used?)))
+}
+
+const DEVICE_FIELDS: &[DeviceField] = &[
+    DeviceField {
+        field: "GPU_PACKAGE_POWER",
+        name: "gpu_package_power",
+        help: "Current socket power in watts",
+        kind: Kind::Gauge,
+        value: |r| r.power.current_w,
+    },
+    DeviceField {
+        field: "GPU_AVERAGE_PACKAGE_POWER",
+        name: "gpu_average_package_power",
+        help: "Average socket power in watts",
+        kind: Kind::Gauge,
+        value: |r| r.power.average_w,
+    },
+    DeviceField {
+        field: "GPU_POWER_USAGE",
+        name: "gpu_power_usage",
+        help: "GPU power usage in watts",
+        kind: Kind::Gauge,
+        value: |r| r.power.current_w.or(r.power.average_w),
+    },
+    DeviceField {
+        field: "GPU_ENERGY_CONSUMED",
+        name: "gpu_energy_consumed",
+        help: "Energy the GPU has consumed, in microjoules",
+        kind: Kind::Gauge,
+        value: |r| r.power.energy_uj.map(|v| v as f64),
+    },
+    DeviceField {
+        field: "GPU_EDGE_TEMPERATURE",
+        name: "gpu_edge_temperature",
+        help: "Edge temperature in degrees Celsius",
+        kind: Kind::Gauge,
+        value: |r| r.temperature.edge_c,
+    },
+    DeviceField {
+        field: "GPU_JUNCTION_TEMPERATURE",
+        name: "gpu_junction_temperature",
+        help: "Junction (hotspot) temperature in degrees Celsius",
+        kind: Kind::Gauge,
+        value: |r| r.temperature.junction_c,
+    },
+    DeviceField {
+        field: "GPU_MEMORY_TEMPERATURE",
+        name: "gpu_memory_temperature",
+        help: "Memory temperature in degrees Celsius",
+        kind: Kind::Gauge,
+        value: |r| r.temperature.memory_c,
+    },
+    DeviceField {
+        field: "GPU_GFX_ACTIVITY",
+        name: "gpu_gfx_activity",
+        help: "Graphics engine busy, percent (0-100)",
+        kind: Kind::Gauge,
+        value: |r| r.gfx_activity_pct,
+    },
+    DeviceField {
+        field: "GPU_UMC_ACTIVITY",
+        name: "gpu_umc_activity",
+        help: "Memory controller busy, percent (0-100)",
+        kind: Kind::Gauge,
+        value: |r| r.umc_activity_pct,
+    },
+    DeviceField {
+        field: "GPU_TOTAL_VRAM",
+        name: "gpu_total_vram",
+        help: "Total VRAM in MiB",
+        kind: Kind::Gauge,
+        value: |r| mib(r.memory.vram_total),
+    },
+    DeviceField {
+        field: "GPU_USED_VRAM",
+        name: "gpu_used_vram",
+        help: "Used VRAM in MiB",
+        kind: Kind::Gauge,
+        value: |r| mib(r.memory.vram_used),
+    },
+    DeviceField {
+        field: "GPU_FREE_VRAM",
+        name: "gpu_free_vram",
+        help: "Free VRAM in MiB",
+        kind: Kind::Gauge,
+        value: |r| free(r.memory.vram_total, r.memory.vram_used),
+    },
+    DeviceField {
+        field: "GPU_TOTAL_VISIBLE_VRAM",
+        name: "gpu_total_visible_vram",
+        help: "Total CPU-visible VRAM in MiB",
+        kind: Kind::Gauge,
+        value: |r| mib(r.memory.vis_vram_total),
+    },
+    DeviceField {
+        field: "GPU_USED_VISIBLE_VRAM",
+        name: "gpu_used_visible_vram",
+        help: "Used CPU-visible VRAM in MiB",
+        kind: Kind::Gauge,
+        value: |r| mib(r.memory.vis_vram_used),
+    },
+    DeviceField {
+        field: "GPU_FREE_VISIBLE_VRAM",
+        name: "gpu_free_visible_vram",
+        help: "Free CPU-visible VRAM in MiB",
+        kind: Kind::Gauge,
+        value: |r| free(r.memory.vis_vram_total, r.memory.vis_vram_used),
+    },
+    DeviceField {
+        field: "GPU_TOTAL_GTT",
+        name: "gpu_total_gtt",
+        help: "Total GTT (graphics translation table) memory in MiB",
+        kind: Kind::Gauge,
+        value: |r| mib(r.memory.gtt_total),
+    },
+    DeviceField {
+        field: "GPU_USED_GTT",
+        name: "gpu_used_gtt",
+        help: "Used GTT memory in MiB",
+        kind: Kind::Gauge,
+        value: |r| mib(r.memory.gtt_used),
+    },
+    DeviceField {
+        field: "GPU_FREE_GTT",
+        name: "gpu_free_gtt",
+        help: "Free GTT memory in MiB",
+        kind: Kind::Gauge,
+        value: |r| free(r.memory.gtt_total, r.memory.gtt_used),
+    },
+    DeviceField {
+        field: "PCIE_SPEED",
+        name: "pcie_speed",
+        help: "Current PCIe link speed in GT/s",
+        kind: Kind::Gauge,
+        value: |r| r.pcie.speed_gts,
+    },
+    DeviceField {
+        field: "PCIE_MAX_SPEED",
+        name: "pcie_max_speed",
+        help: "Maximum PCIe link speed in GT/s",
+        kind: Kind::Gauge,
+        value: |r| r.pcie.max_speed_gts,
+    },
+    DeviceField {
+        field: "PCIE_REPLAY_COUNT",
+        name: "pcie_replay_count",
+        help: "PCIe replays (NAKs) since the driver loaded",
+        kind: Kind::Gauge,
+        value: |r| r.pcie.replay_count.map(|v| v as f64),
+    },
+    DeviceField {
+        field: "GPU_ECC_CORRECT_TOTAL",
+        name: "gpu_ecc_correct_total",
+        help: "Correctable ECC errors, all blocks",
+        kind: Kind::Counter,
+        value: |r| r.ecc_totals().map(|c| c.ce as f64),
+    },
+    DeviceField {
+        field: "GPU_ECC_UNCORRECT_TOTAL",
+        name: "gpu_ecc_uncorrect_total",
+        help: "Uncorrectable ECC errors, all blocks",
+        kind: Kind::Counter,
+        value: |r| r.ecc_totals().map(|c| c.ue as f64),
+    },
+];
+
+/// Fields exported besides [`DEVICE_FIELDS`] and the per-block ECC fields.
+const OTHER_FIELDS: &[&str] = &["GPU_NODES_TOTAL", "GPU_HEALTH", "GPU_CLOCK"];
+
+/// Whether this implementation exports a config field name (upper case).
+pub fn is_known_field(field: &str) -> bool {
+    DEVICE_FIELDS.iter().any(|f| f.field == field)
+        || OTHER_FIELDS.contains(&field)
+        || ECC_BLOCKS.iter().any(|(_, suffix)| {
+            let suffix = suffix.to_ascii_uppercase();
+            field == format!("GPU_ECC_CORRECT_{suffix}") || field == format!("GPU_ECC_UNCORRECT_{suffix}")
+        })
+}
+
+/// Everything a render needs.
+#[derive(Clone, Copy, Debug)]
+pub struct RenderInput<'a> {
+    pub inventory: &'a Inventory,
+    pub sample: &'a HostSample,
+    pub pods: &'a BTreeMap<DeviceRef, PodRef>,
+    /// The health monitor's view; without one, `gpu_health` is not exported.
+    pub health: Option<&'a HealthSnapshot>,
+    pub config: &'a ExporterConfig,
+    pub hostname: &'a str,
+}
+
+/// The labels of one logical GPU, sorted by name.
+fn gpu_labels(input: &RenderInput<'_>, gpu: &Gpu, logical: &LogicalGpu) -> Vec<(String, String)> {
+    let pod = pod_of(input.pods, &logical.device_ref()).cloned().unwrap_or_default();
+    let text = |v: &Option<String>| v.clone().unwrap_or_default();
+    let mut labels: BTreeMap<String, String> = BTreeMap::from([
+        ("gpu_id".into(), logical.gpu_id.to_string()),
+        ("serial_number".into(), text(&gpu.serial_number)),
+        ("card_model".into(), card_model(gpu)),
+        ("hostname".into(), input.hostname.to_owned()),
+        ("gpu_partition_id".into(), logical.partition.to_string()),
+        (
+            "gpu_compute_partition_type".into(),
+            gpu.compute_partition.clone().unwrap_or_else(|| "none".into()),
+        ),
+        (
+            "gpu_memory_partition_type".into(),
+            gpu.memory_partition.clone().unwrap_or_else(|| "none".into()),
+        ),
+        ("pod".into(), pod.pod),
+        ("namespace".into(), pod.namespace),
+        ("container".into(), pod.container),
+    ]);
+    let optional = &input.config.labels;
+    if optional.contains("GPU_UUID") {
+        labels.insert(
+            "gpu_uuid".into(),
+            gpu.unique_id.map(|id| format!("{id:016x}")).unwrap_or_default(),
+        );
+    }
+    if optional.contains("VBIOS_VERSION") {
+        labels.insert("vbios_version".into(), text(&gpu.vbios_version));
+    }
+    if optional.contains("DRIVER_VERSION") {
+        labels.insert(
+            "driver_version".into(),
+            text(&input.inventory.driver.version),
+        );
+    }
+    for (name, value) in &input.config.custom_labels {
+        labels.entry(name.clone()).or_insert_with(|| value.clone());
+    }
+    labels.into_iter().collect()
+}
+
+/// The product name, or the PCI device ID when the GPU has none (virtual
+/// functions).
+fn card_model(gpu: &Gpu) -> String {
+    gpu.product_name
+        .clone()
+        .unwrap_or_else(|| format!("0x{:04x}", gpu.device_id))
+}
+
+/// Builds every family the configuration enables. Families without series are
+/// left out.
+pub fn families(input: &RenderInput<'_>) -> Vec<Family> {
+    let config = input.config;
+    let prefix = &config.prefix;
+    let gpus: BTreeMap<&str, &Gpu> = input
+        .inventory
+        .gpus
+        .iter()
+        .map(|g| (g.bdf.as_str(), g))
+        .collect();
+    let logical = logical_gpus(input.inventory);
+    let mut out: Vec<Family> = Vec::new();
+    let mut family = |field: &str, name: &str, help: &str, kind: Kind, series: Vec<Series>| {
+        if config.exports(field) && !series.is_empty() {
+            out.push(Family {
+                name: format!("{prefix}{name}"),
+                help: help.to_owned(),
+                kind,
+                series,
+            });
+        }
+    };
+
+    let mut node_labels: BTreeMap<String, String> =
+        BTreeMap::from([("hostname".to_owned(), input.hostname.to_owned())]);
+    for (name, value) in &config.custom_labels {
+        node_labels.entry(name.clone()).or_insert_with(|| value.clone());
+    }
+    family(
+        "GPU_NODES_TOTAL",
+        "gpu_nodes_total",
+        "Number of GPUs on the node, partitions counted as GPUs",
+        Kind::Untyped,
+        vec![Series {
+            labels: node_labels.into_iter().collect(),
+            value: logical.len() as f64,
+        }],
+    );
+
+    // Labels of every logical GPU and, per physical GPU, of its primary one.
+    let mut labelled: Vec<(&LogicalGpu, &Gpu, Vec<(String, String)>)> = Vec::new();
+    for l in &logical {
+        if let Some(gpu) = gpus.get(l.bdf.as_str()) {
+            labelled.push((l, gpu, gpu_labels(input, gpu, l)));
+        }
+    }
+    let primaries: Vec<(&GpuReadings, &Vec<(String, String)>)> = labelled
+        .iter()
+        .filter(|(l, _, _)| l.is_primary())
+        .filter_map(|(l, _, labels)| input.sample.gpus.get(&l.bdf).map(|r| (r, labels)))
+        .collect();
+
+    if let Some(health) = input.health {
+        let series = labelled
+            .iter()
+            .filter_map(|(l, _, labels)| {
+                health.gpus.get(&l.bdf).map(|h| Series {
+                    labels: labels.clone(),
+                    value: if h.healthy { 1.0 } else { 0.0 },
+                })
+            })
+            .collect();
+        family(
+            "GPU_HEALTH",
+            "gpu_health",
+            "GPU health: 1 healthy, 0 unhealthy",
+            Kind::Gauge,
+            series,
+        );
+    }
+
+    for f in DEVICE_FIELDS {
+        let series = primaries
+            .iter()
+            .filter_map(|(r, labels)| {
+                (f.value)(r).map(|value| Series {
+                    labels: (*labels).clone(),
+                    value,
+                })
+            })
+            .collect();
+        family(f.field, f.name, f.help, f.kind, series);
+    }
+
+    let mut clocks = Vec::new();
+    for (r, labels) in &primaries {
+        for (clock_type, mhz) in [("system", r.sclk_mhz), ("memory", r.mclk_mhz)] {
+            if let Some(mhz) = mhz {
+                let mut labels = (*labels).clone();
+                labels.push(("clock_index".into(), "0".into()));
+                labels.push(("clock_type".into(), clock_type.into()));
+                labels.sort();
+                clocks.push(Series { labels, value: mhz });
+            }
+        }
+    }
+    family(
+        "GPU_CLOCK",
+        "gpu_clock",
+        "Current clock frequency in MHz, by clock type",
+        Kind::Gauge,
+        clocks,
+    );
+
+    // Per-block ECC counts, for blocks the reference names.
+    let blocks: BTreeSet<&str> = primaries
+        .iter()
+        .flat_map(|(r, _)| r.ecc.keys().map(String::as_str))
+        .filter(|b| ecc_suffix(b).is_some())
+        .collect();
+    for (kind_upper, kind_lower, pick) in [
+        ("CORRECT", "correct", (|c: &super::sysfs::EccCount| c.ce) as fn(&_) -> u64),
+        ("UNCORRECT", "uncorrect", |c| c.ue),
+    ] {
+        for &(sysfs, suffix) in ECC_BLOCKS.iter().filter(|(s, _)| blocks.contains(s)) {
+            let series = primaries
+                .iter()
+                .filter_map(|(r, labels)| {
+                    r.ecc.get(sysfs).map(|c| Series {
+                        labels: (*labels).clone(),
+                        value: pick(c) as f64,
+                    })
+                })
+                .collect();
+            let adjective = if kind_lower == "correct" {
+                "Correctable"
+            } else {
+                "Uncorrectable"
+            };
+            family(
+                &format!("GPU_ECC_{kind_upper}_{}", suffix.to_ascii_uppercase()),
+                &format!("gpu_ecc_{kind_lower}_{suffix}"),
+                &format!("{adjective} ECC errors in the {} block", suffix.to_ascii_uppercase()),
+                Kind::Gauge,
+                series,
+            );
+        }
+    }
+    out
+}
+
+/// Encodes families in the Prometheus text format 0.0.4.
+pub fn encode(families: Vec<Family>) -> String {
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(Families(families)));
+    let mut text = String::new();
+    // Writing into a String cannot fail; an error would only come from a
+    // malformed descriptor, and a partial exposition is still served.
+    if let Err(e) = prometheus_client::encoding::prometheus_text::encode(&mut text, &registry) {
+        tracing::warn!(error = %e, "cannot encode metrics");
+    }
+    text
+}
+
+/// Content type of [`encode`]'s output.
+pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
+
+#[derive(Debug)]
+struct Families(Vec<Family>);
+
+impl Collector for Families {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        for family in &self.0 {
+            // A counter's name is given without `_total`; the encoder adds it.
+            let (name, metric_type) = match family.kind {
+                Kind::Gauge => (family.name.as_str(), MetricType::Gauge),
+                Kind::Untyped => (family.name.as_str(), MetricType::Unknown),
+                Kind::Counter => (
+                    family.name.strip_suffix("_total").unwrap_or(&family.name),
+                    MetricType::Counter,
+                ),
+            };
+            let mut metric = encoder.encode_descriptor(name, &family.help, None, metric_type)?;
+            for series in &family.series {
+                let mut encoder = metric.encode_family(&series.labels)?;
+                match family.kind {
+                    Kind::Counter => encoder
+                        .encode_counter::<NoLabelSet, _, u64>(&series.value, None)?,
+                    Kind::Gauge | Kind::Untyped => encoder.encode_gauge(&series.value)?,
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One logical GPU in the JSON view.
+#[derive(Clone, Debug, Serialize)]
+pub struct GpuView<'a> {
+    pub gpu_id: u32,
+    pub bdf: &'a str,
+    pub partition_id: u32,
+    pub card_model: String,
+    pub serial_number: Option<&'a str>,
+    pub compute_partition: Option<&'a str>,
+    pub memory_partition: Option<&'a str>,
+    pub healthy: Option<bool>,
+    pub health_reasons: Vec<String>,
+    pub pod: Option<&'a PodRef>,
+    /// Device-level readings, on the primary partition only.
+    pub readings: Option<&'a GpuReadings>,
+}
+
+/// The `/gpumetrics` document.
+#[derive(Clone, Debug, Serialize)]
+pub struct JsonView<'a> {
+    pub hostname: &'a str,
+    pub sample: SampleInfo,
+    pub gpus: Vec<GpuView<'a>>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct SampleInfo {
+    pub taken_at_unix: f64,
+    pub duration_ms: f64,
+    pub kfd_present: Option<bool>,
+}
+
+pub fn json_view<'a>(input: &RenderInput<'a>) -> JsonView<'a> {
+    let gpus: BTreeMap<&str, &'a Gpu> = input
+        .inventory
+        .gpus
+        .iter()
+        .map(|g| (g.bdf.as_str(), g))
+        .collect();
+    let views = logical_gpus(input.inventory)
+        .into_iter()
+        .filter_map(|l| {
+            let gpu = *gpus.get(l.bdf.as_str())?;
+            let health = input.health.and_then(|h| h.gpus.get(&l.bdf));
+            Some(GpuView {
+                gpu_id: l.gpu_id,
+                bdf: &gpu.bdf,
+                partition_id: l.partition,
+                card_model: card_model(gpu),
+                serial_number: gpu.serial_number.as_deref(),
+                compute_partition: gpu.compute_partition.as_deref(),
+                memory_partition: gpu.memory_partition.as_deref(),
+                healthy: health.map(|h| h.healthy),
+                health_reasons: health.map(|h| h.reasons.clone()).unwrap_or_default(),
+                pod: pod_of(input.pods, &l.device_ref()),
+                readings: l
+                    .is_primary()
+                    .then(|| input.sample.gpus.get(&gpu.bdf))
+                    .flatten(),
+            })
+        })
+        .collect();
+    let taken_at_unix = input
+        .sample
+        .taken_at
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0);
+    JsonView {
+        hostname: input.hostname,
+        sample: SampleInfo {
+            taken_at_unix,
+            duration_ms: input.sample.duration_ms,
+            kfd_present: input.sample.kfd_present,
+        },
+        gpus: views,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::Partition;
+    use crate::health::GpuHealth;
+    use crate::metrics::config::parse_config;
+    use crate::metrics::sysfs::EccCount;
+
+    fn inventory() -> Inventory {
+        let partitioned = Gpu {
+            bdf: "0000:05:00.0".into(),
+            device_id: 0x74a1,
+            product_name: Some("AMD Instinct MI300X".into()),
+            serial_number: Some("S1".into()),
+            compute_partition: Some("cpx".into()),
+            memory_partition: Some("nps4".into()),
+            partitions: (0..2)
+                .map(|id| Partition {
+                    id,
+                    card: Some(id),
+                    render_minor: Some(128 + id),
+                    kfd_node: Some(2 + id),
+                })
+                .collect(),
+            ..Gpu::default()
+        };
+        let whole = Gpu {
+            bdf: "0000:27:00.0".into(),
+            device_id: 0x74b5,
+            ..Gpu::default()
+        };
+        Inventory {
+            gpus: vec![whole, partitioned],
+            ..Inventory::default()
+        }
+    }
+
+    fn readings(bdf: &str, edge: f64) -> GpuReadings {
+        let mut r = GpuReadings {
+            bdf: bdf.into(),
+            ..GpuReadings::default()
+        };
+        r.temperature.edge_c = Some(edge);
+        r.memory.vram_total = Some(4 << 20);
+        r.memory.vram_used = Some(1 << 20);
+        r.sclk_mhz = Some(2100.0);
+        r.ecc.insert("umc".into(), EccCount { ue: 1, ce: 2 });
+        r.ecc.insert("pcie_bif".into(), EccCount { ue: 0, ce: 3 });
+        r.ecc.insert("unknown_block".into(), EccCount { ue: 4, ce: 0 });
+        r
+    }
+
+    fn sample() -> HostSample {
+        let mut s = HostSample::default();
+        for (bdf, edge) in [("0000:05:00.0", 40.0), ("0000:27:00.0", 50.0)] {
+            s.gpus.insert(bdf.into(), readings(bdf, edge));
+        }
+        s
+    }
+
+    fn health() -> HealthSnapshot {
+        let mut h = HealthSnapshot::default();
+        h.gpus.insert(
+            "0000:05:00.0".into(),
+            GpuHealth {
+                healthy: false,
+                reasons: vec!["ECC".into()],
+                gpu_ids: vec![0, 1],
+            },
+        );
+        h.gpus.insert(
+            "0000:27:00.0".into(),
+            GpuHealth {
+                healthy: true,
+                reasons: vec![],
+                gpu_ids: vec![2],
+            },
+        );
+        h
+    }
+
+    fn family<'a>(families: &'a [Family], name: &str) -> &'a Family {
+        families
+            .iter()
+            .find(|f| f.name == name)
+            .unwrap_or_else(|| panic!("no family {name}"))
+    }
+
+    fn label<'a>(series: &'a Series, name: &str) -> &'a str {
+        series
+            .labels
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+            .unwrap_or_else(|| panic!("no label {name}"))
+    }
+
+    #[test]
+    fn device_metrics_once_per_gpu_health_once_per_partition() {
+        let (inv, sample, health) = (inventory(), sample(), health());
+        let pods = BTreeMap::from([(
+            DeviceRef::partition("0000:05:00.0", 1),
+            PodRef {
+                pod: "train".into(),
+                namespace: "ml".into(),
+                container: "c".into(),
+            },
+        )]);
+        let config = ExporterConfig::default();
+        let input = RenderInput {
+            inventory: &inv,
+            sample: &sample,
+            pods: &pods,
+            health: Some(&health),
+            config: &config,
+            hostname: "node-1",
+        };
+        let families = families(&input);
+        let edge = family(&families, "gpu_edge_temperature");
+        assert_eq!(edge.series.len(), 2);
+        let first = &edge.series[0];
+        assert_eq!(label(first, "gpu_id"), "0");
+        assert_eq!(label(first, "gpu_partition_id"), "0");
+        assert_eq!(label(first, "gpu_compute_partition_type"), "cpx");
+        assert_eq!(label(first, "gpu_memory_partition_type"), "nps4");
+        assert_eq!(label(first, "card_model"), "AMD Instinct MI300X");
+        assert_eq!(label(first, "serial_number"), "S1");
+        assert_eq!(label(first, "hostname"), "node-1");
+        assert_eq!(label(first, "pod"), "");
+        assert_eq!(first.value, 40.0);
+        let second = &edge.series[1];
+        assert_eq!(label(second, "gpu_id"), "2");
+        assert_eq!(label(second, "card_model"), "0x74b5");
+        assert_eq!(label(second, "gpu_compute_partition_type"), "none");
+        let names: Vec<&str> = first.labels.iter().map(|(k, _)| k.as_str()).collect();
+        let mut sorted = names.clone();
+        sorted.sort();
+        assert_eq!(names, sorted, "labels are sorted");
+
+        let health = family(&families, "gpu_health");
+        let values: Vec<(&str, &str, f64)> = health
+            .series
+            .iter()
+            .map(|s| (label(s, "gpu_id"), label(s, "pod"), s.value))
+            .collect();
+        assert_eq!(values, [("0", "", 0.0), ("1", "train", 0.0), ("2", "", 1.0)]);
+
+        assert_eq!(family(&families, "gpu_nodes_total").series[0].value, 3.0);
+        assert_eq!(family(&families, "gpu_free_vram").series[0].value, 3.0);
+        let clock = &family(&families, "gpu_clock").series[0];
+        assert_eq!(label(clock, "clock_type"), "system");
+        assert_eq!(clock.value, 2100.0);
+        assert_eq!(family(&families, "gpu_ecc_uncorrect_total").series[0].value, 5.0);
+        assert_eq!(family(&families, "gpu_ecc_correct_bif").series[0].value, 3.0);
+        assert_eq!(family(&families, "gpu_ecc_uncorrect_umc").series[0].value, 1.0);
+        assert!(!families.iter().any(|f| f.name.contains("unknown_block")));
+        assert!(!families.iter().any(|f| f.name == "gpu_package_power"), "no values, no family");
+    }
+
+    #[test]
+    fn config_selects_fields_adds_labels_and_prefixes_names() {
+        let (inv, sample) = (inventory(), sample());
+        let config = parse_config(
+            r#"{"CommonConfig": {"MetricsFieldPrefix": "amd_"},
+                "GPUConfig": {"Fields": ["GPU_EDGE_TEMPERATURE", "GPU_ECC_UNCORRECT_UMC"],
+                              "Labels": ["DRIVER_VERSION"],
+                              "CustomLabels": {"CLUSTER_NAME": "lab"}}}"#,
+        )
+        .unwrap();
+        let pods = BTreeMap::new();
+        let input = RenderInput {
+            inventory: &inv,
+            sample: &sample,
+            pods: &pods,
+            health: None,
+            config: &config,
+            hostname: "n",
+        };
+        let families = families(&input);
+        let names: Vec<&str> = families.iter().map(|f| f.name.as_str()).collect();
+        assert_eq!(names, ["amd_gpu_edge_temperature", "amd_gpu_ecc_uncorrect_umc"]);
+        let series = &families[0].series[0];
+        assert_eq!(label(series, "cluster_name"), "lab");
+        assert_eq!(label(series, "driver_version"), "");
+    }
+
+    #[test]
+    fn encoding_declares_counters_and_untyped_by_their_full_name() {
+        let families = vec![
+            Family {
+                name: "gpu_ecc_uncorrect_total".into(),
+                help: "Uncorrectable".into(),
+                kind: Kind::Counter,
+                series: vec![Series {
+                    labels: vec![("gpu_id".into(), "0".into())],
+                    value: 2.0,
+                }],
+            },
+            Family {
+                name: "gpu_nodes_total".into(),
+                help: "GPUs".into(),
+                kind: Kind::Untyped,
+                series: vec![Series {
+                    labels: vec![("hostname".into(), "a\"b".into())],
+                    value: 8.0,
+                }],
+            },
+            Family {
+                name: "gpu_edge_temperature".into(),
+                help: "Edge".into(),
+                kind: Kind::Gauge,
+                series: vec![Series {
+                    labels: vec![],
+                    value: 41.5,
+                }],
+            },
+        ];
+        let text = encode(families);
+        assert!(text.contains("# TYPE gpu_ecc_uncorrect_total counter\n"), "{text}");
+        assert!(text.contains("gpu_ecc_uncorrect_total{gpu_id=\"0\"} 2"), "{text}");
+        assert!(text.contains("# TYPE gpu_nodes_total untyped\n"), "{text}");
+        assert!(text.contains("gpu_nodes_total{hostname=\"a\\\"b\"} 8"), "{text}");
+        assert!(text.contains("# TYPE gpu_edge_temperature gauge\ngpu_edge_temperature 41.5\n"), "{text}");
+        assert!(!text.contains("# EOF"));
+    }
+
+    #[test]
+    fn every_device_field_and_ecc_block_is_known() {
+        for f in DEVICE_FIELDS {
+            assert!(is_known_field(f.field), "{}", f.field);
+        }
+        assert!(is_known_field("GPU_ECC_CORRECT_XGMI_WAFL"));
+        assert!(is_known_field("GPU_HEALTH"));
+        assert!(!is_known_field("GPU_VOLTAGE"));
+    }
+
+    #[test]
+    fn json_view_lists_logical_gpus_with_readings_on_primaries() {
+        let (inv, sample, health) = (inventory(), sample(), health());
+        let pods = BTreeMap::new();
+        let config = ExporterConfig::default();
+        let input = RenderInput {
+            inventory: &inv,
+            sample: &sample,
+            pods: &pods,
+            health: Some(&health),
+            config: &config,
+            hostname: "n",
+        };
+        let json = serde_json::to_value(json_view(&input)).unwrap();
+        let gpus = json["gpus"].as_array().unwrap();
+        assert_eq!(gpus.len(), 3);
+        assert_eq!(gpus[0]["readings"]["temperature"]["edge_c"], 40.0);
+        assert!(gpus[1]["readings"].is_null());
+        assert_eq!(gpus[1]["partition_id"], 1);
+        assert_eq!(gpus[1]["healthy"], false);
+        assert_eq!(gpus[2]["gpu_id"], 2);
+    }
+}

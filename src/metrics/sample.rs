@@ -1,0 +1,609 @@
+//! Taking a sample: which files to read for each GPU, reading them all at once
+//! through the [`BoundedReader`], and turning the answers into [`GpuReadings`].
+//!
+//! The I/O part ([`Sampler::sample`]) only gathers raw answers; [`assemble`],
+//! which parses them, is pure. A value that cannot be read (absent, hung, timed
+//! out, unparsable) is `None` and, unless the file is simply absent, noted in
+//! `errors`; it never fails the sample. The health monitor samples a subset
+//! ([`Scope::Health`]) often; the exporter samples everything ([`Scope::Full`]).
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant, SystemTime};
+
+use serde::Serialize;
+
+use super::reader::{BoundedReader, ReadError};
+use super::sysfs::{
+    self, EccCount, Sensor, device_dir, driver_link, parse_dpm, parse_link_speed,
+    parse_link_width, parse_millidegrees, parse_ras_count, parse_temp_label, parse_u64,
+};
+use crate::device::{Gpu, Inventory};
+
+/// Which files a sample reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// What the health checks need: presence, device nodes, RAS counts, junction
+    /// temperature, PCIe link.
+    Health,
+    /// Everything the exporter reports.
+    Full,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Temperatures {
+    pub edge_c: Option<f64>,
+    pub junction_c: Option<f64>,
+    pub memory_c: Option<f64>,
+    /// The junction sensor's critical limit (`temp*_crit`), when the driver gives one.
+    pub junction_crit_c: Option<f64>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Power {
+    /// `power1_input`: current socket power.
+    pub current_w: Option<f64>,
+    /// `power1_average`.
+    pub average_w: Option<f64>,
+    /// `energy1_input`, microjoules.
+    pub energy_uj: Option<u64>,
+}
+
+/// Memory sizes in bytes.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Memory {
+    pub vram_total: Option<u64>,
+    pub vram_used: Option<u64>,
+    pub vis_vram_total: Option<u64>,
+    pub vis_vram_used: Option<u64>,
+    pub gtt_total: Option<u64>,
+    pub gtt_used: Option<u64>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Pcie {
+    pub speed_gts: Option<f64>,
+    pub max_speed_gts: Option<f64>,
+    pub width: Option<u32>,
+    pub max_width: Option<u32>,
+    pub replay_count: Option<u64>,
+}
+
+/// What one sample found out about one GPU.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct GpuReadings {
+    pub bdf: String,
+    /// The PCI function exists.
+    pub present: Option<bool>,
+    /// The PCI function is bound to amdgpu.
+    pub bound: Option<bool>,
+    /// Device nodes of the GPU and its partitions that do not exist (host paths).
+    pub missing_nodes: Vec<String>,
+    pub temperature: Temperatures,
+    pub power: Power,
+    /// `gpu_busy_percent`.
+    pub gfx_activity_pct: Option<f64>,
+    /// `mem_busy_percent`.
+    pub umc_activity_pct: Option<f64>,
+    pub memory: Memory,
+    /// Current `pp_dpm_sclk` level, MHz.
+    pub sclk_mhz: Option<f64>,
+    /// Current `pp_dpm_mclk` level, MHz.
+    pub mclk_mhz: Option<f64>,
+    pub pcie: Pcie,
+    /// RAS blocks (sysfs names: `umc`, `pcie_bif`, ...) whose counts could be read.
+    pub ecc: BTreeMap<String, EccCount>,
+    /// Values that could not be read or parsed, one line each, naming the file.
+    pub errors: Vec<String>,
+}
+
+impl GpuReadings {
+    pub fn ecc_totals(&self) -> Option<EccCount> {
+        (!self.ecc.is_empty()).then(|| EccCount {
+            ue: self.ecc.values().map(|c| c.ue).sum(),
+            ce: self.ecc.values().map(|c| c.ce).sum(),
+        })
+    }
+}
+
+/// One sample of the whole host.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct HostSample {
+    #[serde(with = "unix_seconds")]
+    pub taken_at: SystemTime,
+    /// How long reading took.
+    pub duration_ms: f64,
+    /// `/dev/kfd` exists.
+    pub kfd_present: Option<bool>,
+    /// By PCI address.
+    pub gpus: BTreeMap<String, GpuReadings>,
+}
+
+impl Default for HostSample {
+    fn default() -> Self {
+        Self {
+            taken_at: SystemTime::UNIX_EPOCH,
+            duration_ms: 0.0,
+            kfd_present: None,
+            gpus: BTreeMap::new(),
+        }
+    }
+}
+
+mod unix_seconds {
+    use std::time::SystemTime;
+
+    pub fn serialize<S: serde::Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
+        let secs = t
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or(0.0);
+        s.serialize_f64(secs)
+    }
+}
+
+/// One value to read for a GPU.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Field {
+    Present,
+    Bound,
+    /// A device node (`/dev/dri/renderD128`) that must exist.
+    Node(String),
+    GfxBusy,
+    MemBusy,
+    VramTotal,
+    VramUsed,
+    VisVramTotal,
+    VisVramUsed,
+    GttTotal,
+    GttUsed,
+    Sclk,
+    Mclk,
+    LinkSpeed,
+    LinkWidth,
+    MaxLinkSpeed,
+    MaxLinkWidth,
+    ReplayCount,
+    Ras(String),
+    Temp(Sensor),
+    JunctionCrit,
+    PowerCurrent,
+    PowerAverage,
+    Energy,
+}
+
+impl Field {
+    fn is_existence(&self) -> bool {
+        matches!(self, Field::Present | Field::Bound | Field::Node(_))
+    }
+}
+
+/// The raw answer for one field.
+#[derive(Debug)]
+pub enum Raw {
+    Exists(bool),
+    Text(String),
+    Failed(ReadError),
+}
+
+/// Where a GPU's hwmon sensors and RAS counters live. Found once per GPU (the
+/// directory names are stable while the driver is bound) and refreshed when a
+/// GPU has none.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct GpuFiles {
+    pub hwmon: Option<String>,
+    /// Sensor → `temp*_input` path.
+    pub temps: BTreeMap<Sensor, String>,
+    pub junction_crit: Option<String>,
+    /// RAS block names with an `<block>_err_count` file.
+    pub ras_blocks: Vec<String>,
+}
+
+impl GpuFiles {
+    fn complete(&self) -> bool {
+        self.hwmon.is_some() && !self.ras_blocks.is_empty()
+    }
+}
+
+/// The files to read for one GPU, as (field, host path).
+pub fn plan_reads(gpu: &Gpu, files: &GpuFiles, scope: Scope) -> Vec<(Field, String)> {
+    let dev = device_dir(&gpu.bdf);
+    let attr = |name: &str| format!("{dev}/{name}");
+    let mut reads = vec![
+        (Field::Present, dev.clone()),
+        (Field::Bound, driver_link(&gpu.bdf)),
+    ];
+    for node in device_nodes(gpu) {
+        reads.push((Field::Node(node.clone()), node));
+    }
+    reads.extend([
+        (Field::LinkSpeed, attr("current_link_speed")),
+        (Field::LinkWidth, attr("current_link_width")),
+        (Field::MaxLinkSpeed, attr("max_link_speed")),
+        (Field::MaxLinkWidth, attr("max_link_width")),
+    ]);
+    for block in &files.ras_blocks {
+        reads.push((
+            Field::Ras(block.clone()),
+            attr(&format!("ras/{block}_err_count")),
+        ));
+    }
+    if let Some(path) = files.temps.get(&Sensor::Junction) {
+        reads.push((Field::Temp(Sensor::Junction), path.clone()));
+    }
+    if let Some(path) = &files.junction_crit {
+        reads.push((Field::JunctionCrit, path.clone()));
+    }
+    if scope == Scope::Health {
+        return reads;
+    }
+    reads.extend([
+        (Field::GfxBusy, attr("gpu_busy_percent")),
+        (Field::MemBusy, attr("mem_busy_percent")),
+        (Field::VramTotal, attr("mem_info_vram_total")),
+        (Field::VramUsed, attr("mem_info_vram_used")),
+        (Field::VisVramTotal, attr("mem_info_vis_vram_total")),
+        (Field::VisVramUsed, attr("mem_info_vis_vram_used")),
+        (Field::GttTotal, attr("mem_info_gtt_total")),
+        (Field::GttUsed, attr("mem_info_gtt_used")),
+        (Field::Sclk, attr("pp_dpm_sclk")),
+        (Field::Mclk, attr("pp_dpm_mclk")),
+        (Field::ReplayCount, attr("pcie_replay_count")),
+    ]);
+    for sensor in [Sensor::Edge, Sensor::Memory] {
+        if let Some(path) = files.temps.get(&sensor) {
+            reads.push((Field::Temp(sensor), path.clone()));
+        }
+    }
+    if let Some(hwmon) = &files.hwmon {
+        reads.extend([
+            (Field::PowerCurrent, format!("{hwmon}/power1_input")),
+            (Field::PowerAverage, format!("{hwmon}/power1_average")),
+            (Field::Energy, format!("{hwmon}/energy1_input")),
+        ]);
+    }
+    reads
+}
+
+/// DRM nodes a GPU's containers get: the GPU's own and every partition's.
+pub fn device_nodes(gpu: &Gpu) -> Vec<String> {
+    let mut nodes = Vec::new();
+    let mut push = |card: Option<u32>, render: Option<u32>| {
+        if let Some(card) = card {
+            nodes.push(format!("/dev/dri/card{card}"));
+        }
+        if let Some(minor) = render {
+            nodes.push(format!("/dev/dri/renderD{minor}"));
+        }
+    };
+    push(gpu.card, gpu.render_minor);
+    for p in &gpu.partitions {
+        push(p.card, p.render_minor);
+    }
+    nodes.sort();
+    nodes.dedup();
+    nodes
+}
+
+/// Turns the raw answers for one GPU into readings. Pure.
+pub fn assemble(bdf: &str, answers: Vec<(Field, String, Raw)>) -> GpuReadings {
+    let mut r = GpuReadings {
+        bdf: bdf.to_owned(),
+        ..GpuReadings::default()
+    };
+    for (field, path, raw) in answers {
+        let text = match raw {
+            Raw::Exists(exists) => {
+                match &field {
+                    Field::Present => r.present = Some(exists),
+                    Field::Bound => r.bound = Some(exists),
+                    Field::Node(node) if !exists => r.missing_nodes.push(node.clone()),
+                    _ => {}
+                }
+                continue;
+            }
+            Raw::Failed(e) if e.is_not_found() => continue,
+            Raw::Failed(e) => {
+                r.errors.push(e.to_string());
+                continue;
+            }
+            Raw::Text(text) => text,
+        };
+        if let Err(e) = apply(&mut r, &field, &text) {
+            r.errors.push(format!("{path}: {e}"));
+        }
+    }
+    r
+}
+
+fn apply(r: &mut GpuReadings, field: &Field, text: &str) -> Result<(), sysfs::ParseError> {
+    let num = |what| parse_u64(text, what);
+    let pct = |what| parse_u64(text, what).map(|v| v as f64);
+    match field {
+        Field::Present | Field::Bound | Field::Node(_) => {}
+        Field::GfxBusy => r.gfx_activity_pct = Some(pct("a busy percentage")?),
+        Field::MemBusy => r.umc_activity_pct = Some(pct("a busy percentage")?),
+        Field::VramTotal => r.memory.vram_total = Some(num("a size in bytes")?),
+        Field::VramUsed => r.memory.vram_used = Some(num("a size in bytes")?),
+        Field::VisVramTotal => r.memory.vis_vram_total = Some(num("a size in bytes")?),
+        Field::VisVramUsed => r.memory.vis_vram_used = Some(num("a size in bytes")?),
+        Field::GttTotal => r.memory.gtt_total = Some(num("a size in bytes")?),
+        Field::GttUsed => r.memory.gtt_used = Some(num("a size in bytes")?),
+        Field::Sclk => r.sclk_mhz = parse_dpm(text)?.current_mhz(),
+        Field::Mclk => r.mclk_mhz = parse_dpm(text)?.current_mhz(),
+        Field::LinkSpeed => r.pcie.speed_gts = parse_link_speed(text)?,
+        Field::MaxLinkSpeed => r.pcie.max_speed_gts = parse_link_speed(text)?,
+        Field::LinkWidth => r.pcie.width = parse_link_width(text)?,
+        Field::MaxLinkWidth => r.pcie.max_width = parse_link_width(text)?,
+        Field::ReplayCount => r.pcie.replay_count = Some(num("a replay count")?),
+        Field::Ras(block) => {
+            r.ecc.insert(block.clone(), parse_ras_count(text)?);
+        }
+        Field::Temp(sensor) => {
+            let value = Some(parse_millidegrees(text)?);
+            match sensor {
+                Sensor::Edge => r.temperature.edge_c = value,
+                Sensor::Junction => r.temperature.junction_c = value,
+                Sensor::Memory => r.temperature.memory_c = value,
+            }
+        }
+        Field::JunctionCrit => r.temperature.junction_crit_c = Some(parse_millidegrees(text)?),
+        Field::PowerCurrent => {
+            r.power.current_w = Some(sysfs::microwatts_to_watts(num("microwatts")?))
+        }
+        Field::PowerAverage => {
+            r.power.average_w = Some(sysfs::microwatts_to_watts(num("microwatts")?))
+        }
+        Field::Energy => r.power.energy_uj = Some(num("microjoules")?),
+    }
+    Ok(())
+}
+
+/// Reads samples for an inventory, remembering where each GPU's files are.
+#[derive(Debug)]
+pub struct Sampler {
+    reader: BoundedReader,
+    /// Deadline for each file.
+    timeout: Duration,
+    files: HashMap<String, GpuFiles>,
+}
+
+impl Sampler {
+    pub fn new(reader: BoundedReader, timeout: Duration) -> Self {
+        Self {
+            reader,
+            timeout,
+            files: HashMap::new(),
+        }
+    }
+
+    pub fn reader(&self) -> &BoundedReader {
+        &self.reader
+    }
+
+    /// Reads every GPU of `inventory` at once.
+    pub async fn sample(&mut self, inventory: &Inventory, scope: Scope) -> HostSample {
+        let started = Instant::now();
+        let taken_at = SystemTime::now();
+        self.files
+            .retain(|bdf, _| inventory.gpus.iter().any(|g| &g.bdf == bdf));
+        let missing: Vec<&Gpu> = inventory
+            .gpus
+            .iter()
+            .filter(|g| !self.files.get(&g.bdf).is_some_and(GpuFiles::complete))
+            .collect();
+        let located =
+            futures::future::join_all(missing.iter().map(|g| locate(&self.reader, &g.bdf, self.timeout)))
+                .await;
+        for (gpu, files) in missing.iter().zip(located) {
+            self.files.insert(gpu.bdf.clone(), files);
+        }
+        let reader = &self.reader;
+        let timeout = self.timeout;
+        let per_gpu = inventory.gpus.iter().map(|gpu| {
+            let reads = plan_reads(gpu, self.files.get(&gpu.bdf).unwrap_or(&GpuFiles::default()), scope);
+            async move {
+                let answers = futures::future::join_all(reads.into_iter().map(|(field, path)| async move {
+                    let raw = if field.is_existence() {
+                        match reader.exists(&path, timeout).await {
+                            Ok(exists) => Raw::Exists(exists),
+                            Err(e) => Raw::Failed(e),
+                        }
+                    } else {
+                        match reader.read_attr(&path, timeout).await {
+                            Ok(text) => Raw::Text(text),
+                            Err(e) => Raw::Failed(e),
+                        }
+                    };
+                    (field, path, raw)
+                }))
+                .await;
+                (gpu.bdf.clone(), assemble(&gpu.bdf, answers))
+            }
+        });
+        let kfd = async {
+            reader.exists(sysfs::KFD_PATH, timeout).await.ok()
+        };
+        let (gpus, kfd_present) = tokio::join!(futures::future::join_all(per_gpu), kfd);
+        HostSample {
+            taken_at,
+            duration_ms: started.elapsed().as_secs_f64() * 1000.0,
+            kfd_present,
+            gpus: gpus.into_iter().collect(),
+        }
+    }
+}
+
+/// Finds a GPU's hwmon directory, its temperature sensors and RAS blocks.
+/// Whatever cannot be listed stays empty and is looked for again next time.
+pub async fn locate(reader: &BoundedReader, bdf: &str, timeout: Duration) -> GpuFiles {
+    let dev = device_dir(bdf);
+    let mut files = GpuFiles::default();
+    let (hwmon_dir, ras_dir) = (format!("{dev}/hwmon"), format!("{dev}/ras"));
+    let (hwmons, ras) = tokio::join!(
+        reader.list_dir(&hwmon_dir, timeout),
+        reader.list_dir(&ras_dir, timeout),
+    );
+    files.ras_blocks = ras
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|name| name.strip_suffix("_err_count"))
+        .map(str::to_owned)
+        .collect();
+    let Some(hwmon) = hwmons
+        .unwrap_or_default()
+        .into_iter()
+        .find(|n| n.starts_with("hwmon"))
+    else {
+        return files;
+    };
+    let hwmon = format!("{dev}/hwmon/{hwmon}");
+    let names = reader.list_dir(&hwmon, timeout).await.unwrap_or_default();
+    let labels: Vec<String> = names
+        .iter()
+        .filter_map(|n| n.strip_suffix("_label"))
+        .filter(|n| n.starts_with("temp"))
+        .map(str::to_owned)
+        .collect();
+    let texts = futures::future::join_all(labels.iter().map(|t| {
+        let path = format!("{hwmon}/{t}_label");
+        async move { reader.read_attr(&path, timeout).await }
+    }))
+    .await;
+    for (sensor_file, text) in labels.iter().zip(texts) {
+        let Some(sensor) = text.ok().as_deref().and_then(parse_temp_label) else {
+            continue;
+        };
+        files
+            .temps
+            .insert(sensor, format!("{hwmon}/{sensor_file}_input"));
+        let crit = format!("{sensor_file}_crit");
+        if sensor == Sensor::Junction && names.contains(&crit) {
+            files.junction_crit = Some(format!("{hwmon}/{crit}"));
+        }
+    }
+    files.hwmon = Some(hwmon);
+    files
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::Partition;
+
+    fn gpu() -> Gpu {
+        Gpu {
+            bdf: "0000:05:00.0".into(),
+            card: Some(0),
+            render_minor: Some(128),
+            partitions: vec![
+                Partition {
+                    id: 0,
+                    card: Some(0),
+                    render_minor: Some(128),
+                    kfd_node: Some(2),
+                },
+                Partition {
+                    id: 1,
+                    card: Some(1),
+                    render_minor: Some(129),
+                    kfd_node: Some(3),
+                },
+            ],
+            ..Gpu::default()
+        }
+    }
+
+    #[test]
+    fn device_nodes_cover_partitions_once() {
+        assert_eq!(
+            device_nodes(&gpu()),
+            [
+                "/dev/dri/card0",
+                "/dev/dri/card1",
+                "/dev/dri/renderD128",
+                "/dev/dri/renderD129"
+            ]
+        );
+    }
+
+    #[test]
+    fn health_scope_reads_a_subset() {
+        let files = GpuFiles {
+            hwmon: Some("/h".into()),
+            temps: BTreeMap::from([
+                (Sensor::Edge, "/h/temp1_input".into()),
+                (Sensor::Junction, "/h/temp2_input".into()),
+            ]),
+            junction_crit: Some("/h/temp2_crit".into()),
+            ras_blocks: vec!["umc".into()],
+        };
+        let health = plan_reads(&gpu(), &files, Scope::Health);
+        let full = plan_reads(&gpu(), &files, Scope::Full);
+        let has = |reads: &[(Field, String)], f: &Field| reads.iter().any(|(x, _)| x == f);
+        for f in [
+            Field::Present,
+            Field::Bound,
+            Field::Ras("umc".into()),
+            Field::Temp(Sensor::Junction),
+            Field::JunctionCrit,
+            Field::MaxLinkWidth,
+        ] {
+            assert!(has(&health, &f), "{f:?}");
+            assert!(has(&full, &f), "{f:?}");
+        }
+        for f in [Field::Sclk, Field::Temp(Sensor::Edge), Field::Energy] {
+            assert!(!has(&health, &f), "{f:?}");
+            assert!(has(&full, &f), "{f:?}");
+        }
+        assert!(full.len() > health.len());
+    }
+
+    #[test]
+    fn assemble_parses_and_reports_what_failed() {
+        let answers = vec![
+            (Field::Present, "/p".into(), Raw::Exists(true)),
+            (Field::Bound, "/b".into(), Raw::Exists(false)),
+            (
+                Field::Node("/dev/dri/renderD129".into()),
+                "/dev/dri/renderD129".into(),
+                Raw::Exists(false),
+            ),
+            (Field::Temp(Sensor::Junction), "/t".into(), Raw::Text("71500".into())),
+            (Field::Sclk, "/s".into(), Raw::Text("0: 500Mhz\n1: 2100Mhz *".into())),
+            (Field::Ras("umc".into()), "/r".into(), Raw::Text("ue: 1\nce: 4".into())),
+            (Field::Ras("gfx".into()), "/g".into(), Raw::Text("ue: 2\nce: 0".into())),
+            (Field::LinkSpeed, "/l".into(), Raw::Text("garbage".into())),
+            (
+                Field::PowerCurrent,
+                "/pw".into(),
+                Raw::Failed(ReadError::TimedOut {
+                    path: "/pw".into(),
+                    timeout: Duration::from_millis(5),
+                }),
+            ),
+            (
+                Field::Energy,
+                "/e".into(),
+                Raw::Failed(ReadError::Host(crate::host::HostError::Io {
+                    path: "/e".into(),
+                    source: std::io::ErrorKind::NotFound.into(),
+                })),
+            ),
+            (Field::PowerAverage, "/pa".into(), Raw::Text("140000000".into())),
+        ];
+        let r = assemble("0000:05:00.0", answers);
+        assert_eq!(r.present, Some(true));
+        assert_eq!(r.bound, Some(false));
+        assert_eq!(r.missing_nodes, ["/dev/dri/renderD129"]);
+        assert_eq!(r.temperature.junction_c, Some(71.5));
+        assert_eq!(r.sclk_mhz, Some(2100.0));
+        assert_eq!(r.ecc_totals(), Some(EccCount { ue: 3, ce: 4 }));
+        assert_eq!(r.pcie.speed_gts, None);
+        assert_eq!(r.power.current_w, None);
+        assert_eq!(r.power.average_w, Some(140.0));
+        // The parse failure and the timeout are reported; the absent file is not.
+        assert_eq!(r.errors.len(), 2, "{:?}", r.errors);
+        assert!(r.errors.iter().any(|e| e.starts_with("/l:")));
+        assert!(r.errors.iter().any(|e| e.contains("/pw")));
+    }
+}
