@@ -62,6 +62,12 @@ pub enum Command {
     /// Kubernetes access comes from the in-cluster service account, or KUBECONFIG.
     /// Stops cleanly on SIGTERM or SIGINT.
     Agent(AgentArgs),
+    /// Run only the cluster role: reconcile DeviceConfigs, without node work.
+    ///
+    /// Normally every agent campaigns for this role itself. This runs it alone,
+    /// for debugging and benchmarks: with --lease-namespace it campaigns like an
+    /// agent does; without, it leads unconditionally (do not run it beside agents).
+    Leader(LeaderArgs),
     /// Print the DeviceConfig CustomResourceDefinition as YAML.
     ///
     /// The output is the same as deploy/crd/deviceconfigs.amd.com.yaml; apply it
@@ -184,6 +190,16 @@ pub struct AgentArgs {
     pub no_leader_election: bool,
 }
 
+#[derive(Args, Debug)]
+pub struct LeaderArgs {
+    /// Namespace of the leader-election Lease; without it, lead unconditionally.
+    #[arg(long, value_name = "NS", env = "POD_NAMESPACE")]
+    pub lease_namespace: Option<String>,
+    /// Identity in the Lease.
+    #[arg(long, value_name = "ID", default_value = "standalone-leader")]
+    pub identity: String,
+}
+
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_format);
@@ -191,6 +207,7 @@ pub fn main() -> ExitCode {
         Command::Discover(args) => run_discover(args),
         Command::Simulate(args) => run_simulate(args),
         Command::Agent(args) => run_agent(args),
+        Command::Leader(args) => run_leader(args),
         Command::Crd(args) => crate::api::cli::run_crd(args),
         Command::Validate(args) => crate::api::cli::run_validate(args),
     }
@@ -461,5 +478,57 @@ fn run_agent(args: AgentArgs) -> ExitCode {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => fail(e, 1),
         }
+    })
+}
+
+fn run_leader(args: LeaderArgs) -> ExitCode {
+    let runtime = match runtime() {
+        Ok(rt) => rt,
+        Err(message) => return fail(message, 1),
+    };
+    runtime.block_on(async move {
+        let client = match kube::Client::try_default().await {
+            Ok(client) => client,
+            Err(e) => {
+                return fail(
+                    format!("cannot reach Kubernetes (in-cluster config or KUBECONFIG): {e}"),
+                    1,
+                );
+            }
+        };
+        let shutdown = shutdown_on_signals();
+        let config = crate::cluster::ClusterConfig::default();
+        match args.lease_namespace {
+            Some(namespace) => {
+                let lease = crate::cluster::lease::LeaseConfig::new(namespace, args.identity);
+                let election = crate::cluster::lease::Election::start(
+                    client.clone(),
+                    lease,
+                    shutdown.child_token(),
+                );
+                crate::cluster::run(
+                    client,
+                    config,
+                    election.leading.clone(),
+                    election.guard.clone(),
+                    shutdown,
+                )
+                .await;
+                election.finished().await;
+            }
+            None => {
+                tracing::warn!("no --lease-namespace: leading unconditionally");
+                let (_tx, leading) = tokio::sync::watch::channel(true);
+                crate::cluster::run(
+                    client,
+                    config,
+                    leading,
+                    crate::cluster::lease::LeaderGuard::always(),
+                    shutdown,
+                )
+                .await;
+            }
+        }
+        ExitCode::SUCCESS
     })
 }

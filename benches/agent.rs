@@ -1,0 +1,141 @@
+//! Whole-agent figures, against the API emulator, a simulated host and the test
+//! kubelet:
+//! - time from agent start to the device plugin being registered with the
+//!   kubelet (the agent is already selected by a DeviceConfig), p50 and p99;
+//! - time from SIGTERM-equivalent shutdown to exit;
+//! - idle RSS of the real `gpu-operator agent` process on a simulated MI300X in
+//!   cpx_nps4 mode (8 GPUs, 64 partitions), with every service of its
+//!   DeviceConfig running (goal: under 25 MiB).
+//!
+//! Run with `cargo bench --bench agent`. Prints figures; asserts nothing.
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use gpu_operator::agent::{self, AgentConfig};
+use gpu_operator::host::HostRoot;
+use gpu_operator::simulate::{self, SimSpec};
+use kube_emulator::{Emulator, EmulatorConfig};
+use serde_json::json;
+use support::kubelet::TestKubelet;
+use tokio_util::sync::CancellationToken;
+
+const NODE: &str = "bench-node";
+
+fn percentile(samples: &mut [Duration], q: f64) -> Duration {
+    samples.sort();
+    samples[((samples.len() as f64 - 1.0) * q).round() as usize]
+}
+
+fn rss_mib(pid: u32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map_or(f64::NAN, |kb| kb / 1024.0)
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let emulator = Emulator::start(EmulatorConfig::default())
+        .await
+        .expect("emulator");
+    emulator
+        .create(serde_json::to_value(gpu_operator::api::crd()).unwrap())
+        .unwrap();
+    emulator
+        .create(
+            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kube-amd-gpu"}}),
+        )
+        .unwrap();
+    emulator
+        .create(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}))
+        .unwrap();
+    emulator
+        .create(
+            json!({"apiVersion": "amd.com/v1alpha1", "kind": "DeviceConfig",
+            "metadata": {"name": "gpus", "namespace": "kube-amd-gpu"},
+            "spec": {"metricsExporter": {"enable": true, "port": 0}}}),
+        )
+        .unwrap();
+
+    let runs = 20;
+    let mut to_registration = Vec::new();
+    let mut to_exit = Vec::new();
+    for _ in 0..runs {
+        let dir = tempfile::tempdir().unwrap();
+        let host = HostRoot::new(dir.path().join("host"));
+        simulate::write_host(
+            &host,
+            &SimSpec::new("mi300x", None, Some("cpx_nps4")).unwrap(),
+        )
+        .unwrap();
+        let plugins = dir.path().join("kubelet/device-plugins");
+        std::fs::create_dir_all(&plugins).unwrap();
+        let kubelet = TestKubelet::start(&plugins).await;
+        let shutdown = CancellationToken::new();
+        let config = AgentConfig {
+            node_name: NODE.into(),
+            namespace: None,
+            host,
+            kubelet_dir: dir.path().join("kubelet"),
+            rescan_interval: Duration::from_secs(5),
+            leader: None,
+        };
+        let started = Instant::now();
+        let task = tokio::spawn(agent::run(emulator.client(), config, shutdown.clone()));
+        kubelet.wait_for_registration("amd.com/gpu", 1).await;
+        to_registration.push(started.elapsed());
+        let stopping = Instant::now();
+        shutdown.cancel();
+        let _ = task.await;
+        to_exit.push(stopping.elapsed());
+    }
+    println!(
+        "agent start -> device plugin registered (mi300x cpx_nps4, 64 devices): p50 {:.1?} p99 {:.1?} (n={runs})",
+        percentile(&mut to_registration, 0.5),
+        percentile(&mut to_registration, 0.99)
+    );
+    println!(
+        "agent shutdown -> exit:                                     p50 {:.1?} p99 {:.1?} (n={runs})",
+        percentile(&mut to_exit, 0.5),
+        percentile(&mut to_exit, 0.99)
+    );
+
+    // Idle RSS of the real binary.
+    let dir = tempfile::tempdir().unwrap();
+    let host_dir = dir.path().join("host");
+    simulate::write_host(
+        &HostRoot::new(&host_dir),
+        &SimSpec::new("mi300x", None, Some("cpx_nps4")).unwrap(),
+    )
+    .unwrap();
+    let kubelet_dir = dir.path().join("kubelet");
+    std::fs::create_dir_all(kubelet_dir.join("device-plugins")).unwrap();
+    let kubelet = TestKubelet::start(&kubelet_dir.join("device-plugins")).await;
+    let kubeconfig = dir.path().join("kubeconfig");
+    emulator.write_kubeconfig(&kubeconfig).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gpu-operator"))
+        .args(["agent", "--node-name", NODE, "--host-root"])
+        .arg(&host_dir)
+        .arg("--kubelet-dir")
+        .arg(&kubelet_dir)
+        .env("KUBECONFIG", &kubeconfig)
+        .env("RUST_LOG", "warn")
+        .env_remove("POD_NAMESPACE")
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start agent");
+    kubelet.wait_for_registration("amd.com/gpu", 1).await;
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    let idle = rss_mib(child.id());
+    println!(
+        "idle RSS of `gpu-operator agent` (mi300x cpx_nps4, all services running): {idle:.1} MiB"
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+}

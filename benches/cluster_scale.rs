@@ -1,0 +1,210 @@
+//! The leader at scale: 5,000 Nodes whose agent status annotations are written by
+//! a simulated fleet (not 5,000 agents), one DeviceConfig selecting them all.
+//!
+//! Measures, against the API emulator (in this process) and the real leader
+//! (`gpu-operator leader`, a child process, so that its RSS is its own):
+//! - time for the status to converge after the fleet first reports, and after a
+//!   spec change that every agent then acknowledges at once;
+//! - the number of API writes the leader made for that;
+//! - requests per minute at idle (the goal: watches only, zero others);
+//! - the leader's RSS.
+//!
+//! Goals: convergence under 10 s, RSS under 150 MiB, zero idle requests.
+//! Run with `cargo bench --bench cluster_scale` (NODES=... to change the fleet size).
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use futures::{StreamExt, stream};
+use gpu_operator::agent::status::{AgentStatus, STATUS_ANNOTATION, STATUS_VERSION, ServiceStatus};
+use gpu_operator::api::DeviceConfig;
+use k8s_openapi::api::core::v1::Node;
+use kube::Api;
+use kube::api::{Patch, PatchParams};
+use kube_emulator::{Emulator, EmulatorConfig};
+use serde_json::json;
+
+const NS: &str = "kube-amd-gpu";
+
+fn agent_status(generation: i64, uid: &str) -> String {
+    AgentStatus {
+        v: STATUS_VERSION,
+        device_config: Some(format!("{NS}/fleet")),
+        uid: Some(uid.to_owned()),
+        generation: Some(generation),
+        services: [("devicePlugin".to_string(), ServiceStatus::Running)].into(),
+        resources: [("amd.com/gpu".to_string(), 8)].into(),
+        gpus: 8,
+        driver_version: Some("6.12.12".into()),
+        problems: vec![],
+        since: "2026-11-30T00:00:00Z".into(),
+    }
+    .to_json()
+}
+
+/// The whole fleet reports `generation` at once (32 writers in parallel).
+async fn fleet_reports(nodes: &Api<Node>, count: usize, generation: i64, uid: &str) -> Duration {
+    let started = Instant::now();
+    let status = agent_status(generation, uid);
+    stream::iter(0..count)
+        .map(|i| {
+            let patch = json!({"metadata": {"annotations": {STATUS_ANNOTATION: status}}});
+            async move {
+                nodes
+                    .patch(
+                        &format!("gpu-{i:05}"),
+                        &PatchParams::default(),
+                        &Patch::Merge(&patch),
+                    )
+                    .await
+                    .expect("patch node");
+            }
+        })
+        .buffer_unordered(32)
+        .collect::<Vec<_>>()
+        .await;
+    started.elapsed()
+}
+
+async fn wait_status(
+    configs: &Api<DeviceConfig>,
+    what: &str,
+    ok: impl Fn(&serde_json::Value) -> bool,
+) -> Duration {
+    let started = Instant::now();
+    loop {
+        if let Ok(dc) = configs.get("fleet").await
+            && ok(&serde_json::to_value(&dc.status).unwrap_or_default())
+        {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "no convergence ({what}) in 120 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn rss_mib(child: &Child) -> f64 {
+    let status =
+        std::fs::read_to_string(format!("/proc/{}/status", child.id())).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map_or(f64::NAN, |kb| kb / 1024.0)
+}
+
+fn leader_writes(emulator: &Emulator, before: &kube_emulator::RequestCounts) -> u64 {
+    emulator
+        .requests()
+        .since(before)
+        .non_watch()
+        .filter(|k| k.resource.starts_with("deviceconfigs") && k.verb != "get" && k.verb != "list")
+        .total()
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let count: usize = std::env::var("NODES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(5000);
+    let emulator = Emulator::start(EmulatorConfig::default().history_limit(100_000))
+        .await
+        .expect("emulator");
+    emulator
+        .create(serde_json::to_value(gpu_operator::api::crd()).unwrap())
+        .unwrap();
+    emulator
+        .create(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}))
+        .unwrap();
+    for i in 0..count {
+        emulator
+            .create(json!({"apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": format!("gpu-{i:05}"), "labels": {"feature.node.kubernetes.io/amd-gpu": "true"}},
+                "status": {"conditions": [{"type": "Ready", "status": "True"}],
+                           "nodeInfo": {"kernelVersion": "6.8.0-45-generic", "bootID": format!("boot-{i}")}}}))
+            .unwrap();
+    }
+    let dc = emulator
+        .create(
+            json!({"apiVersion": "amd.com/v1alpha1", "kind": "DeviceConfig",
+            "metadata": {"name": "fleet", "namespace": NS},
+            "spec": {"selector": {"feature.node.kubernetes.io/amd-gpu": "true"}}}),
+        )
+        .unwrap();
+    let uid = dc["metadata"]["uid"].as_str().unwrap().to_owned();
+    let kubeconfig = tempfile::NamedTempFile::new().unwrap();
+    emulator.write_kubeconfig(kubeconfig.path()).unwrap();
+
+    let client = emulator.client();
+    let nodes: Api<Node> = Api::all(client.clone());
+    let configs: Api<DeviceConfig> = Api::namespaced(client.clone(), NS);
+
+    println!("fleet: {count} nodes");
+    let before = emulator.requests();
+    let started = Instant::now();
+    let mut leader = Command::new(env!("CARGO_BIN_EXE_gpu-operator"))
+        .arg("leader")
+        .env("KUBECONFIG", kubeconfig.path())
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start leader");
+
+    let fleet_took = fleet_reports(&nodes, count, 1, &uid).await;
+    let converged = wait_status(&configs, "first report", |s| {
+        s["devicePlugin"]["availableNumber"] == count && s["observedGeneration"] == 1
+    })
+    .await;
+    let first = started.elapsed();
+    println!(
+        "initial convergence: {:.2} s after leader start ({:.2} s after the fleet finished reporting; fleet took {:.2} s); \
+         DeviceConfig writes: {}",
+        first.as_secs_f64(),
+        converged.as_secs_f64(),
+        fleet_took.as_secs_f64(),
+        leader_writes(&emulator, &before)
+    );
+
+    // Spec change: generation 2, acknowledged by every agent at once.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let before = emulator.requests();
+    let change = Instant::now();
+    configs
+        .patch(
+            "fleet",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"devicePlugin": {"enableNodeLabeller": false}}})),
+        )
+        .await
+        .expect("spec change");
+    fleet_reports(&nodes, count, 2, &uid).await;
+    wait_status(&configs, "generation 2", |s| s["observedGeneration"] == 2).await;
+    let took = change.elapsed();
+    println!(
+        "convergence after a spec change: {:.2} s (fleet of {count} acknowledging at once); DeviceConfig writes: {}",
+        took.as_secs_f64(),
+        leader_writes(&emulator, &before)
+    );
+
+    // Idle.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let window = Duration::from_secs(30);
+    let before = emulator.requests();
+    tokio::time::sleep(window).await;
+    let idle = emulator.requests().since(&before);
+    let per_minute = idle.non_watch().total() as f64 * 60.0 / window.as_secs_f64();
+    println!(
+        "idle: {per_minute:.1} non-watch requests per minute (watch requests: {})",
+        idle.watches()
+    );
+    if idle.non_watch().total() > 0 {
+        println!("{}", idle.non_watch());
+    }
+    println!("leader RSS: {:.1} MiB", rss_mib(&leader));
+    let _ = leader.kill();
+    let _ = leader.wait();
+}
