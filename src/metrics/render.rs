@@ -15,9 +15,10 @@
 //! come from the firmware's metrics table, which is not parsed).
 //!
 //! Types: the reference declares everything a gauge, which `promtool check
-//! metrics` rejects for names ending in `_total`. The ECC totals are declared
-//! counters (they only grow) and `gpu_nodes_total` untyped; series names and
-//! values are unchanged, so queries and dashboards keep working.
+//! metrics` rejects for names ending in `_total` or `_count`. The ECC totals are
+//! declared counters (they only grow), `gpu_nodes_total` and `pcie_replay_count`
+//! untyped; series names and values are unchanged, so queries and dashboards
+//! keep working.
 //!
 //! Pure, except that encoding allocates.
 
@@ -226,7 +227,7 @@ const DEVICE_FIELDS: &[DeviceField] = &[
         field: "PCIE_REPLAY_COUNT",
         name: "pcie_replay_count",
         help: "PCIe replays (NAKs) since the driver loaded",
-        kind: Kind::Gauge,
+        kind: Kind::Untyped,
         value: |r| r.pcie.replay_count.map(|v| v as f64),
     },
     DeviceField {
@@ -254,7 +255,8 @@ pub fn is_known_field(field: &str) -> bool {
         || OTHER_FIELDS.contains(&field)
         || ECC_BLOCKS.iter().any(|(_, suffix)| {
             let suffix = suffix.to_ascii_uppercase();
-            field == format!("GPU_ECC_CORRECT_{suffix}") || field == format!("GPU_ECC_UNCORRECT_{suffix}")
+            field == format!("GPU_ECC_CORRECT_{suffix}")
+                || field == format!("GPU_ECC_UNCORRECT_{suffix}")
         })
 }
 
@@ -272,7 +274,9 @@ pub struct RenderInput<'a> {
 
 /// The labels of one logical GPU, sorted by name.
 fn gpu_labels(input: &RenderInput<'_>, gpu: &Gpu, logical: &LogicalGpu) -> Vec<(String, String)> {
-    let pod = pod_of(input.pods, &logical.device_ref()).cloned().unwrap_or_default();
+    let pod = pod_of(input.pods, &logical.device_ref())
+        .cloned()
+        .unwrap_or_default();
     let text = |v: &Option<String>| v.clone().unwrap_or_default();
     let mut labels: BTreeMap<String, String> = BTreeMap::from([
         ("gpu_id".into(), logical.gpu_id.to_string()),
@@ -282,11 +286,15 @@ fn gpu_labels(input: &RenderInput<'_>, gpu: &Gpu, logical: &LogicalGpu) -> Vec<(
         ("gpu_partition_id".into(), logical.partition.to_string()),
         (
             "gpu_compute_partition_type".into(),
-            gpu.compute_partition.clone().unwrap_or_else(|| "none".into()),
+            gpu.compute_partition
+                .clone()
+                .unwrap_or_else(|| "none".into()),
         ),
         (
             "gpu_memory_partition_type".into(),
-            gpu.memory_partition.clone().unwrap_or_else(|| "none".into()),
+            gpu.memory_partition
+                .clone()
+                .unwrap_or_else(|| "none".into()),
         ),
         ("pod".into(), pod.pod),
         ("namespace".into(), pod.namespace),
@@ -296,7 +304,9 @@ fn gpu_labels(input: &RenderInput<'_>, gpu: &Gpu, logical: &LogicalGpu) -> Vec<(
     if optional.contains("GPU_UUID") {
         labels.insert(
             "gpu_uuid".into(),
-            gpu.unique_id.map(|id| format!("{id:016x}")).unwrap_or_default(),
+            gpu.unique_id
+                .map(|id| format!("{id:016x}"))
+                .unwrap_or_default(),
         );
     }
     if optional.contains("VBIOS_VERSION") {
@@ -349,7 +359,9 @@ pub fn families(input: &RenderInput<'_>) -> Vec<Family> {
     let mut node_labels: BTreeMap<String, String> =
         BTreeMap::from([("hostname".to_owned(), input.hostname.to_owned())]);
     for (name, value) in &config.custom_labels {
-        node_labels.entry(name.clone()).or_insert_with(|| value.clone());
+        node_labels
+            .entry(name.clone())
+            .or_insert_with(|| value.clone());
     }
     family(
         "GPU_NODES_TOTAL",
@@ -434,7 +446,11 @@ pub fn families(input: &RenderInput<'_>) -> Vec<Family> {
         .filter(|b| ecc_suffix(b).is_some())
         .collect();
     for (kind_upper, kind_lower, pick) in [
-        ("CORRECT", "correct", (|c: &super::sysfs::EccCount| c.ce) as fn(&_) -> u64),
+        (
+            "CORRECT",
+            "correct",
+            (|c: &super::sysfs::EccCount| c.ce) as fn(&_) -> u64,
+        ),
         ("UNCORRECT", "uncorrect", |c| c.ue),
     ] {
         for &(sysfs, suffix) in ECC_BLOCKS.iter().filter(|(s, _)| blocks.contains(s)) {
@@ -455,7 +471,10 @@ pub fn families(input: &RenderInput<'_>) -> Vec<Family> {
             family(
                 &format!("GPU_ECC_{kind_upper}_{}", suffix.to_ascii_uppercase()),
                 &format!("gpu_ecc_{kind_lower}_{suffix}"),
-                &format!("{adjective} ECC errors in the {} block", suffix.to_ascii_uppercase()),
+                &format!(
+                    "{adjective} ECC errors in the {} block",
+                    suffix.to_ascii_uppercase()
+                ),
                 Kind::Gauge,
                 series,
             );
@@ -499,8 +518,9 @@ impl Collector for Families {
             for series in &family.series {
                 let mut encoder = metric.encode_family(&series.labels)?;
                 match family.kind {
-                    Kind::Counter => encoder
-                        .encode_counter::<NoLabelSet, _, u64>(&series.value, None)?,
+                    Kind::Counter => {
+                        encoder.encode_counter::<NoLabelSet, _, u64>(&series.value, None)?
+                    }
                     Kind::Gauge | Kind::Untyped => encoder.encode_gauge(&series.value)?,
                 }
             }
@@ -636,7 +656,8 @@ mod tests {
         r.sclk_mhz = Some(2100.0);
         r.ecc.insert("umc".into(), EccCount { ue: 1, ce: 2 });
         r.ecc.insert("pcie_bif".into(), EccCount { ue: 0, ce: 3 });
-        r.ecc.insert("unknown_block".into(), EccCount { ue: 4, ce: 0 });
+        r.ecc
+            .insert("unknown_block".into(), EccCount { ue: 4, ce: 0 });
         r
     }
 
@@ -733,18 +754,33 @@ mod tests {
             .iter()
             .map(|s| (label(s, "gpu_id"), label(s, "pod"), s.value))
             .collect();
-        assert_eq!(values, [("0", "", 0.0), ("1", "train", 0.0), ("2", "", 1.0)]);
+        assert_eq!(
+            values,
+            [("0", "", 0.0), ("1", "train", 0.0), ("2", "", 1.0)]
+        );
 
         assert_eq!(family(&families, "gpu_nodes_total").series[0].value, 3.0);
         assert_eq!(family(&families, "gpu_free_vram").series[0].value, 3.0);
         let clock = &family(&families, "gpu_clock").series[0];
         assert_eq!(label(clock, "clock_type"), "system");
         assert_eq!(clock.value, 2100.0);
-        assert_eq!(family(&families, "gpu_ecc_uncorrect_total").series[0].value, 5.0);
-        assert_eq!(family(&families, "gpu_ecc_correct_bif").series[0].value, 3.0);
-        assert_eq!(family(&families, "gpu_ecc_uncorrect_umc").series[0].value, 1.0);
+        assert_eq!(
+            family(&families, "gpu_ecc_uncorrect_total").series[0].value,
+            5.0
+        );
+        assert_eq!(
+            family(&families, "gpu_ecc_correct_bif").series[0].value,
+            3.0
+        );
+        assert_eq!(
+            family(&families, "gpu_ecc_uncorrect_umc").series[0].value,
+            1.0
+        );
         assert!(!families.iter().any(|f| f.name.contains("unknown_block")));
-        assert!(!families.iter().any(|f| f.name == "gpu_package_power"), "no values, no family");
+        assert!(
+            !families.iter().any(|f| f.name == "gpu_package_power"),
+            "no values, no family"
+        );
     }
 
     #[test]
@@ -768,7 +804,10 @@ mod tests {
         };
         let families = families(&input);
         let names: Vec<&str> = families.iter().map(|f| f.name.as_str()).collect();
-        assert_eq!(names, ["amd_gpu_edge_temperature", "amd_gpu_ecc_uncorrect_umc"]);
+        assert_eq!(
+            names,
+            ["amd_gpu_edge_temperature", "amd_gpu_ecc_uncorrect_umc"]
+        );
         let series = &families[0].series[0];
         assert_eq!(label(series, "cluster_name"), "lab");
         assert_eq!(label(series, "driver_version"), "");
@@ -806,11 +845,23 @@ mod tests {
             },
         ];
         let text = encode(families);
-        assert!(text.contains("# TYPE gpu_ecc_uncorrect_total counter\n"), "{text}");
-        assert!(text.contains("gpu_ecc_uncorrect_total{gpu_id=\"0\"} 2"), "{text}");
+        assert!(
+            text.contains("# TYPE gpu_ecc_uncorrect_total counter\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("gpu_ecc_uncorrect_total{gpu_id=\"0\"} 2"),
+            "{text}"
+        );
         assert!(text.contains("# TYPE gpu_nodes_total untyped\n"), "{text}");
-        assert!(text.contains("gpu_nodes_total{hostname=\"a\\\"b\"} 8"), "{text}");
-        assert!(text.contains("# TYPE gpu_edge_temperature gauge\ngpu_edge_temperature 41.5\n"), "{text}");
+        assert!(
+            text.contains("gpu_nodes_total{hostname=\"a\\\"b\"} 8"),
+            "{text}"
+        );
+        assert!(
+            text.contains("# TYPE gpu_edge_temperature gauge\ngpu_edge_temperature 41.5\n"),
+            "{text}"
+        );
         assert!(!text.contains("# EOF"));
     }
 

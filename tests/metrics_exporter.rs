@@ -1,0 +1,681 @@
+//! The metrics exporter end to end: a simulated host, the exporter service under
+//! a supervisor slot, scrapes over HTTP on 127.0.0.1, and a fake kubelet
+//! PodResources server on a unix socket.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gpu_operator::agent::supervisor::Slot;
+use gpu_operator::device::{Inventory, discover};
+use gpu_operator::health::{HealthConfig, HealthMonitor};
+use gpu_operator::host::HostRoot;
+use gpu_operator::metrics::podresources::v1::pod_resources_lister_server::{
+    PodResourcesLister, PodResourcesListerServer,
+};
+use gpu_operator::metrics::podresources::v1::{
+    AllocatableResourcesRequest, AllocatableResourcesResponse, ContainerDevices,
+    ContainerResources, GetPodResourcesRequest, GetPodResourcesResponse, ListPodResourcesRequest,
+    ListPodResourcesResponse, PodResources,
+};
+use gpu_operator::metrics::{ExporterStatus, MetricsConfig, MetricsService};
+use gpu_operator::simulate::{self, SimSpec};
+use tokio::sync::watch;
+use tonic::{Request, Response, Status};
+
+/// Bound for every wait: generous on a loaded machine, short enough to fail fast.
+const WAIT: Duration = Duration::from_secs(10);
+
+struct Sim {
+    _dir: tempfile::TempDir,
+    host: HostRoot,
+    spec: SimSpec,
+    inventory: watch::Sender<Arc<Inventory>>,
+}
+
+/// A temporary directory, in memory when the machine has /dev/shm: simulated
+/// hosts have thousands of files, and deleting them from a disk mounted with
+/// `discard` takes seconds.
+fn scratch() -> tempfile::TempDir {
+    let shm = Path::new("/dev/shm");
+    if shm.is_dir() {
+        if let Ok(dir) = tempfile::tempdir_in(shm) {
+            return dir;
+        }
+    }
+    tempfile::tempdir().unwrap()
+}
+
+fn simulated(profile: &str, partition: Option<&str>) -> Sim {
+    let dir = scratch();
+    let host = HostRoot::new(dir.path().join("host"));
+    let spec = SimSpec::new(profile, None, partition).unwrap();
+    simulate::write_host(&host, &spec).unwrap();
+    let inventory = watch::Sender::new(Arc::new(discover(&host)));
+    Sim {
+        _dir: dir,
+        host,
+        spec,
+        inventory,
+    }
+}
+
+fn config(sim: &Sim) -> MetricsConfig {
+    MetricsConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        interval: Duration::from_millis(100),
+        file_timeout: Duration::from_millis(200),
+        ..MetricsConfig::new(sim.host.clone(), "node-1")
+    }
+}
+
+struct Running {
+    slot: Slot<MetricsService>,
+    status: watch::Receiver<ExporterStatus>,
+    addr: SocketAddr,
+}
+
+async fn start(sim: &Sim, config: MetricsConfig, health: Option<&HealthMonitor>) -> Running {
+    let service = MetricsService::new(sim.inventory.subscribe(), health.map(|h| h.snapshot()));
+    let mut status = service.status();
+    let mut slot = Slot::new(service);
+    slot.apply(Some(config)).await;
+    let addr = tokio::time::timeout(
+        WAIT,
+        status.wait_for(|s| s.listening.is_some() && s.samples > 0),
+    )
+    .await
+    .expect("exporter listening and sampled in time")
+    .expect("exporter alive")
+    .listening
+    .unwrap();
+    Running { slot, status, addr }
+}
+
+impl Running {
+    /// Waits until `n` more samples have been taken and published.
+    async fn samples(&mut self, n: u64) {
+        let target = self.status.borrow().samples + n;
+        tokio::time::timeout(WAIT, self.status.wait_for(|s| s.samples >= target))
+            .await
+            .expect("samples in time")
+            .expect("exporter alive");
+    }
+
+    async fn scrape(&self) -> String {
+        let (status, body) = get(self.addr, "/metrics").await;
+        assert_eq!(status, 200, "{body}");
+        body
+    }
+}
+
+/// One HTTP/1.0 GET on a fresh connection: (status code, body).
+async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let path = path.to_owned();
+    tokio::task::spawn_blocking(move || {
+        let mut stream = TcpStream::connect(addr).unwrap();
+        stream.set_read_timeout(Some(WAIT)).unwrap();
+        write!(stream, "GET {path} HTTP/1.0\r\nHost: test\r\n\r\n").unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).unwrap();
+        let (head, body) = response.split_once("\r\n\r\n").unwrap();
+        let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+        (status, body.to_owned())
+    })
+    .await
+    .unwrap()
+}
+
+/// The series of one metric: labels and value.
+fn series(text: &str, name: &str) -> Vec<(BTreeMap<String, String>, f64)> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|line| {
+            let rest = line.strip_prefix(name)?;
+            let (labels, value) = if let Some(rest) = rest.strip_prefix('{') {
+                let (labels, value) = rest.rsplit_once("} ")?;
+                (parse_labels(labels), value)
+            } else {
+                (BTreeMap::new(), rest.strip_prefix(' ')?)
+            };
+            Some((labels, value.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+fn parse_labels(text: &str) -> BTreeMap<String, String> {
+    let mut labels = BTreeMap::new();
+    let mut rest = text;
+    while let Some((key, after)) = rest.split_once("=\"") {
+        let mut value = String::new();
+        let mut chars = after.char_indices();
+        let mut end = after.len();
+        while let Some((i, c)) = chars.next() {
+            match c {
+                '\\' => {
+                    if let Some((_, escaped)) = chars.next() {
+                        value.push(escaped);
+                    }
+                }
+                '"' => {
+                    end = i + 1;
+                    break;
+                }
+                c => value.push(c),
+            }
+        }
+        labels.insert(key.trim_start_matches(',').to_owned(), value);
+        rest = &after[end..];
+    }
+    labels
+}
+
+fn value_of(text: &str, name: &str, gpu_id: &str) -> Option<f64> {
+    series(text, name)
+        .into_iter()
+        .find(|(l, _)| l.get("gpu_id").map(String::as_str) == Some(gpu_id))
+        .map(|(_, v)| v)
+}
+
+/// `promtool check metrics` must accept the text. Without promtool the check is
+/// skipped with a notice, except in CI, where it must be installed.
+fn promtool_accepts(text: &str) {
+    let child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn();
+    let mut child = match child {
+        Ok(child) => child,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "promtool is required in CI (Debian package `prometheus`)"
+            );
+            eprintln!("NOTICE: promtool not installed; skipping the exposition lint");
+            return;
+        }
+        Err(e) => panic!("cannot run promtool: {e}"),
+    };
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[tokio::test]
+async fn mi300x_scrape_is_valid_and_has_one_series_per_gpu() {
+    let sim = simulated("mi300x", None);
+    let running = start(&sim, config(&sim), None).await;
+    let text = running.scrape().await;
+    promtool_accepts(&text);
+    let edge = series(&text, "gpu_edge_temperature");
+    assert_eq!(edge.len(), 8, "{text}");
+    let ids: Vec<&str> = edge.iter().map(|(l, _)| l["gpu_id"].as_str()).collect();
+    assert_eq!(ids, ["0", "1", "2", "3", "4", "5", "6", "7"]);
+    let (labels, value) = &edge[0];
+    assert!((35.0..=65.0).contains(value), "{value}");
+    for (key, expected) in [
+        ("card_model", "AMD Instinct MI300X"),
+        ("hostname", "node-1"),
+        ("gpu_partition_id", "0"),
+        ("gpu_compute_partition_type", "spx"),
+        ("gpu_memory_partition_type", "nps1"),
+        ("pod", ""),
+        ("namespace", ""),
+        ("container", ""),
+    ] {
+        assert_eq!(labels.get(key).map(String::as_str), Some(expected), "{key}");
+    }
+    assert!(!labels["serial_number"].is_empty());
+    for name in [
+        "gpu_package_power",
+        "gpu_average_package_power",
+        "gpu_energy_consumed",
+        "gpu_junction_temperature",
+        "gpu_memory_temperature",
+        "gpu_gfx_activity",
+        "gpu_umc_activity",
+        "gpu_total_vram",
+        "gpu_used_vram",
+        "gpu_free_vram",
+        "gpu_total_visible_vram",
+        "gpu_used_visible_vram",
+        "gpu_free_visible_vram",
+        "gpu_total_gtt",
+        "gpu_used_gtt",
+        "gpu_free_gtt",
+        "pcie_speed",
+        "pcie_max_speed",
+        "pcie_replay_count",
+        "gpu_ecc_correct_total",
+        "gpu_ecc_uncorrect_total",
+        "gpu_ecc_correct_umc",
+        "gpu_ecc_uncorrect_umc",
+        "gpu_ecc_uncorrect_bif",
+        "gpu_ecc_uncorrect_xgmi_wafl",
+    ] {
+        assert_eq!(series(&text, name).len(), 8, "{name}");
+    }
+    assert_eq!(value_of(&text, "gpu_total_vram", "0"), Some(192.0 * 1024.0));
+    assert_eq!(value_of(&text, "pcie_max_speed", "3"), Some(32.0));
+    let clocks = series(&text, "gpu_clock");
+    assert_eq!(clocks.len(), 16, "system and memory clock per GPU");
+    assert!(
+        clocks
+            .iter()
+            .any(|(l, v)| l["clock_type"] == "memory" && *v == 1300.0)
+    );
+    assert_eq!(series(&text, "gpu_nodes_total")[0].1, 8.0);
+    assert!(text.contains("# TYPE gpu_ecc_uncorrect_total counter"));
+    assert!(
+        series(&text, "gpu_health").is_empty(),
+        "no health monitor, no gpu_health"
+    );
+}
+
+#[tokio::test]
+async fn cpx_nps4_has_device_series_per_gpu_and_health_per_partition() {
+    let sim = simulated("mi300x", Some("cpx_nps4"));
+    let monitor = HealthMonitor::new(sim.inventory.subscribe());
+    let mut snapshot = monitor.snapshot();
+    let mut health = Slot::new(monitor);
+    health
+        .apply(Some(HealthConfig::new(sim.host.clone())))
+        .await;
+    tokio::time::timeout(WAIT, snapshot.wait_for(|s| s.gpus.len() == 8))
+        .await
+        .unwrap()
+        .unwrap();
+    let service = MetricsService::new(sim.inventory.subscribe(), Some(snapshot.clone()));
+    let mut status = service.status();
+    let mut slot = Slot::new(service);
+    slot.apply(Some(config(&sim))).await;
+    let addr = tokio::time::timeout(WAIT, status.wait_for(|s| s.samples > 0))
+        .await
+        .unwrap()
+        .unwrap()
+        .listening
+        .unwrap();
+    let (code, text) = get(addr, "/metrics").await;
+    assert_eq!(code, 200);
+    promtool_accepts(&text);
+    let edge = series(&text, "gpu_edge_temperature");
+    assert_eq!(edge.len(), 8);
+    assert!(edge.iter().all(|(l, _)| l["gpu_partition_id"] == "0"));
+    let ids: Vec<&str> = edge.iter().map(|(l, _)| l["gpu_id"].as_str()).collect();
+    assert_eq!(ids, ["0", "8", "16", "24", "32", "40", "48", "56"]);
+    assert!(
+        edge.iter()
+            .all(|(l, _)| l["gpu_compute_partition_type"] == "cpx"
+                && l["gpu_memory_partition_type"] == "nps4")
+    );
+    let health_series = series(&text, "gpu_health");
+    assert_eq!(health_series.len(), 64);
+    assert!(health_series.iter().all(|(_, v)| *v == 1.0));
+    let partitions: Vec<&str> = health_series[..8]
+        .iter()
+        .map(|(l, _)| l["gpu_partition_id"].as_str())
+        .collect();
+    assert_eq!(partitions, ["0", "1", "2", "3", "4", "5", "6", "7"]);
+    assert_eq!(series(&text, "gpu_nodes_total")[0].1, 64.0);
+    slot.stop().await;
+    health.stop().await;
+}
+
+#[tokio::test]
+async fn values_change_when_telemetry_moves() {
+    let sim = simulated("mi210", None);
+    let mut running = start(&sim, config(&sim), None).await;
+    let before = running.scrape().await;
+    simulate::advance_telemetry(&sim.host, &sim.spec, 3).unwrap();
+    simulate::set_ecc_counts(&sim.host, "0000:03:00.0", "umc", 0, 7).unwrap();
+    running.samples(2).await;
+    let after = running.scrape().await;
+    for name in [
+        "gpu_edge_temperature",
+        "gpu_energy_consumed",
+        "gpu_used_vram",
+    ] {
+        assert_ne!(
+            value_of(&before, name, "0"),
+            value_of(&after, name, "0"),
+            "{name} should move"
+        );
+    }
+    assert_eq!(value_of(&before, "gpu_ecc_correct_umc", "0"), Some(0.0));
+    assert_eq!(value_of(&after, "gpu_ecc_correct_umc", "0"), Some(7.0));
+    assert_eq!(value_of(&after, "gpu_ecc_correct_total", "0"), Some(7.0));
+}
+
+#[tokio::test]
+async fn a_hung_file_costs_one_value_and_scrapes_still_answer() {
+    let sim = simulated("mi300x", None);
+    let mut running = start(&sim, config(&sim), None).await;
+    let hung = "/sys/devices/pci0000:00/0000:27:00.0/current_link_speed";
+    simulate::hang_file(&sim.host, hung).unwrap();
+    running.samples(3).await;
+    let started = Instant::now();
+    let text = running.scrape().await;
+    let took = started.elapsed();
+    let speeds = series(&text, "pcie_speed");
+    assert_eq!(speeds.len(), 7, "only the hung GPU's value is missing");
+    assert!(speeds.iter().all(|(l, _)| l["gpu_id"] != "1"));
+    assert_eq!(series(&text, "pcie_max_speed").len(), 8);
+    assert_eq!(series(&text, "gpu_edge_temperature").len(), 8);
+    assert!(
+        series(&text, "gpu_operator_sysfs_reads_skipped_total")[0].1
+            + series(&text, "gpu_operator_sysfs_read_timeouts_total")[0].1
+            >= 1.0
+    );
+    // Not a performance assertion (that is the benchmark's job): the scrape did
+    // not wait for the hung file, whose reads never return.
+    assert!(took < WAIT, "scrape took {took:?}");
+    simulate::release_hung_file(&sim.host, hung, "32.0 GT/s PCIe").unwrap();
+    let deadline = Instant::now() + WAIT;
+    loop {
+        running.samples(1).await;
+        if series(&running.scrape().await, "pcie_speed").len() == 8 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "value did not come back");
+    }
+    running.slot.stop().await;
+}
+
+/// The kubelet's side of the PodResources API, answering `List` with a fixed
+/// allocation.
+struct FakeKubelet {
+    pods: Vec<PodResources>,
+}
+
+#[tonic::async_trait]
+impl PodResourcesLister for FakeKubelet {
+    async fn list(
+        &self,
+        _: Request<ListPodResourcesRequest>,
+    ) -> Result<Response<ListPodResourcesResponse>, Status> {
+        Ok(Response::new(ListPodResourcesResponse {
+            pod_resources: self.pods.clone(),
+        }))
+    }
+
+    async fn get_allocatable_resources(
+        &self,
+        _: Request<AllocatableResourcesRequest>,
+    ) -> Result<Response<AllocatableResourcesResponse>, Status> {
+        Err(Status::unimplemented("not needed"))
+    }
+
+    async fn get(
+        &self,
+        _: Request<GetPodResourcesRequest>,
+    ) -> Result<Response<GetPodResourcesResponse>, Status> {
+        Err(Status::unimplemented("not needed"))
+    }
+}
+
+fn pod(name: &str, resource: &str, ids: &[&str]) -> PodResources {
+    PodResources {
+        name: name.into(),
+        namespace: "ml".into(),
+        containers: vec![ContainerResources {
+            name: "main".into(),
+            devices: vec![ContainerDevices {
+                resource_name: resource.into(),
+                device_ids: ids.iter().map(|s| s.to_string()).collect(),
+                topology: None,
+            }],
+            ..ContainerResources::default()
+        }],
+    }
+}
+
+/// Serves `kubelet` on `socket` until the returned sender is dropped.
+async fn serve_kubelet(socket: &Path, kubelet: FakeKubelet) -> tokio::sync::oneshot::Sender<()> {
+    let listener = tokio::net::UnixListener::bind(socket).unwrap();
+    let incoming = futures::stream::unfold(listener, |listener| async move {
+        let accepted = listener.accept().await.map(|(stream, _)| stream);
+        Some((accepted, listener))
+    });
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(PodResourcesListerServer::new(kubelet))
+            .serve_with_incoming_shutdown(incoming, async {
+                let _ = stopped.await;
+            }),
+    );
+    stop
+}
+
+#[tokio::test]
+async fn pods_from_the_kubelet_label_their_gpus() {
+    let sim = simulated("mi300x", Some("cpx_nps4"));
+    // The simulator names partition 1 of the first GPU's platform device
+    // amdgpu_xcp_0 (render node 129); the device plugin uses that name as its ID,
+    // and partition 0 of each GPU is its PCI address.
+    assert!(
+        sim.host
+            .exists("/sys/devices/platform/amdgpu_xcp_0/drm/renderD129")
+    );
+    let kubelet_dir = scratch();
+    let socket = kubelet_dir.path().join("kubelet.sock");
+    let _kubelet = serve_kubelet(
+        &socket,
+        FakeKubelet {
+            pods: vec![
+                pod("train", "amd.com/gpu", &["amdgpu_xcp_0"]),
+                pod("infer", "amd.com/gpu", &["0000:27:00.0"]),
+                pod("nic", "example.com/nic", &["0000:05:00.0"]),
+            ],
+        },
+    )
+    .await;
+    let monitor = HealthMonitor::new(sim.inventory.subscribe());
+    let snapshot = monitor.snapshot();
+    let mut health = Slot::new(monitor);
+    health
+        .apply(Some(HealthConfig::new(sim.host.clone())))
+        .await;
+    let service = MetricsService::new(sim.inventory.subscribe(), Some(snapshot));
+    let mut status = service.status();
+    let mut slot = Slot::new(service);
+    slot.apply(Some(MetricsConfig {
+        pod_resources_socket: Some(socket),
+        ..config(&sim)
+    }))
+    .await;
+    let addr = tokio::time::timeout(WAIT, status.wait_for(|s| s.samples > 1 && s.series > 100))
+        .await
+        .unwrap()
+        .unwrap()
+        .listening
+        .unwrap();
+    let deadline = Instant::now() + WAIT;
+    let text = loop {
+        let (_, text) = get(addr, "/metrics").await;
+        if series(&text, "gpu_health").len() == 64 {
+            break text;
+        }
+        assert!(Instant::now() < deadline, "health series did not appear");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let pod_of = |name: &str, gpu_id: &str| -> Option<(String, String, String)> {
+        series(&text, name)
+            .into_iter()
+            .find(|(l, _)| l["gpu_id"] == gpu_id)
+            .map(|(l, _)| {
+                (
+                    l["pod"].clone(),
+                    l["namespace"].clone(),
+                    l["container"].clone(),
+                )
+            })
+    };
+    let train = Some(("train".into(), "ml".into(), "main".into()));
+    let nobody = Some((String::new(), String::new(), String::new()));
+    assert_eq!(pod_of("gpu_health", "1"), train);
+    assert_eq!(
+        pod_of("gpu_health", "0"),
+        nobody,
+        "the NIC resource is not a GPU"
+    );
+    assert_eq!(pod_of("gpu_health", "2"), nobody);
+    let infer = Some(("infer".into(), "ml".into(), "main".into()));
+    assert_eq!(pod_of("gpu_health", "8"), infer);
+    assert_eq!(pod_of("gpu_edge_temperature", "8"), infer);
+    assert_eq!(pod_of("gpu_edge_temperature", "0"), nobody);
+    assert_eq!(status.borrow().pod_resources_error, None);
+    slot.stop().await;
+    health.stop().await;
+}
+
+#[tokio::test]
+async fn a_bad_config_keeps_the_last_good_one() {
+    let sim = simulated("mi210", None);
+    let good = r#"{"GPUConfig": {"Fields": ["GPU_EDGE_TEMPERATURE"],
+                                  "CustomLabels": {"CLUSTER_NAME": "lab"}}}"#;
+    let mut cfg = config(&sim);
+    cfg.config_text = Some(good.into());
+    let mut running = start(&sim, cfg.clone(), None).await;
+    let text = running.scrape().await;
+    assert_eq!(series(&text, "gpu_edge_temperature").len(), 4);
+    assert!(series(&text, "gpu_junction_temperature").is_empty());
+    assert_eq!(
+        series(&text, "gpu_edge_temperature")[0].0["cluster_name"],
+        "lab"
+    );
+
+    cfg.config_text = Some(r#"{"GPUConfig": {"Fields": "#.into());
+    running.slot.apply(Some(cfg.clone())).await;
+    tokio::time::timeout(WAIT, running.status.wait_for(|s| s.config_error.is_some()))
+        .await
+        .unwrap()
+        .unwrap();
+    running.samples(1).await;
+    let text = running.scrape().await;
+    assert_eq!(
+        series(&text, "gpu_edge_temperature").len(),
+        4,
+        "last good config"
+    );
+    assert!(series(&text, "gpu_junction_temperature").is_empty());
+    assert_eq!(
+        series(&text, "gpu_operator_metrics_config_last_reload_successful")[0].1,
+        0.0
+    );
+    assert_eq!(
+        series(&text, "gpu_operator_metrics_config_errors_total")[0].1,
+        1.0
+    );
+    let error = running.status.borrow().config_error.clone().unwrap();
+    assert!(error.contains("line 1"), "{error}");
+
+    cfg.config_text = Some(r#"{"CommonConfig": {"MetricsFieldPrefix": "amd_"}}"#.into());
+    running.slot.apply(Some(cfg)).await;
+    tokio::time::timeout(WAIT, running.status.wait_for(|s| s.config_error.is_none()))
+        .await
+        .unwrap()
+        .unwrap();
+    running.samples(1).await;
+    let text = running.scrape().await;
+    assert_eq!(series(&text, "amd_gpu_junction_temperature").len(), 4);
+    assert!(series(&text, "gpu_edge_temperature").is_empty());
+    assert_eq!(
+        series(&text, "gpu_operator_metrics_config_last_reload_successful")[0].1,
+        1.0
+    );
+    promtool_accepts(&text);
+}
+
+#[tokio::test]
+async fn json_view_and_probes() {
+    let sim = simulated("mi300x", Some("dpx_nps1"));
+    let running = start(&sim, config(&sim), None).await;
+    let (code, body) = get(running.addr, "/healthz").await;
+    assert_eq!((code, body.trim()), (200, "ok"));
+    let (code, _) = get(running.addr, "/readyz").await;
+    assert_eq!(code, 200);
+    let (code, body) = get(running.addr, "/gpumetrics").await;
+    assert_eq!(code, 200);
+    let json: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let gpus = json["gpus"].as_array().unwrap();
+    assert_eq!(gpus.len(), 16);
+    assert_eq!(json["hostname"], "node-1");
+    assert_eq!(gpus[1]["partition_id"], 1);
+    assert!(
+        gpus[0]["readings"]["temperature"]["edge_c"]
+            .as_f64()
+            .unwrap()
+            > 0.0
+    );
+    assert!(gpus[1]["readings"].is_null());
+    let (code, _) = get(running.addr, "/nope").await;
+    assert_eq!(code, 404);
+}
+
+#[tokio::test]
+async fn agent_metrics_are_served() {
+    let sim = simulated("radeon-w7900", None);
+    let mut running = start(&sim, config(&sim), None).await;
+    let before = series(&running.scrape().await, "gpu_operator_reconciles_total")[0].1;
+    gpu_operator::metrics::agent::record_reconcile();
+    gpu_operator::metrics::agent::record_api_error();
+    running.samples(1).await;
+    let text = running.scrape().await;
+    assert!(series(&text, "gpu_operator_reconciles_total")[0].1 > before);
+    assert!(series(&text, "gpu_operator_api_errors_total")[0].1 >= 1.0);
+    assert!(!series(&text, "gpu_operator_service_restarts_total").is_empty());
+    assert!(series(&text, "process_resident_memory_bytes")[0].1 > 0.0);
+    assert!(!series(&text, "process_cpu_seconds_total").is_empty());
+    promtool_accepts(&text);
+}
+
+#[tokio::test]
+async fn listening_twice_on_one_port_fails_and_is_retried() {
+    let sim = simulated("mi210", None);
+    let first = start(&sim, config(&sim), None).await;
+    let service = MetricsService::new(sim.inventory.subscribe(), None);
+    let mut slot = Slot::new(service).with_backoff(
+        backon::ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(10))
+            .with_max_delay(Duration::from_millis(50)),
+    );
+    let mut state = slot.subscribe();
+    slot.apply(Some(MetricsConfig {
+        listen: first.addr,
+        ..config(&sim)
+    }))
+    .await;
+    let failed = tokio::time::timeout(
+        WAIT,
+        state.wait_for(|s| {
+            matches!(
+                s,
+                gpu_operator::agent::supervisor::ServiceState::Restarting { .. }
+            )
+        }),
+    )
+    .await
+    .unwrap()
+    .unwrap()
+    .clone();
+    let text = format!("{failed:?}");
+    assert!(text.contains("cannot listen"), "{text}");
+    slot.stop().await;
+}
