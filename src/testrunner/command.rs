@@ -1,0 +1,472 @@
+//! Which program a test case runs, with which arguments, and how its results
+//! are read back.
+//!
+//! Command lines follow the reference:
+//! - RVS: `rvs -c <conf dir>[/<MODEL>]/<recipe>.conf [-i 0,1] -j [arguments]`;
+//!   the per-model directory is used when it holds the recipe. With `-j`, RVS
+//!   writes its results to `<results dir>/<name>_<digits>.json` and prints that
+//!   path.
+//! - AGFHC: `agfhc -r <recipe> [-i 0 1] -o <results dir> [arguments]`; results
+//!   go to `<results dir>/agfhc_YYYYMMDD-HHMMSS/results.json`, whose directory is
+//!   printed.
+//! - COMMAND: the configured program and arguments, then `Arguments`.
+//!
+//! Every test process also gets `GPU_TEST_RECIPE`, `GPU_TEST_TRIGGER`,
+//! `GPU_TEST_ITERATION` and `GPU_TEST_GPUS` (comma-separated GPU indexes) in its
+//! environment, so a COMMAND test knows what to test.
+//!
+//! Program paths are configuration ([`Commands`]), which is how tests put
+//! stand-ins in place of the real tools. Building command lines and parsing
+//! result files is pure; [`rvs_conf`] and [`read_results`] touch the file
+//! system.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use super::config::{Framework, TestCase};
+use super::report::{ActionResult, SuitesResult};
+
+/// Upper bound on a result file: real ones are a few KiB.
+const MAX_RESULT_BYTES: u64 = 16 * 1024 * 1024;
+
+/// Where the test tools live.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Commands {
+    pub rvs: PathBuf,
+    /// RVS recipes: `<dir>/<recipe>.conf` and per-model `<dir>/<MODEL>/<recipe>.conf`.
+    pub rvs_conf_dir: PathBuf,
+    /// Where RVS writes its JSON results.
+    pub rvs_results_dir: PathBuf,
+    pub agfhc: PathBuf,
+    /// Where AGFHC writes its result directories (`-o`).
+    pub agfhc_results_dir: PathBuf,
+}
+
+impl Default for Commands {
+    /// The locations in the reference's test runner image.
+    fn default() -> Self {
+        Self {
+            rvs: "/opt/rocm/bin/rvs".into(),
+            rvs_conf_dir: "/opt/rocm/share/rocm-validation-suite/conf".into(),
+            rvs_results_dir: "/var/tmp".into(),
+            agfhc: "/opt/amd/agfhc/agfhc".into(),
+            agfhc_results_dir: "/var/tmp".into(),
+        }
+    }
+}
+
+/// A program to run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CommandLine {
+    pub program: PathBuf,
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+}
+
+impl CommandLine {
+    /// The whole command line, for logs.
+    pub fn display(&self) -> String {
+        std::iter::once(self.program.display().to_string())
+            .chain(self.args.iter().cloned())
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+}
+
+/// The command line of one iteration. `selected` holds the GPU indexes to pass
+/// with `-i`, or is empty to let the tool test every GPU; `conf` is the RVS
+/// recipe file ([`rvs_conf`]).
+pub fn command_line(
+    case: &TestCase,
+    commands: &Commands,
+    conf: &Path,
+    selected: &[u32],
+) -> CommandLine {
+    let ids = |sep: &str| {
+        selected
+            .iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join(sep)
+    };
+    let (program, mut args) = match case.framework {
+        Framework::Rvs => {
+            let mut args = vec!["-c".to_owned(), conf.display().to_string()];
+            if !selected.is_empty() {
+                args.extend(["-i".to_owned(), ids(",")]);
+            }
+            args.push("-j".to_owned());
+            (commands.rvs.clone(), args)
+        }
+        Framework::Agfhc => {
+            let mut args = vec!["-r".to_owned(), case.recipe.clone()];
+            if !selected.is_empty() {
+                args.push("-i".to_owned());
+                args.extend(selected.iter().map(u32::to_string));
+            }
+            args.extend([
+                "-o".to_owned(),
+                commands.agfhc_results_dir.display().to_string(),
+            ]);
+            (commands.agfhc.clone(), args)
+        }
+        Framework::Command => {
+            // The parser guarantees a program; an empty one fails to start.
+            let mut parts = case.command.iter();
+            let program = parts.next().cloned().unwrap_or_default();
+            (PathBuf::from(program), parts.cloned().collect())
+        }
+    };
+    args.extend(case.arguments.iter().cloned());
+    CommandLine {
+        program,
+        args,
+        env: vec![
+            ("GPU_TEST_RECIPE".into(), case.recipe.clone()),
+            ("GPU_TEST_GPUS".into(), ids(",")),
+        ],
+    }
+}
+
+/// The RVS recipe file: the per-model one when it exists, else the generic one.
+pub fn rvs_conf(commands: &Commands, model: Option<&str>, recipe: &str) -> PathBuf {
+    if let Some(model) = model {
+        let per_model = commands
+            .rvs_conf_dir
+            .join(model)
+            .join(format!("{recipe}.conf"));
+        if per_model.is_file() {
+            return per_model;
+        }
+    }
+    commands.rvs_conf_dir.join(format!("{recipe}.conf"))
+}
+
+/// Finds the result file a tool announced in its output, if any.
+pub fn result_location(framework: Framework, commands: &Commands, stdout: &str) -> Option<PathBuf> {
+    match framework {
+        Framework::Rvs => {
+            let dir = commands.rvs_results_dir.display().to_string();
+            paths_under(stdout, &dir)
+                .filter(|p| is_rvs_result_name(p))
+                .last()
+                .map(PathBuf::from)
+        }
+        Framework::Agfhc => {
+            let dir = commands.agfhc_results_dir.display().to_string();
+            paths_under(stdout, &dir)
+                .filter_map(agfhc_result_dir)
+                .last()
+                .map(|d| PathBuf::from(d).join("results.json"))
+        }
+        Framework::Command => None,
+    }
+}
+
+/// Words of `text` that are paths directly under `dir`.
+fn paths_under<'a>(text: &'a str, dir: &'a str) -> impl Iterator<Item = &'a str> + 'a {
+    let dir = dir.trim_end_matches('/');
+    text.split(|c: char| c.is_whitespace() || matches!(c, '"' | '\'' | ',' | '(' | ')'))
+        .filter(move |word| {
+            word.strip_prefix(dir)
+                .and_then(|rest| rest.strip_prefix('/'))
+                .is_some_and(|name| !name.is_empty())
+        })
+}
+
+/// `<dir>/<name>_<digits>.json`, the reference's pattern for RVS results.
+fn is_rvs_result_name(path: &str) -> bool {
+    let Some(file) = path.rsplit('/').next() else {
+        return false;
+    };
+    let Some(stem) = file.strip_suffix(".json") else {
+        return false;
+    };
+    stem.rsplit_once('_').is_some_and(|(name, digits)| {
+        !name.is_empty() && !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())
+    })
+}
+
+/// `<dir>/agfhc_YYYYMMDD-HHMMSS`, possibly followed by more path.
+fn agfhc_result_dir(path: &str) -> Option<&str> {
+    let start = path.find("/agfhc_")? + "/agfhc_".len();
+    let stamp = path.get(start..start + 15)?;
+    let ok = stamp.bytes().enumerate().all(|(i, b)| {
+        if i == 8 {
+            b == b'-'
+        } else {
+            b.is_ascii_digit()
+        }
+    });
+    ok.then(|| &path[..start + 15])
+}
+
+/// Reads and parses the result file a tool announced. `Ok(empty)` when it
+/// announced none.
+pub fn read_results(
+    framework: Framework,
+    commands: &Commands,
+    stdout: &str,
+) -> Result<SuitesResult, String> {
+    let Some(path) = result_location(framework, commands, stdout) else {
+        return Ok(SuitesResult::new());
+    };
+    let mut text = String::new();
+    std::fs::File::open(&path)
+        .and_then(|f| f.take(MAX_RESULT_BYTES).read_to_string(&mut text))
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let parsed = match framework {
+        Framework::Rvs => parse_rvs_results(&text),
+        Framework::Agfhc => parse_agfhc_results(&text),
+        Framework::Command => Ok(SuitesResult::new()),
+    };
+    parsed.map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// RVS's JSON results: `{"version": ..., "<module>": {"<action>": [{"gpu_index":
+/// "0", "pass": "true"}, ...]}}`. Entries without `pass` are progress records.
+pub fn parse_rvs_results(text: &str) -> Result<SuitesResult, String> {
+    let root: Value = serde_json::from_str(text).map_err(|e| format!("not valid JSON: {e}"))?;
+    let root = root.as_object().ok_or("not a JSON object")?;
+    let mut out = SuitesResult::new();
+    for (module, actions) in root {
+        if module == "version" {
+            continue;
+        }
+        let Some(actions) = actions.as_object() else {
+            continue;
+        };
+        for (action, entries) in actions {
+            for entry in entries.as_array().into_iter().flatten() {
+                let gpu = match entry.get("gpu_index") {
+                    Some(Value::String(s)) => s.clone(),
+                    Some(Value::Number(n)) => n.to_string(),
+                    _ => continue,
+                };
+                let pass = match entry.get("pass") {
+                    Some(Value::String(s)) if !s.is_empty() => s == "true",
+                    Some(Value::Bool(b)) => *b,
+                    _ => continue,
+                };
+                let result = if pass {
+                    ActionResult::Success
+                } else {
+                    ActionResult::Failure
+                };
+                out.entry(gpu).or_default().insert(action.clone(), result);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// AGFHC's `results.json`: the tested devices in `program_args.device_ids`
+/// (`GPU-00`), and per test a `state` and, for failures, the failing devices in
+/// `primary_action_subject` (`GPU-00:GPU-01`).
+pub fn parse_agfhc_results(text: &str) -> Result<SuitesResult, String> {
+    let root: Value = serde_json::from_str(text).map_err(|e| format!("not valid JSON: {e}"))?;
+    let devices: Vec<&str> = root
+        .pointer("/program_args/device_ids")
+        .and_then(Value::as_array)
+        .ok_or("program_args.device_ids is missing")?
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    let tests = root
+        .get("test_results")
+        .and_then(Value::as_object)
+        .ok_or("test_results is missing")?;
+    let index = |id: &str| -> String {
+        let digits = id.rsplit('-').next().unwrap_or(id).trim_start_matches('0');
+        if digits.is_empty() {
+            "0".into()
+        } else {
+            digits.into()
+        }
+    };
+    let mut out = SuitesResult::new();
+    for device in devices {
+        for test in tests.values() {
+            let name = test
+                .get("test")
+                .and_then(Value::as_str)
+                .unwrap_or("unknown");
+            let state = test
+                .get("state")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_ascii_lowercase();
+            let subject = test
+                .get("primary_action_subject")
+                .and_then(Value::as_str)
+                .unwrap_or("");
+            let result = match state.as_str() {
+                "passed" => ActionResult::Success,
+                "skipped" => ActionResult::Skipped,
+                "queued" => ActionResult::Queued,
+                // A failure names the devices it concerns; the others passed.
+                "failed" if !subject.is_empty() && !subject.split(':').any(|s| s == device) => {
+                    ActionResult::Success
+                }
+                _ => ActionResult::Failure,
+            };
+            out.entry(index(device))
+                .or_default()
+                .insert(name.to_owned(), result);
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn commands() -> Commands {
+        Commands {
+            rvs: "/x/rvs".into(),
+            rvs_conf_dir: "/x/conf".into(),
+            rvs_results_dir: "/var/tmp".into(),
+            agfhc: "/x/agfhc".into(),
+            agfhc_results_dir: "/var/tmp/agfhc".into(),
+        }
+    }
+
+    #[test]
+    fn rvs_command_line() {
+        let case = TestCase {
+            arguments: vec!["--parallel".into()],
+            ..TestCase::new("gst_single")
+        };
+        let line = command_line(
+            &case,
+            &commands(),
+            Path::new("/x/conf/gst_single.conf"),
+            &[0, 3],
+        );
+        assert_eq!(line.program, PathBuf::from("/x/rvs"));
+        assert_eq!(
+            line.args,
+            [
+                "-c",
+                "/x/conf/gst_single.conf",
+                "-i",
+                "0,3",
+                "-j",
+                "--parallel"
+            ]
+        );
+        assert!(line.env.contains(&("GPU_TEST_GPUS".into(), "0,3".into())));
+        let all = command_line(&case, &commands(), Path::new("/c"), &[]);
+        assert_eq!(all.args, ["-c", "/c", "-j", "--parallel"]);
+    }
+
+    #[test]
+    fn agfhc_and_command_lines() {
+        let case = TestCase {
+            framework: Framework::Agfhc,
+            arguments: vec!["--ignore-dmesg".into()],
+            ..TestCase::new("all_lvl1")
+        };
+        let line = command_line(&case, &commands(), Path::new("/unused"), &[0, 1]);
+        assert_eq!(
+            line.args,
+            [
+                "-r",
+                "all_lvl1",
+                "-i",
+                "0",
+                "1",
+                "-o",
+                "/var/tmp/agfhc",
+                "--ignore-dmesg"
+            ]
+        );
+        let case = TestCase {
+            framework: Framework::Command,
+            command: vec!["/bin/check".into(), "--fast".into()],
+            arguments: vec!["x".into()],
+            ..TestCase::new("smoke")
+        };
+        let line = command_line(&case, &commands(), Path::new("/unused"), &[]);
+        assert_eq!(line.program, PathBuf::from("/bin/check"));
+        assert_eq!(line.args, ["--fast", "x"]);
+    }
+
+    #[test]
+    fn per_model_recipes_are_preferred_when_present() {
+        let dir = tempfile::tempdir().unwrap();
+        let commands = Commands {
+            rvs_conf_dir: dir.path().to_path_buf(),
+            ..Commands::default()
+        };
+        std::fs::create_dir_all(dir.path().join("MI300X")).unwrap();
+        std::fs::write(dir.path().join("MI300X/gst_single.conf"), "").unwrap();
+        assert_eq!(
+            rvs_conf(&commands, Some("MI300X"), "gst_single"),
+            dir.path().join("MI300X/gst_single.conf")
+        );
+        assert_eq!(
+            rvs_conf(&commands, Some("MI300X"), "babel"),
+            dir.path().join("babel.conf")
+        );
+        assert_eq!(
+            rvs_conf(&commands, None, "gst_single"),
+            dir.path().join("gst_single.conf")
+        );
+    }
+
+    #[test]
+    fn finds_announced_result_files() {
+        let c = commands();
+        let out = "[RESULT] ... log written to /var/tmp/gst_single_1700000000.json\ndone";
+        assert_eq!(
+            result_location(Framework::Rvs, &c, out),
+            Some(PathBuf::from("/var/tmp/gst_single_1700000000.json"))
+        );
+        assert_eq!(
+            result_location(Framework::Rvs, &c, "/var/tmp/other.json /etc/x_1.json"),
+            None
+        );
+        let out = "results in '/var/tmp/agfhc/agfhc_20231001-123456/'";
+        assert_eq!(
+            result_location(Framework::Agfhc, &c, out),
+            Some(PathBuf::from(
+                "/var/tmp/agfhc/agfhc_20231001-123456/results.json"
+            ))
+        );
+        assert_eq!(
+            result_location(Framework::Agfhc, &c, "/var/tmp/agfhc/agfhc_2023"),
+            None
+        );
+        assert_eq!(result_location(Framework::Command, &c, out), None);
+    }
+
+    #[test]
+    fn parses_rvs_results() {
+        let text = r#"{"version":"1.0",
+            "gst":{"gst-1215Tflops":[{"gpu_index":"0","pass":"true"},{"gpu_index":"1","pass":"false"},{"gpu_index":"1"}]},
+            "iet":{"iet-power":[{"gpu_index":2,"pass":true}]}}"#;
+        let r = parse_rvs_results(text).unwrap();
+        assert_eq!(r["0"]["gst-1215Tflops"], ActionResult::Success);
+        assert_eq!(r["1"]["gst-1215Tflops"], ActionResult::Failure);
+        assert_eq!(r["2"]["iet-power"], ActionResult::Success);
+        assert!(parse_rvs_results("[").is_err());
+    }
+
+    #[test]
+    fn parses_agfhc_results() {
+        let text = r#"{"program_args":{"device_ids":["GPU-00","GPU-02"]},
+            "test_results":{"a":{"test":"hbm_bw","state":"Failed","primary_action_subject":"GPU-02"},
+                            "b":{"test":"gfx_dgemm","state":"Passed"},
+                            "c":{"test":"xgmi_a2a","state":"Skipped"}}}"#;
+        let r = parse_agfhc_results(text).unwrap();
+        assert_eq!(r["0"]["hbm_bw"], ActionResult::Success);
+        assert_eq!(r["2"]["hbm_bw"], ActionResult::Failure);
+        assert_eq!(r["0"]["gfx_dgemm"], ActionResult::Success);
+        assert_eq!(r["2"]["xgmi_a2a"], ActionResult::Skipped);
+        assert!(parse_agfhc_results("{}").is_err());
+    }
+}

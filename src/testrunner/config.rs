@@ -1,0 +1,908 @@
+//! The test runner's `config.json`, in the reference format (the ConfigMap named
+//! by `testRunner.config`):
+//!
+//! ```json
+//! {"TestConfig": {"GPU_HEALTH_CHECK": {"TestLocationTrigger": {
+//!   "global": {"TestParameters": {"AUTO_UNHEALTHY_GPU_WATCH": {"TestCases": [
+//!     {"Recipe": "gst_single", "Iterations": 1, "StopOnFailure": true,
+//!      "TimeoutSeconds": 600, "Arguments": "--parallel"}]}}},
+//!   "node1": {"TestParameters": {"MANUAL": {"TestCases": [{"Recipe": "mem"}]}}}}}}}
+//! ```
+//!
+//! As in the reference: category and trigger keys are case-insensitive; a node
+//! whose name is a `TestLocationTrigger` key uses that entry *instead of*
+//! `global` (the whole entry, not trigger by trigger); `Framework` is `RVS`
+//! (default) or `AGFHC`; `Arguments` is one comma-separated string; `DeviceIDs`
+//! are GPU indexes and apply to the triggers that test all GPUs. Fields left out
+//! take the reference's documented defaults (`gst_single`, 1 iteration,
+//! StopOnFailure true, 3600 s); an explicit 0 for `Iterations` or
+//! `TimeoutSeconds` is an error, as it is for the reference.
+//!
+//! Extensions, absent from the reference:
+//! - trigger `PERIODIC` with `"IntervalSeconds": N` next to `TestCases` (the
+//!   reference schedules tests with a CronJob running the MANUAL trigger);
+//! - `"Framework": "COMMAND"` with `"Command": ["/path", "arg", ...]`: any
+//!   program; it passes when it exits 0;
+//! - `TimeoutSeconds` may have a fraction (`0.5`);
+//! - `Arguments` may also be a JSON list of strings.
+//!
+//! Unknown fields are reported as warnings and otherwise ignored, like the
+//! reference's JSON decoder ignores them; an unknown trigger is an error (it is
+//! almost always a typo that would silently disable tests).
+//!
+//! Pure: text in, [`TestConfig`] or a [`ConfigError`] naming the field path out.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+/// The only test category the reference defines.
+pub const CATEGORY: &str = "GPU_HEALTH_CHECK";
+/// The `TestLocationTrigger` key that applies to nodes without an entry of their own.
+pub const GLOBAL: &str = "global";
+/// The ConfigMap key holding the configuration.
+pub const CONFIG_KEY: &str = "config.json";
+
+pub const DEFAULT_RECIPE: &str = "gst_single";
+pub const DEFAULT_ITERATIONS: u32 = 1;
+pub const DEFAULT_STOP_ON_FAILURE: bool = true;
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(3600);
+
+/// What starts a test run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub enum Trigger {
+    /// The health monitor marked a GPU unhealthy: test that GPU.
+    AutoUnhealthyGpuWatch,
+    /// Once, when the agent starts on the node (the reference runs it in an init
+    /// container before a workload; here the agent has no such hook).
+    PreStartJobCheck,
+    /// The Node annotation `amd.com/gpu-test-request`, or `gpu-operator check`.
+    Manual,
+    /// Every `IntervalSeconds` (extension).
+    Periodic,
+}
+
+impl Trigger {
+    pub const ALL: [Trigger; 4] = [
+        Trigger::AutoUnhealthyGpuWatch,
+        Trigger::PreStartJobCheck,
+        Trigger::Manual,
+        Trigger::Periodic,
+    ];
+
+    /// The name in `config.json`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Trigger::AutoUnhealthyGpuWatch => "AUTO_UNHEALTHY_GPU_WATCH",
+            Trigger::PreStartJobCheck => "PRE_START_JOB_CHECK",
+            Trigger::Manual => "MANUAL",
+            Trigger::Periodic => "PERIODIC",
+        }
+    }
+
+    /// The value of the `testrunner.amd.com/trigger` Event label and of log file
+    /// names: the name in lower case, as the reference writes it.
+    pub fn label_value(self) -> String {
+        self.name().to_ascii_lowercase()
+    }
+
+    /// Parses a trigger name, ignoring case.
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL
+            .into_iter()
+            .find(|t| t.name().eq_ignore_ascii_case(name))
+    }
+}
+
+impl fmt::Display for Trigger {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The tool a test case runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub enum Framework {
+    /// ROCm Validation Suite: `rvs -c <conf dir>/<recipe>.conf`.
+    #[default]
+    Rvs,
+    /// AMD GPU Field Health Check: `agfhc -r <recipe>`.
+    Agfhc,
+    /// Any program named in `Command` (extension).
+    Command,
+}
+
+impl Framework {
+    /// The name in `config.json` and in the `testrunner.amd.com/framework` label.
+    pub fn name(self) -> &'static str {
+        match self {
+            Framework::Rvs => "RVS",
+            Framework::Agfhc => "AGFHC",
+            Framework::Command => "COMMAND",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<Self> {
+        [Framework::Rvs, Framework::Agfhc, Framework::Command]
+            .into_iter()
+            .find(|f| f.name().eq_ignore_ascii_case(name))
+    }
+}
+
+/// One test case: what to run and how often.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TestCase {
+    pub framework: Framework,
+    pub recipe: String,
+    pub iterations: u32,
+    /// Stop the remaining iterations after one fails or times out.
+    pub stop_on_failure: bool,
+    /// Limit of each iteration.
+    pub timeout: Duration,
+    /// Extra command line arguments.
+    pub arguments: Vec<String>,
+    /// GPU indexes to test; empty for all.
+    pub device_ids: Vec<u32>,
+    /// The program and its arguments, for [`Framework::Command`].
+    pub command: Vec<String>,
+}
+
+impl TestCase {
+    /// A test case with the reference's defaults.
+    pub fn new(recipe: impl Into<String>) -> Self {
+        Self {
+            framework: Framework::Rvs,
+            recipe: recipe.into(),
+            iterations: DEFAULT_ITERATIONS,
+            stop_on_failure: DEFAULT_STOP_ON_FAILURE,
+            timeout: DEFAULT_TIMEOUT,
+            arguments: Vec::new(),
+            device_ids: Vec::new(),
+            command: Vec::new(),
+        }
+    }
+}
+
+/// The test cases of one trigger.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TriggerConfig {
+    pub test_cases: Vec<TestCase>,
+    /// Time between runs, for [`Trigger::Periodic`].
+    pub interval: Option<Duration>,
+}
+
+/// The triggers of one `TestLocationTrigger` entry (`global` or a node name).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LocationConfig {
+    pub triggers: BTreeMap<Trigger, TriggerConfig>,
+}
+
+/// The `GPU_HEALTH_CHECK` configuration, by location.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TestConfig {
+    pub locations: BTreeMap<String, LocationConfig>,
+}
+
+impl Default for TestConfig {
+    /// What applies without a ConfigMap: `gst_single` for unhealthy GPUs and for
+    /// manual requests, everywhere. Unlike the reference default there is no
+    /// `PRE_START_JOB_CHECK` entry, because here it runs when the agent starts: an
+    /// hour-long stress test on every agent restart must be asked for.
+    fn default() -> Self {
+        let one = |recipe: &str| TriggerConfig {
+            test_cases: vec![TestCase::new(recipe)],
+            interval: None,
+        };
+        let global = LocationConfig {
+            triggers: [
+                (Trigger::AutoUnhealthyGpuWatch, one(DEFAULT_RECIPE)),
+                (Trigger::Manual, one(DEFAULT_RECIPE)),
+            ]
+            .into(),
+        };
+        Self {
+            locations: [(GLOBAL.to_owned(), global)].into(),
+        }
+    }
+}
+
+impl TestConfig {
+    /// The entry that applies to `node`: its own, else `global`.
+    pub fn location(&self, node: &str) -> Option<&LocationConfig> {
+        self.locations
+            .get(node)
+            .or_else(|| self.locations.get(GLOBAL))
+    }
+
+    /// The configuration of `trigger` on `node`, if any.
+    pub fn trigger(&self, node: &str, trigger: Trigger) -> Option<&TriggerConfig> {
+        self.location(node)?.triggers.get(&trigger)
+    }
+}
+
+/// A configuration that cannot be used, with the path of the offending field
+/// (`TestConfig.GPU_HEALTH_CHECK.TestLocationTrigger.global...`).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{path}: {message}")]
+pub struct ConfigError {
+    pub path: String,
+    pub message: String,
+}
+
+/// A parsed configuration and what was ignored in it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Parsed {
+    pub config: TestConfig,
+    pub warnings: Vec<String>,
+}
+
+/// Parses `config.json`.
+pub fn parse_config(text: &str) -> Result<Parsed, ConfigError> {
+    let root: Value = serde_json::from_str(text).map_err(|e| ConfigError {
+        path: format!("{CONFIG_KEY} (line {}, column {})", e.line(), e.column()),
+        message: format!("not valid JSON: {e}"),
+    })?;
+    let mut p = Parser::default();
+    let root = p.object(&root, "")?;
+    let mut config = TestConfig {
+        locations: BTreeMap::new(),
+    };
+    let mut categories = None;
+    for (key, value) in root {
+        if key == "TestConfig" {
+            categories = Some(p.object(value, "TestConfig")?);
+        } else {
+            p.unknown(key, "");
+        }
+    }
+    let categories = categories.ok_or_else(|| err("TestConfig", "required"))?;
+    let mut found = false;
+    for (key, value) in categories {
+        let path = format!("TestConfig.{key}");
+        if !key.eq_ignore_ascii_case(CATEGORY) {
+            p.warnings.push(format!(
+                "{path}: unknown test category (only {CATEGORY} is known); ignored"
+            ));
+            continue;
+        }
+        found = true;
+        config.locations = p.category(value, &path)?;
+    }
+    if !found {
+        return Err(err(
+            format!("TestConfig.{CATEGORY}"),
+            "required (the only test category)",
+        ));
+    }
+    Ok(Parsed {
+        config,
+        warnings: p.warnings,
+    })
+}
+
+fn err(path: impl Into<String>, message: impl Into<String>) -> ConfigError {
+    ConfigError {
+        path: path.into(),
+        message: message.into(),
+    }
+}
+
+fn join(path: &str, key: &str) -> String {
+    if path.is_empty() {
+        key.to_owned()
+    } else {
+        format!("{path}.{key}")
+    }
+}
+
+#[derive(Default)]
+struct Parser {
+    warnings: Vec<String>,
+}
+
+impl Parser {
+    fn unknown(&mut self, key: &str, path: &str) {
+        self.warnings
+            .push(format!("{}: unknown field; ignored", join(path, key)));
+    }
+
+    fn object<'a>(
+        &self,
+        value: &'a Value,
+        path: &str,
+    ) -> Result<&'a Map<String, Value>, ConfigError> {
+        value
+            .as_object()
+            .ok_or_else(|| err(path, format!("must be an object, found {}", kind(value))))
+    }
+
+    fn category(
+        &mut self,
+        value: &Value,
+        path: &str,
+    ) -> Result<BTreeMap<String, LocationConfig>, ConfigError> {
+        let mut locations_value = None;
+        for (key, v) in self.object(value, path)? {
+            if key == "TestLocationTrigger" {
+                locations_value = Some(v);
+            } else {
+                self.unknown(key, path);
+            }
+        }
+        let path = join(path, "TestLocationTrigger");
+        let locations_value = locations_value.ok_or_else(|| err(&path, "required"))?;
+        let mut locations = BTreeMap::new();
+        for (location, v) in self.object(locations_value, &path)? {
+            let path = join(&path, location);
+            locations.insert(location.clone(), self.location(v, &path)?);
+        }
+        if locations.is_empty() {
+            return Err(err(
+                path,
+                format!("needs \"{GLOBAL}\" or a node name; none given"),
+            ));
+        }
+        Ok(locations)
+    }
+
+    fn location(&mut self, value: &Value, path: &str) -> Result<LocationConfig, ConfigError> {
+        let mut params = None;
+        for (key, v) in self.object(value, path)? {
+            if key == "TestParameters" {
+                params = Some(v);
+            } else {
+                self.unknown(key, path);
+            }
+        }
+        let path = join(path, "TestParameters");
+        let params = params.ok_or_else(|| err(&path, "required"))?;
+        let mut triggers = BTreeMap::new();
+        for (name, v) in self.object(params, &path)? {
+            let path = join(&path, name);
+            let trigger = Trigger::parse(name).ok_or_else(|| {
+                err(
+                    &path,
+                    format!(
+                        "unknown trigger; expected one of {}",
+                        Trigger::ALL.map(Trigger::name).join(", ")
+                    ),
+                )
+            })?;
+            if triggers.contains_key(&trigger) {
+                return Err(err(path, "trigger given twice (names ignore case)"));
+            }
+            triggers.insert(trigger, self.trigger(trigger, v, &path)?);
+        }
+        Ok(LocationConfig { triggers })
+    }
+
+    fn trigger(
+        &mut self,
+        trigger: Trigger,
+        value: &Value,
+        path: &str,
+    ) -> Result<TriggerConfig, ConfigError> {
+        let mut cases = None;
+        let mut interval = None;
+        for (key, v) in self.object(value, path)? {
+            match key.as_str() {
+                "TestCases" => cases = Some(v),
+                "IntervalSeconds" if trigger == Trigger::Periodic => {
+                    interval = Some(seconds(v, &join(path, key))?);
+                }
+                // Log export is the reference's; this design keeps logs on the host.
+                "LogsExportConfig" => self.warnings.push(format!(
+                    "{}: log export is not supported; logs stay under logsLocation.hostPath",
+                    join(path, key)
+                )),
+                _ => self.unknown(key, path),
+            }
+        }
+        if trigger == Trigger::Periodic && interval.is_none() {
+            return Err(err(join(path, "IntervalSeconds"), "required for PERIODIC"));
+        }
+        let cases_path = join(path, "TestCases");
+        let cases = cases.ok_or_else(|| err(&cases_path, "required"))?;
+        let list = cases.as_array().ok_or_else(|| {
+            err(
+                &cases_path,
+                format!("must be a list, found {}", kind(cases)),
+            )
+        })?;
+        if list.is_empty() {
+            return Err(err(cases_path, "needs at least one test case"));
+        }
+        let test_cases = list
+            .iter()
+            .enumerate()
+            .map(|(i, v)| self.test_case(trigger, v, &format!("{cases_path}[{i}]")))
+            .collect::<Result<_, _>>()?;
+        Ok(TriggerConfig {
+            test_cases,
+            interval,
+        })
+    }
+
+    fn test_case(
+        &mut self,
+        trigger: Trigger,
+        value: &Value,
+        path: &str,
+    ) -> Result<TestCase, ConfigError> {
+        let mut case = TestCase::new(DEFAULT_RECIPE);
+        let mut framework_given = false;
+        for (key, v) in self.object(value, path)? {
+            let field = join(path, key);
+            match key.as_str() {
+                "Recipe" => {
+                    let recipe = string(v, &field)?;
+                    check_recipe(recipe).map_err(|m| err(&field, m))?;
+                    case.recipe = recipe.to_owned();
+                }
+                "Framework" => {
+                    let name = string(v, &field)?;
+                    // The reference treats an empty framework as RVS.
+                    if !name.is_empty() {
+                        case.framework = Framework::parse(name).ok_or_else(|| {
+                            err(&field, "unknown framework; expected RVS, AGFHC or COMMAND")
+                        })?;
+                        framework_given = true;
+                    }
+                }
+                "Iterations" => {
+                    let n = positive_u32(v, &field)?;
+                    case.iterations = n;
+                }
+                "StopOnFailure" => {
+                    case.stop_on_failure = v.as_bool().ok_or_else(|| {
+                        err(&field, format!("must be true or false, found {}", kind(v)))
+                    })?;
+                }
+                "TimeoutSeconds" => case.timeout = seconds(v, &field)?,
+                "Arguments" => case.arguments = arguments(v, &field)?,
+                "DeviceIDs" => {
+                    case.device_ids = device_ids(v, &field)?;
+                    if trigger == Trigger::AutoUnhealthyGpuWatch && !case.device_ids.is_empty() {
+                        self.warnings.push(format!(
+                            "{field}: ignored for {trigger}, which tests the unhealthy GPU"
+                        ));
+                    }
+                }
+                "Command" => case.command = string_list(v, &field)?,
+                _ => self.unknown(key, path),
+            }
+        }
+        if !framework_given && !case.command.is_empty() {
+            case.framework = Framework::Command;
+        }
+        match case.framework {
+            Framework::Command if case.command.is_empty() => {
+                return Err(err(
+                    join(path, "Command"),
+                    "required for the COMMAND framework",
+                ));
+            }
+            Framework::Rvs | Framework::Agfhc if !case.command.is_empty() => {
+                return Err(err(
+                    join(path, "Command"),
+                    format!(
+                        "only for the COMMAND framework; {} runs its own program",
+                        case.framework.name()
+                    ),
+                ));
+            }
+            _ => {}
+        }
+        Ok(case)
+    }
+}
+
+/// Recipe names become file names (`<recipe>.conf`) and label values, so they
+/// are restricted to what the reference's recipe names use, including the
+/// `levels/rvs_level_1` and `NPS4/CPX/gst_single` forms, and may not climb out
+/// of the recipe directory.
+pub fn check_recipe(recipe: &str) -> Result<(), String> {
+    if recipe.is_empty() {
+        return Err("must not be empty".into());
+    }
+    if recipe.len() > 200 {
+        return Err("longer than 200 characters".into());
+    }
+    if let Some(c) = recipe
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '/')))
+    {
+        return Err(format!(
+            "{recipe:?}: character {c:?} is not allowed in a recipe name"
+        ));
+    }
+    if recipe.starts_with('/')
+        || recipe
+            .split('/')
+            .any(|part| part.is_empty() || part == "..")
+    {
+        return Err(format!(
+            "{recipe:?}: must be a relative name without empty or \"..\" parts"
+        ));
+    }
+    Ok(())
+}
+
+fn kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "an object",
+    }
+}
+
+fn string<'a>(value: &'a Value, path: &str) -> Result<&'a str, ConfigError> {
+    value
+        .as_str()
+        .ok_or_else(|| err(path, format!("must be a string, found {}", kind(value))))
+}
+
+fn positive_u32(value: &Value, path: &str) -> Result<u32, ConfigError> {
+    let n = value
+        .as_u64()
+        .ok_or_else(|| err(path, format!("must be a positive integer, found {value}")))?;
+    if n == 0 {
+        return Err(err(path, "must be at least 1"));
+    }
+    u32::try_from(n).map_err(|_| err(path, format!("{n} is too large")))
+}
+
+fn seconds(value: &Value, path: &str) -> Result<Duration, ConfigError> {
+    let s = value.as_f64().ok_or_else(|| {
+        err(
+            path,
+            format!("must be a number of seconds, found {}", kind(value)),
+        )
+    })?;
+    if !(s > 0.0) {
+        return Err(err(path, format!("must be more than 0, found {value}")));
+    }
+    if s > f64::from(u32::MAX) {
+        return Err(err(path, format!("{value} is too large")));
+    }
+    Ok(Duration::from_secs_f64(s))
+}
+
+/// The reference's comma-separated string (`"--parallel,--debug,5"`), or a list.
+fn arguments(value: &Value, path: &str) -> Result<Vec<String>, ConfigError> {
+    match value {
+        Value::String(s) => Ok(s
+            .split(',')
+            .map(str::trim)
+            .filter(|a| !a.is_empty())
+            .map(str::to_owned)
+            .collect()),
+        _ => string_list(value, path),
+    }
+}
+
+fn string_list(value: &Value, path: &str) -> Result<Vec<String>, ConfigError> {
+    let list = value.as_array().ok_or_else(|| {
+        err(
+            path,
+            format!("must be a list of strings, found {}", kind(value)),
+        )
+    })?;
+    list.iter()
+        .enumerate()
+        .map(|(i, v)| string(v, &format!("{path}[{i}]")).map(str::to_owned))
+        .collect()
+}
+
+/// GPU indexes, as strings in the reference (`["0", "1"]`); numbers are accepted too.
+fn device_ids(value: &Value, path: &str) -> Result<Vec<u32>, ConfigError> {
+    let list = value.as_array().ok_or_else(|| {
+        err(
+            path,
+            format!("must be a list of GPU indexes, found {}", kind(value)),
+        )
+    })?;
+    let mut ids = Vec::new();
+    for (i, v) in list.iter().enumerate() {
+        let item = format!("{path}[{i}]");
+        let id = match v {
+            Value::String(s) => s.trim().parse::<u32>().ok(),
+            Value::Number(n) => n.as_u64().and_then(|n| u32::try_from(n).ok()),
+            _ => None,
+        }
+        .ok_or_else(|| {
+            err(
+                &item,
+                format!("must be a GPU index such as \"0\", found {v}"),
+            )
+        })?;
+        if !ids.contains(&id) {
+            ids.push(id);
+        }
+    }
+    Ok(ids)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The example ConfigMap of the reference's documentation.
+    const REFERENCE_EXAMPLE: &str = r#"{
+      "TestConfig": {
+        "GPU_HEALTH_CHECK": {
+          "TestLocationTrigger": {
+            "global": {
+              "TestParameters": {
+                "AUTO_UNHEALTHY_GPU_WATCH": {
+                  "TestCases": [
+                    {
+                      "Recipe": "gst_single",
+                      "Iterations": 1,
+                      "StopOnFailure": true,
+                      "TimeoutSeconds": 600,
+                      "Arguments": "--parallel"
+                    }
+                  ]
+                }
+              }
+            },
+            "node1": {
+              "TestParameters": {
+                "AUTO_UNHEALTHY_GPU_WATCH": {
+                  "TestCases": [
+                    {
+                      "Recipe": "mem",
+                      "Iterations": 1,
+                      "StopOnFailure": true,
+                      "TimeoutSeconds": 600,
+                      "Arguments": "--parallel"
+                    }
+                  ]
+                }
+              }
+            }
+          }
+        }
+      }
+    }"#;
+
+    fn parse_err(text: &str) -> ConfigError {
+        parse_config(text).expect_err("should be rejected")
+    }
+
+    fn wrap_case(case: &str) -> String {
+        format!(
+            r#"{{"TestConfig":{{"GPU_HEALTH_CHECK":{{"TestLocationTrigger":{{"global":{{"TestParameters":{{"MANUAL":{{"TestCases":[{case}]}}}}}}}}}}}}}}"#
+        )
+    }
+
+    #[test]
+    fn parses_the_reference_example() {
+        let parsed = parse_config(REFERENCE_EXAMPLE).unwrap();
+        assert!(parsed.warnings.is_empty(), "{:?}", parsed.warnings);
+        let config = parsed.config;
+        let global = config
+            .trigger("some-node", Trigger::AutoUnhealthyGpuWatch)
+            .unwrap();
+        assert_eq!(
+            global.test_cases,
+            vec![TestCase {
+                timeout: Duration::from_secs(600),
+                arguments: vec!["--parallel".into()],
+                ..TestCase::new("gst_single")
+            }]
+        );
+        let node1 = config
+            .trigger("node1", Trigger::AutoUnhealthyGpuWatch)
+            .unwrap();
+        assert_eq!(node1.test_cases[0].recipe, "mem");
+        assert_eq!(node1.test_cases[0].framework, Framework::Rvs);
+    }
+
+    #[test]
+    fn a_node_entry_replaces_global_entirely() {
+        let text = r#"{"TestConfig":{"gpu_health_check":{"TestLocationTrigger":{
+            "global":{"TestParameters":{"AUTO_UNHEALTHY_GPU_WATCH":{"TestCases":[{"Recipe":"gst_single"}]},
+                                        "manual":{"TestCases":[{"Recipe":"babel"}]}}},
+            "node1":{"TestParameters":{"MANUAL":{"TestCases":[{"Recipe":"mem","Iterations":3}]}}}}}}}"#;
+        let config = parse_config(text).unwrap().config;
+        assert_eq!(
+            config.trigger("node1", Trigger::Manual).unwrap().test_cases[0].iterations,
+            3
+        );
+        // node1 has its own entry, so global's AUTO trigger does not apply to it.
+        assert!(
+            config
+                .trigger("node1", Trigger::AutoUnhealthyGpuWatch)
+                .is_none()
+        );
+        assert_eq!(
+            config.trigger("node2", Trigger::Manual).unwrap().test_cases[0].recipe,
+            "babel"
+        );
+        assert!(config.trigger("node2", Trigger::PreStartJobCheck).is_none());
+    }
+
+    #[test]
+    fn defaults_fill_missing_fields() {
+        let config = parse_config(&wrap_case("{}")).unwrap().config;
+        let case = &config.trigger("n", Trigger::Manual).unwrap().test_cases[0];
+        assert_eq!(*case, TestCase::new("gst_single"));
+        assert_eq!(case.iterations, 1);
+        assert!(case.stop_on_failure);
+        assert_eq!(case.timeout, Duration::from_secs(3600));
+    }
+
+    #[test]
+    fn agfhc_and_device_ids_and_extensions() {
+        let config = parse_config(&wrap_case(
+            r#"{"Framework":"agfhc","Recipe":"all_lvl1","TimeoutSeconds":0.25,
+                "DeviceIDs":["0","1","1"],"Arguments":"--ignore-dmesg, --disable-sysmon"}"#,
+        ))
+        .unwrap()
+        .config;
+        let case = &config.trigger("n", Trigger::Manual).unwrap().test_cases[0];
+        assert_eq!(case.framework, Framework::Agfhc);
+        assert_eq!(case.timeout, Duration::from_millis(250));
+        assert_eq!(case.device_ids, vec![0, 1]);
+        assert_eq!(case.arguments, vec!["--ignore-dmesg", "--disable-sysmon"]);
+
+        let config = parse_config(&wrap_case(
+            r#"{"Recipe":"smoke","Command":["/bin/true","x"]}"#,
+        ))
+        .unwrap()
+        .config;
+        let case = &config.trigger("n", Trigger::Manual).unwrap().test_cases[0];
+        assert_eq!(case.framework, Framework::Command);
+        assert_eq!(case.command, vec!["/bin/true", "x"]);
+    }
+
+    #[test]
+    fn periodic_needs_an_interval() {
+        let text = r#"{"TestConfig":{"GPU_HEALTH_CHECK":{"TestLocationTrigger":{"global":{"TestParameters":
+            {"PERIODIC":{"IntervalSeconds":86400,"TestCases":[{"Recipe":"babel"}]}}}}}}}"#;
+        let config = parse_config(text).unwrap().config;
+        let periodic = config.trigger("n", Trigger::Periodic).unwrap();
+        assert_eq!(periodic.interval, Some(Duration::from_secs(86400)));
+        let e = parse_err(&text.replace(r#""IntervalSeconds":86400,"#, ""));
+        assert_eq!(
+            e.path,
+            "TestConfig.GPU_HEALTH_CHECK.TestLocationTrigger.global.TestParameters.PERIODIC.IntervalSeconds"
+        );
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let cases = [
+            (
+                r#"{"Iterations":0}"#,
+                "TestCases[0].Iterations",
+                "at least 1",
+            ),
+            (
+                r#"{"TimeoutSeconds":0}"#,
+                "TestCases[0].TimeoutSeconds",
+                "more than 0",
+            ),
+            (
+                r#"{"Iterations":"2"}"#,
+                "TestCases[0].Iterations",
+                "positive integer",
+            ),
+            (
+                r#"{"StopOnFailure":"yes"}"#,
+                "TestCases[0].StopOnFailure",
+                "true or false",
+            ),
+            (
+                r#"{"Framework":"DCGM"}"#,
+                "TestCases[0].Framework",
+                "unknown framework",
+            ),
+            (
+                r#"{"Recipe":"../../etc/passwd"}"#,
+                "TestCases[0].Recipe",
+                "..",
+            ),
+            (r#"{"Recipe":"a b"}"#, "TestCases[0].Recipe", "not allowed"),
+            (
+                r#"{"DeviceIDs":["zero"]}"#,
+                "TestCases[0].DeviceIDs[0]",
+                "GPU index",
+            ),
+            (
+                r#"{"Framework":"COMMAND"}"#,
+                "TestCases[0].Command",
+                "required",
+            ),
+            (r#"{"Command":[1]}"#, "TestCases[0].Command[0]", "string"),
+            (
+                r#"{"Framework":"RVS","Command":["x"]}"#,
+                "TestCases[0].Command",
+                "only for",
+            ),
+        ];
+        let prefix =
+            "TestConfig.GPU_HEALTH_CHECK.TestLocationTrigger.global.TestParameters.MANUAL.";
+        for (case, path, message) in cases {
+            let e = parse_err(&wrap_case(case));
+            assert_eq!(e.path, format!("{prefix}{path}"), "{case}: {e}");
+            assert!(e.message.contains(message), "{case}: {e}");
+        }
+    }
+
+    #[test]
+    fn structural_errors() {
+        let e = parse_err("{\"TestConfig\": ");
+        assert!(e.path.starts_with("config.json (line 1"), "{e}");
+        assert!(e.message.contains("not valid JSON"), "{e}");
+        assert_eq!(parse_err("{}").path, "TestConfig");
+        assert_eq!(parse_err("[]").message, "must be an object, found a list");
+        assert_eq!(
+            parse_err(r#"{"TestConfig":{"OTHER":{}}}"#).path,
+            "TestConfig.GPU_HEALTH_CHECK"
+        );
+        let e = parse_err(
+            r#"{"TestConfig":{"GPU_HEALTH_CHECK":{"TestLocationTrigger":{"global":{"TestParameters":{"AUTO_UNHEALTHY":{"TestCases":[{}]}}}}}}}"#,
+        );
+        assert_eq!(
+            e.path,
+            "TestConfig.GPU_HEALTH_CHECK.TestLocationTrigger.global.TestParameters.AUTO_UNHEALTHY"
+        );
+        assert!(e.message.contains("AUTO_UNHEALTHY_GPU_WATCH"), "{e}");
+        let e = parse_err(
+            r#"{"TestConfig":{"GPU_HEALTH_CHECK":{"TestLocationTrigger":{"global":{"TestParameters":{"MANUAL":{"TestCases":[]}}}}}}}"#,
+        );
+        assert!(e.path.ends_with("MANUAL.TestCases"), "{e}");
+        let e = parse_err(
+            r#"{"TestConfig":{"GPU_HEALTH_CHECK":{"TestLocationTrigger":{"global":{"TestParameters":{"MANUAL":{"TestCases":[{}]},"manual":{"TestCases":[{}]}}}}}}}"#,
+        );
+        assert!(e.message.contains("twice"), "{e}");
+    }
+
+    #[test]
+    fn unknown_fields_are_warnings() {
+        let parsed = parse_config(&wrap_case(r#"{"Recipe":"mem","Colour":"blue"}"#)).unwrap();
+        assert_eq!(
+            parsed.warnings,
+            vec![
+                "TestConfig.GPU_HEALTH_CHECK.TestLocationTrigger.global.TestParameters.MANUAL.TestCases[0].Colour: unknown field; ignored"
+            ]
+        );
+    }
+
+    #[test]
+    fn default_config_covers_unhealthy_and_manual_only() {
+        let config = TestConfig::default();
+        for trigger in [Trigger::AutoUnhealthyGpuWatch, Trigger::Manual] {
+            assert_eq!(
+                config.trigger("any", trigger).unwrap().test_cases,
+                vec![TestCase::new("gst_single")]
+            );
+        }
+        assert!(config.trigger("any", Trigger::PreStartJobCheck).is_none());
+        assert!(config.trigger("any", Trigger::Periodic).is_none());
+    }
+
+    #[test]
+    fn recipe_names() {
+        for good in [
+            "gst_single",
+            "levels/rvs_level_1",
+            "NPS4/CPX/gst_single",
+            "all_lvl1",
+        ] {
+            assert_eq!(check_recipe(good), Ok(()), "{good}");
+        }
+        for bad in ["", "/etc/x", "a//b", "a/../b", "..", "a;rm", "x y"] {
+            assert!(check_recipe(bad).is_err(), "{bad}");
+        }
+    }
+}

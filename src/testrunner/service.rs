@@ -1,0 +1,441 @@
+//! [`TestRunnerService`]: the supervised node service that turns triggers into
+//! test runs and reports their results.
+//!
+//! Inputs: the configuration (a `watch`, through the supervisor), the GPU
+//! inventory, the agent's own Node (for the test-request annotation and the
+//! Node's uid), and an mpsc stream of [`GpuUnhealthy`] from the health
+//! monitor. One loop owns the [`Scheduler`] and [`ManualTracker`]; each started
+//! run is a task of its own that runs its test cases one after the other and
+//! reports each. Stopping the service kills the running tests' process groups,
+//! removes their running labels and publishes no result for them; a manual
+//! request cut short this way keeps its annotation and runs again on the next
+//! start, like the reference reruns tests interrupted by a restart.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use k8s_openapi::api::core::v1::Node;
+use kube::{Client, ResourceExt};
+use tokio::sync::{Mutex, mpsc, watch};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::command::Commands;
+use super::config::{CATEGORY, TestConfig, Trigger, parse_config};
+use super::decide::{
+    ManualTracker, RunId, Scheduler, Start, Submitted, TEST_REQUEST_ANNOTATION, manual_request,
+    periodic_request, pre_start_request, select_gpus, unhealthy_request,
+};
+use super::execute::{CaseReport, run_case};
+use super::gpus::{TargetGpu, read_targets};
+use super::kube::{CONFIG_ERROR_REASON, EventContent, Kube, resource_version};
+use super::report::{LABEL_PREFIX, label_value, running_label_key};
+use super::stats::{RunningTest, TestRunnerStats};
+use super::{GpuUnhealthy, TestRunnerConfig};
+use crate::agent::supervisor::{Service, ServiceError, ServiceFuture};
+use crate::device::Inventory;
+
+/// The test runner as a node service.
+pub struct TestRunnerService {
+    client: Option<Client>,
+    inventory: watch::Receiver<Arc<Inventory>>,
+    node: watch::Receiver<Option<Arc<Node>>>,
+    unhealthy: Mutex<mpsc::Receiver<GpuUnhealthy>>,
+    stats: watch::Sender<TestRunnerStats>,
+    pre_start_done: AtomicBool,
+}
+
+impl TestRunnerService {
+    /// `client` is `None` without Kubernetes: tests still run and log, but no
+    /// Events, labels or annotations are written. `node` is the agent's watch
+    /// of its own Node (`None` until seen).
+    pub fn new(
+        client: Option<Client>,
+        inventory: watch::Receiver<Arc<Inventory>>,
+        node: watch::Receiver<Option<Arc<Node>>>,
+        unhealthy: mpsc::Receiver<GpuUnhealthy>,
+    ) -> Self {
+        Self {
+            client,
+            inventory,
+            node,
+            unhealthy: Mutex::new(unhealthy),
+            stats: watch::Sender::new(TestRunnerStats::default()),
+            pre_start_done: AtomicBool::new(false),
+        }
+    }
+
+    /// The runner's figures for the metrics exporter; changes on every run
+    /// start, end and queue change.
+    pub fn stats(&self) -> watch::Receiver<TestRunnerStats> {
+        self.stats.subscribe()
+    }
+}
+
+/// What a run needs, fixed when it starts.
+struct RunContext {
+    node_name: String,
+    logs_dir: PathBuf,
+    commands: Commands,
+    kube: Option<Kube>,
+    stats: watch::Sender<TestRunnerStats>,
+}
+
+/// A finished run, for the loop's bookkeeping.
+struct Finished {
+    id: RunId,
+    /// The annotation value it answered and the Node's resourceVersion after
+    /// the annotation was removed; `None` when the run was cancelled.
+    manual: Option<(String, Option<u64>)>,
+}
+
+fn parse(config: &TestRunnerConfig) -> Result<TestConfig, String> {
+    match &config.config_text {
+        None => Ok(TestConfig::default()),
+        Some(text) => {
+            let parsed = parse_config(text).map_err(|e| e.to_string())?;
+            for warning in &parsed.warnings {
+                tracing::warn!(%warning, "testRunner config");
+            }
+            Ok(parsed.config)
+        }
+    }
+}
+
+fn periodic_interval(tests: &TestConfig, node: &str) -> Option<Duration> {
+    tests
+        .trigger(node, Trigger::Periodic)
+        .and_then(|t| t.interval)
+}
+
+impl Service for TestRunnerService {
+    type Config = TestRunnerConfig;
+
+    fn name(&self) -> &'static str {
+        "testRunner"
+    }
+
+    fn run(
+        self: Arc<Self>,
+        mut config: watch::Receiver<TestRunnerConfig>,
+        cancel: CancellationToken,
+    ) -> ServiceFuture {
+        Box::pin(async move {
+            // Held for the whole run: the supervisor runs one instance at a time.
+            let mut unhealthy = self.unhealthy.lock().await;
+            let mut current = config.borrow_and_update().clone();
+            let mut tests = parse(&current)
+                .map_err(|e| ServiceError::new(format!("testRunner config: {e}")))?;
+            let mut ctx = self.context(&current)?;
+            let mut scheduler = Scheduler::default();
+            let mut manual = ManualTracker::default();
+            let mut runs: JoinSet<Finished> = JoinSet::new();
+            let runs_cancel = CancellationToken::new();
+            let mut node = self.node.clone();
+            let mut inventory = self.inventory.clone();
+            let mut unhealthy_open = true;
+
+            if !self.pre_start_done.swap(true, Ordering::SeqCst)
+                && let Some(request) = pre_start_request(&tests, &current.node_name)
+            {
+                scheduler.submit(request);
+            }
+            let mut period = periodic_interval(&tests, &current.node_name);
+            let mut next_periodic = period.map(|p| Instant::now() + p);
+
+            loop {
+                let node_copy = node.borrow_and_update().clone();
+                if let Some(n) = &node_copy {
+                    let annotation = n.annotations().get(TEST_REQUEST_ANNOTATION);
+                    if let Some(value) = manual.observe(
+                        annotation.map(String::as_str),
+                        resource_version(n),
+                        &scheduler.manual_in_flight(),
+                    ) {
+                        match manual_request(&tests, &current.node_name, &value) {
+                            Ok(request) => {
+                                tracing::info!(recipe = %value, "test requested by Node annotation");
+                                scheduler.submit(request);
+                            }
+                            Err(why) => {
+                                let removed = self.reject_request(&ctx, n, &value, &why).await;
+                                manual.handled(value, removed);
+                            }
+                        }
+                    }
+                }
+                let targets = read_targets(&inventory.borrow_and_update(), &current.host);
+                let bdfs = targets.iter().map(|t| t.bdf.clone()).collect();
+                for start in scheduler.start_ready(&bdfs) {
+                    let uid = node_copy.as_ref().and_then(|n| n.uid());
+                    runs.spawn(execute(
+                        ctx.clone(),
+                        start,
+                        targets.clone(),
+                        uid,
+                        runs_cancel.child_token(),
+                    ));
+                }
+                let queued = scheduler.queued();
+                self.stats.send_if_modified(|s| {
+                    let changed = s.queued != queued;
+                    s.queued = queued;
+                    changed
+                });
+
+                tokio::select! {
+                    _ = cancel.cancelled() => break,
+                    changed = config.changed() => {
+                        if changed.is_err() {
+                            break;
+                        }
+                        let next = config.borrow_and_update().clone();
+                        // A bad update keeps the last good configuration: tests
+                        // keep running and the Node gets a Warning Event.
+                        match parse(&next) {
+                            Ok(parsed) => tests = parsed,
+                            Err(e) => {
+                                tracing::warn!(error = %e, "testRunner config rejected; keeping the previous one");
+                                self.config_error(&ctx, node_copy.as_deref(), &e).await;
+                            }
+                        }
+                        if next.logs_dir != current.logs_dir
+                            || next.commands != current.commands
+                            || next.node_name != current.node_name
+                            || next.host != current.host
+                        {
+                            ctx = self.context(&next)?;
+                        }
+                        current = next;
+                        let interval = periodic_interval(&tests, &current.node_name);
+                        if interval != period {
+                            period = interval;
+                            next_periodic = period.map(|p| Instant::now() + p);
+                        }
+                    }
+                    _ = node.changed() => {}
+                    _ = inventory.changed() => {}
+                    message = unhealthy.recv(), if unhealthy_open => match message {
+                        Some(gpu) => {
+                            if let Some(request) = unhealthy_request(&tests, &current.node_name, &gpu.bdf) {
+                                let submitted = scheduler.submit(request);
+                                tracing::info!(bdf = %gpu.bdf, reasons = ?gpu.reasons, ?submitted, "unhealthy GPU");
+                            }
+                        }
+                        None => unhealthy_open = false,
+                    },
+                    _ = sleep_until(next_periodic), if next_periodic.is_some() => {
+                        if let Some(request) = periodic_request(&tests, &current.node_name) {
+                            if scheduler.submit(request) == Submitted::Duplicate {
+                                tracing::info!("periodic test still waiting for its GPUs; not queued twice");
+                            }
+                        }
+                        next_periodic = period.map(|p| Instant::now() + p);
+                    }
+                    Some(done) = runs.join_next(), if !runs.is_empty() => {
+                        match done {
+                            Ok(finished) => {
+                                scheduler.finish(finished.id);
+                                if let Some((value, removed)) = finished.manual {
+                                    manual.handled(value, removed);
+                                }
+                            }
+                            // A run task cannot panic short of a bug; its GPUs
+                            // stay claimed, which is the safe side.
+                            Err(e) => tracing::error!(error = %e, "test run task failed"),
+                        }
+                    }
+                }
+            }
+            runs_cancel.cancel();
+            while runs.join_next().await.is_some() {}
+            self.stats.send_modify(|s| {
+                s.running.clear();
+                s.queued = 0;
+            });
+            Ok(())
+        })
+    }
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
+
+impl TestRunnerService {
+    fn context(&self, config: &TestRunnerConfig) -> Result<Arc<RunContext>, ServiceError> {
+        std::fs::create_dir_all(&config.logs_dir).map_err(|e| {
+            ServiceError::new(format!(
+                "test logs directory {}: {e}",
+                config.logs_dir.display()
+            ))
+        })?;
+        Ok(Arc::new(RunContext {
+            node_name: config.node_name.clone(),
+            logs_dir: config.logs_dir.clone(),
+            commands: config.commands.clone(),
+            kube: self
+                .client
+                .clone()
+                .map(|c| Kube::new(c, config.node_name.clone())),
+            stats: self.stats.clone(),
+        }))
+    }
+
+    /// An unusable test request: say why on the Node and remove it.
+    async fn reject_request(
+        &self,
+        ctx: &RunContext,
+        node: &Node,
+        value: &str,
+        why: &str,
+    ) -> Option<u64> {
+        let message = format!("{TEST_REQUEST_ANNOTATION}={value:?}: {why}");
+        tracing::warn!(%message, "test request rejected");
+        self.config_error(ctx, Some(node), &message).await;
+        let kube = ctx.kube.as_ref()?;
+        match kube.remove_request(value).await {
+            Ok(removed) => removed,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot remove the rejected test request");
+                None
+            }
+        }
+    }
+
+    async fn config_error(&self, ctx: &RunContext, node: Option<&Node>, message: &str) {
+        let Some(kube) = &ctx.kube else {
+            return;
+        };
+        let labels = [
+            ("category", CATEGORY.to_ascii_lowercase()),
+            ("hostname", label_value(&ctx.node_name)),
+        ]
+        .into_iter()
+        .map(|(k, v)| (format!("{LABEL_PREFIX}{k}"), v))
+        .collect();
+        let content = EventContent {
+            type_: "Warning".into(),
+            reason: CONFIG_ERROR_REASON.into(),
+            message: message.to_owned(),
+            labels,
+        };
+        if let Err(e) = kube
+            .publish(content, node.and_then(|n| n.metadata.uid.as_deref()))
+            .await
+        {
+            tracing::warn!(error = %e, "cannot record Event");
+        }
+    }
+}
+
+/// Runs a started request's test cases and reports each.
+async fn execute(
+    ctx: Arc<RunContext>,
+    start: Start,
+    targets: Vec<TargetGpu>,
+    node_uid: Option<String>,
+    cancel: CancellationToken,
+) -> Finished {
+    let trigger = start.request.trigger;
+    let mut cancelled = false;
+    for case in &start.request.cases {
+        let report = match select_gpus(&start.request.target, case, &targets) {
+            Err(why) => {
+                tracing::warn!(trigger = %trigger, recipe = %case.recipe, %why, "nothing to test");
+                CaseReport::nothing_tested(trigger, case, &why)
+            }
+            Ok(selection) => {
+                let running: Vec<RunningTest> = selection
+                    .gpus
+                    .iter()
+                    .map(|g| RunningTest {
+                        gpu_index: g.index,
+                        bdf: g.bdf.clone(),
+                        trigger,
+                        recipe: case.recipe.clone(),
+                    })
+                    .collect();
+                let keys: Vec<String> = selection
+                    .gpus
+                    .iter()
+                    .map(|g| running_label_key(&case.recipe, g.index))
+                    .collect();
+                ctx.stats.send_modify(|s| s.set_running(&running, true));
+                if let Some(kube) = &ctx.kube
+                    && let Err(e) = kube.set_running(&keys, true).await
+                {
+                    tracing::warn!(error = %e, "cannot set the test running labels");
+                }
+                let report = run_case(
+                    trigger,
+                    case,
+                    &selection.gpus,
+                    selection.pass_ids,
+                    &ctx.commands,
+                    &ctx.logs_dir,
+                    &cancel,
+                )
+                .await;
+                if let Some(kube) = &ctx.kube
+                    && let Err(e) = kube.set_running(&keys, false).await
+                {
+                    tracing::warn!(error = %e, "cannot remove the test running labels");
+                }
+                ctx.stats.send_modify(|s| s.set_running(&running, false));
+                report
+            }
+        };
+        if report.cancelled {
+            cancelled = true;
+            break;
+        }
+        let finished = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or_default();
+        ctx.stats.send_modify(|s| {
+            s.record(
+                trigger,
+                &case.recipe,
+                report.outcome,
+                report.duration,
+                finished,
+                report.gpu_indexes(),
+            )
+        });
+        if let Some(kube) = &ctx.kube
+            && let Err(e) = kube
+                .publish(report.event(&ctx.node_name), node_uid.as_deref())
+                .await
+        {
+            tracing::warn!(error = %e, reason = report.outcome.reason(), "cannot record the test result Event");
+        }
+    }
+    let manual = match (&start.request.manual, cancelled) {
+        (Some(value), false) => {
+            let removed = match &ctx.kube {
+                Some(kube) => match kube.remove_request(value).await {
+                    Ok(removed) => removed,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot remove the handled test request");
+                        None
+                    }
+                },
+                None => None,
+            };
+            Some((value.clone(), removed))
+        }
+        _ => None,
+    };
+    Finished {
+        id: start.id,
+        manual,
+    }
+}
