@@ -1,0 +1,422 @@
+//! The health monitor end to end: a simulated host whose files the tests break
+//! (ECC counts, device nodes, driver binding, temperatures, hung files), the
+//! monitor under a supervisor slot, and the Node written through the API
+//! emulator.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gpu_operator::agent::supervisor::Slot;
+use gpu_operator::device::{Inventory, discover};
+use gpu_operator::health::outputs::{
+    CONDITION_TYPE, EVENT_UNHEALTHY, REASON_HEALTHY, REASON_UNHEALTHY,
+};
+use gpu_operator::health::{
+    GpuHealth, HealthConfig, HealthMonitor, HealthSnapshot, HealthTransition, apply_node_health,
+    publish_node_health,
+};
+use gpu_operator::host::HostRoot;
+use gpu_operator::plugin::{DeviceRef, HealthReport};
+use gpu_operator::simulate::{self, SimSpec};
+use k8s_openapi::api::core::v1::Node;
+use kube::Api;
+use kube::runtime::events::{Recorder, Reporter};
+use kube_emulator::{Emulator, EmulatorConfig};
+use serde_json::json;
+use tokio::sync::{broadcast, watch};
+use tokio_util::sync::CancellationToken;
+
+const WAIT: Duration = Duration::from_secs(10);
+const GPU: &str = "0000:27:00.0";
+
+/// A temporary directory, in memory when the machine has /dev/shm (simulated
+/// hosts have thousands of files; deleting them from disk can take seconds).
+fn scratch() -> tempfile::TempDir {
+    let shm = Path::new("/dev/shm");
+    if shm.is_dir() {
+        if let Ok(dir) = tempfile::tempdir_in(shm) {
+            return dir;
+        }
+    }
+    tempfile::tempdir().unwrap()
+}
+
+struct Rig {
+    _dir: tempfile::TempDir,
+    host: HostRoot,
+    inventory: watch::Sender<Arc<Inventory>>,
+    slot: Slot<HealthMonitor>,
+    report: watch::Receiver<HealthReport>,
+    snapshot: watch::Receiver<Arc<HealthSnapshot>>,
+    transitions: broadcast::Receiver<HealthTransition>,
+}
+
+async fn start(profile: &str, partition: Option<&str>, exporter_config: Option<&str>) -> Rig {
+    let dir = scratch();
+    let host = HostRoot::new(dir.path().join("host"));
+    simulate::write_host(&host, &SimSpec::new(profile, None, partition).unwrap()).unwrap();
+    let inventory = watch::Sender::new(Arc::new(discover(&host)));
+    let monitor = HealthMonitor::new(inventory.subscribe());
+    let (report, mut snapshot, transitions) =
+        (monitor.report(), monitor.snapshot(), monitor.subscribe());
+    let mut slot = Slot::new(monitor);
+    slot.apply(Some(HealthConfig {
+        exporter_config: exporter_config.map(str::to_owned),
+        ..HealthConfig::new(host.clone())
+    }))
+    .await;
+    let gpus = inventory.borrow().gpus.len();
+    tokio::time::timeout(WAIT, snapshot.wait_for(|s| s.gpus.len() == gpus))
+        .await
+        .expect("first health sample in time")
+        .unwrap();
+    Rig {
+        _dir: dir,
+        host,
+        inventory,
+        slot,
+        report,
+        snapshot,
+        transitions,
+    }
+}
+
+impl Rig {
+    async fn until_report(&mut self, what: &str, want: impl Fn(&HealthReport) -> bool) -> Duration {
+        let started = Instant::now();
+        let mut report = self.report.clone();
+        if tokio::time::timeout(WAIT, report.wait_for(|r| want(r)))
+            .await
+            .is_err()
+        {
+            panic!("timed out waiting for {what}: {:?}", *self.report.borrow());
+        }
+        started.elapsed()
+    }
+
+    async fn until_gpu(&mut self, bdf: &str, healthy: bool) -> GpuHealth {
+        let mut snapshot = self.snapshot.clone();
+        let reached = tokio::time::timeout(
+            WAIT,
+            snapshot.wait_for(|s| s.gpus.get(bdf).is_some_and(|h| h.healthy == healthy)),
+        )
+        .await;
+        match reached {
+            Ok(Ok(s)) => s.gpus[bdf].clone(),
+            _ => panic!(
+                "{bdf} healthy={healthy} not reached: {:?}",
+                self.snapshot.borrow()
+            ),
+        }
+    }
+
+    fn pci(&self, bdf: &str, file: &str) -> String {
+        format!("/sys/devices/pci0000:00/{bdf}/{file}")
+    }
+}
+
+#[tokio::test]
+async fn an_uncorrectable_ecc_error_marks_the_gpu_unhealthy_and_it_recovers() {
+    let mut rig = start("mi300x", None, None).await;
+    assert!(rig.report.borrow().unhealthy.is_empty());
+    simulate::set_ecc_counts(&rig.host, GPU, "umc", 1, 3).unwrap();
+    let took = rig
+        .until_report("the ECC error", |r| {
+            r.unhealthy.contains_key(&DeviceRef::gpu(GPU))
+        })
+        .await;
+    // Latency is the benchmark's business; printed here for the curious.
+    eprintln!("ECC error reached the HealthReport after {took:?}");
+    let reason = rig.report.borrow().unhealthy[&DeviceRef::gpu(GPU)].clone();
+    assert_eq!(reason, "1 uncorrectable ECC errors in UMC (threshold 0)");
+    assert_eq!(rig.report.borrow().unhealthy.len(), 1, "only that GPU");
+    let t = tokio::time::timeout(WAIT, rig.transitions.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        t,
+        HealthTransition {
+            bdf: GPU.into(),
+            healthy: false,
+            reasons: vec![reason],
+            gpu_ids: vec![1],
+        }
+    );
+    // Correctable errors alone are fine.
+    simulate::set_ecc_counts(&rig.host, GPU, "umc", 0, 3).unwrap();
+    rig.until_report("recovery", |r| r.unhealthy.is_empty())
+        .await;
+    let t = tokio::time::timeout(WAIT, rig.transitions.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(t.healthy && t.reasons.is_empty());
+    rig.slot.stop().await;
+    assert!(rig.report.borrow().unhealthy.is_empty());
+}
+
+#[tokio::test]
+async fn partitions_of_an_unhealthy_gpu_are_all_named_in_the_snapshot() {
+    let mut rig = start("mi300x", Some("cpx_nps4"), None).await;
+    simulate::set_ecc_counts(&rig.host, GPU, "gfx", 2, 0).unwrap();
+    let health = rig.until_gpu(GPU, false).await;
+    assert_eq!(health.gpu_ids, (8..16).collect::<Vec<u32>>());
+    // The report names the whole GPU: the device plugin applies it to every
+    // partition.
+    assert_eq!(
+        rig.report.borrow().unhealthy.keys().collect::<Vec<_>>(),
+        [&DeviceRef::gpu(GPU)]
+    );
+}
+
+#[tokio::test]
+async fn thresholds_come_from_the_exporter_config_and_a_bad_config_keeps_them() {
+    let config = r#"{"GPUConfig": {"HealthThresholds": {
+        "GPU_ECC_UNCORRECT_UMC": 5, "GPU_JUNCTION_TEMPERATURE": 90}}}"#;
+    let mut rig = start("mi210", None, Some(config)).await;
+    let gpu = "0000:03:00.0";
+    simulate::set_ecc_counts(&rig.host, gpu, "umc", 5, 0).unwrap();
+    let hwmon = rig.pci(gpu, "hwmon/hwmon0/temp2_input");
+    rig.host.write(&hwmon, "95000\n").unwrap();
+    let health = rig.until_gpu(gpu, false).await;
+    assert_eq!(
+        health.reasons,
+        ["junction temperature at or above the critical 90 °C"],
+        "5 errors are within the threshold of 5"
+    );
+    // A broken config text is reported and the thresholds stay.
+    let monitor_config = HealthConfig {
+        exporter_config: Some("{ not json".into()),
+        ..HealthConfig::new(rig.host.clone())
+    };
+    rig.slot.apply(Some(monitor_config)).await;
+    rig.host.write(&hwmon, "60000\n").unwrap();
+    rig.until_gpu(gpu, true).await;
+    rig.host.write(&hwmon, "92000\n").unwrap();
+    let health = rig.until_gpu(gpu, false).await;
+    assert!(health.reasons[0].contains("90 °C"), "{health:?}");
+}
+
+#[tokio::test]
+async fn device_nodes_binding_and_vanished_gpus() {
+    let mut rig = start("mi300x", None, None).await;
+    // GPU 1 (bus 0x27) has render node 136 in the simulator's layout.
+    rig.host.remove_all("/dev/dri/renderD136").unwrap();
+    let health = rig.until_gpu(GPU, false).await;
+    assert_eq!(health.reasons, ["/dev/dri/renderD136 does not exist"]);
+    rig.host.write("/dev/dri/renderD136", "").unwrap();
+    rig.until_gpu(GPU, true).await;
+
+    let other = "0000:47:00.0";
+    rig.host
+        .remove_all(format!("/sys/bus/pci/drivers/amdgpu/{other}"))
+        .unwrap();
+    let health = rig.until_gpu(other, false).await;
+    assert!(
+        health.reasons[0].contains("not bound to amdgpu"),
+        "{health:?}"
+    );
+
+    // Discovery no longer lists a GPU: it is missing compared with the start.
+    let mut fewer = (**rig.inventory.borrow()).clone();
+    fewer.gpus.retain(|g| g.bdf != "0000:65:00.0");
+    rig.inventory.send_replace(Arc::new(fewer));
+    let health = rig.until_gpu("0000:65:00.0", false).await;
+    assert_eq!(
+        health.reasons,
+        ["GPU 0000:65:00.0 is missing: 7 of the 8 GPUs seen since start remain"]
+    );
+    assert_eq!(health.gpu_ids, [3]);
+}
+
+#[tokio::test]
+async fn a_hung_file_leaves_the_gpu_healthy_and_others_checked() {
+    let mut rig = start("mi300x", None, None).await;
+    simulate::hang_file(&rig.host, &rig.pci(GPU, "ras/umc_err_count")).unwrap();
+    // Let several samples run into the hung file.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(
+        rig.snapshot.borrow().gpus[GPU].healthy,
+        "unknown is not unhealthy"
+    );
+    simulate::set_ecc_counts(&rig.host, "0000:05:00.0", "sdma", 1, 0).unwrap();
+    rig.until_gpu("0000:05:00.0", false).await;
+    simulate::release_hung_file(
+        &rig.host,
+        &rig.pci(GPU, "ras/umc_err_count"),
+        "ue: 3\nce: 0",
+    )
+    .unwrap();
+    rig.until_gpu(GPU, false).await;
+}
+
+fn snapshot(unhealthy: bool) -> HealthSnapshot {
+    let mut s = HealthSnapshot::default();
+    s.gpus.insert(
+        "0000:05:00.0".into(),
+        GpuHealth {
+            healthy: true,
+            reasons: vec![],
+            gpu_ids: vec![0],
+        },
+    );
+    s.gpus.insert(
+        GPU.into(),
+        GpuHealth {
+            healthy: !unhealthy,
+            reasons: if unhealthy {
+                vec!["1 uncorrectable ECC errors in UMC (threshold 0)".into()]
+            } else {
+                vec![]
+            },
+            gpu_ids: vec![1],
+        },
+    );
+    s
+}
+
+async fn emulator_with_node(name: &str) -> Emulator {
+    let emulator = Emulator::start(EmulatorConfig::default()).await.unwrap();
+    emulator
+        .create(json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {
+                "amd.com/gpu.family": "AI",
+                "metricsexporter.amd.com.gpu.7.state": "unhealthy"
+            }},
+            "status": {"conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]}
+        }))
+        .unwrap();
+    emulator
+}
+
+fn condition(node: &serde_json::Value, kind: &str) -> Option<serde_json::Value> {
+    node["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == kind)
+        .cloned()
+}
+
+#[tokio::test]
+async fn node_condition_and_labels_are_written_only_when_they_change() {
+    let emulator = emulator_with_node("gpu-1").await;
+    let nodes: Api<Node> = Api::all(emulator.client());
+
+    let wrote = apply_node_health(&nodes, "gpu-1", &snapshot(true))
+        .await
+        .unwrap();
+    assert!(wrote.condition && wrote.labels);
+    let node = emulator.get("v1", "Node", "", "gpu-1").unwrap();
+    let c = condition(&node, CONDITION_TYPE).expect("condition written");
+    assert_eq!(c["status"], "True");
+    assert_eq!(c["reason"], REASON_UNHEALTHY);
+    assert_eq!(
+        c["message"],
+        "GPU 1 (0000:27:00.0): 1 uncorrectable ECC errors in UMC (threshold 0)"
+    );
+    assert_eq!(
+        condition(&node, "Ready").unwrap()["status"],
+        "True",
+        "kubelet's untouched"
+    );
+    let labels = &node["metadata"]["labels"];
+    assert_eq!(labels["metricsexporter.amd.com.gpu.1.state"], "unhealthy");
+    assert!(
+        labels.get("metricsexporter.amd.com.gpu.7.state").is_none(),
+        "stale label removed"
+    );
+    assert_eq!(labels["amd.com/gpu.family"], "AI", "other labels untouched");
+    let transition_time = c["lastTransitionTime"].clone();
+
+    let before = emulator.requests();
+    let wrote = apply_node_health(&nodes, "gpu-1", &snapshot(true))
+        .await
+        .unwrap();
+    assert!(!wrote.condition && !wrote.labels);
+    let made = emulator.requests().since(&before);
+    assert_eq!(
+        made.get("patch", "nodes") + made.get("patch", "nodes/status"),
+        0,
+        "{made:?}"
+    );
+
+    // Recovery flips the condition and removes the label.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let wrote = apply_node_health(&nodes, "gpu-1", &snapshot(false))
+        .await
+        .unwrap();
+    assert!(wrote.condition && wrote.labels);
+    let node = emulator.get("v1", "Node", "", "gpu-1").unwrap();
+    let c = condition(&node, CONDITION_TYPE).unwrap();
+    assert_eq!(c["status"], "False");
+    assert_eq!(c["reason"], REASON_HEALTHY);
+    assert_ne!(c["lastTransitionTime"], transition_time);
+    assert!(
+        node["metadata"]["labels"]
+            .get("metricsexporter.amd.com.gpu.1.state")
+            .is_none()
+    );
+}
+
+#[tokio::test]
+async fn the_publisher_follows_the_monitor_and_records_events() {
+    let emulator = emulator_with_node("gpu-2").await;
+    let client = emulator.client();
+    let mut rig = start("mi300x", None, None).await;
+    let cancel = CancellationToken::new();
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "gpu-operator".into(),
+            instance: Some("gpu-2".into()),
+        },
+    );
+    let publisher = tokio::spawn(publish_node_health(
+        Api::all(client),
+        "gpu-2".into(),
+        rig.snapshot.clone(),
+        rig.transitions.resubscribe(),
+        Some(recorder),
+        Duration::from_millis(200),
+        cancel.clone(),
+    ));
+    let node_condition = |status: &'static str| {
+        let emulator = &emulator;
+        async move {
+            let deadline = Instant::now() + WAIT;
+            loop {
+                let node = emulator.get("v1", "Node", "", "gpu-2").unwrap();
+                if condition(&node, CONDITION_TYPE).is_some_and(|c| c["status"] == status) {
+                    return node;
+                }
+                assert!(Instant::now() < deadline, "condition {status} not written");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    node_condition("False").await;
+    simulate::set_ecc_counts(&rig.host, GPU, "umc", 1, 0).unwrap();
+    let node = node_condition("True").await;
+    assert_eq!(
+        node["metadata"]["labels"]["metricsexporter.amd.com.gpu.1.state"],
+        "unhealthy"
+    );
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let events = emulator.list("events.k8s.io/v1", "Event");
+        if events.iter().any(|e| e["reason"] == EVENT_UNHEALTHY) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no GPUUnhealthy Event: {events:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    rig.until_gpu(GPU, false).await;
+    cancel.cancel();
+    publisher.await.unwrap();
+}
