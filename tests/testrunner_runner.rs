@@ -1,0 +1,283 @@
+//! The test runner without Kubernetes: `gpu-operator check`'s function on a
+//! simulated host, with a stand-in rvs. Iterations, stop-on-failure, timeouts
+//! that kill the whole process group, result parsing and log files.
+
+#[path = "fixtures/testrunner/fake_rvs.rs"]
+mod fake_rvs;
+
+use std::time::{Duration, Instant};
+
+use fake_rvs::{FakeRvs, config_json, kfd_ids, logs_in, sim_host, wait_gone};
+use gpu_operator::host::HostRoot;
+use gpu_operator::testrunner::report::{ActionResult, IterationStatus};
+use gpu_operator::testrunner::{CheckOptions, Framework, Outcome, TestRunnerError, check};
+use tokio_util::sync::CancellationToken;
+
+struct Rig {
+    rvs: FakeRvs,
+    dir: tempfile::TempDir,
+    host: HostRoot,
+}
+
+impl Rig {
+    fn new(gpus: usize) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let host = sim_host(dir.path(), gpus);
+        Self {
+            rvs: FakeRvs::new(),
+            dir,
+            host,
+        }
+    }
+
+    fn options(&self, recipe: &str) -> CheckOptions {
+        let mut options = CheckOptions::new(recipe, self.host.clone(), "node1", self.dir.path().join("logs"));
+        options.commands = self.rvs.commands();
+        options
+    }
+}
+
+#[tokio::test]
+async fn a_passing_check_reports_every_gpu_and_writes_logs() {
+    let rig = Rig::new(2);
+    // A per-model recipe directory, as RVS ships them, is preferred.
+    let model_conf = rig.rvs.path().join("conf/MI210/gst_single.conf");
+    std::fs::create_dir_all(model_conf.parent().unwrap()).unwrap();
+    std::fs::write(&model_conf, "# fake\n").unwrap();
+
+    let report = check(&rig.options("gst_single"), &CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!(report.outcome, Outcome::Passed);
+    assert_eq!(report.iterations.len(), 1);
+    let it = &report.iterations[0];
+    assert_eq!(it.status, IterationStatus::Completed);
+    assert_eq!(it.suites_result["0"]["gst_single-action"], ActionResult::Success);
+    assert_eq!(it.suites_result["1"]["gst_single-action"], ActionResult::Success);
+    assert_eq!(
+        report.message(),
+        r#"[{"number":1,"suitesResult":{"0":{"gst_single-action":"success"},"1":{"gst_single-action":"success"}},"status":"completed"}]"#
+    );
+
+    // rvs -c <model conf> -j, no -i: every GPU, as the reference runs MANUAL tests.
+    let calls = rig.rvs.invocations();
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    assert!(
+        calls[0].starts_with(&format!("-c {} -j |", model_conf.display())),
+        "{calls:?}"
+    );
+    assert!(calls[0].ends_with("iteration=1 trigger=MANUAL gpus=0,1"), "{calls:?}");
+
+    // The GPUs carry their KFD ids, for the Event labels.
+    let kfd = kfd_ids(&rig.host);
+    assert_eq!(
+        report.gpus.iter().map(|g| g.kfd_id).collect::<Vec<_>>(),
+        kfd.iter().map(|k| Some(*k)).collect::<Vec<_>>()
+    );
+
+    // Logs: the test's stdout and stderr, and the result summary.
+    let logs = logs_in(&rig.dir.path().join("logs"));
+    let names: Vec<String> = logs
+        .iter()
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names.len(), 3, "{names:?}");
+    assert!(names.iter().any(|n| n.ends_with("_manual_gst_single_iteration1_stdout.log")), "{names:?}");
+    assert!(names.iter().any(|n| n.ends_with("_manual_gst_single_iteration1_stderr.log")), "{names:?}");
+    let summary = logs.iter().find(|p| p.to_string_lossy().ends_with("_result.json")).unwrap();
+    let summary: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(summary).unwrap()).unwrap();
+    assert_eq!(summary["reason"], "TestPassed");
+    assert_eq!(summary["trigger"], "MANUAL");
+    assert_eq!(summary["gpus"][1]["index"], 1);
+    assert_eq!(summary["iterations"][0]["status"], "completed");
+    let stdout = logs.iter().find(|p| p.to_string_lossy().ends_with("_stdout.log")).unwrap();
+    assert!(std::fs::read_to_string(stdout).unwrap().contains("fake rvs: call 1"));
+    assert_eq!(report.log_files.len(), 3);
+}
+
+#[tokio::test]
+async fn iterations_stop_on_the_first_failure_when_asked() {
+    let rig = Rig::new(2);
+    rig.rvs.modes(&["pass", "fail:1", "pass"]);
+    let mut options = rig.options("mem");
+    options.config_text = Some(config_json(
+        "MANUAL",
+        r#"{"Recipe":"mem","Iterations":3,"StopOnFailure":true,"Arguments":"--parallel,-d,5"}"#,
+    ));
+    let report = check(&options, &CancellationToken::new()).await.unwrap();
+    assert_eq!(report.outcome, Outcome::Failed);
+    assert_eq!(report.iterations.len(), 2, "stopped after the failed iteration");
+    assert_eq!(report.iterations[1].suites_result["0"]["mem-action"], ActionResult::Success);
+    assert_eq!(report.iterations[1].suites_result["1"]["mem-action"], ActionResult::Failure);
+    let calls = rig.rvs.invocations();
+    assert_eq!(calls.len(), 2, "{calls:?}");
+    assert!(calls[0].contains("-j --parallel -d 5 |"), "{calls:?}");
+    assert!(calls[1].contains("iteration=2"), "{calls:?}");
+}
+
+#[tokio::test]
+async fn iterations_continue_after_a_failure_without_stop_on_failure() {
+    let rig = Rig::new(1);
+    rig.rvs.modes(&["fail", "pass", "pass"]);
+    let mut options = rig.options("mem");
+    options.config_text = Some(config_json(
+        "MANUAL",
+        r#"{"Recipe":"mem","Iterations":3,"StopOnFailure":false}"#,
+    ));
+    let report = check(&options, &CancellationToken::new()).await.unwrap();
+    assert_eq!(rig.rvs.invocations().len(), 3);
+    assert_eq!(report.iterations.len(), 3);
+    assert_eq!(
+        report.iterations.iter().map(|i| i.number).collect::<Vec<_>>(),
+        [1, 2, 3]
+    );
+    assert_eq!(report.outcome, Outcome::Failed, "one failed iteration fails the run");
+}
+
+#[tokio::test]
+async fn a_timeout_kills_the_whole_process_group() {
+    let rig = Rig::new(1);
+    rig.rvs.modes(&["hang"]);
+    let mut options = rig.options("gst_single");
+    options.timeout = Some(Duration::from_millis(400));
+    options.iterations = Some(2);
+    let started = Instant::now();
+    let report = check(&options, &CancellationToken::new()).await.unwrap();
+    let took = started.elapsed();
+    assert_eq!(report.outcome, Outcome::TimedOut);
+    assert_eq!(report.iterations.len(), 1, "StopOnFailure (default true) stops after a timeout");
+    assert_eq!(report.iterations[0].status, IterationStatus::TimedOut);
+    assert_eq!(report.iterations[0].suites_result["0"]["result"], ActionResult::Timedout);
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+    // The stand-in and the `sleep` it started in the background are both gone.
+    let child = rig.rvs.wait_for_pid("child.pid");
+    let grandchild = rig.rvs.wait_for_pid("grandchild.pid");
+    assert!(wait_gone(child), "test process {child} survived the timeout");
+    assert!(wait_gone(grandchild), "grandchild {grandchild} survived the timeout");
+    assert!(report.message().contains(r#""status":"timed_out""#), "{}", report.message());
+}
+
+#[tokio::test]
+async fn a_timed_out_iteration_then_passes_is_timed_out_overall() {
+    let rig = Rig::new(1);
+    rig.rvs.modes(&["hang", "pass"]);
+    let mut options = rig.options("gst_single");
+    options.config_text = Some(config_json(
+        "MANUAL",
+        r#"{"Recipe":"gst_single","Iterations":2,"StopOnFailure":false,"TimeoutSeconds":0.3}"#,
+    ));
+    let report = check(&options, &CancellationToken::new()).await.unwrap();
+    assert_eq!(report.iterations.len(), 2);
+    assert_eq!(report.iterations[1].status, IterationStatus::Completed);
+    assert_eq!(report.outcome, Outcome::TimedOut);
+    let grandchild = rig.rvs.wait_for_pid("grandchild.pid");
+    assert!(wait_gone(grandchild));
+}
+
+#[tokio::test]
+async fn rvs_without_results_fails() {
+    let rig = Rig::new(1);
+    rig.rvs.modes(&["noresult"]);
+    let report = check(&rig.options("babel"), &CancellationToken::new()).await.unwrap();
+    assert_eq!(report.outcome, Outcome::Failed);
+    assert_eq!(report.iterations[0].suites_result["0"]["result"], ActionResult::Failure);
+}
+
+#[tokio::test]
+async fn command_tests_pass_on_exit_status_and_see_their_gpus() {
+    let rig = Rig::new(2);
+    let seen = rig.dir.path().join("seen");
+    let script = format!(
+        "echo \"$GPU_TEST_RECIPE $GPU_TEST_GPUS $GPU_TEST_ITERATION $*\" >> '{}'; exit $EXIT",
+        seen.display()
+    );
+    let config = |exit: u32| {
+        config_json(
+            "MANUAL",
+            &format!(
+                r#"{{"Recipe":"smoke","Iterations":2,"DeviceIDs":["1"],"Command":["/bin/sh","-c","EXIT={exit}; {}","sh"],"Arguments":"x"}}"#,
+                script.replace('\\', "\\\\").replace('"', "\\\"")
+            ),
+        )
+    };
+    let mut options = rig.options("smoke");
+    options.config_text = Some(config(0));
+    let report = check(&options, &CancellationToken::new()).await.unwrap();
+    assert_eq!(report.outcome, Outcome::Passed);
+    assert_eq!(report.case.framework, Framework::Command);
+    assert_eq!(report.iterations.len(), 2);
+    assert_eq!(report.iterations[0].suites_result["1"]["smoke"], ActionResult::Success);
+    assert!(!report.iterations[0].suites_result.contains_key("0"), "DeviceIDs picked GPU 1");
+    assert_eq!(std::fs::read_to_string(&seen).unwrap(), "smoke 1 1 x\nsmoke 1 2 x\n");
+
+    options.config_text = Some(config(4));
+    let report = check(&options, &CancellationToken::new()).await.unwrap();
+    assert_eq!(report.outcome, Outcome::Failed);
+    assert_eq!(report.iterations.len(), 1);
+    assert!(rig.rvs.invocations().is_empty(), "rvs was never run");
+}
+
+#[tokio::test]
+async fn a_missing_tool_fails_the_test() {
+    let rig = Rig::new(1);
+    let mut options = rig.options("all_lvl1");
+    options.framework = Some(Framework::Agfhc);
+    let report = check(&options, &CancellationToken::new()).await.unwrap();
+    assert_eq!(report.outcome, Outcome::Failed);
+    assert!(report.command.contains("no-agfhc -r all_lvl1 -o"), "{}", report.command);
+}
+
+#[tokio::test]
+async fn no_gpus_means_a_failed_check_without_running_anything() {
+    let rig = Rig::new(1);
+    let mut options = rig.options("gst_single");
+    options.host = HostRoot::new(rig.dir.path().join("empty-host"));
+    let report = check(&options, &CancellationToken::new()).await.unwrap();
+    assert_eq!(report.outcome, Outcome::Failed);
+    assert_eq!(
+        report.message(),
+        r#"[{"number":1,"suitesResult":{"No GPU detected":{"detect_gpu":"failure"}},"status":"completed"}]"#
+    );
+    assert!(rig.rvs.invocations().is_empty());
+
+    let mut options = rig.options("gst_single");
+    options.device_ids = vec![5];
+    let report = check(&options, &CancellationToken::new()).await.unwrap();
+    assert!(report.message().contains("No GPU matches DeviceIDs [5]"), "{}", report.message());
+}
+
+#[tokio::test]
+async fn bad_input_is_an_error() {
+    let rig = Rig::new(1);
+    let e = check(&rig.options("../../bin/sh"), &CancellationToken::new())
+        .await
+        .unwrap_err();
+    assert!(matches!(e, TestRunnerError::Recipe(_)), "{e}");
+    let mut options = rig.options("gst_single");
+    options.config_text = Some(config_json("MANUAL", r#"{"Iterations":0}"#));
+    let e = check(&options, &CancellationToken::new()).await.unwrap_err();
+    assert!(e.to_string().contains("TestCases[0].Iterations"), "{e}");
+    let mut options = rig.options("gst_single");
+    options.iterations = Some(0);
+    assert!(check(&options, &CancellationToken::new()).await.is_err());
+    assert!(rig.rvs.invocations().is_empty());
+}
+
+#[tokio::test]
+async fn cancelling_a_check_kills_the_test() {
+    let rig = Rig::new(1);
+    rig.rvs.modes(&["hang"]);
+    let cancel = CancellationToken::new();
+    let stop = cancel.clone();
+    let pid_dir = rig.rvs.path().to_path_buf();
+    tokio::spawn(async move {
+        // Cancel once the test is really running.
+        while !pid_dir.join("grandchild.pid").exists() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        stop.cancel();
+    });
+    let e = check(&rig.options("gst_single"), &cancel).await.unwrap_err();
+    assert!(matches!(e, TestRunnerError::Cancelled), "{e}");
+    assert!(wait_gone(rig.rvs.wait_for_pid("grandchild.pid")));
+}
