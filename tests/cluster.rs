@@ -108,6 +108,8 @@ impl Proxy {
 
 struct Member {
     name: String,
+    /// Pod restarts: a restarted pod has a new name, so a new identity.
+    restarts: usize,
     shutdown: CancellationToken,
     task: Option<tokio::task::JoinHandle<Result<(), agent::AgentError>>>,
     _dir: tempfile::TempDir,
@@ -146,6 +148,7 @@ impl Fleet {
             }
             members.push(Member {
                 name,
+                restarts: 0,
                 shutdown: CancellationToken::new(),
                 task: None,
                 _dir: dir,
@@ -161,7 +164,9 @@ impl Fleet {
 
     fn spawn(&mut self, i: usize, client: Option<Client>) {
         let member = &mut self.members[i];
-        let mut lease = LeaseConfig::new(NS, format!("{}/pod-{i}", member.name));
+        let mut lease =
+            LeaseConfig::new(NS, format!("{}/pod-{i}-{}", member.name, member.restarts));
+        member.restarts += 1;
         lease.duration = LEASE_DURATION;
         lease.renew_every = Duration::from_secs(1);
         let config = AgentConfig {
@@ -335,7 +340,9 @@ async fn one_leader_reconciles_and_fails_over() {
     let before = fleet.emulator.requests();
     tokio::time::sleep(Duration::from_secs(3)).await;
     let made = fleet.emulator.requests().since(&before);
-    let unexpected = made.non_watch().filter(|k| !k.resource.starts_with("leases"));
+    let unexpected = made
+        .non_watch()
+        .filter(|k| !k.resource.starts_with("leases"));
     assert_eq!(
         unexpected.total(),
         0,
@@ -353,7 +360,9 @@ async fn one_leader_reconciles_and_fails_over() {
         "failover took {took:?}"
     );
 
-    // The new leader reconciles: a spec change reaches status.
+    // The DaemonSet restarts the crashed pod; the new leader reconciles a spec
+    // change that every selected agent (the restarted one too) acknowledges.
+    fleet.spawn(i, None);
     fleet
         .apply(
             "gpus",

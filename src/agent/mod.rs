@@ -99,13 +99,13 @@ pub async fn run(
             leader.lease,
             shutdown.child_token(),
         );
-        let cluster = tokio::spawn(crate::cluster::run(
+        let cluster = tokio_util::task::AbortOnDropHandle::new(tokio::spawn(crate::cluster::run(
             client.clone(),
             leader.cluster,
             election.leading.clone(),
             election.guard.clone(),
             shutdown.child_token(),
-        ));
+        )));
         (election, cluster)
     });
 

@@ -192,6 +192,17 @@ impl<S: Service> Slot<S> {
     }
 }
 
+impl<S: Service> Drop for Slot<S> {
+    /// A slot dropped without [`Slot::stop`] (the agent itself was dropped, as in
+    /// a crash) must not leave its service running behind.
+    fn drop(&mut self) {
+        if let Some(running) = self.running.take() {
+            running.cancel.cancel();
+            running.task.abort();
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SlotChange {
     Unchanged,

@@ -93,7 +93,8 @@ impl LeaderGuard {
     }
 }
 
-/// A running election.
+/// A running election. Dropping it stops campaigning at once, without releasing
+/// the lease (as a crash would); cancel its shutdown token for a clean release.
 pub struct Election {
     pub guard: LeaderGuard,
     /// `true` while this process leads. Flips to `false` the moment the lease
@@ -118,8 +119,14 @@ impl Election {
     }
 
     /// Waits for the campaign (and the release on shutdown) to finish.
-    pub async fn finished(self) {
-        let _ = self.task.await;
+    pub async fn finished(mut self) {
+        let _ = (&mut self.task).await;
+    }
+}
+
+impl Drop for Election {
+    fn drop(&mut self) {
+        self.task.abort();
     }
 }
 
