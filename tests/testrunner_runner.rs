@@ -31,7 +31,12 @@ impl Rig {
     }
 
     fn options(&self, recipe: &str) -> CheckOptions {
-        let mut options = CheckOptions::new(recipe, self.host.clone(), "node1", self.dir.path().join("logs"));
+        let mut options = CheckOptions::new(
+            recipe,
+            self.host.clone(),
+            "node1",
+            self.dir.path().join("logs"),
+        );
         options.commands = self.rvs.commands();
         options
     }
@@ -52,8 +57,14 @@ async fn a_passing_check_reports_every_gpu_and_writes_logs() {
     assert_eq!(report.iterations.len(), 1);
     let it = &report.iterations[0];
     assert_eq!(it.status, IterationStatus::Completed);
-    assert_eq!(it.suites_result["0"]["gst_single-action"], ActionResult::Success);
-    assert_eq!(it.suites_result["1"]["gst_single-action"], ActionResult::Success);
+    assert_eq!(
+        it.suites_result["0"]["gst_single-action"],
+        ActionResult::Success
+    );
+    assert_eq!(
+        it.suites_result["1"]["gst_single-action"],
+        ActionResult::Success
+    );
     assert_eq!(
         report.message(),
         r#"[{"number":1,"suitesResult":{"0":{"gst_single-action":"success"},"1":{"gst_single-action":"success"}},"status":"completed"}]"#
@@ -66,7 +77,10 @@ async fn a_passing_check_reports_every_gpu_and_writes_logs() {
         calls[0].starts_with(&format!("-c {} -j |", model_conf.display())),
         "{calls:?}"
     );
-    assert!(calls[0].ends_with("iteration=1 trigger=MANUAL gpus=0,1"), "{calls:?}");
+    assert!(
+        calls[0].ends_with("iteration=1 trigger=MANUAL gpus=0,1"),
+        "{calls:?}"
+    );
 
     // The GPUs carry their KFD ids, for the Event labels.
     let kfd = kfd_ids(&rig.host);
@@ -82,16 +96,37 @@ async fn a_passing_check_reports_every_gpu_and_writes_logs() {
         .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
         .collect();
     assert_eq!(names.len(), 3, "{names:?}");
-    assert!(names.iter().any(|n| n.ends_with("_manual_gst_single_iteration1_stdout.log")), "{names:?}");
-    assert!(names.iter().any(|n| n.ends_with("_manual_gst_single_iteration1_stderr.log")), "{names:?}");
-    let summary = logs.iter().find(|p| p.to_string_lossy().ends_with("_result.json")).unwrap();
-    let summary: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(summary).unwrap()).unwrap();
+    assert!(
+        names
+            .iter()
+            .any(|n| n.ends_with("_manual_gst_single_iteration1_stdout.log")),
+        "{names:?}"
+    );
+    assert!(
+        names
+            .iter()
+            .any(|n| n.ends_with("_manual_gst_single_iteration1_stderr.log")),
+        "{names:?}"
+    );
+    let summary = logs
+        .iter()
+        .find(|p| p.to_string_lossy().ends_with("_result.json"))
+        .unwrap();
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(summary).unwrap()).unwrap();
     assert_eq!(summary["reason"], "TestPassed");
     assert_eq!(summary["trigger"], "MANUAL");
     assert_eq!(summary["gpus"][1]["index"], 1);
     assert_eq!(summary["iterations"][0]["status"], "completed");
-    let stdout = logs.iter().find(|p| p.to_string_lossy().ends_with("_stdout.log")).unwrap();
-    assert!(std::fs::read_to_string(stdout).unwrap().contains("fake rvs: call 1"));
+    let stdout = logs
+        .iter()
+        .find(|p| p.to_string_lossy().ends_with("_stdout.log"))
+        .unwrap();
+    assert!(
+        std::fs::read_to_string(stdout)
+            .unwrap()
+            .contains("fake rvs: call 1")
+    );
     assert_eq!(report.log_files.len(), 3);
 }
 
@@ -106,9 +141,19 @@ async fn iterations_stop_on_the_first_failure_when_asked() {
     ));
     let report = check(&options, &CancellationToken::new()).await.unwrap();
     assert_eq!(report.outcome, Outcome::Failed);
-    assert_eq!(report.iterations.len(), 2, "stopped after the failed iteration");
-    assert_eq!(report.iterations[1].suites_result["0"]["mem-action"], ActionResult::Success);
-    assert_eq!(report.iterations[1].suites_result["1"]["mem-action"], ActionResult::Failure);
+    assert_eq!(
+        report.iterations.len(),
+        2,
+        "stopped after the failed iteration"
+    );
+    assert_eq!(
+        report.iterations[1].suites_result["0"]["mem-action"],
+        ActionResult::Success
+    );
+    assert_eq!(
+        report.iterations[1].suites_result["1"]["mem-action"],
+        ActionResult::Failure
+    );
     let calls = rig.rvs.invocations();
     assert_eq!(calls.len(), 2, "{calls:?}");
     assert!(calls[0].contains("-j --parallel -d 5 |"), "{calls:?}");
@@ -128,10 +173,18 @@ async fn iterations_continue_after_a_failure_without_stop_on_failure() {
     assert_eq!(rig.rvs.invocations().len(), 3);
     assert_eq!(report.iterations.len(), 3);
     assert_eq!(
-        report.iterations.iter().map(|i| i.number).collect::<Vec<_>>(),
+        report
+            .iterations
+            .iter()
+            .map(|i| i.number)
+            .collect::<Vec<_>>(),
         [1, 2, 3]
     );
-    assert_eq!(report.outcome, Outcome::Failed, "one failed iteration fails the run");
+    assert_eq!(
+        report.outcome,
+        Outcome::Failed,
+        "one failed iteration fails the run"
+    );
 }
 
 #[tokio::test]
@@ -145,16 +198,33 @@ async fn a_timeout_kills_the_whole_process_group() {
     let report = check(&options, &CancellationToken::new()).await.unwrap();
     let took = started.elapsed();
     assert_eq!(report.outcome, Outcome::TimedOut);
-    assert_eq!(report.iterations.len(), 1, "StopOnFailure (default true) stops after a timeout");
+    assert_eq!(
+        report.iterations.len(),
+        1,
+        "StopOnFailure (default true) stops after a timeout"
+    );
     assert_eq!(report.iterations[0].status, IterationStatus::TimedOut);
-    assert_eq!(report.iterations[0].suites_result["0"]["result"], ActionResult::Timedout);
+    assert_eq!(
+        report.iterations[0].suites_result["0"]["result"],
+        ActionResult::Timedout
+    );
     assert!(took < Duration::from_secs(5), "took {took:?}");
     // The stand-in and the `sleep` it started in the background are both gone.
     let child = rig.rvs.wait_for_pid("child.pid");
     let grandchild = rig.rvs.wait_for_pid("grandchild.pid");
-    assert!(wait_gone(child), "test process {child} survived the timeout");
-    assert!(wait_gone(grandchild), "grandchild {grandchild} survived the timeout");
-    assert!(report.message().contains(r#""status":"timed_out""#), "{}", report.message());
+    assert!(
+        wait_gone(child),
+        "test process {child} survived the timeout"
+    );
+    assert!(
+        wait_gone(grandchild),
+        "grandchild {grandchild} survived the timeout"
+    );
+    assert!(
+        report.message().contains(r#""status":"timed_out""#),
+        "{}",
+        report.message()
+    );
 }
 
 #[tokio::test]
@@ -178,9 +248,14 @@ async fn a_timed_out_iteration_then_passes_is_timed_out_overall() {
 async fn rvs_without_results_fails() {
     let rig = Rig::new(1);
     rig.rvs.modes(&["noresult"]);
-    let report = check(&rig.options("babel"), &CancellationToken::new()).await.unwrap();
+    let report = check(&rig.options("babel"), &CancellationToken::new())
+        .await
+        .unwrap();
     assert_eq!(report.outcome, Outcome::Failed);
-    assert_eq!(report.iterations[0].suites_result["0"]["result"], ActionResult::Failure);
+    assert_eq!(
+        report.iterations[0].suites_result["0"]["result"],
+        ActionResult::Failure
+    );
 }
 
 #[tokio::test]
@@ -206,9 +281,18 @@ async fn command_tests_pass_on_exit_status_and_see_their_gpus() {
     assert_eq!(report.outcome, Outcome::Passed);
     assert_eq!(report.case.framework, Framework::Command);
     assert_eq!(report.iterations.len(), 2);
-    assert_eq!(report.iterations[0].suites_result["1"]["smoke"], ActionResult::Success);
-    assert!(!report.iterations[0].suites_result.contains_key("0"), "DeviceIDs picked GPU 1");
-    assert_eq!(std::fs::read_to_string(&seen).unwrap(), "smoke 1 1 x\nsmoke 1 2 x\n");
+    assert_eq!(
+        report.iterations[0].suites_result["1"]["smoke"],
+        ActionResult::Success
+    );
+    assert!(
+        !report.iterations[0].suites_result.contains_key("0"),
+        "DeviceIDs picked GPU 1"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&seen).unwrap(),
+        "smoke 1 1 x\nsmoke 1 2 x\n"
+    );
 
     options.config_text = Some(config(4));
     let report = check(&options, &CancellationToken::new()).await.unwrap();
@@ -224,7 +308,11 @@ async fn a_missing_tool_fails_the_test() {
     options.framework = Some(Framework::Agfhc);
     let report = check(&options, &CancellationToken::new()).await.unwrap();
     assert_eq!(report.outcome, Outcome::Failed);
-    assert!(report.command.contains("no-agfhc -r all_lvl1 -o"), "{}", report.command);
+    assert!(
+        report.command.contains("no-agfhc -r all_lvl1 -o"),
+        "{}",
+        report.command
+    );
 }
 
 #[tokio::test]
@@ -243,7 +331,11 @@ async fn no_gpus_means_a_failed_check_without_running_anything() {
     let mut options = rig.options("gst_single");
     options.device_ids = vec![5];
     let report = check(&options, &CancellationToken::new()).await.unwrap();
-    assert!(report.message().contains("No GPU matches DeviceIDs [5]"), "{}", report.message());
+    assert!(
+        report.message().contains("No GPU matches DeviceIDs [5]"),
+        "{}",
+        report.message()
+    );
 }
 
 #[tokio::test]
@@ -255,7 +347,9 @@ async fn bad_input_is_an_error() {
     assert!(matches!(e, TestRunnerError::Recipe(_)), "{e}");
     let mut options = rig.options("gst_single");
     options.config_text = Some(config_json("MANUAL", r#"{"Iterations":0}"#));
-    let e = check(&options, &CancellationToken::new()).await.unwrap_err();
+    let e = check(&options, &CancellationToken::new())
+        .await
+        .unwrap_err();
     assert!(e.to_string().contains("TestCases[0].Iterations"), "{e}");
     let mut options = rig.options("gst_single");
     options.iterations = Some(0);
@@ -277,7 +371,9 @@ async fn cancelling_a_check_kills_the_test() {
         }
         stop.cancel();
     });
-    let e = check(&rig.options("gst_single"), &cancel).await.unwrap_err();
+    let e = check(&rig.options("gst_single"), &cancel)
+        .await
+        .unwrap_err();
     assert!(matches!(e, TestRunnerError::Cancelled), "{e}");
     assert!(wait_gone(rig.rvs.wait_for_pid("grandchild.pid")));
 }

@@ -565,7 +565,7 @@ fn seconds(value: &Value, path: &str) -> Result<Duration, ConfigError> {
             format!("must be a number of seconds, found {}", kind(value)),
         )
     })?;
-    if !(s > 0.0) {
+    if s.is_nan() || s <= 0.0 {
         return Err(err(path, format!("must be more than 0, found {value}")));
     }
     if s > f64::from(u32::MAX) {

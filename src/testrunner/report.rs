@@ -361,7 +361,7 @@ mod tests {
         let skipped = it(2, Completed, &[("0", "a", Skipped)]);
         let timeout = it(2, TimedOut, &[("0", "result", Timedout)]);
         let empty = it(2, Completed, &[]);
-        assert_eq!(outcome(&[pass.clone()]), Outcome::Passed);
+        assert_eq!(outcome(std::slice::from_ref(&pass)), Outcome::Passed);
         assert_eq!(outcome(&[pass.clone(), fail.clone()]), Outcome::Failed);
         assert_eq!(outcome(&[pass.clone(), skipped]), Outcome::Failed);
         assert_eq!(outcome(&[pass.clone(), timeout.clone()]), Outcome::TimedOut);

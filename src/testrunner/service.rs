@@ -228,10 +228,10 @@ impl Service for TestRunnerService {
                         None => unhealthy_open = false,
                     },
                     _ = sleep_until(next_periodic), if next_periodic.is_some() => {
-                        if let Some(request) = periodic_request(&tests, &current.node_name) {
-                            if scheduler.submit(request) == Submitted::Duplicate {
-                                tracing::info!("periodic test still waiting for its GPUs; not queued twice");
-                            }
+                        if let Some(request) = periodic_request(&tests, &current.node_name)
+                            && scheduler.submit(request) == Submitted::Duplicate
+                        {
+                            tracing::info!("periodic test still waiting for its GPUs; not queued twice");
                         }
                         next_periodic = period.map(|p| Instant::now() + p);
                     }
