@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use kube::ResourceExt;
 
 use crate::api::{DeviceConfig, DeviceConfigSpec, NodeLabellerKind, Operand};
-use crate::plugin::{PluginConfig, ResourceNamingStrategy};
+use crate::plugin::PluginConfig;
 
 /// The DeviceConfig governing a node.
 #[derive(Clone, Debug, PartialEq)]
@@ -95,11 +95,11 @@ pub fn plan_services(spec: &DeviceConfigSpec, node: &NodeContext<'_>) -> Desired
         } else {
             PathBuf::from(&plugin_spec.kubelet_socket_path)
         };
-        let strategy = match spec.device_plugin.resource_naming_strategy() {
-            Some(crate::api::ResourceNamingStrategy::Mixed) => ResourceNamingStrategy::Mixed,
-            // An unknown value is reported by validation; the reference falls back to single.
-            _ => ResourceNamingStrategy::Single,
-        };
+        // An unknown value is reported by validation; the reference falls back to single.
+        let strategy = spec
+            .device_plugin
+            .resource_naming_strategy()
+            .unwrap_or_default();
         PluginConfig::new(dir, strategy, node.host.clone())
     });
     let labeller =
@@ -115,7 +115,7 @@ pub fn plan_services(spec: &DeviceConfigSpec, node: &NodeContext<'_>) -> Desired
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::DeviceConfigSpec;
+    use crate::api::{DeviceConfigSpec, ResourceNamingStrategy};
 
     fn config(ns: &str, name: &str, selector: &[(&str, &str)]) -> DeviceConfig {
         let mut spec = DeviceConfigSpec::default();

@@ -47,6 +47,19 @@ impl ResourceNamingStrategy {
             _ => None,
         }
     }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Single => "single",
+            Self::Mixed => "mixed",
+        }
+    }
+}
+
+impl fmt::Display for ResourceNamingStrategy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// One node label generator of the node labeller (`nodeLabellerArguments`).

@@ -34,8 +34,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use serde::{Deserialize, Serialize};
-
 use crate::device::{Gpu, Inventory};
 
 /// Vendor prefix of every resource name.
@@ -43,27 +41,9 @@ pub const RESOURCE_NAMESPACE: &str = "amd.com";
 /// Short name of the whole-GPU resource.
 pub const GPU_RESOURCE: &str = "gpu";
 
-/// How resources are named; see the module documentation.
-#[derive(
-    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum,
-)]
-#[serde(rename_all = "lowercase")]
-pub enum ResourceNamingStrategy {
-    /// Everything is `amd.com/gpu`.
-    #[default]
-    Single,
-    /// One resource per partition layout, e.g. `amd.com/cpx_nps4`.
-    Mixed,
-}
-
-impl std::fmt::Display for ResourceNamingStrategy {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Self::Single => "single",
-            Self::Mixed => "mixed",
-        })
-    }
-}
+/// How resources are named (`devicePluginArguments.resource_naming_strategy`);
+/// see the module documentation. The API owns the type and its parsing.
+pub use crate::api::ResourceNamingStrategy;
 
 /// Host platform devices behind partitions: render minor → `amdgpu_xcp_N`.
 pub type XcpNames = BTreeMap<u32, String>;
