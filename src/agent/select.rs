@@ -118,11 +118,13 @@ mod tests {
     use crate::api::{DeviceConfigSpec, ResourceNamingStrategy};
 
     fn config(ns: &str, name: &str, selector: &[(&str, &str)]) -> DeviceConfig {
-        let mut spec = DeviceConfigSpec::default();
-        spec.selector = selector
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
+        let spec = DeviceConfigSpec {
+            selector: selector
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            ..DeviceConfigSpec::default()
+        };
         let mut dc = DeviceConfig::new(name, spec);
         dc.metadata.namespace = Some(ns.into());
         dc.metadata.generation = Some(3);
