@@ -1,0 +1,1544 @@
+//! The deployment files against the code they deploy: deploy/*.yaml (Namespace,
+//! RBAC, DaemonSet, the DeviceConfig installed with them) and systemd/.
+//!
+//! Static checks parse every manifest into its k8s-openapi type and hold it to
+//! what the code needs: the environment the CLI reads, the host paths discovery
+//! reads, the metrics port, and RBAC rules that are exactly the table below of
+//! API calls the code makes (with file:line references). Two end-to-end checks
+//! run against the API emulator: `kubectl apply` of deploy/ as deploy/README.md
+//! says, and the real binary started with the DaemonSet's arguments and
+//! environment, whose every API request must be allowed by the RBAC.
+//!
+//! `.ci/check-manifests` covers the rest: kubernetes-validate, yamllint and
+//! systemd-analyze.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use clap::CommandFactory;
+use gpu_operator::api::{DocumentKind, document_problems, ignored_fields, parse_documents};
+use gpu_operator::host::HostRoot;
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Container, Namespace, PodSpec, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube_emulator::{Emulator, EmulatorConfig};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+
+const NAMESPACE: &str = "kube-amd-gpu";
+/// Namespaces that exist in every cluster before anything is applied.
+const BUILTIN_NAMESPACES: &[&str] = &["default", "kube-system", "kube-public", "kube-node-lease"];
+const KUBECTL: &str = "/usr/bin/kubectl";
+/// The entrypoint of the image (Dockerfile).
+const IMAGE_ENTRYPOINT: &str = "/usr/local/bin/gpu-operator";
+/// Idle resident memory the agent is sized for (README, Performance).
+const IDLE_RSS_TARGET_MIB: u64 = 25;
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// One document of a manifest file.
+#[derive(Clone, Debug)]
+struct Manifest {
+    file: String,
+    doc: Value,
+}
+
+impl Manifest {
+    fn kind(&self) -> &str {
+        self.doc["kind"].as_str().unwrap_or("")
+    }
+    fn name(&self) -> &str {
+        self.doc["metadata"]["name"].as_str().unwrap_or("")
+    }
+    fn namespace(&self) -> Option<&str> {
+        self.doc["metadata"]["namespace"].as_str()
+    }
+}
+
+/// Every document of deploy/*.yaml, in the order `kubectl apply -f deploy/`
+/// applies them: files in lexical order, documents in file order.
+fn manifests() -> Vec<Manifest> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(repo().join("deploy"))
+        .expect("deploy/ is readable")
+        .map(|entry| entry.expect("directory entry").path())
+        .filter(|p| {
+            p.extension()
+                .is_some_and(|e| e == "yaml" || e == "yml" || e == "json")
+        })
+        .collect();
+    files.sort();
+    assert!(!files.is_empty(), "no manifests in deploy/");
+    let mut all = Vec::new();
+    for path in files {
+        let text = std::fs::read_to_string(&path).expect("manifest is readable");
+        let docs: Vec<Value> = serde_saphyr::from_multiple(&text)
+            .unwrap_or_else(|e| panic!("{}: not YAML: {e}", path.display()));
+        let file = format!("deploy/{}", path.file_name().unwrap().to_string_lossy());
+        all.extend(
+            docs.into_iter()
+                .filter(|d| !d.is_null())
+                .map(|doc| Manifest {
+                    file: file.clone(),
+                    doc,
+                }),
+        );
+    }
+    all
+}
+
+/// Parses a document as `T` and requires that writing it back gives the same
+/// JSON: a field k8s-openapi does not know (a typo, a field at the wrong
+/// level) would be dropped and show up here.
+fn typed<T: DeserializeOwned + Serialize>(m: &Manifest) -> T {
+    let object: T = serde_json::from_value(m.doc.clone())
+        .unwrap_or_else(|e| panic!("{} {} in {}: {e}", m.kind(), m.name(), m.file));
+    let back = serde_json::to_value(&object).expect("serialises");
+    assert_eq!(
+        back,
+        m.doc,
+        "{} {} in {} does not round-trip through k8s-openapi (unknown or misplaced field?)",
+        m.kind(),
+        m.name(),
+        m.file
+    );
+    object
+}
+
+fn only<'a>(all: &'a [Manifest], kind: &str) -> Vec<&'a Manifest> {
+    all.iter().filter(|m| m.kind() == kind).collect()
+}
+
+fn the<'a>(all: &'a [Manifest], kind: &str) -> &'a Manifest {
+    let found = only(all, kind);
+    assert_eq!(found.len(), 1, "expected exactly one {kind} in deploy/");
+    found[0]
+}
+
+fn daemonset() -> (DaemonSet, PodSpec, Container) {
+    let all = manifests();
+    let ds: DaemonSet = typed(the(&all, "DaemonSet"));
+    let pod = ds
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.clone())
+        .expect("pod template spec");
+    assert_eq!(pod.containers.len(), 1, "one container: the agent");
+    let container = pod.containers[0].clone();
+    (ds, pod, container)
+}
+
+fn env_map(container: &Container) -> BTreeMap<String, k8s_openapi::api::core::v1::EnvVar> {
+    container
+        .env
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|e| (e.name.clone(), e))
+        .collect()
+}
+
+fn env_value(container: &Container, name: &str) -> String {
+    env_map(container)
+        .get(name)
+        .and_then(|e| e.value.clone())
+        .unwrap_or_else(|| panic!("the DaemonSet sets {name} to a plain value"))
+}
+
+fn field_ref(container: &Container, name: &str) -> Option<String> {
+    env_map(container)
+        .get(name)?
+        .value_from
+        .as_ref()?
+        .field_ref
+        .as_ref()
+        .map(|f| f.field_path.clone())
+}
+
+// ---------------------------------------------------------------------------
+// Kinds, apply order, namespaces
+
+#[test]
+fn every_manifest_is_a_known_kind_and_round_trips() {
+    let all = manifests();
+    for m in &all {
+        match m.kind() {
+            "Namespace" => drop(typed::<Namespace>(m)),
+            "ServiceAccount" => drop(typed::<ServiceAccount>(m)),
+            "ClusterRole" => drop(typed::<ClusterRole>(m)),
+            "ClusterRoleBinding" => drop(typed::<ClusterRoleBinding>(m)),
+            "Role" => drop(typed::<Role>(m)),
+            "RoleBinding" => drop(typed::<RoleBinding>(m)),
+            "DaemonSet" => drop(typed::<DaemonSet>(m)),
+            // Checked with the DeviceConfig rules in its own test.
+            "DeviceConfig" => {}
+            other => panic!("{}: kind {other:?} has no check here; add one", m.file),
+        }
+    }
+}
+
+#[test]
+fn apply_order_creates_what_each_object_needs_first() {
+    let all = manifests();
+    let mut namespaces: BTreeSet<String> =
+        BUILTIN_NAMESPACES.iter().map(|s| s.to_string()).collect();
+    let mut service_accounts = BTreeSet::new();
+    let mut saw_daemonset = false;
+    for m in &all {
+        if let Some(ns) = m.namespace() {
+            assert!(
+                namespaces.contains(ns),
+                "{} {} ({}) is applied before its namespace {ns} exists",
+                m.kind(),
+                m.name(),
+                m.file
+            );
+        }
+        match m.kind() {
+            "Namespace" => {
+                namespaces.insert(m.name().to_owned());
+            }
+            "ServiceAccount" => {
+                service_accounts
+                    .insert((m.namespace().unwrap_or("").to_owned(), m.name().to_owned()));
+            }
+            "DaemonSet" => {
+                let ds: DaemonSet = typed(m);
+                let sa = ds
+                    .spec
+                    .unwrap()
+                    .template
+                    .spec
+                    .unwrap()
+                    .service_account_name
+                    .unwrap_or_default();
+                assert!(
+                    service_accounts
+                        .contains(&(m.namespace().unwrap_or("").to_owned(), sa.clone())),
+                    "the DaemonSet's ServiceAccount {sa:?} must be applied before it"
+                );
+                saw_daemonset = true;
+            }
+            "DeviceConfig" => assert!(
+                saw_daemonset,
+                "the DeviceConfig comes after the agents that act on it"
+            ),
+            _ => {}
+        }
+    }
+    assert!(
+        namespaces.contains(NAMESPACE),
+        "deploy/ creates {NAMESPACE}"
+    );
+}
+
+#[test]
+fn namespaced_objects_live_in_the_operator_namespace() {
+    for m in manifests() {
+        let Some(ns) = m.namespace() else { continue };
+        // The only exception: Events about Nodes are written to "default".
+        let allowed = ns == NAMESPACE
+            || (ns == "default"
+                && matches!(m.kind(), "Role" | "RoleBinding")
+                && m.name() == "gpu-operator-node-events");
+        assert!(allowed, "{} {} is in namespace {ns}", m.kind(), m.name());
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The DaemonSet
+
+#[test]
+fn daemonset_environment_is_what_the_cli_reads() {
+    let (ds, _, container) = daemonset();
+    let namespace = ds.metadata.namespace.clone().unwrap_or_default();
+    assert_eq!(namespace, NAMESPACE);
+
+    // Downward API: who and where the agent is.
+    assert_eq!(
+        field_ref(&container, "NODE_NAME").as_deref(),
+        Some("spec.nodeName")
+    );
+    assert_eq!(
+        field_ref(&container, "POD_NAME").as_deref(),
+        Some("metadata.name")
+    );
+    assert_eq!(
+        field_ref(&container, "POD_NAMESPACE").as_deref(),
+        Some("metadata.namespace")
+    );
+    // DeviceConfigs outside the pod's namespace are not followed (see 10-rbac.yaml).
+    assert_eq!(
+        field_ref(&container, "WATCH_NAMESPACE").as_deref(),
+        Some("metadata.namespace")
+    );
+    assert_eq!(env_value(&container, "GPU_OPERATOR_HOST_ROOT"), "/host");
+
+    // Every variable the DaemonSet sets is one the CLI reads for `agent`, so a
+    // renamed flag cannot leave the DaemonSet silently setting nothing.
+    let cli = gpu_operator::cli::Cli::command();
+    let agent = cli
+        .find_subcommand("agent")
+        .expect("the CLI has an agent subcommand");
+    let read: BTreeSet<String> = cli
+        .get_arguments()
+        .chain(agent.get_arguments())
+        .filter_map(|a| a.get_env())
+        .map(|e| e.to_string_lossy().into_owned())
+        .collect();
+    for name in env_map(&container).keys() {
+        assert!(
+            read.contains(name),
+            "the DaemonSet sets {name}, which `gpu-operator agent` does not read (it reads {read:?})"
+        );
+    }
+    assert_eq!(container.args.as_deref(), Some(&["agent".to_owned()][..]));
+    assert!(
+        container.command.is_none(),
+        "the image's entrypoint ({IMAGE_ENTRYPOINT}) runs the binary"
+    );
+}
+
+#[test]
+fn daemonset_image_matches_the_crate_version() {
+    let (_, _, container) = daemonset();
+    let image = container.image.expect("an image");
+    let tag = image.rsplit_once(':').map(|(_, t)| t).unwrap_or("");
+    assert_eq!(
+        tag,
+        env!("CARGO_PKG_VERSION"),
+        "image {image} should be tagged with the crate version"
+    );
+}
+
+/// A hostPath volume as mounted into the agent container.
+#[derive(Debug)]
+struct HostMount {
+    host_path: String,
+    mount_path: String,
+    read_only: bool,
+}
+
+fn host_mounts(pod: &PodSpec, container: &Container) -> Vec<HostMount> {
+    let volumes: BTreeMap<String, String> = pod
+        .volumes
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|v| Some((v.name, v.host_path?.path)))
+        .collect();
+    container
+        .volume_mounts
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|m| {
+            Some(HostMount {
+                host_path: volumes.get(&m.name)?.clone(),
+                mount_path: m.mount_path,
+                read_only: m.read_only.unwrap_or(false),
+            })
+        })
+        .collect()
+}
+
+/// Where the host file `host_path` appears in the container, if a mount shows it.
+fn mounted_at<'a>(mounts: &'a [HostMount], host_path: &str) -> Option<(&'a HostMount, PathBuf)> {
+    mounts.iter().find_map(|m| {
+        let rest = Path::new(host_path).strip_prefix(&m.host_path).ok()?;
+        Some((m, Path::new(&m.mount_path).join(rest)))
+    })
+}
+
+#[test]
+fn daemonset_mounts_exactly_the_host_paths_the_code_uses() {
+    let (_, pod, container) = daemonset();
+    let mounts = host_mounts(&pod, &container);
+    let host = HostRoot::new(env_value(&container, "GPU_OPERATOR_HOST_ROOT"));
+    let kubelet_dir = PathBuf::from(env_value(&container, "KUBELET_DIR"));
+
+    // (host path, where the code looks for it in the container, written?)
+    let mut needed: Vec<(String, PathBuf, bool, &str)> = Vec::new();
+    // The host tree the agent reads through its host root: exactly what
+    // `gpu-operator simulate` writes for a host (sysfs and devfs).
+    let sim = tempfile::tempdir().unwrap();
+    let sim_host = HostRoot::new(sim.path());
+    gpu_operator::simulate::write_host(
+        &sim_host,
+        &gpu_operator::simulate::SimSpec::new("mi300x", None, None).unwrap(),
+    )
+    .unwrap();
+    for entry in std::fs::read_dir(sim.path()).unwrap() {
+        let entry = entry.unwrap();
+        if entry.file_type().unwrap().is_dir() {
+            let top = format!("/{}", entry.file_name().to_string_lossy());
+            needed.push((
+                top.clone(),
+                host.path(&top),
+                false,
+                "discovery, health, metrics",
+            ));
+        }
+    }
+    assert!(
+        needed.iter().any(|(p, ..)| p == "/sys") && needed.iter().any(|(p, ..)| p == "/dev"),
+        "a simulated host has sysfs and devfs: {needed:?}"
+    );
+    // Test runner logs: the runner writes to logsLocation.hostPath as a local
+    // path (src/testrunner/mod.rs TestRunnerConfig::for_spec).
+    let runner = gpu_operator::testrunner::TestRunnerConfig::for_spec(
+        &gpu_operator::api::TestRunnerSpec::default(),
+        host.clone(),
+        "node",
+        None,
+    );
+    needed.push((
+        gpu_operator::api::DEFAULT_TEST_RUNNER_LOGS.to_owned(),
+        runner.logs_dir,
+        true,
+        "test runner logs",
+    ));
+    // The kubelet's directories, at their default host paths, found through
+    // KUBELET_DIR the way the agent derives them (src/agent/select.rs,
+    // src/metrics/mod.rs pod_resources_socket).
+    needed.push((
+        gpu_operator::plugin::PluginConfig::DEFAULT_DIR.to_owned(),
+        kubelet_dir.join("device-plugins"),
+        true,
+        "device plugin sockets",
+    ));
+    let pod_resources = gpu_operator::metrics::pod_resources_socket("", &kubelet_dir);
+    needed.push((
+        gpu_operator::api::DEFAULT_POD_RESOURCES_PATH.to_owned(),
+        pod_resources.parent().unwrap().to_path_buf(),
+        false,
+        "kubelet PodResources socket",
+    ));
+
+    for (host_path, expected, writes, why) in &needed {
+        let (mount, seen_at) = mounted_at(&mounts, host_path)
+            .unwrap_or_else(|| panic!("{host_path} ({why}) is not mounted: {mounts:?}"));
+        assert_eq!(
+            &seen_at,
+            expected,
+            "{host_path} ({why}) is mounted at {}, the code looks at {}",
+            seen_at.display(),
+            expected.display()
+        );
+        if *writes {
+            assert!(
+                !mount.read_only,
+                "{host_path} ({why}) is written, so not read-only"
+            );
+        }
+    }
+    // Nothing else from the host: each hostPath volume serves a need above.
+    for m in &mounts {
+        assert!(
+            needed
+                .iter()
+                .any(|(p, ..)| Path::new(p).starts_with(&m.host_path)),
+            "hostPath {} is mounted but nothing in the table needs it",
+            m.host_path
+        );
+        let written = needed
+            .iter()
+            .any(|(p, _, w, _)| *w && Path::new(p).starts_with(&m.host_path));
+        assert!(
+            m.read_only || written,
+            "hostPath {} is writable but only read",
+            m.host_path
+        );
+    }
+}
+
+#[test]
+fn daemonset_runs_unprivileged_with_a_read_only_root() {
+    let (_, pod, container) = daemonset();
+    assert_ne!(pod.host_network, Some(true));
+    assert_ne!(pod.host_pid, Some(true));
+    assert_ne!(pod.host_ipc, Some(true));
+    let sc = container
+        .security_context
+        .expect("a container securityContext");
+    assert_eq!(sc.privileged, Some(false));
+    assert_eq!(sc.allow_privilege_escalation, Some(false));
+    assert_eq!(sc.read_only_root_filesystem, Some(true));
+    let caps = sc.capabilities.expect("capabilities");
+    assert_eq!(caps.drop, Some(vec!["ALL".to_owned()]));
+    assert!(
+        caps.add.unwrap_or_default().is_empty(),
+        "no capability is needed yet"
+    );
+    assert_eq!(
+        sc.seccomp_profile.map(|p| p.type_).as_deref(),
+        Some("RuntimeDefault")
+    );
+}
+
+#[test]
+fn daemonset_schedules_on_gpu_nodes_first_and_stops_cleanly() {
+    let (ds, pod, _) = daemonset();
+    assert_eq!(
+        pod.priority_class_name.as_deref(),
+        Some("system-node-critical")
+    );
+    // The agent force-exits 5 s after SIGTERM (src/cli.rs shutdown_on_signals).
+    assert!(pod.termination_grace_period_seconds.unwrap_or(30) >= 10);
+    let strategy = ds
+        .spec
+        .as_ref()
+        .unwrap()
+        .update_strategy
+        .clone()
+        .expect("updateStrategy");
+    assert_eq!(strategy.type_.as_deref(), Some("RollingUpdate"));
+    let rolling = strategy.rolling_update.expect("rollingUpdate");
+    assert_eq!(
+        rolling.max_surge,
+        Some(IntOrString::Int(0)),
+        "two agents on one node would both register the device plugin"
+    );
+    let tolerations = pod.tolerations.unwrap_or_default();
+    assert!(
+        tolerations
+            .iter()
+            .any(|t| t.key.as_deref() == Some("amd.com/gpu")
+                && t.operator.as_deref() == Some("Exists")
+                && t.effect.is_none()),
+        "tolerates amd.com/gpu taints of any value and effect: {tolerations:?}"
+    );
+    // Selector and template labels agree, and carry the label the leader's
+    // metrics Service selects.
+    let spec = ds.spec.unwrap();
+    let selector = spec.selector.match_labels.unwrap_or_default();
+    let labels = spec
+        .template
+        .metadata
+        .and_then(|m| m.labels)
+        .unwrap_or_default();
+    for (k, v) in &selector {
+        assert_eq!(labels.get(k), Some(v), "template lacks selector label {k}");
+    }
+    let (key, value) = gpu_operator::cluster::resources::AGENT_POD_LABEL;
+    assert_eq!(labels.get(key).map(String::as_str), Some(value));
+}
+
+/// Does the DaemonSet's required node affinity accept a node with `labels`?
+fn affinity_accepts(pod: &PodSpec, labels: &BTreeMap<String, String>) -> bool {
+    let Some(required) = pod
+        .affinity
+        .as_ref()
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|n| {
+            n.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        })
+    else {
+        return true;
+    };
+    required.node_selector_terms.iter().any(|term| {
+        term.match_expressions.iter().flatten().all(|e| {
+            let value = labels.get(&e.key);
+            let values = e.values.clone().unwrap_or_default();
+            match e.operator.as_str() {
+                "In" => value.is_some_and(|v| values.contains(v)),
+                "NotIn" => value.is_none_or(|v| !values.contains(v)),
+                "Exists" => value.is_some(),
+                "DoesNotExist" => value.is_none(),
+                other => panic!("operator {other} not modelled here"),
+            }
+        }) && term.match_fields.is_none()
+    })
+}
+
+#[test]
+fn daemonset_targets_nfd_gpu_labels() {
+    let (_, pod, _) = daemonset();
+    let node = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    assert!(affinity_accepts(
+        &pod,
+        &node(&[("feature.node.kubernetes.io/amd-gpu", "true")])
+    ));
+    assert!(affinity_accepts(
+        &pod,
+        &node(&[("feature.node.kubernetes.io/amd-vgpu", "true")])
+    ));
+    assert!(!affinity_accepts(
+        &pod,
+        &node(&[("kubernetes.io/os", "linux")])
+    ));
+    assert!(!affinity_accepts(
+        &pod,
+        &node(&[("feature.node.kubernetes.io/amd-gpu", "false")])
+    ));
+}
+
+fn port_number(container: &Container, port: &IntOrString) -> i32 {
+    match port {
+        IntOrString::Int(n) => *n,
+        IntOrString::String(name) => {
+            container
+                .ports
+                .iter()
+                .flatten()
+                .find(|p| p.name.as_deref() == Some(name.as_str()))
+                .unwrap_or_else(|| panic!("no container port named {name}"))
+                .container_port
+        }
+    }
+}
+
+#[test]
+fn daemonset_probes_the_metrics_endpoint() {
+    let (_, _, container) = daemonset();
+    let metrics_port = i32::from(gpu_operator::metrics::MetricsConfig::DEFAULT_PORT);
+    assert!(
+        container
+            .ports
+            .iter()
+            .flatten()
+            .any(|p| p.container_port == metrics_port),
+        "the container declares the metrics port {metrics_port}"
+    );
+    for (probe, path) in [
+        (container.liveness_probe.as_ref(), "/healthz"),
+        (container.readiness_probe.as_ref(), "/readyz"),
+    ] {
+        let get = probe
+            .and_then(|p| p.http_get.as_ref())
+            .unwrap_or_else(|| panic!("an HTTP probe on {path}"));
+        assert_eq!(get.path.as_deref(), Some(path));
+        assert_eq!(port_number(&container, &get.port), metrics_port);
+    }
+    // The DeviceConfig installed alongside serves metrics on that same port.
+    let config = deployed_device_config();
+    assert!(config.spec.metrics_exporter.is_enabled());
+    assert_eq!(config.spec.metrics_exporter.port, metrics_port);
+}
+
+/// `32Mi`, `128Mi`, `1Gi`, plain bytes.
+fn mebibytes(q: &str) -> u64 {
+    let (n, unit) = q
+        .find(|c: char| !c.is_ascii_digit())
+        .map_or((q, ""), |i| q.split_at(i));
+    let n: u64 = n.parse().unwrap_or_else(|_| panic!("quantity {q}"));
+    match unit {
+        "Mi" => n,
+        "Gi" => n * 1024,
+        "Ki" => n / 1024,
+        "" => n >> 20,
+        other => panic!("unit {other} not modelled here"),
+    }
+}
+
+#[test]
+fn daemonset_resources_cover_the_idle_footprint() {
+    let (_, _, container) = daemonset();
+    let resources = container.resources.expect("resources");
+    let requests = resources.requests.expect("requests");
+    let limits = resources.limits.expect("limits");
+    let request = mebibytes(&requests["memory"].0);
+    let limit = mebibytes(&limits["memory"].0);
+    assert!(
+        request >= IDLE_RSS_TARGET_MIB,
+        "request {request} Mi below the idle footprint"
+    );
+    assert!(
+        limit >= 4 * request,
+        "limit {limit} Mi leaves too little room above {request} Mi"
+    );
+    assert!(requests.contains_key("cpu"));
+    assert!(
+        !limits.contains_key("cpu"),
+        "no CPU limit: throttling would delay kubelet gRPC answers and lease renewals"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// RBAC
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Scope {
+    /// Cluster-scoped resources, or namespaced ones across all namespaces.
+    Cluster,
+    Namespace(&'static str),
+}
+
+/// One API call the code makes.
+#[derive(Debug)]
+struct Need {
+    group: &'static str,
+    resource: &'static str,
+    verb: &'static str,
+    scope: Scope,
+    /// The only object it is made on, when the code names one.
+    name: Option<&'static str>,
+}
+
+const fn need(
+    group: &'static str,
+    resource: &'static str,
+    verb: &'static str,
+    scope: Scope,
+) -> Need {
+    Need {
+        group,
+        resource,
+        verb,
+        scope,
+        name: None,
+    }
+}
+
+const fn named(
+    group: &'static str,
+    resource: &'static str,
+    verb: &'static str,
+    scope: Scope,
+    name: &'static str,
+) -> Need {
+    Need {
+        group,
+        resource,
+        verb,
+        scope,
+        name: Some(name),
+    }
+}
+
+const OPERATOR_NS: Scope = Scope::Namespace(NAMESPACE);
+/// kube-runtime's Recorder writes Events about cluster-scoped objects (Nodes)
+/// to "default" (kube-runtime 5.0.0 src/events.rs:337).
+const NODE_EVENTS_NS: Scope = Scope::Namespace("default");
+const LEASE: &str = gpu_operator::cluster::lease::DEFAULT_LEASE_NAME;
+
+/// What the code does in the API. Keep in step with deploy/10-rbac.yaml: the
+/// RBAC tests fail both when a need is not granted and when a grant is not
+/// needed, and the end-to-end agent test fails when the agent makes a request
+/// this table does not list.
+#[rustfmt::skip]
+const NEEDS: &[Need] = &[
+    // Nodes. get: src/health/node.rs:62 reads its Node before writing health.
+    need("", "nodes", "get", Scope::Cluster),
+    // list, watch: src/agent/mod.rs:230 watches its own Node (field selector);
+    // src/cluster/mod.rs:126 the leader reflects every Node.
+    need("", "nodes", "list", Scope::Cluster),
+    need("", "nodes", "watch", Scope::Cluster),
+    // patch: src/agent/services.rs:100 GPU labels, src/agent/mod.rs:352 status
+    // annotation, src/health/node.rs:105 health labels, src/testrunner/kube.rs:157
+    // and :184 test runner labels and test requests.
+    need("", "nodes", "patch", Scope::Cluster),
+    // src/health/node.rs:93 the AMDGPUUnhealthy condition.
+    need("", "nodes/status", "patch", Scope::Cluster),
+    // DeviceConfigs. list, watch: src/agent/mod.rs:269 reflector;
+    // src/cluster/mod.rs:142 the leader's Controller, all namespaces.
+    need("amd.com", "deviceconfigs", "list", Scope::Cluster),
+    need("amd.com", "deviceconfigs", "watch", Scope::Cluster),
+    // patch: src/cluster/reconcile.rs:257 finalizer, on whatever the Controller sees.
+    need("amd.com", "deviceconfigs", "patch", Scope::Cluster),
+    // src/cluster/reconcile.rs:177 status.
+    need("amd.com", "deviceconfigs/status", "patch", Scope::Cluster),
+    // Leader election in POD_NAMESPACE (src/cluster/lease.rs): create :308,
+    // get :213, list+watch by field selector :175, update :327 and :346.
+    need( "coordination.k8s.io", "leases", "create", OPERATOR_NS),
+    named("coordination.k8s.io", "leases", "get",    OPERATOR_NS, LEASE),
+    named("coordination.k8s.io", "leases", "list",   OPERATOR_NS, LEASE),
+    named("coordination.k8s.io", "leases", "watch",  OPERATOR_NS, LEASE),
+    named("coordination.k8s.io", "leases", "update", OPERATOR_NS, LEASE),
+    // ConfigMaps a DeviceConfig names: src/cluster/reconcile.rs:294 checks they
+    // exist; the agent watches the exporter and test runner ones
+    // (src/metrics/mod.rs:18-20, being wired).
+    need("", "configmaps", "get", OPERATOR_NS),
+    need("", "configmaps", "list", OPERATOR_NS),
+    need("", "configmaps", "watch", OPERATOR_NS),
+    // The metrics Service: server-side apply src/cluster/reconcile.rs:344
+    // (authorized as patch, and as create when the object is new), delete :386.
+    need("", "services", "create", OPERATOR_NS),
+    need("", "services", "patch", OPERATOR_NS),
+    need("", "services", "delete", OPERATOR_NS),
+    // The ServiceMonitor, likewise: apply :373, delete :386.
+    need("monitoring.coreos.com", "servicemonitors", "create", OPERATOR_NS),
+    need("monitoring.coreos.com", "servicemonitors", "patch", OPERATOR_NS),
+    need("monitoring.coreos.com", "servicemonitors", "delete", OPERATOR_NS),
+    // Events: kube-runtime's Recorder creates, then patches a repeating series.
+    // About DeviceConfigs (src/cluster/reconcile.rs:114) in their namespace;
+    // about Nodes (src/agent/mod.rs:371, src/health/node.rs:161) in "default".
+    need("events.k8s.io", "events", "create", OPERATOR_NS),
+    need("events.k8s.io", "events", "patch", OPERATOR_NS),
+    need("events.k8s.io", "events", "create", NODE_EVENTS_NS),
+    need("events.k8s.io", "events", "patch", NODE_EVENTS_NS),
+    // Test results: labelled core/v1 Events about the Node, in "default"
+    // (src/testrunner/kube.rs:173, Kube::publish).
+    need("", "events", "create", NODE_EVENTS_NS),
+];
+
+/// A rule in force for the agent's ServiceAccount, and where: `None` for
+/// cluster-wide (a ClusterRoleBinding), else the RoleBinding's namespace.
+#[derive(Debug)]
+struct Grant {
+    namespace: Option<String>,
+    rule: PolicyRule,
+    from: String,
+}
+
+/// The rules bound to the DaemonSet's ServiceAccount, with their scope.
+fn grants() -> Vec<Grant> {
+    let all = manifests();
+    let (ds, pod, _) = daemonset();
+    let sa_name = pod.service_account_name.expect("serviceAccountName");
+    let sa_ns = ds.metadata.namespace.expect("namespace");
+    let is_agent = |subjects: &Option<Vec<k8s_openapi::api::rbac::v1::Subject>>| {
+        let subjects = subjects.clone().unwrap_or_default();
+        assert!(!subjects.is_empty(), "a binding without subjects");
+        for s in &subjects {
+            assert!(
+                s.kind == "ServiceAccount"
+                    && s.name == sa_name
+                    && s.namespace.as_deref() == Some(sa_ns.as_str()),
+                "bindings are for the agent's ServiceAccount only, not {s:?}"
+            );
+        }
+        true
+    };
+    let cluster_roles: BTreeMap<String, ClusterRole> = only(&all, "ClusterRole")
+        .into_iter()
+        .map(|m| (m.name().to_owned(), typed(m)))
+        .collect();
+    let roles: BTreeMap<(String, String), Role> = only(&all, "Role")
+        .into_iter()
+        .map(|m| {
+            (
+                (m.namespace().unwrap().to_owned(), m.name().to_owned()),
+                typed(m),
+            )
+        })
+        .collect();
+    let mut grants = Vec::new();
+    for m in only(&all, "ClusterRoleBinding") {
+        let b: ClusterRoleBinding = typed(m);
+        assert!(is_agent(&b.subjects));
+        assert_eq!(b.role_ref.kind, "ClusterRole");
+        let role = cluster_roles
+            .get(&b.role_ref.name)
+            .unwrap_or_else(|| panic!("ClusterRole {} is not in deploy/", b.role_ref.name));
+        for rule in role.rules.clone().unwrap_or_default() {
+            grants.push(Grant {
+                namespace: None,
+                rule,
+                from: format!("ClusterRole {}", b.role_ref.name),
+            });
+        }
+    }
+    for m in only(&all, "RoleBinding") {
+        let b: RoleBinding = typed(m);
+        assert!(is_agent(&b.subjects));
+        let ns = m
+            .namespace()
+            .expect("a RoleBinding has a namespace")
+            .to_owned();
+        let rules = match b.role_ref.kind.as_str() {
+            "Role" => roles
+                .get(&(ns.clone(), b.role_ref.name.clone()))
+                .unwrap_or_else(|| panic!("Role {}/{} is not in deploy/", ns, b.role_ref.name))
+                .rules
+                .clone(),
+            "ClusterRole" => cluster_roles[&b.role_ref.name].rules.clone(),
+            other => panic!("roleRef kind {other}"),
+        };
+        for rule in rules.unwrap_or_default() {
+            grants.push(Grant {
+                namespace: Some(ns.clone()),
+                rule,
+                from: format!("{} {}/{}", b.role_ref.kind, ns, b.role_ref.name),
+            });
+        }
+    }
+    grants
+}
+
+fn rule_allows(
+    rule: &PolicyRule,
+    group: &str,
+    resource: &str,
+    verb: &str,
+    name: Option<&str>,
+) -> bool {
+    let has = |list: &Option<Vec<String>>, item: &str| {
+        list.iter().flatten().any(|x| x == item || x == "*")
+    };
+    let names = rule.resource_names.clone().unwrap_or_default();
+    has(&rule.api_groups, group)
+        && has(&rule.resources, resource)
+        && rule.verbs.iter().any(|v| v == verb || v == "*")
+        // create is never limited by name (the name is in the body).
+        && (names.is_empty() || (verb != "create" && name.is_some_and(|n| names.iter().any(|x| x == n))))
+}
+
+fn allowed(grants: &[Grant], need: &Need) -> bool {
+    grants.iter().any(|g| {
+        let in_scope = match (&g.namespace, need.scope) {
+            (None, _) => true,
+            (Some(a), Scope::Namespace(b)) => a == b,
+            (Some(_), Scope::Cluster) => false,
+        };
+        in_scope && rule_allows(&g.rule, need.group, need.resource, need.verb, need.name)
+    })
+}
+
+#[test]
+fn rbac_grants_every_call_the_code_makes() {
+    let grants = grants();
+    let missing: Vec<&Need> = NEEDS.iter().filter(|n| !allowed(&grants, n)).collect();
+    assert!(
+        missing.is_empty(),
+        "deploy/10-rbac.yaml does not allow: {missing:#?}"
+    );
+}
+
+#[test]
+fn rbac_grants_nothing_the_code_does_not_need() {
+    for g in grants() {
+        let r = &g.rule;
+        let names = r.resource_names.clone().unwrap_or_default();
+        assert!(
+            r.non_resource_urls.is_none(),
+            "{}: non-resource URLs are not needed",
+            g.from
+        );
+        for group in r.api_groups.iter().flatten() {
+            for resource in r.resources.iter().flatten() {
+                for verb in &r.verbs {
+                    assert!(
+                        ![group, resource, verb].contains(&&"*".to_owned()),
+                        "{}: no wildcards",
+                        g.from
+                    );
+                    let serves: Vec<&Need> = NEEDS
+                        .iter()
+                        .filter(|n| n.group == group && n.resource == resource && n.verb == verb)
+                        .filter(|n| match (&g.namespace, n.scope) {
+                            (None, scope) => scope == Scope::Cluster,
+                            (Some(a), Scope::Namespace(b)) => a == b,
+                            (Some(_), Scope::Cluster) => false,
+                        })
+                        .collect();
+                    assert!(
+                        !serves.is_empty(),
+                        "{} grants {verb} {resource} ({group:?}) in {}, which nothing in the table needs there",
+                        g.from,
+                        g.namespace.as_deref().unwrap_or("every namespace")
+                    );
+                    if names.is_empty() && verb != "create" {
+                        assert!(
+                            serves.iter().any(|n| n.name.is_none()),
+                            "{} grants {verb} {resource} on every object, but the code only uses {:?}: add resourceNames",
+                            g.from,
+                            serves.iter().map(|n| n.name).collect::<Vec<_>>()
+                        );
+                    }
+                    for name in &names {
+                        assert!(
+                            serves.iter().any(|n| n.name == Some(name.as_str())),
+                            "{} names {name}, which the code does not use for {verb} {resource}",
+                            g.from
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// DeviceConfigs: the one installed with deploy/, and the standalone config
+
+fn deployed_device_config() -> gpu_operator::api::DeviceConfig {
+    let all = manifests();
+    let m = the(&all, "DeviceConfig");
+    let text = std::fs::read_to_string(repo().join(&m.file)).unwrap();
+    let docs = parse_documents(&text).expect("parses");
+    let mut configs = Vec::new();
+    for doc in &docs {
+        let problems = document_problems(doc);
+        assert!(problems.is_empty(), "{}: {problems:?}", m.file);
+        if let DocumentKind::DeviceConfig { config, .. } = &doc.kind {
+            configs.push((**config).clone());
+        }
+    }
+    assert_eq!(configs.len(), 1);
+    configs.remove(0)
+}
+
+#[test]
+fn deployed_device_config_is_valid_and_selects_the_agents_nodes() {
+    let config = deployed_device_config();
+    assert!(
+        ignored_fields(&config.spec).is_empty(),
+        "the installed example sets only fields that have an effect: {:?}",
+        ignored_fields(&config.spec)
+    );
+    assert_eq!(
+        config.metadata.namespace.as_deref(),
+        Some(NAMESPACE),
+        "agents only follow DeviceConfigs in their own namespace (WATCH_NAMESPACE)"
+    );
+    // Nothing to install: driver management needs privileges the DaemonSet
+    // does not have yet.
+    assert!(!config.spec.driver.enable);
+    // A node that carries exactly what the DeviceConfig selects gets an agent.
+    let (_, pod, _) = daemonset();
+    let labels: BTreeMap<String, String> = config.spec.selector.clone().into_iter().collect();
+    assert!(
+        !labels.is_empty(),
+        "the example selects GPU nodes, not every node"
+    );
+    assert!(
+        affinity_accepts(&pod, &labels),
+        "nodes the DeviceConfig selects ({labels:?}) must run an agent"
+    );
+}
+
+#[test]
+fn standalone_config_is_a_valid_device_config() {
+    let text = std::fs::read_to_string(repo().join("systemd/config.yaml")).unwrap();
+    // Standalone mode reads DeviceConfig documents only (src/api/yaml.rs).
+    let configs = gpu_operator::api::parse_device_configs(&text).expect("parses as DeviceConfigs");
+    assert_eq!(configs.len(), 1);
+    for doc in parse_documents(&text).unwrap() {
+        assert_eq!(document_problems(&doc), Vec::new());
+    }
+    let spec = &configs[0].spec;
+    assert!(spec.metrics_exporter.is_enabled());
+    assert!(
+        ignored_fields(spec).is_empty(),
+        "{:?}",
+        ignored_fields(spec)
+    );
+}
+
+// ---------------------------------------------------------------------------
+// systemd
+
+/// (section, key) -> values in file order.
+fn unit() -> BTreeMap<(String, String), Vec<String>> {
+    let text = std::fs::read_to_string(repo().join("systemd/gpu-operator.service")).unwrap();
+    let mut section = String::new();
+    let mut keys: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
+    for line in text.lines().map(str::trim) {
+        if line.is_empty() || line.starts_with('#') || line.starts_with(';') {
+            continue;
+        }
+        if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            section = name.to_owned();
+            continue;
+        }
+        let (key, value) = line.split_once('=').expect("key=value");
+        keys.entry((section.clone(), key.trim().to_owned()))
+            .or_default()
+            .push(value.trim().to_owned());
+    }
+    keys
+}
+
+fn setting(unit: &BTreeMap<(String, String), Vec<String>>, key: &str) -> Option<String> {
+    unit.get(&("Service".to_owned(), key.to_owned()))
+        .map(|values| values.join(" "))
+}
+
+#[test]
+fn systemd_unit_runs_standalone_and_keeps_what_the_work_needs() {
+    let unit = unit();
+    let get = |key: &str| setting(&unit, key);
+    assert_eq!(get("Type").as_deref(), Some("notify"));
+    assert_eq!(get("Restart").as_deref(), Some("on-failure"));
+    let exec = get("ExecStart").expect("ExecStart");
+    let argv: Vec<&str> = exec.split_whitespace().collect();
+    assert_eq!(
+        argv[0], IMAGE_ENTRYPOINT,
+        "the same install path as the image"
+    );
+    assert_eq!(&argv[1..3], ["standalone", "--config"]);
+    let config = Path::new(argv[3]);
+    assert_eq!(
+        config.parent(),
+        Some(
+            Path::new("/etc")
+                .join(get("ConfigurationDirectory").expect("ConfigurationDirectory"))
+                .as_path()
+        ),
+        "the config lives in the unit's ConfigurationDirectory"
+    );
+    // Test runner logs are the one writable place under ProtectSystem=strict.
+    assert_eq!(get("ProtectSystem").as_deref(), Some("strict"));
+    assert_eq!(
+        Path::new("/var/log").join(get("LogsDirectory").expect("LogsDirectory")),
+        Path::new(gpu_operator::api::DEFAULT_TEST_RUNNER_LOGS)
+    );
+    // sd_notify (unix), metrics (inet), the udev monitor (netlink).
+    let families = get("RestrictAddressFamilies").expect("RestrictAddressFamilies");
+    for family in ["AF_UNIX", "AF_INET", "AF_INET6", "AF_NETLINK"] {
+        assert!(
+            families.split_whitespace().any(|f| f == family),
+            "{family} allowed"
+        );
+    }
+    assert_eq!(get("NoNewPrivileges").as_deref(), Some("yes"));
+    // Module loading: the capability, the syscalls, and /lib/modules visible.
+    assert_eq!(
+        get("CapabilityBoundingSet").as_deref(),
+        Some("CAP_SYS_MODULE")
+    );
+    assert!(
+        get("SystemCallFilter")
+            .unwrap_or_default()
+            .contains("@module")
+    );
+    for (key, why) in [
+        (
+            "ProtectKernelModules",
+            "drops CAP_SYS_MODULE and hides /lib/modules",
+        ),
+        ("PrivateDevices", "hides /dev/kfd and /dev/dri"),
+        (
+            "ProtectClock",
+            "implies a DeviceAllow= list that blocks GPU device nodes",
+        ),
+        ("DevicePolicy", "would block GPU device nodes"),
+        ("DeviceAllow", "would block GPU device nodes"),
+        (
+            "PrivateNetwork",
+            "the metrics endpoint is scraped from other hosts",
+        ),
+        ("ProcSubset", "process metrics read /proc/stat"),
+        ("DynamicUser", "module loading and sysfs need root"),
+    ] {
+        let value = get(key);
+        assert!(
+            value.is_none() || value.as_deref() == Some("no"),
+            "{key}={value:?} breaks the service: it {why}"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------
+// End to end: kubectl apply, and the agent with the DaemonSet's environment
+
+fn kubectl_present(test: &str) -> bool {
+    if Path::new(KUBECTL).exists() {
+        return true;
+    }
+    println!("SKIPPED {test}: {KUBECTL} not found; `kubectl apply` was not checked");
+    false
+}
+
+/// Runs kubectl against the emulator: (success, stdout, stderr).
+async fn kubectl(emu: &Emulator, home: &Path, args: &[&str]) -> (bool, String, String) {
+    let out = tokio::time::timeout(
+        Duration::from_secs(60),
+        tokio::process::Command::new(KUBECTL)
+            .args(args)
+            .current_dir(repo())
+            .env_clear()
+            .env("KUBECONFIG", emu.kubeconfig_path())
+            .env("HOME", home)
+            .arg("--cache-dir")
+            .arg(home.join("cache"))
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("kubectl {args:?} timed out"))
+    .expect("kubectl runs");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Kinds kubectl reported as not served ("resource mapping not found ... no
+/// matches for kind"). Panics on any other error in `stderr`.
+fn unmapped_kinds(stderr: &str) -> BTreeSet<String> {
+    const START: &str = "resource mapping not found for name: ";
+    const KIND: &str = "no matches for kind \"";
+    const VERSION: &str = "\" in version \"";
+    let mut kinds = BTreeSet::new();
+    let mut rest = stderr.to_owned();
+    while let Some(start) = rest.find(START) {
+        let parsed = rest[start..].find(KIND).and_then(|k| {
+            let kind_at = start + k + KIND.len();
+            let kind_len = rest[kind_at..].find(VERSION)?;
+            let version_at = kind_at + kind_len + VERSION.len();
+            let end = version_at + rest[version_at..].find('"')? + 1;
+            Some((rest[kind_at..kind_at + kind_len].to_owned(), end))
+        });
+        let (kind, end) = parsed.unwrap_or_else(|| panic!("unexpected kubectl output:\n{stderr}"));
+        kinds.insert(kind);
+        rest.replace_range(start..end, "");
+    }
+    // What remains is kubectl's framing of those errors, or another error.
+    let other = rest
+        .replace("ensure CRDs are installed first", "")
+        .replace("error:", "")
+        .replace(['[', ']', ','], "");
+    assert!(
+        other.trim().is_empty(),
+        "kubectl failed for another reason: {}\nfull stderr:\n{stderr}",
+        other.trim()
+    );
+    kinds
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_applies_deploy_as_documented() {
+    if !kubectl_present("kubectl_applies_deploy_as_documented") {
+        return;
+    }
+    let emu = Emulator::start(EmulatorConfig::default()).await.unwrap();
+    let home = tempfile::tempdir().unwrap();
+    // deploy/README.md: the CRD, wait until it is served, then deploy/.
+    let (ok, out, err) = kubectl(&emu, home.path(), &["apply", "-f", "deploy/crd/"]).await;
+    assert!(ok, "kubectl apply -f deploy/crd/: {out}{err}");
+    let (ok, out, err) = kubectl(
+        &emu,
+        home.path(),
+        &[
+            "wait",
+            "--for",
+            "condition=established",
+            "--timeout=60s",
+            "crd/deviceconfigs.amd.com",
+        ],
+    )
+    .await;
+    assert!(ok, "kubectl wait: {out}{err}");
+    // --validate=false only because the emulator's OpenAPI is a stub: with
+    // client-side validation kubectl gives up on a whole file as soon as one
+    // kind has no schema, instead of reporting each object.
+    let (ok, out, err) = kubectl(
+        &emu,
+        home.path(),
+        &["apply", "--validate=false", "-f", "deploy/"],
+    )
+    .await;
+    let unmapped = unmapped_kinds(&err);
+    assert_eq!(
+        ok,
+        unmapped.is_empty(),
+        "exit status vs errors:\n{out}{err}"
+    );
+
+    // Each object is either stored, or of a kind the emulator does not serve
+    // (RBAC and ServiceAccounts: kubernetes-validate checks those, see
+    // .ci/check-manifests); never refused for its content or its order.
+    let client = emu.client();
+    for m in manifests() {
+        let api_version = m.doc["apiVersion"].as_str().unwrap();
+        let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+        let gvk = kube::core::GroupVersionKind::gvk(group, version, m.kind());
+        let served = kube::discovery::pinned_kind(&client, &gvk).await.is_ok();
+        let stored = emu.get(api_version, m.kind(), m.namespace().unwrap_or(""), m.name());
+        if served {
+            let stored = stored.unwrap_or_else(|| {
+                panic!(
+                    "{} {} from {} was not created:\n{out}{err}",
+                    m.kind(),
+                    m.name(),
+                    m.file
+                )
+            });
+            // What was stored is what the file says (spot check: the spec).
+            if let Some(spec) = m.doc.get("spec").filter(|_| m.kind() == "DaemonSet") {
+                assert_eq!(&stored["spec"], spec, "DaemonSet stored as written");
+            }
+        } else {
+            assert!(
+                unmapped.contains(m.kind()),
+                "{} is not served, so kubectl must say so: {err}",
+                m.kind()
+            );
+        }
+    }
+    assert!(
+        emu.get("amd.com/v1alpha1", "DeviceConfig", NAMESPACE, "default")
+            .is_some(),
+        "the DeviceConfig went in after its CRD"
+    );
+
+    // Applying again changes nothing.
+    let before = emu.resource_version();
+    let (_, out, _) = kubectl(
+        &emu,
+        home.path(),
+        &["apply", "--validate=false", "-f", "deploy/"],
+    )
+    .await;
+    assert_eq!(
+        emu.resource_version(),
+        before,
+        "a second apply changed something:\n{out}"
+    );
+
+    // Uninstall as documented: the DeviceConfig first, then the rest, then the CRD.
+    let all = manifests();
+    let device_config_file = the(&all, "DeviceConfig").file.clone();
+    for args in [
+        &["delete", "--wait", "-f", device_config_file.as_str()][..],
+        &["delete", "--ignore-not-found", "-f", "deploy/"][..],
+        &["delete", "-f", "deploy/crd/"][..],
+    ] {
+        let (ok, out, err) = kubectl(&emu, home.path(), args).await;
+        assert_eq!(
+            ok,
+            unmapped_kinds(&err).is_empty(),
+            "kubectl {args:?}:\n{out}{err}"
+        );
+    }
+    for m in &all {
+        let api_version = m.doc["apiVersion"].as_str().unwrap();
+        let left = emu.get(api_version, m.kind(), m.namespace().unwrap_or(""), m.name());
+        assert!(
+            left.is_none(),
+            "{} {} left after uninstalling",
+            m.kind(),
+            m.name()
+        );
+    }
+    assert!(
+        emu.list("apiextensions.k8s.io/v1", "CustomResourceDefinition")
+            .is_empty()
+    );
+}
+
+const NODE: &str = "gpu-node-1";
+const POD: &str = "gpu-operator-x7k2p";
+const WAIT: Duration = Duration::from_secs(20);
+
+async fn eventually(what: &str, log: &Path, mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + WAIT;
+    while !condition() {
+        if Instant::now() > deadline {
+            let log = std::fs::read_to_string(log).unwrap_or_default();
+            panic!("timed out waiting for {what}; agent log:\n{log}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// `plural[.group][/subresource]` (the emulator's request names) as (group, resource).
+fn group_resource(name: &str) -> (String, String) {
+    let (main, sub) = name
+        .split_once('/')
+        .map_or((name, None), |(m, s)| (m, Some(s)));
+    let (plural, group) = main.split_once('.').unwrap_or((main, ""));
+    let resource = match sub {
+        Some(sub) => format!("{plural}/{sub}"),
+        None => plural.to_owned(),
+    };
+    (group.to_owned(), resource)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_runs_with_the_daemonset_environment_within_its_rbac() {
+    let (ds, _, container) = daemonset();
+    let namespace = ds.metadata.namespace.clone().unwrap();
+    let emu = Emulator::start(EmulatorConfig::default()).await.unwrap();
+    emu.create(serde_json::to_value(gpu_operator::api::crd()).unwrap())
+        .unwrap();
+    let all = manifests();
+    emu.create(the(&all, "Namespace").doc.clone()).unwrap();
+    emu.create(the(&all, "DeviceConfig").doc.clone()).unwrap();
+    // A GPU node as node-feature-discovery labels it.
+    emu.create(json!({"apiVersion": "v1", "kind": "Node", "metadata": {
+        "name": NODE, "labels": {"feature.node.kubernetes.io/amd-gpu": "true"}}}))
+        .unwrap();
+
+    // The container's paths, mapped to temporary directories.
+    let dir = tempfile::tempdir().unwrap();
+    let host_root = dir.path().join("host");
+    let kubelet_dir = dir.path().join("kubelet");
+    gpu_operator::simulate::write_host(
+        &HostRoot::new(&host_root),
+        &gpu_operator::simulate::SimSpec::new("mi300x", None, None).unwrap(),
+    )
+    .unwrap();
+    std::fs::create_dir_all(kubelet_dir.join("device-plugins")).unwrap();
+    std::fs::create_dir_all(kubelet_dir.join("pod-resources")).unwrap();
+    let kubelet = support::kubelet::TestKubelet::start(&kubelet_dir.join("device-plugins")).await;
+    let paths: BTreeMap<&str, &Path> = BTreeMap::from([
+        ("/host", host_root.as_path()),
+        ("/var/lib/kubelet", kubelet_dir.as_path()),
+    ]);
+
+    // The environment the kubelet would give the container.
+    let mut env: Vec<(String, String)> = Vec::new();
+    for var in container.env.clone().unwrap_or_default() {
+        let value = match (&var.value, &var.value_from) {
+            (Some(value), _) if value.starts_with('/') => paths
+                .get(value.as_str())
+                .unwrap_or_else(|| panic!("{}={value}: map this path in the test", var.name))
+                .display()
+                .to_string(),
+            (Some(value), _) => value.clone(),
+            (None, Some(from)) => match from.field_ref.as_ref().map(|f| f.field_path.as_str()) {
+                Some("spec.nodeName") => NODE.to_owned(),
+                Some("metadata.name") => POD.to_owned(),
+                Some("metadata.namespace") => namespace.clone(),
+                other => panic!("{}: downward API field {other:?} not modelled", var.name),
+            },
+            (None, None) => String::new(),
+        };
+        env.push((var.name, value));
+    }
+    let log_path = dir.path().join("agent.log");
+    let mut agent = tokio::process::Command::new(env!("CARGO_BIN_EXE_gpu-operator"))
+        .args(container.args.clone().unwrap_or_default())
+        .env_clear()
+        .envs(env)
+        // Stands in for the in-cluster ServiceAccount credentials.
+        .env("KUBECONFIG", emu.kubeconfig_path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log_path).unwrap())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start gpu-operator");
+
+    // Node work: it follows the installed DeviceConfig and registers its GPUs.
+    eventually("the agent status annotation", &log_path, || {
+        emu.get("v1", "Node", "", NODE)
+            .and_then(|n| {
+                n["metadata"]["annotations"]["amd.com/gpu-agent-status"]
+                    .as_str()
+                    .map(str::to_owned)
+            })
+            .is_some_and(|s| s.contains(&format!("\"deviceConfig\":\"{NAMESPACE}/default\"")))
+    })
+    .await;
+    kubelet.wait_for_registration("amd.com/gpu", 1).await;
+    // Cluster work: it leads through the Lease in its namespace and reconciles.
+    let lease = || emu.get("coordination.k8s.io/v1", "Lease", &namespace, LEASE);
+    eventually("leadership", &log_path, || {
+        lease().is_some_and(|l| l["spec"]["holderIdentity"] == format!("{NODE}/{POD}"))
+    })
+    .await;
+    eventually(
+        "the DeviceConfig's metrics Service and status",
+        &log_path,
+        || {
+            emu.get("v1", "Service", NAMESPACE, "default-metrics-exporter")
+                .is_some()
+                && emu
+                    .get("amd.com/v1alpha1", "DeviceConfig", NAMESPACE, "default")
+                    .is_some_and(|dc| !dc["status"].is_null())
+        },
+    )
+    .await;
+
+    // Uninstalling, step one (deploy/README.md): delete the DeviceConfig while
+    // the agents still run; the leader tears down and lifts its finalizer.
+    let configs: kube::Api<gpu_operator::api::DeviceConfig> =
+        kube::Api::namespaced(emu.client(), NAMESPACE);
+    configs
+        .delete("default", &Default::default())
+        .await
+        .expect("delete the DeviceConfig");
+    let ours = (1, "delete deviceconfigs.amd.com".to_owned());
+    eventually("the DeviceConfig torn down and gone", &log_path, || {
+        emu.get("amd.com/v1alpha1", "DeviceConfig", NAMESPACE, "default")
+            .is_none()
+            && emu
+                .get("v1", "Service", NAMESPACE, "default-metrics-exporter")
+                .is_none()
+    })
+    .await;
+
+    // SIGTERM, as the kubelet stops the pod: a clean exit within the grace
+    // period, with the Lease released for a standby.
+    let pid = agent.id().expect("running") as libc::pid_t;
+    // SAFETY: kill(2) on the child we spawned and still own.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let grace = Duration::from_secs(
+        u64::try_from(
+            ds.spec
+                .unwrap()
+                .template
+                .spec
+                .unwrap()
+                .termination_grace_period_seconds
+                .unwrap(),
+        )
+        .unwrap(),
+    );
+    let status = tokio::time::timeout(grace, agent.wait())
+        .await
+        .expect("the agent exits within terminationGracePeriodSeconds")
+        .unwrap();
+    assert!(status.success(), "exit status {status}");
+    assert!(
+        lease().is_some_and(|l| l["spec"]["holderIdentity"]
+            .as_str()
+            .unwrap_or("")
+            .is_empty()),
+        "the Lease was released: {:?}",
+        lease()
+    );
+
+    // Every API request it made is in the table of needs, and allowed.
+    let grants = grants();
+    let mut made = Vec::new();
+    for (key, count) in emu.requests().0 {
+        if key.resource.starts_with('/') {
+            continue; // discovery and version: allowed to every authenticated client
+        }
+        if (count, key.to_string()) == ours {
+            continue; // the test's own request, not the agent's
+        }
+        let (group, resource) = group_resource(&key.resource);
+        let known = NEEDS
+            .iter()
+            .filter(|n| n.group == group && n.resource == resource && n.verb == key.verb)
+            .collect::<Vec<_>>();
+        assert!(
+            !known.is_empty(),
+            "the agent made `{} {}`, which the table of needs does not list",
+            key.verb,
+            key.resource
+        );
+        assert!(
+            known.iter().any(|n| allowed(&grants, n)),
+            "not allowed: {key}"
+        );
+        made.push(key.to_string());
+    }
+    println!("API requests the agent made: {made:?}");
+    // The run exercised node work, election and reconciling, so the check
+    // above saw each kind of request.
+    for expected in [
+        "watch nodes",
+        "patch nodes",
+        "watch deviceconfigs.amd.com",
+        "create leases.coordination.k8s.io",
+        "update leases.coordination.k8s.io",
+        "patch deviceconfigs.amd.com",
+        "patch deviceconfigs.amd.com/status",
+        "patch services",
+        "delete services",
+    ] {
+        assert!(
+            made.iter().any(|m| m == expected),
+            "expected `{expected}` among {made:?}"
+        );
+    }
+}
