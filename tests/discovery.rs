@@ -523,19 +523,22 @@ mod corruption {
 
 // ---- hotplug ---------------------------------------------------------------
 
-#[tokio::test]
-async fn hotplug_arrives_on_the_change_stream() {
+/// A simulated host with a fast-rescanning watch on it.
+async fn watched_host(spec: SimSpec) -> (tempfile::TempDir, HostRoot, DeviceWatch) {
     let dir = tempfile::tempdir().unwrap();
     let host = HostRoot::new(dir.path());
-    simulate::write_host(&host, &SimSpec::new("mi210", Some(2), None).unwrap()).unwrap();
-    let watch = DeviceWatch::start(
-        host.clone(),
-        WatchConfig {
-            rescan_interval: Duration::from_millis(50),
-            use_udev: false,
-        },
-    )
-    .await;
+    simulate::write_host(&host, &spec).unwrap();
+    let config = WatchConfig {
+        rescan_interval: Duration::from_millis(50),
+        use_udev: false,
+    };
+    let watch = DeviceWatch::start(host.clone(), config).await;
+    (dir, host, watch)
+}
+
+#[tokio::test]
+async fn hotplug_arrives_on_the_change_stream() {
+    let (_dir, host, watch) = watched_host(SimSpec::new("mi210", Some(2), None).unwrap()).await;
     let mut events = watch.subscribe();
     let mut inventory = watch.inventory();
     assert_eq!(inventory.borrow().gpus.len(), 2);
@@ -558,17 +561,7 @@ async fn hotplug_arrives_on_the_change_stream() {
 
 #[tokio::test]
 async fn repartitioning_is_a_change_event() {
-    let dir = tempfile::tempdir().unwrap();
-    let host = HostRoot::new(dir.path());
-    simulate::write_host(&host, &SimSpec::new("mi300x", Some(1), None).unwrap()).unwrap();
-    let watch = DeviceWatch::start(
-        host.clone(),
-        WatchConfig {
-            rescan_interval: Duration::from_millis(50),
-            use_udev: false,
-        },
-    )
-    .await;
+    let (_dir, host, watch) = watched_host(SimSpec::new("mi300x", Some(1), None).unwrap()).await;
     let mut events = watch.subscribe();
     simulate::write_host(
         &host,
