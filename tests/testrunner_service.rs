@@ -310,6 +310,34 @@ async fn a_node_annotation_runs_the_test_once_and_reports_it() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_changed_during_a_run_is_kept_and_runs_next() {
+    let mut h = Harness::start(1, None, &["slow:0.6", "pass"]).await;
+    h.request("gst_single").await;
+    h.eventually("first test running", |h| !h.running_labels().is_empty())
+        .await;
+    h.request("babel").await;
+    h.eventually("both tests reported", |h| {
+        h.events_with("TestPassed").len() == 2
+    })
+    .await;
+    let recipes: Vec<String> = h
+        .events()
+        .iter()
+        .map(|e| labels(e)["testrunner.amd.com/recipe"].clone())
+        .collect();
+    assert_eq!(recipes, ["gst_single", "babel"]);
+    h.eventually("request removed after the second", |h| {
+        h.annotation().is_none()
+    })
+    .await;
+    h.stays("no further runs", Duration::from_millis(400), |h| {
+        h.rvs.invocations().len() == 2
+    })
+    .await;
+    h.slot.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hanging_test_times_out_and_its_processes_are_killed() {
     let config = config_json("MANUAL", r#"{"Recipe":"gst_single","TimeoutSeconds":0.3}"#);
     let mut h = Harness::start(1, Some(config), &["hang"]).await;

@@ -18,6 +18,9 @@
 //! StopOnFailure true, 3600 s); an explicit 0 for `Iterations` or
 //! `TimeoutSeconds` is an error, as it is for the reference.
 //!
+//! Every test case of a trigger runs, one after the other, each with its own
+//! result (the reference runs only the first).
+//!
 //! Extensions, absent from the reference:
 //! - trigger `PERIODIC` with `"IntervalSeconds": N` next to `TestCases` (the
 //!   reference schedules tests with a CronJob running the MANUAL trigger);

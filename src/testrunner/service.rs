@@ -137,6 +137,7 @@ impl Service for TestRunnerService {
             let mut node = self.node.clone();
             let mut inventory = self.inventory.clone();
             let mut unhealthy_open = true;
+            let mut failure = None;
 
             if !self.pre_start_done.swap(true, Ordering::SeqCst)
                 && let Some(request) = pre_start_request(&tests, &current.node_name)
@@ -167,7 +168,14 @@ impl Service for TestRunnerService {
                         }
                     }
                 }
-                let targets = read_targets(&inventory.borrow_and_update(), &current.host);
+                // Marks the inventory seen, so that `changed` waits for the next one.
+                let gpus_now = inventory.borrow_and_update().clone();
+                // The KFD ids are read only when something may start.
+                let targets = if scheduler.queued() > 0 {
+                    read_targets(&gpus_now, &current.host)
+                } else {
+                    Vec::new()
+                };
                 let bdfs = targets.iter().map(|t| t.bdf.clone()).collect();
                 for start in scheduler.start_ready(&bdfs) {
                     let uid = node_copy.as_ref().and_then(|n| n.uid());
@@ -207,7 +215,13 @@ impl Service for TestRunnerService {
                             || next.node_name != current.node_name
                             || next.host != current.host
                         {
-                            ctx = self.context(&next)?;
+                            match self.context(&next) {
+                                Ok(next_ctx) => ctx = next_ctx,
+                                Err(e) => {
+                                    failure = Some(e);
+                                    break;
+                                }
+                            }
                         }
                         current = next;
                         let interval = periodic_interval(&tests, &current.node_name);
@@ -256,7 +270,7 @@ impl Service for TestRunnerService {
                 s.running.clear();
                 s.queued = 0;
             });
-            Ok(())
+            failure.map_or(Ok(()), Err)
         })
     }
 }
