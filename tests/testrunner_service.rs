@@ -215,7 +215,7 @@ fn running_key(recipe: &str, index: u32) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_annotation_runs_the_test_once_and_reports_it() {
-    let mut h = Harness::start(2, None, &["slow:0.6"]).await;
+    let mut h = Harness::start(2, None, &["slow:1"]).await;
     h.request("gst_single").await;
 
     // While it runs: a running label per GPU, and the stats say so.
@@ -366,7 +366,7 @@ async fn an_unhealthy_gpu_is_tested_once_its_gpu_is_free() {
     let config = r#"{"TestConfig":{"GPU_HEALTH_CHECK":{"TestLocationTrigger":{"global":{"TestParameters":{
         "AUTO_UNHEALTHY_GPU_WATCH":{"TestCases":[{"Recipe":"gst_single"}]},
         "MANUAL":{"TestCases":[{"Recipe":"babel","Iterations":1}]}}}}}}}"#;
-    let mut h = Harness::start(2, Some(config.into()), &["slow:0.8", "pass"]).await;
+    let mut h = Harness::start(2, Some(config.into()), &["slow:1.5", "pass"]).await;
 
     // A whole-node manual test holds both GPUs...
     h.request("babel").await;
