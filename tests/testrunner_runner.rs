@@ -377,3 +377,58 @@ async fn cancelling_a_check_kills_the_test() {
     assert!(matches!(e, TestRunnerError::Cancelled), "{e}");
     assert!(wait_gone(rig.rvs.wait_for_pid("grandchild.pid")));
 }
+
+/// Without Kubernetes (bare metal): no client and no Node, yet an unhealthy GPU
+/// is tested, logged and counted.
+#[tokio::test]
+async fn the_service_runs_without_kubernetes() {
+    use gpu_operator::agent::supervisor::Slot;
+    use gpu_operator::testrunner::{GpuUnhealthy, TestRunnerConfig, TestRunnerService, Trigger};
+    use std::sync::Arc;
+    use tokio::sync::{mpsc, watch};
+
+    let rig = Rig::new(2);
+    let inventory = gpu_operator::device::discover(&rig.host);
+    let mut bdfs: Vec<String> = inventory.gpus.iter().map(|g| g.bdf.clone()).collect();
+    bdfs.sort();
+    let (_inventory_tx, inventory_rx) = watch::channel(Arc::new(inventory));
+    // No Node: its watch is closed from the start.
+    let node_rx = watch::channel(None).1;
+    let (unhealthy, unhealthy_rx) = mpsc::channel(4);
+    let service = TestRunnerService::new(None, inventory_rx, node_rx, unhealthy_rx);
+    let mut stats = service.stats();
+    let mut slot = Slot::new(service);
+    let logs = rig.dir.path().join("logs");
+    slot.apply(Some(TestRunnerConfig {
+        commands: rig.rvs.commands(),
+        ..TestRunnerConfig::new(rig.host.clone(), "bare-metal", &logs)
+    }))
+    .await;
+    unhealthy
+        .send(GpuUnhealthy {
+            bdf: bdfs[0].clone(),
+            reasons: vec!["missing".into()],
+        })
+        .await
+        .unwrap();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        stats.wait_for(|s| s.total(Outcome::Passed) == 1),
+    )
+    .await
+    .expect("the test ran")
+    .unwrap();
+    assert_eq!(
+        stats.borrow().last[0].trigger,
+        Trigger::AutoUnhealthyGpuWatch
+    );
+    assert_eq!(stats.borrow().last[0].gpu_indexes, [0]);
+    let calls = rig.rvs.invocations();
+    assert_eq!(calls.len(), 1);
+    assert!(calls[0].contains("-i 0 -j"), "{calls:?}");
+    assert!(logs_in(&logs).iter().any(|p| {
+        p.to_string_lossy()
+            .ends_with("_auto_unhealthy_gpu_watch_gst_single_result.json")
+    }));
+    slot.stop().await;
+}

@@ -136,7 +136,11 @@ impl Service for TestRunnerService {
             let runs_cancel = CancellationToken::new();
             let mut node = self.node.clone();
             let mut inventory = self.inventory.clone();
+            // A closed input (its sender dropped) is no longer polled: `changed`
+            // would return at once, forever.
             let mut unhealthy_open = true;
+            let mut node_open = true;
+            let mut inventory_open = true;
             let mut failure = None;
 
             if !self.pre_start_done.swap(true, Ordering::SeqCst)
@@ -230,8 +234,8 @@ impl Service for TestRunnerService {
                             next_periodic = period.map(|p| Instant::now() + p);
                         }
                     }
-                    _ = node.changed() => {}
-                    _ = inventory.changed() => {}
+                    changed = node.changed(), if node_open => node_open = changed.is_ok(),
+                    changed = inventory.changed(), if inventory_open => inventory_open = changed.is_ok(),
                     message = unhealthy.recv(), if unhealthy_open => match message {
                         Some(gpu) => {
                             if let Some(request) = unhealthy_request(&tests, &current.node_name, &gpu.bdf) {
