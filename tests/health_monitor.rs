@@ -34,10 +34,10 @@ const GPU: &str = "0000:27:00.0";
 /// hosts have thousands of files; deleting them from disk can take seconds).
 fn scratch() -> tempfile::TempDir {
     let shm = Path::new("/dev/shm");
-    if shm.is_dir() {
-        if let Ok(dir) = tempfile::tempdir_in(shm) {
-            return dir;
-        }
+    if shm.is_dir()
+        && let Ok(dir) = tempfile::tempdir_in(shm)
+    {
+        return dir;
     }
     tempfile::tempdir().unwrap()
 }

@@ -42,10 +42,10 @@ struct Sim {
 /// `discard` takes seconds.
 fn scratch() -> tempfile::TempDir {
     let shm = Path::new("/dev/shm");
-    if shm.is_dir() {
-        if let Ok(dir) = tempfile::tempdir_in(shm) {
-            return dir;
-        }
+    if shm.is_dir()
+        && let Ok(dir) = tempfile::tempdir_in(shm)
+    {
+        return dir;
     }
     tempfile::tempdir().unwrap()
 }

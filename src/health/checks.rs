@@ -225,7 +225,10 @@ mod tests {
     #[test]
     fn ecc_above_threshold() {
         let limits = HealthThresholds::default();
-        assert!(check_ecc(&good(), &limits).is_empty(), "correctable errors are fine");
+        assert!(
+            check_ecc(&good(), &limits).is_empty(),
+            "correctable errors are fine"
+        );
         let mut r = good();
         r.ecc.insert("umc".into(), EccCount { ue: 2, ce: 9 });
         r.ecc.insert("pcie_bif".into(), EccCount { ue: 1, ce: 0 });
@@ -290,12 +293,12 @@ mod tests {
             }],
             ..Inventory::default()
         };
-        let seen: BTreeSet<String> = ["0000:05:00.0", "0000:27:00.0"]
-            .map(String::from)
-            .into();
+        let seen: BTreeSet<String> = ["0000:05:00.0", "0000:27:00.0"].map(String::from).into();
         assert_eq!(missing_gpus(&seen, &inventory), ["0000:27:00.0"]);
-        let mut sample = HostSample::default();
-        sample.kfd_present = Some(true);
+        let mut sample = HostSample {
+            kfd_present: Some(true),
+            ..HostSample::default()
+        };
         sample.gpus.insert("0000:05:00.0".into(), good());
         let problems = evaluate(&inventory, &sample, &seen, &Thresholds::default());
         assert_eq!(problems["0000:05:00.0"], Vec::<String>::new());

@@ -125,7 +125,11 @@ mod tests {
             Step::ReasonsChanged
         );
         assert_eq!(t.observe(vec![], &damping), Step::Unchanged);
-        assert_eq!(t.observe(bad(), &damping), Step::ReasonsChanged, "flap back");
+        assert_eq!(
+            t.observe(bad(), &damping),
+            Step::ReasonsChanged,
+            "flap back"
+        );
         assert!(!t.healthy);
         assert_eq!(t.observe(vec![], &damping), Step::Unchanged);
         assert_eq!(t.observe(vec![], &damping), Step::BecameHealthy);

@@ -19,8 +19,8 @@ use tokio::sync::{broadcast, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::outputs::{
-    condition_differs, find_condition, health_labels, label_patch, merge_condition,
-    node_condition, transition_event,
+    condition_differs, find_condition, health_labels, label_patch, merge_condition, node_condition,
+    transition_event,
 };
 use super::{HealthSnapshot, HealthTransition};
 
@@ -134,7 +134,9 @@ pub async fn publish_node_health(
             let snapshot = snapshots.borrow_and_update().clone();
             match apply_node_health(&nodes, &node_name, &snapshot).await {
                 Ok(_) => pending = false,
-                Err(e) => tracing::warn!(error = %e, "cannot write GPU health to the Node; will retry"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot write GPU health to the Node; will retry")
+                }
             }
         }
         tokio::select! {

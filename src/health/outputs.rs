@@ -129,7 +129,12 @@ pub fn health_labels(snapshot: &HealthSnapshot) -> BTreeMap<String, String> {
         .values()
         .filter(|h| !h.healthy)
         .flat_map(|h| h.gpu_ids.iter())
-        .map(|id| (format!("{LABEL_PREFIX}{id}{LABEL_SUFFIX}"), LABEL_VALUE.to_owned()))
+        .map(|id| {
+            (
+                format!("{LABEL_PREFIX}{id}{LABEL_SUFFIX}"),
+                LABEL_VALUE.to_owned(),
+            )
+        })
         .collect()
 }
 
@@ -278,7 +283,9 @@ mod tests {
         let labels = health_labels(&snapshot(true));
         assert_eq!(labels.len(), 8);
         assert_eq!(
-            labels.get("metricsexporter.amd.com.gpu.8.state").map(String::as_str),
+            labels
+                .get("metricsexporter.amd.com.gpu.8.state")
+                .map(String::as_str),
             Some("unhealthy")
         );
         assert!(is_health_label("metricsexporter.amd.com.gpu.12.state"));
@@ -290,7 +297,10 @@ mod tests {
     #[test]
     fn label_patch_sets_and_removes_only_health_labels() {
         let current = BTreeMap::from([
-            ("metricsexporter.amd.com.gpu.3.state".to_owned(), "unhealthy".to_owned()),
+            (
+                "metricsexporter.amd.com.gpu.3.state".to_owned(),
+                "unhealthy".to_owned(),
+            ),
             ("amd.com/gpu.family".to_owned(), "AI".to_owned()),
         ]);
         let desired = BTreeMap::from([(
@@ -322,7 +332,10 @@ mod tests {
         let e = transition_event(&down);
         assert_eq!(e.type_, EventType::Warning);
         assert_eq!(e.reason, EVENT_UNHEALTHY);
-        assert_eq!(e.note.as_deref(), Some("GPU 1 (0000:27:00.0) became unhealthy: hot"));
+        assert_eq!(
+            e.note.as_deref(),
+            Some("GPU 1 (0000:27:00.0) became unhealthy: hot")
+        );
         let up = HealthTransition {
             healthy: true,
             reasons: vec![],

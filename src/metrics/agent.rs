@@ -85,7 +85,11 @@ pub struct ExporterSelf {
 }
 
 /// The agent's families. Pure.
-pub fn families(counters: &Counters, process: Option<&ProcessStats>, me: &ExporterSelf) -> Vec<Family> {
+pub fn families(
+    counters: &Counters,
+    process: Option<&ProcessStats>,
+    me: &ExporterSelf,
+) -> Vec<Family> {
     let one = |name: &str, help: &str, kind: Kind, value: f64| Family {
         name: name.to_owned(),
         help: help.to_owned(),

@@ -296,7 +296,9 @@ pub fn parse_config(text: &str) -> Result<ExporterConfig, ConfigError> {
                 "custom label {name} ignored: at most {MAX_CUSTOM_LABELS} custom labels are supported"
             ));
         } else {
-            config.custom_labels.insert(name.to_ascii_lowercase(), value);
+            config
+                .custom_labels
+                .insert(name.to_ascii_lowercase(), value);
         }
     }
     for (key, value) in gpu.health_thresholds {
@@ -388,10 +390,7 @@ mod tests {
         assert!(config.exports("GPU_EDGE_TEMPERATURE"));
         assert!(config.exports("GPU_HEALTH"));
         assert!(!config.exports("GPU_PACKAGE_POWER"));
-        assert_eq!(
-            config.labels.iter().collect::<Vec<_>>(),
-            ["VBIOS_VERSION"]
-        );
+        assert_eq!(config.labels.iter().collect::<Vec<_>>(), ["VBIOS_VERSION"]);
         assert_eq!(
             config.custom_labels,
             BTreeMap::from([("cluster_name".to_owned(), "lab".to_owned())])
@@ -401,15 +400,20 @@ mod tests {
         assert_eq!(config.health_thresholds.ecc_threshold("gfx"), 0);
         assert_eq!(config.health_thresholds.junction_critical_c, Some(95.5));
         let warnings = config.warnings.join("\n");
-        for expected in ["GPU_VOLTAGE", "JOB_ID", "POD", "bad-name", "GPU_ECC_UNCORRECT_NOPE"] {
+        for expected in [
+            "GPU_VOLTAGE",
+            "JOB_ID",
+            "POD",
+            "bad-name",
+            "GPU_ECC_UNCORRECT_NOPE",
+        ] {
             assert!(warnings.contains(expected), "{expected} in:\n{warnings}");
         }
     }
 
     #[test]
     fn bad_prefix_falls_back_to_none() {
-        let config =
-            parse_config(r#"{"CommonConfig": {"MetricsFieldPrefix": "9-bad"}}"#).unwrap();
+        let config = parse_config(r#"{"CommonConfig": {"MetricsFieldPrefix": "9-bad"}}"#).unwrap();
         assert_eq!(config.prefix, "");
         assert_eq!(config.warnings.len(), 1);
     }
@@ -417,7 +421,10 @@ mod tests {
     #[test]
     fn too_many_custom_labels_are_cut() {
         let labels: Vec<String> = (0..12).map(|i| format!("\"l{i:02}\": \"v\"")).collect();
-        let text = format!(r#"{{"GPUConfig": {{"CustomLabels": {{{}}}}}}}"#, labels.join(","));
+        let text = format!(
+            r#"{{"GPUConfig": {{"CustomLabels": {{{}}}}}}}"#,
+            labels.join(",")
+        );
         let config = parse_config(&text).unwrap();
         assert_eq!(config.custom_labels.len(), 10);
         assert_eq!(config.warnings.len(), 2);

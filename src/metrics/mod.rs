@@ -292,7 +292,9 @@ impl Service for MetricsService {
             let (addr, mut server) =
                 server::serve(current.listen, published_rx.clone(), server_stop.clone())
                     .await
-                    .map_err(|e| ServiceError::new(format!("cannot listen on {}: {e}", current.listen)))?;
+                    .map_err(|e| {
+                        ServiceError::new(format!("cannot listen on {}: {e}", current.listen))
+                    })?;
             tracing::info!(%addr, "metrics exporter listening");
             self.status.send_replace(ExporterStatus {
                 listening: Some(addr),
@@ -364,8 +366,12 @@ impl Service for MetricsService {
                     self.sample(&mut sampler, &current, &mut latest).await;
                     sampled = true;
                 }
-                let (published, series) =
-                    self.render(&latest, &exporter_config, &current.hostname, sampler.reader());
+                let (published, series) = self.render(
+                    &latest,
+                    &exporter_config,
+                    &current.hostname,
+                    sampler.reader(),
+                );
                 published_tx.send_replace(Arc::new(published));
                 self.status.send_modify(|s| {
                     s.samples += u64::from(did_sample);

@@ -201,8 +201,14 @@ mod tests {
     #[test]
     fn devices_map_to_their_containers() {
         let ids = BTreeMap::from([
-            ("0000:05:00.0".to_owned(), DeviceRef::partition("0000:05:00.0", 0)),
-            ("amdgpu_xcp_3".to_owned(), DeviceRef::partition("0000:05:00.0", 4)),
+            (
+                "0000:05:00.0".to_owned(),
+                DeviceRef::partition("0000:05:00.0", 0),
+            ),
+            (
+                "amdgpu_xcp_3".to_owned(),
+                DeviceRef::partition("0000:05:00.0", 4),
+            ),
             ("0000:27:00.0".to_owned(), DeviceRef::gpu("0000:27:00.0")),
         ]);
         let pods = assign(&response(), &ids);
@@ -223,7 +229,10 @@ mod tests {
             pod_of(&pods, &DeviceRef::partition("0000:05:00.0", 4)),
             Some(&train)
         );
-        assert_eq!(pod_of(&pods, &DeviceRef::partition("0000:05:00.0", 1)), None);
+        assert_eq!(
+            pod_of(&pods, &DeviceRef::partition("0000:05:00.0", 1)),
+            None
+        );
     }
 
     #[test]
@@ -256,7 +265,8 @@ mod tests {
             .unwrap();
         host.create_dir_all("/sys/devices/platform/amdgpu_xcp.5/drm/renderD133")
             .unwrap();
-        host.create_dir_all("/sys/devices/platform/serial8250").unwrap();
+        host.create_dir_all("/sys/devices/platform/serial8250")
+            .unwrap();
         let reader = BoundedReader::new(host, 2);
         assert_eq!(
             xcp_names(&reader, Duration::from_secs(1)).await,

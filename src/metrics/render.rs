@@ -375,22 +375,23 @@ pub fn families(input: &RenderInput<'_>) -> Vec<Family> {
     );
 
     // Labels of every logical GPU and, per physical GPU, of its primary one.
-    let mut labelled: Vec<(&LogicalGpu, &Gpu, Vec<(String, String)>)> = Vec::new();
-    for l in &logical {
-        if let Some(gpu) = gpus.get(l.bdf.as_str()) {
-            labelled.push((l, gpu, gpu_labels(input, gpu, l)));
-        }
-    }
+    let labelled: Vec<(&LogicalGpu, Vec<(String, String)>)> = logical
+        .iter()
+        .filter_map(|l| {
+            let gpu = gpus.get(l.bdf.as_str())?;
+            Some((l, gpu_labels(input, gpu, l)))
+        })
+        .collect();
     let primaries: Vec<(&GpuReadings, &Vec<(String, String)>)> = labelled
         .iter()
-        .filter(|(l, _, _)| l.is_primary())
-        .filter_map(|(l, _, labels)| input.sample.gpus.get(&l.bdf).map(|r| (r, labels)))
+        .filter(|(l, _)| l.is_primary())
+        .filter_map(|(l, labels)| input.sample.gpus.get(&l.bdf).map(|r| (r, labels)))
         .collect();
 
     if let Some(health) = input.health {
         let series = labelled
             .iter()
-            .filter_map(|(l, _, labels)| {
+            .filter_map(|(l, labels)| {
                 health.gpus.get(&l.bdf).map(|h| Series {
                     labels: labels.clone(),
                     value: if h.healthy { 1.0 } else { 0.0 },

@@ -14,8 +14,8 @@ use serde::Serialize;
 
 use super::reader::{BoundedReader, ReadError};
 use super::sysfs::{
-    self, EccCount, Sensor, device_dir, driver_link, parse_dpm, parse_link_speed,
-    parse_link_width, parse_millidegrees, parse_ras_count, parse_temp_label, parse_u64,
+    self, EccCount, Sensor, device_dir, driver_link, parse_dpm, parse_link_speed, parse_link_width,
+    parse_millidegrees, parse_ras_count, parse_temp_label, parse_u64,
 };
 use crate::device::{Gpu, Inventory};
 
@@ -391,38 +391,44 @@ impl Sampler {
             .iter()
             .filter(|g| !self.files.get(&g.bdf).is_some_and(GpuFiles::complete))
             .collect();
-        let located =
-            futures::future::join_all(missing.iter().map(|g| locate(&self.reader, &g.bdf, self.timeout)))
-                .await;
+        let located = futures::future::join_all(
+            missing
+                .iter()
+                .map(|g| locate(&self.reader, &g.bdf, self.timeout)),
+        )
+        .await;
         for (gpu, files) in missing.iter().zip(located) {
             self.files.insert(gpu.bdf.clone(), files);
         }
         let reader = &self.reader;
         let timeout = self.timeout;
         let per_gpu = inventory.gpus.iter().map(|gpu| {
-            let reads = plan_reads(gpu, self.files.get(&gpu.bdf).unwrap_or(&GpuFiles::default()), scope);
+            let reads = plan_reads(
+                gpu,
+                self.files.get(&gpu.bdf).unwrap_or(&GpuFiles::default()),
+                scope,
+            );
             async move {
-                let answers = futures::future::join_all(reads.into_iter().map(|(field, path)| async move {
-                    let raw = if field.is_existence() {
-                        match reader.exists(&path, timeout).await {
-                            Ok(exists) => Raw::Exists(exists),
-                            Err(e) => Raw::Failed(e),
-                        }
-                    } else {
-                        match reader.read_attr(&path, timeout).await {
-                            Ok(text) => Raw::Text(text),
-                            Err(e) => Raw::Failed(e),
-                        }
-                    };
-                    (field, path, raw)
-                }))
-                .await;
+                let answers =
+                    futures::future::join_all(reads.into_iter().map(|(field, path)| async move {
+                        let raw = if field.is_existence() {
+                            match reader.exists(&path, timeout).await {
+                                Ok(exists) => Raw::Exists(exists),
+                                Err(e) => Raw::Failed(e),
+                            }
+                        } else {
+                            match reader.read_attr(&path, timeout).await {
+                                Ok(text) => Raw::Text(text),
+                                Err(e) => Raw::Failed(e),
+                            }
+                        };
+                        (field, path, raw)
+                    }))
+                    .await;
                 (gpu.bdf.clone(), assemble(&gpu.bdf, answers))
             }
         });
-        let kfd = async {
-            reader.exists(sysfs::KFD_PATH, timeout).await.ok()
-        };
+        let kfd = async { reader.exists(sysfs::KFD_PATH, timeout).await.ok() };
         let (gpus, kfd_present) = tokio::join!(futures::future::join_all(per_gpu), kfd);
         HostSample {
             taken_at,
@@ -568,10 +574,26 @@ mod tests {
                 "/dev/dri/renderD129".into(),
                 Raw::Exists(false),
             ),
-            (Field::Temp(Sensor::Junction), "/t".into(), Raw::Text("71500".into())),
-            (Field::Sclk, "/s".into(), Raw::Text("0: 500Mhz\n1: 2100Mhz *".into())),
-            (Field::Ras("umc".into()), "/r".into(), Raw::Text("ue: 1\nce: 4".into())),
-            (Field::Ras("gfx".into()), "/g".into(), Raw::Text("ue: 2\nce: 0".into())),
+            (
+                Field::Temp(Sensor::Junction),
+                "/t".into(),
+                Raw::Text("71500".into()),
+            ),
+            (
+                Field::Sclk,
+                "/s".into(),
+                Raw::Text("0: 500Mhz\n1: 2100Mhz *".into()),
+            ),
+            (
+                Field::Ras("umc".into()),
+                "/r".into(),
+                Raw::Text("ue: 1\nce: 4".into()),
+            ),
+            (
+                Field::Ras("gfx".into()),
+                "/g".into(),
+                Raw::Text("ue: 2\nce: 0".into()),
+            ),
             (Field::LinkSpeed, "/l".into(), Raw::Text("garbage".into())),
             (
                 Field::PowerCurrent,
@@ -589,7 +611,11 @@ mod tests {
                     source: std::io::ErrorKind::NotFound.into(),
                 })),
             ),
-            (Field::PowerAverage, "/pa".into(), Raw::Text("140000000".into())),
+            (
+                Field::PowerAverage,
+                "/pa".into(),
+                Raw::Text("140000000".into()),
+            ),
         ];
         let r = assemble("0000:05:00.0", answers);
         assert_eq!(r.present, Some(true));

@@ -121,11 +121,7 @@ pub fn parse_link_speed(text: &str) -> Result<Option<f64>, ParseError> {
     }
     let bad = || ParseError::new("a PCIe link speed", text);
     let (number, _) = text.split_once("GT/s").ok_or_else(bad)?;
-    number
-        .trim()
-        .parse::<f64>()
-        .map(Some)
-        .map_err(|_| bad())
+    number.trim().parse::<f64>().map(Some).map_err(|_| bad())
 }
 
 /// Parses `current_link_width` / `max_link_width` (`16`). The kernel writes 0 or
