@@ -679,3 +679,71 @@ async fn listening_twice_on_one_port_fails_and_is_retried() {
     assert!(text.contains("cannot listen"), "{text}");
     slot.stop().await;
 }
+
+#[tokio::test]
+async fn standalone_mode_runs_discovery_health_and_metrics_without_kubernetes() {
+    use gpu_operator::metrics::standalone::{self, StandaloneConfig};
+    let dir = scratch();
+    let host = HostRoot::new(dir.path().join("host"));
+    let spec = SimSpec::new("mi300x", None, Some("qpx_nps1")).unwrap();
+    simulate::write_host(&host, &spec).unwrap();
+    let mut config =
+        StandaloneConfig::new(host.clone(), "127.0.0.1:0".parse().unwrap(), "bare-metal");
+    config.metrics.interval = Duration::from_millis(100);
+    config.simulate = Some(spec);
+    let (listening, addr) = tokio::sync::oneshot::channel();
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let task = tokio::spawn(standalone::run(config, Some(listening), cancel.clone()));
+    let addr = tokio::time::timeout(WAIT, addr).await.unwrap().unwrap();
+    simulate::set_ecc_counts(&host, "0000:c7:00.0", "umc", 1, 0).unwrap();
+    let deadline = Instant::now() + WAIT;
+    let (first, text) = loop {
+        let (code, text) = get(addr, "/metrics").await;
+        assert_eq!(code, 200);
+        let health = series(&text, "gpu_health");
+        let unhealthy: Vec<String> = health
+            .iter()
+            .filter(|(_, v)| *v == 0.0)
+            .map(|(l, _)| l["gpu_id"].clone())
+            .collect();
+        if health.len() == 32 && unhealthy.len() == 4 {
+            break (unhealthy, text);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "health not reflected: {unhealthy:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(
+        first,
+        ["24", "25", "26", "27"],
+        "the four partitions of GPU 6"
+    );
+    assert_eq!(series(&text, "gpu_edge_temperature").len(), 8);
+    assert_eq!(
+        series(&text, "gpu_edge_temperature")[0].0["hostname"],
+        "bare-metal"
+    );
+    // The demo moves the simulated telemetry: energy keeps growing.
+    let energy = |text: &str| value_of(text, "gpu_energy_consumed", "0").unwrap();
+    let before = energy(&text);
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let (_, later) = get(addr, "/metrics").await;
+        if energy(&later) > before {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "simulated telemetry did not move"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    cancel.cancel();
+    tokio::time::timeout(WAIT, task)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+}
