@@ -514,3 +514,49 @@ pub mod standalone {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spec_sets_port_and_pod_resources_socket() {
+        let mut spec = MetricsExporterSpec::default();
+        let host = HostRoot::new("/host");
+        let config = MetricsConfig::for_spec(&spec, host.clone(), "n", Path::new("/k"), None);
+        assert_eq!(config.listen.port(), 5000);
+        assert_eq!(
+            config.pod_resources_socket.as_deref(),
+            Some(Path::new("/k/pod-resources/kubelet.sock")),
+            "the default directory follows --kubelet-dir"
+        );
+        spec.port = 9400;
+        spec.pod_resource_api_socket_path = "/custom/pr".into();
+        let config =
+            MetricsConfig::for_spec(&spec, host.clone(), "n", Path::new("/k"), Some("{}".into()));
+        assert_eq!(config.listen.port(), 9400);
+        assert_eq!(
+            config.pod_resources_socket.as_deref(),
+            Some(Path::new("/custom/pr/kubelet.sock"))
+        );
+        assert_eq!(config.config_text.as_deref(), Some("{}"));
+        spec.port = 70000;
+        let config = MetricsConfig::for_spec(&spec, host, "n", Path::new("/k"), None);
+        assert_eq!(config.listen.port(), 5000, "out of range falls back");
+    }
+
+    #[test]
+    fn a_bad_config_text_keeps_the_last_good_config() {
+        let mut state = ConfigState::new();
+        state.apply(Some(r#"{"CommonConfig": {"MetricsFieldPrefix": "amd_"}}"#));
+        assert_eq!(state.config.prefix, "amd_");
+        state.apply(Some("{"));
+        assert_eq!(state.config.prefix, "amd_");
+        assert!(state.error.is_some());
+        state.apply(Some("{"));
+        assert_eq!(state.errors, 1, "the same bad text counts once");
+        state.apply(None);
+        assert_eq!(state.config, ExporterConfig::default());
+        assert_eq!(state.error, None);
+    }
+}
