@@ -9,8 +9,9 @@
 //! gpu_operator::metrics::agent::record_api_error();
 //! ```
 //!
-//! Process figures are read from `/proc/self` (procfs) when the exporter takes a
-//! sample, not on scrape.
+//! Like everything the exporter serves, these are rendered when it takes a
+//! sample (and when GPU health changes), not on scrape: a scrape may be one
+//! sampling interval behind. Process figures come from `/proc/self` (procfs).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 

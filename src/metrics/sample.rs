@@ -186,8 +186,9 @@ pub enum Raw {
 }
 
 /// Where a GPU's hwmon sensors and RAS counters live. Found once per GPU (the
-/// directory names are stable while the driver is bound) and refreshed when a
-/// GPU has none.
+/// directory names are stable while the driver is bound; a GPU that leaves the
+/// inventory and comes back is located afresh) and looked for again while a GPU
+/// has no hwmon directory.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct GpuFiles {
     pub hwmon: Option<String>,
@@ -196,11 +197,16 @@ pub struct GpuFiles {
     pub junction_crit: Option<String>,
     /// RAS block names with an `<block>_err_count` file.
     pub ras_blocks: Vec<String>,
+    /// The `ras` directory could be listed (it may legitimately be empty).
+    pub ras_listed: bool,
 }
 
 impl GpuFiles {
+    /// Found what matters; looked for again otherwise. RAS counters are optional
+    /// (consumer GPUs have none): an empty listing is an answer, a listing that
+    /// timed out is not.
     fn complete(&self) -> bool {
-        self.hwmon.is_some() && !self.ras_blocks.is_empty()
+        self.hwmon.is_some() && self.ras_listed
     }
 }
 
@@ -449,12 +455,14 @@ pub async fn locate(reader: &BoundedReader, bdf: &str, timeout: Duration) -> Gpu
         reader.list_dir(&hwmon_dir, timeout),
         reader.list_dir(&ras_dir, timeout),
     );
-    files.ras_blocks = ras
-        .unwrap_or_default()
-        .iter()
-        .filter_map(|name| name.strip_suffix("_err_count"))
-        .map(str::to_owned)
-        .collect();
+    if let Ok(names) = ras {
+        files.ras_listed = true;
+        files.ras_blocks = names
+            .iter()
+            .filter_map(|name| name.strip_suffix("_err_count"))
+            .map(str::to_owned)
+            .collect();
+    }
     let Some(hwmon) = hwmons
         .unwrap_or_default()
         .into_iter()
@@ -542,6 +550,7 @@ mod tests {
             ]),
             junction_crit: Some("/h/temp2_crit".into()),
             ras_blocks: vec!["umc".into()],
+            ras_listed: true,
         };
         let health = plan_reads(&gpu(), &files, Scope::Health);
         let full = plan_reads(&gpu(), &files, Scope::Full);
@@ -631,5 +640,34 @@ mod tests {
         assert_eq!(r.errors.len(), 2, "{:?}", r.errors);
         assert!(r.errors.iter().any(|e| e.starts_with("/l:")));
         assert!(r.errors.iter().any(|e| e.contains("/pw")));
+    }
+    #[tokio::test]
+    async fn locate_finds_sensors_and_ras_blocks_of_a_simulated_gpu() {
+        let dir = tempfile::tempdir().unwrap();
+        let host = crate::host::HostRoot::new(dir.path());
+        let spec = crate::simulate::SimSpec::new("mi210", Some(1), None).unwrap();
+        crate::simulate::write_host(&host, &spec).unwrap();
+        let reader = BoundedReader::new(host.clone(), 2);
+        let timeout = Duration::from_secs(1);
+        let files = locate(&reader, "0000:03:00.0", timeout).await;
+        let hwmon = "/sys/bus/pci/devices/0000:03:00.0/hwmon/hwmon0";
+        assert_eq!(files.hwmon.as_deref(), Some(hwmon));
+        assert_eq!(
+            files.temps.get(&Sensor::Junction).map(String::as_str),
+            Some(format!("{hwmon}/temp2_input").as_str())
+        );
+        assert_eq!(files.temps.len(), 3);
+        assert_eq!(files.junction_crit, Some(format!("{hwmon}/temp2_crit")));
+        assert!(files.ras_listed && files.ras_blocks.contains(&"umc".to_owned()));
+        assert!(files.complete());
+        // A GPU without RAS counters is complete with none; one whose hwmon
+        // directory is missing is not.
+        host.remove_all("/sys/devices/pci0000:00/0000:03:00.0/ras")
+            .unwrap();
+        host.remove_all("/sys/devices/pci0000:00/0000:03:00.0/hwmon")
+            .unwrap();
+        let files = locate(&reader, "0000:03:00.0", timeout).await;
+        assert!(files.ras_listed && files.ras_blocks.is_empty());
+        assert!(!files.complete());
     }
 }
