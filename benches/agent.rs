@@ -84,6 +84,8 @@ async fn main() {
             host,
             kubelet_dir: dir.path().join("kubelet"),
             rescan_interval: Duration::from_secs(5),
+            metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
+            test_commands: None,
             leader: None,
         };
         let started = Instant::now();

@@ -188,6 +188,10 @@ pub struct AgentArgs {
     /// Do not campaign for the cluster role even when --lease-namespace is set.
     #[arg(long)]
     pub no_leader_election: bool,
+    /// Address of the metrics and probe endpoint, overriding
+    /// metricsExporter.port (e.g. 127.0.0.1:5000 to keep it off other interfaces).
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_bind: Option<std::net::SocketAddr>,
 }
 
 #[derive(Args, Debug)]
@@ -468,6 +472,8 @@ fn run_agent(args: AgentArgs) -> ExitCode {
         };
         let config = crate::agent::AgentConfig {
             leader,
+            metrics_listen: args.metrics_bind,
+            test_commands: None,
             node_name: args.node_name,
             namespace: args.namespace,
             host,

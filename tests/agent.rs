@@ -1,6 +1,8 @@
 //! The node agent end to end: a simulated host, the API emulator, and a test
 //! kubelet on unix sockets. Production code runs unmodified on top of them.
 
+#[path = "fixtures/testrunner/fake_rvs.rs"]
+mod fake_rvs;
 mod support;
 
 use std::collections::BTreeMap;
@@ -67,12 +69,22 @@ impl Harness {
     }
 
     fn spawn_agent(&mut self, kubelet_dir: PathBuf) {
+        self.spawn_agent_with(kubelet_dir, None);
+    }
+
+    fn spawn_agent_with(
+        &mut self,
+        kubelet_dir: PathBuf,
+        test_commands: Option<gpu_operator::testrunner::Commands>,
+    ) {
         let config = AgentConfig {
             node_name: NODE.into(),
             namespace: None,
             host: self.host.clone(),
             kubelet_dir,
             rescan_interval: Duration::from_millis(200),
+            metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
+            test_commands,
             leader: None,
         };
         let client = self.emulator.client();
@@ -270,7 +282,7 @@ async fn conflicting_device_configs_run_nothing_and_warn() {
     h.eventually("conflict in status", |h| {
         h.status().is_some_and(|s| {
             s.device_config.is_none()
-                && s.services.is_empty()
+                && s.services.keys().all(|k| k == "metricsExporter")
                 && s.problems
                     .iter()
                     .any(|p| p.contains("kube-amd-gpu/one") && p.contains("kube-amd-gpu/two"))
@@ -416,6 +428,89 @@ async fn heterogeneous_layouts_warn_with_single_and_split_with_mixed() {
         h.status().is_some_and(|s| {
             s.problems.is_empty() && s.resources.get("amd.com/cpx_nps4") == Some(&8)
         })
+    })
+    .await;
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ecc_error_marks_the_gpu_unhealthy_everywhere_and_triggers_the_test() {
+    let rvs = fake_rvs::FakeRvs::new();
+    rvs.modes(&["pass"]);
+    let mut h = Harness::start("mi210", None, json!({})).await;
+    // Restart the agent with the stand-in test tool.
+    h.shutdown.cancel();
+    let _ = h.agent.take().unwrap().await;
+    h.shutdown = CancellationToken::new();
+    let kubelet_dir = h.kubelet.dir().parent().unwrap().to_path_buf();
+    h.spawn_agent_with(kubelet_dir, Some(rvs.commands()));
+
+    let config = fake_rvs::config_json("AUTO_UNHEALTHY_GPU_WATCH", r#"{"Recipe":"gst_single"}"#);
+    let api: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(h.emulator.client(), "kube-amd-gpu");
+    let cm: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "gpu-tests"}, "data": {"config.json": config}
+    }))
+    .unwrap();
+    api.create(&PostParams::default(), &cm).await.unwrap();
+    h.apply_device_config(
+        "gpus",
+        json!({"testRunner": {"enable": true, "config": {"name": "gpu-tests"}}}),
+    )
+    .await;
+    let registered = h.kubelet.wait_for_registration("amd.com/gpu", 1).await;
+    let mut devices = h.kubelet.list_and_watch(&registered.request.endpoint).await;
+    let bdf = "0000:03:00.0";
+    devices
+        .next_matching("all healthy", |d| {
+            d.len() == 4 && d.iter().all(|x| x.health == "Healthy")
+        })
+        .await;
+
+    simulate::set_ecc_counts(&h.host, bdf, "umc", 1, 0).unwrap();
+    let listed = devices
+        .next_matching("the GPU unhealthy", |d| {
+            support::kubelet::health_of(d, bdf) == Some("Unhealthy")
+        })
+        .await;
+    assert_eq!(listed.iter().filter(|d| d.health == "Healthy").count(), 3);
+    h.eventually("the AMDGPUUnhealthy condition", |h| {
+        h.node()["status"]["conditions"]
+            .as_array()
+            .is_some_and(|cs| {
+                cs.iter()
+                    .any(|c| c["type"] == "AMDGPUUnhealthy" && c["status"] == "True")
+            })
+    })
+    .await;
+    h.eventually("the triggered test reported", |h| {
+        h.emulator.list("v1", "Event").iter().any(|e| {
+            e["reason"] == "TestPassed"
+                && e["metadata"]["labels"]["testrunner.amd.com/trigger"]
+                    == "auto_unhealthy_gpu_watch"
+        })
+    })
+    .await;
+    assert!(
+        rvs.invocations()
+            .iter()
+            .any(|c| c.contains("trigger=AUTO_UNHEALTHY_GPU_WATCH"))
+    );
+
+    // Recovery: the device and the condition come back.
+    simulate::set_ecc_counts(&h.host, bdf, "umc", 0, 0).unwrap();
+    devices
+        .next_matching("the GPU healthy again", |d| {
+            support::kubelet::health_of(d, bdf) == Some("Healthy")
+        })
+        .await;
+    h.eventually("the condition cleared", |h| {
+        h.node()["status"]["conditions"]
+            .as_array()
+            .is_some_and(|cs| {
+                cs.iter()
+                    .any(|c| c["type"] == "AMDGPUUnhealthy" && c["status"] == "False")
+            })
     })
     .await;
     h.stop().await;

@@ -13,6 +13,8 @@
 //! records on its Node. It must not write DeviceConfig status: that is the
 //! leader's job (`cluster`).
 
+pub mod configmaps;
+pub mod node_services;
 pub mod select;
 pub mod services;
 pub mod status;
@@ -37,11 +39,12 @@ use tokio_util::sync::CancellationToken;
 use crate::api::DeviceConfig;
 use crate::device::watch::{DeviceWatch, WatchConfig};
 use crate::host::HostRoot;
-use crate::plugin::{HealthReport, PluginStatus};
-use select::{DesiredServices, NodeContext, Selection, plan_services, select_config};
-use services::{FIELD_MANAGER, LabellerService, PluginService, sync_labels};
-use status::{AgentStatus, STATUS_ANNOTATION, STATUS_VERSION, ServiceStatus};
-use supervisor::{Slot, SlotChange};
+use crate::plugin::PluginStatus;
+use configmaps::ConfigMapFollower;
+use node_services::NodeServices;
+use select::{NodeContext, Selection, idle_services, plan_services, select_config};
+use services::{FIELD_MANAGER, sync_labels};
+use status::{AgentStatus, STATUS_ANNOTATION, STATUS_VERSION};
 
 /// How the agent was started.
 #[derive(Clone, Debug)]
@@ -56,6 +59,11 @@ pub struct AgentConfig {
     pub rescan_interval: Duration,
     /// Campaign for the cluster role; `None` runs node work only.
     pub leader: Option<LeaderConfig>,
+    /// Where the metrics endpoint listens, overriding `metricsExporter.port`
+    /// (e.g. to bind one interface only).
+    pub metrics_listen: Option<std::net::SocketAddr>,
+    /// Where the test tools are, overriding the reference image's locations.
+    pub test_commands: Option<crate::testrunner::Commands>,
 }
 
 /// How this agent takes part in leader election.
@@ -115,20 +123,16 @@ pub async fn run(
     let (configs, mut configs_changed) =
         spawn_config_reflector(&client, config.namespace.as_deref(), watches.clone());
 
-    let (_health_tx, health_rx) = watch::channel(HealthReport::default());
-    let (plugin_status_tx, mut plugin_status) = watch::channel(PluginStatus::default());
-    let mut plugin = Slot::new(PluginService {
-        inventory: inventory.clone(),
-        health: health_rx,
-        status: plugin_status_tx,
-    });
-    let mut labeller = Slot::new(LabellerService {
-        nodes: nodes.clone(),
-        inventory: inventory.clone(),
-        node: node_rx.clone(),
-    });
-    let mut plugin_state = plugin.subscribe();
-    let mut labeller_state = labeller.subscribe();
+    let mut services = NodeServices::new(
+        inventory.clone(),
+        Some((client.clone(), nodes.clone(), node_rx.clone())),
+    );
+    let mut plugin_status = services.plugin_status.clone();
+    let mut state_changes = services.state_changes();
+    let mut metrics_config = ConfigMapFollower::new(client.clone());
+    let mut test_config = ConfigMapFollower::new(client.clone());
+    let mut metrics_text = metrics_config.subscribe();
+    let mut test_text = test_config.subscribe();
 
     let recorder = Recorder::new(
         client.clone(),
@@ -137,33 +141,92 @@ pub async fn run(
             instance: Some(node_name.clone()),
         },
     );
+    // The Node's AMDGPUUnhealthy condition, unhealthy labels and health Events
+    // follow the health monitor for as long as the agent runs.
+    let _node_health =
+        tokio_util::task::AbortOnDropHandle::new(tokio::spawn(crate::health::publish_node_health(
+            nodes.clone(),
+            node_name.clone(),
+            services.health_snapshot.clone(),
+            services.transitions(),
+            Some(recorder.clone()),
+            Duration::from_secs(5),
+            watches.clone(),
+        )));
     let mut reported = BTreeSet::<String>::new();
     let mut last_status: Option<AgentStatus> = None;
 
     loop {
         let node = node_rx.borrow_and_update().clone();
         configs_changed.borrow_and_update();
-        plugin_state.borrow_and_update();
-        labeller_state.borrow_and_update();
+        metrics_text.borrow_and_update();
+        test_text.borrow_and_update();
+        for rx in &mut state_changes {
+            rx.borrow_and_update();
+        }
         if let Some(node) = node {
             let labels = node.labels().clone();
             let selection = select_config(&labels, configs.state().iter().map(Arc::as_ref));
-            let desired = match &selection {
-                Selection::One(selected) => plan_services(
-                    &selected.spec,
-                    &NodeContext {
-                        labels: &labels,
-                        kubelet_dir: &config.kubelet_dir,
-                        host: &config.host,
-                    },
-                ),
-                Selection::None | Selection::Conflict(_) => DesiredServices::default(),
+            if let Selection::One(selected) = &selection {
+                let namespace = selected
+                    .key
+                    .split('/')
+                    .next()
+                    .unwrap_or_default()
+                    .to_owned();
+                let spec = &selected.spec;
+                metrics_config.follow(
+                    spec.metrics_exporter
+                        .config
+                        .name
+                        .clone()
+                        .map(|n| (namespace.clone(), n)),
+                );
+                test_config.follow(
+                    spec.test_runner
+                        .config
+                        .as_ref()
+                        .map(|c| (namespace.clone(), c.name.clone())),
+                );
+            } else {
+                metrics_config.follow(None);
+                test_config.follow(None);
+            }
+            let (metrics_text_now, test_text_now) = (metrics_config.text(), test_config.text());
+            let context = NodeContext {
+                node_name: &node_name,
+                labels: &labels,
+                kubelet_dir: &config.kubelet_dir,
+                host: &config.host,
+                metrics_config: metrics_text_now.as_deref(),
+                test_config: test_text_now.as_deref(),
             };
-            plugin.apply(desired.device_plugin).await;
-            if labeller.apply(desired.labeller).await == SlotChange::Stopped {
+            let mut desired = match &selection {
+                Selection::One(selected) => plan_services(&selected.spec, &context),
+                Selection::None | Selection::Conflict(_) => idle_services(&context),
+            };
+            if let (Some(listen), Some(metrics)) = (config.metrics_listen, desired.metrics.as_mut())
+            {
+                metrics.listen = listen;
+            }
+            if let (Some(commands), Some(tests)) =
+                (&config.test_commands, desired.test_runner.as_mut())
+            {
+                tests.commands = commands.clone();
+            }
+            let applied = services.apply(desired).await;
+            if applied.labeller_stopped {
                 // Disabled or deselected: remove the labels this agent wrote.
                 if let Err(e) = sync_labels(&nodes, &node, &Default::default()).await {
                     tracing::warn!(error = %e, "cannot remove GPU labels");
+                }
+            }
+            if applied.health_stopped {
+                // No monitor, no verdict: clear the condition and unhealthy labels.
+                let cleared = crate::health::HealthSnapshot::default();
+                if let Err(e) = crate::health::apply_node_health(&nodes, &node_name, &cleared).await
+                {
+                    tracing::warn!(error = %e, "cannot clear the GPU health condition");
                 }
             }
             let problems = problems(&selection, &plugin_status.borrow_and_update());
@@ -175,8 +238,7 @@ pub async fn run(
             reported.retain(|p| problems.contains(p));
             let status = build_status(
                 &selection,
-                &plugin,
-                &labeller,
+                &services,
                 &plugin_status.borrow(),
                 &inventory.borrow_and_update(),
                 problems,
@@ -199,8 +261,9 @@ pub async fn run(
             changed = configs_changed.changed() => if changed.is_err() { return Err(AgentError::WatchEnded) },
             _ = inventory.changed() => {}
             _ = plugin_status.changed() => {}
-            _ = plugin_state.changed() => {}
-            _ = labeller_state.changed() => {}
+            _ = metrics_text.changed() => {}
+            _ = test_text.changed() => {}
+            _ = node_services::any_changed(&mut state_changes) => {}
             // A failed status write is retried without waiting for another change.
             _ = tokio::time::sleep(Duration::from_secs(10)), if last_status.is_none() => {}
         }
@@ -212,7 +275,7 @@ pub async fn run(
             election.finished().await;
         }
     };
-    tokio::join!(plugin.stop(), labeller.stop(), release);
+    tokio::join!(services.stop(), release);
     drop(devices);
     Ok(())
 }
@@ -302,8 +365,7 @@ fn problems(selection: &Selection, plugin: &PluginStatus) -> Vec<String> {
 
 fn build_status(
     selection: &Selection,
-    plugin: &Slot<PluginService>,
-    labeller: &Slot<LabellerService>,
+    services: &NodeServices,
     plugin_status: &PluginStatus,
     inventory: &crate::device::Inventory,
     problems: Vec<String>,
@@ -312,19 +374,12 @@ fn build_status(
         Selection::One(s) => (Some(s.key.clone()), s.uid.clone(), s.generation),
         _ => (None, None, None),
     };
-    let services = [
-        (plugin.name(), plugin.state()),
-        (labeller.name(), labeller.state()),
-    ]
-    .into_iter()
-    .filter_map(|(name, state)| ServiceStatus::from_state(&state).map(|s| (name.to_owned(), s)))
-    .collect();
     AgentStatus {
         v: STATUS_VERSION,
         device_config,
         uid,
         generation,
-        services,
+        services: services.states(),
         resources: plugin_status
             .resources
             .iter()

@@ -7,7 +7,10 @@ use std::path::{Path, PathBuf};
 use kube::ResourceExt;
 
 use crate::api::{DeviceConfig, DeviceConfigSpec, NodeLabellerKind, Operand};
+use crate::health::HealthConfig;
+use crate::metrics::MetricsConfig;
 use crate::plugin::PluginConfig;
+use crate::testrunner::TestRunnerConfig;
 
 /// The DeviceConfig governing a node.
 #[derive(Clone, Debug, PartialEq)]
@@ -72,14 +75,32 @@ pub struct LabellerConfig {
 pub struct DesiredServices {
     pub device_plugin: Option<PluginConfig>,
     pub labeller: Option<LabellerConfig>,
+    pub health: Option<HealthConfig>,
+    pub metrics: Option<MetricsConfig>,
+    pub test_runner: Option<TestRunnerConfig>,
 }
 
 /// Node facts the service plan depends on besides the spec.
 #[derive(Clone, Debug)]
 pub struct NodeContext<'a> {
+    pub node_name: &'a str,
     pub labels: &'a BTreeMap<String, String>,
     pub kubelet_dir: &'a Path,
     pub host: &'a crate::host::HostRoot,
+    /// `config.json` of the ConfigMap in `metricsExporter.config.name`.
+    pub metrics_config: Option<&'a str>,
+    /// `config.json` of the ConfigMap in `testRunner.config`.
+    pub test_config: Option<&'a str>,
+}
+
+/// What runs when no DeviceConfig governs the node: only the metrics endpoint,
+/// which also answers the liveness and readiness probes and carries the agent's
+/// own metrics.
+pub fn idle_services(node: &NodeContext<'_>) -> DesiredServices {
+    DesiredServices {
+        metrics: Some(MetricsConfig::new(node.host.clone(), node.node_name)),
+        ..DesiredServices::default()
+    }
 }
 
 /// What to run for a selected spec. The device plugin socket directory is the
@@ -106,9 +127,40 @@ pub fn plan_services(spec: &DeviceConfigSpec, node: &NodeContext<'_>) -> Desired
         (plugin_spec.enable_node_labeller && spec.selects(node.labels)).then(|| LabellerConfig {
             kinds: spec.device_plugin.node_labeller_kinds(),
         });
+    let metrics_text = node.metrics_config.map(str::to_owned);
+    // The health monitor always runs under a DeviceConfig (it feeds the device
+    // plugin), unless the exporter config switches the health service off.
+    let health_wanted = metrics_text
+        .as_deref()
+        .and_then(|text| crate::metrics::config::parse_config(text).ok())
+        .is_none_or(|config| config.health_enabled);
+    let health = health_wanted.then(|| HealthConfig {
+        exporter_config: metrics_text.clone(),
+        ..HealthConfig::new(node.host.clone())
+    });
+    // The endpoint runs even when metricsExporter is disabled: it serves the
+    // probes. `enable` decides whether the cluster gets a Service for it.
+    let metrics = Some(MetricsConfig::for_spec(
+        &spec.metrics_exporter,
+        node.host.clone(),
+        node.node_name,
+        node.kubelet_dir,
+        metrics_text,
+    ));
+    let test_runner = spec.runs_on(Operand::TestRunner, node.labels).then(|| {
+        TestRunnerConfig::for_spec(
+            &spec.test_runner,
+            node.host.clone(),
+            node.node_name,
+            node.test_config.map(str::to_owned),
+        )
+    });
     DesiredServices {
         device_plugin,
         labeller,
+        health,
+        metrics,
+        test_runner,
     }
 }
 
@@ -181,12 +233,20 @@ mod tests {
         let host = crate::host::HostRoot::new("/h");
         let node_labels = labels(&[]);
         let node = NodeContext {
+            node_name: "n1",
             labels: &node_labels,
             kubelet_dir: Path::new("/k"),
             host: &host,
+            metrics_config: None,
+            test_config: None,
         };
         let mut spec = DeviceConfigSpec::default();
         let desired = plan_services(&spec, &node);
+        assert!(desired.health.is_some() && desired.metrics.is_some());
+        assert!(
+            desired.test_runner.is_none(),
+            "the test runner is off by default"
+        );
         let plugin = desired.device_plugin.expect("plugin on by default");
         assert_eq!(plugin.device_plugin_dir, PathBuf::from("/k/device-plugins"));
         assert_eq!(plugin.strategy, ResourceNamingStrategy::Single);
@@ -205,5 +265,19 @@ mod tests {
 
         spec.device_plugin.enable_device_plugin = false;
         assert_eq!(plan_services(&spec, &node).device_plugin, None);
+
+        spec.test_runner.enable = Some(true);
+        let with_health_off = NodeContext {
+            metrics_config: Some(r#"{"CommonConfig": {"HealthService": {"Enable": false}}}"#),
+            ..node.clone()
+        };
+        let desired = plan_services(&spec, &with_health_off);
+        assert!(desired.test_runner.is_some());
+        assert!(
+            desired.health.is_none(),
+            "the exporter config switched health off"
+        );
+        let idle = idle_services(&node);
+        assert!(idle.metrics.is_some() && idle.device_plugin.is_none() && idle.health.is_none());
     }
 }

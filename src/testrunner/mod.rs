@@ -94,17 +94,20 @@ impl TestRunnerConfig {
     }
 
     /// The configuration a DeviceConfig's `testRunner` asks for: logs under
-    /// `logsLocation.hostPath` (a path on this machine, so a containerised agent
-    /// needs it mounted at the same place), tools at their default locations.
+    /// `logsLocation.hostPath` on the host (mapped under the host root), tools at
+    /// their default locations.
     pub fn for_spec(
         spec: &TestRunnerSpec,
         host: HostRoot,
         node_name: impl Into<String>,
         config_text: Option<String>,
     ) -> Self {
+        // `logsLocation.hostPath` is a host path: like every host path it lives
+        // under the host root (in a container, the host's filesystem mount).
+        let logs_dir = host.path(&spec.logs_location.host_path);
         Self {
             config_text,
-            ..Self::new(host, node_name, &spec.logs_location.host_path)
+            ..Self::new(host, node_name, logs_dir)
         }
     }
 }
