@@ -36,6 +36,10 @@ pub struct NodeServices {
     _forward: AbortOnDropHandle<()>,
 }
 
+/// The Kubernetes side of the node services: the client, the Node API and the
+/// agent's own Node as watched.
+pub type KubeSide = (kube::Client, Api<Node>, watch::Receiver<Option<Arc<Node>>>);
+
 /// What changed when desired services were applied.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Applied {
@@ -48,10 +52,7 @@ pub struct Applied {
 impl NodeServices {
     /// `kube` is the Kubernetes side (client, Node API and the agent's own Node
     /// feed); `None` in standalone mode, where nothing writes to a Node.
-    pub fn new(
-        inventory: watch::Receiver<Arc<Inventory>>,
-        kube: Option<(kube::Client, Api<Node>, watch::Receiver<Option<Arc<Node>>>)>,
-    ) -> Self {
+    pub fn new(inventory: watch::Receiver<Arc<Inventory>>, kube: Option<KubeSide>) -> Self {
         let monitor = HealthMonitor::new(inventory.clone());
         let health_snapshot = monitor.snapshot();
         let (plugin_status_tx, plugin_status) = watch::channel(PluginStatus::default());
