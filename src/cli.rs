@@ -62,6 +62,24 @@ pub enum Command {
     /// Kubernetes access comes from the in-cluster service account, or KUBECONFIG.
     /// Stops cleanly on SIGTERM or SIGINT.
     Agent(AgentArgs),
+    /// Run the node services without Kubernetes (bare metal, under systemd).
+    ///
+    /// Reads a DeviceConfig spec from --config (a whole DeviceConfig, a document
+    /// with just `spec:`, or the bare spec) and runs what it enables: GPU metrics
+    /// and health on the metrics port, the test runner, and the device plugin if
+    /// a kubelet device-plugin directory exists. Without --config, metrics and
+    /// health run with defaults. Events go to the log and to --events-file as
+    /// JSON lines. Tells systemd it is ready (Type=notify) once serving.
+    ///
+    /// Try it without a GPU: gpu-operator standalone --simulate mi300x
+    Standalone(StandaloneArgs),
+    /// Check the GPUs once, and optionally run a test recipe; exit non-zero if any
+    /// GPU is unhealthy or the test fails.
+    ///
+    /// For scripts and cron on a node: the same checks as the health monitor
+    /// (presence, device nodes, uncorrectable ECC, junction temperature, PCIe
+    /// link), then, with --recipe, the test (e.g. rvs gst_single).
+    Check(CheckArgs),
     /// Run only the cluster role: reconcile DeviceConfigs, without node work.
     ///
     /// Normally every agent campaigns for this role itself. This runs it alone,
@@ -195,6 +213,79 @@ pub struct AgentArgs {
 }
 
 #[derive(Args, Debug)]
+pub struct StandaloneArgs {
+    /// DeviceConfig spec to follow (default: metrics and health on).
+    #[arg(long, value_name = "FILE", env = "GPU_OPERATOR_CONFIG")]
+    pub config: Option<PathBuf>,
+    #[command(flatten)]
+    pub host: HostRootArg,
+    /// Simulate a host of this profile in a temporary directory (mi300x,
+    /// mi250x, mi210, radeon-w7900, mi300x-vf) and use it as the host root;
+    /// its telemetry moves over time. Ignores --host-root.
+    #[arg(long, value_name = "PROFILE")]
+    pub simulate: Option<String>,
+    /// Partition mode of the simulated host, e.g. cpx_nps4.
+    #[arg(long, value_name = "COMPUTE_MEMORY", requires = "simulate")]
+    pub partition: Option<String>,
+    /// The kubelet's root directory; the device plugin runs only if its
+    /// device-plugins/ exists.
+    #[arg(long, value_name = "DIR", default_value = "/var/lib/kubelet")]
+    pub kubelet_dir: PathBuf,
+    /// Address of the metrics endpoint, overriding metricsExporter.port.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_bind: Option<std::net::SocketAddr>,
+    /// Append Events here as JSON lines [default: /var/log/gpu-operator/events.jsonl,
+    /// or events.jsonl in the simulated host's directory with --simulate].
+    #[arg(long, value_name = "FILE")]
+    pub events_file: Option<PathBuf>,
+    /// The exporter's config.json (Fields, Labels, HealthThresholds...).
+    #[arg(long, value_name = "FILE")]
+    pub metrics_config: Option<PathBuf>,
+    /// The test runner's config.json.
+    #[arg(long, value_name = "FILE")]
+    pub test_config: Option<PathBuf>,
+    /// Name used as the `hostname` metric label (default: this host's name).
+    #[arg(long, value_name = "NAME")]
+    pub node_name: Option<String>,
+    /// Print a live table of every GPU's readings every few seconds (read from
+    /// the agent's own /gpumetrics endpoint).
+    #[arg(long)]
+    pub show_metrics: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct CheckArgs {
+    #[command(flatten)]
+    pub host: HostRootArg,
+    /// Also run this test recipe (e.g. gst_single) on the GPUs.
+    #[arg(long, value_name = "RECIPE")]
+    pub recipe: Option<String>,
+    /// The test runner's config.json, for the recipe's MANUAL test case.
+    #[arg(long, value_name = "FILE")]
+    pub test_config: Option<PathBuf>,
+    /// The exporter's config.json, for HealthThresholds.
+    #[arg(long, value_name = "FILE")]
+    pub metrics_config: Option<PathBuf>,
+    /// Where test logs go.
+    #[arg(long, value_name = "DIR", default_value = "/var/log/amd-test-runner")]
+    pub logs_dir: PathBuf,
+    /// The rvs binary.
+    #[arg(long, value_name = "PATH")]
+    pub rvs: Option<PathBuf>,
+    /// Directory of RVS recipe files (<recipe>.conf).
+    #[arg(long, value_name = "DIR")]
+    pub rvs_conf_dir: Option<PathBuf>,
+    /// Where RVS writes its JSON results.
+    #[arg(long, value_name = "DIR")]
+    pub rvs_results_dir: Option<PathBuf>,
+    /// Seconds before the test is killed.
+    #[arg(long, value_name = "SECONDS")]
+    pub timeout: Option<f64>,
+    #[arg(long, short, value_enum, default_value_t = OutputFormat::Table)]
+    pub output: OutputFormat,
+}
+
+#[derive(Args, Debug)]
 pub struct LeaderArgs {
     /// Namespace of the leader-election Lease; without it, lead unconditionally.
     #[arg(long, value_name = "NS", env = "POD_NAMESPACE")]
@@ -212,6 +303,8 @@ pub fn main() -> ExitCode {
         Command::Simulate(args) => run_simulate(args),
         Command::Agent(args) => run_agent(args),
         Command::Leader(args) => run_leader(args),
+        Command::Standalone(args) => run_standalone(args),
+        Command::Check(args) => run_check(args),
         Command::Crd(args) => crate::api::cli::run_crd(args),
         Command::Validate(args) => crate::api::cli::run_validate(args),
     }
@@ -537,4 +630,292 @@ fn run_leader(args: LeaderArgs) -> ExitCode {
         }
         ExitCode::SUCCESS
     })
+}
+
+/// This machine's host name, for the `hostname` label.
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_owned())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "localhost".into())
+}
+
+fn read_optional(path: Option<&PathBuf>) -> Result<Option<String>, String> {
+    path.map(|p| std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display())))
+        .transpose()
+}
+
+fn run_standalone(args: StandaloneArgs) -> ExitCode {
+    let spec = match &args.config {
+        Some(path) => match crate::agent::standalone::read_config(path) {
+            Ok(spec) => spec,
+            Err(e) => return fail(e, 2),
+        },
+        None => crate::agent::standalone::default_spec(),
+    };
+    let (metrics_config, test_config) = match (
+        read_optional(args.metrics_config.as_ref()),
+        read_optional(args.test_config.as_ref()),
+    ) {
+        (Ok(m), Ok(t)) => (m, t),
+        (Err(e), _) | (_, Err(e)) => return fail(e, 2),
+    };
+    // A simulated host lives in a temporary directory for as long as we run.
+    let mut _sim_dir = None;
+    let (host, simulate) = match &args.simulate {
+        Some(profile) => {
+            let spec = match simulate::SimSpec::new(profile, None, args.partition.as_deref()) {
+                Ok(spec) => spec,
+                Err(e) => return fail(e, 2),
+            };
+            let dir = match tempfile::Builder::new()
+                .prefix("gpu-operator-sim-")
+                .tempdir()
+            {
+                Ok(dir) => dir,
+                Err(e) => return fail(format!("cannot create a temporary directory: {e}"), 1),
+            };
+            let host = HostRoot::new(dir.path());
+            if let Err(e) = simulate::write_host(&host, &spec) {
+                return fail(e, 1);
+            }
+            eprintln!(
+                "simulated {} host in {}",
+                spec.profile.name,
+                dir.path().display()
+            );
+            _sim_dir = Some(dir);
+            (host, Some(spec))
+        }
+        None => match args.host.open() {
+            Ok(host) => (host, None),
+            Err(message) => return fail(message, 2),
+        },
+    };
+    let events_file = args.events_file.unwrap_or_else(|| match &_sim_dir {
+        Some(dir) => dir.path().join("events.jsonl"),
+        None => PathBuf::from("/var/log/gpu-operator/events.jsonl"),
+    });
+    let config = crate::agent::standalone::StandaloneConfig {
+        host,
+        spec,
+        node_name: args.node_name.unwrap_or_else(host_name),
+        kubelet_dir: args.kubelet_dir,
+        events_file: Some(events_file),
+        metrics_listen: args.metrics_bind,
+        metrics_config,
+        test_config,
+        rescan_interval: std::time::Duration::from_secs(2),
+        metrics_interval: None,
+        simulate,
+    };
+    let runtime = match runtime() {
+        Ok(rt) => rt,
+        Err(message) => return fail(message, 1),
+    };
+    let show_metrics = args.show_metrics;
+    runtime.block_on(async move {
+        let shutdown = shutdown_on_signals();
+        let show_stop = shutdown.clone();
+        let ready = move |listening: Option<std::net::SocketAddr>| {
+            if let Err(e) = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]) {
+                tracing::warn!(error = %e, "cannot notify systemd");
+            }
+            match (show_metrics, listening) {
+                (true, Some(addr)) => {
+                    tokio::spawn(show_live_metrics(addr, show_stop));
+                }
+                (true, None) => eprintln!("--show-metrics: the metrics endpoint is not running"),
+                _ => {}
+            }
+        };
+        let result = crate::agent::standalone::run(config, shutdown, ready).await;
+        let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
+        match result {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => fail(e, 1),
+        }
+    })
+}
+
+fn run_check(args: CheckArgs) -> ExitCode {
+    let host = match args.host.open() {
+        Ok(host) => host,
+        Err(message) => return fail(message, 2),
+    };
+    let (metrics_config, test_config) = match (
+        read_optional(args.metrics_config.as_ref()),
+        read_optional(args.test_config.as_ref()),
+    ) {
+        (Ok(m), Ok(t)) => (m, t),
+        (Err(e), _) | (_, Err(e)) => return fail(e, 2),
+    };
+    if let Some(t) = args.timeout
+        && !(t.is_finite() && t > 0.0)
+    {
+        return fail("--timeout must be a positive number of seconds", 2);
+    }
+    let runtime = match runtime() {
+        Ok(rt) => rt,
+        Err(message) => return fail(message, 1),
+    };
+    runtime.block_on(async move {
+        let inventory = device::discover(&host);
+        let snapshot = match crate::health::check_once(
+            &host,
+            &inventory,
+            metrics_config.as_deref(),
+            std::time::Duration::from_secs(2),
+        )
+        .await
+        {
+            Ok(snapshot) => snapshot,
+            Err(e) => return fail(format!("--metrics-config: {e}"), 2),
+        };
+        let unhealthy = snapshot.gpus.values().filter(|g| !g.healthy).count();
+        let mut test = None;
+        if let Some(recipe) = &args.recipe {
+            let mut options = crate::testrunner::CheckOptions::new(recipe, host.clone(), host_name(), &args.logs_dir);
+            options.config_text = test_config;
+            if let Some(rvs) = &args.rvs {
+                options.commands.rvs = rvs.clone();
+            }
+            if let Some(dir) = &args.rvs_conf_dir {
+                options.commands.rvs_conf_dir = dir.clone();
+            }
+            if let Some(dir) = &args.rvs_results_dir {
+                options.commands.rvs_results_dir = dir.clone();
+            }
+            options.timeout = args.timeout.map(std::time::Duration::from_secs_f64);
+            match crate::testrunner::check(&options, &shutdown_on_signals()).await {
+                Ok(report) => test = Some(report),
+                Err(e) => return fail(format!("test {recipe}: {e}"), 3),
+            }
+        }
+        let test_code = test.as_ref().map_or(0, |r| r.outcome.exit_code());
+        match args.output {
+            OutputFormat::Json => {
+                let json = serde_json::json!({
+                    "gpus": snapshot.gpus.iter().map(|(bdf, g)| serde_json::json!({
+                        "bdf": bdf, "healthy": g.healthy, "reasons": g.reasons, "gpu_ids": g.gpu_ids,
+                    })).collect::<Vec<_>>(),
+                    "unhealthy": unhealthy,
+                    "test": test.as_ref().map(|r| serde_json::json!({
+                        "recipe": args.recipe, "exit_code": test_code,
+                        "result": serde_json::from_str::<serde_json::Value>(&r.message()).unwrap_or_default(),
+                    })),
+                });
+                println!("{}", serde_json::to_string_pretty(&json).unwrap_or_default());
+            }
+            OutputFormat::Table => {
+                println!("{:<13} {:<24} {:<10} REASONS", "BDF", "PRODUCT", "HEALTH");
+                for gpu in &inventory.gpus {
+                    let health = snapshot.gpus.get(&gpu.bdf);
+                    println!(
+                        "{:<13} {:<24} {:<10} {}",
+                        gpu.bdf,
+                        gpu.product_name.as_deref().unwrap_or("-"),
+                        match health {
+                            Some(h) if h.healthy => "healthy",
+                            Some(_) => "UNHEALTHY",
+                            None => "unknown",
+                        },
+                        health.map(|h| h.reasons.join("; ")).unwrap_or_default()
+                    );
+                }
+                if let (Some(recipe), Some(report)) = (&args.recipe, &test) {
+                    println!("test {recipe}: exit {test_code}: {}", report.message());
+                }
+            }
+        }
+        if inventory.gpus.is_empty() {
+            eprintln!("no GPUs found under {}", host.root().display());
+        }
+        if unhealthy > 0 {
+            ExitCode::from(1)
+        } else {
+            ExitCode::from(u8::try_from(test_code).unwrap_or(1))
+        }
+    })
+}
+
+/// Prints a table of every GPU's readings every 5 s, from `/gpumetrics`.
+async fn show_live_metrics(addr: std::net::SocketAddr, stop: tokio_util::sync::CancellationToken) {
+    let mut ticker = tokio::time::interval(std::time::Duration::from_secs(5));
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = ticker.tick() => {}
+        }
+        match fetch_json(addr, "/gpumetrics").await {
+            Ok(view) => print!("{}", live_table(&view)),
+            Err(e) => eprintln!("cannot read http://{addr}/gpumetrics: {e}"),
+        }
+    }
+}
+
+/// A plain HTTP/1.0 GET on loopback; enough for our own endpoint.
+async fn fetch_json(addr: std::net::SocketAddr, path: &str) -> Result<serde_json::Value, String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| e.to_string())?;
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut response = Vec::new();
+    stream
+        .read_to_end(&mut response)
+        .await
+        .map_err(|e| e.to_string())?;
+    let text = String::from_utf8_lossy(&response);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b)
+        .ok_or("no HTTP body")?;
+    serde_json::from_str(body).map_err(|e| e.to_string())
+}
+
+/// One line per GPU (partition 0 of partitioned GPUs) from a `/gpumetrics` view.
+pub fn live_table(view: &serde_json::Value) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:>4} {:<13} {:<8} {:>7} {:>8} {:>7} {:>6} {:>13}",
+        "GPU", "BDF", "HEALTH", "EDGE°C", "JUNCT°C", "POWER W", "GFX %", "VRAM USED GiB"
+    );
+    let number = |v: &serde_json::Value| v.as_f64().map_or("-".to_owned(), |n| format!("{n:.1}"));
+    for gpu in view["gpus"].as_array().into_iter().flatten() {
+        if gpu["partition_id"].as_u64().unwrap_or(0) != 0 {
+            continue;
+        }
+        let r = &gpu["readings"];
+        let vram = r["memory"]["vram_used"]
+            .as_f64()
+            .map_or("-".to_owned(), |b| {
+                format!("{:.1}", b / f64::from(1u32 << 30))
+            });
+        let _ = writeln!(
+            out,
+            "{:>4} {:<13} {:<8} {:>7} {:>8} {:>7} {:>6} {:>13}",
+            gpu["gpu_id"]
+                .as_u64()
+                .map_or("-".to_owned(), |id| id.to_string()),
+            gpu["bdf"].as_str().unwrap_or("-"),
+            if gpu["healthy"].as_bool().unwrap_or(false) {
+                "healthy"
+            } else {
+                "UNHEALTHY"
+            },
+            number(&r["temperature"]["edge_c"]),
+            number(&r["temperature"]["junction_c"]),
+            number(&r["power"]["average_w"]),
+            number(&r["gfx_activity_pct"]),
+            vram,
+        );
+    }
+    out.push('\n');
+    out
 }

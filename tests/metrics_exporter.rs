@@ -682,18 +682,30 @@ async fn listening_twice_on_one_port_fails_and_is_retried() {
 
 #[tokio::test]
 async fn standalone_mode_runs_discovery_health_and_metrics_without_kubernetes() {
-    use gpu_operator::metrics::standalone::{self, StandaloneConfig};
+    use gpu_operator::agent::standalone::{self, StandaloneConfig};
     let dir = scratch();
     let host = HostRoot::new(dir.path().join("host"));
     let spec = SimSpec::new("mi300x", None, Some("qpx_nps1")).unwrap();
     simulate::write_host(&host, &spec).unwrap();
-    let mut config =
-        StandaloneConfig::new(host.clone(), "127.0.0.1:0".parse().unwrap(), "bare-metal");
-    config.metrics.interval = Duration::from_millis(100);
-    config.simulate = Some(spec);
+    let events = dir.path().join("events.jsonl");
+    let config = StandaloneConfig {
+        host: host.clone(),
+        spec: standalone::default_spec(),
+        node_name: "bare-metal".into(),
+        kubelet_dir: dir.path().join("no-kubelet"),
+        events_file: Some(events.clone()),
+        metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
+        metrics_config: None,
+        test_config: None,
+        rescan_interval: Duration::from_secs(2),
+        metrics_interval: Some(Duration::from_millis(100)),
+        simulate: Some(spec),
+    };
     let (listening, addr) = tokio::sync::oneshot::channel();
     let cancel = tokio_util::sync::CancellationToken::new();
-    let task = tokio::spawn(standalone::run(config, Some(listening), cancel.clone()));
+    let task = tokio::spawn(standalone::run(config, cancel.clone(), move |addr| {
+        let _ = listening.send(addr.expect("the exporter listens"));
+    }));
     let addr = tokio::time::timeout(WAIT, addr).await.unwrap().unwrap();
     simulate::set_ecc_counts(&host, "0000:c7:00.0", "umc", 1, 0).unwrap();
     let deadline = Instant::now() + WAIT;
@@ -740,6 +752,14 @@ async fn standalone_mode_runs_discovery_health_and_metrics_without_kubernetes() 
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // Events go to the local JSON-lines file.
+    let lines = std::fs::read_to_string(&events).unwrap();
+    let unhealthy = lines
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|e| e["type"] == "Warning" && e["object"] == "0000:c7:00.0")
+        .unwrap_or_else(|| panic!("no unhealthy event in {lines}"));
+    assert!(!unhealthy["reason"].as_str().unwrap().is_empty());
     cancel.cancel();
     tokio::time::timeout(WAIT, task)
         .await

@@ -17,6 +17,7 @@ pub mod configmaps;
 pub mod node_services;
 pub mod select;
 pub mod services;
+pub mod standalone;
 pub mod status;
 pub mod supervisor;
 

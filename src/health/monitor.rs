@@ -120,6 +120,36 @@ impl MonitorState {
     }
 }
 
+/// Checks every GPU once, without damping: what `gpu-operator check` reports.
+/// `exporter_config` supplies `HealthThresholds` as the monitor would read them.
+pub async fn check_once(
+    host: &HostRoot,
+    inventory: &Inventory,
+    exporter_config: Option<&str>,
+    file_timeout: Duration,
+) -> Result<HealthSnapshot, crate::metrics::ConfigError> {
+    let limits = exporter_config
+        .map(parse_config)
+        .transpose()?
+        .map(|c| c.health_thresholds)
+        .unwrap_or_default();
+    let thresholds = Thresholds {
+        limits,
+        pcie_link: true,
+    };
+    let mut sampler = Sampler::new(
+        BoundedReader::new(host.clone(), BoundedReader::DEFAULT_MAX_THREADS),
+        file_timeout,
+    );
+    let sample = sampler.sample(inventory, Scope::Health).await;
+    let once = Damping {
+        unhealthy_after: 1,
+        healthy_after: 1,
+    };
+    let (snapshot, _) = MonitorState::default().step(inventory, &sample, &thresholds, &once);
+    Ok(snapshot)
+}
+
 /// The health monitor service. Create it once, hand out its receivers, and let a
 /// supervisor slot run it.
 pub struct HealthMonitor {

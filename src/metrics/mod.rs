@@ -41,11 +41,10 @@ use serde::Serialize;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::agent::supervisor::{Service, ServiceError, ServiceFuture, Slot};
+use crate::agent::supervisor::{Service, ServiceError, ServiceFuture};
 use crate::api::MetricsExporterSpec;
 use crate::device::Inventory;
-use crate::device::watch::{DeviceWatch, WatchConfig};
-use crate::health::{HealthConfig, HealthMonitor, HealthSnapshot};
+use crate::health::HealthSnapshot;
 use crate::host::HostRoot;
 use crate::plugin::DeviceRef;
 use config::{ExporterConfig, parse_config};
@@ -424,94 +423,6 @@ impl MetricsService {
         }
         latest.inventory = inventory;
         latest.sample = sample;
-    }
-}
-
-/// Running metrics and health without Kubernetes (bare metal, demos).
-pub mod standalone {
-    use super::*;
-
-    /// What to run.
-    #[derive(Clone, Debug)]
-    pub struct StandaloneConfig {
-        pub metrics: MetricsConfig,
-        pub health: HealthConfig,
-        /// Discovery rescan interval.
-        pub rescan_interval: Duration,
-        /// On a simulated host, move its telemetry every metrics interval so the
-        /// numbers change (`gpu-operator simulate` hosts only).
-        pub simulate: Option<crate::simulate::SimSpec>,
-    }
-
-    impl StandaloneConfig {
-        pub fn new(host: HostRoot, listen: SocketAddr, hostname: impl Into<String>) -> Self {
-            Self {
-                metrics: MetricsConfig {
-                    listen,
-                    ..MetricsConfig::new(host.clone(), hostname)
-                },
-                health: HealthConfig::new(host),
-                rescan_interval: Duration::from_secs(2),
-                simulate: None,
-            }
-        }
-    }
-
-    /// Discovery, the health monitor and the exporter, until `cancel` fires.
-    /// `on_listening` receives the bound address once the exporter listens.
-    pub async fn run(
-        config: StandaloneConfig,
-        on_listening: Option<tokio::sync::oneshot::Sender<SocketAddr>>,
-        cancel: CancellationToken,
-    ) -> Result<(), ServiceError> {
-        let devices = DeviceWatch::start(
-            config.metrics.host.clone(),
-            WatchConfig {
-                rescan_interval: config.rescan_interval,
-                use_udev: true,
-            },
-        )
-        .await;
-        let monitor = HealthMonitor::new(devices.inventory());
-        let exporter = MetricsService::new(devices.inventory(), Some(monitor.snapshot()));
-        let mut status = exporter.status();
-        let mut health_slot = Slot::new(monitor);
-        let mut metrics_slot = Slot::new(exporter);
-        health_slot.apply(Some(config.health.clone())).await;
-        metrics_slot.apply(Some(config.metrics.clone())).await;
-        if let Some(spec) = config.simulate.clone() {
-            let host = config.metrics.host.clone();
-            let every = config.metrics.interval;
-            let stop = cancel.clone();
-            tokio::spawn(async move {
-                let mut tick = 0u64;
-                loop {
-                    tokio::select! {
-                        _ = stop.cancelled() => return,
-                        _ = tokio::time::sleep(every) => {}
-                    }
-                    tick += 1;
-                    if let Err(e) = crate::simulate::advance_telemetry(&host, &spec, tick) {
-                        tracing::warn!(error = %e, "cannot advance simulated telemetry");
-                    }
-                }
-            });
-        }
-        let mut on_listening = on_listening;
-        loop {
-            if let Some(addr) = status.borrow_and_update().listening
-                && let Some(tx) = on_listening.take()
-            {
-                let _ = tx.send(addr);
-            }
-            tokio::select! {
-                _ = cancel.cancelled() => break,
-                changed = status.changed() => if changed.is_err() { break },
-            }
-        }
-        tokio::join!(metrics_slot.stop(), health_slot.stop());
-        drop(devices);
-        Ok(())
     }
 }
 

@@ -1,0 +1,308 @@
+//! Standalone mode: the node services without Kubernetes, for bare metal under
+//! systemd (or a one-command demo on a simulated host).
+//!
+//! The configuration is a DeviceConfig spec read from a file; the same services
+//! run as under the Kubernetes agent ([`NodeServices`]), minus what needs the
+//! API (node labels, Node conditions). The device plugin runs only where a
+//! kubelet device-plugin directory exists. Events go to the log and, one JSON
+//! object per line, to a local file.
+
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use super::node_services::NodeServices;
+use super::select::{NodeContext, plan_services};
+use crate::api::{DeviceConfigSpec, parse_device_configs, validate};
+use crate::device::watch::{DeviceWatch, WatchConfig};
+use crate::health::outputs::transition_event;
+use crate::host::HostRoot;
+use crate::simulate::{self, SimSpec};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StandaloneError {
+    #[error("config {path}: {message}")]
+    Config { path: String, message: String },
+    #[error("events file {path}: {source}")]
+    Events {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+#[derive(Clone, Debug)]
+pub struct StandaloneConfig {
+    pub host: HostRoot,
+    pub spec: DeviceConfigSpec,
+    /// The `hostname` label on metrics, the test runner's node name.
+    pub node_name: String,
+    pub kubelet_dir: PathBuf,
+    /// Where Events are appended as JSON lines; `None` logs them only.
+    pub events_file: Option<PathBuf>,
+    /// Overrides `metricsExporter.port`.
+    pub metrics_listen: Option<SocketAddr>,
+    /// `config.json` texts for the exporter and the test runner.
+    pub metrics_config: Option<String>,
+    pub test_config: Option<String>,
+    pub rescan_interval: Duration,
+    /// Overrides the metrics sampling interval (tests).
+    pub metrics_interval: Option<Duration>,
+    /// Move a simulated host's telemetry over time (demos).
+    pub simulate: Option<SimSpec>,
+}
+
+/// The spec standalone mode uses without a config file: the reference's
+/// defaults with the metrics exporter on, so that a bare host shows its GPUs.
+pub fn default_spec() -> DeviceConfigSpec {
+    let mut spec = DeviceConfigSpec::default();
+    spec.metrics_exporter.enable = Some(true);
+    spec
+}
+
+/// Reads a standalone config file: one DeviceConfig, a document with just
+/// `spec:`, or the bare spec. It must pass validation.
+pub fn read_config(path: &Path) -> Result<DeviceConfigSpec, StandaloneError> {
+    let error = |message: String| StandaloneError::Config {
+        path: path.display().to_string(),
+        message,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| error(e.to_string()))?;
+    let spec = parse_standalone(&text).map_err(error)?;
+    let problems = validate(&spec);
+    if !problems.is_empty() {
+        let list: Vec<String> = problems.iter().map(ToString::to_string).collect();
+        return Err(error(format!("invalid: {}", list.join("; "))));
+    }
+    Ok(spec)
+}
+
+/// Parses the text of a standalone config (see [`read_config`]).
+pub fn parse_standalone(text: &str) -> Result<DeviceConfigSpec, String> {
+    let value: serde_json::Value =
+        serde_saphyr::from_str(text).map_err(|e| format!("cannot parse: {e}"))?;
+    let has = |key: &str| value.get(key).is_some();
+    if has("kind") || has("apiVersion") {
+        let mut configs = parse_device_configs(text).map_err(|e| e.to_string())?;
+        return match configs.len() {
+            1 => Ok(configs.remove(0).spec),
+            n => Err(format!(
+                "holds {n} DeviceConfigs; standalone mode follows exactly one"
+            )),
+        };
+    }
+    let spec = if has("spec") {
+        value["spec"].clone()
+    } else {
+        value
+    };
+    let spec = if spec.is_null() { json!({}) } else { spec };
+    serde_json::from_value(spec).map_err(|e| format!("not a DeviceConfig spec: {e}"))
+}
+
+/// Appends Events as JSON lines and logs them.
+struct EventLog {
+    file: Option<(String, std::fs::File)>,
+}
+
+impl EventLog {
+    fn open(path: Option<&Path>) -> Result<Self, StandaloneError> {
+        let file = path
+            .map(|path| {
+                if let Some(parent) = path.parent() {
+                    let _ = std::fs::create_dir_all(parent);
+                }
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)
+                    .map(|f| (path.display().to_string(), f))
+                    .map_err(|source| StandaloneError::Events {
+                        path: path.display().to_string(),
+                        source,
+                    })
+            })
+            .transpose()?;
+        Ok(Self { file })
+    }
+
+    fn record(&mut self, warning: bool, reason: &str, note: &str, object: &str) {
+        if warning {
+            tracing::warn!(reason, object, "{note}");
+        } else {
+            tracing::info!(reason, object, "{note}");
+        }
+        if let Some((path, file)) = self.file.as_mut() {
+            let line = json!({
+                "time": k8s_openapi::jiff::Timestamp::now().to_string(),
+                "type": if warning { "Warning" } else { "Normal" },
+                "reason": reason,
+                "note": note,
+                "object": object,
+            });
+            if let Err(e) = writeln!(file, "{line}") {
+                tracing::warn!(path = %path, error = %e, "cannot append to the events file");
+            }
+        }
+    }
+}
+
+/// Runs until `shutdown`; `ready` is called once every service has started, with
+/// the metrics endpoint's address when it listens.
+pub async fn run(
+    config: StandaloneConfig,
+    shutdown: CancellationToken,
+    ready: impl FnOnce(Option<SocketAddr>),
+) -> Result<(), StandaloneError> {
+    let mut events = EventLog::open(config.events_file.as_deref())?;
+    let devices = DeviceWatch::start(
+        config.host.clone(),
+        WatchConfig {
+            rescan_interval: config.rescan_interval,
+            use_udev: true,
+        },
+    )
+    .await;
+    let mut services = NodeServices::new(devices.inventory(), None);
+    let labels = Default::default();
+    let mut desired = plan_services(
+        &config.spec,
+        &NodeContext {
+            node_name: &config.node_name,
+            labels: &labels,
+            kubelet_dir: &config.kubelet_dir,
+            host: &config.host,
+            metrics_config: config.metrics_config.as_deref(),
+            test_config: config.test_config.as_deref(),
+        },
+    );
+    if let Some(plugin) = &desired.device_plugin
+        && !plugin.device_plugin_dir.is_dir()
+    {
+        tracing::info!(dir = %plugin.device_plugin_dir.display(), "no kubelet device-plugin directory: the device plugin does not run");
+        desired.device_plugin = None;
+    }
+    if let Some(metrics) = desired.metrics.as_mut() {
+        if let Some(listen) = config.metrics_listen {
+            metrics.listen = listen;
+        }
+        if let Some(interval) = config.metrics_interval {
+            metrics.interval = interval;
+        }
+    }
+    let mut transitions = services.transitions();
+    let mut plugin_status = services.plugin_status.clone();
+    services.apply(desired).await;
+    let mut exporter = services.exporter_status.clone();
+    // Ready once the metrics endpoint listens (or at once when it is off).
+    if services.metrics.is_running() {
+        let _ = tokio::time::timeout(
+            Duration::from_secs(10),
+            exporter.wait_for(|s| s.listening.is_some()),
+        )
+        .await;
+        if let Some(addr) = exporter.borrow().listening {
+            tracing::info!(%addr, "metrics on http://{addr}/metrics");
+        }
+    }
+    let listening = exporter.borrow().listening;
+    ready(listening);
+    events.record(
+        false,
+        "Started",
+        "gpu-operator standalone services started",
+        &config.node_name,
+    );
+
+    let mut ticker = tokio::time::interval(Duration::from_secs(1));
+    let mut tick = 0u64;
+    let mut last_conflict = None;
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            transition = transitions.recv() => match transition {
+                Ok(t) => {
+                    let event = transition_event(&t);
+                    let warning = matches!(event.type_, kube::runtime::events::EventType::Warning);
+                    events.record(warning, &event.reason, event.note.as_deref().unwrap_or_default(), &t.bdf);
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
+            },
+            changed = plugin_status.changed() => {
+                if changed.is_err() {
+                    continue;
+                }
+                let conflict = plugin_status.borrow_and_update().conflict.clone();
+                if conflict != last_conflict {
+                    if let Some(c) = &conflict {
+                        events.record(true, "PartitionLayoutConflict", &c.to_string(), &config.node_name);
+                    }
+                    last_conflict = conflict;
+                }
+            }
+            _ = ticker.tick(), if config.simulate.is_some() => {
+                tick += 1;
+                if let Some(spec) = &config.simulate
+                    && let Err(e) = simulate::advance_telemetry(&config.host, spec, tick)
+                {
+                    tracing::warn!(error = %e, "cannot move simulated telemetry");
+                }
+            }
+        }
+    }
+    events.record(
+        false,
+        "Stopping",
+        "gpu-operator standalone services stopping",
+        &config.node_name,
+    );
+    services.stop().await;
+    drop(devices);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn standalone_config_accepts_a_device_config_a_spec_document_or_a_bare_spec() {
+        let full = "apiVersion: amd.com/v1alpha1\nkind: DeviceConfig\nmetadata: {name: x}\nspec:\n  metricsExporter: {enable: true, port: 5001}\n";
+        assert_eq!(parse_standalone(full).unwrap().metrics_exporter.port, 5001);
+        let spec_only = "spec:\n  metricsExporter: {enable: true, port: 5002}\n";
+        assert_eq!(
+            parse_standalone(spec_only).unwrap().metrics_exporter.port,
+            5002
+        );
+        let bare = "metricsExporter: {enable: True, port: 5003}\n";
+        let spec = parse_standalone(bare).unwrap();
+        assert_eq!(spec.metrics_exporter.port, 5003);
+        assert_eq!(spec.metrics_exporter.enable, Some(true));
+        assert_eq!(parse_standalone("").unwrap(), DeviceConfigSpec::default());
+        let two = format!("{full}---\n{full}");
+        assert!(parse_standalone(&two).unwrap_err().contains("exactly one"));
+        assert!(parse_standalone("metricsExporter: [1, 2]").is_err());
+        assert!(parse_standalone(": : :").is_err());
+    }
+
+    #[test]
+    fn invalid_specs_are_refused_with_their_paths() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.yaml");
+        std::fs::write(&path, "spec:\n  draDriver: {enable: true}\n").unwrap();
+        let err = read_config(&path).unwrap_err().to_string();
+        assert!(
+            err.contains("config.yaml") && err.contains("draDriver"),
+            "{err}"
+        );
+        let err = read_config(&dir.path().join("missing.yaml"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("missing.yaml"), "{err}");
+    }
+}

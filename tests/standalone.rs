@@ -1,0 +1,229 @@
+//! The bare-metal commands through the real binary: `standalone` (metrics that
+//! promtool accepts, systemd readiness, clean SIGTERM) and `check`.
+
+#[path = "fixtures/testrunner/fake_rvs.rs"]
+mod fake_rvs;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::os::unix::net::UnixDatagram;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use gpu_operator::host::HostRoot;
+use gpu_operator::simulate::{self, SimSpec};
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_gpu-operator"))
+}
+
+fn http_get(addr: &str, path: &str) -> String {
+    let mut stream = TcpStream::connect(addr).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut text = String::new();
+    stream.read_to_string(&mut text).unwrap();
+    text.split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default()
+}
+
+/// Runs `promtool check metrics` on a scrape; in CI a missing promtool fails.
+fn promtool_accepts(scrape: &str) {
+    let promtool = match Command::new("promtool").arg("--version").output() {
+        Ok(_) => "promtool",
+        Err(_) if std::env::var_os("CI").is_some() => panic!("promtool is missing in CI"),
+        Err(_) => {
+            eprintln!("SKIPPED promtool check: promtool is not installed");
+            return;
+        }
+    };
+    let mut child = Command::new(promtool)
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(scrape.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool rejected the scrape:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn standalone_on_a_simulated_mi300x_serves_metrics_promtool_accepts() {
+    let dir = tempfile::tempdir().unwrap();
+    let notify = dir.path().join("notify.sock");
+    let systemd = UnixDatagram::bind(&notify).unwrap();
+    systemd
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let mut child = bin()
+        .args([
+            "standalone",
+            "--simulate",
+            "mi300x",
+            "--metrics-bind",
+            "127.0.0.1:0",
+        ])
+        .arg("--events-file")
+        .arg(dir.path().join("events.jsonl"))
+        .env("NOTIFY_SOCKET", &notify)
+        .env("RUST_LOG", "info")
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+
+    // systemd readiness (Type=notify) arrives once the endpoint listens.
+    let mut buf = [0u8; 256];
+    let n = systemd.recv(&mut buf).expect("READY=1 from sd_notify");
+    assert!(String::from_utf8_lossy(&buf[..n]).contains("READY=1"));
+
+    // The log names the address it listens on.
+    let stderr = child.stderr.take().unwrap();
+    let mut lines = BufReader::new(stderr).lines();
+    let addr = loop {
+        let line = lines.next().expect("log line").unwrap();
+        if let Some(rest) = line.split("metrics on http://").nth(1) {
+            break rest.split('/').next().unwrap().to_owned();
+        }
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let scrape = loop {
+        let scrape = http_get(&addr, "/metrics");
+        if scrape.contains("gpu_edge_temperature{") {
+            break scrape;
+        }
+        assert!(Instant::now() < deadline, "no GPU metrics: {scrape}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let series = scrape
+        .lines()
+        .filter(|l| l.starts_with("gpu_edge_temperature{"))
+        .count();
+    assert_eq!(series, 8, "one edge temperature per GPU");
+    promtool_accepts(&scrape);
+    assert!(http_get(&addr, "/healthz").len() < 100);
+
+    // SIGTERM: out within 5 s.
+    let stopping = Instant::now();
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            assert!(status.success(), "{status}");
+            break;
+        }
+        assert!(
+            stopping.elapsed() < Duration::from_secs(5),
+            "no exit 5 s after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let events = std::fs::read_to_string(dir.path().join("events.jsonl")).unwrap();
+    assert!(
+        events.contains("\"Started\"") && events.contains("\"Stopping\""),
+        "{events}"
+    );
+}
+
+#[test]
+fn standalone_refuses_an_invalid_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.yaml");
+    std::fs::write(
+        &config,
+        "spec:\n  metricsExporter: {serviceType: Sideways}\n",
+    )
+    .unwrap();
+    let out = bin()
+        .args(["standalone", "--host-root"])
+        .arg(dir.path())
+        .arg("--config")
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("serviceType"), "{stderr}");
+}
+
+#[test]
+fn check_reports_unhealthy_gpus_and_runs_a_recipe() {
+    let dir = tempfile::tempdir().unwrap();
+    let host = HostRoot::new(dir.path().join("host"));
+    simulate::write_host(&host, &SimSpec::new("mi210", Some(2), None).unwrap()).unwrap();
+    let healthy = bin()
+        .args(["check", "--output", "json", "--host-root"])
+        .arg(host.root())
+        .output()
+        .unwrap();
+    assert_eq!(
+        healthy.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&healthy.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&healthy.stdout).unwrap();
+    assert_eq!(report["unhealthy"], 0);
+    assert_eq!(report["gpus"].as_array().unwrap().len(), 2);
+
+    simulate::set_ecc_counts(&host, "0000:26:00.0", "umc", 3, 0).unwrap();
+    let sick = bin()
+        .args(["check", "--output", "json", "--host-root"])
+        .arg(host.root())
+        .output()
+        .unwrap();
+    assert_eq!(sick.status.code(), Some(1));
+    let report: serde_json::Value = serde_json::from_slice(&sick.stdout).unwrap();
+    let gpu = report["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["bdf"] == "0000:26:00.0")
+        .unwrap();
+    assert_eq!(gpu["healthy"], false);
+    assert!(
+        gpu["reasons"].to_string().to_lowercase().contains("ecc"),
+        "{gpu}"
+    );
+
+    // With a recipe, the test runs through the (stand-in) tool.
+    simulate::set_ecc_counts(&host, "0000:26:00.0", "umc", 0, 0).unwrap();
+    let rvs = fake_rvs::FakeRvs::new();
+    rvs.modes(&["fail:1"]);
+    let commands = rvs.commands();
+    let tested = bin()
+        .args(["check", "--recipe", "gst_single", "--host-root"])
+        .arg(host.root())
+        .arg("--logs-dir")
+        .arg(dir.path().join("logs"))
+        .arg("--rvs")
+        .arg(&commands.rvs)
+        .arg("--rvs-conf-dir")
+        .arg(&commands.rvs_conf_dir)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&tested.stdout);
+    assert_eq!(
+        tested.status.code(),
+        Some(1),
+        "a failing test fails the check: {stdout}"
+    );
+    assert!(stdout.contains("test gst_single"), "{stdout}");
+    assert_eq!(rvs.invocations().len(), 1, "{:?}", rvs.invocations());
+}
