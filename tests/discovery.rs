@@ -298,6 +298,20 @@ fn partition_nodes_under_the_dotted_xcp_spelling_are_found() {
     let gpu = &discover(&host).gpus[0];
     let cards: Vec<Option<u32>> = gpu.partitions.iter().map(|p| p.card).collect();
     assert_eq!(cards, (0..8).map(Some).collect::<Vec<_>>());
+    // Partitions after the first are named by their platform device, as the
+    // device plugin's IDs and the exporter's pod matching need.
+    let platform: Vec<Option<String>> = gpu
+        .partitions
+        .iter()
+        .map(|p| p.platform_device.clone())
+        .collect();
+    let expected: Vec<Option<String>> = std::iter::once(None)
+        .chain((0..7).map(|i| Some(format!("amdgpu_xcp.{i}"))))
+        .collect();
+    assert_eq!(platform, expected);
+    let names = gpu_operator::plugin::devices::xcp_names_of(&discover(&host));
+    assert_eq!(names.get(&129).map(String::as_str), Some("amdgpu_xcp.0"));
+    assert_eq!(names.len(), 7);
 }
 
 #[test]

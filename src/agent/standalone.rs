@@ -83,17 +83,24 @@ pub fn read_config(path: &Path) -> Result<DeviceConfigSpec, StandaloneError> {
 
 /// Parses the text of a standalone config (see [`read_config`]).
 pub fn parse_standalone(text: &str) -> Result<DeviceConfigSpec, String> {
-    let value: serde_json::Value =
-        serde_saphyr::from_str(text).map_err(|e| format!("cannot parse: {e}"))?;
-    let has = |key: &str| value.get(key).is_some();
-    if has("kind") || has("apiVersion") {
+    let one = |text: &str| {
         let mut configs = parse_device_configs(text).map_err(|e| e.to_string())?;
-        return match configs.len() {
+        match configs.len() {
             1 => Ok(configs.remove(0).spec),
             n => Err(format!(
                 "holds {n} DeviceConfigs; standalone mode follows exactly one"
             )),
-        };
+        }
+    };
+    let value: serde_json::Value = match serde_saphyr::from_str(text) {
+        Ok(value) => value,
+        // Several documents do not make one value: read them as DeviceConfigs,
+        // whose parser reports line and column.
+        Err(_) => return one(text),
+    };
+    let has = |key: &str| value.get(key).is_some();
+    if has("kind") || has("apiVersion") {
+        return one(text);
     }
     let spec = if has("spec") {
         value["spec"].clone()

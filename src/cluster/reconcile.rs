@@ -122,6 +122,7 @@ pub async fn reconcile(dc: Arc<DeviceConfig>, ctx: Arc<Context>) -> Result<Actio
     ctx.stats
         .reconciles
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    crate::metrics::agent::record_reconcile();
     ctx.check_leader()?;
     let key = config_key(&dc);
     let selected: Vec<NodeView> = ctx
@@ -227,6 +228,7 @@ pub fn error_policy(dc: Arc<DeviceConfig>, error: &Error, _ctx: Arc<Context>) ->
         Error::NotLeader => Action::await_change(),
         other => {
             tracing::warn!(deviceconfig = %config_key(&dc), error = %other, "reconcile failed; retrying");
+            crate::metrics::agent::record_api_error();
             Action::requeue(Duration::from_secs(5))
         }
     }

@@ -58,7 +58,13 @@ pub fn discover(host: &HostRoot) -> Inventory {
             }
         };
         if let (Some(card), Some(minor)) = (gpu.card, gpu.render_minor) {
-            render_to_card.insert(minor, card);
+            render_to_card.insert(
+                minor,
+                DrmNode {
+                    card,
+                    platform_device: None,
+                },
+            );
         }
         let matched = kfd_gpus
             .iter()
@@ -121,9 +127,17 @@ fn amdgpu_functions(host: &HostRoot, warnings: &mut Vec<String>) -> (&'static st
     (AMDGPU_PCI_DIRS[0], Vec::new())
 }
 
-/// Render minor to card index for partition DRM nodes. Both `amdgpu_xcp_N` and
+/// The DRM card of a render node, and the platform device that carries it when
+/// it belongs to a partition.
+#[derive(Clone, Debug, Default)]
+struct DrmNode {
+    card: u32,
+    platform_device: Option<String>,
+}
+
+/// Render minor to DRM node for partition DRM nodes. Both `amdgpu_xcp_N` and
 /// `amdgpu_xcp.N` are accepted: kernels differ in the spelling.
-fn partition_drm_nodes(host: &HostRoot, warnings: &mut Vec<String>) -> BTreeMap<u32, u32> {
+fn partition_drm_nodes(host: &HostRoot, warnings: &mut Vec<String>) -> BTreeMap<u32, DrmNode> {
     let mut map = BTreeMap::new();
     let entries = host.list_dir_or_empty(PLATFORM_DIR).unwrap_or_else(|e| {
         warnings.push(e.to_string());
@@ -136,7 +150,13 @@ fn partition_drm_nodes(host: &HostRoot, warnings: &mut Vec<String>) -> BTreeMap<
         if let Ok(names) = host.list_dir(format!("{PLATFORM_DIR}/{entry}/drm"))
             && let (Some(card), Some(minor)) = drm_nodes(&names)
         {
-            map.insert(minor, card);
+            map.insert(
+                minor,
+                DrmNode {
+                    card,
+                    platform_device: Some(entry),
+                },
+            );
         }
     }
     map
@@ -266,7 +286,7 @@ fn join_kfd(
     gpu: &mut Gpu,
     topology: &kfd::KfdTopology,
     kfd_gpu: &kfd::KfdGpu<'_>,
-    render_to_card: &BTreeMap<u32, u32>,
+    render_to_card: &BTreeMap<u32, DrmNode>,
 ) {
     let primary = kfd_gpu.primary();
     let props = &primary.props;
@@ -304,11 +324,13 @@ fn join_kfd(
                     .props
                     .drm_render_minor
                     .and_then(|m| u32::try_from(m).ok());
+                let drm = minor.and_then(|m| render_to_card.get(&m));
                 Partition {
                     id: index as u32,
-                    card: minor.and_then(|m| render_to_card.get(&m).copied()),
+                    card: drm.map(|d| d.card),
                     render_minor: minor,
                     kfd_node: Some(node.id),
+                    platform_device: drm.and_then(|d| d.platform_device.clone()),
                 }
             })
             .collect();

@@ -116,6 +116,10 @@ pub struct Partition {
     pub card: Option<u32>,
     pub render_minor: Option<u32>,
     pub kfd_node: Option<u32>,
+    /// The platform device behind the partition's DRM nodes (`amdgpu_xcp_N` or
+    /// `amdgpu_xcp.N`); `None` for partition 0, whose nodes are the GPU's own.
+    #[serde(default)]
+    pub platform_device: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]

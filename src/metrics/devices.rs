@@ -107,6 +107,7 @@ mod tests {
                     card: Some(i),
                     render_minor: Some(128 + i),
                     kfd_node: Some(i + 2),
+                    platform_device: None,
                 })
                 .collect(),
             ..Gpu::default()

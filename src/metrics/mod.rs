@@ -398,11 +398,8 @@ impl MetricsService {
             };
             pods::list(socket, MetricsConfig::POD_RESOURCES_TIMEOUT).await
         };
-        let timeout = config.file_timeout;
-        let reader = sampler.reader().clone();
-        let xcp = async { pods::xcp_names(&reader, timeout).await };
-        let (sample, pod_list, xcp) =
-            tokio::join!(sampler.sample(&inventory, Scope::Full), pods, xcp);
+        let xcp = crate::plugin::devices::xcp_names_of(&inventory);
+        let (sample, pod_list) = tokio::join!(sampler.sample(&inventory, Scope::Full), pods);
         match pod_list {
             Ok(Some(list)) => {
                 let ids = devices::device_ids(&inventory, &xcp);

@@ -5,7 +5,7 @@
 //! matched against [`super::devices::device_ids`], so both sides use the device
 //! plugin's naming. Only `amd.com/*` resources are considered. A missing socket
 //! (no kubelet, standalone mode) means no pod labels, not an error. [`assign`] is
-//! pure; [`list`] and [`xcp_names`] do the I/O.
+//! pure; [`list`] does the I/O.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -16,9 +16,8 @@ use tonic::transport::Endpoint;
 
 use super::podresources::v1::pod_resources_lister_client::PodResourcesListerClient;
 use super::podresources::v1::{ListPodResourcesRequest, ListPodResourcesResponse};
-use super::reader::BoundedReader;
 use crate::plugin::DeviceRef;
-use crate::plugin::devices::{RESOURCE_NAMESPACE, XcpNames};
+use crate::plugin::devices::RESOURCE_NAMESPACE;
 
 /// The container a device is allocated to.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -130,36 +129,6 @@ pub fn pod_of<'a>(pods: &'a BTreeMap<DeviceRef, PodRef>, device: &DeviceRef) -> 
         .or_else(|| pods.get(&DeviceRef::gpu(device.bdf.clone())))
 }
 
-const PLATFORM_DIR: &str = "/sys/devices/platform";
-
-/// Render minor → `amdgpu_xcp_N` platform device, which names partition device
-/// IDs. The same host facts as the device plugin's own lookup (private to
-/// `plugin`), read here through the bounded reader.
-pub async fn xcp_names(reader: &BoundedReader, timeout: Duration) -> XcpNames {
-    let mut names = XcpNames::new();
-    let entries = reader
-        .list_dir(PLATFORM_DIR, timeout)
-        .await
-        .unwrap_or_default();
-    let xcps: Vec<String> = entries
-        .into_iter()
-        .filter(|n| n.starts_with("amdgpu_xcp_") || n.starts_with("amdgpu_xcp."))
-        .collect();
-    let listings = futures::future::join_all(xcps.iter().map(|name| {
-        let dir = format!("{PLATFORM_DIR}/{name}/drm");
-        async move { reader.list_dir(&dir, timeout).await.unwrap_or_default() }
-    }))
-    .await;
-    for (name, nodes) in xcps.iter().zip(listings) {
-        for node in nodes {
-            if let Some(minor) = node.strip_prefix("renderD").and_then(|m| m.parse().ok()) {
-                names.insert(minor, name.clone());
-            }
-        }
-    }
-    names
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -255,25 +224,5 @@ mod tests {
             .await
             .unwrap();
         assert!(answer.is_none());
-    }
-
-    #[tokio::test]
-    async fn platform_devices_name_partitions() {
-        let dir = tempfile::tempdir().unwrap();
-        let host = crate::host::HostRoot::new(dir.path());
-        host.create_dir_all("/sys/devices/platform/amdgpu_xcp_3/drm/renderD131")
-            .unwrap();
-        host.create_dir_all("/sys/devices/platform/amdgpu_xcp.5/drm/renderD133")
-            .unwrap();
-        host.create_dir_all("/sys/devices/platform/serial8250")
-            .unwrap();
-        let reader = BoundedReader::new(host, 2);
-        assert_eq!(
-            xcp_names(&reader, Duration::from_secs(1)).await,
-            XcpNames::from([
-                (131, "amdgpu_xcp_3".to_owned()),
-                (133, "amdgpu_xcp.5".to_owned())
-            ])
-        );
     }
 }

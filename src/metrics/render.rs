@@ -631,6 +631,7 @@ mod tests {
                     card: Some(id),
                     render_minor: Some(128 + id),
                     kfd_node: Some(2 + id),
+                    platform_device: None,
                 })
                 .collect(),
             ..Gpu::default()

@@ -515,12 +515,14 @@ mod tests {
                     card: Some(0),
                     render_minor: Some(128),
                     kfd_node: Some(2),
+                    platform_device: None,
                 },
                 Partition {
                     id: 1,
                     card: Some(1),
                     render_minor: Some(129),
                     kfd_node: Some(3),
+                    platform_device: None,
                 },
             ],
             ..Gpu::default()

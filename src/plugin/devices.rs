@@ -48,6 +48,16 @@ pub use crate::api::ResourceNamingStrategy;
 /// Host platform devices behind partitions: render minor → `amdgpu_xcp_N`.
 pub type XcpNames = BTreeMap<u32, String>;
 
+/// The platform device names discovery found for the inventory's partitions.
+pub fn xcp_names_of(inventory: &Inventory) -> XcpNames {
+    inventory
+        .gpus
+        .iter()
+        .flat_map(|g| &g.partitions)
+        .filter_map(|p| Some((p.render_minor?, p.platform_device.clone()?)))
+        .collect()
+}
+
 /// One allocatable device: a whole GPU or one partition of a GPU.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PluginDevice {
@@ -274,6 +284,7 @@ pub(crate) mod tests {
                     card: Some(first_card + i),
                     render_minor: Some(128 + first_card + i),
                     kfd_node: Some(first_card + i + 1),
+                    platform_device: None,
                 })
                 .collect();
         }

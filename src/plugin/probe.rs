@@ -1,5 +1,4 @@
-//! The host facts the plugin reads itself, beyond the inventory: which platform
-//! device (`amdgpu_xcp_N`) backs each partition's render node, and whether the
+//! The host facts the plugin reads itself, beyond the inventory: whether the
 //! device nodes it hands to containers exist.
 //!
 //! All reads go through [`HostRoot`]. This module must not decide anything; the
@@ -7,45 +6,9 @@
 
 use crate::host::HostRoot;
 
-use super::devices::{PluginDevice, XcpNames};
+use super::devices::PluginDevice;
 use super::health::NodeChecks;
 use super::state::KFD_PATH;
-
-const PLATFORM_DIR: &str = "/sys/devices/platform";
-/// Platform devices are `amdgpu_xcp_N` on some kernels and `amdgpu_xcp.N`
-/// (the platform bus's own `name.id` form) on others.
-const XCP_PREFIXES: [&str; 2] = ["amdgpu_xcp_", "amdgpu_xcp."];
-
-/// Render minor → platform device name, for every `amdgpu_xcp_N` that has a
-/// render node. Unreadable directories are logged and skipped: a missing name
-/// only means the fallback device ID is used.
-pub(crate) fn xcp_names(host: &HostRoot) -> XcpNames {
-    let mut names = XcpNames::new();
-    let entries = match host.list_dir_or_empty(PLATFORM_DIR) {
-        Ok(entries) => entries,
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot list platform devices; partition IDs use the fallback form");
-            return names;
-        }
-    };
-    for name in entries
-        .into_iter()
-        .filter(|n| XCP_PREFIXES.iter().any(|p| n.starts_with(p)))
-    {
-        let drm = format!("{PLATFORM_DIR}/{name}/drm");
-        match host.list_dir_or_empty(&drm) {
-            Ok(nodes) => {
-                for node in nodes {
-                    if let Some(minor) = node.strip_prefix("renderD").and_then(|m| m.parse().ok()) {
-                        names.insert(minor, name.clone());
-                    }
-                }
-            }
-            Err(e) => tracing::warn!(error = %e, "cannot list DRM nodes of {name}"),
-        }
-    }
-    names
-}
 
 /// Presence of `/dev/kfd` and of every device's DRM nodes.
 pub(crate) fn node_checks<'a>(
@@ -71,30 +34,6 @@ pub(crate) fn node_checks<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn finds_platform_devices_by_render_minor() {
-        let dir = tempfile::tempdir().unwrap();
-        let host = HostRoot::new(dir.path());
-        host.create_dir_all("/sys/devices/platform/amdgpu_xcp_3/drm/renderD131")
-            .unwrap();
-        host.create_dir_all("/sys/devices/platform/amdgpu_xcp_3/drm/card3")
-            .unwrap();
-        host.create_dir_all("/sys/devices/platform/amdgpu_xcp.5/drm/renderD133")
-            .unwrap();
-        host.create_dir_all("/sys/devices/platform/amdgpu_xcp_4/drm/renderDx")
-            .unwrap();
-        host.create_dir_all("/sys/devices/platform/serial8250")
-            .unwrap();
-        assert_eq!(
-            xcp_names(&host),
-            XcpNames::from([
-                (131, "amdgpu_xcp_3".to_owned()),
-                (133, "amdgpu_xcp.5".to_owned())
-            ])
-        );
-        assert!(xcp_names(&HostRoot::new(dir.path().join("absent"))).is_empty());
-    }
 
     #[test]
     fn checks_presence_of_kfd_and_nodes() {

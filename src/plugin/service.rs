@@ -288,7 +288,7 @@ impl Supervisor {
 
     /// Recomputes resources and devices, then starts, updates and stops servers.
     async fn replan(&mut self) {
-        let xcp = probe::xcp_names(&self.config.host);
+        let xcp = super::devices::xcp_names_of(&self.inventory);
         self.plan = plan_resources(&self.inventory, self.config.strategy, &xcp);
         if let Some(conflict) = &self.plan.conflict {
             tracing::warn!(%conflict, "partition layouts conflict");
