@@ -313,6 +313,8 @@ impl Service for MetricsService {
             let mut ticker = tokio::time::interval(current.interval);
             ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let mut sampled = false;
+            // A JoinHandle must not be awaited again once it has completed.
+            let mut server_finished = false;
             let result = loop {
                 let health_changed = async {
                     match health.as_mut() {
@@ -322,7 +324,14 @@ impl Service for MetricsService {
                 };
                 let resample = tokio::select! {
                     _ = cancel.cancelled() => break Ok(()),
-                    _ = &mut server => break Err(ServiceError::new("the metrics HTTP server stopped")),
+                    _ = &mut server => {
+                        server_finished = true;
+                        if cancel.is_cancelled() {
+                            // Stopping: the server went first, as it may.
+                            break Ok(());
+                        }
+                        break Err(ServiceError::new("the metrics HTTP server stopped"));
+                    }
                     changed = config.changed() => {
                         if changed.is_err() {
                             break Ok(());
@@ -336,6 +345,7 @@ impl Service for MetricsService {
                                 Err(e) => break Err(ServiceError::new(format!("cannot listen on {}: {e}", next.listen))),
                             };
                             server = task;
+                            server_finished = false;
                             tracing::info!(%addr, "metrics exporter listening");
                             self.status.send_modify(|s| s.listening = Some(addr));
                         }
@@ -382,7 +392,9 @@ impl Service for MetricsService {
                 });
             };
             server_stop.cancel();
-            let _ = tokio::time::timeout(Duration::from_secs(2), server).await;
+            if !server_finished {
+                let _ = tokio::time::timeout(Duration::from_secs(2), server).await;
+            }
             self.status.send_modify(|s| s.listening = None);
             result
         })
