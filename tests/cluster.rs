@@ -351,6 +351,35 @@ async fn one_leader_reconciles_and_fails_over() {
         "idle requests besides watches and lease renewals:\n{made}"
     );
 
+    // Kubelet heartbeats (status-only Node updates) trigger no reconcile: the
+    // leader makes no request about DeviceConfigs or what they own.
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(fleet.emulator.client());
+    let before = fleet.emulator.requests();
+    for beat in 0..5 {
+        for member in &fleet.members {
+            let heartbeat = json!({"status": {"conditions": [{"type": "Ready", "status": "True",
+                "lastHeartbeatTime": format!("2026-11-30T00:00:0{beat}Z")}]}});
+            nodes
+                .patch_status(
+                    &member.name,
+                    &PatchParams::default(),
+                    &Patch::Strategic(heartbeat),
+                )
+                .await
+                .unwrap();
+        }
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let made = fleet.emulator.requests().since(&before);
+    let reconciling = made
+        .non_watch()
+        .filter(|k| !k.resource.starts_with("leases") && !k.resource.starts_with("nodes"));
+    assert_eq!(
+        reconciling.total(),
+        0,
+        "heartbeats caused requests:\n{made}"
+    );
+
     // Killing the leader (no release) moves leadership within duration + 2 s.
     let i = fleet.index_of(&leader);
     fleet.kill(i);
