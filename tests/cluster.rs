@@ -460,11 +460,12 @@ async fn invalid_and_overlapping_device_configs_get_validation_errors() {
             })
             .await;
     }
-    // A missing ConfigMap reference is a validation error too.
+    // Missing ConfigMap and Secret references are validation errors too.
     fleet
         .apply(
             "first",
-            json!({"metricsExporter": {"enable": true, "config": {"name": "absent"}}}),
+            json!({"metricsExporter": {"enable": true, "config": {"name": "absent"}},
+                   "driver": {"imageSign": {"keySecret": {"name": "no-key"}}}}),
         )
         .await;
     fleet
@@ -478,6 +479,10 @@ async fn invalid_and_overlapping_device_configs_get_validation_errors() {
                 .as_str()
                 .unwrap_or("")
                 .contains("ConfigMap \"absent\" does not exist")
+                && condition(&f.status_of("first").await, "Error")["message"]
+                    .as_str()
+                    .unwrap_or("")
+                    .contains("spec.driver.imageSign.keySecret: Secret \"no-key\" does not exist")
         })
         .await;
     fleet.stop_all().await;

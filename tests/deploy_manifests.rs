@@ -763,6 +763,9 @@ const NEEDS: &[Need] = &[
     need("", "configmaps", "get", OPERATOR_NS),
     need("", "configmaps", "list", OPERATOR_NS),
     need("", "configmaps", "watch", OPERATOR_NS),
+    // Secrets a DeviceConfig names: src/cluster/reconcile.rs missing_references
+    // checks they exist (metadata only).
+    need("", "secrets", "get", OPERATOR_NS),
     // The metrics Service: server-side apply src/cluster/reconcile.rs:344
     // (authorized as patch, and as create when the object is new), delete :386.
     need("", "services", "create", OPERATOR_NS),

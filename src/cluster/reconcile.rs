@@ -8,7 +8,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{ConfigMap, Node, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Secret, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams};
 use kube::runtime::controller::Action;
@@ -266,38 +266,113 @@ async fn patch_finalizers(
     .map_err(kube_err("updating finalizers of", config_key(dc)))
 }
 
-/// ConfigMaps the spec names that do not exist.
-async fn missing_references(dc: &DeviceConfig, ctx: &Context) -> Result<Vec<String>, Error> {
-    let spec = &dc.spec;
-    let mut wanted: Vec<(&str, String)> = Vec::new();
-    if spec.metrics_exporter.is_enabled()
-        && let Some(name) = spec.metrics_exporter.config.name.clone()
-    {
-        wanted.push(("spec.metricsExporter.config.name", name));
-    }
-    if spec.test_runner.is_enabled()
-        && let Some(config) = &spec.test_runner.config
-    {
-        wanted.push(("spec.testRunner.config.name", config.name.clone()));
-    }
-    if spec.remediation_workflow.is_enabled()
-        && let Some(config) = &spec.remediation_workflow.config
-    {
-        wanted.push(("spec.remediationWorkflow.config.name", config.name.clone()));
-    }
-    let api: Api<ConfigMap> =
-        Api::namespaced(ctx.client.clone(), &dc.namespace().unwrap_or_default());
-    let mut missing = Vec::new();
-    for (path, name) in wanted {
-        if name.is_empty() {
-            continue;
+/// A ConfigMap or Secret the spec names, in the DeviceConfig's namespace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reference {
+    pub path: &'static str,
+    pub kind: &'static str,
+    pub name: String,
+}
+
+/// The ConfigMaps and Secrets an enabled part of the spec depends on. Pull
+/// secrets of images are not among them: images are ignored in this design.
+pub fn references(spec: &crate::api::DeviceConfigSpec) -> Vec<Reference> {
+    let mut refs = Vec::new();
+    let mut add = |path, kind, name: Option<&str>| {
+        if let Some(name) = name.filter(|n| !n.is_empty()) {
+            refs.push(Reference {
+                path,
+                kind,
+                name: name.to_owned(),
+            });
         }
-        let found = api
-            .get_opt(&name)
-            .await
-            .map_err(kube_err("looking up ConfigMap", name.clone()))?;
-        if found.is_none() {
-            missing.push(format!("{path}: ConfigMap {name:?} does not exist"));
+    };
+    let metrics = &spec.metrics_exporter;
+    if metrics.is_enabled() {
+        add(
+            "spec.metricsExporter.config.name",
+            "ConfigMap",
+            metrics.config.name.as_deref(),
+        );
+        if metrics.access_control_enabled() {
+            let rbac = &metrics.rbac_config;
+            add(
+                "spec.metricsExporter.rbacConfig.secret",
+                "Secret",
+                rbac.secret.as_ref().map(|r| r.name.as_str()),
+            );
+            add(
+                "spec.metricsExporter.rbacConfig.clientCAConfigMap",
+                "ConfigMap",
+                rbac.client_ca_config_map.as_ref().map(|r| r.name.as_str()),
+            );
+        }
+    }
+    if spec.test_runner.is_enabled() {
+        add(
+            "spec.testRunner.config.name",
+            "ConfigMap",
+            spec.test_runner.config.as_ref().map(|c| c.name.as_str()),
+        );
+        for secret in &spec.test_runner.logs_location.logs_export_secrets {
+            add(
+                "spec.testRunner.logsLocation.logsExportSecrets",
+                "Secret",
+                Some(&secret.name),
+            );
+        }
+    }
+    if spec.remediation_workflow.is_enabled() {
+        add(
+            "spec.remediationWorkflow.config.name",
+            "ConfigMap",
+            spec.remediation_workflow
+                .config
+                .as_ref()
+                .map(|c| c.name.as_str()),
+        );
+    }
+    if spec.driver.enable {
+        let sign = &spec.driver.image_sign;
+        add(
+            "spec.driver.imageSign.keySecret",
+            "Secret",
+            sign.key_secret.as_ref().map(|r| r.name.as_str()),
+        );
+        add(
+            "spec.driver.imageSign.certSecret",
+            "Secret",
+            sign.cert_secret.as_ref().map(|r| r.name.as_str()),
+        );
+    }
+    refs
+}
+
+/// The references of [`references`] that do not exist. Only metadata is read,
+/// never a Secret's data.
+async fn missing_references(dc: &DeviceConfig, ctx: &Context) -> Result<Vec<String>, Error> {
+    let ns = dc.namespace().unwrap_or_default();
+    let config_maps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &ns);
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
+    let mut missing = Vec::new();
+    for reference in references(&dc.spec) {
+        let name = reference.name.clone();
+        let found = match reference.kind {
+            "Secret" => secrets.get_metadata_opt(&name).await.map(|o| o.is_some()),
+            _ => config_maps
+                .get_metadata_opt(&name)
+                .await
+                .map(|o| o.is_some()),
+        }
+        .map_err(kube_err(
+            "looking up a reference",
+            format!("{} {name}", reference.kind),
+        ))?;
+        if !found {
+            missing.push(format!(
+                "{}: {} {name:?} does not exist",
+                reference.path, reference.kind
+            ));
         }
     }
     Ok(missing)
@@ -452,4 +527,49 @@ async fn tear_down(
     };
     ctx.event(dc, EventType::Normal, "TornDown", note).await;
     Ok(Action::await_change())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn references_follow_what_is_enabled() {
+        let spec: crate::api::DeviceConfigSpec = serde_json::from_value(serde_json::json!({
+            "driver": {"enable": true, "imageSign": {"keySecret": {"name": "key"}, "certSecret": {"name": "cert"}}},
+            "metricsExporter": {"enable": true, "config": {"name": "metrics"},
+                "rbacConfig": {"enable": true, "secret": {"name": "tls"}, "clientCAConfigMap": {"name": "ca"}}},
+            "testRunner": {"config": {"name": "tests"}, "logsLocation": {"logsExportSecrets": [{"name": "s3"}]}},
+        }))
+        .unwrap();
+        let names = |spec: &crate::api::DeviceConfigSpec| -> Vec<(String, String)> {
+            references(spec)
+                .into_iter()
+                .map(|r| (r.kind.to_owned(), r.name))
+                .collect()
+        };
+        assert_eq!(
+            names(&spec),
+            [
+                ("ConfigMap".into(), "metrics".into()),
+                ("Secret".into(), "tls".into()),
+                ("ConfigMap".into(), "ca".into()),
+                ("Secret".into(), "key".into()),
+                ("Secret".into(), "cert".into()),
+            ],
+            "the test runner is disabled, so its references do not count"
+        );
+        let mut spec = spec;
+        spec.test_runner.enable = Some(true);
+        spec.driver.enable = false;
+        spec.metrics_exporter.rbac_config.enable = Some(false);
+        assert_eq!(
+            names(&spec),
+            [
+                ("ConfigMap".into(), "metrics".into()),
+                ("ConfigMap".into(), "tests".into()),
+                ("Secret".into(), "s3".into()),
+            ]
+        );
+    }
 }
