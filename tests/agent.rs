@@ -180,12 +180,9 @@ async fn agent_runs_the_services_its_device_config_enables() {
         json!({"feature.node.kubernetes.io/amd-gpu": "true"}),
     )
     .await;
-    // Nothing selects the node yet: nothing runs, and the status says so.
-    h.eventually("a status without DeviceConfig", |h| {
-        h.status()
-            .is_some_and(|s| s.device_config.is_none() && s.gpus == 8)
-    })
-    .await;
+    // Nothing selects the node yet: nothing runs and no status is published.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(h.status().is_none(), "{:#}", h.node());
     assert!(h.kubelet.registrations().is_empty());
 
     h.apply_device_config(
@@ -261,6 +258,18 @@ async fn agent_runs_the_services_its_device_config_enables() {
         1,
         "the plugin was not restarted"
     );
+
+    // Deselecting the node (the DeviceConfig goes away) tears everything down:
+    // sockets, labels, the status annotation.
+    h.delete_device_config("gpus").await;
+    h.eventually("torn down", |h| {
+        h.status().is_none() && !h.labels().keys().any(|k| k.contains("amd.com/gpu."))
+    })
+    .await;
+    h.eventually("sockets removed", |h| {
+        plugin_sockets(h.kubelet.dir()).is_empty()
+    })
+    .await;
 
     // SIGTERM: services stop, sockets are removed, well within 5 s.
     let took = h.stop().await;
@@ -511,6 +520,14 @@ async fn an_ecc_error_marks_the_gpu_unhealthy_everywhere_and_triggers_the_test()
                 cs.iter()
                     .any(|c| c["type"] == "AMDGPUUnhealthy" && c["status"] == "False")
             })
+    })
+    .await;
+    // Without a DeviceConfig the condition is removed, not left behind.
+    h.delete_device_config("gpus").await;
+    h.eventually("the condition removed", |h| {
+        !h.node()["status"]["conditions"]
+            .as_array()
+            .is_some_and(|cs| cs.iter().any(|c| c["type"] == "AMDGPUUnhealthy"))
     })
     .await;
     h.stop().await;

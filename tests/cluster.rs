@@ -530,6 +530,18 @@ async fn deleting_a_device_config_tears_down_then_releases_the_finalizer() {
         !labels.keys().any(|k| k.starts_with("amd.com/gpu.")),
         "{labels:?}"
     );
+    assert!(
+        node["metadata"]["annotations"]
+            .get(gpu_operator::agent::status::STATUS_ANNOTATION)
+            .is_none(),
+        "the status annotation is removed: {node:#}"
+    );
+    assert!(
+        !node["status"]["conditions"]
+            .as_array()
+            .is_some_and(|cs| cs.iter().any(|c| c["type"] == "AMDGPUUnhealthy")),
+        "the health condition is removed: {node:#}"
+    );
     let sockets: Vec<_> = std::fs::read_dir(kubelet.dir())
         .unwrap()
         .flatten()

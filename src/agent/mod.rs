@@ -143,19 +143,11 @@ pub async fn run(
         },
     );
     // The Node's AMDGPUUnhealthy condition, unhealthy labels and health Events
-    // follow the health monitor for as long as the agent runs.
-    let _node_health =
-        tokio_util::task::AbortOnDropHandle::new(tokio::spawn(crate::health::publish_node_health(
-            nodes.clone(),
-            node_name.clone(),
-            services.health_snapshot.clone(),
-            services.transitions(),
-            Some(recorder.clone()),
-            Duration::from_secs(5),
-            watches.clone(),
-        )));
+    // follow the health monitor while it runs (see `node_health` below).
+    let mut node_health: Option<tokio_util::task::AbortOnDropHandle<()>> = None;
     let mut reported = BTreeSet::<String>::new();
-    let mut last_status: Option<AgentStatus> = None;
+    // What was last written: `Some(None)` means the annotation was removed.
+    let mut last_status: Option<Option<AgentStatus>> = None;
 
     loop {
         let node = node_rx.borrow_and_update().clone();
@@ -222,12 +214,25 @@ pub async fn run(
                     tracing::warn!(error = %e, "cannot remove GPU labels");
                 }
             }
+            if services.health.is_running() && node_health.is_none() {
+                node_health = Some(tokio_util::task::AbortOnDropHandle::new(tokio::spawn(
+                    crate::health::publish_node_health(
+                        nodes.clone(),
+                        node_name.clone(),
+                        services.health_snapshot.clone(),
+                        services.transitions(),
+                        Some(recorder.clone()),
+                        Duration::from_secs(5),
+                        watches.clone(),
+                    ),
+                )));
+            }
             if applied.health_stopped {
-                // No monitor, no verdict: clear the condition and unhealthy labels.
-                let cleared = crate::health::HealthSnapshot::default();
-                if let Err(e) = crate::health::apply_node_health(&nodes, &node_name, &cleared).await
-                {
-                    tracing::warn!(error = %e, "cannot clear the GPU health condition");
+                // No monitor, no verdict: stop publishing, then remove the
+                // condition and labels it wrote.
+                node_health = None;
+                if let Err(e) = crate::health::remove_node_health(&nodes, &node_name).await {
+                    tracing::warn!(error = %e, "cannot remove the GPU health condition");
                 }
             }
             let problems = problems(&selection, &plugin_status.borrow_and_update());
@@ -237,18 +242,30 @@ pub async fn run(
                 }
             }
             reported.retain(|p| problems.contains(p));
-            let status = build_status(
-                &selection,
-                &services,
-                &plugin_status.borrow(),
-                &inventory.borrow_and_update(),
-                problems,
-            );
-            if last_status
-                .as_ref()
-                .is_none_or(|last| status.differs_from(last))
-            {
-                match publish_status(&nodes, &node_name, &status).await {
+            // The status annotation exists while a DeviceConfig selects the node
+            // (or several do, which needs a person); with none, the agent
+            // removes it, and the leader reads its absence as torn down.
+            let status = match &selection {
+                Selection::None => None,
+                _ => Some(build_status(
+                    &selection,
+                    &services,
+                    &plugin_status.borrow(),
+                    &inventory.borrow_and_update(),
+                    problems,
+                )),
+            };
+            let changed = match (&status, &last_status) {
+                (Some(now), Some(Some(last))) => now.differs_from(last),
+                (None, Some(None)) => false,
+                _ => true,
+            };
+            if changed {
+                let written = match &status {
+                    Some(status) => publish_status(&nodes, &node_name, status).await,
+                    None => remove_status(&nodes, &node).await,
+                };
+                match written {
                     Ok(()) => last_status = Some(status),
                     Err(e) => {
                         tracing::warn!(error = %e, "cannot publish agent status; will retry on the next change")
@@ -407,6 +424,23 @@ async fn publish_status(
     };
     nodes.patch(node, &params, &Patch::Merge(&patch)).await?;
     tracing::debug!(node, "published agent status");
+    Ok(())
+}
+
+/// Removes the status annotation, if the Node has it.
+async fn remove_status(nodes: &Api<Node>, node: &Node) -> Result<(), kube::Error> {
+    if !node.annotations().contains_key(STATUS_ANNOTATION) {
+        return Ok(());
+    }
+    let patch = serde_json::json!({ "metadata": { "annotations": { STATUS_ANNOTATION: null } } });
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..PatchParams::default()
+    };
+    nodes
+        .patch(&node.name_any(), &params, &Patch::Merge(&patch))
+        .await?;
+    tracing::info!(node = %node.name_any(), "removed the agent status annotation");
     Ok(())
 }
 

@@ -39,7 +39,9 @@ use serde::Serialize;
 pub use checks::Thresholds;
 pub use damping::Damping;
 pub use monitor::{HealthConfig, HealthMonitor, MonitorState, check_once};
-pub use node::{NodeHealthError, NodeHealthWrite, apply_node_health, publish_node_health};
+pub use node::{
+    NodeHealthError, NodeHealthWrite, apply_node_health, publish_node_health, remove_node_health,
+};
 
 pub use crate::plugin::HealthReport;
 

@@ -19,8 +19,8 @@ use tokio::sync::{broadcast, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::outputs::{
-    condition_differs, find_condition, health_labels, label_patch, merge_condition, node_condition,
-    transition_event,
+    CONDITION_TYPE, condition_differs, find_condition, health_labels, label_patch, merge_condition,
+    node_condition, transition_event,
 };
 use super::{HealthSnapshot, HealthTransition};
 
@@ -113,6 +113,61 @@ async fn apply_to(
         wrote.labels = true;
     }
     Ok(wrote)
+}
+
+/// Removes what the monitor wrote on the Node: the health labels and the
+/// `AMDGPUUnhealthy` condition itself (not just set to False). For teardown, when
+/// no DeviceConfig asks for health on this node any more.
+pub async fn remove_node_health(nodes: &Api<Node>, node_name: &str) -> Result<(), NodeHealthError> {
+    let node = nodes
+        .get(node_name)
+        .await
+        .map_err(|source| NodeHealthError::Get {
+            node: node_name.to_owned(),
+            source,
+        })?;
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..PatchParams::default()
+    };
+    if let Some(patch) = label_patch(node.labels(), &health_labels(&HealthSnapshot::default())) {
+        nodes
+            .patch(node_name, &params, &Patch::Merge(patch))
+            .await
+            .map_err(|source| NodeHealthError::Patch {
+                node: node_name.to_owned(),
+                what: "GPU health labels",
+                source,
+            })?;
+    }
+    let conditions = node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_deref())
+        .unwrap_or_default();
+    if let Some(index) = conditions.iter().position(|c| c.type_ == CONDITION_TYPE) {
+        // Guarded by a test of the type at that index, so a concurrent change
+        // to the list fails the patch instead of removing someone else's entry.
+        let patch: json_patch::Patch = serde_json::from_value(serde_json::json!([
+            {"op": "test", "path": format!("/status/conditions/{index}/type"), "value": CONDITION_TYPE},
+            {"op": "remove", "path": format!("/status/conditions/{index}")},
+        ]))
+        .map_err(|e| NodeHealthError::Patch {
+            node: node_name.to_owned(),
+            what: "AMDGPUUnhealthy condition",
+            source: kube::Error::SerdeError(e),
+        })?;
+        nodes
+            .patch_status(node_name, &params, &Patch::Json::<()>(patch))
+            .await
+            .map_err(|source| NodeHealthError::Patch {
+                node: node_name.to_owned(),
+                what: "AMDGPUUnhealthy condition",
+                source,
+            })?;
+        tracing::info!(node = %node_name, "removed the AMDGPUUnhealthy condition");
+    }
+    Ok(())
 }
 
 /// Keeps the Node in line with the monitor until `cancel` fires: applies each
