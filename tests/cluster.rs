@@ -625,3 +625,104 @@ async fn a_partitioned_leader_stops_leading_and_writes_nothing_after_expiry() {
     cut_off.finished().await;
     standby.finished().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_service_monitor_follows_the_spec_when_its_crd_is_served() {
+    let (mut fleet, _kubelet) = Fleet::start(&[json!({})], false).await;
+    fleet.wait_holder(None, WAIT).await;
+    // Without the CRD, asking for a ServiceMonitor is skipped, not an error.
+    let with_monitor = json!({"metricsExporter": {"enable": true, "serviceType": "NodePort", "nodePort": 31500,
+        "prometheus": {"serviceMonitor": {"enable": true, "interval": "30s", "labels": {"release": "prom"}}}}});
+    fleet.apply("gpus", with_monitor.clone()).await;
+    fleet
+        .eventually("Ready with the Service", async |f| {
+            condition(&f.status_of("gpus").await, "Ready")["status"] == "True"
+                && f.emulator
+                    .get("v1", "Service", NS, "gpus-metrics-exporter")
+                    .is_some()
+        })
+        .await;
+    let service = fleet
+        .emulator
+        .get("v1", "Service", NS, "gpus-metrics-exporter")
+        .unwrap();
+    assert_eq!(service["spec"]["type"], "NodePort");
+    assert_eq!(service["spec"]["ports"][0]["nodePort"], 31500);
+    assert_eq!(
+        service["metadata"]["ownerReferences"][0]["kind"],
+        "DeviceConfig"
+    );
+
+    // Once the Prometheus operator's CRD is served, the next reconcile creates it.
+    fleet
+        .emulator
+        .create(json!({
+            "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": "servicemonitors.monitoring.coreos.com"},
+            "spec": {"group": "monitoring.coreos.com", "scope": "Namespaced",
+                "names": {"plural": "servicemonitors", "singular": "servicemonitor", "kind": "ServiceMonitor"},
+                "versions": [{"name": "v1", "served": true, "storage": true,
+                    "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}]}
+        }))
+        .unwrap();
+    fleet
+        .apply(
+            "gpus",
+            json!({"metricsExporter": {"prometheus": {"serviceMonitor": {"interval": "15s"}}}}),
+        )
+        .await;
+    fleet
+        .eventually("the ServiceMonitor", async |f| {
+            f.emulator
+                .get(
+                    "monitoring.coreos.com/v1",
+                    "ServiceMonitor",
+                    NS,
+                    "gpus-metrics-exporter",
+                )
+                .is_some_and(|sm| sm["spec"]["endpoints"][0]["interval"] == "15s")
+        })
+        .await;
+    let monitor = fleet
+        .emulator
+        .get(
+            "monitoring.coreos.com/v1",
+            "ServiceMonitor",
+            NS,
+            "gpus-metrics-exporter",
+        )
+        .unwrap();
+    assert_eq!(monitor["metadata"]["labels"]["release"], "prom");
+    assert_eq!(monitor["spec"]["endpoints"][0]["port"], "exporter-port");
+
+    // Switching the monitor off deletes it; switching metrics off deletes the Service.
+    fleet
+        .apply(
+            "gpus",
+            json!({"metricsExporter": {"prometheus": {"serviceMonitor": {"enable": false}}}}),
+        )
+        .await;
+    fleet
+        .eventually("ServiceMonitor deleted", async |f| {
+            f.emulator
+                .get(
+                    "monitoring.coreos.com/v1",
+                    "ServiceMonitor",
+                    NS,
+                    "gpus-metrics-exporter",
+                )
+                .is_none()
+        })
+        .await;
+    fleet
+        .apply("gpus", json!({"metricsExporter": {"enable": false}}))
+        .await;
+    fleet
+        .eventually("Service deleted", async |f| {
+            f.emulator
+                .get("v1", "Service", NS, "gpus-metrics-exporter")
+                .is_none()
+        })
+        .await;
+    fleet.stop_all().await;
+}
