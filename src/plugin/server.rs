@@ -8,15 +8,14 @@
 use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use tokio::net::{UnixListener, UnixStream};
+use tokio::net::UnixListener;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::wrappers::UnixListenerStream;
 use tonic::transport::{Endpoint, Server};
 use tonic::{Request, Response, Status};
 
@@ -165,19 +164,6 @@ impl DevicePlugin for PluginService {
     }
 }
 
-/// Accepted connections of a unix listener, as the stream tonic serves from.
-struct UnixIncoming(UnixListener);
-
-impl tokio_stream::Stream for UnixIncoming {
-    type Item = io::Result<UnixStream>;
-
-    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        self.0
-            .poll_accept(cx)
-            .map(|r| Some(r.map(|(stream, _)| stream)))
-    }
-}
-
 /// A `DevicePlugin` server running on its own unix socket.
 pub(crate) struct SocketServer {
     path: PathBuf,
@@ -209,7 +195,7 @@ impl SocketServer {
         let task = tokio::spawn(async move {
             let result = Server::builder()
                 .add_service(service)
-                .serve_with_incoming_shutdown(UnixIncoming(listener), async move {
+                .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async move {
                     let _ = signal.wait_for(|s| *s).await;
                 })
                 .await;

@@ -113,7 +113,7 @@ impl TestKubelet {
             dir: self.dir.clone(),
             log: self.log.clone(),
         });
-        let incoming = async_incoming(listener);
+        let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
         let task = tokio::spawn(async move {
             let _ = Server::builder()
                 .add_service(service)
@@ -301,21 +301,4 @@ pub fn allocate_request(ids: &[&str]) -> v1beta1::AllocateRequest {
             devices_ids: ids.iter().map(|s| s.to_string()).collect(),
         }],
     }
-}
-
-/// Accepted connections of a unix listener as a stream for tonic.
-fn async_incoming(
-    listener: UnixListener,
-) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::UnixStream>> {
-    struct Incoming(UnixListener);
-    impl tokio_stream::Stream for Incoming {
-        type Item = std::io::Result<tokio::net::UnixStream>;
-        fn poll_next(
-            self: std::pin::Pin<&mut Self>,
-            cx: &mut std::task::Context<'_>,
-        ) -> std::task::Poll<Option<Self::Item>> {
-            self.0.poll_accept(cx).map(|r| Some(r.map(|(s, _)| s)))
-        }
-    }
-    Incoming(listener)
 }
