@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{Patch, PatchParams};
+use kube::api::Patch;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, Store};
@@ -44,7 +44,7 @@ use crate::plugin::PluginStatus;
 use configmaps::ConfigMapFollower;
 use node_services::NodeServices;
 use select::{NodeContext, Selection, idle_services, plan_services, select_config};
-use services::{FIELD_MANAGER, sync_labels};
+use services::{patch_params, sync_labels};
 use status::{AgentStatus, STATUS_ANNOTATION, STATUS_VERSION};
 
 /// How the agent was started.
@@ -418,10 +418,7 @@ async fn publish_status(
     let patch = serde_json::json!({
         "metadata": { "annotations": { STATUS_ANNOTATION: status.to_json() } }
     });
-    let params = PatchParams {
-        field_manager: Some(FIELD_MANAGER.into()),
-        ..PatchParams::default()
-    };
+    let params = patch_params();
     nodes.patch(node, &params, &Patch::Merge(&patch)).await?;
     tracing::debug!(node, "published agent status");
     Ok(())
@@ -433,10 +430,7 @@ async fn remove_status(nodes: &Api<Node>, node: &Node) -> Result<(), kube::Error
         return Ok(());
     }
     let patch = serde_json::json!({ "metadata": { "annotations": { STATUS_ANNOTATION: null } } });
-    let params = PatchParams {
-        field_manager: Some(FIELD_MANAGER.into()),
-        ..PatchParams::default()
-    };
+    let params = patch_params();
     nodes
         .patch(&node.name_any(), &params, &Patch::Merge(&patch))
         .await?;

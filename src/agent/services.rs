@@ -18,6 +18,14 @@ use crate::plugin::{DevicePluginService, HealthReport, PluginConfig, PluginStatu
 /// Field manager name on every write the agent makes.
 pub const FIELD_MANAGER: &str = "gpu-operator-agent";
 
+/// Parameters of every agent write: its field manager.
+pub fn patch_params() -> PatchParams {
+    PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..PatchParams::default()
+    }
+}
+
 /// Keeps the Node's GPU labels equal to what the inventory says.
 pub struct LabellerService {
     pub nodes: Api<Node>,
@@ -99,10 +107,7 @@ pub async fn sync_labels(
     nodes
         .patch(
             &node.name_any(),
-            &PatchParams {
-                field_manager: Some(FIELD_MANAGER.into()),
-                ..PatchParams::default()
-            },
+            &patch_params(),
             &Patch::Merge(patch.to_merge_patch()),
         )
         .await

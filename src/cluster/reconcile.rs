@@ -488,12 +488,11 @@ async fn tear_down(
             Duration::try_from(elapsed).ok()
         })
         .unwrap_or_default();
-    let following = |n: &&NodeView| {
-        n.agent
-            .as_ref()
-            .is_some_and(|a| a.device_config.as_deref() == Some(key.as_str()))
-    };
-    let waiting: Vec<&NodeView> = selected.iter().filter(following).collect();
+    let uid = dc.metadata.uid.as_deref();
+    let waiting: Vec<&NodeView> = selected
+        .iter()
+        .filter(|n| n.follows(&key, uid).is_some())
+        .collect();
     let timed_out = since_deletion >= ctx.teardown_timeout;
     let blocking: Vec<&&NodeView> = waiting.iter().filter(|n| n.ready || !timed_out).collect();
     if !blocking.is_empty() {

@@ -49,7 +49,7 @@ impl NodeView {
     }
 
     /// The agent reports that it follows this DeviceConfig.
-    fn follows(&self, key: &str, uid: Option<&str>) -> Option<&AgentStatus> {
+    pub fn follows(&self, key: &str, uid: Option<&str>) -> Option<&AgentStatus> {
         self.agent.as_ref().filter(|a| {
             a.device_config.as_deref() == Some(key) && (uid.is_none() || a.uid.as_deref() == uid)
         })
