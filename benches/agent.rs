@@ -9,9 +9,13 @@
 //!
 //! Run with `cargo bench --bench agent`. Prints figures; asserts nothing.
 
+#[path = "support/figures.rs"]
+mod figures;
+
 #[path = "../tests/support/mod.rs"]
 mod support;
 
+use figures::{percentile, rss_mib};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -24,20 +28,6 @@ use support::kubelet::TestKubelet;
 use tokio_util::sync::CancellationToken;
 
 const NODE: &str = "bench-node";
-
-fn percentile(samples: &mut [Duration], q: f64) -> Duration {
-    samples.sort();
-    samples[((samples.len() as f64 - 1.0) * q).round() as usize]
-}
-
-fn rss_mib(pid: u32) -> f64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        .map_or(f64::NAN, |kb| kb / 1024.0)
-}
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {

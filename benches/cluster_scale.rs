@@ -12,7 +12,11 @@
 //! Goals: convergence under 10 s, RSS under 150 MiB, zero idle requests.
 //! Run with `cargo bench --bench cluster_scale` (NODES=... to change the fleet size).
 
-use std::process::{Child, Command, Stdio};
+#[path = "support/figures.rs"]
+mod figures;
+
+use figures::rss_mib;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt, stream};
@@ -84,16 +88,6 @@ async fn wait_status(
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-}
-
-fn rss_mib(child: &Child) -> f64 {
-    let status =
-        std::fs::read_to_string(format!("/proc/{}/status", child.id())).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        .map_or(f64::NAN, |kb| kb / 1024.0)
 }
 
 fn leader_writes(emulator: &Emulator, before: &kube_emulator::RequestCounts) -> u64 {
@@ -204,7 +198,7 @@ async fn main() {
     if idle.non_watch().total() > 0 {
         println!("{}", idle.non_watch());
     }
-    println!("leader RSS: {:.1} MiB", rss_mib(&leader));
+    println!("leader RSS: {:.1} MiB", rss_mib(leader.id()));
     let _ = leader.kill();
     let _ = leader.wait();
 }

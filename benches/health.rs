@@ -10,6 +10,10 @@
 //! Defaults: 250 ms interval, two samples to change state. Run with
 //! `cargo bench --bench health`.
 
+#[path = "support/figures.rs"]
+mod figures;
+
+use figures::{scratch, summary};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -28,21 +32,6 @@ const GPUS: [&str; 4] = [
     "0000:47:00.0",
     "0000:65:00.0",
 ];
-
-fn scratch() -> tempfile::TempDir {
-    tempfile::tempdir_in("/dev/shm")
-        .or_else(|_| tempfile::tempdir())
-        .expect("temp dir")
-}
-
-fn summary(mut samples: Vec<Duration>) -> (f64, f64, f64) {
-    samples.sort();
-    let at = |q: f64| {
-        let i = ((samples.len() as f64 - 1.0) * q).round() as usize;
-        samples[i].as_secs_f64() * 1000.0
-    };
-    (at(0.5), at(0.99), at(1.0))
-}
 
 async fn until(
     report: &mut watch::Receiver<HealthReport>,

@@ -11,6 +11,10 @@
 //! the goal is a percentile of a latency distribution, which criterion does not
 //! report.
 
+#[path = "support/figures.rs"]
+mod figures;
+
+use figures::{scratch, summary};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
@@ -29,22 +33,6 @@ use gpu_operator::simulate::{self, SimSpec};
 use tokio::sync::watch;
 
 const SCRAPES: usize = 2000;
-
-fn scratch() -> tempfile::TempDir {
-    tempfile::tempdir_in("/dev/shm")
-        .or_else(|_| tempfile::tempdir())
-        .expect("temp dir")
-}
-
-/// Percentiles of a set of durations, in milliseconds.
-fn summary(mut samples: Vec<Duration>) -> (f64, f64, f64) {
-    samples.sort();
-    let at = |q: f64| {
-        let i = ((samples.len() as f64 - 1.0) * q).round() as usize;
-        samples[i].as_secs_f64() * 1000.0
-    };
-    (at(0.5), at(0.99), at(1.0))
-}
 
 /// One HTTP/1.1 request on an open connection; returns the body length.
 fn get(reader: &mut BufReader<TcpStream>, path: &str) -> usize {

@@ -1,0 +1,40 @@
+//! What the bench binaries share for measuring and printing: scratch space,
+//! percentiles and resident memory. Included with `#[path]`; each binary uses a
+//! subset.
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+/// A temporary directory, in memory where possible: deleting a simulated
+/// cpx_nps4 host from a `discard`-mounted disk takes seconds.
+pub fn scratch() -> tempfile::TempDir {
+    tempfile::tempdir_in("/dev/shm")
+        .or_else(|_| tempfile::tempdir())
+        .expect("temp dir")
+}
+
+/// The `q` quantile (0..=1) of `samples`, nearest rank.
+pub fn percentile(samples: &mut [Duration], q: f64) -> Duration {
+    samples.sort();
+    samples[((samples.len() as f64 - 1.0) * q).round() as usize]
+}
+
+/// p50, p99 and max of `samples`, in milliseconds.
+pub fn summary(mut samples: Vec<Duration>) -> (f64, f64, f64) {
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    (
+        ms(percentile(&mut samples, 0.5)),
+        ms(percentile(&mut samples, 0.99)),
+        ms(percentile(&mut samples, 1.0)),
+    )
+}
+
+/// Resident memory of process `pid`, in MiB (NaN when it cannot be read).
+pub fn rss_mib(pid: u32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map_or(f64::NAN, |kb| kb / 1024.0)
+}
