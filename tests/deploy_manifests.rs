@@ -730,60 +730,67 @@ const LEASE: &str = gpu_operator::cluster::lease::DEFAULT_LEASE_NAME;
 /// this table does not list.
 #[rustfmt::skip]
 const NEEDS: &[Need] = &[
-    // Nodes. get: src/health/node.rs:62 reads its Node before writing health.
+    // Nodes. get: apply_node_health and remove_node_health (src/health/node.rs)
+    // read the Node before writing health.
     need("", "nodes", "get", Scope::Cluster),
-    // list, watch: src/agent/mod.rs:230 watches its own Node (field selector);
-    // src/cluster/mod.rs:126 the leader reflects every Node.
+    // list, watch: spawn_node_watch (src/agent/mod.rs) watches its own Node by
+    // field selector; reconcile_until_cancelled (src/cluster/mod.rs) reflects
+    // every Node for the leader.
     need("", "nodes", "list", Scope::Cluster),
     need("", "nodes", "watch", Scope::Cluster),
-    // patch: src/agent/services.rs:100 GPU labels, src/agent/mod.rs:352 status
-    // annotation, src/health/node.rs:105 health labels, src/testrunner/kube.rs:157
-    // and :184 test runner labels and test requests.
+    // patch: sync_labels (src/agent/services.rs) GPU labels; publish_status and
+    // remove_status (src/agent/mod.rs) the status annotation; apply_node_health
+    // (src/health/node.rs) health labels; Kube::set_running and
+    // Kube::remove_request (src/testrunner/kube.rs) test runner labels and requests.
     need("", "nodes", "patch", Scope::Cluster),
-    // src/health/node.rs:93 the AMDGPUUnhealthy condition.
+    // The AMDGPUUnhealthy condition (apply_node_health, remove_node_health).
     need("", "nodes/status", "patch", Scope::Cluster),
-    // DeviceConfigs. list, watch: src/agent/mod.rs:269 reflector;
-    // src/cluster/mod.rs:142 the leader's Controller, all namespaces.
+    // DeviceConfigs. list, watch: spawn_config_reflector (src/agent/mod.rs);
+    // the leader's Controller in reconcile_until_cancelled, all namespaces.
     need("amd.com", "deviceconfigs", "list", Scope::Cluster),
     need("amd.com", "deviceconfigs", "watch", Scope::Cluster),
-    // patch: src/cluster/reconcile.rs:257 finalizer, on whatever the Controller sees.
+    // patch: patch_finalizers (src/cluster/reconcile.rs), on whatever the
+    // Controller sees.
     need("amd.com", "deviceconfigs", "patch", Scope::Cluster),
-    // src/cluster/reconcile.rs:177 status.
+    // Status: reconcile (src/cluster/reconcile.rs).
     need("amd.com", "deviceconfigs/status", "patch", Scope::Cluster),
-    // Leader election in POD_NAMESPACE (src/cluster/lease.rs): create :308,
-    // get :213, list+watch by field selector :175, update :327 and :346.
+    // Leader election in POD_NAMESPACE (src/cluster/lease.rs): write_lease
+    // creates and updates, campaign gets after a conflict and lists+watches by
+    // field selector, release updates.
     need( "coordination.k8s.io", "leases", "create", OPERATOR_NS),
     named("coordination.k8s.io", "leases", "get",    OPERATOR_NS, LEASE),
     named("coordination.k8s.io", "leases", "list",   OPERATOR_NS, LEASE),
     named("coordination.k8s.io", "leases", "watch",  OPERATOR_NS, LEASE),
     named("coordination.k8s.io", "leases", "update", OPERATOR_NS, LEASE),
-    // ConfigMaps a DeviceConfig names: src/cluster/reconcile.rs:294 checks they
-    // exist; the agent watches the exporter and test runner ones
-    // (src/metrics/mod.rs:18-20, being wired).
+    // ConfigMaps a DeviceConfig names: missing_references
+    // (src/cluster/reconcile.rs) checks they exist; ConfigMapFollower
+    // (src/agent/configmaps.rs) watches the exporter and test runner ones.
     need("", "configmaps", "get", OPERATOR_NS),
     need("", "configmaps", "list", OPERATOR_NS),
     need("", "configmaps", "watch", OPERATOR_NS),
-    // Secrets a DeviceConfig names: src/cluster/reconcile.rs missing_references
-    // checks they exist (metadata only).
+    // Secrets a DeviceConfig names: missing_references checks they exist
+    // (metadata only).
     need("", "secrets", "get", OPERATOR_NS),
-    // The metrics Service: server-side apply src/cluster/reconcile.rs:344
-    // (authorized as patch, and as create when the object is new), delete :386.
+    // The metrics Service: server-side apply in apply_owned
+    // (src/cluster/reconcile.rs; authorized as patch, and as create when the
+    // object is new); delete in apply_owned and tear_down.
     need("", "services", "create", OPERATOR_NS),
     need("", "services", "patch", OPERATOR_NS),
     need("", "services", "delete", OPERATOR_NS),
-    // The ServiceMonitor, likewise: apply :373, delete :386.
+    // The ServiceMonitor, likewise.
     need("monitoring.coreos.com", "servicemonitors", "create", OPERATOR_NS),
     need("monitoring.coreos.com", "servicemonitors", "patch", OPERATOR_NS),
     need("monitoring.coreos.com", "servicemonitors", "delete", OPERATOR_NS),
     // Events: kube-runtime's Recorder creates, then patches a repeating series.
-    // About DeviceConfigs (src/cluster/reconcile.rs:114) in their namespace;
-    // about Nodes (src/agent/mod.rs:371, src/health/node.rs:161) in "default".
+    // About DeviceConfigs (Context::event, src/cluster/reconcile.rs) in their
+    // namespace; about Nodes (record_warning in src/agent/mod.rs,
+    // publish_node_health in src/health/node.rs) in "default".
     need("events.k8s.io", "events", "create", OPERATOR_NS),
     need("events.k8s.io", "events", "patch", OPERATOR_NS),
     need("events.k8s.io", "events", "create", NODE_EVENTS_NS),
     need("events.k8s.io", "events", "patch", NODE_EVENTS_NS),
     // Test results: labelled core/v1 Events about the Node, in "default"
-    // (src/testrunner/kube.rs:173, Kube::publish).
+    // (Kube::publish, src/testrunner/kube.rs).
     need("", "events", "create", NODE_EVENTS_NS),
 ];
 
