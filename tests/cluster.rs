@@ -294,6 +294,33 @@ impl Fleet {
     }
 }
 
+/// Installs the Prometheus operator's ServiceMonitor CRD, as its Helm chart would.
+fn serve_service_monitors(emulator: &Emulator) {
+    emulator
+        .create(json!({
+            "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": "servicemonitors.monitoring.coreos.com"},
+            "spec": {"group": "monitoring.coreos.com", "scope": "Namespaced",
+                "names": {"plural": "servicemonitors", "singular": "servicemonitor", "kind": "ServiceMonitor"},
+                "versions": [{"name": "v1", "served": true, "storage": true,
+                    "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}]}
+        }))
+        .unwrap();
+}
+
+fn metrics_service(emulator: &Emulator) -> Option<Value> {
+    emulator.get("v1", "Service", NS, "gpus-metrics-exporter")
+}
+
+fn service_monitor(emulator: &Emulator) -> Option<Value> {
+    emulator.get(
+        "monitoring.coreos.com/v1",
+        "ServiceMonitor",
+        NS,
+        "gpus-metrics-exporter",
+    )
+}
+
 fn condition<'a>(status: &'a Value, type_: &str) -> &'a Value {
     status["conditions"]
         .as_array()
@@ -492,23 +519,24 @@ async fn invalid_and_overlapping_device_configs_get_validation_errors() {
 async fn deleting_a_device_config_tears_down_then_releases_the_finalizer() {
     let (mut fleet, kubelet) = Fleet::start(&[json!({})], true).await;
     let kubelet = kubelet.unwrap();
+    serve_service_monitors(&fleet.emulator);
     fleet.wait_holder(None, WAIT).await;
     fleet
         .apply(
             "gpus",
-            json!({"metricsExporter": {"enable": true, "port": 5055}}),
+            json!({"metricsExporter": {"enable": true, "port": 5055,
+                "prometheus": {"serviceMonitor": {"enable": true}}}}),
         )
         .await;
     kubelet.wait_for_registration("amd.com/gpu", 1).await;
     fleet
-        .eventually("labels and Service", async |f| {
+        .eventually("labels, Service and ServiceMonitor", async |f| {
             let node = f.emulator.get("v1", "Node", "", "node-0").unwrap();
             node["metadata"]["labels"]
                 .get("amd.com/gpu.family")
                 .is_some()
-                && f.emulator
-                    .get("v1", "Service", NS, "gpus-metrics-exporter")
-                    .is_some()
+                && metrics_service(&f.emulator).is_some()
+                && service_monitor(&f.emulator).is_some()
         })
         .await;
     fleet
@@ -548,11 +576,10 @@ async fn deleting_a_device_config_tears_down_then_releases_the_finalizer() {
         .filter(|e| e.file_name().to_string_lossy().starts_with("amd.com_"))
         .collect();
     assert!(sockets.is_empty(), "{sockets:?}");
+    assert!(metrics_service(&fleet.emulator).is_none());
     assert!(
-        fleet
-            .emulator
-            .get("v1", "Service", NS, "gpus-metrics-exporter")
-            .is_none()
+        service_monitor(&fleet.emulator).is_none(),
+        "teardown deletes the ServiceMonitor too; the emulator has no garbage collector"
     );
     let events = fleet.emulator.list("events.k8s.io/v1", "Event");
     assert!(
@@ -627,6 +654,42 @@ async fn a_partitioned_leader_stops_leading_and_writes_nothing_after_expiry() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_metrics_service_is_put_back_without_waiting_for_other_changes() {
+    let (mut fleet, _kubelet) = Fleet::start(&[json!({})], false).await;
+    fleet.wait_holder(None, WAIT).await;
+    fleet
+        .apply(
+            "gpus",
+            json!({"metricsExporter": {"enable": true, "port": 5057}}),
+        )
+        .await;
+    fleet
+        .eventually("Ready and settled, with the Service", async |f| {
+            let status = f.status_of("gpus").await;
+            condition(&status, "Ready")["status"] == "True"
+                && status["observedGeneration"].as_i64().is_some()
+                && metrics_service(&f.emulator).is_some()
+        })
+        .await;
+    // Let in-flight agent reports land, so that nothing but the deletion is
+    // left to trigger a reconcile (there is no periodic requeue).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let first_uid = metrics_service(&fleet.emulator).unwrap()["metadata"]["uid"].clone();
+    let services: Api<k8s_openapi::api::core::v1::Service> =
+        Api::namespaced(fleet.emulator.client(), NS);
+    services
+        .delete("gpus-metrics-exporter", &DeleteParams::default())
+        .await
+        .unwrap();
+    fleet
+        .eventually("a new Service", async |f| {
+            metrics_service(&f.emulator).is_some_and(|s| s["metadata"]["uid"] != first_uid)
+        })
+        .await;
+    fleet.stop_all().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_service_monitor_follows_the_spec_when_its_crd_is_served() {
     let (mut fleet, _kubelet) = Fleet::start(&[json!({})], false).await;
     fleet.wait_holder(None, WAIT).await;
@@ -637,15 +700,10 @@ async fn the_service_monitor_follows_the_spec_when_its_crd_is_served() {
     fleet
         .eventually("Ready with the Service", async |f| {
             condition(&f.status_of("gpus").await, "Ready")["status"] == "True"
-                && f.emulator
-                    .get("v1", "Service", NS, "gpus-metrics-exporter")
-                    .is_some()
+                && metrics_service(&f.emulator).is_some()
         })
         .await;
-    let service = fleet
-        .emulator
-        .get("v1", "Service", NS, "gpus-metrics-exporter")
-        .unwrap();
+    let service = metrics_service(&fleet.emulator).unwrap();
     assert_eq!(service["spec"]["type"], "NodePort");
     assert_eq!(service["spec"]["ports"][0]["nodePort"], 31500);
     assert_eq!(
@@ -654,17 +712,7 @@ async fn the_service_monitor_follows_the_spec_when_its_crd_is_served() {
     );
 
     // Once the Prometheus operator's CRD is served, the next reconcile creates it.
-    fleet
-        .emulator
-        .create(json!({
-            "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-            "metadata": {"name": "servicemonitors.monitoring.coreos.com"},
-            "spec": {"group": "monitoring.coreos.com", "scope": "Namespaced",
-                "names": {"plural": "servicemonitors", "singular": "servicemonitor", "kind": "ServiceMonitor"},
-                "versions": [{"name": "v1", "served": true, "storage": true,
-                    "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}]}
-        }))
-        .unwrap();
+    serve_service_monitors(&fleet.emulator);
     fleet
         .apply(
             "gpus",
@@ -673,25 +721,11 @@ async fn the_service_monitor_follows_the_spec_when_its_crd_is_served() {
         .await;
     fleet
         .eventually("the ServiceMonitor", async |f| {
-            f.emulator
-                .get(
-                    "monitoring.coreos.com/v1",
-                    "ServiceMonitor",
-                    NS,
-                    "gpus-metrics-exporter",
-                )
+            service_monitor(&f.emulator)
                 .is_some_and(|sm| sm["spec"]["endpoints"][0]["interval"] == "15s")
         })
         .await;
-    let monitor = fleet
-        .emulator
-        .get(
-            "monitoring.coreos.com/v1",
-            "ServiceMonitor",
-            NS,
-            "gpus-metrics-exporter",
-        )
-        .unwrap();
+    let monitor = service_monitor(&fleet.emulator).unwrap();
     assert_eq!(monitor["metadata"]["labels"]["release"], "prom");
     assert_eq!(monitor["spec"]["endpoints"][0]["port"], "exporter-port");
 
@@ -704,14 +738,7 @@ async fn the_service_monitor_follows_the_spec_when_its_crd_is_served() {
         .await;
     fleet
         .eventually("ServiceMonitor deleted", async |f| {
-            f.emulator
-                .get(
-                    "monitoring.coreos.com/v1",
-                    "ServiceMonitor",
-                    NS,
-                    "gpus-metrics-exporter",
-                )
-                .is_none()
+            service_monitor(&f.emulator).is_none()
         })
         .await;
     fleet
@@ -719,9 +746,7 @@ async fn the_service_monitor_follows_the_spec_when_its_crd_is_served() {
         .await;
     fleet
         .eventually("Service deleted", async |f| {
-            f.emulator
-                .get("v1", "Service", NS, "gpus-metrics-exporter")
-                .is_none()
+            metrics_service(&f.emulator).is_none()
         })
         .await;
     fleet.stop_all().await;

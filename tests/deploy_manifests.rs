@@ -777,6 +777,9 @@ const NEEDS: &[Need] = &[
     need("", "services", "create", OPERATOR_NS),
     need("", "services", "patch", OPERATOR_NS),
     need("", "services", "delete", OPERATOR_NS),
+    // list, watch: the leader's Controller owns() them (reconcile_until_cancelled).
+    need("", "services", "list", OPERATOR_NS),
+    need("", "services", "watch", OPERATOR_NS),
     // The ServiceMonitor, likewise.
     need("monitoring.coreos.com", "servicemonitors", "create", OPERATOR_NS),
     need("monitoring.coreos.com", "servicemonitors", "patch", OPERATOR_NS),
@@ -1545,6 +1548,7 @@ async fn agent_runs_with_the_daemonset_environment_within_its_rbac() {
         "patch deviceconfigs.amd.com/status",
         "patch services",
         "delete services",
+        "watch services",
     ] {
         assert!(
             made.iter().any(|m| m == expected),

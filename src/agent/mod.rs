@@ -103,6 +103,12 @@ pub async fn run(
     // The cluster role runs beside node work and stops with it: on shutdown the
     // election releases the lease so that a standby takes over at once.
     let leader = config.leader.clone().map(|leader| {
+        let mut cluster_config = leader.cluster;
+        // The operator's own namespace: where its Lease lives, and where the
+        // leader's owned objects are watched unless configured otherwise.
+        cluster_config
+            .namespace
+            .get_or_insert_with(|| leader.lease.namespace.clone());
         let election = crate::cluster::lease::Election::start(
             client.clone(),
             leader.lease,
@@ -110,7 +116,7 @@ pub async fn run(
         );
         let cluster = tokio_util::task::AbortOnDropHandle::new(tokio::spawn(crate::cluster::run(
             client.clone(),
-            leader.cluster,
+            cluster_config,
             election.leading.clone(),
             election.guard.clone(),
             shutdown.child_token(),

@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Service};
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef};
@@ -46,6 +46,11 @@ pub struct ClusterConfig {
     pub teardown_timeout: Duration,
     /// Identity shown on Events.
     pub instance: String,
+    /// The operator's namespace, where owned Services are watched so that a
+    /// deleted or edited one is put back at once. `None` watches every
+    /// namespace, which needs cluster-wide list/watch on Services. Owned objects
+    /// elsewhere are still repaired, at the DeviceConfig's next reconcile.
+    pub namespace: Option<String>,
 }
 
 impl Default for ClusterConfig {
@@ -54,6 +59,7 @@ impl Default for ClusterConfig {
             status_interval: Duration::from_secs(1),
             teardown_timeout: Duration::from_secs(300),
             instance: "gpu-operator".into(),
+            namespace: None,
         }
     }
 }
@@ -152,12 +158,22 @@ pub async fn reconcile_until_cancelled(
             instance: Some(config.instance.clone()),
         },
     );
+    let services: Api<Service> = match &config.namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
     let mut context = Context::new(client, nodes, configs.clone(), guard, recorder);
     context.status_interval = config.status_interval;
     context.teardown_timeout = config.teardown_timeout;
     context.stats = stats;
     let mapper_configs = configs.clone();
     controller
+        // Owned Services, selected by label: one deleted or edited by hand
+        // reconciles its DeviceConfig, which applies it again.
+        .owns(
+            services,
+            watcher::Config::default().labels(&resources::owned_label_selector()),
+        )
         .watches_stream(node_events, move |_node: Node| {
             // Any relevant Node change may change which DeviceConfigs select it and
             // what their status says; there are few DeviceConfigs.

@@ -410,26 +410,53 @@ fn conflicts(
 
 /// Creates, updates or deletes the metrics Service and ServiceMonitor.
 async fn apply_owned(dc: &DeviceConfig, ctx: &Context) -> Result<(), Error> {
-    let ns = dc.namespace().unwrap_or_default();
-    let name = resources::metrics_service_name(dc);
-    let params = PatchParams::apply(FIELD_MANAGER).force();
-    let services: Api<Service> = Api::namespaced(ctx.client.clone(), &ns);
-    ctx.check_leader()?;
-    match metrics_service(dc) {
-        Some(service) => {
-            services
-                .patch(&name, &params, &Patch::Apply(&service))
-                .await
-                .map_err(kube_err("applying Service", &name))?;
-        }
-        None => delete_if_present(&services, &name).await?,
-    }
+    sync_service(dc, ctx, metrics_service(dc)).await?;
     let wanted = service_monitor(dc);
     if wanted.is_none() && !dc.spec.metrics_exporter.wants_service_monitor() && dc.status.is_none()
     {
         // Nothing to create and nothing we could have created before.
         return Ok(());
     }
+    sync_service_monitor(dc, ctx, wanted).await
+}
+
+/// Deletes everything [`apply_owned`] may have created. Owner references would
+/// let the garbage collector do it too, but only once the DeviceConfig is gone;
+/// teardown is reported done when these are.
+async fn delete_owned(dc: &DeviceConfig, ctx: &Context) -> Result<(), Error> {
+    sync_service(dc, ctx, None).await?;
+    sync_service_monitor(dc, ctx, None).await
+}
+
+/// Server-side applies `wanted`, or deletes the Service when it is `None`.
+async fn sync_service(
+    dc: &DeviceConfig,
+    ctx: &Context,
+    wanted: Option<Service>,
+) -> Result<(), Error> {
+    let name = resources::metrics_service_name(dc);
+    let services: Api<Service> =
+        Api::namespaced(ctx.client.clone(), &dc.namespace().unwrap_or_default());
+    ctx.check_leader()?;
+    match wanted {
+        Some(service) => {
+            services
+                .patch(&name, &apply_params(), &Patch::Apply(&service))
+                .await
+                .map_err(kube_err("applying Service", &name))?;
+            Ok(())
+        }
+        None => delete_if_present(&services, &name).await,
+    }
+}
+
+/// Like [`sync_service`] for the ServiceMonitor, when the Prometheus operator's
+/// CRD is served; without it there is nothing to create or delete.
+async fn sync_service_monitor(
+    dc: &DeviceConfig,
+    ctx: &Context,
+    wanted: Option<DynamicObject>,
+) -> Result<(), Error> {
     let resource = resources::service_monitor_resource();
     if !ctx
         .client
@@ -442,18 +469,27 @@ async fn apply_owned(dc: &DeviceConfig, ctx: &Context) -> Result<(), Error> {
         }
         return Ok(());
     }
-    let monitors: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), &ns, &resource);
+    let name = resources::metrics_service_name(dc);
+    let monitors: Api<DynamicObject> = Api::namespaced_with(
+        ctx.client.clone(),
+        &dc.namespace().unwrap_or_default(),
+        &resource,
+    );
     ctx.check_leader()?;
     match wanted {
         Some(monitor) => {
             monitors
-                .patch(&name, &params, &Patch::Apply(&monitor))
+                .patch(&name, &apply_params(), &Patch::Apply(&monitor))
                 .await
                 .map_err(kube_err("applying ServiceMonitor", &name))?;
+            Ok(())
         }
-        None => delete_if_present(&monitors, &name).await?,
+        None => delete_if_present(&monitors, &name).await,
     }
-    Ok(())
+}
+
+fn apply_params() -> PatchParams {
+    PatchParams::apply(FIELD_MANAGER).force()
 }
 
 async fn delete_if_present<K>(api: &Api<K>, name: &str) -> Result<(), Error>
@@ -503,10 +539,7 @@ async fn tear_down(
             .max(Duration::from_secs(1));
         return Ok(Action::requeue(recheck.min(Duration::from_secs(30))));
     }
-    let ns = dc.namespace().unwrap_or_default();
-    let name = resources::metrics_service_name(dc);
-    ctx.check_leader()?;
-    delete_if_present(&Api::<Service>::namespaced(ctx.client.clone(), &ns), &name).await?;
+    delete_owned(dc, ctx).await?;
     let given_up: Vec<String> = waiting.iter().map(|n| n.name.clone()).collect();
     let remaining: Vec<String> = dc
         .finalizers()

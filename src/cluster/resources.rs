@@ -32,12 +32,18 @@ fn owned_meta(dc: &DeviceConfig, labels: BTreeMap<String, String>) -> ObjectMeta
     }
 }
 
+/// The label that marks objects the leader owns; the leader watches objects
+/// carrying it so it can repair them.
+pub const OWNED_LABEL: (&str, &str) = ("app.kubernetes.io/name", "gpu-operator-metrics");
+
+/// Label selector matching every object the leader owns.
+pub fn owned_label_selector() -> String {
+    format!("{}={}", OWNED_LABEL.0, OWNED_LABEL.1)
+}
+
 fn service_labels(dc: &DeviceConfig) -> BTreeMap<String, String> {
     BTreeMap::from([
-        (
-            "app.kubernetes.io/name".to_owned(),
-            "gpu-operator-metrics".to_owned(),
-        ),
+        (OWNED_LABEL.0.to_owned(), OWNED_LABEL.1.to_owned()),
         ("app.kubernetes.io/instance".to_owned(), dc.name_any()),
     ])
 }
