@@ -400,6 +400,47 @@ fn non_numeric_and_missing_values_become_problems() {
 }
 
 #[test]
+fn firmware_versions_come_from_sysfs_with_kfd_as_fallback() {
+    let (_dir, host) = simulated("mi300x", Some(2), None);
+    let inv = discover(&host);
+    let firmware = &inv.gpus[0].firmware;
+    assert_eq!(firmware.get("MEC"), Some(&177));
+    assert_eq!(firmware.get("SDMA0"), Some(&24));
+    assert_eq!(firmware.get("SMC"), Some(&0x0055_7100));
+    assert_eq!(firmware.get("VCE"), Some(&0), "absent engines read 0");
+    assert_eq!(firmware.len(), 10, "{firmware:?}");
+
+    // Without fw_version/ (older kernels), KFD still knows MEC and SDMA.
+    host.remove_all(format!("{GPU0}/fw_version")).unwrap();
+    // A garbled file costs its own value only.
+    let gpu1 = GPU0.replace("0000:05:00.0", &inv.gpus[1].bdf);
+    host.write(format!("{gpu1}/fw_version/smc_fw_version"), "soon\n")
+        .unwrap();
+    let inv = discover(&host);
+    let kfd_only: Vec<(&str, u32)> = inv.gpus[0]
+        .firmware
+        .iter()
+        .map(|(k, v)| (k.as_str(), *v))
+        .collect();
+    assert_eq!(kfd_only, [("MEC", 177), ("SDMA0", 24)]);
+    assert!(
+        inv.gpus[0].problems.is_empty(),
+        "{:?}",
+        inv.gpus[0].problems
+    );
+    assert_eq!(inv.gpus[1].firmware.get("SMC"), None);
+    assert_eq!(inv.gpus[1].firmware.get("MEC"), Some(&177));
+    assert!(
+        inv.gpus[1]
+            .problems
+            .iter()
+            .any(|p| p.contains("smc_fw_version")),
+        "{:?}",
+        inv.gpus[1].problems
+    );
+}
+
+#[test]
 fn truncated_kfd_properties_cost_only_their_values() {
     let (_dir, host) = simulated("mi300x", Some(2), None);
     let props = "/sys/class/kfd/kfd/topology/nodes/2/properties";

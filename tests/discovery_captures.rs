@@ -89,6 +89,11 @@ fn mi300x_cpx_is_eight_gpus_of_eight_partitions_in_one_hive() {
     }
     let hives: BTreeSet<u64> = gpus.iter().map(|g| g.primary().props.hive_id).collect();
     assert_eq!(hives.len(), 1);
+    // MEC and SDMA firmware, which the labeller falls back to without sysfs.
+    for gpu in &gpus {
+        assert_eq!(gpu.primary().props.fw_version, Some(177));
+        assert_eq!(gpu.primary().props.sdma_fw_version, Some(24));
+    }
     for gpu in &gpus {
         let links = topology.links_of(gpu);
         assert_eq!(links.len(), 7, "one link per peer GPU");

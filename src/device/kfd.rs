@@ -32,6 +32,9 @@ pub struct NodeProperties {
     pub unique_id: u64,
     pub num_xcc: Option<u64>,
     pub local_mem_size: u64,
+    /// The MEC firmware version.
+    pub fw_version: Option<u64>,
+    pub sdma_fw_version: Option<u64>,
 }
 
 impl NodeProperties {
@@ -68,6 +71,8 @@ impl NodeProperties {
                 "unique_id" => props.unique_id = number,
                 "num_xcc" => props.num_xcc = Some(number),
                 "local_mem_size" => props.local_mem_size = number,
+                "fw_version" => props.fw_version = Some(number),
+                "sdma_fw_version" => props.sdma_fw_version = Some(number),
                 _ => {}
             }
         }

@@ -272,6 +272,7 @@ fn read_pci_function(host: &HostRoot, dir: &str, bdf: &str) -> Result<Gpu, HostE
         available_memory_partitions: attrs.modes("available_memory_partition"),
         ..Gpu::default()
     };
+    gpu.firmware = read_firmware(&mut attrs);
     match host.list_dir(format!("{dir}/drm")) {
         Ok(names) => (gpu.card, gpu.render_minor) = drm_nodes(&names),
         Err(e) if e.is_not_found() => attrs.problems.push("no DRM nodes (drm/ is missing)".into()),
@@ -279,6 +280,42 @@ fn read_pci_function(host: &HostRoot, dir: &str, bdf: &str) -> Result<Gpu, HostE
     }
     gpu.problems = attrs.problems;
     Ok(gpu)
+}
+
+/// Firmware engines the reference labeller reports: the sysfs file stem under
+/// `fw_version/` and the name the reference gives it.
+pub const FIRMWARE_ENGINES: [(&str, &str); 10] = [
+    ("vce", "VCE"),
+    ("uvd", "UVD"),
+    ("mc", "MC"),
+    ("me", "ME"),
+    ("pfp", "PFP"),
+    ("ce", "CE"),
+    ("rlc", "RLC"),
+    ("mec", "MEC"),
+    ("smc", "SMC"),
+    ("sdma", "SDMA0"),
+];
+
+/// Reads `fw_version/<engine>_fw_version` (`0x%08x`). Engines a GPU lacks have
+/// no file; that is normal and not a problem.
+fn read_firmware(attrs: &mut AttrReader<'_>) -> BTreeMap<String, u32> {
+    let mut firmware = BTreeMap::new();
+    for (stem, name) in FIRMWARE_ENGINES {
+        let file = format!("fw_version/{stem}_fw_version");
+        let Some(text) = attrs.text(&file) else {
+            continue;
+        };
+        match parse_hex(&text).and_then(|v| u32::try_from(v).ok()) {
+            Some(version) => {
+                firmware.insert(name.to_owned(), version);
+            }
+            None => attrs
+                .problems
+                .push(format!("{file}: {text:?} is not a 32-bit hex number")),
+        }
+    }
+    firmware
 }
 
 /// Fills in what KFD knows about a GPU: compute size, hive, partitions and links.
@@ -304,6 +341,13 @@ fn join_kfd(
             .iter()
             .map(|n| n.vram_bytes)
             .sum::<Option<u64>>();
+    }
+    // KFD carries the MEC and SDMA versions too: a fallback when sysfs has no
+    // fw_version/ directory (older kernels, some virtual functions).
+    for (name, version) in [("MEC", props.fw_version), ("SDMA0", props.sdma_fw_version)] {
+        if let Some(version) = version.and_then(|v| u32::try_from(v).ok()) {
+            gpu.firmware.entry(name.to_owned()).or_insert(version);
+        }
     }
     let kfd_minor = props.drm_render_minor.and_then(|m| u32::try_from(m).ok());
     match (gpu.render_minor, kfd_minor) {

@@ -4,6 +4,8 @@
 //! (device plugin, labeller, metrics, health, partitioning) and the JSON shape of
 //! `gpu-operator discover --output json`. Keep field names stable.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 /// Everything discovery knows about one host.
@@ -81,6 +83,11 @@ pub struct Gpu {
     pub memory_partition: Option<String>,
     pub available_compute_partitions: Vec<String>,
     pub available_memory_partitions: Vec<String>,
+    /// Firmware versions by engine, named as the reference labeller names them
+    /// (`MEC`, `SDMA0`, `SMC`, ...): from `fw_version/*_fw_version`, or for MEC and
+    /// SDMA0 from KFD when sysfs has none.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub firmware: BTreeMap<String, u32>,
     /// The partitions when the GPU is split into more than one; empty for a whole GPU.
     pub partitions: Vec<Partition>,
     /// Links to other GPUs, one per peer, the fastest kind first.

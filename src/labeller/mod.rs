@@ -69,8 +69,7 @@ pub fn label_value(raw: &str) -> String {
 }
 
 /// The labels this node should carry for the selected kinds (normally
-/// `DeviceConfigSpec::node_labeller_kinds`). `firmware` labels are not produced:
-/// this agent does not read firmware versions.
+/// `DeviceConfigSpec::node_labeller_kinds`).
 pub fn desired_labels(inventory: &Inventory, kinds: &[LabelKind]) -> BTreeMap<String, String> {
     let mut labels = BTreeMap::new();
     if inventory.gpus.is_empty() {
@@ -98,6 +97,7 @@ pub fn desired_labels(inventory: &Inventory, kinds: &[LabelKind]) -> BTreeMap<St
                 });
                 labels.insert(key(kind), supported.to_string());
             }
+            LabelKind::Firmware => firmware_labels(inventory, &mut labels),
             _ => counted_labels(inventory, kind, &mut labels),
         }
     }
@@ -154,6 +154,28 @@ fn counted_labels(inventory: &Inventory, kind: LabelKind, labels: &mut BTreeMap<
         for (value, count) in counts {
             labels.insert(format!("amd.com/gpu.{name}.{value}"), count.to_string());
         }
+    }
+}
+
+/// `beta.amd.com/gpu.firmware.<ENGINE>.fw.<version>=<count>`, as the reference
+/// writes them: engine names as it spells them, versions in decimal, counted
+/// over GPUs. The reference also writes `<ENGINE>.feat.<version>` feature
+/// versions, which it reads through a DRM ioctl; sysfs does not expose them, so
+/// they are not produced here.
+fn firmware_labels(inventory: &Inventory, labels: &mut BTreeMap<String, String>) {
+    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+    for gpu in &inventory.gpus {
+        for (engine, version) in &gpu.firmware {
+            *counts
+                .entry(format!("{}.fw.{version}", label_value(engine)))
+                .or_default() += 1;
+        }
+    }
+    for (suffix, count) in counts {
+        labels.insert(
+            format!("beta.amd.com/gpu.firmware.{suffix}"),
+            count.to_string(),
+        );
     }
 }
 

@@ -120,6 +120,33 @@ fn a_vf_without_product_name_still_gets_every_other_label() {
 }
 
 #[test]
+fn firmware_labels_count_each_engine_version_as_the_reference_does() {
+    let mut old = mi300x(None);
+    old.firmware = BTreeMap::from([("MEC".into(), 149), ("SDMA0".into(), 24)]);
+    let mut new = old.clone();
+    new.firmware.insert("MEC".into(), 177);
+    let labels = desired_labels(
+        &inventory(vec![old, new.clone(), new]),
+        &[LabelKind::Firmware],
+    );
+    let expected: BTreeMap<String, String> = [
+        ("beta.amd.com/gpu.firmware.MEC.fw.149", "1"),
+        ("beta.amd.com/gpu.firmware.MEC.fw.177", "2"),
+        ("beta.amd.com/gpu.firmware.SDMA0.fw.24", "3"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .collect();
+    assert_eq!(labels, expected);
+    // Not selected, not written.
+    assert!(
+        !desired_labels(&inventory(vec![mi300x(None)]), &[LabelKind::Vram])
+            .keys()
+            .any(|k| k.contains("firmware"))
+    );
+}
+
+#[test]
 fn selected_kinds_only_and_none_without_gpus() {
     let labels = desired_labels(&inventory(vec![mi300x(None)]), &[LabelKind::Vram]);
     assert_eq!(labels.len(), 3, "{labels:?}");

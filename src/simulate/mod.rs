@@ -413,6 +413,12 @@ fn write_pci_function(
         ]);
     }
     w.attrs(&dir, &attrs)?;
+    for (stem, _) in crate::device::FIRMWARE_ENGINES {
+        w.file(
+            format!("{dir}/fw_version/{stem}_fw_version"),
+            format!("0x{:08x}\n", model.firmware_version(stem)),
+        )?;
+    }
     w.link(&dir, &format!("/sys/bus/pci/devices/{}", gpu.bdf))?;
     if !spec.driver_loaded {
         return Ok(());
@@ -686,6 +692,8 @@ fn write_kfd(w: &mut Writer<'_>, spec: &SimSpec, layout: &Layout) -> Result<(), 
                 ("drm_render_minor", u64::from(node.render_minor)),
                 ("hive_id", gpu.hive_id),
                 ("num_sdma_engines", 2),
+                ("fw_version", u64::from(model.firmware_version("mec"))),
+                ("sdma_fw_version", u64::from(model.firmware_version("sdma"))),
                 ("unique_id", gpu.unique_id),
                 ("num_xcc", u64::from(8 / per_gpu.min(8))),
                 ("local_mem_size", 0),

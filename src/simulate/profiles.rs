@@ -22,6 +22,9 @@ pub struct GpuModel {
     pub memory_modes: &'static [&'static str],
     pub max_link_speed: &'static str,
     pub max_link_width: u32,
+    /// Firmware versions by `fw_version/` file stem (`mec`, `sdma`, ...); engines
+    /// not listed read 0, as the kernel reports engines a GPU does not have.
+    pub firmware: &'static [(&'static str, u32)],
 }
 
 /// How the GPUs of a host are joined.
@@ -65,7 +68,25 @@ const MI300X: GpuModel = GpuModel {
     memory_modes: &["NPS1", "NPS4"],
     max_link_speed: "32.0 GT/s PCIe",
     max_link_width: 16,
+    // MEC and SDMA as in the MI300X capture's KFD topology.
+    firmware: &[
+        ("mec", 177),
+        ("sdma", 24),
+        ("rlc", 17),
+        ("smc", 0x0055_7100),
+    ],
 };
+
+impl GpuModel {
+    /// The version `fw_version/<stem>_fw_version` reports: 0 for engines the
+    /// model does not list.
+    pub fn firmware_version(&self, stem: &str) -> u32 {
+        self.firmware
+            .iter()
+            .find(|(s, _)| *s == stem)
+            .map_or(0, |(_, v)| *v)
+    }
+}
 
 const GIB: u64 = 1024 * 1024 * 1024;
 
@@ -98,6 +119,7 @@ pub const PROFILES: &[Profile] = &[
             memory_modes: &[],
             max_link_speed: "16.0 GT/s PCIe",
             max_link_width: 16,
+            firmware: &[("mec", 95), ("sdma", 9), ("rlc", 17), ("smc", 0x0044_3800)],
         },
         default_gpus: 8,
         max_gpus: 8,
@@ -123,6 +145,7 @@ pub const PROFILES: &[Profile] = &[
             memory_modes: &[],
             max_link_speed: "16.0 GT/s PCIe",
             max_link_width: 16,
+            firmware: &[("mec", 92), ("sdma", 9), ("rlc", 17), ("smc", 0x0044_3b00)],
         },
         default_gpus: 4,
         max_gpus: 8,
@@ -148,6 +171,14 @@ pub const PROFILES: &[Profile] = &[
             memory_modes: &[],
             max_link_speed: "16.0 GT/s PCIe",
             max_link_width: 16,
+            firmware: &[
+                ("me", 1980),
+                ("pfp", 2020),
+                ("mec", 2140),
+                ("rlc", 110),
+                ("sdma", 21),
+                ("smc", 0x004e_5c00),
+            ],
         },
         default_gpus: 1,
         max_gpus: 4,
@@ -162,6 +193,8 @@ pub const PROFILES: &[Profile] = &[
         model: GpuModel {
             device_id: 0x74b5,
             product_name: None,
+            // A guest has no access to the SMU's firmware.
+            firmware: &[("mec", 177), ("sdma", 24), ("rlc", 17)],
             compute_modes: &[],
             memory_modes: &[],
             ..MI300X
