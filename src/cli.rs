@@ -596,7 +596,10 @@ fn run_leader(args: LeaderArgs) -> ExitCode {
             }
         };
         let shutdown = shutdown_on_signals();
-        let config = crate::cluster::ClusterConfig::default();
+        let config = crate::cluster::ClusterConfig {
+            namespace: args.lease_namespace.clone(),
+            ..Default::default()
+        };
         match args.lease_namespace {
             Some(namespace) => {
                 let lease = crate::cluster::lease::LeaseConfig::new(namespace, args.identity);
