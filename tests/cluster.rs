@@ -654,6 +654,100 @@ async fn a_partitioned_leader_stops_leading_and_writes_nothing_after_expiry() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_lease_renewal_ends_leadership_at_expiry() {
+    let emulator = Emulator::start(EmulatorConfig::default()).await.unwrap();
+    emulator
+        .create(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}))
+        .unwrap();
+    let shutdown = CancellationToken::new();
+    let mut config = LeaseConfig::new(NS, "slow/pod");
+    config.duration = LEASE_DURATION;
+    config.renew_every = Duration::from_secs(1);
+    let election = Election::start(emulator.client(), config, shutdown.child_token());
+    let mut leading = election.leading.clone();
+    tokio::time::timeout(WAIT, leading.wait_for(|l| *l))
+        .await
+        .unwrap()
+        .unwrap();
+    // The API server accepts renewals but answers none of them for 30 s.
+    emulator.faults().add_latency(
+        "update",
+        "leases.coordination.k8s.io",
+        Duration::from_secs(30),
+    );
+    tokio::time::timeout(
+        LEASE_DURATION + Duration::from_secs(1),
+        leading.wait_for(|l| !*l),
+    )
+    .await
+    .expect("a renewal that hangs does not extend leadership past expiry")
+    .unwrap();
+    assert!(!election.guard.is_held());
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(4), election.finished())
+        .await
+        .expect("shutdown does not wait for the hung write");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_leader_write_is_sent_after_the_lease_lapses_even_when_retried() {
+    let (mut fleet, _kubelet) = Fleet::start(&[json!({})], false).await;
+    fleet.wait_holder(None, WAIT).await;
+    fleet.apply("gpus", json!({})).await;
+    fleet
+        .eventually("Ready", async |f| {
+            condition(&f.status_of("gpus").await, "Ready")["status"] == "True"
+        })
+        .await;
+    let leader_writes = |f: &Fleet| {
+        let counts = f.emulator.requests();
+        [
+            "deviceconfigs.amd.com",
+            "deviceconfigs.amd.com/status",
+            "services",
+        ]
+        .iter()
+        .map(|r| {
+            ["create", "update", "patch", "delete"]
+                .iter()
+                .map(|v| counts.get(v, r))
+                .sum::<u64>()
+        })
+        .sum::<u64>()
+    };
+    // From now on renewals hang, so the lease lapses at most LEASE_DURATION
+    // after the last renewal that got through, and status writes fail with
+    // 503, which kube's client retries by itself with growing backoff.
+    let faults = fleet.emulator.faults();
+    faults.add_latency(
+        "update",
+        "leases.coordination.k8s.io",
+        Duration::from_secs(30),
+    );
+    faults.fail_next(100_000, "patch", "deviceconfigs.amd.com/status", 503);
+    let cut_at = Instant::now();
+    let before = leader_writes(&fleet);
+    // A spec change the leader sees through its watch, which still works.
+    fleet
+        .apply("gpus", json!({"metricsExporter": {"port": 5071}}))
+        .await;
+    tokio::time::sleep_until((cut_at + LEASE_DURATION + Duration::from_millis(500)).into()).await;
+    let at_expiry = leader_writes(&fleet);
+    assert!(
+        at_expiry > before,
+        "the leader tried to write while it held the lease (else this test shows nothing)"
+    );
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let later = leader_writes(&fleet);
+    assert_eq!(
+        later, at_expiry,
+        "leader writes (retries included) were sent after the lease lapsed"
+    );
+    faults.clear();
+    fleet.stop_all().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_metrics_service_is_put_back_without_waiting_for_other_changes() {
     let (mut fleet, _kubelet) = Fleet::start(&[json!({})], false).await;
     fleet.wait_holder(None, WAIT).await;

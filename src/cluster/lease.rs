@@ -91,6 +91,12 @@ impl LeaderGuard {
     fn until(&self) -> Option<Instant> {
         self.held_until.lock().ok().and_then(|held| *held)
     }
+
+    /// When the lease lapses by the local clock, if it is held now. Leader
+    /// writes must complete before this instant or not at all.
+    pub fn deadline(&self) -> Option<Instant> {
+        self.until().filter(|t| Instant::now() < *t)
+    }
 }
 
 /// A running election. Dropping it stops campaigning at once, without releasing
@@ -194,7 +200,19 @@ async fn campaign(
                 || is_holder
                 || now >= observed.since + observed.duration(config.duration);
             next_attempt = if may_take {
-                match write_lease(&api, &config, &observed).await {
+                // A renewal the server never answers must not keep us leading
+                // past expiry, nor hold up shutdown: the write gets until the
+                // lease lapses (a retry interval when not holding it).
+                let deadline = guard.deadline().unwrap_or(now + retry);
+                let write =
+                    tokio::time::timeout_at(deadline, write_lease(&api, &config, &observed));
+                let written = tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    written = write => written,
+                };
+                match written
+                    .unwrap_or_else(|_| Err(kube::Error::Service("lease write timed out".into())))
+                {
                     Ok(lease) => {
                         guard.set(Some(now + config.duration));
                         if !leading.send_replace(true) {
@@ -210,7 +228,8 @@ async fn campaign(
                         tracing::debug!(identity = %config.identity, error = %e, "lease write failed");
                         if matches!(&e, kube::Error::Api(s) if s.code == 409) {
                             // Someone else wrote it: re-read before trying again.
-                            if let Ok(current) = api.get_opt(&config.name).await {
+                            let read = tokio::time::timeout(retry, api.get_opt(&config.name));
+                            if let Ok(Ok(current)) = read.await {
                                 observe(&mut observed, current, &config, &guard, &leading);
                             }
                         }
@@ -316,7 +335,7 @@ async fn write_lease(
     if !renewing {
         spec.holder_identity = Some(config.identity.clone());
         spec.acquire_time = Some(now_micro());
-        spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
+        spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0).saturating_add(1));
     }
     spec.renew_time = Some(now_micro());
     spec.lease_duration_seconds = Some(duration);

@@ -100,10 +100,25 @@ impl Context {
         }
     }
 
-    async fn event(&self, dc: &DeviceConfig, type_: EventType, reason: &str, note: String) {
-        if self.check_leader().is_err() {
-            return;
+    /// Sends one leader write: only while the lease is held, and never past its
+    /// local expiry. kube's client retries 429, 503 and 504 on its own, with
+    /// backoff of up to minutes, and waits for as long as the server takes to
+    /// answer; the deadline drops such a write once the lease has lapsed, since a
+    /// standby may be leading by then.
+    async fn leader_write<T>(
+        &self,
+        action: &'static str,
+        object: &str,
+        write: impl Future<Output = Result<T, kube::Error>>,
+    ) -> Result<T, Error> {
+        let deadline = self.guard.deadline().ok_or(Error::NotLeader)?;
+        match tokio::time::timeout_at(deadline, write).await {
+            Ok(result) => result.map_err(kube_err(action, object)),
+            Err(_) => Err(Error::NotLeader),
         }
+    }
+
+    async fn event(&self, dc: &DeviceConfig, type_: EventType, reason: &str, note: String) {
         let event = Event {
             type_,
             reason: reason.into(),
@@ -111,8 +126,14 @@ impl Context {
             action: "Reconcile".into(),
             secondary: None,
         };
-        if let Err(e) = self.recorder.publish(&event, &dc.object_ref(&())).await {
-            tracing::warn!(error = %e, "cannot record Event");
+        let reference = dc.object_ref(&());
+        let Some(deadline) = self.guard.deadline() else {
+            return;
+        };
+        match tokio::time::timeout_at(deadline, self.recorder.publish(&event, &reference)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "cannot record Event"),
+            Err(_) => tracing::warn!("Event dropped: the lease lapsed before it was recorded"),
         }
     }
 }
@@ -164,7 +185,6 @@ pub async fn reconcile(dc: Arc<DeviceConfig>, ctx: Arc<Context>) -> Result<Actio
     if let Some(wait) = throttle(&ctx, &key) {
         return Ok(Action::requeue(wait));
     }
-    ctx.check_leader()?;
     let api: Api<DeviceConfig> =
         Api::namespaced(ctx.client.clone(), &dc.namespace().unwrap_or_default());
     // A JSON patch replaces the whole status, so counts that fell to zero (and
@@ -175,44 +195,56 @@ pub async fn reconcile(dc: Arc<DeviceConfig>, ctx: Arc<Context>) -> Result<Actio
         object: key.clone(),
         source: kube::Error::SerdeError(e),
     })?;
-    api.patch_status(
-        &dc.name_any(),
-        &PatchParams::default(),
-        &Patch::Json::<()>(patch),
-    )
-    .await
-    .map_err(kube_err("writing status of", &key))?;
+    let name = dc.name_any();
+    let params = PatchParams::default();
+    let patch = Patch::Json::<()>(patch);
+    let write = api.patch_status(&name, &params, &patch);
+    ctx.leader_write("writing status of", &key, write).await?;
     ctx.stats
         .status_writes
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     if let Ok(mut last) = ctx.last_status_write.lock() {
         last.insert(key.clone(), Instant::now());
     }
-    let was_ready = ready_status(dc.status.as_ref());
-    let is_ready = ready_status(Some(&desired));
-    if was_ready != is_ready {
-        let (type_, reason) = if is_ready == Some(true) {
-            (EventType::Normal, "Ready")
-        } else {
-            (EventType::Warning, "NotReady")
-        };
-        let message = desired
-            .conditions
-            .iter()
-            .find(|c| c.type_ == crate::api::CONDITION_READY)
-            .map(|c| format!("{}: {}", c.reason, c.message))
-            .unwrap_or_default();
-        ctx.event(&dc, type_, reason, message).await;
+    if let Some((type_, reason, note)) = readiness_event(dc.status.as_ref(), &desired) {
+        ctx.event(&dc, type_, reason, note).await;
     }
     Ok(Action::await_change())
 }
 
-fn ready_status(status: Option<&crate::api::DeviceConfigStatus>) -> Option<bool> {
-    status?
-        .conditions
-        .iter()
-        .find(|c| c.type_ == crate::api::CONDITION_READY)
-        .map(|c| c.status == "True")
+/// The Event a status change deserves: readiness gained or lost, or a
+/// different reason or message while not ready (a new validation error, say).
+/// Count changes while ready ("applied to N node(s)") are not worth an Event.
+pub fn readiness_event(
+    previous: Option<&crate::api::DeviceConfigStatus>,
+    desired: &crate::api::DeviceConfigStatus,
+) -> Option<(EventType, &'static str, String)> {
+    let ready = |status: Option<&crate::api::DeviceConfigStatus>| {
+        status?
+            .conditions
+            .iter()
+            .find(|c| c.type_ == crate::api::CONDITION_READY)
+            .cloned()
+    };
+    let now = ready(Some(desired))?;
+    let before = ready(previous);
+    let is_ready = now.status == "True";
+    let changed = match &before {
+        None => true,
+        Some(b) => {
+            b.status != now.status
+                || (!is_ready && (b.reason != now.reason || b.message != now.message))
+        }
+    };
+    if !changed {
+        return None;
+    }
+    let note = format!("{}: {}", now.reason, now.message);
+    Some(if is_ready {
+        (EventType::Normal, "Ready", note)
+    } else {
+        (EventType::Warning, "NotReady", note)
+    })
 }
 
 /// Time left before the next status write of `key` is allowed, if any.
@@ -250,20 +282,18 @@ async fn patch_finalizers(
     ctx: &Context,
     finalizers: Vec<String>,
 ) -> Result<(), Error> {
-    ctx.check_leader()?;
     let api: Api<DeviceConfig> =
         Api::namespaced(ctx.client.clone(), &dc.namespace().unwrap_or_default());
     let patch = json!({
         "metadata": { "finalizers": finalizers, "resourceVersion": dc.resource_version() }
     });
-    api.patch(
-        &dc.name_any(),
-        &PatchParams::default(),
-        &Patch::Merge(&patch),
-    )
-    .await
-    .map(|_| ())
-    .map_err(kube_err("updating finalizers of", config_key(dc)))
+    let name = dc.name_any();
+    let params = PatchParams::default();
+    let patch = Patch::Merge(&patch);
+    let write = api.patch(&name, &params, &patch);
+    ctx.leader_write("updating finalizers of", &config_key(dc), write)
+        .await
+        .map(|_| ())
 }
 
 /// A ConfigMap or Secret the spec names, in the DeviceConfig's namespace.
@@ -437,16 +467,16 @@ async fn sync_service(
     let name = resources::metrics_service_name(dc);
     let services: Api<Service> =
         Api::namespaced(ctx.client.clone(), &dc.namespace().unwrap_or_default());
-    ctx.check_leader()?;
     match wanted {
         Some(service) => {
-            services
-                .patch(&name, &apply_params(), &Patch::Apply(&service))
+            let params = apply_params();
+            let patch = Patch::Apply(&service);
+            let write = services.patch(&name, &params, &patch);
+            ctx.leader_write("applying Service", &name, write)
                 .await
-                .map_err(kube_err("applying Service", &name))?;
-            Ok(())
+                .map(|_| ())
         }
-        None => delete_if_present(&services, &name).await,
+        None => delete_if_present(ctx, &services, &name).await,
     }
 }
 
@@ -475,16 +505,16 @@ async fn sync_service_monitor(
         &dc.namespace().unwrap_or_default(),
         &resource,
     );
-    ctx.check_leader()?;
     match wanted {
         Some(monitor) => {
-            monitors
-                .patch(&name, &apply_params(), &Patch::Apply(&monitor))
+            let params = apply_params();
+            let patch = Patch::Apply(&monitor);
+            let write = monitors.patch(&name, &params, &patch);
+            ctx.leader_write("applying ServiceMonitor", &name, write)
                 .await
-                .map_err(kube_err("applying ServiceMonitor", &name))?;
-            Ok(())
+                .map(|_| ())
         }
-        None => delete_if_present(&monitors, &name).await,
+        None => delete_if_present(ctx, &monitors, &name).await,
     }
 }
 
@@ -492,14 +522,21 @@ fn apply_params() -> PatchParams {
     PatchParams::apply(FIELD_MANAGER).force()
 }
 
-async fn delete_if_present<K>(api: &Api<K>, name: &str) -> Result<(), Error>
+async fn delete_if_present<K>(ctx: &Context, api: &Api<K>, name: &str) -> Result<(), Error>
 where
     K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
-    match api.delete(name, &DeleteParams::default()).await {
+    let params = DeleteParams::default();
+    match ctx
+        .leader_write("deleting", name, api.delete(name, &params))
+        .await
+    {
         Ok(_) => Ok(()),
-        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
-        Err(e) => Err(kube_err("deleting", name)(e)),
+        Err(Error::Kube {
+            source: kube::Error::Api(status),
+            ..
+        }) if status.code == 404 => Ok(()),
+        Err(e) => Err(e),
     }
 }
 
@@ -564,6 +601,42 @@ async fn tear_down(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn status(ready: &str, reason: &str, message: &str) -> crate::api::DeviceConfigStatus {
+        serde_json::from_value(json!({"conditions": [{
+            "type": "Ready", "status": ready, "reason": reason, "message": message,
+            "lastTransitionTime": "2026-11-30T00:00:00Z"}]}))
+        .unwrap()
+    }
+
+    #[test]
+    fn readiness_events_follow_changes_worth_telling() {
+        let ready = status("True", "OperatorReady", "applied to 2 node(s)");
+        let invalid = status("False", "ValidationError", "spec.a: bad");
+        let event = |before: Option<&crate::api::DeviceConfigStatus>, now| {
+            readiness_event(before, now)
+                .map(|(t, reason, note)| (t == EventType::Normal, reason, note))
+        };
+        assert_eq!(
+            event(None, &ready),
+            Some((true, "Ready", "OperatorReady: applied to 2 node(s)".into()))
+        );
+        assert_eq!(
+            event(Some(&ready), &invalid),
+            Some((false, "NotReady", "ValidationError: spec.a: bad".into()))
+        );
+        // A different problem while not ready is news; the same one is not.
+        let other = status("False", "ValidationError", "spec.b: bad");
+        assert!(event(Some(&invalid), &other).is_some());
+        let same = invalid.clone();
+        assert_eq!(event(Some(&invalid), &same), None);
+        let no_nodes = status("False", "NoMatchingNodes", "the selector matches no node");
+        assert!(event(Some(&invalid), &no_nodes).is_some());
+        // Counts moving while ready are not.
+        let more = status("True", "OperatorReady", "applied to 3 node(s)");
+        assert_eq!(event(Some(&ready), &more), None);
+        assert_eq!(event(Some(&invalid), &ready).map(|e| e.1), Some("Ready"));
+    }
 
     #[test]
     fn references_follow_what_is_enabled() {
