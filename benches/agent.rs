@@ -74,6 +74,7 @@ async fn main() {
             host,
             kubelet_dir: dir.path().join("kubelet"),
             rescan_interval: Duration::from_secs(5),
+            sampling: Default::default(),
             metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
             test_commands: None,
             leader: None,

@@ -6,6 +6,7 @@
 use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
@@ -187,9 +188,8 @@ pub struct AgentArgs {
     /// Watch DeviceConfigs in this namespace only; all namespaces when unset.
     #[arg(long, value_name = "NS", env = "WATCH_NAMESPACE")]
     pub namespace: Option<String>,
-    /// Seconds between discovery rescans (udev events trigger rescans too).
-    #[arg(long, value_name = "SECONDS", default_value_t = 5.0)]
-    pub rescan_interval: f64,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
     /// Namespace of the leader-election Lease (normally the agent's own, from the
     /// downward API). Without it the agent does node work only and never leads.
     #[arg(long, value_name = "NS", env = "POD_NAMESPACE")]
@@ -210,6 +210,53 @@ pub struct AgentArgs {
     /// metricsExporter.port (e.g. 127.0.0.1:5000 to keep it off other interfaces).
     #[arg(long, value_name = "ADDR")]
     pub metrics_bind: Option<std::net::SocketAddr>,
+}
+
+/// How often the node is looked at. Shared by `agent` and `standalone`.
+#[derive(Args, Debug)]
+pub struct SamplingArgs {
+    /// Seconds between discovery rescans. udev events trigger rescans at once
+    /// when the host root is /; in a pod (host root /host) the rescan is what
+    /// notices hotplug and repartitioning, so keep it short (a scan of a
+    /// 64-partition node takes ~3 ms).
+    #[arg(long, value_name = "SECONDS", default_value = "1", value_parser = positive_seconds)]
+    pub rescan_interval: Duration,
+    /// Seconds between metrics samples; a scrape always serves the latest one.
+    #[arg(long, value_name = "SECONDS", default_value = "5", value_parser = positive_seconds)]
+    pub metrics_interval: Duration,
+    /// Seconds between health samples.
+    #[arg(long, value_name = "SECONDS", default_value = "0.25", value_parser = positive_seconds)]
+    pub health_interval: Duration,
+    /// Consecutive bad health samples before a GPU is marked Unhealthy.
+    #[arg(long, value_name = "N", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
+    pub unhealthy_after: u32,
+    /// Consecutive good health samples before an Unhealthy GPU is Healthy again.
+    #[arg(long, value_name = "N", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
+    pub healthy_after: u32,
+}
+
+impl SamplingArgs {
+    fn sampling(&self) -> crate::agent::select::Sampling {
+        crate::agent::select::Sampling {
+            metrics_interval: self.metrics_interval,
+            health_interval: self.health_interval,
+            damping: crate::health::Damping {
+                unhealthy_after: self.unhealthy_after,
+                healthy_after: self.healthy_after,
+            },
+        }
+    }
+}
+
+/// A positive, finite number of seconds (fractions allowed).
+fn positive_seconds(text: &str) -> Result<Duration, String> {
+    let seconds: f64 = text
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number of seconds"))?;
+    if !(seconds.is_finite() && seconds > 0.0) {
+        return Err(format!("{text} must be a positive number of seconds"));
+    }
+    Duration::try_from_secs_f64(seconds).map_err(|e| format!("{text}: {e}"))
 }
 
 #[derive(Args, Debug)]
@@ -251,6 +298,8 @@ pub struct StandaloneArgs {
     /// the agent's own /gpumetrics endpoint).
     #[arg(long)]
     pub show_metrics: bool,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
 }
 
 #[derive(Args, Debug)]
@@ -522,9 +571,6 @@ fn run_agent(args: AgentArgs) -> ExitCode {
         Ok(host) => host,
         Err(message) => return fail(message, 2),
     };
-    if !(args.rescan_interval.is_finite() && args.rescan_interval > 0.0) {
-        return fail("--rescan-interval must be a positive number of seconds", 2);
-    }
     let runtime = match runtime() {
         Ok(rt) => rt,
         Err(message) => return fail(message, 1),
@@ -571,7 +617,8 @@ fn run_agent(args: AgentArgs) -> ExitCode {
             namespace: args.namespace,
             host,
             kubelet_dir: args.kubelet_dir,
-            rescan_interval: std::time::Duration::from_secs_f64(args.rescan_interval),
+            rescan_interval: args.sampling.rescan_interval,
+            sampling: args.sampling.sampling(),
         };
         match crate::agent::run(client, config, shutdown_on_signals()).await {
             Ok(()) => ExitCode::SUCCESS,
@@ -698,7 +745,7 @@ fn run_standalone(args: StandaloneArgs) -> ExitCode {
     };
     let events_file = args.events_file.unwrap_or_else(|| match &_sim_dir {
         Some(dir) => dir.path().join("events.jsonl"),
-        None => PathBuf::from("/var/log/gpu-operator/events.jsonl"),
+        None => PathBuf::from(crate::agent::standalone::DEFAULT_EVENTS_FILE),
     });
     let config = crate::agent::standalone::StandaloneConfig {
         host,
@@ -709,8 +756,8 @@ fn run_standalone(args: StandaloneArgs) -> ExitCode {
         metrics_listen: args.metrics_bind,
         metrics_config,
         test_config,
-        rescan_interval: std::time::Duration::from_secs(2),
-        metrics_interval: None,
+        rescan_interval: args.sampling.rescan_interval,
+        sampling: args.sampling.sampling(),
         simulate,
     };
     let runtime = match runtime() {
@@ -921,4 +968,63 @@ pub fn live_table(view: &serde_json::Value) -> String {
     }
     out.push('\n');
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser as _;
+
+    #[test]
+    fn sampling_flags_default_parse_and_refuse_nonsense() {
+        let cli = Cli::try_parse_from(["gpu-operator", "standalone"]).unwrap();
+        let Command::Standalone(args) = cli.command else {
+            panic!("standalone parses as standalone");
+        };
+        assert_eq!(
+            args.sampling.sampling(),
+            crate::agent::select::Sampling::default()
+        );
+        assert_eq!(args.sampling.rescan_interval, Duration::from_secs(1));
+
+        let cli = Cli::try_parse_from([
+            "gpu-operator",
+            "agent",
+            "--node-name",
+            "n",
+            "--metrics-interval",
+            "2.5",
+            "--health-interval",
+            "0.1",
+            "--unhealthy-after",
+            "3",
+            "--healthy-after",
+            "5",
+        ])
+        .unwrap();
+        let Command::Agent(args) = cli.command else {
+            panic!("agent parses as agent");
+        };
+        let sampling = args.sampling.sampling();
+        assert_eq!(sampling.metrics_interval, Duration::from_millis(2500));
+        assert_eq!(sampling.health_interval, Duration::from_millis(100));
+        assert_eq!(
+            (
+                sampling.damping.unhealthy_after,
+                sampling.damping.healthy_after
+            ),
+            (3, 5)
+        );
+
+        for bad in [
+            ["--rescan-interval", "0"],
+            ["--metrics-interval", "-1"],
+            ["--health-interval", "soon"],
+            ["--health-interval", "inf"],
+            ["--unhealthy-after", "0"],
+        ] {
+            let parsed = Cli::try_parse_from(["gpu-operator", "standalone", bad[0], bad[1]]);
+            assert!(parsed.is_err(), "{bad:?} is refused");
+        }
+    }
 }

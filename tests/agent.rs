@@ -83,6 +83,7 @@ impl Harness {
             host: self.host.clone(),
             kubelet_dir,
             rescan_interval: Duration::from_millis(200),
+            sampling: Default::default(),
             metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
             test_commands,
             leader: None,

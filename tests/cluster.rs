@@ -175,6 +175,7 @@ impl Fleet {
             host: HostRoot::new(member._dir.path().join("host")),
             kubelet_dir: member.kubelet_dir.clone(),
             rescan_interval: Duration::from_millis(500),
+            sampling: Default::default(),
             metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
             test_commands: None,
             leader: Some(LeaderConfig {

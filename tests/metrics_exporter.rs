@@ -10,6 +10,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use gpu_operator::agent::select::Sampling;
 use gpu_operator::agent::supervisor::Slot;
 use gpu_operator::device::{Inventory, discover};
 use gpu_operator::health::{HealthConfig, HealthMonitor};
@@ -698,7 +699,10 @@ async fn standalone_mode_runs_discovery_health_and_metrics_without_kubernetes() 
         metrics_config: None,
         test_config: None,
         rescan_interval: Duration::from_secs(2),
-        metrics_interval: Some(Duration::from_millis(100)),
+        sampling: Sampling {
+            metrics_interval: Duration::from_millis(100),
+            ..Sampling::default()
+        },
         simulate: Some(spec),
     };
     let (listening, addr) = tokio::sync::oneshot::channel();

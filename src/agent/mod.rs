@@ -58,6 +58,8 @@ pub struct AgentConfig {
     pub kubelet_dir: PathBuf,
     /// Discovery rescan interval (the safety net behind udev).
     pub rescan_interval: Duration,
+    /// Metrics and health sampling.
+    pub sampling: select::Sampling,
     /// Campaign for the cluster role; `None` runs node work only.
     pub leader: Option<LeaderConfig>,
     /// Where the metrics endpoint listens, overriding `metricsExporter.port`
@@ -194,6 +196,7 @@ pub async fn run(
             let (metrics_text_now, test_text_now) = (metrics_config.text(), test_config.text());
             let context = NodeContext {
                 node_name: &node_name,
+                sampling: &config.sampling,
                 labels: &labels,
                 kubelet_dir: &config.kubelet_dir,
                 host: &config.host,

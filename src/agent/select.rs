@@ -3,11 +3,12 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use kube::ResourceExt;
 
 use crate::api::{DeviceConfig, DeviceConfigSpec, NodeLabellerKind, Operand};
-use crate::health::HealthConfig;
+use crate::health::{Damping, HealthConfig};
 use crate::metrics::MetricsConfig;
 use crate::plugin::PluginConfig;
 use crate::testrunner::TestRunnerConfig;
@@ -84,6 +85,7 @@ pub struct DesiredServices {
 #[derive(Clone, Debug)]
 pub struct NodeContext<'a> {
     pub node_name: &'a str,
+    pub sampling: &'a Sampling,
     pub labels: &'a BTreeMap<String, String>,
     pub kubelet_dir: &'a Path,
     pub host: &'a crate::host::HostRoot,
@@ -93,12 +95,45 @@ pub struct NodeContext<'a> {
     pub test_config: Option<&'a str>,
 }
 
+/// How often the node's GPUs are sampled and how health is damped. These come
+/// from the command line: the DeviceConfig has no fields for them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sampling {
+    /// Time between metrics samples (a scrape serves the latest one).
+    pub metrics_interval: Duration,
+    /// Time between health samples.
+    pub health_interval: Duration,
+    /// Consecutive bad samples before a GPU is Unhealthy, good ones before it
+    /// is Healthy again.
+    pub damping: Damping,
+}
+
+impl Default for Sampling {
+    fn default() -> Self {
+        Self {
+            metrics_interval: MetricsConfig::DEFAULT_INTERVAL,
+            health_interval: HealthConfig::DEFAULT_INTERVAL,
+            damping: Damping::default(),
+        }
+    }
+}
+
+impl Sampling {
+    fn metrics(&self, mut config: MetricsConfig) -> MetricsConfig {
+        config.interval = self.metrics_interval;
+        config
+    }
+}
+
 /// What runs when no DeviceConfig governs the node: only the metrics endpoint,
 /// which also answers the liveness and readiness probes and carries the agent's
 /// own metrics.
 pub fn idle_services(node: &NodeContext<'_>) -> DesiredServices {
     DesiredServices {
-        metrics: Some(MetricsConfig::new(node.host.clone(), node.node_name)),
+        metrics: Some(
+            node.sampling
+                .metrics(MetricsConfig::new(node.host.clone(), node.node_name)),
+        ),
         ..DesiredServices::default()
     }
 }
@@ -136,17 +171,19 @@ pub fn plan_services(spec: &DeviceConfigSpec, node: &NodeContext<'_>) -> Desired
         .is_none_or(|config| config.health_enabled);
     let health = health_wanted.then(|| HealthConfig {
         exporter_config: metrics_text.clone(),
+        interval: node.sampling.health_interval,
+        damping: node.sampling.damping,
         ..HealthConfig::new(node.host.clone())
     });
     // The endpoint runs even when metricsExporter is disabled: it serves the
     // probes. `enable` decides whether the cluster gets a Service for it.
-    let metrics = Some(MetricsConfig::for_spec(
+    let metrics = Some(node.sampling.metrics(MetricsConfig::for_spec(
         &spec.metrics_exporter,
         node.host.clone(),
         node.node_name,
         node.kubelet_dir,
         metrics_text,
-    ));
+    )));
     let test_runner = spec.runs_on(Operand::TestRunner, node.labels).then(|| {
         TestRunnerConfig::for_spec(
             &spec.test_runner,
@@ -232,8 +269,17 @@ mod tests {
     fn services_follow_the_spec() {
         let host = crate::host::HostRoot::new("/h");
         let node_labels = labels(&[]);
+        let sampling = Sampling {
+            metrics_interval: Duration::from_secs(9),
+            health_interval: Duration::from_millis(700),
+            damping: Damping {
+                unhealthy_after: 3,
+                healthy_after: 4,
+            },
+        };
         let node = NodeContext {
             node_name: "n1",
+            sampling: &sampling,
             labels: &node_labels,
             kubelet_dir: Path::new("/k"),
             host: &host,
@@ -242,7 +288,16 @@ mod tests {
         };
         let mut spec = DeviceConfigSpec::default();
         let desired = plan_services(&spec, &node);
-        assert!(desired.health.is_some() && desired.metrics.is_some());
+        let (health, metrics) = (desired.health.unwrap(), desired.metrics.unwrap());
+        assert_eq!(
+            (health.interval, health.damping, metrics.interval),
+            (
+                sampling.health_interval,
+                sampling.damping,
+                sampling.metrics_interval
+            ),
+            "sampling comes from the command line"
+        );
         assert!(
             desired.test_runner.is_none(),
             "the test runner is off by default"
@@ -278,6 +333,10 @@ mod tests {
             "the exporter config switched health off"
         );
         let idle = idle_services(&node);
-        assert!(idle.metrics.is_some() && idle.device_plugin.is_none() && idle.health.is_none());
+        assert!(idle.device_plugin.is_none() && idle.health.is_none());
+        assert_eq!(
+            idle.metrics.map(|m| m.interval),
+            Some(sampling.metrics_interval)
+        );
     }
 }

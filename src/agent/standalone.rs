@@ -35,6 +35,11 @@ pub enum StandaloneError {
     },
 }
 
+/// Where standalone mode appends Events by default. The systemd unit's
+/// LogsDirectory= must cover it: under ProtectSystem=strict nothing else is
+/// writable.
+pub const DEFAULT_EVENTS_FILE: &str = "/var/log/gpu-operator/events.jsonl";
+
 #[derive(Clone, Debug)]
 pub struct StandaloneConfig {
     pub host: HostRoot,
@@ -50,8 +55,8 @@ pub struct StandaloneConfig {
     pub metrics_config: Option<String>,
     pub test_config: Option<String>,
     pub rescan_interval: Duration,
-    /// Overrides the metrics sampling interval (tests).
-    pub metrics_interval: Option<Duration>,
+    /// Metrics and health sampling.
+    pub sampling: super::select::Sampling,
     /// Move a simulated host's telemetry over time (demos).
     pub simulate: Option<SimSpec>,
 }
@@ -180,6 +185,7 @@ pub async fn run(
         &config.spec,
         &NodeContext {
             node_name: &config.node_name,
+            sampling: &config.sampling,
             labels: &labels,
             kubelet_dir: &config.kubelet_dir,
             host: &config.host,
@@ -193,13 +199,8 @@ pub async fn run(
         tracing::info!(dir = %plugin.device_plugin_dir.display(), "no kubelet device-plugin directory: the device plugin does not run");
         desired.device_plugin = None;
     }
-    if let Some(metrics) = desired.metrics.as_mut() {
-        if let Some(listen) = config.metrics_listen {
-            metrics.listen = listen;
-        }
-        if let Some(interval) = config.metrics_interval {
-            metrics.interval = interval;
-        }
+    if let (Some(metrics), Some(listen)) = (desired.metrics.as_mut(), config.metrics_listen) {
+        metrics.listen = listen;
     }
     let mut transitions = services.transitions();
     let mut plugin_status = services.plugin_status.clone();
