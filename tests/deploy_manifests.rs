@@ -1093,12 +1093,25 @@ fn systemd_unit_runs_standalone_and_keeps_what_the_work_needs() {
         ),
         "the config lives in the unit's ConfigurationDirectory"
     );
-    // Test runner logs are the one writable place under ProtectSystem=strict.
+    // Under ProtectSystem=strict the logs directories are the only writable
+    // places: the default Events file and the test runner's logs must be in them,
+    // or the service fails before it is ready.
     assert_eq!(get("ProtectSystem").as_deref(), Some("strict"));
-    assert_eq!(
-        Path::new("/var/log").join(get("LogsDirectory").expect("LogsDirectory")),
-        Path::new(gpu_operator::api::DEFAULT_TEST_RUNNER_LOGS)
-    );
+    let logs = get("LogsDirectory").expect("LogsDirectory");
+    let writable: Vec<PathBuf> = logs
+        .split_whitespace()
+        .map(|d| Path::new("/var/log").join(d))
+        .collect();
+    for needed in [
+        Path::new(gpu_operator::agent::standalone::DEFAULT_EVENTS_FILE),
+        Path::new(gpu_operator::api::DEFAULT_TEST_RUNNER_LOGS),
+    ] {
+        assert!(
+            writable.iter().any(|dir| needed.starts_with(dir)),
+            "{} is not under the unit's LogsDirectory= ({logs})",
+            needed.display()
+        );
+    }
     // sd_notify (unix), metrics (inet), the udev monitor (netlink).
     let families = get("RestrictAddressFamilies").expect("RestrictAddressFamilies");
     for family in ["AF_UNIX", "AF_INET", "AF_INET6", "AF_NETLINK"] {
