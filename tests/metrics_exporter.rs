@@ -279,7 +279,9 @@ async fn mi300x_scrape_is_valid_and_has_one_series_per_gpu() {
     assert!(
         clocks
             .iter()
-            .any(|(l, v)| l["clock_type"] == "memory" && *v == 1300.0)
+            .any(|(l, v)| l["clock_type"] == "GPU_CLOCK_TYPE_MEMORY"
+                && l["clock_index"] == "1"
+                && *v == 1300.0)
     );
     assert_eq!(series(&text, "gpu_nodes_total")[0].1, 8.0);
     assert!(text.contains("# TYPE gpu_ecc_uncorrect_total counter"));

@@ -420,12 +420,19 @@ pub fn families(input: &RenderInput<'_>) -> Vec<Family> {
         family(f.field, f.name, f.help, f.kind, series);
     }
 
+    // clock_type values are the reference exporter's enum names, which its
+    // dashboards filter on. clock_index numbers the clocks of one GPU in the
+    // order listed here (the reference numbers its own, longer list).
     let mut clocks = Vec::new();
     for (r, labels) in &primaries {
-        for (clock_type, mhz) in [("system", r.sclk_mhz), ("memory", r.mclk_mhz)] {
+        let types = [
+            ("GPU_CLOCK_TYPE_SYSTEM", r.sclk_mhz),
+            ("GPU_CLOCK_TYPE_MEMORY", r.mclk_mhz),
+        ];
+        for (index, (clock_type, mhz)) in types.into_iter().enumerate() {
             if let Some(mhz) = mhz {
                 let mut labels = (*labels).clone();
-                labels.push(("clock_index".into(), "0".into()));
+                labels.push(("clock_index".into(), index.to_string()));
                 labels.push(("clock_type".into(), clock_type.into()));
                 labels.sort();
                 clocks.push(Series { labels, value: mhz });
@@ -764,7 +771,7 @@ mod tests {
         assert_eq!(family(&families, "gpu_nodes_total").series[0].value, 3.0);
         assert_eq!(family(&families, "gpu_free_vram").series[0].value, 3.0);
         let clock = &family(&families, "gpu_clock").series[0];
-        assert_eq!(label(clock, "clock_type"), "system");
+        assert_eq!(label(clock, "clock_type"), "GPU_CLOCK_TYPE_SYSTEM");
         assert_eq!(clock.value, 2100.0);
         assert_eq!(
             family(&families, "gpu_ecc_uncorrect_total").series[0].value,
