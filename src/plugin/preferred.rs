@@ -121,7 +121,10 @@ pub fn preferred_allocation(
     must_include: &[String],
     size: usize,
 ) -> Vec<String> {
-    let mut chosen: Vec<String> = Vec::with_capacity(size.max(must_include.len()));
+    // `size` comes from the kubelet's request; never reserve more than could be
+    // returned.
+    let mut chosen: Vec<String> =
+        Vec::with_capacity(size.min(available.len()).max(must_include.len()));
     let mut taken: HashSet<&str> = HashSet::new();
     for id in must_include {
         if taken.insert(id) {
@@ -432,6 +435,15 @@ mod tests {
             .collect();
         let got = preferred_allocation(&topo, &available, &[], 1);
         assert_eq!(got, ["g1p5"]);
+    }
+
+    #[test]
+    fn an_absurd_allocation_size_returns_what_there_is() {
+        let devs = devices(&[(8, Some(0))]);
+        let topo = Topology::new(&devs, &gpus(1, &[]));
+        // The kubelet's field is an i32; i32::MAX must not reserve gigabytes.
+        let got = preferred_allocation(&topo, &all_ids(&devs), &[], i32::MAX as usize);
+        assert_eq!(got.len(), 8);
     }
 
     #[test]
