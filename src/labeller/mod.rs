@@ -101,7 +101,21 @@ pub fn desired_labels(inventory: &Inventory, kinds: &[LabelKind]) -> BTreeMap<St
             _ => counted_labels(inventory, kind, &mut labels),
         }
     }
+    // A key whose name part is too long (a long product name in a counter key)
+    // would make the API server reject the whole patch, every label with it.
+    labels.retain(|key, _| {
+        let valid = key_name_fits(key);
+        if !valid {
+            tracing::warn!(label = %key, "label key longer than Kubernetes allows; not written");
+        }
+        valid
+    });
     labels
+}
+
+/// Kubernetes allows at most 63 characters after the `prefix/` of a label key.
+fn key_name_fits(key: &str) -> bool {
+    key.rsplit_once('/').map_or(key, |(_, name)| name).len() <= 63
 }
 
 fn key(kind: LabelKind) -> String {

@@ -147,6 +147,24 @@ fn firmware_labels_count_each_engine_version_as_the_reference_does() {
 }
 
 #[test]
+fn keys_too_long_for_kubernetes_are_left_out_not_sent() {
+    let mut gpu = mi300x(None);
+    let long = "AMD Instinct MI300X with a product name far longer than usual";
+    gpu.product_name = Some(long.into());
+    let labels = desired_labels(&inventory(vec![gpu]), &[LabelKind::ProductName]);
+    let value = label_value(long);
+    assert_eq!(labels.get("amd.com/gpu.product-name"), Some(&value));
+    assert_eq!(labels.get("beta.amd.com/gpu.product-name"), Some(&value));
+    // gpu.product-name.<value> is over 63 characters: that counter is dropped.
+    assert_eq!(labels.len(), 2, "{labels:?}");
+    assert!(
+        labels
+            .keys()
+            .all(|k| k.split('/').nth(1).unwrap().len() <= 63)
+    );
+}
+
+#[test]
 fn selected_kinds_only_and_none_without_gpus() {
     let labels = desired_labels(&inventory(vec![mi300x(None)]), &[LabelKind::Vram]);
     assert_eq!(labels.len(), 3, "{labels:?}");
