@@ -92,8 +92,12 @@ impl Trigger {
         self.name().to_ascii_lowercase()
     }
 
-    /// Parses a trigger name, ignoring case.
+    /// Parses a trigger name, ignoring case. `PRE_START` is accepted for
+    /// `PRE_START_JOB_CHECK`, the reference's full name.
     pub fn parse(name: &str) -> Option<Self> {
+        if name.eq_ignore_ascii_case("PRE_START") {
+            return Some(Trigger::PreStartJobCheck);
+        }
         Self::ALL
             .into_iter()
             .find(|t| t.name().eq_ignore_ascii_case(name))
@@ -892,6 +896,17 @@ mod tests {
         }
         assert!(config.trigger("any", Trigger::PreStartJobCheck).is_none());
         assert!(config.trigger("any", Trigger::Periodic).is_none());
+    }
+
+    #[test]
+    fn trigger_names_parse_in_any_case_and_the_short_pre_start() {
+        assert_eq!(Trigger::parse("pre_start"), Some(Trigger::PreStartJobCheck));
+        assert_eq!(
+            Trigger::parse("PRE_START_JOB_CHECK"),
+            Some(Trigger::PreStartJobCheck)
+        );
+        assert_eq!(Trigger::parse("manual"), Some(Trigger::Manual));
+        assert_eq!(Trigger::parse("PRE_STARTED"), None);
     }
 
     #[test]
