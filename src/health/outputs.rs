@@ -56,7 +56,7 @@ fn describe(bdf: &str, ids: &[u32]) -> String {
     match ids {
         [] => format!("GPU {bdf}"),
         [one] => format!("GPU {one} ({bdf})"),
-        [first, .., last] if (*last - *first) as usize + 1 == ids.len() => {
+        [first, .., last] if last.abs_diff(*first) as usize + 1 == ids.len() && first < last => {
             format!("GPUs {first}-{last} ({bdf})")
         }
         many => format!(
@@ -191,6 +191,16 @@ pub fn transition_event(t: &HealthTransition) -> Event {
 mod tests {
     use super::*;
     use crate::health::GpuHealth;
+
+    #[test]
+    fn gpu_ids_are_described_as_a_range_only_when_they_are_one() {
+        assert_eq!(describe("b", &[8, 9, 10]), "GPUs 8-10 (b)");
+        assert_eq!(describe("b", &[3]), "GPU 3 (b)");
+        assert_eq!(describe("b", &[]), "GPU b");
+        // Out of order (not what discovery produces) is listed, not a panic.
+        assert!(describe("b", &[9, 2]).contains('9'));
+        assert!(describe("b", &[1, 5]).contains('5'));
+    }
 
     fn snapshot(unhealthy: bool) -> HealthSnapshot {
         let mut s = HealthSnapshot::default();
