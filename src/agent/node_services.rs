@@ -61,8 +61,6 @@ impl NodeServices {
             health: monitor.report(),
             status: plugin_status_tx,
         });
-        let exporter = MetricsService::new(inventory.clone(), Some(health_snapshot.clone()));
-        let exporter_status = exporter.status();
 
         // Unhealthy transitions start AUTO_UNHEALTHY_GPU_WATCH test runs.
         let (unhealthy_tx, unhealthy_rx) = mpsc::channel(64);
@@ -80,6 +78,9 @@ impl NodeServices {
         let test_runner =
             TestRunnerService::new(client, inventory.clone(), node.clone(), unhealthy_rx);
         let test_stats = test_runner.stats();
+        let exporter = MetricsService::new(inventory.clone(), Some(health_snapshot.clone()))
+            .with_test_stats(test_stats.clone());
+        let exporter_status = exporter.status();
         let labeller = nodes.map(|nodes| {
             Slot::new(LabellerService {
                 nodes,

@@ -20,6 +20,8 @@ use serde::Serialize;
 use super::reader::ReaderStats;
 use super::render::{Family, Kind, Series};
 use crate::agent::supervisor::SERVICE_RESTARTS;
+use crate::testrunner::report::Outcome;
+use crate::testrunner::stats::{LastRun, TestRunnerStats};
 
 static RECONCILES: AtomicU64 = AtomicU64::new(0);
 static API_ERRORS: AtomicU64 = AtomicU64::new(0);
@@ -205,9 +207,171 @@ pub fn families(
     out
 }
 
+/// The test runner's results: runs by trigger, recipe and result, the last
+/// run of each trigger and recipe, the GPUs under test now and the queue.
+pub fn test_runner_families(stats: &TestRunnerStats) -> Vec<Family> {
+    fn labels(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        let mut labels: Vec<(String, String)> = pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        labels.sort();
+        labels
+    }
+    let family = |name: &str, help: &str, kind: Kind, series: Vec<Series>| Family {
+        name: name.to_owned(),
+        help: help.to_owned(),
+        kind,
+        series,
+    };
+    let runs = stats
+        .runs
+        .iter()
+        .map(|r| Series {
+            labels: labels(&[
+                ("trigger", &r.trigger.label_value()),
+                ("recipe", &r.recipe),
+                ("result", r.outcome.reason()),
+            ]),
+            value: r.count as f64,
+        })
+        .collect();
+    let last = |value: fn(&LastRun) -> f64| {
+        stats
+            .last
+            .iter()
+            .map(|l| Series {
+                labels: labels(&[("trigger", &l.trigger.label_value()), ("recipe", &l.recipe)]),
+                value: value(l),
+            })
+            .collect()
+    };
+    let running = stats
+        .running
+        .iter()
+        .map(|r| Series {
+            labels: labels(&[
+                ("gpu_id", &r.gpu_index.to_string()),
+                ("trigger", &r.trigger.label_value()),
+                ("recipe", &r.recipe),
+            ]),
+            value: 1.0,
+        })
+        .collect();
+    vec![
+        family(
+            "gpu_operator_test_runs_total",
+            "Finished GPU test cases by trigger, recipe and result (TestPassed, TestFailed, TestTimedOut)",
+            Kind::Counter,
+            runs,
+        ),
+        family(
+            "gpu_operator_test_last_passed",
+            "Whether the last run of a trigger and recipe passed (1) or not (0)",
+            Kind::Gauge,
+            last(|l| {
+                if l.outcome == Outcome::Passed {
+                    1.0
+                } else {
+                    0.0
+                }
+            }),
+        ),
+        family(
+            "gpu_operator_test_last_duration_seconds",
+            "Duration of the last run of a trigger and recipe",
+            Kind::Gauge,
+            last(|l| l.duration_seconds),
+        ),
+        family(
+            "gpu_operator_test_last_finished_timestamp_seconds",
+            "When the last run of a trigger and recipe finished, Unix time",
+            Kind::Gauge,
+            last(|l| l.finished_unix_seconds),
+        ),
+        family(
+            "gpu_operator_test_running",
+            "GPUs with a test case running now (1 per GPU)",
+            Kind::Gauge,
+            running,
+        ),
+        family(
+            "gpu_operator_test_queued",
+            "Test requests waiting for their GPUs",
+            Kind::Gauge,
+            vec![Series {
+                labels: Vec::new(),
+                value: stats.queued as f64,
+            }],
+        ),
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn test_runner_results_become_families() {
+        use crate::testrunner::config::Trigger;
+        let mut stats = TestRunnerStats::default();
+        let d = std::time::Duration::from_secs(3);
+        stats.record(
+            Trigger::Manual,
+            "gst_single",
+            Outcome::Passed,
+            d,
+            100.0,
+            vec![0],
+        );
+        stats.record(
+            Trigger::Manual,
+            "gst_single",
+            Outcome::Passed,
+            d,
+            110.0,
+            vec![0],
+        );
+        stats.record(
+            Trigger::Manual,
+            "gst_single",
+            Outcome::Failed,
+            d,
+            120.0,
+            vec![1],
+        );
+        stats.queued = 2;
+        let families = test_runner_families(&stats);
+        let get = |name: &str| families.iter().find(|f| f.name == name).unwrap();
+        let runs = get("gpu_operator_test_runs_total");
+        let by_result: Vec<(String, f64)> = runs
+            .series
+            .iter()
+            .map(|s| {
+                let result = s.labels.iter().find(|(k, _)| k == "result").unwrap();
+                (result.1.clone(), s.value)
+            })
+            .collect();
+        assert!(
+            by_result.contains(&("TestPassed".into(), 2.0)),
+            "{by_result:?}"
+        );
+        assert!(
+            by_result.contains(&("TestFailed".into(), 1.0)),
+            "{by_result:?}"
+        );
+        let last = &get("gpu_operator_test_last_passed").series;
+        assert_eq!(last.len(), 1);
+        assert_eq!(last[0].value, 0.0, "the last run failed");
+        assert_eq!(
+            get("gpu_operator_test_last_finished_timestamp_seconds").series[0].value,
+            120.0
+        );
+        assert_eq!(get("gpu_operator_test_queued").series[0].value, 2.0);
+        assert!(get("gpu_operator_test_running").series.is_empty());
+        let text = crate::metrics::render::encode(families);
+        assert!(text.contains("gpu_operator_test_runs_total{recipe=\"gst_single\",result=\"TestFailed\",trigger=\"manual\"} 1"), "{text}");
+    }
 
     #[test]
     fn counters_count() {

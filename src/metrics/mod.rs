@@ -47,6 +47,7 @@ use crate::device::Inventory;
 use crate::health::HealthSnapshot;
 use crate::host::HostRoot;
 use crate::plugin::DeviceRef;
+use crate::testrunner::stats::TestRunnerStats;
 use config::{ExporterConfig, parse_config};
 use pods::PodRef;
 use reader::BoundedReader;
@@ -155,6 +156,7 @@ pub struct ExporterStatus {
 pub struct MetricsService {
     inventory: watch::Receiver<Arc<Inventory>>,
     health: Option<watch::Receiver<Arc<HealthSnapshot>>>,
+    tests: Option<watch::Receiver<TestRunnerStats>>,
     status: watch::Sender<ExporterStatus>,
 }
 
@@ -168,8 +170,15 @@ impl MetricsService {
         Self {
             inventory,
             health,
+            tests: None,
             status: watch::Sender::new(ExporterStatus::default()),
         }
+    }
+
+    /// Also export the test runner's results (`gpu_operator_test_*`).
+    pub fn with_test_stats(mut self, tests: watch::Receiver<TestRunnerStats>) -> Self {
+        self.tests = Some(tests);
+        self
     }
 
     pub fn status(&self) -> watch::Receiver<ExporterStatus> {
@@ -259,6 +268,9 @@ impl MetricsService {
             agent::process_stats().as_ref(),
             &me,
         ));
+        if let Some(tests) = &self.tests {
+            families.extend(agent::test_runner_families(&tests.borrow()));
+        }
         let metrics = render::encode(families);
         let json = serde_json::to_vec(&render::json_view(&input)).unwrap_or_default();
         (
