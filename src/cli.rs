@@ -973,7 +973,6 @@ pub fn live_table(view: &serde_json::Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser as _;
 
     #[test]
     fn sampling_flags_default_parse_and_refuse_nonsense() {
