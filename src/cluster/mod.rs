@@ -18,16 +18,17 @@ pub mod resources;
 pub mod status;
 
 use std::collections::hash_map::DefaultHasher;
+use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{Node, Service};
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef};
-use kube::runtime::{PredicateConfig, WatchStreamExt, watcher};
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -67,7 +68,7 @@ impl Default for ClusterConfig {
 /// A hash of what in a Node matters to DeviceConfig status: labels, the agent
 /// status annotation, condition statuses (not their heartbeat times) and
 /// `unschedulable`. Nodes whose hash did not change trigger no reconcile.
-pub fn node_relevance(node: &Node) -> Option<u64> {
+pub fn node_relevance(node: &Node) -> u64 {
     let mut hasher = DefaultHasher::new();
     node.labels().hash(&mut hasher);
     node.annotations().get(STATUS_ANNOTATION).hash(&mut hasher);
@@ -80,7 +81,60 @@ pub fn node_relevance(node: &Node) -> Option<u64> {
             (&c.type_, &c.status, &c.reason, &c.message).hash(&mut hasher);
         }
     }
-    Some(hasher.finish())
+    hasher.finish()
+}
+
+/// The Node changes that may change a DeviceConfig's status: a relevant change
+/// ([`node_relevance`]) of a Node, and every Node that goes away. kube-runtime's
+/// `predicate_filter` would drop deletions (a deleted Node hashes like its last
+/// version), and a Node deleted while the watch was down only shows as missing
+/// from the re-list; both must reconcile, or counts stay stale with no requeue.
+pub fn relevant_node_changes<S>(events: S) -> impl Stream<Item = Result<Node, watcher::Error>>
+where
+    S: Stream<Item = Result<watcher::Event<Node>, watcher::Error>>,
+{
+    let mut seen: HashMap<String, u64> = HashMap::new();
+    let mut relisted: Option<HashSet<String>> = None;
+    events.filter_map(move |event| {
+        let out = match event {
+            Ok(watcher::Event::Apply(node) | watcher::Event::InitApply(node)) => {
+                let name = node.name_any();
+                if let Some(names) = relisted.as_mut() {
+                    names.insert(name.clone());
+                }
+                let hash = node_relevance(&node);
+                (seen.insert(name, hash) != Some(hash)).then_some(Ok(node))
+            }
+            Ok(watcher::Event::Delete(node)) => {
+                seen.remove(&node.name_any());
+                Some(Ok(node))
+            }
+            Ok(watcher::Event::Init) => {
+                relisted = Some(HashSet::new());
+                None
+            }
+            Ok(watcher::Event::InitDone) => {
+                let present = relisted.take().unwrap_or_default();
+                let gone: Vec<String> = seen
+                    .keys()
+                    .filter(|name| !present.contains(*name))
+                    .cloned()
+                    .collect();
+                for name in &gone {
+                    seen.remove(name);
+                }
+                // Any one of them stands for all: every Node change maps to
+                // every DeviceConfig.
+                gone.into_iter().next().map(|name| {
+                    let mut node = Node::default();
+                    node.metadata.name = Some(name);
+                    Ok(node)
+                })
+            }
+            Err(e) => Some(Err(e)),
+        };
+        futures::future::ready(out)
+    })
 }
 
 /// Runs the reconciler whenever `leading` is true, until `shutdown`. Returns the
@@ -141,9 +195,8 @@ pub async fn reconcile_until_cancelled(
             },
         ),
     )
-    .default_backoff()
-    .touched_objects()
-    .predicate_filter(node_relevance, PredicateConfig::default());
+    .default_backoff();
+    let node_events = relevant_node_changes(node_events);
 
     let controller = Controller::new(
         Api::<DeviceConfig>::all(client.clone()),
@@ -213,6 +266,36 @@ mod tests {
             ..NodeStatus::default()
         });
         node
+    }
+
+    #[tokio::test]
+    async fn deletions_and_nodes_missing_from_a_relist_are_relevant() {
+        use watcher::Event::*;
+        let named = |name: &str, heartbeat: i64| {
+            let mut n = node(heartbeat, "True");
+            n.metadata.name = Some(name.into());
+            n
+        };
+        let mut labelled = named("a", 3);
+        labelled.labels_mut().insert("x".into(), "y".into());
+        let events = vec![
+            Init,
+            InitApply(named("a", 1)),
+            InitApply(named("b", 1)),
+            InitDone,
+            Apply(named("a", 2)),  // heartbeat only: dropped
+            Apply(labelled),       // relevant
+            Delete(named("b", 2)), // deleted: relevant though unchanged
+            Init,                  // a re-list after the watch broke...
+            InitApply(named("c", 1)),
+            InitDone, // ...in which "a" is gone
+        ];
+        let out: Vec<String> =
+            relevant_node_changes(futures::stream::iter(events.into_iter().map(Ok)))
+                .map(|n| n.unwrap().name_any())
+                .collect()
+                .await;
+        assert_eq!(out, ["a", "b", "a", "b", "c", "a"]);
     }
 
     #[test]
