@@ -156,6 +156,10 @@ pub async fn run(
     let mut reported = BTreeSet::<String>::new();
     // What was last written: `Some(None)` means the annotation was removed.
     let mut last_status: Option<Option<AgentStatus>> = None;
+    // Set while the latest status write failed: it is retried on a timer.
+    let mut status_write_failed = false;
+    // What the agent follows, to log when that changes.
+    let mut followed: Option<String> = None;
 
     loop {
         let node = node_rx.borrow_and_update().clone();
@@ -168,6 +172,20 @@ pub async fn run(
         if let Some(node) = node {
             let labels = node.labels().clone();
             let selection = select_config(&labels, configs.state().iter().map(Arc::as_ref));
+            let now_following = match &selection {
+                Selection::One(selected) => format!("following DeviceConfig {}", selected.key),
+                Selection::Conflict(keys) => format!(
+                    "DeviceConfigs {} all select this node; running only the metrics endpoint",
+                    keys.join(", ")
+                ),
+                Selection::None => {
+                    "no DeviceConfig selects this node; running only the metrics endpoint".into()
+                }
+            };
+            if followed.as_ref() != Some(&now_following) {
+                tracing::info!(node = %node_name, "{now_following}");
+                followed = Some(now_following);
+            }
             if let Selection::One(selected) = &selection {
                 let namespace = selected
                     .key
@@ -246,11 +264,14 @@ pub async fn run(
             }
             let problems = problems(&selection, &plugin_status.borrow_and_update());
             for problem in &problems {
-                if reported.insert(problem.clone()) {
-                    record_warning(&recorder, &node, problem).await;
+                if let Some(reason) = problem.event_reason
+                    && reported.insert(problem.message.clone())
+                {
+                    record_warning(&recorder, &node, reason, &problem.message).await;
                 }
             }
-            reported.retain(|p| problems.contains(p));
+            reported.retain(|p| problems.iter().any(|q| &q.message == p));
+            let problems: Vec<String> = problems.into_iter().map(|p| p.message).collect();
             // The status annotation exists while a DeviceConfig selects the node
             // (or several do, which needs a person); with none, the agent
             // removes it, and the leader reads its absence as torn down.
@@ -275,9 +296,13 @@ pub async fn run(
                     None => remove_status(&nodes, &node).await,
                 };
                 match written {
-                    Ok(()) => last_status = Some(status),
+                    Ok(()) => {
+                        last_status = Some(status);
+                        status_write_failed = false;
+                    }
                     Err(e) => {
-                        tracing::warn!(error = %e, "cannot publish agent status; will retry on the next change")
+                        status_write_failed = true;
+                        tracing::warn!(error = %e, "cannot publish agent status; retrying in 10 s or on the next change")
                     }
                 }
             }
@@ -292,7 +317,7 @@ pub async fn run(
             _ = test_text.changed() => {}
             _ = node_services::any_changed(&mut state_changes) => {}
             // A failed status write is retried without waiting for another change.
-            _ = tokio::time::sleep(Duration::from_secs(10)), if last_status.is_none() => {}
+            _ = tokio::time::sleep(Duration::from_secs(10)), if status_write_failed => {}
         }
     }
     tracing::info!("agent stopping");
@@ -375,17 +400,42 @@ fn spawn_config_reflector(
     (store, rx)
 }
 
-/// What needs a person's attention on this node.
-fn problems(selection: &Selection, plugin: &PluginStatus) -> Vec<String> {
+/// Something on this node that needs a person's attention.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Problem {
+    /// The Reason of the Warning Event it is worth, if any.
+    event_reason: Option<&'static str>,
+    message: String,
+}
+
+/// What needs a person's attention on this node. Conflicts are worth an Event;
+/// device plugin errors (a failed registration, say) often clear on their own
+/// as the plugin retries, so they show in the status annotation only.
+fn problems(selection: &Selection, plugin: &PluginStatus) -> Vec<Problem> {
     let mut problems = Vec::new();
     if let Selection::Conflict(keys) = selection {
-        problems.push(format!(
-            "DeviceConfigs {} all select this node; nothing runs until exactly one does",
-            keys.join(", ")
-        ));
+        problems.push(Problem {
+            event_reason: Some("ConflictingDeviceConfigs"),
+            message: format!(
+                "DeviceConfigs {} all select this node; nothing runs until exactly one does",
+                keys.join(", ")
+            ),
+        });
     }
-    if let Some(conflict) = &plugin.conflict {
-        problems.push(conflict.to_string());
+    let conflict = plugin.conflict.as_ref().map(ToString::to_string);
+    if let Some(conflict) = &conflict {
+        problems.push(Problem {
+            event_reason: Some("PartitionLayoutConflict"),
+            message: conflict.clone(),
+        });
+    }
+    if let Some(error) = &plugin.error
+        && Some(error) != conflict.as_ref()
+    {
+        problems.push(Problem {
+            event_reason: None,
+            message: format!("device plugin: {error}"),
+        });
     }
     problems
 }
@@ -447,12 +497,7 @@ async fn remove_status(nodes: &Api<Node>, node: &Node) -> Result<(), kube::Error
     Ok(())
 }
 
-async fn record_warning(recorder: &Recorder, node: &Node, note: &str) {
-    let reason = if note.starts_with("DeviceConfigs") {
-        "ConflictingDeviceConfigs"
-    } else {
-        "PartitionLayoutConflict"
-    };
+async fn record_warning(recorder: &Recorder, node: &Node, reason: &str, note: &str) {
     tracing::warn!(reason, note, "recording Warning Event on the Node");
     let event = KubeEvent {
         type_: EventType::Warning,
@@ -463,5 +508,50 @@ async fn record_warning(recorder: &Recorder, node: &Node, note: &str) {
     };
     if let Err(e) = recorder.publish(&event, &node.object_ref(&())).await {
         tracing::warn!(error = %e, "cannot record Event");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plugin::LayoutConflict;
+
+    #[test]
+    fn conflicts_are_worth_events_plugin_errors_only_status() {
+        let conflict = Selection::Conflict(vec!["ns/a".into(), "ns/b".into()]);
+        let found = problems(&conflict, &PluginStatus::default());
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].event_reason, Some("ConflictingDeviceConfigs"));
+        assert!(found[0].message.contains("ns/a, ns/b"));
+
+        let failing = PluginStatus {
+            error: Some("registering amd.com/gpu: kubelet.sock refused".into()),
+            ..PluginStatus::default()
+        };
+        let found = problems(&Selection::None, &failing);
+        assert_eq!(
+            found,
+            [Problem {
+                event_reason: None,
+                message: "device plugin: registering amd.com/gpu: kubelet.sock refused".into()
+            }]
+        );
+
+        // A layout conflict is also the plugin's error line: reported once.
+        let layout = LayoutConflict {
+            profiles: [
+                ("cpx_nps4".to_owned(), vec!["0000:05:00.0".to_owned()]),
+                ("spx_nps1".to_owned(), vec!["0000:27:00.0".to_owned()]),
+            ]
+            .into(),
+        };
+        let with_layout = PluginStatus {
+            error: Some(layout.to_string()),
+            conflict: Some(layout),
+            ..PluginStatus::default()
+        };
+        let found = problems(&Selection::None, &with_layout);
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].event_reason, Some("PartitionLayoutConflict"));
     }
 }
