@@ -47,6 +47,23 @@ async fn kubelet_restart_leads_to_a_new_registration() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recreated_kubelet_sock_alone_leads_to_a_new_registration() {
+    use std::os::unix::fs::MetadataExt;
+    let mut rig = Rig::start("mi300x", None, Single).await;
+    rig.kubelet.wait_for_registration("amd.com/gpu", 1).await;
+    let socket = rig.plugin_dir.path().join("amd.com_gpu.sock");
+    let inode = std::fs::metadata(&socket).unwrap().ino();
+    rig.kubelet.recreate_socket().await;
+    rig.kubelet.wait_for_registration("amd.com/gpu", 2).await;
+    // The plugin socket was never touched: the new kubelet.sock alone caused
+    // the registration.
+    assert_eq!(std::fs::metadata(&socket).unwrap().ino(), inode);
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(rig.kubelet.registrations().len(), 2, "registered once");
+    rig.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_plugin_socket_is_recreated_and_registered_again() {
     let mut rig = Rig::start("mi300x", None, Single).await;
     rig.kubelet.wait_for_registration("amd.com/gpu", 1).await;

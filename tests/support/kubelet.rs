@@ -181,6 +181,13 @@ impl TestKubelet {
         Instant::now()
     }
 
+    /// Deletes and recreates `kubelet.sock` alone, leaving plugin sockets in
+    /// place: what the plugin must notice by watching `kubelet.sock` itself.
+    pub async fn recreate_socket(&mut self) {
+        self.stop().await;
+        self.serve();
+    }
+
     pub async fn stop(&mut self) {
         if let Some((stop, task)) = self.server.take() {
             let _ = stop.send(true);
