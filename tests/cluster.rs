@@ -844,5 +844,27 @@ async fn the_service_monitor_follows_the_spec_when_its_crd_is_served() {
             metrics_service(&f.emulator).is_none()
         })
         .await;
+    // Later reconciles send no DELETE for it: the owned-Service cache knows
+    // there is nothing to delete.
+    let deletes = fleet.emulator.requests().get("delete", "services");
+    fleet
+        .apply(
+            "gpus",
+            json!({"devicePlugin": {"enableNodeLabeller": false}}),
+        )
+        .await;
+    let generation = fleet
+        .configs()
+        .get("gpus")
+        .await
+        .unwrap()
+        .metadata
+        .generation;
+    fleet
+        .eventually("the change reconciled", async |f| {
+            f.status_of("gpus").await["observedGeneration"].as_i64() == generation
+        })
+        .await;
+    assert_eq!(fleet.emulator.requests().get("delete", "services"), deletes);
     fleet.stop_all().await;
 }

@@ -211,22 +211,31 @@ pub async fn reconcile_until_cancelled(
             instance: Some(config.instance.clone()),
         },
     );
-    let services: Api<Service> = match &config.namespace {
+    // Owned Services, selected by label, cached: one deleted or edited by hand
+    // reconciles its DeviceConfig, which applies it again, and the cache spares
+    // a DELETE per reconcile when metrics are off and there is nothing to delete.
+    let services_api: Api<Service> = match &config.namespace {
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
     };
+    let (services, services_writer) = reflector::store::<Service>();
+    let service_events = reflector::reflector(
+        services_writer,
+        watcher::watcher(
+            services_api,
+            watcher::Config::default().labels(&resources::owned_label_selector()),
+        ),
+    )
+    .default_backoff()
+    .touched_objects();
     let mut context = Context::new(client, nodes, configs.clone(), guard, recorder);
     context.status_interval = config.status_interval;
     context.teardown_timeout = config.teardown_timeout;
     context.stats = stats;
+    context.owned_services = Some((services, config.namespace.clone()));
     let mapper_configs = configs.clone();
     controller
-        // Owned Services, selected by label: one deleted or edited by hand
-        // reconciles its DeviceConfig, which applies it again.
-        .owns(
-            services,
-            watcher::Config::default().labels(&resources::owned_label_selector()),
-        )
+        .owns_stream(service_events)
         .watches_stream(node_events, move |_node: Node| {
             // Any relevant Node change may change which DeviceConfigs select it and
             // what their status says; there are few DeviceConfigs.

@@ -13,7 +13,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder};
-use kube::runtime::reflector::Store;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 use tokio::time::Instant;
@@ -63,6 +63,9 @@ pub struct Context {
     last_status_write: Mutex<HashMap<String, Instant>>,
     /// Counts reconciles and writes, for tests, benchmarks and metrics.
     pub stats: Arc<Stats>,
+    /// The owned Services the leader watches, and the namespace watched (`None`:
+    /// all). Outside it, nothing is known and deletes are simply sent.
+    pub owned_services: Option<(Store<Service>, Option<String>)>,
 }
 
 #[derive(Debug, Default)]
@@ -89,7 +92,21 @@ impl Context {
             teardown_timeout: Duration::from_secs(300),
             last_status_write: Mutex::new(HashMap::new()),
             stats: Arc::default(),
+            owned_services: None,
         }
+    }
+
+    /// True when the owned-Service cache covers `namespace`, has finished its
+    /// first list, and holds no Service `name` there.
+    async fn service_known_absent(&self, namespace: &str, name: &str) -> bool {
+        let Some((store, watched)) = &self.owned_services else {
+            return false;
+        };
+        if watched.as_deref().is_some_and(|w| w != namespace) {
+            return false;
+        }
+        let ready = tokio::time::timeout(Duration::from_secs(5), store.wait_until_ready()).await;
+        matches!(ready, Ok(Ok(()))) && store.get(&ObjectRef::new(name).within(namespace)).is_none()
     }
 
     fn check_leader(&self) -> Result<(), Error> {
@@ -465,8 +482,8 @@ async fn sync_service(
     wanted: Option<Service>,
 ) -> Result<(), Error> {
     let name = resources::metrics_service_name(dc);
-    let services: Api<Service> =
-        Api::namespaced(ctx.client.clone(), &dc.namespace().unwrap_or_default());
+    let namespace = dc.namespace().unwrap_or_default();
+    let services: Api<Service> = Api::namespaced(ctx.client.clone(), &namespace);
     match wanted {
         Some(service) => {
             let params = apply_params();
@@ -476,6 +493,7 @@ async fn sync_service(
                 .await
                 .map(|_| ())
         }
+        None if ctx.service_known_absent(&namespace, &name).await => Ok(()),
         None => delete_if_present(ctx, &services, &name).await,
     }
 }
