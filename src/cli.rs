@@ -75,11 +75,13 @@ pub enum Command {
     /// Try it without a GPU: gpu-operator standalone --simulate mi300x
     Standalone(StandaloneArgs),
     /// Check the GPUs once, and optionally run a test recipe; exit non-zero if any
-    /// GPU is unhealthy or the test fails.
+    /// GPU is unhealthy, no GPU is found, or the test fails.
     ///
     /// For scripts and cron on a node: the same checks as the health monitor
     /// (presence, device nodes, uncorrectable ECC, junction temperature, PCIe
-    /// link), then, with --recipe, the test (e.g. rvs gst_single).
+    /// link), then, with --recipe, the test (e.g. rvs gst_single). A node with
+    /// no GPU bound to amdgpu (driver not loaded, say) fails the check: a GPU
+    /// node that shows none is not healthy.
     Check(CheckArgs),
     /// Run only the cluster role: reconcile DeviceConfigs, without node work.
     ///
@@ -880,7 +882,13 @@ fn run_check(args: CheckArgs) -> ExitCode {
             }
         }
         if inventory.gpus.is_empty() {
-            eprintln!("no GPUs found under {}", host.root().display());
+            let why = if inventory.driver.loaded {
+                "none is bound to amdgpu"
+            } else {
+                "the amdgpu driver is not loaded"
+            };
+            eprintln!("no GPUs found under {}: {why}", host.root().display());
+            return ExitCode::from(1);
         }
         if unhealthy > 0 {
             ExitCode::from(1)

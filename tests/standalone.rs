@@ -163,6 +163,23 @@ fn standalone_refuses_an_invalid_config() {
 }
 
 #[test]
+fn check_fails_when_no_gpu_is_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let host = HostRoot::new(dir.path().join("host"));
+    let mut spec = SimSpec::new("mi210", Some(2), None).unwrap();
+    spec.driver_loaded = false;
+    simulate::write_host(&host, &spec).unwrap();
+    let out = bin()
+        .args(["check", "--host-root"])
+        .arg(host.root())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("driver is not loaded"), "{stderr}");
+}
+
+#[test]
 fn check_reports_unhealthy_gpus_and_runs_a_recipe() {
     let dir = tempfile::tempdir().unwrap();
     let host = HostRoot::new(dir.path().join("host"));
