@@ -22,6 +22,8 @@ use crate::device::watch::{DeviceWatch, WatchConfig};
 use crate::health::outputs::transition_event;
 use crate::host::HostRoot;
 use crate::simulate::{self, SimSpec};
+use crate::testrunner::report::Outcome;
+use crate::testrunner::stats::{LastRun, TestRunnerStats};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StandaloneError {
@@ -204,6 +206,9 @@ pub async fn run(
     }
     let mut transitions = services.transitions();
     let mut plugin_status = services.plugin_status.clone();
+    let mut test_stats = services.test_stats.clone();
+    // Test results finished after this instant are not in the events file yet.
+    let mut results_until = 0.0_f64;
     services.apply(desired).await;
     let mut exporter = services.exporter_status.clone();
     // Ready once the metrics endpoint listens (or at once when it is off).
@@ -253,6 +258,21 @@ pub async fn run(
                     last_conflict = conflict;
                 }
             }
+            changed = test_stats.changed() => {
+                if changed.is_err() {
+                    continue;
+                }
+                let stats = test_stats.borrow_and_update().clone();
+                for run in finished_since(&stats, results_until) {
+                    events.record(
+                        run.outcome != Outcome::Passed,
+                        run.outcome.reason(),
+                        &result_note(run),
+                        &config.node_name,
+                    );
+                    results_until = results_until.max(run.finished_unix_seconds);
+                }
+            }
             _ = ticker.tick(), if config.simulate.is_some() => {
                 tick += 1;
                 if let Some(spec) = &config.simulate
@@ -274,9 +294,76 @@ pub async fn run(
     Ok(())
 }
 
+/// Test runs that finished after `until` (seconds since the epoch), oldest
+/// first: what the events file has not recorded yet.
+fn finished_since(stats: &TestRunnerStats, until: f64) -> Vec<&LastRun> {
+    let mut runs: Vec<&LastRun> = stats
+        .last
+        .iter()
+        .filter(|run| run.finished_unix_seconds > until)
+        .collect();
+    runs.sort_by(|a, b| a.finished_unix_seconds.total_cmp(&b.finished_unix_seconds));
+    runs
+}
+
+fn result_note(run: &LastRun) -> String {
+    format!(
+        "{} test {} on GPUs {:?}: {} after {:.1} s (details in the test runner's log directory)",
+        run.trigger,
+        run.recipe,
+        run.gpu_indexes,
+        run.outcome.reason(),
+        run.duration_seconds
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_finished_test_is_recorded_once() {
+        use crate::testrunner::config::Trigger;
+        let mut stats = TestRunnerStats::default();
+        let d = Duration::from_secs(2);
+        stats.record(
+            Trigger::Manual,
+            "gst_single",
+            Outcome::Passed,
+            d,
+            100.0,
+            vec![0],
+        );
+        stats.record(
+            Trigger::PreStartJobCheck,
+            "gst_single",
+            Outcome::Failed,
+            d,
+            90.0,
+            vec![1],
+        );
+        let new: Vec<f64> = finished_since(&stats, 0.0)
+            .iter()
+            .map(|r| r.finished_unix_seconds)
+            .collect();
+        assert_eq!(new, [90.0, 100.0], "oldest first");
+        assert!(finished_since(&stats, 100.0).is_empty());
+        stats.record(
+            Trigger::Manual,
+            "gst_single",
+            Outcome::TimedOut,
+            d,
+            130.0,
+            vec![0],
+        );
+        let new = finished_since(&stats, 100.0);
+        assert_eq!(new.len(), 1);
+        assert!(
+            result_note(new[0]).contains("TestTimedOut"),
+            "{}",
+            result_note(new[0])
+        );
+    }
 
     #[test]
     fn standalone_config_accepts_a_device_config_a_spec_document_or_a_bare_spec() {
