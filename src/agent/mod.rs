@@ -236,8 +236,17 @@ pub async fn run(
             }
             let applied = services.apply(desired).await;
             if applied.labeller_stopped {
-                // Disabled or deselected: remove the labels this agent wrote.
-                if let Err(e) = sync_labels(&nodes, &node, &Default::default()).await {
+                // Disabled or deselected: remove the labels this agent wrote. The
+                // watched copy may predate the labeller's last patch, whose
+                // labels would then be missed: read the Node afresh.
+                let fresh = match nodes.get(&node_name).await {
+                    Ok(fresh) => Arc::new(fresh),
+                    Err(e) => {
+                        tracing::debug!(error = %e, "cannot re-read the Node; using the watched copy");
+                        node.clone()
+                    }
+                };
+                if let Err(e) = sync_labels(&nodes, &fresh, &Default::default()).await {
                     tracing::warn!(error = %e, "cannot remove GPU labels");
                 }
             }

@@ -13,7 +13,9 @@
 //!
 //! Which labels this agent wrote is recorded in the annotation [`OWNED_ANNOTATION`],
 //! so that stale ones can be removed without ever touching labels someone else
-//! wrote. This module computes labels and patches as plain data; writing them to
+//! wrote. One exception, on purpose: a label this agent wants that already
+//! exists under the same key (written by AMD's labeller before a migration, say)
+//! is taken over, so that it is kept current and removed with the rest. This module computes labels and patches as plain data; writing them to
 //! the Node is the agent's job.
 
 use std::collections::{BTreeMap, BTreeSet};
