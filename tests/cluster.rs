@@ -531,14 +531,21 @@ async fn deleting_a_device_config_tears_down_then_releases_the_finalizer() {
         .await;
     kubelet.wait_for_registration("amd.com/gpu", 1).await;
     fleet
-        .eventually("labels, Service and ServiceMonitor", async |f| {
-            let node = f.emulator.get("v1", "Node", "", "node-0").unwrap();
-            node["metadata"]["labels"]
-                .get("amd.com/gpu.family")
-                .is_some()
-                && metrics_service(&f.emulator).is_some()
-                && service_monitor(&f.emulator).is_some()
-        })
+        .eventually(
+            "labels, health condition, Service and ServiceMonitor",
+            async |f| {
+                let node = f.emulator.get("v1", "Node", "", "node-0").unwrap();
+                let has_condition = node["status"]["conditions"]
+                    .as_array()
+                    .is_some_and(|cs| cs.iter().any(|c| c["type"] == "AMDGPUUnhealthy"));
+                node["metadata"]["labels"]
+                    .get("amd.com/gpu.family")
+                    .is_some()
+                    && has_condition
+                    && metrics_service(&f.emulator).is_some()
+                    && service_monitor(&f.emulator).is_some()
+            },
+        )
         .await;
     fleet
         .configs()
