@@ -1165,6 +1165,12 @@ fn kubectl_present(test: &str) -> bool {
     if Path::new(KUBECTL).exists() {
         return true;
     }
+    // CI sets this where kubectl is installed, so that a moved binary fails
+    // the run instead of skipping the check unseen.
+    assert!(
+        std::env::var_os("REQUIRE_KUBECTL").is_none(),
+        "{test}: REQUIRE_KUBECTL is set but {KUBECTL} does not exist"
+    );
     println!("SKIPPED {test}: {KUBECTL} not found; `kubectl apply` was not checked");
     false
 }
