@@ -33,7 +33,12 @@ use serde_json::{Value, json};
 const NAMESPACE: &str = "kube-amd-gpu";
 /// Namespaces that exist in every cluster before anything is applied.
 const BUILTIN_NAMESPACES: &[&str] = &["default", "kube-system", "kube-public", "kube-node-lease"];
-const KUBECTL: &str = "/usr/bin/kubectl";
+/// kubectl: `$KUBECTL`, else /usr/bin/kubectl.
+fn kubectl_path() -> std::path::PathBuf {
+    std::env::var_os("KUBECTL")
+        .map(Into::into)
+        .unwrap_or_else(|| "/usr/bin/kubectl".into())
+}
 /// The entrypoint of the image (Dockerfile).
 const IMAGE_ENTRYPOINT: &str = "/usr/local/bin/gpu-operator";
 /// Idle resident memory the agent is sized for (README, Performance).
@@ -1162,16 +1167,20 @@ fn systemd_unit_runs_standalone_and_keeps_what_the_work_needs() {
 // End to end: kubectl apply, and the agent with the DaemonSet's environment
 
 fn kubectl_present(test: &str) -> bool {
-    if Path::new(KUBECTL).exists() {
+    if kubectl_path().exists() {
         return true;
     }
     // CI sets this where kubectl is installed, so that a moved binary fails
     // the run instead of skipping the check unseen.
     assert!(
         std::env::var_os("REQUIRE_KUBECTL").is_none(),
-        "{test}: REQUIRE_KUBECTL is set but {KUBECTL} does not exist"
+        "{test}: REQUIRE_KUBECTL is set but {} does not exist",
+        kubectl_path().display()
     );
-    println!("SKIPPED {test}: {KUBECTL} not found; `kubectl apply` was not checked");
+    println!(
+        "SKIPPED {test}: {} not found; `kubectl apply` was not checked",
+        kubectl_path().display()
+    );
     false
 }
 
@@ -1179,7 +1188,7 @@ fn kubectl_present(test: &str) -> bool {
 async fn kubectl(emu: &Emulator, home: &Path, args: &[&str]) -> (bool, String, String) {
     let out = tokio::time::timeout(
         Duration::from_secs(60),
-        tokio::process::Command::new(KUBECTL)
+        tokio::process::Command::new(kubectl_path())
             .args(args)
             .current_dir(repo())
             .env_clear()

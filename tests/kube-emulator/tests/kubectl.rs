@@ -15,19 +15,28 @@ use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
-const KUBECTL: &str = "/usr/bin/kubectl";
+/// kubectl: `$KUBECTL`, else /usr/bin/kubectl.
+fn kubectl_path() -> std::path::PathBuf {
+    std::env::var_os("KUBECTL")
+        .map(Into::into)
+        .unwrap_or_else(|| "/usr/bin/kubectl".into())
+}
 
 fn kubectl_present(test: &str) -> bool {
-    if Path::new(KUBECTL).exists() {
+    if kubectl_path().exists() {
         return true;
     }
     // CI sets this where kubectl is installed, so that a moved binary fails
     // the run instead of skipping the check unseen.
     assert!(
         std::env::var_os("REQUIRE_KUBECTL").is_none(),
-        "{test}: REQUIRE_KUBECTL is set but {KUBECTL} does not exist"
+        "{test}: REQUIRE_KUBECTL is set but {} does not exist",
+        kubectl_path().display()
     );
-    println!("SKIPPED {test}: {KUBECTL} not found; the kubectl conformance check did not run");
+    println!(
+        "SKIPPED {test}: {} not found; the kubectl conformance check did not run",
+        kubectl_path().display()
+    );
     false
 }
 
@@ -74,7 +83,7 @@ impl Server {
     }
 
     fn command(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(KUBECTL);
+        let mut c = Command::new(kubectl_path());
         c.args(args)
             .arg("--cache-dir")
             .arg(self.dir.path().join("cache"))
