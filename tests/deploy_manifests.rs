@@ -34,7 +34,7 @@ const NAMESPACE: &str = "kube-amd-gpu";
 /// Namespaces that exist in every cluster before anything is applied.
 const BUILTIN_NAMESPACES: &[&str] = &["default", "kube-system", "kube-public", "kube-node-lease"];
 /// kubectl: `$KUBECTL`, else /usr/bin/kubectl.
-fn kubectl_path() -> std::path::PathBuf {
+fn kubectl_path() -> PathBuf {
     std::env::var_os("KUBECTL")
         .map(Into::into)
         .unwrap_or_else(|| "/usr/bin/kubectl".into())

@@ -7,7 +7,7 @@
 //! Run just this: `cargo test -p kube-emulator --test kubectl -- --nocapture`.
 //! If kubectl is missing the tests print a SKIPPED notice and return.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -16,7 +16,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
 /// kubectl: `$KUBECTL`, else /usr/bin/kubectl.
-fn kubectl_path() -> std::path::PathBuf {
+fn kubectl_path() -> PathBuf {
     std::env::var_os("KUBECTL")
         .map(Into::into)
         .unwrap_or_else(|| "/usr/bin/kubectl".into())
