@@ -513,6 +513,26 @@ async fn invalid_and_overlapping_device_configs_get_validation_errors() {
                     .contains("spec.driver.imageSign.keySecret: Secret \"no-key\" does not exist")
         })
         .await;
+    // A reference RBAC forbids reading is a status problem, not a retry loop.
+    fleet
+        .emulator
+        .faults()
+        .fail_next(10_000, "get", "configmaps", 403);
+    fleet
+        .apply(
+            "first",
+            json!({"metricsExporter": {"config": {"name": "elsewhere"}}}),
+        )
+        .await;
+    fleet
+        .eventually("forbidden ConfigMap flagged", async |f| {
+            condition(&f.status_of("first").await, "Error")["message"]
+                .as_str()
+                .unwrap_or("")
+                .contains("ConfigMap \"elsewhere\" cannot be read")
+        })
+        .await;
+    fleet.emulator.faults().clear();
     fleet.stop_all().await;
 }
 

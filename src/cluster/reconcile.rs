@@ -410,16 +410,26 @@ async fn missing_references(dc: &DeviceConfig, ctx: &Context) -> Result<Vec<Stri
                 .get_metadata_opt(&name)
                 .await
                 .map(|o| o.is_some()),
-        }
-        .map_err(kube_err(
-            "looking up a reference",
-            format!("{} {name}", reference.kind),
-        ))?;
-        if !found {
-            missing.push(format!(
+        };
+        match found {
+            Ok(true) => {}
+            Ok(false) => missing.push(format!(
                 "{}: {} {name:?} does not exist",
                 reference.path, reference.kind
-            ));
+            )),
+            // The RBAC in deploy/ covers the operator's namespace only. Retrying
+            // cannot help; saying so in the status can.
+            Err(kube::Error::Api(status)) if status.code == 403 => missing.push(format!(
+                "{}: {} {name:?} cannot be read in namespace {ns:?}: the operator may read \
+                 ConfigMaps and Secrets only in its own namespace (deploy/10-rbac.yaml)",
+                reference.path, reference.kind
+            )),
+            Err(e) => {
+                return Err(kube_err(
+                    "looking up a reference",
+                    format!("{} {name}", reference.kind),
+                )(e));
+            }
         }
     }
     Ok(missing)
