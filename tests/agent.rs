@@ -369,6 +369,11 @@ async fn repartitioning_updates_devices_and_labels_without_restart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_agent_survives_api_errors() {
     let mut h = Harness::start("radeon-w7900", None, json!({})).await;
+    let counted = || {
+        let c = gpu_operator::metrics::agent::counters();
+        c.api_errors + c.service_restarts
+    };
+    let before = counted();
     // The first status writes fail; the agent retries and still converges.
     h.emulator.faults().fail_next(2, "patch", "nodes", 500);
     h.apply_device_config("gpus", json!({})).await;
@@ -381,6 +386,9 @@ async fn the_agent_survives_api_errors() {
         h.status().is_some_and(|s| s.device_config.is_some())
     })
     .await;
+    // Each failed write shows in the agent's own metrics: as an API error (the
+    // status writer) or as a restart (the labeller service).
+    assert!(counted() >= before + 2, "{} -> {}", before, counted());
     // A dropped watch is resumed: a later change still arrives.
     h.emulator.faults().drop_watches();
     h.apply_device_config(

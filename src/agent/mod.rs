@@ -170,6 +170,8 @@ pub async fn run(
             rx.borrow_and_update();
         }
         if let Some(node) = node {
+            // One pass over the node's desired state: the agent's reconcile.
+            crate::metrics::agent::record_reconcile();
             let labels = node.labels().clone();
             let selection = select_config(&labels, configs.state().iter().map(Arc::as_ref));
             let now_following = match &selection {
@@ -247,6 +249,7 @@ pub async fn run(
                     }
                 };
                 if let Err(e) = sync_labels(&nodes, &fresh, &Default::default()).await {
+                    crate::metrics::agent::record_api_error();
                     tracing::warn!(error = %e, "cannot remove GPU labels");
                 }
             }
@@ -268,6 +271,7 @@ pub async fn run(
                 // condition and labels it wrote.
                 node_health = None;
                 if let Err(e) = crate::health::remove_node_health(&nodes, &node_name).await {
+                    crate::metrics::agent::record_api_error();
                     tracing::warn!(error = %e, "cannot remove the GPU health condition");
                 }
             }
@@ -311,6 +315,7 @@ pub async fn run(
                     }
                     Err(e) => {
                         status_write_failed = true;
+                        crate::metrics::agent::record_api_error();
                         tracing::warn!(error = %e, "cannot publish agent status; retrying in 10 s or on the next change")
                     }
                 }
@@ -401,7 +406,10 @@ fn spawn_config_reflector(
             match event {
                 Some(Ok(WatchEvent::Init | WatchEvent::InitApply(_))) => {}
                 Some(Ok(_)) => tx.send_modify(|n| *n += 1),
-                Some(Err(e)) => tracing::warn!(error = %e, "DeviceConfig watch error; retrying"),
+                Some(Err(e)) => {
+                    crate::metrics::agent::record_api_error();
+                    tracing::warn!(error = %e, "DeviceConfig watch error; retrying")
+                }
                 None => return,
             }
         }
@@ -516,6 +524,7 @@ async fn record_warning(recorder: &Recorder, node: &Node, reason: &str, note: &s
         secondary: None,
     };
     if let Err(e) = recorder.publish(&event, &node.object_ref(&())).await {
+        crate::metrics::agent::record_api_error();
         tracing::warn!(error = %e, "cannot record Event");
     }
 }
