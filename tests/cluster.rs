@@ -618,6 +618,61 @@ async fn deleting_a_device_config_tears_down_then_releases_the_finalizer() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deletion_gives_up_on_a_not_ready_node_after_the_timeout() {
+    let (mut fleet, _kubelet) = Fleet::start(&[json!({}), json!({})], false).await;
+    fleet.wait_holder(None, WAIT).await;
+    fleet.apply("gpus", json!({})).await;
+    fleet
+        .eventually("Ready on both nodes", async |f| {
+            let status = f.status_of("gpus").await;
+            condition(&status, "Ready")["status"] == "True"
+                && status["devicePlugin"]["availableNumber"] == 2
+        })
+        .await;
+    // node-1 dies with its agent: it never tears down, and goes NotReady.
+    fleet.kill(1);
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(fleet.emulator.client());
+    nodes
+        .patch_status(
+            "node-1",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"status": {"conditions": [{"type": "Ready", "status": "False"}]}}),
+            ),
+        )
+        .await
+        .unwrap();
+    let deleted_at = Instant::now();
+    fleet
+        .configs()
+        .delete("gpus", &DeleteParams::default())
+        .await
+        .unwrap();
+    let deadline = Instant::now() + WAIT + LEASE_DURATION;
+    while fleet.configs().get_opt("gpus").await.unwrap().is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "the finalizer was never released"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        deleted_at.elapsed() >= Duration::from_secs(5),
+        "it waited the teardown timeout for node-1 first ({:?})",
+        deleted_at.elapsed()
+    );
+    let events = fleet.emulator.list("events.k8s.io/v1", "Event");
+    assert!(
+        events.iter().any(|e| e["reason"] == "TornDown"
+            && e["note"]
+                .as_str()
+                .is_some_and(|n| n.contains("gave up waiting for NotReady node(s) node-1"))),
+        "{events:#?}"
+    );
+    fleet.stop_all().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partitioned_leader_stops_leading_and_writes_nothing_after_expiry() {
     let emulator = Emulator::start(EmulatorConfig::default()).await.unwrap();
     emulator
