@@ -404,6 +404,54 @@ async fn the_agent_survives_api_errors() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rejected_metrics_config_map_is_reported_and_a_fixed_one_clears_it() {
+    let mut h = Harness::start("radeon-w7900", None, json!({})).await;
+    let api: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(h.emulator.client(), "kube-amd-gpu");
+    let bad: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "metrics"}, "data": {"config.json": "{\"GPUConfig\": [oops"}
+    }))
+    .unwrap();
+    api.create(&PostParams::default(), &bad).await.unwrap();
+    h.apply_device_config(
+        "gpus",
+        json!({"metricsExporter": {"enable": true, "config": {"name": "metrics"}}}),
+    )
+    .await;
+    let rejected = |h: &Harness| {
+        h.status().is_some_and(|s| {
+            s.problems
+                .iter()
+                .any(|p| p.starts_with("metrics config rejected"))
+        })
+    };
+    h.eventually("the rejected config in the status", rejected)
+        .await;
+    h.eventually("a MetricsConfigError Event", |h| {
+        h.emulator
+            .list("events.k8s.io/v1", "Event")
+            .iter()
+            .any(|e| e["reason"] == "MetricsConfigError")
+    })
+    .await;
+    // Editing the ConfigMap reloads the exporter's config: the problem clears.
+    api.patch(
+        "metrics",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(
+            json!({"data": {"config.json": "{\"GPUConfig\": {\"Labels\": [\"GPU_UUID\"]}}"}}),
+        ),
+    )
+    .await
+    .unwrap();
+    h.eventually("the problem cleared", |h| {
+        h.status().is_some() && !rejected(h)
+    })
+    .await;
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn heterogeneous_layouts_warn_with_single_and_split_with_mixed() {
     let spec = SimSpec::new("mi300x", Some(4), Some("spx_nps1"))
         .unwrap()

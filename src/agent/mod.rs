@@ -137,6 +137,8 @@ pub async fn run(
         Some((client.clone(), nodes.clone(), node_rx.clone())),
     );
     let mut plugin_status = services.plugin_status.clone();
+    let (mut metrics_config_error, _forward_config_error) =
+        config_error_changes(services.exporter_status.clone());
     let mut state_changes = services.state_changes();
     let mut metrics_config = ConfigMapFollower::new(client.clone());
     let mut test_config = ConfigMapFollower::new(client.clone());
@@ -275,7 +277,11 @@ pub async fn run(
                     tracing::warn!(error = %e, "cannot remove the GPU health condition");
                 }
             }
-            let problems = problems(&selection, &plugin_status.borrow_and_update());
+            let problems = problems(
+                &selection,
+                &plugin_status.borrow_and_update(),
+                metrics_config_error.borrow_and_update().as_deref(),
+            );
             for problem in &problems {
                 if let Some(reason) = problem.event_reason
                     && reported.insert(problem.message.clone())
@@ -327,6 +333,7 @@ pub async fn run(
             changed = configs_changed.changed() => if changed.is_err() { return Err(AgentError::WatchEnded) },
             _ = inventory.changed() => {}
             _ = plugin_status.changed() => {}
+            _ = metrics_config_error.changed() => {}
             _ = metrics_text.changed() => {}
             _ = test_text.changed() => {}
             _ = node_services::any_changed(&mut state_changes) => {}
@@ -425,10 +432,37 @@ struct Problem {
     message: String,
 }
 
-/// What needs a person's attention on this node. Conflicts are worth an Event;
-/// device plugin errors (a failed registration, say) often clear on their own
-/// as the plugin retries, so they show in the status annotation only.
-fn problems(selection: &Selection, plugin: &PluginStatus) -> Vec<Problem> {
+/// The exporter's config error, changing only when it does (the exporter's
+/// status itself changes with every sample).
+fn config_error_changes(
+    mut exporter: watch::Receiver<crate::metrics::ExporterStatus>,
+) -> (
+    watch::Receiver<Option<String>>,
+    tokio_util::task::AbortOnDropHandle<()>,
+) {
+    let (tx, rx) = watch::channel(exporter.borrow().config_error.clone());
+    let task = tokio::spawn(async move {
+        while exporter.changed().await.is_ok() {
+            let error = exporter.borrow_and_update().config_error.clone();
+            tx.send_if_modified(|current| {
+                let changed = *current != error;
+                *current = error;
+                changed
+            });
+        }
+    });
+    (rx, tokio_util::task::AbortOnDropHandle::new(task))
+}
+
+/// What needs a person's attention on this node. Conflicts and a rejected
+/// metrics config are worth an Event; device plugin errors (a failed
+/// registration, say) often clear on their own as the plugin retries, so they
+/// show in the status annotation only.
+fn problems(
+    selection: &Selection,
+    plugin: &PluginStatus,
+    metrics_config_error: Option<&str>,
+) -> Vec<Problem> {
     let mut problems = Vec::new();
     if let Selection::Conflict(keys) = selection {
         problems.push(Problem {
@@ -452,6 +486,12 @@ fn problems(selection: &Selection, plugin: &PluginStatus) -> Vec<Problem> {
         problems.push(Problem {
             event_reason: None,
             message: format!("device plugin: {error}"),
+        });
+    }
+    if let Some(error) = metrics_config_error {
+        problems.push(Problem {
+            event_reason: Some("MetricsConfigError"),
+            message: format!("metrics config rejected, the last good one stays in force: {error}"),
         });
     }
     problems
@@ -537,7 +577,7 @@ mod tests {
     #[test]
     fn conflicts_are_worth_events_plugin_errors_only_status() {
         let conflict = Selection::Conflict(vec!["ns/a".into(), "ns/b".into()]);
-        let found = problems(&conflict, &PluginStatus::default());
+        let found = problems(&conflict, &PluginStatus::default(), None);
         assert_eq!(found.len(), 1);
         assert_eq!(found[0].event_reason, Some("ConflictingDeviceConfigs"));
         assert!(found[0].message.contains("ns/a, ns/b"));
@@ -546,7 +586,7 @@ mod tests {
             error: Some("registering amd.com/gpu: kubelet.sock refused".into()),
             ..PluginStatus::default()
         };
-        let found = problems(&Selection::None, &failing);
+        let found = problems(&Selection::None, &failing, None);
         assert_eq!(
             found,
             [Problem {
@@ -568,8 +608,16 @@ mod tests {
             conflict: Some(layout),
             ..PluginStatus::default()
         };
-        let found = problems(&Selection::None, &with_layout);
+        let found = problems(&Selection::None, &with_layout, None);
         assert_eq!(found.len(), 1);
         assert_eq!(found[0].event_reason, Some("PartitionLayoutConflict"));
+
+        let found = problems(
+            &Selection::None,
+            &PluginStatus::default(),
+            Some("line 1: bad"),
+        );
+        assert_eq!(found[0].event_reason, Some("MetricsConfigError"));
+        assert!(found[0].message.ends_with("line 1: bad"));
     }
 }
