@@ -907,6 +907,9 @@ async fn show_live_metrics(addr: std::net::SocketAddr, stop: tokio_util::sync::C
             _ = ticker.tick() => {}
         }
         match fetch_json(addr, "/gpumetrics").await {
+            Ok(view) if view.get("error").is_some() => {
+                eprintln!("waiting for the first sample…");
+            }
             Ok(view) => print!("{}", live_table(&view)),
             Err(e) => eprintln!("cannot read http://{addr}/gpumetrics: {e}"),
         }

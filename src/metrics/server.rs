@@ -46,8 +46,23 @@ async fn metrics(State(published): State<Shared>) -> Response {
 }
 
 async fn gpumetrics(State(published): State<Shared>) -> Response {
-    let body = published.borrow().json.clone();
-    ([(header::CONTENT_TYPE, "application/json")], body).into_response()
+    let published = published.borrow().clone();
+    if !published.ready {
+        // Before the first sample there is no document; an empty 200 would
+        // not be JSON.
+        let body = r#"{"error":"no sample yet"}"#;
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(header::CONTENT_TYPE, "application/json")],
+            body,
+        )
+            .into_response();
+    }
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        published.json.clone(),
+    )
+        .into_response()
 }
 
 async fn readyz(State(published): State<Shared>) -> Response {
@@ -75,4 +90,44 @@ pub async fn serve(
         }
     });
     Ok((local, task))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    async fn get(addr: SocketAddr, path: &str) -> String {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let request = format!("GET {path} HTTP/1.0\r\nHost: t\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await.unwrap();
+        response
+    }
+
+    #[tokio::test]
+    async fn before_the_first_sample_the_json_view_is_unavailable_not_empty() {
+        let (tx, rx) = watch::channel(Arc::new(Published::default()));
+        let stop = CancellationToken::new();
+        let (addr, task) = serve("127.0.0.1:0".parse().unwrap(), rx, stop.clone())
+            .await
+            .unwrap();
+        let response = get(addr, "/gpumetrics").await;
+        assert!(response.starts_with("HTTP/1.0 503"), "{response}");
+        assert!(
+            response.ends_with(r#"{"error":"no sample yet"}"#),
+            "{response}"
+        );
+        tx.send_replace(Arc::new(Published {
+            metrics: Bytes::new(),
+            json: Bytes::from_static(b"{\"gpus\":[]}"),
+            ready: true,
+        }));
+        let response = get(addr, "/gpumetrics").await;
+        assert!(response.starts_with("HTTP/1.0 200"), "{response}");
+        assert!(response.ends_with(r#"{"gpus":[]}"#), "{response}");
+        stop.cancel();
+        let _ = task.await;
+    }
 }
