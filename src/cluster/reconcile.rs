@@ -144,13 +144,14 @@ impl Context {
             secondary: None,
         };
         let reference = dc.object_ref(&());
-        let Some(deadline) = self.guard.deadline() else {
-            return;
-        };
-        match tokio::time::timeout_at(deadline, self.recorder.publish(&event, &reference)).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::warn!(error = %e, "cannot record Event"),
-            Err(_) => tracing::warn!("Event dropped: the lease lapsed before it was recorded"),
+        let publish = self.recorder.publish(&event, &reference);
+        match self
+            .leader_write("recording an Event about", &config_key(dc), publish)
+            .await
+        {
+            Ok(()) => {}
+            Err(Error::NotLeader) => tracing::debug!("Event dropped: not leading any more"),
+            Err(e) => tracing::warn!(error = %e, "cannot record Event"),
         }
     }
 }
