@@ -58,13 +58,7 @@ pub async fn apply_node_health(
     node_name: &str,
     snapshot: &HealthSnapshot,
 ) -> Result<NodeHealthWrite, NodeHealthError> {
-    let node = nodes
-        .get(node_name)
-        .await
-        .map_err(|source| NodeHealthError::Get {
-            node: node_name.to_owned(),
-            source,
-        })?;
+    let node = get_node(nodes, node_name).await?;
     apply_to(nodes, &node, snapshot).await
 }
 
@@ -119,13 +113,7 @@ async fn apply_to(
 /// `AMDGPUUnhealthy` condition itself (not just set to False). For teardown, when
 /// no DeviceConfig asks for health on this node any more.
 pub async fn remove_node_health(nodes: &Api<Node>, node_name: &str) -> Result<(), NodeHealthError> {
-    let node = nodes
-        .get(node_name)
-        .await
-        .map_err(|source| NodeHealthError::Get {
-            node: node_name.to_owned(),
-            source,
-        })?;
+    let node = get_node(nodes, node_name).await?;
     let params = PatchParams {
         field_manager: Some(FIELD_MANAGER.into()),
         ..PatchParams::default()
@@ -228,4 +216,15 @@ pub async fn publish_node_health(
             _ = tokio::time::sleep(retry), if pending => {}
         }
     }
+}
+
+/// Reads the Node, naming it in the error.
+async fn get_node(nodes: &Api<Node>, node_name: &str) -> Result<Node, NodeHealthError> {
+    nodes
+        .get(node_name)
+        .await
+        .map_err(|source| NodeHealthError::Get {
+            node: node_name.to_owned(),
+            source,
+        })
 }
