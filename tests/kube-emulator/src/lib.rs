@@ -32,6 +32,7 @@ mod faults;
 mod fields;
 mod openapi;
 mod patch;
+mod protobuf;
 mod resources;
 mod selector;
 mod server;

@@ -214,6 +214,7 @@ pub fn builtin_types() -> Vec<ResourceType> {
         R::builtin("", "v1", "services", "Service", true, &["svc"])
             .with_status()
             .with_categories(&["all"]),
+        R::builtin("", "v1", "serviceaccounts", "ServiceAccount", true, &["sa"]),
         R::builtin("", "v1", "events", "Event", true, &["ev"]).with_fields(&[
             "involvedObject.kind",
             "involvedObject.namespace",
@@ -229,6 +230,39 @@ pub fn builtin_types() -> Vec<ResourceType> {
         ]),
         R::builtin("events.k8s.io", "v1", "events", "Event", true, &["ev"]),
         R::builtin("coordination.k8s.io", "v1", "leases", "Lease", true, &[]),
+        // RBAC objects are stored and served; nothing enforces them (see the README).
+        R::builtin(
+            "rbac.authorization.k8s.io",
+            "v1",
+            "roles",
+            "Role",
+            true,
+            &[],
+        ),
+        R::builtin(
+            "rbac.authorization.k8s.io",
+            "v1",
+            "rolebindings",
+            "RoleBinding",
+            true,
+            &[],
+        ),
+        R::builtin(
+            "rbac.authorization.k8s.io",
+            "v1",
+            "clusterroles",
+            "ClusterRole",
+            false,
+            &[],
+        ),
+        R::builtin(
+            "rbac.authorization.k8s.io",
+            "v1",
+            "clusterrolebindings",
+            "ClusterRoleBinding",
+            false,
+            &[],
+        ),
         R::builtin("apps", "v1", "daemonsets", "DaemonSet", true, &["ds"])
             .with_status()
             .with_generation()

@@ -34,7 +34,7 @@ use crate::store::{
     DeleteOpts, EventType, ListOpts, PatchKind, Record, Store, WatchFilter, WatchOpts, WatchStart,
     WriteCtx,
 };
-use crate::{openapi, table};
+use crate::{openapi, protobuf, table};
 
 /// Response body: whole documents or watch streams.
 pub(crate) type Body = UnsyncBoxBody<Bytes, std::io::Error>;
@@ -322,12 +322,17 @@ async fn read_body(body: Incoming) -> Result<Bytes, ApiError> {
 
 /// Reads a JSON (or YAML) object body.
 fn parse_object(body: &[u8], content_type: &str) -> Result<Value, ApiError> {
-    if content_type.contains("protobuf") || content_type.contains("cbor") {
+    if content_type.contains("cbor")
+        || (content_type.contains("protobuf") && !content_type.starts_with(protobuf::MEDIA_TYPE))
+    {
         return Err(ApiError::unsupported_media_type(format!(
-            "the body of the request was in an unknown format - accepted media types include: application/json, application/yaml (got {content_type})"
+            "the body of the request was in an unknown format - accepted media types include: application/json, application/yaml, {} (got {content_type})",
+            protobuf::MEDIA_TYPE
         )));
     }
-    let v: Value = if content_type.contains("yaml") {
+    let v: Value = if content_type.starts_with(protobuf::MEDIA_TYPE) {
+        protobuf::decode(body)?
+    } else if content_type.contains("yaml") {
         serde_saphyr::from_slice(body)
             .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?
     } else {

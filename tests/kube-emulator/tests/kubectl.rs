@@ -483,3 +483,225 @@ async fn kubectl_watch_sees_a_label_change_made_by_another_process() {
     let _ = table.kill().await;
     s.stop().await;
 }
+
+/// The project's deploy/ directory (the manifests `kubectl apply -f deploy/` installs).
+fn deploy_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../deploy")
+}
+
+/// Applies the project's real CRD as deploy/README.md says, and waits until it is served.
+async fn install_crd(s: &Server) {
+    let crd = deploy_dir().join("crd");
+    let crd = crd.to_str().expect("UTF-8 path");
+    let out = s.ok(&["apply", "-f", crd]).await;
+    assert!(
+        out.contains("customresourcedefinition.apiextensions.k8s.io/deviceconfigs.amd.com"),
+        "{out}"
+    );
+    let out = s
+        .ok(&[
+            "wait",
+            "--for",
+            "condition=established",
+            "--timeout=60s",
+            "crd/deviceconfigs.amd.com",
+        ])
+        .await;
+    assert!(out.contains("condition met"), "{out}");
+}
+
+/// kubectl's typed clients (`create namespace`, `create configmap`, ...) send protobuf bodies
+/// whatever discovery says; the real server reads them, so the emulator must too.
+#[tokio::test]
+async fn kubectl_create_subcommands_send_protobuf_and_work() {
+    if !kubectl_present("kubectl_create_subcommands_send_protobuf_and_work") {
+        return;
+    }
+    let s = Server::start().await;
+    let out = s.ok(&["create", "namespace", "team-a"]).await;
+    assert!(out.contains("namespace/team-a created"), "{out}");
+    let ns = s.json(&["get", "namespace", "team-a"]).await;
+    assert_eq!(ns["metadata"]["name"], "team-a");
+    assert_eq!(ns["status"]["phase"], "Active");
+
+    let out = s
+        .ok(&[
+            "create",
+            "configmap",
+            "settings",
+            "-n",
+            "team-a",
+            "--from-literal=mode=fast",
+            "--from-literal=empty=",
+        ])
+        .await;
+    assert!(out.contains("configmap/settings created"), "{out}");
+    let cm = s
+        .json(&["get", "configmap", "settings", "-n", "team-a"])
+        .await;
+    assert_eq!(cm["data"], serde_json::json!({"mode": "fast", "empty": ""}));
+    assert_eq!(cm["metadata"]["namespace"], "team-a");
+
+    let out = s
+        .ok(&[
+            "create",
+            "secret",
+            "generic",
+            "token",
+            "-n",
+            "team-a",
+            "--from-literal=k=v",
+        ])
+        .await;
+    assert!(out.contains("secret/token created"), "{out}");
+    let secret = s.json(&["get", "secret", "token", "-n", "team-a"]).await;
+    assert_eq!(secret["data"]["k"], "dg==", "base64 of \"v\"");
+
+    let out = s
+        .ok(&["create", "serviceaccount", "robot", "-n", "team-a"])
+        .await;
+    assert!(out.contains("serviceaccount/robot created"), "{out}");
+    let out = s
+        .ok(&[
+            "create",
+            "role",
+            "reader",
+            "-n",
+            "team-a",
+            "--verb=get,list",
+            "--resource=pods",
+        ])
+        .await;
+    assert!(
+        out.contains("role.rbac.authorization.k8s.io/reader created"),
+        "{out}"
+    );
+    let role = s.json(&["get", "role", "reader", "-n", "team-a"]).await;
+    assert_eq!(
+        role["rules"],
+        serde_json::json!([{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}])
+    );
+    let out = s
+        .ok(&[
+            "create",
+            "rolebinding",
+            "reader",
+            "-n",
+            "team-a",
+            "--role=reader",
+            "--serviceaccount=team-a:robot",
+        ])
+        .await;
+    assert!(
+        out.contains("rolebinding.rbac.authorization.k8s.io/reader created"),
+        "{out}"
+    );
+    let binding = s
+        .json(&["get", "rolebinding", "reader", "-n", "team-a"])
+        .await;
+    assert_eq!(binding["roleRef"]["name"], "reader");
+    assert_eq!(
+        binding["subjects"],
+        serde_json::json!([{"kind": "ServiceAccount", "name": "robot", "namespace": "team-a"}])
+    );
+
+    // Creating again is AlreadyExists, as the real server says it, not a decoding error.
+    let (ok, _, err) = s.run(&["create", "namespace", "team-a"]).await;
+    assert!(!ok && err.contains("AlreadyExists"), "{err}");
+    let counts = s.counts().await;
+    assert_eq!(count(&counts, "create", "namespaces"), 2, "{counts}");
+    assert_eq!(count(&counts, "create", "configmaps"), 1, "{counts}");
+    s.stop().await;
+}
+
+/// deploy/README.md's install steps against the emulator with kubectl's default validation
+/// (`--validate=strict`): every object in deploy/ is created, and a second apply changes
+/// nothing.
+#[tokio::test]
+async fn kubectl_applies_the_deploy_directory_with_validation() {
+    if !kubectl_present("kubectl_applies_the_deploy_directory_with_validation") {
+        return;
+    }
+    let s = Server::start().await;
+    install_crd(&s).await;
+    let deploy = deploy_dir();
+    let deploy = deploy.to_str().expect("UTF-8 path");
+    let (ok, out, err) = s.run(&["apply", "-f", deploy]).await;
+    assert!(ok, "kubectl apply -f deploy/:\n{out}{err}");
+    assert!(err.trim().is_empty(), "kubectl warned:\n{err}");
+
+    // Every document in deploy/*.yaml is reported and stored.
+    let mut expected = Vec::new();
+    let mut files: Vec<PathBuf> = std::fs::read_dir(deploy_dir())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        .collect();
+    files.sort();
+    for f in &files {
+        let text = std::fs::read_to_string(f).unwrap();
+        for doc in text.split("\n---") {
+            let Ok(v) = serde_saphyr::from_str::<Value>(doc) else {
+                continue;
+            };
+            if let Some(kind) = v["kind"].as_str() {
+                let name = v["metadata"]["name"].as_str().unwrap().to_string();
+                let ns = v["metadata"]["namespace"].as_str().map(str::to_string);
+                // kubectl names objects `kind.group/name`.
+                let group = match v["apiVersion"].as_str().unwrap().split_once('/') {
+                    Some((g, _)) => format!(".{g}"),
+                    None => String::new(),
+                };
+                let shown = format!("{}{group}/{name}", kind.to_ascii_lowercase());
+                expected.push((kind.to_string(), name, ns, shown));
+            }
+        }
+    }
+    for kind in [
+        "Namespace",
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+        "DaemonSet",
+        "DeviceConfig",
+    ] {
+        assert!(
+            expected.iter().any(|(k, _, _, _)| k == kind),
+            "deploy/ has no {kind}; update this test"
+        );
+    }
+    for (kind, name, ns, shown) in &expected {
+        let created = format!("{shown} created");
+        assert!(
+            out.lines().any(|l| l.contains(&created)),
+            "{kind} {name} not created:\n{out}"
+        );
+        let mut args = vec!["get", kind.as_str(), name.as_str()];
+        if let Some(ns) = ns {
+            args.extend(["-n", ns.as_str()]);
+        }
+        let got = s.json(&args).await;
+        assert_eq!(got["kind"], kind.as_str());
+    }
+    let rb = s
+        .json(&["get", "rolebinding", "gpu-operator", "-n", "kube-amd-gpu"])
+        .await;
+    assert_eq!(rb["subjects"][0]["kind"], "ServiceAccount");
+
+    // kubectl checked each kind's OpenAPI document (validation was on).
+    let counts = s.counts().await;
+    for doc in [
+        "/openapi/v3/api/v1",
+        "/openapi/v3/apis/rbac.authorization.k8s.io/v1",
+    ] {
+        assert!(count(&counts, "get", doc) >= 1, "{doc} not read:\n{counts}");
+    }
+
+    let out = s.ok(&["apply", "-f", deploy]).await;
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), expected.len(), "{out}");
+    assert!(lines.iter().all(|l| l.ends_with(" unchanged")), "{out}");
+    s.stop().await;
+}
