@@ -156,8 +156,11 @@ pub struct SimulateArgs {
     pub out: PathBuf,
     /// Number of GPUs as discovery reports them (an MI250X card counts as two).
     /// Defaults to the profile's usual count.
-    #[arg(long, value_name = "N")]
-    pub gpus: Option<usize>,
+    // Negative numbers are parsed as values, so that `--gpus -1` is a range error
+    // rather than an unknown argument; each profile checks its own maximum.
+    #[arg(long, value_name = "N", allow_negative_numbers = true,
+          value_parser = clap::value_parser!(i64).range(1..=simulate::MAX_GPUS as i64))]
+    pub gpus: Option<i64>,
     /// Partition mode of partitionable profiles, COMPUTE_MEMORY, e.g. cpx_nps4 or
     /// spx_nps1 (the default).
     #[arg(long, value_name = "COMPUTE_MEMORY")]
@@ -492,8 +495,9 @@ pub fn inventory_table(inventory: &Inventory) -> String {
 }
 
 fn run_simulate(args: SimulateArgs) -> ExitCode {
-    let mut spec = match simulate::SimSpec::new(&args.profile, args.gpus, args.partition.as_deref())
-    {
+    // clap has checked the range, so the count is positive.
+    let gpus = args.gpus.and_then(|n| usize::try_from(n).ok());
+    let mut spec = match simulate::SimSpec::new(&args.profile, gpus, args.partition.as_deref()) {
         Ok(spec) => spec,
         Err(e) => return fail(e, 2),
     };
@@ -516,11 +520,17 @@ fn run_simulate(args: SimulateArgs) -> ExitCode {
     let host = HostRoot::new(&args.out);
     match simulate::write_host(&host, &spec) {
         Ok(summary) => {
+            // Without a driver there is no KFD topology: say so rather than count
+            // nodes that were not written.
+            let nodes = if spec.driver_loaded {
+                format!("{} KFD GPU node(s)", summary.partitions)
+            } else {
+                "no driver bound (no KFD or DRM nodes)".to_owned()
+            };
             println!(
-                "simulated {} with {} GPU(s), {} KFD GPU node(s), {} files in {}",
+                "simulated {} with {} GPU(s), {nodes}, {} files in {}",
                 spec.profile.name,
                 summary.gpus,
-                summary.partitions,
                 summary.files,
                 args.out.display()
             );

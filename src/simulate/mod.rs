@@ -54,6 +54,9 @@ pub enum SimError {
     Host(#[from] HostError),
 }
 
+/// The most GPUs any profile simulates (each profile has its own maximum).
+pub const MAX_GPUS: usize = 8;
+
 /// What to simulate.
 #[derive(Clone, Debug)]
 pub struct SimSpec {
@@ -248,6 +251,7 @@ fn clear_gpu_tree(host: &HostRoot) -> Result<(), HostError> {
         "/sys/devices/pci0000:00",
         "/sys/class/kfd",
         "/sys/class/drm",
+        "/sys/class/hwmon",
         "/sys/module/amdgpu",
         "/dev/dri",
         "/dev/kfd",
@@ -275,7 +279,7 @@ impl Writer<'_> {
         contents: impl AsRef<[u8]>,
     ) -> Result<(), HostError> {
         self.files += 1;
-        self.host.write(path, contents)
+        write_atomic(self.host, path, contents)
     }
 
     fn attrs(&mut self, dir: &str, attrs: &[(&str, String)]) -> Result<(), HostError> {
@@ -288,6 +292,48 @@ impl Writer<'_> {
     fn link(&mut self, target: &str, link: &str) -> Result<(), HostError> {
         self.host.symlink(target, link)
     }
+}
+
+/// Where [`write_atomic`] stages its temporary files: on the same file system as
+/// the tree (so that a rename moves them into place) but outside every attribute
+/// directory, so that no reader that lists a directory (ours, the node
+/// exporter's) ever sees one. `/sys` itself is never listed.
+pub const STAGING_DIR: &str = "/sys/.gpu-operator-simulate-tmp";
+
+/// Writes a file as sysfs readers expect to see it: whole or not at all. The
+/// contents go to a fresh file in [`STAGING_DIR`], which is then renamed over the
+/// target; a reader that opened the old file keeps reading the old value, and
+/// one that opens after the rename reads the new one. Never an empty or half
+/// value, as an in-place rewrite (truncate, then write) lets readers see.
+pub fn write_atomic(
+    host: &HostRoot,
+    host_path: impl AsRef<Path>,
+    contents: impl AsRef<[u8]>,
+) -> Result<(), HostError> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let io = |path: &Path, source: std::io::Error| HostError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let path = host.path(host_path);
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).map_err(|e| io(parent, e))?;
+    }
+    let staging = host.path(STAGING_DIR);
+    std::fs::create_dir_all(&staging).map_err(|e| io(&staging, e))?;
+    // Unique per process and per write, so that concurrent writers (the ticking
+    // demo, a test injecting ECC errors) never share a temporary file.
+    let tmp = staging.join(format!(
+        "{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::write(&tmp, contents).map_err(|e| io(&tmp, e))?;
+    std::fs::rename(&tmp, &path).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        io(&path, e)
+    })
 }
 
 /// Where every GPU and partition sits: addresses, DRM numbers, KFD node ids.
@@ -380,6 +426,8 @@ fn write_pci_function(
     let model = &spec.profile.model;
     let dir = pci_dir(&gpu.bdf);
     let is_display = model.gfx_target_version >= 100000;
+    // Display controller (VGA) for Radeon, processing accelerator for Instinct.
+    let class: u32 = if is_display { 0x03_0000 } else { 0x12_0000 };
     let mut attrs = vec![
         ("vendor", "0x1002".to_owned()),
         ("device", format!("0x{:04x}", model.device_id)),
@@ -389,10 +437,7 @@ fn write_pci_function(
             "subsystem_device",
             format!("0x{:04x}", model.subsystem_device),
         ),
-        (
-            "class",
-            if is_display { "0x030000" } else { "0x120000" }.to_owned(),
-        ),
+        ("class", format!("0x{class:06x}")),
         ("numa_node", gpu.numa.to_string()),
         ("serial_number", format!("{:016X}", gpu.unique_id)),
         ("unique_id", format!("{:x}", gpu.unique_id)),
@@ -419,18 +464,29 @@ fn write_pci_function(
             format!("0x{:08x}\n", model.firmware_version(stem)),
         )?;
     }
+    w.file(
+        format!("{dir}/uevent"),
+        pci_uevent(model, &gpu.bdf, class, spec.driver_loaded),
+    )?;
     w.link(&dir, &format!("/sys/bus/pci/devices/{}", gpu.bdf))?;
     if !spec.driver_loaded {
         return Ok(());
     }
     w.link(&dir, &format!("/sys/bus/pci/drivers/amdgpu/{}", gpu.bdf))?;
+    w.link("/sys/bus/pci/drivers/amdgpu", &format!("{dir}/driver"))?;
     write_telemetry(w, spec, gpu, &dir)?;
     for node in &gpu.nodes {
         let node_dir = match node.xcp {
             None => dir.clone(),
             Some(xcp) => {
                 let sep = if spec.xcp_dot_spelling { '.' } else { '_' };
-                format!("/sys/devices/platform/amdgpu_xcp{sep}{xcp}")
+                let platform = format!("/sys/devices/platform/amdgpu_xcp{sep}{xcp}");
+                // A partition's platform device has no driver of its own.
+                w.file(
+                    format!("{platform}/uevent"),
+                    "MODALIAS=platform:amdgpu_xcp\n",
+                )?;
+                platform
             }
         };
         for (name, minor) in [
@@ -439,11 +495,38 @@ fn write_pci_function(
         ] {
             let drm_dir = format!("{node_dir}/drm/{name}");
             w.file(format!("{drm_dir}/dev"), format!("226:{minor}\n"))?;
+            w.file(
+                format!("{drm_dir}/uevent"),
+                format!("MAJOR=226\nMINOR={minor}\nDEVNAME=dri/{name}\nDEVTYPE=drm_minor\n"),
+            )?;
+            w.link(&node_dir, &format!("{drm_dir}/device"))?;
             w.link(&drm_dir, &format!("/sys/class/drm/{name}"))?;
             w.file(format!("/dev/dri/{name}"), "")?;
         }
     }
     Ok(())
+}
+
+/// A PCI function's `uevent`, as the kernel's PCI core writes it: `DRIVER=` only
+/// while a driver is bound; ids in upper-case hex; the class without leading zeros.
+fn pci_uevent(model: &GpuModel, bdf: &str, class: u32, driver_bound: bool) -> String {
+    const VENDOR: u16 = 0x1002;
+    let (device, subsystem) = (model.device_id, model.subsystem_device);
+    let mut out = String::new();
+    if driver_bound {
+        out.push_str("DRIVER=amdgpu\n");
+    }
+    let _ = write!(
+        out,
+        "PCI_CLASS={class:X}\nPCI_ID={VENDOR:04X}:{device:04X}\n\
+         PCI_SUBSYS_ID={VENDOR:04X}:{subsystem:04X}\nPCI_SLOT_NAME={bdf}\n\
+         MODALIAS=pci:v{VENDOR:08X}d{device:08X}sv{VENDOR:08X}sd{subsystem:08X}\
+         bc{:02X}sc{:02X}i{:02X}\n",
+        class >> 16,
+        (class >> 8) & 0xff,
+        class & 0xff,
+    );
+    out
 }
 
 /// The attributes that metrics and health read. Values that change over time
@@ -472,22 +555,44 @@ fn write_telemetry(
     for block in RAS_BLOCKS {
         w.file(format!("{dir}/ras/{block}_err_count"), "ue: 0\nce: 0\n")?;
     }
-    let hwmon = format!("{dir}/hwmon/hwmon{}", gpu.index);
-    w.attrs(
-        &hwmon,
-        &[
-            ("name", "amdgpu".into()),
-            ("temp1_label", "edge".into()),
-            ("temp2_label", "junction".into()),
-            ("temp3_label", "mem".into()),
-            ("temp2_crit", "105000".into()),
-        ],
-    )?;
+    // The hwmon class device, linked from /sys/class/hwmon as the kernel does;
+    // its attributes are amdgpu's (millidegrees, microwatts, hertz).
+    let hwmon_name = format!("hwmon{}", gpu.index);
+    let hwmon = format!("{dir}/hwmon/{hwmon_name}");
+    let mut attrs: Vec<(String, String)> = vec![("name".into(), "amdgpu".into())];
+    for (sensor, label, crit, hyst, emergency) in [
+        ("temp1", "edge", 100_000, 95_000, 105_000),
+        ("temp2", "junction", 105_000, 100_000, 110_000),
+        ("temp3", "mem", 95_000, 90_000, 105_000),
+    ] {
+        attrs.extend([
+            (format!("{sensor}_label"), label.to_owned()),
+            (format!("{sensor}_crit"), crit.to_string()),
+            (format!("{sensor}_crit_hyst"), hyst.to_string()),
+            (format!("{sensor}_emergency"), emergency.to_string()),
+        ]);
+    }
+    attrs.extend([
+        ("power1_label".into(), "PPT".into()),
+        ("power1_cap".into(), POWER_CAP_UW.to_string()),
+        ("power1_cap_max".into(), POWER_CAP_UW.to_string()),
+        ("freq1_label".into(), "sclk".into()),
+    ]);
+    for (name, value) in attrs {
+        w.file(format!("{hwmon}/{name}"), format!("{value}\n"))?;
+    }
+    // A class device without a dev_t has an empty uevent.
+    w.file(format!("{hwmon}/uevent"), "")?;
+    w.link(dir, &format!("{hwmon}/device"))?;
+    w.link(&hwmon, &format!("/sys/class/hwmon/{hwmon_name}"))?;
     for (path, value) in dynamic_telemetry(model, gpu.index, 0) {
         w.file(format!("{dir}/{path}"), format!("{value}\n"))?;
     }
     Ok(())
 }
+
+/// The simulated power cap (microwatts), above the highest simulated draw.
+const POWER_CAP_UW: u64 = 750_000_000;
 
 /// RAS blocks with an `<block>_err_count` file.
 pub const RAS_BLOCKS: [&str; 7] = [
@@ -510,7 +615,8 @@ fn dynamic_telemetry(model: &GpuModel, index: usize, tick: u64) -> Vec<(String, 
     let vram_used = (vram * (0.01 + 0.5 * load)) as u64;
     let edge = 35_000 + (load * 30_000.0) as u64;
     let power = 140_000_000 + (load * 550_000_000.0) as u64;
-    let level = (load * 2.99) as usize;
+    let level = ((load * 2.99) as usize).min(2);
+    let sclk_mhz: u64 = [500, 1500, 2100][level];
     let sclk = ["500", "1500", "2100"]
         .iter()
         .enumerate()
@@ -535,6 +641,10 @@ fn dynamic_telemetry(model: &GpuModel, index: usize, tick: u64) -> Vec<(String, 
         ),
         ("pp_dpm_sclk".into(), sclk),
         ("pp_dpm_mclk".into(), "0: 900Mhz\n1: 1300Mhz *".into()),
+        (
+            format!("{hwmon}/freq1_input"),
+            (sclk_mhz * 1_000_000).to_string(),
+        ),
         (format!("{hwmon}/temp1_input"), edge.to_string()),
         (format!("{hwmon}/temp2_input"), (edge + 5_000).to_string()),
         (format!("{hwmon}/temp3_input"), (edge + 3_000).to_string()),
@@ -566,7 +676,7 @@ pub fn advance_telemetry(host: &HostRoot, spec: &SimSpec, tick: u64) -> Result<(
             if is_fifo(&host.path(&path)) {
                 continue;
             }
-            host.write(path, format!("{value}\n"))?;
+            write_atomic(host, path, format!("{value}\n"))?;
         }
     }
     Ok(())
@@ -580,7 +690,8 @@ pub fn set_ecc_counts(
     uncorrectable: u64,
     correctable: u64,
 ) -> Result<(), SimError> {
-    host.write(
+    write_atomic(
+        host,
         format!("{}/ras/{block}_err_count", pci_dir(bdf)),
         format!("ue: {uncorrectable}\nce: {correctable}\n"),
     )?;
@@ -623,7 +734,7 @@ pub fn release_hung_file(host: &HostRoot, host_path: &str, value: &str) -> Resul
         host.remove_all(host_path)?;
         drop(writer);
     }
-    host.write(host_path, format!("{value}\n"))?;
+    write_atomic(host, host_path, format!("{value}\n"))?;
     Ok(())
 }
 
@@ -645,6 +756,7 @@ fn write_driver(w: &mut Writer<'_>) -> Result<(), HostError> {
         "/sys/bus/pci/drivers/amdgpu",
         "/sys/module/amdgpu/drivers/pci:amdgpu",
     )?;
+    w.file("/sys/class/drm/version", "drm 1.1.0 20060810\n")?;
     w.file("/dev/kfd", "")
 }
 
@@ -811,6 +923,12 @@ mod tests {
         let empty = tempfile::tempdir().unwrap();
         assert!(check_target(empty.path()).is_ok());
         assert!(check_target(&empty.path().join("new")).is_ok());
+    }
+
+    #[test]
+    fn max_gpus_bounds_every_profile() {
+        assert!(PROFILES.iter().all(|p| p.max_gpus <= MAX_GPUS));
+        assert!(PROFILES.iter().any(|p| p.max_gpus == MAX_GPUS));
     }
 
     #[test]
