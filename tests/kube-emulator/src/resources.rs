@@ -25,6 +25,11 @@ pub enum ListType {
 pub struct PrinterColumn {
     pub name: String,
     pub type_: String,
+    pub format: String,
+    pub description: String,
+    /// Columns with a priority above 0 are shown only with `kubectl get -o wide`.
+    pub priority: i64,
+    /// The column's `jsonPath` in Kubernetes syntax, as the CRD gives it.
     pub json_path: String,
 }
 
@@ -462,7 +467,11 @@ pub fn type_from_crd(crd: &Value) -> Result<ResourceType, CrdProblems> {
                 .collect()
         })
         .unwrap_or_default();
-    let printer_columns = storage
+    let storage_index = versions
+        .iter()
+        .position(|v| v.get("storage").and_then(Value::as_bool) == Some(true))
+        .unwrap_or(0);
+    let printer_columns: Vec<PrinterColumn> = storage
         .get("additionalPrinterColumns")
         .and_then(Value::as_array)
         .map(|a| {
@@ -470,11 +479,27 @@ pub fn type_from_crd(crd: &Value) -> Result<ResourceType, CrdProblems> {
                 .map(|c| PrinterColumn {
                     name: c["name"].as_str().unwrap_or_default().to_string(),
                     type_: c["type"].as_str().unwrap_or("string").to_string(),
+                    format: c["format"].as_str().unwrap_or_default().to_string(),
+                    description: c["description"].as_str().unwrap_or_default().to_string(),
+                    priority: c["priority"].as_i64().unwrap_or(0),
                     json_path: c["jsonPath"].as_str().unwrap_or_default().to_string(),
                 })
                 .collect()
         })
         .unwrap_or_default();
+    for (i, c) in printer_columns.iter().enumerate() {
+        let field =
+            format!("spec.versions[{storage_index}].additionalPrinterColumns[{i}].jsonPath");
+        if c.json_path.is_empty() {
+            return Err(vec![(field, "Required value".into())]);
+        }
+        if let Err(e) = crate::table::compile_json_path(&c.json_path) {
+            return Err(vec![(
+                field,
+                format!("Invalid value: \"{}\": {e}", c.json_path),
+            )]);
+        }
+    }
     let singular = match s("/names/singular") {
         x if x.is_empty() => kind.to_ascii_lowercase(),
         x => x,

@@ -7,8 +7,9 @@
 
 use serde_json::{Value, json};
 
+use jsonpath_rust::JsonPath as _;
+
 use crate::resources::ResourceType;
-use crate::selector::field_value;
 
 /// Renders an age like the real server's `HumanDuration` (`42s`, `5m`, `3h20m`, `12d`).
 pub fn human_age(secs: i64) -> String {
@@ -70,6 +71,8 @@ fn columns(rt: &ResourceType) -> Vec<Value> {
             col("Data", "integer", ""),
             age,
         ],
+        // The real server's default Age column is only for CRDs without printer columns:
+        // the CRD's columns replace it (most CRDs list their own Age).
         _ if !rt.printer_columns.is_empty() => {
             let mut cols = vec![name];
             for c in &rt.printer_columns {
@@ -78,9 +81,14 @@ fn columns(rt: &ResourceType) -> Vec<Value> {
                 } else {
                     c.type_.as_str()
                 };
-                cols.push(col(&c.name, t, ""));
+                cols.push(json!({
+                    "name": c.name,
+                    "type": t,
+                    "format": c.format,
+                    "description": c.description,
+                    "priority": c.priority,
+                }));
             }
-            cols.push(age);
             cols
         }
         _ => vec![name, age],
@@ -174,23 +182,68 @@ fn cells(rt: &ResourceType, obj: &Value) -> Vec<Value> {
         _ if !rt.printer_columns.is_empty() => {
             let mut out = vec![name];
             for c in &rt.printer_columns {
-                let path = c.json_path.trim_start_matches('.');
-                let v = field_value(obj, path);
-                if c.type_ == "date" {
-                    let secs = v
-                        .parse::<jiff::Timestamp>()
-                        .map(|t| jiff::Timestamp::now().as_second() - t.as_second());
-                    out.push(json!(secs.map(human_age).unwrap_or(v)));
-                } else if c.type_ == "integer" || c.type_ == "number" {
-                    out.push(v.parse::<f64>().map(|n| json!(n)).unwrap_or(Value::Null));
-                } else {
-                    out.push(json!(v));
-                }
+                out.push(printer_cell(&c.type_, &c.json_path, obj));
             }
-            out.push(json!(age(obj)));
             out
         }
         _ => vec![name, json!(age(obj))],
+    }
+}
+
+/// A Kubernetes JSONPath (`.status.x`, `{.status.x}`, `$.status.x`, with filters such as
+/// `[?(@.type=="Ready")]`) as an RFC 9535 query, checked by the JSONPath parser. Kubernetes
+/// writes paths without the root `$` and allows one pair of template braces around them.
+pub fn compile_json_path(k8s: &str) -> Result<String, String> {
+    let mut p = k8s.trim();
+    if let Some(inner) = p.strip_prefix('{').and_then(|x| x.strip_suffix('}')) {
+        p = inner.trim();
+    }
+    let query = if p.starts_with('$') {
+        p.to_string()
+    } else if p.starts_with('.') || p.starts_with('[') {
+        format!("${p}")
+    } else {
+        format!("$.{p}")
+    };
+    Value::Null
+        .query(&query)
+        .map(|_| query.clone())
+        .map_err(|e| format!("not a valid JSONPath: {e}"))
+}
+
+/// One cell of a CRD printer column, as the real server computes it: the first JSONPath
+/// result (none: a null cell); `string` columns print it (strings as they are, other values
+/// as JSON), `date` columns show the age of a timestamp, and the other types keep values of
+/// their own type only.
+pub fn printer_cell(type_: &str, json_path: &str, obj: &Value) -> Value {
+    let Ok(query) = compile_json_path(json_path) else {
+        return Value::Null;
+    };
+    let Some(v) = obj.query(&query).ok().and_then(|r| r.first().copied()) else {
+        return Value::Null;
+    };
+    match (type_, v) {
+        ("string", Value::String(s)) => json!(s),
+        ("string", Value::Null) => Value::Null,
+        ("string", other) => json!(other.to_string()),
+        ("date", Value::String(s)) => match s.parse::<jiff::Timestamp>() {
+            Ok(t) => json!(human_age(
+                jiff::Timestamp::now().as_second() - t.as_second()
+            )),
+            Err(_) => json!("<invalid>"),
+        },
+        ("integer", Value::Number(n)) => n
+            .as_i64()
+            .map(|i| json!(i))
+            .or_else(|| {
+                n.as_f64()
+                    .filter(|f| f.fract() == 0.0)
+                    .map(|f| json!(f as i64))
+            })
+            .unwrap_or(Value::Null),
+        ("number", Value::Number(n)) => json!(n),
+        ("boolean", Value::Bool(b)) => json!(b),
+        _ => Value::Null,
     }
 }
 
@@ -251,6 +304,99 @@ mod tests {
         assert_eq!(human_age(4 * 3600 + 60), "4h1m");
         assert_eq!(human_age(86400 * 3 + 3600), "3d1h");
         assert_eq!(human_age(86400 * 30), "30d");
+    }
+
+    #[test]
+    fn kubernetes_json_paths_become_rfc9535_queries() {
+        assert_eq!(
+            compile_json_path(".status.phase").unwrap(),
+            "$.status.phase"
+        );
+        assert_eq!(compile_json_path("{.spec.x}").unwrap(), "$.spec.x");
+        assert_eq!(compile_json_path("$.a").unwrap(), "$.a");
+        assert_eq!(
+            compile_json_path(r#".status.conditions[?(@.type=="Ready")].status"#).unwrap(),
+            r#"$.status.conditions[?(@.type=="Ready")].status"#
+        );
+        assert!(compile_json_path(".status.conditions[?(@.type==").is_err());
+    }
+
+    #[test]
+    fn printer_cells_follow_the_column_type() {
+        let obj = json!({
+            "metadata": {"creationTimestamp": "2020-01-01T00:00:00Z"},
+            "spec": {"n": 3, "f": 2.5, "flag": true, "list": ["a"]},
+            "status": {"conditions": [
+                {"type": "Progressing", "status": "False"},
+                {"type": "Ready", "status": "True"}
+            ]}
+        });
+        let ready = r#".status.conditions[?(@.type=="Ready")].status"#;
+        assert_eq!(printer_cell("string", ready, &obj), "True");
+        let missing = r#".status.conditions[?(@.type=="Other")].status"#;
+        assert_eq!(printer_cell("string", missing, &obj), Value::Null);
+        assert_eq!(printer_cell("integer", ".spec.n", &obj), 3);
+        assert_eq!(printer_cell("integer", ".spec.f", &obj), Value::Null);
+        assert_eq!(printer_cell("number", ".spec.f", &obj), 2.5);
+        assert_eq!(printer_cell("boolean", ".spec.flag", &obj), true);
+        assert_eq!(printer_cell("string", ".spec.n", &obj), "3");
+        assert_eq!(printer_cell("string", ".spec.list", &obj), r#"["a"]"#);
+        assert_eq!(printer_cell("integer", ".status.nope", &obj), Value::Null);
+        let age = printer_cell("date", ".metadata.creationTimestamp", &obj);
+        assert!(age.as_str().unwrap().ends_with('d'), "{age}");
+    }
+
+    #[test]
+    fn crd_columns_replace_the_default_age() {
+        let crd = json!({
+            "metadata": {"name": "things.example.com"},
+            "spec": {"group": "example.com", "scope": "Namespaced",
+                "names": {"plural": "things", "kind": "Thing"},
+                "versions": [{"name": "v1", "served": true, "storage": true,
+                    "additionalPrinterColumns": [
+                        {"name": "Ready", "type": "string",
+                         "jsonPath": ".status.conditions[?(@.type==\"Ready\")].status"},
+                        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+                        {"name": "Detail", "type": "string", "jsonPath": ".spec.d", "priority": 1}
+                    ]}]}
+        });
+        let rt = crate::resources::type_from_crd(&crd).unwrap();
+        let obj = json!({"metadata": {"name": "a", "creationTimestamp": "2020-01-01T00:00:00Z"},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]}});
+        let t = to_table(&rt, &obj, false);
+        let names: Vec<&str> = t["columnDefinitions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["Name", "Ready", "Age", "Detail"]);
+        assert_eq!(t["columnDefinitions"][3]["priority"], 1);
+        assert_eq!(t["rows"][0]["cells"][1], "True");
+        assert_eq!(t["rows"][0]["cells"].as_array().unwrap().len(), 4);
+
+        // Without printer columns the server adds Name and Age.
+        let mut plain = crd.clone();
+        plain["spec"]["versions"][0]
+            .as_object_mut()
+            .unwrap()
+            .remove("additionalPrinterColumns");
+        let rt = crate::resources::type_from_crd(&plain).unwrap();
+        let t = to_table(&rt, &obj, false);
+        assert_eq!(t["columnDefinitions"].as_array().unwrap().len(), 2);
+        assert_eq!(t["columnDefinitions"][1]["name"], "Age");
+
+        // An invalid path is refused when the CRD is created, as the real server does.
+        let mut bad = crd.clone();
+        bad["spec"]["versions"][0]["additionalPrinterColumns"][0]["jsonPath"] =
+            json!(".status.conditions[?(@.type==");
+        let problems = crate::resources::type_from_crd(&bad).unwrap_err();
+        assert!(
+            problems[0]
+                .0
+                .contains("additionalPrinterColumns[0].jsonPath"),
+            "{problems:?}"
+        );
     }
 
     #[test]

@@ -705,3 +705,71 @@ async fn kubectl_applies_the_deploy_directory_with_validation() {
     assert!(lines.iter().all(|l| l.ends_with(" unchanged")), "{out}");
     s.stop().await;
 }
+
+/// `kubectl get deviceconfig` with the project's real CRD: its printer columns, including
+/// the JSONPath filter of the Ready column, and one Age column (the CRD's own; the server
+/// adds its default Age only to CRDs without printer columns).
+#[tokio::test]
+async fn kubectl_get_shows_the_crd_printer_columns() {
+    if !kubectl_present("kubectl_get_shows_the_crd_printer_columns") {
+        return;
+    }
+    let s = Server::start().await;
+    install_crd(&s).await;
+    let dc = s.write("dc.yaml", DEVICECONFIG);
+    s.ok(&["apply", "-f", &dc]).await;
+    let status = |ready: &str| {
+        serde_json::json!({"status": {
+            "conditions": [
+                {"type": "Progressing", "status": "False", "reason": "Done", "message": "",
+                 "lastTransitionTime": "2025-01-01T00:00:00Z"},
+                {"type": "Ready", "status": ready, "reason": "Nodes", "message": "",
+                 "lastTransitionTime": "2025-01-01T00:00:00Z"}
+            ],
+            "driver": {"nodesMatchingSelectorNumber": 3, "availableNumber": 2}
+        }})
+        .to_string()
+    };
+    s.ok(&[
+        "patch",
+        "deviceconfig",
+        "gpus",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        &status("True"),
+    ])
+    .await;
+
+    let table = s.ok(&["get", "deviceconfig"]).await;
+    let mut lines = table.lines();
+    let header: Vec<&str> = lines.next().unwrap_or("").split_whitespace().collect();
+    assert_eq!(
+        header,
+        ["NAME", "READY", "NODES", "AVAILABLE", "AGE"],
+        "{table}"
+    );
+    let row: Vec<&str> = lines.next().unwrap_or("").split_whitespace().collect();
+    assert_eq!(row.len(), 5, "{table}");
+    assert_eq!(&row[..4], ["gpus", "True", "3", "2"], "{table}");
+    assert!(
+        row[4].ends_with('s') || row[4].ends_with('m'),
+        "an age: {table}"
+    );
+
+    // The filter follows the condition: Ready going False shows False.
+    s.ok(&[
+        "patch",
+        "deviceconfig",
+        "gpus",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        &status("False"),
+    ])
+    .await;
+    let table = s.ok(&["get", "deviceconfig", "gpus", "--no-headers"]).await;
+    let row: Vec<&str> = table.split_whitespace().collect();
+    assert_eq!(&row[..2], ["gpus", "False"], "{table}");
+    s.stop().await;
+}
