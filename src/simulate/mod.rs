@@ -4,15 +4,18 @@
 //!
 //! What is written, per GPU:
 //! - the PCI function under `/sys/devices/pci0000:00/<bdf>` with identity, partition
-//!   modes, memory, clock, PCIe, RAS and hwmon attributes, linked from
-//!   `/sys/bus/pci/drivers/amdgpu` and `/sys/bus/pci/devices`;
-//! - DRM nodes (`drm/cardN`, `drm/renderDN`, `/sys/class/drm`), and for partitions
-//!   beyond the first, `amdgpu_xcp_N` platform devices that carry their own;
+//!   modes, memory, clock, PCIe, RAS and hwmon attributes and the kernel's `uevent`,
+//!   linked from `/sys/bus/pci/drivers/amdgpu` and `/sys/bus/pci/devices`, its hwmon
+//!   directory from `/sys/class/hwmon`;
+//! - DRM nodes (`drm/cardN`, `drm/renderDN` with `dev`, `uevent` and a `device`
+//!   link, linked from `/sys/class/drm`), and for partitions beyond the first,
+//!   driverless `amdgpu_xcp_N` platform devices that carry their own;
 //! - KFD topology nodes with memory banks and io/p2p links;
 //! - `/sys/module/amdgpu`, `/dev/kfd` and `/dev/dri/*` (plain files: a simulated
 //!   host cannot create device nodes without privileges).
 //!
-//! Writing is idempotent: the GPU parts of the tree are replaced, so writing again
+//! Every file is written atomically (see [`write_atomic`]), as readers of sysfs
+//! never see half a value. Writing is idempotent: the GPU parts of the tree are replaced, so writing again
 //! with another partition mode or GPU count is how tests repartition or hotplug.
 //! The simulator refuses to touch a directory that looks like a live root.
 
@@ -923,6 +926,65 @@ mod tests {
         let empty = tempfile::tempdir().unwrap();
         assert!(check_target(empty.path()).is_ok());
         assert!(check_target(&empty.path().join("new")).is_ok());
+    }
+
+    #[test]
+    fn device_directories_look_like_the_kernel() {
+        let dir = tempfile::tempdir().unwrap();
+        let host = HostRoot::new(dir.path());
+        write_host(
+            &host,
+            &SimSpec::new("mi300x", Some(1), Some("dpx_nps1")).unwrap(),
+        )
+        .unwrap();
+        let pci = "/sys/devices/pci0000:00/0000:05:00.0";
+        assert_eq!(
+            host.read_string(format!("{pci}/uevent")).unwrap(),
+            "DRIVER=amdgpu\nPCI_CLASS=120000\nPCI_ID=1002:74A1\nPCI_SUBSYS_ID=1002:74A1\n\
+             PCI_SLOT_NAME=0000:05:00.0\n\
+             MODALIAS=pci:v00001002d000074A1sv00001002sd000074A1bc12sc00i00\n"
+        );
+        assert_eq!(
+            host.read_string("/sys/class/drm/card0/uevent").unwrap(),
+            "MAJOR=226\nMINOR=0\nDEVNAME=dri/card0\nDEVTYPE=drm_minor\n"
+        );
+        let resolved = |p: &str| host.path(p).canonicalize().unwrap();
+        assert_eq!(resolved("/sys/class/drm/card0/device"), resolved(pci));
+        assert_eq!(resolved("/sys/class/drm/renderD128/device"), resolved(pci));
+        assert_eq!(
+            resolved("/sys/class/drm/card1/device"),
+            resolved("/sys/devices/platform/amdgpu_xcp_0")
+        );
+        assert!(
+            host.read_string("/sys/class/drm/card1/device/uevent")
+                .unwrap()
+                .starts_with("MODALIAS=platform:")
+        );
+        assert_eq!(
+            resolved("/sys/class/hwmon/hwmon0"),
+            resolved(&format!("{pci}/hwmon/hwmon0"))
+        );
+        assert_eq!(resolved("/sys/class/hwmon/hwmon0/device"), resolved(pci));
+        assert_eq!(
+            resolved(&format!("{pci}/driver")),
+            resolved("/sys/bus/pci/drivers/amdgpu")
+        );
+        // Without a driver the uevent names none.
+        write_host(
+            &host,
+            &SimSpec {
+                driver_loaded: false,
+                ..SimSpec::new("mi300x", Some(1), None).unwrap()
+            },
+        )
+        .unwrap();
+        let uevent = host.read_string(format!("{pci}/uevent")).unwrap();
+        assert!(uevent.starts_with("PCI_CLASS="), "{uevent}");
+        // Atomic writes leave no temporary file behind.
+        assert_eq!(
+            host.list_dir_or_empty(STAGING_DIR).unwrap(),
+            Vec::<String>::new()
+        );
     }
 
     #[test]
