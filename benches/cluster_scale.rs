@@ -21,8 +21,10 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt, stream};
-use gpu_operator::agent::status::{AgentStatus, STATUS_ANNOTATION, STATUS_VERSION, ServiceStatus};
 use gpu_operator::api::DeviceConfig;
+use gpu_operator::api::agent_status::{
+    AgentStatus, STATUS_ANNOTATION, STATUS_VERSION, ServiceName, ServiceStatus,
+};
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
@@ -37,7 +39,7 @@ fn agent_status(generation: i64, uid: &str) -> String {
         device_config: Some(format!("{NS}/fleet")),
         uid: Some(uid.to_owned()),
         generation: Some(generation),
-        services: [("devicePlugin".to_string(), ServiceStatus::Running)].into(),
+        services: [(ServiceName::DevicePlugin, ServiceStatus::Running)].into(),
         resources: [("amd.com/gpu".to_string(), 8)].into(),
         gpus: 8,
         driver_version: Some("6.12.12".into()),

@@ -9,9 +9,9 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use gpu_operator::agent::status::{AgentStatus, STATUS_ANNOTATION};
 use gpu_operator::agent::{self, AgentConfig};
 use gpu_operator::api::DeviceConfig;
+use gpu_operator::api::agent_status::{AgentStatus, STATUS_ANNOTATION, ServiceName};
 use gpu_operator::host::HostRoot;
 use gpu_operator::labeller::OWNED_ANNOTATION;
 use gpu_operator::simulate::{self, SimSpec};
@@ -215,8 +215,8 @@ async fn agent_runs_the_services_its_device_config_enables() {
         h.status().is_some_and(|s| {
             s.device_config.as_deref() == Some("kube-amd-gpu/gpus")
                 && s.generation == Some(1)
-                && s.services.contains_key("devicePlugin")
-                && s.services.contains_key("labeller")
+                && s.services.contains_key(&ServiceName::DevicePlugin)
+                && s.services.contains_key(&ServiceName::Labeller)
                 && s.resources.get("amd.com/gpu") == Some(&8)
         })
     })
@@ -251,7 +251,7 @@ async fn agent_runs_the_services_its_device_config_enables() {
     .await;
     h.eventually("generation 2 applied", |h| {
         h.status()
-            .is_some_and(|s| s.generation == Some(2) && !s.services.contains_key("labeller"))
+            .is_some_and(|s| s.generation == Some(2) && !s.services.contains_key(&ServiceName::Labeller))
     })
     .await;
     assert_eq!(
@@ -292,7 +292,7 @@ async fn conflicting_device_configs_run_nothing_and_warn() {
     h.eventually("conflict in status", |h| {
         h.status().is_some_and(|s| {
             s.device_config.is_none()
-                && s.services.keys().all(|k| k == "metricsExporter")
+                && s.services.keys().all(|k| *k == ServiceName::MetricsExporter)
                 && s.problems
                     .iter()
                     .any(|p| p.contains("kube-amd-gpu/one") && p.contains("kube-amd-gpu/two"))

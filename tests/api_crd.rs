@@ -77,8 +77,8 @@ fn identity() {
         columns,
         vec![
             ("Ready", ".status.conditions[?(@.type==\"Ready\")].status"),
-            ("Nodes", ".status.driver.nodesMatchingSelectorNumber"),
-            ("Available", ".status.driver.availableNumber"),
+            ("Nodes", ".status.devicePlugin.nodesMatchingSelectorNumber"),
+            ("Available", ".status.devicePlugin.availableNumber"),
             ("Age", ".metadata.creationTimestamp"),
         ]
     );

@@ -16,6 +16,7 @@ use gpu_operator::cluster::lease::{Election, LeaseConfig};
 use gpu_operator::cluster::reconcile::FINALIZER;
 use gpu_operator::host::HostRoot;
 use gpu_operator::simulate::{self, SimSpec};
+use gpu_operator::testrunner::Commands;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
@@ -114,6 +115,7 @@ struct Member {
     task: Option<tokio::task::JoinHandle<Result<(), agent::AgentError>>>,
     _dir: tempfile::TempDir,
     kubelet_dir: std::path::PathBuf,
+    kubelet: Option<TestKubelet>,
 }
 
 struct Fleet {
@@ -122,7 +124,13 @@ struct Fleet {
 }
 
 impl Fleet {
-    async fn start(node_labels: &[Value], kubelet_on_first: bool) -> (Self, Option<TestKubelet>) {
+    /// A node per entry of `node_labels`, each with its agent and a test kubelet.
+    async fn start(node_labels: &[Value]) -> Self {
+        Self::start_without_kubelet_on(node_labels, &[]).await
+    }
+
+    /// As [`Fleet::start`], but the nodes in `no_kubelet` have no kubelet (yet).
+    async fn start_without_kubelet_on(node_labels: &[Value], no_kubelet: &[usize]) -> Self {
         let emulator = Emulator::start(EmulatorConfig::default()).await.unwrap();
         emulator
             .create(serde_json::to_value(gpu_operator::api::crd()).unwrap())
@@ -131,7 +139,6 @@ impl Fleet {
             .create(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}))
             .unwrap();
         let mut members = Vec::new();
-        let mut kubelet = None;
         for (i, labels) in node_labels.iter().enumerate() {
             let name = format!("node-{i}");
             emulator
@@ -143,9 +150,11 @@ impl Fleet {
             simulate::write_host(&host, &SimSpec::new("mi210", Some(1), None).unwrap()).unwrap();
             let kubelet_dir = dir.path().join("kubelet");
             std::fs::create_dir_all(kubelet_dir.join("device-plugins")).unwrap();
-            if kubelet_on_first && i == 0 {
-                kubelet = Some(TestKubelet::start(&kubelet_dir.join("device-plugins")).await);
-            }
+            let kubelet = if no_kubelet.contains(&i) {
+                None
+            } else {
+                Some(TestKubelet::start(&kubelet_dir.join("device-plugins")).await)
+            };
             members.push(Member {
                 name,
                 restarts: 0,
@@ -153,13 +162,20 @@ impl Fleet {
                 task: None,
                 _dir: dir,
                 kubelet_dir,
+                kubelet,
             });
         }
         let mut fleet = Self { emulator, members };
         for i in 0..fleet.members.len() {
             fleet.spawn(i, None);
         }
-        (fleet, kubelet)
+        fleet
+    }
+
+    /// Starts node `i`'s kubelet, which its agent's device plugin then registers with.
+    async fn start_kubelet(&mut self, i: usize) {
+        let dir = self.members[i].kubelet_dir.join("device-plugins");
+        self.members[i].kubelet = Some(TestKubelet::start(&dir).await);
     }
 
     fn spawn(&mut self, i: usize, client: Option<Client>) {
@@ -177,7 +193,11 @@ impl Fleet {
             rescan_interval: Duration::from_millis(500),
             sampling: Default::default(),
             metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
-            test_commands: None,
+            // A test tool that does not exist until a test writes it.
+            test_commands: Some(Commands {
+                rvs: member._dir.path().join("rvs"),
+                ..Commands::default()
+            }),
             leader: Some(LeaderConfig {
                 lease,
                 cluster: ClusterConfig {
@@ -336,7 +356,7 @@ async fn one_leader_reconciles_and_fails_over() {
         json!({"gpu": "yes"}),
         json!({"gpu": "no"}),
     ];
-    let (mut fleet, _kubelet) = Fleet::start(&labels, false).await;
+    let mut fleet = Fleet::start(&labels).await;
     let (leader, _) = fleet.wait_holder(None, WAIT).await;
 
     // Status: a selector for 2 of 3 nodes.
@@ -450,9 +470,92 @@ async fn one_leader_reconciles_and_fails_over() {
     fleet.stop_all().await;
 }
 
+/// The status contract end to end: real agents write their annotations, the
+/// real leader reads them. Every service name an agent writes is one the leader
+/// knows, and a service counts as available only when it serves users.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_counts_what_real_agents_serve_and_ready_says_which_nodes_do_not() {
+    use gpu_operator::api::agent_status::{AgentStatus, STATUS_ANNOTATION, ServiceName};
+    let labels = [json!({}), json!({}), json!({})];
+    // node-2's kubelet is not running: its device plugin cannot register.
+    let mut fleet = Fleet::start_without_kubelet_on(&labels, &[2]).await;
+    fleet.wait_holder(None, WAIT).await;
+    fleet
+        .apply(
+            "gpus",
+            json!({"driver": {"enable": false}, "metricsExporter": {"enable": true},
+                "testRunner": {"enable": true}}),
+        )
+        .await;
+    fleet
+        .eventually("counts of what serves, Ready False naming node-2", async |f| {
+            let s = f.status_of("gpus").await;
+            let ready = condition(&s, "Ready");
+            s["devicePlugin"]["desiredNumber"] == 3
+                && s["devicePlugin"]["availableNumber"] == 2
+                && s["metricsExporter"]["desiredNumber"] == 3
+                && s["metricsExporter"]["availableNumber"] == 3
+                && ready["status"] == "False"
+                && ready["reason"] == "NodesNotServing"
+                && ready["message"].as_str().is_some_and(|m| {
+                    m.starts_with("3 of 3 node(s) not serving: ")
+                        && m.contains("node-2: devicePlugin: not registered with the kubelet")
+                        && m.contains("testRunner: tests cannot start")
+                })
+        })
+        .await;
+    let status = fleet.status_of("gpus").await;
+    // The inbox driver: the driver block stays empty, as in the reference.
+    assert!(status.get("driver").is_none(), "{status:#}");
+
+    // Every name every real agent wrote parses to a service the leader knows.
+    for member in &fleet.members {
+        let node = fleet.emulator.get("v1", "Node", "", &member.name).unwrap();
+        let text = node["metadata"]["annotations"][STATUS_ANNOTATION]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let agent = AgentStatus::parse(&text).unwrap();
+        let names: Vec<ServiceName> = agent.services.keys().copied().collect();
+        assert_eq!(
+            names,
+            [
+                ServiceName::DevicePlugin,
+                ServiceName::Labeller,
+                ServiceName::HealthMonitor,
+                ServiceName::MetricsExporter,
+                ServiceName::TestRunner,
+            ],
+            "{}: {text}",
+            member.name
+        );
+    }
+
+    // The administrator starts the kubelet and turns off the tests whose tool
+    // is missing: every node serves, and Ready says so.
+    fleet.start_kubelet(2).await;
+    fleet
+        .apply(
+            "gpus",
+            json!({"driver": {"enable": false}, "metricsExporter": {"enable": true},
+                "testRunner": {"enable": false}}),
+        )
+        .await;
+    fleet
+        .eventually("all three serving, Ready True", async |f| {
+            let s = f.status_of("gpus").await;
+            s["devicePlugin"]["availableNumber"] == 3
+                && s["metricsExporter"]["availableNumber"] == 3
+                && condition(&s, "Ready")["status"] == "True"
+                && condition(&s, "Ready")["reason"] == "OperatorReady"
+        })
+        .await;
+    fleet.stop_all().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invalid_and_overlapping_device_configs_get_validation_errors() {
-    let (mut fleet, _kubelet) = Fleet::start(&[json!({"gpu": "yes"})], false).await;
+    let mut fleet = Fleet::start(&[json!({"gpu": "yes"})]).await;
     fleet.wait_holder(None, WAIT).await;
     fleet
         .apply(
@@ -538,8 +641,8 @@ async fn invalid_and_overlapping_device_configs_get_validation_errors() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deleting_a_device_config_tears_down_then_releases_the_finalizer() {
-    let (mut fleet, kubelet) = Fleet::start(&[json!({})], true).await;
-    let kubelet = kubelet.unwrap();
+    let mut fleet = Fleet::start(&[json!({})]).await;
+    let kubelet = fleet.members[0].kubelet.take().unwrap();
     serve_service_monitors(&fleet.emulator);
     fleet.wait_holder(None, WAIT).await;
     fleet
@@ -588,7 +691,7 @@ async fn deleting_a_device_config_tears_down_then_releases_the_finalizer() {
     );
     assert!(
         node["metadata"]["annotations"]
-            .get(gpu_operator::agent::status::STATUS_ANNOTATION)
+            .get(gpu_operator::api::agent_status::STATUS_ANNOTATION)
             .is_none(),
         "the status annotation is removed: {node:#}"
     );
@@ -619,7 +722,7 @@ async fn deleting_a_device_config_tears_down_then_releases_the_finalizer() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deletion_gives_up_on_a_not_ready_node_after_the_timeout() {
-    let (mut fleet, _kubelet) = Fleet::start(&[json!({}), json!({})], false).await;
+    let mut fleet = Fleet::start(&[json!({}), json!({})]).await;
     fleet.wait_holder(None, WAIT).await;
     fleet.apply("gpus", json!({})).await;
     fleet
@@ -776,7 +879,7 @@ async fn a_hung_lease_renewal_ends_leadership_at_expiry() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_leader_write_is_sent_after_the_lease_lapses_even_when_retried() {
-    let (mut fleet, _kubelet) = Fleet::start(&[json!({})], false).await;
+    let mut fleet = Fleet::start(&[json!({})]).await;
     fleet.wait_holder(None, WAIT).await;
     fleet.apply("gpus", json!({})).await;
     fleet
@@ -834,7 +937,7 @@ async fn no_leader_write_is_sent_after_the_lease_lapses_even_when_retried() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_metrics_service_is_put_back_without_waiting_for_other_changes() {
-    let (mut fleet, _kubelet) = Fleet::start(&[json!({})], false).await;
+    let mut fleet = Fleet::start(&[json!({})]).await;
     fleet.wait_holder(None, WAIT).await;
     fleet
         .apply(
@@ -870,7 +973,7 @@ async fn a_deleted_metrics_service_is_put_back_without_waiting_for_other_changes
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_service_monitor_follows_the_spec_when_its_crd_is_served() {
-    let (mut fleet, _kubelet) = Fleet::start(&[json!({})], false).await;
+    let mut fleet = Fleet::start(&[json!({})]).await;
     fleet.wait_holder(None, WAIT).await;
     // Without the CRD, asking for a ServiceMonitor is skipped, not an error.
     let with_monitor = json!({"metricsExporter": {"enable": true, "serviceType": "NodePort", "nodePort": 31500,

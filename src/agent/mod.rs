@@ -18,7 +18,6 @@ pub mod node_services;
 pub mod select;
 pub mod services;
 pub mod standalone;
-pub mod status;
 pub mod supervisor;
 
 use std::collections::BTreeSet;
@@ -38,6 +37,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::api::DeviceConfig;
+use crate::api::agent_status::{AgentStatus, STATUS_ANNOTATION, STATUS_VERSION};
 use crate::device::watch::{DeviceWatch, WatchConfig};
 use crate::host::HostRoot;
 use crate::plugin::PluginStatus;
@@ -45,7 +45,6 @@ use configmaps::ConfigMapFollower;
 use node_services::NodeServices;
 use select::{NodeContext, Selection, idle_services, plan_services, select_config};
 use services::{patch_params, sync_labels};
-use status::{AgentStatus, STATUS_ANNOTATION, STATUS_VERSION};
 
 /// How the agent was started.
 #[derive(Clone, Debug)]

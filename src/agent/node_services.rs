@@ -14,8 +14,8 @@ use tokio_util::task::AbortOnDropHandle;
 
 use super::select::DesiredServices;
 use super::services::{LabellerService, PluginService};
-use super::status::ServiceStatus;
 use super::supervisor::{ServiceState, Slot, SlotChange};
+use crate::api::agent_status::{ServiceName, ServiceStatus};
 use crate::device::Inventory;
 use crate::health::{HealthMonitor, HealthSnapshot, HealthTransition};
 use crate::metrics::{ExporterStatus, MetricsService};
@@ -122,21 +122,19 @@ impl NodeServices {
     }
 
     /// Each running service's state, for the status annotation.
-    pub fn states(&self) -> BTreeMap<String, ServiceStatus> {
+    pub fn states(&self) -> BTreeMap<ServiceName, ServiceStatus> {
         let mut states = vec![
-            (self.plugin.name(), self.plugin.state()),
-            (self.health.name(), self.health.state()),
-            (self.metrics.name(), self.metrics.state()),
-            (self.test_runner.name(), self.test_runner.state()),
+            (ServiceName::DevicePlugin, self.plugin.state()),
+            (ServiceName::HealthMonitor, self.health.state()),
+            (ServiceName::MetricsExporter, self.metrics.state()),
+            (ServiceName::TestRunner, self.test_runner.state()),
         ];
         if let Some(labeller) = &self.labeller {
-            states.push((labeller.name(), labeller.state()));
+            states.push((ServiceName::Labeller, labeller.state()));
         }
         states
             .into_iter()
-            .filter_map(|(name, state)| {
-                ServiceStatus::from_state(&state).map(|s| (name.to_owned(), s))
-            })
+            .filter_map(|(name, state)| annotation_state(&state).map(|s| (name, s)))
             .collect()
     }
 
@@ -168,6 +166,22 @@ impl NodeServices {
             self.test_runner.stop(),
             labeller
         );
+    }
+}
+
+/// The annotation form of a slot state; `None` for a stopped service.
+pub fn annotation_state(state: &ServiceState) -> Option<ServiceStatus> {
+    match state {
+        ServiceState::Running => Some(ServiceStatus::Running),
+        ServiceState::Unavailable { reason } => Some(ServiceStatus::Unavailable {
+            reason: reason.clone(),
+        }),
+        ServiceState::Restarting { error, restarts } => Some(ServiceStatus::Restarting {
+            error: error.clone(),
+            restarts: *restarts,
+        }),
+        ServiceState::Finished => Some(ServiceStatus::Finished),
+        ServiceState::Stopped => None,
     }
 }
 

@@ -10,7 +10,8 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::select::LabellerConfig;
-use super::supervisor::{Service, ServiceError, ServiceFuture};
+use super::supervisor::{Readiness, Service, ServiceError, ServiceFuture};
+use crate::api::agent_status::ServiceName;
 use crate::device::Inventory;
 use crate::labeller::{desired_labels, plan_labels};
 use crate::plugin::{DevicePluginService, HealthReport, PluginConfig, PluginStatus};
@@ -37,13 +38,15 @@ impl Service for LabellerService {
     type Config = LabellerConfig;
 
     fn name(&self) -> &'static str {
-        "labeller"
+        ServiceName::Labeller.as_str()
     }
 
+    /// Available once the Node carries the labels the inventory calls for.
     fn run(
         self: Arc<Self>,
         mut config: watch::Receiver<LabellerConfig>,
         cancel: CancellationToken,
+        readiness: Readiness,
     ) -> ServiceFuture {
         Box::pin(async move {
             let mut inventory = self.inventory.clone();
@@ -55,10 +58,14 @@ impl Service for LabellerService {
                 let kinds = config.borrow_and_update().kinds.clone();
                 let desired = desired_labels(&inventory.borrow_and_update(), &kinds);
                 let watched = node.borrow_and_update().clone();
-                if let Some(current) = newest(watched, patched.clone())
-                    && let Some(updated) = sync_labels(&self.nodes, &current, &desired).await?
-                {
-                    patched = Some(Arc::new(updated));
+                match newest(watched, patched.clone()) {
+                    Some(current) => {
+                        if let Some(updated) = sync_labels(&self.nodes, &current, &desired).await? {
+                            patched = Some(Arc::new(updated));
+                        }
+                        readiness.available();
+                    }
+                    None => readiness.unavailable("waiting to see this agent's Node"),
                 }
                 tokio::select! {
                     _ = cancel.cancelled() => return Ok(()),
@@ -126,13 +133,15 @@ impl Service for PluginService {
     type Config = PluginConfig;
 
     fn name(&self) -> &'static str {
-        "devicePlugin"
+        ServiceName::DevicePlugin.as_str()
     }
 
+    /// Available while the kubelet has accepted every resource it serves.
     fn run(
         self: Arc<Self>,
         mut config: watch::Receiver<PluginConfig>,
         cancel: CancellationToken,
+        readiness: Readiness,
     ) -> ServiceFuture {
         Box::pin(async move {
             let plugin = DevicePluginService::start(
@@ -144,6 +153,10 @@ impl Service for PluginService {
             let result = loop {
                 let current = status.borrow_and_update().clone();
                 let running = current.running;
+                match current.unavailable_reason() {
+                    None => readiness.available(),
+                    Some(reason) => readiness.unavailable(reason),
+                }
                 self.status.send_replace(current);
                 if !running {
                     break Err(ServiceError::new("the device plugin stopped unexpectedly"));

@@ -7,6 +7,12 @@
 //! sends it the new configuration, with `None` stops it. When a service fails
 //! (returns an error or panics) the slot restarts it with exponential backoff;
 //! the other slots are not affected.
+//!
+//! A live task is not an available service. Each run starts
+//! [`ServiceState::Unavailable`] and the service itself says, through its
+//! [`Readiness`], when it does its job for users (the kubelet accepted the
+//! device plugin, the first metrics are served, labels are written) and when it
+//! stops doing so, and why.
 
 use std::fmt::{Debug, Display};
 use std::future::Future;
@@ -53,19 +59,87 @@ pub trait Service: Send + Sync + 'static {
     fn name(&self) -> &'static str;
 
     /// Runs until `cancel` fires (then returns `Ok`) or the service fails. Called
-    /// again after a failure. Configuration changes arrive on `config`.
+    /// again after a failure. Configuration changes arrive on `config`; the
+    /// service reports through `readiness` whether it is available, and is
+    /// unavailable until it says so.
     fn run(
         self: Arc<Self>,
         config: watch::Receiver<Self::Config>,
         cancel: CancellationToken,
+        readiness: Readiness,
     ) -> ServiceFuture;
 }
+
+/// What a service's run says about its availability. Only the run it was
+/// given to can change the state, and only while that run is alive: a task
+/// left behind by an earlier run cannot mark a newer one available.
+#[derive(Clone, Debug)]
+pub struct Readiness {
+    state: watch::Sender<ServiceState>,
+    run: u64,
+    current_run: Arc<AtomicU64>,
+}
+
+impl Readiness {
+    /// A handle with no slot behind it, for driving a service by hand (tests,
+    /// one-shot commands); reports go to the returned receiver.
+    pub fn detached() -> (Self, watch::Receiver<ServiceState>) {
+        let state = watch::Sender::new(ServiceState::Unavailable {
+            reason: STARTING.to_owned(),
+        });
+        let rx = state.subscribe();
+        let readiness = Self {
+            state,
+            run: 0,
+            current_run: Arc::new(AtomicU64::new(0)),
+        };
+        (readiness, rx)
+    }
+
+    /// The service does its job for users.
+    pub fn available(&self) {
+        self.set(ServiceState::Running);
+    }
+
+    /// The service runs but does not do its job, for `reason`.
+    pub fn unavailable(&self, reason: impl Display) {
+        self.set(ServiceState::Unavailable {
+            reason: reason.to_string(),
+        });
+    }
+
+    fn set(&self, next: ServiceState) {
+        if self.current_run.load(Ordering::SeqCst) != self.run {
+            return;
+        }
+        self.state.send_if_modified(|state| {
+            let live = matches!(
+                state,
+                ServiceState::Running | ServiceState::Unavailable { .. }
+            );
+            if live && *state != next {
+                *state = next;
+                true
+            } else {
+                false
+            }
+        });
+    }
+}
+
+/// The reason a run gives until it reports otherwise.
+pub const STARTING: &str = "starting";
 
 /// What a slot's service is doing, as published in the node status.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(tag = "state")]
 pub enum ServiceState {
+    /// Running and available.
     Running,
+    /// Running, but not doing its job (yet), and why.
+    Unavailable {
+        reason: String,
+    },
     /// Failed and waiting to be restarted.
     Restarting {
         error: String,
@@ -221,10 +295,21 @@ async fn supervise<S: Service>(
     let name = service.name();
     let mut delays = backoff.build();
     let mut restarts = 0u64;
+    let current_run = Arc::new(AtomicU64::new(0));
     loop {
-        state.send_replace(ServiceState::Running);
+        let run_id = current_run.fetch_add(1, Ordering::SeqCst) + 1;
+        state.send_replace(ServiceState::Unavailable {
+            reason: STARTING.to_owned(),
+        });
+        let readiness = Readiness {
+            state: state.clone(),
+            run: run_id,
+            current_run: current_run.clone(),
+        };
         let started = Instant::now();
-        let run = service.clone().run(config.clone(), cancel.child_token());
+        let run = service
+            .clone()
+            .run(config.clone(), cancel.child_token(), readiness);
         let result = match AssertUnwindSafe(run).catch_unwind().await {
             Ok(result) => result,
             Err(panic) => Err(ServiceError::new(format!(
@@ -236,6 +321,8 @@ async fn supervise<S: Service>(
                     .unwrap_or("unknown cause")
             ))),
         };
+        // The run is over: nothing it left behind may report for it any more.
+        current_run.fetch_add(1, Ordering::SeqCst);
         if cancel.is_cancelled() {
             return;
         }
@@ -278,6 +365,10 @@ mod tests {
         failures: usize,
         panic_first: bool,
         seen: Mutex<Vec<u32>>,
+        /// Unavailable while the config is below this.
+        unavailable_until_config: Option<u32>,
+        /// A readiness handle kept past its run.
+        stale: Mutex<Option<Readiness>>,
     }
 
     impl Service for Probe {
@@ -291,9 +382,19 @@ mod tests {
             self: Arc<Self>,
             mut config: watch::Receiver<u32>,
             cancel: CancellationToken,
+            readiness: Readiness,
         ) -> ServiceFuture {
             Box::pin(async move {
                 let run = self.runs.fetch_add(1, Ordering::SeqCst);
+                if self
+                    .unavailable_until_config
+                    .is_some_and(|c| *config.borrow() < c)
+                {
+                    readiness.unavailable("config too small");
+                    *self.stale.lock().unwrap() = Some(readiness.clone());
+                } else {
+                    readiness.available();
+                }
                 if run == 0 && self.panic_first {
                     panic!("boom");
                 }
@@ -301,7 +402,11 @@ mod tests {
                     return Err(ServiceError::new(format!("failure {run}")));
                 }
                 loop {
-                    self.seen.lock().unwrap().push(*config.borrow_and_update());
+                    let seen = *config.borrow_and_update();
+                    if self.unavailable_until_config.is_some_and(|c| seen >= c) {
+                        readiness.available();
+                    }
+                    self.seen.lock().unwrap().push(seen);
                     tokio::select! {
                         _ = cancel.cancelled() => return Ok(()),
                         changed = config.changed() => if changed.is_err() { return Ok(()) },
@@ -344,6 +449,29 @@ mod tests {
         assert_eq!(slot.state(), ServiceState::Stopped);
         assert!(!slot.is_running());
         assert_eq!(slot.apply(None).await, SlotChange::Unchanged);
+    }
+
+    #[tokio::test]
+    async fn a_live_service_is_unavailable_until_it_says_otherwise() {
+        let mut slot = Slot::new(Probe {
+            unavailable_until_config: Some(5),
+            ..Probe::default()
+        })
+        .with_backoff(fast());
+        slot.apply(Some(1)).await;
+        wait_for(&slot, |s| {
+            *s == ServiceState::Unavailable {
+                reason: "config too small".into(),
+            }
+        })
+        .await;
+        slot.apply(Some(5)).await;
+        wait_for(&slot, |s| *s == ServiceState::Running).await;
+        slot.stop().await;
+        // A handle from a finished run changes nothing.
+        let stale = slot.service.stale.lock().unwrap().take().unwrap();
+        stale.unavailable("from the past");
+        assert_eq!(slot.state(), ServiceState::Stopped);
     }
 
     #[tokio::test]

@@ -10,6 +10,7 @@
 //! Everything here is pure: no cluster access, no host access. Checks that need
 //! the cluster (referenced Secrets and ConfigMaps exist) belong to the reconciler.
 
+pub mod agent_status;
 pub mod cli;
 pub mod crd;
 pub mod enums;

@@ -118,14 +118,14 @@ impl LocalObjectRef {
     printcolumn(
         name = "Nodes",
         type_ = "integer",
-        json_path = ".status.driver.nodesMatchingSelectorNumber",
+        json_path = ".status.devicePlugin.nodesMatchingSelectorNumber",
         description = "Nodes matched by the selector"
     ),
     printcolumn(
         name = "Available",
         type_ = "integer",
-        json_path = ".status.driver.availableNumber",
-        description = "Matched nodes whose agent reports the GPU driver ready"
+        json_path = ".status.devicePlugin.availableNumber",
+        description = "Matched nodes where pods can get GPUs (the kubelet accepted the device plugin)"
     ),
     printcolumn(
         name = "Age",
@@ -1159,6 +1159,9 @@ pub const REASON_OPERATOR_READY: &str = "OperatorReady";
 pub const REASON_NO_MATCHING_NODES: &str = "NoMatchingNodes";
 /// Condition reason: another error.
 pub const REASON_ERROR: &str = "Error";
+/// Condition reason: some selected nodes do not serve what the DeviceConfig
+/// enables (the message says which and why).
+pub const REASON_NODES_NOT_SERVING: &str = "NodesNotServing";
 
 /// Observed state of a DeviceConfig.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]

@@ -33,8 +33,8 @@ use kube::{Api, Client, ResourceExt};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::agent::status::STATUS_ANNOTATION;
 use crate::api::DeviceConfig;
+use crate::api::agent_status::STATUS_ANNOTATION;
 use lease::LeaderGuard;
 use reconcile::{Context, Stats, error_policy};
 

@@ -1,6 +1,12 @@
 //! What a DeviceConfig's status should say: a pure function of the DeviceConfig,
 //! the Nodes it selects (with their agents' status annotations) and the problems
 //! the reconciler found.
+//!
+//! A service counts as available on a node only when that node's agent reports
+//! it `Running`, which the agent says only once the service does its job for
+//! users. `Ready` is `True` only when every selected node serves everything
+//! the DeviceConfig enables; otherwise its message says how many nodes do not,
+//! and why.
 
 use std::collections::BTreeMap;
 
@@ -9,12 +15,15 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::ResourceExt;
 
 use crate::agent::select::config_key;
-use crate::agent::status::{AgentStatus, STATUS_ANNOTATION};
+use crate::api::agent_status::{AgentStatus, STATUS_ANNOTATION, ServiceName};
 use crate::api::{
     CONDITION_ERROR, CONDITION_READY, DeploymentStatus, DeviceConfig, DeviceConfigStatus,
-    ModuleStatus, Operand, REASON_ERROR, REASON_NO_MATCHING_NODES, REASON_OPERATOR_READY,
-    REASON_VALIDATION_ERROR,
+    ModuleStatus, Operand, REASON_ERROR, REASON_NO_MATCHING_NODES, REASON_NODES_NOT_SERVING,
+    REASON_OPERATOR_READY, REASON_VALIDATION_ERROR,
 };
+
+/// How many nodes the Ready message names before it only counts the rest.
+const NODES_NAMED: usize = 5;
 
 /// A selected Node as the status needs it.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -81,12 +90,12 @@ pub fn desired_status(
     let matching = selected.len() as i32;
     let count =
         |pred: &dyn Fn(&NodeView) -> bool| selected.iter().filter(|n| pred(n)).count() as i32;
-    let service_running = |node: &NodeView, service: &str| {
+    let service_running = |node: &NodeView, service: ServiceName| {
         node.follows(&key, uid)
-            .and_then(|a| a.services.get(service))
+            .and_then(|a| a.services.get(&service))
             .is_some_and(|s| s.is_available())
     };
-    let deployment = |operand: Operand, service: Option<&str>| DeploymentStatus {
+    let deployment = |operand: Operand, service: Option<ServiceName>| DeploymentStatus {
         nodes_matching_selector_number: matching,
         desired_number: count(&|n| spec.runs_on(operand, &n.labels)),
         available_number: match service {
@@ -96,18 +105,20 @@ pub fn desired_status(
             None => 0,
         },
     };
-    let driver = DeploymentStatus {
-        nodes_matching_selector_number: matching,
-        desired_number: if spec.driver.enable { matching } else { 0 },
-        // The driver is available where the agent follows this config and sees it loaded.
-        available_number: if spec.driver.enable {
-            count(&|n| {
+    // As in the reference, the driver block counts only a driver the operator
+    // manages: with `driver.enable: false` (the inbox driver) it stays empty.
+    let driver = if spec.driver.enable {
+        DeploymentStatus {
+            nodes_matching_selector_number: matching,
+            desired_number: matching,
+            // Available where the agent follows this config and sees it loaded.
+            available_number: count(&|n| {
                 n.follows(&key, uid)
                     .is_some_and(|a| a.driver_version.is_some() || a.gpus > 0)
-            })
-        } else {
-            0
-        },
+            }),
+        }
+    } else {
+        DeploymentStatus::default()
     };
     let previous_modules = previous.map(|p| &p.node_module_status);
     let node_module_status = if spec.driver.enable {
@@ -173,6 +184,11 @@ pub fn desired_status(
             ("False", REASON_ERROR, message.clone()),
             ("True", REASON_ERROR, message),
         )
+    } else if let Some(message) = not_serving_message(selected, &key, uid) {
+        (
+            ("False", REASON_NODES_NOT_SERVING, message),
+            ("False", REASON_NODES_NOT_SERVING, String::new()),
+        )
     } else if selected.is_empty() {
         (
             (
@@ -199,9 +215,9 @@ pub fn desired_status(
     ];
 
     DeviceConfigStatus {
-        device_plugin: deployment(Operand::DevicePlugin, Some("devicePlugin")),
+        device_plugin: deployment(Operand::DevicePlugin, Some(ServiceName::DevicePlugin)),
         driver,
-        metrics_exporter: deployment(Operand::MetricsExporter, Some("metrics")),
+        metrics_exporter: deployment(Operand::MetricsExporter, Some(ServiceName::MetricsExporter)),
         config_manager: deployment(Operand::ConfigManager, None),
         remediation_workflow: DeploymentStatus {
             nodes_matching_selector_number: matching,
@@ -216,6 +232,53 @@ pub fn desired_status(
         conditions,
         observed_generation,
     }
+}
+
+/// Why a selected node does not serve what the DeviceConfig enables; `None`
+/// when it does: its agent follows this DeviceConfig and reports every enabled
+/// service available.
+fn why_not_serving(node: &NodeView, key: &str, uid: Option<&str>) -> Option<String> {
+    if !node.ready {
+        return Some("the Node is not Ready".to_owned());
+    }
+    let Some(agent) = node.follows(key, uid) else {
+        return Some(match &node.agent {
+            None => "no agent status yet".to_owned(),
+            Some(_) => "its agent does not follow this DeviceConfig yet".to_owned(),
+        });
+    };
+    let reasons: Vec<String> = agent
+        .services
+        .iter()
+        .filter(|(name, _)| **name != ServiceName::Unknown)
+        .filter_map(|(name, state)| state.unavailable_reason().map(|r| format!("{name}: {r}")))
+        .collect();
+    (!reasons.is_empty()).then(|| reasons.join("; "))
+}
+
+/// The Ready message when some selected nodes do not serve; `None` when all do.
+fn not_serving_message(selected: &[NodeView], key: &str, uid: Option<&str>) -> Option<String> {
+    let failing: Vec<(&str, String)> = selected
+        .iter()
+        .filter_map(|n| why_not_serving(n, key, uid).map(|why| (n.name.as_str(), why)))
+        .collect();
+    if failing.is_empty() {
+        return None;
+    }
+    let mut named: Vec<String> = failing
+        .iter()
+        .take(NODES_NAMED)
+        .map(|(node, why)| format!("{node}: {why}"))
+        .collect();
+    if failing.len() > NODES_NAMED {
+        named.push(format!("and {} more", failing.len() - NODES_NAMED));
+    }
+    Some(format!(
+        "{} of {} node(s) not serving: {}",
+        failing.len(),
+        selected.len(),
+        named.join("; ")
+    ))
 }
 
 /// A condition that keeps its transition time while its status is unchanged.
@@ -262,8 +325,8 @@ pub fn status_changed(current: Option<&DeviceConfigStatus>, desired: &DeviceConf
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agent::status::ServiceStatus;
     use crate::api::DeviceConfigSpec;
+    use crate::api::agent_status::ServiceStatus;
 
     fn dc(generation: i64) -> DeviceConfig {
         let mut dc = DeviceConfig::new("gpus", DeviceConfigSpec::default());
@@ -283,7 +346,7 @@ mod tests {
                 uid: Some("uid-1".into()),
                 generation: Some(g),
                 services: if plugin_running {
-                    [("devicePlugin".to_string(), ServiceStatus::Running)].into()
+                    [(ServiceName::DevicePlugin, ServiceStatus::Running)].into()
                 } else {
                     BTreeMap::new()
                 },
@@ -337,6 +400,54 @@ mod tests {
             &now(),
         );
         assert_eq!(status.observed_generation, 1);
+        assert_eq!(status.device_plugin.available_number, 1);
+    }
+
+    #[test]
+    fn ready_only_when_every_node_serves_and_says_which_do_not() {
+        let mut unregistered = node("b", Some(1), false);
+        if let Some(agent) = unregistered.agent.as_mut() {
+            agent.services.insert(
+                ServiceName::DevicePlugin,
+                ServiceStatus::Unavailable {
+                    reason: "not registered with the kubelet (amd.com/gpu: cannot connect)".into(),
+                },
+            );
+            agent
+                .services
+                .insert(ServiceName::MetricsExporter, ServiceStatus::Running);
+        }
+        let nodes = [node("a", Some(1), true), unregistered, node("c", None, false)];
+        let status = desired_status(&dc(1), &nodes, &Problems::default(), None, &now());
+        assert_eq!(status.device_plugin.available_number, 1);
+        let ready = cond(&status, "Ready");
+        assert_eq!(ready.status, "False");
+        assert_eq!(ready.reason, "NodesNotServing");
+        assert_eq!(
+            ready.message,
+            "2 of 3 node(s) not serving: b: devicePlugin: not registered with the kubelet \
+             (amd.com/gpu: cannot connect); c: no agent status yet"
+        );
+        assert_eq!(cond(&status, "Error").status, "False");
+
+        let mut not_ready = node("a", Some(1), true);
+        not_ready.ready = false;
+        let status = desired_status(&dc(1), &[not_ready], &Problems::default(), None, &now());
+        assert!(cond(&status, "Ready").message.contains("a: the Node is not Ready"));
+
+        let many: Vec<NodeView> = (0..8).map(|i| node(&format!("n{i}"), None, false)).collect();
+        let status = desired_status(&dc(1), &many, &Problems::default(), None, &now());
+        assert!(cond(&status, "Ready").message.ends_with("n4: no agent status yet; and 3 more"));
+    }
+
+    #[test]
+    fn the_inbox_driver_leaves_the_driver_block_empty_as_the_reference_does() {
+        let mut inbox = dc(1);
+        inbox.spec.driver.enable = false;
+        let nodes = [node("a", Some(1), true)];
+        let status = desired_status(&inbox, &nodes, &Problems::default(), None, &now());
+        assert_eq!(status.driver, DeploymentStatus::default());
+        assert!(status.node_module_status.is_empty());
         assert_eq!(status.device_plugin.available_number, 1);
     }
 

@@ -17,7 +17,8 @@ use super::checks::{Thresholds, evaluate};
 use super::damping::{Damping, Step, Tracker};
 use super::outputs::health_report;
 use super::{GpuHealth, HealthSnapshot, HealthTransition};
-use crate::agent::supervisor::{Service, ServiceFuture};
+use crate::agent::supervisor::{Readiness, Service, ServiceFuture};
+use crate::api::agent_status::ServiceName;
 use crate::device::Inventory;
 use crate::host::HostRoot;
 use crate::metrics::config::parse_config;
@@ -244,13 +245,15 @@ impl Service for HealthMonitor {
     type Config = HealthConfig;
 
     fn name(&self) -> &'static str {
-        "healthMonitor"
+        ServiceName::HealthMonitor.as_str()
     }
 
+    /// Available once the first verdict is published.
     fn run(
         self: Arc<Self>,
         mut config: watch::Receiver<HealthConfig>,
         cancel: CancellationToken,
+        readiness: Readiness,
     ) -> ServiceFuture {
         Box::pin(async move {
             let mut current = config.borrow_and_update().clone();
@@ -291,6 +294,7 @@ impl Service for HealthMonitor {
                 let (snapshot, transitions) =
                     state.step(&inventory, &sample, &thresholds, &current.damping);
                 self.publish(snapshot, transitions);
+                readiness.available();
             }
             // Stopped: nothing vouches for the old verdicts any more; the device
             // plugin's own checks remain.

@@ -41,8 +41,9 @@ use serde::Serialize;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::agent::supervisor::{Service, ServiceError, ServiceFuture};
+use crate::agent::supervisor::{Readiness, Service, ServiceError, ServiceFuture};
 use crate::api::MetricsExporterSpec;
+use crate::api::agent_status::ServiceName;
 use crate::device::Inventory;
 use crate::health::HealthSnapshot;
 use crate::host::HostRoot;
@@ -288,13 +289,15 @@ impl Service for MetricsService {
     type Config = MetricsConfig;
 
     fn name(&self) -> &'static str {
-        "metricsExporter"
+        ServiceName::MetricsExporter.as_str()
     }
 
+    /// Available once the endpoint serves its first sample.
     fn run(
         self: Arc<Self>,
         mut config: watch::Receiver<MetricsConfig>,
         cancel: CancellationToken,
+        readiness: Readiness,
     ) -> ServiceFuture {
         Box::pin(async move {
             let mut current = config.borrow_and_update().clone();
@@ -394,6 +397,7 @@ impl Service for MetricsService {
                     sampler.reader(),
                 );
                 published_tx.send_replace(Arc::new(published));
+                readiness.available();
                 self.status.send_modify(|s| {
                     s.samples += u64::from(did_sample);
                     s.last_sample_ms = Some(latest.sample.duration_ms);

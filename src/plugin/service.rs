@@ -90,6 +90,39 @@ pub struct PluginStatus {
     pub running: bool,
 }
 
+impl PluginStatus {
+    /// Why pods cannot get devices from this plugin; `None` when they can,
+    /// which is when the kubelet accepted the registration of every resource.
+    pub fn unavailable_reason(&self) -> Option<String> {
+        if !self.running {
+            return Some("the device plugin is not running".to_owned());
+        }
+        if self.resources.is_empty() {
+            return Some(match &self.error {
+                Some(error) => format!("no device to offer: {error}"),
+                None => "no device to offer".to_owned(),
+            });
+        }
+        let waiting: Vec<String> = self
+            .resources
+            .iter()
+            .filter(|r| !r.registered)
+            .map(|r| match &r.error {
+                Some(error) => format!("{}: {error}", r.name),
+                None => format!("{}: waiting for the kubelet to accept it", r.name),
+            })
+            .collect();
+        if waiting.is_empty() {
+            None
+        } else {
+            Some(format!(
+                "not registered with the kubelet ({})",
+                waiting.join("; ")
+            ))
+        }
+    }
+}
+
 /// One served resource.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ResourceStatus {
@@ -577,5 +610,70 @@ impl ResourceTask {
             s.error = summarize(s);
             true
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn resource(registered: bool, error: Option<&str>) -> ResourceStatus {
+        ResourceStatus {
+            name: "amd.com/gpu".into(),
+            devices: 8,
+            healthy: 8,
+            registered,
+            error: error.map(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn available_only_once_the_kubelet_accepted_every_resource() {
+        let serving = PluginStatus {
+            resources: vec![resource(true, None)],
+            running: true,
+            ..PluginStatus::default()
+        };
+        assert_eq!(serving.unavailable_reason(), None);
+
+        let refused = PluginStatus {
+            resources: vec![
+                resource(true, None),
+                ResourceStatus {
+                    name: "amd.com/cpx_nps4".into(),
+                    ..resource(false, Some("cannot connect to the kubelet at kubelet.sock"))
+                },
+            ],
+            running: true,
+            ..PluginStatus::default()
+        };
+        assert_eq!(
+            refused.unavailable_reason().as_deref(),
+            Some(
+                "not registered with the kubelet (amd.com/cpx_nps4: cannot connect to the kubelet at kubelet.sock)"
+            )
+        );
+
+        let pending = PluginStatus {
+            resources: vec![resource(false, None)],
+            running: true,
+            ..PluginStatus::default()
+        };
+        assert!(
+            pending
+                .unavailable_reason()
+                .is_some_and(|r| r.contains("waiting for the kubelet"))
+        );
+
+        let nothing = PluginStatus {
+            running: true,
+            error: Some("GPUs disagree on partition layout".into()),
+            ..PluginStatus::default()
+        };
+        assert_eq!(
+            nothing.unavailable_reason().as_deref(),
+            Some("no device to offer: GPUs disagree on partition layout")
+        );
+        assert!(PluginStatus::default().unavailable_reason().is_some());
     }
 }

@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use super::config::{Framework, TestCase};
+use super::config::{Framework, TestCase, TestConfig, Trigger};
 use super::report::{ActionResult, SuitesResult};
 
 /// Upper bound on a result file: real ones are a few KiB.
@@ -54,6 +54,43 @@ impl Default for Commands {
             agfhc: "/opt/amd/agfhc/agfhc".into(),
             agfhc_results_dir: "/var/tmp".into(),
         }
+    }
+}
+
+/// The programs the tests configured for `node` would start, under any
+/// trigger. A COMMAND program without a `/` is looked up in `PATH` at run time
+/// and is not listed.
+pub fn programs_needed(tests: &TestConfig, node: &str, commands: &Commands) -> Vec<PathBuf> {
+    let mut programs: Vec<PathBuf> = Trigger::ALL
+        .iter()
+        .filter_map(|t| tests.trigger(node, *t))
+        .flat_map(|t| &t.test_cases)
+        .filter_map(|case| match case.framework {
+            Framework::Rvs => Some(commands.rvs.clone()),
+            Framework::Agfhc => Some(commands.agfhc.clone()),
+            Framework::Command => case
+                .command
+                .first()
+                .filter(|p| p.contains('/'))
+                .map(PathBuf::from),
+        })
+        .collect();
+    programs.sort();
+    programs.dedup();
+    programs
+}
+
+/// Why `program` cannot be started, if it cannot: it is missing, not a file,
+/// or not executable.
+pub fn unstartable(program: &Path) -> Option<String> {
+    use std::os::unix::fs::PermissionsExt;
+    match std::fs::metadata(program) {
+        Err(e) => Some(format!("cannot start {}: {e}", program.display())),
+        Ok(meta) if !meta.is_file() => Some(format!("{} is not a file", program.display())),
+        Ok(meta) if meta.permissions().mode() & 0o111 == 0 => {
+            Some(format!("{} is not executable", program.display()))
+        }
+        Ok(_) => None,
     }
 }
 
@@ -332,6 +369,38 @@ mod tests {
             agfhc: "/x/agfhc".into(),
             agfhc_results_dir: "/var/tmp/agfhc".into(),
         }
+    }
+
+    #[test]
+    fn programs_needed_follow_the_config() {
+        // The default config runs gst_single through RVS.
+        assert_eq!(
+            programs_needed(&TestConfig::default(), "node-a", &commands()),
+            [PathBuf::from("/x/rvs")]
+        );
+        let mut tests = TestConfig::default();
+        for location in tests.locations.values_mut() {
+            for trigger in location.triggers.values_mut() {
+                for case in &mut trigger.test_cases {
+                    case.framework = Framework::Command;
+                    case.command = vec!["true".into()];
+                }
+            }
+        }
+        assert!(programs_needed(&tests, "node-a", &commands()).is_empty());
+    }
+
+    #[test]
+    fn unstartable_programs_say_why() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("rvs");
+        assert!(unstartable(&missing).unwrap().contains("cannot start"));
+        std::fs::write(&missing, "#!/bin/sh\n").unwrap();
+        assert!(unstartable(&missing).unwrap().contains("not executable"));
+        std::fs::set_permissions(&missing, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert_eq!(unstartable(&missing), None);
+        assert!(unstartable(dir.path()).unwrap().contains("not a file"));
     }
 
     #[test]

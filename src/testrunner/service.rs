@@ -23,7 +23,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::command::Commands;
+use super::command::{Commands, programs_needed, unstartable};
 use super::config::{CATEGORY, TestConfig, Trigger, parse_config};
 use super::decide::{
     ManualTracker, RunId, Scheduler, Start, Submitted, TEST_REQUEST_ANNOTATION, manual_request,
@@ -35,7 +35,8 @@ use super::kube::{CONFIG_ERROR_REASON, EventContent, Kube, resource_version};
 use super::report::{LABEL_PREFIX, label_value, running_label_key};
 use super::stats::{RunningTest, TestRunnerStats};
 use super::{GpuUnhealthy, TestRunnerConfig};
-use crate::agent::supervisor::{Service, ServiceError, ServiceFuture};
+use crate::agent::supervisor::{Readiness, Service, ServiceError, ServiceFuture};
+use crate::api::agent_status::ServiceName;
 use crate::device::Inventory;
 
 /// The test runner as a node service.
@@ -115,13 +116,16 @@ impl Service for TestRunnerService {
     type Config = TestRunnerConfig;
 
     fn name(&self) -> &'static str {
-        "testRunner"
+        ServiceName::TestRunner.as_str()
     }
 
+    /// Available while every test tool its configuration names can be started;
+    /// checked at start, on every config change and after every run.
     fn run(
         self: Arc<Self>,
         mut config: watch::Receiver<TestRunnerConfig>,
         cancel: CancellationToken,
+        readiness: Readiness,
     ) -> ServiceFuture {
         Box::pin(async move {
             // Held for the whole run: the supervisor runs one instance at a time.
@@ -130,6 +134,19 @@ impl Service for TestRunnerService {
             let mut tests = parse(&current)
                 .map_err(|e| ServiceError::new(format!("testRunner config: {e}")))?;
             let mut ctx = self.context(&current)?;
+            let report_readiness = |tests: &TestConfig, current: &TestRunnerConfig| {
+                let problems: Vec<String> =
+                    programs_needed(tests, &current.node_name, &current.commands)
+                        .iter()
+                        .filter_map(|program| unstartable(program))
+                        .collect();
+                if problems.is_empty() {
+                    readiness.available();
+                } else {
+                    readiness.unavailable(format!("tests cannot start: {}", problems.join("; ")));
+                }
+            };
+            report_readiness(&tests, &current);
             let mut scheduler = Scheduler::default();
             let mut manual = ManualTracker::default();
             let mut runs: JoinSet<Finished> = JoinSet::new();
@@ -228,6 +245,7 @@ impl Service for TestRunnerService {
                             }
                         }
                         current = next;
+                        report_readiness(&tests, &current);
                         let interval = periodic_interval(&tests, &current.node_name);
                         if interval != period {
                             period = interval;
@@ -257,6 +275,7 @@ impl Service for TestRunnerService {
                         match done {
                             Ok(finished) => {
                                 scheduler.finish(finished.id);
+                                report_readiness(&tests, &current);
                                 if let Some((value, removed)) = finished.manual {
                                     manual.handled(value, removed);
                                 }

@@ -1,0 +1,243 @@
+//! The node↔leader contract: the agent's per-node status, published as one
+//! annotation on its Node and read by the leader into DeviceConfig status.
+//!
+//! Both sides use these types and the [`ServiceName`] enum, so the names the
+//! agent writes and the names the leader counts cannot drift apart. This module
+//! is plain data: it must not depend on the agent or the cluster role.
+//!
+//! Annotation [`STATUS_ANNOTATION`] holds compact JSON:
+//!
+//! ```json
+//! {"v":1,"deviceConfig":"kube-amd-gpu/default","uid":"…","generation":3,
+//!  "services":{"devicePlugin":{"state":"Running"},
+//!              "metricsExporter":{"state":"Unavailable","reason":"no sample yet"}},
+//!  "resources":{"amd.com/gpu":8},"gpus":8,"driverVersion":"6.12.12",
+//!  "problems":[],"since":"2026-11-30T07:00:00Z"}
+//! ```
+//!
+//! - `deviceConfig`, `uid`, `generation`: the DeviceConfig the agent follows and the
+//!   generation whose services it has applied; absent when none selects the node.
+//!   The leader sets `observedGeneration` from these.
+//! - `services`: state of each enabled service, by [`ServiceName`]. `Running`
+//!   means available: doing its job for users (the kubelet accepted the device
+//!   plugin, metrics are served, labels are written, tests can start).
+//!   `Unavailable` with a `reason`: the service runs but does not serve yet.
+//!   `Restarting` with `error` and `restarts`: it failed and waits to be
+//!   restarted. `Finished`: it ended on its own. A disabled service is absent.
+//! - `resources`: device plugin resources and their device counts.
+//! - `problems`: what needs a person (conflicting DeviceConfigs, a partition layout
+//!   the naming strategy cannot serve).
+//! - `since`: when this content was first published. It is not a heartbeat: the
+//!   annotation is written only when something other than `since` changes.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+pub const STATUS_ANNOTATION: &str = "amd.com/gpu-agent-status";
+pub const STATUS_VERSION: u32 = 1;
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentStatus {
+    pub v: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_config: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<i64>,
+    #[serde(default)]
+    pub services: BTreeMap<ServiceName, ServiceStatus>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub resources: BTreeMap<String, usize>,
+    pub gpus: usize,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver_version: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub problems: Vec<String>,
+    #[serde(default)]
+    pub since: String,
+}
+
+/// The node services, by the name the annotation gives them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ServiceName {
+    DevicePlugin,
+    Labeller,
+    HealthMonitor,
+    MetricsExporter,
+    TestRunner,
+    /// A name this build does not know: written by a newer agent during a
+    /// rolling upgrade. Read, never written, and counted as nothing.
+    #[serde(other)]
+    Unknown,
+}
+
+impl ServiceName {
+    pub const ALL: [ServiceName; 5] = [
+        Self::DevicePlugin,
+        Self::Labeller,
+        Self::HealthMonitor,
+        Self::MetricsExporter,
+        Self::TestRunner,
+    ];
+
+    /// The annotation's (and the logs') name: `devicePlugin`, `metricsExporter`...
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::DevicePlugin => "devicePlugin",
+            Self::Labeller => "labeller",
+            Self::HealthMonitor => "healthMonitor",
+            Self::MetricsExporter => "metricsExporter",
+            Self::TestRunner => "testRunner",
+            Self::Unknown => "unknown",
+        }
+    }
+}
+
+impl std::fmt::Display for ServiceName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A service's state as it appears in the annotation.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state")]
+pub enum ServiceStatus {
+    /// Running and available: doing its job for users.
+    Running,
+    /// Running, but not doing its job yet, and why.
+    Unavailable {
+        reason: String,
+    },
+    Restarting {
+        error: String,
+        restarts: u64,
+    },
+    Finished,
+}
+
+impl ServiceStatus {
+    pub fn is_available(&self) -> bool {
+        matches!(self, Self::Running)
+    }
+
+    /// Why the service is not available; `None` when it is.
+    pub fn unavailable_reason(&self) -> Option<String> {
+        match self {
+            Self::Running => None,
+            Self::Unavailable { reason } => Some(reason.clone()),
+            Self::Restarting { error, restarts } => {
+                Some(format!("restarting after {restarts} failure(s): {error}"))
+            }
+            Self::Finished => Some("stopped on its own".to_owned()),
+        }
+    }
+}
+
+impl AgentStatus {
+    /// True when `self` and `other` differ in anything but `since`.
+    pub fn differs_from(&self, other: &AgentStatus) -> bool {
+        let strip = |s: &AgentStatus| AgentStatus {
+            since: String::new(),
+            ..s.clone()
+        };
+        strip(self) != strip(other)
+    }
+
+    pub fn to_json(&self) -> String {
+        // Serialising plain maps and strings cannot fail.
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    pub fn parse(text: &str) -> Result<Self, serde_json::Error> {
+        serde_json::from_str(text)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> AgentStatus {
+        AgentStatus {
+            v: STATUS_VERSION,
+            device_config: Some("ns/dc".into()),
+            uid: Some("u".into()),
+            generation: Some(2),
+            services: [(ServiceName::DevicePlugin, ServiceStatus::Running)].into(),
+            resources: [("amd.com/gpu".to_string(), 8)].into(),
+            gpus: 8,
+            driver_version: Some("6.12.12".into()),
+            problems: vec![],
+            since: "2026-11-30T07:00:00Z".into(),
+        }
+    }
+
+    #[test]
+    fn round_trips_in_the_documented_shape() {
+        let json = sample().to_json();
+        let value: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(value["deviceConfig"], "ns/dc");
+        assert_eq!(value["services"]["devicePlugin"]["state"], "Running");
+        assert_eq!(value["resources"]["amd.com/gpu"], 8);
+        assert_eq!(AgentStatus::parse(&json).unwrap(), sample());
+    }
+
+    #[test]
+    fn every_service_name_round_trips_and_unknown_names_count_as_nothing() {
+        for name in ServiceName::ALL {
+            let json = serde_json::to_string(&name).unwrap();
+            assert_eq!(json, format!("\"{}\"", name.as_str()));
+            assert_eq!(serde_json::from_str::<ServiceName>(&json).unwrap(), name);
+        }
+        // The name the leader once looked for instead of `metricsExporter`:
+        // a name neither side knows is not mistaken for a known one.
+        let old = r#"{"v":1,"services":{"metrics":{"state":"Running"}},"gpus":1}"#;
+        let parsed = AgentStatus::parse(old).unwrap();
+        assert_eq!(
+            parsed.services.keys().collect::<Vec<_>>(),
+            [&ServiceName::Unknown]
+        );
+    }
+
+    #[test]
+    fn unavailable_carries_its_reason() {
+        let status = ServiceStatus::Unavailable {
+            reason: "not registered with the kubelet".into(),
+        };
+        let json = serde_json::to_value(&status).unwrap();
+        assert_eq!(json["state"], "Unavailable");
+        assert_eq!(json["reason"], "not registered with the kubelet");
+        assert!(!status.is_available());
+        assert_eq!(
+            status.unavailable_reason().as_deref(),
+            Some("not registered with the kubelet")
+        );
+        assert!(ServiceStatus::Running.unavailable_reason().is_none());
+    }
+
+    #[test]
+    fn since_alone_is_not_a_change() {
+        let later = AgentStatus {
+            since: "2026-11-30T08:00:00Z".into(),
+            ..sample()
+        };
+        assert!(!later.differs_from(&sample()));
+        let failing = AgentStatus {
+            services: [(
+                ServiceName::DevicePlugin,
+                ServiceStatus::Restarting {
+                    error: "x".into(),
+                    restarts: 1,
+                },
+            )]
+            .into(),
+            ..sample()
+        };
+        assert!(failing.differs_from(&sample()));
+    }
+}
