@@ -38,6 +38,7 @@ mod selector;
 mod server;
 mod store;
 mod table;
+mod views;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

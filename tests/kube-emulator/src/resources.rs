@@ -62,6 +62,9 @@ pub struct ResourceType {
     /// (`spec.items`, with list items skipped). Built-ins use [`builtin_list_type`].
     pub schema_lists: BTreeMap<String, ListType>,
     pub custom: bool,
+    /// For a view of another resource's objects: that resource's `(group, plural)`. Its
+    /// objects are stored once, under that resource, and converted (see `views`).
+    pub view_of: Option<(String, String)>,
 }
 
 impl ResourceType {
@@ -90,7 +93,18 @@ impl ResourceType {
             printer_columns: Vec::new(),
             schema_lists: BTreeMap::new(),
             custom: false,
+            view_of: None,
         }
+    }
+
+    /// The group the objects of this type are stored under.
+    pub fn storage_group(&self) -> &str {
+        self.view_of.as_ref().map_or(&self.group, |(g, _)| g)
+    }
+
+    /// The resource the objects of this type are stored under.
+    pub fn storage_resource(&self) -> &str {
+        self.view_of.as_ref().map_or(&self.plural, |(_, r)| r)
     }
 
     fn with_status(mut self) -> Self {
@@ -233,7 +247,12 @@ pub fn builtin_types() -> Vec<ResourceType> {
             "source",
             "type",
         ]),
-        R::builtin("events.k8s.io", "v1", "events", "Event", true, &["ev"]),
+        {
+            // The same objects as core Events (see `views`).
+            let mut ev = R::builtin("events.k8s.io", "v1", "events", "Event", true, &["ev"]);
+            ev.view_of = Some((String::new(), "events".to_string()));
+            ev
+        },
         R::builtin("coordination.k8s.io", "v1", "leases", "Lease", true, &[]),
         // RBAC objects are stored and served; nothing enforces them (see the README).
         R::builtin(
@@ -525,6 +544,7 @@ pub fn type_from_crd(crd: &Value) -> Result<ResourceType, CrdProblems> {
         printer_columns,
         schema_lists,
         custom: true,
+        view_of: None,
     })
 }
 

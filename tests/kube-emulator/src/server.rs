@@ -832,12 +832,7 @@ fn list_opts(params: &Params) -> Result<ListOpts, ApiError> {
 
 /// The object as a watch at `version` sends it.
 fn served(rt: &ResourceType, version: &str, obj: &Value) -> Value {
-    let mut o = obj.clone();
-    if let Some(m) = o.as_object_mut() {
-        m.insert("apiVersion".into(), json!(rt.api_version(version)));
-        m.insert("kind".into(), json!(rt.kind));
-    }
-    o
+    Store::output(rt, version, obj)
 }
 
 fn event_line(etype: &str, obj: &Value) -> Bytes {

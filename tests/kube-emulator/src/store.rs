@@ -19,6 +19,7 @@ use crate::fields::{self, ManagerKey, Operation, Ownership, Scope};
 use crate::patch;
 use crate::resources::{ResourceType, builtin_types, type_from_crd};
 use crate::selector::{FieldSelector, LabelSelector};
+use crate::views;
 
 /// The key of one stored object. Cluster-scoped objects have an empty namespace. The served
 /// version is not part of the key: all versions of a resource share one object, as they do in
@@ -422,8 +423,8 @@ impl Store {
 
     fn key(rt: &ResourceType, ns: Option<&str>, name: &str) -> ObjKey {
         ObjKey {
-            group: rt.group.clone(),
-            resource: rt.plural.clone(),
+            group: rt.storage_group().to_string(),
+            resource: rt.storage_resource().to_string(),
             namespace: if rt.namespaced {
                 ns.unwrap_or_default().to_string()
             } else {
@@ -433,9 +434,9 @@ impl Store {
         }
     }
 
-    /// The object as served at `version`.
-    fn output(rt: &ResourceType, version: &str, v: &Value) -> Value {
-        let mut out = v.clone();
+    /// The object as served at `version` (converted when `rt` is a view, see `views`).
+    pub(crate) fn output(rt: &ResourceType, version: &str, v: &Value) -> Value {
+        let mut out = views::to_view(rt, v);
         if let Some(o) = out.as_object_mut() {
             o.insert("apiVersion".into(), json!(rt.api_version(version)));
             o.insert("kind".into(), json!(rt.kind));
@@ -565,7 +566,7 @@ impl Store {
         rt: &ResourceType,
         version: &str,
         ns: Option<&str>,
-        mut body: Value,
+        body: Value,
         ctx: &WriteCtx,
         apply_owner: Option<(ManagerKey, bool)>,
     ) -> ApiResult<Value> {
@@ -575,6 +576,7 @@ impl Store {
             ));
         }
         Self::check_type_meta(rt, version, &body)?;
+        let mut body = views::to_storage(rt, &body);
         let given_name = meta_str(&body, "name").unwrap_or("").to_string();
         let generate = meta_str(&body, "generateName").unwrap_or("").to_string();
         if given_name.is_empty() && generate.is_empty() {
@@ -771,6 +773,7 @@ impl Store {
             operation: Operation::Update,
             scope,
         };
+        let body = views::to_storage(rt, &body);
         self.finish_update(
             rt,
             version,
@@ -850,6 +853,8 @@ impl Store {
             operation: Operation::Update,
             scope,
         };
+        // Patches apply to the object as this type serves it.
+        let candidate = views::to_storage(rt, &candidate);
         self.finish_update(
             rt,
             version,
@@ -899,6 +904,9 @@ impl Store {
                 "the name of the object ({n}) does not match the name on the URL ({name})"
             )));
         }
+        // An apply configuration names fields as this type serves them; ownership is kept
+        // in the stored form.
+        let applied = views::to_storage(rt, &applied);
         let applier = ManagerKey {
             manager: ctx.manager.clone(),
             operation: Operation::Apply,
@@ -1359,11 +1367,11 @@ impl Store {
         let mut m: BTreeMap<ObjKey, Value> = self
             .objects
             .iter()
-            .filter(|(k, _)| k.group == rt.group && k.resource == rt.plural)
+            .filter(|(k, _)| k.group == rt.storage_group() && k.resource == rt.storage_resource())
             .map(|(k, s)| (k.clone(), s.value.clone()))
             .collect();
         for rec in self.history.iter().rev().take_while(|r| r.rv > at) {
-            if rec.key.group != rt.group || rec.key.resource != rt.plural {
+            if rec.key.group != rt.storage_group() || rec.key.resource != rt.storage_resource() {
                 continue;
             }
             match rec.etype {
@@ -1580,8 +1588,8 @@ impl Store {
     ) -> ApiResult<WatchStart> {
         Self::check_fields(rt, &opts.field)?;
         let filter = WatchFilter {
-            group: rt.group.clone(),
-            resource: rt.plural.clone(),
+            group: rt.storage_group().to_string(),
+            resource: rt.storage_resource().to_string(),
             namespace: ns.map(str::to_string),
             label: opts.label.clone(),
             field: opts.field.clone(),
@@ -1620,8 +1628,8 @@ impl Store {
             s.objects
                 .iter()
                 .filter(|(k, st)| {
-                    k.group == rt.group
-                        && k.resource == rt.plural
+                    k.group == rt.storage_group()
+                        && k.resource == rt.storage_resource()
                         && ns.is_none_or(|n| k.namespace == n)
                         && filter.matches_obj(&st.value)
                 })

@@ -10,6 +10,7 @@ use serde_json::{Value, json};
 use jsonpath_rust::JsonPath as _;
 
 use crate::resources::ResourceType;
+use crate::views;
 
 /// Renders an age like the real server's `HumanDuration` (`42s`, `5m`, `3h20m`, `12d`).
 pub fn human_age(secs: i64) -> String {
@@ -64,6 +65,24 @@ fn columns(rt: &ResourceType) -> Vec<Value> {
             col("Version", "string", ""),
         ],
         ("", "namespaces") => vec![name, col("Status", "string", ""), age],
+        ("", "events") | ("events.k8s.io", "events") => {
+            let wide = |mut c: Value| {
+                c["priority"] = json!(1);
+                c
+            };
+            vec![
+                col("Last Seen", "string", ""),
+                col("Type", "string", ""),
+                col("Reason", "string", ""),
+                col("Object", "string", ""),
+                wide(col("Subobject", "string", "")),
+                wide(col("Source", "string", "")),
+                col("Message", "string", ""),
+                wide(col("First Seen", "string", "")),
+                wide(col("Count", "integer", "")),
+                wide(col("Name", "string", "name")),
+            ]
+        }
         ("", "configmaps") => vec![name, col("Data", "integer", ""), age],
         ("", "secrets") => vec![
             name,
@@ -161,6 +180,7 @@ fn cells(rt: &ResourceType, obj: &Value) -> Vec<Value> {
             ]
         }
         ("", "namespaces") => vec![name, json!(str_at(obj, "/status/phase")), json!(age(obj))],
+        ("", "events") | ("events.k8s.io", "events") => event_cells(&views::to_storage(rt, obj)),
         ("", "configmaps") => {
             let n = obj
                 .get("data")
@@ -188,6 +208,67 @@ fn cells(rt: &ResourceType, obj: &Value) -> Vec<Value> {
         }
         _ => vec![name, json!(age(obj))],
     }
+}
+
+/// The age of a timestamp field, `<unknown>` when unset (the real printer's wording).
+fn since(obj: &Value, pointer: &str) -> Option<String> {
+    let t = obj
+        .pointer(pointer)
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty())?;
+    let t = t.parse::<jiff::Timestamp>().ok()?;
+    Some(human_age(
+        jiff::Timestamp::now().as_second() - t.as_second(),
+    ))
+}
+
+/// A core Event's row, as the real server prints it (also for events.k8s.io, which is the
+/// same resource): the deprecated timestamps, else `eventTime` and the series.
+fn event_cells(ev: &Value) -> Vec<Value> {
+    let unknown = || "<unknown>".to_string();
+    let first = since(ev, "/firstTimestamp")
+        .or_else(|| since(ev, "/eventTime"))
+        .unwrap_or_else(unknown);
+    let mut last = since(ev, "/lastTimestamp").unwrap_or_else(|| first.clone());
+    let mut count = ev.get("count").and_then(Value::as_i64).unwrap_or(0);
+    if ev.get("series").is_some_and(Value::is_object) {
+        last = since(ev, "/series/lastObservedTime").unwrap_or_else(unknown);
+        count = ev
+            .pointer("/series/count")
+            .and_then(Value::as_i64)
+            .unwrap_or(0);
+    } else if count == 0 {
+        // Singleton events have no count in the events.k8s.io API.
+        count = 1;
+    }
+    let kind = str_at(ev, "/involvedObject/kind").to_ascii_lowercase();
+    let target = match str_at(ev, "/involvedObject/name") {
+        "" => kind,
+        n => format!("{kind}/{n}"),
+    };
+    let first_non_empty = |a: &str, b: &str| if a.is_empty() { b } else { a }.to_string();
+    let component = first_non_empty(
+        str_at(ev, "/source/component"),
+        str_at(ev, "/reportingComponent"),
+    );
+    let instance = first_non_empty(str_at(ev, "/source/host"), str_at(ev, "/reportingInstance"));
+    let source = if instance.is_empty() {
+        component
+    } else {
+        format!("{component}, {instance}")
+    };
+    vec![
+        json!(last),
+        json!(str_at(ev, "/type")),
+        json!(str_at(ev, "/reason")),
+        json!(target),
+        json!(str_at(ev, "/involvedObject/fieldPath")),
+        json!(source),
+        json!(str_at(ev, "/message").trim()),
+        json!(first),
+        json!(count),
+        json!(str_at(ev, "/metadata/name")),
+    ]
 }
 
 /// A Kubernetes JSONPath (`.status.x`, `{.status.x}`, `$.status.x`, with filters such as

@@ -929,3 +929,84 @@ async fn events_services_and_resource_kinds() {
         .unwrap();
     assert_eq!(dc.metadata.generation, Some(1));
 }
+
+/// kube-runtime's Recorder writes events.k8s.io/v1 Events; a core v1 client lists and
+/// watches the same objects (one resource, two views), including the series update.
+#[tokio::test]
+async fn recorder_events_are_core_events_too() {
+    use futures::StreamExt as _;
+    use k8s_openapi::api::core::v1::{Event as CoreEvent, ObjectReference};
+    use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+    use kube::runtime::watcher;
+
+    let emu = start().await;
+    let client = emu.client();
+    within(20, "recorder events through core v1", async {
+        let core: Api<CoreEvent> = Api::namespaced(client.clone(), "default");
+        let mut changes = watcher(core.clone(), watcher::Config::default()).boxed();
+        // The watch is established once its initial list is done.
+        loop {
+            if let Some(Ok(watcher::Event::InitDone)) = changes.next().await {
+                break;
+            }
+        }
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "gpu-operator".into(),
+                instance: Some("node-1".into()),
+            },
+        );
+        let node = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Node".into()),
+            name: Some("node-1".into()),
+            namespace: Some("default".into()),
+            ..Default::default()
+        };
+        let ev = Event {
+            type_: EventType::Warning,
+            reason: "GPUUnhealthy".into(),
+            note: Some("gpu 0 failed its health check".into()),
+            action: "HealthCheck".into(),
+            secondary: None,
+        };
+        recorder.publish(&ev, &node).await.unwrap();
+        let seen = loop {
+            match changes.next().await {
+                Some(Ok(watcher::Event::Apply(e))) => break e,
+                Some(_) => continue,
+                None => panic!("the core watch ended"),
+            }
+        };
+        assert_eq!(seen.reason.as_deref(), Some("GPUUnhealthy"));
+        assert_eq!(
+            seen.message.as_deref(),
+            Some("gpu 0 failed its health check")
+        );
+        assert_eq!(seen.involved_object.name.as_deref(), Some("node-1"));
+        assert_eq!(seen.reporting_component.as_deref(), Some("gpu-operator"));
+        assert_eq!(seen.reporting_instance.as_deref(), Some("node-1"));
+        assert_eq!(seen.type_.as_deref(), Some("Warning"));
+
+        // The same event again: the Recorder patches the series; core sees the count.
+        recorder.publish(&ev, &node).await.unwrap();
+        let updated = loop {
+            match changes.next().await {
+                Some(Ok(watcher::Event::Apply(e))) => break e,
+                Some(_) => continue,
+                None => panic!("the core watch ended"),
+            }
+        };
+        assert_eq!(updated.metadata.name, seen.metadata.name);
+        assert_eq!(updated.series.as_ref().and_then(|s| s.count), Some(2));
+
+        let listed = core.list(&ListParams::default()).await.unwrap();
+        assert_eq!(listed.items.len(), 1);
+        assert_eq!(
+            listed.items[0].message.as_deref(),
+            Some("gpu 0 failed its health check")
+        );
+    })
+    .await;
+}

@@ -718,17 +718,43 @@ async fn kubectl_get_shows_the_crd_printer_columns() {
     install_crd(&s).await;
     let dc = s.write("dc.yaml", DEVICECONFIG);
     s.ok(&["apply", "-f", &dc]).await;
+
+    // The columns as the shipped CRD defines them.
+    let crd_text =
+        std::fs::read_to_string(deploy_dir().join("crd/deviceconfigs.amd.com.yaml")).unwrap();
+    let crd: Value = serde_saphyr::from_str(&crd_text).unwrap();
+    let version = crd["spec"]["versions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["storage"] == true)
+        .unwrap();
+    let columns = version["additionalPrinterColumns"].as_array().unwrap();
+    let ready = r#".status.conditions[?(@.type=="Ready")].status"#;
+    let ready_at = columns
+        .iter()
+        .position(|c| c["jsonPath"] == ready)
+        .expect("the CRD has a Ready column with a JSONPath filter");
+    // A status that fills every column: the Ready condition, and a distinct number for each
+    // integer column (simple paths).
     let status = |ready: &str| {
-        serde_json::json!({"status": {
-            "conditions": [
-                {"type": "Progressing", "status": "False", "reason": "Done", "message": "",
-                 "lastTransitionTime": "2025-01-01T00:00:00Z"},
-                {"type": "Ready", "status": ready, "reason": "Nodes", "message": "",
-                 "lastTransitionTime": "2025-01-01T00:00:00Z"}
-            ],
-            "driver": {"nodesMatchingSelectorNumber": 3, "availableNumber": 2}
-        }})
-        .to_string()
+        let mut obj = serde_json::json!({"status": {"conditions": [
+            {"type": "Progressing", "status": "False", "reason": "Done", "message": "",
+             "lastTransitionTime": "2025-01-01T00:00:00Z"},
+            {"type": "Ready", "status": ready, "reason": "Nodes", "message": "",
+             "lastTransitionTime": "2025-01-01T00:00:00Z"}
+        ]}});
+        for (i, c) in columns.iter().enumerate() {
+            if c["type"] == "integer" {
+                let path = c["jsonPath"].as_str().unwrap();
+                let mut at = &mut obj;
+                for part in path.trim_start_matches('.').split('.') {
+                    at = &mut at[part];
+                }
+                *at = serde_json::json!(10 + i);
+            }
+        }
+        obj.to_string()
     };
     s.ok(&[
         "patch",
@@ -741,21 +767,45 @@ async fn kubectl_get_shows_the_crd_printer_columns() {
     ])
     .await;
 
+    let shown: Vec<&Value> = columns
+        .iter()
+        .filter(|c| c["priority"].as_i64().unwrap_or(0) == 0)
+        .collect();
+    let mut expected_header = vec!["NAME".to_string()];
+    expected_header.extend(
+        shown
+            .iter()
+            .map(|c| c["name"].as_str().unwrap().to_ascii_uppercase()),
+    );
+    assert_eq!(
+        expected_header.iter().filter(|h| *h == "AGE").count(),
+        1,
+        "the CRD lists its own Age column"
+    );
     let table = s.ok(&["get", "deviceconfig"]).await;
     let mut lines = table.lines();
     let header: Vec<&str> = lines.next().unwrap_or("").split_whitespace().collect();
-    assert_eq!(
-        header,
-        ["NAME", "READY", "NODES", "AVAILABLE", "AGE"],
-        "{table}"
-    );
+    assert_eq!(header, expected_header, "{table}");
     let row: Vec<&str> = lines.next().unwrap_or("").split_whitespace().collect();
-    assert_eq!(row.len(), 5, "{table}");
-    assert_eq!(&row[..4], ["gpus", "True", "3", "2"], "{table}");
-    assert!(
-        row[4].ends_with('s') || row[4].ends_with('m'),
-        "an age: {table}"
-    );
+    assert_eq!(row.len(), expected_header.len(), "{table}");
+    assert_eq!(row[0], "gpus");
+    for (i, c) in shown.iter().enumerate() {
+        let cell = row[i + 1];
+        match c["type"].as_str().unwrap() {
+            "integer" => {
+                let n = 10 + columns.iter().position(|x| x == *c).unwrap();
+                assert_eq!(cell, n.to_string(), "column {}: {table}", c["name"]);
+            }
+            "date" => assert!(
+                cell.ends_with('s') || cell.ends_with('m'),
+                "column {} is an age: {table}",
+                c["name"]
+            ),
+            _ if *c == &columns[ready_at] => assert_eq!(cell, "True", "{table}"),
+            _ => {}
+        }
+    }
+    let ready_cell = 1 + shown.iter().position(|c| *c == &columns[ready_at]).unwrap();
 
     // The filter follows the condition: Ready going False shows False.
     s.ok(&[
@@ -770,6 +820,164 @@ async fn kubectl_get_shows_the_crd_printer_columns() {
     .await;
     let table = s.ok(&["get", "deviceconfig", "gpus", "--no-headers"]).await;
     let row: Vec<&str> = table.split_whitespace().collect();
-    assert_eq!(&row[..2], ["gpus", "False"], "{table}");
+    assert_eq!(row[ready_cell], "False", "{table}");
+    s.stop().await;
+}
+
+/// events.k8s.io/v1 and core v1 Events are one resource: what kube-runtime's Recorder writes
+/// through events.k8s.io is what `kubectl get events` lists and watches, and the reverse.
+#[tokio::test]
+async fn kubectl_sees_events_written_through_either_events_api() {
+    if !kubectl_present("kubectl_sees_events_written_through_either_events_api") {
+        return;
+    }
+    let s = Server::start().await;
+    s.ok(&["create", "namespace", "ev"]).await;
+
+    // A core watch, started before the Event exists.
+    let mut watch = s
+        .command(&[
+            "get",
+            "events",
+            "-n",
+            "ev",
+            "-w",
+            "-o",
+            "jsonpath={.reason}={.message}{\"\\n\"}",
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(watch.stdout.take().unwrap()).lines();
+    // The watch is open once the server counts it; only then create the Event.
+    tokio::time::timeout(Duration::from_secs(15), async {
+        while count(&s.counts().await, "watch", "events") == 0 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("kubectl opened its watch");
+
+    let new_api = s.write(
+        "event-v1.yaml",
+        "apiVersion: events.k8s.io/v1
+kind: Event
+metadata:
+  name: gpu-ready.1
+  namespace: ev
+eventTime: \"2025-01-01T00:00:00.000000Z\"
+reportingController: amd.com/gpu-operator
+reportingInstance: node-1
+action: Reconcile
+reason: DriverReady
+note: driver loaded on node-1
+type: Normal
+regarding:
+  apiVersion: v1
+  kind: Node
+  name: node-1
+",
+    );
+    s.ok(&["create", "-f", &new_api]).await;
+    wait_line(&mut lines, "the core watch event", |l| {
+        l == "DriverReady=driver loaded on node-1"
+    })
+    .await;
+    let _ = watch.kill().await;
+
+    // The core table: reason, object and message, as the real printer shows them.
+    let table = s.ok(&["get", "events", "-n", "ev"]).await;
+    let header: Vec<&str> = table
+        .lines()
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        header,
+        ["LAST", "SEEN", "TYPE", "REASON", "OBJECT", "MESSAGE"],
+        "{table}"
+    );
+    let row = table.lines().nth(1).unwrap_or("");
+    for want in [
+        "Normal",
+        "DriverReady",
+        "node/node-1",
+        "driver loaded on node-1",
+    ] {
+        assert!(row.contains(want), "{want} missing:\n{table}");
+    }
+    let core = s
+        .json(&["get", "events.v1.", "gpu-ready.1", "-n", "ev"])
+        .await;
+    assert_eq!(core["apiVersion"], "v1");
+    assert_eq!(core["message"], "driver loaded on node-1");
+    assert_eq!(core["involvedObject"]["name"], "node-1");
+    assert_eq!(core["reportingComponent"], "amd.com/gpu-operator");
+    assert_eq!(core["reportingInstance"], "node-1");
+    assert!(core.get("note").is_none(), "{core}");
+
+    // The reverse: a core Event read through events.k8s.io.
+    let old_api = s.write(
+        "event-core.yaml",
+        "apiVersion: v1
+kind: Event
+metadata:
+  name: legacy.1
+  namespace: ev
+reason: Started
+message: started the test
+type: Warning
+count: 3
+firstTimestamp: \"2025-01-01T00:00:00Z\"
+lastTimestamp: \"2025-01-01T00:05:00Z\"
+source:
+  component: kubelet
+  host: node-2
+involvedObject:
+  kind: Pod
+  name: runner
+  namespace: ev
+",
+    );
+    s.ok(&["create", "-f", &old_api]).await;
+    let list = s
+        .json(&["get", "events.v1.events.k8s.io", "-n", "ev"])
+        .await;
+    let items = list["items"].as_array().expect("a list");
+    assert_eq!(items.len(), 2, "{list}");
+    let legacy = items
+        .iter()
+        .find(|e| e["metadata"]["name"] == "legacy.1")
+        .expect("the core Event through events.k8s.io");
+    assert_eq!(legacy["apiVersion"], "events.k8s.io/v1");
+    assert_eq!(legacy["note"], "started the test");
+    assert_eq!(legacy["regarding"]["name"], "runner");
+    assert_eq!(legacy["deprecatedCount"], 3);
+    assert_eq!(legacy["deprecatedSource"]["host"], "node-2");
+    assert_eq!(legacy["deprecatedLastTimestamp"], "2025-01-01T00:05:00Z");
+
+    // A change through one API is seen through the other; a delete removes it from both.
+    s.ok(&[
+        "patch",
+        "events.v1.events.k8s.io",
+        "gpu-ready.1",
+        "-n",
+        "ev",
+        "--type=merge",
+        "-p",
+        r#"{"note":"driver reloaded"}"#,
+    ])
+    .await;
+    let core = s
+        .json(&["get", "events.v1.", "gpu-ready.1", "-n", "ev"])
+        .await;
+    assert_eq!(core["message"], "driver reloaded");
+    s.ok(&["delete", "events.v1.", "legacy.1", "-n", "ev"])
+        .await;
+    let list = s
+        .json(&["get", "events.v1.events.k8s.io", "-n", "ev"])
+        .await;
+    assert_eq!(list["items"].as_array().map(Vec::len), Some(1), "{list}");
     s.stop().await;
 }
