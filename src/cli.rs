@@ -82,6 +82,11 @@ pub enum Command {
     /// link), then, with --recipe, the test (e.g. rvs gst_single). A node with
     /// no GPU bound to amdgpu (driver not loaded, say) fails the check: a GPU
     /// node that shows none is not healthy.
+    ///
+    /// Exit status: 0 all healthy (and the test passed), 1 a GPU is unhealthy,
+    /// none is found, or the test failed, 2 the test timed out or an argument is
+    /// bad, 3 the test could not be run, 4 the test tool cannot be started
+    /// (missing or not executable: nothing was tested, see --rvs).
     Check(CheckArgs),
     /// Run only the cluster role: reconcile DeviceConfigs, without node work.
     ///
@@ -323,7 +328,8 @@ pub struct CheckArgs {
     /// Where test logs go.
     #[arg(long, value_name = "DIR", default_value = "/var/log/amd-test-runner")]
     pub logs_dir: PathBuf,
-    /// The rvs binary.
+    /// The rvs binary (default /opt/rocm/bin/rvs, as in the reference's test
+    /// runner image). A relative path is taken from the current directory.
     #[arg(long, value_name = "PATH")]
     pub rvs: Option<PathBuf>,
     /// Directory of RVS recipe files (<recipe>.conf).
@@ -369,12 +375,23 @@ fn init_logging(format: LogFormat) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(log_colour(
+            std::io::IsTerminal::is_terminal(&std::io::stderr()),
+            std::env::var_os("NO_COLOR").as_deref(),
+        ))
         .with_writer(std::io::stderr);
     // A second initialisation (in tests) is harmless, so its error is ignored.
     let _ = match format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().try_init(),
     };
+}
+
+/// Colour in logs only on a terminal, and never when `NO_COLOR` is set to
+/// anything but the empty string (<https://no-color.org>): files, pipes and
+/// journald get plain text.
+pub fn log_colour(stderr_is_terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    stderr_is_terminal && no_color.is_none_or(|v| v.is_empty())
 }
 
 /// Prints `error: <message>` and returns the given exit code.
@@ -832,21 +849,37 @@ fn run_check(args: CheckArgs) -> ExitCode {
         };
         let unhealthy = snapshot.gpus.values().filter(|g| !g.healthy).count();
         let mut test = None;
+        let mut tool_missing: Option<String> = None;
         if let Some(recipe) = &args.recipe {
             let mut options = crate::testrunner::CheckOptions::new(recipe, host.clone(), host_name(), &args.logs_dir);
             options.config_text = test_config;
+            // Tests run in the logs directory: relative paths are made absolute
+            // first, so that they mean what they mean in the caller's shell.
+            let from_here = |path: &PathBuf| std::path::absolute(path).unwrap_or_else(|_| path.clone());
             if let Some(rvs) = &args.rvs {
-                options.commands.rvs = rvs.clone();
+                options.commands.rvs = from_here(rvs);
             }
             if let Some(dir) = &args.rvs_conf_dir {
-                options.commands.rvs_conf_dir = dir.clone();
+                options.commands.rvs_conf_dir = from_here(dir);
             }
             if let Some(dir) = &args.rvs_results_dir {
-                options.commands.rvs_results_dir = dir.clone();
+                options.commands.rvs_results_dir = from_here(dir);
             }
             options.timeout = args.timeout;
             match crate::testrunner::check(&options, &shutdown_on_signals()).await {
                 Ok(report) => test = Some(report),
+                Err(crate::testrunner::TestRunnerError::ToolUnavailable { framework, program, why }) => {
+                    let hint = match framework {
+                        crate::testrunner::Framework::Rvs => " (point --rvs at the rvs binary)",
+                        crate::testrunner::Framework::Agfhc => " (the reference's test runner image has it there)",
+                        crate::testrunner::Framework::Command => " (see the recipe's Command in --test-config)",
+                    };
+                    tool_missing = Some(format!(
+                        "test {recipe} not run: the {} test tool {} cannot be started: {why}{hint}",
+                        framework.name(),
+                        program.display()
+                    ));
+                }
                 Err(e) => return fail(format!("test {recipe}: {e}"), 3),
             }
         }
@@ -858,10 +891,17 @@ fn run_check(args: CheckArgs) -> ExitCode {
                         "bdf": bdf, "healthy": g.healthy, "reasons": g.reasons, "gpu_ids": g.gpu_ids,
                     })).collect::<Vec<_>>(),
                     "unhealthy": unhealthy,
-                    "test": test.as_ref().map(|r| serde_json::json!({
-                        "recipe": args.recipe, "exit_code": test_code,
-                        "result": serde_json::from_str::<serde_json::Value>(&r.message()).unwrap_or_default(),
-                    })),
+                    "test": match (&test, &tool_missing) {
+                        (Some(r), _) => Some(serde_json::json!({
+                            "recipe": args.recipe, "exit_code": test_code,
+                            "result": serde_json::from_str::<serde_json::Value>(&r.message()).unwrap_or_default(),
+                        })),
+                        (None, Some(why)) => Some(serde_json::json!({
+                            "recipe": args.recipe, "exit_code": TOOL_UNAVAILABLE_EXIT,
+                            "result": "not-run", "reason": why,
+                        })),
+                        (None, None) => None,
+                    },
                 });
                 println!("{}", serde_json::to_string_pretty(&json).unwrap_or_default());
             }
@@ -895,13 +935,21 @@ fn run_check(args: CheckArgs) -> ExitCode {
             eprintln!("no GPUs found under {}: {why}", host.root().display());
             return ExitCode::from(1);
         }
+        if let Some(why) = &tool_missing {
+            eprintln!("error: {why}");
+        }
         if unhealthy > 0 {
             ExitCode::from(1)
+        } else if tool_missing.is_some() {
+            ExitCode::from(TOOL_UNAVAILABLE_EXIT)
         } else {
             ExitCode::from(u8::try_from(test_code).unwrap_or(1))
         }
     })
 }
+
+/// `check`'s exit status when the test tool cannot be started.
+const TOOL_UNAVAILABLE_EXIT: u8 = 4;
 
 /// Prints a table of every GPU's readings every 5 s, from `/gpumetrics`.
 async fn show_live_metrics(addr: std::net::SocketAddr, stop: tokio_util::sync::CancellationToken) {
@@ -1046,5 +1094,14 @@ mod tests {
             let parsed = Cli::try_parse_from(["gpu-operator", "check", "--timeout", bad]);
             assert!(parsed.is_err(), "--timeout {bad} is refused");
         }
+    }
+
+    #[test]
+    fn colour_only_on_a_terminal_without_no_color() {
+        use std::ffi::OsStr;
+        assert!(log_colour(true, None));
+        assert!(log_colour(true, Some(OsStr::new(""))));
+        assert!(!log_colour(true, Some(OsStr::new("1"))));
+        assert!(!log_colour(false, None));
     }
 }

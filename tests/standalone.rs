@@ -244,3 +244,96 @@ fn check_reports_unhealthy_gpus_and_runs_a_recipe() {
     assert!(stdout.contains("test gst_single"), "{stdout}");
     assert_eq!(rvs.invocations().len(), 1, "{:?}", rvs.invocations());
 }
+
+#[test]
+fn check_tells_a_missing_test_tool_from_a_gpu_failure() {
+    let dir = tempfile::tempdir().unwrap();
+    let host = HostRoot::new(dir.path().join("host"));
+    simulate::write_host(&host, &SimSpec::new("mi210", Some(2), None).unwrap()).unwrap();
+    let missing = dir.path().join("no-such-rvs");
+    let out = bin()
+        .args(["check", "--recipe", "gst_single", "--output", "json", "--host-root"])
+        .arg(host.root())
+        .arg("--logs-dir")
+        .arg(dir.path().join("logs"))
+        .arg("--rvs")
+        .arg(&missing)
+        .env("RUST_LOG", "debug")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(4), "{stderr}");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["unhealthy"], 0, "the GPUs themselves are fine");
+    assert_eq!(report["test"]["result"], "not-run");
+    let reason = report["test"]["reason"].as_str().unwrap();
+    assert!(reason.contains(&missing.display().to_string()), "{reason}");
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("error: "))
+        .unwrap_or_else(|| panic!("one clear error line: {stderr}"));
+    assert!(line.contains("RVS test tool") && line.contains("--rvs"), "{line}");
+
+    // A relative --rvs names a file relative to the current directory, not to
+    // the logs directory the test runs in.
+    let rvs = fake_rvs::FakeRvs::new();
+    let commands = rvs.commands();
+    let out = bin()
+        .current_dir(commands.rvs.parent().unwrap())
+        .args(["check", "--recipe", "gst_single", "--host-root"])
+        .arg(host.root())
+        .arg("--logs-dir")
+        .arg(dir.path().join("logs"))
+        .args(["--rvs", "rvs"])
+        .arg("--rvs-conf-dir")
+        .arg(&commands.rvs_conf_dir)
+        .arg("--rvs-results-dir")
+        .arg(&commands.rvs_results_dir)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert_eq!(rvs.invocations().len(), 1);
+    // Logs on a pipe are plain text: no colour codes.
+    assert!(stderr.contains(" INFO "), "{stderr}");
+    assert!(!stderr.contains('\u{1b}'), "{stderr:?}");
+}
+
+#[test]
+fn standalone_fails_at_start_when_the_metrics_port_is_taken() {
+    let dir = tempfile::tempdir().unwrap();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap();
+    let mut child = bin()
+        .args(["standalone", "--simulate", "mi210", "--metrics-bind"])
+        .arg(addr.to_string())
+        .arg("--events-file")
+        .arg(dir.path().join("events.jsonl"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "still running with its port taken"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut stderr = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("error: "))
+        .unwrap_or_else(|| panic!("an error line: {stderr}"));
+    assert!(
+        line.contains(&addr.to_string()) && line.contains("--metrics-bind"),
+        "{line}"
+    );
+    drop(taken);
+}

@@ -16,6 +16,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use super::node_services::NodeServices;
+use super::supervisor::ServiceState;
 use super::select::{NodeContext, plan_services};
 use crate::api::{DeviceConfigSpec, parse_device_configs, validate};
 use crate::device::watch::{DeviceWatch, WatchConfig};
@@ -35,6 +36,10 @@ pub enum StandaloneError {
         #[source]
         source: std::io::Error,
     },
+    /// The metrics endpoint cannot listen (the port is taken, say): nothing
+    /// would ever answer the probes, so standalone mode does not start.
+    #[error("the metrics endpoint {error}; choose another address with --metrics-bind")]
+    MetricsListen { error: String },
 }
 
 /// Where standalone mode appends Events by default. The systemd unit's
@@ -211,15 +216,36 @@ pub async fn run(
     let mut results_until = 0.0_f64;
     services.apply(desired).await;
     let mut exporter = services.exporter_status.clone();
-    // Ready once the metrics endpoint listens (or at once when it is off).
+    // Ready once the metrics endpoint listens (or at once when it is off). It
+    // failing to listen ends the start with its reason; a signal meanwhile
+    // stops cleanly.
     if services.metrics.is_running() {
-        let _ = tokio::time::timeout(
-            Duration::from_secs(10),
-            exporter.wait_for(|s| s.listening.is_some()),
-        )
-        .await;
-        if let Some(addr) = exporter.borrow().listening {
-            tracing::info!(%addr, "metrics on http://{addr}/metrics");
+        let mut metrics_state = services.metrics.subscribe();
+        let started = tokio::select! {
+            _ = shutdown.cancelled() => None,
+            _ = exporter.wait_for(|s| s.listening.is_some()) => Some(Ok(())),
+            failed = metrics_state.wait_for(|s| matches!(s, ServiceState::Restarting { .. })) => {
+                let error = match failed.as_deref() {
+                    Ok(ServiceState::Restarting { error, .. }) => error.clone(),
+                    _ => "stopped".to_owned(),
+                };
+                Some(Err(error))
+            }
+        };
+        match started {
+            None => {
+                services.stop().await;
+                return Ok(());
+            }
+            Some(Err(error)) => {
+                services.stop().await;
+                return Err(StandaloneError::MetricsListen { error });
+            }
+            Some(Ok(())) => {
+                if let Some(addr) = exporter.borrow().listening {
+                    tracing::info!(%addr, "metrics on http://{addr}/metrics");
+                }
+            }
         }
     }
     let listening = exporter.borrow().listening;

@@ -40,7 +40,7 @@ pub mod report;
 pub mod service;
 pub mod stats;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
@@ -129,6 +129,13 @@ pub enum TestRunnerError {
     },
     #[error("stopped before the test finished")]
     Cancelled,
+    /// The test tool cannot be started: not a GPU failure, nothing was tested.
+    #[error("{why}")]
+    ToolUnavailable {
+        framework: Framework,
+        program: PathBuf,
+        why: String,
+    },
 }
 
 /// What `gpu-operator check` runs.
@@ -216,6 +223,21 @@ pub async fn check(
     }
     if !options.device_ids.is_empty() {
         case.device_ids = options.device_ids.clone();
+    }
+    // A missing tool is told apart from a failing GPU before anything runs. A
+    // bare COMMAND name is found in PATH when it starts.
+    let program = command::command_line(&case, &options.commands, Path::new(""), &[]).program;
+    if let Some(why) = program
+        .to_string_lossy()
+        .contains('/')
+        .then(|| command::unstartable(&program))
+        .flatten()
+    {
+        return Err(TestRunnerError::ToolUnavailable {
+            framework: case.framework,
+            program,
+            why,
+        });
     }
     std::fs::create_dir_all(&options.logs_dir).map_err(|source| TestRunnerError::Logs {
         path: options.logs_dir.clone(),
