@@ -84,23 +84,37 @@ fn validate_reports_every_problem_with_file_document_and_path() {
     let output = run(&["validate", &file]);
     let out = stdout(&output);
     assert_eq!(output.status.code(), Some(1), "{out}");
+    // Each problem points at its field's own line, compiler style.
     assert!(
         out.contains(&format!(
-            "{file}: document 2 (line 12): spec.driver.upgradePolicy.maxUnavailableNodes: \"130%\" is not a percentage between 0% and 100%"
+            "{file}:19: error: spec.driver.upgradePolicy.maxUnavailableNodes: \"130%\" is not a percentage between 0% and 100%"
         )),
         "{out}"
     );
     assert!(
-        out.contains(&format!(
-            "{file}: document 2 (line 12): spec.draDriver.enable: "
-        )),
+        out.contains(&format!("{file}:21: error: spec.draDriver.enable: ")),
         "{out}"
     );
     assert!(
         out.contains(&format!(
-            "{file}: document 0 (line 1): note: skipped, not a DeviceConfig"
+            "{file}:1: note: document 0 skipped, not a DeviceConfig"
         )),
         "{out}"
+    );
+    // A name the API server would refuse.
+    let named = write(
+        &dir,
+        "named.yaml",
+        "apiVersion: amd.com/v1alpha1\nkind: DeviceConfig\nmetadata:\n  name: Bad_Name\nspec: {}\n",
+    );
+    let output = run(&["validate", &named]);
+    let out_named = stdout(&output);
+    assert_eq!(output.status.code(), Some(1), "{out_named}");
+    assert!(
+        out_named.contains(&format!(
+            "{named}:4: error: metadata.name: \"Bad_Name\" is not a valid name"
+        )),
+        "{out_named}"
     );
     assert!(
         out.contains(&format!("{file}: invalid: 2 problems in 2 DeviceConfig(s)")),

@@ -12,7 +12,7 @@ use std::process::ExitCode;
 use clap::Args;
 
 use super::validate::{document_problems, ignored_field_notes};
-use super::yaml::{DocumentKind, parse_documents};
+use super::yaml::{DocumentKind, field_lines, line_of, parse_documents};
 
 /// Print the DeviceConfig CustomResourceDefinition as YAML.
 ///
@@ -40,8 +40,9 @@ pub fn run_crd(_args: CrdArgs) -> ExitCode {
 /// Check DeviceConfig YAML files without a cluster.
 ///
 /// Each file may hold several documents; documents of other kinds are skipped.
-/// Every problem is printed with its file, document index and field path, along
-/// with notes on fields that are accepted but ignored in this design. Exit
+/// Every problem is printed as `FILE:LINE: error: FIELD: what`,
+/// the line being the offending field's, along with `FILE:LINE: note: …` lines
+/// for fields that are accepted but not acted on in this design. Exit
 /// status: 0 when every file is valid, 1 when a file has problems, 2 when a file
 /// cannot be read or parsed (the error names its line and column).
 #[derive(Args, Debug, Clone)]
@@ -104,26 +105,36 @@ pub fn validate_text(name: &str, text: &str, notes: bool) -> FileReport {
     let mut lines = Vec::new();
     let mut configs = 0usize;
     let mut problems = 0usize;
+    let positions = field_lines(text);
     for doc in &documents {
-        let at = format!("{name}: document {} (line {})", doc.index, doc.line);
+        let fields = positions.get(doc.index);
+        // `FILE:LINE:`, as compilers write it: editors and CI annotations jump there.
+        let at = |path: &str| {
+            let line = fields.and_then(|f| line_of(f, path)).unwrap_or(doc.line);
+            format!("{name}:{line}")
+        };
         match &doc.kind {
             DocumentKind::DeviceConfig { config, .. } => {
                 configs += 1;
                 let found = document_problems(doc);
                 problems += found.len();
-                lines.extend(found.iter().map(|problem| format!("{at}: {problem}")));
+                lines.extend(
+                    found
+                        .iter()
+                        .map(|problem| format!("{}: error: {problem}", at(&problem.path))),
+                );
                 if notes {
-                    lines.extend(
-                        ignored_field_notes(&config.spec)
-                            .iter()
-                            .map(|note| format!("{at}: note: {note}")),
-                    );
+                    lines.extend(ignored_field_notes(&config.spec).iter().map(|note| {
+                        format!("{}: note: {note}", at(&note.path))
+                    }));
                 }
             }
             DocumentKind::Other { api_version, kind } => {
                 if notes {
                     lines.push(format!(
-                        "{at}: note: skipped, not a DeviceConfig (apiVersion {}, kind {})",
+                        "{}: note: document {} skipped, not a DeviceConfig (apiVersion {}, kind {})",
+                        at(""),
+                        doc.index,
                         api_version.as_deref().unwrap_or("missing"),
                         kind.as_deref().unwrap_or("missing")
                     ));

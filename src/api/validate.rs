@@ -90,6 +90,41 @@ pub fn validate(spec: &DeviceConfigSpec) -> Vec<Problem> {
     check.problems
 }
 
+/// Why `name` is not a DNS-1123 subdomain, the form the API server requires of
+/// object names: at most 253 characters of lowercase letters, digits, `-` and
+/// `.`, each dot-separated part starting and ending with a letter or digit.
+pub fn dns_subdomain_problem(name: &str) -> Option<String> {
+    if name.len() > 253 {
+        return Some(format!("is {} characters long; at most 253 are allowed", name.len()));
+    }
+    let part_ok = |part: &str| {
+        !part.is_empty()
+            && part
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !part.starts_with('-')
+            && !part.ends_with('-')
+    };
+    (!name.split('.').all(part_ok)).then(|| {
+        "is not a valid name: use lowercase letters, digits, '-' and '.', \
+         starting and ending with a letter or digit (a DNS-1123 subdomain)"
+            .to_owned()
+    })
+}
+
+/// Why `name` is not a DNS-1123 label, the form of namespace names: as a
+/// subdomain part, at most 63 characters and no dots.
+pub fn dns_label_problem(name: &str) -> Option<String> {
+    if name.len() > 63 || name.contains('.') {
+        return Some(
+            "is not a valid namespace: at most 63 lowercase letters, digits and '-' (a DNS-1123 label)"
+                .to_owned(),
+        );
+    }
+    dns_subdomain_problem(name)
+        .map(|_| "is not a valid namespace: use lowercase letters, digits and '-', starting and ending with a letter or digit (a DNS-1123 label)".to_owned())
+}
+
 /// Every problem with a parsed document: its apiVersion, fields the API does
 /// not know, and [`validate`] on its spec. Paths are from the object root.
 /// Documents that are not DeviceConfigs have none.
@@ -115,10 +150,23 @@ pub fn document_problems(doc: &Document) -> Vec<Problem> {
             format!("is missing; set it to {expected}"),
         )),
     }
-    if config.metadata.name.as_deref().unwrap_or("").is_empty() {
-        problems.push(Problem::new(
+    match config.metadata.name.as_deref().unwrap_or("") {
+        "" => problems.push(Problem::new(
             "metadata.name",
             "is missing; every Kubernetes object needs a name",
+        )),
+        name => {
+            if let Some(why) = dns_subdomain_problem(name) {
+                problems.push(Problem::new("metadata.name", format!("{name:?} {why}")));
+            }
+        }
+    }
+    if let Some(namespace) = config.metadata.namespace.as_deref()
+        && let Some(why) = dns_label_problem(namespace)
+    {
+        problems.push(Problem::new(
+            "metadata.namespace",
+            format!("{namespace:?} {why}"),
         ));
     }
     problems.extend(
@@ -719,6 +767,19 @@ mod tests {
     use super::*;
     use crate::api::types::{DriverUpgradePolicySpec, ServiceMonitorConfig};
     use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+    #[test]
+    fn names_must_be_dns_1123() {
+        for good in ["default", "gpu-operator", "a.b-c.d0", "0"] {
+            assert_eq!(dns_subdomain_problem(good), None, "{good}");
+        }
+        for bad in ["Bad_Name", "-a", "a-", "a..b", "UPPER", "a_b", &"a".repeat(254)] {
+            assert!(dns_subdomain_problem(bad).is_some(), "{bad}");
+        }
+        assert_eq!(dns_label_problem("kube-amd-gpu"), None);
+        assert!(dns_label_problem("a.b").is_some());
+        assert!(dns_label_problem(&"a".repeat(64)).is_some());
+    }
 
     fn paths(problems: &[Problem]) -> Vec<&str> {
         problems.iter().map(|p| p.path.as_str()).collect()

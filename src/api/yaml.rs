@@ -170,6 +170,121 @@ pub fn parse_device_configs(text: &str) -> Result<Vec<DeviceConfig>, ParseError>
         .collect()
 }
 
+/// The 1-based line of every field of every document: `field_lines(text)[1]
+/// ["spec.driver.enable"]` is where that value is written in the second
+/// document. A key whose value is a block (a mapping or a list) gets the line
+/// of the key itself. Used to point a problem at its field; a text that cannot
+/// be read gives no lines.
+pub fn field_lines(text: &str) -> Vec<std::collections::BTreeMap<String, u64>> {
+    let Ok(docs) = serde_saphyr::from_multiple::<Spanned<Node>>(text) else {
+        return Vec::new();
+    };
+    docs.into_iter()
+        .map(|doc| {
+            let mut lines = std::collections::BTreeMap::new();
+            doc.value.flatten("", &mut lines);
+            lines
+        })
+        .collect()
+}
+
+/// The nearest line for `path` among `lines`: its own, else its closest
+/// ancestor's (a missing field is reported at its parent).
+pub fn line_of(lines: &std::collections::BTreeMap<String, u64>, path: &str) -> Option<u64> {
+    let mut path = path;
+    loop {
+        if let Some(line) = lines.get(path) {
+            return Some(*line);
+        }
+        let cut = path.rfind(['.', '['])?;
+        path = &path[..cut];
+    }
+}
+
+/// Any YAML value, remembering where each field's key and value are.
+enum Node {
+    Map(Vec<(Spanned<String>, Spanned<Node>)>),
+    Seq(Vec<Spanned<Node>>),
+    Scalar,
+}
+
+impl Node {
+    fn flatten(&self, prefix: &str, out: &mut std::collections::BTreeMap<String, u64>) {
+        match self {
+            Node::Map(fields) => {
+                for (key, value) in fields {
+                    let path = if prefix.is_empty() {
+                        key.value.clone()
+                    } else {
+                        format!("{prefix}.{}", key.value)
+                    };
+                    out.insert(path.clone(), key.referenced.line());
+                    value.value.flatten(&path, out);
+                }
+            }
+            Node::Seq(items) => {
+                for (index, item) in items.iter().enumerate() {
+                    let path = format!("{prefix}[{index}]");
+                    out.insert(path.clone(), item.referenced.line());
+                    item.value.flatten(&path, out);
+                }
+            }
+            Node::Scalar => {}
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Node {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct NodeVisitor;
+        impl<'de> Visitor<'de> for NodeVisitor {
+            type Value = Node;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("any YAML value")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Node, A::Error> {
+                let mut fields = Vec::new();
+                while let Some(key) = map.next_key::<Spanned<String>>()? {
+                    fields.push((key, map.next_value()?));
+                }
+                Ok(Node::Map(fields))
+            }
+            fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<Node, A::Error> {
+                let mut items = Vec::new();
+                while let Some(item) = seq.next_element()? {
+                    items.push(item);
+                }
+                Ok(Node::Seq(items))
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<Node, E> {
+                Ok(Node::Scalar)
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<Node, E> {
+                Ok(Node::Scalar)
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<Node, E> {
+                Ok(Node::Scalar)
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<Node, E> {
+                Ok(Node::Scalar)
+            }
+            fn visit_str<E>(self, _: &str) -> Result<Node, E> {
+                Ok(Node::Scalar)
+            }
+            fn visit_unit<E>(self) -> Result<Node, E> {
+                Ok(Node::Scalar)
+            }
+            fn visit_none<E>(self) -> Result<Node, E> {
+                Ok(Node::Scalar)
+            }
+            fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Node, D::Error> {
+                Node::deserialize(d)
+            }
+        }
+        deserializer.deserialize_any(NodeVisitor)
+    }
+}
+
 /// Writes a value as YAML (one document, no `---`).
 pub fn to_yaml<T: Serialize>(value: &T) -> Result<String, serde_saphyr::SerializeError> {
     serde_saphyr::to_string(value)
