@@ -2,7 +2,10 @@
 //! `kube-emulator` binary. Covers get (table, `-o yaml`, `-o jsonpath`), `create -f`,
 //! client-side `apply -f` (including a CRD and then its custom resource), label, annotate,
 //! `patch --type=merge`, cordon, delete, and `get -w` in one process seeing a label change made
-//! by another.
+//! by another; the typed `create namespace|configmap|...` subcommands (protobuf bodies); the
+//! project's deploy/ installed as deploy/README.md says, with kubectl's default validation;
+//! `get` of the shipped CRD's printer columns (JSONPath filters, one Age); and Events written
+//! through events.k8s.io/v1 seen by `get events` (core v1) and the reverse.
 //!
 //! Run just this: `cargo test -p kube-emulator --test kubectl -- --nocapture`.
 //! If kubectl is missing the tests print a SKIPPED notice and return.
