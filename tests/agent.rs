@@ -250,8 +250,9 @@ async fn agent_runs_the_services_its_device_config_enables() {
     })
     .await;
     h.eventually("generation 2 applied", |h| {
-        h.status()
-            .is_some_and(|s| s.generation == Some(2) && !s.services.contains_key(&ServiceName::Labeller))
+        h.status().is_some_and(|s| {
+            s.generation == Some(2) && !s.services.contains_key(&ServiceName::Labeller)
+        })
     })
     .await;
     assert_eq!(
@@ -292,7 +293,9 @@ async fn conflicting_device_configs_run_nothing_and_warn() {
     h.eventually("conflict in status", |h| {
         h.status().is_some_and(|s| {
             s.device_config.is_none()
-                && s.services.keys().all(|k| *k == ServiceName::MetricsExporter)
+                && s.services
+                    .keys()
+                    .all(|k| *k == ServiceName::MetricsExporter)
                 && s.problems
                     .iter()
                     .any(|p| p.contains("kube-amd-gpu/one") && p.contains("kube-amd-gpu/two"))

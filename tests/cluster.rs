@@ -488,21 +488,24 @@ async fn status_counts_what_real_agents_serve_and_ready_says_which_nodes_do_not(
         )
         .await;
     fleet
-        .eventually("counts of what serves, Ready False naming node-2", async |f| {
-            let s = f.status_of("gpus").await;
-            let ready = condition(&s, "Ready");
-            s["devicePlugin"]["desiredNumber"] == 3
-                && s["devicePlugin"]["availableNumber"] == 2
-                && s["metricsExporter"]["desiredNumber"] == 3
-                && s["metricsExporter"]["availableNumber"] == 3
-                && ready["status"] == "False"
-                && ready["reason"] == "NodesNotServing"
-                && ready["message"].as_str().is_some_and(|m| {
-                    m.starts_with("3 of 3 node(s) not serving: ")
-                        && m.contains("node-2: devicePlugin: not registered with the kubelet")
-                        && m.contains("testRunner: tests cannot start")
-                })
-        })
+        .eventually(
+            "counts of what serves, Ready False naming node-2",
+            async |f| {
+                let s = f.status_of("gpus").await;
+                let ready = condition(&s, "Ready");
+                s["devicePlugin"]["desiredNumber"] == 3
+                    && s["devicePlugin"]["availableNumber"] == 2
+                    && s["metricsExporter"]["desiredNumber"] == 3
+                    && s["metricsExporter"]["availableNumber"] == 3
+                    && ready["status"] == "False"
+                    && ready["reason"] == "NodesNotServing"
+                    && ready["message"].as_str().is_some_and(|m| {
+                        m.starts_with("3 of 3 node(s) not serving: ")
+                            && m.contains("node-2: devicePlugin: not registered with the kubelet")
+                            && m.contains("testRunner: tests cannot start")
+                    })
+            },
+        )
         .await;
     let status = fleet.status_of("gpus").await;
     // The inbox driver: the driver block stays empty, as in the reference.

@@ -252,7 +252,14 @@ fn check_tells_a_missing_test_tool_from_a_gpu_failure() {
     simulate::write_host(&host, &SimSpec::new("mi210", Some(2), None).unwrap()).unwrap();
     let missing = dir.path().join("no-such-rvs");
     let out = bin()
-        .args(["check", "--recipe", "gst_single", "--output", "json", "--host-root"])
+        .args([
+            "check",
+            "--recipe",
+            "gst_single",
+            "--output",
+            "json",
+            "--host-root",
+        ])
         .arg(host.root())
         .arg("--logs-dir")
         .arg(dir.path().join("logs"))
@@ -272,7 +279,10 @@ fn check_tells_a_missing_test_tool_from_a_gpu_failure() {
         .lines()
         .find(|l| l.starts_with("error: "))
         .unwrap_or_else(|| panic!("one clear error line: {stderr}"));
-    assert!(line.contains("RVS test tool") && line.contains("--rvs"), "{line}");
+    assert!(
+        line.contains("RVS test tool") && line.contains("--rvs"),
+        "{line}"
+    );
 
     // A relative --rvs names a file relative to the current directory, not to
     // the logs directory the test runs in.
@@ -325,7 +335,12 @@ fn standalone_fails_at_start_when_the_metrics_port_is_taken() {
         std::thread::sleep(Duration::from_millis(50));
     };
     let mut stderr = String::new();
-    child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
     assert_eq!(status.code(), Some(1), "{stderr}");
     let line = stderr
         .lines()

@@ -16,8 +16,8 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use super::node_services::NodeServices;
-use super::supervisor::ServiceState;
 use super::select::{NodeContext, plan_services};
+use super::supervisor::ServiceState;
 use crate::api::{DeviceConfigSpec, parse_device_configs, validate};
 use crate::device::watch::{DeviceWatch, WatchConfig};
 use crate::health::outputs::transition_event;

@@ -124,9 +124,11 @@ pub fn validate_text(name: &str, text: &str, notes: bool) -> FileReport {
                         .map(|problem| format!("{}: error: {problem}", at(&problem.path))),
                 );
                 if notes {
-                    lines.extend(ignored_field_notes(&config.spec).iter().map(|note| {
-                        format!("{}: note: {note}", at(&note.path))
-                    }));
+                    lines.extend(
+                        ignored_field_notes(&config.spec)
+                            .iter()
+                            .map(|note| format!("{}: note: {note}", at(&note.path))),
+                    );
                 }
             }
             DocumentKind::Other { api_version, kind } => {

@@ -95,7 +95,10 @@ pub fn validate(spec: &DeviceConfigSpec) -> Vec<Problem> {
 /// `.`, each dot-separated part starting and ending with a letter or digit.
 pub fn dns_subdomain_problem(name: &str) -> Option<String> {
     if name.len() > 253 {
-        return Some(format!("is {} characters long; at most 253 are allowed", name.len()));
+        return Some(format!(
+            "is {} characters long; at most 253 are allowed",
+            name.len()
+        ));
     }
     let part_ok = |part: &str| {
         !part.is_empty()
@@ -773,7 +776,15 @@ mod tests {
         for good in ["default", "gpu-operator", "a.b-c.d0", "0"] {
             assert_eq!(dns_subdomain_problem(good), None, "{good}");
         }
-        for bad in ["Bad_Name", "-a", "a-", "a..b", "UPPER", "a_b", &"a".repeat(254)] {
+        for bad in [
+            "Bad_Name",
+            "-a",
+            "a-",
+            "a..b",
+            "UPPER",
+            "a_b",
+            &"a".repeat(254),
+        ] {
             assert!(dns_subdomain_problem(bad).is_some(), "{bad}");
         }
         assert_eq!(dns_label_problem("kube-amd-gpu"), None);
