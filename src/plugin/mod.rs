@@ -24,6 +24,13 @@
 //! # }
 //! ```
 //!
+//! gRPC clients: the kubelet dials the plugin sockets with `:authority:
+//! localhost`, and any client doing so is served. Clients that send the socket
+//! path as the authority (grpcio 1.57 and later, grpc-java) are refused by
+//! hyper's HTTP/2 layer, which checks the authority before this code sees the
+//! request; point such a client at `localhost` (e.g. grpcio's
+//! `grpc.default_authority` channel option).
+//!
 //! Layout: [`devices`] (naming and IDs), [`health`], [`preferred`]
 //! (GetPreferredAllocation) and [`state`] (ListAndWatch lists, Allocate answers)
 //! are pure; `probe` reads the host, `server` speaks gRPC, [`service`] runs it all.
