@@ -963,7 +963,12 @@ async fn show_live_metrics(addr: std::net::SocketAddr, stop: tokio_util::sync::C
             Ok(view) if view.get("error").is_some() => {
                 eprintln!("waiting for the first sample…");
             }
-            Ok(view) => print!("{}", live_table(&view)),
+            Ok(view) => {
+                // Each frame says when it was taken, to the second, in UTC.
+                let now = k8s_openapi::jiff::Timestamp::now();
+                let now = now.round(k8s_openapi::jiff::Unit::Second).unwrap_or(now);
+                print!("{}", live_frame(&now.to_string(), &view));
+            }
             Err(e) => eprintln!("cannot read http://{addr}/gpumetrics: {e}"),
         }
     }
@@ -990,6 +995,11 @@ async fn fetch_json(addr: std::net::SocketAddr, path: &str) -> Result<serde_json
         .map(|(_, b)| b)
         .ok_or("no HTTP body")?;
     serde_json::from_str(body).map_err(|e| e.to_string())
+}
+
+/// A `--show-metrics` frame: the time it was taken, then the table.
+pub fn live_frame(time: &str, view: &serde_json::Value) -> String {
+    format!("-- {time} --\n{}", live_table(view))
 }
 
 /// One line per GPU (partition 0 of partitioned GPUs) from a `/gpumetrics` view.
@@ -1103,5 +1113,24 @@ mod tests {
         assert!(log_colour(true, Some(OsStr::new(""))));
         assert!(!log_colour(true, Some(OsStr::new("1"))));
         assert!(!log_colour(false, None));
+    }
+
+    #[test]
+    fn live_frames_carry_their_time_and_one_row_per_gpu() {
+        let view = serde_json::json!({"gpus": [
+            {"gpu_id": 0, "bdf": "0000:05:00.0", "healthy": true, "partition_id": 0,
+             "readings": {"temperature": {"edge_c": 40.0}}},
+            {"gpu_id": 0, "bdf": "0000:05:00.0", "healthy": true, "partition_id": 1,
+             "readings": {}},
+        ]});
+        let frame = live_frame("2026-12-01T09:30:00Z", &view);
+        let lines: Vec<&str> = frame.lines().collect();
+        assert_eq!(lines[0], "-- 2026-12-01T09:30:00Z --");
+        assert!(lines[1].starts_with(" GPU BDF"), "{frame}");
+        assert!(
+            lines[2].contains("0000:05:00.0") && lines[2].contains("40.0"),
+            "{frame}"
+        );
+        assert_eq!(lines.len(), 3, "{frame}");
     }
 }
