@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 use super::node_services::NodeServices;
 use super::select::{NodeContext, plan_services};
 use super::supervisor::ServiceState;
-use crate::api::{DeviceConfigSpec, parse_device_configs, validate};
+use crate::api::{DeviceConfigSpec, DocumentKind, parse_device_configs, parse_documents, validate};
 use crate::device::watch::{DeviceWatch, WatchConfig};
 use crate::health::outputs::transition_event;
 use crate::host::HostRoot;
@@ -95,14 +95,35 @@ pub fn read_config(path: &Path) -> Result<DeviceConfigSpec, StandaloneError> {
 
 /// Parses the text of a standalone config (see [`read_config`]).
 pub fn parse_standalone(text: &str) -> Result<DeviceConfigSpec, String> {
+    // Unknown fields are refused as `validate` refuses them: a typo must not
+    // silently fall back to a default.
+    let unknown = |paths: &[String]| {
+        Err(paths
+            .iter()
+            .map(|path| format!("{path}: is not a field of DeviceConfig"))
+            .collect::<Vec<_>>()
+            .join("; "))
+    };
     let one = |text: &str| {
         let mut configs = parse_device_configs(text).map_err(|e| e.to_string())?;
-        match configs.len() {
-            1 => Ok(configs.remove(0).spec),
-            n => Err(format!(
-                "holds {n} DeviceConfigs; standalone mode follows exactly one"
-            )),
+        if configs.len() != 1 {
+            return Err(format!(
+                "holds {} DeviceConfigs; standalone mode follows exactly one",
+                configs.len()
+            ));
         }
+        let unknown_fields = parse_documents(text)
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .find_map(|doc| match doc.kind {
+                DocumentKind::DeviceConfig { unknown_fields, .. } => Some(unknown_fields),
+                DocumentKind::Other { .. } => None,
+            })
+            .unwrap_or_default();
+        if !unknown_fields.is_empty() {
+            return unknown(&unknown_fields);
+        }
+        Ok(configs.remove(0).spec)
     };
     let value: serde_json::Value = match serde_saphyr::from_str(text) {
         Ok(value) => value,
@@ -120,7 +141,15 @@ pub fn parse_standalone(text: &str) -> Result<DeviceConfigSpec, String> {
         value
     };
     let spec = if spec.is_null() { json!({}) } else { spec };
-    serde_json::from_value(spec).map_err(|e| format!("not a DeviceConfig spec: {e}"))
+    let mut unknown_fields = Vec::new();
+    let parsed = serde_ignored::deserialize(spec, |path| {
+        unknown_fields.push(format!("spec.{path}"));
+    })
+    .map_err(|e| format!("not a DeviceConfig spec: {e}"))?;
+    if !unknown_fields.is_empty() {
+        return unknown(&unknown_fields);
+    }
+    Ok(parsed)
 }
 
 /// Appends Events as JSON lines and logs them.
@@ -409,6 +438,27 @@ mod tests {
         assert!(parse_standalone(&two).unwrap_err().contains("exactly one"));
         assert!(parse_standalone("metricsExporter: [1, 2]").is_err());
         assert!(parse_standalone(": : :").is_err());
+    }
+
+    #[test]
+    fn unknown_fields_are_refused_in_every_form() {
+        let typo = "metricsExporter:\n  enable: true\n  prot: 5001\n";
+        assert_eq!(
+            parse_standalone(typo).unwrap_err(),
+            "spec.metricsExporter.prot: is not a field of DeviceConfig"
+        );
+        let spec_doc = format!("spec:\n  {}", typo.replace('\n', "\n  ").trim_end());
+        assert!(
+            parse_standalone(&spec_doc)
+                .unwrap_err()
+                .contains("spec.metricsExporter.prot")
+        );
+        let full = "apiVersion: amd.com/v1alpha1\nkind: DeviceConfig\nmetadata: {name: x}\n\
+                    spec:\n  devicePlugin: {enableNodeLabeler: false}\n";
+        assert_eq!(
+            parse_standalone(full).unwrap_err(),
+            "spec.devicePlugin.enableNodeLabeler: is not a field of DeviceConfig"
+        );
     }
 
     #[test]
