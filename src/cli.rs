@@ -566,9 +566,29 @@ fn runtime() -> Result<tokio::runtime::Runtime, String> {
         .map_err(|e| format!("cannot start the async runtime: {e}"))
 }
 
+/// Runs a subcommand's future to its end, then gives the runtime at most
+/// [`RUNTIME_SHUTDOWN`] to wind down: a blocking thread stuck on a hung sysfs
+/// read must not keep the process alive after its work is done.
+fn run_to_end(
+    runtime: tokio::runtime::Runtime,
+    work: impl std::future::Future<Output = ExitCode>,
+) -> ExitCode {
+    let code = runtime.block_on(work);
+    runtime.shutdown_timeout(RUNTIME_SHUTDOWN);
+    code
+}
+
+/// How long a finished subcommand waits for its runtime's tasks and threads.
+const RUNTIME_SHUTDOWN: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// How long a shutdown may take after the first signal before the process
+/// exits outright.
+const SHUTDOWN_DEADLINE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// A token cancelled on SIGTERM or SIGINT. A second signal, or 5 s after the
 /// first, exits the process outright so that a stuck shutdown cannot hang a
-/// node drain.
+/// node drain. The 5 s timer is an OS thread, not a task: it fires even when
+/// the runtime itself is stuck or being dropped.
 pub fn shutdown_on_signals() -> tokio_util::sync::CancellationToken {
     use tokio::signal::unix::{SignalKind, signal};
     let token = tokio_util::sync::CancellationToken::new();
@@ -584,12 +604,13 @@ pub fn shutdown_on_signals() -> tokio_util::sync::CancellationToken {
         tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
         tracing::info!("shutdown requested");
         cancel.cancel();
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
-            _ = tokio::time::sleep(std::time::Duration::from_secs(5)) => {}
-        }
-        tracing::error!("shutdown did not finish in time; exiting");
+        std::thread::spawn(|| {
+            std::thread::sleep(SHUTDOWN_DEADLINE);
+            eprintln!("error: shutdown did not finish within {SHUTDOWN_DEADLINE:?}; exiting");
+            std::process::exit(1);
+        });
+        tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
+        tracing::error!("second signal during shutdown; exiting");
         std::process::exit(1);
     });
     token
@@ -604,7 +625,7 @@ fn run_agent(args: AgentArgs) -> ExitCode {
         Ok(rt) => rt,
         Err(message) => return fail(message, 1),
     };
-    runtime.block_on(async move {
+    run_to_end(runtime, async move {
         let client = match kube::Client::try_default().await {
             Ok(client) => client,
             Err(e) => {
@@ -661,7 +682,7 @@ fn run_leader(args: LeaderArgs) -> ExitCode {
         Ok(rt) => rt,
         Err(message) => return fail(message, 1),
     };
-    runtime.block_on(async move {
+    run_to_end(runtime, async move {
         let client = match kube::Client::try_default().await {
             Ok(client) => client,
             Err(e) => {
@@ -794,7 +815,7 @@ fn run_standalone(args: StandaloneArgs) -> ExitCode {
         Err(message) => return fail(message, 1),
     };
     let show_metrics = args.show_metrics;
-    runtime.block_on(async move {
+    run_to_end(runtime, async move {
         let shutdown = shutdown_on_signals();
         let show_stop = shutdown.clone();
         let ready = move |listening: Option<std::net::SocketAddr>| {
@@ -834,7 +855,7 @@ fn run_check(args: CheckArgs) -> ExitCode {
         Ok(rt) => rt,
         Err(message) => return fail(message, 1),
     };
-    runtime.block_on(async move {
+    run_to_end(runtime, async move {
         let inventory = device::discover(&host);
         let snapshot = match crate::health::check_once(
             &host,
@@ -851,11 +872,17 @@ fn run_check(args: CheckArgs) -> ExitCode {
         let mut test = None;
         let mut tool_missing: Option<String> = None;
         if let Some(recipe) = &args.recipe {
-            let mut options = crate::testrunner::CheckOptions::new(recipe, host.clone(), host_name(), &args.logs_dir);
+            let mut options = crate::testrunner::CheckOptions::new(
+                recipe,
+                host.clone(),
+                host_name(),
+                &args.logs_dir,
+            );
             options.config_text = test_config;
             // Tests run in the logs directory: relative paths are made absolute
             // first, so that they mean what they mean in the caller's shell.
-            let from_here = |path: &PathBuf| std::path::absolute(path).unwrap_or_else(|_| path.clone());
+            let from_here =
+                |path: &PathBuf| std::path::absolute(path).unwrap_or_else(|_| path.clone());
             if let Some(rvs) = &args.rvs {
                 options.commands.rvs = from_here(rvs);
             }
@@ -868,11 +895,19 @@ fn run_check(args: CheckArgs) -> ExitCode {
             options.timeout = args.timeout;
             match crate::testrunner::check(&options, &shutdown_on_signals()).await {
                 Ok(report) => test = Some(report),
-                Err(crate::testrunner::TestRunnerError::ToolUnavailable { framework, program, why }) => {
+                Err(crate::testrunner::TestRunnerError::ToolUnavailable {
+                    framework,
+                    program,
+                    why,
+                }) => {
                     let hint = match framework {
                         crate::testrunner::Framework::Rvs => " (point --rvs at the rvs binary)",
-                        crate::testrunner::Framework::Agfhc => " (the reference's test runner image has it there)",
-                        crate::testrunner::Framework::Command => " (see the recipe's Command in --test-config)",
+                        crate::testrunner::Framework::Agfhc => {
+                            " (the reference's test runner image has it there)"
+                        }
+                        crate::testrunner::Framework::Command => {
+                            " (see the recipe's Command in --test-config)"
+                        }
                     };
                     tool_missing = Some(format!(
                         "test {recipe} not run: the {} test tool {} cannot be started: {why}{hint}",
@@ -903,7 +938,10 @@ fn run_check(args: CheckArgs) -> ExitCode {
                         (None, None) => None,
                     },
                 });
-                println!("{}", serde_json::to_string_pretty(&json).unwrap_or_default());
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&json).unwrap_or_default()
+                );
             }
             OutputFormat::Table => {
                 println!("{:<13} {:<24} {:<10} REASONS", "BDF", "PRODUCT", "HEALTH");
