@@ -6,7 +6,7 @@
 //! register is the service's business.
 
 use std::io;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,6 +32,8 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
 /// Bound on one registration attempt. The kubelet dials back into the plugin
 /// before it answers, so this covers two connections.
 const REGISTER_TIMEOUT: Duration = Duration::from_secs(5);
+/// Mode of the plugin sockets: read-write for the owner (root) only.
+pub(crate) const SOCKET_MODE: u32 = 0o600;
 
 /// The options this plugin registers with and reports.
 pub fn plugin_options() -> v1beta1::DevicePluginOptions {
@@ -184,6 +186,18 @@ impl SocketServer {
             _ => {}
         }
         let listener = UnixListener::bind(path)?;
+        // The socket's mode comes from the umask at bind time; whoever can
+        // connect can ask for devices. Owner only, whatever the umask: the
+        // kubelet connects as root.
+        if let Err(e) = std::fs::set_permissions(path, std::fs::Permissions::from_mode(SOCKET_MODE))
+        {
+            drop(listener);
+            let _ = std::fs::remove_file(path);
+            return Err(io::Error::new(
+                e.kind(),
+                format!("cannot set mode {SOCKET_MODE:o} on {}: {e}", path.display()),
+            ));
+        }
         let id = file_id(path);
         let (stop, stop_rx) = watch::channel(false);
         let service = DevicePluginServer::new(PluginService {
@@ -297,5 +311,61 @@ pub(crate) async fn register(dir: &Path, short: &str) -> Result<(), RegisterErro
             socket: socket.clone(),
             timeout: REGISTER_TIMEOUT,
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Set in the child process that [`socket_is_owner_only_under_a_permissive_umask`]
+    /// runs: the umask is per process, so the test changes it only there.
+    const CHILD: &str = "GPU_OPERATOR_TEST_UMASK_CHILD";
+
+    #[test]
+    fn socket_is_owner_only_under_a_permissive_umask() {
+        if std::env::var_os(CHILD).is_none() {
+            let exe = std::env::current_exe().expect("test binary path");
+            let out = std::process::Command::new(exe)
+                .args([
+                    "--exact",
+                    "plugin::server::tests::socket_is_owner_only_under_a_permissive_umask",
+                    "--nocapture",
+                    "--test-threads=1",
+                ])
+                .env(CHILD, "1")
+                .output()
+                .expect("test binary runs");
+            let text = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(out.status.success(), "child failed:\n{text}");
+            assert!(text.contains("1 passed"), "child ran the test:\n{text}");
+            return;
+        }
+        // SAFETY: umask only changes this process's file creation mask.
+        let old = unsafe { libc::umask(0) };
+        assert_eq!(unsafe { libc::umask(0) }, 0, "umask is now 0");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("amd.com_gpu.sock");
+        // A stale socket from an earlier run is replaced, and also gets the mode.
+        drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
+        let stale = std::fs::symlink_metadata(&path).unwrap().mode() & 0o777;
+        assert_eq!(stale, 0o777, "umask 0 leaves a bound socket open to all");
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let (_tx, rx) = watch::channel(Arc::new(ResourceState::default()));
+            let server = SocketServer::bind(&path, rx).unwrap();
+            let mode = std::fs::symlink_metadata(&path).unwrap().mode() & 0o7777;
+            assert_eq!(mode, SOCKET_MODE, "socket mode {mode:o}");
+            assert!(server.is_intact());
+            server.shutdown().await;
+        });
+        unsafe { libc::umask(old) };
     }
 }
