@@ -352,3 +352,73 @@ fn standalone_fails_at_start_when_the_metrics_port_is_taken() {
     );
     drop(taken);
 }
+
+#[test]
+fn a_signal_while_a_service_is_restarting_still_stops_cleanly_within_5_s() {
+    let dir = tempfile::tempdir().unwrap();
+    let host = HostRoot::new(dir.path().join("host"));
+    simulate::write_host(&host, &SimSpec::new("mi210", Some(2), None).unwrap()).unwrap();
+    // A file where the test logs directory should be: the test runner fails
+    // to start, and its slot waits to restart it.
+    std::fs::create_dir_all(host.path("/var/log")).unwrap();
+    std::fs::write(host.path("/var/log/amd-test-runner"), "not a directory").unwrap();
+    let config = dir.path().join("config.yaml");
+    std::fs::write(
+        &config,
+        "metricsExporter: {enable: true}\ntestRunner: {enable: true}\n",
+    )
+    .unwrap();
+    let mut child = bin()
+        .args(["standalone", "--metrics-bind", "127.0.0.1:0", "--host-root"])
+        .arg(host.root())
+        .arg("--config")
+        .arg(&config)
+        .arg("--kubelet-dir")
+        .arg(dir.path().join("no-kubelet"))
+        .arg("--events-file")
+        .arg(dir.path().join("events.jsonl"))
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (lines_tx, lines_rx) = std::sync::mpsc::channel();
+    let stderr = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if lines_tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let line = lines_rx
+            .recv_timeout(left)
+            .expect("the test runner fails and waits to restart");
+        if line.contains("restarting after backoff") && line.contains("testRunner") {
+            break;
+        }
+    }
+    let stopping = Instant::now();
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            assert!(
+                status.success(),
+                "a clean stop, not a forced exit: {status}"
+            );
+            break;
+        }
+        // Within the 5 s promise, and well under the 3 s a slot waits before
+        // it aborts a service that ignores its stop: the backoff wait itself
+        // must end on the signal.
+        assert!(
+            stopping.elapsed() < Duration::from_secs(2),
+            "no exit 2 s after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
