@@ -38,6 +38,7 @@ mod selector;
 mod server;
 mod store;
 mod table;
+mod validation;
 mod views;
 
 use std::net::SocketAddr;
@@ -307,6 +308,8 @@ impl Emulator {
         let ctx = WriteCtx {
             manager: "kube-emulator".into(),
             dry_run: false,
+            // A seeded object with a field its kind does not know is a test's mistake.
+            validation: validation::FieldCheck::new(validation::Directive::Strict),
         };
         self.shared
             .store()

@@ -61,6 +61,9 @@ pub struct ResourceType {
     /// For custom resources: list types from the schema, keyed by field path
     /// (`spec.items`, with list items skipped). Built-ins use [`builtin_list_type`].
     pub schema_lists: BTreeMap<String, ListType>,
+    /// For custom resources: each served version's `openAPIV3Schema` (what field
+    /// validation prunes by, see `validation`). Built-ins use their k8s-openapi types.
+    pub schemas: BTreeMap<String, Value>,
     pub custom: bool,
     /// For a view of another resource's objects: that resource's `(group, plural)`. Its
     /// objects are stored once, under that resource, and converted (see `views`).
@@ -92,6 +95,7 @@ impl ResourceType {
             field_labels: Vec::new(),
             printer_columns: Vec::new(),
             schema_lists: BTreeMap::new(),
+            schemas: BTreeMap::new(),
             custom: false,
             view_of: None,
         }
@@ -476,6 +480,14 @@ pub fn type_from_crd(crd: &Value) -> Result<ResourceType, CrdProblems> {
     if let Some(schema) = storage.pointer("/schema/openAPIV3Schema") {
         collect_schema_lists(schema, &mut Vec::new(), &mut schema_lists);
     }
+    let schemas = served
+        .iter()
+        .filter_map(|v| {
+            let name = v.get("name").and_then(Value::as_str)?;
+            let schema = v.pointer("/schema/openAPIV3Schema")?;
+            Some((name.to_string(), schema.clone()))
+        })
+        .collect();
     let field_labels = storage
         .get("selectableFields")
         .and_then(Value::as_array)
@@ -543,6 +555,7 @@ pub fn type_from_crd(crd: &Value) -> Result<ResourceType, CrdProblems> {
         field_labels,
         printer_columns,
         schema_lists,
+        schemas,
         custom: true,
         view_of: None,
     })

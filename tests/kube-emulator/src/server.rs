@@ -34,7 +34,7 @@ use crate::store::{
     DeleteOpts, EventType, ListOpts, PatchKind, Record, Store, WatchFilter, WatchOpts, WatchStart,
     WriteCtx,
 };
-use crate::{openapi, protobuf, table};
+use crate::{openapi, protobuf, table, validation};
 
 /// Response body: whole documents or watch streams.
 pub(crate) type Body = UnsyncBoxBody<Bytes, std::io::Error>;
@@ -653,12 +653,18 @@ async fn handle_resource(
     };
     let ns = rp.namespace.as_deref();
     let version = rp.version.as_str();
+    let verb = verb_for(&method, &rp, &params);
+    let validation =
+        match validation::for_request(verb, params.get("fieldValidation"), &content_type, &body) {
+            Ok(v) => v,
+            Err(e) => return error_response(&e),
+        };
     let ctx = WriteCtx {
         manager: manager_for(&params, &headers),
         dry_run: params.get("dryRun") == Some("All"),
+        validation,
     };
     let name = rp.name.clone().unwrap_or_default();
-    let verb = verb_for(&method, &rp, &params);
     let result: Result<(u16, Value), ApiError> = match verb {
         "watch" => {
             return start_watch(
@@ -747,10 +753,14 @@ async fn handle_resource(
         m => m,
     };
     match result {
-        Ok((code, v)) => json_response(
-            code,
-            &render(&rt, &v, verb == "list" || verb == "deletecollection", mode),
-        ),
+        Ok((code, v)) => {
+            let mut r = json_response(
+                code,
+                &render(&rt, &v, verb == "list" || verb == "deletecollection", mode),
+            );
+            validation::add_warnings(r.headers_mut(), &ctx.validation);
+            r
+        }
         Err(e) => error_response(&e),
     }
 }

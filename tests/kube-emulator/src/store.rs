@@ -19,6 +19,7 @@ use crate::fields::{self, ManagerKey, Operation, Ownership, Scope};
 use crate::patch;
 use crate::resources::{ResourceType, builtin_types, type_from_crd};
 use crate::selector::{FieldSelector, LabelSelector};
+use crate::validation::{self, Directive, FieldCheck, Origin};
 use crate::views;
 
 /// The key of one stored object. Cluster-scoped objects have an empty namespace. The served
@@ -72,6 +73,8 @@ pub struct Record {
 pub struct WriteCtx {
     pub manager: String,
     pub dry_run: bool,
+    /// The write's `fieldValidation` directive, and where its warnings go.
+    pub validation: FieldCheck,
 }
 
 /// The `DeleteOptions` fields the emulator honours.
@@ -384,6 +387,7 @@ impl Store {
         let ctx = WriteCtx {
             manager: "kube-apiserver".into(),
             dry_run: false,
+            validation: FieldCheck::new(Directive::Strict),
         };
         for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
             let body = json!({"metadata": {"name": ns}});
@@ -576,6 +580,11 @@ impl Store {
             ));
         }
         Self::check_type_meta(rt, version, &body)?;
+        // Server-side apply checked its configuration already (see `apply`).
+        let body = match apply_owner {
+            None => ctx.validation.check(rt, version, body, Origin::Body)?,
+            Some(_) => body,
+        };
         let mut body = views::to_storage(rt, &body);
         let given_name = meta_str(&body, "name").unwrap_or("").to_string();
         let generate = meta_str(&body, "generateName").unwrap_or("").to_string();
@@ -773,6 +782,8 @@ impl Store {
             operation: Operation::Update,
             scope,
         };
+        Self::check_type_meta(rt, version, &body)?;
+        let body = ctx.validation.check(rt, version, body, Origin::Body)?;
         let body = views::to_storage(rt, &body);
         self.finish_update(
             rt,
@@ -804,6 +815,7 @@ impl Store {
             return Err(ApiError::not_found(q(rt), name));
         };
         let base = Self::output(rt, version, &old.value);
+        let mut strategic = None;
         let candidate = match kind {
             PatchKind::Merge => {
                 let p: Value = serde_json::from_slice(body)
@@ -837,7 +849,7 @@ impl Store {
                 let p: Value = serde_json::from_slice(body)
                     .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
                 let lookup = |path: &[String]| rt.list_type(path);
-                patch::strategic_merge(&base, &p, &lookup).map_err(|e| {
+                let merged = patch::strategic_merge(&base, &p, &lookup).map_err(|e| {
                     ApiError::new(
                         422,
                         "Invalid",
@@ -845,9 +857,17 @@ impl Store {
                             "the server rejected our request due to an error in our request: {e}"
                         ),
                     )
-                })?
+                })?;
+                strategic = Some(p);
+                merged
             }
         };
+        // The patched object is what field validation checks, as on the real server.
+        let origin = match &strategic {
+            Some(p) => Origin::StrategicPatch(p),
+            None => Origin::JsonPatch,
+        };
+        let candidate = ctx.validation.check(rt, version, candidate, origin)?;
         let owner = ManagerKey {
             manager: ctx.manager.clone(),
             operation: Operation::Update,
@@ -904,6 +924,7 @@ impl Store {
                 "the name of the object ({n}) does not match the name on the URL ({name})"
             )));
         }
+        validation::check_apply(rt, version, ns, name, &applied)?;
         // An apply configuration names fields as this type serves them; ownership is kept
         // in the stored form.
         let applied = views::to_storage(rt, &applied);
@@ -1920,6 +1941,7 @@ mod tests {
         WriteCtx {
             manager: m.into(),
             dry_run: false,
+            validation: FieldCheck::new(Directive::Strict),
         }
     }
 

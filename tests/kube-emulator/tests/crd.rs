@@ -57,7 +57,10 @@ fn deviceconfig_crd() -> CustomResourceDefinition {
                 "subresources": {"status": {}},
                 "additionalPrinterColumns": [{"name": "Phase", "type": "string", "jsonPath": ".status.phase"}],
                 "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true,
+                    // The real server prunes status fields its schema does not name.
                     "properties": {"status": {"type": "object", "properties": {
+                        "phase": {"type": "string"},
+                        "observedGeneration": {"type": "integer"},
                         "conditions": {"type": "array", "x-kubernetes-list-type": "map",
                                        "x-kubernetes-list-map-keys": ["type"],
                                        "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}}}}}
