@@ -4,8 +4,10 @@
 //! `patch --type=merge`, cordon, delete, and `get -w` in one process seeing a label change made
 //! by another; the typed `create namespace|configmap|...` subcommands (protobuf bodies); the
 //! project's deploy/ installed as deploy/README.md says, with kubectl's default validation;
-//! `get` of the shipped CRD's printer columns (JSONPath filters, one Age); and Events written
-//! through events.k8s.io/v1 seen by `get events` (core v1) and the reverse.
+//! `get` of the shipped CRD's printer columns (JSONPath filters, one Age); Events written
+//! through events.k8s.io/v1 seen by `get events` (core v1) and the reverse; and server-side
+//! field validation: a typo in a manifest fails `--validate=strict` (the default), is a
+//! warning with `--validate=warn`, and is dropped from what is stored.
 //!
 //! Run just this: `cargo test -p kube-emulator --test kubectl -- --nocapture`.
 //! If kubectl is missing the tests print a SKIPPED notice and return.
@@ -104,6 +106,19 @@ impl Server {
             .expect("kubectl runs");
         (
             out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    /// Runs kubectl, returning (exit code, stdout, stderr).
+    async fn exit(&self, args: &[&str]) -> (Option<i32>, String, String) {
+        let out = tokio::time::timeout(Duration::from_secs(30), self.command(args).output())
+            .await
+            .unwrap_or_else(|_| panic!("kubectl {args:?} timed out"))
+            .expect("kubectl runs");
+        (
+            out.status.code(),
             String::from_utf8_lossy(&out.stdout).into_owned(),
             String::from_utf8_lossy(&out.stderr).into_owned(),
         )
@@ -982,5 +997,153 @@ involvedObject:
         .json(&["get", "events.v1.events.k8s.io", "-n", "ev"])
         .await;
     assert_eq!(list["items"].as_array().map(Vec::len), Some(1), "{list}");
+    s.stop().await;
+}
+
+/// The project's deploy/30-deviceconfig.yaml with `enableNodeLabeller` misspelled, as a user
+/// might: the CRD's schema has no such field.
+fn deviceconfig_with_a_typo() -> String {
+    let text = std::fs::read_to_string(deploy_dir().join("30-deviceconfig.yaml")).unwrap();
+    assert!(
+        text.contains("enableNodeLabeller: true"),
+        "deploy/30-deviceconfig.yaml changed; update this test"
+    );
+    text.replace("enableNodeLabeller: true", "enableNodeLabeler: true")
+}
+
+/// kubectl's default `--validate=strict` sends `fieldValidation=Strict` (the emulator's
+/// OpenAPI says the server supports it), so a misspelled field fails the apply with the real
+/// server's strict decoding error, on create and on the patch of an existing object alike;
+/// `--validate=warn` applies it with a warning and the field dropped; server-side apply
+/// refuses it whatever the directive.
+#[tokio::test]
+async fn kubectl_strict_validation_rejects_a_typo_in_a_deviceconfig() {
+    if !kubectl_present("kubectl_strict_validation_rejects_a_typo_in_a_deviceconfig") {
+        return;
+    }
+    let s = Server::start().await;
+    install_crd(&s).await;
+    s.ok(&["create", "namespace", "kube-amd-gpu"]).await;
+    let typo = s.write("typo.yaml", &deviceconfig_with_a_typo());
+    let get = ["get", "deviceconfig", "default", "-n", "kube-amd-gpu"];
+
+    let (code, out, err) = s.exit(&["apply", "-f", &typo]).await;
+    assert_eq!(code, Some(1), "stdout: {out}\nstderr: {err}");
+    assert!(
+        err.contains(&format!(
+            "Error from server (BadRequest): error when creating \"{typo}\": DeviceConfig in version \"v1alpha1\" \
+             cannot be handled as a DeviceConfig: strict decoding error: unknown field \"spec.devicePlugin.enableNodeLabeler\""
+        )),
+        "{err}"
+    );
+    let (found, _, err) = s.run(&get).await;
+    assert!(
+        !found && err.contains("NotFound"),
+        "nothing is stored: {err}"
+    );
+
+    let (code, out, err) = s.exit(&["apply", "--validate=warn", "-f", &typo]).await;
+    assert_eq!(code, Some(0), "stdout: {out}\nstderr: {err}");
+    assert!(
+        out.contains("deviceconfig.amd.com/default created"),
+        "{out}"
+    );
+    assert_eq!(
+        err.trim(),
+        "Warning: unknown field \"spec.devicePlugin.enableNodeLabeler\"",
+        "{err}"
+    );
+    let stored = s.json(&get).await;
+    let plugin = &stored["spec"]["devicePlugin"];
+    assert_eq!(plugin["enableDevicePlugin"], true, "{stored}");
+    assert!(
+        plugin.get("enableNodeLabeler").is_none(),
+        "the unknown field is dropped: {stored}"
+    );
+
+    // The object exists now: kubectl patches it, and the patched object is checked.
+    let (code, out, err) = s.exit(&["apply", "-f", &typo]).await;
+    assert_eq!(code, Some(1), "stdout: {out}\nstderr: {err}");
+    assert!(
+        err.contains("The request is invalid: patch: Invalid value: ")
+            && err.contains(
+                "strict decoding error: unknown field \"spec.devicePlugin.enableNodeLabeler\""
+            ),
+        "{err}"
+    );
+    let (code, out, err) = s.exit(&["apply", "--validate=false", "-f", &typo]).await;
+    assert_eq!(code, Some(0), "stdout: {out}\nstderr: {err}");
+    assert!(err.trim().is_empty(), "Ignore warns about nothing: {err}");
+
+    // Server-side apply converts the configuration to the schema's type: always an error.
+    let (code, _, err) = s
+        .exit(&["apply", "--server-side", "--validate=false", "-f", &typo])
+        .await;
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains(
+            "failed to create typed patch object (kube-amd-gpu/default; amd.com/v1alpha1, Kind=DeviceConfig): \
+             .spec.devicePlugin.enableNodeLabeler: field not declared in schema"
+        ),
+        "{err}"
+    );
+
+    // The manifest as shipped is clean: it applies with no warning.
+    let shipped = deploy_dir().join("30-deviceconfig.yaml");
+    let (code, out, err) = s
+        .exit(&["apply", "-f", shipped.to_str().expect("UTF-8 path")])
+        .await;
+    assert_eq!(code, Some(0), "stdout: {out}\nstderr: {err}");
+    assert!(
+        out.contains("deviceconfig.amd.com/default configured"),
+        "{out}"
+    );
+    assert!(err.trim().is_empty(), "{err}");
+    let stored = s.json(&get).await;
+    assert_eq!(stored["spec"]["devicePlugin"]["enableNodeLabeller"], true);
+    s.stop().await;
+}
+
+/// The same for a built-in kind, whose known fields are those of its Go type: a ConfigMap
+/// with a field at the top level that ConfigMaps do not have.
+#[tokio::test]
+async fn kubectl_strict_validation_rejects_an_unknown_configmap_field() {
+    if !kubectl_present("kubectl_strict_validation_rejects_an_unknown_configmap_field") {
+        return;
+    }
+    let s = Server::start().await;
+    let cm = s.write(
+        "cm.yaml",
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: settings\ndata:\n  mode: fast\nsettings:\n  mode: slow\n",
+    );
+    let (code, out, err) = s.exit(&["apply", "-f", &cm]).await;
+    assert_eq!(code, Some(1), "stdout: {out}\nstderr: {err}");
+    assert!(
+        err.contains(&format!(
+            "Error from server (BadRequest): error when creating \"{cm}\": ConfigMap in version \"v1\" \
+             cannot be handled as a ConfigMap: strict decoding error: unknown field \"settings\""
+        )),
+        "{err}"
+    );
+    let (found, _, _) = s.run(&["get", "configmap", "settings"]).await;
+    assert!(!found, "nothing is stored");
+
+    let (code, out, err) = s.exit(&["create", "--validate=warn", "-f", &cm]).await;
+    assert_eq!(code, Some(0), "stdout: {out}\nstderr: {err}");
+    assert!(out.contains("configmap/settings created"), "{out}");
+    assert_eq!(err.trim(), "Warning: unknown field \"settings\"", "{err}");
+    let stored = s.json(&["get", "configmap", "settings"]).await;
+    assert_eq!(stored["data"], serde_json::json!({"mode": "fast"}));
+    assert!(stored.get("settings").is_none(), "{stored}");
+
+    // Updates are checked too (kubectl replace is a PUT).
+    let (code, _, err) = s.exit(&["replace", "-f", &cm]).await;
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains(
+            "ConfigMap in version \"v1\" cannot be handled as a ConfigMap: strict decoding error: unknown field \"settings\""
+        ),
+        "{err}"
+    );
     s.stop().await;
 }
