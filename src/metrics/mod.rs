@@ -22,6 +22,7 @@
 pub mod agent;
 pub mod config;
 pub mod devices;
+pub mod limits;
 pub mod podresources;
 pub mod pods;
 pub mod reader;
@@ -75,6 +76,9 @@ pub struct MetricsConfig {
     /// The kubelet's PodResources socket; `None` for no pod labels.
     pub pod_resources_socket: Option<PathBuf>,
     pub host: HostRoot,
+    /// Bounds on the endpoint's connections; they take effect when the
+    /// listener is bound (at start, or when `listen` changes).
+    pub limits: server::ConnectionLimits,
 }
 
 impl MetricsConfig {
@@ -94,6 +98,7 @@ impl MetricsConfig {
             hostname: hostname.into(),
             pod_resources_socket: None,
             host,
+            limits: server::ConnectionLimits::default(),
         }
     }
 
@@ -303,12 +308,14 @@ impl Service for MetricsService {
             let mut current = config.borrow_and_update().clone();
             let (published_tx, published_rx) = watch::channel(Arc::new(Published::default()));
             let mut server_stop = cancel.child_token();
-            let (addr, mut server) =
-                server::serve(current.listen, published_rx.clone(), server_stop.clone())
-                    .await
-                    .map_err(|e| {
-                        ServiceError::new(format!("cannot listen on {}: {e}", current.listen))
-                    })?;
+            let (addr, mut server) = server::serve(
+                current.listen,
+                published_rx.clone(),
+                current.limits,
+                server_stop.clone(),
+            )
+            .await
+            .map_err(|e| ServiceError::new(format!("cannot listen on {}: {e}", current.listen)))?;
             tracing::info!(%addr, "metrics exporter listening");
             self.status.send_replace(ExporterStatus {
                 listening: Some(addr),
@@ -355,7 +362,7 @@ impl Service for MetricsService {
                         if next.listen != current.listen {
                             server_stop.cancel();
                             server_stop = cancel.child_token();
-                            let (addr, task) = match server::serve(next.listen, published_rx.clone(), server_stop.clone()).await {
+                            let (addr, task) = match server::serve(next.listen, published_rx.clone(), next.limits, server_stop.clone()).await {
                                 Ok(bound) => bound,
                                 Err(e) => break Err(ServiceError::new(format!("cannot listen on {}: {e}", next.listen))),
                             };

@@ -4,9 +4,26 @@
 //! Handlers never compute anything: the sampling task publishes pre-rendered
 //! bodies on a `watch` channel and a scrape clones a reference-counted buffer.
 //! So a scrape costs the same whatever sysfs is doing.
+//!
+//! The server owns its connections and bounds them ([`ConnectionLimits`]): at
+//! most a fixed number at once (capped by the descriptor budget of
+//! [`super::limits`]), a deadline for each request head (which also ends
+//! keep-alive connections that stay idle), and a stall timeout for connections
+//! on which no byte moves. When the cap is reached, a new client is not refused:
+//! the oldest connection is asked to finish (an idle one closes at once, a busy
+//! one after its response), and the new one takes its place. So idle or hostile
+//! clients cost at most the cap in descriptors, and a scraper always gets in.
+//!
+//! This module must not read sysfs or talk to the Kubernetes API.
 
+use std::collections::BTreeMap;
+use std::io;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Bytes;
@@ -14,9 +31,12 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use tokio::net::TcpListener;
-use tokio::sync::watch;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Semaphore, watch};
 use tokio_util::sync::CancellationToken;
+use tower::ServiceExt;
 
 use super::render::CONTENT_TYPE;
 
@@ -30,6 +50,42 @@ pub struct Published {
 }
 
 type Shared = watch::Receiver<Arc<Published>>;
+
+/// Bounds on the endpoint's connections.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConnectionLimits {
+    /// Connections served at once; further ones displace the oldest. The
+    /// server lowers it to a quarter of the soft `RLIMIT_NOFILE`.
+    pub max_connections: usize,
+    /// Time for a request's head to arrive, counted from when the connection
+    /// opens or goes idle after a response: so also the keep-alive idle limit.
+    pub header_read_timeout: Duration,
+    /// A connection on which no byte moves either way for this long is closed
+    /// (e.g. a client that stops reading its response).
+    pub idle_timeout: Duration,
+}
+
+impl ConnectionLimits {
+    pub const DEFAULT_MAX_CONNECTIONS: usize = 128;
+    pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+    pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        Self {
+            max_connections: Self::DEFAULT_MAX_CONNECTIONS,
+            header_read_timeout: Self::DEFAULT_HEADER_READ_TIMEOUT,
+            idle_timeout: Self::DEFAULT_IDLE_TIMEOUT,
+        }
+    }
+}
+
+/// How long a connection asked to finish may take before it is dropped.
+const CLOSE_GRACE: Duration = Duration::from_secs(2);
+/// How long the accept loop waits for a displaced connection before asking the
+/// next oldest one too.
+const DISPLACE_WAIT: Duration = Duration::from_millis(500);
 
 pub fn router(published: Shared) -> Router {
     Router::new()
@@ -78,18 +134,260 @@ async fn readyz(State(published): State<Shared>) -> Response {
 pub async fn serve(
     addr: SocketAddr,
     published: Shared,
+    limits: ConnectionLimits,
     stop: CancellationToken,
-) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+) -> io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
     let listener = TcpListener::bind(addr).await?;
     let local = listener.local_addr()?;
-    let task = tokio::spawn(async move {
-        let server = axum::serve(listener, router(published))
-            .with_graceful_shutdown(async move { stop.cancelled().await });
-        if let Err(e) = server.await {
-            tracing::warn!(error = %e, "metrics HTTP server stopped");
-        }
-    });
+    let cap = super::limits::current_connection_cap(limits.max_connections);
+    tracing::debug!(%local, cap, "metrics endpoint connection cap");
+    let app = router(published);
+    let task = tokio::spawn(accept_loop(listener, app, limits, cap, stop));
     Ok((local, task))
+}
+
+/// The live connections, oldest first, each with the token that asks it to
+/// finish.
+#[derive(Default)]
+struct Connections {
+    next: AtomicU64,
+    live: Mutex<BTreeMap<u64, CancellationToken>>,
+}
+
+impl Connections {
+    fn register(self: &Arc<Self>) -> (Registered, CancellationToken) {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let token = CancellationToken::new();
+        self.lock().insert(id, token.clone());
+        (
+            Registered {
+                connections: self.clone(),
+                id,
+            },
+            token,
+        )
+    }
+
+    /// Asks the oldest connection not yet asked to finish. Returns whether there
+    /// was one.
+    fn displace_oldest(&self) -> bool {
+        let live = self.lock();
+        match live.values().find(|t| !t.is_cancelled()) {
+            Some(token) => {
+                token.cancel();
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, CancellationToken>> {
+        // A panic while holding this lock leaves the map consistent.
+        self.live.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Removes a connection from [`Connections`] when it ends.
+struct Registered {
+    connections: Arc<Connections>,
+    id: u64,
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        self.connections.lock().remove(&self.id);
+    }
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    app: Router,
+    limits: ConnectionLimits,
+    cap: usize,
+    stop: CancellationToken,
+) {
+    let slots = Arc::new(Semaphore::new(cap));
+    let connections = Arc::new(Connections::default());
+    let tasks = tokio_util::task::TaskTracker::new();
+    loop {
+        let accepted = tokio::select! {
+            _ = stop.cancelled() => break,
+            accepted = listener.accept() => accepted,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // EMFILE and friends: back off instead of spinning; the
+                // descriptors come back as connections end.
+                tracing::warn!(error = %e, "metrics endpoint cannot accept a connection");
+                tokio::select! {
+                    _ = stop.cancelled() => break,
+                    _ = tokio::time::sleep(Duration::from_millis(100)) => continue,
+                }
+            }
+        };
+        // The one accepted stream waits here for a slot: at most cap + 1
+        // descriptors are ever held by clients.
+        let permit = loop {
+            if let Ok(permit) = slots.clone().try_acquire_owned() {
+                break Some(permit);
+            }
+            if !connections.displace_oldest() {
+                tracing::debug!("every connection is finishing; waiting for a slot");
+            }
+            tokio::select! {
+                _ = stop.cancelled() => break None,
+                permit = slots.clone().acquire_owned() => break permit.ok(),
+                _ = tokio::time::sleep(DISPLACE_WAIT) => {}
+            }
+        };
+        let Some(permit) = permit else { break };
+        let (registered, displaced) = connections.register();
+        tasks.spawn(connection(
+            stream,
+            app.clone(),
+            limits,
+            displaced,
+            stop.clone(),
+            (permit, registered),
+        ));
+    }
+    tasks.close();
+    // Idle connections close at once on `stop`; busy ones get CLOSE_GRACE.
+    let _ = tokio::time::timeout(CLOSE_GRACE + Duration::from_millis(500), tasks.wait()).await;
+}
+
+/// Serves one connection until it ends, is displaced, stalls, or `stop` fires.
+/// `_held` (its slot and registration) is released when it returns.
+async fn connection<H>(
+    stream: TcpStream,
+    app: Router,
+    limits: ConnectionLimits,
+    displaced: CancellationToken,
+    stop: CancellationToken,
+    _held: H,
+) {
+    let started = Instant::now();
+    let activity = Arc::new(AtomicU64::new(0));
+    let io = Tracked {
+        inner: stream,
+        started,
+        activity: activity.clone(),
+    };
+    let service =
+        hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
+            app.clone().oneshot(request.map(axum::body::Body::new))
+        });
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .keep_alive(true);
+    let conn = builder.serve_connection(TokioIo::new(io), service);
+    tokio::pin!(conn);
+    let mut closing: Option<Instant> = None;
+    loop {
+        let idle_deadline = {
+            let last = Duration::from_millis(activity.load(Ordering::Relaxed));
+            tokio::time::Instant::from_std(started + last + limits.idle_timeout)
+        };
+        let close_deadline = closing.map(|at| tokio::time::Instant::from_std(at + CLOSE_GRACE));
+        tokio::select! {
+            result = conn.as_mut() => {
+                if let Err(e) = result {
+                    tracing::debug!(error = %e, "metrics connection ended with an error");
+                }
+                return;
+            }
+            _ = displaced.cancelled(), if closing.is_none() => {
+                conn.as_mut().graceful_shutdown();
+                closing = Some(Instant::now());
+            }
+            _ = stop.cancelled(), if closing.is_none() => {
+                conn.as_mut().graceful_shutdown();
+                closing = Some(Instant::now());
+            }
+            _ = tokio::time::sleep_until(idle_deadline) => {
+                let last = Duration::from_millis(activity.load(Ordering::Relaxed));
+                if started.elapsed() >= last + limits.idle_timeout {
+                    tracing::debug!("closing a stalled metrics connection");
+                    return;
+                }
+            }
+            _ = async { match close_deadline {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            } } => return,
+        }
+    }
+}
+
+/// A stream that records when bytes last moved, in milliseconds since
+/// `started`.
+struct Tracked<T> {
+    inner: T,
+    started: Instant,
+    activity: Arc<AtomicU64>,
+}
+
+impl<T> Tracked<T> {
+    fn touch(&self) {
+        let ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.activity.store(ms, Ordering::Relaxed);
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Tracked<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let result = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if matches!(result, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            self.touch();
+        }
+        result
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Tracked<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let result = Pin::new(&mut self.inner).poll_write(cx, data);
+        if matches!(result, Poll::Ready(Ok(n)) if n > 0) {
+            self.touch();
+        }
+        result
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let result = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        if matches!(result, Poll::Ready(Ok(n)) if n > 0) {
+            self.touch();
+        }
+        result
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
 }
 
 #[cfg(test)]
@@ -106,13 +404,20 @@ mod tests {
         response
     }
 
-    #[tokio::test]
-    async fn before_the_first_sample_the_json_view_is_unavailable_not_empty() {
+    async fn start(
+        limits: ConnectionLimits,
+    ) -> (watch::Sender<Arc<Published>>, SocketAddr, CancellationToken) {
         let (tx, rx) = watch::channel(Arc::new(Published::default()));
         let stop = CancellationToken::new();
-        let (addr, task) = serve("127.0.0.1:0".parse().unwrap(), rx, stop.clone())
+        let (addr, _task) = serve("127.0.0.1:0".parse().unwrap(), rx, limits, stop.clone())
             .await
             .unwrap();
+        (tx, addr, stop)
+    }
+
+    #[tokio::test]
+    async fn before_the_first_sample_the_json_view_is_unavailable_not_empty() {
+        let (tx, addr, stop) = start(ConnectionLimits::default()).await;
         let response = get(addr, "/gpumetrics").await;
         assert!(response.starts_with("HTTP/1.0 503"), "{response}");
         assert!(
@@ -128,6 +433,62 @@ mod tests {
         assert!(response.starts_with("HTTP/1.0 200"), "{response}");
         assert!(response.ends_with(r#"{"gpus":[]}"#), "{response}");
         stop.cancel();
-        let _ = task.await;
+    }
+
+    /// Reads until EOF or `within`; true when the peer closed.
+    async fn closed_within(stream: &mut TcpStream, within: Duration) -> bool {
+        let mut buf = [0u8; 64];
+        matches!(
+            tokio::time::timeout(within, stream.read(&mut buf)).await,
+            Ok(Ok(0) | Err(_))
+        )
+    }
+
+    #[tokio::test]
+    async fn a_connection_that_sends_no_request_head_is_closed_after_the_header_timeout() {
+        let limits = ConnectionLimits {
+            header_read_timeout: Duration::from_millis(300),
+            ..ConnectionLimits::default()
+        };
+        let (_tx, addr, stop) = start(limits).await;
+        let mut silent = TcpStream::connect(addr).await.unwrap();
+        let mut partial = TcpStream::connect(addr).await.unwrap();
+        partial
+            .write_all(b"GET /metrics HTTP/1.1\r\nHo")
+            .await
+            .unwrap();
+        let opened = Instant::now();
+        assert!(closed_within(&mut silent, Duration::from_secs(5)).await);
+        assert!(closed_within(&mut partial, Duration::from_secs(5)).await);
+        assert!(
+            opened.elapsed() >= Duration::from_millis(250),
+            "{:?}",
+            opened.elapsed()
+        );
+        stop.cancel();
+    }
+
+    #[tokio::test]
+    async fn over_the_cap_the_oldest_idle_connection_makes_room_for_a_new_client() {
+        let limits = ConnectionLimits {
+            max_connections: 4,
+            ..ConnectionLimits::default()
+        };
+        let (_tx, addr, stop) = start(limits).await;
+        let mut idle = Vec::new();
+        for _ in 0..4 {
+            idle.push(TcpStream::connect(addr).await.unwrap());
+        }
+        // Every idle client holds a slot: the fifth is served only because the
+        // oldest one is displaced, long before any timeout.
+        let served = tokio::time::timeout(Duration::from_secs(3), get(addr, "/healthz"))
+            .await
+            .expect("a new client is served within 3 s with the cap full");
+        assert!(served.starts_with("HTTP/1.0 200"), "{served}");
+        assert!(
+            closed_within(&mut idle[0], Duration::from_secs(3)).await,
+            "the oldest idle connection was closed"
+        );
+        stop.cancel();
     }
 }

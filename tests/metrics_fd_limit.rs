@@ -1,0 +1,201 @@
+//! The metrics endpoint under a flood of idle connections, through the real
+//! binary with a low descriptor limit (256, as in issue 11): the endpoint's
+//! connection cap and descriptor reserve must keep discovery, sampling, the
+//! probes and new scrapers working.
+//!
+//! The limit is set in the child only (`pre_exec`), never in the test process.
+//! Loopback only; every wait is bounded in count and time.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// The descriptor limit (soft and hard) of the agent under test.
+const NOFILE: u64 = 256;
+/// Idle connections opened: more than the limit itself, far more than the cap.
+const IDLE_CONNECTIONS: usize = 300;
+
+struct Agent {
+    child: Child,
+    addr: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `standalone --simulate mi300x` with `RLIMIT_NOFILE` at [`NOFILE`] and
+/// returns once the log names the metrics address.
+fn start_agent() -> Agent {
+    let dir = tempfile::tempdir().unwrap();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_gpu-operator"));
+    command
+        .args([
+            "standalone",
+            "--simulate",
+            "mi300x",
+            "--metrics-bind",
+            "127.0.0.1:0",
+            "--metrics-interval",
+            "0.5",
+        ])
+        .arg("--events-file")
+        .arg(dir.path().join("events.jsonl"))
+        .env("RUST_LOG", "info")
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    // SAFETY: the closure runs in the forked child before exec and only calls
+    // `setrlimit`, which is async-signal-safe; it touches no memory shared with
+    // the parent besides reading the `limit` it owns.
+    unsafe {
+        command.pre_exec(|| {
+            let limit = libc::rlimit {
+                rlim_cur: NOFILE,
+                rlim_max: NOFILE,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = command.spawn().expect("spawn gpu-operator");
+    // Drain the log on a thread for the whole run, so that the child never
+    // blocks on a full pipe; the address comes back over a channel.
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { return };
+            if let Some(rest) = line.split("metrics on http://").nth(1) {
+                let _ = tx.send(rest.split('/').next().unwrap_or_default().to_owned());
+            }
+        }
+    });
+    let addr = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the log names the metrics address within 30 s");
+    Agent {
+        child,
+        addr,
+        _dir: dir,
+    }
+}
+
+/// One request on a new connection, with every step bounded: the status line's
+/// code and the body.
+fn get(addr: &str, path: &str, within: Duration) -> Result<(u16, String), String> {
+    let sock = addr.parse().map_err(|e| format!("{addr}: {e}"))?;
+    let mut stream =
+        TcpStream::connect_timeout(&sock, within).map_err(|e| format!("connect: {e}"))?;
+    stream.set_read_timeout(Some(within)).unwrap();
+    stream.set_write_timeout(Some(within)).unwrap();
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")
+        .map_err(|e| format!("write: {e}"))?;
+    let mut text = String::new();
+    stream
+        .read_to_string(&mut text)
+        .map_err(|e| format!("read: {e}"))?;
+    let code = text
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| format!("no status line in {text:?}"))?;
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    Ok((code, body))
+}
+
+/// The `/gpumetrics` document, if the endpoint serves one.
+fn gpumetrics(addr: &str) -> Option<serde_json::Value> {
+    match get(addr, "/gpumetrics", Duration::from_secs(2)) {
+        Ok((200, body)) => serde_json::from_str(&body).ok(),
+        _ => None,
+    }
+}
+
+fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+/// GPUs in a document that are healthy and have readings.
+fn healthy_gpus(doc: &serde_json::Value) -> usize {
+    doc["gpus"]
+        .as_array()
+        .map(|gpus| {
+            gpus.iter()
+                .filter(|g| g["healthy"] == serde_json::json!(true) && !g["readings"].is_null())
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+#[test]
+fn idle_connections_beyond_the_cap_starve_neither_scrapers_nor_discovery() {
+    let agent = start_agent();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if gpumetrics(&agent.addr).is_some_and(|d| healthy_gpus(&d) == 8) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "8 healthy GPUs before the flood");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    // The flood: connections that never send a byte. They all connect (the
+    // kernel's backlog takes them), whatever the agent does with them.
+    let flood_start = unix_now();
+    let sock = agent.addr.parse().unwrap();
+    let idle: Vec<TcpStream> = (0..IDLE_CONNECTIONS)
+        .map_while(|_| TcpStream::connect_timeout(&sock, Duration::from_secs(2)).ok())
+        .collect();
+    assert!(
+        idle.len() > NOFILE as usize,
+        "opened {} idle connections",
+        idle.len()
+    );
+
+    // A new scraper gets in quickly, with every idle connection still open on
+    // our side.
+    let started = Instant::now();
+    let (code, body) = get(&agent.addr, "/metrics", Duration::from_secs(5))
+        .expect("a scrape during the flood is answered within 5 s");
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("gpu_edge_temperature{"), "{body}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    let (code, body) = get(&agent.addr, "/healthz", Duration::from_secs(5))
+        .expect("/healthz answers during the flood");
+    assert_eq!(code, 200, "{body}");
+
+    // Discovery (every second) and sampling (every 0.5 s) keep working: a
+    // sample taken at least 2 s into the flood still shows 8 healthy GPUs.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let doc = loop {
+        let doc = gpumetrics(&agent.addr);
+        if let Some(doc) = &doc
+            && doc["sample"]["taken_at_unix"].as_f64().unwrap_or(0.0) > flood_start + 2.0
+        {
+            break doc.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no sample taken 2 s into the flood: {doc:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(healthy_gpus(&doc), 8, "{doc}");
+    drop(idle);
+}
