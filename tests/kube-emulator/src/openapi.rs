@@ -5,8 +5,8 @@
 //! parameter; when it does, kubectl leaves validation to the server instead of downloading
 //! schemas. So each group/version document lists, per kind, its object path with a PATCH
 //! operation that carries the `x-kubernetes-group-version-kind` extension and that parameter.
-//! There are no component schemas (`kubectl explain` has nothing to show), and the emulator
-//! does not validate fields (see the README). Pure functions.
+//! There are no component schemas (`kubectl explain` has nothing to show); the server checks
+//! fields itself (see `validation`). Pure functions.
 
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
