@@ -706,6 +706,7 @@ async fn standalone_mode_runs_discovery_health_and_metrics_without_kubernetes() 
             ..Sampling::default()
         },
         simulate: Some(spec),
+        test_commands: Default::default(),
     };
     let (listening, addr) = tokio::sync::oneshot::channel();
     let cancel = tokio_util::sync::CancellationToken::new();

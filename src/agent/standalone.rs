@@ -66,6 +66,8 @@ pub struct StandaloneConfig {
     pub sampling: super::select::Sampling,
     /// Move a simulated host's telemetry over time (demos).
     pub simulate: Option<SimSpec>,
+    /// Which programs COMMAND tests may start (`--allow-test-command`).
+    pub test_commands: crate::testrunner::AllowedCommands,
 }
 
 /// The spec standalone mode uses without a config file: the reference's
@@ -237,6 +239,9 @@ pub async fn run(
     }
     if let (Some(metrics), Some(listen)) = (desired.metrics.as_mut(), config.metrics_listen) {
         metrics.listen = listen;
+    }
+    if let Some(tests) = desired.test_runner.as_mut() {
+        tests.commands.allowed = config.test_commands.clone();
     }
     let mut transitions = services.transitions();
     let mut plugin_status = services.plugin_status.clone();

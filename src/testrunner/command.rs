@@ -42,6 +42,81 @@ pub struct Commands {
     pub agfhc: PathBuf,
     /// Where AGFHC writes its result directories (`-o`).
     pub agfhc_results_dir: PathBuf,
+    /// Which programs COMMAND tests may start.
+    pub allowed: AllowedCommands,
+}
+
+/// Which programs COMMAND tests may start. Set by the node's administrator
+/// (`--allow-test-command`), never by the ConfigMap that names the programs:
+/// the ConfigMap is writable through the API, and tests run as root on every
+/// node. RVS and AGFHC, at their configured paths, are not COMMAND tests and
+/// need no entry.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum AllowedCommands {
+    /// COMMAND tests are refused (the agent's default).
+    #[default]
+    None,
+    /// Programs that are one of these files, or inside one of these
+    /// directories (at any depth), after resolving symbolic links.
+    Listed(Vec<PathBuf>),
+    /// Any program: `gpu-operator check`, run by hand by the administrator.
+    Any,
+}
+
+impl AllowedCommands {
+    /// What `--allow-test-command` (repeatable) asks for: none when empty.
+    pub fn from_flags(paths: Vec<PathBuf>) -> Self {
+        if paths.is_empty() {
+            Self::None
+        } else {
+            Self::Listed(paths)
+        }
+    }
+
+    /// The program to start for a COMMAND test naming `program`: its resolved
+    /// path, so that what runs is what was checked. `Err` says why not.
+    pub fn permit(&self, program: &Path) -> Result<PathBuf, String> {
+        let entries = match self {
+            Self::Any => return Ok(program.to_path_buf()),
+            Self::None => {
+                return Err(format!(
+                    "COMMAND test program {} refused: this agent allows no COMMAND tests \
+                     (the node's administrator allows programs with --allow-test-command)",
+                    program.display()
+                ));
+            }
+            Self::Listed(entries) => entries,
+        };
+        if !program.is_absolute() {
+            return Err(format!(
+                "COMMAND test program {:?} refused: COMMAND tests must name an absolute \
+                 path (a name is looked up in PATH, which the allow-list cannot vouch for)",
+                program.display().to_string()
+            ));
+        }
+        let resolved = std::fs::canonicalize(program).map_err(|e| {
+            format!(
+                "COMMAND test program {} refused: cannot resolve it: {e}",
+                program.display()
+            )
+        })?;
+        let allowed = entries.iter().any(|entry| {
+            std::fs::canonicalize(entry).is_ok_and(|entry| {
+                resolved == entry || (entry.is_dir() && resolved.starts_with(&entry))
+            })
+        });
+        if allowed {
+            Ok(resolved)
+        } else {
+            let list: Vec<String> = entries.iter().map(|e| e.display().to_string()).collect();
+            Err(format!(
+                "COMMAND test program {} (resolved: {}) refused: not under --allow-test-command {}",
+                program.display(),
+                resolved.display(),
+                list.join(", ")
+            ))
+        }
+    }
 }
 
 impl Default for Commands {
@@ -53,6 +128,7 @@ impl Default for Commands {
             rvs_results_dir: "/var/tmp".into(),
             agfhc: "/opt/amd/agfhc/agfhc".into(),
             agfhc_results_dir: "/var/tmp".into(),
+            allowed: AllowedCommands::None,
         }
     }
 }
@@ -78,6 +154,24 @@ pub fn programs_needed(tests: &TestConfig, node: &str, commands: &Commands) -> V
     programs.sort();
     programs.dedup();
     programs
+}
+
+/// Why COMMAND tests configured for `node` would be refused, under any trigger
+/// ([`AllowedCommands::permit`]).
+pub fn refused_commands(tests: &TestConfig, node: &str, commands: &Commands) -> Vec<String> {
+    let mut refused: Vec<String> = Trigger::ALL
+        .iter()
+        .filter_map(|t| tests.trigger(node, *t))
+        .flat_map(|t| &t.test_cases)
+        .filter(|case| case.framework == Framework::Command)
+        .filter_map(|case| {
+            let program = case.command.first().map(PathBuf::from).unwrap_or_default();
+            commands.allowed.permit(&program).err()
+        })
+        .collect();
+    refused.sort();
+    refused.dedup();
+    refused
 }
 
 /// Why `program` cannot be started, if it cannot: it is missing, not a file,
@@ -368,6 +462,7 @@ mod tests {
             rvs_results_dir: "/var/tmp".into(),
             agfhc: "/x/agfhc".into(),
             agfhc_results_dir: "/var/tmp/agfhc".into(),
+            allowed: AllowedCommands::None,
         }
     }
 
@@ -388,6 +483,92 @@ mod tests {
             }
         }
         assert!(programs_needed(&tests, "node-a", &commands()).is_empty());
+    }
+
+    #[test]
+    fn command_tests_need_the_administrators_allow_list() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let allowed_dir = dir.path().join("allowed");
+        let other_dir = dir.path().join("other");
+        std::fs::create_dir_all(allowed_dir.join("sub")).unwrap();
+        std::fs::create_dir_all(&other_dir).unwrap();
+        let script = |path: &Path| {
+            std::fs::write(path, "#!/bin/sh\n").unwrap();
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        };
+        let inside = allowed_dir.join("sub/check");
+        let outside = other_dir.join("evil");
+        let single = other_dir.join("single");
+        script(&inside);
+        script(&outside);
+        script(&single);
+
+        // The default refuses everything, and says how to allow.
+        let why = AllowedCommands::None.permit(&inside).unwrap_err();
+        assert!(why.contains("--allow-test-command"), "{why}");
+        assert_eq!(AllowedCommands::from_flags(vec![]), AllowedCommands::None);
+
+        let list = AllowedCommands::from_flags(vec![allowed_dir.clone(), single.clone()]);
+        let resolved = std::fs::canonicalize(&inside).unwrap();
+        assert_eq!(list.permit(&inside).unwrap(), resolved);
+        assert_eq!(
+            list.permit(&single).unwrap(),
+            std::fs::canonicalize(&single).unwrap()
+        );
+        let why = list.permit(&outside).unwrap_err();
+        assert!(why.contains("not under --allow-test-command"), "{why}");
+        // `..` and symbolic links are resolved before the check.
+        let dotdot = allowed_dir.join("../other/evil");
+        assert!(list.permit(&dotdot).is_err());
+        let link = allowed_dir.join("link");
+        std::os::unix::fs::symlink(&outside, &link).unwrap();
+        assert!(list.permit(&link).unwrap_err().contains("resolved"));
+        // A file entry allows that file, not its siblings.
+        let sibling = other_dir.join("single2");
+        script(&sibling);
+        assert!(list.permit(&sibling).is_err());
+        // Names looked up in PATH, and missing programs, are refused.
+        assert!(
+            list.permit(Path::new("sh"))
+                .unwrap_err()
+                .contains("absolute")
+        );
+        assert!(
+            list.permit(&allowed_dir.join("absent"))
+                .unwrap_err()
+                .contains("cannot resolve")
+        );
+        // `check` (by hand) allows anything, unchanged.
+        assert_eq!(
+            AllowedCommands::Any.permit(Path::new("sh")).unwrap(),
+            PathBuf::from("sh")
+        );
+
+        // Readiness lists what would be refused.
+        let mut tests = TestConfig::default();
+        for location in tests.locations.values_mut() {
+            for trigger in location.triggers.values_mut() {
+                for case in &mut trigger.test_cases {
+                    case.framework = Framework::Command;
+                    case.command = vec![outside.display().to_string()];
+                }
+            }
+        }
+        let listed = Commands {
+            allowed: list.clone(),
+            ..commands()
+        };
+        let refused = refused_commands(&tests, "node-a", &listed);
+        assert_eq!(refused.len(), 1, "{refused:?}");
+        assert!(refused[0].contains("evil"));
+        let fine = Commands {
+            allowed: AllowedCommands::from_flags(vec![other_dir.clone()]),
+            ..commands()
+        };
+        assert!(refused_commands(&tests, "node-a", &fine).is_empty());
+        // RVS tests are not COMMAND tests.
+        assert!(refused_commands(&TestConfig::default(), "node-a", &listed).is_empty());
     }
 
     #[test]

@@ -6,6 +6,11 @@
 //! `..._iteration<N>_stdout.log` and `..._stderr.log` per iteration (the test's
 //! own output, streamed to the file while it runs), and `..._result.json` with
 //! the outcome, the command line and the iteration results.
+//!
+//! Limits ([`LogLimits`]): each output file keeps at most 16 MiB (the start,
+//! then a note and the last 64 KiB, [`process::LogCap`]); before a case
+//! starts, the directory's test logs older than 30 days are removed, then the
+//! oldest beyond the newest 1000. Only files named like ours are touched.
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom};
@@ -20,7 +25,7 @@ use super::command::{CommandLine, Commands, command_line, read_results, rvs_conf
 use super::config::{Framework, TestCase, Trigger};
 use super::gpus::TargetGpu;
 use super::kube::EventContent;
-use super::process::{self, ProcessEnd};
+use super::process::{self, LogCap, ProcessEnd};
 use super::report::{
     Ending, IterationResult, Outcome, SuitesResult, event_labels, event_message, file_part,
     iteration_failed, iteration_result, no_gpu_result, outcome,
@@ -29,6 +34,81 @@ use super::report::{
 /// How much of a test's stdout is searched for its result file: tools print the
 /// path at the end.
 const STDOUT_TAIL_BYTES: u64 = 1024 * 1024;
+
+/// How much the logs directory may hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LogLimits {
+    /// The cap of each output file.
+    pub cap: LogCap,
+    /// At most this many test log files are kept (the newest).
+    pub max_files: usize,
+    /// Test log files older than this are removed.
+    pub max_age: Duration,
+}
+
+impl Default for LogLimits {
+    fn default() -> Self {
+        Self {
+            cap: LogCap::default(),
+            max_files: 1000,
+            max_age: Duration::from_secs(30 * 24 * 3600),
+        }
+    }
+}
+
+/// Whether `name` is a log file [`run_case`] writes:
+/// `<YYYY-MM-DDTHH-MM-SS.ffffffZ>_..._{stdout.log,stderr.log,result.json}`.
+fn is_test_log(name: &str) -> bool {
+    let stamped = name.len() > 27
+        && name.as_bytes()[..4].iter().all(u8::is_ascii_digit)
+        && name.as_bytes()[4] == b'-'
+        && name.as_bytes()[26] == b'Z';
+    stamped
+        && ["_stdout.log", "_stderr.log", "_result.json"]
+            .iter()
+            .any(|end| name.ends_with(end))
+}
+
+/// Removes test logs in `dir` beyond `limits` (age, then count, oldest first:
+/// the names start with their time); returns how many were removed. Errors
+/// are logged: retention must never stop a test.
+pub fn prune_logs(dir: &Path, limits: &LogLimits) -> usize {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) => {
+            tracing::warn!(dir = %dir.display(), error = %e, "cannot list the test logs");
+            return 0;
+        }
+    };
+    let mut logs: Vec<(String, Option<std::time::SystemTime>)> = entries
+        .filter_map(Result::ok)
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            is_test_log(&name).then(|| (name, e.metadata().and_then(|m| m.modified()).ok()))
+        })
+        .collect();
+    logs.sort();
+    let now = std::time::SystemTime::now();
+    let too_old = |modified: &Option<std::time::SystemTime>| {
+        modified
+            .and_then(|m| now.duration_since(m).ok())
+            .is_some_and(|age| age > limits.max_age)
+    };
+    let (old, young): (Vec<_>, Vec<_>) = logs.into_iter().partition(|(_, m)| too_old(m));
+    let excess = young.len().saturating_sub(limits.max_files);
+    let mut removed = 0;
+    for (name, _) in old.iter().chain(&young[..excess]) {
+        match std::fs::remove_file(dir.join(name)) {
+            Ok(()) => removed += 1,
+            Err(e) => tracing::warn!(file = %name, error = %e, "cannot remove an old test log"),
+        }
+    }
+    if removed > 0 {
+        tracing::info!(dir = %dir.display(), removed, "removed old test logs");
+    }
+    removed
+}
 
 /// The result of one test case.
 #[derive(Clone, Debug, PartialEq)]
@@ -105,12 +185,23 @@ pub async fn run_case(
     pass_ids: bool,
     commands: &Commands,
     logs_dir: &Path,
+    limits: &LogLimits,
     cancel: &CancellationToken,
 ) -> CaseReport {
     let started = Timestamp::now();
     let clock = Instant::now();
     let indexes: Vec<u32> = gpus.iter().map(|g| g.index).collect();
     let mut line = describe(case, commands, gpus, pass_ids);
+    if case.framework == Framework::Command {
+        // Run what was checked: the resolved path, not the configured one.
+        match commands.allowed.permit(&line.program) {
+            Ok(program) => line.program = program,
+            Err(why) => {
+                tracing::warn!(trigger = %trigger, recipe = %case.recipe, %why, "test case refused");
+                return CaseReport::nothing_tested(trigger, case, &why);
+            }
+        }
+    }
     // `GPU_TEST_GPUS` names the GPUs under test even when `-i` is not passed.
     line.env.retain(|(k, _)| k != "GPU_TEST_GPUS");
     line.env.extend([
@@ -139,6 +230,7 @@ pub async fn run_case(
         "test case starting"
     );
 
+    prune_logs(logs_dir, limits);
     let mut iterations = Vec::new();
     let mut log_files = Vec::new();
     let mut cancelled = false;
@@ -151,7 +243,7 @@ pub async fn run_case(
         let end = match (log_file(&out_path), log_file(&err_path)) {
             (Ok(out), Ok(err)) => {
                 log_files.extend([out_path.clone(), err_path.clone()]);
-                process::run(&line, out, err, logs_dir, case.timeout, cancel).await
+                process::run(&line, out, err, logs_dir, case.timeout, limits.cap, cancel).await
             }
             (Err(e), _) | (_, Err(e)) => {
                 tracing::warn!(error = %e, "cannot create test log files");
@@ -319,4 +411,182 @@ pub fn describe(
         _ => PathBuf::new(),
     };
     command_line(case, commands, &conf, selected)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testrunner::command::AllowedCommands;
+
+    /// A COMMAND test's result is its exit status, per GPU tested.
+    fn one_gpu() -> Vec<TargetGpu> {
+        vec![TargetGpu {
+            bdf: "0000:03:00.0".into(),
+            index: 0,
+            kfd_id: None,
+            model: None,
+        }]
+    }
+
+    fn command_case(program: &str, script: &str) -> TestCase {
+        TestCase {
+            framework: Framework::Command,
+            command: vec![program.into(), "-c".into(), script.into()],
+            ..TestCase::new("smoke")
+        }
+    }
+
+    fn allowing(paths: &[&Path]) -> Commands {
+        Commands {
+            allowed: AllowedCommands::from_flags(paths.iter().map(|p| p.to_path_buf()).collect()),
+            ..Commands::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_command_test_runs_only_when_the_administrator_allows_it() {
+        let logs = tempfile::tempdir().unwrap();
+        let marker = logs.path().join("ran");
+        let case = command_case("/bin/sh", &format!("touch {}", marker.display()));
+        let cancel = CancellationToken::new();
+        let run = |commands: Commands| {
+            let case = case.clone();
+            let cancel = cancel.clone();
+            let dir = logs.path().to_path_buf();
+            async move {
+                run_case(
+                    Trigger::Manual,
+                    &case,
+                    &one_gpu(),
+                    false,
+                    &commands,
+                    &dir,
+                    &LogLimits::default(),
+                    &cancel,
+                )
+                .await
+            }
+        };
+        // The default: refused, with the reason in the result, nothing started.
+        let refused = run(Commands::default()).await;
+        assert_eq!(refused.outcome, Outcome::Failed);
+        assert!(
+            refused.message().contains("--allow-test-command"),
+            "{}",
+            refused.message()
+        );
+        assert!(refused.log_files.is_empty());
+        assert!(!marker.exists(), "a refused program must not run");
+        // Allowed elsewhere only: still refused.
+        let refused = run(allowing(&[Path::new("/usr/local/sbin")])).await;
+        assert!(
+            refused.message().contains("not under"),
+            "{}",
+            refused.message()
+        );
+        assert!(!marker.exists());
+        // Allowed: runs, as the resolved path.
+        let sh = std::fs::canonicalize("/bin/sh").unwrap();
+        let ran = run(allowing(&[&sh])).await;
+        assert_eq!(ran.outcome, Outcome::Passed, "{}", ran.message());
+        assert!(marker.exists());
+        assert!(
+            ran.command.starts_with(&sh.display().to_string()),
+            "{}",
+            ran.command
+        );
+    }
+
+    #[tokio::test]
+    async fn a_test_printing_20_mib_leaves_a_log_of_at_most_16_mib() {
+        let logs = tempfile::tempdir().unwrap();
+        let case = command_case(
+            "/bin/sh",
+            "head -c 20971520 /dev/zero | tr '\\0' z; echo; echo last-line",
+        );
+        let report = run_case(
+            Trigger::Manual,
+            &case,
+            &one_gpu(),
+            false,
+            &Commands {
+                allowed: AllowedCommands::Any,
+                ..Commands::default()
+            },
+            logs.path(),
+            &LogLimits::default(),
+            &CancellationToken::new(),
+        )
+        .await;
+        assert_eq!(report.outcome, Outcome::Passed, "{}", report.message());
+        let stdout = report
+            .log_files
+            .iter()
+            .find(|p| p.to_string_lossy().ends_with("_stdout.log"))
+            .expect("a stdout log");
+        let len = std::fs::metadata(stdout).unwrap().len();
+        assert!(
+            len <= 16 * 1024 * 1024 + 512,
+            "{len} bytes: over the 16 MiB cap"
+        );
+        assert!(
+            len >= 16 * 1024 * 1024 - 64 * 1024,
+            "{len} bytes: too little kept"
+        );
+        let text = std::fs::read(stdout).unwrap();
+        let end = String::from_utf8_lossy(&text[text.len() - 70_000..]).into_owned();
+        assert!(end.contains("bytes of output left out here"), "no note");
+        assert!(end.ends_with("z\nlast-line\n"));
+    }
+
+    #[test]
+    fn retention_removes_old_and_excess_test_logs_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let name =
+            |i: u32, what: &str| format!("2026-01-{:02}T10-00-00.000000Z_manual_gst_{what}", i + 1);
+        for i in 0..5 {
+            for what in [
+                "iteration1_stdout.log",
+                "iteration1_stderr.log",
+                "result.json",
+            ] {
+                std::fs::write(dir.path().join(name(i, what)), "x").unwrap();
+            }
+        }
+        // Not ours: never touched.
+        std::fs::write(dir.path().join("notes.txt"), "keep").unwrap();
+        std::fs::write(dir.path().join("2026-01-01_other.log"), "keep").unwrap();
+        let old = dir.path().join(name(4, "old_result.json"));
+        std::fs::write(&old, "x").unwrap();
+        let long_ago = std::time::SystemTime::now() - Duration::from_secs(40 * 24 * 3600);
+        File::options()
+            .write(true)
+            .open(&old)
+            .unwrap()
+            .set_modified(long_ago)
+            .unwrap();
+
+        let limits = LogLimits {
+            max_files: 9,
+            ..LogLimits::default()
+        };
+        // 16 test logs: the 40-day-old one goes by age, then the oldest 6 of
+        // the other 15 by count.
+        assert_eq!(prune_logs(dir.path(), &limits), 7);
+        let mut left: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        left.sort();
+        assert!(left.contains(&"notes.txt".to_owned()));
+        assert!(left.contains(&"2026-01-01_other.log".to_owned()));
+        assert!(!left.contains(&name(4, "old_result.json")));
+        assert!(!left.iter().any(|n| n.starts_with("2026-01-01T")));
+        assert!(!left.iter().any(|n| n.starts_with("2026-01-02T")));
+        assert!(left.contains(&name(2, "result.json")));
+        assert!(left.contains(&name(4, "result.json")));
+        assert_eq!(left.len(), 9 + 2, "{left:?}");
+        // Within the limits: nothing more.
+        assert_eq!(prune_logs(dir.path(), &limits), 0);
+    }
 }

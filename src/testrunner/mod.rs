@@ -48,10 +48,10 @@ use tokio_util::sync::CancellationToken;
 use crate::api::TestRunnerSpec;
 use crate::host::HostRoot;
 
-pub use command::Commands;
+pub use command::{AllowedCommands, Commands};
 pub use config::{ConfigError, Framework, TestCase, TestConfig, Trigger, parse_config};
 pub use decide::TEST_REQUEST_ANNOTATION;
-pub use execute::CaseReport;
+pub use execute::{CaseReport, LogLimits};
 pub use report::Outcome;
 pub use service::TestRunnerService;
 pub use stats::TestRunnerStats;
@@ -80,6 +80,8 @@ pub struct TestRunnerConfig {
     pub commands: Commands,
     /// For reading the GPUs' KFD ids.
     pub host: HostRoot,
+    /// Size cap of each log file, retention of the logs directory.
+    pub log_limits: LogLimits,
 }
 
 impl TestRunnerConfig {
@@ -90,6 +92,7 @@ impl TestRunnerConfig {
             logs_dir: logs_dir.into(),
             commands: Commands::default(),
             host,
+            log_limits: LogLimits::default(),
         }
     }
 
@@ -148,6 +151,7 @@ pub struct CheckOptions {
     pub config_text: Option<String>,
     pub commands: Commands,
     pub logs_dir: PathBuf,
+    pub log_limits: LogLimits,
     /// Overrides of the test case.
     pub framework: Option<Framework>,
     pub iterations: Option<u32>,
@@ -170,6 +174,7 @@ impl CheckOptions {
             config_text: None,
             commands: Commands::default(),
             logs_dir: logs_dir.into(),
+            log_limits: LogLimits::default(),
             framework: None,
             iterations: None,
             timeout: None,
@@ -224,9 +229,15 @@ pub async fn check(
     if !options.device_ids.is_empty() {
         case.device_ids = options.device_ids.clone();
     }
+    // `check` is run by hand by the node's administrator, who may run any
+    // program anyway: COMMAND tests need no allow-list here.
+    let commands = Commands {
+        allowed: AllowedCommands::Any,
+        ..options.commands.clone()
+    };
     // A missing tool is told apart from a failing GPU before anything runs. A
     // bare COMMAND name is found in PATH when it starts.
-    let program = command::command_line(&case, &options.commands, Path::new(""), &[]).program;
+    let program = command::command_line(&case, &commands, Path::new(""), &[]).program;
     if let Some(why) = program
         .to_string_lossy()
         .contains('/')
@@ -253,8 +264,9 @@ pub async fn check(
                 &case,
                 &selection.gpus,
                 selection.pass_ids,
-                &options.commands,
+                &commands,
                 &options.logs_dir,
+                &options.log_limits,
                 cancel,
             )
             .await

@@ -23,13 +23,13 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::command::{Commands, programs_needed, unstartable};
+use super::command::{Commands, programs_needed, refused_commands, unstartable};
 use super::config::{CATEGORY, TestConfig, Trigger, parse_config};
 use super::decide::{
     ManualTracker, RunId, Scheduler, Start, Submitted, TEST_REQUEST_ANNOTATION, manual_request,
     periodic_request, pre_start_request, select_gpus, unhealthy_request,
 };
-use super::execute::{CaseReport, run_case};
+use super::execute::{CaseReport, LogLimits, run_case};
 use super::gpus::{TargetGpu, read_targets};
 use super::kube::{CONFIG_ERROR_REASON, EventContent, Kube, resource_version};
 use super::report::{LABEL_PREFIX, label_value, running_label_key};
@@ -81,6 +81,7 @@ struct RunContext {
     node_name: String,
     logs_dir: PathBuf,
     commands: Commands,
+    log_limits: LogLimits,
     kube: Option<Kube>,
     stats: watch::Sender<TestRunnerStats>,
 }
@@ -135,11 +136,16 @@ impl Service for TestRunnerService {
                 .map_err(|e| ServiceError::new(format!("testRunner config: {e}")))?;
             let mut ctx = self.context(&current)?;
             let report_readiness = |tests: &TestConfig, current: &TestRunnerConfig| {
-                let problems: Vec<String> =
+                let mut problems: Vec<String> =
                     programs_needed(tests, &current.node_name, &current.commands)
                         .iter()
                         .filter_map(|program| unstartable(program))
                         .collect();
+                problems.extend(refused_commands(
+                    tests,
+                    &current.node_name,
+                    &current.commands,
+                ));
                 if problems.is_empty() {
                     readiness.available();
                 } else {
@@ -317,6 +323,7 @@ impl TestRunnerService {
             node_name: config.node_name.clone(),
             logs_dir: config.logs_dir.clone(),
             commands: config.commands.clone(),
+            log_limits: config.log_limits,
             kube: self
                 .client
                 .clone()
@@ -417,6 +424,7 @@ async fn execute(
                     selection.pass_ids,
                     &ctx.commands,
                     &ctx.logs_dir,
+                    &ctx.log_limits,
                     &cancel,
                 )
                 .await;
