@@ -220,6 +220,17 @@ pub struct AgentArgs {
     /// metricsExporter.port (e.g. 127.0.0.1:5000 to keep it off other interfaces).
     #[arg(long, value_name = "ADDR")]
     pub metrics_bind: Option<std::net::SocketAddr>,
+    /// Let COMMAND tests of the test runner start this program, or any program
+    /// under this directory (repeatable). Without it COMMAND tests are refused:
+    /// the programs are named by a ConfigMap and would run as root on the node.
+    /// RVS and AGFHC recipes need no entry.
+    #[arg(long = "allow-test-command", value_name = "DIR_OR_PATH")]
+    pub allow_test_command: Vec<PathBuf>,
+    /// As leader, also report Secrets a DeviceConfig names that do not exist.
+    /// Needs the optional Role deploy/optional/secret-references.yaml: by
+    /// default the agents may not read Secrets.
+    #[arg(long)]
+    pub check_secret_references: bool,
 }
 
 /// How often the node is looked at. Shared by `agent` and `standalone`.
@@ -310,6 +321,12 @@ pub struct StandaloneArgs {
     pub show_metrics: bool,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    /// Let COMMAND tests of the test runner start this program, or any program
+    /// under this directory (repeatable). Without it COMMAND tests are refused:
+    /// the programs are named by a ConfigMap and would run as root on the node.
+    /// RVS and AGFHC recipes need no entry.
+    #[arg(long = "allow-test-command", value_name = "DIR_OR_PATH")]
+    pub allow_test_command: Vec<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -653,6 +670,7 @@ fn run_agent(args: AgentArgs) -> ExitCode {
                     lease,
                     cluster: crate::cluster::ClusterConfig {
                         instance: args.node_name.clone(),
+                        check_secret_references: args.check_secret_references,
                         ..Default::default()
                     },
                 })
@@ -662,7 +680,10 @@ fn run_agent(args: AgentArgs) -> ExitCode {
         let config = crate::agent::AgentConfig {
             leader,
             metrics_listen: args.metrics_bind,
-            test_commands: None,
+            test_commands: Some(crate::testrunner::Commands {
+                allowed: crate::testrunner::AllowedCommands::from_flags(args.allow_test_command),
+                ..Default::default()
+            }),
             node_name: args.node_name,
             namespace: args.namespace,
             host,
@@ -809,6 +830,7 @@ fn run_standalone(args: StandaloneArgs) -> ExitCode {
         rescan_interval: args.sampling.rescan_interval,
         sampling: args.sampling.sampling(),
         simulate,
+        test_commands: crate::testrunner::AllowedCommands::from_flags(args.allow_test_command),
     };
     let runtime = match runtime() {
         Ok(rt) => rt,

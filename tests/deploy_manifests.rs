@@ -773,9 +773,8 @@ const NEEDS: &[Need] = &[
     need("", "configmaps", "get", OPERATOR_NS),
     need("", "configmaps", "list", OPERATOR_NS),
     need("", "configmaps", "watch", OPERATOR_NS),
-    // Secrets a DeviceConfig names: missing_references checks they exist
-    // (metadata only).
-    need("", "secrets", "get", OPERATOR_NS),
+    // No Secrets: missing_references looks them up only with
+    // --check-secret-references and deploy/optional/secret-references.yaml.
     // The metrics Service: server-side apply in apply_owned
     // (src/cluster/reconcile.rs; authorized as patch, and as create when the
     // object is new); delete in apply_owned and tear_down.

@@ -52,6 +52,10 @@ pub struct ClusterConfig {
     /// namespace, which needs cluster-wide list/watch on Services. Owned objects
     /// elsewhere are still repaired, at the DeviceConfig's next reconcile.
     pub namespace: Option<String>,
+    /// Also report Secrets the DeviceConfig names that do not exist. Needs the
+    /// optional Role in deploy/optional/ (the agents hold no right on Secrets
+    /// by default); off, a missing Secret is reported where it is consumed.
+    pub check_secret_references: bool,
 }
 
 impl Default for ClusterConfig {
@@ -61,6 +65,7 @@ impl Default for ClusterConfig {
             teardown_timeout: Duration::from_secs(300),
             instance: "gpu-operator".into(),
             namespace: None,
+            check_secret_references: false,
         }
     }
 }
@@ -233,6 +238,7 @@ pub async fn reconcile_until_cancelled(
     context.teardown_timeout = config.teardown_timeout;
     context.stats = stats;
     context.owned_services = Some((services, config.namespace.clone()));
+    context.check_secret_references = config.check_secret_references;
     let mapper_configs = configs.clone();
     controller
         .owns_stream(service_events)

@@ -66,6 +66,9 @@ pub struct Context {
     /// The owned Services the leader watches, and the namespace watched (`None`:
     /// all). Outside it, nothing is known and deletes are simply sent.
     pub owned_services: Option<(Store<Service>, Option<String>)>,
+    /// Look up the Secrets a DeviceConfig names too (see
+    /// [`super::ClusterConfig::check_secret_references`]).
+    pub check_secret_references: bool,
 }
 
 #[derive(Debug, Default)]
@@ -93,6 +96,7 @@ impl Context {
             last_status_write: Mutex::new(HashMap::new()),
             stats: Arc::default(),
             owned_services: None,
+            check_secret_references: false,
         }
     }
 
@@ -396,14 +400,20 @@ pub fn references(spec: &crate::api::DeviceConfigSpec) -> Vec<Reference> {
     refs
 }
 
-/// The references of [`references`] that do not exist. Only metadata is read,
-/// never a Secret's data.
+/// The references of [`references`] that do not exist (metadata only, never a
+/// Secret's data). Secrets only with `check_secret_references`: by default
+/// the agents hold no right on Secrets (deploy/10-rbac.yaml), and a missing
+/// Secret is reported by the agent that consumes it; the optional Role in
+/// deploy/optional/ allows this earlier check.
 async fn missing_references(dc: &DeviceConfig, ctx: &Context) -> Result<Vec<String>, Error> {
     let ns = dc.namespace().unwrap_or_default();
     let config_maps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &ns);
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
     let mut missing = Vec::new();
-    for reference in references(&dc.spec) {
+    for reference in references(&dc.spec)
+        .into_iter()
+        .filter(|r| r.kind == "ConfigMap" || ctx.check_secret_references)
+    {
         let name = reference.name.clone();
         let found = match reference.kind {
             "Secret" => secrets.get_metadata_opt(&name).await.map(|o| o.is_some()),
@@ -418,11 +428,13 @@ async fn missing_references(dc: &DeviceConfig, ctx: &Context) -> Result<Vec<Stri
                 "{}: {} {name:?} does not exist",
                 reference.path, reference.kind
             )),
-            // The RBAC in deploy/ covers the operator's namespace only. Retrying
-            // cannot help; saying so in the status can.
+            // The RBAC in deploy/ covers the operator's namespace only (and
+            // Secrets only with the optional Role). Retrying cannot help;
+            // saying so in the status can.
             Err(kube::Error::Api(status)) if status.code == 403 => missing.push(format!(
                 "{}: {} {name:?} cannot be read in namespace {ns:?}: the operator may read \
-                 ConfigMaps and Secrets only in its own namespace (deploy/10-rbac.yaml)",
+                 ConfigMaps only in its own namespace, and Secrets only with the optional \
+                 Role of deploy/optional/ (deploy/10-rbac.yaml)",
                 reference.path, reference.kind
             )),
             Err(e) => {
