@@ -1050,7 +1050,14 @@ fn standalone_config_is_a_valid_device_config() {
 
 /// (section, key) -> values in file order.
 fn unit() -> BTreeMap<(String, String), Vec<String>> {
-    let text = std::fs::read_to_string(repo().join("systemd/gpu-operator.service")).unwrap();
+    unit_file("systemd/gpu-operator.service")
+}
+
+/// The opt-in drop-in for driver management.
+const DRIVER_DROP_IN: &str = "systemd/gpu-operator.service.d/driver-management.conf";
+
+fn unit_file(path: &str) -> BTreeMap<(String, String), Vec<String>> {
+    let text = std::fs::read_to_string(repo().join(path)).unwrap();
     let mut section = String::new();
     let mut keys: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
     for line in text.lines().map(str::trim) {
@@ -1125,21 +1132,28 @@ fn systemd_unit_runs_standalone_and_keeps_what_the_work_needs() {
         );
     }
     assert_eq!(get("NoNewPrivileges").as_deref(), Some("yes"));
-    // Module loading: the capability, the syscalls, and /lib/modules visible.
+    // Nothing loads modules yet: no capability, no module system calls, and
+    // /lib/modules hidden.
+    assert_eq!(get("CapabilityBoundingSet").as_deref(), Some(""));
+    let filter = get("SystemCallFilter").unwrap_or_default();
+    assert!(!filter.contains("@module"), "SystemCallFilter={filter}");
+    assert_eq!(get("ProtectKernelModules").as_deref(), Some("yes"));
+    // The opt-in drop-in gives back exactly what module loading needs: the
+    // capability, the system calls, /lib/modules.
+    let drop_in = unit_file(DRIVER_DROP_IN);
+    let driver = |key: &str| setting(&drop_in, key);
     assert_eq!(
-        get("CapabilityBoundingSet").as_deref(),
+        driver("CapabilityBoundingSet").as_deref(),
         Some("CAP_SYS_MODULE")
     );
-    assert!(
-        get("SystemCallFilter")
-            .unwrap_or_default()
-            .contains("@module")
+    assert_eq!(driver("SystemCallFilter").as_deref(), Some("@module"));
+    assert_eq!(driver("ProtectKernelModules").as_deref(), Some("no"));
+    assert_eq!(
+        drop_in.keys().map(|(_, k)| k.as_str()).collect::<Vec<_>>(),
+        ["CapabilityBoundingSet", "ProtectKernelModules", "SystemCallFilter"],
+        "the drop-in widens nothing else"
     );
     for (key, why) in [
-        (
-            "ProtectKernelModules",
-            "drops CAP_SYS_MODULE and hides /lib/modules",
-        ),
         ("PrivateDevices", "hides /dev/kfd and /dev/dri"),
         (
             "ProtectClock",
