@@ -143,6 +143,9 @@ pub async fn run(
     let mut test_config = ConfigMapFollower::new(client.clone());
     let mut metrics_text = metrics_config.subscribe();
     let mut test_text = test_config.subscribe();
+    // The Secret and ConfigMap that metricsExporter.rbacConfig names.
+    let mut access = configmaps::AccessFollower::new(client.clone());
+    let mut access_material = access.subscribe();
 
     let recorder = Recorder::new(
         client.clone(),
@@ -167,6 +170,7 @@ pub async fn run(
         configs_changed.borrow_and_update();
         metrics_text.borrow_and_update();
         test_text.borrow_and_update();
+        access_material.borrow_and_update();
         for rx in &mut state_changes {
             rx.borrow_and_update();
         }
@@ -210,9 +214,11 @@ pub async fn run(
                         .as_ref()
                         .map(|c| (namespace.clone(), c.name.clone())),
                 );
+                access.follow(Some((&namespace, &spec.metrics_exporter.rbac_config)));
             } else {
                 metrics_config.follow(None);
                 test_config.follow(None);
+                access.follow(None);
             }
             let (metrics_text_now, test_text_now) = (metrics_config.text(), test_config.text());
             let context = NodeContext {
@@ -228,6 +234,21 @@ pub async fn run(
                 Selection::One(selected) => plan_services(&selected.spec, &context),
                 Selection::None | Selection::Conflict(_) => idle_services(&context),
             };
+            if let Selection::One(selected) = &selection {
+                let namespace = selected.key.split('/').next().unwrap_or_default();
+                let api = crate::metrics::access::ReviewClient(client.clone());
+                select::with_access_material(
+                    &mut desired,
+                    &selected.spec,
+                    namespace,
+                    access.material(),
+                    api,
+                );
+            }
+            let access_problems = desired
+                .metrics
+                .as_ref()
+                .map(|m| crate::metrics::access::problems(&m.access));
             if let (Some(listen), Some(metrics)) = (config.metrics_listen, desired.metrics.as_mut())
             {
                 metrics.listen = listen;
@@ -276,10 +297,19 @@ pub async fn run(
                     tracing::warn!(error = %e, "cannot remove the GPU health condition");
                 }
             }
-            let problems = problems(
+            let mut problems = problems(
                 &selection,
                 &plugin_status.borrow_and_update(),
                 metrics_config_error.borrow_and_update().as_deref(),
+            );
+            problems.extend(
+                access_problems
+                    .into_iter()
+                    .flatten()
+                    .map(|message| Problem {
+                        event_reason: Some("MetricsAccessProblem"),
+                        message: format!("metrics endpoint: {message}"),
+                    }),
             );
             for problem in &problems {
                 if let Some(reason) = problem.event_reason
@@ -335,6 +365,7 @@ pub async fn run(
             _ = metrics_config_error.changed() => {}
             _ = metrics_text.changed() => {}
             _ = test_text.changed() => {}
+            _ = access_material.changed() => {}
             _ = node_services::any_changed(&mut state_changes) => {}
             // A failed status write is retried without waiting for another change.
             _ = tokio::time::sleep(Duration::from_secs(10)), if status_write_failed => {}

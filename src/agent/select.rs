@@ -10,6 +10,7 @@ use kube::ResourceExt;
 use crate::api::{DeviceConfig, DeviceConfigSpec, NodeLabellerKind, Operand};
 use crate::health::{Damping, HealthConfig};
 use crate::metrics::MetricsConfig;
+use crate::metrics::access::{AccessMaterial, AccessPolicy, ReviewClient};
 use crate::plugin::PluginConfig;
 use crate::testrunner::TestRunnerConfig;
 
@@ -177,13 +178,24 @@ pub fn plan_services(spec: &DeviceConfigSpec, node: &NodeContext<'_>) -> Desired
     });
     // The endpoint runs even when metricsExporter is disabled: it serves the
     // probes. `enable` decides whether the cluster gets a Service for it.
-    let metrics = Some(node.sampling.metrics(MetricsConfig::for_spec(
-        &spec.metrics_exporter,
-        node.host.clone(),
-        node.node_name,
-        node.kubelet_dir,
-        metrics_text,
-    )));
+    // `rbacConfig` as the spec says; the agent adds what it read of the Secret
+    // and ConfigMap, and its API client ([`with_access_material`]). Without
+    // them (standalone) a protected endpoint refuses /metrics.
+    let metrics = Some(node.sampling.metrics(MetricsConfig {
+        access: AccessPolicy::for_spec(
+            &spec.metrics_exporter.rbac_config,
+            "",
+            AccessMaterial::default(),
+            None,
+        ),
+        ..MetricsConfig::for_spec(
+            &spec.metrics_exporter,
+            node.host.clone(),
+            node.node_name,
+            node.kubelet_dir,
+            metrics_text,
+        )
+    }));
     let test_runner = spec.runs_on(Operand::TestRunner, node.labels).then(|| {
         TestRunnerConfig::for_spec(
             &spec.test_runner,
@@ -198,6 +210,26 @@ pub fn plan_services(spec: &DeviceConfigSpec, node: &NodeContext<'_>) -> Desired
         health,
         metrics,
         test_runner,
+    }
+}
+
+/// Completes the metrics endpoint's `rbacConfig` policy with what the agent
+/// read of the objects it names (in the DeviceConfig's `namespace`) and the
+/// client the reviews go through.
+pub fn with_access_material(
+    desired: &mut DesiredServices,
+    spec: &DeviceConfigSpec,
+    namespace: &str,
+    material: AccessMaterial,
+    api: ReviewClient,
+) {
+    if let Some(metrics) = desired.metrics.as_mut() {
+        metrics.access = AccessPolicy::for_spec(
+            &spec.metrics_exporter.rbac_config,
+            namespace,
+            material,
+            Some(api),
+        );
     }
 }
 

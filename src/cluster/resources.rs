@@ -81,6 +81,31 @@ pub fn metrics_service(dc: &DeviceConfig) -> Option<Service> {
     })
 }
 
+/// Where Prometheus finds its service account token in its pod.
+pub const SERVICE_ACCOUNT_TOKEN_FILE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/token";
+
+/// What a scrape needs when `rbacConfig` protects the endpoint: HTTPS (unless
+/// `disableHttps`), TLS without verification of the endpoint's certificate
+/// (which is per node and often self-issued), and the scraper's service
+/// account token for the TokenReview. The user's own `tlsConfig`,
+/// `bearerTokenFile` or `authorization` take precedence.
+pub fn protected_endpoint_defaults(
+    rbac: &crate::api::KubeRbacConfig,
+) -> Vec<(&'static str, serde_json::Value)> {
+    if rbac.enable != Some(true) {
+        return Vec::new();
+    }
+    let https = rbac.disable_https != Some(true);
+    let mut fields = vec![
+        ("scheme", json!(if https { "https" } else { "http" })),
+        ("bearerTokenFile", json!(SERVICE_ACCOUNT_TOKEN_FILE)),
+    ];
+    if https {
+        fields.push(("tlsConfig", json!({ "insecureSkipVerify": true })));
+    }
+    fields
+}
+
 pub fn service_monitor_resource() -> ApiResource {
     ApiResource {
         group: "monitoring.coreos.com".into(),
@@ -134,6 +159,13 @@ pub fn service_monitor(dc: &DeviceConfig) -> Option<DynamicObject> {
             Err(e) => {
                 tracing::warn!(field = name, error = %e, "cannot render ServiceMonitor field")
             }
+        }
+    }
+    for (name, value) in protected_endpoint_defaults(&spec.rbac_config) {
+        if endpoint.get(name).is_none()
+            && !(name == "bearerTokenFile" && endpoint.get("authorization").is_some())
+        {
+            endpoint[name] = value;
         }
     }
     let mut body = json!({
@@ -204,5 +236,46 @@ mod tests {
         assert_eq!(endpoint["port"], METRICS_PORT_NAME);
         assert_eq!(endpoint["honorLabels"], true);
         assert!(endpoint.get("relabelings").is_none());
+        assert!(
+            endpoint.get("scheme").is_none(),
+            "plain HTTP without rbacConfig"
+        );
+        assert!(endpoint.get("bearerTokenFile").is_none());
+    }
+
+    #[test]
+    fn a_protected_endpoint_is_scraped_over_https_with_the_service_account_token() {
+        let monitor = json!({"serviceMonitor": {"enable": true}});
+        let sm = service_monitor(&dc(json!({"metricsExporter": {"enable": true,
+            "prometheus": monitor, "rbacConfig": {"enable": true}}})))
+        .unwrap();
+        let endpoint = &sm.data["spec"]["endpoints"][0];
+        assert_eq!(endpoint["scheme"], "https");
+        assert_eq!(endpoint["bearerTokenFile"], SERVICE_ACCOUNT_TOKEN_FILE);
+        assert_eq!(endpoint["tlsConfig"], json!({"insecureSkipVerify": true}));
+
+        let sm = service_monitor(&dc(json!({"metricsExporter": {"enable": true,
+            "prometheus": monitor, "rbacConfig": {"enable": true, "disableHttps": true}}})))
+        .unwrap();
+        let endpoint = &sm.data["spec"]["endpoints"][0];
+        assert_eq!(endpoint["scheme"], "http");
+        assert_eq!(endpoint["bearerTokenFile"], SERVICE_ACCOUNT_TOKEN_FILE);
+        assert!(endpoint.get("tlsConfig").is_none());
+
+        // The user's own settings win.
+        let sm = service_monitor(&dc(json!({"metricsExporter": {"enable": true,
+            "prometheus": {"serviceMonitor": {"enable": true,
+                "tlsConfig": {"serverName": "gpu-metrics"},
+                "authorization": {"type": "Bearer", "credentials": {"name": "s", "key": "t"}}}},
+            "rbacConfig": {"enable": true}}})))
+        .unwrap();
+        let endpoint = &sm.data["spec"]["endpoints"][0];
+        assert_eq!(endpoint["tlsConfig"]["serverName"], "gpu-metrics");
+        assert!(endpoint["tlsConfig"].get("insecureSkipVerify").is_none());
+        assert!(
+            endpoint.get("bearerTokenFile").is_none(),
+            "authorization and bearerTokenFile exclude each other"
+        );
+        assert_eq!(endpoint["scheme"], "https");
     }
 }

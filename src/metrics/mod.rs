@@ -19,6 +19,7 @@
 //! as `gpu_health`) nor talk to the Kubernetes API: the agent watches the
 //! ConfigMap and passes its `config.json` in [`MetricsConfig::config_text`].
 
+pub mod access;
 pub mod agent;
 pub mod config;
 pub mod devices;
@@ -79,6 +80,8 @@ pub struct MetricsConfig {
     /// Bounds on the endpoint's connections; they take effect when the
     /// listener is bound (at start, or when `listen` changes).
     pub limits: server::ConnectionLimits,
+    /// `rbacConfig`: who may read the metrics, and over what.
+    pub access: access::AccessPolicy,
 }
 
 impl MetricsConfig {
@@ -99,6 +102,7 @@ impl MetricsConfig {
             pod_resources_socket: None,
             host,
             limits: server::ConnectionLimits::default(),
+            access: access::AccessPolicy::default(),
         }
     }
 
@@ -308,10 +312,13 @@ impl Service for MetricsService {
             let mut current = config.borrow_and_update().clone();
             let (published_tx, published_rx) = watch::channel(Arc::new(Published::default()));
             let mut server_stop = cancel.child_token();
+            let (guard_tx, guard_rx) =
+                watch::channel(Arc::new(access::Guard::build(&current.access)));
             let (addr, mut server) = server::serve(
                 current.listen,
                 published_rx.clone(),
                 current.limits,
+                guard_rx.clone(),
                 server_stop.clone(),
             )
             .await
@@ -362,7 +369,7 @@ impl Service for MetricsService {
                         if next.listen != current.listen {
                             server_stop.cancel();
                             server_stop = cancel.child_token();
-                            let (addr, task) = match server::serve(next.listen, published_rx.clone(), next.limits, server_stop.clone()).await {
+                            let (addr, task) = match server::serve(next.listen, published_rx.clone(), next.limits, guard_rx.clone(), server_stop.clone()).await {
                                 Ok(bound) => bound,
                                 Err(e) => break Err(ServiceError::new(format!("cannot listen on {}: {e}", next.listen))),
                             };
@@ -370,6 +377,11 @@ impl Service for MetricsService {
                             server_finished = false;
                             tracing::info!(%addr, "metrics exporter listening");
                             self.status.send_modify(|s| s.listening = Some(addr));
+                        }
+                        if next.access != current.access {
+                            let guard = access::Guard::build(&next.access);
+                            tracing::info!(?guard, "metrics endpoint access control");
+                            guard_tx.send_replace(Arc::new(guard));
                         }
                         if next.host != current.host || next.file_timeout != current.file_timeout {
                             sampler = new_sampler(&next);

@@ -14,6 +14,12 @@
 //! one after its response), and the new one takes its place. So idle or hostile
 //! clients cost at most the cap in descriptors, and a scraper always gets in.
 //!
+//! Access control ([`super::access`]) sits in front of every path but
+//! `/healthz` and `/readyz`. With TLS configured, the port speaks both: a
+//! connection whose first byte starts a TLS handshake gets TLS, any other is
+//! plain HTTP, which keeps the kubelet's HTTP probes working while metrics are
+//! served over HTTPS only.
+//!
 //! This module must not read sysfs or talk to the Kubernetes API.
 
 use std::collections::BTreeMap;
@@ -38,6 +44,7 @@ use tokio::sync::{Semaphore, watch};
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
+use super::access::{Guard, Peer, cert_subject};
 use super::render::CONTENT_TYPE;
 
 /// What the endpoints serve, replaced as a whole after every sample.
@@ -81,6 +88,9 @@ impl Default for ConnectionLimits {
     }
 }
 
+/// The access control in force, replaced as a whole when the policy changes.
+pub type SharedGuard = watch::Receiver<Arc<Guard>>;
+
 /// How long a connection asked to finish may take before it is dropped.
 const CLOSE_GRACE: Duration = Duration::from_secs(2);
 /// How long the accept loop waits for a displaced connection before asking the
@@ -93,7 +103,28 @@ pub fn router(published: Shared) -> Router {
         .route("/gpumetrics", get(gpumetrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
+        .layer(axum::middleware::from_fn(check_access))
         .with_state(published)
+}
+
+/// Applies the [`Guard`] the connection put in the request's extensions
+/// (requests that carry none, e.g. from a test driving the router directly, are
+/// not checked).
+async fn check_access(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    if let Some(guard) = request.extensions().get::<Arc<Guard>>() {
+        let peer = request
+            .extensions()
+            .get::<Peer>()
+            .cloned()
+            .unwrap_or_default();
+        if let Err(refused) = guard
+            .check(&peer, request.headers(), request.uri().path())
+            .await
+        {
+            return refused;
+        }
+    }
+    next.run(request).await
 }
 
 async fn metrics(State(published): State<Shared>) -> Response {
@@ -135,6 +166,7 @@ pub async fn serve(
     addr: SocketAddr,
     published: Shared,
     limits: ConnectionLimits,
+    guard: SharedGuard,
     stop: CancellationToken,
 ) -> io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
     let listener = TcpListener::bind(addr).await?;
@@ -142,7 +174,7 @@ pub async fn serve(
     let cap = super::limits::current_connection_cap(limits.max_connections);
     tracing::debug!(%local, cap, "metrics endpoint connection cap");
     let app = router(published);
-    let task = tokio::spawn(accept_loop(listener, app, limits, cap, stop));
+    let task = tokio::spawn(accept_loop(listener, app, limits, cap, guard, stop));
     Ok((local, task))
 }
 
@@ -204,6 +236,7 @@ async fn accept_loop(
     app: Router,
     limits: ConnectionLimits,
     cap: usize,
+    guard: SharedGuard,
     stop: CancellationToken,
 ) {
     let slots = Arc::new(Semaphore::new(cap));
@@ -247,6 +280,7 @@ async fn accept_loop(
             stream,
             app.clone(),
             limits,
+            guard.clone(),
             displaced,
             stop.clone(),
             (permit, registered),
@@ -263,61 +297,127 @@ async fn connection<H>(
     stream: TcpStream,
     app: Router,
     limits: ConnectionLimits,
+    guard: SharedGuard,
     displaced: CancellationToken,
     stop: CancellationToken,
-    _held: H,
+    held: H,
 ) {
-    let started = Instant::now();
-    let activity = Arc::new(AtomicU64::new(0));
-    let io = Tracked {
-        inner: stream,
-        started,
-        activity: activity.clone(),
+    let tls = guard.borrow().tls.clone();
+    let conn = Conn {
+        app,
+        limits,
+        guard,
+        displaced,
+        stop,
     };
-    let service =
-        hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
-            app.clone().oneshot(request.map(axum::body::Body::new))
-        });
-    let mut builder = hyper::server::conn::http1::Builder::new();
-    builder
-        .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_read_timeout)
-        .keep_alive(true);
-    let conn = builder.serve_connection(TokioIo::new(io), service);
-    tokio::pin!(conn);
-    let mut closing: Option<Instant> = None;
-    loop {
-        let idle_deadline = {
-            let last = Duration::from_millis(activity.load(Ordering::Relaxed));
-            tokio::time::Instant::from_std(started + last + limits.idle_timeout)
-        };
-        let close_deadline = closing.map(|at| tokio::time::Instant::from_std(at + CLOSE_GRACE));
-        tokio::select! {
-            result = conn.as_mut() => {
-                if let Err(e) = result {
-                    tracing::debug!(error = %e, "metrics connection ended with an error");
-                }
+    let Some(tls) = tls else {
+        return conn.serve(stream, Peer::default(), held).await;
+    };
+    // A TLS ClientHello starts with the handshake record type, 0x16.
+    let mut first = [0u8; 1];
+    match tokio::time::timeout(limits.header_read_timeout, stream.peek(&mut first)).await {
+        Ok(Ok(1)) if first[0] == 0x16 => {}
+        Ok(Ok(1)) => return conn.serve(stream, Peer::default(), held).await,
+        _ => return,
+    }
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    let stream =
+        match tokio::time::timeout(limits.header_read_timeout, acceptor.accept(stream)).await {
+            Ok(Ok(stream)) => stream,
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "metrics TLS handshake failed");
                 return;
             }
-            _ = displaced.cancelled(), if closing.is_none() => {
-                conn.as_mut().graceful_shutdown();
-                closing = Some(Instant::now());
-            }
-            _ = stop.cancelled(), if closing.is_none() => {
-                conn.as_mut().graceful_shutdown();
-                closing = Some(Instant::now());
-            }
-            _ = tokio::time::sleep_until(idle_deadline) => {
+            Err(_) => return,
+        };
+    let client = stream
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|chain| chain.first())
+        .and_then(|cert| cert_subject(cert));
+    conn.serve(stream, Peer { tls: true, client }, held).await
+}
+
+/// What serving one connection needs besides its stream.
+struct Conn {
+    app: Router,
+    limits: ConnectionLimits,
+    guard: SharedGuard,
+    displaced: CancellationToken,
+    stop: CancellationToken,
+}
+
+impl Conn {
+    async fn serve<S, H>(self, stream: S, peer: Peer, _held: H)
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let Conn {
+            app,
+            limits,
+            guard,
+            displaced,
+            stop,
+        } = self;
+        let started = Instant::now();
+        let activity = Arc::new(AtomicU64::new(0));
+        let io = Tracked {
+            inner: stream,
+            started,
+            activity: activity.clone(),
+        };
+        let service =
+            hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
+                let mut request = request.map(axum::body::Body::new);
+                // The guard in force now, so that a policy change reaches kept-alive
+                // connections too.
+                let current = guard.borrow().clone();
+                request.extensions_mut().insert(current);
+                request.extensions_mut().insert(peer.clone());
+                app.clone().oneshot(request)
+            });
+        let mut builder = hyper::server::conn::http1::Builder::new();
+        builder
+            .timer(TokioTimer::new())
+            .header_read_timeout(limits.header_read_timeout)
+            .keep_alive(true);
+        let conn = builder.serve_connection(TokioIo::new(io), service);
+        tokio::pin!(conn);
+        let mut closing: Option<Instant> = None;
+        loop {
+            let idle_deadline = {
                 let last = Duration::from_millis(activity.load(Ordering::Relaxed));
-                if started.elapsed() >= last + limits.idle_timeout {
-                    tracing::debug!("closing a stalled metrics connection");
+                tokio::time::Instant::from_std(started + last + limits.idle_timeout)
+            };
+            let close_deadline = closing.map(|at| tokio::time::Instant::from_std(at + CLOSE_GRACE));
+            tokio::select! {
+                result = conn.as_mut() => {
+                    if let Err(e) = result {
+                        tracing::debug!(error = %e, "metrics connection ended with an error");
+                    }
                     return;
                 }
+                _ = displaced.cancelled(), if closing.is_none() => {
+                    conn.as_mut().graceful_shutdown();
+                    closing = Some(Instant::now());
+                }
+                _ = stop.cancelled(), if closing.is_none() => {
+                    conn.as_mut().graceful_shutdown();
+                    closing = Some(Instant::now());
+                }
+                _ = tokio::time::sleep_until(idle_deadline) => {
+                    let last = Duration::from_millis(activity.load(Ordering::Relaxed));
+                    if started.elapsed() >= last + limits.idle_timeout {
+                        tracing::debug!("closing a stalled metrics connection");
+                        return;
+                    }
+                }
+                _ = async { match close_deadline {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                } } => return,
             }
-            _ = async { match close_deadline {
-                Some(at) => tokio::time::sleep_until(at).await,
-                None => std::future::pending().await,
-            } } => return,
         }
     }
 }
@@ -409,9 +509,16 @@ mod tests {
     ) -> (watch::Sender<Arc<Published>>, SocketAddr, CancellationToken) {
         let (tx, rx) = watch::channel(Arc::new(Published::default()));
         let stop = CancellationToken::new();
-        let (addr, _task) = serve("127.0.0.1:0".parse().unwrap(), rx, limits, stop.clone())
-            .await
-            .unwrap();
+        let (_guard_tx, guard) = watch::channel(Arc::new(Guard::default()));
+        let (addr, _task) = serve(
+            "127.0.0.1:0".parse().unwrap(),
+            rx,
+            limits,
+            guard,
+            stop.clone(),
+        )
+        .await
+        .unwrap();
         (tx, addr, stop)
     }
 
