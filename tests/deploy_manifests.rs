@@ -328,6 +328,8 @@ struct HostMount {
     host_path: String,
     mount_path: String,
     read_only: bool,
+    recursive_read_only: Option<String>,
+    propagation: Option<String>,
 }
 
 fn host_mounts(pod: &PodSpec, container: &Container) -> Vec<HostMount> {
@@ -348,6 +350,8 @@ fn host_mounts(pod: &PodSpec, container: &Container) -> Vec<HostMount> {
                 host_path: volumes.get(&m.name)?.clone(),
                 mount_path: m.mount_path,
                 read_only: m.read_only.unwrap_or(false),
+                recursive_read_only: m.recursive_read_only,
+                propagation: m.mount_propagation,
             })
         })
         .collect()
@@ -460,7 +464,42 @@ fn daemonset_mounts_exactly_the_host_paths_the_code_uses() {
             "hostPath {} is writable but only read",
             m.host_path
         );
+        // Read-only all the way down: a plain read-only bind of /sys or /dev
+        // leaves cgroupfs and /dev/shm writable. recursiveReadOnly needs
+        // readOnly and no propagation.
+        if m.read_only {
+            assert_eq!(
+                m.recursive_read_only.as_deref(),
+                Some("Enabled"),
+                "hostPath {} is read-only but not recursively",
+                m.host_path
+            );
+            assert!(
+                m.propagation.as_deref().is_none_or(|p| p == "None"),
+                "hostPath {}: recursiveReadOnly needs mountPropagation None",
+                m.host_path
+            );
+        }
     }
+    // Exactly these are writable, each for a reason in 20-daemonset.yaml.
+    let writable: BTreeSet<&str> = mounts
+        .iter()
+        .filter(|m| !m.read_only)
+        .map(|m| m.host_path.as_str())
+        .collect();
+    assert_eq!(
+        writable,
+        BTreeSet::from([
+            gpu_operator::api::DEFAULT_TEST_RUNNER_LOGS,
+            gpu_operator::plugin::PluginConfig::DEFAULT_DIR,
+        ])
+    );
+    // The test runner's logs may go only under /var/log/, which the logs
+    // mount is under.
+    assert!(
+        gpu_operator::api::DEFAULT_TEST_RUNNER_LOGS
+            .starts_with(gpu_operator::api::validate::TEST_LOGS_PREFIX)
+    );
 }
 
 #[test]

@@ -84,6 +84,9 @@ pub fn validate(spec: &DeviceConfigSpec) -> Vec<Problem> {
         "spec.testRunner.logsLocation.hostPath",
         &spec.test_runner.logs_location.host_path,
     );
+    if let Some(why) = logs_host_path_problem(&spec.test_runner.logs_location.host_path) {
+        check.push("spec.testRunner.logsLocation.hostPath", why);
+    }
     check.labels("spec.configManager.selector", &spec.config_manager.selector);
     check.labels("spec.selector", &spec.selector);
     check.remediation(&spec.remediation_workflow);
@@ -126,6 +129,24 @@ pub fn dns_label_problem(name: &str) -> Option<String> {
     }
     dns_subdomain_problem(name)
         .map(|_| "is not a valid namespace: use lowercase letters, digits and '-', starting and ending with a letter or digit (a DNS-1123 label)".to_owned())
+}
+
+/// Where test logs may go on the host: the agent runs as root, so a
+/// DeviceConfig naming `/etc` or `/var/lib/kubelet` must not make it write there.
+pub const TEST_LOGS_PREFIX: &str = "/var/log/";
+
+/// Why `testRunner.logsLocation.hostPath` is not a directory under
+/// [`TEST_LOGS_PREFIX`] (no `.` or `..` parts). The agent checks it again
+/// before writing (`TestRunnerConfig::for_spec`).
+pub fn logs_host_path_problem(path: &str) -> Option<String> {
+    let rest = path.strip_prefix(TEST_LOGS_PREFIX).unwrap_or_default();
+    let parts_ok = !rest.is_empty() && rest.split('/').all(|p| p != ".." && p != ".");
+    (!parts_ok).then(|| {
+        format!(
+            "{path:?} is not a directory under {TEST_LOGS_PREFIX}: test logs are written \
+             as root, so they stay under {TEST_LOGS_PREFIX} (without \"..\")"
+        )
+    })
 }
 
 /// Every problem with a parsed document: its apiVersion, fields the API does
@@ -790,6 +811,36 @@ mod tests {
         assert_eq!(dns_label_problem("kube-amd-gpu"), None);
         assert!(dns_label_problem("a.b").is_some());
         assert!(dns_label_problem(&"a".repeat(64)).is_some());
+    }
+
+    #[test]
+    fn test_logs_stay_under_var_log() {
+        for good in [
+            "/var/log/amd-test-runner",
+            "/var/log/gpu/tests/",
+            "/var/log/a..b",
+        ] {
+            assert_eq!(logs_host_path_problem(good), None, "{good}");
+        }
+        for bad in [
+            "/etc",
+            "/var/log",
+            "/var/log/",
+            "/var/logs/x",
+            "/var/log/../../etc",
+            "/var/log/./x",
+            "var/log/x",
+            "/var/lib/kubelet",
+        ] {
+            let why = logs_host_path_problem(bad).unwrap_or_else(|| panic!("{bad} accepted"));
+            assert!(why.contains("/var/log/"), "{why}");
+        }
+        let mut spec = DeviceConfigSpec::default();
+        spec.test_runner.logs_location.host_path = "/etc/cron.d".into();
+        assert_eq!(
+            paths(&validate(&spec)),
+            ["spec.testRunner.logsLocation.hostPath"]
+        );
     }
 
     fn paths(problems: &[Problem]) -> Vec<&str> {

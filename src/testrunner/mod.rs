@@ -82,6 +82,10 @@ pub struct TestRunnerConfig {
     pub host: HostRoot,
     /// Size cap of each log file, retention of the logs directory.
     pub log_limits: LogLimits,
+    /// Why the logs directory the DeviceConfig names is refused
+    /// ([`crate::api::validate::logs_host_path_problem`]); the service then
+    /// does not start, and says why.
+    pub logs_refused: Option<String>,
 }
 
 impl TestRunnerConfig {
@@ -93,6 +97,7 @@ impl TestRunnerConfig {
             commands: Commands::default(),
             host,
             log_limits: LogLimits::default(),
+            logs_refused: None,
         }
     }
 
@@ -107,9 +112,15 @@ impl TestRunnerConfig {
     ) -> Self {
         // `logsLocation.hostPath` is a host path: like every host path it lives
         // under the host root (in a container, the host's filesystem mount).
-        let logs_dir = host.path(&spec.logs_location.host_path);
+        // The agent runs as root: the path must stay under /var/log/ whatever
+        // the DeviceConfig's validation said (validate() reports it too).
+        let host_path = &spec.logs_location.host_path;
+        let logs_refused = crate::api::validate::logs_host_path_problem(host_path)
+            .map(|why| format!("testRunner.logsLocation.hostPath: {why}"));
+        let logs_dir = host.path(host_path);
         Self {
             config_text,
+            logs_refused,
             ..Self::new(host, node_name, logs_dir)
         }
     }

@@ -238,6 +238,8 @@ impl Service for TestRunnerService {
                             }
                         }
                         if next.logs_dir != current.logs_dir
+                            || next.logs_refused != current.logs_refused
+                            || next.log_limits != current.log_limits
                             || next.commands != current.commands
                             || next.node_name != current.node_name
                             || next.host != current.host
@@ -313,6 +315,9 @@ async fn sleep_until(deadline: Option<Instant>) {
 
 impl TestRunnerService {
     fn context(&self, config: &TestRunnerConfig) -> Result<Arc<RunContext>, ServiceError> {
+        if let Some(why) = &config.logs_refused {
+            return Err(ServiceError::new(why.clone()));
+        }
         std::fs::create_dir_all(&config.logs_dir).map_err(|e| {
             ServiceError::new(format!(
                 "test logs directory {}: {e}",
@@ -482,5 +487,41 @@ async fn execute(
     Finished {
         id: start.id,
         manual,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_logs_directory_outside_var_log_is_refused_before_anything_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let host = crate::host::HostRoot::new(dir.path());
+        let mut spec = crate::api::TestRunnerSpec::default();
+        spec.logs_location.host_path = "/etc/cron.d".into();
+        let config = TestRunnerConfig::for_spec(&spec, host.clone(), "node-a", None);
+        let (_inventory_tx, inventory) = watch::channel(Arc::new(Inventory::default()));
+        let (_node_tx, node) = watch::channel(None);
+        let (_unhealthy_tx, unhealthy) = mpsc::channel(1);
+        let service = TestRunnerService::new(None, inventory, node, unhealthy);
+        let Err(error) = service.context(&config) else {
+            panic!("a logs directory under /etc was accepted");
+        };
+        assert!(
+            error.0.contains("logsLocation.hostPath") && error.0.contains("/var/log/"),
+            "{}",
+            error.0
+        );
+        assert!(!dir.path().join("etc").exists(), "nothing is created");
+        // The default is accepted, and created under the host root.
+        let config = TestRunnerConfig::for_spec(
+            &crate::api::TestRunnerSpec::default(),
+            host,
+            "node-a",
+            None,
+        );
+        assert!(service.context(&config).is_ok());
+        assert!(dir.path().join("var/log/amd-test-runner").is_dir());
     }
 }
