@@ -34,6 +34,7 @@ mod openapi;
 mod patch;
 mod protobuf;
 mod resources;
+mod reviews;
 mod selector;
 mod server;
 mod store;
@@ -51,6 +52,7 @@ use tokio::net::{TcpListener, TcpSocket};
 
 pub use error::ApiError;
 pub use faults::{Faults, RequestCounts, RequestKey};
+pub use reviews::Reviews;
 
 use server::{Running, Settings, Shared};
 use store::WriteCtx;
@@ -225,6 +227,11 @@ impl Emulator {
             path: path.to_path_buf(),
             source,
         })
+    }
+
+    /// Tokens and grants that TokenReviews and SubjectAccessReviews answer from.
+    pub fn reviews(&self) -> Reviews {
+        self.shared.reviews.clone()
     }
 
     /// Fault injection.

@@ -58,6 +58,7 @@ pub(crate) struct Shared {
     open_watches: AtomicUsize,
     port: AtomicU16,
     settings: Settings,
+    pub reviews: crate::reviews::Reviews,
 }
 
 /// Locks a mutex even if a panicking thread poisoned it: the data is plain and every
@@ -77,6 +78,7 @@ impl Shared {
             open_watches: AtomicUsize::new(0),
             port: AtomicU16::new(0),
             settings,
+            reviews: Default::default(),
         })
     }
 
@@ -401,6 +403,11 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
             e.details.retry_after_seconds = Some(1);
         }
         return error_response(&e);
+    }
+    if let Some(review) = crate::reviews::kind(&key) {
+        let body = read_body(req.into_body()).await.unwrap_or_default();
+        let (code, answer) = shared.reviews.answer(review, &body);
+        return json_response(code, &answer);
     }
     match rp {
         Some(rp) => handle_resource(&shared, req, rp, params).await,
