@@ -5,7 +5,12 @@
 //! - time from SIGTERM-equivalent shutdown to exit;
 //! - idle RSS of the real `gpu-operator agent` process on a simulated MI300X in
 //!   cpx_nps4 mode (8 GPUs, 64 partitions), with every service of its
-//!   DeviceConfig running (goal: under 25 MiB).
+//!   DeviceConfig running (goal: under 25 MiB);
+//! - idle CPU of that agent, and of `gpu-operator standalone --simulate mi300x
+//!   --partition cpx_nps4` at the default intervals (goal: under 0.2 % of a
+//!   core), from the child's `/proc/<pid>/stat` utime+stime over 30 s.
+//!
+//! `AGENT_BENCH=idle` runs only the standalone idle-CPU figure.
 //!
 //! Run with `cargo bench --bench agent`. Prints figures; asserts nothing.
 
@@ -16,6 +21,7 @@ mod figures;
 mod support;
 
 use figures::{percentile, rss_mib};
+use std::io::BufRead;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -29,8 +35,16 @@ use tokio_util::sync::CancellationToken;
 
 const NODE: &str = "bench-node";
 
+/// How long idle CPU is measured, after the process settled.
+const IDLE_WINDOW: Duration = Duration::from_secs(30);
+const SETTLE: Duration = Duration::from_secs(5);
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
+    if std::env::var("AGENT_BENCH").as_deref() == Ok("idle") {
+        standalone_idle_cpu();
+        return;
+    }
     let emulator = Emulator::start(EmulatorConfig::default())
         .await
         .expect("emulator");
@@ -129,6 +143,110 @@ async fn main() {
     println!(
         "idle RSS of `gpu-operator agent` (mi300x cpx_nps4, all services running): {idle:.1} MiB"
     );
+    let pid = child.id();
+    let cpu = tokio::task::spawn_blocking(move || idle_cpu(pid, IDLE_WINDOW))
+        .await
+        .unwrap();
+    println!(
+        "idle CPU of `gpu-operator agent` (mi300x cpx_nps4, all services running): {}",
+        cpu.describe()
+    );
     let _ = child.kill();
     let _ = child.wait();
+    drop(kubelet);
+
+    tokio::task::spawn_blocking(standalone_idle_cpu)
+        .await
+        .unwrap();
+}
+
+/// Idle CPU of `gpu-operator standalone --simulate mi300x --partition cpx_nps4`
+/// at the default intervals, no scrapes, no kubelet.
+fn standalone_idle_cpu() {
+    let dir = figures::scratch();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gpu-operator"))
+        .args([
+            "standalone",
+            "--simulate",
+            "mi300x",
+            "--partition",
+            "cpx_nps4",
+            "--metrics-bind",
+            "127.0.0.1:0",
+            "--kubelet-dir",
+        ])
+        .arg(dir.path().join("no-kubelet"))
+        .arg("--events-file")
+        .arg(dir.path().join("events.jsonl"))
+        .env("TMPDIR", dir.path())
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start standalone");
+    // The simulated host is written before the services start; its line on
+    // stderr is the evidence that the process is up.
+    let stderr = child.stderr.take().expect("stderr piped");
+    let mut lines = std::io::BufReader::new(stderr).lines();
+    loop {
+        match lines.next() {
+            Some(Ok(line)) if line.starts_with("simulated") => break,
+            Some(Ok(_)) => {}
+            _ => panic!("standalone exited before simulating a host"),
+        }
+    }
+    // Keep draining stderr so the child never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines {});
+    std::thread::sleep(SETTLE);
+    let cpu = idle_cpu(child.id(), IDLE_WINDOW);
+    println!(
+        "idle CPU of `gpu-operator standalone --simulate mi300x --partition cpx_nps4`: {}",
+        cpu.describe()
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// CPU time a process used over a window.
+struct IdleCpu {
+    cpu: Duration,
+    window: Duration,
+}
+
+impl IdleCpu {
+    fn describe(&self) -> String {
+        let ratio = self.cpu.as_secs_f64() / self.window.as_secs_f64();
+        format!(
+            "{:.3} % of a core ({:.2} ms CPU per s; {:.0} ms in {:.0?})",
+            ratio * 100.0,
+            ratio * 1000.0,
+            self.cpu.as_secs_f64() * 1000.0,
+            self.window
+        )
+    }
+}
+
+/// Measures utime+stime of `pid` (all its threads, exited ones included) over
+/// `window`.
+fn idle_cpu(pid: u32, window: Duration) -> IdleCpu {
+    let before = cpu_time(pid);
+    let started = Instant::now();
+    std::thread::sleep(window);
+    let after = cpu_time(pid);
+    IdleCpu {
+        cpu: after.saturating_sub(before),
+        window: started.elapsed(),
+    }
+}
+
+/// utime+stime from `/proc/<pid>/stat` (fields 14 and 15, in clock ticks).
+fn cpu_time(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("child's stat");
+    // The command name may hold spaces; fields are counted after its ')'.
+    let rest = &stat[stat.rfind(')').expect("stat format") + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    Duration::from_nanos(ticks * 1_000_000_000 / per_second)
 }

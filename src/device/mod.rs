@@ -13,8 +13,10 @@
 //! lives in [`watch`]. This module must not decide anything about what to do with
 //! the GPUs (resources, labels, health): consumers own that.
 
+pub mod fingerprint;
 pub mod kfd;
 pub mod model;
+pub mod uevent;
 pub mod watch;
 
 use std::collections::BTreeMap;

@@ -1,13 +1,19 @@
 //! Watching the host for GPU changes: hotplug, removal, repartitioning.
 //!
-//! Kernel events are hints, the inventory is the truth. A udev monitor (subsystems
-//! `drm` and `pci`, with the `udev` feature, on a real host root) and a periodic
-//! rescan both lead to the same thing: a fresh [`discover`] whose result is
-//! compared with the last one. Differences become [`DeviceEvent`]s on one
-//! broadcast stream, and the new inventory is published on a `watch` channel that
-//! consumers (device plugin, labeller, metrics) read without ever touching sysfs.
-//! Udev is unavailable in containers without `/run/udev` and on simulated hosts;
-//! there the rescan alone drives the stream.
+//! Kernel events are hints, the inventory is the truth. Every `rescan_interval`
+//! the watch reads a cheap [`Fingerprint`] (a few dozen system calls) and runs a
+//! full [`discover`] only when it changed, once more on the tick after a change
+//! (to see the end of a change that was still being written), and at least every
+//! [`FULL_RESCAN_INTERVAL`] as a safety net. Kernel events make it run a full
+//! discovery at once: the udev monitor (subsystems `drm` and `pci`, with the
+//! `udev` feature, on host root `/` with udevd running), else the kernel's uevent
+//! netlink socket when the host root's `/sys` is a real sysfs (see
+//! [`uevent::choose`]). Simulated hosts get neither; the tick alone drives them.
+//!
+//! A full discovery's result is compared with the last one. Differences become
+//! [`DeviceEvent`]s on one broadcast stream, and the new inventory is published
+//! on a `watch` channel that consumers (device plugin, labeller, metrics) read
+//! without ever touching sysfs.
 //!
 //! This module owns the change stream only. It must not interpret the changes.
 
@@ -18,8 +24,13 @@ use std::time::Duration;
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio::task::JoinHandle;
 
+use super::fingerprint::Fingerprint;
+use super::uevent::{self, HintSource, HostFacts, UeventSocket};
 use super::{Gpu, Inventory, discover};
 use crate::host::HostRoot;
+
+/// A full discovery runs at least this often, whatever the fingerprint says.
+pub const FULL_RESCAN_INTERVAL: Duration = Duration::from_secs(60);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DeviceAction {
@@ -33,7 +44,9 @@ pub enum DeviceAction {
 /// What made discovery look again.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EventSource {
+    /// A kernel uevent, through udevd or the kernel's netlink socket.
     Udev,
+    /// The periodic tick (its fingerprint changed, or the safety interval).
     Rescan,
 }
 
@@ -46,10 +59,13 @@ pub struct DeviceEvent {
 
 #[derive(Clone, Debug)]
 pub struct WatchConfig {
-    /// How often to rescan. With udev this is a safety net; without it, the only
-    /// way changes are seen.
+    /// How often to look for changes (a cheap fingerprint; the full discovery
+    /// only on change). With kernel events this is a safety net; without them,
+    /// the only way changes are seen.
     pub rescan_interval: Duration,
-    /// Listen to udev when the feature is compiled in and the host root is `/`.
+    /// Listen to kernel events: udevd's monitor when the `udev` feature is
+    /// compiled in and the host root is `/`, else the kernel's uevent socket
+    /// when the host root's `/sys` is a real sysfs.
     pub use_udev: bool,
 }
 
@@ -78,20 +94,45 @@ impl Drop for DeviceWatch {
 impl DeviceWatch {
     /// Takes the first snapshot, then watches. Must be called inside a tokio runtime.
     pub async fn start(host: HostRoot, config: WatchConfig) -> Self {
-        let first = rediscover(&host).await;
-        let (inventory_tx, inventory) = watch::channel(Arc::new(first));
+        let first = scan(&host, None, true).await;
+        let (inventory_tx, inventory) =
+            watch::channel(Arc::new(first.inventory.unwrap_or_else(Inventory::default)));
         let (events, _) = broadcast::channel(256);
         let (hint_tx, hint_rx) = mpsc::channel(16);
-        if config.use_udev {
-            udev_monitor::spawn(&host, hint_tx.clone());
+        let facts = HostFacts {
+            wanted: config.use_udev,
+            udev_compiled: cfg!(feature = "udev"),
+            root_is_slash: host.root() == std::path::Path::new("/"),
+            run_udev: host.exists("/run/udev"),
+            sys_is_sysfs: uevent::is_sysfs(&host.path("/sys")),
+        };
+        let mut netlink = None;
+        match uevent::choose(facts) {
+            HintSource::Udev => udev_monitor::spawn(hint_tx.clone()),
+            HintSource::Netlink => match UeventSocket::open() {
+                Ok(socket) => {
+                    tracing::debug!("listening to kernel uevents");
+                    netlink = Some(socket);
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "cannot open the uevent socket; relying on rescans")
+                }
+            },
+            HintSource::TickOnly => {
+                tracing::debug!("no kernel events for this host root; relying on rescans")
+            }
         }
         let task = tokio::spawn(run(
-            host,
-            config.rescan_interval,
-            inventory_tx,
-            events.clone(),
+            Watcher {
+                host,
+                rescan_interval: config.rescan_interval,
+                inventory_tx,
+                events: events.clone(),
+                fingerprint: first.fingerprint,
+            },
             hint_rx,
             hint_tx,
+            netlink,
         ));
         Self {
             inventory,
@@ -110,57 +151,149 @@ impl DeviceWatch {
     }
 }
 
-async fn rediscover(host: &HostRoot) -> Inventory {
+/// One look at the host: its fingerprint, and the full inventory when it was
+/// asked for (`deep`) or the fingerprint differs from `previous`.
+struct Scan {
+    fingerprint: Fingerprint,
+    inventory: Option<Inventory>,
+    fingerprint_changed: bool,
+}
+
+async fn scan(host: &HostRoot, previous: Option<Arc<Fingerprint>>, deep: bool) -> Scan {
     let host = host.clone();
-    match tokio::task::spawn_blocking(move || discover(&host)).await {
-        Ok(inventory) => inventory,
+    let result = tokio::task::spawn_blocking(move || {
+        // The fingerprint is read before the inventory: a change that lands
+        // in between shows in the next tick's fingerprint.
+        let fingerprint = Fingerprint::read(&host);
+        let fingerprint_changed = previous.is_some_and(|p| *p != fingerprint);
+        let inventory = (deep || fingerprint_changed).then(|| discover(&host));
+        Scan {
+            fingerprint,
+            inventory,
+            fingerprint_changed,
+        }
+    })
+    .await;
+    match result {
+        Ok(scan) => scan,
         // Discovery does not panic on bad input; if it ever did, an empty
         // inventory with the reason is safer than taking the agent down.
-        Err(e) => Inventory {
-            warnings: vec![format!("discovery failed: {e}")],
-            ..Inventory::default()
+        Err(e) => Scan {
+            fingerprint: Fingerprint::default(),
+            inventory: Some(Inventory {
+                warnings: vec![format!("discovery failed: {e}")],
+                ..Inventory::default()
+            }),
+            fingerprint_changed: true,
         },
     }
 }
 
-async fn run(
+/// Whether a tick must run the full discovery whatever the fingerprint says:
+/// on the tick after a change (the change may still have been under way when
+/// it was scanned), and when the safety interval is up.
+pub fn tick_goes_deep(settling: bool, since_full: Duration, safety_interval: Duration) -> bool {
+    settling || since_full >= safety_interval
+}
+
+/// The watch task's state.
+struct Watcher {
     host: HostRoot,
     rescan_interval: Duration,
     inventory_tx: watch::Sender<Arc<Inventory>>,
     events: broadcast::Sender<DeviceEvent>,
+    fingerprint: Fingerprint,
+}
+
+async fn run(
+    mut watcher: Watcher,
     mut hints: mpsc::Receiver<()>,
     // Kept so that `hints` stays open when no udev monitor holds a sender.
     _hint_tx: mpsc::Sender<()>,
+    mut netlink: Option<UeventSocket>,
 ) {
-    let mut ticker = tokio::time::interval(rescan_interval);
+    let mut ticker = tokio::time::interval(watcher.rescan_interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     ticker.tick().await;
+    let mut fingerprint = Arc::new(std::mem::take(&mut watcher.fingerprint));
+    let mut last_full = tokio::time::Instant::now();
+    let mut settling = false;
     loop {
-        let source = tokio::select! {
-            _ = ticker.tick() => EventSource::Rescan,
-            Some(()) = hints.recv() => {
-                // A hotplug comes as a burst of events; let it settle, then look once.
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                while hints.try_recv().is_ok() {}
-                EventSource::Udev
+        let kernel_event = async {
+            match netlink.as_mut() {
+                Some(socket) => socket.next_gpu_event().await,
+                None => std::future::pending().await,
             }
         };
-        let next = rediscover(&host).await;
-        let previous = inventory_tx.borrow().clone();
+        let (source, deep) = tokio::select! {
+            _ = ticker.tick() => (
+                EventSource::Rescan,
+                tick_goes_deep(settling, last_full.elapsed(), FULL_RESCAN_INTERVAL),
+            ),
+            Some(()) = hints.recv() => {
+                settle(&mut hints, None).await;
+                (EventSource::Udev, true)
+            }
+            result = kernel_event => {
+                match result {
+                    Ok(()) => settle(&mut hints, netlink.as_mut()).await,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "uevent socket failed; relying on rescans");
+                        netlink = None;
+                    }
+                }
+                (EventSource::Udev, true)
+            }
+        };
+        let scan = scan(&watcher.host, Some(fingerprint.clone()), deep).await;
+        fingerprint = Arc::new(scan.fingerprint);
+        let Some(next) = scan.inventory else {
+            continue;
+        };
+        last_full = tokio::time::Instant::now();
+        let changed = watcher.publish(next, source);
+        settling = changed || scan.fingerprint_changed;
+    }
+}
+
+/// A hotplug comes as a burst of events; let it settle, then look once.
+async fn settle(hints: &mut mpsc::Receiver<()>, netlink: Option<&mut UeventSocket>) {
+    let pause = tokio::time::sleep(Duration::from_millis(100));
+    match netlink {
+        // Drain the socket meanwhile, so that the burst does not wake us again.
+        Some(socket) => {
+            tokio::pin!(pause);
+            loop {
+                tokio::select! {
+                    _ = &mut pause => break,
+                    result = socket.next_gpu_event() => if result.is_err() { break },
+                }
+            }
+        }
+        None => pause.await,
+    }
+    while hints.try_recv().is_ok() {}
+}
+
+impl Watcher {
+    /// Publishes `next` if it differs from the current inventory; true if it did.
+    fn publish(&self, next: Inventory, source: EventSource) -> bool {
+        let previous = self.inventory_tx.borrow().clone();
         let changes = diff(&previous, &next);
         if changes.is_empty() && previous.driver == next.driver {
-            continue;
+            return false;
         }
         for (action, bdf) in changes {
             tracing::info!(?action, bdf = %bdf, ?source, "GPU change");
             // No receivers is fine: the inventory channel still carries the change.
-            let _ = events.send(DeviceEvent {
+            let _ = self.events.send(DeviceEvent {
                 action,
                 bdf,
                 source,
             });
         }
-        inventory_tx.send_replace(Arc::new(next));
+        self.inventory_tx.send_replace(Arc::new(next));
+        true
     }
 }
 
@@ -196,13 +329,8 @@ mod udev_monitor {
 
     use tokio::sync::mpsc;
 
-    use crate::host::HostRoot;
-
-    pub fn spawn(host: &HostRoot, hints: mpsc::Sender<()>) {
-        if host.root() != std::path::Path::new("/") || !host.exists("/run/udev") {
-            tracing::info!("udev not available for this host root; relying on rescans");
-            return;
-        }
+    /// Starts the monitor; [`super::uevent::choose`] decided that udev is reachable.
+    pub fn spawn(hints: mpsc::Sender<()>) {
         // libudev handles are not Send, so the socket is opened on its own thread.
         let spawned = std::thread::Builder::new()
             .name("udev-monitor".into())
@@ -253,9 +381,8 @@ mod udev_monitor {
 mod udev_monitor {
     use tokio::sync::mpsc;
 
-    use crate::host::HostRoot;
-
-    pub fn spawn(_host: &HostRoot, _hints: mpsc::Sender<()>) {
+    /// Never called: [`super::uevent::choose`] picks udev only when compiled in.
+    pub fn spawn(_hints: mpsc::Sender<()>) {
         tracing::debug!("built without the udev feature; relying on rescans");
     }
 }
@@ -291,5 +418,14 @@ mod tests {
             ]
         );
         assert!(diff(&after, &after).is_empty());
+    }
+
+    #[test]
+    fn ticks_go_deep_after_a_change_and_at_the_safety_interval() {
+        let safety = Duration::from_secs(60);
+        assert!(!tick_goes_deep(false, Duration::from_secs(1), safety));
+        assert!(tick_goes_deep(true, Duration::from_secs(1), safety));
+        assert!(tick_goes_deep(false, safety, safety));
+        assert!(tick_goes_deep(false, Duration::from_secs(61), safety));
     }
 }
