@@ -426,14 +426,41 @@ fn run_discover(args: DiscoverArgs) -> ExitCode {
     for warning in &inventory.warnings {
         tracing::warn!(%warning, "discovery");
     }
+    let unbound = device::unbound::unbound_amd_gpus(&host);
     match args.output {
-        OutputFormat::Json => match serde_json::to_string_pretty(&inventory) {
-            Ok(json) => println!("{json}"),
-            Err(e) => return fail(format!("cannot encode inventory: {e}"), 1),
-        },
-        OutputFormat::Table => print!("{}", inventory_table(&inventory)),
+        OutputFormat::Json => {
+            let mut json = match serde_json::to_value(&inventory) {
+                Ok(json) => json,
+                Err(e) => return fail(format!("cannot encode inventory: {e}"), 1),
+            };
+            json["unbound"] = serde_json::json!(unbound);
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&json).unwrap_or_default()
+            );
+        }
+        OutputFormat::Table => {
+            print!("{}", inventory_table(&inventory));
+            print!("{}", unbound_lines(&unbound));
+        }
     }
     ExitCode::SUCCESS
+}
+
+/// The AMD GPUs that amdgpu does not serve, one line each, for a person.
+pub fn unbound_lines(unbound: &[device::unbound::UnboundGpu]) -> String {
+    let mut out = String::new();
+    if !unbound.is_empty() {
+        let _ = writeln!(
+            out,
+            "{} AMD GPU(s) not bound to amdgpu, so not listed above:",
+            unbound.len()
+        );
+    }
+    for gpu in unbound {
+        let _ = writeln!(out, "  {gpu}");
+    }
+    out
 }
 
 /// One row per GPU, its partitions beneath, then problems.
@@ -492,7 +519,7 @@ pub fn inventory_table(inventory: &Inventory) -> String {
             opt(gpu.cu_count),
             gpu.partition_profile().unwrap_or_else(|| "-".into()),
             gpu.gfx_target_version
-                .map_or("-".to_owned(), |v| v.to_string()),
+                .map_or("-".to_owned(), device::gfx_target_name),
             gpu.hive_id.map_or("-".to_owned(), |h| h.to_string()),
         );
         for part in &gpu.partitions {
@@ -993,6 +1020,10 @@ fn run_check(args: CheckArgs) -> ExitCode {
                 "the amdgpu driver is not loaded"
             };
             eprintln!("no GPUs found under {}: {why}", host.root().display());
+            eprint!(
+                "{}",
+                unbound_lines(&device::unbound::unbound_amd_gpus(&host))
+            );
             return ExitCode::from(1);
         }
         if let Some(why) = &tool_missing {

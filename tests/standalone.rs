@@ -177,6 +177,53 @@ fn check_fails_when_no_gpu_is_bound() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("driver is not loaded"), "{stderr}");
+    assert!(
+        stderr.contains("2 AMD GPU(s) not bound to amdgpu") && stderr.contains("0000:26:00.0"),
+        "the GPUs it can see are named: {stderr}"
+    );
+}
+
+#[test]
+fn discover_names_gfx_targets_and_the_gpus_no_driver_serves() {
+    let dir = tempfile::tempdir().unwrap();
+    let bound = HostRoot::new(dir.path().join("bound"));
+    simulate::write_host(&bound, &SimSpec::new("mi210", Some(2), None).unwrap()).unwrap();
+    let out = bin()
+        .args(["discover", "--host-root"])
+        .arg(bound.root())
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{table}");
+    assert!(
+        table.contains("2 GPU(s)") && table.contains(" gfx90a "),
+        "{table}"
+    );
+    assert!(!table.contains("not bound"), "{table}");
+
+    let unbound = HostRoot::new(dir.path().join("unbound"));
+    let mut spec = SimSpec::new("mi210", Some(2), None).unwrap();
+    spec.driver_loaded = false;
+    simulate::write_host(&unbound, &spec).unwrap();
+    let out = bin()
+        .args(["discover", "--host-root"])
+        .arg(unbound.root())
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(table.contains("0 GPU(s)"), "{table}");
+    assert!(
+        table.contains("2 AMD GPU(s) not bound to amdgpu")
+            && table.contains("0000:03:00.0 (device 0x740f) bound to no driver"),
+        "{table}"
+    );
+    let out = bin()
+        .args(["discover", "--output", "json", "--host-root"])
+        .arg(unbound.root())
+        .output()
+        .unwrap();
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["unbound"].as_array().map(Vec::len), Some(2), "{json}");
 }
 
 #[test]

@@ -17,6 +17,7 @@ pub mod fingerprint;
 pub mod kfd;
 pub mod model;
 pub mod uevent;
+pub mod unbound;
 pub mod watch;
 
 use std::collections::BTreeMap;

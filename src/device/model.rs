@@ -170,6 +170,18 @@ pub fn split_location_id(location_id: u64) -> (u8, u8, u8) {
     )
 }
 
+/// The LLVM target name of a KFD `gfx_target_version`: major, then minor and
+/// stepping as one hex digit each (`90402` is `gfx942`, `90010` is `gfx90a`,
+/// `110000` is `gfx1100`).
+pub fn gfx_target_name(version: u32) -> String {
+    format!(
+        "gfx{}{:x}{:x}",
+        version / 10000,
+        version / 100 % 100,
+        version % 100
+    )
+}
+
 /// True for `dddd:bb:dd.f`, the form of PCI device directory names.
 pub fn is_bdf(name: &str) -> bool {
     let b = name.as_bytes();

@@ -779,7 +779,7 @@ fn write_kfd(w: &mut Writer<'_>, spec: &SimSpec, layout: &Layout) -> Result<(), 
         w.file(format!("{topo}/nodes/{cpu}/properties"), props)?;
     }
     let gfx = model.gfx_target_version;
-    let gfx_name = format!("gfx{}{}{:x}", gfx / 10000, gfx / 100 % 100, gfx % 100);
+    let gfx_name = crate::device::gfx_target_name(gfx);
     for gpu in &layout.gpus {
         let per_gpu = spec.partitions_of(gpu.index);
         let simds = model.cu_count / per_gpu * model.simd_per_cu;
