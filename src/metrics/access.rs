@@ -268,10 +268,9 @@ impl Guard {
         let mut tls = None;
         if policy.https {
             let certificate = match (&policy.secret, &policy.material.certificate) {
-                (None, _) => Err(
-                    "rbacConfig.secret is unset and no self-signed certificate is generated"
-                        .to_owned(),
-                ),
+                (None, _) => self_signed()
+                    .and_then(|pair| server_config(provider.clone(), &pair, client_roots.clone()))
+                    .map_err(|why| format!("rbacConfig.secret is unset and {why}")),
                 (Some(name), Fetched::Found(pair)) => {
                     server_config(provider.clone(), pair, client_roots.clone())
                         .map_err(|why| format!("rbacConfig.secret {name}: {why}"))
@@ -392,6 +391,27 @@ fn bearer_token(headers: &HeaderMap) -> Option<&str> {
     let (scheme, token) = value.split_once(' ')?;
     let token = token.trim();
     (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
+/// Names in the self-signed certificate. Scrapers do not verify it (the
+/// ServiceMonitor says `insecureSkipVerify`); name a Secret to have one that
+/// verifies.
+const SELF_SIGNED_NAMES: [&str; 2] = ["gpu-operator-metrics", "localhost"];
+
+/// The process's self-signed certificate, made once, as kube-rbac-proxy does
+/// when it is given none.
+fn self_signed() -> Result<TlsPair, String> {
+    static PAIR: std::sync::OnceLock<Result<TlsPair, String>> = std::sync::OnceLock::new();
+    PAIR.get_or_init(|| {
+        let names: Vec<String> = SELF_SIGNED_NAMES.iter().map(|n| n.to_string()).collect();
+        let made = rcgen::generate_simple_self_signed(names)
+            .map_err(|e| format!("no self-signed certificate could be made: {e}"))?;
+        Ok(TlsPair {
+            cert_pem: made.cert.pem().into_bytes().into(),
+            key_pem: made.signing_key.serialize_pem().into_bytes().into(),
+        })
+    })
+    .clone()
 }
 
 fn client_ca_roots(pem: &[u8]) -> Result<Arc<rustls::RootCertStore>, String> {
@@ -873,6 +893,20 @@ mod tests {
             .await
             .unwrap_err();
         assert_eq!(other.status(), StatusCode::SERVICE_UNAVAILABLE);
+    }
+
+    #[tokio::test]
+    async fn without_a_secret_the_endpoint_uses_a_self_signed_certificate() {
+        let guard = Guard::build(&AccessPolicy {
+            enabled: true,
+            https: true,
+            api: Some(client()),
+            ..AccessPolicy::default()
+        });
+        assert!(guard.tls.is_some(), "{guard:?}");
+        assert!(guard.problems.is_empty(), "{guard:?}");
+        let again = self_signed().unwrap();
+        assert_eq!(again, self_signed().unwrap(), "made once per process");
     }
 
     #[test]

@@ -15,9 +15,16 @@
 //! [`MetricsService`] here, which the agent supervises. The decisions are pure;
 //! I/O is in `sample`, `pods`, `server` and the service loop.
 //!
+//! The endpoint bounds its connections ([`server::ConnectionLimits`], with the
+//! descriptor budget of [`limits`]) and applies `rbacConfig` ([`access`]: TLS,
+//! TokenReview and SubjectAccessReview, client certificates).
+//!
 //! This module must not decide GPU health (it shows [`crate::health`]'s verdict
-//! as `gpu_health`) nor talk to the Kubernetes API: the agent watches the
-//! ConfigMap and passes its `config.json` in [`MetricsConfig::config_text`].
+//! as `gpu_health`) nor talk to the Kubernetes API, except for the two reviews
+//! of [`access`] through the client the agent hands in: the agent watches the
+//! ConfigMap and passes its `config.json` in [`MetricsConfig::config_text`], and
+//! passes the Secret and ConfigMap `rbacConfig` names in
+//! [`MetricsConfig::access`].
 
 pub mod access;
 pub mod agent;
