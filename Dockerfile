@@ -11,6 +11,21 @@
 # lacks. Both stages are Debian 12, so the copied libraries match the glibc
 # they run on. The cache mounts need BuildKit (the default builder since
 # Docker 23).
+#
+# Pinning by digest. A tag (rust:1-bookworm, cc-debian12, gpu-operator:0.1.0)
+# can be moved to another image by whoever can push to its registry; a digest
+# names one image for good, and the agent runs as root on every GPU node.
+# - The base images: pass them with their digests, e.g.
+#     docker build \
+#       --build-arg RUST_IMAGE=rust:1-bookworm@sha256:<digest> \
+#       --build-arg RUNTIME_IMAGE=gcr.io/distroless/cc-debian12@sha256:<digest> \
+#       -t registry.example.com/gpu-operator:0.1.0 .
+#   where `docker buildx imagetools inspect IMAGE` prints each digest (the
+#   index's, so that every architecture resolves). With name:tag@digest the
+#   tag is only a label; the digest is what is pulled.
+# - The image built here: push it, then deploy it as
+#   registry.example.com/gpu-operator:0.1.0@sha256:<digest> (deploy/README.md,
+#   Install, step 1, shows the commands).
 
 ARG RUST_IMAGE=rust:1-bookworm
 ARG RUNTIME_IMAGE=gcr.io/distroless/cc-debian12

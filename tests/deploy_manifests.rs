@@ -21,8 +21,12 @@ use std::time::{Duration, Instant};
 use clap::CommandFactory;
 use gpu_operator::api::{DocumentKind, document_problems, ignored_fields, parse_documents};
 use gpu_operator::host::HostRoot;
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Container, Namespace, PodSpec, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube_emulator::{Emulator, EmulatorConfig};
@@ -181,6 +185,12 @@ fn every_manifest_is_a_known_kind_and_round_trips() {
             "Role" => drop(typed::<Role>(m)),
             "RoleBinding" => drop(typed::<RoleBinding>(m)),
             "DaemonSet" => drop(typed::<DaemonSet>(m)),
+            // Its CEL is tested in tests/admission_policy.rs.
+            "ValidatingAdmissionPolicy" => drop(typed::<ValidatingAdmissionPolicy>(m)),
+            "ValidatingAdmissionPolicyBinding" => {
+                drop(typed::<ValidatingAdmissionPolicyBinding>(m))
+            }
+            "NetworkPolicy" => drop(typed::<NetworkPolicy>(m)),
             // Checked with the DeviceConfig rules in its own test.
             "DeviceConfig" => {}
             other => panic!("{}: kind {other:?} has no check here; add one", m.file),
@@ -314,7 +324,16 @@ fn daemonset_environment_is_what_the_cli_reads() {
 fn daemonset_image_matches_the_crate_version() {
     let (_, _, container) = daemonset();
     let image = container.image.expect("an image");
-    let tag = image.rsplit_once(':').map(|(_, t)| t).unwrap_or("");
+    // name:tag, or name:tag@sha256:<64 hex> once pinned (deploy/README.md).
+    let (reference, digest) = image.split_once('@').unwrap_or((&image, ""));
+    if !digest.is_empty() {
+        let hex = digest.strip_prefix("sha256:").unwrap_or("");
+        assert!(
+            hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()),
+            "image {image}: the digest must be sha256:<64 hex digits>"
+        );
+    }
+    let tag = reference.rsplit_once(':').map(|(_, t)| t).unwrap_or("");
     assert_eq!(
         tag,
         env!("CARGO_PKG_VERSION"),
@@ -670,6 +689,52 @@ fn daemonset_probes_the_metrics_endpoint() {
     let config = deployed_device_config();
     assert!(config.spec.metrics_exporter.is_enabled());
     assert_eq!(config.spec.metrics_exporter.port, metrics_port);
+}
+
+#[test]
+fn network_policy_admits_only_the_monitoring_namespace_to_the_metrics_port() {
+    let all = manifests();
+    let policy: NetworkPolicy = typed(the(&all, "NetworkPolicy"));
+    let spec = policy.spec.unwrap();
+    // It selects the agent pods: the labels of the DaemonSet's pod template.
+    let (ds, _, _) = daemonset();
+    let template_labels = ds
+        .spec
+        .unwrap()
+        .template
+        .metadata
+        .unwrap()
+        .labels
+        .unwrap_or_default();
+    let selector = spec.pod_selector.unwrap_or_default();
+    assert!(selector.match_expressions.is_none());
+    let wanted = selector.match_labels.unwrap_or_default();
+    assert!(!wanted.is_empty(), "an empty podSelector selects every pod");
+    for (k, v) in &wanted {
+        assert_eq!(template_labels.get(k), Some(v), "podSelector {k}={v}");
+    }
+    assert_eq!(spec.policy_types, Some(vec!["Ingress".to_owned()]));
+    let ingress = spec.ingress.unwrap_or_default();
+    assert_eq!(ingress.len(), 1, "one rule: Prometheus to the metrics port");
+    let rule = &ingress[0];
+    let ports = rule.ports.clone().unwrap_or_default();
+    assert_eq!(ports.len(), 1);
+    assert_eq!(ports[0].protocol.as_deref(), Some("TCP"));
+    assert_eq!(
+        ports[0].port,
+        Some(IntOrString::Int(i32::from(
+            gpu_operator::metrics::MetricsConfig::DEFAULT_PORT
+        )))
+    );
+    let from = rule.from.clone().unwrap_or_default();
+    assert_eq!(from.len(), 1, "from the monitoring namespace only");
+    assert!(from[0].pod_selector.is_none() && from[0].ip_block.is_none());
+    let namespaces = from[0].namespace_selector.clone().unwrap_or_default();
+    let expressions = namespaces.match_expressions.unwrap_or_default();
+    assert_eq!(expressions.len(), 1);
+    assert_eq!(expressions[0].key, "kubernetes.io/metadata.name");
+    assert_eq!(expressions[0].operator, "In");
+    assert_eq!(expressions[0].values, Some(vec!["monitoring".to_owned()]));
 }
 
 /// `32Mi`, `128Mi`, `1Gi`, plain bytes.
@@ -1189,7 +1254,11 @@ fn systemd_unit_runs_standalone_and_keeps_what_the_work_needs() {
     assert_eq!(driver("ProtectKernelModules").as_deref(), Some("no"));
     assert_eq!(
         drop_in.keys().map(|(_, k)| k.as_str()).collect::<Vec<_>>(),
-        ["CapabilityBoundingSet", "ProtectKernelModules", "SystemCallFilter"],
+        [
+            "CapabilityBoundingSet",
+            "ProtectKernelModules",
+            "SystemCallFilter"
+        ],
         "the drop-in widens nothing else"
     );
     for (key, why) in [
@@ -1459,6 +1528,8 @@ async fn agent_runs_with_the_daemonset_environment_within_its_rbac() {
     // Cluster work: it leads through the Lease in its namespace and reconciles.
     let lease = || emu.get("coordination.k8s.io/v1", "Lease", &namespace, LEASE);
     eventually("leadership", &log_path, || {
+        // "<node>/<pod>": deploy/15-admission-policy.yaml compares it with the
+        // node and pod names of the caller's token.
         lease().is_some_and(|l| l["spec"]["holderIdentity"] == format!("{NODE}/{POD}"))
     })
     .await;
