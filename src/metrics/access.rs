@@ -341,18 +341,24 @@ impl Guard {
             )
                 .into_response());
         }
+        // A verified certificate of the static client needs nothing else.
+        let subject = peer.client.as_ref();
+        if let (Some(name), Some(cn)) =
+            (static_client, subject.and_then(|s| s.common_name.as_ref()))
+            && name == cn
+        {
+            return Ok(());
+        }
         let credential = if let Some(token) = bearer_token(headers) {
             Credential::Token(token.to_owned())
-        } else if let Some(subject) = &peer.client {
-            if static_client.is_some() && subject.common_name.as_ref() == static_client.as_ref() {
-                return Ok(());
-            }
-            match &subject.common_name {
-                Some(cn) => Credential::Certificate {
-                    user: cn.clone(),
-                    groups: subject.organizations.clone(),
-                },
-                None => return Err(unauthorized()),
+        } else if let Some(CertSubject {
+            common_name: Some(cn),
+            organizations,
+        }) = subject
+        {
+            Credential::Certificate {
+                user: cn.clone(),
+                groups: organizations.clone(),
             }
         } else {
             return Err(unauthorized());
@@ -886,6 +892,15 @@ mod tests {
                 .check(&peer("prometheus"), &HeaderMap::new(), "/metrics")
                 .await
                 .is_ok()
+        );
+        let mut with_token = HeaderMap::new();
+        with_token.insert(header::AUTHORIZATION, "Bearer whatever".parse().unwrap());
+        assert!(
+            guard
+                .check(&peer("prometheus"), &with_token, "/metrics")
+                .await
+                .is_ok(),
+            "the certificate decides before any token"
         );
         // Another CN goes to a review, which cannot reach the API here.
         let other = guard

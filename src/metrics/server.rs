@@ -313,23 +313,42 @@ async fn connection<H>(
     let Some(tls) = tls else {
         return conn.serve(stream, Peer::default(), held).await;
     };
+    // Before hyper takes over, a silent or slow client is bounded by the header
+    // timeout and gives its slot up at once when displaced or stopped.
+    let interrupted = {
+        let (displaced, stop) = (conn.displaced.clone(), conn.stop.clone());
+        async move {
+            tokio::select! {
+                _ = displaced.cancelled() => {}
+                _ = stop.cancelled() => {}
+            }
+        }
+    };
+    tokio::pin!(interrupted);
     // A TLS ClientHello starts with the handshake record type, 0x16.
     let mut first = [0u8; 1];
-    match tokio::time::timeout(limits.header_read_timeout, stream.peek(&mut first)).await {
+    let peeked = tokio::select! {
+        peeked = tokio::time::timeout(limits.header_read_timeout, stream.peek(&mut first)) => peeked,
+        _ = &mut interrupted => return,
+    };
+    match peeked {
         Ok(Ok(1)) if first[0] == 0x16 => {}
         Ok(Ok(1)) => return conn.serve(stream, Peer::default(), held).await,
         _ => return,
     }
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
-    let stream =
-        match tokio::time::timeout(limits.header_read_timeout, acceptor.accept(stream)).await {
-            Ok(Ok(stream)) => stream,
-            Ok(Err(e)) => {
-                tracing::debug!(error = %e, "metrics TLS handshake failed");
-                return;
-            }
-            Err(_) => return,
-        };
+    let handshake = tokio::select! {
+        handshake = tokio::time::timeout(limits.header_read_timeout, acceptor.accept(stream)) => handshake,
+        _ = &mut interrupted => return,
+    };
+    let stream = match handshake {
+        Ok(Ok(stream)) => stream,
+        Ok(Err(e)) => {
+            tracing::debug!(error = %e, "metrics TLS handshake failed");
+            return;
+        }
+        Err(_) => return,
+    };
     let client = stream
         .get_ref()
         .1
@@ -572,6 +591,47 @@ mod tests {
             "{:?}",
             opened.elapsed()
         );
+        stop.cancel();
+    }
+
+    #[tokio::test]
+    async fn with_tls_a_silent_connection_gives_its_slot_up_before_the_handshake() {
+        use crate::metrics::access::{AccessPolicy, ReviewClient};
+        // Never contacted: only /healthz is requested.
+        let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+        let api = ReviewClient(kube::Client::try_from(config).unwrap());
+        let guard = Guard::build(&AccessPolicy {
+            enabled: true,
+            https: true,
+            api: Some(api),
+            ..AccessPolicy::default()
+        });
+        assert!(guard.tls.is_some(), "{guard:?}");
+        let (_tx, published) = watch::channel(Arc::new(Published::default()));
+        let (_guard_tx, guard) = watch::channel(Arc::new(guard));
+        let stop = CancellationToken::new();
+        let limits = ConnectionLimits {
+            max_connections: 2,
+            ..ConnectionLimits::default()
+        };
+        let (addr, _task) = serve(
+            "127.0.0.1:0".parse().unwrap(),
+            published,
+            limits,
+            guard,
+            stop.clone(),
+        )
+        .await
+        .unwrap();
+        // Both slots wait for a first byte that never comes.
+        let _silent = [
+            TcpStream::connect(addr).await.unwrap(),
+            TcpStream::connect(addr).await.unwrap(),
+        ];
+        let served = tokio::time::timeout(Duration::from_secs(3), get(addr, "/healthz"))
+            .await
+            .expect("served within 3 s, long before the 10 s header timeout");
+        assert!(served.starts_with("HTTP/1.0 200"), "{served}");
         stop.cancel();
     }
 
