@@ -291,6 +291,31 @@ pub fn builtin_types() -> Vec<ResourceType> {
             false,
             &[],
         ),
+        // Stored and served; nothing admits or filters by them (see the README).
+        R::builtin(
+            "admissionregistration.k8s.io",
+            "v1",
+            "validatingadmissionpolicies",
+            "ValidatingAdmissionPolicy",
+            false,
+            &[],
+        ),
+        R::builtin(
+            "admissionregistration.k8s.io",
+            "v1",
+            "validatingadmissionpolicybindings",
+            "ValidatingAdmissionPolicyBinding",
+            false,
+            &[],
+        ),
+        R::builtin(
+            "networking.k8s.io",
+            "v1",
+            "networkpolicies",
+            "NetworkPolicy",
+            true,
+            &["netpol"],
+        ),
         R::builtin("apps", "v1", "daemonsets", "DaemonSet", true, &["ds"])
             .with_status()
             .with_generation()

@@ -347,6 +347,15 @@ fn builtin_unknowns(group: &str, kind: &str, v: Value) -> Option<Vec<Vec<Seg>>> 
         ("rbac.authorization.k8s.io", "ClusterRoleBinding") => {
             typed_unknowns::<api::rbac::v1::ClusterRoleBinding>(v)
         }
+        ("admissionregistration.k8s.io", "ValidatingAdmissionPolicy") => {
+            typed_unknowns::<api::admissionregistration::v1::ValidatingAdmissionPolicy>(v)
+        }
+        ("admissionregistration.k8s.io", "ValidatingAdmissionPolicyBinding") => {
+            typed_unknowns::<api::admissionregistration::v1::ValidatingAdmissionPolicyBinding>(v)
+        }
+        ("networking.k8s.io", "NetworkPolicy") => {
+            typed_unknowns::<api::networking::v1::NetworkPolicy>(v)
+        }
         ("apps", "DaemonSet") => typed_unknowns::<api::apps::v1::DaemonSet>(v),
         ("policy", "PodDisruptionBudget") => {
             typed_unknowns::<api::policy::v1::PodDisruptionBudget>(v)
