@@ -1,10 +1,12 @@
 //! The metrics endpoint under a flood of idle connections, through the real
 //! binary with a low descriptor limit (256, as in issue 11): the endpoint's
 //! connection cap and descriptor reserve must keep discovery, sampling, the
-//! probes and new scrapers working.
+//! probes, the device plugin (through a test kubelet) and new scrapers working.
 //!
 //! The limit is set in the child only (`pre_exec`), never in the test process.
 //! Loopback only; every wait is bounded in count and time.
+
+mod support;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -12,6 +14,8 @@ use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use support::kubelet::TestKubelet;
 
 /// The descriptor limit (soft and hard) of the agent under test.
 const NOFILE: u64 = 256;
@@ -21,6 +25,10 @@ const IDLE_CONNECTIONS: usize = 300;
 struct Agent {
     child: Child,
     addr: String,
+    /// The test kubelet the agent's device plugin registers with, and the
+    /// runtime its servers run on.
+    kubelet: TestKubelet,
+    runtime: tokio::runtime::Runtime,
     _dir: tempfile::TempDir,
 }
 
@@ -35,6 +43,14 @@ impl Drop for Agent {
 /// returns once the log names the metrics address.
 fn start_agent() -> Agent {
     let dir = tempfile::tempdir().unwrap();
+    let kubelet_dir = dir.path().join("kubelet");
+    std::fs::create_dir_all(kubelet_dir.join("device-plugins")).unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let kubelet = runtime.block_on(TestKubelet::start(&kubelet_dir.join("device-plugins")));
     let mut command = Command::new(env!("CARGO_BIN_EXE_gpu-operator"));
     command
         .args([
@@ -48,6 +64,8 @@ fn start_agent() -> Agent {
         ])
         .arg("--events-file")
         .arg(dir.path().join("events.jsonl"))
+        .arg("--kubelet-dir")
+        .arg(&kubelet_dir)
         .env("RUST_LOG", "info")
         .env("NO_COLOR", "1")
         .stdout(Stdio::null())
@@ -86,6 +104,8 @@ fn start_agent() -> Agent {
     Agent {
         child,
         addr,
+        kubelet,
+        runtime,
         _dir: dir,
     }
 }
@@ -155,6 +175,10 @@ fn idle_connections_beyond_the_cap_starve_neither_scrapers_nor_discovery() {
         std::thread::sleep(Duration::from_millis(200));
     }
 
+    let registered = agent
+        .runtime
+        .block_on(agent.kubelet.wait_for_registration("amd.com/gpu", 1));
+
     // The flood: connections that never send a byte. They all connect (the
     // kernel's backlog takes them), whatever the agent does with them.
     let flood_start = unix_now();
@@ -197,5 +221,17 @@ fn idle_connections_beyond_the_cap_starve_neither_scrapers_nor_discovery() {
         std::thread::sleep(Duration::from_millis(200));
     };
     assert_eq!(healthy_gpus(&doc), 8, "{doc}");
+
+    // The device plugin still takes a new kubelet connection and lists every
+    // GPU as healthy.
+    let devices = agent.runtime.block_on(async {
+        let mut stream = agent
+            .kubelet
+            .list_and_watch(&registered.request.endpoint)
+            .await;
+        stream.next().await
+    });
+    let healthy = devices.iter().filter(|d| d.health == "Healthy").count();
+    assert_eq!(healthy, 8, "{devices:?}");
     drop(idle);
 }
