@@ -84,7 +84,9 @@ pub fn validate(spec: &DeviceConfigSpec) -> Vec<Problem> {
         "spec.testRunner.logsLocation.hostPath",
         &spec.test_runner.logs_location.host_path,
     );
-    if let Some(why) = logs_host_path_problem(&spec.test_runner.logs_location.host_path) {
+    // A relative path already has its problem (not absolute).
+    let logs = &spec.test_runner.logs_location.host_path;
+    if let Some(why) = logs_host_path_problem(logs).filter(|_| logs.starts_with('/')) {
         check.push("spec.testRunner.logsLocation.hostPath", why);
     }
     check.labels("spec.configManager.selector", &spec.config_manager.selector);

@@ -8,9 +8,9 @@
 //! the outcome, the command line and the iteration results.
 //!
 //! Limits ([`LogLimits`]): each output file keeps at most 16 MiB (the start,
-//! then a note and the last 64 KiB, [`process::LogCap`]); before a case
-//! starts, the directory's test logs older than 30 days are removed, then the
-//! oldest beyond the newest 1000. Only files named like ours are touched.
+//! then a note and the last 64 KiB, [`process::LogCap`]); after each case,
+//! the directory's test logs older than 30 days are removed, then the oldest
+//! beyond the newest 1000. Only files named like ours are touched.
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom};
@@ -110,6 +110,13 @@ pub fn prune_logs(dir: &Path, limits: &LogLimits) -> usize {
     removed
 }
 
+/// Where a case's logs go, and the limits of that directory.
+#[derive(Clone, Copy, Debug)]
+pub struct Logs<'a> {
+    pub dir: &'a Path,
+    pub limits: &'a LogLimits,
+}
+
 /// The result of one test case.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CaseReport {
@@ -184,10 +191,13 @@ pub async fn run_case(
     gpus: &[TargetGpu],
     pass_ids: bool,
     commands: &Commands,
-    logs_dir: &Path,
-    limits: &LogLimits,
+    logs: Logs<'_>,
     cancel: &CancellationToken,
 ) -> CaseReport {
+    let Logs {
+        dir: logs_dir,
+        limits,
+    } = logs;
     let started = Timestamp::now();
     let clock = Instant::now();
     let indexes: Vec<u32> = gpus.iter().map(|g| g.index).collect();
@@ -230,7 +240,6 @@ pub async fn run_case(
         "test case starting"
     );
 
-    prune_logs(logs_dir, limits);
     let mut iterations = Vec::new();
     let mut log_files = Vec::new();
     let mut cancelled = false;
@@ -300,6 +309,8 @@ pub async fn run_case(
             }
         }
     }
+    // Retention once the case is written: never in the way of a test starting.
+    prune_logs(logs_dir, limits);
     tracing::info!(
         recipe = %case.recipe,
         outcome = ?report.outcome,
@@ -460,8 +471,10 @@ mod tests {
                     &one_gpu(),
                     false,
                     &commands,
-                    &dir,
-                    &LogLimits::default(),
+                    Logs {
+                        dir: &dir,
+                        limits: &LogLimits::default(),
+                    },
                     &cancel,
                 )
                 .await
@@ -513,8 +526,10 @@ mod tests {
                 allowed: AllowedCommands::Any,
                 ..Commands::default()
             },
-            logs.path(),
-            &LogLimits::default(),
+            Logs {
+                dir: logs.path(),
+                limits: &LogLimits::default(),
+            },
             &CancellationToken::new(),
         )
         .await;

@@ -276,8 +276,10 @@ pub async fn check(
                 &selection.gpus,
                 selection.pass_ids,
                 &commands,
-                &options.logs_dir,
-                &options.log_limits,
+                execute::Logs {
+                    dir: &options.logs_dir,
+                    limits: &options.log_limits,
+                },
                 cancel,
             )
             .await

@@ -128,10 +128,11 @@ async fn relay(mut from: impl AsyncRead + Unpin, to: File, cap: LogCap) -> u64 {
         );
     }
     end.extend(tail);
-    if !broken && !end.is_empty() {
-        if let Err(e) = to.write_all(&end).await {
-            tracing::warn!(error = %e, "cannot write test log");
-        }
+    if !broken
+        && !end.is_empty()
+        && let Err(e) = to.write_all(&end).await
+    {
+        tracing::warn!(error = %e, "cannot write test log");
     }
     if let Err(e) = to.flush().await {
         tracing::warn!(error = %e, "cannot write test log");

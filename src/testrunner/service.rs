@@ -29,7 +29,7 @@ use super::decide::{
     ManualTracker, RunId, Scheduler, Start, Submitted, TEST_REQUEST_ANNOTATION, manual_request,
     periodic_request, pre_start_request, select_gpus, unhealthy_request,
 };
-use super::execute::{CaseReport, LogLimits, run_case};
+use super::execute::{CaseReport, LogLimits, Logs, run_case};
 use super::gpus::{TargetGpu, read_targets};
 use super::kube::{CONFIG_ERROR_REASON, EventContent, Kube, resource_version};
 use super::report::{LABEL_PREFIX, label_value, running_label_key};
@@ -428,8 +428,10 @@ async fn execute(
                     &selection.gpus,
                     selection.pass_ids,
                     &ctx.commands,
-                    &ctx.logs_dir,
-                    &ctx.log_limits,
+                    Logs {
+                        dir: &ctx.logs_dir,
+                        limits: &ctx.log_limits,
+                    },
                     &cancel,
                 )
                 .await;
