@@ -718,4 +718,49 @@ mod tests {
             ]
         );
     }
+
+    #[tokio::test]
+    async fn secrets_are_looked_up_only_when_asked() {
+        let emu = kube_emulator::Emulator::start(kube_emulator::EmulatorConfig::default())
+            .await
+            .unwrap();
+        emu.create(json!({"apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": "kube-amd-gpu"}}))
+            .unwrap();
+        emu.create(json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "metrics", "namespace": "kube-amd-gpu"}}))
+            .unwrap();
+        let client = emu.client();
+        let (nodes, _) = kube::runtime::reflector::store::<Node>();
+        let (configs, _) = kube::runtime::reflector::store::<DeviceConfig>();
+        let recorder = Recorder::new(
+            client.clone(),
+            kube::runtime::events::Reporter {
+                controller: "test".into(),
+                instance: None,
+            },
+        );
+        let mut ctx = Context::new(client, nodes, configs, LeaderGuard::always(), recorder);
+        let dc: DeviceConfig = serde_json::from_value(json!({
+            "apiVersion": "amd.com/v1alpha1", "kind": "DeviceConfig",
+            "metadata": {"name": "default", "namespace": "kube-amd-gpu"},
+            "spec": {"metricsExporter": {"enable": true, "config": {"name": "metrics"}},
+                     "driver": {"enable": true, "imageSign": {"keySecret": {"name": "no-key"}}}}
+        }))
+        .unwrap();
+        // By default only ConfigMaps are looked up: the agents may not read Secrets.
+        assert_eq!(
+            missing_references(&dc, &ctx).await.unwrap(),
+            Vec::<String>::new()
+        );
+        assert_eq!(emu.requests().get("get", "secrets"), 0);
+        // With --check-secret-references (and the optional Role) the missing
+        // Secret is reported.
+        ctx.check_secret_references = true;
+        assert_eq!(
+            missing_references(&dc, &ctx).await.unwrap(),
+            ["spec.driver.imageSign.keySecret: Secret \"no-key\" does not exist"]
+        );
+        assert_eq!(emu.requests().get("get", "secrets"), 1);
+    }
 }
