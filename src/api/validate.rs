@@ -57,18 +57,26 @@ impl fmt::Display for Problem {
     }
 }
 
-/// A field that is set but has no effect in this design.
+/// A field that is set but has no effect: by design, or because what acts on
+/// it is not built yet.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct IgnoredField {
     /// Field path, e.g. `spec.devicePlugin.devicePluginImage`.
     pub path: String,
     /// Why it has no effect.
     pub reason: String,
+    /// True when the field is meant to work, but nothing acts on it yet.
+    pub not_yet: bool,
 }
 
 impl fmt::Display for IgnoredField {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: ignored in this design ({})", self.path, self.reason)
+        let what = if self.not_yet {
+            "accepted, but not acted on yet"
+        } else {
+            "ignored in this design"
+        };
+        write!(f, "{}: {what} ({})", self.path, self.reason)
     }
 }
 
@@ -542,6 +550,8 @@ impl Checker {
 const WHY_IMAGE: &str =
     "one gpu-operator binary does this work on every node; no operand image is pulled";
 const WHY_PULL_SECRET: &str = "no operand image is pulled";
+const NOT_YET_DRIVER: &str = "driver installation is not built yet: \
+                              the driver already on the node is used and reported";
 const WHY_TOLERATIONS: &str =
     "the gpu-operator DaemonSet's own tolerations decide where the agent runs";
 const WHY_DAEMONSET: &str =
@@ -565,6 +575,48 @@ pub fn ignored_fields(spec: &DeviceConfigSpec) -> Vec<String> {
 pub fn ignored_field_notes(spec: &DeviceConfigSpec) -> Vec<IgnoredField> {
     let mut notes = Notes::default();
     let d = &spec.driver;
+    notes.not_yet("spec.driver.enable", d.enable, NOT_YET_DRIVER);
+    notes.not_yet("spec.driver.version", d.version.is_some(), NOT_YET_DRIVER);
+    notes.not_yet(
+        "spec.driver.blacklist",
+        d.blacklist.is_some(),
+        NOT_YET_DRIVER,
+    );
+    notes.not_yet(
+        "spec.driver.amdgpuInstallerRepoURL",
+        d.amdgpu_installer_repo_url.is_some(),
+        NOT_YET_DRIVER,
+    );
+    notes.not_yet(
+        "spec.driver.kernelModuleConfig",
+        !is_default(&d.kernel_module_config),
+        NOT_YET_DRIVER,
+    );
+    notes.not_yet(
+        "spec.driver.imageSign",
+        !is_default(&d.image_sign),
+        NOT_YET_DRIVER,
+    );
+    notes.not_yet(
+        "spec.driver.upgradePolicy",
+        d.upgrade_policy.is_some(),
+        "rolling driver upgrades are not built yet",
+    );
+    notes.not_yet(
+        "spec.draDriver.enable",
+        spec.dra_driver.enable,
+        "the DRA kubelet plugin is not built yet: no ResourceSlice is published",
+    );
+    notes.not_yet(
+        "spec.configManager.enable",
+        spec.config_manager.is_enabled(),
+        "GPU partitioning is not built yet: the GPUs keep the partition mode they have",
+    );
+    notes.not_yet(
+        "spec.remediationWorkflow.enable",
+        spec.remediation_workflow.is_enabled(),
+        "node remediation is not built yet: no node is drained, rebooted or retested",
+    );
     notes.set("spec.driver.image", d.image.is_some(), WHY_DRIVER_IMAGE);
     notes.set(
         "spec.driver.useSourceImage",
@@ -761,6 +813,18 @@ impl Notes {
             self.notes.push(IgnoredField {
                 path: path.to_string(),
                 reason: reason.to_string(),
+                not_yet: false,
+            });
+        }
+    }
+
+    /// A field whose feature is not built yet.
+    fn not_yet(&mut self, path: &str, is_set: bool, reason: &str) {
+        if is_set {
+            self.notes.push(IgnoredField {
+                path: path.to_string(),
+                reason: reason.to_string(),
+                not_yet: true,
             });
         }
     }
@@ -780,6 +844,7 @@ impl Notes {
         self.notes.push(IgnoredField {
             path: path.to_string(),
             reason,
+            not_yet: false,
         });
     }
 
@@ -850,10 +915,51 @@ mod tests {
     }
 
     #[test]
-    fn default_spec_is_valid_and_ignores_nothing() {
+    fn default_spec_is_valid_and_notes_only_the_driver_it_does_not_install() {
         let spec = DeviceConfigSpec::default();
         assert_eq!(validate(&spec), vec![]);
-        assert!(ignored_fields(&spec).is_empty());
+        // The reference installs the driver by default; here nothing does yet.
+        let notes = ignored_field_notes(&spec);
+        assert_eq!(
+            notes
+                .iter()
+                .map(|n| (n.path.as_str(), n.not_yet))
+                .collect::<Vec<_>>(),
+            [("spec.driver.enable", true)]
+        );
+        assert!(
+            notes[0]
+                .to_string()
+                .contains("accepted, but not acted on yet")
+        );
+        let mut inbox = spec;
+        inbox.driver.enable = false;
+        assert!(ignored_fields(&inbox).is_empty());
+    }
+
+    #[test]
+    fn features_not_built_yet_are_noted_when_set() {
+        let mut spec = DeviceConfigSpec::default();
+        spec.driver.enable = false;
+        spec.driver.upgrade_policy = Some(DriverUpgradePolicySpec::default());
+        spec.dra_driver.enable = true;
+        spec.config_manager.enable = Some(true);
+        spec.remediation_workflow.enable = Some(true);
+        let notes = ignored_field_notes(&spec);
+        let pending: Vec<&str> = notes
+            .iter()
+            .filter(|n| n.not_yet)
+            .map(|n| n.path.as_str())
+            .collect();
+        assert_eq!(
+            pending,
+            [
+                "spec.driver.upgradePolicy",
+                "spec.draDriver.enable",
+                "spec.configManager.enable",
+                "spec.remediationWorkflow.enable"
+            ]
+        );
     }
 
     #[test]
@@ -894,6 +1000,7 @@ mod tests {
     #[test]
     fn ignored_fields_are_never_problems() {
         let mut spec = DeviceConfigSpec::default();
+        spec.driver.enable = false;
         spec.device_plugin.device_plugin_image = Some("NOT A VALID IMAGE".into());
         spec.device_plugin.device_plugin_image_pull_policy = Some("Sometimes".into());
         spec.metrics_exporter.upgrade_policy = Some(DaemonSetUpgradeSpec {
