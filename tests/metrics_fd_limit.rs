@@ -222,6 +222,25 @@ fn idle_connections_beyond_the_cap_starve_neither_scrapers_nor_discovery() {
     };
     assert_eq!(healthy_gpus(&doc), 8, "{doc}");
 
+    // The agent's own metrics show the cap at work: a quarter of the limit at
+    // most, never more open than that, and the flood displaced.
+    let (code, scrape) = get(&agent.addr, "/metrics", Duration::from_secs(5)).unwrap();
+    assert_eq!(code, 200);
+    let value = |name: &str| {
+        scrape
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no {name} in the scrape"))
+    };
+    let cap = value("gpu_operator_metrics_connections_max");
+    assert!(cap >= 1.0 && cap <= (NOFILE / 4) as f64, "cap {cap}");
+    assert!(value("gpu_operator_metrics_connections") <= cap);
+    let displaced = value("gpu_operator_metrics_connections_displaced_total");
+    assert!(
+        displaced >= (IDLE_CONNECTIONS as f64) - cap,
+        "displaced {displaced} of {IDLE_CONNECTIONS} over a cap of {cap}"
+    );
+
     // The device plugin still takes a new kubelet connection and lists every
     // GPU as healthy.
     let devices = agent.runtime.block_on(async {

@@ -36,6 +36,81 @@ pub fn record_api_error() {
     API_ERRORS.fetch_add(1, Ordering::Relaxed);
 }
 
+static ENDPOINT_OPEN: AtomicU64 = AtomicU64::new(0);
+static ENDPOINT_DISPLACED: AtomicU64 = AtomicU64::new(0);
+static ENDPOINT_CAP: AtomicU64 = AtomicU64::new(0);
+
+/// The metrics endpoint's connections, counted by [`super::server`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct EndpointConnections {
+    /// Open now.
+    pub open: u64,
+    /// Asked to close to make room for a new client over the cap.
+    pub displaced: u64,
+    /// The cap in force (0 before the endpoint listens).
+    pub cap: u64,
+}
+
+pub(crate) fn record_connection_cap(cap: usize) {
+    ENDPOINT_CAP.store(u64::try_from(cap).unwrap_or(u64::MAX), Ordering::Relaxed);
+}
+
+pub(crate) fn record_connection_opened() {
+    ENDPOINT_OPEN.fetch_add(1, Ordering::Relaxed);
+}
+
+pub(crate) fn record_connection_closed() {
+    // Never below zero, whatever the order of updates.
+    let _ = ENDPOINT_OPEN.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+        Some(n.saturating_sub(1))
+    });
+}
+
+pub(crate) fn record_connection_displaced() {
+    ENDPOINT_DISPLACED.fetch_add(1, Ordering::Relaxed);
+}
+
+pub fn endpoint_connections() -> EndpointConnections {
+    EndpointConnections {
+        open: ENDPOINT_OPEN.load(Ordering::Relaxed),
+        displaced: ENDPOINT_DISPLACED.load(Ordering::Relaxed),
+        cap: ENDPOINT_CAP.load(Ordering::Relaxed),
+    }
+}
+
+/// The endpoint's connection families. Pure.
+pub fn endpoint_families(c: &EndpointConnections) -> Vec<Family> {
+    let one = |name: &str, help: &str, kind: Kind, value: u64| Family {
+        name: name.to_owned(),
+        help: help.to_owned(),
+        kind,
+        series: vec![Series {
+            labels: Vec::new(),
+            value: value as f64,
+        }],
+    };
+    vec![
+        one(
+            "gpu_operator_metrics_connections",
+            "Open connections to the metrics endpoint",
+            Kind::Gauge,
+            c.open,
+        ),
+        one(
+            "gpu_operator_metrics_connections_max",
+            "Connections the metrics endpoint serves at once (a quarter of RLIMIT_NOFILE at most)",
+            Kind::Gauge,
+            c.cap,
+        ),
+        one(
+            "gpu_operator_metrics_connections_displaced_total",
+            "Connections closed to make room for a new client over the cap",
+            Kind::Counter,
+            c.displaced,
+        ),
+    ]
+}
+
 /// The counters as they are now.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Counters {

@@ -285,6 +285,7 @@ impl MetricsService {
             agent::process_stats().as_ref(),
             &me,
         ));
+        families.extend(agent::endpoint_families(&agent::endpoint_connections()));
         if let Some(tests) = &self.tests {
             families.extend(agent::test_runner_families(&tests.borrow()));
         }

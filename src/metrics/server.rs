@@ -172,6 +172,7 @@ pub async fn serve(
     let listener = TcpListener::bind(addr).await?;
     let local = listener.local_addr()?;
     let cap = super::limits::current_connection_cap(limits.max_connections);
+    super::agent::record_connection_cap(cap);
     tracing::debug!(%local, cap, "metrics endpoint connection cap");
     let app = router(published);
     let task = tokio::spawn(accept_loop(listener, app, limits, cap, guard, stop));
@@ -191,6 +192,7 @@ impl Connections {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let token = CancellationToken::new();
         self.lock().insert(id, token.clone());
+        super::agent::record_connection_opened();
         (
             Registered {
                 connections: self.clone(),
@@ -207,6 +209,7 @@ impl Connections {
         match live.values().find(|t| !t.is_cancelled()) {
             Some(token) => {
                 token.cancel();
+                super::agent::record_connection_displaced();
                 true
             }
             None => false,
@@ -228,6 +231,7 @@ struct Registered {
 impl Drop for Registered {
     fn drop(&mut self) {
         self.connections.lock().remove(&self.id);
+        super::agent::record_connection_closed();
     }
 }
 
