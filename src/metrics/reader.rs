@@ -13,17 +13,39 @@
 //! every thread is parked, reads wait in the queue and time out: the service
 //! degrades to missing values, never to a stuck task.
 //!
+//! Hand-offs are few. A sample queues a few hundred reads at once; one thread
+//! works through them while it makes progress, and wakes the waiting tasks once
+//! the queue is empty (or every [`FLUSH_EVERY`] answers), not once per file.
+//! Deadlines are kept by one timekeeper thread rather than by a tokio timer per
+//! read (each of which would wake the runtime's driver). When a read has waited
+//! [`STALL`], the timekeeper hands it its answer if a thread has it (that thread
+//! may be stuck on a later file) and, if it has not been started, wakes or
+//! starts another thread; at its deadline, the read times out. So a hung file
+//! delays the other files by at most [`STALL`], and slow files are read in
+//! parallel after it. [`wake_decision`] is the pure rule for when a queued read
+//! needs another thread.
+//!
 //! This module owns the threads and the deadlines. It must not know what any file
 //! means; all paths go through [`HostRoot`].
 
 use std::collections::{HashSet, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::Duration;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
-use tokio::sync::oneshot;
+use futures::task::AtomicWaker;
 
 use crate::host::{HostError, HostRoot};
+
+/// How long a read waits before it checks on itself (capped at a quarter of
+/// its timeout), and how long a thread may be on one file before it no longer
+/// counts as making progress.
+pub const STALL: Duration = Duration::from_millis(5);
+/// A thread wakes the tasks it answered at least this often.
+pub const FLUSH_EVERY: usize = 64;
 
 /// Why a read produced no value.
 #[derive(Debug, thiserror::Error)]
@@ -67,10 +89,72 @@ enum Answer {
     Names(Vec<String>),
 }
 
+/// Where a thread leaves one read's answer. Filling it does not wake the
+/// caller; the thread wakes callers in batches (see the module doc).
+struct Slot {
+    answer: Mutex<Option<Result<Answer, HostError>>>,
+    waker: AtomicWaker,
+    /// When the timekeeper checks on the read, and when it gives up on it.
+    stall_at: Instant,
+    deadline: Instant,
+    /// A thread took the job off the queue.
+    started: AtomicBool,
+    /// The deadline passed: the caller returns a timeout.
+    expired: AtomicBool,
+    /// The caller stopped waiting (timed out or was cancelled).
+    abandoned: AtomicBool,
+}
+
+impl Slot {
+    fn new(now: Instant, timeout: Duration) -> Self {
+        Self {
+            answer: Mutex::new(None),
+            waker: AtomicWaker::new(),
+            stall_at: now + STALL.min(timeout / 4),
+            deadline: now + timeout,
+            started: AtomicBool::new(false),
+            expired: AtomicBool::new(false),
+            abandoned: AtomicBool::new(false),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Option<Result<Answer, HostError>>> {
+        self.answer.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn answered(&self) -> bool {
+        self.lock().is_some()
+    }
+}
+
+/// The caller's side of a [`Slot`]: the answer, or `None` at the deadline.
+struct Answered(Arc<Slot>);
+
+impl Future for Answered {
+    type Output = Option<Result<Answer, HostError>>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.0.waker.register(cx.waker());
+        if let Some(answer) = self.0.lock().take() {
+            return Poll::Ready(Some(answer));
+        }
+        if self.0.expired.load(Ordering::Acquire) {
+            return Poll::Ready(None);
+        }
+        Poll::Pending
+    }
+}
+
+impl Drop for Answered {
+    fn drop(&mut self) {
+        self.0.abandoned.store(true, Ordering::Release);
+    }
+}
+
 struct Job {
     path: String,
     op: Op,
-    reply: oneshot::Sender<Result<Answer, HostError>>,
+    slot: Arc<Slot>,
 }
 
 #[derive(Default)]
@@ -78,9 +162,62 @@ struct State {
     queue: VecDeque<Job>,
     /// Paths queued or being read. A path stays here while its read is stuck.
     in_flight: HashSet<String>,
+    /// When each thread (by index) started the file it is on, if any.
+    busy_since: Vec<Option<Instant>>,
     idle: usize,
+    /// Notifications sent to idle threads that have not woken yet.
+    waking: usize,
     threads: usize,
+    /// Reads whose callers wait, for the timekeeper; and whether a timekeeper
+    /// runs, and when it wakes next (`None`: when a read is queued).
+    waiting: Vec<Arc<Slot>>,
+    timekeeper: bool,
+    timekeeper_wakes: Option<Instant>,
     shutdown: bool,
+}
+
+/// What a queued read needs so that some thread gets to it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wake {
+    /// A thread that is making progress will get to it.
+    Nothing,
+    /// Wake an idle thread.
+    Idle,
+    /// Start a thread.
+    Spawn,
+}
+
+/// The facts [`wake_decision`] decides from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PoolFacts {
+    pub threads: usize,
+    pub max_threads: usize,
+    /// Threads waiting for work, and how many of them were already woken.
+    pub idle: usize,
+    pub waking: usize,
+    /// Threads between two files (they look at the queue next).
+    pub between: usize,
+    /// Threads on a file they started less than [`STALL`] ago.
+    pub recent: usize,
+}
+
+/// Whether a read just queued (`stalled == false`) or one that has waited
+/// [`STALL`] without being started (`stalled == true`) needs another thread.
+/// A thread that is between files, on a file it started recently, or about
+/// to wake will get to a new read; one that has been on a file longer may be
+/// stuck, so it does not count. A stalled read wants one more thread whatever
+/// the others do: they are slow.
+pub fn wake_decision(facts: PoolFacts, stalled: bool) -> Wake {
+    let progressing = facts.between + facts.recent + facts.waking > 0;
+    if progressing && !stalled {
+        Wake::Nothing
+    } else if facts.idle > facts.waking {
+        Wake::Idle
+    } else if facts.threads < facts.max_threads {
+        Wake::Spawn
+    } else {
+        Wake::Nothing
+    }
 }
 
 struct Inner {
@@ -88,6 +225,7 @@ struct Inner {
     max_threads: usize,
     state: Mutex<State>,
     work: Condvar,
+    timer: Condvar,
     reads: AtomicU64,
     timeouts: AtomicU64,
     skipped: AtomicU64,
@@ -98,6 +236,25 @@ impl Inner {
         // A worker never panics while holding the lock (reads happen outside it),
         // so a poisoned lock still holds consistent state.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn facts(&self, state: &State, now: Instant) -> PoolFacts {
+        let busy = state.busy_since.iter().flatten();
+        let (mut on_file, mut recent) = (0, 0);
+        for since in busy {
+            on_file += 1;
+            if now.saturating_duration_since(*since) < STALL {
+                recent += 1;
+            }
+        }
+        PoolFacts {
+            threads: state.threads,
+            max_threads: self.max_threads,
+            idle: state.idle,
+            waking: state.waking,
+            between: state.threads.saturating_sub(state.idle + on_file),
+            recent,
+        }
     }
 }
 
@@ -116,6 +273,7 @@ impl Drop for ShutdownGuard {
     fn drop(&mut self) {
         self.0.lock().shutdown = true;
         self.0.work.notify_all();
+        self.0.timer.notify_all();
     }
 }
 
@@ -139,6 +297,7 @@ impl BoundedReader {
             max_threads: max_threads.max(1),
             state: Mutex::new(State::default()),
             work: Condvar::new(),
+            timer: Condvar::new(),
             reads: AtomicU64::new(0),
             timeouts: AtomicU64::new(0),
             skipped: AtomicU64::new(0),
@@ -194,7 +353,7 @@ impl BoundedReader {
     }
 
     async fn run(&self, path: &str, op: Op, timeout: Duration) -> Result<Answer, ReadError> {
-        let (reply, answer) = oneshot::channel();
+        let slot = Arc::new(Slot::new(Instant::now(), timeout));
         {
             let mut state = self.inner.lock();
             if state.shutdown {
@@ -208,26 +367,21 @@ impl BoundedReader {
             state.queue.push_back(Job {
                 path: path.to_owned(),
                 op,
-                reply,
+                slot: slot.clone(),
             });
-            if state.idle == 0 && state.threads < self.inner.max_threads {
-                if self.spawn_worker(state.threads).is_ok() {
-                    state.threads += 1;
-                } else if state.threads == 0 {
-                    // No thread at all: give the path back so that the caller
-                    // can retry later rather than have it marked stuck forever.
-                    state.queue.pop_back();
-                    state.in_flight.remove(path);
-                    return Err(ReadError::Closed { path: path.into() });
-                }
+            let woken = self.wake(&mut state, false);
+            if !(woken || state.threads > 0) || !self.keep_time(&mut state, &slot) {
+                // No thread at all: give the path back so that the caller
+                // can retry later rather than have it marked stuck forever.
+                state.queue.pop_back();
+                state.in_flight.remove(path);
+                return Err(ReadError::Closed { path: path.into() });
             }
         }
-        self.inner.work.notify_one();
         self.inner.reads.fetch_add(1, Ordering::Relaxed);
-        match tokio::time::timeout(timeout, answer).await {
-            Ok(Ok(result)) => Ok(result?),
-            Ok(Err(_)) => Err(ReadError::Closed { path: path.into() }),
-            Err(_) => {
+        match Answered(slot).await {
+            Some(result) => Ok(result?),
+            None => {
                 self.inner.timeouts.fetch_add(1, Ordering::Relaxed);
                 Err(ReadError::TimedOut {
                     path: path.into(),
@@ -237,13 +391,119 @@ impl BoundedReader {
         }
     }
 
-    fn spawn_worker(&self, index: usize) -> std::io::Result<()> {
-        let inner = self.inner.clone();
-        std::thread::Builder::new()
-            .name(format!("sysfs-reader-{index}"))
-            .spawn(move || worker(inner))
-            .map(drop)
-            .inspect_err(|e| tracing::warn!(error = %e, "cannot start a sysfs reader thread"))
+    /// Hands a waiting read to the timekeeper, starting it if needed. False
+    /// when it cannot be started.
+    fn keep_time(&self, state: &mut State, slot: &Arc<Slot>) -> bool {
+        if !state.timekeeper {
+            let inner = self.inner.clone();
+            let started = std::thread::Builder::new()
+                .name("sysfs-timekeeper".into())
+                .spawn(move || timekeeper(inner));
+            if let Err(e) = started {
+                tracing::warn!(error = %e, "cannot start the sysfs reader's timekeeper");
+                return false;
+            }
+            state.timekeeper = true;
+        }
+        state.waiting.push(slot.clone());
+        if state.timekeeper_wakes.is_none_or(|at| slot.stall_at < at) {
+            state.timekeeper_wakes = Some(slot.stall_at);
+            self.inner.timer.notify_one();
+        }
+        true
+    }
+
+    fn wake(&self, state: &mut State, stalled: bool) -> bool {
+        wake(&self.inner, state, stalled)
+    }
+}
+
+/// Wakes or starts a thread if a queued read needs one. False when a thread
+/// was needed and could not be started.
+fn wake(inner: &Arc<Inner>, state: &mut State, stalled: bool) -> bool {
+    match wake_decision(inner.facts(state, Instant::now()), stalled) {
+        Wake::Nothing => true,
+        Wake::Idle => {
+            state.waking += 1;
+            inner.work.notify_one();
+            true
+        }
+        Wake::Spawn => {
+            let index = state.threads;
+            let worker_inner = inner.clone();
+            let spawned = std::thread::Builder::new()
+                .name(format!("sysfs-reader-{index}"))
+                .spawn(move || worker(worker_inner, index));
+            if let Err(e) = spawned {
+                tracing::warn!(error = %e, "cannot start a sysfs reader thread");
+                return false;
+            }
+            state.threads += 1;
+            if state.busy_since.len() <= index {
+                state.busy_since.resize(index + 1, None);
+            }
+            true
+        }
+    }
+}
+
+/// Keeps the deadlines of waiting reads (see the module doc). Runs until the
+/// reader shuts down; sleeps while no read waits.
+fn timekeeper(inner: Arc<Inner>) {
+    let mut state = inner.lock();
+    loop {
+        if state.shutdown {
+            state.timekeeper = false;
+            return;
+        }
+        let now = Instant::now();
+        let mut next: Option<Instant> = None;
+        let mut stalled = 0;
+        state.waiting.retain(|slot| {
+            if slot.abandoned.load(Ordering::Acquire) {
+                return false;
+            }
+            if slot.answered() {
+                if now >= slot.stall_at {
+                    // Its thread may be stuck on a later file before it
+                    // delivers: deliver for it.
+                    slot.waker.wake();
+                    return false;
+                }
+            } else if now >= slot.deadline {
+                slot.expired.store(true, Ordering::Release);
+                slot.waker.wake();
+                return false;
+            } else if now >= slot.stall_at && !slot.started.load(Ordering::Acquire) {
+                stalled += 1;
+            }
+            let at = if now < slot.stall_at {
+                slot.stall_at
+            } else {
+                slot.deadline
+            };
+            next = Some(next.map_or(at, |n| n.min(at)));
+            true
+        });
+        // One more thread per read that waited too long without being started,
+        // as far as the cap allows.
+        for _ in 0..stalled {
+            if !(wake(&inner, &mut state, true) && state.queue.len() > state.waking) {
+                break;
+            }
+        }
+        state.timekeeper_wakes = next;
+        state = match next {
+            Some(at) => {
+                let pause = at.saturating_duration_since(Instant::now());
+                inner
+                    .timer
+                    .wait_timeout(state, pause)
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0
+            }
+            None => inner.timer.wait(state).unwrap_or_else(|p| p.into_inner()),
+        };
     }
 }
 
@@ -253,10 +513,24 @@ fn unreachable_answer<T>(path: &str) -> Result<T, ReadError> {
     Err(ReadError::Closed { path: path.into() })
 }
 
-fn worker(inner: Arc<Inner>) {
+/// Wakes the callers whose answers are in their slots.
+fn deliver(answered: &mut Vec<Arc<Slot>>) {
+    for slot in answered.drain(..) {
+        slot.waker.wake();
+    }
+}
+
+fn worker(inner: Arc<Inner>, index: usize) {
+    let mut answered: Vec<Arc<Slot>> = Vec::new();
     let mut state = inner.lock();
     loop {
         let Some(job) = state.queue.pop_front() else {
+            if !answered.is_empty() {
+                drop(state);
+                deliver(&mut answered);
+                state = inner.lock();
+                continue;
+            }
             if state.shutdown {
                 state.threads -= 1;
                 return;
@@ -264,12 +538,22 @@ fn worker(inner: Arc<Inner>) {
             state.idle += 1;
             state = inner.work.wait(state).unwrap_or_else(|p| p.into_inner());
             state.idle -= 1;
+            state.waking = state.waking.saturating_sub(1);
             continue;
         };
+        job.slot.started.store(true, Ordering::Release);
+        if let Some(since) = state.busy_since.get_mut(index) {
+            *since = Some(Instant::now());
+        }
         drop(state);
+        if answered.len() >= FLUSH_EVERY {
+            deliver(&mut answered);
+        }
         // A caller that already gave up does not need the value; skipping keeps a
         // queue that built up behind hung files from being read for nothing.
-        let result = (!job.reply.is_closed()).then(|| {
+        let wanted = !(job.slot.abandoned.load(Ordering::Acquire)
+            || job.slot.expired.load(Ordering::Acquire));
+        let result = wanted.then(|| {
             let host = &inner.host;
             match job.op {
                 Op::Read => host.read_attr(&job.path).map(Answer::Text),
@@ -277,13 +561,17 @@ fn worker(inner: Arc<Inner>) {
                 Op::List => host.list_dir_or_empty(&job.path).map(Answer::Names),
             }
         });
+        state = inner.lock();
+        if let Some(since) = state.busy_since.get_mut(index) {
+            *since = None;
+        }
         // The path is free again before the caller hears back, so that it can
         // read the same file again right away.
-        inner.lock().in_flight.remove(&job.path);
+        state.in_flight.remove(&job.path);
         if let Some(result) = result {
-            let _ = job.reply.send(result);
+            *job.slot.lock() = Some(result);
+            answered.push(job.slot);
         }
-        state = inner.lock();
     }
 }
 
@@ -343,6 +631,60 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         assert_eq!(reader.read_attr("/sys/a", SHORT).await.unwrap(), "3");
+    }
+
+    #[tokio::test]
+    async fn a_hung_file_in_a_burst_costs_only_its_own_value() {
+        let (_dir, host) = host();
+        let paths: Vec<String> = (0..50).map(|i| format!("/sys/f{i}")).collect();
+        for (i, path) in paths.iter().enumerate() {
+            host.write(path, format!("{i}\n")).unwrap();
+        }
+        simulate::hang_file(&host, &paths[10]).unwrap();
+        let reader = BoundedReader::new(host.clone(), 2);
+        // Queued at once, as a sample queues its reads: the thread that reads
+        // the first ten then hangs on the eleventh still holds their answers.
+        let timeout = Duration::from_millis(500);
+        let answers =
+            futures::future::join_all(paths.iter().map(|p| reader.read_attr(p, timeout))).await;
+        for (i, answer) in answers.iter().enumerate() {
+            match answer {
+                Ok(text) => assert_eq!(*text, i.to_string()),
+                Err(ReadError::TimedOut { path, .. }) if i == 10 => assert_eq!(*path, paths[10]),
+                Err(e) => panic!("file {i}: {e}"),
+            }
+        }
+        assert_eq!(reader.stats().threads, 2);
+        simulate::release_hung_file(&host, &paths[10], "10").unwrap();
+    }
+
+    #[test]
+    fn reads_wake_a_thread_only_when_none_is_making_progress() {
+        let pool = |threads, idle, waking, between, recent| PoolFacts {
+            threads,
+            max_threads: 4,
+            idle,
+            waking,
+            between,
+            recent,
+        };
+        // No thread yet: start one.
+        assert_eq!(wake_decision(pool(0, 0, 0, 0, 0), false), Wake::Spawn);
+        // One idle thread: wake it, once.
+        assert_eq!(wake_decision(pool(1, 1, 0, 0, 0), false), Wake::Idle);
+        assert_eq!(wake_decision(pool(1, 1, 1, 0, 0), false), Wake::Nothing);
+        // A thread between files or on a recent file will get to the read.
+        assert_eq!(wake_decision(pool(2, 1, 0, 1, 0), false), Wake::Nothing);
+        assert_eq!(wake_decision(pool(2, 1, 0, 0, 1), false), Wake::Nothing);
+        // One on an old file may be stuck: wake the idle one, or start one.
+        assert_eq!(wake_decision(pool(2, 1, 0, 0, 0), false), Wake::Idle);
+        assert_eq!(wake_decision(pool(2, 0, 0, 0, 0), false), Wake::Spawn);
+        // A stalled read wants another thread even when others progress.
+        assert_eq!(wake_decision(pool(2, 1, 0, 0, 1), true), Wake::Idle);
+        assert_eq!(wake_decision(pool(2, 0, 0, 0, 2), true), Wake::Spawn);
+        // At the cap with every thread busy, the read waits (and times out).
+        assert_eq!(wake_decision(pool(4, 0, 0, 0, 0), true), Wake::Nothing);
+        assert_eq!(wake_decision(pool(4, 1, 1, 0, 0), true), Wake::Nothing);
     }
 
     #[tokio::test]
