@@ -1222,6 +1222,8 @@ mod tests {
             lines[2].contains("0000:05:00.0") && lines[2].contains("40.0"),
             "{frame}"
         );
-        assert_eq!(lines.len(), 3, "{frame}");
+        // The frame ends with a blank line, to set it off from the next.
+        assert_eq!(lines[3], "", "{frame}");
+        assert_eq!(lines.len(), 4, "{frame}");
     }
 }

@@ -302,17 +302,22 @@ async fn command_tests_pass_on_exit_status_and_see_their_gpus() {
 }
 
 #[tokio::test]
-async fn a_missing_tool_fails_the_test() {
+async fn a_missing_tool_is_its_own_outcome_not_a_failed_test() {
     let rig = Rig::new(1);
     let mut options = rig.options("all_lvl1");
     options.framework = Some(Framework::Agfhc);
-    let report = check(&options, &CancellationToken::new()).await.unwrap();
-    assert_eq!(report.outcome, Outcome::Failed);
-    assert!(
-        report.command.contains("no-agfhc -r all_lvl1 -o"),
-        "{}",
-        report.command
-    );
+    match check(&options, &CancellationToken::new()).await {
+        Err(gpu_operator::testrunner::TestRunnerError::ToolUnavailable {
+            framework,
+            program,
+            why,
+        }) => {
+            assert_eq!(framework, Framework::Agfhc);
+            assert!(program.ends_with("no-agfhc"), "{}", program.display());
+            assert!(why.contains("cannot start"), "{why}");
+        }
+        other => panic!("expected ToolUnavailable, got {other:?}"),
+    }
 }
 
 #[tokio::test]
