@@ -10,6 +10,14 @@
 //! This module owns path mapping, bounded reads and the parsing of single-value
 //! sysfs attributes. It must not know what any file means: that belongs to the
 //! modules that read them.
+//!
+//! [`HostRead`] is the read interface the agent's long-running paths use
+//! (discovery, the change stream's fingerprint). It is implemented only by
+//! deadline-bounded readers ([`crate::device::bounded::BoundedHost`], over the
+//! same thread pool as the metrics' [`crate::metrics::reader::BoundedReader`]),
+//! never by [`HostRoot`] itself, so that no such path can block on a hung file.
+//! A read that misses its deadline is an [`io::ErrorKind::TimedOut`] error
+//! naming the file ([`HostError::is_timeout`]).
 
 use std::fs;
 use std::io::{self, Read};
@@ -42,6 +50,20 @@ impl HostError {
     /// an optional attribute to be absent, or for a device to vanish mid-scan.
     pub fn is_not_found(&self) -> bool {
         matches!(self, HostError::Io { source, .. } if source.kind() == io::ErrorKind::NotFound)
+    }
+
+    /// True when the read got no answer in time, or was refused because an
+    /// earlier read of the same file still has not returned.
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, HostError::Io { source, .. } if source.kind() == io::ErrorKind::TimedOut)
+    }
+
+    /// A read of `path` that got no answer in time; `why` says how.
+    pub fn timed_out(path: PathBuf, why: impl Into<String>) -> Self {
+        HostError::Io {
+            path,
+            source: io::Error::new(io::ErrorKind::TimedOut, why.into()),
+        }
     }
 
     fn io(path: &Path, source: io::Error) -> Self {
@@ -211,6 +233,50 @@ impl HostRoot {
             fs::remove_file(&path).map_err(|e| HostError::io(&path, e))?;
         }
         std::os::unix::fs::symlink(&relative, &path).map_err(|e| HostError::io(&path, e))
+    }
+}
+
+/// Reads host files with a deadline. Paths are host paths (`/sys/...`), mapped
+/// under [`HostRead::host`]'s root. Every method returns in bounded time.
+pub trait HostRead {
+    /// The root paths are resolved under (for error messages and mapping).
+    fn host(&self) -> &HostRoot;
+
+    /// A sysfs attribute: the file's content (at most 64 KiB) with surrounding
+    /// white space removed.
+    fn read_attr(&self, host_path: &str) -> Result<String>;
+
+    /// The names in a directory, sorted; a not-found error when it is absent.
+    fn list_dir(&self, host_path: &str) -> Result<Vec<String>>;
+
+    fn exists(&self, host_path: &str) -> Result<bool>;
+
+    /// `Ok(None)` when the file is absent or empty.
+    fn read_optional_attr(&self, host_path: &str) -> Result<Option<String>> {
+        match self.read_attr(host_path) {
+            Ok(value) if value.is_empty() => Ok(None),
+            Ok(value) => Ok(Some(value)),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// A hexadecimal attribute such as `0x1002` (the `0x` is optional).
+    fn read_hex(&self, host_path: &str) -> Result<u64> {
+        let value = self.read_attr(host_path)?;
+        parse_hex(&value).ok_or_else(|| HostError::Parse {
+            path: self.host().path(host_path),
+            value,
+            expected: "a hexadecimal number",
+        })
+    }
+
+    /// Like [`HostRead::list_dir`], but an absent directory is an empty list.
+    fn list_dir_or_empty(&self, host_path: &str) -> Result<Vec<String>> {
+        match self.list_dir(host_path) {
+            Err(e) if e.is_not_found() => Ok(Vec::new()),
+            other => other,
+        }
     }
 }
 

@@ -586,6 +586,7 @@ async fn watched_host(spec: SimSpec) -> (tempfile::TempDir, HostRoot, DeviceWatc
     let config = WatchConfig {
         rescan_interval: Duration::from_millis(50),
         use_udev: false,
+        ..WatchConfig::default()
     };
     let watch = DeviceWatch::start(host.clone(), config).await;
     (dir, host, watch)

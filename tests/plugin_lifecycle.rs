@@ -123,6 +123,7 @@ async fn repartitioning_updates_list_and_watch_without_a_restart() {
         WatchConfig {
             rescan_interval: Duration::from_millis(200),
             use_udev: false,
+            ..WatchConfig::default()
         },
     )
     .await;

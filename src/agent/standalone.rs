@@ -214,6 +214,7 @@ pub async fn run(
         WatchConfig {
             rescan_interval: config.rescan_interval,
             use_udev: true,
+            ..WatchConfig::default()
         },
     )
     .await;

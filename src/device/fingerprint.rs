@@ -16,7 +16,7 @@
 //! safety interval). This module owns the choice of those entries and nothing
 //! else: it does not interpret them.
 
-use crate::host::HostRoot;
+use crate::host::HostRead;
 
 use super::{AMDGPU_PCI_DIRS, is_bdf, kfd};
 
@@ -31,10 +31,13 @@ pub struct Fingerprint(Vec<String>);
 impl Fingerprint {
     /// Reads the fingerprint of `host`. Never fails: an unreadable entry is
     /// recorded as its error kind, so that it changing is still seen.
-    pub fn read(host: &HostRoot) -> Self {
+    pub fn read(host: &dyn HostRead) -> Self {
         let mut entries = Vec::with_capacity(32);
         for path in ["/sys/module/amdgpu", "/dev/kfd"] {
-            entries.push(format!("{path} {}", host.exists(path)));
+            entries.push(format!(
+                "{path} {:?}",
+                host.exists(path).map_err(|e| io_kind(&e))
+            ));
         }
         let mut bound = None;
         for dir in AMDGPU_PCI_DIRS {
@@ -62,7 +65,7 @@ impl Fingerprint {
     }
 }
 
-fn value(host: &HostRoot, path: &str) -> String {
+fn value(host: &dyn HostRead, path: &str) -> String {
     match host.read_optional_attr(path) {
         Ok(Some(text)) => format!("{path} {text}"),
         Ok(None) => format!("{path} -"),
@@ -70,7 +73,7 @@ fn value(host: &HostRoot, path: &str) -> String {
     }
 }
 
-fn listing(host: &HostRoot, path: &str) -> String {
+fn listing(host: &dyn HostRead, path: &str) -> String {
     match host.list_dir_or_empty(path) {
         Ok(names) => format!("{path} {}", names.join(" ")),
         Err(e) => format!("{path} {:?}", io_kind(&e)),
@@ -88,7 +91,17 @@ fn io_kind(e: &crate::host::HostError) -> Option<std::io::ErrorKind> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::device::bounded::{Limits, run_bounded};
+    use crate::host::HostRoot;
+    use crate::metrics::reader::BoundedReader;
     use crate::simulate::{self, SimSpec};
+
+    fn fp(host: &HostRoot) -> Fingerprint {
+        let reader = BoundedReader::new(host.clone(), 2);
+        run_bounded(&reader, Limits::default(), |h| Fingerprint::read(h))
+            .unwrap()
+            .0
+    }
 
     fn sim(spec: &SimSpec) -> (tempfile::TempDir, HostRoot) {
         let dir = tempfile::tempdir().unwrap();
@@ -101,18 +114,18 @@ mod tests {
     fn stable_while_nothing_changes_and_telemetry_moves() {
         let spec = SimSpec::new("mi300x", Some(2), Some("cpx_nps4")).unwrap();
         let (_dir, host) = sim(&spec);
-        let first = Fingerprint::read(&host);
+        let first = fp(&host);
         simulate::advance_telemetry(&host, &spec, 7).unwrap();
         simulate::set_ecc_counts(&host, "0000:05:00.0", "umc", 1, 0).unwrap();
-        assert_eq!(Fingerprint::read(&host), first);
+        assert_eq!(fp(&host), first);
     }
 
     #[test]
     fn repartition_hot_add_unbind_and_kfd_removal_change_it() {
         let (_dir, host) = sim(&SimSpec::new("mi300x", Some(2), None).unwrap());
-        let mut last = Fingerprint::read(&host);
+        let mut last = fp(&host);
         let mut expect_change = |what: &str| {
-            let now = Fingerprint::read(&host);
+            let now = fp(&host);
             assert_ne!(now, last, "{what} not seen");
             last = now;
         };

@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 
 use super::model::{Link, LinkKind, format_bdf, split_location_id};
-use crate::host::HostRoot;
+use crate::host::HostRead;
 
 pub const TOPOLOGY_DIR: &str = "/sys/class/kfd/kfd/topology";
 
@@ -49,12 +49,16 @@ impl NodeProperties {
                 continue;
             }
             let Some((key, value)) = line.split_once(char::is_whitespace) else {
-                problems.push(format!("property line {line:?} has no value"));
+                problems.push(format!("property line {:?} has no value", shown(line)));
                 continue;
             };
             let value = value.trim();
             let Ok(number) = value.parse::<u64>() else {
-                problems.push(format!("property {key}: {value:?} is not a number"));
+                problems.push(format!(
+                    "property {}: {:?} is not a number",
+                    shown(key),
+                    shown(value)
+                ));
                 continue;
             };
             match key {
@@ -238,13 +242,26 @@ fn group_key(props: &NodeProperties) -> GroupKey {
     }
 }
 
+/// [`read_topology_with`] over `host` with discovery's default deadlines.
+pub fn read_topology(host: &crate::host::HostRoot, dir: &str) -> KfdTopology {
+    let reader = crate::metrics::reader::BoundedReader::new(host.clone(), 2);
+    super::bounded::run_bounded(&reader, super::Limits::default(), |h| {
+        read_topology_with(h, dir)
+    })
+    .map(|(topology, _)| topology)
+    .unwrap_or_else(|e| KfdTopology {
+        problems: vec![e],
+        ..KfdTopology::default()
+    })
+}
+
 /// Reads the topology under `dir` (normally [`TOPOLOGY_DIR`]). An absent directory
 /// is an empty topology: the driver is not loaded, or this is not a GPU host.
 ///
 /// To stay fast on partitioned hosts (an MI300X in CPX mode has 64 GPU nodes with
 /// 63 links each), links are read only for the first node of each physical GPU:
 /// partitions of one GPU share its links.
-pub fn read_topology(host: &HostRoot, dir: &str) -> KfdTopology {
+pub fn read_topology_with(host: &dyn HostRead, dir: &str) -> KfdTopology {
     let mut topology = KfdTopology::default();
     let nodes_dir = format!("{dir}/nodes");
     let names = match host.list_dir_or_empty(&nodes_dir) {
@@ -259,7 +276,7 @@ pub fn read_topology(host: &HostRoot, dir: &str) -> KfdTopology {
             continue;
         };
         let node_dir = format!("{nodes_dir}/{name}");
-        match host.read_string(format!("{node_dir}/properties")) {
+        match host.read_attr(&format!("{node_dir}/properties")) {
             Ok(text) => {
                 let (props, problems) = NodeProperties::parse(&text);
                 let problems = problems
@@ -294,7 +311,7 @@ pub fn read_topology(host: &HostRoot, dir: &str) -> KfdTopology {
     topology
 }
 
-fn read_vram(host: &HostRoot, node_dir: &str, problems: &mut Vec<String>) -> Option<u64> {
+fn read_vram(host: &dyn HostRead, node_dir: &str, problems: &mut Vec<String>) -> Option<u64> {
     let banks_dir = format!("{node_dir}/mem_banks");
     let names = host.list_dir_or_empty(&banks_dir).unwrap_or_else(|e| {
         problems.push(e.to_string());
@@ -302,7 +319,7 @@ fn read_vram(host: &HostRoot, node_dir: &str, problems: &mut Vec<String>) -> Opt
     });
     let mut total = None;
     for name in names {
-        let text = match host.read_string(format!("{banks_dir}/{name}/properties")) {
+        let text = match host.read_attr(&format!("{banks_dir}/{name}/properties")) {
             Ok(text) => text,
             Err(e) if e.is_not_found() => continue,
             Err(e) => {
@@ -321,7 +338,7 @@ fn read_vram(host: &HostRoot, node_dir: &str, problems: &mut Vec<String>) -> Opt
     total
 }
 
-fn read_links(host: &HostRoot, links_dir: &str, node: &mut KfdNode) {
+fn read_links(host: &dyn HostRead, links_dir: &str, node: &mut KfdNode) {
     let names = match host.list_dir_or_empty(links_dir) {
         Ok(names) => names,
         Err(e) => {
@@ -330,7 +347,7 @@ fn read_links(host: &HostRoot, links_dir: &str, node: &mut KfdNode) {
         }
     };
     for name in names {
-        match host.read_string(format!("{links_dir}/{name}/properties")) {
+        match host.read_attr(&format!("{links_dir}/{name}/properties")) {
             Ok(text) => {
                 let fields = parse_pairs(&text);
                 match (fields.get("type"), fields.get("node_to")) {
@@ -348,6 +365,11 @@ fn read_links(host: &HostRoot, links_dir: &str, node: &mut KfdNode) {
             Err(e) => node.problems.push(format!("unreadable link: {e}")),
         }
     }
+}
+
+/// At most [`super::MAX_NUMBER_BYTES`] of a bad value, for a problem message.
+fn shown(value: &str) -> String {
+    super::truncate_to(value.to_owned(), super::MAX_NUMBER_BYTES)
 }
 
 /// Parses `key value` lines, skipping any that are not `word number`.

@@ -7,12 +7,14 @@
 //! - DRM nodes of partitions (`/sys/devices/platform/amdgpu_xcp_N/drm/*`);
 //! - KFD topology: compute units, hive, partitions and links.
 //!
-//! Discovery is a read-only snapshot function over a [`HostRoot`]; it never fails
-//! as a whole. What cannot be read becomes a `problems` entry on the GPU, or a
+//! Discovery is a read-only snapshot function over a [`HostRead`] whose every
+//! read is deadline-bounded ([`bounded`]); it never fails and never blocks for
+//! long as a whole. What cannot be read becomes a `problems` entry on the GPU, or a
 //! host-level warning when a whole GPU has to be skipped. Watching for changes
 //! lives in [`watch`]. This module must not decide anything about what to do with
 //! the GPUs (resources, labels, health): consumers own that.
 
+pub mod bounded;
 pub mod fingerprint;
 pub mod kfd;
 pub mod model;
@@ -25,7 +27,10 @@ use std::str::FromStr;
 
 pub use model::*;
 
-use crate::host::{HostError, HostRoot, parse_hex};
+use crate::host::{HostError, HostRead, HostRoot, parse_hex};
+use crate::metrics::reader::BoundedReader;
+
+pub use bounded::Limits;
 
 /// Where the kernel lists PCI functions bound to amdgpu. The second spelling is
 /// the module's view of the same set, present on hosts without `/sys/bus/pci/drivers`
@@ -37,18 +42,75 @@ const AMDGPU_PCI_DIRS: [&str; 2] = [
 const AMD_VENDOR_ID: u16 = 0x1002;
 const PLATFORM_DIR: &str = "/sys/devices/platform";
 
-/// Takes a snapshot of the host's GPUs.
+/// A scan's result: the inventory, and why it must not replace the last one.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Discovery {
+    pub inventory: Inventory,
+    /// Empty when the scan saw the whole host. Otherwise what went wrong: the
+    /// scan missed its deadline, or a directory that says which GPUs exist
+    /// could not be read. Such an inventory may lack GPUs that are there.
+    pub incomplete: Vec<String>,
+}
+
+/// Takes a snapshot of the host's GPUs with the default [`Limits`]. Returns
+/// within about the scan deadline whatever hangs; see [`discover_bounded`].
 pub fn discover(host: &HostRoot) -> Inventory {
+    let reader = BoundedReader::new(host.clone(), BoundedReader::DEFAULT_MAX_THREADS);
+    let scan = discover_bounded(&reader, Limits::default());
+    let mut inventory = scan.inventory;
+    inventory.warnings.extend(scan.incomplete);
+    inventory
+}
+
+/// Takes a snapshot through `reader` (whose host it reads), every file bounded
+/// by `limits`. Callable from any context: it runs on a thread of its own.
+pub fn discover_bounded(reader: &BoundedReader, limits: Limits) -> Discovery {
+    match bounded::run_bounded(reader, limits, |h| discover_with(h)) {
+        Ok((mut scan, deadline_missed)) => {
+            if deadline_missed {
+                scan.incomplete.push(format!(
+                    "discovery missed its {:?} deadline",
+                    limits.scan_deadline
+                ));
+            }
+            scan
+        }
+        Err(error) => Discovery {
+            incomplete: vec![error],
+            ..Discovery::default()
+        },
+    }
+}
+
+/// Takes a snapshot through `host`.
+pub fn discover_with(host: &dyn HostRead) -> Discovery {
+    let (mut incomplete, mut warnings) = (Vec::new(), Vec::new());
+    let driver = driver_state(host, &mut incomplete, &mut warnings);
     let mut inventory = Inventory {
-        driver: driver_state(host),
+        driver,
+        warnings,
         ..Inventory::default()
     };
-    let topology = kfd::read_topology(host, kfd::TOPOLOGY_DIR);
+    let topology = kfd::read_topology_with(host, kfd::TOPOLOGY_DIR);
     inventory.warnings.extend(topology.problems.iter().cloned());
     let kfd_gpus = topology.gpus();
     let mut render_to_card = partition_drm_nodes(host, &mut inventory.warnings);
 
-    let (pci_dir, bdfs) = amdgpu_functions(host, &mut inventory.warnings);
+    let (pci_dir, bdfs) = match amdgpu_functions(host) {
+        Ok(found) => found,
+        Err(e) => {
+            let error = format!("cannot list the GPUs bound to amdgpu: {e}");
+            inventory.warnings.push(error.clone());
+            incomplete.push(error);
+            (AMDGPU_PCI_DIRS[0], Vec::new())
+        }
+    };
+    // KFD nodes that could not be read: a GPU without a KFD node may be one.
+    let kfd_unread: Vec<&String> = topology
+        .problems
+        .iter()
+        .filter(|p| p.contains("properties"))
+        .collect();
     let mut claimed = vec![false; kfd_gpus.len()];
     for bdf in bdfs {
         let mut gpu = match read_pci_function(host, &format!("{pci_dir}/{bdf}"), &bdf) {
@@ -83,6 +145,16 @@ pub fn discover(host: &HostRoot) -> Inventory {
                 claimed[index] = true;
                 join_kfd(&mut gpu, &topology, &kfd_gpus[index], &render_to_card);
             }
+            None if inventory.driver.kfd_present && !kfd_unread.is_empty() => {
+                gpu.problems.push(format!(
+                    "no KFD topology node; unreadable KFD nodes: {}",
+                    kfd_unread
+                        .iter()
+                        .map(|p| p.as_str())
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                ))
+            }
             None if inventory.driver.kfd_present => gpu
                 .problems
                 .push("no KFD topology node: the GPU is not usable for compute".into()),
@@ -99,35 +171,55 @@ pub fn discover(host: &HostRoot) -> Inventory {
             ));
         }
     }
-    inventory
+    Discovery {
+        inventory,
+        incomplete,
+    }
 }
 
-fn driver_state(host: &HostRoot) -> DriverState {
+/// The driver's state. Whether the module and `/dev/kfd` exist decides what
+/// the GPUs are, so not knowing is an `incomplete` scan; an unreadable version
+/// is a warning.
+fn driver_state(
+    host: &dyn HostRead,
+    incomplete: &mut Vec<String>,
+    warnings: &mut Vec<String>,
+) -> DriverState {
     let module = "/sys/module/amdgpu";
+    let mut exists = |path: &str| {
+        host.exists(path).unwrap_or_else(|e| {
+            incomplete.push(e.to_string());
+            false
+        })
+    };
+    let (loaded, kfd_present) = (exists(module), exists("/dev/kfd"));
+    let mut version = |name: &str| match host.read_optional_attr(&format!("{module}/{name}")) {
+        Ok(value) => value.map(|v| truncate_to(v, MAX_TEXT_BYTES)),
+        Err(e) if e.is_timeout() => {
+            warnings.push(e.to_string());
+            None
+        }
+        Err(_) => None,
+    };
     DriverState {
-        loaded: host.exists(module),
-        version: host
-            .read_optional_attr(format!("{module}/version"))
-            .ok()
-            .flatten(),
-        srcversion: host
-            .read_optional_attr(format!("{module}/srcversion"))
-            .ok()
-            .flatten(),
-        kfd_present: host.exists("/dev/kfd"),
+        loaded,
+        version: version("version"),
+        srcversion: version("srcversion"),
+        kfd_present,
     }
 }
 
 /// The amdgpu PCI functions, from the first of [`AMDGPU_PCI_DIRS`] that exists.
-fn amdgpu_functions(host: &HostRoot, warnings: &mut Vec<String>) -> (&'static str, Vec<String>) {
+/// `Err` when a directory that exists cannot be listed: that is not "no GPUs".
+fn amdgpu_functions(host: &dyn HostRead) -> Result<(&'static str, Vec<String>), HostError> {
     for dir in AMDGPU_PCI_DIRS {
         match host.list_dir(dir) {
-            Ok(names) => return (dir, names.into_iter().filter(|n| is_bdf(n)).collect()),
+            Ok(names) => return Ok((dir, names.into_iter().filter(|n| is_bdf(n)).collect())),
             Err(e) if e.is_not_found() => {}
-            Err(e) => warnings.push(e.to_string()),
+            Err(e) => return Err(e),
         }
     }
-    (AMDGPU_PCI_DIRS[0], Vec::new())
+    Ok((AMDGPU_PCI_DIRS[0], Vec::new()))
 }
 
 /// The DRM card of a render node, and the platform device that carries it when
@@ -140,7 +232,7 @@ struct DrmNode {
 
 /// Render minor to DRM node for partition DRM nodes. Both `amdgpu_xcp_N` and
 /// `amdgpu_xcp.N` are accepted: kernels differ in the spelling.
-fn partition_drm_nodes(host: &HostRoot, warnings: &mut Vec<String>) -> BTreeMap<u32, DrmNode> {
+fn partition_drm_nodes(host: &dyn HostRead, warnings: &mut Vec<String>) -> BTreeMap<u32, DrmNode> {
     let mut map = BTreeMap::new();
     let entries = host.list_dir_or_empty(PLATFORM_DIR).unwrap_or_else(|e| {
         warnings.push(e.to_string());
@@ -150,7 +242,7 @@ fn partition_drm_nodes(host: &HostRoot, warnings: &mut Vec<String>) -> BTreeMap<
         if !(entry.starts_with("amdgpu_xcp_") || entry.starts_with("amdgpu_xcp.")) {
             continue;
         }
-        if let Ok(names) = host.list_dir(format!("{PLATFORM_DIR}/{entry}/drm"))
+        if let Ok(names) = host.list_dir(&format!("{PLATFORM_DIR}/{entry}/drm"))
             && let (Some(card), Some(minor)) = drm_nodes(&names)
         {
             map.insert(
@@ -175,10 +267,29 @@ fn drm_nodes(names: &[String]) -> (Option<u32>, Option<u32>) {
     (pick("card"), pick("renderD"))
 }
 
+/// Longest value kept for a string that flows into labels and metrics
+/// (product name, VBIOS version, serial number, partition modes). Longer ones
+/// are truncated and the GPU gets a problem saying so.
+pub const MAX_TEXT_BYTES: usize = 256;
+/// Longest value accepted as a number; a longer one is refused as a problem.
+pub const MAX_NUMBER_BYTES: usize = 64;
+
+/// `value` cut to at most `max` bytes, on a character boundary.
+pub fn truncate_to(mut value: String, max: usize) -> String {
+    if value.len() > max {
+        let mut end = max;
+        while !value.is_char_boundary(end) {
+            end -= 1;
+        }
+        value.truncate(end);
+    }
+    value
+}
+
 /// Reads attributes of one device directory, turning unreadable optional values
-/// into problems instead of failures.
+/// into problems instead of failures, and bounding every value by its kind.
 struct AttrReader<'a> {
-    host: &'a HostRoot,
+    host: &'a dyn HostRead,
     dir: &'a str,
     problems: Vec<String>,
 }
@@ -188,8 +299,8 @@ impl AttrReader<'_> {
         format!("{}/{name}", self.dir)
     }
 
-    fn text(&mut self, name: &str) -> Option<String> {
-        match self.host.read_optional_attr(self.path(name)) {
+    fn raw(&mut self, name: &str) -> Option<String> {
+        match self.host.read_optional_attr(&self.path(name)) {
             Ok(value) => value,
             Err(e) => {
                 self.problems.push(e.to_string());
@@ -198,8 +309,34 @@ impl AttrReader<'_> {
         }
     }
 
+    /// A string, at most [`MAX_TEXT_BYTES`].
+    fn text(&mut self, name: &str) -> Option<String> {
+        let value = self.raw(name)?;
+        if value.len() > MAX_TEXT_BYTES {
+            self.problems.push(format!(
+                "{name}: {} bytes, longer than {MAX_TEXT_BYTES}; truncated",
+                value.len()
+            ));
+            return Some(truncate_to(value, MAX_TEXT_BYTES));
+        }
+        Some(value)
+    }
+
+    /// The text of a number, at most [`MAX_NUMBER_BYTES`].
+    fn number(&mut self, name: &str) -> Option<String> {
+        let value = self.raw(name)?;
+        if value.len() > MAX_NUMBER_BYTES {
+            self.problems.push(format!(
+                "{name}: {} bytes, too long for a number",
+                value.len()
+            ));
+            return None;
+        }
+        Some(value)
+    }
+
     fn parsed<T: FromStr>(&mut self, name: &str, expected: &str) -> Option<T> {
-        let text = self.text(name)?;
+        let text = self.number(name)?;
         match text.parse() {
             Ok(value) => Some(value),
             Err(_) => {
@@ -211,7 +348,7 @@ impl AttrReader<'_> {
     }
 
     fn hex16(&mut self, name: &str) -> Option<u16> {
-        let text = self.text(name)?;
+        let text = self.number(name)?;
         match parse_hex(&text).and_then(|v| u16::try_from(v).ok()) {
             Some(value) => Some(value),
             None => {
@@ -236,26 +373,41 @@ impl AttrReader<'_> {
 }
 
 /// Reads one PCI function. `Err` when its identity cannot be read (it vanished, the
-/// directory is broken) or is not an AMD device: amdgpu binds nothing else.
-fn read_pci_function(host: &HostRoot, dir: &str, bdf: &str) -> Result<Gpu, HostError> {
-    let vendor_id = host.read_hex(format!("{dir}/vendor"))?;
-    if vendor_id != u64::from(AMD_VENDOR_ID) {
-        return Err(HostError::Parse {
-            path: host.path(format!("{dir}/vendor")),
-            value: format!("0x{vendor_id:04x}"),
-            expected: "AMD's vendor id 0x1002",
-        });
+/// directory is broken) or is not an AMD device: amdgpu binds nothing else. An
+/// identity file that hangs is a problem, not a reason to drop the GPU: it is
+/// still bound, and dropping it would publish it as removed.
+fn read_pci_function(host: &dyn HostRead, dir: &str, bdf: &str) -> Result<Gpu, HostError> {
+    let mut problems = Vec::new();
+    let vendor_path = format!("{dir}/vendor");
+    match host.read_hex(&vendor_path) {
+        Ok(id) if id == u64::from(AMD_VENDOR_ID) => {}
+        Ok(id) => {
+            return Err(HostError::Parse {
+                path: host.host().path(&vendor_path),
+                value: format!("0x{id:04x}"),
+                expected: "AMD's vendor id 0x1002",
+            });
+        }
+        Err(e) if e.is_timeout() => problems.push(e.to_string()),
+        Err(e) => return Err(e),
     }
-    let device_id = host.read_hex(format!("{dir}/device"))?;
+    let device_id = match host.read_hex(&format!("{dir}/device")) {
+        Ok(id) => id as u16,
+        Err(e) if e.is_timeout() => {
+            problems.push(e.to_string());
+            0
+        }
+        Err(e) => return Err(e),
+    };
     let mut attrs = AttrReader {
         host,
         dir,
-        problems: Vec::new(),
+        problems,
     };
     let mut gpu = Gpu {
         bdf: bdf.to_ascii_lowercase(),
         vendor_id: AMD_VENDOR_ID,
-        device_id: device_id as u16,
+        device_id,
         revision: attrs.hex16("revision"),
         subsystem_vendor_id: attrs.hex16("subsystem_vendor"),
         subsystem_device_id: attrs.hex16("subsystem_device"),
@@ -264,7 +416,7 @@ fn read_pci_function(host: &HostRoot, dir: &str, bdf: &str) -> Result<Gpu, HostE
         vbios_version: attrs.text("vbios_version"),
         numa_node: attrs.parsed("numa_node", "an integer"),
         vram_bytes: attrs.parsed("mem_info_vram_total", "a byte count"),
-        unique_id: attrs.text("unique_id").and_then(|t| parse_hex(&t)),
+        unique_id: attrs.number("unique_id").and_then(|t| parse_hex(&t)),
         compute_partition: attrs
             .text("current_compute_partition")
             .map(|s| s.to_ascii_lowercase()),
@@ -276,7 +428,7 @@ fn read_pci_function(host: &HostRoot, dir: &str, bdf: &str) -> Result<Gpu, HostE
         ..Gpu::default()
     };
     gpu.firmware = read_firmware(&mut attrs);
-    match host.list_dir(format!("{dir}/drm")) {
+    match host.list_dir(&format!("{dir}/drm")) {
         Ok(names) => (gpu.card, gpu.render_minor) = drm_nodes(&names),
         Err(e) if e.is_not_found() => attrs.problems.push("no DRM nodes (drm/ is missing)".into()),
         Err(e) => attrs.problems.push(e.to_string()),
@@ -306,7 +458,7 @@ fn read_firmware(attrs: &mut AttrReader<'_>) -> BTreeMap<String, u32> {
     let mut firmware = BTreeMap::new();
     for (stem, name) in FIRMWARE_ENGINES {
         let file = format!("fw_version/{stem}_fw_version");
-        let Some(text) = attrs.text(&file) else {
+        let Some(text) = attrs.number(&file) else {
             continue;
         };
         match parse_hex(&text).and_then(|v| u32::try_from(v).ok()) {
@@ -331,6 +483,10 @@ fn join_kfd(
     let primary = kfd_gpu.primary();
     let props = &primary.props;
     gpu.kfd_node = Some(primary.id);
+    if gpu.device_id == 0 {
+        // The PCI `device` file did not answer; KFD reports the same id.
+        gpu.device_id = props.device_id as u16;
+    }
     gpu.simd_count = u32::try_from(kfd_gpu.simd_count()).ok();
     gpu.cu_count = kfd_gpu.cu_count().and_then(|c| u32::try_from(c).ok());
     gpu.gfx_target_version = u32::try_from(props.gfx_target_version).ok();

@@ -9,7 +9,8 @@
 use serde::Serialize;
 
 use super::model::is_bdf;
-use crate::host::{HostRoot, parse_hex};
+use crate::host::{HostRead, HostRoot, parse_hex};
+use crate::metrics::reader::BoundedReader;
 
 const PCI_DEVICES: &str = "/sys/bus/pci/devices";
 const AMD_VENDOR: u64 = 0x1002;
@@ -40,13 +41,21 @@ impl std::fmt::Display for UnboundGpu {
 }
 
 /// The AMD GPU functions under `/sys/bus/pci/devices` not bound to amdgpu.
-/// Unreadable entries are skipped: this is a hint, not an inventory.
+/// Unreadable entries (hung ones included: reads are bounded as discovery's
+/// are) are skipped: this is a hint, not an inventory.
 pub fn unbound_amd_gpus(host: &HostRoot) -> Vec<UnboundGpu> {
+    let reader = BoundedReader::new(host.clone(), BoundedReader::DEFAULT_MAX_THREADS);
+    super::bounded::run_bounded(&reader, super::Limits::default(), |h| unbound_with(h))
+        .map(|(gpus, _)| gpus)
+        .unwrap_or_default()
+}
+
+fn unbound_with(host: &dyn HostRead) -> Vec<UnboundGpu> {
     let Ok(names) = host.list_dir(PCI_DEVICES) else {
         return Vec::new();
     };
     let hex = |path: String| {
-        host.read_optional_attr(path)
+        host.read_optional_attr(&path)
             .ok()
             .flatten()
             .and_then(|v| parse_hex(&v))
@@ -68,7 +77,7 @@ pub fn unbound_amd_gpus(host: &HostRoot) -> Vec<UnboundGpu> {
                 return None;
             }
             let device_id = host
-                .read_optional_attr(format!("{dir}/device"))
+                .read_optional_attr(&format!("{dir}/device"))
                 .ok()
                 .flatten();
             Some(UnboundGpu {
@@ -82,8 +91,8 @@ pub fn unbound_amd_gpus(host: &HostRoot) -> Vec<UnboundGpu> {
 
 /// The driver a PCI function is bound to, from the `DRIVER=` line of its
 /// `uevent` (present only while a driver is bound).
-fn bound_driver(host: &HostRoot, dir: &str) -> Option<String> {
-    let uevent = host.read_string(format!("{dir}/uevent")).ok()?;
+fn bound_driver(host: &dyn HostRead, dir: &str) -> Option<String> {
+    let uevent = host.read_attr(&format!("{dir}/uevent")).ok()?;
     uevent
         .lines()
         .find_map(|line| line.strip_prefix("DRIVER="))

@@ -24,10 +24,19 @@ use std::time::Duration;
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio::task::JoinHandle;
 
+use super::bounded::{Limits, run_bounded};
 use super::fingerprint::Fingerprint;
 use super::uevent::{self, HintSource, HostFacts, UeventSocket};
-use super::{Gpu, Inventory, discover};
+use super::{Discovery, Gpu, Inventory, discover_with};
 use crate::host::HostRoot;
+use crate::metrics::reader::BoundedReader;
+
+static INCOMPLETE_SCANS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Scans not trusted since start (the agent's `gpu_operator_discovery_incomplete_total`).
+pub fn incomplete_scans() -> u64 {
+    INCOMPLETE_SCANS.load(std::sync::atomic::Ordering::Relaxed)
+}
 
 /// A full discovery runs at least this often, whatever the fingerprint says.
 pub const FULL_RESCAN_INTERVAL: Duration = Duration::from_secs(60);
@@ -67,6 +76,8 @@ pub struct WatchConfig {
     /// compiled in and the host root is `/`, else the kernel's uevent socket
     /// when the host root's `/sys` is a real sysfs.
     pub use_udev: bool,
+    /// Deadlines of discovery's reads.
+    pub limits: Limits,
 }
 
 impl Default for WatchConfig {
@@ -74,14 +85,28 @@ impl Default for WatchConfig {
         Self {
             rescan_interval: Duration::from_secs(1),
             use_udev: true,
+            limits: Limits::default(),
         }
     }
+}
+
+/// How far the watch has got, for readiness and status.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ScanState {
+    /// Scans attempted, complete or not.
+    pub attempts: u64,
+    /// A scan has seen the whole host: the inventory is real.
+    pub discovered: bool,
+    /// Why the latest scan was not trusted (it missed its deadline, the driver
+    /// directory could not be read); `None` after a complete scan.
+    pub last_incomplete: Option<String>,
 }
 
 /// A running watch. Dropping it stops the watch.
 pub struct DeviceWatch {
     inventory: watch::Receiver<Arc<Inventory>>,
     events: broadcast::Sender<DeviceEvent>,
+    state: watch::Receiver<ScanState>,
     task: JoinHandle<()>,
 }
 
@@ -92,11 +117,22 @@ impl Drop for DeviceWatch {
 }
 
 impl DeviceWatch {
-    /// Takes the first snapshot, then watches. Must be called inside a tokio runtime.
+    /// Starts the watch and waits for its first scan (complete or not; see
+    /// [`DeviceWatch::start_undiscovered`]). Must be called inside a tokio runtime.
     pub async fn start(host: HostRoot, config: WatchConfig) -> Self {
-        let first = scan(&host, None, true).await;
-        let (inventory_tx, inventory) =
-            watch::channel(Arc::new(first.inventory.unwrap_or_else(Inventory::default)));
+        let watch = Self::start_undiscovered(host, config);
+        let mut state = watch.state();
+        // The sender lives in the task, which runs until the watch is dropped.
+        let _ = state.wait_for(|s| s.attempts > 0).await;
+        watch
+    }
+
+    /// Starts the watch at once, with an empty inventory that the first
+    /// complete scan replaces: callers can serve health meanwhile and wait for
+    /// [`ScanState::discovered`]. Must be called inside a tokio runtime.
+    pub fn start_undiscovered(host: HostRoot, config: WatchConfig) -> Self {
+        let (inventory_tx, inventory) = watch::channel(Arc::new(Inventory::default()));
+        let (state_tx, state) = watch::channel(ScanState::default());
         let (events, _) = broadcast::channel(256);
         let (hint_tx, hint_rx) = mpsc::channel(16);
         let facts = HostFacts {
@@ -124,11 +160,12 @@ impl DeviceWatch {
         }
         let task = tokio::spawn(run(
             Watcher {
-                host,
+                reader: BoundedReader::new(host, BoundedReader::DEFAULT_MAX_THREADS),
+                limits: config.limits,
                 rescan_interval: config.rescan_interval,
                 inventory_tx,
+                state_tx,
                 events: events.clone(),
-                fingerprint: first.fingerprint,
             },
             hint_rx,
             hint_tx,
@@ -137,8 +174,14 @@ impl DeviceWatch {
         Self {
             inventory,
             events,
+            state,
             task,
         }
+    }
+
+    /// How far the watch has got; `changed()` wakes on every scan.
+    pub fn state(&self) -> watch::Receiver<ScanState> {
+        self.state.clone()
     }
 
     /// The latest inventory; `changed()` on the receiver wakes on every change.
@@ -151,40 +194,69 @@ impl DeviceWatch {
     }
 }
 
-/// One look at the host: its fingerprint, and the full inventory when it was
+/// One look at the host: its fingerprint, and the full discovery when it was
 /// asked for (`deep`) or the fingerprint differs from `previous`.
 struct Scan {
     fingerprint: Fingerprint,
-    inventory: Option<Inventory>,
+    discovery: Option<Discovery>,
     fingerprint_changed: bool,
+    /// Why this look is not to be trusted, when it is not.
+    incomplete: Option<String>,
 }
 
-async fn scan(host: &HostRoot, previous: Option<Arc<Fingerprint>>, deep: bool) -> Scan {
-    let host = host.clone();
-    let result = tokio::task::spawn_blocking(move || {
-        // The fingerprint is read before the inventory: a change that lands
-        // in between shows in the next tick's fingerprint.
-        let fingerprint = Fingerprint::read(&host);
-        let fingerprint_changed = previous.is_some_and(|p| *p != fingerprint);
-        let inventory = (deep || fingerprint_changed).then(|| discover(&host));
-        Scan {
-            fingerprint,
-            inventory,
-            fingerprint_changed,
-        }
-    })
-    .await;
+async fn scan(
+    reader: &BoundedReader,
+    limits: Limits,
+    previous: Option<Arc<Fingerprint>>,
+    deep: bool,
+) -> Scan {
+    let reader = reader.clone();
+    let work = tokio::task::spawn_blocking(move || {
+        run_bounded(&reader, limits, |host| {
+            // The fingerprint is read before the inventory: a change that lands
+            // in between shows in the next tick's fingerprint.
+            let fingerprint = Fingerprint::read(host);
+            let fingerprint_changed = previous.is_some_and(|p| *p != fingerprint);
+            let discovery = (deep || fingerprint_changed).then(|| discover_with(host));
+            (fingerprint, discovery, fingerprint_changed)
+        })
+    });
+    // Every read is bounded by the scan's deadline; the margin covers the
+    // thread's start and the last read's answer.
+    let result =
+        match tokio::time::timeout(limits.scan_deadline + Duration::from_secs(2), work).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(e)) => Err(format!("discovery failed: {e}")),
+            Err(_) => Err(format!(
+                "discovery missed its {:?} deadline",
+                limits.scan_deadline
+            )),
+        };
     match result {
-        Ok(scan) => scan,
-        // Discovery does not panic on bad input; if it ever did, an empty
-        // inventory with the reason is safer than taking the agent down.
-        Err(e) => Scan {
+        Ok(((fingerprint, discovery, fingerprint_changed), deadline_missed)) => {
+            let mut incomplete = discovery
+                .as_ref()
+                .map(|d| d.incomplete.join("; "))
+                .filter(|reason| !reason.is_empty());
+            if deadline_missed {
+                incomplete = Some(format!(
+                    "discovery missed its {:?} deadline{}",
+                    limits.scan_deadline,
+                    incomplete.map(|r| format!(" ({r})")).unwrap_or_default()
+                ));
+            }
+            Scan {
+                fingerprint,
+                discovery,
+                fingerprint_changed,
+                incomplete,
+            }
+        }
+        Err(reason) => Scan {
             fingerprint: Fingerprint::default(),
-            inventory: Some(Inventory {
-                warnings: vec![format!("discovery failed: {e}")],
-                ..Inventory::default()
-            }),
+            discovery: None,
             fingerprint_changed: true,
+            incomplete: Some(reason),
         },
     }
 }
@@ -198,15 +270,16 @@ pub fn tick_goes_deep(settling: bool, since_full: Duration, safety_interval: Dur
 
 /// The watch task's state.
 struct Watcher {
-    host: HostRoot,
+    reader: BoundedReader,
+    limits: Limits,
     rescan_interval: Duration,
     inventory_tx: watch::Sender<Arc<Inventory>>,
+    state_tx: watch::Sender<ScanState>,
     events: broadcast::Sender<DeviceEvent>,
-    fingerprint: Fingerprint,
 }
 
 async fn run(
-    mut watcher: Watcher,
+    watcher: Watcher,
     mut hints: mpsc::Receiver<()>,
     // Kept so that `hints` stays open when no udev monitor holds a sender.
     _hint_tx: mpsc::Sender<()>,
@@ -215,9 +288,10 @@ async fn run(
     let mut ticker = tokio::time::interval(watcher.rescan_interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     ticker.tick().await;
-    let mut fingerprint = Arc::new(std::mem::take(&mut watcher.fingerprint));
+    let first = scan(&watcher.reader, watcher.limits, None, true).await;
+    let mut fingerprint = Arc::new(first.fingerprint.clone());
     let mut last_full = tokio::time::Instant::now();
-    let mut settling = false;
+    let mut settling = watcher.accept(first, EventSource::Rescan);
     loop {
         let kernel_event = async {
             match netlink.as_mut() {
@@ -245,14 +319,20 @@ async fn run(
                 (EventSource::Udev, true)
             }
         };
-        let scan = scan(&watcher.host, Some(fingerprint.clone()), deep).await;
-        fingerprint = Arc::new(scan.fingerprint);
-        let Some(next) = scan.inventory else {
-            continue;
-        };
-        last_full = tokio::time::Instant::now();
-        let changed = watcher.publish(next, source);
-        settling = changed || scan.fingerprint_changed;
+        let scan = scan(
+            &watcher.reader,
+            watcher.limits,
+            Some(fingerprint.clone()),
+            deep,
+        )
+        .await;
+        if scan.incomplete.is_none() {
+            fingerprint = Arc::new(scan.fingerprint.clone());
+        }
+        if scan.discovery.is_some() || scan.incomplete.is_some() {
+            last_full = tokio::time::Instant::now();
+        }
+        settling = watcher.accept(scan, source);
     }
 }
 
@@ -276,6 +356,31 @@ async fn settle(hints: &mut mpsc::Receiver<()>, netlink: Option<&mut UeventSocke
 }
 
 impl Watcher {
+    /// Takes in one scan: publishes a complete discovery, keeps the last
+    /// inventory (and says so) for an incomplete one. True when the next tick
+    /// must look in full again: something changed, or the scan was not trusted.
+    fn accept(&self, scan: Scan, source: EventSource) -> bool {
+        if let Some(reason) = &scan.incomplete {
+            INCOMPLETE_SCANS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            tracing::warn!(%reason, "discovery incomplete; keeping the last inventory");
+            self.state_tx.send_modify(|s| {
+                s.attempts += 1;
+                s.last_incomplete = Some(reason.clone());
+            });
+            return true;
+        }
+        let changed = match scan.discovery {
+            Some(discovery) => self.publish(discovery.inventory, source),
+            None => false,
+        };
+        self.state_tx.send_modify(|s| {
+            s.attempts += 1;
+            s.discovered = true;
+            s.last_incomplete = None;
+        });
+        changed || scan.fingerprint_changed
+    }
+
     /// Publishes `next` if it differs from the current inventory; true if it did.
     fn publish(&self, next: Inventory, source: EventSource) -> bool {
         let previous = self.inventory_tx.borrow().clone();

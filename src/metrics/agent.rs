@@ -117,6 +117,8 @@ pub struct Counters {
     pub reconciles: u64,
     pub api_errors: u64,
     pub service_restarts: u64,
+    /// Discovery scans that were not trusted (see [`crate::device::watch`]).
+    pub discovery_incomplete: u64,
 }
 
 pub fn counters() -> Counters {
@@ -124,6 +126,7 @@ pub fn counters() -> Counters {
         reconciles: RECONCILES.load(Ordering::Relaxed),
         api_errors: API_ERRORS.load(Ordering::Relaxed),
         service_restarts: SERVICE_RESTARTS.load(Ordering::Relaxed),
+        discovery_incomplete: crate::device::watch::incomplete_scans(),
     }
 }
 
@@ -195,6 +198,12 @@ pub fn families(
             "Restarts of failed node services",
             Kind::Counter,
             counters.service_restarts as f64,
+        ),
+        one(
+            "gpu_operator_discovery_incomplete_total",
+            "Discovery scans that missed their deadline or could not list the GPUs; the last inventory was kept",
+            Kind::Counter,
+            counters.discovery_incomplete as f64,
         ),
         one(
             "gpu_operator_sysfs_reads_total",
@@ -478,6 +487,7 @@ mod tests {
             reconciles: 3,
             api_errors: 1,
             service_restarts: 2,
+            discovery_incomplete: 0,
         };
         let me = ExporterSelf::default();
         let without = families(&counters, None, &me);

@@ -1,0 +1,220 @@
+//! Deadline-bounded host reads for discovery and the change stream.
+//!
+//! Discovery is plain synchronous code over [`HostRead`]; [`BoundedHost`] is the
+//! one implementation it runs on. Each read is handed to the metrics'
+//! [`BoundedReader`] (its own small thread pool; a hung file parks at most one
+//! of its threads, and further reads of that file are refused at once), and
+//! waited for on a private single-thread runtime with a per-file timeout and,
+//! for a whole scan, a deadline after which every read fails at once. So a
+//! scan of any host returns within about its deadline, whatever hangs.
+//!
+//! [`run_bounded`] runs a scan on a thread of its own, so that it can be called
+//! from any context (an async task, a test, the CLI). This module owns the
+//! deadlines of discovery's reads; it must not know what any file means.
+
+use std::cell::Cell;
+use std::time::{Duration, Instant};
+
+use crate::host::{HostError, HostRead, HostRoot, Result};
+use crate::metrics::reader::{BoundedReader, ReadError};
+
+/// How long discovery waits for one file, and for one whole scan.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    pub file_timeout: Duration,
+    pub scan_deadline: Duration,
+}
+
+impl Default for Limits {
+    /// sysfs answers in microseconds; an SMU-backed attribute during a reset
+    /// can take a while. A scan that needs longer than 5 s is not trusted.
+    fn default() -> Self {
+        Self {
+            file_timeout: Duration::from_secs(1),
+            scan_deadline: Duration::from_secs(5),
+        }
+    }
+}
+
+/// A [`HostRead`] whose every read returns within its limits.
+pub struct BoundedHost {
+    reader: BoundedReader,
+    file_timeout: Duration,
+    deadline: Instant,
+    deadline_missed: Cell<bool>,
+    runtime: tokio::runtime::Runtime,
+}
+
+impl BoundedHost {
+    /// Starts a scan through `reader` with `limits`. Must not be called on a
+    /// thread that runs async tasks: reads block this thread (see [`run_bounded`]).
+    pub fn new(reader: BoundedReader, limits: Limits) -> std::io::Result<Self> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()?;
+        Ok(Self {
+            reader,
+            file_timeout: limits.file_timeout,
+            deadline: Instant::now() + limits.scan_deadline,
+            deadline_missed: Cell::new(false),
+            runtime,
+        })
+    }
+
+    /// True once a read was cut short by the scan's deadline: what the scan
+    /// saw is not the whole host.
+    pub fn deadline_missed(&self) -> bool {
+        self.deadline_missed.get()
+    }
+
+    /// The time a read may take now, or the error when the scan is out of time.
+    fn budget(&self, host_path: &str) -> Result<Duration> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            self.deadline_missed.set(true);
+            return Err(HostError::timed_out(
+                self.host().path(host_path),
+                "not read: the scan's deadline passed",
+            ));
+        }
+        Ok(left.min(self.file_timeout))
+    }
+
+    fn hung(&self, path: &str) -> HostError {
+        HostError::timed_out(
+            self.host().path(path),
+            format!("hung: no answer within {:?}", self.file_timeout),
+        )
+    }
+
+    fn convert(&self, error: ReadError) -> HostError {
+        match error {
+            ReadError::Host(e) => e,
+            // One wording for a read that timed out and for one refused
+            // because the earlier read still hangs: the inventory stays the
+            // same from scan to scan while the file hangs.
+            ReadError::TimedOut { path, .. } => {
+                if Instant::now() >= self.deadline {
+                    self.deadline_missed.set(true);
+                }
+                self.hung(&path)
+            }
+            ReadError::Stuck { path } => self.hung(&path),
+            ReadError::Closed { path } => HostError::Io {
+                path: self.host().path(path),
+                source: std::io::Error::other("the reader is shut down"),
+            },
+        }
+    }
+}
+
+impl HostRead for BoundedHost {
+    fn host(&self) -> &HostRoot {
+        self.reader.host()
+    }
+
+    fn read_attr(&self, host_path: &str) -> Result<String> {
+        let timeout = self.budget(host_path)?;
+        self.runtime
+            .block_on(self.reader.read_attr(host_path, timeout))
+            .map_err(|e| self.convert(e))
+    }
+
+    fn list_dir(&self, host_path: &str) -> Result<Vec<String>> {
+        let timeout = self.budget(host_path)?;
+        let names = self
+            .runtime
+            .block_on(self.reader.list_dir(host_path, timeout))
+            .map_err(|e| self.convert(e))?;
+        // The reader lists an absent directory as empty; callers need to
+        // tell the two apart.
+        if names.is_empty() && !self.exists(host_path)? {
+            return Err(HostError::Io {
+                path: self.host().path(host_path),
+                source: std::io::ErrorKind::NotFound.into(),
+            });
+        }
+        Ok(names)
+    }
+
+    fn exists(&self, host_path: &str) -> Result<bool> {
+        let timeout = self.budget(host_path)?;
+        self.runtime
+            .block_on(self.reader.exists(host_path, timeout))
+            .map_err(|e| self.convert(e))
+    }
+}
+
+/// Runs `scan` over a [`BoundedHost`] on a thread of its own and returns its
+/// result with whether the deadline cut it short. `Err` when the scan could
+/// not run at all (no thread, no runtime, a panic).
+pub fn run_bounded<T: Send>(
+    reader: &BoundedReader,
+    limits: Limits,
+    scan: impl FnOnce(&BoundedHost) -> T + Send,
+) -> std::result::Result<(T, bool), String> {
+    std::thread::scope(|s| {
+        let worker = std::thread::Builder::new()
+            .name("discovery".into())
+            .spawn_scoped(s, || {
+                let host = BoundedHost::new(reader.clone(), limits)
+                    .map_err(|e| format!("cannot start discovery's runtime: {e}"))?;
+                let value = scan(&host);
+                Ok((value, host.deadline_missed()))
+            })
+            .map_err(|e| format!("cannot start a discovery thread: {e}"))?;
+        worker
+            .join()
+            .unwrap_or_else(|_| Err("discovery panicked".to_owned()))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::simulate;
+
+    fn limits(file_ms: u64, scan_ms: u64) -> Limits {
+        Limits {
+            file_timeout: Duration::from_millis(file_ms),
+            scan_deadline: Duration::from_millis(scan_ms),
+        }
+    }
+
+    #[test]
+    fn hung_files_time_out_and_the_deadline_cuts_the_rest() {
+        let dir = tempfile::tempdir().unwrap();
+        let host = HostRoot::new(dir.path());
+        host.write("/sys/a", "1\n").unwrap();
+        simulate::hang_file(&host, "/sys/hung").unwrap();
+        let reader = BoundedReader::new(host.clone(), 4);
+        let started = Instant::now();
+        let ((first, again, listed, missing), missed) =
+            run_bounded(&reader, limits(100, 10_000), |h| {
+                (
+                    h.read_attr("/sys/hung"),
+                    h.read_attr("/sys/hung"),
+                    h.list_dir("/sys"),
+                    h.list_dir("/nope"),
+                )
+            })
+            .unwrap();
+        assert!(started.elapsed() < Duration::from_secs(2));
+        let first = first.unwrap_err();
+        assert!(
+            first.is_timeout() && first.to_string().contains("sys/hung"),
+            "{first}"
+        );
+        assert!(again.unwrap_err().is_timeout(), "refused while stuck");
+        assert_eq!(listed.unwrap(), ["a", "hung"]);
+        assert!(missing.unwrap_err().is_not_found());
+        assert!(!missed);
+
+        // A scan whose deadline passes fails every later read at once.
+        let (late, missed) =
+            run_bounded(&reader, limits(100, 0), |h| h.read_attr("/sys/a")).unwrap();
+        assert!(late.unwrap_err().is_timeout());
+        assert!(missed);
+        simulate::release_hung_file(&host, "/sys/hung", "2").unwrap();
+    }
+}
