@@ -892,6 +892,11 @@ const NEEDS: &[Need] = &[
     need("monitoring.coreos.com", "servicemonitors", "create", OPERATOR_NS),
     need("monitoring.coreos.com", "servicemonitors", "patch", OPERATOR_NS),
     need("monitoring.coreos.com", "servicemonitors", "delete", OPERATOR_NS),
+    // With metricsExporter.rbacConfig: bearer tokens are reviewed, and the
+    // request authorized, by the agent serving /metrics
+    // (src/metrics/access.rs). Both reviews are cluster-scoped.
+    need("authentication.k8s.io", "tokenreviews", "create", Scope::Cluster),
+    need("authorization.k8s.io", "subjectaccessreviews", "create", Scope::Cluster),
     // Events: kube-runtime's Recorder creates, then patches a repeating series.
     // About DeviceConfigs (Context::event, src/cluster/reconcile.rs) in their
     // namespace; about Nodes (record_warning in src/agent/mod.rs,
