@@ -1,0 +1,178 @@
+//! The standalone agent on a simulated host whose files hang (FIFOs made by
+//! the simulator): it serves `/healthz` with a file hung from the start, keeps
+//! running when another hangs mid-run, stops within 6 s of SIGTERM whatever
+//! is blocked, and a 64 KiB `product_name` does not blow up the scrape. Every
+//! hung file is released at the end.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use gpu_operator::host::HostRoot;
+use gpu_operator::simulate::{self, SimSpec};
+
+const DRIVER: &str = "/sys/bus/pci/drivers/amdgpu";
+
+fn http_get(addr: &str, path: &str) -> String {
+    let mut stream = TcpStream::connect(addr).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut text = String::new();
+    stream.read_to_string(&mut text).unwrap();
+    text.split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default()
+}
+
+struct Agent {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    addr: String,
+}
+
+impl Agent {
+    fn start(dir: &std::path::Path, host: &HostRoot) -> Self {
+        let config = dir.join("config.yaml");
+        std::fs::write(&config, "metricsExporter: {enable: true}\n").unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_gpu-operator"))
+            .args(["standalone", "--metrics-bind", "127.0.0.1:0", "--host-root"])
+            .arg(host.root())
+            .arg("--config")
+            .arg(&config)
+            .arg("--kubelet-dir")
+            .arg(dir.join("no-kubelet"))
+            .arg("--events-file")
+            .arg(dir.join("events.jsonl"))
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let (tx, lines) = mpsc::channel();
+        let stderr = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        let mut agent = Self {
+            child,
+            lines,
+            addr: String::new(),
+        };
+        let line = agent.wait_line(|l| l.contains("metrics on http://"));
+        agent.addr = line
+            .split("metrics on http://")
+            .nth(1)
+            .and_then(|rest| rest.split('/').next())
+            .unwrap()
+            .to_owned();
+        agent
+    }
+
+    fn wait_line(&mut self, wanted: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) if wanted(&line) => return line,
+                Ok(_) => {}
+                Err(e) => {
+                    let _ = self.child.kill();
+                    panic!("no such log line within 20 s: {e}");
+                }
+            }
+        }
+    }
+
+    /// SIGTERM, then the exit within `bound`.
+    fn stop_within(&mut self, bound: Duration) {
+        let stopping = Instant::now();
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        loop {
+            if self.child.try_wait().unwrap().is_some() {
+                return;
+            }
+            if stopping.elapsed() > bound {
+                let _ = self.child.kill();
+                panic!("no exit {bound:?} after SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn simulated() -> (tempfile::TempDir, HostRoot) {
+    let dir = tempfile::tempdir().unwrap();
+    let host = HostRoot::new(dir.path().join("host"));
+    simulate::write_host(&host, &SimSpec::new("mi300x", Some(2), None).unwrap()).unwrap();
+    (dir, host)
+}
+
+#[test]
+fn standalone_serves_healthz_with_hung_files_and_stops_within_6_s() {
+    let (dir, host) = simulated();
+    let from_start = [
+        format!("{DRIVER}/0000:05:00.0/product_name"),
+        "/sys/class/kfd/kfd/topology/nodes/2/properties".to_owned(),
+    ];
+    for file in &from_start {
+        simulate::hang_file(&host, file).unwrap();
+    }
+    let mut agent = Agent::start(dir.path(), &host);
+    assert_eq!(http_get(&agent.addr, "/healthz").trim(), "ok");
+
+    // A file that hangs mid-run: the watch goes on (its GPU changes, with
+    // the problem) and /healthz still answers.
+    let mid_run = format!("{DRIVER}/0000:27:00.0/current_compute_partition");
+    simulate::hang_file(&host, &mid_run).unwrap();
+    agent.wait_line(|l| l.contains("GPU change") && l.contains("0000:27:00.0"));
+    assert_eq!(http_get(&agent.addr, "/healthz").trim(), "ok");
+    agent.stop_within(Duration::from_secs(6));
+    for file in from_start.iter().chain([&mid_run]) {
+        simulate::release_hung_file(&host, file, "1").unwrap();
+    }
+}
+
+#[test]
+fn a_64_kib_product_name_keeps_the_scrape_small() {
+    let (dir, host) = simulated();
+    let long = "M".repeat(64 * 1024);
+    host.write(format!("{DRIVER}/0000:05:00.0/product_name"), &long)
+        .unwrap();
+    let mut agent = Agent::start(dir.path(), &host);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let scrape = loop {
+        let scrape = http_get(&agent.addr, "/metrics");
+        if scrape.contains("gpu_edge_temperature{") {
+            break scrape;
+        }
+        assert!(Instant::now() < deadline, "no GPU metrics: {scrape}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(
+        scrape.len() < 1024 * 1024,
+        "scrape of {} bytes",
+        scrape.len()
+    );
+    assert!(
+        !scrape.contains(&"M".repeat(257)),
+        "an unbounded label value"
+    );
+    agent.stop_within(Duration::from_secs(6));
+}
