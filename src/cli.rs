@@ -358,6 +358,10 @@ pub struct CheckArgs {
     /// Seconds before the test is killed.
     #[arg(long, value_name = "SECONDS", value_parser = positive_seconds)]
     pub timeout: Option<Duration>,
+    /// Seconds before check gives up as a whole and exits 2 (default 60 plus
+    /// the test's --timeout).
+    #[arg(long, value_name = "SECONDS", value_parser = positive_seconds)]
+    pub deadline: Option<Duration>,
     #[arg(long, short, value_enum, default_value_t = OutputFormat::Table)]
     pub output: OutputFormat,
 }
@@ -904,7 +908,11 @@ fn run_check(args: CheckArgs) -> ExitCode {
         Ok(rt) => rt,
         Err(message) => return fail(message, 1),
     };
-    run_to_end(runtime, async move {
+    // Everything check does is bounded; this is the promise over the sum.
+    let deadline = args
+        .deadline
+        .unwrap_or(CHECK_DEADLINE + args.timeout.unwrap_or_default());
+    let work = async move {
         let inventory = device::discover(&host);
         let snapshot = match crate::health::check_once(
             &host,
@@ -1036,8 +1044,22 @@ fn run_check(args: CheckArgs) -> ExitCode {
         } else {
             ExitCode::from(u8::try_from(test_code).unwrap_or(1))
         }
+    };
+    run_to_end(runtime, async move {
+        match tokio::time::timeout(deadline, work).await {
+            Ok(code) => code,
+            Err(_) => fail(
+                format!(
+                    "check did not finish within its {deadline:?} deadline (--deadline); nothing more to report"
+                ),
+                2,
+            ),
+        }
     })
 }
+
+/// `check`'s global deadline, on top of the test's own `--timeout`.
+const CHECK_DEADLINE: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// `check`'s exit status when the test tool cannot be started.
 const TOOL_UNAVAILABLE_EXIT: u8 = 4;

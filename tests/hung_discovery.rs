@@ -364,3 +364,18 @@ async fn an_unreadable_driver_directory_keeps_the_last_inventory() {
     .unwrap()
     .unwrap();
 }
+
+#[test]
+fn check_gives_up_at_its_deadline_with_a_clear_message() {
+    let (dir, host) = simulated(2);
+    let _a = Hung::new(&host, &format!("{DRIVER}/{GPU0}/product_name"));
+    let _b = Hung::new(&host, &format!("{DRIVER}/{GPU1}/product_name"));
+    let mut command = Command::new(env!("CARGO_BIN_EXE_gpu-operator"));
+    command.args(["check", "--deadline", "1", "--host-root"]);
+    command.arg(dir.path());
+    // Discovery alone waits 1 s on each hung file: past the deadline.
+    let out = run_bounded(command, Duration::from_secs(15));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("did not finish within"), "{stderr}");
+}
