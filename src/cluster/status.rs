@@ -417,7 +417,11 @@ mod tests {
                 .services
                 .insert(ServiceName::MetricsExporter, ServiceStatus::Running);
         }
-        let nodes = [node("a", Some(1), true), unregistered, node("c", None, false)];
+        let nodes = [
+            node("a", Some(1), true),
+            unregistered,
+            node("c", None, false),
+        ];
         let status = desired_status(&dc(1), &nodes, &Problems::default(), None, &now());
         assert_eq!(status.device_plugin.available_number, 1);
         let ready = cond(&status, "Ready");
@@ -433,11 +437,21 @@ mod tests {
         let mut not_ready = node("a", Some(1), true);
         not_ready.ready = false;
         let status = desired_status(&dc(1), &[not_ready], &Problems::default(), None, &now());
-        assert!(cond(&status, "Ready").message.contains("a: the Node is not Ready"));
+        assert!(
+            cond(&status, "Ready")
+                .message
+                .contains("a: the Node is not Ready")
+        );
 
-        let many: Vec<NodeView> = (0..8).map(|i| node(&format!("n{i}"), None, false)).collect();
+        let many: Vec<NodeView> = (0..8)
+            .map(|i| node(&format!("n{i}"), None, false))
+            .collect();
         let status = desired_status(&dc(1), &many, &Problems::default(), None, &now());
-        assert!(cond(&status, "Ready").message.ends_with("n4: no agent status yet; and 3 more"));
+        assert!(
+            cond(&status, "Ready")
+                .message
+                .ends_with("n4: no agent status yet; and 3 more")
+        );
     }
 
     #[test]
