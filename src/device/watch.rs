@@ -217,7 +217,17 @@ async fn scan(
             // in between shows in the next tick's fingerprint.
             let fingerprint = Fingerprint::read(host);
             let fingerprint_changed = previous.is_some_and(|p| *p != fingerprint);
-            let discovery = (deep || fingerprint_changed).then(|| discover_with(host));
+            let mut discovery = (deep || fingerprint_changed).then(|| discover_with(host));
+            // A host that changed while it was being read (a driver binding
+            // GPUs one by one, a rewrite) gives a half-old, half-new inventory:
+            // publish nothing this time, and look in full again next tick.
+            if discovery.is_some() {
+                let after = Fingerprint::read(host);
+                if after != fingerprint {
+                    discovery = None;
+                    return (after, discovery, true);
+                }
+            }
             (fingerprint, discovery, fingerprint_changed)
         })
     });
