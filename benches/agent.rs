@@ -10,7 +10,10 @@
 //!   --partition cpx_nps4` at the default intervals (goal: under 0.2 % of a
 //!   core), from the child's `/proc/<pid>/stat` utime+stime over 30 s.
 //!
-//! `AGENT_BENCH=idle` runs only the standalone idle-CPU figure.
+//!   The same with `--host-root` on a tree simulated once (no moving telemetry:
+//!   the operator's own cost, as on a real node, without the simulator's writes).
+//!
+//! `AGENT_BENCH=idle` runs only the standalone idle-CPU figures.
 //!
 //! Run with `cargo bench --bench agent`. Prints figures; asserts nothing.
 
@@ -160,51 +163,61 @@ async fn main() {
         .unwrap();
 }
 
-/// Idle CPU of `gpu-operator standalone --simulate mi300x --partition cpx_nps4`
-/// at the default intervals, no scrapes, no kubelet.
+/// Idle CPU of `gpu-operator standalone` at the default intervals on a
+/// simulated MI300X in cpx_nps4, no scrapes, no kubelet: with `--simulate`
+/// (telemetry moving every second), then with `--host-root` on a tree written
+/// once.
 fn standalone_idle_cpu() {
     let dir = figures::scratch();
+    let host_dir = dir.path().join("host");
+    simulate::write_host(
+        &HostRoot::new(&host_dir),
+        &SimSpec::new("mi300x", None, Some("cpx_nps4")).unwrap(),
+    )
+    .unwrap();
+    let simulated: Vec<std::ffi::OsString> = ["--simulate", "mi300x", "--partition", "cpx_nps4"]
+        .map(Into::into)
+        .into();
+    let host_root = vec!["--host-root".into(), host_dir.into_os_string()];
+    for (what, args) in [
+        ("--simulate mi300x --partition cpx_nps4", simulated),
+        ("--host-root <mi300x cpx_nps4 written once>", host_root),
+    ] {
+        let cpu = standalone_idle(dir.path(), &args);
+        println!(
+            "idle CPU of `gpu-operator standalone {what}`: {}",
+            cpu.describe()
+        );
+    }
+}
+
+fn standalone_idle(scratch: &std::path::Path, host_args: &[std::ffi::OsString]) -> IdleCpu {
     let mut child = Command::new(env!("CARGO_BIN_EXE_gpu-operator"))
-        .args([
-            "standalone",
-            "--simulate",
-            "mi300x",
-            "--partition",
-            "cpx_nps4",
-            "--metrics-bind",
-            "127.0.0.1:0",
-            "--kubelet-dir",
-        ])
-        .arg(dir.path().join("no-kubelet"))
+        .arg("standalone")
+        .args(host_args)
+        .args(["--metrics-bind", "127.0.0.1:0", "--kubelet-dir"])
+        .arg(scratch.join("no-kubelet"))
         .arg("--events-file")
-        .arg(dir.path().join("events.jsonl"))
-        .env("TMPDIR", dir.path())
-        .env("RUST_LOG", "warn")
+        .arg(scratch.join("events.jsonl"))
+        .env("TMPDIR", scratch)
+        .env("RUST_LOG", "info")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .expect("start standalone");
-    // The simulated host is written before the services start; its line on
-    // stderr is the evidence that the process is up.
+    // The first log line is the evidence that the process is up.
     let stderr = child.stderr.take().expect("stderr piped");
     let mut lines = std::io::BufReader::new(stderr).lines();
-    loop {
-        match lines.next() {
-            Some(Ok(line)) if line.starts_with("simulated") => break,
-            Some(Ok(_)) => {}
-            _ => panic!("standalone exited before simulating a host"),
-        }
+    if !matches!(lines.next(), Some(Ok(_))) {
+        panic!("standalone exited before logging anything");
     }
     // Keep draining stderr so the child never blocks on a full pipe.
     std::thread::spawn(move || for _ in lines {});
     std::thread::sleep(SETTLE);
     let cpu = idle_cpu(child.id(), IDLE_WINDOW);
-    println!(
-        "idle CPU of `gpu-operator standalone --simulate mi300x --partition cpx_nps4`: {}",
-        cpu.describe()
-    );
     let _ = child.kill();
     let _ = child.wait();
+    cpu
 }
 
 /// CPU time a process used over a window.
