@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use gpu_operator::agent::{self, AgentConfig};
 use gpu_operator::api::DeviceConfig;
-use gpu_operator::api::agent_status::{AgentStatus, STATUS_ANNOTATION, ServiceName};
+use gpu_operator::api::agent_status::{AgentStatus, STATUS_ANNOTATION, ServiceName, ServiceStatus};
 use gpu_operator::host::HostRoot;
 use gpu_operator::labeller::OWNED_ANNOTATION;
 use gpu_operator::simulate::{self, SimSpec};
@@ -40,6 +40,16 @@ impl Harness {
     }
 
     async fn start_with(spec: SimSpec, node_labels: Value) -> Self {
+        Self::start_prepared(spec, node_labels, |_| {}).await
+    }
+
+    /// As [`Harness::start_with`], with `prepare` run on the simulated host
+    /// before the agent starts.
+    async fn start_prepared(
+        spec: SimSpec,
+        node_labels: Value,
+        prepare: impl FnOnce(&HostRoot),
+    ) -> Self {
         let emulator = Emulator::start(EmulatorConfig::default()).await.unwrap();
         emulator
             .create(serde_json::to_value(gpu_operator::api::crd()).unwrap())
@@ -53,6 +63,7 @@ impl Harness {
         let dir = tempfile::tempdir().unwrap();
         let host = HostRoot::new(dir.path().join("host"));
         simulate::write_host(&host, &spec).unwrap();
+        prepare(&host);
         let kubelet_dir = dir.path().join("kubelet");
         std::fs::create_dir_all(kubelet_dir.join("device-plugins")).unwrap();
         let kubelet = TestKubelet::start(&kubelet_dir.join("device-plugins")).await;
@@ -588,6 +599,62 @@ async fn an_ecc_error_marks_the_gpu_unhealthy_everywhere_and_triggers_the_test()
         !h.node()["status"]["conditions"]
             .as_array()
             .is_some_and(|cs| cs.iter().any(|c| c["type"] == "AMDGPUUnhealthy"))
+    })
+    .await;
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn until_discovery_completes_only_metrics_run_the_status_says_why_and_an_event_warns() {
+    let spec = SimSpec::new("mi300x", Some(2), None).unwrap();
+    let mut hung = Vec::new();
+    let mut h = Harness::start_prepared(spec, json!({}), |host| {
+        hung = support::hosts::hang_past_the_scan_deadline(host);
+    })
+    .await;
+    h.apply_device_config("gpus", json!({"metricsExporter": {"enable": true}}))
+        .await;
+    let discovering = |h: &Harness| {
+        h.status().is_some_and(|s| {
+            s.problems
+                .iter()
+                .any(|p| p.starts_with("GPU discovery has not completed yet"))
+                && matches!(
+                    s.services.get(&ServiceName::DevicePlugin),
+                    Some(ServiceStatus::Unavailable { reason }) if reason.contains("discovery")
+                )
+                && matches!(
+                    s.services.get(&ServiceName::MetricsExporter),
+                    Some(ServiceStatus::Unavailable { .. })
+                )
+        })
+    };
+    h.eventually("a status that says discovery is under way", discovering)
+        .await;
+    assert!(
+        h.kubelet.registrations().is_empty(),
+        "no device plugin before the GPUs are known"
+    );
+    h.eventually("a DiscoveryIncomplete Event", |h| {
+        h.emulator
+            .list("events.k8s.io/v1", "Event")
+            .iter()
+            .any(|e| e["reason"] == "DiscoveryIncomplete")
+    })
+    .await;
+    assert!(discovering(&h), "still discovering: {:#}", h.node());
+
+    for file in &hung {
+        simulate::release_hung_file(&h.host, file, "1").unwrap();
+    }
+    let registered = h.kubelet.wait_for_registration("amd.com/gpu", 1).await;
+    let mut devices = h.kubelet.list_and_watch(&registered.request.endpoint).await;
+    assert_eq!(devices.next().await.len(), 2);
+    h.eventually("the discovery problem cleared", |h| {
+        h.status().is_some_and(|s| {
+            !s.problems.iter().any(|p| p.contains("GPU discovery"))
+                && s.services.get(&ServiceName::MetricsExporter) == Some(&ServiceStatus::Running)
+        })
     })
     .await;
     h.stop().await;

@@ -10,22 +10,15 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+mod support;
+
 use gpu_operator::host::HostRoot;
 use gpu_operator::simulate::{self, SimSpec};
 
 const DRIVER: &str = "/sys/bus/pci/drivers/amdgpu";
 
 fn http_get(addr: &str, path: &str) -> String {
-    let mut stream = TcpStream::connect(addr).expect("connect");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .unwrap();
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
-    let mut text = String::new();
-    stream.read_to_string(&mut text).unwrap();
-    text.split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default()
+    http_get_status(addr, path).1
 }
 
 struct Agent {
@@ -174,5 +167,86 @@ fn a_64_kib_product_name_keeps_the_scrape_small() {
         !scrape.contains(&"M".repeat(257)),
         "an unbounded label value"
     );
+    agent.stop_within(Duration::from_secs(6));
+}
+
+/// The status line and body of a GET.
+fn http_get_status(addr: &str, path: &str) -> (String, String) {
+    let mut stream = TcpStream::connect(addr).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut text = String::new();
+    stream.read_to_string(&mut text).unwrap();
+    let status = text.lines().next().unwrap_or_default().to_owned();
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// Waits up to 20 s for the events file to hold a line with `reason`.
+fn wait_event(events: &std::path::Path, reason: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let text = std::fs::read_to_string(events).unwrap_or_default();
+        if let Some(line) = text
+            .lines()
+            .find(|l| l.contains(&format!("\"reason\":\"{reason}\"")))
+        {
+            return line.to_owned();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no {reason} event within 20 s: {text}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn healthz_serves_before_a_first_scan_that_cannot_finish_and_readyz_says_discovering() {
+    let (dir, host) = simulated();
+    let hung = support::hosts::hang_past_the_scan_deadline(&host);
+    let started = Instant::now();
+    let mut agent = Agent::start(dir.path(), &host);
+    let (status, body) = http_get_status(&agent.addr, "/healthz");
+    assert!(status.contains(" 200 "), "{status}");
+    assert_eq!(body.trim(), "ok");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "/healthz answered only after {:?}, the scan deadline",
+        started.elapsed()
+    );
+    let (status, body) = http_get_status(&agent.addr, "/readyz");
+    assert!(status.contains(" 503 "), "{status}: {body}");
+    assert_eq!(body.trim(), "discovering");
+
+    // The scan that misses its deadline says so: log and event.
+    agent.wait_line(|l| l.contains("discovery incomplete"));
+    let events = dir.path().join("events.jsonl");
+    let incomplete = wait_event(&events, "DiscoveryIncomplete");
+    assert!(incomplete.contains("deadline"), "{incomplete}");
+    let (status, body) = http_get_status(&agent.addr, "/readyz");
+    assert!(status.contains(" 503 "), "{status}: {body}");
+
+    // Released, the next scan sees the whole host: ready, with GPU metrics.
+    for file in &hung {
+        simulate::release_hung_file(&host, file, "1").unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (status, body) = http_get_status(&agent.addr, "/readyz");
+        if status.contains(" 200 ") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not ready: {status}: {body}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let scrape = http_get(&agent.addr, "/metrics");
+    assert!(scrape.contains("gpu_edge_temperature{"), "{scrape}");
+    wait_event(&events, "DiscoveryComplete");
     agent.stop_within(Duration::from_secs(6));
 }

@@ -42,7 +42,7 @@ use crate::device::watch::{DeviceWatch, WatchConfig};
 use crate::host::HostRoot;
 use crate::plugin::PluginStatus;
 use configmaps::ConfigMapFollower;
-use node_services::NodeServices;
+use node_services::{DiscoveryProgress, NodeServices};
 use select::{NodeContext, Selection, idle_services, plan_services, select_config};
 use services::{patch_params, sync_labels};
 
@@ -90,15 +90,16 @@ pub async fn run(
 ) -> Result<(), AgentError> {
     let node_name = config.node_name.clone();
     tracing::info!(node = %node_name, namespace = ?config.namespace, host_root = %config.host.root().display(), "agent starting");
-    let devices = DeviceWatch::start(
+    // Not waiting for the first scan: a hung host must not keep the metrics
+    // endpoint (and /healthz) down. The other services wait for discovery.
+    let devices = DeviceWatch::start_undiscovered(
         config.host.clone(),
         WatchConfig {
             rescan_interval: config.rescan_interval,
             use_udev: true,
             ..WatchConfig::default()
         },
-    )
-    .await;
+    );
     let mut inventory = devices.inventory();
     let nodes: Api<Node> = Api::all(client.clone());
 
@@ -134,9 +135,11 @@ pub async fn run(
 
     let mut services = NodeServices::new(
         inventory.clone(),
+        devices.state(),
         Some((client.clone(), nodes.clone(), node_rx.clone())),
     );
     let mut plugin_status = services.plugin_status.clone();
+    let mut discovery = services.discovery();
     let (mut metrics_config_error, _forward_config_error) =
         config_error_changes(services.exporter_status.clone());
     let mut state_changes = services.state_changes();
@@ -172,6 +175,7 @@ pub async fn run(
         metrics_text.borrow_and_update();
         test_text.borrow_and_update();
         access_material.borrow_and_update();
+        discovery.borrow_and_update();
         for rx in &mut state_changes {
             rx.borrow_and_update();
         }
@@ -303,6 +307,7 @@ pub async fn run(
                 &plugin_status.borrow_and_update(),
                 metrics_config_error.borrow_and_update().as_deref(),
             );
+            problems.extend(discovery_problem(&discovery.borrow()));
             problems.extend(
                 access_problems
                     .into_iter()
@@ -367,6 +372,7 @@ pub async fn run(
             _ = metrics_text.changed() => {}
             _ = test_text.changed() => {}
             _ = access_material.changed() => {}
+            _ = discovery.changed() => {}
             _ = node_services::any_changed(&mut state_changes) => {}
             // A failed status write is retried without waiting for another change.
             _ = tokio::time::sleep(Duration::from_secs(10)), if status_write_failed => {}
@@ -528,6 +534,30 @@ fn problems(
     problems
 }
 
+/// What the discovery watch's progress means for the node: not discovered
+/// yet (only the metrics endpoint runs), or the latest scan was not trusted
+/// and the last inventory stays (a warning Event, once per reason).
+fn discovery_problem(progress: &DiscoveryProgress) -> Option<Problem> {
+    match (progress.discovered, &progress.last_incomplete) {
+        (false, reason) => Some(Problem {
+            event_reason: reason.as_ref().map(|_| "DiscoveryIncomplete"),
+            message: match reason {
+                Some(reason) => format!(
+                    "GPU discovery has not completed yet; only the metrics endpoint runs: {reason}"
+                ),
+                None => {
+                    "GPU discovery has not completed yet; only the metrics endpoint runs".into()
+                }
+            },
+        }),
+        (true, Some(reason)) => Some(Problem {
+            event_reason: Some("DiscoveryIncomplete"),
+            message: format!("GPU discovery incomplete, the last inventory stays in use: {reason}"),
+        }),
+        (true, None) => None,
+    }
+}
+
 fn build_status(
     selection: &Selection,
     services: &NodeServices,
@@ -604,6 +634,43 @@ async fn record_warning(recorder: &Recorder, node: &Node, reason: &str, note: &s
 mod tests {
     use super::*;
     use crate::plugin::LayoutConflict;
+
+    #[test]
+    fn discovery_problems_say_what_runs_and_warn_once_per_reason() {
+        let whole = DiscoveryProgress {
+            discovered: true,
+            last_incomplete: None,
+        };
+        assert_eq!(discovery_problem(&whole), None);
+
+        let starting = DiscoveryProgress::default();
+        let problem = discovery_problem(&starting).expect("not discovered is a problem");
+        assert_eq!(
+            problem.event_reason, None,
+            "a normal start is not worth an Event"
+        );
+        assert!(problem.message.contains("only the metrics endpoint runs"));
+
+        let stuck = DiscoveryProgress {
+            discovered: false,
+            last_incomplete: Some("discovery missed its 5s deadline".into()),
+        };
+        let problem = discovery_problem(&stuck).expect("a stuck first scan");
+        assert_eq!(problem.event_reason, Some("DiscoveryIncomplete"));
+        assert!(
+            problem
+                .message
+                .ends_with("discovery missed its 5s deadline")
+        );
+
+        let later = DiscoveryProgress {
+            discovered: true,
+            ..stuck
+        };
+        let problem = discovery_problem(&later).expect("an untrusted later scan");
+        assert_eq!(problem.event_reason, Some("DiscoveryIncomplete"));
+        assert!(problem.message.contains("the last inventory stays in use"));
+    }
 
     #[test]
     fn conflicts_are_worth_events_plugin_errors_only_status() {

@@ -17,6 +17,7 @@ use super::services::{LabellerService, PluginService};
 use super::supervisor::{ServiceState, Slot, SlotChange};
 use crate::api::agent_status::{ServiceName, ServiceStatus};
 use crate::device::Inventory;
+use crate::device::watch::ScanState;
 use crate::health::{HealthMonitor, HealthSnapshot, HealthTransition};
 use crate::metrics::{ExporterStatus, MetricsService};
 use crate::plugin::PluginStatus;
@@ -33,8 +34,26 @@ pub struct NodeServices {
     pub health_snapshot: watch::Receiver<Arc<HealthSnapshot>>,
     pub test_stats: watch::Receiver<TestRunnerStats>,
     transitions: broadcast::Sender<HealthTransition>,
+    /// The discovery watch's progress, reduced to what changes what runs.
+    discovery: watch::Receiver<DiscoveryProgress>,
+    /// Services the last `apply` wanted but held back until discovery.
+    held_back: Vec<ServiceName>,
     _forward: AbortOnDropHandle<()>,
+    _forward_discovery: AbortOnDropHandle<()>,
 }
+
+/// What the agent loops need to know of the discovery watch: whether the host
+/// has been seen whole once, and why the latest scan was not trusted. Unlike
+/// [`ScanState`] it does not change on every scan, so a loop that wakes on it
+/// wakes only when something it shows changed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DiscoveryProgress {
+    pub discovered: bool,
+    pub last_incomplete: Option<String>,
+}
+
+/// Why a held-back service is not available yet.
+pub const DISCOVERING: &str = "waiting for the first complete GPU discovery";
 
 /// The Kubernetes side of the node services: the client, the Node API and the
 /// agent's own Node as watched.
@@ -52,7 +71,16 @@ pub struct Applied {
 impl NodeServices {
     /// `kube` is the Kubernetes side (client, Node API and the agent's own Node
     /// feed); `None` in standalone mode, where nothing writes to a Node.
-    pub fn new(inventory: watch::Receiver<Arc<Inventory>>, kube: Option<KubeSide>) -> Self {
+    ///
+    /// Until `scan` says the host was seen whole, only the metrics endpoint runs
+    /// (serving `/healthz`, with `/readyz` answering `discovering`): every other
+    /// service would act on an empty inventory, e.g. register no GPUs with the
+    /// kubelet or remove the GPU labels.
+    pub fn new(
+        inventory: watch::Receiver<Arc<Inventory>>,
+        scan: watch::Receiver<ScanState>,
+        kube: Option<KubeSide>,
+    ) -> Self {
         let monitor = HealthMonitor::new(inventory.clone());
         let health_snapshot = monitor.snapshot();
         let (plugin_status_tx, plugin_status) = watch::channel(PluginStatus::default());
@@ -79,7 +107,10 @@ impl NodeServices {
             TestRunnerService::new(client, inventory.clone(), node.clone(), unhealthy_rx);
         let test_stats = test_runner.stats();
         let exporter = MetricsService::new(inventory.clone(), Some(health_snapshot.clone()))
-            .with_test_stats(test_stats.clone());
+            .with_test_stats(test_stats.clone())
+            .with_discovery(scan.clone());
+        let (discovery_tx, discovery) = watch::channel(progress_of(&scan.borrow()));
+        let forward_discovery = tokio::spawn(forward_progress(scan, discovery_tx));
         let exporter_status = exporter.status();
         let labeller = nodes.map(|nodes| {
             Slot::new(LabellerService {
@@ -99,8 +130,16 @@ impl NodeServices {
             health_snapshot,
             test_stats,
             transitions,
+            discovery,
+            held_back: Vec::new(),
             _forward: AbortOnDropHandle::new(forward),
+            _forward_discovery: AbortOnDropHandle::new(forward_discovery),
         }
+    }
+
+    /// The discovery watch's progress; `changed()` wakes only when it changes.
+    pub fn discovery(&self) -> watch::Receiver<DiscoveryProgress> {
+        self.discovery.clone()
     }
 
     /// Health transitions, re-broadcast for the Node publisher and the event log.
@@ -109,6 +148,8 @@ impl NodeServices {
     }
 
     pub async fn apply(&mut self, desired: DesiredServices) -> Applied {
+        let (desired, held_back) = hold_back_until_discovered(desired, &self.discovery.borrow());
+        self.held_back = held_back;
         let mut applied = Applied::default();
         self.plugin.apply(desired.device_plugin).await;
         if let Some(labeller) = self.labeller.as_mut() {
@@ -132,10 +173,19 @@ impl NodeServices {
         if let Some(labeller) = &self.labeller {
             states.push((ServiceName::Labeller, labeller.state()));
         }
-        states
+        let mut states: BTreeMap<ServiceName, ServiceStatus> = states
             .into_iter()
             .filter_map(|(name, state)| annotation_state(&state).map(|s| (name, s)))
-            .collect()
+            .collect();
+        for name in &self.held_back {
+            states.insert(
+                *name,
+                ServiceStatus::Unavailable {
+                    reason: DISCOVERING.to_owned(),
+                },
+            );
+        }
+        states
     }
 
     /// One receiver per slot, to wake a loop on any state change.
@@ -185,6 +235,52 @@ pub fn annotation_state(state: &ServiceState) -> Option<ServiceStatus> {
     }
 }
 
+/// Until the host has been seen whole, only the metrics endpoint may run; the
+/// rest is held back, and named so that the status can say why.
+pub fn hold_back_until_discovered(
+    desired: DesiredServices,
+    progress: &DiscoveryProgress,
+) -> (DesiredServices, Vec<ServiceName>) {
+    if progress.discovered {
+        return (desired, Vec::new());
+    }
+    let held_back = [
+        (ServiceName::DevicePlugin, desired.device_plugin.is_some()),
+        (ServiceName::Labeller, desired.labeller.is_some()),
+        (ServiceName::HealthMonitor, desired.health.is_some()),
+        (ServiceName::TestRunner, desired.test_runner.is_some()),
+    ]
+    .into_iter()
+    .filter_map(|(name, wanted)| wanted.then_some(name))
+    .collect();
+    let metrics_only = DesiredServices {
+        metrics: desired.metrics,
+        ..DesiredServices::default()
+    };
+    (metrics_only, held_back)
+}
+
+fn progress_of(scan: &ScanState) -> DiscoveryProgress {
+    DiscoveryProgress {
+        discovered: scan.discovered,
+        last_incomplete: scan.last_incomplete.clone(),
+    }
+}
+
+async fn forward_progress(
+    mut scan: watch::Receiver<ScanState>,
+    progress: watch::Sender<DiscoveryProgress>,
+) {
+    while scan.changed().await.is_ok() {
+        let now = progress_of(&scan.borrow_and_update());
+        progress.send_if_modified(|last| {
+            let modified = *last != now;
+            *last = now;
+            modified
+        });
+    }
+}
+
 async fn forward_unhealthy(
     mut transitions: broadcast::Receiver<HealthTransition>,
     unhealthy: mpsc::Sender<GpuUnhealthy>,
@@ -218,5 +314,41 @@ pub async fn any_changed(changes: &mut [watch::Receiver<ServiceState>]) {
     let (result, _, _) = futures::future::select_all(waits).await;
     if result.is_err() {
         std::future::pending::<()>().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::select::LabellerConfig;
+    use crate::host::HostRoot;
+    use crate::metrics::MetricsConfig;
+
+    #[test]
+    fn before_discovery_only_the_metrics_endpoint_runs_and_the_rest_is_named() {
+        let desired = DesiredServices {
+            labeller: Some(LabellerConfig { kinds: Vec::new() }),
+            metrics: Some(MetricsConfig::new(HostRoot::new("/h"), "n1")),
+            ..DesiredServices::default()
+        };
+        let (now, held_back) =
+            hold_back_until_discovered(desired.clone(), &DiscoveryProgress::default());
+        assert_eq!(now.metrics, desired.metrics);
+        assert_eq!(
+            (now.labeller, now.device_plugin, now.health, now.test_runner),
+            (None, None, None, None)
+        );
+        assert_eq!(held_back, [ServiceName::Labeller]);
+
+        let discovered = DiscoveryProgress {
+            discovered: true,
+            last_incomplete: Some("a later scan missed its deadline".into()),
+        };
+        let (now, held_back) = hold_back_until_discovered(desired.clone(), &discovered);
+        assert_eq!(
+            now, desired,
+            "once discovered, an untrusted scan holds nothing back"
+        );
+        assert!(held_back.is_empty());
     }
 }

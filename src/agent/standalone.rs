@@ -15,7 +15,7 @@ use std::time::Duration;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use super::node_services::NodeServices;
+use super::node_services::{DiscoveryProgress, NodeServices};
 use super::select::{NodeContext, plan_services};
 use super::supervisor::ServiceState;
 use crate::api::{DeviceConfigSpec, DocumentKind, parse_device_configs, parse_documents, validate};
@@ -209,16 +209,19 @@ pub async fn run(
     ready: impl FnOnce(Option<SocketAddr>),
 ) -> Result<(), StandaloneError> {
     let mut events = EventLog::open(config.events_file.as_deref())?;
-    let devices = DeviceWatch::start(
+    // Not waiting for the first scan: a hung host must not keep the metrics
+    // endpoint (and /healthz) down. The other services wait for discovery.
+    let devices = DeviceWatch::start_undiscovered(
         config.host.clone(),
         WatchConfig {
             rescan_interval: config.rescan_interval,
             use_udev: true,
             ..WatchConfig::default()
         },
-    )
-    .await;
-    let mut services = NodeServices::new(devices.inventory(), None);
+    );
+    let mut services = NodeServices::new(devices.inventory(), devices.state(), None);
+    let mut discovery = services.discovery();
+    let mut discovery_open = true;
     let labels = Default::default();
     let mut desired = plan_services(
         &config.spec,
@@ -249,7 +252,8 @@ pub async fn run(
     let mut test_stats = services.test_stats.clone();
     // Test results finished after this instant are not in the events file yet.
     let mut results_until = 0.0_f64;
-    services.apply(desired).await;
+    let mut progress = discovery.borrow_and_update().clone();
+    services.apply(desired.clone()).await;
     let mut exporter = services.exporter_status.clone();
     // Ready once the metrics endpoint listens (or at once when it is off). It
     // failing to listen ends the start with its reason; a signal meanwhile
@@ -319,6 +323,21 @@ pub async fn run(
                     last_conflict = conflict;
                 }
             }
+            changed = discovery.changed(), if discovery_open => {
+                if changed.is_err() {
+                    discovery_open = false;
+                    continue;
+                }
+                let now = discovery.borrow_and_update().clone();
+                for (warning, reason, note) in discovery_events(&progress, &now) {
+                    events.record(warning, reason, &note, &config.node_name);
+                }
+                if now.discovered && !progress.discovered {
+                    // Held back until now (see `NodeServices::new`).
+                    services.apply(desired.clone()).await;
+                }
+                progress = now;
+            }
             changed = test_stats.changed() => {
                 if changed.is_err() {
                     continue;
@@ -355,6 +374,28 @@ pub async fn run(
     Ok(())
 }
 
+/// The events a change of discovery progress is worth: a warning when a scan
+/// is first not trusted (or for another reason), a note when discovery is
+/// whole again.
+fn discovery_events(
+    before: &DiscoveryProgress,
+    now: &DiscoveryProgress,
+) -> Vec<(bool, &'static str, String)> {
+    match (&before.last_incomplete, &now.last_incomplete) {
+        (last, Some(reason)) if last.as_ref() != Some(reason) => vec![(
+            true,
+            "DiscoveryIncomplete",
+            format!("GPU discovery incomplete, the last inventory stays in use: {reason}"),
+        )],
+        (Some(_), None) => vec![(
+            false,
+            "DiscoveryComplete",
+            "GPU discovery sees the whole host again".to_owned(),
+        )],
+        _ => Vec::new(),
+    }
+}
+
 /// Test runs that finished after `until` (seconds since the epoch), oldest
 /// first: what the events file has not recorded yet.
 fn finished_since(stats: &TestRunnerStats, until: f64) -> Vec<&LastRun> {
@@ -381,6 +422,36 @@ fn result_note(run: &LastRun) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn discovery_events_mark_each_new_reason_and_the_recovery() {
+        let progress = |reason: Option<&str>| DiscoveryProgress {
+            discovered: true,
+            last_incomplete: reason.map(str::to_owned),
+        };
+        let reasons = |before, now| -> Vec<&'static str> {
+            discovery_events(&progress(before), &progress(now))
+                .into_iter()
+                .map(|(_, reason, _)| reason)
+                .collect()
+        };
+        assert_eq!(reasons(None, None), Vec::<&str>::new());
+        assert_eq!(reasons(None, Some("deadline")), ["DiscoveryIncomplete"]);
+        assert_eq!(
+            reasons(Some("deadline"), Some("deadline")),
+            Vec::<&str>::new()
+        );
+        assert_eq!(
+            reasons(Some("deadline"), Some("EMFILE")),
+            ["DiscoveryIncomplete"]
+        );
+        assert_eq!(reasons(Some("deadline"), None), ["DiscoveryComplete"]);
+        let (warning, _, note) = discovery_events(&progress(None), &progress(Some("EMFILE")))
+            .pop()
+            .unwrap();
+        assert!(warning);
+        assert!(note.ends_with("EMFILE"), "{note}");
+    }
 
     #[test]
     fn each_finished_test_is_recorded_once() {

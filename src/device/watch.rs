@@ -379,13 +379,17 @@ impl Watcher {
             });
             return true;
         }
+        // A look that published nothing (only the fingerprint was read, or
+        // the host changed while it was read) does not make the host
+        // discovered: the inventory may still be the empty one of the start.
+        let saw_whole_host = scan.discovery.is_some();
         let changed = match scan.discovery {
             Some(discovery) => self.publish(discovery.inventory, source),
             None => false,
         };
         self.state_tx.send_modify(|s| {
             s.attempts += 1;
-            s.discovered = true;
+            s.discovered |= saw_whole_host;
             s.last_incomplete = None;
         });
         changed || scan.fingerprint_changed

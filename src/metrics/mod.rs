@@ -54,6 +54,7 @@ use crate::agent::supervisor::{Readiness, Service, ServiceError, ServiceFuture};
 use crate::api::MetricsExporterSpec;
 use crate::api::agent_status::ServiceName;
 use crate::device::Inventory;
+use crate::device::watch::ScanState;
 use crate::health::HealthSnapshot;
 use crate::host::HostRoot;
 use crate::plugin::DeviceRef;
@@ -174,6 +175,9 @@ pub struct MetricsService {
     inventory: watch::Receiver<Arc<Inventory>>,
     health: Option<watch::Receiver<Arc<HealthSnapshot>>>,
     tests: Option<watch::Receiver<TestRunnerStats>>,
+    /// The discovery watch's progress: nothing is sampled before its first
+    /// complete scan, so that an empty inventory is never served as "no GPUs".
+    discovery: Option<watch::Receiver<ScanState>>,
     status: watch::Sender<ExporterStatus>,
 }
 
@@ -188,6 +192,7 @@ impl MetricsService {
             inventory,
             health,
             tests: None,
+            discovery: None,
             status: watch::Sender::new(ExporterStatus::default()),
         }
     }
@@ -198,8 +203,21 @@ impl MetricsService {
         self
     }
 
+    /// Sample only once `discovery` has seen the whole host; until then the
+    /// endpoint serves `/healthz` and `/readyz` answers `discovering`.
+    pub fn with_discovery(mut self, discovery: watch::Receiver<ScanState>) -> Self {
+        self.discovery = Some(discovery);
+        self
+    }
+
     pub fn status(&self) -> watch::Receiver<ExporterStatus> {
         self.status.subscribe()
+    }
+
+    fn discovered(&self) -> bool {
+        self.discovery
+            .as_ref()
+            .is_none_or(|d| d.borrow().discovered)
     }
 }
 
@@ -296,6 +314,7 @@ impl MetricsService {
                 metrics: Bytes::from(metrics),
                 json: Bytes::from(json),
                 ready: true,
+                waiting_for: None,
             },
             series,
         )
@@ -318,7 +337,10 @@ impl Service for MetricsService {
     ) -> ServiceFuture {
         Box::pin(async move {
             let mut current = config.borrow_and_update().clone();
-            let (published_tx, published_rx) = watch::channel(Arc::new(Published::default()));
+            let (published_tx, published_rx) = watch::channel(Arc::new(Published {
+                waiting_for: (!self.discovered()).then_some("discovering"),
+                ..Published::default()
+            }));
             let mut server_stop = cancel.child_token();
             let (guard_tx, guard_rx) =
                 watch::channel(Arc::new(access::Guard::build(&current.access)));
@@ -350,9 +372,17 @@ impl Service for MetricsService {
             let mut ticker = tokio::time::interval(current.interval);
             ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let mut sampled = false;
+            let mut discovery = self.discovery.clone();
             // A JoinHandle must not be awaited again once it has completed.
             let mut server_finished = false;
             let result = loop {
+                let discovered = self.discovered();
+                let discovery_changed = async {
+                    match discovery.as_mut() {
+                        Some(d) if !discovered => d.changed().await.is_ok(),
+                        _ => std::future::pending().await,
+                    }
+                };
                 let health_changed = async {
                     match health.as_mut() {
                         Some(h) => h.changed().await.is_ok(),
@@ -403,6 +433,12 @@ impl Service for MetricsService {
                         current = next;
                         resample
                     }
+                    alive = discovery_changed => {
+                        if !alive {
+                            discovery = None;
+                        }
+                        false
+                    }
                     alive = health_changed => {
                         if !alive {
                             // The monitor is gone: stop showing its last verdict.
@@ -412,6 +448,13 @@ impl Service for MetricsService {
                     }
                     _ = ticker.tick() => true,
                 };
+                if !self.discovered() {
+                    published_tx.send_replace(Arc::new(Published {
+                        waiting_for: Some("discovering"),
+                        ..Published::default()
+                    }));
+                    continue;
+                }
                 let did_sample = resample || !sampled;
                 if did_sample {
                     self.sample(&mut sampler, &current, &mut latest).await;

@@ -54,6 +54,9 @@ pub struct Published {
     pub json: Bytes,
     /// A first sample has been rendered.
     pub ready: bool,
+    /// Why there is no sample yet, for `/readyz` (e.g. `discovering`);
+    /// `None` reads as "no sample yet".
+    pub waiting_for: Option<&'static str>,
 }
 
 type Shared = watch::Receiver<Arc<Published>>;
@@ -153,10 +156,12 @@ async fn gpumetrics(State(published): State<Shared>) -> Response {
 }
 
 async fn readyz(State(published): State<Shared>) -> Response {
-    if published.borrow().ready {
+    let published = published.borrow();
+    if published.ready {
         (StatusCode::OK, "ready\n").into_response()
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "no sample yet\n").into_response()
+        let waiting_for = published.waiting_for.unwrap_or("no sample yet");
+        (StatusCode::SERVICE_UNAVAILABLE, format!("{waiting_for}\n")).into_response()
     }
 }
 
@@ -558,6 +563,7 @@ mod tests {
             metrics: Bytes::new(),
             json: Bytes::from_static(b"{\"gpus\":[]}"),
             ready: true,
+            waiting_for: None,
         }));
         let response = get(addr, "/gpumetrics").await;
         assert!(response.starts_with("HTTP/1.0 200"), "{response}");

@@ -76,3 +76,36 @@ pub fn heterogeneous(cpx_host: &SimHost) -> Inventory {
     }
     inventory
 }
+
+/// Turns four files of every GPU into reads that hang (see
+/// `simulate::hang_file`) and returns them. Each read costs its 1 s bound, so
+/// every discovery scan misses its 5 s deadline while they hang.
+pub fn hang_past_the_scan_deadline(host: &gpu_operator::host::HostRoot) -> Vec<String> {
+    const DRIVER: &str = "/sys/bus/pci/drivers/amdgpu";
+    let mut gpus: Vec<String> = std::fs::read_dir(host.path(DRIVER))
+        .expect("a simulated driver directory")
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|name| name.starts_with("0000:"))
+        .collect();
+    gpus.sort();
+    assert!(
+        gpus.len() >= 2,
+        "too few GPUs to miss the deadline: {gpus:?}"
+    );
+    let hung: Vec<String> = gpus
+        .iter()
+        .flat_map(|bdf| {
+            [
+                "product_name",
+                "unique_id",
+                "serial_number",
+                "current_compute_partition",
+            ]
+            .map(|file| format!("{DRIVER}/{bdf}/{file}"))
+        })
+        .collect();
+    for file in &hung {
+        gpu_operator::simulate::hang_file(host, file).expect("hang a simulated file");
+    }
+    hung
+}
