@@ -23,9 +23,7 @@ use tokio::task::JoinHandle;
 use tonic::transport::{Channel, Endpoint, Server};
 use tonic::{Request, Response, Status, Streaming};
 
-/// Default bound for every wait in the tests: generous against a loaded
-/// machine, short enough to fail fast.
-pub const WAIT: Duration = Duration::from_secs(10);
+pub use super::wait::WAIT;
 
 /// One accepted registration and when it arrived.
 #[derive(Clone, Debug)]
