@@ -14,5 +14,6 @@ pub mod host;
 pub mod labeller;
 pub mod metrics;
 pub mod plugin;
+pub mod service;
 pub mod simulate;
 pub mod testrunner;

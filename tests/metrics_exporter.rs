@@ -11,7 +11,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gpu_operator::agent::select::Sampling;
-use gpu_operator::agent::supervisor::Slot;
 use gpu_operator::device::{Inventory, discover};
 use gpu_operator::health::{HealthConfig, HealthMonitor};
 use gpu_operator::host::HostRoot;
@@ -24,6 +23,7 @@ use gpu_operator::metrics::podresources::v1::{
     ListPodResourcesResponse, PodResources,
 };
 use gpu_operator::metrics::{ExporterStatus, MetricsConfig, MetricsService};
+use gpu_operator::service::Slot;
 use gpu_operator::simulate::{self, SimSpec};
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
@@ -667,12 +667,7 @@ async fn listening_twice_on_one_port_fails_and_is_retried() {
     .await;
     let failed = tokio::time::timeout(
         WAIT,
-        state.wait_for(|s| {
-            matches!(
-                s,
-                gpu_operator::agent::supervisor::ServiceState::Restarting { .. }
-            )
-        }),
+        state.wait_for(|s| matches!(s, gpu_operator::service::ServiceState::Restarting { .. })),
     )
     .await
     .unwrap()

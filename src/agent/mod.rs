@@ -5,7 +5,7 @@
 //! agent's own Node (by field selector), one reflector on DeviceConfigs, and the
 //! discovery change stream. Each time any of them changes, the agent recomputes
 //! what should run ([`select`], pure), applies it to its service slots
-//! ([`supervisor`]), and publishes its status annotation ([`status`]) if, and only
+//! ([`crate::service`]), and publishes its status annotation ([`status`]) if, and only
 //! if, it changed. An idle agent therefore makes no request besides its watches.
 //!
 //! This module owns the node's side of the contract with the cluster: which
@@ -18,7 +18,6 @@ pub mod node_services;
 pub mod select;
 pub mod services;
 pub mod standalone;
-pub mod supervisor;
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;

@@ -10,11 +10,11 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::select::LabellerConfig;
-use super::supervisor::{Readiness, Service, ServiceError, ServiceFuture};
 use crate::api::agent_status::ServiceName;
 use crate::device::Inventory;
 use crate::labeller::{desired_labels, plan_labels};
 use crate::plugin::{DevicePluginService, HealthReport, PluginConfig, PluginStatus};
+use crate::service::{Readiness, Service, ServiceError, ServiceFuture};
 
 /// Field manager name on every write the agent makes.
 pub const FIELD_MANAGER: &str = "gpu-operator-agent";

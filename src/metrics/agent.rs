@@ -19,7 +19,7 @@ use serde::Serialize;
 
 use super::reader::ReaderStats;
 use super::render::{Family, Kind, Series};
-use crate::agent::supervisor::SERVICE_RESTARTS;
+use crate::service::SERVICE_RESTARTS;
 use crate::testrunner::report::Outcome;
 use crate::testrunner::stats::{LastRun, TestRunnerStats};
 

@@ -50,13 +50,13 @@ use serde::Serialize;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::agent::supervisor::{Readiness, Service, ServiceError, ServiceFuture};
 use crate::api::MetricsExporterSpec;
 use crate::api::agent_status::ServiceName;
 use crate::device::Inventory;
 use crate::health::HealthSnapshot;
 use crate::host::HostRoot;
 use crate::plugin::DeviceRef;
+use crate::service::{Readiness, Service, ServiceError, ServiceFuture};
 use crate::testrunner::stats::TestRunnerStats;
 use config::{ExporterConfig, parse_config};
 use pods::PodRef;

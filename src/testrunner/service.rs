@@ -35,9 +35,9 @@ use super::kube::{CONFIG_ERROR_REASON, EventContent, Kube, resource_version};
 use super::report::{LABEL_PREFIX, label_value, running_label_key};
 use super::stats::{RunningTest, TestRunnerStats};
 use super::{GpuUnhealthy, TestRunnerConfig};
-use crate::agent::supervisor::{Readiness, Service, ServiceError, ServiceFuture};
 use crate::api::agent_status::ServiceName;
 use crate::device::Inventory;
+use crate::service::{Readiness, Service, ServiceError, ServiceFuture};
 
 /// The test runner as a node service.
 pub struct TestRunnerService {
