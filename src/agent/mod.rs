@@ -194,12 +194,7 @@ pub async fn run(
                 followed = Some(now_following);
             }
             if let Selection::One(selected) = &selection {
-                let namespace = selected
-                    .key
-                    .split('/')
-                    .next()
-                    .unwrap_or_default()
-                    .to_owned();
+                let namespace = selected.key.namespace.clone();
                 let spec = &selected.spec;
                 metrics_config.follow(
                     spec.metrics_exporter
@@ -235,7 +230,7 @@ pub async fn run(
                 Selection::None | Selection::Conflict(_) => idle_services(&context),
             };
             if let Selection::One(selected) = &selection {
-                let namespace = selected.key.split('/').next().unwrap_or_default();
+                let namespace = selected.key.namespace.as_str();
                 let api = crate::metrics::access::ReviewClient(client.clone());
                 select::with_access_material(
                     &mut desired,
