@@ -637,8 +637,8 @@ async fn agent_metrics_are_served() {
     let sim = simulated("radeon-w7900", None);
     let mut running = start(&sim, config(&sim), None).await;
     let before = series(&running.scrape().await, "gpu_operator_reconciles_total")[0].1;
-    gpu_operator::metrics::agent::record_reconcile();
-    gpu_operator::metrics::agent::record_api_error();
+    gpu_operator::counters::record_reconcile();
+    gpu_operator::counters::record_api_error();
     running.samples(1).await;
     let text = running.scrape().await;
     assert!(series(&text, "gpu_operator_reconciles_total")[0].1 > before);

@@ -176,7 +176,7 @@ pub async fn run(
         }
         if let Some(node) = node {
             // One pass over the node's desired state: the agent's reconcile.
-            crate::metrics::agent::record_reconcile();
+            crate::counters::record_reconcile();
             let labels = node.labels().clone();
             let selection = select_config(&labels, configs.state().iter().map(Arc::as_ref));
             let now_following = match &selection {
@@ -266,7 +266,7 @@ pub async fn run(
                     }
                 };
                 if let Err(e) = sync_labels(&nodes, &fresh, &Default::default()).await {
-                    crate::metrics::agent::record_api_error();
+                    crate::counters::record_api_error();
                     tracing::warn!(error = %e, "cannot remove GPU labels");
                 }
             }
@@ -288,7 +288,7 @@ pub async fn run(
                 // condition and labels it wrote.
                 node_health = None;
                 if let Err(e) = crate::health::remove_node_health(&nodes, &node_name).await {
-                    crate::metrics::agent::record_api_error();
+                    crate::counters::record_api_error();
                     tracing::warn!(error = %e, "cannot remove the GPU health condition");
                 }
             }
@@ -345,7 +345,7 @@ pub async fn run(
                     }
                     Err(e) => {
                         status_write_failed = true;
-                        crate::metrics::agent::record_api_error();
+                        crate::counters::record_api_error();
                         tracing::warn!(error = %e, "cannot publish agent status; retrying in 10 s or on the next change")
                     }
                 }
@@ -439,7 +439,7 @@ fn spawn_config_reflector(
                 Some(Ok(WatchEvent::Init | WatchEvent::InitApply(_))) => {}
                 Some(Ok(_)) => tx.send_modify(|n| *n += 1),
                 Some(Err(e)) => {
-                    crate::metrics::agent::record_api_error();
+                    crate::counters::record_api_error();
                     tracing::warn!(error = %e, "DeviceConfig watch error; retrying")
                 }
                 None => return,
@@ -589,7 +589,7 @@ async fn record_warning(recorder: &Recorder, node: &Node, reason: &str, note: &s
         secondary: None,
     };
     if let Err(e) = recorder.publish(&event, &node.object_ref(&())).await {
-        crate::metrics::agent::record_api_error();
+        crate::counters::record_api_error();
         tracing::warn!(error = %e, "cannot record Event");
     }
 }

@@ -165,7 +165,7 @@ pub async fn reconcile(dc: Arc<DeviceConfig>, ctx: Arc<Context>) -> Result<Actio
     ctx.stats
         .reconciles
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    crate::metrics::agent::record_reconcile();
+    crate::counters::record_reconcile();
     ctx.check_leader()?;
     let key = ConfigKey::of(&dc);
     let selected: Vec<NodeView> = ctx
@@ -282,7 +282,7 @@ pub fn error_policy(dc: Arc<DeviceConfig>, error: &Error, _ctx: Arc<Context>) ->
         Error::NotLeader => Action::await_change(),
         other => {
             tracing::warn!(deviceconfig = %ConfigKey::of(&dc), error = %other, "reconcile failed; retrying");
-            crate::metrics::agent::record_api_error();
+            crate::counters::record_api_error();
             Action::requeue(Duration::from_secs(5))
         }
     }

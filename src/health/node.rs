@@ -178,7 +178,7 @@ pub async fn publish_node_health(
             match apply_node_health(&nodes, &node_name, &snapshot).await {
                 Ok(_) => pending = false,
                 Err(e) => {
-                    crate::metrics::agent::record_api_error();
+                    crate::counters::record_api_error();
                     tracing::warn!(error = %e, "cannot write GPU health to the Node; will retry")
                 }
             }
@@ -203,7 +203,7 @@ pub async fn publish_node_health(
                         }
                         .object_ref(&());
                         if let Err(e) = recorder.publish(&transition_event(&t), &reference).await {
-                            crate::metrics::agent::record_api_error();
+                            crate::counters::record_api_error();
                             tracing::warn!(error = %e, "cannot record a GPU health Event");
                         }
                     }
