@@ -15,8 +15,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::Serialize;
 
+use super::fields::Kind;
 use super::reader::ReaderStats;
-use super::render::{Family, Kind, Series};
+use super::render::{Family, Series};
 use crate::service::SERVICE_RESTARTS;
 use crate::testrunner::report::Outcome;
 use crate::testrunner::stats::{LastRun, TestRunnerStats};

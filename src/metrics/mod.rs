@@ -30,6 +30,7 @@ pub mod access;
 pub mod agent;
 pub mod config;
 pub mod devices;
+pub mod fields;
 pub mod limits;
 pub mod podresources;
 pub mod pods;
