@@ -13,8 +13,6 @@
 //! Building the objects is pure ([`result_event`], [`running_labels_patch`],
 //! [`remove_request_patch`]); [`Kube`] sends them.
 
-use std::collections::BTreeMap;
-
 use k8s_openapi::api::core::v1::{Event, EventSource, Node, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
@@ -24,7 +22,7 @@ use serde_json::{Value, json};
 
 use super::config::CATEGORY;
 use super::decide::TEST_REQUEST_ANNOTATION;
-use super::report::{EVENT_COMPONENT, RUNNING};
+use super::report::{EVENT_COMPONENT, EventContent, RUNNING};
 use crate::agent::services::FIELD_MANAGER;
 
 /// Namespace of the Events about the Node.
@@ -38,15 +36,6 @@ pub fn event_name_prefix() -> String {
         "{EVENT_COMPONENT}-{}-",
         CATEGORY.to_ascii_lowercase().replace('_', "-")
     )
-}
-
-/// What an Event says, before it becomes an object.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct EventContent {
-    pub type_: String,
-    pub reason: String,
-    pub message: String,
-    pub labels: BTreeMap<String, String>,
 }
 
 /// The core/v1 Event about `node`.

@@ -31,7 +31,8 @@ use super::decide::{
 };
 use super::execute::{CaseReport, LogLimits, Logs, run_case};
 use super::gpus::{TargetGpu, read_targets};
-use super::kube::{CONFIG_ERROR_REASON, EventContent, Kube, resource_version};
+use super::kube::{CONFIG_ERROR_REASON, Kube, resource_version};
+use super::report::EventContent;
 use super::report::{LABEL_PREFIX, label_value, running_label_key};
 use super::stats::{RunningTest, TestRunnerStats};
 use super::{GpuUnhealthy, TestRunnerConfig};
