@@ -37,13 +37,14 @@ use tokio_util::sync::CancellationToken;
 
 use crate::api::DeviceConfig;
 use crate::api::agent_status::{AgentStatus, STATUS_ANNOTATION, STATUS_VERSION};
+use crate::api::field_manager;
 use crate::device::watch::{DeviceWatch, WatchConfig};
 use crate::host::HostRoot;
 use crate::plugin::PluginStatus;
 use configmaps::ConfigMapFollower;
 use node_services::NodeServices;
 use select::{NodeContext, Selection, idle_services, plan_services, select_config};
-use services::{patch_params, sync_labels};
+use services::sync_labels;
 
 /// How the agent was started.
 #[derive(Clone, Debug)]
@@ -559,7 +560,7 @@ async fn publish_status(
     let patch = serde_json::json!({
         "metadata": { "annotations": { STATUS_ANNOTATION: status.to_json() } }
     });
-    let params = patch_params();
+    let params = field_manager::patch(field_manager::AGENT);
     nodes.patch(node, &params, &Patch::Merge(&patch)).await?;
     tracing::debug!(node, "published agent status");
     Ok(())
@@ -571,7 +572,7 @@ async fn remove_status(nodes: &Api<Node>, node: &Node) -> Result<(), kube::Error
         return Ok(());
     }
     let patch = serde_json::json!({ "metadata": { "annotations": { STATUS_ANNOTATION: null } } });
-    let params = patch_params();
+    let params = field_manager::patch(field_manager::AGENT);
     nodes
         .patch(&node.name_any(), &params, &Patch::Merge(&patch))
         .await?;

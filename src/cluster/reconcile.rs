@@ -22,10 +22,10 @@ use super::lease::LeaderGuard;
 use super::resources::{self, metrics_service, service_monitor};
 use super::status::{NodeView, Problems, desired_status, status_changed};
 use crate::api::agent_status::ConfigKey;
+use crate::api::field_manager;
 use crate::api::{DeviceConfig, validate};
 
 pub const FINALIZER: &str = "amd.node.kubernetes.io/deviceconfig-finalizer";
-const FIELD_MANAGER: &str = "gpu-operator-leader";
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -218,7 +218,7 @@ pub async fn reconcile(dc: Arc<DeviceConfig>, ctx: Arc<Context>) -> Result<Actio
         source: kube::Error::SerdeError(e),
     })?;
     let name = dc.name_any();
-    let params = PatchParams::default();
+    let params = field_manager::patch(field_manager::LEADER);
     let patch = Patch::Json::<()>(patch);
     let write = api.patch_status(&name, &params, &patch);
     ctx.leader_write("writing status of", &key, write).await?;
@@ -310,7 +310,7 @@ async fn patch_finalizers(
         "metadata": { "finalizers": finalizers, "resourceVersion": dc.resource_version() }
     });
     let name = dc.name_any();
-    let params = PatchParams::default();
+    let params = field_manager::patch(field_manager::LEADER);
     let patch = Patch::Merge(&patch);
     let write = api.patch(&name, &params, &patch);
     ctx.leader_write("updating finalizers of", &ConfigKey::of(dc), write)
@@ -560,7 +560,7 @@ async fn sync_service_monitor(
 }
 
 fn apply_params() -> PatchParams {
-    PatchParams::apply(FIELD_MANAGER).force()
+    field_manager::apply(field_manager::LEADER)
 }
 
 async fn delete_if_present<K>(ctx: &Context, api: &Api<K>, name: &str) -> Result<(), Error>
