@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use futures::{StreamExt, stream};
 use gpu_operator::api::DeviceConfig;
 use gpu_operator::api::agent_status::{
-    AgentStatus, STATUS_ANNOTATION, STATUS_VERSION, ServiceName, ServiceStatus,
+    AgentStatus, ConfigKey, STATUS_ANNOTATION, STATUS_VERSION, ServiceName, ServiceStatus,
 };
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
@@ -36,7 +36,7 @@ const NS: &str = "kube-amd-gpu";
 fn agent_status(generation: i64, uid: &str) -> String {
     AgentStatus {
         v: STATUS_VERSION,
-        device_config: Some(format!("{NS}/fleet")),
+        device_config: Some(ConfigKey::new(NS, "fleet")),
         uid: Some(uid.to_owned()),
         generation: Some(generation),
         services: [(ServiceName::DevicePlugin, ServiceStatus::Running)].into(),

@@ -17,11 +17,11 @@ use figures::{scratch, summary};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gpu_operator::agent::supervisor::Slot;
 use gpu_operator::device::discover;
 use gpu_operator::health::{HealthConfig, HealthMonitor};
 use gpu_operator::host::HostRoot;
 use gpu_operator::plugin::{DeviceRef, HealthReport};
+use gpu_operator::service::Slot;
 use gpu_operator::simulate::{self, SimSpec};
 use tokio::sync::watch;
 

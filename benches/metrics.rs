@@ -20,7 +20,6 @@ use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gpu_operator::agent::supervisor::Slot;
 use gpu_operator::device::discover;
 use gpu_operator::health::{HealthConfig, HealthMonitor, HealthSnapshot};
 use gpu_operator::host::HostRoot;
@@ -29,6 +28,7 @@ use gpu_operator::metrics::reader::BoundedReader;
 use gpu_operator::metrics::render::{self, RenderInput};
 use gpu_operator::metrics::sample::{Sampler, Scope};
 use gpu_operator::metrics::{MetricsConfig, MetricsService};
+use gpu_operator::service::Slot;
 use gpu_operator::simulate::{self, SimSpec};
 use tokio::sync::watch;
 

@@ -224,7 +224,7 @@ async fn agent_runs_the_services_its_device_config_enables() {
     );
     h.eventually("status following the DeviceConfig", |h| {
         h.status().is_some_and(|s| {
-            s.device_config.as_deref() == Some("kube-amd-gpu/gpus")
+            s.device_config == Some("kube-amd-gpu/gpus".into())
                 && s.generation == Some(1)
                 && s.services.contains_key(&ServiceName::DevicePlugin)
                 && s.services.contains_key(&ServiceName::Labeller)

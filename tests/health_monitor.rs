@@ -7,7 +7,6 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gpu_operator::agent::supervisor::Slot;
 use gpu_operator::device::{Inventory, discover};
 use gpu_operator::health::outputs::{
     CONDITION_TYPE, EVENT_UNHEALTHY, REASON_HEALTHY, REASON_UNHEALTHY,
@@ -18,6 +17,7 @@ use gpu_operator::health::{
 };
 use gpu_operator::host::HostRoot;
 use gpu_operator::plugin::{DeviceRef, HealthReport};
+use gpu_operator::service::Slot;
 use gpu_operator::simulate::{self, SimSpec};
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;

@@ -6,9 +6,9 @@ mod support;
 
 use std::time::Instant;
 
-use gpu_operator::agent::supervisor::Slot;
 use gpu_operator::health::{HealthConfig, HealthMonitor};
 use gpu_operator::plugin::{DevicePluginService, PluginConfig, ResourceNamingStrategy};
+use gpu_operator::service::Slot;
 use gpu_operator::simulate;
 use support::hosts::SimHost;
 use support::kubelet::{TestKubelet, health_of};

@@ -11,7 +11,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gpu_operator::agent::select::Sampling;
-use gpu_operator::agent::supervisor::Slot;
 use gpu_operator::device::{Inventory, discover};
 use gpu_operator::health::{HealthConfig, HealthMonitor};
 use gpu_operator::host::HostRoot;
@@ -24,6 +23,7 @@ use gpu_operator::metrics::podresources::v1::{
     ListPodResourcesResponse, PodResources,
 };
 use gpu_operator::metrics::{ExporterStatus, MetricsConfig, MetricsService};
+use gpu_operator::service::Slot;
 use gpu_operator::simulate::{self, SimSpec};
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
@@ -637,8 +637,8 @@ async fn agent_metrics_are_served() {
     let sim = simulated("radeon-w7900", None);
     let mut running = start(&sim, config(&sim), None).await;
     let before = series(&running.scrape().await, "gpu_operator_reconciles_total")[0].1;
-    gpu_operator::metrics::agent::record_reconcile();
-    gpu_operator::metrics::agent::record_api_error();
+    gpu_operator::counters::record_reconcile();
+    gpu_operator::counters::record_api_error();
     running.samples(1).await;
     let text = running.scrape().await;
     assert!(series(&text, "gpu_operator_reconciles_total")[0].1 > before);
@@ -667,12 +667,7 @@ async fn listening_twice_on_one_port_fails_and_is_retried() {
     .await;
     let failed = tokio::time::timeout(
         WAIT,
-        state.wait_for(|s| {
-            matches!(
-                s,
-                gpu_operator::agent::supervisor::ServiceState::Restarting { .. }
-            )
-        }),
+        state.wait_for(|s| matches!(s, gpu_operator::service::ServiceState::Restarting { .. })),
     )
     .await
     .unwrap()

@@ -387,7 +387,7 @@ async fn cancelling_a_check_kills_the_test() {
 /// is tested, logged and counted.
 #[tokio::test]
 async fn the_service_runs_without_kubernetes() {
-    use gpu_operator::agent::supervisor::Slot;
+    use gpu_operator::service::Slot;
     use gpu_operator::testrunner::{GpuUnhealthy, TestRunnerConfig, TestRunnerService, Trigger};
     use std::sync::Arc;
     use tokio::sync::{mpsc, watch};

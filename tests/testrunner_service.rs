@@ -13,9 +13,9 @@ use std::time::{Duration, Instant};
 
 use fake_rvs::{FakeRvs, config_json, kfd_ids, logs_in, sim_host, wait_gone};
 use futures::StreamExt;
-use gpu_operator::agent::supervisor::{ServiceState, Slot};
 use gpu_operator::device::Inventory;
 use gpu_operator::host::HostRoot;
+use gpu_operator::service::{ServiceState, Slot};
 use gpu_operator::testrunner::{
     GpuUnhealthy, Outcome, TestRunnerConfig, TestRunnerService, TestRunnerStats, Trigger,
 };

@@ -5,7 +5,7 @@
 //! agent's own Node (by field selector), one reflector on DeviceConfigs, and the
 //! discovery change stream. Each time any of them changes, the agent recomputes
 //! what should run ([`select`], pure), applies it to its service slots
-//! ([`supervisor`]), and publishes its status annotation ([`status`]) if, and only
+//! ([`crate::service`]), and publishes its status annotation ([`status`]) if, and only
 //! if, it changed. An idle agent therefore makes no request besides its watches.
 //!
 //! This module owns the node's side of the contract with the cluster: which
@@ -18,7 +18,6 @@ pub mod node_services;
 pub mod select;
 pub mod services;
 pub mod standalone;
-pub mod supervisor;
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -38,13 +37,14 @@ use tokio_util::sync::CancellationToken;
 
 use crate::api::DeviceConfig;
 use crate::api::agent_status::{AgentStatus, STATUS_ANNOTATION, STATUS_VERSION};
+use crate::api::field_manager;
 use crate::device::watch::{DeviceWatch, WatchConfig};
 use crate::host::HostRoot;
 use crate::plugin::PluginStatus;
 use configmaps::ConfigMapFollower;
 use node_services::{DiscoveryProgress, NodeServices};
 use select::{NodeContext, Selection, idle_services, plan_services, select_config};
-use services::{patch_params, sync_labels};
+use services::sync_labels;
 
 /// How the agent was started.
 #[derive(Clone, Debug)]
@@ -181,7 +181,7 @@ pub async fn run(
         }
         if let Some(node) = node {
             // One pass over the node's desired state: the agent's reconcile.
-            crate::metrics::agent::record_reconcile();
+            crate::counters::record_reconcile();
             let labels = node.labels().clone();
             let selection = select_config(&labels, configs.state().iter().map(Arc::as_ref));
             let now_following = match &selection {
@@ -199,12 +199,7 @@ pub async fn run(
                 followed = Some(now_following);
             }
             if let Selection::One(selected) = &selection {
-                let namespace = selected
-                    .key
-                    .split('/')
-                    .next()
-                    .unwrap_or_default()
-                    .to_owned();
+                let namespace = selected.key.namespace.clone();
                 let spec = &selected.spec;
                 metrics_config.follow(
                     spec.metrics_exporter
@@ -240,7 +235,7 @@ pub async fn run(
                 Selection::None | Selection::Conflict(_) => idle_services(&context),
             };
             if let Selection::One(selected) = &selection {
-                let namespace = selected.key.split('/').next().unwrap_or_default();
+                let namespace = selected.key.namespace.as_str();
                 let api = crate::metrics::access::ReviewClient(client.clone());
                 select::with_access_material(
                     &mut desired,
@@ -276,7 +271,7 @@ pub async fn run(
                     }
                 };
                 if let Err(e) = sync_labels(&nodes, &fresh, &Default::default()).await {
-                    crate::metrics::agent::record_api_error();
+                    crate::counters::record_api_error();
                     tracing::warn!(error = %e, "cannot remove GPU labels");
                 }
             }
@@ -298,7 +293,7 @@ pub async fn run(
                 // condition and labels it wrote.
                 node_health = None;
                 if let Err(e) = crate::health::remove_node_health(&nodes, &node_name).await {
-                    crate::metrics::agent::record_api_error();
+                    crate::counters::record_api_error();
                     tracing::warn!(error = %e, "cannot remove the GPU health condition");
                 }
             }
@@ -356,7 +351,7 @@ pub async fn run(
                     }
                     Err(e) => {
                         status_write_failed = true;
-                        crate::metrics::agent::record_api_error();
+                        crate::counters::record_api_error();
                         tracing::warn!(error = %e, "cannot publish agent status; retrying in 10 s or on the next change")
                     }
                 }
@@ -451,7 +446,7 @@ fn spawn_config_reflector(
                 Some(Ok(WatchEvent::Init | WatchEvent::InitApply(_))) => {}
                 Some(Ok(_)) => tx.send_modify(|n| *n += 1),
                 Some(Err(e)) => {
-                    crate::metrics::agent::record_api_error();
+                    crate::counters::record_api_error();
                     tracing::warn!(error = %e, "DeviceConfig watch error; retrying")
                 }
                 None => return,
@@ -595,7 +590,7 @@ async fn publish_status(
     let patch = serde_json::json!({
         "metadata": { "annotations": { STATUS_ANNOTATION: status.to_json() } }
     });
-    let params = patch_params();
+    let params = field_manager::patch(field_manager::AGENT);
     nodes.patch(node, &params, &Patch::Merge(&patch)).await?;
     tracing::debug!(node, "published agent status");
     Ok(())
@@ -607,7 +602,7 @@ async fn remove_status(nodes: &Api<Node>, node: &Node) -> Result<(), kube::Error
         return Ok(());
     }
     let patch = serde_json::json!({ "metadata": { "annotations": { STATUS_ANNOTATION: null } } });
-    let params = patch_params();
+    let params = field_manager::patch(field_manager::AGENT);
     nodes
         .patch(&node.name_any(), &params, &Patch::Merge(&patch))
         .await?;
@@ -625,7 +620,7 @@ async fn record_warning(recorder: &Recorder, node: &Node, reason: &str, note: &s
         secondary: None,
     };
     if let Err(e) = recorder.publish(&event, &node.object_ref(&())).await {
-        crate::metrics::agent::record_api_error();
+        crate::counters::record_api_error();
         tracing::warn!(error = %e, "cannot record Event");
     }
 }

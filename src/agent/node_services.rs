@@ -14,13 +14,13 @@ use tokio_util::task::AbortOnDropHandle;
 
 use super::select::DesiredServices;
 use super::services::{LabellerService, PluginService};
-use super::supervisor::{ServiceState, Slot, SlotChange};
 use crate::api::agent_status::{ServiceName, ServiceStatus};
 use crate::device::Inventory;
 use crate::device::watch::ScanState;
 use crate::health::{HealthMonitor, HealthSnapshot, HealthTransition};
 use crate::metrics::{ExporterStatus, MetricsService};
 use crate::plugin::PluginStatus;
+use crate::service::{ServiceState, Slot, SlotChange};
 use crate::testrunner::{GpuUnhealthy, TestRunnerService, TestRunnerStats};
 
 pub struct NodeServices {

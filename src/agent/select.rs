@@ -5,8 +5,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use kube::ResourceExt;
-
+use crate::api::agent_status::ConfigKey;
 use crate::api::{DeviceConfig, DeviceConfigSpec, NodeLabellerKind, Operand};
 use crate::health::{Damping, HealthConfig};
 use crate::metrics::MetricsConfig;
@@ -27,20 +26,10 @@ pub enum Selection {
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct Selected {
-    /// `namespace/name`.
-    pub key: String,
+    pub key: ConfigKey,
     pub uid: Option<String>,
     pub generation: Option<i64>,
     pub spec: DeviceConfigSpec,
-}
-
-/// `namespace/name` of a DeviceConfig.
-pub fn config_key(config: &DeviceConfig) -> String {
-    format!(
-        "{}/{}",
-        config.namespace().unwrap_or_default(),
-        config.name_any()
-    )
 }
 
 /// Picks the DeviceConfig whose `spec.selector` matches the node's labels.
@@ -53,16 +42,16 @@ pub fn select_config<'a>(
         .into_iter()
         .filter(|c| c.metadata.deletion_timestamp.is_none() && c.spec.selects(node_labels))
         .collect();
-    matching.sort_by_key(|c| config_key(c));
+    matching.sort_by_key(|c| ConfigKey::of(c));
     match matching.as_slice() {
         [] => Selection::None,
         [config] => Selection::One(Box::new(Selected {
-            key: config_key(config),
+            key: ConfigKey::of(config),
             uid: config.metadata.uid.clone(),
             generation: config.metadata.generation,
             spec: config.spec.clone(),
         })),
-        many => Selection::Conflict(many.iter().map(|c| config_key(c)).collect()),
+        many => Selection::Conflict(many.iter().map(|c| ConfigKey::of(c).to_string()).collect()),
     }
 }
 

@@ -4,28 +4,18 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{Patch, PatchParams};
+use kube::api::Patch;
 use kube::{Api, ResourceExt};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::select::LabellerConfig;
-use super::supervisor::{Readiness, Service, ServiceError, ServiceFuture};
 use crate::api::agent_status::ServiceName;
+use crate::api::field_manager;
 use crate::device::Inventory;
 use crate::labeller::{desired_labels, plan_labels};
 use crate::plugin::{DevicePluginService, HealthReport, PluginConfig, PluginStatus};
-
-/// Field manager name on every write the agent makes.
-pub const FIELD_MANAGER: &str = "gpu-operator-agent";
-
-/// Parameters of every agent write: its field manager.
-pub fn patch_params() -> PatchParams {
-    PatchParams {
-        field_manager: Some(FIELD_MANAGER.into()),
-        ..PatchParams::default()
-    }
-}
+use crate::service::{Readiness, Service, ServiceError, ServiceFuture};
 
 /// Keeps the Node's GPU labels equal to what the inventory says.
 pub struct LabellerService {
@@ -114,7 +104,7 @@ pub async fn sync_labels(
     nodes
         .patch(
             &node.name_any(),
-            &patch_params(),
+            &field_manager::patch(field_manager::AGENT),
             &Patch::Merge(patch.to_merge_patch()),
         )
         .await

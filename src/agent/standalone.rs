@@ -17,11 +17,11 @@ use tokio_util::sync::CancellationToken;
 
 use super::node_services::{DiscoveryProgress, NodeServices};
 use super::select::{NodeContext, plan_services};
-use super::supervisor::ServiceState;
 use crate::api::{DeviceConfigSpec, DocumentKind, parse_device_configs, parse_documents, validate};
 use crate::device::watch::{DeviceWatch, WatchConfig};
 use crate::health::outputs::transition_event;
 use crate::host::HostRoot;
+use crate::service::ServiceState;
 use crate::simulate::{self, SimSpec};
 use crate::testrunner::report::Outcome;
 use crate::testrunner::stats::{LastRun, TestRunnerStats};

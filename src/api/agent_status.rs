@@ -15,8 +15,9 @@
 //!  "problems":[],"since":"2026-11-30T07:00:00Z"}
 //! ```
 //!
-//! - `deviceConfig`, `uid`, `generation`: the DeviceConfig the agent follows and the
-//!   generation whose services it has applied; absent when none selects the node.
+//! - `deviceConfig` (a [`ConfigKey`], written `namespace/name`), `uid`,
+//!   `generation`: the DeviceConfig the agent follows and the generation whose
+//!   services it has applied; absent when none selects the node.
 //!   The leader sets `observedGeneration` from these.
 //! - `services`: state of each enabled service, by [`ServiceName`]. `Running`
 //!   means available: doing its job for users (the kubelet accepted the device
@@ -30,19 +31,116 @@
 //! - `since`: when this content was first published. It is not a heartbeat: the
 //!   annotation is written only when something other than `since` changes.
 
+use std::cmp::Ordering;
 use std::collections::BTreeMap;
+use std::fmt;
 
-use serde::{Deserialize, Serialize};
+use kube::ResourceExt;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use super::DeviceConfig;
 
 pub const STATUS_ANNOTATION: &str = "amd.com/gpu-agent-status";
 pub const STATUS_VERSION: u32 = 1;
+
+/// Which DeviceConfig: its namespace and name, typed, so that neither side
+/// splits a `"namespace/name"` string back apart. Written `namespace/name` in
+/// the annotation's `deviceConfig`, in logs and in messages, and ordered as
+/// that text is, so sorted lists read as they always did.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ConfigKey {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl ConfigKey {
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        Self {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+
+    /// The key of a DeviceConfig (an empty namespace if it has none).
+    pub fn of(config: &DeviceConfig) -> Self {
+        Self::new(config.namespace().unwrap_or_default(), config.name_any())
+    }
+
+    /// Reads the written form. Any text is accepted, as the annotation always
+    /// accepted any string here: text without a `/` is a name in no namespace,
+    /// which no DeviceConfig the leader sees has, so it matches none.
+    pub fn parse(text: &str) -> Self {
+        match text.split_once('/') {
+            Some((namespace, name)) => Self::new(namespace, name),
+            None => Self::new("", text),
+        }
+    }
+
+    /// The bytes of the written form, without allocating it.
+    fn written(&self) -> impl Iterator<Item = u8> + '_ {
+        self.namespace
+            .bytes()
+            .chain(std::iter::once(b'/'))
+            .chain(self.name.bytes())
+    }
+}
+
+impl fmt::Display for ConfigKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+impl Ord for ConfigKey {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.written().cmp(other.written())
+    }
+}
+
+impl PartialOrd for ConfigKey {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl From<&str> for ConfigKey {
+    /// The written form, read as [`ConfigKey::parse`] does.
+    fn from(text: &str) -> Self {
+        Self::parse(text)
+    }
+}
+
+impl PartialEq<str> for ConfigKey {
+    fn eq(&self, text: &str) -> bool {
+        self.written().eq(text.bytes())
+    }
+}
+
+impl PartialEq<&str> for ConfigKey {
+    fn eq(&self, text: &&str) -> bool {
+        *self == **text
+    }
+}
+
+impl Serialize for ConfigKey {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for ConfigKey {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = std::borrow::Cow::<'de, str>::deserialize(deserializer)?;
+        Ok(Self::parse(&text))
+    }
+}
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct AgentStatus {
     pub v: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub device_config: Option<String>,
+    pub device_config: Option<ConfigKey>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub uid: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -185,6 +283,40 @@ mod tests {
         assert_eq!(value["services"]["devicePlugin"]["state"], "Running");
         assert_eq!(value["resources"]["amd.com/gpu"], 8);
         assert_eq!(AgentStatus::parse(&json).unwrap(), sample());
+    }
+
+    #[test]
+    fn the_config_key_keeps_its_wire_form() {
+        // Byte for byte what the annotation held when the key was a string.
+        let json = sample().to_json();
+        assert!(
+            json.starts_with(r#"{"v":1,"deviceConfig":"ns/dc","uid":"u","generation":2,"#),
+            "{json}"
+        );
+        let key = ConfigKey::new("kube-amd-gpu", "default");
+        assert_eq!(
+            serde_json::to_string(&key).unwrap(),
+            r#""kube-amd-gpu/default""#
+        );
+        assert_eq!(
+            serde_json::from_str::<ConfigKey>(r#""kube-amd-gpu/default""#).unwrap(),
+            key
+        );
+        // Any string is still accepted; one without a namespace matches no
+        // namespaced DeviceConfig.
+        let odd = AgentStatus::parse(r#"{"v":1,"deviceConfig":"dc","gpus":0}"#).unwrap();
+        assert_eq!(odd.device_config, Some(ConfigKey::new("", "dc")));
+        assert_ne!(odd.device_config, Some(ConfigKey::new("ns", "dc")));
+    }
+
+    #[test]
+    fn config_keys_sort_as_their_written_form() {
+        // '-' sorts before '/': "a-b/y" < "a/x" as text, unlike (namespace, name).
+        let mut keys = [ConfigKey::new("a", "x"), ConfigKey::new("a-b", "y")];
+        keys.sort();
+        let written: Vec<String> = keys.iter().map(ToString::to_string).collect();
+        assert_eq!(written, ["a-b/y", "a/x"]);
+        assert_eq!(ConfigKey::new("ns", "dc"), "ns/dc");
     }
 
     #[test]

@@ -14,6 +14,7 @@ pub mod agent_status;
 pub mod cli;
 pub mod crd;
 pub mod enums;
+pub mod field_manager;
 pub mod semantics;
 pub mod syntax;
 pub mod types;

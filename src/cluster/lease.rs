@@ -25,13 +25,15 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
-use kube::api::{ObjectMeta, PostParams};
+use kube::api::ObjectMeta;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+
+use crate::api::field_manager;
 
 pub const DEFAULT_LEASE_NAME: &str = "gpu-operator-leader";
 
@@ -324,7 +326,10 @@ async fn write_lease(
                 ..LeaseSpec::default()
             }),
         };
-        return match api.create(&PostParams::default(), &lease).await {
+        return match api
+            .create(&field_manager::post(field_manager::LEADER), &lease)
+            .await
+        {
             // It exists already (we had not seen it yet): read it and go on as usual.
             Err(kube::Error::Api(s)) if s.code == 409 => Err(kube::Error::Api(s)),
             other => other,
@@ -343,8 +348,12 @@ async fn write_lease(
         metadata: current.metadata.clone(),
         spec: Some(spec),
     };
-    api.replace(&config.name, &PostParams::default(), &lease)
-        .await
+    api.replace(
+        &config.name,
+        &field_manager::post(field_manager::LEADER),
+        &lease,
+    )
+    .await
 }
 
 /// Gives the lease up so that a standby can take it at once.
@@ -361,7 +370,7 @@ async fn release(api: &Api<Lease>, config: &LeaseConfig, observed: &Observed, gu
         spec.holder_identity = None;
         spec.renew_time = Some(now_micro());
     }
-    let params = PostParams::default();
+    let params = field_manager::post(field_manager::LEADER);
     let release = api.replace(&config.name, &params, &lease);
     match tokio::time::timeout(Duration::from_secs(2), release).await {
         Ok(Ok(_)) => tracing::info!(identity = %config.identity, "released leadership"),

@@ -21,11 +21,11 @@ use tokio::time::Instant;
 use super::lease::LeaderGuard;
 use super::resources::{self, metrics_service, service_monitor};
 use super::status::{NodeView, Problems, desired_status, status_changed};
-use crate::agent::select::config_key;
+use crate::api::agent_status::ConfigKey;
+use crate::api::field_manager;
 use crate::api::{DeviceConfig, validate};
 
 pub const FINALIZER: &str = "amd.node.kubernetes.io/deviceconfig-finalizer";
-const FIELD_MANAGER: &str = "gpu-operator-leader";
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -60,7 +60,7 @@ pub struct Context {
     pub status_interval: Duration,
     /// How long deletion waits for agents on NotReady nodes to tear down.
     pub teardown_timeout: Duration,
-    last_status_write: Mutex<HashMap<String, Instant>>,
+    last_status_write: Mutex<HashMap<ConfigKey, Instant>>,
     /// Counts reconciles and writes, for tests, benchmarks and metrics.
     pub stats: Arc<Stats>,
     /// The owned Services the leader watches, and the namespace watched (`None`:
@@ -129,12 +129,12 @@ impl Context {
     async fn leader_write<T>(
         &self,
         action: &'static str,
-        object: &str,
+        object: &(impl std::fmt::Display + ?Sized),
         write: impl Future<Output = Result<T, kube::Error>>,
     ) -> Result<T, Error> {
         let deadline = self.guard.deadline().ok_or(Error::NotLeader)?;
         match tokio::time::timeout_at(deadline, write).await {
-            Ok(result) => result.map_err(kube_err(action, object)),
+            Ok(result) => result.map_err(kube_err(action, object.to_string())),
             Err(_) => Err(Error::NotLeader),
         }
     }
@@ -150,7 +150,7 @@ impl Context {
         let reference = dc.object_ref(&());
         let publish = self.recorder.publish(&event, &reference);
         match self
-            .leader_write("recording an Event about", &config_key(dc), publish)
+            .leader_write("recording an Event about", &ConfigKey::of(dc), publish)
             .await
         {
             Ok(()) => {}
@@ -165,9 +165,9 @@ pub async fn reconcile(dc: Arc<DeviceConfig>, ctx: Arc<Context>) -> Result<Actio
     ctx.stats
         .reconciles
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    crate::metrics::agent::record_reconcile();
+    crate::counters::record_reconcile();
     ctx.check_leader()?;
-    let key = config_key(&dc);
+    let key = ConfigKey::of(&dc);
     let selected: Vec<NodeView> = ctx
         .nodes
         .state()
@@ -214,11 +214,11 @@ pub async fn reconcile(dc: Arc<DeviceConfig>, ctx: Arc<Context>) -> Result<Actio
     let patch = json!([{ "op": "add", "path": "/status", "value": desired }]);
     let patch: json_patch::Patch = serde_json::from_value(patch).map_err(|e| Error::Kube {
         action: "encoding status of",
-        object: key.clone(),
+        object: key.to_string(),
         source: kube::Error::SerdeError(e),
     })?;
     let name = dc.name_any();
-    let params = PatchParams::default();
+    let params = field_manager::patch(field_manager::LEADER);
     let patch = Patch::Json::<()>(patch);
     let write = api.patch_status(&name, &params, &patch);
     ctx.leader_write("writing status of", &key, write).await?;
@@ -270,7 +270,7 @@ pub fn readiness_event(
 }
 
 /// Time left before the next status write of `key` is allowed, if any.
-fn throttle(ctx: &Context, key: &str) -> Option<Duration> {
+fn throttle(ctx: &Context, key: &ConfigKey) -> Option<Duration> {
     let last = ctx.last_status_write.lock().ok()?.get(key).copied()?;
     let next = last + ctx.status_interval;
     let now = Instant::now();
@@ -281,8 +281,8 @@ pub fn error_policy(dc: Arc<DeviceConfig>, error: &Error, _ctx: Arc<Context>) ->
     match error {
         Error::NotLeader => Action::await_change(),
         other => {
-            tracing::warn!(deviceconfig = %config_key(&dc), error = %other, "reconcile failed; retrying");
-            crate::metrics::agent::record_api_error();
+            tracing::warn!(deviceconfig = %ConfigKey::of(&dc), error = %other, "reconcile failed; retrying");
+            crate::counters::record_api_error();
             Action::requeue(Duration::from_secs(5))
         }
     }
@@ -310,10 +310,10 @@ async fn patch_finalizers(
         "metadata": { "finalizers": finalizers, "resourceVersion": dc.resource_version() }
     });
     let name = dc.name_any();
-    let params = PatchParams::default();
+    let params = field_manager::patch(field_manager::LEADER);
     let patch = Patch::Merge(&patch);
     let write = api.patch(&name, &params, &patch);
-    ctx.leader_write("updating finalizers of", &config_key(dc), write)
+    ctx.leader_write("updating finalizers of", &ConfigKey::of(dc), write)
         .await
         .map(|_| ())
 }
@@ -454,18 +454,18 @@ fn conflicts(
     selected: &[NodeView],
     configs: &Store<DeviceConfig>,
 ) -> Vec<String> {
-    let key = config_key(dc);
+    let key = ConfigKey::of(dc);
     let others: Vec<Arc<DeviceConfig>> = configs
         .state()
         .into_iter()
-        .filter(|o| config_key(o) != key && o.metadata.deletion_timestamp.is_none())
+        .filter(|o| ConfigKey::of(o) != key && o.metadata.deletion_timestamp.is_none())
         .collect();
     let mut problems = Vec::new();
     for node in selected {
         let claimants: BTreeSet<String> = others
             .iter()
             .filter(|o| o.spec.selects(&node.labels))
-            .map(|o| config_key(o))
+            .map(|o| ConfigKey::of(o).to_string())
             .collect();
         if !claimants.is_empty() {
             problems.push(format!(
@@ -536,7 +536,7 @@ async fn sync_service_monitor(
         .is_ok_and(|list| list.resources.iter().any(|r| r.name == resource.plural))
     {
         if wanted.is_some() {
-            tracing::info!(deviceconfig = %config_key(dc), "ServiceMonitor wanted but its CRD is not served; skipped");
+            tracing::info!(deviceconfig = %ConfigKey::of(dc), "ServiceMonitor wanted but its CRD is not served; skipped");
         }
         return Ok(());
     }
@@ -560,7 +560,7 @@ async fn sync_service_monitor(
 }
 
 fn apply_params() -> PatchParams {
-    PatchParams::apply(FIELD_MANAGER).force()
+    field_manager::apply(field_manager::LEADER)
 }
 
 async fn delete_if_present<K>(ctx: &Context, api: &Api<K>, name: &str) -> Result<(), Error>
@@ -592,7 +592,7 @@ async fn tear_down(
     if !dc.finalizers().iter().any(|f| f == FINALIZER) {
         return Ok(Action::await_change());
     }
-    let key = config_key(dc);
+    let key = ConfigKey::of(dc);
     let since_deletion = dc
         .metadata
         .deletion_timestamp

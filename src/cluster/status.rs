@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::ResourceExt;
 
-use crate::agent::select::config_key;
+use crate::api::agent_status::ConfigKey;
 use crate::api::agent_status::{AgentStatus, STATUS_ANNOTATION, ServiceName};
 use crate::api::{
     CONDITION_ERROR, CONDITION_READY, DeploymentStatus, DeviceConfig, DeviceConfigStatus,
@@ -58,9 +58,9 @@ impl NodeView {
     }
 
     /// The agent reports that it follows this DeviceConfig.
-    pub fn follows(&self, key: &str, uid: Option<&str>) -> Option<&AgentStatus> {
+    pub fn follows(&self, key: &ConfigKey, uid: Option<&str>) -> Option<&AgentStatus> {
         self.agent.as_ref().filter(|a| {
-            a.device_config.as_deref() == Some(key) && (uid.is_none() || a.uid.as_deref() == uid)
+            a.device_config.as_ref() == Some(key) && (uid.is_none() || a.uid.as_deref() == uid)
         })
     }
 }
@@ -83,7 +83,7 @@ pub fn desired_status(
     previous: Option<&DeviceConfigStatus>,
     now: &Time,
 ) -> DeviceConfigStatus {
-    let key = config_key(dc);
+    let key = ConfigKey::of(dc);
     let uid = dc.metadata.uid.as_deref();
     let generation = dc.metadata.generation.unwrap_or(0);
     let spec = &dc.spec;
@@ -237,7 +237,7 @@ pub fn desired_status(
 /// Why a selected node does not serve what the DeviceConfig enables; `None`
 /// when it does: its agent follows this DeviceConfig and reports every enabled
 /// service available.
-fn why_not_serving(node: &NodeView, key: &str, uid: Option<&str>) -> Option<String> {
+fn why_not_serving(node: &NodeView, key: &ConfigKey, uid: Option<&str>) -> Option<String> {
     if !node.ready {
         return Some("the Node is not Ready".to_owned());
     }
@@ -257,7 +257,11 @@ fn why_not_serving(node: &NodeView, key: &str, uid: Option<&str>) -> Option<Stri
 }
 
 /// The Ready message when some selected nodes do not serve; `None` when all do.
-fn not_serving_message(selected: &[NodeView], key: &str, uid: Option<&str>) -> Option<String> {
+fn not_serving_message(
+    selected: &[NodeView],
+    key: &ConfigKey,
+    uid: Option<&str>,
+) -> Option<String> {
     let failing: Vec<(&str, String)> = selected
         .iter()
         .filter_map(|n| why_not_serving(n, key, uid).map(|why| (n.name.as_str(), why)))

@@ -9,7 +9,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::device::{Gpu, Inventory};
-use crate::metrics::config::{HealthThresholds, ecc_suffix};
+use crate::metrics::config::HealthThresholds;
+use crate::metrics::fields::ecc_suffix;
 use crate::metrics::sample::{GpuReadings, HostSample};
 
 /// Junction limit when neither the configuration nor the driver gives one.

@@ -17,7 +17,6 @@ use super::checks::{Thresholds, evaluate};
 use super::damping::{Damping, Step, Tracker};
 use super::outputs::health_report;
 use super::{GpuHealth, HealthSnapshot, HealthTransition};
-use crate::agent::supervisor::{Readiness, Service, ServiceFuture};
 use crate::api::agent_status::ServiceName;
 use crate::device::Inventory;
 use crate::host::HostRoot;
@@ -26,6 +25,7 @@ use crate::metrics::devices::logical_gpus;
 use crate::metrics::reader::BoundedReader;
 use crate::metrics::sample::{HostSample, Sampler, Scope};
 use crate::plugin::HealthReport;
+use crate::service::{Readiness, Service, ServiceFuture};
 
 /// Configuration of the health monitor.
 #[derive(Clone, Debug, PartialEq)]

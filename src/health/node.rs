@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Patch, PatchParams};
+use kube::api::Patch;
 use kube::runtime::events::Recorder;
 use kube::{Api, Resource, ResourceExt};
 use tokio::sync::{broadcast, watch};
@@ -23,9 +23,7 @@ use super::outputs::{
     node_condition, transition_event,
 };
 use super::{HealthSnapshot, HealthTransition};
-
-/// Field manager of the health writes.
-pub const FIELD_MANAGER: &str = "gpu-operator-health";
+use crate::api::field_manager;
 
 #[derive(Debug, thiserror::Error)]
 pub enum NodeHealthError {
@@ -68,10 +66,7 @@ async fn apply_to(
     snapshot: &HealthSnapshot,
 ) -> Result<NodeHealthWrite, NodeHealthError> {
     let name = node.name_any();
-    let params = PatchParams {
-        field_manager: Some(FIELD_MANAGER.into()),
-        ..PatchParams::default()
-    };
+    let params = field_manager::patch(field_manager::HEALTH);
     let mut wrote = NodeHealthWrite::default();
     let existing = node
         .status
@@ -114,10 +109,7 @@ async fn apply_to(
 /// no DeviceConfig asks for health on this node any more.
 pub async fn remove_node_health(nodes: &Api<Node>, node_name: &str) -> Result<(), NodeHealthError> {
     let node = get_node(nodes, node_name).await?;
-    let params = PatchParams {
-        field_manager: Some(FIELD_MANAGER.into()),
-        ..PatchParams::default()
-    };
+    let params = field_manager::patch(field_manager::HEALTH);
     if let Some(patch) = label_patch(node.labels(), &health_labels(&HealthSnapshot::default())) {
         nodes
             .patch(node_name, &params, &Patch::Merge(patch))
@@ -178,7 +170,7 @@ pub async fn publish_node_health(
             match apply_node_health(&nodes, &node_name, &snapshot).await {
                 Ok(_) => pending = false,
                 Err(e) => {
-                    crate::metrics::agent::record_api_error();
+                    crate::counters::record_api_error();
                     tracing::warn!(error = %e, "cannot write GPU health to the Node; will retry")
                 }
             }
@@ -203,7 +195,7 @@ pub async fn publish_node_health(
                         }
                         .object_ref(&());
                         if let Err(e) = recorder.publish(&transition_event(&t), &reference).await {
-                            crate::metrics::agent::record_api_error();
+                            crate::counters::record_api_error();
                             tracing::warn!(error = %e, "cannot record a GPU health Event");
                         }
                     }

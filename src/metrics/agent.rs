@@ -2,12 +2,10 @@
 //! errors, service restarts, sysfs reader health, and the standard process
 //! metrics (`process_resident_memory_bytes`, `process_cpu_seconds_total`, ...).
 //!
-//! Counting is a relaxed atomic increment, so any code may count from anywhere:
-//!
-//! ```
-//! gpu_operator::metrics::agent::record_reconcile();
-//! gpu_operator::metrics::agent::record_api_error();
-//! ```
+//! The counts themselves live below every module that counts: reconciles and
+//! API errors in [`crate::counters`], service restarts in [`crate::service`],
+//! untrusted discovery scans in [`crate::device::watch`]. This module only
+//! reads and renders them.
 //!
 //! Like everything the exporter serves, these are rendered when it takes a
 //! sample (and when GPU health changes), not on scrape: a scrape may be one
@@ -17,24 +15,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::Serialize;
 
+use super::fields::Kind;
 use super::reader::ReaderStats;
-use super::render::{Family, Kind, Series};
-use crate::agent::supervisor::SERVICE_RESTARTS;
+use super::render::{Family, Series};
+use crate::service::SERVICE_RESTARTS;
 use crate::testrunner::report::Outcome;
 use crate::testrunner::stats::{LastRun, TestRunnerStats};
-
-static RECONCILES: AtomicU64 = AtomicU64::new(0);
-static API_ERRORS: AtomicU64 = AtomicU64::new(0);
-
-/// Counts one reconcile (of the node agent or the cluster role).
-pub fn record_reconcile() {
-    RECONCILES.fetch_add(1, Ordering::Relaxed);
-}
-
-/// Counts one failed Kubernetes API request.
-pub fn record_api_error() {
-    API_ERRORS.fetch_add(1, Ordering::Relaxed);
-}
 
 static ENDPOINT_OPEN: AtomicU64 = AtomicU64::new(0);
 static ENDPOINT_DISPLACED: AtomicU64 = AtomicU64::new(0);
@@ -123,8 +109,8 @@ pub struct Counters {
 
 pub fn counters() -> Counters {
     Counters {
-        reconciles: RECONCILES.load(Ordering::Relaxed),
-        api_errors: API_ERRORS.load(Ordering::Relaxed),
+        reconciles: crate::counters::reconciles(),
+        api_errors: crate::counters::api_errors(),
         service_restarts: SERVICE_RESTARTS.load(Ordering::Relaxed),
         discovery_incomplete: crate::device::watch::incomplete_scans(),
     }
@@ -394,6 +380,7 @@ pub fn test_runner_families(stats: &TestRunnerStats) -> Vec<Family> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::counters::{record_api_error, record_reconcile};
 
     #[test]
     fn test_runner_results_become_families() {

@@ -28,37 +28,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-/// RAS blocks: the sysfs name (`ras/<name>_err_count`) and the suffix of the
-/// reference's per-block metrics (`gpu_ecc_uncorrect_<suffix>`).
-pub const ECC_BLOCKS: &[(&str, &str)] = &[
-    ("sdma", "sdma"),
-    ("gfx", "gfx"),
-    ("mmhub", "mmhub"),
-    ("athub", "athub"),
-    ("pcie_bif", "bif"),
-    ("hdp", "hdp"),
-    ("xgmi_wafl", "xgmi_wafl"),
-    ("df", "df"),
-    ("smn", "smn"),
-    ("sem", "sem"),
-    ("mp0", "mp0"),
-    ("mp1", "mp1"),
-    ("fuse", "fuse"),
-    ("umc", "umc"),
-    ("mca", "mca"),
-    ("vcn", "vcn"),
-    ("jpeg", "jpeg"),
-    ("ih", "ih"),
-    ("mpio", "mpio"),
-];
-
-/// The reference's metric suffix of a sysfs RAS block, if it has one.
-pub fn ecc_suffix(sysfs_block: &str) -> Option<&'static str> {
-    ECC_BLOCKS
-        .iter()
-        .find(|(sysfs, _)| *sysfs == sysfs_block)
-        .map(|(_, suffix)| *suffix)
-}
+use super::fields::{ECC_BLOCKS, is_known_field};
 
 /// Labels every series carries; configuration cannot remove them.
 pub const MANDATORY_LABELS: &[&str] = &[
@@ -259,7 +229,7 @@ pub fn parse_config(text: &str) -> Result<ExporterConfig, ConfigError> {
         let mut fields = BTreeSet::new();
         for field in gpu.fields {
             let field = field.trim().to_ascii_uppercase();
-            if !super::render::is_known_field(&field) {
+            if !is_known_field(&field) {
                 warnings.push(format!(
                     "field {field} is not exported by this implementation; ignored"
                 ));
@@ -358,6 +328,7 @@ pub fn is_label_name(name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::metrics::fields::ecc_suffix;
 
     #[test]
     fn blank_text_is_the_default() {

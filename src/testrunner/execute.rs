@@ -24,8 +24,8 @@ use tokio_util::sync::CancellationToken;
 use super::command::{CommandLine, Commands, command_line, read_results, rvs_conf};
 use super::config::{Framework, TestCase, Trigger};
 use super::gpus::TargetGpu;
-use super::kube::EventContent;
 use super::process::{self, LogCap, ProcessEnd};
+use super::report::EventContent;
 use super::report::{
     Ending, IterationResult, Outcome, SuitesResult, event_labels, event_message, file_part,
     iteration_failed, iteration_result, no_gpu_result, outcome,

@@ -13,19 +13,17 @@
 //! Building the objects is pure ([`result_event`], [`running_labels_patch`],
 //! [`remove_request_patch`]); [`Kube`] sends them.
 
-use std::collections::BTreeMap;
-
 use k8s_openapi::api::core::v1::{Event, EventSource, Node, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Patch, PatchParams, PostParams};
+use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
 use serde_json::{Value, json};
 
 use super::config::CATEGORY;
 use super::decide::TEST_REQUEST_ANNOTATION;
-use super::report::{EVENT_COMPONENT, RUNNING};
-use crate::agent::services::FIELD_MANAGER;
+use super::report::{EVENT_COMPONENT, EventContent, RUNNING};
+use crate::api::field_manager;
 
 /// Namespace of the Events about the Node.
 pub const EVENT_NAMESPACE: &str = "default";
@@ -38,15 +36,6 @@ pub fn event_name_prefix() -> String {
         "{EVENT_COMPONENT}-{}-",
         CATEGORY.to_ascii_lowercase().replace('_', "-")
     )
-}
-
-/// What an Event says, before it becomes an object.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct EventContent {
-    pub type_: String,
-    pub reason: String,
-    pub message: String,
-    pub labels: BTreeMap<String, String>,
 }
 
 /// The core/v1 Event about `node`.
@@ -143,10 +132,7 @@ impl Kube {
     }
 
     fn params() -> PatchParams {
-        PatchParams {
-            field_manager: Some(FIELD_MANAGER.into()),
-            ..PatchParams::default()
-        }
+        field_manager::patch(field_manager::AGENT)
     }
 
     pub async fn set_running(&self, keys: &[String], running: bool) -> Result<(), kube::Error> {
@@ -170,7 +156,7 @@ impl Kube {
     ) -> Result<(), kube::Error> {
         let event = result_event(content, &self.node, node_uid, Timestamp::now());
         self.events
-            .create(&PostParams::default(), &event)
+            .create(&field_manager::post(field_manager::AGENT), &event)
             .await
             .map(drop)
     }

@@ -24,7 +24,16 @@ pub const RUNNING: &str = "running";
 /// The action name used when a tool reported nothing for a GPU.
 pub const NO_RESULT_ACTION: &str = "result";
 
-/// The result of one test action on one GPU.
+/// What an Event says, before it becomes an object (that is
+/// [`super::kube::result_event`]'s job).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EventContent {
+    pub type_: String,
+    pub reason: String,
+    pub message: String,
+    pub labels: BTreeMap<String, String>,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ActionResult {

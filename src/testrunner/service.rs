@@ -31,13 +31,14 @@ use super::decide::{
 };
 use super::execute::{CaseReport, LogLimits, Logs, run_case};
 use super::gpus::{TargetGpu, read_targets};
-use super::kube::{CONFIG_ERROR_REASON, EventContent, Kube, resource_version};
+use super::kube::{CONFIG_ERROR_REASON, Kube, resource_version};
+use super::report::EventContent;
 use super::report::{LABEL_PREFIX, label_value, running_label_key};
 use super::stats::{RunningTest, TestRunnerStats};
 use super::{GpuUnhealthy, TestRunnerConfig};
-use crate::agent::supervisor::{Readiness, Service, ServiceError, ServiceFuture};
 use crate::api::agent_status::ServiceName;
 use crate::device::Inventory;
+use crate::service::{Readiness, Service, ServiceError, ServiceFuture};
 
 /// The test runner as a node service.
 pub struct TestRunnerService {

@@ -13,6 +13,13 @@
 //! [`Readiness`], when it does its job for users (the kubelet accepted the
 //! device plugin, the first metrics are served, labels are written) and when it
 //! stops doing so, and why.
+//!
+//! This module owns the service kernel every node service is written against:
+//! the [`Service`] trait, [`Slot`], [`Readiness`], [`ServiceState`] and the
+//! process-wide restart counter ([`SERVICE_RESTARTS`]). It sits low in the
+//! module order so that the services (`health`, `metrics`, `testrunner`, ...)
+//! can implement it without importing the agent that runs them. It must not
+//! know any particular service, nor talk to the host or the Kubernetes API.
 
 use std::fmt::{Debug, Display};
 use std::future::Future;

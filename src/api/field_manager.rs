@@ -1,0 +1,63 @@
+//! Field-manager names: who wrote what, as the API server records it in each
+//! object's `managedFields`. Every write this program makes (patch, apply,
+//! create, replace) names one of these, through [`patch`], [`post`] or
+//! [`apply`], so that the server can tell the concerns apart.
+//!
+//! Not covered, because they are not ours to set: Events sent through
+//! kube-runtime's `Recorder` (it builds its own request parameters; the server
+//! records the client's user agent), and TokenReview / SubjectAccessReview
+//! creations, which are questions to the server and store nothing.
+//!
+//! Plain data: this module must not talk to the API itself.
+
+use kube::api::{PatchParams, PostParams};
+
+/// The node agent: its status annotation, the GPU labels (labeller), and the
+/// test runner's running-state labels, result Events and request removal.
+pub const AGENT: &str = "gpu-operator-agent";
+
+/// The health monitor: the `AMDGPUUnhealthy` Node condition and the
+/// `metricsexporter.amd.com.gpu.<id>.state` labels.
+pub const HEALTH: &str = "gpu-operator-health";
+
+/// The cluster role: the Lease, DeviceConfig status and finalizer, and the
+/// metrics Service and ServiceMonitor it owns (server-side apply).
+pub const LEADER: &str = "gpu-operator-leader";
+
+/// Parameters of a patch by `manager`.
+pub fn patch(manager: &str) -> PatchParams {
+    PatchParams {
+        field_manager: Some(manager.to_owned()),
+        ..PatchParams::default()
+    }
+}
+
+/// Parameters of a create or replace by `manager`.
+pub fn post(manager: &str) -> PostParams {
+    PostParams {
+        field_manager: Some(manager.to_owned()),
+        ..PostParams::default()
+    }
+}
+
+/// Parameters of a forced server-side apply by `manager`: the objects it
+/// applies are its own, and it takes their fields back from anyone else.
+pub fn apply(manager: &str) -> PatchParams {
+    PatchParams::apply(manager).force()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_write_names_its_manager() {
+        for manager in [AGENT, HEALTH, LEADER] {
+            assert_eq!(patch(manager).field_manager.as_deref(), Some(manager));
+            assert_eq!(post(manager).field_manager.as_deref(), Some(manager));
+            let applied = apply(manager);
+            assert_eq!(applied.field_manager.as_deref(), Some(manager));
+            assert!(applied.force);
+        }
+    }
+}
