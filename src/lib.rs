@@ -14,6 +14,7 @@ pub mod health;
 pub mod host;
 pub mod labeller;
 pub mod metrics;
+pub mod node_writer;
 pub mod plugin;
 pub mod service;
 pub mod simulate;

@@ -400,8 +400,8 @@ async fn the_agent_survives_api_errors() {
         h.status().is_some_and(|s| s.device_config.is_some())
     })
     .await;
-    // Each failed write shows in the agent's own metrics: as an API error (the
-    // status writer) or as a restart (the labeller service).
+    // Each failed write shows in the agent's own metrics as an API error
+    // (the Node writer counts every failed request, retried or not).
     assert!(counted() >= before + 2, "{} -> {}", before, counted());
     // A dropped watch is resumed: a later change still arrives.
     h.emulator.faults().drop_watches();
@@ -655,6 +655,68 @@ async fn until_discovery_completes_only_metrics_run_the_status_says_why_and_an_e
             !s.problems.iter().any(|p| p.contains("GPU discovery"))
                 && s.services.get(&ServiceName::MetricsExporter) == Some(&ServiceStatus::Running)
         })
+    })
+    .await;
+    h.stop().await;
+}
+
+/// Labels the reference's labeller (or an earlier version of ours, with its
+/// owned-keys annotation) wrote under the same keys are taken over through
+/// server-side apply, and removed with the rest when the labeller is disabled;
+/// labels nobody handed over are kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn labels_written_before_are_taken_over_and_removed_with_the_rest() {
+    let mut h = Harness::start("mi300x", None, json!({})).await;
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(h.emulator.client());
+    // The reference wrote family (the same value we want) and a count we will
+    // not want; an earlier version of ours listed vram as its own.
+    nodes
+        .patch(
+            NODE,
+            &PatchParams {
+                field_manager: Some("amd-gpu-node-labeller".into()),
+                ..PatchParams::default()
+            },
+            &Patch::Merge(json!({"metadata": {
+                "labels": {"amd.com/gpu.family": "AI", "amd.com/gpu.admin-note": "keep",
+                           "amd.com/gpu.vram": "64G"},
+                "annotations": {OWNED_ANNOTATION: "amd.com/gpu.vram"},
+            }})),
+        )
+        .await
+        .unwrap();
+    h.apply_device_config("gpus", json!({})).await;
+    h.eventually("labels applied and the old annotation retired", |h| {
+        let labels = h.labels();
+        labels.get("amd.com/gpu.vram").map(String::as_str) == Some("192G")
+            && labels.get("amd.com/gpu.family").map(String::as_str) == Some("AI")
+            && h.node()["metadata"]["annotations"]
+                .get(OWNED_ANNOTATION)
+                .is_none()
+    })
+    .await;
+    let managers: Vec<String> = h.node()["metadata"]["managedFields"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["manager"].as_str().map(str::to_owned))
+        .collect();
+    assert!(
+        managers.iter().any(|m| m == "gpu-operator-labeller"),
+        "labels are applied under the labeller's own manager: {managers:?}"
+    );
+
+    h.apply_device_config(
+        "gpus",
+        json!({"devicePlugin": {"enableNodeLabeller": false}}),
+    )
+    .await;
+    h.eventually("taken-over labels removed, the admin's kept", |h| {
+        let labels = h.labels();
+        !labels.contains_key("amd.com/gpu.family")
+            && !labels.contains_key("amd.com/gpu.vram")
+            && !labels.contains_key("amd.com/gpu.product-name")
+            && labels.get("amd.com/gpu.admin-note").map(String::as_str) == Some("keep")
     })
     .await;
     h.stop().await;

@@ -40,11 +40,11 @@ use crate::api::agent_status::{AgentStatus, STATUS_ANNOTATION, STATUS_VERSION};
 use crate::api::field_manager;
 use crate::device::watch::{DeviceWatch, WatchConfig};
 use crate::host::HostRoot;
+use crate::node_writer::NodeWriter;
 use crate::plugin::PluginStatus;
 use configmaps::ConfigMapFollower;
 use node_services::{DiscoveryProgress, NodeServices};
 use select::{NodeContext, Selection, idle_services, plan_services, select_config};
-use services::sync_labels;
 
 /// How the agent was started.
 #[derive(Clone, Debug)]
@@ -102,6 +102,8 @@ pub async fn run(
     );
     let mut inventory = devices.inventory();
     let nodes: Api<Node> = Api::all(client.clone());
+    // Every write to this agent's own Node goes through it.
+    let writer = NodeWriter::new(nodes.clone(), node_name.clone());
 
     // The cluster role runs beside node work and stops with it: on shutdown the
     // election releases the lease so that a standby takes over at once.
@@ -136,7 +138,7 @@ pub async fn run(
     let mut services = NodeServices::new(
         inventory.clone(),
         devices.state(),
-        Some((client.clone(), nodes.clone(), node_rx.clone())),
+        Some((client.clone(), writer.clone(), node_rx.clone())),
     );
     let mut plugin_status = services.plugin_status.clone();
     let mut discovery = services.discovery();
@@ -260,18 +262,8 @@ pub async fn run(
             }
             let applied = services.apply(desired).await;
             if applied.labeller_stopped {
-                // Disabled or deselected: remove the labels this agent wrote. The
-                // watched copy may predate the labeller's last patch, whose
-                // labels would then be missed: read the Node afresh.
-                let fresh = match nodes.get(&node_name).await {
-                    Ok(fresh) => Arc::new(fresh),
-                    Err(e) => {
-                        tracing::debug!(error = %e, "cannot re-read the Node; using the watched copy");
-                        node.clone()
-                    }
-                };
-                if let Err(e) = sync_labels(&nodes, &fresh, &Default::default()).await {
-                    crate::counters::record_api_error();
+                // Disabled or deselected: remove the labels the labeller wrote.
+                if let Err(e) = services::remove_labels(&writer, &node).await {
                     tracing::warn!(error = %e, "cannot remove GPU labels");
                 }
             }

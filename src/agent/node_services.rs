@@ -8,7 +8,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Node;
-use kube::Api;
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio_util::task::AbortOnDropHandle;
 
@@ -19,6 +18,7 @@ use crate::device::Inventory;
 use crate::device::watch::ScanState;
 use crate::health::{HealthMonitor, HealthSnapshot, HealthTransition};
 use crate::metrics::{ExporterStatus, MetricsService};
+use crate::node_writer::NodeWriter;
 use crate::plugin::PluginStatus;
 use crate::service::{ServiceState, Slot, SlotChange};
 use crate::testrunner::{GpuUnhealthy, TestRunnerService, TestRunnerStats};
@@ -57,7 +57,7 @@ pub const DISCOVERING: &str = "waiting for the first complete GPU discovery";
 
 /// The Kubernetes side of the node services: the client, the Node API and the
 /// agent's own Node as watched.
-pub type KubeSide = (kube::Client, Api<Node>, watch::Receiver<Option<Arc<Node>>>);
+pub type KubeSide = (kube::Client, NodeWriter, watch::Receiver<Option<Arc<Node>>>);
 
 /// What changed when desired services were applied.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -100,7 +100,7 @@ impl NodeServices {
         ));
 
         let (client, nodes, node) = match kube {
-            Some((client, nodes, node)) => (Some(client), Some(nodes), node),
+            Some((client, writer, node)) => (Some(client), Some(writer), node),
             None => (None, None, watch::channel(None).1),
         };
         let test_runner =
@@ -112,9 +112,9 @@ impl NodeServices {
         let (discovery_tx, discovery) = watch::channel(progress_of(&scan.borrow()));
         let forward_discovery = tokio::spawn(forward_progress(scan, discovery_tx));
         let exporter_status = exporter.status();
-        let labeller = nodes.map(|nodes| {
+        let labeller = nodes.map(|writer| {
             Slot::new(LabellerService {
-                nodes,
+                writer,
                 inventory,
                 node,
             })

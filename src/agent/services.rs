@@ -4,22 +4,21 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Node;
-use kube::api::Patch;
-use kube::{Api, ResourceExt};
+use kube::ResourceExt;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::select::LabellerConfig;
 use crate::api::agent_status::ServiceName;
-use crate::api::field_manager;
 use crate::device::Inventory;
-use crate::labeller::{desired_labels, plan_labels};
+use crate::labeller::{desired_labels, label_intent};
+use crate::node_writer::{Concern, NodeWriteError, NodeWriter, RETRY_AFTER_FAILURE};
 use crate::plugin::{DevicePluginService, HealthReport, PluginConfig, PluginStatus};
 use crate::service::{Readiness, Service, ServiceError, ServiceFuture};
 
 /// Keeps the Node's GPU labels equal to what the inventory says.
 pub struct LabellerService {
-    pub nodes: Api<Node>,
+    pub writer: NodeWriter,
     pub inventory: watch::Receiver<Arc<Inventory>>,
     pub node: watch::Receiver<Option<Arc<Node>>>,
 }
@@ -31,7 +30,10 @@ impl Service for LabellerService {
         ServiceName::Labeller.as_str()
     }
 
-    /// Available once the Node carries the labels the inventory calls for.
+    /// Available once the Node carries the labels the inventory calls for. A
+    /// write that fails (after the writer's retries) makes it unavailable,
+    /// with the reason, and is tried again after [`RETRY_AFTER_FAILURE`] or on
+    /// the next change; the service itself keeps running.
     fn run(
         self: Arc<Self>,
         mut config: watch::Receiver<LabellerConfig>,
@@ -41,19 +43,22 @@ impl Service for LabellerService {
         Box::pin(async move {
             let mut inventory = self.inventory.clone();
             let mut node = self.node.clone();
-            // The Node as last returned by our own patch: newer than the watch's
-            // copy until the watch catches up, so one change is never written twice.
-            let mut patched: Option<Arc<Node>> = None;
             loop {
                 let kinds = config.borrow_and_update().kinds.clone();
                 let desired = desired_labels(&inventory.borrow_and_update(), &kinds);
                 let watched = node.borrow_and_update().clone();
-                match newest(watched, patched.clone()) {
+                let mut failed = false;
+                match watched {
                     Some(current) => {
-                        if let Some(updated) = sync_labels(&self.nodes, &current, &desired).await? {
-                            patched = Some(Arc::new(updated));
+                        let intent = label_intent(desired, current.annotations());
+                        match self.writer.apply(Concern::Labeller, &intent).await {
+                            Ok(_) => readiness.available(),
+                            Err(e) => {
+                                tracing::warn!(error = %e, "cannot write the GPU labels; will retry");
+                                readiness.unavailable(format!("cannot write the GPU labels: {e}"));
+                                failed = true;
+                            }
                         }
-                        readiness.available();
                     }
                     None => readiness.unavailable("waiting to see this agent's Node"),
                 }
@@ -62,54 +67,18 @@ impl Service for LabellerService {
                     _ = inventory.changed() => {}
                     _ = node.changed() => {}
                     _ = config.changed() => {}
+                    _ = tokio::time::sleep(RETRY_AFTER_FAILURE), if failed => {}
                 }
             }
         })
     }
 }
 
-/// The newer of two copies of the Node, by resourceVersion.
-fn newest(watched: Option<Arc<Node>>, patched: Option<Arc<Node>>) -> Option<Arc<Node>> {
-    let version = |n: &Node| {
-        n.metadata
-            .resource_version
-            .as_deref()
-            .and_then(|v| v.parse::<u64>().ok())
-    };
-    match (watched, patched) {
-        (Some(w), Some(p)) => match (version(&w), version(&p)) {
-            (Some(wv), Some(pv)) if pv > wv => Some(p),
-            _ => Some(w),
-        },
-        (w, p) => w.or(p),
-    }
-}
-
-/// Patches the Node so that the labels the agent owns are exactly `desired`.
-/// Returns the updated Node, or `None` when nothing had to change.
-pub async fn sync_labels(
-    nodes: &Api<Node>,
-    node: &Node,
-    desired: &BTreeMap<String, String>,
-) -> Result<Option<Node>, ServiceError> {
-    let Some(patch) = plan_labels(node.labels(), node.annotations(), desired) else {
-        return Ok(None);
-    };
-    tracing::info!(
-        node = %node.name_any(),
-        set = patch.set.len(),
-        removed = patch.remove.len(),
-        "updating GPU labels"
-    );
-    nodes
-        .patch(
-            &node.name_any(),
-            &field_manager::patch(field_manager::AGENT),
-            &Patch::Merge(patch.to_merge_patch()),
-        )
-        .await
-        .map(Some)
-        .map_err(|e| ServiceError::new(format!("patching labels of {}: {e}", node.name_any())))
+/// Removes every GPU label the labeller wrote (it was disabled, or the node
+/// deselected).
+pub async fn remove_labels(writer: &NodeWriter, node: &Node) -> Result<(), NodeWriteError> {
+    let intent = label_intent(BTreeMap::new(), node.annotations());
+    writer.apply(Concern::Labeller, &intent).await.map(drop)
 }
 
 /// Runs the kubelet device plugin and forwards its status to the agent.

@@ -12,12 +12,24 @@
 
 use kube::api::{PatchParams, PostParams};
 
-/// The node agent: its status annotation, the GPU labels (labeller), and the
-/// test runner's running-state labels, result Events and request removal.
+/// The node agent's writes that are not about one Node concern: the test
+/// runner's result Events. Earlier versions also wrote the GPU labels, the
+/// status annotation and the running-state labels under this name (the
+/// Node writer takes those over, see `node_writer`).
 pub const AGENT: &str = "gpu-operator-agent";
 
+/// The agent status annotation on the agent's own Node (server-side apply).
+pub const AGENT_STATUS: &str = "gpu-operator-agent-status";
+
+/// The GPU labels on the agent's own Node (server-side apply).
+pub const LABELLER: &str = "gpu-operator-labeller";
+
+/// The test runner's running-state labels and the removal of handled test
+/// requests on the agent's own Node.
+pub const TEST_RUNNER: &str = "gpu-operator-test-runner";
+
 /// The health monitor: the `AMDGPUUnhealthy` Node condition and the
-/// `metricsexporter.amd.com.gpu.<id>.state` labels.
+/// `metricsexporter.amd.com.gpu.<id>.state` labels (server-side apply).
 pub const HEALTH: &str = "gpu-operator-health";
 
 /// The cluster role: the Lease, DeviceConfig status and finalizer, and the
@@ -52,7 +64,7 @@ mod tests {
 
     #[test]
     fn every_write_names_its_manager() {
-        for manager in [AGENT, HEALTH, LEADER] {
+        for manager in [AGENT, AGENT_STATUS, LABELLER, TEST_RUNNER, HEALTH, LEADER] {
             assert_eq!(patch(manager).field_manager.as_deref(), Some(manager));
             assert_eq!(post(manager).field_manager.as_deref(), Some(manager));
             let applied = apply(manager);

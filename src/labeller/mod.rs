@@ -11,19 +11,25 @@
 //! `amd.com/gpu.memory-partitioning-supported`. Values describe physical GPUs: an
 //! MI300X in CPX mode counts as one GPU with 304 CUs, not eight partitions.
 //!
-//! Which labels this agent wrote is recorded in the annotation [`OWNED_ANNOTATION`],
-//! so that stale ones can be removed without ever touching labels someone else
-//! wrote. One exception, on purpose: a label this agent wants that already
-//! exists under the same key (written by AMD's labeller before a migration, say)
-//! is taken over, so that it is kept current and removed with the rest. This module computes labels and patches as plain data; writing them to
-//! the Node is the agent's job.
+//! Which labels are the labeller's is the API server's to know: they are
+//! applied through the Node writer under the labeller's own field manager
+//! ([`crate::node_writer`]), so a label it stops wanting is removed and a label
+//! someone else wrote is never touched. One exception, on purpose: a label the
+//! labeller wants that already exists under the same key (written by AMD's
+//! labeller before a migration, say) is taken over, so that it is kept current
+//! and removed with the rest. Earlier versions listed their keys in the
+//! annotation [`OWNED_ANNOTATION`]; those keys are handed over once and the
+//! annotation removed. This module computes labels and intents as plain data;
+//! writing them is the Node writer's job.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::api::NodeLabellerKind as LabelKind;
 use crate::device::Inventory;
+use crate::node_writer::NodeIntent;
 
-/// Annotation listing the label keys the labeller owns on a Node, comma-separated.
+/// Annotation in which earlier versions listed the label keys the labeller
+/// owned, comma-separated. Read once to hand those keys over, then removed.
 pub const OWNED_ANNOTATION: &str = "amd.com/gpu-labeller-keys";
 
 /// Family acronym of a `gfx_target_version` (major*10000 + minor*100 + stepping),
@@ -195,79 +201,29 @@ fn firmware_labels(inventory: &Inventory, labels: &mut BTreeMap<String, String>)
     }
 }
 
-/// The change to make to a Node's labels.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct LabelPatch {
-    /// Labels to add or change.
-    pub set: BTreeMap<String, String>,
-    /// Labels this agent wrote earlier that are no longer wanted.
-    pub remove: BTreeSet<String>,
-    /// New value of [`OWNED_ANNOTATION`]; `None` to remove it.
-    pub owned: Option<String>,
-}
-
-impl LabelPatch {
-    /// The JSON merge patch (`application/merge-patch+json`) for the Node.
-    pub fn to_merge_patch(&self) -> serde_json::Value {
-        let mut labels = serde_json::Map::new();
-        for (k, v) in &self.set {
-            labels.insert(k.clone(), serde_json::Value::String(v.clone()));
-        }
-        for k in &self.remove {
-            labels.insert(k.clone(), serde_json::Value::Null);
-        }
-        let owned = match &self.owned {
-            Some(keys) => serde_json::Value::String(keys.clone()),
-            None => serde_json::Value::Null,
-        };
-        serde_json::json!({
-            "metadata": {
-                "labels": labels,
-                "annotations": { OWNED_ANNOTATION: owned },
-            }
-        })
-    }
-}
-
-/// What to change on a Node whose labels and annotations are given, so that it
-/// carries exactly `desired` among the labels this agent owns; `None` when nothing
-/// needs to change. Keys owned by someone else are never in `remove`, even when
-/// they look like ours.
-pub fn plan_labels(
-    current_labels: &BTreeMap<String, String>,
+/// What the labeller wants on a Node whose annotations are given: exactly
+/// `desired`, with the keys an earlier version listed in [`OWNED_ANNOTATION`]
+/// handed over as the labeller's (and the annotation retired).
+pub fn label_intent(
+    desired: BTreeMap<String, String>,
     current_annotations: &BTreeMap<String, String>,
-    desired: &BTreeMap<String, String>,
-) -> Option<LabelPatch> {
-    let previously_owned: BTreeSet<String> = current_annotations
-        .get(OWNED_ANNOTATION)
-        .map(|keys| {
-            keys.split(',')
-                .filter(|k| !k.is_empty())
-                .map(str::to_owned)
-                .collect()
-        })
-        .unwrap_or_default();
-    let set: BTreeMap<String, String> = desired
-        .iter()
-        .filter(|(k, v)| current_labels.get(*k) != Some(*v))
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    let remove: BTreeSet<String> = previously_owned
-        .iter()
-        .filter(|k| !desired.contains_key(*k) && current_labels.contains_key(*k))
-        .cloned()
-        .collect();
-    let now_owned: Vec<&str> = desired.keys().map(String::as_str).collect();
-    let owned_value = (!now_owned.is_empty()).then(|| now_owned.join(","));
-    let annotation_changes = current_annotations.get(OWNED_ANNOTATION) != owned_value.as_ref();
-    if set.is_empty() && remove.is_empty() && !annotation_changes {
-        return None;
+) -> NodeIntent {
+    let Some(listed) = current_annotations.get(OWNED_ANNOTATION) else {
+        return NodeIntent {
+            labels: desired,
+            ..NodeIntent::default()
+        };
+    };
+    NodeIntent {
+        labels: desired,
+        retired_labels: listed
+            .split(',')
+            .filter(|k| !k.is_empty())
+            .map(str::to_owned)
+            .collect(),
+        retired_annotations: BTreeSet::from([OWNED_ANNOTATION.to_owned()]),
+        ..NodeIntent::default()
     }
-    Some(LabelPatch {
-        set,
-        remove,
-        owned: owned_value,
-    })
 }
 
 #[cfg(test)]

@@ -201,56 +201,101 @@ fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         .collect()
 }
 
+/// A Node as an earlier version left it: labels, and the owned-keys annotation.
+fn legacy_node(labels: &[(&str, &str)], owned: Option<&str>) -> k8s_openapi::api::core::v1::Node {
+    let mut node = k8s_openapi::api::core::v1::Node::default();
+    node.metadata.labels = Some(map(labels));
+    node.metadata.annotations = owned.map(|keys| map(&[(OWNED_ANNOTATION, keys)]));
+    node
+}
+
+fn plan(
+    node: &k8s_openapi::api::core::v1::Node,
+    desired: BTreeMap<String, String>,
+) -> crate::node_writer::MetadataPlan {
+    let intent = label_intent(
+        desired,
+        &node.metadata.annotations.clone().unwrap_or_default(),
+    );
+    crate::node_writer::plan_metadata(node, crate::node_writer::Concern::Labeller, &intent)
+}
+
 #[test]
 fn plan_sets_new_removes_stale_owned_and_leaves_others_alone() {
-    let current = map(&[
-        ("kubernetes.io/hostname", "n1"),
-        ("amd.com/gpu.vram", "64G"),
-        ("amd.com/gpu.cu-count", "104"),
-        ("amd.com/gpu.family", "AI"),
-    ]);
-    // The admin wrote amd.com/gpu.family by hand; we own only vram and cu-count.
-    let annotations = map(&[(OWNED_ANNOTATION, "amd.com/gpu.cu-count,amd.com/gpu.vram")]);
+    // The admin wrote amd.com/gpu.family by hand; an earlier version owned
+    // only vram and cu-count.
+    let node = legacy_node(
+        &[
+            ("kubernetes.io/hostname", "n1"),
+            ("amd.com/gpu.vram", "64G"),
+            ("amd.com/gpu.cu-count", "104"),
+            ("amd.com/gpu.family", "AI"),
+        ],
+        Some("amd.com/gpu.cu-count,amd.com/gpu.vram"),
+    );
     let desired = map(&[("amd.com/gpu.vram", "192G")]);
-    let patch = plan_labels(&current, &annotations, &desired).expect("a change");
-    assert_eq!(patch.set, map(&[("amd.com/gpu.vram", "192G")]));
-    assert_eq!(patch.remove, ["amd.com/gpu.cu-count".to_string()].into());
-    assert_eq!(patch.owned.as_deref(), Some("amd.com/gpu.vram"));
-    let json = patch.to_merge_patch();
+    let intent = label_intent(desired.clone(), node.metadata.annotations.as_ref().unwrap());
+    assert_eq!(intent.labels, desired, "vram is applied at its new value");
+    let plan = plan(&node, desired);
+    assert!(plan.apply);
+    let patch = plan.leftovers_patch().expect("stale keys to remove");
     assert_eq!(
-        json["metadata"]["labels"]["amd.com/gpu.cu-count"],
+        patch["metadata"]["labels"]["amd.com/gpu.cu-count"],
         serde_json::Value::Null
     );
     assert!(
-        json["metadata"]["labels"]
+        patch["metadata"]["labels"]
             .get("amd.com/gpu.family")
             .is_none()
+    );
+    assert_eq!(
+        patch["metadata"]["annotations"][OWNED_ANNOTATION],
+        serde_json::Value::Null
     );
 }
 
 #[test]
 fn plan_is_none_when_nothing_changed() {
-    let desired = map(&[("amd.com/gpu.vram", "192G")]);
-    let annotations = map(&[(OWNED_ANNOTATION, "amd.com/gpu.vram")]);
-    assert_eq!(plan_labels(&desired, &annotations, &desired), None);
+    // Labels the labeller applied, as the API server records them.
+    let mut node = legacy_node(&[("amd.com/gpu.vram", "192G")], None);
+    node.metadata.managed_fields = Some(vec![
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry {
+            manager: Some(crate::api::field_manager::LABELLER.into()),
+            operation: Some("Apply".into()),
+            fields_v1: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::FieldsV1(
+                serde_json::json!({"f:metadata": {"f:labels": {"f:amd.com/gpu.vram": {}}}}),
+            )),
+            ..Default::default()
+        },
+    ]);
+    let plan = plan(&node, map(&[("amd.com/gpu.vram", "192G")]));
+    assert_eq!(plan, crate::node_writer::MetadataPlan::default());
 }
 
 #[test]
 fn disabling_removes_everything_owned_and_the_annotation() {
-    let current = map(&[("amd.com/gpu.vram", "192G"), ("x", "y")]);
-    let annotations = map(&[(OWNED_ANNOTATION, "amd.com/gpu.vram")]);
-    let patch = plan_labels(&current, &annotations, &BTreeMap::new()).expect("a change");
-    assert_eq!(patch.remove, ["amd.com/gpu.vram".to_string()].into());
-    assert_eq!(patch.owned, None);
+    let node = legacy_node(
+        &[("amd.com/gpu.vram", "192G"), ("x", "y")],
+        Some("amd.com/gpu.vram"),
+    );
+    let plan = plan(&node, BTreeMap::new());
     assert_eq!(
-        patch.to_merge_patch()["metadata"]["annotations"][OWNED_ANNOTATION],
-        serde_json::Value::Null
+        plan.leftovers_patch(),
+        Some(serde_json::json!({"metadata": {
+            "labels": {"amd.com/gpu.vram": null},
+            "annotations": {OWNED_ANNOTATION: null},
+        }}))
     );
     // Nothing owned and nothing wanted: nothing to do.
+    let untouched = legacy_node(&[("amd.com/gpu.vram", "192G"), ("x", "y")], None);
     assert_eq!(
-        plan_labels(&current, &BTreeMap::new(), &BTreeMap::new()),
-        None
+        plan_metadata_of(&untouched),
+        crate::node_writer::MetadataPlan::default()
     );
+}
+
+fn plan_metadata_of(node: &k8s_openapi::api::core::v1::Node) -> crate::node_writer::MetadataPlan {
+    plan(node, BTreeMap::new())
 }
 
 #[test]

@@ -1,0 +1,650 @@
+//! The one writer of this agent's own Node.
+//!
+//! Every concern that puts something on the Node (the labeller, the health
+//! monitor, the test runner, the agent status; later the driver and partition
+//! work, with cordon and taints) says what it wants there as a whole
+//! [`NodeIntent`], and the writer applies it with server-side apply under that
+//! concern's own field manager ([`Concern::field_manager`]). The API server then
+//! records which keys each concern owns: a key a concern stops applying is
+//! removed, and two concerns never remove each other's keys. Nothing is kept
+//! in memory or in annotations to remember what was written.
+//!
+//! Ownership is the server's `managedFields`. Two cases need more than the
+//! apply, and the writer handles both the same way:
+//! - Taking over. The apply is forced, so a key another writer set to another
+//!   value becomes ours. A key someone else set to the *same* value is shared,
+//!   and would outlive our omitting it; so a key this concern owned before and
+//!   no longer wants is removed explicitly when the apply left it behind. That
+//!   is how labels the reference operator wrote under the same keys are taken
+//!   over: once applied, they are ours to remove.
+//! - Writes of earlier versions, made with merge patches (operation `Update`)
+//!   under the same field manager, count as the concern's own. Earlier
+//!   versions wrote the GPU labels under the agent's manager and listed them
+//!   in an annotation: the labeller names those keys in
+//!   [`NodeIntent::retired_labels`] and the annotation in
+//!   [`NodeIntent::retired_annotations`], and the writer treats them as owned.
+//!
+//! Every write is retried on transient errors with one policy ([`retry_policy`]);
+//! a write that still fails returns its error to the concern, which says so in
+//! its readiness and tries again after [`RETRY_AFTER_FAILURE`] or on its next
+//! change. Every failed request counts in the agent's API-error metric.
+//!
+//! This module must not decide what a concern wants (the concerns do, in pure
+//! functions), and writes nothing but this agent's Node.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use backon::{ExponentialBuilder, Retryable};
+use k8s_openapi::api::core::v1::{Node, NodeCondition};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
+use kube::api::Patch;
+use kube::{Api, ResourceExt};
+use serde_json::{Map, Value, json};
+
+use crate::api::field_manager;
+
+/// Who writes to the Node, each under a field manager of its own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Concern {
+    /// The GPU labels (`amd.com/gpu.*`, `beta.amd.com/gpu.*`, ...).
+    Labeller,
+    /// The `AMDGPUUnhealthy` condition and `metricsexporter.amd.com.gpu.<id>.state` labels.
+    Health,
+    /// The running-state labels of test runs.
+    TestRunner,
+    /// The agent status annotation the leader aggregates.
+    AgentStatus,
+}
+
+impl Concern {
+    pub const fn field_manager(self) -> &'static str {
+        match self {
+            Self::Labeller => field_manager::LABELLER,
+            Self::Health => field_manager::HEALTH,
+            Self::TestRunner => field_manager::TEST_RUNNER,
+            Self::AgentStatus => field_manager::AGENT_STATUS,
+        }
+    }
+
+    fn is_ours(self, manager: Option<&str>) -> bool {
+        manager == Some(self.field_manager())
+    }
+}
+
+/// What one concern wants on the main Node object: all of it, every time.
+/// A key left out is a key the concern no longer wants.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeIntent {
+    pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
+    /// Labels the concern wrote by earlier means (before it had a field
+    /// manager of its own): treated as its own, so removed when not wanted.
+    pub retired_labels: BTreeSet<String>,
+    /// Annotations to remove when present and not wanted, likewise.
+    pub retired_annotations: BTreeSet<String>,
+}
+
+/// What one concern wants in the Node's status: its conditions, by type.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StatusIntent {
+    pub conditions: Vec<NodeCondition>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum NodeWriteError {
+    #[error("reading Node {node}: {source}")]
+    Read {
+        node: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("writing the {what} of Node {node} (as {manager}): {source}")]
+    Write {
+        node: String,
+        what: &'static str,
+        manager: &'static str,
+        #[source]
+        source: kube::Error,
+    },
+}
+
+/// How long a concern waits before trying a failed write again (unless a
+/// change comes first): the same for every concern.
+pub const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(5);
+
+/// The retry policy of every Node write: a few quick tries, about 3 s in all,
+/// for what a loaded or restarting API server answers; longer outages are the
+/// concern's to report and retry on its next change.
+pub fn retry_policy() -> ExponentialBuilder {
+    ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(100))
+        .with_max_delay(Duration::from_secs(2))
+        .with_max_times(4)
+        .with_jitter()
+}
+
+/// Errors worth retrying: the server was busy, unavailable, or not reached.
+/// A rejection (400, 403, 404, 409, 422) will not change by retrying.
+fn is_transient(error: &kube::Error) -> bool {
+    match error {
+        kube::Error::Api(status) => matches!(status.code, 429 | 500 | 502 | 503 | 504),
+        kube::Error::HyperError(_) | kube::Error::Service(_) => true,
+        _ => false,
+    }
+}
+
+/// What a write did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Written {
+    /// The apply was sent (something differed).
+    pub applied: bool,
+    /// Keys the apply left behind were removed explicitly.
+    pub removed_leftovers: bool,
+}
+
+/// The writer of one Node.
+#[derive(Clone)]
+pub struct NodeWriter {
+    nodes: Api<Node>,
+    name: String,
+}
+
+impl NodeWriter {
+    pub fn new(nodes: Api<Node>, name: impl Into<String>) -> Self {
+        Self {
+            nodes,
+            name: name.into(),
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Makes the Node carry exactly `intent` among `concern`'s keys; writes
+    /// nothing when it already does.
+    pub async fn apply(
+        &self,
+        concern: Concern,
+        intent: &NodeIntent,
+    ) -> Result<Written, NodeWriteError> {
+        let node = self.read().await?;
+        let plan = plan_metadata(&node, concern, intent);
+        let mut written = Written::default();
+        if plan.apply {
+            let body = metadata_apply_body(&self.name, intent);
+            self.send(concern, "metadata", || {
+                let params = field_manager::apply(concern.field_manager());
+                let nodes = self.nodes.clone();
+                let (name, body) = (self.name.clone(), body.clone());
+                async move { nodes.patch(&name, &params, &Patch::Apply(&body)).await }
+            })
+            .await?;
+            written.applied = true;
+        }
+        if let Some(patch) = plan.leftovers_patch() {
+            self.send(concern, "leftover keys", || {
+                let params = field_manager::patch(concern.field_manager());
+                let nodes = self.nodes.clone();
+                let (name, patch) = (self.name.clone(), patch.clone());
+                async move { nodes.patch(&name, &params, &Patch::Merge(&patch)).await }
+            })
+            .await?;
+            written.removed_leftovers = true;
+        }
+        if written != Written::default() {
+            tracing::debug!(node = %self.name, manager = concern.field_manager(), ?written, "wrote the Node");
+        }
+        Ok(written)
+    }
+
+    /// Makes the Node's status carry exactly `intent`'s conditions among
+    /// `concern`'s; writes nothing when it already does. Conditions of other
+    /// writers (the kubelet's) are never touched.
+    pub async fn apply_status(
+        &self,
+        concern: Concern,
+        intent: &StatusIntent,
+    ) -> Result<Written, NodeWriteError> {
+        let node = self.read().await?;
+        let plan = plan_conditions(&node, concern, intent);
+        let mut written = Written::default();
+        if plan.apply {
+            let body = status_apply_body(&self.name, intent);
+            self.send(concern, "status", || {
+                let params = field_manager::apply(concern.field_manager());
+                let nodes = self.nodes.clone();
+                let (name, body) = (self.name.clone(), body.clone());
+                async move {
+                    nodes
+                        .patch_status(&name, &params, &Patch::Apply(&body))
+                        .await
+                }
+            })
+            .await?;
+            written.applied = true;
+        }
+        // A condition shared with an earlier write of the same value: removed
+        // by type, guarded so that a concurrent change to the list fails the
+        // patch instead of removing someone else's entry.
+        for kind in plan.leftover_conditions {
+            let Some(patch) = self.condition_removal(&kind).await? else {
+                continue;
+            };
+            self.send(concern, "leftover condition", || {
+                let params = field_manager::patch(concern.field_manager());
+                let nodes = self.nodes.clone();
+                let (name, patch) = (self.name.clone(), patch.clone());
+                async move {
+                    nodes
+                        .patch_status(&name, &params, &Patch::Json::<()>(patch))
+                        .await
+                }
+            })
+            .await?;
+            written.removed_leftovers = true;
+        }
+        Ok(written)
+    }
+
+    /// Removes annotation `key` if it still holds `value`: for requests
+    /// someone else wrote (a test request) once they are handled. A changed
+    /// or removed annotation is left alone.
+    pub async fn remove_annotation_if(
+        &self,
+        concern: Concern,
+        key: &str,
+        value: &str,
+    ) -> Result<bool, NodeWriteError> {
+        let patch = guarded_annotation_removal(key, value);
+        let result = self
+            .send(concern, "annotation", || {
+                let params = field_manager::patch(concern.field_manager());
+                let nodes = self.nodes.clone();
+                let (name, patch) = (self.name.clone(), patch.clone());
+                async move { nodes.patch(&name, &params, &Patch::Json::<()>(patch)).await }
+            })
+            .await;
+        match result {
+            Ok(()) => Ok(true),
+            // The guard failed: the annotation changed or is gone.
+            Err(NodeWriteError::Write {
+                source: kube::Error::Api(status),
+                ..
+            }) if status.code == 422 => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn read(&self) -> Result<Node, NodeWriteError> {
+        let get = || {
+            let nodes = self.nodes.clone();
+            let name = self.name.clone();
+            async move { nodes.get(&name).await }
+        };
+        get.retry(retry_policy())
+            .when(is_transient)
+            .notify(|_, _| crate::counters::record_api_error())
+            .await
+            .map_err(|source| {
+                crate::counters::record_api_error();
+                NodeWriteError::Read {
+                    node: self.name.clone(),
+                    source,
+                }
+            })
+    }
+
+    async fn condition_removal(
+        &self,
+        kind: &str,
+    ) -> Result<Option<json_patch::Patch>, NodeWriteError> {
+        let node = self.read().await?;
+        let conditions = node
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_deref())
+            .unwrap_or_default();
+        let Some(index) = conditions.iter().position(|c| c.type_ == kind) else {
+            return Ok(None);
+        };
+        Ok(serde_json::from_value(json!([
+            {"op": "test", "path": format!("/status/conditions/{index}/type"), "value": kind},
+            {"op": "remove", "path": format!("/status/conditions/{index}")},
+        ]))
+        .ok())
+    }
+
+    async fn send<F, Fut>(
+        &self,
+        concern: Concern,
+        what: &'static str,
+        write: F,
+    ) -> Result<(), NodeWriteError>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<Node, kube::Error>>,
+    {
+        write
+            .retry(retry_policy())
+            .when(is_transient)
+            .notify(|error, after| {
+                crate::counters::record_api_error();
+                tracing::debug!(node = %self.name, manager = concern.field_manager(), %error, ?after, "Node write failed; retrying")
+            })
+            .await
+            .map(drop)
+            .map_err(|source| {
+                crate::counters::record_api_error();
+                source
+            })
+            .map_err(|source| NodeWriteError::Write {
+                node: self.name.clone(),
+                what,
+                manager: concern.field_manager(),
+                source,
+            })
+    }
+}
+
+/// What to do to the Node's metadata for one concern.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MetadataPlan {
+    /// The intent differs from what the Node shows as the concern's.
+    pub apply: bool,
+    /// Labels the concern owned and no longer wants that an apply cannot
+    /// remove (shared with an earlier, equal write), or that are on the Node
+    /// already and would stay.
+    pub leftover_labels: BTreeSet<String>,
+    pub leftover_annotations: BTreeSet<String>,
+}
+
+impl MetadataPlan {
+    /// A merge patch removing the leftovers; `None` when there are none.
+    pub fn leftovers_patch(&self) -> Option<Value> {
+        if self.leftover_labels.is_empty() && self.leftover_annotations.is_empty() {
+            return None;
+        }
+        let nulls = |keys: &BTreeSet<String>| -> Map<String, Value> {
+            keys.iter().map(|k| (k.clone(), Value::Null)).collect()
+        };
+        let mut metadata = Map::new();
+        if !self.leftover_labels.is_empty() {
+            metadata.insert("labels".into(), Value::Object(nulls(&self.leftover_labels)));
+        }
+        if !self.leftover_annotations.is_empty() {
+            metadata.insert(
+                "annotations".into(),
+                Value::Object(nulls(&self.leftover_annotations)),
+            );
+        }
+        Some(json!({ "metadata": metadata }))
+    }
+}
+
+/// Decides the metadata writes of `concern` for `intent` on `node`. Pure.
+///
+/// The apply is needed when a wanted key is missing or differs, or when the
+/// concern's Apply entry owns a key it no longer wants. Leftovers are keys
+/// the concern owned (under any operation, or retired by the intent) that
+/// it no longer wants and that stay on the Node after the apply: they are
+/// present and owned by another entry too.
+pub fn plan_metadata(node: &Node, concern: Concern, intent: &NodeIntent) -> MetadataPlan {
+    let labels = node.labels();
+    let annotations = node.annotations();
+    let entries = node.metadata.managed_fields.as_deref().unwrap_or_default();
+    let applied = owned_keys(entries, |e| applied_by(e, concern), "");
+    let ours = owned_keys(entries, |e| concern.is_ours(e.manager.as_deref()), "");
+    let mut ours_labels = ours.labels;
+    ours_labels.extend(intent.retired_labels.iter().cloned());
+    let ours_annotations = ours.annotations;
+    let mut leftover_annotations: BTreeSet<String> = intent
+        .retired_annotations
+        .iter()
+        .filter(|k| !intent.annotations.contains_key(*k))
+        .cloned()
+        .collect();
+    let differs = |want: &BTreeMap<String, String>, have: &BTreeMap<String, String>| {
+        want.iter().any(|(k, v)| have.get(k) != Some(v))
+    };
+    let stale_applied = applied
+        .labels
+        .iter()
+        .any(|k| !intent.labels.contains_key(k))
+        || applied
+            .annotations
+            .iter()
+            .any(|k| !intent.annotations.contains_key(k));
+    // Wanted keys our Apply entry does not own yet (set by someone else to
+    // the same value): applying makes them ours, so that we may remove them.
+    let unclaimed = intent.labels.keys().any(|k| !applied.labels.contains(k))
+        || intent
+            .annotations
+            .keys()
+            .any(|k| !applied.annotations.contains(k));
+    let apply = differs(&intent.labels, labels)
+        || differs(&intent.annotations, annotations)
+        || stale_applied
+        || unclaimed;
+    // After the apply, the keys only our Apply entry owned are gone; the rest
+    // of what we owned and no longer want stays unless removed.
+    let leftover_labels = ours_labels
+        .into_iter()
+        .filter(|k| !intent.labels.contains_key(k) && labels.contains_key(k))
+        .filter(|k| {
+            owned_elsewhere(entries, concern, "", &["f:metadata", "f:labels", &field(k)])
+                || !applied.labels.contains(k)
+        })
+        .collect();
+    leftover_annotations.extend(
+        ours_annotations
+            .into_iter()
+            .filter(|k| !intent.annotations.contains_key(k) && annotations.contains_key(k))
+            .filter(|k| {
+                owned_elsewhere(
+                    entries,
+                    concern,
+                    "",
+                    &["f:metadata", "f:annotations", &field(k)],
+                ) || !applied.annotations.contains(k)
+            }),
+    );
+    leftover_annotations.retain(|k| annotations.contains_key(k));
+    MetadataPlan {
+        apply,
+        leftover_labels,
+        leftover_annotations,
+    }
+}
+
+/// What to do to the Node's conditions for one concern.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ConditionPlan {
+    pub apply: bool,
+    /// Condition types the concern owned, no longer wants, and that an apply
+    /// would leave behind.
+    pub leftover_conditions: Vec<String>,
+}
+
+/// Decides the status writes of `concern` for `intent` on `node`. Pure.
+pub fn plan_conditions(node: &Node, concern: Concern, intent: &StatusIntent) -> ConditionPlan {
+    let live = node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_deref())
+        .unwrap_or_default();
+    let entries = node.metadata.managed_fields.as_deref().unwrap_or_default();
+    let applied = owned_condition_types(entries, |e| applied_by(e, concern));
+    let ours = owned_condition_types(entries, |e| concern.is_ours(e.manager.as_deref()));
+    let wanted: BTreeSet<&str> = intent.conditions.iter().map(|c| c.type_.as_str()).collect();
+    let differs = intent
+        .conditions
+        .iter()
+        .any(|want| live.iter().find(|c| c.type_ == want.type_) != Some(want));
+    let stale_applied = applied.iter().any(|t| !wanted.contains(t.as_str()));
+    let unclaimed = wanted.iter().any(|t| !applied.contains(*t));
+    let leftover_conditions = ours
+        .into_iter()
+        .filter(|t| !wanted.contains(t.as_str()) && live.iter().any(|c| &c.type_ == t))
+        .filter(|t| {
+            let key = condition_key(t);
+            owned_elsewhere(
+                entries,
+                concern,
+                "status",
+                &["f:status", "f:conditions", &key],
+            ) || !applied.contains(t)
+        })
+        .collect();
+    ConditionPlan {
+        apply: differs || stale_applied || unclaimed,
+        leftover_conditions,
+    }
+}
+
+/// The apply body for the main resource: only the concern's keys.
+pub fn metadata_apply_body(name: &str, intent: &NodeIntent) -> Value {
+    let mut metadata = Map::new();
+    metadata.insert("name".into(), json!(name));
+    if !intent.labels.is_empty() {
+        metadata.insert("labels".into(), json!(intent.labels));
+    }
+    if !intent.annotations.is_empty() {
+        metadata.insert("annotations".into(), json!(intent.annotations));
+    }
+    json!({"apiVersion": "v1", "kind": "Node", "metadata": metadata})
+}
+
+/// The apply body for the status subresource: only the concern's conditions.
+pub fn status_apply_body(name: &str, intent: &StatusIntent) -> Value {
+    let mut body = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}});
+    if !intent.conditions.is_empty() {
+        body["status"] = json!({ "conditions": intent.conditions });
+    }
+    body
+}
+
+/// A JSON Patch removing annotation `key` only while it still holds `value`.
+pub fn guarded_annotation_removal(key: &str, value: &str) -> json_patch::Patch {
+    let path = format!(
+        "/metadata/annotations/{}",
+        key.replace('~', "~0").replace('/', "~1")
+    );
+    serde_json::from_value(json!([
+        {"op": "test", "path": path, "value": value},
+        {"op": "remove", "path": path},
+    ]))
+    .unwrap_or_else(|_| json_patch::Patch(Vec::new()))
+}
+
+/// Keys of labels and annotations an entry set owns.
+#[derive(Default)]
+struct OwnedKeys {
+    labels: BTreeSet<String>,
+    annotations: BTreeSet<String>,
+}
+
+fn applied_by(entry: &ManagedFieldsEntry, concern: Concern) -> bool {
+    entry.manager.as_deref() == Some(concern.field_manager())
+        && entry.operation.as_deref() == Some("Apply")
+}
+
+fn subresource_is(entry: &ManagedFieldsEntry, subresource: &str) -> bool {
+    entry.subresource.as_deref().unwrap_or_default() == subresource
+}
+
+fn fields_of(entry: &ManagedFieldsEntry) -> Option<&Map<String, Value>> {
+    entry.fields_v1.as_ref()?.0.as_object()
+}
+
+fn owned_keys(
+    entries: &[ManagedFieldsEntry],
+    select: impl Fn(&ManagedFieldsEntry) -> bool,
+    subresource: &str,
+) -> OwnedKeys {
+    let mut owned = OwnedKeys::default();
+    for entry in entries
+        .iter()
+        .filter(|e| select(e) && subresource_is(e, subresource))
+    {
+        let Some(metadata) = fields_of(entry).and_then(|f| f.get("f:metadata")) else {
+            continue;
+        };
+        let keys = |set: &str| -> Vec<String> {
+            metadata
+                .get(set)
+                .and_then(Value::as_object)
+                .map(|m| {
+                    m.keys()
+                        .filter_map(|k| k.strip_prefix("f:"))
+                        .map(str::to_owned)
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        owned.labels.extend(keys("f:labels"));
+        owned.annotations.extend(keys("f:annotations"));
+    }
+    owned
+}
+
+fn owned_condition_types(
+    entries: &[ManagedFieldsEntry],
+    select: impl Fn(&ManagedFieldsEntry) -> bool,
+) -> BTreeSet<String> {
+    let mut types = BTreeSet::new();
+    for entry in entries
+        .iter()
+        .filter(|e| select(e) && subresource_is(e, "status"))
+    {
+        let Some(conditions) = fields_of(entry)
+            .and_then(|f| f.get("f:status"))
+            .and_then(|s| s.get("f:conditions"))
+            .and_then(Value::as_object)
+        else {
+            continue;
+        };
+        for key in conditions.keys() {
+            if let Some(kind) = key
+                .strip_prefix("k:")
+                .and_then(|k| serde_json::from_str::<Value>(k).ok())
+                .and_then(|k| k.get("type").and_then(Value::as_str).map(str::to_owned))
+            {
+                types.insert(kind);
+            }
+        }
+    }
+    types
+}
+
+/// Whether an entry that is not the concern's Apply entry owns `path`.
+fn owned_elsewhere(
+    entries: &[ManagedFieldsEntry],
+    concern: Concern,
+    subresource: &str,
+    path: &[&str],
+) -> bool {
+    entries
+        .iter()
+        .filter(|e| !applied_by(e, concern) && subresource_is(e, subresource))
+        .filter_map(fields_of)
+        .any(|fields| {
+            let mut at = Some(fields);
+            for element in path {
+                at = at.and_then(|m| m.get(*element)).and_then(Value::as_object);
+            }
+            at.is_some()
+        })
+}
+
+fn field(key: &str) -> String {
+    format!("f:{key}")
+}
+
+fn condition_key(kind: &str) -> String {
+    format!("k:{}", json!({ "type": kind }))
+}
+
+#[cfg(test)]
+mod tests;
