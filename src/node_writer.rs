@@ -170,7 +170,18 @@ impl NodeWriter {
         intent: &NodeIntent,
     ) -> Result<Written, NodeWriteError> {
         let node = self.read().await?;
-        let plan = plan_metadata(&node, concern, intent);
+        self.apply_to(&node, concern, intent).await
+    }
+
+    /// As [`NodeWriter::apply`], deciding on `node`: a copy just read (by
+    /// [`NodeWriter::read`]), for concerns that need it to build their intent.
+    pub async fn apply_to(
+        &self,
+        node: &Node,
+        concern: Concern,
+        intent: &NodeIntent,
+    ) -> Result<Written, NodeWriteError> {
+        let plan = plan_metadata(node, concern, intent);
         let mut written = Written::default();
         if plan.apply {
             let body = metadata_apply_body(&self.name, intent);
@@ -208,7 +219,17 @@ impl NodeWriter {
         intent: &StatusIntent,
     ) -> Result<Written, NodeWriteError> {
         let node = self.read().await?;
-        let plan = plan_conditions(&node, concern, intent);
+        self.apply_status_to(&node, concern, intent).await
+    }
+
+    /// As [`NodeWriter::apply_status`], deciding on `node` (a copy just read).
+    pub async fn apply_status_to(
+        &self,
+        node: &Node,
+        concern: Concern,
+        intent: &StatusIntent,
+    ) -> Result<Written, NodeWriteError> {
+        let plan = plan_conditions(node, concern, intent);
         let mut written = Written::default();
         if plan.apply {
             let body = status_apply_body(&self.name, intent);
@@ -277,7 +298,8 @@ impl NodeWriter {
         }
     }
 
-    async fn read(&self) -> Result<Node, NodeWriteError> {
+    /// Reads the Node (with the writer's retries).
+    pub async fn read(&self) -> Result<Node, NodeWriteError> {
         let get = || {
             let nodes = self.nodes.clone();
             let name = self.name.clone();

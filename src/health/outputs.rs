@@ -138,31 +138,11 @@ pub fn health_labels(snapshot: &HealthSnapshot) -> BTreeMap<String, String> {
         .collect()
 }
 
-/// Whether a label key is one of [`health_labels`]'s.
+/// Whether a label key has the form of [`health_labels`]'s (whoever wrote it).
 pub fn is_health_label(key: &str) -> bool {
     key.strip_prefix(LABEL_PREFIX)
         .and_then(|rest| rest.strip_suffix(LABEL_SUFFIX))
         .is_some_and(|id| !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()))
-}
-
-/// A JSON merge patch that makes the Node's health labels exactly `desired`,
-/// leaving every other label alone; `None` when nothing has to change.
-pub fn label_patch(
-    current: &BTreeMap<String, String>,
-    desired: &BTreeMap<String, String>,
-) -> Option<serde_json::Value> {
-    let mut changes = serde_json::Map::new();
-    for (key, value) in desired {
-        if current.get(key) != Some(value) {
-            changes.insert(key.clone(), value.clone().into());
-        }
-    }
-    for key in current.keys() {
-        if is_health_label(key) && !desired.contains_key(key) {
-            changes.insert(key.clone(), serde_json::Value::Null);
-        }
-    }
-    (!changes.is_empty()).then(|| serde_json::json!({ "metadata": { "labels": changes } }))
 }
 
 /// The Event to record on the Node for a transition.
@@ -302,33 +282,6 @@ mod tests {
         assert!(!is_health_label("metricsexporter.amd.com.gpu..state"));
         assert!(!is_health_label("metricsexporter.amd.com.gpu.x.state"));
         assert!(!is_health_label("amd.com/gpu.family"));
-    }
-
-    #[test]
-    fn label_patch_sets_and_removes_only_health_labels() {
-        let current = BTreeMap::from([
-            (
-                "metricsexporter.amd.com.gpu.3.state".to_owned(),
-                "unhealthy".to_owned(),
-            ),
-            ("amd.com/gpu.family".to_owned(), "AI".to_owned()),
-        ]);
-        let desired = BTreeMap::from([(
-            "metricsexporter.amd.com.gpu.8.state".to_owned(),
-            "unhealthy".to_owned(),
-        )]);
-        let patch = label_patch(&current, &desired).unwrap();
-        assert_eq!(
-            patch,
-            serde_json::json!({"metadata": {"labels": {
-                "metricsexporter.amd.com.gpu.3.state": null,
-                "metricsexporter.amd.com.gpu.8.state": "unhealthy",
-            }}})
-        );
-        let mut applied = current.clone();
-        applied.remove("metricsexporter.amd.com.gpu.3.state");
-        applied.extend(desired.clone());
-        assert_eq!(label_patch(&applied, &desired), None);
     }
 
     #[test]
