@@ -26,7 +26,6 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
-use kube::api::Patch;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, Store};
@@ -37,10 +36,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::api::DeviceConfig;
 use crate::api::agent_status::{AgentStatus, STATUS_ANNOTATION, STATUS_VERSION};
-use crate::api::field_manager;
 use crate::device::watch::{DeviceWatch, WatchConfig};
 use crate::host::HostRoot;
-use crate::node_writer::NodeWriter;
+use crate::node_writer::{Concern, NodeIntent, NodeWriteError, NodeWriter, RETRY_AFTER_FAILURE};
 use crate::plugin::PluginStatus;
 use configmaps::ConfigMapFollower;
 use node_services::{DiscoveryProgress, NodeServices};
@@ -332,19 +330,14 @@ pub async fn run(
                 _ => true,
             };
             if changed {
-                let written = match &status {
-                    Some(status) => publish_status(&nodes, &node_name, status).await,
-                    None => remove_status(&nodes, &node).await,
-                };
-                match written {
+                match write_status(&writer, &node, status.as_ref()).await {
                     Ok(()) => {
                         last_status = Some(status);
                         status_write_failed = false;
                     }
                     Err(e) => {
                         status_write_failed = true;
-                        crate::counters::record_api_error();
-                        tracing::warn!(error = %e, "cannot publish agent status; retrying in 10 s or on the next change")
+                        tracing::warn!(error = %e, "cannot publish agent status; retrying in {RETRY_AFTER_FAILURE:?} or on the next change")
                     }
                 }
             }
@@ -362,7 +355,7 @@ pub async fn run(
             _ = discovery.changed() => {}
             _ = node_services::any_changed(&mut state_changes) => {}
             // A failed status write is retried without waiting for another change.
-            _ = tokio::time::sleep(Duration::from_secs(10)), if status_write_failed => {}
+            _ = tokio::time::sleep(RETRY_AFTER_FAILURE), if status_write_failed => {}
         }
     }
     tracing::info!("agent stopping");
@@ -574,31 +567,31 @@ fn build_status(
     }
 }
 
-async fn publish_status(
-    nodes: &Api<Node>,
-    node: &str,
-    status: &AgentStatus,
-) -> Result<(), kube::Error> {
-    let patch = serde_json::json!({
-        "metadata": { "annotations": { STATUS_ANNOTATION: status.to_json() } }
-    });
-    let params = field_manager::patch(field_manager::AGENT);
-    nodes.patch(node, &params, &Patch::Merge(&patch)).await?;
-    tracing::debug!(node, "published agent status");
-    Ok(())
-}
-
-/// Removes the status annotation, if the Node has it.
-async fn remove_status(nodes: &Api<Node>, node: &Node) -> Result<(), kube::Error> {
-    if !node.annotations().contains_key(STATUS_ANNOTATION) {
+/// Writes the status annotation (`None` removes it) through the Node writer,
+/// under the agent status's own field manager. The annotation is the agent's
+/// whoever wrote it last (earlier versions used a merge patch), so it is
+/// always handed over.
+async fn write_status(
+    writer: &NodeWriter,
+    watched: &Node,
+    status: Option<&AgentStatus>,
+) -> Result<(), NodeWriteError> {
+    if status.is_none() && !watched.annotations().contains_key(STATUS_ANNOTATION) {
         return Ok(());
     }
-    let patch = serde_json::json!({ "metadata": { "annotations": { STATUS_ANNOTATION: null } } });
-    let params = field_manager::patch(field_manager::AGENT);
-    nodes
-        .patch(&node.name_any(), &params, &Patch::Merge(&patch))
-        .await?;
-    tracing::info!(node = %node.name_any(), "removed the agent status annotation");
+    let intent = NodeIntent {
+        annotations: status
+            .map(|s| (STATUS_ANNOTATION.to_owned(), s.to_json()))
+            .into_iter()
+            .collect(),
+        retired_annotations: [STATUS_ANNOTATION.to_owned()].into(),
+        ..NodeIntent::default()
+    };
+    writer.apply(Concern::AgentStatus, &intent).await?;
+    match status {
+        Some(_) => tracing::debug!(node = %writer.name(), "published agent status"),
+        None => tracing::info!(node = %writer.name(), "removed the agent status annotation"),
+    }
     Ok(())
 }
 
