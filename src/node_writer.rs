@@ -270,14 +270,15 @@ impl NodeWriter {
     }
 
     /// Removes annotation `key` if it still holds `value`: for requests
-    /// someone else wrote (a test request) once they are handled. A changed
-    /// or removed annotation is left alone.
+    /// someone else wrote (a test request) once they are handled. Returns the
+    /// Node after the removal, or `None` when the annotation had changed or
+    /// was gone and was left alone.
     pub async fn remove_annotation_if(
         &self,
         concern: Concern,
         key: &str,
         value: &str,
-    ) -> Result<bool, NodeWriteError> {
+    ) -> Result<Option<Node>, NodeWriteError> {
         let patch = guarded_annotation_removal(key, value);
         let result = self
             .send(concern, "annotation", || {
@@ -288,12 +289,12 @@ impl NodeWriter {
             })
             .await;
         match result {
-            Ok(()) => Ok(true),
+            Ok(node) => Ok(Some(node)),
             // The guard failed: the annotation changed or is gone.
             Err(NodeWriteError::Write {
                 source: kube::Error::Api(status),
                 ..
-            }) if status.code == 422 => Ok(false),
+            }) if status.code == 422 => Ok(None),
             Err(e) => Err(e),
         }
     }
@@ -343,7 +344,7 @@ impl NodeWriter {
         concern: Concern,
         what: &'static str,
         write: F,
-    ) -> Result<(), NodeWriteError>
+    ) -> Result<Node, NodeWriteError>
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<Node, kube::Error>>,
@@ -356,7 +357,6 @@ impl NodeWriter {
                 tracing::debug!(node = %self.name, manager = concern.field_manager(), %error, ?after, "Node write failed; retrying")
             })
             .await
-            .map(drop)
             .map_err(|source| {
                 crate::counters::record_api_error();
                 source

@@ -10,20 +10,22 @@
 //! `amd-test-runner-<category>-` with `_` written as `-`, since an object name
 //! must be an RFC 1123 subdomain.
 //!
-//! Building the objects is pure ([`result_event`], [`running_labels_patch`],
-//! [`remove_request_patch`]); [`Kube`] sends them.
+//! Building the objects is pure ([`result_event`], [`running_labels`]);
+//! [`Kube`] sends them, the Node's through the Node writer.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Event, EventSource, Node, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
-use serde_json::{Value, json};
 
 use super::config::CATEGORY;
 use super::decide::TEST_REQUEST_ANNOTATION;
 use super::report::{EVENT_COMPONENT, EventContent, RUNNING};
 use crate::api::field_manager;
+use crate::node_writer::{Concern, NodeIntent, NodeWriteError, NodeWriter};
 
 /// Namespace of the Events about the Node.
 pub const EVENT_NAMESPACE: &str = "default";
@@ -75,38 +77,18 @@ pub fn result_event(
     }
 }
 
-/// A merge patch setting (`running`) or removing the running-state labels.
-pub fn running_labels_patch(keys: &[String], running: bool) -> Value {
-    let labels: serde_json::Map<String, Value> = keys
-        .iter()
-        .map(|k| {
-            (
-                k.clone(),
-                if running { json!(RUNNING) } else { Value::Null },
-            )
-        })
-        .collect();
-    json!({ "metadata": { "labels": labels } })
+/// The running-state labels of the test cases running now: the test
+/// runner's whole intent for the Node's labels.
+pub fn running_labels(keys: &BTreeSet<String>) -> BTreeMap<String, String> {
+    keys.iter()
+        .map(|k| (k.clone(), RUNNING.to_owned()))
+        .collect()
 }
 
-/// A JSON Patch removing the test-request annotation only while it still holds
-/// `value`: a request made meanwhile is kept.
-pub fn remove_request_patch(value: &str) -> json_patch::Patch {
-    let path = format!(
-        "/metadata/annotations/{}",
-        TEST_REQUEST_ANNOTATION
-            .replace('~', "~0")
-            .replace('/', "~1")
-    );
-    // The operations are well-formed by construction.
-    serde_json::from_value(json!([
-        {"op": "test", "path": path, "value": value},
-        {"op": "remove", "path": path},
-    ]))
-    .unwrap_or_else(|_| json_patch::Patch(Vec::new()))
-}
-
-/// The resourceVersion of an object, as a number (the agent's convention).
+/// The resourceVersion of an object, as a number. Kubernetes calls it
+/// opaque; this is the one place that orders it, for [`super::decide::ManualTracker`]:
+/// the agent's Node watch keeps only the latest copy, so telling a stale copy
+/// of a handled request from the same request made again needs the order.
 pub fn resource_version(node: &Node) -> Option<u64> {
     node.metadata
         .resource_version
@@ -114,37 +96,48 @@ pub fn resource_version(node: &Node) -> Option<u64> {
         .and_then(|v| v.parse().ok())
 }
 
-/// Sends the runner's writes for one Node.
+/// Sends the runner's writes for one Node: labels and request removal through
+/// the Node writer, result Events directly.
 #[derive(Clone)]
 pub struct Kube {
-    nodes: Api<Node>,
+    writer: NodeWriter,
     events: Api<Event>,
     node: String,
+    /// Running-state label keys of the cases running now, across concurrent
+    /// runs; held while writing, so that each write carries the whole set.
+    running: Arc<tokio::sync::Mutex<BTreeSet<String>>>,
 }
 
 impl Kube {
     pub fn new(client: Client, node: impl Into<String>) -> Self {
+        let node = node.into();
         Self {
-            nodes: Api::all(client.clone()),
+            writer: NodeWriter::new(Api::all(client.clone()), node.clone()),
             events: Api::namespaced(client, EVENT_NAMESPACE),
-            node: node.into(),
+            node,
+            running: Arc::default(),
         }
     }
 
-    fn params() -> PatchParams {
-        field_manager::patch(field_manager::AGENT)
-    }
-
-    pub async fn set_running(&self, keys: &[String], running: bool) -> Result<(), kube::Error> {
+    /// Marks `keys` running (or no longer), and writes the running set.
+    pub async fn set_running(&self, keys: &[String], running: bool) -> Result<(), NodeWriteError> {
         if keys.is_empty() {
             return Ok(());
         }
-        self.nodes
-            .patch(
-                &self.node,
-                &Self::params(),
-                &Patch::Merge(running_labels_patch(keys, running)),
-            )
+        let mut set = self.running.lock().await;
+        for key in keys {
+            if running {
+                set.insert(key.clone());
+            } else {
+                set.remove(key);
+            }
+        }
+        let intent = NodeIntent {
+            labels: running_labels(&set),
+            ..NodeIntent::default()
+        };
+        self.writer
+            .apply(Concern::TestRunner, &intent)
             .await
             .map(drop)
     }
@@ -164,27 +157,19 @@ impl Kube {
     /// Removes the test request if it still is `value`. Returns the Node's
     /// resourceVersion after the removal, or `None` when the annotation had
     /// changed (or was gone) and was left alone.
-    pub async fn remove_request(&self, value: &str) -> Result<Option<u64>, kube::Error> {
-        match self
-            .nodes
-            .patch(
-                &self.node,
-                &Self::params(),
-                &Patch::Json::<()>(remove_request_patch(value)),
-            )
-            .await
-        {
-            Ok(node) => Ok(resource_version(&node)),
-            // The `test` operation failed: someone changed or removed the request.
-            Err(kube::Error::Api(status)) if status.code == 422 => Ok(None),
-            Err(e) => Err(e),
-        }
+    pub async fn remove_request(&self, value: &str) -> Result<Option<u64>, NodeWriteError> {
+        let removed = self
+            .writer
+            .remove_annotation_if(Concern::TestRunner, TEST_REQUEST_ANNOTATION, value)
+            .await?;
+        Ok(removed.as_ref().and_then(resource_version))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn events_follow_the_reference() {
@@ -211,23 +196,18 @@ mod tests {
     }
 
     #[test]
-    fn patches() {
-        let keys = vec!["testrunner.amd.com.gpu_health_check.mem.gpu0".to_owned()];
+    fn the_running_set_is_the_whole_intent() {
+        let keys = BTreeSet::from([
+            "testrunner.amd.com.gpu_health_check.mem.gpu0".to_owned(),
+            "testrunner.amd.com.gpu_health_check.mem.gpu1".to_owned(),
+        ]);
         assert_eq!(
-            running_labels_patch(&keys, true),
-            json!({"metadata": {"labels": {"testrunner.amd.com.gpu_health_check.mem.gpu0": "running"}}})
+            serde_json::to_value(running_labels(&keys)).unwrap(),
+            json!({
+                "testrunner.amd.com.gpu_health_check.mem.gpu0": "running",
+                "testrunner.amd.com.gpu_health_check.mem.gpu1": "running",
+            })
         );
-        assert_eq!(
-            running_labels_patch(&keys, false),
-            json!({"metadata": {"labels": {"testrunner.amd.com.gpu_health_check.mem.gpu0": null}}})
-        );
-        let patch = serde_json::to_value(remove_request_patch("babel")).unwrap();
-        assert_eq!(
-            patch,
-            json!([
-                {"op": "test", "path": "/metadata/annotations/amd.com~1gpu-test-request", "value": "babel"},
-                {"op": "remove", "path": "/metadata/annotations/amd.com~1gpu-test-request"}
-            ])
-        );
+        assert!(running_labels(&BTreeSet::new()).is_empty());
     }
 }
