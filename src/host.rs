@@ -237,6 +237,25 @@ impl HostRoot {
     }
 }
 
+/// What one request of [`HostRead::read_many`] asks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HostOp {
+    /// [`HostRead::read_attr`].
+    Read,
+    /// [`HostRead::exists`].
+    Exists,
+    /// [`HostRead::list_dir`].
+    List,
+}
+
+/// The answer to one [`HostOp`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HostAnswer {
+    Text(String),
+    Exists(bool),
+    Names(Vec<String>),
+}
+
 /// Reads host files with a deadline. Paths are host paths (`/sys/...`), mapped
 /// under [`HostRead::host`]'s root. Every method returns in bounded time.
 pub trait HostRead {
@@ -251,6 +270,20 @@ pub trait HostRead {
     fn list_dir(&self, host_path: &str) -> Result<Vec<String>>;
 
     fn exists(&self, host_path: &str) -> Result<bool>;
+
+    /// Several requests at once, answered in order, each exactly as its
+    /// method answers it. An implementation may hand them all to its threads
+    /// at once; this one asks one after the other.
+    fn read_many(&self, requests: &[(HostOp, &str)]) -> Vec<Result<HostAnswer>> {
+        requests
+            .iter()
+            .map(|(op, path)| match op {
+                HostOp::Read => self.read_attr(path).map(HostAnswer::Text),
+                HostOp::Exists => self.exists(path).map(HostAnswer::Exists),
+                HostOp::List => self.list_dir(path).map(HostAnswer::Names),
+            })
+            .collect()
+    }
 
     /// `Ok(None)` when the file is absent or empty.
     fn read_optional_attr(&self, host_path: &str) -> Result<Option<String>> {

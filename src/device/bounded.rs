@@ -4,19 +4,23 @@
 //! one implementation it runs on. Each read is handed to the metrics'
 //! [`BoundedReader`] (its own small thread pool; a hung file parks at most one
 //! of its threads, and further reads of that file are refused at once), and
-//! waited for on a private single-thread runtime with a per-file timeout and,
-//! for a whole scan, a deadline after which every read fails at once. So a
-//! scan of any host returns within about its deadline, whatever hangs.
+//! waited for on the calling thread (the reader keeps the deadlines itself, so
+//! no runtime is needed) with a per-file timeout and, for a whole scan, a
+//! deadline after which every read fails at once. So a scan of any host
+//! returns within about its deadline, whatever hangs.
 //!
 //! [`run_bounded`] runs a scan on a thread of its own, so that it can be called
-//! from any context (an async task, a test, the CLI). This module owns the
-//! deadlines of discovery's reads; it must not know what any file means.
+//! from any context (an async task, a test, the CLI); [`run_bounded_here`]
+//! runs it on the calling thread, for callers already on a thread that may
+//! block (the change stream's `spawn_blocking`), so that a scan a second costs
+//! no thread start. This module owns the deadlines of discovery's reads; it
+//! must not know what any file means.
 
 use std::cell::Cell;
 use std::time::{Duration, Instant};
 
-use crate::host::{HostError, HostRead, HostRoot, Result};
-use crate::metrics::reader::{BoundedReader, ReadError};
+use crate::host::{HostAnswer, HostError, HostOp, HostRead, HostRoot, Result};
+use crate::metrics::reader::{Answer, BoundedReader, Op, ReadError};
 
 /// How long discovery waits for one file, and for one whole scan.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,23 +46,18 @@ pub struct BoundedHost {
     file_timeout: Duration,
     deadline: Instant,
     deadline_missed: Cell<bool>,
-    runtime: tokio::runtime::Runtime,
 }
 
 impl BoundedHost {
-    /// Starts a scan through `reader` with `limits`. Must not be called on a
+    /// Starts a scan through `reader` with `limits`. Must not be used on a
     /// thread that runs async tasks: reads block this thread (see [`run_bounded`]).
-    pub fn new(reader: BoundedReader, limits: Limits) -> std::io::Result<Self> {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .build()?;
-        Ok(Self {
+    pub fn new(reader: BoundedReader, limits: Limits) -> Self {
+        Self {
             reader,
             file_timeout: limits.file_timeout,
             deadline: Instant::now() + limits.scan_deadline,
             deadline_missed: Cell::new(false),
-            runtime,
-        })
+        }
     }
 
     /// True once a read was cut short by the scan's deadline: what the scan
@@ -115,16 +114,13 @@ impl HostRead for BoundedHost {
 
     fn read_attr(&self, host_path: &str) -> Result<String> {
         let timeout = self.budget(host_path)?;
-        self.runtime
-            .block_on(self.reader.read_attr(host_path, timeout))
+        futures::executor::block_on(self.reader.read_attr(host_path, timeout))
             .map_err(|e| self.convert(e))
     }
 
     fn list_dir(&self, host_path: &str) -> Result<Vec<String>> {
         let timeout = self.budget(host_path)?;
-        let names = self
-            .runtime
-            .block_on(self.reader.list_dir(host_path, timeout))
+        let names = futures::executor::block_on(self.reader.list_dir(host_path, timeout))
             .map_err(|e| self.convert(e))?;
         // The reader lists an absent directory as empty; callers need to
         // tell the two apart.
@@ -139,15 +135,68 @@ impl HostRead for BoundedHost {
 
     fn exists(&self, host_path: &str) -> Result<bool> {
         let timeout = self.budget(host_path)?;
-        self.runtime
-            .block_on(self.reader.exists(host_path, timeout))
+        futures::executor::block_on(self.reader.exists(host_path, timeout))
             .map_err(|e| self.convert(e))
+    }
+
+    /// One hand-off to the reader for all of them, each with the time a
+    /// single read would have now.
+    fn read_many(&self, requests: &[(HostOp, &str)]) -> Vec<Result<HostAnswer>> {
+        let Some((_, first)) = requests.first() else {
+            return Vec::new();
+        };
+        let timeout = match self.budget(first) {
+            Ok(timeout) => timeout,
+            Err(_) => {
+                return requests
+                    .iter()
+                    .map(|(_, path)| {
+                        Err(HostError::timed_out(
+                            self.host().path(path),
+                            "not read: the scan's deadline passed",
+                        ))
+                    })
+                    .collect();
+            }
+        };
+        let batch = requests
+            .iter()
+            .map(|(op, path)| {
+                let op = match op {
+                    HostOp::Read => Op::Read,
+                    HostOp::Exists => Op::Exists,
+                    HostOp::List => Op::List,
+                };
+                (op, (*path).to_owned())
+            })
+            .collect();
+        let answers = futures::executor::block_on(self.reader.batch(batch, timeout));
+        answers
+            .into_iter()
+            .zip(requests)
+            .map(|(answer, (op, path))| match answer {
+                Ok(Answer::Text(text)) => Ok(HostAnswer::Text(text)),
+                Ok(Answer::Exists(exists)) => Ok(HostAnswer::Exists(exists)),
+                // As `list_dir`: an empty listing may be an absent directory.
+                Ok(Answer::Names(names)) if names.is_empty() && *op == HostOp::List => {
+                    match self.exists(path)? {
+                        true => Ok(HostAnswer::Names(names)),
+                        false => Err(HostError::Io {
+                            path: self.host().path(path),
+                            source: std::io::ErrorKind::NotFound.into(),
+                        }),
+                    }
+                }
+                Ok(Answer::Names(names)) => Ok(HostAnswer::Names(names)),
+                Err(e) => Err(self.convert(e)),
+            })
+            .collect()
     }
 }
 
 /// Runs `scan` over a [`BoundedHost`] on a thread of its own and returns its
 /// result with whether the deadline cut it short. `Err` when the scan could
-/// not run at all (no thread, no runtime, a panic).
+/// not run at all (no thread, a panic).
 pub fn run_bounded<T: Send>(
     reader: &BoundedReader,
     limits: Limits,
@@ -156,17 +205,24 @@ pub fn run_bounded<T: Send>(
     std::thread::scope(|s| {
         let worker = std::thread::Builder::new()
             .name("discovery".into())
-            .spawn_scoped(s, || {
-                let host = BoundedHost::new(reader.clone(), limits)
-                    .map_err(|e| format!("cannot start discovery's runtime: {e}"))?;
-                let value = scan(&host);
-                Ok((value, host.deadline_missed()))
-            })
+            .spawn_scoped(s, || Ok(run_bounded_here(reader, limits, scan)))
             .map_err(|e| format!("cannot start a discovery thread: {e}"))?;
         worker
             .join()
             .unwrap_or_else(|_| Err("discovery panicked".to_owned()))
     })
+}
+
+/// [`run_bounded`] on the calling thread, which must be one that may block
+/// (not an async worker; a `spawn_blocking` closure is fine).
+pub fn run_bounded_here<T>(
+    reader: &BoundedReader,
+    limits: Limits,
+    scan: impl FnOnce(&BoundedHost) -> T,
+) -> (T, bool) {
+    let host = BoundedHost::new(reader.clone(), limits);
+    let value = scan(&host);
+    (value, host.deadline_missed())
 }
 
 #[cfg(test)]

@@ -16,7 +16,7 @@
 //! safety interval). This module owns the choice of those entries and nothing
 //! else: it does not interpret them.
 
-use crate::host::HostRead;
+use crate::host::{HostAnswer, HostError, HostOp, HostRead};
 
 use super::{AMDGPU_PCI_DIRS, is_bdf, kfd};
 
@@ -30,18 +30,52 @@ pub struct Fingerprint(Vec<String>);
 
 impl Fingerprint {
     /// Reads the fingerprint of `host`. Never fails: an unreadable entry is
-    /// recorded as its error kind, so that it changing is still seen.
+    /// recorded as its error kind, so that it changing is still seen. The
+    /// entries are asked for in two batches ([`HostRead::read_many`]): the
+    /// fixed ones, then the partition modes of the GPUs found bound.
     pub fn read(host: &dyn HostRead) -> Self {
+        let generation = format!("{}/generation_id", kfd::TOPOLOGY_DIR);
+        let kfd_nodes = format!("{}/nodes", kfd::TOPOLOGY_DIR);
+        let fixed = [
+            (HostOp::Exists, "/sys/module/amdgpu"),
+            (HostOp::Exists, "/dev/kfd"),
+            (HostOp::List, AMDGPU_PCI_DIRS[0]),
+            (HostOp::List, DRM_CLASS_DIR),
+            (HostOp::Read, generation.as_str()),
+            (HostOp::List, kfd_nodes.as_str()),
+        ];
+        let mut answers = host.read_many(&fixed).into_iter();
+        let mut next = || {
+            answers.next().unwrap_or_else(|| {
+                Err(HostError::Io {
+                    path: host.host().path("/"),
+                    source: std::io::Error::other("no answer"),
+                })
+            })
+        };
         let mut entries = Vec::with_capacity(32);
         for path in ["/sys/module/amdgpu", "/dev/kfd"] {
-            entries.push(format!(
-                "{path} {:?}",
-                host.exists(path).map_err(|e| io_kind(&e))
-            ));
+            let exists = next().and_then(|a| match a {
+                HostAnswer::Exists(exists) => Ok(exists),
+                _ => Err(mismatch(host, path)),
+            });
+            entries.push(format!("{path} {:?}", exists.map_err(|e| io_kind(&e))));
         }
+        let mut first_dir = Some(next().and_then(|a| names(host, AMDGPU_PCI_DIRS[0], a)));
+        let drm = next().and_then(|a| names(host, DRM_CLASS_DIR, a));
+        let generation_value = next().and_then(|a| match a {
+            HostAnswer::Text(text) => Ok(text),
+            _ => Err(mismatch(host, &generation)),
+        });
+        let kfd_listing = next().and_then(|a| names(host, &kfd_nodes, a));
+
         let mut bound = None;
         for dir in AMDGPU_PCI_DIRS {
-            match host.list_dir(dir) {
+            let listed = match first_dir.take() {
+                Some(listed) => listed,
+                None => host.list_dir(dir),
+            };
+            match listed {
                 Ok(names) => {
                     bound = Some((dir, names));
                     break;
@@ -52,30 +86,65 @@ impl Fingerprint {
         }
         if let Some((dir, names)) = bound {
             entries.push(format!("{dir} {}", names.join(" ")));
-            for bdf in names.iter().filter(|n| is_bdf(n)) {
-                for attr in ["current_compute_partition", "current_memory_partition"] {
-                    entries.push(value(host, &format!("{dir}/{bdf}/{attr}")));
-                }
+            let paths: Vec<String> = names
+                .iter()
+                .filter(|n| is_bdf(n))
+                .flat_map(|bdf| {
+                    ["current_compute_partition", "current_memory_partition"]
+                        .map(|attr| format!("{dir}/{bdf}/{attr}"))
+                })
+                .collect();
+            let requests: Vec<(HostOp, &str)> =
+                paths.iter().map(|p| (HostOp::Read, p.as_str())).collect();
+            let mut answers = host.read_many(&requests).into_iter();
+            for path in &paths {
+                let answer = answers.next().unwrap_or_else(|| Err(mismatch(host, path)));
+                entries.push(value(
+                    path,
+                    answer.and_then(|a| match a {
+                        HostAnswer::Text(text) => Ok(text),
+                        _ => Err(mismatch(host, path)),
+                    }),
+                ));
             }
         }
-        entries.push(listing(host, DRM_CLASS_DIR));
-        entries.push(value(host, &format!("{}/generation_id", kfd::TOPOLOGY_DIR)));
-        entries.push(listing(host, &format!("{}/nodes", kfd::TOPOLOGY_DIR)));
+        entries.push(listing(DRM_CLASS_DIR, drm));
+        entries.push(value(&generation, generation_value));
+        entries.push(listing(&kfd_nodes, kfd_listing));
         Self(entries)
     }
 }
 
-fn value(host: &dyn HostRead, path: &str) -> String {
-    match host.read_optional_attr(path) {
-        Ok(Some(text)) => format!("{path} {text}"),
-        Ok(None) => format!("{path} -"),
+fn names(host: &dyn HostRead, path: &str, answer: HostAnswer) -> Result<Vec<String>, HostError> {
+    match answer {
+        HostAnswer::Names(names) => Ok(names),
+        _ => Err(mismatch(host, path)),
+    }
+}
+
+/// An answer of the wrong kind: only a bug in a [`HostRead`] gives one.
+fn mismatch(host: &dyn HostRead, path: &str) -> HostError {
+    HostError::Io {
+        path: host.host().path(path),
+        source: std::io::Error::other("answer of the wrong kind"),
+    }
+}
+
+/// An attribute's entry, as [`HostRead::read_optional_attr`] sees it.
+fn value(path: &str, read: Result<String, HostError>) -> String {
+    match read {
+        Ok(text) if text.is_empty() => format!("{path} -"),
+        Ok(text) => format!("{path} {text}"),
+        Err(e) if e.is_not_found() => format!("{path} -"),
         Err(e) => format!("{path} {:?}", io_kind(&e)),
     }
 }
 
-fn listing(host: &dyn HostRead, path: &str) -> String {
-    match host.list_dir_or_empty(path) {
+/// A directory's entry, as [`HostRead::list_dir_or_empty`] sees it.
+fn listing(path: &str, listed: Result<Vec<String>, HostError>) -> String {
+    match listed {
         Ok(names) => format!("{path} {}", names.join(" ")),
+        Err(e) if e.is_not_found() => format!("{path} "),
         Err(e) => format!("{path} {:?}", io_kind(&e)),
     }
 }
@@ -108,6 +177,63 @@ mod tests {
         let host = HostRoot::new(dir.path());
         simulate::write_host(&host, spec).unwrap();
         (dir, host)
+    }
+
+    /// Asks one file at a time (the trait's own `read_many`).
+    struct OneByOne<'a>(&'a dyn HostRead);
+
+    impl HostRead for OneByOne<'_> {
+        fn host(&self) -> &HostRoot {
+            self.0.host()
+        }
+        fn read_attr(&self, path: &str) -> crate::host::Result<String> {
+            self.0.read_attr(path)
+        }
+        fn list_dir(&self, path: &str) -> crate::host::Result<Vec<String>> {
+            self.0.list_dir(path)
+        }
+        fn exists(&self, path: &str) -> crate::host::Result<bool> {
+            self.0.exists(path)
+        }
+    }
+
+    #[test]
+    fn batched_reads_give_the_fingerprint_one_by_one_reads_give() {
+        let spec = SimSpec::new("mi300x", Some(2), Some("cpx_nps4")).unwrap();
+        let (_dir, host) = sim(&spec);
+        let reader = BoundedReader::new(host.clone(), 2);
+        let both = || {
+            run_bounded(&reader, Limits::default(), |h| {
+                (Fingerprint::read(h), Fingerprint::read(&OneByOne(h)))
+            })
+            .unwrap()
+            .0
+        };
+        let (batched, single) = both();
+        assert_eq!(batched, single);
+        assert!(batched.0.len() > 8, "{batched:?}");
+        // Absent entries, an empty directory, the driver directory in its
+        // second place, no driver.
+        host.remove_all("/sys/class/kfd/kfd/topology/generation_id")
+            .unwrap();
+        host.remove_all("/sys/class/drm").unwrap();
+        host.remove_all("/sys/class/kfd/kfd/topology/nodes")
+            .unwrap();
+        host.create_dir_all("/sys/class/kfd/kfd/topology/nodes")
+            .unwrap();
+        let (batched, single) = both();
+        assert_eq!(batched, single);
+        host.remove_all("/sys/bus/pci/drivers/amdgpu").unwrap();
+        host.remove_all("/sys/module/amdgpu/drivers/pci:amdgpu")
+            .unwrap();
+        host.create_dir_all("/sys/module/amdgpu/drivers/pci:amdgpu")
+            .unwrap();
+        let (batched, single) = both();
+        assert_eq!(batched, single);
+        host.remove_all("/sys/module/amdgpu").unwrap();
+        host.remove_all("/dev/kfd").unwrap();
+        let (batched, single) = both();
+        assert_eq!(batched, single);
     }
 
     #[test]

@@ -24,7 +24,7 @@ use std::time::Duration;
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio::task::JoinHandle;
 
-use super::bounded::{Limits, run_bounded};
+use super::bounded::{Limits, run_bounded_here};
 use super::fingerprint::Fingerprint;
 use super::uevent::{self, HintSource, HostFacts, UeventSocket};
 use super::{Discovery, Gpu, Inventory, discover_with};
@@ -212,7 +212,8 @@ async fn scan(
 ) -> Scan {
     let reader = reader.clone();
     let work = tokio::task::spawn_blocking(move || {
-        run_bounded(&reader, limits, |host| {
+        // Already on a blocking thread: no thread of its own per scan.
+        Ok::<_, String>(run_bounded_here(&reader, limits, |host| {
             // The fingerprint is read before the inventory: a change that lands
             // in between shows in the next tick's fingerprint.
             let fingerprint = Fingerprint::read(host);
@@ -229,7 +230,7 @@ async fn scan(
                 }
             }
             (fingerprint, discovery, fingerprint_changed)
-        })
+        }))
     });
     // Every read is bounded by the scan's deadline; the margin covers the
     // thread's start and the last read's answer.

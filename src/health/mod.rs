@@ -19,6 +19,10 @@
 //!   and the Node;
 //! - [`HealthMonitor::subscribe`]: a stream of [`HealthTransition`]s.
 //!
+//! Device nodes and `/dev/kfd` are not stat'ed every sample: [`nodes`]
+//! watches `/dev` and `/dev/dri` with inotify and checks them when something
+//! there changed (and at least every 10 s).
+//!
 //! Pure decisions for the Node ([`outputs`]): the `AMDGPUUnhealthy` condition,
 //! the reference's `metricsexporter.amd.com.gpu.<id>.state=unhealthy` labels,
 //! Events; [`node`] writes condition and labels. Samples are read through the
@@ -30,6 +34,7 @@ pub mod checks;
 pub mod damping;
 pub mod monitor;
 pub mod node;
+pub mod nodes;
 pub mod outputs;
 
 use std::collections::BTreeMap;

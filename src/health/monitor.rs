@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::checks::{Thresholds, evaluate};
 use super::damping::{Damping, Step, Tracker};
+use super::nodes::NodeWatch;
 use super::outputs::health_report;
 use super::{GpuHealth, HealthSnapshot, HealthTransition};
 use crate::api::agent_status::ServiceName;
@@ -262,6 +263,7 @@ impl Service for HealthMonitor {
                 BoundedReader::new(current.host.clone(), BoundedReader::DEFAULT_MAX_THREADS),
                 current.file_timeout,
             );
+            let mut nodes = NodeWatch::new(current.host.clone());
             let mut state = MonitorState::default();
             let mut ticker = tokio::time::interval(current.interval);
             ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -278,6 +280,7 @@ impl Service for HealthMonitor {
                                 BoundedReader::new(next.host.clone(), BoundedReader::DEFAULT_MAX_THREADS),
                                 next.file_timeout,
                             );
+                            nodes = NodeWatch::new(next.host.clone());
                         }
                         if next.interval != current.interval {
                             ticker = tokio::time::interval(next.interval);
@@ -290,7 +293,13 @@ impl Service for HealthMonitor {
                     _ = ticker.tick() => {}
                 }
                 let inventory = self.inventory.borrow().clone();
-                let sample = sampler.sample(&inventory, Scope::Health).await;
+                // Device nodes and /dev/kfd are watched rather than stat'ed
+                // every sample (see `nodes`).
+                let mut sample = sampler.sample(&inventory, Scope::HealthWithoutNodes).await;
+                nodes
+                    .status(sampler.reader(), &inventory, current.file_timeout)
+                    .await
+                    .apply(&inventory, &mut sample);
                 let (snapshot, transitions) =
                     state.step(&inventory, &sample, &thresholds, &current.damping);
                 self.publish(snapshot, transitions);

@@ -20,9 +20,10 @@
 //! read (each of which would wake the runtime's driver). When a read has waited
 //! [`STALL`], the timekeeper hands it its answer if a thread has it (that thread
 //! may be stuck on a later file) and, if it has not been started, wakes or
-//! starts another thread; at its deadline, the read times out. So a hung file
-//! delays the other files by at most [`STALL`], and slow files are read in
-//! parallel after it. [`wake_decision`] is the pure rule for when a queued read
+//! starts another thread, one more each [`STALL`] while reads still wait; at
+//! its deadline, the read times out. So a hung file delays the other files by
+//! about [`STALL`], and slow files are read in parallel after it. A batch of
+//! reads ([`BoundedReader::batch`]) is handed over with one wake-up. [`wake_decision`] is the pure rule for when a queued read
 //! needs another thread.
 //!
 //! This module owns the threads and the deadlines. It must not know what any file
@@ -77,13 +78,20 @@ pub struct ReaderStats {
     pub threads: u64,
 }
 
-enum Op {
+/// What to do with a path, in a [`BoundedReader::batch`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// Read an attribute (trimmed).
     Read,
+    /// Whether the path exists.
     Exists,
+    /// List a directory, sorted; an absent directory is empty.
     List,
 }
 
-enum Answer {
+/// The answer to one [`Op`].
+#[derive(Debug, PartialEq, Eq)]
+pub enum Answer {
     Text(String),
     Exists(bool),
     Names(Vec<String>),
@@ -93,7 +101,8 @@ enum Answer {
 /// caller; the thread wakes callers in batches (see the module doc).
 struct Slot {
     answer: Mutex<Option<Result<Answer, HostError>>>,
-    waker: AtomicWaker,
+    /// Shared by the reads of one batch: one wake-up serves them all.
+    waker: Arc<AtomicWaker>,
     /// When the timekeeper checks on the read, and when it gives up on it.
     stall_at: Instant,
     deadline: Instant,
@@ -106,10 +115,10 @@ struct Slot {
 }
 
 impl Slot {
-    fn new(now: Instant, timeout: Duration) -> Self {
+    fn new(now: Instant, timeout: Duration, waker: Arc<AtomicWaker>) -> Self {
         Self {
             answer: Mutex::new(None),
-            waker: AtomicWaker::new(),
+            waker,
             stall_at: now + STALL.min(timeout / 4),
             deadline: now + timeout,
             started: AtomicBool::new(false),
@@ -148,6 +157,67 @@ impl Future for Answered {
 impl Drop for Answered {
     fn drop(&mut self) {
         self.0.abandoned.store(true, Ordering::Release);
+    }
+}
+
+/// The caller's side of a [`BoundedReader::batch`]: ready once every read
+/// has its answer or its deadline passed.
+struct BatchAnswered {
+    inner: Arc<Inner>,
+    waker: Arc<AtomicWaker>,
+    /// Reads still waiting, by index into `results`.
+    pending: Vec<(usize, Arc<Slot>)>,
+    results: Vec<Option<Result<Answer, ReadError>>>,
+    paths: Vec<String>,
+    timeout: Duration,
+}
+
+impl Future for BatchAnswered {
+    type Output = Vec<Result<Answer, ReadError>>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.waker.register(cx.waker());
+        let this = &mut *self;
+        let (results, paths, timeout, inner) =
+            (&mut this.results, &this.paths, this.timeout, &this.inner);
+        this.pending.retain(|(i, slot)| {
+            if let Some(answer) = slot.lock().take() {
+                results[*i] = Some(answer.map_err(ReadError::Host));
+                return false;
+            }
+            if slot.expired.load(Ordering::Acquire) {
+                inner.timeouts.fetch_add(1, Ordering::Relaxed);
+                results[*i] = Some(Err(ReadError::TimedOut {
+                    path: paths[*i].clone(),
+                    timeout,
+                }));
+                return false;
+            }
+            true
+        });
+        if !this.pending.is_empty() {
+            return Poll::Pending;
+        }
+        let results = std::mem::take(&mut this.results);
+        Poll::Ready(
+            results
+                .into_iter()
+                .zip(paths)
+                .map(|(result, path)| {
+                    // Every read got an answer above; `Closed` only if this
+                    // module has a bug.
+                    result.unwrap_or_else(|| Err(ReadError::Closed { path: path.clone() }))
+                })
+                .collect(),
+        )
+    }
+}
+
+impl Drop for BatchAnswered {
+    fn drop(&mut self) {
+        for (_, slot) in &self.pending {
+            slot.abandoned.store(true, Ordering::Release);
+        }
     }
 }
 
@@ -353,7 +423,11 @@ impl BoundedReader {
     }
 
     async fn run(&self, path: &str, op: Op, timeout: Duration) -> Result<Answer, ReadError> {
-        let slot = Arc::new(Slot::new(Instant::now(), timeout));
+        let slot = Arc::new(Slot::new(
+            Instant::now(),
+            timeout,
+            Arc::new(AtomicWaker::new()),
+        ));
         {
             let mut state = self.inner.lock();
             if state.shutdown {
@@ -370,7 +444,7 @@ impl BoundedReader {
                 slot: slot.clone(),
             });
             let woken = self.wake(&mut state, false);
-            if !(woken || state.threads > 0) || !self.keep_time(&mut state, &slot) {
+            if !(woken || state.threads > 0) || !self.keep_time(&mut state, [&slot]) {
                 // No thread at all: give the path back so that the caller
                 // can retry later rather than have it marked stuck forever.
                 state.queue.pop_back();
@@ -391,9 +465,78 @@ impl BoundedReader {
         }
     }
 
-    /// Hands a waiting read to the timekeeper, starting it if needed. False
+    /// Reads many paths at once, each with `timeout`, with one hand-off to
+    /// the threads and one wake-up of the caller per batch of answers rather
+    /// than per file. Each path is treated exactly as by the single-path
+    /// methods (a hung one costs its own value; one still stuck is refused),
+    /// and answers come back in the order of `requests`. A path given twice
+    /// is refused the second time, as a concurrent read of the same file is.
+    pub async fn batch(
+        &self,
+        requests: Vec<(Op, String)>,
+        timeout: Duration,
+    ) -> Vec<Result<Answer, ReadError>> {
+        let waker = Arc::new(AtomicWaker::new());
+        let now = Instant::now();
+        let mut results: Vec<Option<Result<Answer, ReadError>>> =
+            requests.iter().map(|_| None).collect();
+        let mut pending: Vec<(usize, Arc<Slot>)> = Vec::with_capacity(requests.len());
+        {
+            let mut state = self.inner.lock();
+            for (i, (op, path)) in requests.iter().enumerate() {
+                if state.shutdown {
+                    results[i] = Some(Err(ReadError::Closed { path: path.clone() }));
+                } else if !state.in_flight.insert(path.clone()) {
+                    self.inner.skipped.fetch_add(1, Ordering::Relaxed);
+                    results[i] = Some(Err(ReadError::Stuck { path: path.clone() }));
+                } else {
+                    let slot = Arc::new(Slot::new(now, timeout, waker.clone()));
+                    state.queue.push_back(Job {
+                        path: path.clone(),
+                        op: *op,
+                        slot: slot.clone(),
+                    });
+                    pending.push((i, slot));
+                }
+            }
+            if !pending.is_empty() {
+                let woken = self.wake(&mut state, false);
+                if !(woken || state.threads > 0)
+                    || !self.keep_time(&mut state, pending.iter().map(|(_, s)| s))
+                {
+                    // No thread at all: give the paths back (see `run`).
+                    state
+                        .queue
+                        .retain(|job| !pending.iter().any(|(_, s)| Arc::ptr_eq(s, &job.slot)));
+                    for (i, _) in pending.drain(..) {
+                        let path = &requests[i].1;
+                        state.in_flight.remove(path);
+                        results[i] = Some(Err(ReadError::Closed { path: path.clone() }));
+                    }
+                }
+            }
+        }
+        self.inner
+            .reads
+            .fetch_add(pending.len() as u64, Ordering::Relaxed);
+        BatchAnswered {
+            inner: self.inner.clone(),
+            waker,
+            pending,
+            results,
+            paths: requests.into_iter().map(|(_, path)| path).collect(),
+            timeout,
+        }
+        .await
+    }
+
+    /// Hands waiting reads to the timekeeper, starting it if needed. False
     /// when it cannot be started.
-    fn keep_time(&self, state: &mut State, slot: &Arc<Slot>) -> bool {
+    fn keep_time<'a>(
+        &self,
+        state: &mut State,
+        slots: impl IntoIterator<Item = &'a Arc<Slot>>,
+    ) -> bool {
         if !state.timekeeper {
             let inner = self.inner.clone();
             let started = std::thread::Builder::new()
@@ -405,9 +548,15 @@ impl BoundedReader {
             }
             state.timekeeper = true;
         }
-        state.waiting.push(slot.clone());
-        if state.timekeeper_wakes.is_none_or(|at| slot.stall_at < at) {
-            state.timekeeper_wakes = Some(slot.stall_at);
+        let mut first: Option<Instant> = None;
+        for slot in slots {
+            state.waiting.push(slot.clone());
+            first = Some(first.map_or(slot.stall_at, |f| f.min(slot.stall_at)));
+        }
+        if let Some(first) = first
+            && state.timekeeper_wakes.is_none_or(|at| first < at)
+        {
+            state.timekeeper_wakes = Some(first);
             self.inner.timer.notify_one();
         }
         true
@@ -485,12 +634,19 @@ fn timekeeper(inner: Arc<Inner>) {
             next = Some(next.map_or(at, |n| n.min(at)));
             true
         });
-        // One more thread per read that waited too long without being started,
-        // as far as the cap allows.
-        for _ in 0..stalled {
-            if !(wake(&inner, &mut state, true) && state.queue.len() > state.waking) {
-                break;
-            }
+        // One more thread while reads wait too long without being started, as
+        // far as the cap allows, and another look after STALL while they
+        // still do: a burst stuck behind a slow or hung file gets threads one
+        // at a time rather than the whole pool at once (on a busy machine any
+        // thread is late now and then, and waking them all costs more than
+        // the wait).
+        if stalled > 0
+            && wake(&inner, &mut state, true)
+            && state.queue.len() > state.waking
+            && (state.threads < inner.max_threads || state.idle > state.waking)
+        {
+            let again = Instant::now() + STALL;
+            next = Some(next.map_or(again, |n| n.min(again)));
         }
         state.timekeeper_wakes = next;
         state = match next {
@@ -656,6 +812,62 @@ mod tests {
         }
         assert_eq!(reader.stats().threads, 2);
         simulate::release_hung_file(&host, &paths[10], "10").unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_batch_answers_in_order_and_a_hung_file_costs_only_its_own_value() {
+        let (_dir, host) = host();
+        let paths: Vec<String> = (0..30).map(|i| format!("/sys/f{i}")).collect();
+        for (i, path) in paths.iter().enumerate() {
+            host.write(path, format!("{i}\n")).unwrap();
+        }
+        simulate::hang_file(&host, &paths[7]).unwrap();
+        let reader = BoundedReader::new(host.clone(), 2);
+        let mut requests: Vec<(Op, String)> = paths.iter().map(|p| (Op::Read, p.clone())).collect();
+        requests.push((Op::Exists, "/sys/a".into()));
+        requests.push((Op::Exists, "/sys/nope".into()));
+        requests.push((Op::List, "/nope".into()));
+        requests.push((Op::Read, "/sys/gone".into()));
+        let timeout = Duration::from_millis(300);
+        let started = Instant::now();
+        let answers = reader.batch(requests.clone(), timeout).await;
+        assert!(started.elapsed() < Duration::from_secs(2));
+        assert_eq!(answers.len(), requests.len());
+        for (i, answer) in answers.iter().take(30).enumerate() {
+            match answer {
+                Ok(Answer::Text(text)) => assert_eq!(*text, i.to_string()),
+                Err(ReadError::TimedOut { path, .. }) if i == 7 => assert_eq!(*path, paths[7]),
+                other => panic!("file {i}: {other:?}"),
+            }
+        }
+        assert_eq!(answers[30].as_ref().unwrap(), &Answer::Exists(true));
+        assert_eq!(answers[31].as_ref().unwrap(), &Answer::Exists(false));
+        assert_eq!(answers[32].as_ref().unwrap(), &Answer::Names(vec![]));
+        assert!(
+            answers[33].as_ref().is_err_and(ReadError::is_not_found),
+            "{:?}",
+            answers[33]
+        );
+        // While it hangs, the next batch refuses that file at once and reads
+        // the rest.
+        let answers = reader.batch(requests, timeout).await;
+        assert!(
+            matches!(answers[7], Err(ReadError::Stuck { .. })),
+            "{:?}",
+            answers[7]
+        );
+        assert_eq!(answers[8].as_ref().unwrap(), &Answer::Text("8".into()));
+        assert_eq!(reader.stats().skipped_stuck, 1);
+        simulate::release_hung_file(&host, &paths[7], "7").unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !reader.in_flight().is_empty() {
+            assert!(Instant::now() < deadline, "released read did not return");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let answers = reader
+            .batch(vec![(Op::Read, paths[7].clone())], timeout)
+            .await;
+        assert_eq!(answers[0].as_ref().unwrap(), &Answer::Text("7".into()));
     }
 
     #[test]

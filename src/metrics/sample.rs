@@ -12,7 +12,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use serde::Serialize;
 
-use super::reader::{BoundedReader, ReadError};
+use super::reader::{Answer, BoundedReader, Op, ReadError};
 use super::sysfs::{
     self, EccCount, Sensor, device_dir, driver_link, parse_dpm, parse_link_speed, parse_link_width,
     parse_millidegrees, parse_ras_count, parse_temp_label, parse_u64,
@@ -25,6 +25,10 @@ pub enum Scope {
     /// What the health checks need: presence, device nodes, RAS counts, junction
     /// temperature, PCIe link.
     Health,
+    /// [`Scope::Health`] without the device nodes and `/dev/kfd`, for a caller
+    /// that checks those on its own schedule (the health monitor watches
+    /// `/dev`): `missing_nodes` stays empty and `kfd_present` `None`.
+    HealthWithoutNodes,
     /// Everything the exporter reports.
     Full,
 }
@@ -175,6 +179,14 @@ impl Field {
     fn is_existence(&self) -> bool {
         matches!(self, Field::Present | Field::Bound | Field::Node(_))
     }
+
+    /// Values that do not change while the GPU is bound.
+    fn is_static(&self) -> bool {
+        matches!(
+            self,
+            Field::MaxLinkSpeed | Field::MaxLinkWidth | Field::JunctionCrit
+        )
+    }
 }
 
 /// The raw answer for one field.
@@ -218,8 +230,10 @@ pub fn plan_reads(gpu: &Gpu, files: &GpuFiles, scope: Scope) -> Vec<(Field, Stri
         (Field::Present, dev.clone()),
         (Field::Bound, driver_link(&gpu.bdf)),
     ];
-    for node in device_nodes(gpu) {
-        reads.push((Field::Node(node.clone()), node));
+    if scope != Scope::HealthWithoutNodes {
+        for node in device_nodes(gpu) {
+            reads.push((Field::Node(node.clone()), node));
+        }
     }
     reads.extend([
         (Field::LinkSpeed, attr("current_link_speed")),
@@ -239,7 +253,7 @@ pub fn plan_reads(gpu: &Gpu, files: &GpuFiles, scope: Scope) -> Vec<(Field, Stri
     if let Some(path) = &files.junction_crit {
         reads.push((Field::JunctionCrit, path.clone()));
     }
-    if scope == Scope::Health {
+    if scope != Scope::Full {
         return reads;
     }
     reads.extend([
@@ -371,7 +385,11 @@ pub struct Sampler {
     /// Deadline for each file.
     timeout: Duration,
     files: HashMap<String, GpuFiles>,
+    statics: HashMap<String, Statics>,
 }
+
+/// How long the static values of a GPU are kept before they are read again.
+pub const STATICS_TTL: Duration = Duration::from_secs(60);
 
 impl Sampler {
     pub fn new(reader: BoundedReader, timeout: Duration) -> Self {
@@ -379,6 +397,7 @@ impl Sampler {
             reader,
             timeout,
             files: HashMap::new(),
+            statics: HashMap::new(),
         }
     }
 
@@ -386,12 +405,15 @@ impl Sampler {
         &self.reader
     }
 
-    /// Reads every GPU of `inventory` at once.
+    /// Reads every GPU of `inventory` at once: one batch of reads through
+    /// the reader. Static values (the PCIe maximums, the junction sensor's
+    /// critical limit) are read once per GPU and again every [`STATICS_TTL`].
     pub async fn sample(&mut self, inventory: &Inventory, scope: Scope) -> HostSample {
         let started = Instant::now();
         let taken_at = SystemTime::now();
-        self.files
-            .retain(|bdf, _| inventory.gpus.iter().any(|g| &g.bdf == bdf));
+        let in_inventory = |bdf: &String| inventory.gpus.iter().any(|g| &g.bdf == bdf);
+        self.files.retain(|bdf, _| in_inventory(bdf));
+        self.statics.retain(|bdf, _| in_inventory(bdf));
         let missing: Vec<&Gpu> = inventory
             .gpus
             .iter()
@@ -406,43 +428,170 @@ impl Sampler {
         for (gpu, files) in missing.iter().zip(located) {
             self.files.insert(gpu.bdf.clone(), files);
         }
-        let reader = &self.reader;
-        let timeout = self.timeout;
-        let per_gpu = inventory.gpus.iter().map(|gpu| {
-            let reads = plan_reads(
-                gpu,
-                self.files.get(&gpu.bdf).unwrap_or(&GpuFiles::default()),
-                scope,
-            );
-            async move {
-                let answers =
-                    futures::future::join_all(reads.into_iter().map(|(field, path)| async move {
-                        let raw = if field.is_existence() {
-                            match reader.exists(&path, timeout).await {
-                                Ok(exists) => Raw::Exists(exists),
-                                Err(e) => Raw::Failed(e),
-                            }
-                        } else {
-                            match reader.read_attr(&path, timeout).await {
-                                Ok(text) => Raw::Text(text),
-                                Err(e) => Raw::Failed(e),
-                            }
-                        };
-                        (field, path, raw)
-                    }))
-                    .await;
-                (gpu.bdf.clone(), assemble(&gpu.bdf, answers))
+        // Every GPU's reads in one batch; `owners` says whose each one is.
+        let mut requests: Vec<(Op, String)> = Vec::new();
+        let mut owners: Vec<(usize, Field)> = Vec::new();
+        let mut cached: Vec<Option<Statics>> = Vec::with_capacity(inventory.gpus.len());
+        let no_files = GpuFiles::default();
+        // A GPU bound to amdgpu is present (its driver link resolves to its
+        // device directory); only the others are stat'ed for presence, after.
+        let mut presence: Vec<(usize, String)> = Vec::new();
+        for (index, gpu) in inventory.gpus.iter().enumerate() {
+            let statics = self
+                .statics
+                .get(&gpu.bdf)
+                .filter(|s| started.saturating_duration_since(s.read_at) < STATICS_TTL)
+                .cloned();
+            let files = self.files.get(&gpu.bdf).unwrap_or(&no_files);
+            for (field, path) in plan_reads(gpu, files, scope) {
+                if statics.is_some() && field.is_static() {
+                    continue;
+                }
+                if field == Field::Present {
+                    presence.push((index, path));
+                    continue;
+                }
+                let op = if field.is_existence() {
+                    Op::Exists
+                } else {
+                    Op::Read
+                };
+                requests.push((op, path));
+                owners.push((index, field));
             }
-        });
-        let kfd = async { reader.exists(sysfs::KFD_PATH, timeout).await.ok() };
-        let (gpus, kfd_present) = tokio::join!(futures::future::join_all(per_gpu), kfd);
+            cached.push(statics);
+        }
+        let with_kfd = scope != Scope::HealthWithoutNodes;
+        if with_kfd {
+            requests.push((Op::Exists, sysfs::KFD_PATH.to_owned()));
+        }
+        let mut paths: Vec<String> = requests.iter().map(|(_, p)| p.clone()).collect();
+        let mut answers = self.reader.batch(requests, self.timeout).await;
+        let kfd_answer = if with_kfd {
+            paths.pop();
+            answers.pop()
+        } else {
+            None
+        };
+        let kfd_present = match kfd_answer {
+            Some(Ok(Answer::Exists(exists))) => Some(exists),
+            _ => None,
+        };
+        let mut per_gpu: Vec<Vec<(Field, String, Raw)>> =
+            inventory.gpus.iter().map(|_| Vec::new()).collect();
+        for ((index, field), (answer, path)) in
+            owners.into_iter().zip(answers.into_iter().zip(paths))
+        {
+            let raw = match answer {
+                Ok(Answer::Exists(exists)) => Raw::Exists(exists),
+                Ok(Answer::Text(text)) => Raw::Text(text),
+                Ok(Answer::Names(_)) => Raw::Failed(ReadError::Closed { path: path.clone() }),
+                Err(e) => Raw::Failed(e),
+            };
+            if let Some(list) = per_gpu.get_mut(index) {
+                list.push((field, path, raw));
+            }
+        }
+        let mut unbound: Vec<(usize, String)> = Vec::new();
+        for (index, path) in presence {
+            let bound = per_gpu.get(index).is_some_and(|answers| {
+                answers
+                    .iter()
+                    .any(|(f, _, raw)| *f == Field::Bound && matches!(raw, Raw::Exists(true)))
+            });
+            match per_gpu.get_mut(index) {
+                Some(answers) if bound => answers.push((Field::Present, path, Raw::Exists(true))),
+                Some(_) => unbound.push((index, path)),
+                None => {}
+            }
+        }
+        if !unbound.is_empty() {
+            let requests = unbound
+                .iter()
+                .map(|(_, p)| (Op::Exists, p.clone()))
+                .collect();
+            let answers = self.reader.batch(requests, self.timeout).await;
+            for ((index, path), answer) in unbound.into_iter().zip(answers) {
+                let raw = match answer {
+                    Ok(Answer::Exists(exists)) => Raw::Exists(exists),
+                    Ok(_) => Raw::Failed(ReadError::Closed { path: path.clone() }),
+                    Err(e) => Raw::Failed(e),
+                };
+                if let Some(list) = per_gpu.get_mut(index) {
+                    list.push((Field::Present, path, raw));
+                }
+            }
+        }
+        let mut gpus = BTreeMap::new();
+        for ((gpu, answers), statics) in inventory.gpus.iter().zip(per_gpu).zip(cached) {
+            let fresh = statics.is_none() && statics_answered(&answers);
+            let static_paths: Vec<String> = answers
+                .iter()
+                .filter(|(f, _, _)| f.is_static())
+                .map(|(_, p, _)| p.clone())
+                .collect();
+            let mut r = assemble(&gpu.bdf, answers);
+            match statics {
+                Some(s) => s.apply(&mut r),
+                None if fresh
+                    && !r
+                        .errors
+                        .iter()
+                        .any(|e| static_paths.iter().any(|p| e.starts_with(p.as_str()))) =>
+                {
+                    self.statics
+                        .insert(gpu.bdf.clone(), Statics::of(&r, started));
+                }
+                None => {}
+            }
+            gpus.insert(gpu.bdf.clone(), r);
+        }
         HostSample {
             taken_at,
             duration_ms: started.elapsed().as_secs_f64() * 1000.0,
             kfd_present,
-            gpus: gpus.into_iter().collect(),
+            gpus,
         }
     }
+}
+
+/// Static values of one GPU, as last read.
+#[derive(Clone, Debug)]
+struct Statics {
+    max_speed_gts: Option<f64>,
+    max_width: Option<u32>,
+    junction_crit_c: Option<f64>,
+    read_at: Instant,
+}
+
+impl Statics {
+    fn of(r: &GpuReadings, read_at: Instant) -> Self {
+        Self {
+            max_speed_gts: r.pcie.max_speed_gts,
+            max_width: r.pcie.max_width,
+            junction_crit_c: r.temperature.junction_crit_c,
+            read_at,
+        }
+    }
+
+    fn apply(&self, r: &mut GpuReadings) {
+        r.pcie.max_speed_gts = self.max_speed_gts;
+        r.pcie.max_width = self.max_width;
+        r.temperature.junction_crit_c = self.junction_crit_c;
+    }
+}
+
+/// Every static file of a GPU answered (or is absent): the values can be
+/// kept. One that timed out or failed is read again next sample.
+fn statics_answered(answers: &[(Field, String, Raw)]) -> bool {
+    answers
+        .iter()
+        .filter(|(field, _, _)| field.is_static())
+        .all(|(_, _, raw)| match raw {
+            Raw::Text(_) => true,
+            Raw::Failed(e) => e.is_not_found(),
+            Raw::Exists(_) => false,
+        })
 }
 
 /// Finds a GPU's hwmon directory, its temperature sensors and RAS blocks.
@@ -643,6 +792,79 @@ mod tests {
         assert!(r.errors.iter().any(|e| e.starts_with("/l:")));
         assert!(r.errors.iter().any(|e| e.contains("/pw")));
     }
+
+    #[tokio::test]
+    async fn static_values_are_read_once_and_nodes_can_be_left_to_the_caller() {
+        let dir = tempfile::tempdir().unwrap();
+        let host = crate::host::HostRoot::new(dir.path());
+        let spec = crate::simulate::SimSpec::new("mi210", Some(1), None).unwrap();
+        crate::simulate::write_host(&host, &spec).unwrap();
+        let inventory = crate::device::discover(&host);
+        let bdf = "0000:03:00.0";
+        let render = format!(
+            "/dev/dri/renderD{}",
+            inventory.gpus[0].render_minor.expect("a render node")
+        );
+        let timeout = Duration::from_millis(200);
+        let mut sampler = Sampler::new(BoundedReader::new(host.clone(), 2), timeout);
+        let first = sampler.sample(&inventory, Scope::Health).await;
+        let r = &first.gpus[bdf];
+        assert_eq!(r.pcie.max_width, Some(16));
+        assert!(r.temperature.junction_crit_c.is_some());
+        assert!(r.errors.is_empty(), "{:?}", r.errors);
+        assert_eq!(first.kfd_present, Some(true));
+
+        // Once read, static files are not read again: one that hangs now
+        // costs nothing, and its value stays.
+        let max_width = "/sys/devices/pci0000:00/0000:03:00.0/max_link_width";
+        crate::simulate::hang_file(&host, max_width).unwrap();
+        host.remove_all(&render).unwrap();
+        let again = sampler.sample(&inventory, Scope::HealthWithoutNodes).await;
+        let r = &again.gpus[bdf];
+        assert_eq!(r.pcie.max_width, Some(16), "kept");
+        assert!(r.errors.is_empty(), "{:?}", r.errors);
+        assert_eq!(sampler.reader().stats().timeouts, 0);
+        assert!(
+            r.missing_nodes.is_empty() && again.kfd_present.is_none(),
+            "nodes are the caller's"
+        );
+
+        // A new sampler reads them: the hung file is an error, the node missing.
+        let mut fresh = Sampler::new(BoundedReader::new(host.clone(), 2), timeout);
+        let sample = fresh.sample(&inventory, Scope::Health).await;
+        let r = &sample.gpus[bdf];
+        assert!(
+            r.errors.iter().any(|e| e.contains("max_link_width")),
+            "{:?}",
+            r.errors
+        );
+        assert_eq!(r.pcie.max_width, None);
+        assert_eq!(r.missing_nodes, [render]);
+        crate::simulate::release_hung_file(&host, max_width, "16").unwrap();
+    }
+
+    #[tokio::test]
+    async fn presence_is_looked_at_when_the_gpu_is_not_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let host = crate::host::HostRoot::new(dir.path());
+        let spec = crate::simulate::SimSpec::new("mi210", Some(1), None).unwrap();
+        crate::simulate::write_host(&host, &spec).unwrap();
+        let inventory = crate::device::discover(&host);
+        let bdf = "0000:03:00.0";
+        let mut sampler = Sampler::new(BoundedReader::new(host.clone(), 2), Duration::from_secs(1));
+        let mut presence = async || {
+            let r = &sampler.sample(&inventory, Scope::Health).await.gpus[bdf];
+            (r.present, r.bound)
+        };
+        assert_eq!(presence().await, (Some(true), Some(true)));
+        host.remove_all(format!("/sys/bus/pci/drivers/amdgpu/{bdf}"))
+            .unwrap();
+        assert_eq!(presence().await, (Some(true), Some(false)));
+        host.remove_all(format!("/sys/devices/pci0000:00/{bdf}"))
+            .unwrap();
+        assert_eq!(presence().await, (Some(false), Some(false)));
+    }
+
     #[tokio::test]
     async fn locate_finds_sensors_and_ras_blocks_of_a_simulated_gpu() {
         let dir = tempfile::tempdir().unwrap();

@@ -313,18 +313,25 @@ pub fn write_atomic(
     host_path: impl AsRef<Path>,
     contents: impl AsRef<[u8]>,
 ) -> Result<(), HostError> {
+    let staging = host.path(STAGING_DIR);
+    std::fs::create_dir_all(&staging).map_err(|source| HostError::Io {
+        path: staging.clone(),
+        source,
+    })?;
+    write_staged(&staging, &host.path(host_path), contents.as_ref())
+}
+
+/// [`write_atomic`] with the staging directory known to exist: a fresh file
+/// there, renamed over `path`. The parent of `path` is made only when the
+/// rename says it is missing, so that rewriting existing files (telemetry,
+/// every second) costs no directory checks.
+fn write_staged(staging: &Path, path: &Path, contents: &[u8]) -> Result<(), HostError> {
     use std::sync::atomic::{AtomicU64, Ordering};
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let io = |path: &Path, source: std::io::Error| HostError::Io {
         path: path.to_path_buf(),
         source,
     };
-    let path = host.path(host_path);
-    if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent).map_err(|e| io(parent, e))?;
-    }
-    let staging = host.path(STAGING_DIR);
-    std::fs::create_dir_all(&staging).map_err(|e| io(&staging, e))?;
     // Unique per process and per write, so that concurrent writers (the ticking
     // demo, a test injecting ECC errors) never share a temporary file.
     let tmp = staging.join(format!(
@@ -333,10 +340,19 @@ pub fn write_atomic(
         NEXT.fetch_add(1, Ordering::Relaxed)
     ));
     std::fs::write(&tmp, contents).map_err(|e| io(&tmp, e))?;
-    std::fs::rename(&tmp, &path).map_err(|e| {
+    let renamed = match std::fs::rename(&tmp, path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => match path.parent() {
+            Some(parent) => std::fs::create_dir_all(parent)
+                .map_err(|e| io(parent, e))
+                .and_then(|()| std::fs::rename(&tmp, path).map_err(|e| io(path, e))),
+            None => Err(io(path, e)),
+        },
+        other => other.map_err(|e| io(path, e)),
+    };
+    if renamed.is_err() {
         let _ = std::fs::remove_file(&tmp);
-        io(&path, e)
-    })
+    }
+    renamed
 }
 
 /// Where every GPU and partition sits: addresses, DRM numbers, KFD node ids.
@@ -668,18 +684,23 @@ fn dynamic_telemetry(model: &GpuModel, index: usize, tick: u64) -> Vec<(String, 
 /// every sampling interval so that metrics change over time). GPUs that a test
 /// removed are skipped.
 pub fn advance_telemetry(host: &HostRoot, spec: &SimSpec, tick: u64) -> Result<(), SimError> {
+    let staging = host.path(STAGING_DIR);
+    std::fs::create_dir_all(&staging).map_err(|source| HostError::Io {
+        path: staging.clone(),
+        source,
+    })?;
     for gpu in &Layout::new(spec).gpus {
         let dir = pci_dir(&gpu.bdf);
         if !host.exists(&dir) {
             continue;
         }
         for (path, value) in dynamic_telemetry(&spec.profile.model, gpu.index, tick) {
-            let path = format!("{dir}/{path}");
+            let path = host.path(format!("{dir}/{path}"));
             // A file a test turned into a FIFO (a hung attribute) stays hung.
-            if is_fifo(&host.path(&path)) {
+            if is_fifo(&path) {
                 continue;
             }
-            write_atomic(host, path, format!("{value}\n"))?;
+            write_staged(&staging, &path, format!("{value}\n").as_bytes())?;
         }
     }
     Ok(())

@@ -1,0 +1,454 @@
+//! Whether every GPU's device nodes (`/dev/dri/cardN`, `/dev/dri/renderDN`)
+//! and `/dev/kfd` exist, without stat'ing them all on every sample.
+//!
+//! Device nodes come and go only when the kernel (devtmpfs, udev) or an
+//! administrator creates or removes them, and the kernel tells inotify
+//! watchers of `/dev` and `/dev/dri` about each. So [`NodeWatch`] stats the
+//! nodes when one of these happens: at the first sample; after an inotify
+//! event in `/dev` or `/dev/dri` (or a lost event: queue overflow, a watch
+//! removed); when the inventory names other nodes; after a check that could
+//! not read every node; and at least every [`NodeWatch::SAFETY_INTERVAL`]
+//! whatever inotify says. Without inotify (it cannot be set up, or setting it
+//! up did not return in time) it stats them every sample, as before. A
+//! change is thus seen by the next sample, as when every sample stats.
+//!
+//! The watches are set up before the first check, so that no change between
+//! a check and the start of watching goes unseen. Setting up a watch resolves
+//! a host path, which could block on a broken host mount: it runs on a
+//! blocking thread, bounded by the sample's file timeout. Reading the inotify
+//! descriptor never blocks.
+
+use std::collections::BTreeSet;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::device::Inventory;
+use crate::host::HostRoot;
+use crate::metrics::reader::{Answer, BoundedReader, Op};
+use crate::metrics::sample::{HostSample, device_nodes};
+use crate::metrics::sysfs::KFD_PATH;
+
+const DEV: &str = "/dev";
+const DRI: &str = "/dev/dri";
+
+/// What the last check found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeStatus {
+    /// `/dev/kfd` exists; `None` when it could not be checked.
+    pub kfd_present: Option<bool>,
+    /// Host paths of the nodes checked.
+    pub checked: BTreeSet<String>,
+    /// Those that do not exist.
+    pub missing: BTreeSet<String>,
+    /// Every node (and `/dev/kfd`) got an answer.
+    pub complete: bool,
+}
+
+impl NodeStatus {
+    /// Fills `sample`'s `kfd_present` and each GPU's `missing_nodes`.
+    pub fn apply(&self, inventory: &Inventory, sample: &mut HostSample) {
+        sample.kfd_present = self.kfd_present;
+        for gpu in &inventory.gpus {
+            if let Some(r) = sample.gpus.get_mut(&gpu.bdf) {
+                r.missing_nodes = device_nodes(gpu)
+                    .into_iter()
+                    .filter(|n| self.missing.contains(n))
+                    .collect();
+            }
+        }
+    }
+}
+
+/// Why a check is due (for tests and logs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Due {
+    /// The last check still holds.
+    No,
+    First,
+    /// inotify reported a change in `/dev` or `/dev/dri`, or lost events.
+    Event,
+    /// The inventory names other nodes.
+    Inventory,
+    /// The last check missed some answers.
+    Incomplete,
+    SafetyInterval,
+    /// No inotify: every sample checks.
+    NoWatch,
+}
+
+/// Watches the device nodes of an inventory; see the module doc.
+pub struct NodeWatch {
+    host: HostRoot,
+    inotify: Option<Inotify>,
+    /// Set up (or given up on) yet.
+    started: bool,
+    status: Option<NodeStatus>,
+    checked_at: Option<Instant>,
+}
+
+impl NodeWatch {
+    /// A check runs at least this often, whatever inotify says: a safety net
+    /// for a `/dev` whose filesystem does not report changes.
+    pub const SAFETY_INTERVAL: Duration = Duration::from_secs(10);
+
+    pub fn new(host: HostRoot) -> Self {
+        Self {
+            host,
+            inotify: None,
+            started: false,
+            status: None,
+            checked_at: None,
+        }
+    }
+
+    /// True when changes are watched (else every sample checks).
+    pub fn watching(&self) -> bool {
+        self.inotify.is_some()
+    }
+
+    /// Sets up the watches, once; bounded by `timeout`.
+    async fn start(&mut self, timeout: Duration) {
+        if self.started {
+            return;
+        }
+        self.started = true;
+        let (dev, dri) = (self.host.path(DEV), self.host.path(DRI));
+        let setup = tokio::task::spawn_blocking(move || Inotify::open(&dev, &dri));
+        self.inotify = match tokio::time::timeout(timeout, setup).await {
+            Ok(Ok(Ok(inotify))) => Some(inotify),
+            Ok(Ok(Err(e))) => {
+                tracing::debug!(error = %e, "cannot watch /dev; checking device nodes every sample");
+                None
+            }
+            Ok(Err(_)) | Err(_) => {
+                tracing::debug!(
+                    "watching /dev did not return in time; checking device nodes every sample"
+                );
+                None
+            }
+        };
+    }
+
+    /// Whether the nodes must be checked now; drains inotify's events.
+    pub fn due(&mut self, wanted: &BTreeSet<String>, now: Instant) -> Due {
+        // Drain first, so that events already seen do not count again.
+        let event = match self.inotify.as_mut().map(Inotify::drain) {
+            Some(Ok(changed)) => changed,
+            Some(Err(e)) => {
+                tracing::debug!(error = %e, "inotify failed; checking device nodes every sample");
+                self.inotify = None;
+                true
+            }
+            None => false,
+        };
+        let Some(status) = &self.status else {
+            return Due::First;
+        };
+        if self.inotify.is_none() {
+            Due::NoWatch
+        } else if event {
+            Due::Event
+        } else if status.checked != *wanted {
+            Due::Inventory
+        } else if !status.complete {
+            Due::Incomplete
+        } else if self
+            .checked_at
+            .is_none_or(|at| now.saturating_duration_since(at) >= Self::SAFETY_INTERVAL)
+        {
+            Due::SafetyInterval
+        } else {
+            Due::No
+        }
+    }
+
+    /// The nodes' status for this sample: checked through `reader` when due,
+    /// else the last check's.
+    pub async fn status(
+        &mut self,
+        reader: &BoundedReader,
+        inventory: &Inventory,
+        timeout: Duration,
+    ) -> &NodeStatus {
+        self.start(timeout).await;
+        let wanted: BTreeSet<String> = inventory.gpus.iter().flat_map(device_nodes).collect();
+        let now = Instant::now();
+        let due = self.due(&wanted, now);
+        if due != Due::No || self.status.is_none() {
+            // A watch lost with its directory (/dev/dri removed and made
+            // again) is set up again before the nodes are looked at.
+            if let Some(inotify) = self.inotify.as_mut()
+                && inotify.dri.is_none()
+            {
+                inotify.rewatch_dri(&self.host, timeout).await;
+            }
+            self.status = Some(check(reader, wanted, timeout).await);
+            self.checked_at = Some(now);
+        }
+        self.status.get_or_insert_with(NodeStatus::default)
+    }
+}
+
+/// Stats every node and `/dev/kfd` in one batch.
+async fn check(reader: &BoundedReader, wanted: BTreeSet<String>, timeout: Duration) -> NodeStatus {
+    let mut requests: Vec<(Op, String)> = wanted.iter().map(|n| (Op::Exists, n.clone())).collect();
+    requests.push((Op::Exists, KFD_PATH.to_owned()));
+    let mut answers = reader.batch(requests, timeout).await;
+    let mut complete = true;
+    let kfd_present = match answers.pop() {
+        Some(Ok(Answer::Exists(exists))) => Some(exists),
+        _ => {
+            complete = false;
+            None
+        }
+    };
+    let mut missing = BTreeSet::new();
+    for (node, answer) in wanted.iter().zip(answers) {
+        match answer {
+            Ok(Answer::Exists(true)) => {}
+            Ok(Answer::Exists(false)) => {
+                missing.insert(node.clone());
+            }
+            // Unknown is no evidence (see the checks), but is asked again.
+            _ => complete = false,
+        }
+    }
+    NodeStatus {
+        kfd_present,
+        checked: wanted,
+        missing,
+        complete,
+    }
+}
+
+/// An inotify instance watching `/dev` and `/dev/dri` for entries created,
+/// removed or renamed, and for the directories themselves going away.
+struct Inotify {
+    fd: Arc<OwnedFd>,
+    dev: i32,
+    /// `None` while `/dev/dri` does not exist (or its watch was removed).
+    dri: Option<i32>,
+}
+
+const MASK: u32 = libc::IN_CREATE
+    | libc::IN_DELETE
+    | libc::IN_MOVED_FROM
+    | libc::IN_MOVED_TO
+    | libc::IN_DELETE_SELF
+    | libc::IN_MOVE_SELF;
+
+impl Inotify {
+    fn open(dev: &std::path::Path, dri: &std::path::Path) -> std::io::Result<Self> {
+        // SAFETY: no pointers; the result is checked.
+        let raw = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
+        if raw < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: `raw` is a new descriptor that nothing else owns.
+        let fd = Arc::new(unsafe { OwnedFd::from_raw_fd(raw) });
+        let dev = add_watch(&fd, dev)?;
+        let dri = add_watch(&fd, dri).ok();
+        Ok(Self { fd, dev, dri })
+    }
+
+    /// Watches `/dev/dri` again, bounded by `timeout`.
+    async fn rewatch_dri(&mut self, host: &HostRoot, timeout: Duration) {
+        let (fd, dri) = (self.fd.clone(), host.path(DRI));
+        let setup = tokio::task::spawn_blocking(move || add_watch(&fd, &dri));
+        if let Ok(Ok(Ok(wd))) = tokio::time::timeout(timeout, setup).await {
+            self.dri = Some(wd);
+        }
+    }
+
+    /// Reads every pending event. True if any arrived. An error when the
+    /// watch on `/dev` itself is gone, or the descriptor fails.
+    fn drain(&mut self) -> std::io::Result<bool> {
+        let mut changed = false;
+        let mut buf = [0u8; 4096];
+        loop {
+            // SAFETY: `buf` is valid for writes of its length.
+            let n = unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+            if n < 0 {
+                let e = std::io::Error::last_os_error();
+                return match e.kind() {
+                    std::io::ErrorKind::WouldBlock => Ok(changed),
+                    std::io::ErrorKind::Interrupted => continue,
+                    _ => Err(e),
+                };
+            }
+            if n == 0 {
+                return Ok(changed);
+            }
+            for (wd, mask) in events(&buf[..n as usize]) {
+                changed = true;
+                if mask & libc::IN_IGNORED != 0 {
+                    if wd == self.dev {
+                        return Err(std::io::Error::other("the watch on /dev was removed"));
+                    }
+                    if Some(wd) == self.dri {
+                        self.dri = None;
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn add_watch(fd: &OwnedFd, path: &std::path::Path) -> std::io::Result<i32> {
+    let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    // SAFETY: `c_path` is NUL-terminated and outlives the call.
+    let wd = unsafe { libc::inotify_add_watch(fd.as_raw_fd(), c_path.as_ptr(), MASK) };
+    if wd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(wd)
+}
+
+/// The (watch, mask) of each `struct inotify_event` in `buf`.
+fn events(buf: &[u8]) -> Vec<(i32, u32)> {
+    const HEADER: usize = 16;
+    let word = |at: usize| -> Option<[u8; 4]> { buf.get(at..at + 4)?.try_into().ok() };
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at + HEADER <= buf.len() {
+        let (Some(wd), Some(mask), Some(len)) = (word(at), word(at + 4), word(at + 12)) else {
+            break;
+        };
+        out.push((i32::from_ne_bytes(wd), u32::from_ne_bytes(mask)));
+        at += HEADER + u32::from_ne_bytes(len) as usize;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::discover;
+    use crate::simulate::{self, SimSpec};
+
+    fn rig() -> (tempfile::TempDir, HostRoot, Inventory, BoundedReader) {
+        let dir = tempfile::tempdir().unwrap();
+        let host = HostRoot::new(dir.path());
+        simulate::write_host(
+            &host,
+            &SimSpec::new("mi300x", Some(2), Some("cpx_nps4")).unwrap(),
+        )
+        .unwrap();
+        let inventory = discover(&host);
+        let reader = BoundedReader::new(host.clone(), 2);
+        (dir, host, inventory, reader)
+    }
+
+    const T: Duration = Duration::from_secs(1);
+
+    #[tokio::test]
+    async fn checks_once_then_only_on_changes() {
+        let (_dir, host, inventory, reader) = rig();
+        let mut watch = NodeWatch::new(host.clone());
+        let status = watch.status(&reader, &inventory, T).await.clone();
+        assert!(watch.watching());
+        assert_eq!(
+            status.checked.len(),
+            32,
+            "2 GPUs, 8 partitions, card and render each"
+        );
+        assert!(status.missing.is_empty() && status.complete);
+        assert_eq!(status.kfd_present, Some(true));
+        let wanted = status.checked.clone();
+        let reads = reader.stats().reads;
+        watch.status(&reader, &inventory, T).await;
+        assert_eq!(reader.stats().reads, reads, "nothing changed: nothing read");
+        assert_eq!(watch.due(&wanted, Instant::now()), Due::No);
+
+        // A node removed is seen by the next look.
+        host.remove_all("/dev/dri/renderD129").unwrap();
+        let status = watch.status(&reader, &inventory, T).await;
+        assert_eq!(
+            status.missing,
+            BTreeSet::from(["/dev/dri/renderD129".to_owned()])
+        );
+        host.write("/dev/dri/renderD129", "").unwrap();
+        assert!(
+            watch
+                .status(&reader, &inventory, T)
+                .await
+                .missing
+                .is_empty()
+        );
+        host.remove_all("/dev/kfd").unwrap();
+        assert_eq!(
+            watch.status(&reader, &inventory, T).await.kfd_present,
+            Some(false)
+        );
+
+        // /dev/dri removed and made again: watched again.
+        host.remove_all("/dev/dri").unwrap();
+        let status = watch.status(&reader, &inventory, T).await;
+        assert_eq!(status.missing.len(), 32);
+        simulate::write_host(
+            &host,
+            &SimSpec::new("mi300x", Some(2), Some("cpx_nps4")).unwrap(),
+        )
+        .unwrap();
+        assert!(
+            watch
+                .status(&reader, &inventory, T)
+                .await
+                .missing
+                .is_empty()
+        );
+        watch.status(&reader, &inventory, T).await;
+        host.remove_all("/dev/dri/card3").unwrap();
+        let status = watch.status(&reader, &inventory, T).await;
+        assert_eq!(
+            status.missing,
+            BTreeSet::from(["/dev/dri/card3".to_owned()])
+        );
+    }
+
+    #[tokio::test]
+    async fn other_nodes_in_the_inventory_are_checked() {
+        let (_dir, host, inventory, reader) = rig();
+        let mut watch = NodeWatch::new(host.clone());
+        watch.status(&reader, &inventory, T).await;
+        let mut fewer = inventory.clone();
+        fewer.gpus.truncate(1);
+        let wanted: BTreeSet<String> = fewer.gpus.iter().flat_map(device_nodes).collect();
+        assert_eq!(watch.due(&wanted, Instant::now()), Due::Inventory);
+        let status = watch.status(&reader, &fewer, T).await;
+        assert_eq!(status.checked, wanted);
+        let later = Instant::now() + NodeWatch::SAFETY_INTERVAL;
+        assert_eq!(watch.due(&wanted, later), Due::SafetyInterval);
+    }
+
+    #[tokio::test]
+    async fn without_a_dev_directory_every_sample_checks() {
+        let (_dir, host, inventory, reader) = rig();
+        host.remove_all("/dev").unwrap();
+        let mut watch = NodeWatch::new(host.clone());
+        let status = watch.status(&reader, &inventory, T).await.clone();
+        assert!(!watch.watching());
+        assert_eq!(status.missing.len(), 32);
+        assert_eq!(status.kfd_present, Some(false));
+        assert_eq!(watch.due(&status.checked, Instant::now()), Due::NoWatch);
+    }
+
+    #[test]
+    fn events_are_parsed_with_their_names_skipped() {
+        let mut buf = Vec::new();
+        for (wd, mask, name) in [
+            (1i32, libc::IN_CREATE, &b"renderD128\0\0"[..]),
+            (2, libc::IN_IGNORED, b""),
+        ] {
+            buf.extend(wd.to_ne_bytes());
+            buf.extend(mask.to_ne_bytes());
+            buf.extend(0u32.to_ne_bytes());
+            buf.extend((name.len() as u32).to_ne_bytes());
+            buf.extend(name);
+        }
+        assert_eq!(events(&buf), [(1, libc::IN_CREATE), (2, libc::IN_IGNORED)]);
+        assert_eq!(events(&buf[..10]), []);
+    }
+}
