@@ -839,20 +839,18 @@ const LEASE: &str = gpu_operator::cluster::lease::DEFAULT_LEASE_NAME;
 /// this table does not list.
 #[rustfmt::skip]
 const NEEDS: &[Need] = &[
-    // Nodes. get: apply_node_health and remove_node_health (src/health/node.rs)
-    // read the Node before writing health.
+    // Nodes. get: NodeWriter::read (src/node_writer.rs) reads the Node before
+    // each write, to decide what its concern must change.
     need("", "nodes", "get", Scope::Cluster),
     // list, watch: spawn_node_watch (src/agent/mod.rs) watches its own Node by
     // field selector; reconcile_until_cancelled (src/cluster/mod.rs) reflects
     // every Node for the leader.
     need("", "nodes", "list", Scope::Cluster),
     need("", "nodes", "watch", Scope::Cluster),
-    // patch: sync_labels (src/agent/services.rs) GPU labels; publish_status and
-    // remove_status (src/agent/mod.rs) the status annotation; apply_node_health
-    // (src/health/node.rs) health labels; Kube::set_running and
-    // Kube::remove_request (src/testrunner/kube.rs) test runner labels and requests.
+    // patch: NodeWriter (src/node_writer.rs), for every concern's writes to the
+    // agent's own Node: labeller, agent status, health labels, test runner.
     need("", "nodes", "patch", Scope::Cluster),
-    // The AMDGPUUnhealthy condition (apply_node_health, remove_node_health).
+    // The AMDGPUUnhealthy condition (NodeWriter::apply_status).
     need("", "nodes/status", "patch", Scope::Cluster),
     // DeviceConfigs. list, watch: spawn_config_reflector (src/agent/mod.rs);
     // the leader's Controller in reconcile_until_cancelled, all namespaces.

@@ -1147,3 +1147,106 @@ async fn kubectl_strict_validation_rejects_an_unknown_configmap_field() {
     );
     s.stop().await;
 }
+
+/// The server-side apply semantics the agent's Node writer relies on, driven
+/// by kubectl as an administrator would: each field manager's apply, a
+/// conflict on a value another manager owns and `--force-conflicts` taking it
+/// over, a label removed by omitting it, and a label shared with another
+/// writer's equal value that omitting does not remove.
+#[tokio::test]
+async fn kubectl_server_side_apply_tracks_owners_as_the_node_writer_expects() {
+    if !kubectl_present("kubectl_server_side_apply_tracks_owners_as_the_node_writer_expects") {
+        return;
+    }
+    let s = Server::start().await;
+    let node = s.write("node.yaml", NODE);
+    s.ok(&["create", "-f", &node]).await;
+    let labels_file = |name: &str, labels: &[(&str, &str)]| {
+        let mut text = "apiVersion: v1\nkind: Node\nmetadata:\n  name: node-1\n".to_owned();
+        if !labels.is_empty() {
+            text.push_str("  labels:\n");
+            for (k, v) in labels {
+                text.push_str(&format!("    {k}: \"{v}\"\n"));
+            }
+        }
+        s.write(name, &text)
+    };
+    let labels = |node: &Value| node["metadata"]["labels"].clone();
+    let apply = |file: String, manager: &'static str| {
+        let s = &s;
+        async move {
+            s.exit(&[
+                "apply",
+                "--server-side",
+                "--field-manager",
+                manager,
+                "-f",
+                &file,
+            ])
+            .await
+        }
+    };
+
+    // The labeller applies two labels.
+    let first = labels_file(
+        "l1.yaml",
+        &[("amd.com/gpu.family", "AI"), ("amd.com/gpu.vram", "192G")],
+    );
+    let (code, _, err) = apply(first, "gpu-operator-labeller").await;
+    assert_eq!(code, Some(0), "{err}");
+    // Another manager applying another value of an owned label: a conflict...
+    let other = labels_file("o1.yaml", &[("amd.com/gpu.vram", "64G")]);
+    let (code, _, err) = apply(other.clone(), "someone-else").await;
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("conflict"), "{err}");
+    assert!(err.contains(".metadata.labels.amd.com/gpu.vram"), "{err}");
+    // ... which --force-conflicts resolves by taking the field over.
+    let (code, _, err) = s
+        .exit(&[
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "--field-manager",
+            "someone-else",
+            "-f",
+            &other,
+        ])
+        .await;
+    assert_eq!(code, Some(0), "{err}");
+    let got = s.json(&["get", "node", "node-1"]).await;
+    assert_eq!(labels(&got)["amd.com/gpu.vram"], "64G");
+
+    // An admin sets a label by hand (an Update); the labeller applies the same
+    // value: shared, no conflict.
+    s.ok(&["label", "node", "node-1", "amd.com/gpu.note=x"])
+        .await;
+    let shared = labels_file(
+        "l2.yaml",
+        &[("amd.com/gpu.family", "AI"), ("amd.com/gpu.note", "x")],
+    );
+    let (code, _, err) = apply(shared, "gpu-operator-labeller").await;
+    assert_eq!(code, Some(0), "{err}");
+
+    // The labeller stops applying both: family (its own alone) is removed,
+    // note (shared with the admin) stays, vram (someone else's) stays.
+    let none = labels_file("l3.yaml", &[]);
+    let (code, _, err) = apply(none, "gpu-operator-labeller").await;
+    assert_eq!(code, Some(0), "{err}");
+    let got = s
+        .json(&["get", "node", "node-1", "--show-managed-fields"])
+        .await;
+    let now = labels(&got);
+    assert!(now.get("amd.com/gpu.family").is_none(), "{now}");
+    assert_eq!(now["amd.com/gpu.note"], "x", "{now}");
+    assert_eq!(now["amd.com/gpu.vram"], "64G", "{now}");
+    assert_eq!(now["kubernetes.io/hostname"], "node-1", "the creator's label untouched");
+    let managers: Vec<&str> = got["metadata"]["managedFields"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["manager"].as_str())
+        .collect();
+    assert!(managers.contains(&"someone-else"), "{managers:?}");
+    assert!(managers.contains(&"kubectl-label"), "{managers:?}");
+    s.stop().await;
+}
