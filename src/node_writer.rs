@@ -357,10 +357,7 @@ impl NodeWriter {
                 tracing::debug!(node = %self.name, manager = concern.field_manager(), %error, ?after, "Node write failed; retrying")
             })
             .await
-            .map_err(|source| {
-                crate::counters::record_api_error();
-                source
-            })
+            .inspect_err(|_| crate::counters::record_api_error())
             .map_err(|source| NodeWriteError::Write {
                 node: self.name.clone(),
                 what,
