@@ -17,4 +17,5 @@ pub mod metrics;
 pub mod plugin;
 pub mod service;
 pub mod simulate;
+pub mod telemetry;
 pub mod testrunner;

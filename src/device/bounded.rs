@@ -15,8 +15,8 @@
 use std::cell::Cell;
 use std::time::{Duration, Instant};
 
+use crate::host::reader::{BoundedReader, ReadError};
 use crate::host::{HostError, HostRead, HostRoot, Result};
-use crate::metrics::reader::{BoundedReader, ReadError};
 
 /// How long discovery waits for one file, and for one whole scan.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
