@@ -23,13 +23,13 @@ use std::time::{Duration, Instant};
 use gpu_operator::device::discover;
 use gpu_operator::health::{HealthConfig, HealthMonitor, HealthSnapshot};
 use gpu_operator::host::HostRoot;
-use gpu_operator::metrics::config::ExporterConfig;
-use gpu_operator::metrics::reader::BoundedReader;
+use gpu_operator::host::reader::BoundedReader;
 use gpu_operator::metrics::render::{self, RenderInput};
-use gpu_operator::metrics::sample::{Sampler, Scope};
 use gpu_operator::metrics::{MetricsConfig, MetricsService};
 use gpu_operator::service::Slot;
 use gpu_operator::simulate::{self, SimSpec};
+use gpu_operator::telemetry::config::ExporterConfig;
+use gpu_operator::telemetry::sample::{Sampler, Scope};
 use tokio::sync::watch;
 
 const SCRAPES: usize = 2000;

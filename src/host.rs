@@ -10,15 +10,18 @@
 //! This module owns path mapping, bounded reads and the parsing of single-value
 //! sysfs attributes. It must not know what any file means: that belongs to the
 //! modules that read them. It is near the bottom of the module order and
-//! imports no other module of this crate.
+//! imports no other module of this crate. [`reader`] reads files with a
+//! deadline on a thread pool of its own, for discovery, health and metrics.
 //!
 //! [`HostRead`] is the read interface the agent's long-running paths use
 //! (discovery, the change stream's fingerprint). It is implemented only by
 //! deadline-bounded readers (discovery's `BoundedHost`, over the thread pool of
-//! the sysfs reader), never by [`HostRoot`] itself, so that no such path can
-//! block on a hung file.
+//! [`reader::BoundedReader`]), never by [`HostRoot`] itself, so that no such
+//! path can block on a hung file.
 //! A read that misses its deadline is an [`io::ErrorKind::TimedOut`] error
 //! naming the file ([`HostError::is_timeout`]).
+
+pub mod reader;
 
 use std::fs;
 use std::io::{self, Read};

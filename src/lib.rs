@@ -18,4 +18,5 @@ pub mod node_writer;
 pub mod plugin;
 pub mod service;
 pub mod simulate;
+pub mod telemetry;
 pub mod testrunner;

@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use gpu_operator::device;
 use gpu_operator::host::HostRoot;
-use gpu_operator::metrics::reader::BoundedReader;
-use gpu_operator::metrics::sample::{Sampler, Scope};
+use gpu_operator::host::reader::BoundedReader;
 use gpu_operator::simulate::{self, SimSpec};
+use gpu_operator::telemetry::sample::{Sampler, Scope};
 
 /// Seed of the mutation run; a failure names it, so it can be replayed.
 const SEED: u64 = 0x5eed_2026_1201;

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use gpu_operator::device::watch::{DeviceAction, DeviceEvent, DeviceWatch, WatchConfig};
 use gpu_operator::device::{Inventory, Limits, discover, discover_bounded};
 use gpu_operator::host::HostRoot;
-use gpu_operator::metrics::reader::BoundedReader;
+use gpu_operator::host::reader::BoundedReader;
 use gpu_operator::simulate::{self, SimSpec};
 
 const DRIVER: &str = "/sys/bus/pci/drivers/amdgpu";

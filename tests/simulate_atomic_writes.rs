@@ -11,9 +11,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use gpu_operator::metrics::reader::BoundedReader;
-use gpu_operator::metrics::sample::{GpuReadings, Sampler, Scope};
+use gpu_operator::host::reader::BoundedReader;
 use gpu_operator::simulate::{self, SimSpec};
+use gpu_operator::telemetry::sample::{GpuReadings, Sampler, Scope};
 use support::hosts::SimHost;
 
 /// Microjoules the simulator adds to `energy1_input` per tick.

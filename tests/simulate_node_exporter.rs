@@ -17,9 +17,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use gpu_operator::device::Inventory;
-use gpu_operator::metrics::reader::BoundedReader;
-use gpu_operator::metrics::sample::{HostSample, Sampler, Scope};
+use gpu_operator::host::reader::BoundedReader;
 use gpu_operator::simulate::{self, SimSpec};
+use gpu_operator::telemetry::sample::{HostSample, Sampler, Scope};
 use support::hosts::SimHost;
 
 const DEFAULT_BINARY: &str = "/usr/bin/prometheus-node-exporter";

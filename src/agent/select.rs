@@ -157,7 +157,7 @@ pub fn plan_services(spec: &DeviceConfigSpec, node: &NodeContext<'_>) -> Desired
     // plugin), unless the exporter config switches the health service off.
     let health_wanted = metrics_text
         .as_deref()
-        .and_then(|text| crate::metrics::config::parse_config(text).ok())
+        .and_then(|text| crate::telemetry::config::parse_config(text).ok())
         .is_none_or(|config| config.health_enabled);
     let health = health_wanted.then(|| HealthConfig {
         exporter_config: metrics_text.clone(),

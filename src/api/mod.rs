@@ -9,6 +9,11 @@
 //!
 //! Everything here is pure: no cluster access, no host access. Checks that need
 //! the cluster (referenced Secrets and ConfigMaps exist) belong to the reconciler.
+//!
+//! It also holds what both the node agent and the leader must agree on: the
+//! status annotation ([`agent_status`]) and the field-manager names
+//! ([`field_manager`]). It is the bottom of the module order and must not
+//! import any other module of this crate.
 
 pub mod agent_status;
 pub mod cli;

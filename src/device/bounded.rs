@@ -19,8 +19,8 @@
 use std::cell::Cell;
 use std::time::{Duration, Instant};
 
+use crate::host::reader::{Answer, BoundedReader, Op, ReadError};
 use crate::host::{HostAnswer, HostError, HostOp, HostRead, HostRoot, Result};
-use crate::metrics::reader::{Answer, BoundedReader, Op, ReadError};
 
 /// How long discovery waits for one file, and for one whole scan.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -162,7 +162,7 @@ mod tests {
     use super::*;
     use crate::device::bounded::{Limits, run_bounded};
     use crate::host::HostRoot;
-    use crate::metrics::reader::BoundedReader;
+    use crate::host::reader::BoundedReader;
     use crate::simulate::{self, SimSpec};
 
     fn fp(host: &HostRoot) -> Fingerprint {

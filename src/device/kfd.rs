@@ -244,7 +244,7 @@ fn group_key(props: &NodeProperties) -> GroupKey {
 
 /// [`read_topology_with`] over `host` with discovery's default deadlines.
 pub fn read_topology(host: &crate::host::HostRoot, dir: &str) -> KfdTopology {
-    let reader = crate::metrics::reader::BoundedReader::new(host.clone(), 2);
+    let reader = crate::host::reader::BoundedReader::new(host.clone(), 2);
     super::bounded::run_bounded(&reader, super::Limits::default(), |h| {
         read_topology_with(h, dir)
     })

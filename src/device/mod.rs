@@ -27,8 +27,8 @@ use std::str::FromStr;
 
 pub use model::*;
 
+use crate::host::reader::BoundedReader;
 use crate::host::{HostError, HostRead, HostRoot, parse_hex};
-use crate::metrics::reader::BoundedReader;
 
 pub use bounded::Limits;
 

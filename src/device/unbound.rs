@@ -9,8 +9,8 @@
 use serde::Serialize;
 
 use super::model::is_bdf;
+use crate::host::reader::BoundedReader;
 use crate::host::{HostRead, HostRoot, parse_hex};
-use crate::metrics::reader::BoundedReader;
 
 const PCI_DEVICES: &str = "/sys/bus/pci/devices";
 const AMD_VENDOR: u64 = 0x1002;

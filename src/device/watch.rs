@@ -29,7 +29,7 @@ use super::fingerprint::Fingerprint;
 use super::uevent::{self, HintSource, HostFacts, UeventSocket};
 use super::{Discovery, Gpu, Inventory, discover_with};
 use crate::host::HostRoot;
-use crate::metrics::reader::BoundedReader;
+use crate::host::reader::BoundedReader;
 
 static INCOMPLETE_SCANS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 

@@ -9,9 +9,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::device::{Gpu, Inventory};
-use crate::metrics::config::HealthThresholds;
-use crate::metrics::fields::ecc_suffix;
-use crate::metrics::sample::{GpuReadings, HostSample};
+use crate::telemetry::config::HealthThresholds;
+use crate::telemetry::fields::ecc_suffix;
+use crate::telemetry::sample::{GpuReadings, HostSample};
 
 /// Junction limit when neither the configuration nor the driver gives one.
 pub const DEFAULT_JUNCTION_CRITICAL_C: f64 = 105.0;
@@ -172,7 +172,7 @@ pub fn evaluate(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metrics::sysfs::EccCount;
+    use crate::telemetry::sysfs::EccCount;
 
     fn good() -> GpuReadings {
         let mut r = GpuReadings {

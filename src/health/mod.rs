@@ -25,9 +25,10 @@
 //!
 //! Pure decisions for the Node ([`outputs`]): the `AMDGPUUnhealthy` condition,
 //! the reference's `metricsexporter.amd.com.gpu.<id>.state=unhealthy` labels,
-//! Events; [`node`] writes condition and labels. Samples are read through the
-//! exporter's bounded reader ([`crate::metrics::reader`]), so a hung sysfs file
-//! costs one value, not the monitor. This module must not serve metrics or touch
+//! Events; [`node`] writes condition and labels. Samples and thresholds come
+//! from [`crate::telemetry`] (read through [`crate::host::reader`]), so a hung
+//! sysfs file costs one value, not the monitor; the exporter reads the same
+//! module, and neither imports the other. This module must not serve metrics or touch
 //! the Kubernetes API outside [`node`].
 
 pub mod checks;

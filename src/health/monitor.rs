@@ -21,12 +21,12 @@ use super::{GpuHealth, HealthSnapshot, HealthTransition};
 use crate::api::agent_status::ServiceName;
 use crate::device::Inventory;
 use crate::host::HostRoot;
-use crate::metrics::config::parse_config;
-use crate::metrics::devices::logical_gpus;
-use crate::metrics::reader::BoundedReader;
-use crate::metrics::sample::{HostSample, Sampler, Scope};
+use crate::host::reader::BoundedReader;
 use crate::plugin::HealthReport;
 use crate::service::{Readiness, Service, ServiceFuture};
+use crate::telemetry::config::parse_config;
+use crate::telemetry::devices::logical_gpus;
+use crate::telemetry::sample::{HostSample, Sampler, Scope};
 
 /// Configuration of the health monitor.
 #[derive(Clone, Debug, PartialEq)]
@@ -129,7 +129,7 @@ pub async fn check_once(
     inventory: &Inventory,
     exporter_config: Option<&str>,
     file_timeout: Duration,
-) -> Result<HealthSnapshot, crate::metrics::ConfigError> {
+) -> Result<HealthSnapshot, crate::telemetry::ConfigError> {
     let limits = exporter_config
         .map(parse_config)
         .transpose()?
@@ -319,8 +319,8 @@ impl Service for HealthMonitor {
 mod tests {
     use super::*;
     use crate::device::Gpu;
-    use crate::metrics::sample::GpuReadings;
-    use crate::metrics::sysfs::EccCount;
+    use crate::telemetry::sample::GpuReadings;
+    use crate::telemetry::sysfs::EccCount;
 
     fn inventory(bdfs: &[&str]) -> Inventory {
         Inventory {

@@ -25,9 +25,9 @@ use std::time::{Duration, Instant};
 
 use crate::device::Inventory;
 use crate::host::HostRoot;
-use crate::metrics::reader::{Answer, BoundedReader, Op};
-use crate::metrics::sample::{HostSample, device_nodes};
-use crate::metrics::sysfs::KFD_PATH;
+use crate::host::reader::{Answer, BoundedReader, Op};
+use crate::telemetry::sample::{HostSample, device_nodes};
+use crate::telemetry::sysfs::KFD_PATH;
 
 const DEV: &str = "/dev";
 const DRI: &str = "/dev/dri";

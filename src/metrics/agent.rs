@@ -15,10 +15,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::Serialize;
 
-use super::fields::Kind;
-use super::reader::ReaderStats;
 use super::render::{Family, Series};
+use crate::host::reader::ReaderStats;
 use crate::service::SERVICE_RESTARTS;
+use crate::telemetry::fields::Kind;
 use crate::testrunner::report::Outcome;
 use crate::testrunner::stats::{LastRun, TestRunnerStats};
 

@@ -3,17 +3,17 @@
 //!
 //! Endpoints on `metricsExporter.port` (default 5000): `/metrics`,
 //! `/gpumetrics` (JSON), `/healthz`, `/readyz`. A background task samples every
-//! GPU at an interval (default 5 s) through a [`reader::BoundedReader`] (per-file
+//! GPU at an interval (default 5 s) through [`crate::telemetry`] (per-file
 //! deadlines on threads of its own, so a hung sysfs file costs one value), asks
 //! the kubelet which pod holds which device ([`pods`]), renders the exposition
 //! once ([`render`]) and publishes it; a scrape copies the latest rendering and
 //! never waits for sysfs. The agent's own metrics ([`agent`]) are served too.
 //!
-//! Layout: [`sysfs`] (what files mean), [`sample`] (what to read, and reading
-//! it), [`config`] (`config.json`), [`devices`] (logical GPU numbering and device
-//! IDs), [`render`] (series, text and JSON), [`pods`], [`server`] (HTTP), and
-//! [`MetricsService`] here, which the agent supervises. The decisions are pure;
-//! I/O is in `sample`, `pods`, `server` and the service loop.
+//! Layout: sampling, `config.json`, the field catalogue and the logical GPU
+//! numbering are in [`crate::telemetry`], shared with the health monitor; here
+//! are [`render`] (series, text and JSON), [`pods`], [`server`] (HTTP), and
+//! [`MetricsService`], which the agent supervises. The decisions are pure; I/O
+//! is in the sampler, `pods`, `server` and the service loop.
 //!
 //! The endpoint bounds its connections ([`server::ConnectionLimits`], with the
 //! descriptor budget of [`limits`]) and applies `rbacConfig` ([`access`]: TLS,
@@ -28,17 +28,11 @@
 
 pub mod access;
 pub mod agent;
-pub mod config;
-pub mod devices;
-pub mod fields;
 pub mod limits;
 pub mod podresources;
 pub mod pods;
-pub mod reader;
 pub mod render;
-pub mod sample;
 pub mod server;
-pub mod sysfs;
 
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -57,17 +51,15 @@ use crate::device::Inventory;
 use crate::device::watch::ScanState;
 use crate::health::HealthSnapshot;
 use crate::host::HostRoot;
+use crate::host::reader::BoundedReader;
 use crate::plugin::DeviceRef;
 use crate::service::{Readiness, Service, ServiceError, ServiceFuture};
+use crate::telemetry::config::{ExporterConfig, parse_config};
+use crate::telemetry::sample::{HostSample, Sampler, Scope};
 use crate::testrunner::stats::TestRunnerStats;
-use config::{ExporterConfig, parse_config};
 use pods::PodRef;
-use reader::BoundedReader;
 use render::RenderInput;
-use sample::{HostSample, Sampler, Scope};
 use server::Published;
-
-pub use config::ConfigError;
 
 /// Configuration of the exporter service.
 #[derive(Clone, Debug, PartialEq)]
@@ -501,7 +493,7 @@ impl MetricsService {
         let (sample, pod_list) = tokio::join!(sampler.sample(&inventory, Scope::Full), pods);
         match pod_list {
             Ok(Some(list)) => {
-                let ids = devices::device_ids(&inventory, &xcp);
+                let ids = crate::telemetry::devices::device_ids(&inventory, &xcp);
                 latest.pods = pods::assign(&list, &ids);
                 latest.pod_error = None;
             }

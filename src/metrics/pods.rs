@@ -2,7 +2,7 @@
 //! `<kubelet-dir>/pod-resources/kubelet.sock`).
 //!
 //! The kubelet reports devices by the IDs the device plugin advertised; they are
-//! matched against [`super::devices::device_ids`], so both sides use the device
+//! matched against [`crate::telemetry::devices::device_ids`], so both sides use the device
 //! plugin's naming. Only `amd.com/*` resources are considered. A missing socket
 //! (no kubelet, standalone mode) means no pod labels, not an error. [`assign`] is
 //! pure; [`list`] does the I/O.

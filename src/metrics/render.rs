@@ -30,14 +30,14 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 use serde::Serialize;
 
-use super::config::ExporterConfig;
-use super::devices::{LogicalGpu, logical_gpus};
-use super::fields::{DEVICE_FIELDS, ECC_BLOCKS, Kind, ecc_suffix};
 use super::pods::{PodRef, pod_of};
-use super::sample::{GpuReadings, HostSample};
 use crate::device::{Gpu, Inventory};
 use crate::health::HealthSnapshot;
 use crate::plugin::DeviceRef;
+use crate::telemetry::config::ExporterConfig;
+use crate::telemetry::devices::{LogicalGpu, logical_gpus};
+use crate::telemetry::fields::{DEVICE_FIELDS, ECC_BLOCKS, Kind, ecc_suffix};
+use crate::telemetry::sample::{GpuReadings, HostSample};
 
 /// One metric family and its series.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -252,7 +252,7 @@ pub fn families(input: &RenderInput<'_>) -> Vec<Family> {
         (
             "CORRECT",
             "correct",
-            (|c: &super::sysfs::EccCount| c.ce) as fn(&_) -> u64,
+            (|c: &crate::telemetry::sysfs::EccCount| c.ce) as fn(&_) -> u64,
         ),
         ("UNCORRECT", "uncorrect", |c| c.ue),
     ] {
@@ -416,8 +416,8 @@ mod tests {
     use super::*;
     use crate::device::Partition;
     use crate::health::GpuHealth;
-    use crate::metrics::config::parse_config;
-    use crate::metrics::sysfs::EccCount;
+    use crate::telemetry::config::parse_config;
+    use crate::telemetry::sysfs::EccCount;
 
     fn inventory() -> Inventory {
         let partitioned = Gpu {

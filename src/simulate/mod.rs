@@ -18,6 +18,10 @@
 //! never see half a value. Writing is idempotent: the GPU parts of the tree are replaced, so writing again
 //! with another partition mode or GPU count is how tests repartition or hotplug.
 //! The simulator refuses to touch a directory that looks like a live root.
+//!
+//! This module owns writing simulated trees; it uses only `host` and `device`.
+//! Production code of the modules below it must not use it; their tests may,
+//! as a fixture (see `tests/architecture.rs`).
 
 mod profiles;
 

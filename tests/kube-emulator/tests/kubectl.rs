@@ -1239,7 +1239,10 @@ async fn kubectl_server_side_apply_tracks_owners_as_the_node_writer_expects() {
     assert!(now.get("amd.com/gpu.family").is_none(), "{now}");
     assert_eq!(now["amd.com/gpu.note"], "x", "{now}");
     assert_eq!(now["amd.com/gpu.vram"], "64G", "{now}");
-    assert_eq!(now["kubernetes.io/hostname"], "node-1", "the creator's label untouched");
+    assert_eq!(
+        now["kubernetes.io/hostname"], "node-1",
+        "the creator's label untouched"
+    );
     let managers: Vec<&str> = got["metadata"]["managedFields"]
         .as_array()
         .unwrap()

@@ -2,7 +2,7 @@
 //! how their text turns into numbers.
 //!
 //! Pure functions only; reading happens in [`super::sample`] through the
-//! [`super::reader::BoundedReader`]. Units follow the kernel's documentation
+//! [`crate::host::reader::BoundedReader`]. Units follow the kernel's documentation
 //! (Documentation/gpu/amdgpu/thermal.rst and driver-core.rst): hwmon temperatures
 //! in millidegrees Celsius, power in microwatts, energy in microjoules, memory
 //! sizes in bytes.

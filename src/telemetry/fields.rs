@@ -4,8 +4,8 @@
 //! blocks that have per-block ECC fields.
 //!
 //! Both the `config.json` parser ([`super::config`], which warns about unknown
-//! `Fields`) and the renderer ([`super::render`]) read it, so neither imports
-//! the other. This module is data and pure lookups: it must not render, parse
+//! `Fields`) and the exporter's renderer (`metrics::render`) read it, so
+//! neither imports the other. This module is data and pure lookups: it must not render, parse
 //! configuration or read the host.
 
 use serde::Serialize;

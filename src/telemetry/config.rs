@@ -328,7 +328,7 @@ pub fn is_label_name(name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metrics::fields::ecc_suffix;
+    use crate::telemetry::fields::ecc_suffix;
 
     #[test]
     fn blank_text_is_the_default() {

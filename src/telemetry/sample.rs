@@ -12,12 +12,12 @@ use std::time::{Duration, Instant, SystemTime};
 
 use serde::Serialize;
 
-use super::reader::{Answer, BoundedReader, Op, ReadError};
 use super::sysfs::{
     self, EccCount, Sensor, device_dir, driver_link, parse_dpm, parse_link_speed, parse_link_width,
     parse_millidegrees, parse_ras_count, parse_temp_label, parse_u64,
 };
 use crate::device::{Gpu, Inventory};
+use crate::host::reader::{Answer, BoundedReader, Op, ReadError};
 
 /// Which files a sample reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
