@@ -294,7 +294,7 @@ async fn reconfiguring_the_strategy_swaps_resources() {
     rig.plugin().reconfigure(config).await.unwrap();
     kubelet.wait_for_registration("amd.com/cpx_nps4", 1).await;
     let old_socket = rig.plugin_dir.path().join("amd.com_cpx_nps4.sock");
-    support::wait_until("the old socket removed", || !old_socket.exists()).await;
+    support::wait::eventually("the old socket removed", || !old_socket.exists()).await;
     rig.stop().await;
 }
 
