@@ -148,14 +148,20 @@ fn plugin_sockets(dir: &std::path::Path) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_runs_the_services_its_device_config_enables() {
-    let mut h = Harness::start(
-        "mi300x",
-        None,
-        json!({"feature.node.kubernetes.io/amd-gpu": "true"}),
-    )
+    // The Node still carries the status an earlier agent wrote. With no
+    // DeviceConfig selecting it, the agent's first reconcile removes it: the
+    // evidence that the agent has looked at the unselected node.
+    let mut node = cluster::node(NODE, json!({"feature.node.kubernetes.io/amd-gpu": "true"}));
+    node["metadata"]["annotations"] = json!({STATUS_ANNOTATION: AgentStatus::default().to_json()});
+    let spec = SimSpec::new("mi300x", None, None).unwrap();
+    let mut h = Harness::start_prepared(spec, node, |_| {}).await;
+    h.eventually("the stale status removed", |h| {
+        h.node()["metadata"]["annotations"]
+            .get(STATUS_ANNOTATION)
+            .is_none()
+    })
     .await;
     // Nothing selects the node yet: nothing runs and no status is published.
-    tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(h.status().is_none(), "{:#}", h.node());
     assert!(h.kubelet.registrations().is_empty());
 
@@ -195,7 +201,9 @@ async fn agent_runs_the_services_its_device_config_enables() {
     })
     .await;
 
-    // Idle: only the watches stay open; no request for a few seconds.
+    // Idle: only the watches stay open; no request for a few seconds. (The
+    // first half second lets writes already under way land; the next three
+    // must see none.)
     tokio::time::sleep(Duration::from_millis(500)).await;
     let before = h.cluster.requests();
     tokio::time::sleep(Duration::from_secs(3)).await;

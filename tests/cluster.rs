@@ -923,9 +923,28 @@ async fn a_deleted_metrics_service_is_put_back_without_waiting_for_other_changes
                 && metrics_service(&f.cluster).is_some()
         })
         .await;
-    // Let in-flight agent reports land, so that nothing but the deletion is
-    // left to trigger a reconcile (there is no periodic requeue).
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Nothing but the deletion may be left to trigger a reconcile (there is no
+    // periodic requeue): wait until the agent has nothing more to report (every
+    // service it runs is Running) and the leader has counted that report.
+    fleet
+        .eventually("the agent's last report counted", async |f| {
+            use gpu_operator::api::agent_status::{
+                AgentStatus, STATUS_ANNOTATION, ServiceName, ServiceStatus,
+            };
+            let node = f.cluster.node("node-0");
+            let all_running = node["metadata"]["annotations"][STATUS_ANNOTATION]
+                .as_str()
+                .and_then(|text| AgentStatus::parse(text).ok())
+                .is_some_and(|s| {
+                    s.services.contains_key(&ServiceName::MetricsExporter)
+                        && s.services.values().all(|v| *v == ServiceStatus::Running)
+                });
+            let status = f.status_of("gpus").await;
+            all_running
+                && status["devicePlugin"]["availableNumber"] == 1
+                && status["metricsExporter"]["availableNumber"] == 1
+        })
+        .await;
     let first_uid = metrics_service(&fleet.cluster).unwrap()["metadata"]["uid"].clone();
     let services: Api<k8s_openapi::api::core::v1::Service> =
         Api::namespaced(fleet.cluster.client(), NS);

@@ -236,15 +236,27 @@ async fn device_nodes_binding_and_vanished_gpus() {
 #[tokio::test]
 async fn a_hung_file_leaves_the_gpu_healthy_and_others_checked() {
     let mut rig = start("mi300x", None, None).await;
+    let mut transitions = rig.transitions.resubscribe();
     simulate::hang_file(&rig.host, &rig.pci(GPU, "ras/umc_err_count")).unwrap();
-    // Let several samples run into the hung file.
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    // Several samples run into the hung file: another GPU turning unhealthy
+    // and healthy again takes two samples each way (the default damping), and
+    // each of them reads every GPU's files, the hung one too.
+    let other = "0000:05:00.0";
+    simulate::set_ecc_counts(&rig.host, other, "sdma", 1, 0).unwrap();
+    rig.until_gpu(other, false).await;
+    simulate::set_ecc_counts(&rig.host, other, "sdma", 0, 0).unwrap();
+    rig.until_gpu(other, true).await;
     assert!(
         rig.snapshot.borrow().gpus[GPU].healthy,
         "unknown is not unhealthy"
     );
-    simulate::set_ecc_counts(&rig.host, "0000:05:00.0", "sdma", 1, 0).unwrap();
-    rig.until_gpu("0000:05:00.0", false).await;
+    let changed: Vec<HealthTransition> = std::iter::from_fn(|| transitions.try_recv().ok())
+        .filter(|t| t.bdf == GPU)
+        .collect();
+    assert!(changed.is_empty(), "{GPU} changed meanwhile: {changed:?}");
+    // The other GPUs stay checked while the file hangs.
+    simulate::set_ecc_counts(&rig.host, other, "sdma", 1, 0).unwrap();
+    rig.until_gpu(other, false).await;
     simulate::release_hung_file(
         &rig.host,
         &rig.pci(GPU, "ras/umc_err_count"),
@@ -393,11 +405,15 @@ async fn the_publisher_follows_the_monitor_and_records_events() {
     };
     node_condition("False").await;
     simulate::set_ecc_counts(&rig.host, GPU, "umc", 1, 0).unwrap();
-    let node = node_condition("True").await;
-    assert_eq!(
-        node["metadata"]["labels"]["metricsexporter.amd.com.gpu.1.state"],
-        "unhealthy"
-    );
+    node_condition("True").await;
+    // The condition and the labels are two writes, in that order: the label
+    // may land a moment after the condition.
+    wait::poll_until(
+        "the unhealthy GPU's label",
+        || std::future::ready(emulator.node("gpu-2")),
+        |node| node["metadata"]["labels"]["metricsexporter.amd.com.gpu.1.state"] == "unhealthy",
+    )
+    .await;
     wait::poll_until(
         "a GPUUnhealthy Event",
         || std::future::ready(emulator.list("events.k8s.io/v1", "Event")),
