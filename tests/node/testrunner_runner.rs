@@ -2,9 +2,8 @@
 //! simulated host, with a stand-in rvs. Iterations, stop-on-failure, timeouts
 //! that kill the whole process group, result parsing and log files.
 
-#[path = "fixtures/testrunner/fake_rvs.rs"]
-mod fake_rvs;
-mod support;
+use crate::fake_rvs;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

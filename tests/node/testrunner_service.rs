@@ -3,9 +3,8 @@
 //! reference's labels and message, the running-state Node labels, log files,
 //! one run per GPU, and stopping mid-test. The tests run a stand-in rvs.
 
-#[path = "fixtures/testrunner/fake_rvs.rs"]
-mod fake_rvs;
-mod support;
+use crate::fake_rvs;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

@@ -8,7 +8,7 @@
 //! Loopback only; certificates are made in the test with rcgen; every wait is
 //! bounded.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

@@ -2,7 +2,7 @@
 //! managers, force, shared ownership, removal of fields a manager stops applying, and the
 //! kube-lease-manager crate electing exactly one leader.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

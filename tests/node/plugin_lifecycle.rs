@@ -1,7 +1,7 @@
 //! The device plugin over time: kubelet restarts, lost sockets, repartitioning,
 //! health changes, reconfiguration and stopping.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! Verb semantics through an unmodified `kube::Client`: discovery, create, update, patch,
 //! list (selectors, paging, resourceVersion), delete with finalizers, and error statuses.
 
-mod common;
+use crate::common;
 
 use common::{api_error, create_pod, pod, start, within};
 use http_body_util::BodyExt as _;

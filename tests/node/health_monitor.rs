@@ -3,7 +3,7 @@
 //! monitor under a supervisor slot, and the Node written through the API
 //! emulator.
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 use std::sync::Arc;

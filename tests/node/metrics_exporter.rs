@@ -2,7 +2,7 @@
 //! a supervisor slot, scrapes over HTTP on 127.0.0.1, and a fake kubelet
 //! PodResources server on a unix socket.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};

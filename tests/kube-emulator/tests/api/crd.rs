@@ -1,7 +1,7 @@
 //! CustomResourceDefinitions: creating one serves its resource (scope, status subresource),
 //! custom resources follow the generation and status rules, and deleting the CRD stops it.
 
-mod common;
+use crate::common;
 
 use common::{api_error, start, within};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;

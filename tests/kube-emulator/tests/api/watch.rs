@@ -2,7 +2,7 @@
 //! selectors, streaming lists, and kube-runtime's watcher and reflector (unmodified) riding
 //! out dropped watches, compaction and a server restart.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
