@@ -10,23 +10,22 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use gpu_operator::agent::{self, AgentConfig};
-use gpu_operator::api::DeviceConfig;
 use gpu_operator::api::agent_status::{AgentStatus, STATUS_ANNOTATION, ServiceName, ServiceStatus};
 use gpu_operator::host::HostRoot;
 use gpu_operator::labeller::OWNED_ANNOTATION;
 use gpu_operator::simulate::{self, SimSpec};
 use kube::Api;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
-use kube_emulator::{Emulator, EmulatorConfig};
+use kube::api::PostParams;
 use serde_json::{Value, json};
+use support::cluster::{self, TestCluster};
 use support::kubelet::TestKubelet;
+use support::wait;
 use tokio_util::sync::CancellationToken;
 
 const NODE: &str = "gpu-node-1";
-const WAIT: Duration = Duration::from_secs(10);
 
 struct Harness {
-    emulator: Emulator,
+    cluster: TestCluster,
     _dir: tempfile::TempDir,
     host: HostRoot,
     kubelet: TestKubelet,
@@ -40,26 +39,14 @@ impl Harness {
     }
 
     async fn start_with(spec: SimSpec, node_labels: Value) -> Self {
-        Self::start_prepared(spec, node_labels, |_| {}).await
+        Self::start_prepared(spec, cluster::node(NODE, node_labels), |_| {}).await
     }
 
-    /// As [`Harness::start_with`], with `prepare` run on the simulated host
-    /// before the agent starts.
-    async fn start_prepared(
-        spec: SimSpec,
-        node_labels: Value,
-        prepare: impl FnOnce(&HostRoot),
-    ) -> Self {
-        let emulator = Emulator::start(EmulatorConfig::default()).await.unwrap();
-        emulator
-            .create(serde_json::to_value(gpu_operator::api::crd()).unwrap())
-            .unwrap();
-        emulator
-            .create(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kube-amd-gpu"}}))
-            .unwrap();
-        emulator
-            .create(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "labels": node_labels}}))
-            .unwrap();
+    /// The agent on a simulated host of `spec` and on `node`, with `prepare`
+    /// run on the host before the agent starts.
+    async fn start_prepared(spec: SimSpec, node: Value, prepare: impl FnOnce(&HostRoot)) -> Self {
+        let cluster = TestCluster::start().await;
+        cluster.add_node(node);
         let dir = tempfile::tempdir().unwrap();
         let host = HostRoot::new(dir.path().join("host"));
         simulate::write_host(&host, &spec).unwrap();
@@ -68,7 +55,7 @@ impl Harness {
         std::fs::create_dir_all(kubelet_dir.join("device-plugins")).unwrap();
         let kubelet = TestKubelet::start(&kubelet_dir.join("device-plugins")).await;
         let mut harness = Self {
-            emulator,
+            cluster,
             _dir: dir,
             host,
             kubelet,
@@ -99,43 +86,21 @@ impl Harness {
             test_commands,
             leader: None,
         };
-        let client = self.emulator.client();
+        let client = self.cluster.client();
         let shutdown = self.shutdown.clone();
         self.agent = Some(tokio::spawn(agent::run(client, config, shutdown)));
     }
 
-    /// Creates the DeviceConfig, or merges `spec` into the existing one, through
-    /// the API like an administrator would.
     async fn apply_device_config(&self, name: &str, spec: Value) {
-        let api: Api<DeviceConfig> = Api::namespaced(self.emulator.client(), "kube-amd-gpu");
-        if api.get_opt(name).await.unwrap().is_some() {
-            api.patch(
-                name,
-                &PatchParams::default(),
-                &Patch::Merge(json!({ "spec": spec })),
-            )
-            .await
-            .unwrap();
-        } else {
-            let object: DeviceConfig = serde_json::from_value(json!({
-                "apiVersion": "amd.com/v1alpha1", "kind": "DeviceConfig",
-                "metadata": {"name": name, "namespace": "kube-amd-gpu"},
-                "spec": spec,
-            }))
-            .unwrap();
-            api.create(&PostParams::default(), &object).await.unwrap();
-        }
+        self.cluster.apply_device_config(name, spec).await;
     }
 
     async fn delete_device_config(&self, name: &str) {
-        let api: Api<DeviceConfig> = Api::namespaced(self.emulator.client(), "kube-amd-gpu");
-        api.delete(name, &DeleteParams::default()).await.unwrap();
+        self.cluster.delete_device_config(name).await;
     }
 
     fn node(&self) -> Value {
-        self.emulator
-            .get("v1", "Node", "", NODE)
-            .expect("node exists")
+        self.cluster.node(NODE)
     }
 
     fn labels(&self) -> BTreeMap<String, String> {
@@ -149,24 +114,21 @@ impl Harness {
         Some(AgentStatus::parse(&text).expect("status annotation parses"))
     }
 
+    /// Waits until `condition` holds; a timeout shows the Node as last seen.
     async fn eventually(&self, what: &str, condition: impl Fn(&Self) -> bool) {
-        let deadline = Instant::now() + WAIT;
-        while !condition(self) {
-            assert!(
-                Instant::now() < deadline,
-                "timed out waiting for {what}; node: {:#}",
-                self.node()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        wait::eventually_explained(
+            what,
+            || condition(self),
+            || format!("node: {:#}", self.node()),
+        )
+        .await
     }
 
     async fn stop(&mut self) -> Duration {
         let started = Instant::now();
         self.shutdown.cancel();
-        let result = tokio::time::timeout(Duration::from_secs(10), self.agent.take().unwrap())
+        let result = wait::within("the agent stops", self.agent.take().unwrap())
             .await
-            .expect("agent stops")
             .expect("agent task did not panic");
         result.expect("agent stops cleanly");
         started.elapsed()
@@ -186,14 +148,20 @@ fn plugin_sockets(dir: &std::path::Path) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_runs_the_services_its_device_config_enables() {
-    let mut h = Harness::start(
-        "mi300x",
-        None,
-        json!({"feature.node.kubernetes.io/amd-gpu": "true"}),
-    )
+    // The Node still carries the status an earlier agent wrote. With no
+    // DeviceConfig selecting it, the agent's first reconcile removes it: the
+    // evidence that the agent has looked at the unselected node.
+    let mut node = cluster::node(NODE, json!({"feature.node.kubernetes.io/amd-gpu": "true"}));
+    node["metadata"]["annotations"] = json!({STATUS_ANNOTATION: AgentStatus::default().to_json()});
+    let spec = SimSpec::new("mi300x", None, None).unwrap();
+    let mut h = Harness::start_prepared(spec, node, |_| {}).await;
+    h.eventually("the stale status removed", |h| {
+        h.node()["metadata"]["annotations"]
+            .get(STATUS_ANNOTATION)
+            .is_none()
+    })
     .await;
     // Nothing selects the node yet: nothing runs and no status is published.
-    tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(h.status().is_none(), "{:#}", h.node());
     assert!(h.kubelet.registrations().is_empty());
 
@@ -233,11 +201,13 @@ async fn agent_runs_the_services_its_device_config_enables() {
     })
     .await;
 
-    // Idle: only the watches stay open; no request for a few seconds.
+    // Idle: only the watches stay open; no request for a few seconds. (The
+    // first half second lets writes already under way land; the next three
+    // must see none.)
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let before = h.emulator.requests();
+    let before = h.cluster.requests();
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let made = h.emulator.requests().since(&before);
+    let made = h.cluster.requests().since(&before);
     assert_eq!(
         made.non_watch().total(),
         0,
@@ -317,7 +287,7 @@ async fn conflicting_device_configs_run_nothing_and_warn() {
         plugin_sockets(h.kubelet.dir()).is_empty()
     })
     .await;
-    let events = h.emulator.list("events.k8s.io/v1", "Event");
+    let events = h.cluster.list("events.k8s.io/v1", "Event");
     let warning = events
         .iter()
         .find(|e| e["reason"] == "ConflictingDeviceConfigs")
@@ -389,7 +359,7 @@ async fn the_agent_survives_api_errors() {
     };
     let before = counted();
     // The first status writes fail; the agent retries and still converges.
-    h.emulator.faults().fail_next(2, "patch", "nodes", 500);
+    h.cluster.faults().fail_next(2, "patch", "nodes", 500);
     h.apply_device_config("gpus", json!({})).await;
     h.kubelet.wait_for_registration("amd.com/gpu", 1).await;
     h.eventually("labels despite failed patches", |h| {
@@ -404,7 +374,7 @@ async fn the_agent_survives_api_errors() {
     // (the Node writer counts every failed request, retried or not).
     assert!(counted() >= before + 2, "{} -> {}", before, counted());
     // A dropped watch is resumed: a later change still arrives.
-    h.emulator.faults().drop_watches();
+    h.cluster.faults().drop_watches();
     h.apply_device_config(
         "gpus",
         json!({"devicePlugin": {"enableNodeLabeller": false}}),
@@ -421,7 +391,7 @@ async fn the_agent_survives_api_errors() {
 async fn a_rejected_metrics_config_map_is_reported_and_a_fixed_one_clears_it() {
     let mut h = Harness::start("radeon-w7900", None, json!({})).await;
     let api: Api<k8s_openapi::api::core::v1::ConfigMap> =
-        Api::namespaced(h.emulator.client(), "kube-amd-gpu");
+        Api::namespaced(h.cluster.client(), cluster::NAMESPACE);
     let bad: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(json!({
         "metadata": {"name": "metrics"}, "data": {"config.json": "{\"GPUConfig\": [oops"}
     }))
@@ -442,7 +412,7 @@ async fn a_rejected_metrics_config_map_is_reported_and_a_fixed_one_clears_it() {
     h.eventually("the rejected config in the status", rejected)
         .await;
     h.eventually("a MetricsConfigError Event", |h| {
-        h.emulator
+        h.cluster
             .list("events.k8s.io/v1", "Event")
             .iter()
             .any(|e| e["reason"] == "MetricsConfigError")
@@ -481,7 +451,7 @@ async fn heterogeneous_layouts_warn_with_single_and_split_with_mixed() {
         })
     })
     .await;
-    let events = h.emulator.list("events.k8s.io/v1", "Event");
+    let events = h.cluster.list("events.k8s.io/v1", "Event");
     assert!(
         events
             .iter()
@@ -527,7 +497,7 @@ async fn an_ecc_error_marks_the_gpu_unhealthy_everywhere_and_triggers_the_test()
 
     let config = fake_rvs::config_json("AUTO_UNHEALTHY_GPU_WATCH", r#"{"Recipe":"gst_single"}"#);
     let api: Api<k8s_openapi::api::core::v1::ConfigMap> =
-        Api::namespaced(h.emulator.client(), "kube-amd-gpu");
+        Api::namespaced(h.cluster.client(), cluster::NAMESPACE);
     let cm: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(json!({
         "metadata": {"name": "gpu-tests"}, "data": {"config.json": config}
     }))
@@ -564,7 +534,7 @@ async fn an_ecc_error_marks_the_gpu_unhealthy_everywhere_and_triggers_the_test()
     })
     .await;
     h.eventually("the triggered test reported", |h| {
-        h.emulator.list("v1", "Event").iter().any(|e| {
+        h.cluster.list("v1", "Event").iter().any(|e| {
             e["reason"] == "TestPassed"
                 && e["metadata"]["labels"]["testrunner.amd.com/trigger"]
                     == "auto_unhealthy_gpu_watch"
@@ -608,7 +578,7 @@ async fn an_ecc_error_marks_the_gpu_unhealthy_everywhere_and_triggers_the_test()
 async fn until_discovery_completes_only_metrics_run_the_status_says_why_and_an_event_warns() {
     let spec = SimSpec::new("mi300x", Some(2), None).unwrap();
     let mut hung = Vec::new();
-    let mut h = Harness::start_prepared(spec, json!({}), |host| {
+    let mut h = Harness::start_prepared(spec, cluster::node(NODE, json!({})), |host| {
         hung = support::hosts::hang_past_the_scan_deadline(host);
     })
     .await;
@@ -636,7 +606,7 @@ async fn until_discovery_completes_only_metrics_run_the_status_says_why_and_an_e
         "no device plugin before the GPUs are known"
     );
     h.eventually("a DiscoveryIncomplete Event", |h| {
-        h.emulator
+        h.cluster
             .list("events.k8s.io/v1", "Event")
             .iter()
             .any(|e| e["reason"] == "DiscoveryIncomplete")

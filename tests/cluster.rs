@@ -18,18 +18,18 @@ use gpu_operator::host::HostRoot;
 use gpu_operator::simulate::{self, SimSpec};
 use gpu_operator::testrunner::Commands;
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::{Api, Client};
-use kube_emulator::{Emulator, EmulatorConfig};
+use kube_emulator::Emulator;
 use serde_json::{Value, json};
+use support::cluster::{self, NAMESPACE as NS, TestCluster};
 use support::kubelet::TestKubelet;
+use support::wait;
 use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
-const NS: &str = "kube-amd-gpu";
 const LEASE_DURATION: Duration = Duration::from_secs(3);
-const WAIT: Duration = Duration::from_secs(15);
 
 /// A TCP proxy between one agent and the emulator that a test can cut, to play a
 /// network partition. While cut it accepts connections, records the request line
@@ -119,7 +119,7 @@ struct Member {
 }
 
 struct Fleet {
-    emulator: Emulator,
+    cluster: TestCluster,
     members: Vec<Member>,
 }
 
@@ -131,20 +131,11 @@ impl Fleet {
 
     /// As [`Fleet::start`], but the nodes in `no_kubelet` have no kubelet (yet).
     async fn start_without_kubelet_on(node_labels: &[Value], no_kubelet: &[usize]) -> Self {
-        let emulator = Emulator::start(EmulatorConfig::default()).await.unwrap();
-        emulator
-            .create(serde_json::to_value(gpu_operator::api::crd()).unwrap())
-            .unwrap();
-        emulator
-            .create(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}))
-            .unwrap();
+        let cluster = TestCluster::start().await;
         let mut members = Vec::new();
         for (i, labels) in node_labels.iter().enumerate() {
             let name = format!("node-{i}");
-            emulator
-                .create(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels},
-                    "status": {"conditions": [{"type": "Ready", "status": "True"}]}}))
-                .unwrap();
+            cluster.add_node(cluster::node(&name, labels.clone()));
             let dir = tempfile::tempdir().unwrap();
             let host = HostRoot::new(dir.path().join("host"));
             simulate::write_host(&host, &SimSpec::new("mi210", Some(1), None).unwrap()).unwrap();
@@ -165,7 +156,7 @@ impl Fleet {
                 kubelet,
             });
         }
-        let mut fleet = Self { emulator, members };
+        let mut fleet = Self { cluster, members };
         for i in 0..fleet.members.len() {
             fleet.spawn(i, None);
         }
@@ -208,7 +199,7 @@ impl Fleet {
             }),
         };
         member.shutdown = CancellationToken::new();
-        let client = client.unwrap_or_else(|| self.emulator.client());
+        let client = client.unwrap_or_else(|| self.cluster.client());
         member.task = Some(tokio::spawn(agent::run(
             client,
             config,
@@ -217,7 +208,7 @@ impl Fleet {
     }
 
     async fn holder(&self) -> Option<String> {
-        let leases: Api<Lease> = Api::namespaced(self.emulator.client(), NS);
+        let leases: Api<Lease> = Api::namespaced(self.cluster.client(), NS);
         leases
             .get_opt("gpu-operator-leader")
             .await
@@ -227,20 +218,16 @@ impl Fleet {
             .filter(|h| !h.is_empty())
     }
 
-    async fn wait_holder(&self, not: Option<&str>, within: Duration) -> (String, Duration) {
+    /// Waits for a leader other than `not`: who, and how long it took.
+    async fn wait_holder(&self, not: Option<&str>) -> (String, Duration) {
         let started = Instant::now();
-        loop {
-            if let Some(holder) = self.holder().await
-                && Some(holder.as_str()) != not
-            {
-                return (holder, started.elapsed());
-            }
-            assert!(
-                started.elapsed() < within,
-                "no new leader within {within:?} (was {not:?})"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let holder = wait::poll_until(
+            &format!("a leader other than {not:?}"),
+            || self.holder(),
+            |h| h.is_some() && h.as_deref() != not,
+        )
+        .await;
+        (holder.unwrap(), started.elapsed())
     }
 
     fn index_of(&self, identity: &str) -> usize {
@@ -259,9 +246,8 @@ impl Fleet {
         let started = Instant::now();
         self.members[i].shutdown.cancel();
         if let Some(task) = self.members[i].task.take() {
-            tokio::time::timeout(Duration::from_secs(10), task)
+            wait::within("the agent stops", task)
                 .await
-                .expect("agent stops")
                 .expect("no panic")
                 .expect("clean stop");
         }
@@ -277,27 +263,11 @@ impl Fleet {
     }
 
     fn configs(&self) -> Api<DeviceConfig> {
-        Api::namespaced(self.emulator.client(), NS)
+        self.cluster.device_configs()
     }
 
     async fn apply(&self, name: &str, spec: Value) {
-        let object: DeviceConfig = serde_json::from_value(json!({
-            "apiVersion": "amd.com/v1alpha1", "kind": "DeviceConfig",
-            "metadata": {"name": name, "namespace": NS}, "spec": spec,
-        }))
-        .unwrap();
-        let api = self.configs();
-        if api.get_opt(name).await.unwrap().is_some() {
-            api.patch(
-                name,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"spec": object.spec})),
-            )
-            .await
-            .unwrap();
-        } else {
-            api.create(&PostParams::default(), &object).await.unwrap();
-        }
+        self.cluster.apply_device_config(name, spec).await;
     }
 
     async fn status_of(&self, name: &str) -> Value {
@@ -307,11 +277,7 @@ impl Fleet {
     }
 
     async fn eventually(&self, what: &str, check: impl AsyncFn(&Self) -> bool) {
-        let deadline = Instant::now() + WAIT;
-        while !check(self).await {
-            assert!(Instant::now() < deadline, "timed out waiting for {what}");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        wait::poll_until(what, || check(self), |held| *held).await;
     }
 }
 
@@ -357,7 +323,7 @@ async fn one_leader_reconciles_and_fails_over() {
         json!({"gpu": "no"}),
     ];
     let mut fleet = Fleet::start(&labels).await;
-    let (leader, _) = fleet.wait_holder(None, WAIT).await;
+    let (leader, _) = fleet.wait_holder(None).await;
 
     // Status: a selector for 2 of 3 nodes.
     fleet
@@ -385,11 +351,13 @@ async fn one_leader_reconciles_and_fails_over() {
         "OperatorReady"
     );
 
-    // Idle: after convergence nothing but watches and lease renewals.
+    // Idle: after convergence nothing but watches and lease renewals. (The
+    // first second lets writes already under way land; the next three must
+    // see none.)
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let before = fleet.emulator.requests();
+    let before = fleet.cluster.requests();
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let made = fleet.emulator.requests().since(&before);
+    let made = fleet.cluster.requests().since(&before);
     let unexpected = made
         .non_watch()
         .filter(|k| !k.resource.starts_with("leases"));
@@ -401,8 +369,8 @@ async fn one_leader_reconciles_and_fails_over() {
 
     // Kubelet heartbeats (status-only Node updates) trigger no reconcile: the
     // leader makes no request about DeviceConfigs or what they own.
-    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(fleet.emulator.client());
-    let before = fleet.emulator.requests();
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(fleet.cluster.client());
+    let before = fleet.cluster.requests();
     for beat in 0..5 {
         for member in &fleet.members {
             let heartbeat = json!({"status": {"conditions": [{"type": "Ready", "status": "True",
@@ -418,7 +386,7 @@ async fn one_leader_reconciles_and_fails_over() {
         }
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let made = fleet.emulator.requests().since(&before);
+    let made = fleet.cluster.requests().since(&before);
     let reconciling = made
         .non_watch()
         .filter(|k| !k.resource.starts_with("leases") && !k.resource.starts_with("nodes"));
@@ -431,9 +399,7 @@ async fn one_leader_reconciles_and_fails_over() {
     // Killing the leader (no release) moves leadership within duration + 2 s.
     let i = fleet.index_of(&leader);
     fleet.kill(i);
-    let (second, took) = fleet
-        .wait_holder(Some(&leader), LEASE_DURATION + Duration::from_secs(4))
-        .await;
+    let (second, took) = fleet.wait_holder(Some(&leader)).await;
     assert!(
         took <= LEASE_DURATION + Duration::from_secs(2),
         "failover took {took:?}"
@@ -458,9 +424,7 @@ async fn one_leader_reconciles_and_fails_over() {
     let j = fleet.index_of(&second);
     let stop_started = Instant::now();
     fleet.stop(j).await;
-    let (third, _) = fleet
-        .wait_holder(Some(&second), Duration::from_secs(5))
-        .await;
+    let (third, _) = fleet.wait_holder(Some(&second)).await;
     let took = stop_started.elapsed();
     assert!(
         took <= Duration::from_secs(2),
@@ -479,7 +443,7 @@ async fn status_counts_what_real_agents_serve_and_ready_says_which_nodes_do_not(
     let labels = [json!({}), json!({}), json!({})];
     // node-2's kubelet is not running: its device plugin cannot register.
     let mut fleet = Fleet::start_without_kubelet_on(&labels, &[2]).await;
-    fleet.wait_holder(None, WAIT).await;
+    fleet.wait_holder(None).await;
     fleet
         .apply(
             "gpus",
@@ -513,7 +477,7 @@ async fn status_counts_what_real_agents_serve_and_ready_says_which_nodes_do_not(
 
     // Every name every real agent wrote parses to a service the leader knows.
     for member in &fleet.members {
-        let node = fleet.emulator.get("v1", "Node", "", &member.name).unwrap();
+        let node = fleet.cluster.get("v1", "Node", "", &member.name).unwrap();
         let text = node["metadata"]["annotations"][STATUS_ANNOTATION]
             .as_str()
             .unwrap()
@@ -559,7 +523,7 @@ async fn status_counts_what_real_agents_serve_and_ready_says_which_nodes_do_not(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invalid_and_overlapping_device_configs_get_validation_errors() {
     let mut fleet = Fleet::start(&[json!({"gpu": "yes"})]).await;
-    fleet.wait_holder(None, WAIT).await;
+    fleet.wait_holder(None).await;
     fleet
         .apply(
             "both",
@@ -626,13 +590,13 @@ async fn invalid_and_overlapping_device_configs_get_validation_errors() {
         "the leader looked up a Secret: {message}"
     );
     assert_eq!(
-        fleet.emulator.requests().get("get", "secrets"),
+        fleet.cluster.requests().get("get", "secrets"),
         0,
         "the leader made a request on Secrets"
     );
     // A reference RBAC forbids reading is a status problem, not a retry loop.
     fleet
-        .emulator
+        .cluster
         .faults()
         .fail_next(10_000, "get", "configmaps", 403);
     fleet
@@ -649,7 +613,7 @@ async fn invalid_and_overlapping_device_configs_get_validation_errors() {
                 .contains("ConfigMap \"elsewhere\" cannot be read")
         })
         .await;
-    fleet.emulator.faults().clear();
+    fleet.cluster.faults().clear();
     fleet.stop_all().await;
 }
 
@@ -657,8 +621,8 @@ async fn invalid_and_overlapping_device_configs_get_validation_errors() {
 async fn deleting_a_device_config_tears_down_then_releases_the_finalizer() {
     let mut fleet = Fleet::start(&[json!({})]).await;
     let kubelet = fleet.members[0].kubelet.take().unwrap();
-    serve_service_monitors(&fleet.emulator);
-    fleet.wait_holder(None, WAIT).await;
+    serve_service_monitors(&fleet.cluster);
+    fleet.wait_holder(None).await;
     fleet
         .apply(
             "gpus",
@@ -671,7 +635,7 @@ async fn deleting_a_device_config_tears_down_then_releases_the_finalizer() {
         .eventually(
             "labels, health condition, Service and ServiceMonitor",
             async |f| {
-                let node = f.emulator.get("v1", "Node", "", "node-0").unwrap();
+                let node = f.cluster.get("v1", "Node", "", "node-0").unwrap();
                 let has_condition = node["status"]["conditions"]
                     .as_array()
                     .is_some_and(|cs| cs.iter().any(|c| c["type"] == "AMDGPUUnhealthy"));
@@ -679,8 +643,8 @@ async fn deleting_a_device_config_tears_down_then_releases_the_finalizer() {
                     .get("amd.com/gpu.family")
                     .is_some()
                     && has_condition
-                    && metrics_service(&f.emulator).is_some()
-                    && service_monitor(&f.emulator).is_some()
+                    && metrics_service(&f.cluster).is_some()
+                    && service_monitor(&f.cluster).is_some()
             },
         )
         .await;
@@ -694,7 +658,7 @@ async fn deleting_a_device_config_tears_down_then_releases_the_finalizer() {
             f.configs().get_opt("gpus").await.unwrap().is_none()
         })
         .await;
-    let node = fleet.emulator.get("v1", "Node", "", "node-0").unwrap();
+    let node = fleet.cluster.get("v1", "Node", "", "node-0").unwrap();
     let labels = node["metadata"]["labels"]
         .as_object()
         .cloned()
@@ -721,12 +685,12 @@ async fn deleting_a_device_config_tears_down_then_releases_the_finalizer() {
         .filter(|e| e.file_name().to_string_lossy().starts_with("amd.com_"))
         .collect();
     assert!(sockets.is_empty(), "{sockets:?}");
-    assert!(metrics_service(&fleet.emulator).is_none());
+    assert!(metrics_service(&fleet.cluster).is_none());
     assert!(
-        service_monitor(&fleet.emulator).is_none(),
+        service_monitor(&fleet.cluster).is_none(),
         "teardown deletes the ServiceMonitor too; the emulator has no garbage collector"
     );
-    let events = fleet.emulator.list("events.k8s.io/v1", "Event");
+    let events = fleet.cluster.list("events.k8s.io/v1", "Event");
     assert!(
         events.iter().any(|e| e["reason"] == "TornDown"),
         "{events:#?}"
@@ -737,7 +701,7 @@ async fn deleting_a_device_config_tears_down_then_releases_the_finalizer() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deletion_gives_up_on_a_not_ready_node_after_the_timeout() {
     let mut fleet = Fleet::start(&[json!({}), json!({})]).await;
-    fleet.wait_holder(None, WAIT).await;
+    fleet.wait_holder(None).await;
     fleet.apply("gpus", json!({})).await;
     fleet
         .eventually("Ready on both nodes", async |f| {
@@ -748,7 +712,7 @@ async fn deletion_gives_up_on_a_not_ready_node_after_the_timeout() {
         .await;
     // node-1 dies with its agent: it never tears down, and goes NotReady.
     fleet.kill(1);
-    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(fleet.emulator.client());
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(fleet.cluster.client());
     nodes
         .patch_status(
             "node-1",
@@ -765,14 +729,14 @@ async fn deletion_gives_up_on_a_not_ready_node_after_the_timeout() {
         .delete("gpus", &DeleteParams::default())
         .await
         .unwrap();
-    let deadline = Instant::now() + WAIT + LEASE_DURATION;
-    while fleet.configs().get_opt("gpus").await.unwrap().is_some() {
-        assert!(
-            Instant::now() < deadline,
-            "the finalizer was never released"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let configs = fleet.configs();
+    wait::poll_until(
+        "the finalizer released",
+        || configs.get_opt("gpus"),
+        |dc| dc.as_ref().is_ok_and(Option::is_none),
+    )
+    .await
+    .unwrap();
     // The timeout runs from deletionTimestamp, which has whole seconds: up to
     // one second before this test's clock started.
     assert!(
@@ -780,7 +744,7 @@ async fn deletion_gives_up_on_a_not_ready_node_after_the_timeout() {
         "it waited the teardown timeout for node-1 first ({:?})",
         deleted_at.elapsed()
     );
-    let events = fleet.emulator.list("events.k8s.io/v1", "Event");
+    let events = fleet.cluster.list("events.k8s.io/v1", "Event");
     assert!(
         events.iter().any(|e| e["reason"] == "TornDown"
             && e["note"]
@@ -793,30 +757,26 @@ async fn deletion_gives_up_on_a_not_ready_node_after_the_timeout() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partitioned_leader_stops_leading_and_writes_nothing_after_expiry() {
-    let emulator = Emulator::start(EmulatorConfig::default()).await.unwrap();
-    emulator
-        .create(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}))
-        .unwrap();
-    let proxy = Proxy::start(emulator.addr()).await;
+    let cluster = TestCluster::start().await;
+    let proxy = Proxy::start(cluster.addr()).await;
     let shutdown = CancellationToken::new();
     let mut config = LeaseConfig::new(NS, "cut-off/pod");
     config.duration = LEASE_DURATION;
     config.renew_every = Duration::from_secs(1);
     let cut_off = Election::start(
-        proxy.client(&emulator),
+        proxy.client(&cluster),
         config.clone(),
         shutdown.child_token(),
     );
     let mut leading = cut_off.leading.clone();
-    tokio::time::timeout(WAIT, leading.wait_for(|l| *l))
+    wait::within("leadership", leading.wait_for(|l| *l))
         .await
-        .unwrap()
         .unwrap();
     assert!(cut_off.guard.is_held());
 
     let mut standby_config = config.clone();
     standby_config.identity = "standby/pod".into();
-    let standby = Election::start(emulator.client(), standby_config, shutdown.child_token());
+    let standby = Election::start(cluster.client(), standby_config, shutdown.child_token());
 
     let cut_at = Instant::now();
     proxy.cut();
@@ -857,22 +817,18 @@ async fn a_partitioned_leader_stops_leading_and_writes_nothing_after_expiry() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_lease_renewal_ends_leadership_at_expiry() {
-    let emulator = Emulator::start(EmulatorConfig::default()).await.unwrap();
-    emulator
-        .create(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}))
-        .unwrap();
+    let cluster = TestCluster::start().await;
     let shutdown = CancellationToken::new();
     let mut config = LeaseConfig::new(NS, "slow/pod");
     config.duration = LEASE_DURATION;
     config.renew_every = Duration::from_secs(1);
-    let election = Election::start(emulator.client(), config, shutdown.child_token());
+    let election = Election::start(cluster.client(), config, shutdown.child_token());
     let mut leading = election.leading.clone();
-    tokio::time::timeout(WAIT, leading.wait_for(|l| *l))
+    wait::within("leadership", leading.wait_for(|l| *l))
         .await
-        .unwrap()
         .unwrap();
     // The API server accepts renewals but answers none of them for 30 s.
-    emulator.faults().add_latency(
+    cluster.faults().add_latency(
         "update",
         "leases.coordination.k8s.io",
         Duration::from_secs(30),
@@ -894,7 +850,7 @@ async fn a_hung_lease_renewal_ends_leadership_at_expiry() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_leader_write_is_sent_after_the_lease_lapses_even_when_retried() {
     let mut fleet = Fleet::start(&[json!({})]).await;
-    fleet.wait_holder(None, WAIT).await;
+    fleet.wait_holder(None).await;
     fleet.apply("gpus", json!({})).await;
     fleet
         .eventually("Ready", async |f| {
@@ -902,7 +858,7 @@ async fn no_leader_write_is_sent_after_the_lease_lapses_even_when_retried() {
         })
         .await;
     let leader_writes = |f: &Fleet| {
-        let counts = f.emulator.requests();
+        let counts = f.cluster.requests();
         [
             "deviceconfigs.amd.com",
             "deviceconfigs.amd.com/status",
@@ -920,7 +876,7 @@ async fn no_leader_write_is_sent_after_the_lease_lapses_even_when_retried() {
     // From now on renewals hang, so the lease lapses at most LEASE_DURATION
     // after the last renewal that got through, and status writes fail with
     // 503, which kube's client retries by itself with growing backoff.
-    let faults = fleet.emulator.faults();
+    let faults = fleet.cluster.faults();
     faults.add_latency(
         "update",
         "leases.coordination.k8s.io",
@@ -952,7 +908,7 @@ async fn no_leader_write_is_sent_after_the_lease_lapses_even_when_retried() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_metrics_service_is_put_back_without_waiting_for_other_changes() {
     let mut fleet = Fleet::start(&[json!({})]).await;
-    fleet.wait_holder(None, WAIT).await;
+    fleet.wait_holder(None).await;
     fleet
         .apply(
             "gpus",
@@ -964,22 +920,41 @@ async fn a_deleted_metrics_service_is_put_back_without_waiting_for_other_changes
             let status = f.status_of("gpus").await;
             condition(&status, "Ready")["status"] == "True"
                 && status["observedGeneration"].as_i64().is_some()
-                && metrics_service(&f.emulator).is_some()
+                && metrics_service(&f.cluster).is_some()
         })
         .await;
-    // Let in-flight agent reports land, so that nothing but the deletion is
-    // left to trigger a reconcile (there is no periodic requeue).
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let first_uid = metrics_service(&fleet.emulator).unwrap()["metadata"]["uid"].clone();
+    // Nothing but the deletion may be left to trigger a reconcile (there is no
+    // periodic requeue): wait until the agent has nothing more to report (every
+    // service it runs is Running) and the leader has counted that report.
+    fleet
+        .eventually("the agent's last report counted", async |f| {
+            use gpu_operator::api::agent_status::{
+                AgentStatus, STATUS_ANNOTATION, ServiceName, ServiceStatus,
+            };
+            let node = f.cluster.node("node-0");
+            let all_running = node["metadata"]["annotations"][STATUS_ANNOTATION]
+                .as_str()
+                .and_then(|text| AgentStatus::parse(text).ok())
+                .is_some_and(|s| {
+                    s.services.contains_key(&ServiceName::MetricsExporter)
+                        && s.services.values().all(|v| *v == ServiceStatus::Running)
+                });
+            let status = f.status_of("gpus").await;
+            all_running
+                && status["devicePlugin"]["availableNumber"] == 1
+                && status["metricsExporter"]["availableNumber"] == 1
+        })
+        .await;
+    let first_uid = metrics_service(&fleet.cluster).unwrap()["metadata"]["uid"].clone();
     let services: Api<k8s_openapi::api::core::v1::Service> =
-        Api::namespaced(fleet.emulator.client(), NS);
+        Api::namespaced(fleet.cluster.client(), NS);
     services
         .delete("gpus-metrics-exporter", &DeleteParams::default())
         .await
         .unwrap();
     fleet
         .eventually("a new Service", async |f| {
-            metrics_service(&f.emulator).is_some_and(|s| s["metadata"]["uid"] != first_uid)
+            metrics_service(&f.cluster).is_some_and(|s| s["metadata"]["uid"] != first_uid)
         })
         .await;
     fleet.stop_all().await;
@@ -988,7 +963,7 @@ async fn a_deleted_metrics_service_is_put_back_without_waiting_for_other_changes
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_service_monitor_follows_the_spec_when_its_crd_is_served() {
     let mut fleet = Fleet::start(&[json!({})]).await;
-    fleet.wait_holder(None, WAIT).await;
+    fleet.wait_holder(None).await;
     // Without the CRD, asking for a ServiceMonitor is skipped, not an error.
     let with_monitor = json!({"metricsExporter": {"enable": true, "serviceType": "NodePort", "nodePort": 31500,
         "prometheus": {"serviceMonitor": {"enable": true, "interval": "30s", "labels": {"release": "prom"}}}}});
@@ -996,10 +971,10 @@ async fn the_service_monitor_follows_the_spec_when_its_crd_is_served() {
     fleet
         .eventually("Ready with the Service", async |f| {
             condition(&f.status_of("gpus").await, "Ready")["status"] == "True"
-                && metrics_service(&f.emulator).is_some()
+                && metrics_service(&f.cluster).is_some()
         })
         .await;
-    let service = metrics_service(&fleet.emulator).unwrap();
+    let service = metrics_service(&fleet.cluster).unwrap();
     assert_eq!(service["spec"]["type"], "NodePort");
     assert_eq!(service["spec"]["ports"][0]["nodePort"], 31500);
     assert_eq!(
@@ -1008,7 +983,7 @@ async fn the_service_monitor_follows_the_spec_when_its_crd_is_served() {
     );
 
     // Once the Prometheus operator's CRD is served, the next reconcile creates it.
-    serve_service_monitors(&fleet.emulator);
+    serve_service_monitors(&fleet.cluster);
     fleet
         .apply(
             "gpus",
@@ -1017,11 +992,11 @@ async fn the_service_monitor_follows_the_spec_when_its_crd_is_served() {
         .await;
     fleet
         .eventually("the ServiceMonitor", async |f| {
-            service_monitor(&f.emulator)
+            service_monitor(&f.cluster)
                 .is_some_and(|sm| sm["spec"]["endpoints"][0]["interval"] == "15s")
         })
         .await;
-    let monitor = service_monitor(&fleet.emulator).unwrap();
+    let monitor = service_monitor(&fleet.cluster).unwrap();
     assert_eq!(monitor["metadata"]["labels"]["release"], "prom");
     assert_eq!(monitor["spec"]["endpoints"][0]["port"], "exporter-port");
 
@@ -1034,7 +1009,7 @@ async fn the_service_monitor_follows_the_spec_when_its_crd_is_served() {
         .await;
     fleet
         .eventually("ServiceMonitor deleted", async |f| {
-            service_monitor(&f.emulator).is_none()
+            service_monitor(&f.cluster).is_none()
         })
         .await;
     fleet
@@ -1042,12 +1017,12 @@ async fn the_service_monitor_follows_the_spec_when_its_crd_is_served() {
         .await;
     fleet
         .eventually("Service deleted", async |f| {
-            metrics_service(&f.emulator).is_none()
+            metrics_service(&f.cluster).is_none()
         })
         .await;
     // Later reconciles send no DELETE for it: the owned-Service cache knows
     // there is nothing to delete.
-    let deletes = fleet.emulator.requests().get("delete", "services");
+    let deletes = fleet.cluster.requests().get("delete", "services");
     fleet
         .apply(
             "gpus",
@@ -1066,6 +1041,6 @@ async fn the_service_monitor_follows_the_spec_when_its_crd_is_served() {
             f.status_of("gpus").await["observedGeneration"].as_i64() == generation
         })
         .await;
-    assert_eq!(fleet.emulator.requests().get("delete", "services"), deletes);
+    assert_eq!(fleet.cluster.requests().get("delete", "services"), deletes);
     fleet.stop_all().await;
 }

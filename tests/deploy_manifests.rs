@@ -16,7 +16,7 @@ mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use clap::CommandFactory;
 use gpu_operator::api::{DocumentKind, document_problems, ignored_fields, parse_documents};
@@ -33,6 +33,7 @@ use kube_emulator::{Emulator, EmulatorConfig};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
+use support::cluster::TestCluster;
 
 const NAMESPACE: &str = "kube-amd-gpu";
 /// Namespaces that exist in every cluster before anything is applied.
@@ -1425,17 +1426,13 @@ async fn kubectl_applies_deploy_as_documented() {
 
 const NODE: &str = "gpu-node-1";
 const POD: &str = "gpu-operator-x7k2p";
-const WAIT: Duration = Duration::from_secs(20);
-
-async fn eventually(what: &str, log: &Path, mut condition: impl FnMut() -> bool) {
-    let deadline = Instant::now() + WAIT;
-    while !condition() {
-        if Instant::now() > deadline {
-            let log = std::fs::read_to_string(log).unwrap_or_default();
-            panic!("timed out waiting for {what}; agent log:\n{log}");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+/// Waits until `condition` holds; a timeout shows the agent's log.
+async fn eventually(what: &str, log: &Path, condition: impl FnMut() -> bool) {
+    support::wait::eventually_explained(what, condition, || {
+        let log = std::fs::read_to_string(log).unwrap_or_default();
+        format!("agent log:\n{log}")
+    })
+    .await
 }
 
 /// `plural[.group][/subresource]` (the emulator's request names) as (group, resource).
@@ -1455,16 +1452,14 @@ fn group_resource(name: &str) -> (String, String) {
 async fn agent_runs_with_the_daemonset_environment_within_its_rbac() {
     let (ds, _, container) = daemonset();
     let namespace = ds.metadata.namespace.clone().unwrap();
-    let emu = Emulator::start(EmulatorConfig::default()).await.unwrap();
-    emu.create(serde_json::to_value(gpu_operator::api::crd()).unwrap())
-        .unwrap();
     let all = manifests();
-    emu.create(the(&all, "Namespace").doc.clone()).unwrap();
+    let emu = TestCluster::start_with_namespace(the(&all, "Namespace").doc.clone()).await;
     emu.create(the(&all, "DeviceConfig").doc.clone()).unwrap();
     // A GPU node as node-feature-discovery labels it.
-    emu.create(json!({"apiVersion": "v1", "kind": "Node", "metadata": {
-        "name": NODE, "labels": {"feature.node.kubernetes.io/amd-gpu": "true"}}}))
-        .unwrap();
+    emu.add_node(support::cluster::node(
+        NODE,
+        json!({"feature.node.kubernetes.io/amd-gpu": "true"}),
+    ));
 
     // The container's paths, mapped to temporary directories.
     let dir = tempfile::tempdir().unwrap();

@@ -14,6 +14,7 @@ mod support;
 
 use gpu_operator::host::HostRoot;
 use gpu_operator::simulate::{self, SimSpec};
+use support::wait;
 
 const DRIVER: &str = "/sys/bus/pci/drivers/amdgpu";
 
@@ -60,7 +61,7 @@ impl Agent {
             lines,
             addr: String::new(),
         };
-        let line = agent.wait_line(|l| l.contains("metrics on http://"));
+        let line = agent.wait_line("metrics on", |l| l.contains("metrics on http://"));
         agent.addr = line
             .split("metrics on http://")
             .nth(1)
@@ -70,19 +71,15 @@ impl Agent {
         agent
     }
 
-    fn wait_line(&mut self, wanted: impl Fn(&str) -> bool) -> String {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(line) if wanted(&line) => return line,
-                Ok(_) => {}
-                Err(e) => {
-                    let _ = self.child.kill();
-                    panic!("no such log line within 20 s: {e}");
-                }
-            }
-        }
+    /// The next log line that `wanted` accepts (a timeout kills the agent, on drop).
+    fn wait_line(&mut self, what: &str, wanted: impl Fn(&str) -> bool) -> String {
+        let lines = &self.lines;
+        wait::poll_until_blocking(
+            &format!("the log line {what}"),
+            || lines.try_iter().find(|l| wanted(l)),
+            Option::is_some,
+        )
+        .unwrap()
     }
 
     /// SIGTERM, then the exit within `bound`.
@@ -134,7 +131,9 @@ fn standalone_serves_healthz_with_hung_files_and_stops_within_6_s() {
     // the problem) and /healthz still answers.
     let mid_run = format!("{DRIVER}/0000:27:00.0/current_compute_partition");
     simulate::hang_file(&host, &mid_run).unwrap();
-    agent.wait_line(|l| l.contains("GPU change") && l.contains("0000:27:00.0"));
+    agent.wait_line("GPU change of 0000:27:00.0", |l| {
+        l.contains("GPU change") && l.contains("0000:27:00.0")
+    });
     assert_eq!(http_get(&agent.addr, "/healthz").trim(), "ok");
     agent.stop_within(Duration::from_secs(6));
     for file in from_start.iter().chain([&mid_run]) {
@@ -149,15 +148,11 @@ fn a_64_kib_product_name_keeps_the_scrape_small() {
     host.write(format!("{DRIVER}/0000:05:00.0/product_name"), &long)
         .unwrap();
     let mut agent = Agent::start(dir.path(), &host);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let scrape = loop {
-        let scrape = http_get(&agent.addr, "/metrics");
-        if scrape.contains("gpu_edge_temperature{") {
-            break scrape;
-        }
-        assert!(Instant::now() < deadline, "no GPU metrics: {scrape}");
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    let scrape = wait::poll_until_blocking(
+        "GPU metrics",
+        || http_get(&agent.addr, "/metrics"),
+        |scrape| scrape.contains("gpu_edge_temperature{"),
+    );
     assert!(
         scrape.len() < 1024 * 1024,
         "scrape of {} bytes",
@@ -187,23 +182,17 @@ fn http_get_status(addr: &str, path: &str) -> (String, String) {
     (status, body)
 }
 
-/// Waits up to 20 s for the events file to hold a line with `reason`.
+/// Waits for the events file to hold a line with `reason`, and returns it.
 fn wait_event(events: &std::path::Path, reason: &str) -> String {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let text = std::fs::read_to_string(events).unwrap_or_default();
-        if let Some(line) = text
-            .lines()
-            .find(|l| l.contains(&format!("\"reason\":\"{reason}\"")))
-        {
-            return line.to_owned();
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no {reason} event within 20 s: {text}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let text = wait::poll_until_blocking(
+        &format!("a {reason} event"),
+        || std::fs::read_to_string(events).unwrap_or_default(),
+        |text| text.contains(&format!("\"reason\":\"{reason}\"")),
+    );
+    text.lines()
+        .find(|l| l.contains(&format!("\"reason\":\"{reason}\"")))
+        .unwrap()
+        .to_owned()
 }
 
 #[test]
@@ -225,7 +214,9 @@ fn healthz_serves_before_a_first_scan_that_cannot_finish_and_readyz_says_discove
     assert_eq!(body.trim(), "discovering");
 
     // The scan that misses its deadline says so: log and event.
-    agent.wait_line(|l| l.contains("discovery incomplete"));
+    agent.wait_line("discovery incomplete", |l| {
+        l.contains("discovery incomplete")
+    });
     let events = dir.path().join("events.jsonl");
     let incomplete = wait_event(&events, "DiscoveryIncomplete");
     assert!(incomplete.contains("deadline"), "{incomplete}");
@@ -236,15 +227,11 @@ fn healthz_serves_before_a_first_scan_that_cannot_finish_and_readyz_says_discove
     for file in &hung {
         simulate::release_hung_file(&host, file, "1").unwrap();
     }
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let (status, body) = http_get_status(&agent.addr, "/readyz");
-        if status.contains(" 200 ") {
-            break;
-        }
-        assert!(Instant::now() < deadline, "not ready: {status}: {body}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait::poll_until_blocking(
+        "ready",
+        || http_get_status(&agent.addr, "/readyz"),
+        |(status, _)| status.contains(" 200 "),
+    );
     let scrape = http_get(&agent.addr, "/metrics");
     assert!(scrape.contains("gpu_edge_temperature{"), "{scrape}");
     wait_event(&events, "DiscoveryComplete");

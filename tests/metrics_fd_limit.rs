@@ -16,6 +16,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use support::kubelet::TestKubelet;
+use support::wait;
 
 /// The descriptor limit (soft and hard) of the agent under test.
 const NOFILE: u64 = 256;
@@ -166,14 +167,11 @@ fn healthy_gpus(doc: &serde_json::Value) -> usize {
 #[test]
 fn idle_connections_beyond_the_cap_starve_neither_scrapers_nor_discovery() {
     let agent = start_agent();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if gpumetrics(&agent.addr).is_some_and(|d| healthy_gpus(&d) == 8) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "8 healthy GPUs before the flood");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    wait::poll_until_blocking(
+        "8 healthy GPUs before the flood",
+        || gpumetrics(&agent.addr),
+        |doc| doc.as_ref().is_some_and(|d| healthy_gpus(d) == 8),
+    );
 
     let registered = agent
         .runtime
@@ -206,20 +204,16 @@ fn idle_connections_beyond_the_cap_starve_neither_scrapers_nor_discovery() {
 
     // Discovery (every second) and sampling (every 0.5 s) keep working: a
     // sample taken at least 2 s into the flood still shows 8 healthy GPUs.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let doc = loop {
-        let doc = gpumetrics(&agent.addr);
-        if let Some(doc) = &doc
-            && doc["sample"]["taken_at_unix"].as_f64().unwrap_or(0.0) > flood_start + 2.0
-        {
-            break doc.clone();
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no sample taken 2 s into the flood: {doc:?}"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    let doc = wait::poll_until_blocking(
+        "a sample taken 2 s into the flood",
+        || gpumetrics(&agent.addr),
+        |doc| {
+            doc.as_ref().is_some_and(|d| {
+                d["sample"]["taken_at_unix"].as_f64().unwrap_or(0.0) > flood_start + 2.0
+            })
+        },
+    )
+    .unwrap();
     assert_eq!(healthy_gpus(&doc), 8, "{doc}");
 
     // The agent's own metrics show the cap at work: a quarter of the limit at

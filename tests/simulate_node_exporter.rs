@@ -14,17 +14,16 @@ use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use gpu_operator::device::Inventory;
 use gpu_operator::host::reader::BoundedReader;
 use gpu_operator::simulate::{self, SimSpec};
 use gpu_operator::telemetry::sample::{HostSample, Sampler, Scope};
 use support::hosts::SimHost;
+use support::wait;
 
 const DEFAULT_BINARY: &str = "/usr/bin/prometheus-node-exporter";
-/// How long the exporter may take to answer its first scrape.
-const START_DEADLINE: Duration = Duration::from_secs(20);
 
 /// The node exporter binary, or `None` (after saying why) when the tests should
 /// skip. Panics when it is absent and `REQUIRE_NODE_EXPORTER` is set.
@@ -109,25 +108,31 @@ impl Exporter {
     }
 
     /// Polls `/metrics` until it answers 200. `Err` with the log when the
-    /// exporter exited (e.g. its port was taken); panics at the deadline.
+    /// exporter exited (e.g. its port was taken); panics after `WAIT`.
     fn wait_ready(&mut self) -> Result<(), String> {
-        let deadline = Instant::now() + START_DEADLINE;
-        loop {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                let log = std::fs::read_to_string(&self.log).unwrap_or_default();
-                return Err(format!("exit {status}:\n{log}"));
+        let (child, addr, log) = (&mut self.child, self.addr, &self.log);
+        let mut exited_or_ready = || match child.try_wait() {
+            Ok(Some(status)) => {
+                let log = std::fs::read_to_string(log).unwrap_or_default();
+                Some(Err(format!("exit {status}:\n{log}")))
             }
-            if get(self.addr, "/metrics").is_ok_and(|(code, _)| code == 200) {
-                return Ok(());
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the node exporter did not answer on {} within {START_DEADLINE:?}; its log:\n{}",
-                self.addr,
-                std::fs::read_to_string(&self.log).unwrap_or_default()
-            );
-            std::thread::sleep(Duration::from_millis(25));
-        }
+            _ => get(addr, "/metrics")
+                .is_ok_and(|(code, _)| code == 200)
+                .then_some(Ok(())),
+        };
+        let mut outcome = None;
+        wait::eventually_blocking_explained(
+            &format!("the node exporter answering on {addr}"),
+            || {
+                outcome = exited_or_ready();
+                outcome.is_some()
+            },
+            || {
+                let log = std::fs::read_to_string(log).unwrap_or_default();
+                format!("its log:\n{log}")
+            },
+        );
+        outcome.unwrap()
     }
 
     fn scrape(&self) -> Metrics {

@@ -3,6 +3,7 @@
 
 #[path = "fixtures/testrunner/fake_rvs.rs"]
 mod fake_rvs;
+mod support;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -12,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use gpu_operator::host::HostRoot;
 use gpu_operator::simulate::{self, SimSpec};
+use support::wait;
 
 fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_gpu-operator"))
@@ -102,15 +104,11 @@ fn standalone_on_a_simulated_mi300x_serves_metrics_promtool_accepts() {
             break rest.split('/').next().unwrap().to_owned();
         }
     };
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let scrape = loop {
-        let scrape = http_get(&addr, "/metrics");
-        if scrape.contains("gpu_edge_temperature{") {
-            break scrape;
-        }
-        assert!(Instant::now() < deadline, "no GPU metrics: {scrape}");
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    let scrape = wait::poll_until_blocking(
+        "GPU metrics",
+        || http_get(&addr, "/metrics"),
+        |scrape| scrape.contains("gpu_edge_temperature{"),
+    );
     let series = scrape
         .lines()
         .filter(|l| l.starts_with("gpu_edge_temperature{"))
@@ -370,17 +368,12 @@ fn standalone_fails_at_start_when_the_metrics_port_is_taken() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let started = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "still running with its port taken"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let status = wait::poll_until_blocking(
+        "the exit with its port taken",
+        || child.try_wait().unwrap(),
+        Option::is_some,
+    )
+    .unwrap();
     let mut stderr = String::new();
     child
         .stderr
@@ -438,16 +431,15 @@ fn a_signal_while_a_service_is_restarting_still_stops_cleanly_within_5_s() {
             }
         }
     });
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let line = lines_rx
-            .recv_timeout(left)
-            .expect("the test runner fails and waits to restart");
-        if line.contains("restarting after backoff") && line.contains("testRunner") {
-            break;
-        }
-    }
+    wait::poll_until_blocking(
+        "the test runner failing and waiting to restart",
+        || {
+            lines_rx
+                .try_iter()
+                .find(|l| l.contains("restarting after backoff") && l.contains("testRunner"))
+        },
+        Option::is_some,
+    );
     let stopping = Instant::now();
     // SAFETY: kill(2) on our own child's pid.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };

@@ -1,9 +1,11 @@
 //! Helpers shared by the integration tests: a test kubelet speaking the device
-//! plugin API on unix sockets, and simulated hosts.
+//! plugin API on unix sockets, simulated hosts, a cluster (the API emulator
+//! with the CRD, namespace and Nodes), and waiting on evidence.
 //!
 //! Each test binary uses a different subset, hence the `dead_code` allowance.
 #![allow(dead_code)]
 
+pub mod cluster;
 pub mod hosts;
 pub mod kubelet;
 pub mod rig;

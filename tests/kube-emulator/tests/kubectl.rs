@@ -12,10 +12,12 @@
 //! Run just this: `cargo test -p kube-emulator --test kubectl -- --nocapture`.
 //! If kubectl is missing the tests print a SKIPPED notice and return.
 
+mod common;
+
 use std::path::PathBuf;
 use std::process::Stdio;
-use std::time::Duration;
 
+use common::{poll_until, within};
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
@@ -66,9 +68,8 @@ impl Server {
             .expect("start the kube-emulator binary");
         let stdout = child.stdout.take().unwrap();
         let mut lines = BufReader::new(stdout).lines();
-        let first = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
+        let first = within("the emulator printing its address", lines.next_line())
             .await
-            .expect("emulator prints its address")
             .unwrap()
             .expect("a first line");
         let url = first
@@ -100,9 +101,8 @@ impl Server {
 
     /// Runs kubectl, returning (success, stdout, stderr).
     async fn run(&self, args: &[&str]) -> (bool, String, String) {
-        let out = tokio::time::timeout(Duration::from_secs(30), self.command(args).output())
+        let out = within(&format!("kubectl {args:?}"), self.command(args).output())
             .await
-            .unwrap_or_else(|_| panic!("kubectl {args:?} timed out"))
             .expect("kubectl runs");
         (
             out.status.success(),
@@ -113,9 +113,8 @@ impl Server {
 
     /// Runs kubectl, returning (exit code, stdout, stderr).
     async fn exit(&self, args: &[&str]) -> (Option<i32>, String, String) {
-        let out = tokio::time::timeout(Duration::from_secs(30), self.command(args).output())
+        let out = within(&format!("kubectl {args:?}"), self.command(args).output())
             .await
-            .unwrap_or_else(|_| panic!("kubectl {args:?} timed out"))
             .expect("kubectl runs");
         (
             out.status.code(),
@@ -435,7 +434,7 @@ async fn wait_line(
     what: &str,
     want: impl Fn(&str) -> bool,
 ) -> String {
-    let found = tokio::time::timeout(Duration::from_secs(15), async {
+    let found = within(what, async {
         while let Some(l) = lines.next_line().await.expect("read watch output") {
             if want(&l) {
                 return Some(l);
@@ -443,8 +442,7 @@ async fn wait_line(
         }
         None
     })
-    .await
-    .unwrap_or_else(|_| panic!("timed out waiting for {what}"));
+    .await;
     found.unwrap_or_else(|| panic!("watch ended before {what}"))
 }
 
@@ -868,13 +866,12 @@ async fn kubectl_sees_events_written_through_either_events_api() {
         .unwrap();
     let mut lines = BufReader::new(watch.stdout.take().unwrap()).lines();
     // The watch is open once the server counts it; only then create the Event.
-    tokio::time::timeout(Duration::from_secs(15), async {
-        while count(&s.counts().await, "watch", "events") == 0 {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
-    .await
-    .expect("kubectl opened its watch");
+    poll_until(
+        "kubectl's watch open",
+        || s.counts(),
+        |counts| count(counts, "watch", "events") > 0,
+    )
+    .await;
 
     let new_api = s.write(
         "event-v1.yaml",

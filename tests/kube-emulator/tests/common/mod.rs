@@ -1,9 +1,12 @@
 //! Helpers shared by the emulator's integration tests: starting an emulator, bounding every
-//! wait, and building small objects.
+//! wait (the operator's tests' `support::wait`, one timeout for all), and building small
+//! objects.
 #![allow(dead_code)] // each test binary uses a different subset
 
-use std::future::Future;
-use std::time::Duration;
+#[path = "../../../support/wait.rs"]
+mod wait;
+#[allow(unused_imports)] // each test binary uses a different subset
+pub use wait::{WAIT, eventually, poll_until, within};
 
 use kube::api::{Api, PostParams};
 use kube_emulator::{Emulator, EmulatorConfig};
@@ -18,24 +21,6 @@ pub async fn start_with(config: EmulatorConfig) -> Emulator {
     Emulator::start(config)
         .await
         .expect("emulator starts on 127.0.0.1")
-}
-
-/// Runs `f`, failing the test if it takes longer than `secs`.
-pub async fn within<T>(secs: u64, what: &str, f: impl Future<Output = T>) -> T {
-    match tokio::time::timeout(Duration::from_secs(secs), f).await {
-        Ok(v) => v,
-        Err(_) => panic!("timed out after {secs}s: {what}"),
-    }
-}
-
-/// Polls `check` every 20 ms until it holds, failing after `secs`.
-pub async fn eventually(secs: u64, what: &str, mut check: impl FnMut() -> bool) {
-    within(secs, what, async {
-        while !check() {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
 }
 
 /// The API error inside a kube error, or a panic naming what happened instead.

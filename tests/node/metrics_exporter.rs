@@ -2,6 +2,8 @@
 //! a supervisor slot, scrapes over HTTP on 127.0.0.1, and a fake kubelet
 //! PodResources server on a unix socket.
 
+use crate::support;
+
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -25,11 +27,9 @@ use gpu_operator::metrics::podresources::v1::{
 use gpu_operator::metrics::{ExporterStatus, MetricsConfig, MetricsService};
 use gpu_operator::service::Slot;
 use gpu_operator::simulate::{self, SimSpec};
+use support::wait::{self, WAIT};
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
-
-/// Bound for every wait: generous on a loaded machine, short enough to fail fast.
-const WAIT: Duration = Duration::from_secs(10);
 
 struct Sim {
     _dir: tempfile::TempDir,
@@ -389,14 +389,12 @@ async fn a_hung_file_costs_one_value_and_scrapes_still_answer() {
     // not wait for the hung file, whose reads never return.
     assert!(took < WAIT, "scrape took {took:?}");
     simulate::release_hung_file(&sim.host, hung, "32.0 GT/s PCIe").unwrap();
-    let deadline = Instant::now() + WAIT;
-    loop {
-        running.samples(1).await;
-        if series(&running.scrape().await, "pcie_speed").len() == 8 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "value did not come back");
-    }
+    wait::poll_until(
+        "the released value back in a scrape",
+        || get(running.addr, "/metrics"),
+        |(_, text)| series(text, "pcie_speed").len() == 8,
+    )
+    .await;
     running.slot.stop().await;
 }
 
@@ -509,15 +507,12 @@ async fn pods_from_the_kubelet_label_their_gpus() {
         .unwrap()
         .listening
         .unwrap();
-    let deadline = Instant::now() + WAIT;
-    let text = loop {
-        let (_, text) = get(addr, "/metrics").await;
-        if series(&text, "gpu_health").len() == 64 {
-            break text;
-        }
-        assert!(Instant::now() < deadline, "health series did not appear");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let (_, text) = wait::poll_until(
+        "64 gpu_health series",
+        || get(addr, "/metrics"),
+        |(_, text)| series(text, "gpu_health").len() == 64,
+    )
+    .await;
     let pod_of = |name: &str, gpu_id: &str| -> Option<(String, String, String)> {
         series(&text, name)
             .into_iter()
@@ -710,25 +705,27 @@ async fn standalone_mode_runs_discovery_health_and_metrics_without_kubernetes() 
     }));
     let addr = tokio::time::timeout(WAIT, addr).await.unwrap().unwrap();
     simulate::set_ecc_counts(&host, "0000:c7:00.0", "umc", 1, 0).unwrap();
-    let deadline = Instant::now() + WAIT;
-    let (first, text) = loop {
-        let (code, text) = get(addr, "/metrics").await;
-        assert_eq!(code, 200);
-        let health = series(&text, "gpu_health");
-        let unhealthy: Vec<String> = health
+    let unhealthy_of = |text: &str| -> (usize, Vec<String>) {
+        let health = series(text, "gpu_health");
+        let unhealthy = health
             .iter()
             .filter(|(_, v)| *v == 0.0)
             .map(|(l, _)| l["gpu_id"].clone())
             .collect();
-        if health.len() == 32 && unhealthy.len() == 4 {
-            break (unhealthy, text);
-        }
-        assert!(
-            Instant::now() < deadline,
-            "health not reflected: {unhealthy:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        (health.len(), unhealthy)
     };
+    let (code, text) = wait::poll_until(
+        "the unhealthy GPU in gpu_health",
+        || get(addr, "/metrics"),
+        |(code, text)| {
+            assert_eq!(*code, 200);
+            let (series, unhealthy) = unhealthy_of(text);
+            series == 32 && unhealthy.len() == 4
+        },
+    )
+    .await;
+    assert_eq!(code, 200);
+    let (_, first) = unhealthy_of(&text);
     assert_eq!(
         first,
         ["24", "25", "26", "27"],
@@ -742,18 +739,12 @@ async fn standalone_mode_runs_discovery_health_and_metrics_without_kubernetes() 
     // The demo moves the simulated telemetry: energy keeps growing.
     let energy = |text: &str| value_of(text, "gpu_energy_consumed", "0").unwrap();
     let before = energy(&text);
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let (_, later) = get(addr, "/metrics").await;
-        if energy(&later) > before {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "simulated telemetry did not move"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait::poll_until(
+        "the simulated telemetry moving",
+        || get(addr, "/metrics"),
+        |(_, later)| energy(later) > before,
+    )
+    .await;
     // Events go to the local JSON-lines file.
     let lines = std::fs::read_to_string(&events).unwrap();
     let unhealthy = lines

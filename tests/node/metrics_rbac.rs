@@ -8,15 +8,14 @@
 //! Loopback only; certificates are made in the test with rcgen; every wait is
 //! bounded.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use gpu_operator::agent::{self, AgentConfig};
-use gpu_operator::api::DeviceConfig;
 use gpu_operator::api::agent_status::{AgentStatus, STATUS_ANNOTATION};
 use gpu_operator::host::HostRoot;
 use gpu_operator::simulate::{self, SimSpec};
@@ -24,17 +23,16 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::Api;
 use kube::api::{ObjectMeta, PostParams};
-use kube_emulator::{Emulator, EmulatorConfig};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
 use serde_json::{Value, json};
+use support::cluster::{NAMESPACE as NS, TestCluster};
 use support::kubelet::TestKubelet;
+use support::wait;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
 const NODE: &str = "gpu-node-1";
-const NS: &str = "kube-amd-gpu";
-const WAIT: Duration = Duration::from_secs(15);
 const TOKEN_REVIEWS: &str = "tokenreviews.authentication.k8s.io";
 const ACCESS_REVIEWS: &str = "subjectaccessreviews.authorization.k8s.io";
 const PROMETHEUS_SA: &str = "system:serviceaccount:monitoring:prometheus";
@@ -168,7 +166,7 @@ async fn tls(
 }
 
 struct Harness {
-    emulator: Emulator,
+    cluster: TestCluster,
     _dir: tempfile::TempDir,
     _kubelet: TestKubelet,
     metrics: SocketAddr,
@@ -178,16 +176,7 @@ struct Harness {
 
 impl Harness {
     async fn start() -> Self {
-        let emulator = Emulator::start(EmulatorConfig::default()).await.unwrap();
-        emulator
-            .create(serde_json::to_value(gpu_operator::api::crd()).unwrap())
-            .unwrap();
-        emulator
-            .create(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}))
-            .unwrap();
-        emulator
-            .create(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}))
-            .unwrap();
+        let cluster = TestCluster::with_nodes(&[(NODE, json!({}))]).await;
         let dir = tempfile::tempdir().unwrap();
         let host = HostRoot::new(dir.path().join("host"));
         simulate::write_host(&host, &SimSpec::new("mi300x", None, None).unwrap()).unwrap();
@@ -211,9 +200,9 @@ impl Harness {
             leader: None,
         };
         let shutdown = CancellationToken::new();
-        let agent = tokio::spawn(agent::run(emulator.client(), config, shutdown.clone()));
+        let agent = tokio::spawn(agent::run(cluster.client(), config, shutdown.clone()));
         Self {
-            emulator,
+            cluster,
             _dir: dir,
             _kubelet: kubelet,
             metrics,
@@ -223,7 +212,7 @@ impl Harness {
     }
 
     async fn create_tls_secret(&self, name: &str, pki: &Pki) {
-        let api: Api<Secret> = Api::namespaced(self.emulator.client(), NS);
+        let api: Api<Secret> = Api::namespaced(self.cluster.client(), NS);
         let data = BTreeMap::from([
             (
                 "tls.crt".to_owned(),
@@ -247,7 +236,7 @@ impl Harness {
     }
 
     async fn create_client_ca(&self, name: &str, pki: &Pki) {
-        let api: Api<ConfigMap> = Api::namespaced(self.emulator.client(), NS);
+        let api: Api<ConfigMap> = Api::namespaced(self.cluster.client(), NS);
         let cm = ConfigMap {
             metadata: ObjectMeta {
                 name: Some(name.into()),
@@ -260,52 +249,19 @@ impl Harness {
     }
 
     async fn apply_device_config(&self, spec: Value) {
-        let api: Api<DeviceConfig> = Api::namespaced(self.emulator.client(), NS);
-        let object: DeviceConfig = serde_json::from_value(json!({
-            "apiVersion": "amd.com/v1alpha1", "kind": "DeviceConfig",
-            "metadata": {"name": "gpus", "namespace": NS},
-            "spec": spec,
-        }))
-        .unwrap();
-        api.create(&PostParams::default(), &object).await.unwrap();
+        self.cluster.apply_device_config("gpus", spec).await;
     }
 
     fn status(&self) -> Option<AgentStatus> {
-        let node = self.emulator.get("v1", "Node", "", NODE)?;
+        let node = self.cluster.get("v1", "Node", "", NODE)?;
         let text = node["metadata"]["annotations"][STATUS_ANNOTATION].as_str()?;
         AgentStatus::parse(text).ok()
     }
 
     async fn stop(self) {
         self.shutdown.cancel();
-        let stopped = tokio::time::timeout(Duration::from_secs(10), self.agent)
-            .await
-            .expect("the agent stops within 10 s");
+        let stopped = wait::within("the agent stops", self.agent).await;
         stopped.unwrap().unwrap();
-    }
-}
-
-/// Polls `probe` every 100 ms until `done` holds for its answer; panics with
-/// the last answer after [`WAIT`].
-async fn eventually<F, Fut>(
-    what: &str,
-    mut probe: F,
-    done: impl Fn(&Result<(u16, String), String>) -> bool,
-) where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<(u16, String), String>>,
-{
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let answer = probe().await;
-        if done(&answer) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for {what}; last answer: {answer:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
@@ -326,7 +282,7 @@ fn rbac_spec() -> Value {
 async fn tokens_are_reviewed_and_cached_over_tls_and_healthz_stays_open() {
     let pki = Pki::new();
     let harness = Harness::start().await;
-    let reviews = harness.emulator.reviews();
+    let reviews = harness.cluster.reviews();
     reviews.add_token("good", PROMETHEUS_SA, &["system:serviceaccounts"]);
     reviews.allow_user(PROMETHEUS_SA, "get", "/metrics");
     reviews.add_token("no-grant", "alice", &[]);
@@ -337,12 +293,13 @@ async fn tokens_are_reviewed_and_cached_over_tls_and_healthz_stays_open() {
     let anonymous = pki.connector(None);
 
     // Once the policy is in force, TLS is up and asks for credentials.
-    eventually(
+    wait::poll_until(
         "TLS with authentication",
         || tls(addr, &anonymous, "/metrics", None),
         |a| code(a) == Some(401),
     )
-    .await;
+    .await
+    .unwrap();
     let rejected = tls(addr, &anonymous, "/metrics", Some("forged")).await;
     assert_eq!(code(&rejected), Some(401), "{rejected:?}");
     let forbidden = tls(addr, &anonymous, "/metrics", Some("no-grant")).await;
@@ -367,30 +324,30 @@ async fn tokens_are_reviewed_and_cached_over_tls_and_healthz_stays_open() {
     assert_eq!(code(&plain_metrics), Some(400), "{plain_metrics:?}");
 
     // Within the cache window the same token and path make no new review.
-    let before = harness.emulator.requests();
+    let before = harness.cluster.requests();
     for _ in 0..3 {
         let again = tls(addr, &anonymous, "/metrics", Some("good")).await;
         assert_eq!(code(&again), Some(200), "{again:?}");
     }
     let forbidden_again = tls(addr, &anonymous, "/metrics", Some("no-grant")).await;
     assert_eq!(code(&forbidden_again), Some(403));
-    let made = harness.emulator.requests().since(&before);
+    let made = harness.cluster.requests().since(&before);
     assert_eq!(made.get("create", TOKEN_REVIEWS), 0, "{made}");
     assert_eq!(made.get("create", ACCESS_REVIEWS), 0, "{made}");
 
     // mTLS: the static client passes with no review at all; another client
     // certificate is authorized by a SubjectAccessReview for its CN.
-    let before = harness.emulator.requests();
+    let before = harness.cluster.requests();
     let prometheus = pki.connector(Some(pki.client("prometheus")));
     let (status, body) = tls(addr, &prometheus, "/metrics", None).await.unwrap();
     assert_eq!(status, 200, "{body}");
-    let made = harness.emulator.requests().since(&before);
+    let made = harness.cluster.requests().since(&before);
     assert_eq!(made.get("create", TOKEN_REVIEWS), 0, "{made}");
     assert_eq!(made.get("create", ACCESS_REVIEWS), 0, "{made}");
     let stranger = pki.connector(Some(pki.client("stranger")));
     let refused = tls(addr, &stranger, "/metrics", None).await;
     assert_eq!(code(&refused), Some(403), "{refused:?}");
-    let made = harness.emulator.requests().since(&before);
+    let made = harness.cluster.requests().since(&before);
     assert_eq!(made.get("create", ACCESS_REVIEWS), 1, "{made}");
     assert_eq!(made.get("create", TOKEN_REVIEWS), 0, "{made}");
     assert!(
@@ -405,7 +362,7 @@ async fn tokens_are_reviewed_and_cached_over_tls_and_healthz_stays_open() {
 async fn a_missing_secret_fails_closed_is_reported_and_its_creation_enables_tls() {
     let pki = Pki::new();
     let harness = Harness::start().await;
-    let reviews = harness.emulator.reviews();
+    let reviews = harness.cluster.reviews();
     reviews.add_token("good", PROMETHEUS_SA, &[]);
     reviews.allow_user(PROMETHEUS_SA, "get", "/metrics");
     harness
@@ -414,18 +371,16 @@ async fn a_missing_secret_fails_closed_is_reported_and_its_creation_enables_tls(
         .await;
     let addr = harness.metrics;
     let problem = "metrics endpoint: rbacConfig.secret kube-amd-gpu/metrics-tls does not exist";
-    let deadline = Instant::now() + WAIT;
-    while !harness
-        .status()
-        .is_some_and(|s| s.problems.iter().any(|p| p.starts_with(problem)))
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the missing Secret is reported: {:?}",
-            harness.status()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait::eventually_explained(
+        "the missing Secret reported",
+        || {
+            harness
+                .status()
+                .is_some_and(|s| s.problems.iter().any(|p| p.starts_with(problem)))
+        },
+        || format!("status: {:?}", harness.status()),
+    )
+    .await;
     // Fail closed: no metrics over plain HTTP, and it says why; probes answer.
     let (status, body) = plain(addr, "/metrics").await.unwrap();
     assert_eq!(status, 503, "{body}");
@@ -435,20 +390,18 @@ async fn a_missing_secret_fails_closed_is_reported_and_its_creation_enables_tls(
 
     harness.create_tls_secret("metrics-tls", &pki).await;
     let connector = pki.connector(None);
-    eventually(
+    wait::poll_until(
         "TLS once the Secret exists",
         || tls(addr, &connector, "/metrics", Some("good")),
         |a| code(a) == Some(200),
     )
+    .await
+    .unwrap();
+    wait::eventually_explained(
+        "the problem cleared",
+        || harness.status().is_some_and(|s| s.problems.is_empty()),
+        || format!("status: {:?}", harness.status()),
+    )
     .await;
-    let deadline = Instant::now() + WAIT;
-    while !harness.status().is_some_and(|s| s.problems.is_empty()) {
-        assert!(
-            Instant::now() < deadline,
-            "the problem clears: {:?}",
-            harness.status()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
     harness.stop().await;
 }

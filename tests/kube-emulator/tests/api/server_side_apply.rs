@@ -2,11 +2,11 @@
 //! managers, force, shared ownership, removal of fields a manager stops applying, and the
 //! kube-lease-manager crate electing exactly one leader.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
-use common::{api_error, within};
+use common::{api_error, eventually, within};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use kube::api::{Api, Patch, PatchParams, PostParams, ResourceExt};
@@ -205,12 +205,7 @@ async fn kube_lease_manager_elects_exactly_one_leader() {
     }
     let leaders =
         |chs: &Vec<tokio::sync::watch::Receiver<bool>>| chs.iter().filter(|c| *c.borrow()).count();
-    within(20, "a leader is elected", async {
-        while leaders(&channels) == 0 {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
-    .await;
+    eventually("a leader is elected", || leaders(&channels) > 0).await;
     // Hold for a couple of renewals: never two leaders.
     for _ in 0..20 {
         assert_eq!(leaders(&channels), 1);
@@ -232,13 +227,8 @@ async fn kube_lease_manager_elects_exactly_one_leader() {
     let old = channels.remove(idx);
     drop(old);
     let h = handles.remove(idx);
-    within(10, "old leader released", h).await.unwrap().unwrap();
-    within(20, "a new leader", async {
-        while leaders(&channels) != 1 {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
-    .await;
+    within("old leader released", h).await.unwrap().unwrap();
+    eventually("a new leader", || leaders(&channels) == 1).await;
     let l = leases.get("gpu-operator-leader").await.unwrap();
     assert_ne!(
         l.spec.unwrap().holder_identity.as_deref(),
@@ -246,6 +236,6 @@ async fn kube_lease_manager_elects_exactly_one_leader() {
     );
     drop(channels);
     for h in handles {
-        let _ = within(10, "managers stop", h).await;
+        let _ = within("managers stop", h).await;
     }
 }

@@ -1,7 +1,7 @@
 //! The device plugin against a test kubelet on simulated hosts: registration,
 //! ListAndWatch, Allocate and GetPreferredAllocation over real unix sockets.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeSet;
 

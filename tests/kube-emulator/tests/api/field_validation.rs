@@ -3,7 +3,7 @@
 //! pruned by their schema, server-side apply, and kube-rs clients (which send no directive,
 //! so get the server's default, `Warn`) working as before.
 
-mod common;
+use crate::common;
 
 use common::{api_error, start};
 use http_body_util::BodyExt as _;

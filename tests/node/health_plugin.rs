@@ -2,7 +2,7 @@
 //! an ECC error on a simulated GPU turns its device Unhealthy in the kubelet's
 //! `ListAndWatch`, and clearing it turns it Healthy again.
 
-mod support;
+use crate::support;
 
 use std::time::Instant;
 

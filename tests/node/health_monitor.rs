@@ -3,6 +3,8 @@
 //! monitor under a supervisor slot, and the Node written through the API
 //! emulator.
 
+use crate::support;
+
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -22,12 +24,12 @@ use gpu_operator::simulate::{self, SimSpec};
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use kube::runtime::events::{Recorder, Reporter};
-use kube_emulator::{Emulator, EmulatorConfig};
 use serde_json::json;
+use support::cluster::TestCluster;
+use support::wait::{self, WAIT};
 use tokio::sync::{broadcast, watch};
 use tokio_util::sync::CancellationToken;
 
-const WAIT: Duration = Duration::from_secs(10);
 const GPU: &str = "0000:27:00.0";
 
 /// A temporary directory, in memory when the machine has /dev/shm (simulated
@@ -67,10 +69,12 @@ async fn start(profile: &str, partition: Option<&str>, exporter_config: Option<&
     }))
     .await;
     let gpus = inventory.borrow().gpus.len();
-    tokio::time::timeout(WAIT, snapshot.wait_for(|s| s.gpus.len() == gpus))
-        .await
-        .expect("first health sample in time")
-        .unwrap();
+    wait::within(
+        "the first health sample",
+        snapshot.wait_for(|s| s.gpus.len() == gpus),
+    )
+    .await
+    .unwrap();
     Rig {
         _dir: dir,
         host,
@@ -131,9 +135,8 @@ async fn an_uncorrectable_ecc_error_marks_the_gpu_unhealthy_and_it_recovers() {
     let reason = rig.report.borrow().unhealthy[&DeviceRef::gpu(GPU)].clone();
     assert_eq!(reason, "1 uncorrectable ECC errors in UMC (threshold 0)");
     assert_eq!(rig.report.borrow().unhealthy.len(), 1, "only that GPU");
-    let t = tokio::time::timeout(WAIT, rig.transitions.recv())
+    let t = wait::within("a transition", rig.transitions.recv())
         .await
-        .unwrap()
         .unwrap();
     assert_eq!(
         t,
@@ -148,9 +151,8 @@ async fn an_uncorrectable_ecc_error_marks_the_gpu_unhealthy_and_it_recovers() {
     simulate::set_ecc_counts(&rig.host, GPU, "umc", 0, 3).unwrap();
     rig.until_report("recovery", |r| r.unhealthy.is_empty())
         .await;
-    let t = tokio::time::timeout(WAIT, rig.transitions.recv())
+    let t = wait::within("a transition", rig.transitions.recv())
         .await
-        .unwrap()
         .unwrap();
     assert!(t.healthy && t.reasons.is_empty());
     rig.slot.stop().await;
@@ -234,15 +236,27 @@ async fn device_nodes_binding_and_vanished_gpus() {
 #[tokio::test]
 async fn a_hung_file_leaves_the_gpu_healthy_and_others_checked() {
     let mut rig = start("mi300x", None, None).await;
+    let mut transitions = rig.transitions.resubscribe();
     simulate::hang_file(&rig.host, &rig.pci(GPU, "ras/umc_err_count")).unwrap();
-    // Let several samples run into the hung file.
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    // Several samples run into the hung file: another GPU turning unhealthy
+    // and healthy again takes two samples each way (the default damping), and
+    // each of them reads every GPU's files, the hung one too.
+    let other = "0000:05:00.0";
+    simulate::set_ecc_counts(&rig.host, other, "sdma", 1, 0).unwrap();
+    rig.until_gpu(other, false).await;
+    simulate::set_ecc_counts(&rig.host, other, "sdma", 0, 0).unwrap();
+    rig.until_gpu(other, true).await;
     assert!(
         rig.snapshot.borrow().gpus[GPU].healthy,
         "unknown is not unhealthy"
     );
-    simulate::set_ecc_counts(&rig.host, "0000:05:00.0", "sdma", 1, 0).unwrap();
-    rig.until_gpu("0000:05:00.0", false).await;
+    let changed: Vec<HealthTransition> = std::iter::from_fn(|| transitions.try_recv().ok())
+        .filter(|t| t.bdf == GPU)
+        .collect();
+    assert!(changed.is_empty(), "{GPU} changed meanwhile: {changed:?}");
+    // The other GPUs stay checked while the file hangs.
+    simulate::set_ecc_counts(&rig.host, other, "sdma", 1, 0).unwrap();
+    rig.until_gpu(other, false).await;
     simulate::release_hung_file(
         &rig.host,
         &rig.pci(GPU, "ras/umc_err_count"),
@@ -277,19 +291,13 @@ fn snapshot(unhealthy: bool) -> HealthSnapshot {
     s
 }
 
-async fn emulator_with_node(name: &str) -> Emulator {
-    let emulator = Emulator::start(EmulatorConfig::default()).await.unwrap();
-    emulator
-        .create(json!({
-            "apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": name, "labels": {
-                "amd.com/gpu.family": "AI",
-                "metricsexporter.amd.com.gpu.7.state": "unhealthy"
-            }},
-            "status": {"conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]}
-        }))
-        .unwrap();
-    emulator
+/// A cluster with the GPU node `name`, which has a stale health label.
+async fn cluster_with_node(name: &str) -> TestCluster {
+    let labels = json!({
+        "amd.com/gpu.family": "AI",
+        "metricsexporter.amd.com.gpu.7.state": "unhealthy"
+    });
+    TestCluster::with_nodes(&[(name, labels)]).await
 }
 
 fn condition(node: &serde_json::Value, kind: &str) -> Option<serde_json::Value> {
@@ -302,7 +310,7 @@ fn condition(node: &serde_json::Value, kind: &str) -> Option<serde_json::Value> 
 
 #[tokio::test]
 async fn node_condition_and_labels_are_written_only_when_they_change() {
-    let emulator = emulator_with_node("gpu-1").await;
+    let emulator = cluster_with_node("gpu-1").await;
     let nodes: Api<Node> = Api::all(emulator.client());
 
     let wrote = apply_node_health(&nodes, "gpu-1", &snapshot(true))
@@ -343,7 +351,8 @@ async fn node_condition_and_labels_are_written_only_when_they_change() {
         "{made:?}"
     );
 
-    // Recovery flips the condition and removes the label.
+    // Recovery flips the condition and removes the label. (A second passes
+    // first: lastTransitionTime has whole seconds, and must change.)
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let wrote = apply_node_health(&nodes, "gpu-1", &snapshot(false))
         .await
@@ -363,7 +372,7 @@ async fn node_condition_and_labels_are_written_only_when_they_change() {
 
 #[tokio::test]
 async fn the_publisher_follows_the_monitor_and_records_events() {
-    let emulator = emulator_with_node("gpu-2").await;
+    let emulator = cluster_with_node("gpu-2").await;
     let client = emulator.client();
     let mut rig = start("mi300x", None, None).await;
     let cancel = CancellationToken::new();
@@ -386,36 +395,31 @@ async fn the_publisher_follows_the_monitor_and_records_events() {
     let node_condition = |status: &'static str| {
         let emulator = &emulator;
         async move {
-            let deadline = Instant::now() + WAIT;
-            loop {
-                let node = emulator.get("v1", "Node", "", "gpu-2").unwrap();
-                if condition(&node, CONDITION_TYPE).is_some_and(|c| c["status"] == status) {
-                    return node;
-                }
-                assert!(Instant::now() < deadline, "condition {status} not written");
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
+            wait::poll_until(
+                &format!("condition {status} written"),
+                || std::future::ready(emulator.node("gpu-2")),
+                |node| condition(node, CONDITION_TYPE).is_some_and(|c| c["status"] == status),
+            )
+            .await
         }
     };
     node_condition("False").await;
     simulate::set_ecc_counts(&rig.host, GPU, "umc", 1, 0).unwrap();
-    let node = node_condition("True").await;
-    assert_eq!(
-        node["metadata"]["labels"]["metricsexporter.amd.com.gpu.1.state"],
-        "unhealthy"
-    );
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let events = emulator.list("events.k8s.io/v1", "Event");
-        if events.iter().any(|e| e["reason"] == EVENT_UNHEALTHY) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no GPUUnhealthy Event: {events:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    node_condition("True").await;
+    // The condition and the labels are two writes, in that order: the label
+    // may land a moment after the condition.
+    wait::poll_until(
+        "the unhealthy GPU's label",
+        || std::future::ready(emulator.node("gpu-2")),
+        |node| node["metadata"]["labels"]["metricsexporter.amd.com.gpu.1.state"] == "unhealthy",
+    )
+    .await;
+    wait::poll_until(
+        "a GPUUnhealthy Event",
+        || std::future::ready(emulator.list("events.k8s.io/v1", "Event")),
+        |events| events.iter().any(|e| e["reason"] == EVENT_UNHEALTHY),
+    )
+    .await;
     rig.until_gpu(GPU, false).await;
     cancel.cancel();
     publisher.await.unwrap();

@@ -1,7 +1,7 @@
 //! The device plugin over time: kubelet restarts, lost sockets, repartitioning,
 //! health changes, reconfiguration and stopping.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 
@@ -58,6 +58,7 @@ async fn a_recreated_kubelet_sock_alone_leads_to_a_new_registration() {
     // The plugin socket was never touched: the new kubelet.sock alone caused
     // the registration.
     assert_eq!(std::fs::metadata(&socket).unwrap().ino(), inode);
+    // Several poll intervals pass without another registration.
     tokio::time::sleep(Duration::from_millis(800)).await;
     assert_eq!(rig.kubelet.registrations().len(), 2, "registered once");
     rig.stop().await;

@@ -2,8 +2,8 @@
 //! simulated host, with a stand-in rvs. Iterations, stop-on-failure, timeouts
 //! that kill the whole process group, result parsing and log files.
 
-#[path = "fixtures/testrunner/fake_rvs.rs"]
-mod fake_rvs;
+use crate::fake_rvs;
+use crate::support;
 
 use std::time::{Duration, Instant};
 
@@ -212,14 +212,8 @@ async fn a_timeout_kills_the_whole_process_group() {
     // The stand-in and the `sleep` it started in the background are both gone.
     let child = rig.rvs.wait_for_pid("child.pid");
     let grandchild = rig.rvs.wait_for_pid("grandchild.pid");
-    assert!(
-        wait_gone(child),
-        "test process {child} survived the timeout"
-    );
-    assert!(
-        wait_gone(grandchild),
-        "grandchild {grandchild} survived the timeout"
-    );
+    wait_gone(child, "the test process, after the timeout");
+    wait_gone(grandchild, "its grandchild, after the timeout");
     assert!(
         report.message().contains(r#""status":"timed_out""#),
         "{}",
@@ -241,7 +235,7 @@ async fn a_timed_out_iteration_then_passes_is_timed_out_overall() {
     assert_eq!(report.iterations[1].status, IterationStatus::Completed);
     assert_eq!(report.outcome, Outcome::TimedOut);
     let grandchild = rig.rvs.wait_for_pid("grandchild.pid");
-    assert!(wait_gone(grandchild));
+    wait_gone(grandchild, "the test's grandchild");
 }
 
 #[tokio::test]
@@ -371,16 +365,20 @@ async fn cancelling_a_check_kills_the_test() {
     let pid_dir = rig.rvs.path().to_path_buf();
     tokio::spawn(async move {
         // Cancel once the test is really running.
-        while !pid_dir.join("grandchild.pid").exists() {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        support::wait::eventually("the test running", || {
+            pid_dir.join("grandchild.pid").exists()
+        })
+        .await;
         stop.cancel();
     });
     let e = check(&rig.options("gst_single"), &cancel)
         .await
         .unwrap_err();
     assert!(matches!(e, TestRunnerError::Cancelled), "{e}");
-    assert!(wait_gone(rig.rvs.wait_for_pid("grandchild.pid")));
+    wait_gone(
+        rig.rvs.wait_for_pid("grandchild.pid"),
+        "the test's grandchild",
+    );
 }
 
 /// Without Kubernetes (bare metal): no client and no Node, yet an unhealthy GPU

@@ -1,7 +1,7 @@
 //! Verb semantics through an unmodified `kube::Client`: discovery, create, update, patch,
 //! list (selectors, paging, resourceVersion), delete with finalizers, and error statuses.
 
-mod common;
+use crate::common;
 
 use common::{api_error, create_pod, pod, start, within};
 use http_body_util::BodyExt as _;
@@ -22,7 +22,7 @@ fn cm(name: &str, data: Value) -> ConfigMap {
 async fn discovery_lists_builtin_groups_and_version() {
     let emu = start().await;
     let client = emu.client();
-    within(10, "discovery", async {
+    within("discovery", async {
         let v = client.apiserver_version().await.unwrap();
         assert_eq!((v.major.as_str(), v.minor.as_str()), ("1", "34"));
         let d = kube::Discovery::new(client.clone()).run().await.unwrap();
@@ -941,7 +941,7 @@ async fn recorder_events_are_core_events_too() {
 
     let emu = start().await;
     let client = emu.client();
-    within(20, "recorder events through core v1", async {
+    within("recorder events through core v1", async {
         let core: Api<CoreEvent> = Api::namespaced(client.clone(), "default");
         let mut changes = watcher(core.clone(), watcher::Config::default()).boxed();
         // The watch is established once its initial list is done.

@@ -1,7 +1,7 @@
 //! `POST pods/<name>/eviction`: deletes the pod unless a PodDisruptionBudget would be
 //! violated, in which case the answer is 429 like the real server's.
 
-mod common;
+use crate::common;
 
 use common::{api_error, create_pod, pod, start};
 use k8s_openapi::api::core::v1::Pod;

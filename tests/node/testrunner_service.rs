@@ -3,8 +3,8 @@
 //! reference's labels and message, the running-state Node labels, log files,
 //! one run per GPU, and stopping mid-test. The tests run a stand-in rvs.
 
-#[path = "fixtures/testrunner/fake_rvs.rs"]
-mod fake_rvs;
+use crate::fake_rvs;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -24,12 +24,12 @@ use kube::api::{Patch, PatchParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher;
 use kube::{Api, Client};
-use kube_emulator::{Emulator, EmulatorConfig};
 use serde_json::{Value, json};
+use support::cluster::TestCluster;
+use support::wait;
 use tokio::sync::{mpsc, watch};
 
 const NODE: &str = "gpu-node-1";
-const WAIT: Duration = Duration::from_secs(10);
 const REQUEST: &str = "amd.com/gpu-test-request";
 
 /// The agent's watch of its own Node, as the agent keeps it.
@@ -55,7 +55,7 @@ fn node_watch(client: Client) -> watch::Receiver<Option<Arc<Node>>> {
 }
 
 struct Harness {
-    emulator: Emulator,
+    cluster: TestCluster,
     dir: tempfile::TempDir,
     host: HostRoot,
     rvs: FakeRvs,
@@ -70,10 +70,7 @@ struct Harness {
 
 impl Harness {
     async fn start(gpus: usize, config_text: Option<String>, modes: &[&str]) -> Self {
-        let emulator = Emulator::start(EmulatorConfig::default()).await.unwrap();
-        emulator
-            .create(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}))
-            .unwrap();
+        let cluster = TestCluster::with_nodes(&[(NODE, json!({}))]).await;
         let dir = tempfile::tempdir().unwrap();
         let host = sim_host(dir.path(), gpus);
         let rvs = FakeRvs::new();
@@ -83,7 +80,7 @@ impl Harness {
         bdfs.sort();
         let (inventory_tx, inventory_rx) = watch::channel(Arc::new(inventory));
         let (unhealthy, unhealthy_rx) = mpsc::channel(16);
-        let client = emulator.client();
+        let client = cluster.client();
         let service = TestRunnerService::new(
             Some(client.clone()),
             inventory_rx,
@@ -92,7 +89,7 @@ impl Harness {
         );
         let stats = service.stats();
         let mut harness = Self {
-            emulator,
+            cluster,
             dir,
             host,
             rvs,
@@ -120,7 +117,7 @@ impl Harness {
     }
 
     async fn request(&self, recipe: &str) {
-        let nodes: Api<Node> = Api::all(self.emulator.client());
+        let nodes: Api<Node> = Api::all(self.cluster.client());
         nodes
             .patch(
                 NODE,
@@ -132,9 +129,7 @@ impl Harness {
     }
 
     fn node(&self) -> Value {
-        self.emulator
-            .get("v1", "Node", "", NODE)
-            .expect("node exists")
+        self.cluster.node(NODE)
     }
 
     fn annotation(&self) -> Option<String> {
@@ -157,7 +152,7 @@ impl Harness {
     /// The runner's core/v1 Events, oldest first.
     fn events(&self) -> Vec<Value> {
         let mut events: Vec<Value> = self
-            .emulator
+            .cluster
             .list("v1", "Event")
             .into_iter()
             .filter(|e| e["source"]["component"] == "amd-test-runner")
@@ -177,18 +172,22 @@ impl Harness {
             .collect()
     }
 
+    /// Waits until `condition` holds; a timeout shows the Node, the Events
+    /// and the calls of the stand-in rvs.
     async fn eventually(&self, what: &str, condition: impl Fn(&Self) -> bool) {
-        let deadline = Instant::now() + WAIT;
-        while !condition(self) {
-            assert!(
-                Instant::now() < deadline,
-                "timed out waiting for {what}; node: {:#}\nevents: {:#?}\ncalls: {:#?}",
-                self.node(),
-                self.events(),
-                self.rvs.invocations()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        wait::eventually_explained(
+            what,
+            || condition(self),
+            || {
+                format!(
+                    "node: {:#}\nevents: {:#?}\ncalls: {:#?}",
+                    self.node(),
+                    self.events(),
+                    self.rvs.invocations()
+                )
+            },
+        )
+        .await
     }
 
     /// Asserts that `condition` holds for a while.
@@ -352,7 +351,10 @@ async fn a_hanging_test_times_out_and_its_processes_are_killed() {
         message(event),
         json!([{"number": 1, "status": "timed_out", "suitesResult": {"0": {"result": "timedout"}}}])
     );
-    assert!(wait_gone(h.rvs.wait_for_pid("grandchild.pid")));
+    wait_gone(
+        h.rvs.wait_for_pid("grandchild.pid"),
+        "the test's grandchild",
+    );
     h.eventually("labels and request removed", |h| {
         h.running_labels().is_empty() && h.annotation().is_none()
     })
@@ -511,7 +513,7 @@ async fn stopping_the_service_kills_a_running_test() {
     let started = Instant::now();
     h.slot.stop().await;
     assert!(started.elapsed() < Duration::from_secs(3));
-    assert!(wait_gone(grandchild));
+    wait_gone(grandchild, "the test's grandchild");
     assert!(h.running_labels().is_empty(), "{:#}", h.node());
     assert!(h.events().is_empty(), "no result for a cut-short test");
     assert_eq!(

@@ -1,7 +1,7 @@
 //! CustomResourceDefinitions: creating one serves its resource (scope, status subresource),
 //! custom resources follow the generation and status rules, and deleting the CRD stops it.
 
-mod common;
+use crate::common;
 
 use common::{api_error, start, within};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -106,7 +106,7 @@ async fn creating_a_crd_serves_its_resource() {
             .any(|c| c.type_ == "Established" && c.status == "True")
     );
 
-    within(10, "discovery sees the new group", async {
+    within("discovery sees the new group", async {
         let d = kube::Discovery::new(client.clone()).run().await.unwrap();
         let (ar, caps) = d
             .resolve_gvk(&GroupVersionKind::gvk(

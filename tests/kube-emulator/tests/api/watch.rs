@@ -2,7 +2,7 @@
 //! selectors, streaming lists, and kube-runtime's watcher and reflector (unmodified) riding
 //! out dropped watches, compaction and a server restart.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
@@ -29,7 +29,7 @@ async fn next<S>(s: &mut S) -> WatchEvent<ConfigMap>
 where
     S: Stream<Item = kube::Result<WatchEvent<ConfigMap>>> + Unpin,
 {
-    within(5, "next watch event", s.next())
+    within("next watch event", s.next())
         .await
         .expect("stream still open")
         .expect("no stream error")
@@ -97,7 +97,7 @@ async fn raw_watch_reports_changes_and_bookmarks() {
         "a deletion has its own resourceVersion"
     );
 
-    let bookmark = within(3, "bookmark", async {
+    let bookmark = within("bookmark", async {
         loop {
             if let WatchEvent::Bookmark(b) = next(&mut s).await {
                 return b;
@@ -116,7 +116,7 @@ async fn raw_watch_reports_changes_and_bookmarks() {
         .await
         .unwrap()
         .boxed();
-    let got: Vec<_> = within(5, "quiet watch ends", quiet.by_ref().collect::<Vec<_>>()).await;
+    let got: Vec<_> = within("quiet watch ends", quiet.by_ref().collect::<Vec<_>>()).await;
     assert!(got.is_empty(), "{got:?}");
 }
 
@@ -201,7 +201,7 @@ async fn compacted_resume_gets_a_410_error_event() {
         }
         other => panic!("expected ERROR 410, got {other:?}"),
     }
-    assert!(within(5, "stream closes", s.next()).await.is_none());
+    assert!(within("stream closes", s.next()).await.is_none());
 
     // A history window: only the last N changes are kept.
     let emu = start_with(EmulatorConfig::default().history_limit(3)).await;
@@ -239,7 +239,7 @@ async fn timeout_seconds_ends_the_stream() {
         .watch(&WatchParams::default().timeout(1), "0")
         .await
         .unwrap();
-    let events: Vec<_> = within(5, "watch ends", s.collect::<Vec<_>>()).await;
+    let events: Vec<_> = within("watch ends", s.collect::<Vec<_>>()).await;
     assert!(events.iter().all(|e| e.is_ok()));
     assert!(
         started.elapsed() >= Duration::from_millis(900),
@@ -358,7 +358,7 @@ async fn wait_for(
     what: &str,
     want: impl Fn(&Result<watcher::Event<ConfigMap>, watcher::Error>) -> bool,
 ) -> Vec<Result<watcher::Event<ConfigMap>, watcher::Error>> {
-    within(15, what, async {
+    within(what, async {
         let mut seen = Vec::new();
         loop {
             let e = rx.recv().await.expect("watcher running");
@@ -391,16 +391,16 @@ async fn reflector_tracks_objects_with_list_then_watch() {
     let (reader, writer) = reflector::store();
     let stream = reflector(writer, watcher(api.clone(), watcher::Config::default()));
     let task = tokio::spawn(stream.for_each(|_| async {}));
-    within(5, "store ready", reader.wait_until_ready())
+    within("store ready", reader.wait_until_ready())
         .await
         .unwrap();
     assert_eq!(reader.state().len(), 1);
     api.create(&PostParams::default(), &cm("b", json!({})))
         .await
         .unwrap();
-    eventually(5, "b in the store", || reader.state().len() == 2).await;
+    eventually("b in the store", || reader.state().len() == 2).await;
     api.delete("a", &DeleteParams::default()).await.unwrap();
-    eventually(5, "a gone from the store", || {
+    eventually("a gone from the store", || {
         reader
             .state()
             .iter()
@@ -453,7 +453,7 @@ async fn watcher_resumes_after_a_dropped_watch() {
     let api: Api<ConfigMap> = Api::default_namespaced(emu.client());
     let (mut rx, task) = spawn_watcher(api.clone(), watcher::Config::default());
     wait_for(&mut rx, "InitDone", is_init_done).await;
-    eventually(5, "watch open", || emu.open_watches() == 1).await;
+    eventually("watch open", || emu.open_watches() == 1).await;
     let before = emu.requests();
     assert_eq!(emu.faults().drop_watches(), 1);
     api.create(&PostParams::default(), &cm("after-drop", json!({})))
@@ -479,7 +479,7 @@ async fn watcher_relists_after_410() {
         .unwrap();
     let (mut rx, task) = spawn_watcher(api.clone(), watcher::Config::default());
     wait_for(&mut rx, "InitDone", is_init_done).await;
-    eventually(5, "watch open", || emu.open_watches() == 1).await;
+    eventually("watch open", || emu.open_watches() == 1).await;
     let before = emu.requests();
     emu.faults().compact();
     emu.faults().drop_watches();
@@ -509,7 +509,7 @@ async fn watcher_resumes_after_a_server_restart() {
     let api: Api<ConfigMap> = Api::default_namespaced(emu.client());
     let (mut rx, task) = spawn_watcher(api.clone(), watcher::Config::default());
     wait_for(&mut rx, "InitDone", is_init_done).await;
-    eventually(5, "watch open", || emu.open_watches() == 1).await;
+    eventually("watch open", || emu.open_watches() == 1).await;
     let before = emu.requests();
     let url = emu.url();
     emu.stop().await;
@@ -517,6 +517,7 @@ async fn watcher_resumes_after_a_server_restart() {
     // Written while the server is down (straight into the store), seen after the restart.
     emu.create(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "while-down", "namespace": "default"}}))
         .unwrap();
+    // Down for a while, not just a blink: the watcher sees the outage.
     tokio::time::sleep(Duration::from_millis(300)).await;
     emu.restart().await.unwrap();
     assert_eq!(emu.url(), url, "same port");
@@ -548,14 +549,14 @@ async fn metadata_only_lists_gets_and_watchers() {
     // kube 5 sends metadata-only requests for `Api<PartialObjectMeta<K>>`.
     let meta: Api<PartialObjectMeta<ConfigMap>> = Api::default_namespaced(emu.client());
     let mut s = watcher(meta, watcher::Config::default()).boxed();
-    within(5, "metadata InitDone", async {
+    within("metadata InitDone", async {
         while !matches!(s.next().await, Some(Ok(watcher::Event::InitDone))) {}
     })
     .await;
     api.create(&PostParams::default(), &cm("b", json!({})))
         .await
         .unwrap();
-    let applied = within(5, "metadata Apply", async {
+    let applied = within("metadata Apply", async {
         loop {
             if let Some(Ok(watcher::Event::Apply(m))) = s.next().await {
                 return m;

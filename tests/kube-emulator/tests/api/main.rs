@@ -1,0 +1,14 @@
+//! The emulator's API semantics (CRUD, CRDs, eviction, field validation,
+//! server-side apply, watch) in one test binary: one link instead of six.
+//! Every test starts its own emulator on its own port. `faults` (named by
+//! the operator's README) and `kubectl` (run by name) keep their binaries.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod api_semantics;
+mod crd;
+mod eviction;
+mod field_validation;
+mod server_side_apply;
+mod watch;

@@ -1,0 +1,116 @@
+//! A Kubernetes cluster for a test: the API emulator with what the operator
+//! expects to find installed (the DeviceConfig CRD and the `kube-amd-gpu`
+//! namespace) and Nodes as a kubelet registers them. Tests reach the emulator
+//! itself (faults, request counts, direct reads) through `Deref`.
+
+use std::ops::Deref;
+
+use gpu_operator::api::DeviceConfig;
+use kube::Api;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube_emulator::{Emulator, EmulatorConfig};
+use serde_json::{Value, json};
+
+/// The operator's namespace, as deploy/ creates it.
+pub const NAMESPACE: &str = "kube-amd-gpu";
+
+pub struct TestCluster {
+    pub emulator: Emulator,
+}
+
+impl Deref for TestCluster {
+    type Target = Emulator;
+
+    fn deref(&self) -> &Emulator {
+        &self.emulator
+    }
+}
+
+impl TestCluster {
+    /// The emulator with the DeviceConfig CRD and the [`NAMESPACE`] namespace.
+    pub async fn start() -> Self {
+        Self::start_with_namespace(json!({
+            "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}
+        }))
+        .await
+    }
+
+    /// As [`TestCluster::start`], with the Namespace object given (e.g. the
+    /// one deploy/ holds).
+    pub async fn start_with_namespace(namespace: Value) -> Self {
+        let emulator = Emulator::start(EmulatorConfig::default())
+            .await
+            .expect("emulator starts on 127.0.0.1");
+        emulator
+            .create(serde_json::to_value(gpu_operator::api::crd()).unwrap())
+            .expect("the DeviceConfig CRD installs");
+        emulator
+            .create(namespace)
+            .expect("the namespace is created");
+        Self { emulator }
+    }
+
+    /// As [`TestCluster::start`], with a Node per `(name, labels)`.
+    pub async fn with_nodes(nodes: &[(&str, Value)]) -> Self {
+        let cluster = Self::start().await;
+        for (name, labels) in nodes {
+            cluster.add_node(node(name, labels.clone()));
+        }
+        cluster
+    }
+
+    /// Creates a Node object, e.g. one made by [`node`] and then annotated.
+    pub fn add_node(&self, node: Value) {
+        self.emulator.create(node).expect("the Node is created");
+    }
+
+    /// The Node as stored now; panics if there is none.
+    pub fn node(&self, name: &str) -> Value {
+        self.emulator
+            .get("v1", "Node", "", name)
+            .unwrap_or_else(|| panic!("Node {name} exists"))
+    }
+
+    pub fn device_configs(&self) -> Api<DeviceConfig> {
+        Api::namespaced(self.emulator.client(), NAMESPACE)
+    }
+
+    /// Creates the DeviceConfig `name` in [`NAMESPACE`], or merges `spec` into
+    /// the existing one, through the API as an administrator would.
+    pub async fn apply_device_config(&self, name: &str, spec: Value) {
+        let api = self.device_configs();
+        if api.get_opt(name).await.unwrap().is_some() {
+            api.patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "spec": spec })),
+            )
+            .await
+            .unwrap();
+        } else {
+            let object: DeviceConfig = serde_json::from_value(json!({
+                "apiVersion": "amd.com/v1alpha1", "kind": "DeviceConfig",
+                "metadata": {"name": name, "namespace": NAMESPACE},
+                "spec": spec,
+            }))
+            .unwrap();
+            api.create(&PostParams::default(), &object).await.unwrap();
+        }
+    }
+
+    pub async fn delete_device_config(&self, name: &str) {
+        self.device_configs()
+            .delete(name, &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+}
+
+/// A Node named `name` with `labels`, Ready as its kubelet reports it.
+pub fn node(name: &str, labels: Value) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "labels": labels},
+        "status": {"conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]}
+    })
+}
