@@ -15,7 +15,7 @@ use gpu_operator::host::HostRoot;
 use gpu_operator::labeller::OWNED_ANNOTATION;
 use gpu_operator::simulate::{self, SimSpec};
 use kube::Api;
-use kube::api::PostParams;
+use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use support::cluster::{self, TestCluster};
 use support::kubelet::TestKubelet;
@@ -637,7 +637,7 @@ async fn until_discovery_completes_only_metrics_run_the_status_says_why_and_an_e
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn labels_written_before_are_taken_over_and_removed_with_the_rest() {
     let mut h = Harness::start("mi300x", None, json!({})).await;
-    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(h.emulator.client());
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(h.cluster.client());
     // The reference wrote family (the same value we want) and a count we will
     // not want; an earlier version of ours listed vram as its own.
     nodes
