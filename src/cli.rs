@@ -752,20 +752,9 @@ fn run_leader(args: LeaderArgs) -> ExitCode {
         match args.lease_namespace {
             Some(namespace) => {
                 let lease = crate::cluster::lease::LeaseConfig::new(namespace, args.identity);
-                let election = crate::cluster::lease::Election::start(
-                    client.clone(),
-                    lease,
-                    shutdown.child_token(),
-                );
-                crate::cluster::run(
-                    client,
-                    config,
-                    election.leading.clone(),
-                    election.guard.clone(),
-                    shutdown,
-                )
-                .await;
-                election.finished().await;
+                crate::cluster::ClusterRole::start(client, lease, config, shutdown)
+                    .finished()
+                    .await;
             }
             None => {
                 tracing::warn!("no --lease-namespace: leading unconditionally");

@@ -106,25 +106,12 @@ pub async fn run(
     // The cluster role runs beside node work and stops with it: on shutdown the
     // election releases the lease so that a standby takes over at once.
     let leader = config.leader.clone().map(|leader| {
-        let mut cluster_config = leader.cluster;
-        // The operator's own namespace: where its Lease lives, and where the
-        // leader's owned objects are watched unless configured otherwise.
-        cluster_config
-            .namespace
-            .get_or_insert_with(|| leader.lease.namespace.clone());
-        let election = crate::cluster::lease::Election::start(
+        crate::cluster::ClusterRole::start(
             client.clone(),
             leader.lease,
+            leader.cluster,
             shutdown.child_token(),
-        );
-        let cluster = tokio_util::task::AbortOnDropHandle::new(tokio::spawn(crate::cluster::run(
-            client.clone(),
-            cluster_config,
-            election.leading.clone(),
-            election.guard.clone(),
-            shutdown.child_token(),
-        )));
-        (election, cluster)
+        )
     });
 
     let watches = CancellationToken::new();
@@ -360,9 +347,8 @@ pub async fn run(
     }
     tracing::info!("agent stopping");
     let release = async {
-        if let Some((election, cluster)) = leader {
-            cluster.abort();
-            election.finished().await;
+        if let Some(role) = leader {
+            role.stop().await;
         }
     };
     tokio::join!(services.stop(), release);

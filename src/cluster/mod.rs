@@ -142,6 +142,57 @@ where
     })
 }
 
+/// The cluster role of one process: a campaign for the Lease, and the
+/// reconciler that runs while it is held. Both `agent --leader-election` and
+/// `leader` start it through [`ClusterRole::start`].
+pub struct ClusterRole {
+    election: lease::Election,
+    /// Aborted when dropped: the role never outlives its caller.
+    task: tokio_util::task::AbortOnDropHandle<()>,
+}
+
+impl ClusterRole {
+    /// Campaigns for `lease` and leads while it holds it, until `shutdown`.
+    /// The operator's own namespace is where its Lease lives, and where the
+    /// leader's owned objects are watched unless `config` says otherwise.
+    pub fn start(
+        client: Client,
+        lease: lease::LeaseConfig,
+        mut config: ClusterConfig,
+        shutdown: CancellationToken,
+    ) -> Self {
+        config
+            .namespace
+            .get_or_insert_with(|| lease.namespace.clone());
+        let election = lease::Election::start(client.clone(), lease, shutdown.child_token());
+        let task = tokio_util::task::AbortOnDropHandle::new(tokio::spawn(run(
+            client,
+            config,
+            election.leading.clone(),
+            election.guard.clone(),
+            shutdown.child_token(),
+        )));
+        Self { election, task }
+    }
+
+    /// Waits for the reconciler to end (it does once `shutdown` fires), then
+    /// for the election to release the Lease.
+    pub async fn finished(self) {
+        if let Err(e) = self.task.await {
+            tracing::warn!(error = %e, "the cluster role ended abnormally");
+        }
+        self.election.finished().await;
+    }
+
+    /// Stops the reconciler at once (no leader write outlives its Lease
+    /// anyway), then waits for the election to release the Lease, so that a
+    /// standby takes over without waiting for it to expire.
+    pub async fn stop(self) {
+        self.task.abort();
+        self.election.finished().await;
+    }
+}
+
 /// Runs the reconciler whenever `leading` is true, until `shutdown`. Returns the
 /// counters of the last leadership term's reconciler (for tests and benchmarks).
 pub async fn run(
