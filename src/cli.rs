@@ -269,15 +269,13 @@ impl SamplingArgs {
     }
 }
 
-/// A positive, finite number of seconds (fractions allowed).
+/// A positive, finite number of seconds (fractions allowed), as clap parses
+/// a flag value.
 fn positive_seconds(text: &str) -> Result<Duration, String> {
     let seconds: f64 = text
         .parse()
         .map_err(|_| format!("{text:?} is not a number of seconds"))?;
-    if !(seconds.is_finite() && seconds > 0.0) {
-        return Err(format!("{text} must be a positive number of seconds"));
-    }
-    Duration::try_from_secs_f64(seconds).map_err(|e| format!("{text}: {e}"))
+    crate::api::syntax::positive_seconds(seconds).map_err(|why| format!("{text}: {why}"))
 }
 
 #[derive(Args, Debug)]

@@ -1,6 +1,6 @@
 //! Syntax checks for the string formats the DeviceConfig API uses: Kubernetes
 //! label keys and values, Go-style durations, Prometheus intervals, int-or-percent
-//! values and absolute paths.
+//! values, absolute paths and positive seconds.
 //!
 //! Each check is a pure function that returns `Err(reason)` with a sentence a
 //! person can act on. This module must not know about DeviceConfig fields; the
@@ -12,6 +12,25 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 const MAX_NAME_LEN: usize = 63;
 const MAX_PREFIX_LEN: usize = 253;
+
+/// The longest span [`positive_seconds`] accepts: about 136 years, as far as
+/// a `u32` of seconds goes (every bound this project takes is far shorter).
+pub const MAX_SECONDS: f64 = u32::MAX as f64;
+
+/// A positive, finite number of seconds (fractions allowed), at most
+/// [`MAX_SECONDS`]: the one check for every seconds value the project reads,
+/// from the command line or a config file.
+pub fn positive_seconds(seconds: f64) -> Result<Duration, String> {
+    if !(seconds.is_finite() && seconds > 0.0) {
+        return Err(format!(
+            "must be a positive number of seconds (more than 0), found {seconds}"
+        ));
+    }
+    if seconds > MAX_SECONDS {
+        return Err(format!("{seconds} seconds is too large"));
+    }
+    Ok(Duration::from_secs_f64(seconds))
+}
 
 /// Checks a Kubernetes label (or annotation, or taint) key: an optional DNS
 /// subdomain prefix and `/`, then a name of at most 63 characters made of
@@ -234,6 +253,20 @@ pub fn check_absolute_path(path: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn seconds_must_be_positive_finite_and_bounded() {
+        assert_eq!(positive_seconds(1.5), Ok(Duration::from_millis(1500)));
+        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+            let why = positive_seconds(bad).unwrap_err();
+            assert!(why.contains("more than 0"), "{bad}: {why}");
+        }
+        assert!(
+            positive_seconds(MAX_SECONDS * 2.0)
+                .unwrap_err()
+                .contains("too large")
+        );
+    }
 
     #[test]
     fn label_keys() {

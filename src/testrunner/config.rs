@@ -572,13 +572,7 @@ fn seconds(value: &Value, path: &str) -> Result<Duration, ConfigError> {
             format!("must be a number of seconds, found {}", kind(value)),
         )
     })?;
-    if s.is_nan() || s <= 0.0 {
-        return Err(err(path, format!("must be more than 0, found {value}")));
-    }
-    if s > f64::from(u32::MAX) {
-        return Err(err(path, format!("{value} is too large")));
-    }
-    Ok(Duration::from_secs_f64(s))
+    crate::api::syntax::positive_seconds(s).map_err(|why| err(path, why))
 }
 
 /// The reference's comma-separated string (`"--parallel,--debug,5"`), or a list.
