@@ -625,7 +625,6 @@ async fn tear_down(
         .filter(|f| *f != FINALIZER)
         .cloned()
         .collect();
-    patch_finalizers(dc, ctx, remaining).await?;
     let note = if given_up.is_empty() {
         format!("torn down on every selected node ({})", selected.len())
     } else {
@@ -635,7 +634,11 @@ async fn tear_down(
             ctx.teardown_timeout
         )
     };
+    // Recorded while the DeviceConfig still exists: once the finalizer is
+    // released the object is gone, and whoever waits for that (an
+    // administrator, a test) must already find the Event.
     ctx.event(dc, EventType::Normal, "TornDown", note).await;
+    patch_finalizers(dc, ctx, remaining).await?;
     Ok(Action::await_change())
 }
 
