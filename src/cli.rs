@@ -313,8 +313,8 @@ pub struct StandaloneArgs {
     /// Name used as the `hostname` metric label (default: this host's name).
     #[arg(long, value_name = "NAME")]
     pub node_name: Option<String>,
-    /// Print a live table of every GPU's readings every few seconds (read from
-    /// the agent's own /gpumetrics endpoint).
+    /// Print a live table of every GPU's readings every 5 s (what /gpumetrics
+    /// serves, read in process, so it works whatever rbacConfig says).
     #[arg(long)]
     pub show_metrics: bool,
     #[command(flatten)]
@@ -858,19 +858,19 @@ fn run_standalone(args: StandaloneArgs) -> ExitCode {
     run_to_end(runtime, async move {
         let shutdown = shutdown_on_signals();
         let show_stop = shutdown.clone();
-        let ready = move |listening: Option<std::net::SocketAddr>| {
+        let ready = move |started: crate::agent::standalone::Started| {
             if let Err(e) = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]) {
                 tracing::warn!(error = %e, "cannot notify systemd");
             }
-            match (show_metrics, listening) {
-                (true, Some(addr)) => {
-                    tokio::spawn(show_live_metrics(addr, show_stop));
+            match (show_metrics, started.listening) {
+                (true, Some(_)) => {
+                    tokio::spawn(show_live_metrics(started.published, show_stop));
                 }
-                (true, None) => eprintln!("--show-metrics: the metrics endpoint is not running"),
+                (true, None) => eprintln!("--show-metrics: the metrics exporter is not running"),
                 _ => {}
             }
         };
-        let result = crate::agent::standalone::run(config, shutdown, ready).await;
+        let result = crate::agent::standalone::run_observed(config, shutdown, ready).await;
         let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
         match result {
             Ok(()) => ExitCode::SUCCESS,
@@ -1051,50 +1051,34 @@ const CHECK_DEADLINE: std::time::Duration = std::time::Duration::from_secs(60);
 /// `check`'s exit status when the test tool cannot be started.
 const TOOL_UNAVAILABLE_EXIT: u8 = 4;
 
-/// Prints a table of every GPU's readings every 5 s, from `/gpumetrics`.
-async fn show_live_metrics(addr: std::net::SocketAddr, stop: tokio_util::sync::CancellationToken) {
+/// Prints a table of every GPU's readings every 5 s, from what `/gpumetrics`
+/// serves, read in process (so it works whatever the endpoint's access
+/// control).
+async fn show_live_metrics(
+    published: tokio::sync::watch::Receiver<std::sync::Arc<crate::metrics::server::Published>>,
+    stop: tokio_util::sync::CancellationToken,
+) {
     let mut ticker = tokio::time::interval(std::time::Duration::from_secs(5));
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = ticker.tick() => {}
         }
-        match fetch_json(addr, "/gpumetrics").await {
-            Ok(view) if view.get("error").is_some() => {
-                eprintln!("waiting for the first sample…");
-            }
+        let latest = published.borrow().clone();
+        if !latest.ready {
+            eprintln!("waiting for the first sample…");
+            continue;
+        }
+        match serde_json::from_slice::<serde_json::Value>(&latest.json) {
             Ok(view) => {
                 // Each frame says when it was taken, to the second, in UTC.
                 let now = k8s_openapi::jiff::Timestamp::now();
                 let now = now.round(k8s_openapi::jiff::Unit::Second).unwrap_or(now);
                 print!("{}", live_frame(&now.to_string(), &view));
             }
-            Err(e) => eprintln!("cannot read http://{addr}/gpumetrics: {e}"),
+            Err(e) => eprintln!("cannot read the exporter's GPU view: {e}"),
         }
     }
-}
-
-/// A plain HTTP/1.0 GET on loopback; enough for our own endpoint.
-async fn fetch_json(addr: std::net::SocketAddr, path: &str) -> Result<serde_json::Value, String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(addr)
-        .await
-        .map_err(|e| e.to_string())?;
-    stream
-        .write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
-        .await
-        .map_err(|e| e.to_string())?;
-    let mut response = Vec::new();
-    stream
-        .read_to_end(&mut response)
-        .await
-        .map_err(|e| e.to_string())?;
-    let text = String::from_utf8_lossy(&response);
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b)
-        .ok_or("no HTTP body")?;
-    serde_json::from_str(body).map_err(|e| e.to_string())
 }
 
 /// A `--show-metrics` frame: the time it was taken, then the table.

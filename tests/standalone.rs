@@ -461,3 +461,61 @@ fn a_signal_while_a_service_is_restarting_still_stops_cleanly_within_5_s() {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// `--show-metrics` prints a frame per sample with one row per GPU, read from
+/// the exporter in process: it works even when the endpoint refuses plain
+/// clients (`rbacConfig` in standalone mode, with no API to review tokens).
+#[test]
+fn show_metrics_prints_frames_from_the_exporter_in_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.yaml");
+    std::fs::write(
+        &config,
+        "metricsExporter:\n  enable: true\n  rbacConfig: {enable: true, disableHttps: true}\n",
+    )
+    .unwrap();
+    let mut child = bin()
+        .args(["standalone", "--simulate", "mi300x", "--show-metrics"])
+        .args(["--metrics-bind", "127.0.0.1:0", "--config"])
+        .arg(&config)
+        .env("RUST_LOG", "warn")
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let deadline = Instant::now() + wait::WAIT;
+    let mut rows = Vec::new();
+    let mut in_frame = false;
+    while rows.len() < 8 {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let line = match rx.recv_timeout(left) {
+            Ok(line) => line,
+            Err(e) => {
+                let _ = child.kill();
+                panic!(
+                    "no full frame within {:?} ({e}); rows so far: {rows:?}",
+                    wait::WAIT
+                );
+            }
+        };
+        if line.starts_with("-- ") && line.ends_with(" --") {
+            in_frame = true;
+            rows.clear();
+        } else if in_frame && line.contains("0000:") {
+            rows.push(line);
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(rows.len(), 8, "{rows:?}");
+}

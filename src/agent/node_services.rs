@@ -17,6 +17,7 @@ use crate::api::agent_status::{ServiceName, ServiceStatus};
 use crate::device::Inventory;
 use crate::device::watch::ScanState;
 use crate::health::{HealthMonitor, HealthSnapshot, HealthTransition};
+use crate::metrics::server::Published;
 use crate::metrics::{ExporterStatus, MetricsService};
 use crate::node_writer::NodeWriter;
 use crate::plugin::PluginStatus;
@@ -31,6 +32,8 @@ pub struct NodeServices {
     pub test_runner: Slot<TestRunnerService>,
     pub plugin_status: watch::Receiver<PluginStatus>,
     pub exporter_status: watch::Receiver<ExporterStatus>,
+    /// What the metrics endpoints serve, for in-process readers.
+    pub metrics_published: watch::Receiver<Arc<Published>>,
     pub health_snapshot: watch::Receiver<Arc<HealthSnapshot>>,
     pub test_stats: watch::Receiver<TestRunnerStats>,
     transitions: broadcast::Sender<HealthTransition>,
@@ -112,6 +115,7 @@ impl NodeServices {
         let (discovery_tx, discovery) = watch::channel(progress_of(&scan.borrow()));
         let forward_discovery = tokio::spawn(forward_progress(scan, discovery_tx));
         let exporter_status = exporter.status();
+        let metrics_published = exporter.published();
         let labeller = nodes.map(|writer| {
             Slot::new(LabellerService {
                 writer,
@@ -127,6 +131,7 @@ impl NodeServices {
             test_runner: Slot::new(test_runner),
             plugin_status,
             exporter_status,
+            metrics_published,
             health_snapshot,
             test_stats,
             transitions,

@@ -21,6 +21,7 @@ use crate::api::{DeviceConfigSpec, DocumentKind, parse_device_configs, parse_doc
 use crate::device::watch::{DeviceWatch, WatchConfig};
 use crate::health::outputs::transition_event;
 use crate::host::HostRoot;
+use crate::metrics::server::Published;
 use crate::service::ServiceState;
 use crate::simulate::{self, SimSpec};
 use crate::testrunner::report::Outcome;
@@ -201,12 +202,29 @@ impl EventLog {
     }
 }
 
-/// Runs until `shutdown`; `ready` is called once every service has started, with
-/// the metrics endpoint's address when it listens.
+/// Runs until `shutdown`; `ready` is called once the node services have
+/// started, with the metrics endpoint's address when it listens.
 pub async fn run(
     config: StandaloneConfig,
     shutdown: CancellationToken,
     ready: impl FnOnce(Option<SocketAddr>),
+) -> Result<(), StandaloneError> {
+    run_observed(config, shutdown, |started| ready(started.listening)).await
+}
+
+/// What a started standalone agent hands its caller.
+pub struct Started {
+    /// Where the metrics endpoint listens, when it does.
+    pub listening: Option<SocketAddr>,
+    /// What the metrics endpoints serve, read in process (`--show-metrics`).
+    pub published: tokio::sync::watch::Receiver<std::sync::Arc<Published>>,
+}
+
+/// As [`run`], handing `ready` the exporter's in-process output too.
+pub async fn run_observed(
+    config: StandaloneConfig,
+    shutdown: CancellationToken,
+    ready: impl FnOnce(Started),
 ) -> Result<(), StandaloneError> {
     let mut events = EventLog::open(config.events_file.as_deref())?;
     // Not waiting for the first scan: a hung host must not keep the metrics
@@ -288,7 +306,10 @@ pub async fn run(
         }
     }
     let listening = exporter.borrow().listening;
-    ready(listening);
+    ready(Started {
+        listening,
+        published: services.metrics_published.clone(),
+    });
     events.record(
         false,
         "Started",

@@ -172,6 +172,8 @@ pub struct MetricsService {
     /// complete scan, so that an empty inventory is never served as "no GPUs".
     discovery: Option<watch::Receiver<ScanState>>,
     status: watch::Sender<ExporterStatus>,
+    /// What the endpoints serve, for in-process readers too.
+    published: watch::Sender<Arc<Published>>,
 }
 
 impl MetricsService {
@@ -187,6 +189,7 @@ impl MetricsService {
             tests: None,
             discovery: None,
             status: watch::Sender::new(ExporterStatus::default()),
+            published: watch::Sender::new(Arc::new(Published::default())),
         }
     }
 
@@ -205,6 +208,13 @@ impl MetricsService {
 
     pub fn status(&self) -> watch::Receiver<ExporterStatus> {
         self.status.subscribe()
+    }
+
+    /// What `/metrics` and `/gpumetrics` serve, as the endpoint has it: for a
+    /// reader in the same process (`standalone --show-metrics`), which then
+    /// needs neither a socket nor the endpoint's access control.
+    pub fn published(&self) -> watch::Receiver<Arc<Published>> {
+        self.published.subscribe()
     }
 
     fn discovered(&self) -> bool {
@@ -330,10 +340,12 @@ impl Service for MetricsService {
     ) -> ServiceFuture {
         Box::pin(async move {
             let mut current = config.borrow_and_update().clone();
-            let (published_tx, published_rx) = watch::channel(Arc::new(Published {
+            let published_tx = &self.published;
+            published_tx.send_replace(Arc::new(Published {
                 waiting_for: (!self.discovered()).then_some("discovering"),
                 ..Published::default()
             }));
+            let published_rx = published_tx.subscribe();
             let mut server_stop = cancel.child_token();
             let (guard_tx, guard_rx) =
                 watch::channel(Arc::new(access::Guard::build(&current.access)));
