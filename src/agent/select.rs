@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::api::agent_status::ConfigKey;
-use crate::api::{DeviceConfig, DeviceConfigSpec, NodeLabellerKind, Operand};
+use crate::api::{DeviceConfig, DeviceConfigSpec, NodeLabellerKind, Operand, selects_node};
 use crate::health::{Damping, HealthConfig};
 use crate::metrics::MetricsConfig;
 use crate::metrics::access::{AccessMaterial, AccessPolicy, ReviewClient};
@@ -40,7 +40,7 @@ pub fn select_config<'a>(
 ) -> Selection {
     let mut matching: Vec<&DeviceConfig> = configs
         .into_iter()
-        .filter(|c| c.metadata.deletion_timestamp.is_none() && c.spec.selects(node_labels))
+        .filter(|c| selects_node(c, node_labels))
         .collect();
     matching.sort_by_key(|c| ConfigKey::of(c));
     match matching.as_slice() {

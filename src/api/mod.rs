@@ -28,7 +28,9 @@ pub mod yaml;
 
 pub use crd::{crd, crd_yaml};
 pub use enums::{DriverType, PullPolicy, ServiceType, TlsVersion, UpgradeState, UpgradeStrategy};
-pub use semantics::{NodeLabellerKind, Operand, ResourceNamingStrategy, selector_matches};
+pub use semantics::{
+    NodeLabellerKind, Operand, ResourceNamingStrategy, selector_matches, selects_node,
+};
 pub use types::*;
 pub use validate::{
     IgnoredField, Problem, document_problems, ignored_field_notes, ignored_fields, validate,

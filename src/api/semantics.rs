@@ -14,7 +14,7 @@ use std::time::Duration;
 use super::enums::{DriverType, ServiceType};
 use super::syntax::{self, CountOrPercent};
 use super::types::{
-    ConfigManagerSpec, DeviceConfigSpec, DevicePluginSpec, DraDriverSpec, DriverSpec,
+    ConfigManagerSpec, DeviceConfig, DeviceConfigSpec, DevicePluginSpec, DraDriverSpec, DriverSpec,
     DriverUpgradePolicySpec, MetricsExporterSpec, RemediationWorkflowSpec, TestRunnerSpec,
 };
 
@@ -167,6 +167,13 @@ pub fn selector_matches(
     selector
         .iter()
         .all(|(key, value)| labels.get(key) == Some(value))
+}
+
+/// Whether `config` selects a node with these labels now: it is not being
+/// deleted and its selector matches. The one rule the agent (which config it
+/// follows) and the leader (which configs overlap) share.
+pub fn selects_node(config: &DeviceConfig, labels: &BTreeMap<String, String>) -> bool {
+    config.metadata.deletion_timestamp.is_none() && config.spec.selects(labels)
 }
 
 impl DeviceConfigSpec {

@@ -458,13 +458,13 @@ fn conflicts(
     let others: Vec<Arc<DeviceConfig>> = configs
         .state()
         .into_iter()
-        .filter(|o| ConfigKey::of(o) != key && o.metadata.deletion_timestamp.is_none())
+        .filter(|o| ConfigKey::of(o) != key)
         .collect();
     let mut problems = Vec::new();
     for node in selected {
         let claimants: BTreeSet<String> = others
             .iter()
-            .filter(|o| o.spec.selects(&node.labels))
+            .filter(|o| crate::api::selects_node(o, &node.labels))
             .map(|o| ConfigKey::of(o).to_string())
             .collect();
         if !claimants.is_empty() {
