@@ -185,23 +185,12 @@ impl NodeWriter {
         let mut written = Written::default();
         if plan.apply {
             let body = metadata_apply_body(&self.name, intent);
-            self.send(concern, "metadata", || {
-                let params = field_manager::apply(concern.field_manager());
-                let nodes = self.nodes.clone();
-                let (name, body) = (self.name.clone(), body.clone());
-                async move { nodes.patch(&name, &params, &Patch::Apply(&body)).await }
-            })
-            .await?;
+            self.send(concern, "metadata", Write::Apply(body)).await?;
             written.applied = true;
         }
         if let Some(patch) = plan.leftovers_patch() {
-            self.send(concern, "leftover keys", || {
-                let params = field_manager::patch(concern.field_manager());
-                let nodes = self.nodes.clone();
-                let (name, patch) = (self.name.clone(), patch.clone());
-                async move { nodes.patch(&name, &params, &Patch::Merge(&patch)).await }
-            })
-            .await?;
+            self.send(concern, "leftover keys", Write::Merge(patch))
+                .await?;
             written.removed_leftovers = true;
         }
         if written != Written::default() {
@@ -233,17 +222,8 @@ impl NodeWriter {
         let mut written = Written::default();
         if plan.apply {
             let body = status_apply_body(&self.name, intent);
-            self.send(concern, "status", || {
-                let params = field_manager::apply(concern.field_manager());
-                let nodes = self.nodes.clone();
-                let (name, body) = (self.name.clone(), body.clone());
-                async move {
-                    nodes
-                        .patch_status(&name, &params, &Patch::Apply(&body))
-                        .await
-                }
-            })
-            .await?;
+            self.send(concern, "status", Write::ApplyStatus(body))
+                .await?;
             written.applied = true;
         }
         // A condition shared with an earlier write of the same value: removed
@@ -253,17 +233,8 @@ impl NodeWriter {
             let Some(patch) = self.condition_removal(&kind).await? else {
                 continue;
             };
-            self.send(concern, "leftover condition", || {
-                let params = field_manager::patch(concern.field_manager());
-                let nodes = self.nodes.clone();
-                let (name, patch) = (self.name.clone(), patch.clone());
-                async move {
-                    nodes
-                        .patch_status(&name, &params, &Patch::Json::<()>(patch))
-                        .await
-                }
-            })
-            .await?;
+            self.send(concern, "leftover condition", Write::JsonStatus(patch))
+                .await?;
             written.removed_leftovers = true;
         }
         Ok(written)
@@ -280,14 +251,7 @@ impl NodeWriter {
         value: &str,
     ) -> Result<Option<Node>, NodeWriteError> {
         let patch = guarded_annotation_removal(key, value);
-        let result = self
-            .send(concern, "annotation", || {
-                let params = field_manager::patch(concern.field_manager());
-                let nodes = self.nodes.clone();
-                let (name, patch) = (self.name.clone(), patch.clone());
-                async move { nodes.patch(&name, &params, &Patch::Json::<()>(patch)).await }
-            })
-            .await;
+        let result = self.send(concern, "annotation", Write::Json(patch)).await;
         match result {
             Ok(node) => Ok(Some(node)),
             // The guard failed: the annotation changed or is gone.
@@ -339,32 +303,73 @@ impl NodeWriter {
         .ok())
     }
 
-    async fn send<F, Fut>(
+    /// Sends one write under `concern`'s field manager, with the writer's
+    /// retry policy; every failed request is counted.
+    async fn send(
         &self,
         concern: Concern,
         what: &'static str,
-        write: F,
-    ) -> Result<Node, NodeWriteError>
-    where
-        F: FnMut() -> Fut,
-        Fut: std::future::Future<Output = Result<Node, kube::Error>>,
-    {
-        write
+        write: Write,
+    ) -> Result<Node, NodeWriteError> {
+        let manager = concern.field_manager();
+        let attempt = || async {
+            let (nodes, name) = (&self.nodes, self.name.as_str());
+            match &write {
+                Write::Apply(body) => {
+                    let params = field_manager::apply(manager);
+                    nodes.patch(name, &params, &Patch::Apply(body)).await
+                }
+                Write::ApplyStatus(body) => {
+                    let params = field_manager::apply(manager);
+                    nodes.patch_status(name, &params, &Patch::Apply(body)).await
+                }
+                Write::Merge(patch) => {
+                    let params = field_manager::patch(manager);
+                    nodes.patch(name, &params, &Patch::Merge(patch)).await
+                }
+                Write::Json(patch) => {
+                    let params = field_manager::patch(manager);
+                    nodes
+                        .patch(name, &params, &Patch::Json::<()>(patch.clone()))
+                        .await
+                }
+                Write::JsonStatus(patch) => {
+                    let params = field_manager::patch(manager);
+                    let patch = Patch::Json::<()>(patch.clone());
+                    nodes.patch_status(name, &params, &patch).await
+                }
+            }
+        };
+        attempt
             .retry(retry_policy())
             .when(is_transient)
             .notify(|error, after| {
                 crate::counters::record_api_error();
-                tracing::debug!(node = %self.name, manager = concern.field_manager(), %error, ?after, "Node write failed; retrying")
+                tracing::debug!(node = %self.name, manager, %error, ?after, "Node write failed; retrying")
             })
             .await
             .inspect_err(|_| crate::counters::record_api_error())
             .map_err(|source| NodeWriteError::Write {
                 node: self.name.clone(),
                 what,
-                manager: concern.field_manager(),
+                manager,
                 source,
             })
     }
+}
+
+/// One request to the Node, as [`NodeWriter::send`] makes it.
+enum Write {
+    /// Server-side apply of the main resource.
+    Apply(Value),
+    /// Server-side apply of the status subresource.
+    ApplyStatus(Value),
+    /// A JSON merge patch of the main resource (removing leftovers).
+    Merge(Value),
+    /// A JSON Patch of the main resource (a guarded removal).
+    Json(json_patch::Patch),
+    /// A JSON Patch of the status subresource (a guarded removal).
+    JsonStatus(json_patch::Patch),
 }
 
 /// What to do to the Node's metadata for one concern.
