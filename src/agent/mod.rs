@@ -573,7 +573,11 @@ async fn write_status(
         retired_annotations: [STATUS_ANNOTATION.to_owned()].into(),
         ..NodeIntent::default()
     };
-    writer.apply(Concern::AgentStatus, &intent).await?;
+    // Decided on the watched copy, as the labeller does: the status is written
+    // only when it changed, and a stale copy only repeats an equal apply.
+    writer
+        .apply_to(watched, Concern::AgentStatus, &intent)
+        .await?;
     match status {
         Some(_) => tracing::debug!(node = %writer.name(), "published agent status"),
         None => tracing::info!(node = %writer.name(), "removed the agent status annotation"),

@@ -50,8 +50,16 @@ impl Service for LabellerService {
                 let mut failed = false;
                 match watched {
                     Some(current) => {
+                        // Decided on the watched copy (it carries managedFields):
+                        // no read per Node change. A copy that predates our
+                        // last write only repeats an apply the server finds
+                        // already done.
                         let intent = label_intent(desired, current.annotations());
-                        match self.writer.apply(Concern::Labeller, &intent).await {
+                        match self
+                            .writer
+                            .apply_to(&current, Concern::Labeller, &intent)
+                            .await
+                        {
                             Ok(_) => readiness.available(),
                             Err(e) => {
                                 tracing::warn!(error = %e, "cannot write the GPU labels; will retry");
