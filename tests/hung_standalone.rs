@@ -4,8 +4,7 @@
 //! is blocked, and a 64 KiB `product_name` does not blow up the scrape. Every
 //! hung file is released at the end.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -17,10 +16,6 @@ use gpu_operator::simulate::{self, SimSpec};
 use support::wait;
 
 const DRIVER: &str = "/sys/bus/pci/drivers/amdgpu";
-
-fn http_get(addr: &str, path: &str) -> String {
-    http_get_status(addr, path).1
-}
 
 struct Agent {
     child: Child,
@@ -125,7 +120,7 @@ fn standalone_serves_healthz_with_hung_files_and_stops_within_6_s() {
         simulate::hang_file(&host, file).unwrap();
     }
     let mut agent = Agent::start(dir.path(), &host);
-    assert_eq!(http_get(&agent.addr, "/healthz").trim(), "ok");
+    assert_eq!(support::http::get(&agent.addr, "/healthz").trim(), "ok");
 
     // A file that hangs mid-run: the watch goes on (its GPU changes, with
     // the problem) and /healthz still answers.
@@ -134,7 +129,7 @@ fn standalone_serves_healthz_with_hung_files_and_stops_within_6_s() {
     agent.wait_line("GPU change of 0000:27:00.0", |l| {
         l.contains("GPU change") && l.contains("0000:27:00.0")
     });
-    assert_eq!(http_get(&agent.addr, "/healthz").trim(), "ok");
+    assert_eq!(support::http::get(&agent.addr, "/healthz").trim(), "ok");
     agent.stop_within(Duration::from_secs(6));
     for file in from_start.iter().chain([&mid_run]) {
         simulate::release_hung_file(&host, file, "1").unwrap();
@@ -150,7 +145,7 @@ fn a_64_kib_product_name_keeps_the_scrape_small() {
     let mut agent = Agent::start(dir.path(), &host);
     let scrape = wait::poll_until_blocking(
         "GPU metrics",
-        || http_get(&agent.addr, "/metrics"),
+        || support::http::get(&agent.addr, "/metrics"),
         |scrape| scrape.contains("gpu_edge_temperature{"),
     );
     assert!(
@@ -163,23 +158,6 @@ fn a_64_kib_product_name_keeps_the_scrape_small() {
         "an unbounded label value"
     );
     agent.stop_within(Duration::from_secs(6));
-}
-
-/// The status line and body of a GET.
-fn http_get_status(addr: &str, path: &str) -> (String, String) {
-    let mut stream = TcpStream::connect(addr).expect("connect");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .unwrap();
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
-    let mut text = String::new();
-    stream.read_to_string(&mut text).unwrap();
-    let status = text.lines().next().unwrap_or_default().to_owned();
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    (status, body)
 }
 
 /// Waits for the events file to hold a line with `reason`, and returns it.
@@ -201,7 +179,7 @@ fn healthz_serves_before_a_first_scan_that_cannot_finish_and_readyz_says_discove
     let hung = support::hosts::hang_past_the_scan_deadline(&host);
     let started = Instant::now();
     let mut agent = Agent::start(dir.path(), &host);
-    let (status, body) = http_get_status(&agent.addr, "/healthz");
+    let (status, body) = support::http::get_with_status(&agent.addr, "/healthz");
     assert!(status.contains(" 200 "), "{status}");
     assert_eq!(body.trim(), "ok");
     assert!(
@@ -209,7 +187,7 @@ fn healthz_serves_before_a_first_scan_that_cannot_finish_and_readyz_says_discove
         "/healthz answered only after {:?}, the scan deadline",
         started.elapsed()
     );
-    let (status, body) = http_get_status(&agent.addr, "/readyz");
+    let (status, body) = support::http::get_with_status(&agent.addr, "/readyz");
     assert!(status.contains(" 503 "), "{status}: {body}");
     assert_eq!(body.trim(), "discovering");
 
@@ -220,7 +198,7 @@ fn healthz_serves_before_a_first_scan_that_cannot_finish_and_readyz_says_discove
     let events = dir.path().join("events.jsonl");
     let incomplete = wait_event(&events, "DiscoveryIncomplete");
     assert!(incomplete.contains("deadline"), "{incomplete}");
-    let (status, body) = http_get_status(&agent.addr, "/readyz");
+    let (status, body) = support::http::get_with_status(&agent.addr, "/readyz");
     assert!(status.contains(" 503 "), "{status}: {body}");
 
     // Released, the next scan sees the whole host: ready, with GPU metrics.
@@ -229,10 +207,10 @@ fn healthz_serves_before_a_first_scan_that_cannot_finish_and_readyz_says_discove
     }
     wait::poll_until_blocking(
         "ready",
-        || http_get_status(&agent.addr, "/readyz"),
+        || support::http::get_with_status(&agent.addr, "/readyz"),
         |(status, _)| status.contains(" 200 "),
     );
-    let scrape = http_get(&agent.addr, "/metrics");
+    let scrape = support::http::get(&agent.addr, "/metrics");
     assert!(scrape.contains("gpu_edge_temperature{"), "{scrape}");
     wait_event(&events, "DiscoveryComplete");
     agent.stop_within(Duration::from_secs(6));

@@ -6,7 +6,6 @@ mod fake_rvs;
 mod support;
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
 use std::os::unix::net::UnixDatagram;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -17,19 +16,6 @@ use support::wait;
 
 fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_gpu-operator"))
-}
-
-fn http_get(addr: &str, path: &str) -> String {
-    let mut stream = TcpStream::connect(addr).expect("connect");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .unwrap();
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
-    let mut text = String::new();
-    stream.read_to_string(&mut text).unwrap();
-    text.split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default()
 }
 
 /// Runs `promtool check metrics` on a scrape; in CI a missing promtool fails.
@@ -106,7 +92,7 @@ fn standalone_on_a_simulated_mi300x_serves_metrics_promtool_accepts() {
     };
     let scrape = wait::poll_until_blocking(
         "GPU metrics",
-        || http_get(&addr, "/metrics"),
+        || support::http::get(&addr, "/metrics"),
         |scrape| scrape.contains("gpu_edge_temperature{"),
     );
     let series = scrape
@@ -115,7 +101,7 @@ fn standalone_on_a_simulated_mi300x_serves_metrics_promtool_accepts() {
         .count();
     assert_eq!(series, 8, "one edge temperature per GPU");
     promtool_accepts(&scrape);
-    assert!(http_get(&addr, "/healthz").len() < 100);
+    assert!(support::http::get(&addr, "/healthz").len() < 100);
 
     // SIGTERM: out within 5 s.
     let stopping = Instant::now();

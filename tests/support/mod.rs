@@ -7,6 +7,7 @@
 
 pub mod cluster;
 pub mod hosts;
+pub mod http;
 pub mod kubelet;
 pub mod rig;
 pub mod wait;
