@@ -21,6 +21,7 @@
 //! A read that misses its deadline is an [`io::ErrorKind::TimedOut`] error
 //! naming the file ([`HostError::is_timeout`]).
 
+pub mod descriptors;
 pub mod reader;
 
 use std::fs;
@@ -127,6 +128,43 @@ impl HostRoot {
             .read_to_string(&mut buf)
             .map_err(|e| HostError::io(&path, e))?;
         Ok(buf)
+    }
+
+    /// Opens an attribute to be read again later through [`OpenAttr::reread`],
+    /// and reads it once. The file stays open only if it is a regular file
+    /// (sysfs attributes are); anything else (a FIFO, a device node) is read
+    /// as [`HostRoot::read_attr`] reads it and `None` is returned for it.
+    pub fn open_attr(&self, host_path: impl AsRef<Path>) -> Result<(String, Option<OpenAttr>)> {
+        let path = self.path(host_path);
+        let file = fs::File::open(&path).map_err(|e| HostError::io(&path, e))?;
+        let regular = file.metadata().is_ok_and(|m| m.file_type().is_file());
+        if !regular {
+            let mut buf = String::new();
+            (&file)
+                .take(MAX_ATTR_BYTES)
+                .read_to_string(&mut buf)
+                .map_err(|e| HostError::io(&path, e))?;
+            return Ok((buf.trim().to_owned(), None));
+        }
+        let attr = OpenAttr {
+            replaceable: !on_sysfs(&file),
+            file,
+            path,
+        };
+        match attr.reread()? {
+            Some(text) => Ok((text, Some(attr))),
+            // Replaced between open and read: read the new file once.
+            None => self.read_attr_at(&attr.path).map(|text| (text, None)),
+        }
+    }
+
+    fn read_attr_at(&self, path: &Path) -> Result<String> {
+        let file = fs::File::open(path).map_err(|e| HostError::io(path, e))?;
+        let mut buf = String::new();
+        file.take(MAX_ATTR_BYTES)
+            .read_to_string(&mut buf)
+            .map_err(|e| HostError::io(path, e))?;
+        Ok(buf.trim().to_owned())
     }
 
     /// Reads a sysfs attribute: the file's content with surrounding white space removed.
@@ -238,6 +276,91 @@ impl HostRoot {
         }
         std::os::unix::fs::symlink(&relative, &path).map_err(|e| HostError::io(&path, e))
     }
+}
+
+/// An attribute file kept open between reads, so that reading it again costs
+/// one `pread` from its start instead of a path walk, an open, two reads and a
+/// close. sysfs regenerates an attribute's value on every read from offset 0
+/// (which is how `lm-sensors` and node exporters poll), so a kept descriptor
+/// never serves a stale value there. A file on any other filesystem may be
+/// replaced by a rename (the simulator writes each file so, as a writer that
+/// wants atomic updates does); the old inode then has no link left, which
+/// [`OpenAttr::reread`] checks before reading.
+#[derive(Debug)]
+pub struct OpenAttr {
+    file: fs::File,
+    /// Where it was opened (under the root), for errors.
+    path: PathBuf,
+    /// Not on sysfs: may have been replaced by a rename or removed.
+    replaceable: bool,
+}
+
+impl OpenAttr {
+    /// The file's content now, trimmed as [`HostRoot::read_attr`] trims it;
+    /// `None` when the file was removed or replaced since it was opened (open
+    /// it again). An error (a sysfs attribute whose device went away answers
+    /// `ENODEV`) also means this descriptor is done with.
+    pub fn reread(&self) -> Result<Option<String>> {
+        use std::os::unix::fs::{FileExt, MetadataExt};
+        if self.replaceable {
+            let meta = self
+                .file
+                .metadata()
+                .map_err(|e| HostError::io(&self.path, e))?;
+            if meta.nlink() == 0 {
+                return Ok(None);
+            }
+        }
+        // sysfs attributes fit in a page; a short read is the whole value.
+        let mut buf = vec![0u8; 4096];
+        let mut len = 0;
+        loop {
+            let n = self
+                .file
+                .read_at(&mut buf[len..], len as u64)
+                .map_err(|e| HostError::io(&self.path, e))?;
+            len += n;
+            if n == 0 || len < buf.len() {
+                break;
+            }
+            if buf.len() as u64 >= MAX_ATTR_BYTES {
+                break;
+            }
+            buf.resize((buf.len() * 2).min(MAX_ATTR_BYTES as usize), 0);
+        }
+        buf.truncate(len);
+        let text = String::from_utf8(buf).map_err(|e| {
+            HostError::io(
+                &self.path,
+                io::Error::new(io::ErrorKind::InvalidData, e.utf8_error()),
+            )
+        })?;
+        Ok(Some(text.trim().to_owned()))
+    }
+}
+
+/// Whether an open file lives on sysfs, whose attributes are never replaced
+/// by a rename.
+fn on_sysfs(file: &fs::File) -> bool {
+    use std::os::fd::AsRawFd;
+    // SAFETY: statfs is plain old data; all-zero is a valid value.
+    let mut stat: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: the descriptor is open for the call and `stat` is valid for writes.
+    let done = unsafe { libc::fstatfs(file.as_raw_fd(), &mut stat) };
+    done == 0 && stat.f_type == libc::SYSFS_MAGIC
+}
+
+/// Whether `path` is on a sysfs mount.
+pub fn is_sysfs(path: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c_path) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: statfs is plain old data; all-zero is a valid value.
+    let mut stat: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c_path` is NUL-terminated and `stat` is valid for writes.
+    let done = unsafe { libc::statfs(c_path.as_ptr(), &mut stat) };
+    done == 0 && stat.f_type == libc::SYSFS_MAGIC
 }
 
 /// What one request of [`HostRead::read_many`] asks.

@@ -224,22 +224,10 @@ fn recv_from_kernel(fd: i32, buffer: &mut [u8]) -> io::Result<Option<usize>> {
     Ok((sender.nl_pid == 0).then_some(received as usize))
 }
 
-/// Whether `path` is on a sysfs mount.
-pub fn is_sysfs(path: &std::path::Path) -> bool {
-    use std::os::unix::ffi::OsStrExt;
-    let Ok(c_path) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
-        return false;
-    };
-    // SAFETY: statfs is plain old data; all-zero is a valid value.
-    let mut stat: libc::statfs = unsafe { std::mem::zeroed() };
-    // SAFETY: `c_path` is NUL-terminated and `stat` is valid for writes.
-    let done = unsafe { libc::statfs(c_path.as_ptr(), &mut stat) };
-    done == 0 && stat.f_type == libc::SYSFS_MAGIC
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::host::is_sysfs;
 
     #[test]
     fn kernel_messages_parse_and_keys_win_over_the_header() {

@@ -140,7 +140,7 @@ impl DeviceWatch {
             udev_compiled: cfg!(feature = "udev"),
             root_is_slash: host.root() == std::path::Path::new("/"),
             run_udev: host.exists("/run/udev"),
-            sys_is_sysfs: uevent::is_sysfs(&host.path("/sys")),
+            sys_is_sysfs: crate::host::is_sysfs(&host.path("/sys")),
         };
         let mut netlink = None;
         match uevent::choose(facts) {

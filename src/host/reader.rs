@@ -29,7 +29,7 @@
 //! This module owns the threads and the deadlines. It must not know what any file
 //! means; all paths go through [`HostRoot`].
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -39,7 +39,8 @@ use std::time::{Duration, Instant};
 
 use futures::task::AtomicWaker;
 
-use crate::host::{HostError, HostRoot};
+use crate::host::descriptors::current_kept_descriptor_cap;
+use crate::host::{HostError, HostRoot, OpenAttr};
 
 /// How long a read waits before it checks on itself (capped at a quarter of
 /// its timeout), and how long a thread may be on one file before it no longer
@@ -76,6 +77,8 @@ pub struct ReaderStats {
     pub skipped_stuck: u64,
     /// Threads started so far (idle, busy or parked on a hung file).
     pub threads: u64,
+    /// Attribute files opened; the other reads went through a kept descriptor.
+    pub opened: u64,
 }
 
 /// What to do with a path, in a [`BoundedReader::batch`].
@@ -110,7 +113,8 @@ struct Slot {
     started: AtomicBool,
     /// The deadline passed: the caller returns a timeout.
     expired: AtomicBool,
-    /// The caller stopped waiting (timed out or was cancelled).
+    /// The caller stopped waiting (took its answer, timed out or was
+    /// cancelled).
     abandoned: AtomicBool,
 }
 
@@ -183,6 +187,9 @@ impl Future for BatchAnswered {
         this.pending.retain(|(i, slot)| {
             if let Some(answer) = slot.lock().take() {
                 results[*i] = Some(answer.map_err(ReadError::Host));
+                // Nobody waits on it any more: the timekeeper drops it rather
+                // than wake this (finished) task again at its deadline.
+                slot.abandoned.store(true, Ordering::Release);
                 return false;
             }
             if slot.expired.load(Ordering::Acquire) {
@@ -299,6 +306,8 @@ struct Inner {
     reads: AtomicU64,
     timeouts: AtomicU64,
     skipped: AtomicU64,
+    opened: AtomicU64,
+    kept: Mutex<KeptFiles>,
 }
 
 impl Inner {
@@ -371,6 +380,8 @@ impl BoundedReader {
             reads: AtomicU64::new(0),
             timeouts: AtomicU64::new(0),
             skipped: AtomicU64::new(0),
+            opened: AtomicU64::new(0),
+            kept: Mutex::new(KeptFiles::new(current_kept_descriptor_cap())),
         });
         Self {
             _guard: Arc::new(ShutdownGuard(inner.clone())),
@@ -412,7 +423,18 @@ impl BoundedReader {
             timeouts: self.inner.timeouts.load(Ordering::Relaxed),
             skipped_stuck: self.inner.skipped.load(Ordering::Relaxed),
             threads: self.inner.lock().threads as u64,
+            opened: self.inner.opened.load(Ordering::Relaxed),
         }
+    }
+
+    /// Attribute descriptors kept open now.
+    pub fn kept(&self) -> usize {
+        self.inner
+            .kept
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .files
+            .len()
     }
 
     /// Paths whose read has been queued or running (stuck ones included).
@@ -676,6 +698,86 @@ fn deliver(answered: &mut Vec<Arc<Slot>>) {
     }
 }
 
+/// Attribute descriptors kept open between reads of the same file (see
+/// [`OpenAttr`]): a file the health monitor reads four times a second costs
+/// one `pread` each time instead of a path walk, an open, two reads and a
+/// close. At most `cap` are kept ([`crate::host::descriptors`] sets the
+/// budget); when full, the least recently read one is closed.
+struct KeptFiles {
+    cap: usize,
+    files: HashMap<String, KeptFile>,
+    /// Counts reads, to order the files by their last one.
+    clock: u64,
+}
+
+struct KeptFile {
+    attr: Arc<OpenAttr>,
+    last_read: u64,
+}
+
+impl KeptFiles {
+    fn new(cap: usize) -> Self {
+        Self {
+            cap,
+            files: HashMap::new(),
+            clock: 0,
+        }
+    }
+
+    fn get(&mut self, path: &str) -> Option<Arc<OpenAttr>> {
+        self.clock += 1;
+        let kept = self.files.get_mut(path)?;
+        kept.last_read = self.clock;
+        Some(kept.attr.clone())
+    }
+
+    fn keep(&mut self, path: &str, attr: OpenAttr) {
+        if self.cap == 0 {
+            return;
+        }
+        if self.files.len() >= self.cap
+            && let Some(oldest) = self
+                .files
+                .iter()
+                .min_by_key(|(_, kept)| kept.last_read)
+                .map(|(path, _)| path.clone())
+        {
+            self.files.remove(&oldest);
+        }
+        self.clock += 1;
+        let kept = KeptFile {
+            attr: Arc::new(attr),
+            last_read: self.clock,
+        };
+        self.files.insert(path.to_owned(), kept);
+    }
+
+    fn forget(&mut self, path: &str) {
+        self.files.remove(path);
+    }
+}
+
+/// Reads an attribute through its kept descriptor, or opens (and keeps) it.
+/// A kept descriptor whose file was replaced or removed, or whose read fails
+/// (a device that went away answers `ENODEV`), is dropped and the path read
+/// afresh, so the answer is always what opening the path now would give.
+fn read_kept(inner: &Inner, path: &str) -> Result<String, HostError> {
+    let lock = || inner.kept.lock().unwrap_or_else(|p| p.into_inner());
+    let kept = lock().get(path);
+    if let Some(attr) = kept {
+        if let Ok(Some(text)) = attr.reread() {
+            return Ok(text);
+        }
+        lock().forget(path);
+    }
+    inner.opened.fetch_add(1, Ordering::Relaxed);
+    let (text, attr) = inner.host.open_attr(path)?;
+    if let Some(attr) = attr {
+        lock().keep(path, attr);
+    }
+    Ok(text)
+}
+
 fn worker(inner: Arc<Inner>, index: usize) {
     let mut answered: Vec<Arc<Slot>> = Vec::new();
     let mut state = inner.lock();
@@ -712,7 +814,7 @@ fn worker(inner: Arc<Inner>, index: usize) {
         let result = wanted.then(|| {
             let host = &inner.host;
             match job.op {
-                Op::Read => host.read_attr(&job.path).map(Answer::Text),
+                Op::Read => read_kept(&inner, &job.path).map(Answer::Text),
                 Op::Exists => Ok(Answer::Exists(host.exists(&job.path))),
                 Op::List => host.list_dir_or_empty(&job.path).map(Answer::Names),
             }
@@ -745,6 +847,84 @@ mod tests {
         host.write("/sys/a", "1\n").unwrap();
         host.write("/sys/b", "2\n").unwrap();
         (dir, host)
+    }
+
+    #[tokio::test]
+    async fn a_kept_descriptor_is_reread_and_follows_writes_renames_and_removal() {
+        let (dir, host) = host();
+        let reader = BoundedReader::new(host.clone(), 2);
+        for _ in 0..5 {
+            assert_eq!(reader.read_attr("/sys/a", SHORT).await.unwrap(), "1");
+        }
+        assert_eq!(
+            reader.stats().opened,
+            1,
+            "read again through the kept descriptor"
+        );
+        assert_eq!(reader.kept(), 1);
+        // Written in place (the same inode): the next read sees it.
+        std::fs::write(dir.path().join("sys/a"), "22\n").unwrap();
+        assert_eq!(reader.read_attr("/sys/a", SHORT).await.unwrap(), "22");
+        assert_eq!(reader.stats().opened, 1);
+        // Replaced by a rename, as the simulator and atomic writers do.
+        std::fs::write(dir.path().join("sys/.a.new"), "333\n").unwrap();
+        std::fs::rename(dir.path().join("sys/.a.new"), dir.path().join("sys/a")).unwrap();
+        assert_eq!(reader.read_attr("/sys/a", SHORT).await.unwrap(), "333");
+        assert_eq!(
+            reader.stats().opened,
+            2,
+            "the replaced file was opened anew"
+        );
+        // Removed: not found, as opening the path gives, and no longer kept.
+        std::fs::remove_file(dir.path().join("sys/a")).unwrap();
+        let err = reader.read_attr("/sys/a", SHORT).await.unwrap_err();
+        assert!(err.is_not_found(), "{err}");
+        assert_eq!(reader.kept(), 0);
+    }
+
+    #[test]
+    fn kept_files_stay_within_their_cap_closing_the_least_recently_read() {
+        let (dir, host) = host();
+        host.write("/sys/c", "3\n").unwrap();
+        let open = |path: &str| host.open_attr(path).unwrap().1.unwrap();
+        let mut kept = KeptFiles::new(2);
+        kept.keep("/sys/a", open("/sys/a"));
+        kept.keep("/sys/b", open("/sys/b"));
+        assert!(kept.get("/sys/a").is_some());
+        kept.keep("/sys/c", open("/sys/c"));
+        let mut paths: Vec<&String> = kept.files.keys().collect();
+        paths.sort();
+        assert_eq!(paths, ["/sys/a", "/sys/c"], "b was read least recently");
+        let mut none = KeptFiles::new(0);
+        none.keep("/sys/a", open("/sys/a"));
+        assert!(none.files.is_empty(), "a cap of zero keeps nothing");
+        drop(dir);
+    }
+
+    #[tokio::test]
+    async fn answered_batches_leave_nothing_for_the_timekeeper_to_wake_at_their_deadline() {
+        let (_dir, host) = host();
+        let reader = BoundedReader::new(host, 2);
+        let long = Duration::from_secs(30);
+        let answers = reader
+            .batch(
+                vec![(Op::Read, "/sys/a".into()), (Op::Exists, "/sys/b".into())],
+                long,
+            )
+            .await;
+        assert!(answers.iter().all(Result::is_ok), "{answers:?}");
+        // The timekeeper looks again after STALL; a slot it kept would stay
+        // until its 30 s deadline and then wake the finished caller.
+        let waiting = || reader.inner.lock().waiting.len();
+        let started = Instant::now();
+        while waiting() > 0 && started.elapsed() < Duration::from_secs(5) {
+            tokio::time::sleep(STALL).await;
+        }
+        assert_eq!(
+            waiting(),
+            0,
+            "answered reads are not kept until their deadline"
+        );
     }
 
     #[tokio::test]
