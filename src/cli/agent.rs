@@ -12,7 +12,7 @@ use clap::Args;
 
 use super::args::{HostRootArg, SamplingArgs};
 use super::output::fail;
-use super::{run_to_end, runtime, shutdown_on_signals};
+use super::runtime::{run_to_end, shutdown_on_signals};
 
 #[derive(Args, Debug)]
 pub struct AgentArgs {
@@ -73,11 +73,7 @@ pub fn run(args: AgentArgs) -> ExitCode {
         Ok(host) => host,
         Err(message) => return fail(message, 2),
     };
-    let runtime = match runtime() {
-        Ok(rt) => rt,
-        Err(message) => return fail(message, 1),
-    };
-    run_to_end(runtime, async move {
+    run_to_end(async move {
         let client = match kube::Client::try_default().await {
             Ok(client) => client,
             Err(e) => {

@@ -14,7 +14,7 @@ use clap::Args;
 
 use super::args::{HostRootArg, OutputFormat, host_name, positive_seconds, read_optional};
 use super::output::{fail, unbound_lines};
-use super::{run_to_end, runtime, shutdown_on_signals};
+use super::runtime::{run_to_end, shutdown_on_signals};
 use crate::device;
 
 #[derive(Args, Debug)]
@@ -65,10 +65,6 @@ pub fn run(args: CheckArgs) -> ExitCode {
     ) {
         (Ok(m), Ok(t)) => (m, t),
         (Err(e), _) | (_, Err(e)) => return fail(e, 2),
-    };
-    let runtime = match runtime() {
-        Ok(rt) => rt,
-        Err(message) => return fail(message, 1),
     };
     // Everything check does is bounded; this is the promise over the sum.
     let deadline = args
@@ -207,7 +203,7 @@ pub fn run(args: CheckArgs) -> ExitCode {
             ExitCode::from(u8::try_from(test_code).unwrap_or(1))
         }
     };
-    run_to_end(runtime, async move {
+    run_to_end(async move {
         match tokio::time::timeout(deadline, work).await {
             Ok(code) => code,
             Err(_) => fail(

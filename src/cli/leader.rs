@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use clap::Args;
 
 use super::output::fail;
-use super::{run_to_end, runtime, shutdown_on_signals};
+use super::runtime::{run_to_end, shutdown_on_signals};
 
 #[derive(Args, Debug)]
 pub struct LeaderArgs {
@@ -22,11 +22,7 @@ pub struct LeaderArgs {
 }
 
 pub fn run(args: LeaderArgs) -> ExitCode {
-    let runtime = match runtime() {
-        Ok(rt) => rt,
-        Err(message) => return fail(message, 1),
-    };
-    run_to_end(runtime, async move {
+    run_to_end(async move {
         let client = match kube::Client::try_default().await {
             Ok(client) => client,
             Err(e) => {

@@ -3,7 +3,8 @@
 //! This module owns the `Cli` and `Command` types clap parses and the dispatch
 //! to the subcommands, one file each. It must not hold logic of its own: each
 //! subcommand hands over to its module; shared arguments are in [`args`],
-//! printing in [`output`], logging set-up in [`logging`].
+//! printing in [`output`], logging set-up in [`logging`], the async runtime
+//! and signal handling in [`runtime`].
 
 pub mod agent;
 pub mod args;
@@ -12,6 +13,7 @@ pub mod discover;
 pub mod leader;
 pub mod logging;
 pub mod output;
+pub mod runtime;
 pub mod simulate;
 pub mod standalone;
 
@@ -129,63 +131,4 @@ pub fn main() -> ExitCode {
         Command::Crd(args) => crate::api::cli::run_crd(args),
         Command::Validate(args) => crate::api::cli::run_validate(args),
     }
-}
-
-/// Builds the async runtime the long-running subcommands use.
-pub(super) fn runtime() -> Result<tokio::runtime::Runtime, String> {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .map_err(|e| format!("cannot start the async runtime: {e}"))
-}
-
-/// Runs a subcommand's future to its end, then gives the runtime at most
-/// [`RUNTIME_SHUTDOWN`] to wind down: a blocking thread stuck on a hung sysfs
-/// read must not keep the process alive after its work is done.
-pub(super) fn run_to_end(
-    runtime: tokio::runtime::Runtime,
-    work: impl std::future::Future<Output = ExitCode>,
-) -> ExitCode {
-    let code = runtime.block_on(work);
-    runtime.shutdown_timeout(RUNTIME_SHUTDOWN);
-    code
-}
-
-/// How long a finished subcommand waits for its runtime's tasks and threads.
-const RUNTIME_SHUTDOWN: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// How long a shutdown may take after the first signal before the process
-/// exits outright.
-const SHUTDOWN_DEADLINE: std::time::Duration = std::time::Duration::from_secs(5);
-
-/// A token cancelled on SIGTERM or SIGINT. A second signal, or 5 s after the
-/// first, exits the process outright so that a stuck shutdown cannot hang a
-/// node drain. The 5 s timer is an OS thread, not a task: it fires even when
-/// the runtime itself is stuck or being dropped.
-pub fn shutdown_on_signals() -> tokio_util::sync::CancellationToken {
-    use tokio::signal::unix::{SignalKind, signal};
-    let token = tokio_util::sync::CancellationToken::new();
-    let cancel = token.clone();
-    tokio::spawn(async move {
-        let (Ok(mut term), Ok(mut int)) = (
-            signal(SignalKind::terminate()),
-            signal(SignalKind::interrupt()),
-        ) else {
-            tracing::error!("cannot install signal handlers; stop with SIGKILL");
-            return;
-        };
-        tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
-        tracing::info!("shutdown requested");
-        cancel.cancel();
-        std::thread::spawn(|| {
-            std::thread::sleep(SHUTDOWN_DEADLINE);
-            eprintln!("error: shutdown did not finish within {SHUTDOWN_DEADLINE:?}; exiting");
-            std::process::exit(1);
-        });
-        tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
-        tracing::error!("second signal during shutdown; exiting");
-        std::process::exit(1);
-    });
-    token
 }

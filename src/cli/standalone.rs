@@ -13,7 +13,7 @@ use clap::Args;
 
 use super::args::{HostRootArg, SamplingArgs, host_name, read_optional};
 use super::output::{fail, show_live_metrics};
-use super::{run_to_end, runtime, shutdown_on_signals};
+use super::runtime::{run_to_end, shutdown_on_signals};
 use crate::host::HostRoot;
 use crate::simulate;
 
@@ -131,12 +131,8 @@ pub fn run(args: StandaloneArgs) -> ExitCode {
         simulate,
         test_commands: crate::testrunner::AllowedCommands::from_flags(args.allow_test_command),
     };
-    let runtime = match runtime() {
-        Ok(rt) => rt,
-        Err(message) => return fail(message, 1),
-    };
     let show_metrics = args.show_metrics;
-    run_to_end(runtime, async move {
+    run_to_end(async move {
         let shutdown = shutdown_on_signals();
         let show_stop = shutdown.clone();
         let ready = move |started: crate::agent::standalone::Started| {
