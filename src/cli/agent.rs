@@ -10,7 +10,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 
-use super::args::{HostRootArg, SamplingArgs};
+use super::args::{HostRootArg, SamplingArgs, kube_client};
 use super::output::fail;
 use super::runtime::{run_to_end, shutdown_on_signals};
 
@@ -74,14 +74,9 @@ pub fn run(args: AgentArgs) -> ExitCode {
         Err(message) => return fail(message, 2),
     };
     run_to_end(async move {
-        let client = match kube::Client::try_default().await {
+        let client = match kube_client().await {
             Ok(client) => client,
-            Err(e) => {
-                return fail(
-                    format!("cannot reach Kubernetes (in-cluster config or KUBECONFIG): {e}"),
-                    1,
-                );
-            }
+            Err(message) => return fail(message, 1),
         };
         let leader = match (&args.lease_namespace, args.no_leader_election) {
             (Some(namespace), false) => {

@@ -1,7 +1,7 @@
 //! The arguments more than one subcommand takes (the host root, how often the
 //! node is sampled, the output format) and the small readers that turn such
 //! values into what a subcommand needs: the opened host root, the text of an
-//! optional config file, this machine's name.
+//! optional config file, this machine's name, the Kubernetes client.
 //!
 //! It must not hold a subcommand's work or print: each subcommand's own
 //! arguments are in its file.
@@ -103,6 +103,14 @@ pub(super) fn host_name() -> String {
 pub(super) fn read_optional(path: Option<&PathBuf>) -> Result<Option<String>, String> {
     path.map(|p| std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display())))
         .transpose()
+}
+
+/// The Kubernetes client, from the in-cluster service account or KUBECONFIG
+/// (what `agent` and `leader` take instead of a flag).
+pub(super) async fn kube_client() -> Result<kube::Client, String> {
+    kube::Client::try_default()
+        .await
+        .map_err(|e| format!("cannot reach Kubernetes (in-cluster config or KUBECONFIG): {e}"))
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 
+use super::args::kube_client;
 use super::output::fail;
 use super::runtime::{run_to_end, shutdown_on_signals};
 
@@ -23,14 +24,9 @@ pub struct LeaderArgs {
 
 pub fn run(args: LeaderArgs) -> ExitCode {
     run_to_end(async move {
-        let client = match kube::Client::try_default().await {
+        let client = match kube_client().await {
             Ok(client) => client,
-            Err(e) => {
-                return fail(
-                    format!("cannot reach Kubernetes (in-cluster config or KUBECONFIG): {e}"),
-                    1,
-                );
-            }
+            Err(message) => return fail(message, 1),
         };
         let shutdown = shutdown_on_signals();
         let config = crate::cluster::ClusterConfig {
