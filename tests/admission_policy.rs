@@ -270,8 +270,8 @@ fn every_fixture_is_judged_and_is_what_the_api_server_sends() {
 #[test]
 fn the_leaders_identity_is_the_node_and_pod_the_token_names() {
     // The policy compares holderIdentity with "<node-name>/<pod-name>" from
-    // the token: the agent's identity is built the same way (run_agent in
-    // src/cli.rs; tests/deploy_manifests.rs checks the real binary's Lease).
+    // the token: the agent's identity is built the same way (agent::run in
+    // src/cli/agent.rs; tests/deploy_manifests.rs checks the real binary's Lease).
     let lease = fixture("lease.json");
     let review = fixture("leader-patches-another-node.json");
     let extra = &review["request"]["userInfo"]["extra"];

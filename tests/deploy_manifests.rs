@@ -553,7 +553,7 @@ fn daemonset_schedules_on_gpu_nodes_first_and_stops_cleanly() {
         pod.priority_class_name.as_deref(),
         Some("system-node-critical")
     );
-    // The agent force-exits 5 s after SIGTERM (src/cli.rs shutdown_on_signals).
+    // The agent force-exits 5 s after SIGTERM (src/cli/runtime.rs shutdown_on_signals).
     assert!(pod.termination_grace_period_seconds.unwrap_or(30) >= 10);
     let strategy = ds
         .spec

@@ -1,0 +1,125 @@
+//! `gpu-operator agent`: the node agent, normally a DaemonSet pod on every
+//! GPU node.
+//!
+//! It owns the subcommand's arguments and turns them into an `AgentConfig`
+//! (with the Lease when it campaigns); the agent itself is `agent::run`. It
+//! must not do node or cluster work of its own.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Args;
+
+use super::args::{HostRootArg, SamplingArgs, kube_client};
+use super::output::fail;
+use super::runtime::{run_to_end, shutdown_on_signals};
+
+#[derive(Args, Debug)]
+pub struct AgentArgs {
+    /// Name of the Node this agent runs on (the DaemonSet sets it from the downward API).
+    #[arg(long, env = "NODE_NAME", value_name = "NAME")]
+    pub node_name: String,
+    #[command(flatten)]
+    pub host: HostRootArg,
+    /// The kubelet's root directory; device plugin sockets live in its
+    /// `device-plugins/` unless the DeviceConfig's kubeletSocketPath says otherwise.
+    #[arg(
+        long,
+        value_name = "DIR",
+        default_value = "/var/lib/kubelet",
+        env = "KUBELET_DIR"
+    )]
+    pub kubelet_dir: PathBuf,
+    /// Watch DeviceConfigs in this namespace only; all namespaces when unset.
+    #[arg(long, value_name = "NS", env = "WATCH_NAMESPACE")]
+    pub namespace: Option<String>,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// Namespace of the leader-election Lease (normally the agent's own, from the
+    /// downward API). Without it the agent does node work only and never leads.
+    #[arg(long, value_name = "NS", env = "POD_NAMESPACE")]
+    pub lease_namespace: Option<String>,
+    /// This pod's name; with the node name it forms the leader identity.
+    #[arg(long, value_name = "NAME", env = "POD_NAME", default_value = "agent")]
+    pub pod_name: String,
+    /// Seconds a leader's lease stays valid without renewal.
+    #[arg(long, value_name = "SECONDS", default_value_t = 15)]
+    pub lease_duration: u64,
+    /// Seconds between lease renewals by the leader.
+    #[arg(long, value_name = "SECONDS", default_value_t = 5)]
+    pub lease_renew: u64,
+    /// Do not campaign for the cluster role even when --lease-namespace is set.
+    #[arg(long)]
+    pub no_leader_election: bool,
+    /// Address of the metrics and probe endpoint, overriding
+    /// metricsExporter.port (e.g. 127.0.0.1:5000 to keep it off other interfaces).
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_bind: Option<std::net::SocketAddr>,
+    /// Let COMMAND tests of the test runner start this program, or any program
+    /// under this directory (repeatable). Without it COMMAND tests are refused:
+    /// the programs are named by a ConfigMap and would run as root on the node.
+    /// RVS and AGFHC recipes need no entry.
+    #[arg(long = "allow-test-command", value_name = "DIR_OR_PATH")]
+    pub allow_test_command: Vec<PathBuf>,
+    /// As leader, also report Secrets a DeviceConfig names that do not exist.
+    /// Needs the optional Role deploy/optional/secret-references.yaml: by
+    /// default the agents may not read Secrets.
+    #[arg(long)]
+    pub check_secret_references: bool,
+}
+
+pub fn run(args: AgentArgs) -> ExitCode {
+    let host = match args.host.open() {
+        Ok(host) => host,
+        Err(message) => return fail(message, 2),
+    };
+    run_to_end(async move {
+        let client = match kube_client().await {
+            Ok(client) => client,
+            Err(message) => return fail(message, 1),
+        };
+        let leader = match (&args.lease_namespace, args.no_leader_election) {
+            (Some(namespace), false) => {
+                if args.lease_renew == 0 || args.lease_renew >= args.lease_duration {
+                    return fail(
+                        "--lease-renew must be positive and shorter than --lease-duration",
+                        2,
+                    );
+                }
+                let mut lease = crate::cluster::lease::LeaseConfig::new(
+                    namespace.clone(),
+                    format!("{}/{}", args.node_name, args.pod_name),
+                );
+                lease.duration = std::time::Duration::from_secs(args.lease_duration);
+                lease.renew_every = std::time::Duration::from_secs(args.lease_renew);
+                Some(crate::agent::LeaderConfig {
+                    lease,
+                    cluster: crate::cluster::ClusterConfig {
+                        instance: args.node_name.clone(),
+                        check_secret_references: args.check_secret_references,
+                        ..Default::default()
+                    },
+                })
+            }
+            _ => None,
+        };
+        let config = crate::agent::AgentConfig {
+            leader,
+            metrics_listen: args.metrics_bind,
+            test_commands: Some(crate::testrunner::Commands {
+                allowed: crate::testrunner::AllowedCommands::from_flags(args.allow_test_command),
+                ..Default::default()
+            }),
+            node_name: args.node_name,
+            namespace: args.namespace,
+            host,
+            kubelet_dir: args.kubelet_dir,
+            rescan_interval: args.sampling.rescan_interval,
+            sampling: args.sampling.sampling(),
+        };
+        match crate::agent::run(client, config, shutdown_on_signals()).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => fail(e, 1),
+        }
+    })
+}

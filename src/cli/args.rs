@@ -1,0 +1,180 @@
+//! The arguments more than one subcommand takes (the host root, how often the
+//! node is sampled, the output format) and the small readers that turn such
+//! values into what a subcommand needs: the opened host root, the text of an
+//! optional config file, this machine's name, the Kubernetes client.
+//!
+//! It must not hold a subcommand's work or print: each subcommand's own
+//! arguments are in its file.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+
+use crate::host::HostRoot;
+
+#[derive(Args, Debug)]
+pub struct HostRootArg {
+    /// Directory that stands for the host's `/` (e.g. /host in a container, or a
+    /// directory written by `gpu-operator simulate`).
+    #[arg(
+        long,
+        value_name = "DIR",
+        default_value = "/",
+        env = "GPU_OPERATOR_HOST_ROOT"
+    )]
+    pub host_root: PathBuf,
+}
+
+impl HostRootArg {
+    /// The host root, checked to be a readable directory.
+    pub fn open(&self) -> Result<HostRoot, String> {
+        match std::fs::metadata(&self.host_root) {
+            Ok(meta) if meta.is_dir() => Ok(HostRoot::new(&self.host_root)),
+            Ok(_) => Err(format!(
+                "host root {} is not a directory",
+                self.host_root.display()
+            )),
+            Err(e) => Err(format!("host root {}: {e}", self.host_root.display())),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum OutputFormat {
+    Table,
+    Json,
+}
+
+/// How often the node is looked at. Shared by `agent` and `standalone`.
+#[derive(Args, Debug)]
+pub struct SamplingArgs {
+    /// Seconds between discovery rescans. udev events trigger rescans at once
+    /// when the host root is /; in a pod (host root /host) the rescan is what
+    /// notices hotplug and repartitioning, so keep it short (a scan of a
+    /// 64-partition node takes ~3 ms).
+    #[arg(long, value_name = "SECONDS", default_value = "1", value_parser = positive_seconds)]
+    pub rescan_interval: Duration,
+    /// Seconds between metrics samples; a scrape always serves the latest one.
+    #[arg(long, value_name = "SECONDS", default_value = "5", value_parser = positive_seconds)]
+    pub metrics_interval: Duration,
+    /// Seconds between health samples.
+    #[arg(long, value_name = "SECONDS", default_value = "0.25", value_parser = positive_seconds)]
+    pub health_interval: Duration,
+    /// Consecutive bad health samples before a GPU is marked Unhealthy.
+    #[arg(long, value_name = "N", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
+    pub unhealthy_after: u32,
+    /// Consecutive good health samples before an Unhealthy GPU is Healthy again.
+    #[arg(long, value_name = "N", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
+    pub healthy_after: u32,
+}
+
+impl SamplingArgs {
+    pub(super) fn sampling(&self) -> crate::agent::select::Sampling {
+        crate::agent::select::Sampling {
+            metrics_interval: self.metrics_interval,
+            health_interval: self.health_interval,
+            damping: crate::health::Damping {
+                unhealthy_after: self.unhealthy_after,
+                healthy_after: self.healthy_after,
+            },
+        }
+    }
+}
+
+/// A positive, finite number of seconds (fractions allowed), as clap parses
+/// a flag value.
+pub(super) fn positive_seconds(text: &str) -> Result<Duration, String> {
+    let seconds: f64 = text
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number of seconds"))?;
+    crate::api::syntax::positive_seconds(seconds).map_err(|why| format!("{text}: {why}"))
+}
+
+/// This machine's host name, for the `hostname` label.
+pub(super) fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_owned())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "localhost".into())
+}
+
+pub(super) fn read_optional(path: Option<&PathBuf>) -> Result<Option<String>, String> {
+    path.map(|p| std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display())))
+        .transpose()
+}
+
+/// The Kubernetes client, from the in-cluster service account or KUBECONFIG
+/// (what `agent` and `leader` take instead of a flag).
+pub(super) async fn kube_client() -> Result<kube::Client, String> {
+    kube::Client::try_default()
+        .await
+        .map_err(|e| format!("cannot reach Kubernetes (in-cluster config or KUBECONFIG): {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser as _;
+
+    use super::*;
+    use crate::cli::{Cli, Command};
+
+    #[test]
+    fn sampling_flags_default_parse_and_refuse_nonsense() {
+        let cli = Cli::try_parse_from(["gpu-operator", "standalone"]).unwrap();
+        let Command::Standalone(args) = cli.command else {
+            panic!("standalone parses as standalone");
+        };
+        assert_eq!(
+            args.sampling.sampling(),
+            crate::agent::select::Sampling::default()
+        );
+        assert_eq!(args.sampling.rescan_interval, Duration::from_secs(1));
+
+        let cli = Cli::try_parse_from([
+            "gpu-operator",
+            "agent",
+            "--node-name",
+            "n",
+            "--metrics-interval",
+            "2.5",
+            "--health-interval",
+            "0.1",
+            "--unhealthy-after",
+            "3",
+            "--healthy-after",
+            "5",
+        ])
+        .unwrap();
+        let Command::Agent(args) = cli.command else {
+            panic!("agent parses as agent");
+        };
+        let sampling = args.sampling.sampling();
+        assert_eq!(sampling.metrics_interval, Duration::from_millis(2500));
+        assert_eq!(sampling.health_interval, Duration::from_millis(100));
+        assert_eq!(
+            (
+                sampling.damping.unhealthy_after,
+                sampling.damping.healthy_after
+            ),
+            (3, 5)
+        );
+
+        for bad in [
+            ["--rescan-interval", "0"],
+            ["--metrics-interval", "-1"],
+            ["--health-interval", "soon"],
+            ["--health-interval", "inf"],
+            ["--unhealthy-after", "0"],
+        ] {
+            let parsed = Cli::try_parse_from(["gpu-operator", "standalone", bad[0], bad[1]]);
+            assert!(parsed.is_err(), "{bad:?} is refused");
+        }
+        // --timeout of check goes through the same parser: no panic on 1e30.
+        for bad in ["0", "-3", "1e30", "nan"] {
+            let parsed = Cli::try_parse_from(["gpu-operator", "check", "--timeout", bad]);
+            assert!(parsed.is_err(), "--timeout {bad} is refused");
+        }
+    }
+}
