@@ -1,6 +1,6 @@
 //! The `crd` and `validate` subcommands.
 //!
-//! Argument structs and entry points for `src/cli.rs` to wire in. The work is
+//! Argument structs and entry points for `src/cli/mod.rs` to wire in. The work is
 //! done by pure functions ([`validate_text`]) that return the report lines and
 //! the outcome; the entry points only read files and print. This module must not
 //! hold validation rules of its own: those are in `validate`.

@@ -10,7 +10,7 @@
 //! Must not: lower any limit, or decide anything else about connections (the
 //! server in [`super::server`] enforces the cap).
 
-pub use crate::host::descriptors::{nofile_limits, raise_nofile_limit};
+use crate::host::descriptors::nofile_limits;
 
 /// At most this fraction (1/N) of the soft descriptor limit goes to metrics
 /// connections; the rest is the reserve for GPU work and the API.
