@@ -1641,3 +1641,79 @@ async fn agent_runs_with_the_daemonset_environment_within_its_rbac() {
         );
     }
 }
+
+/// deploy/optional/npd-amdgpu-plugin.yaml: Node Problem Detector runs each
+/// rule's command and reads its exit code (0 ok, 1 problem, 2 unknown) and
+/// one line of stdout. The command, run as NPD would (with `--host-root` as
+/// the DaemonSet variant adds it), must speak that protocol on a healthy, a
+/// failing and an unreadable host, within the rule's timeout.
+#[test]
+fn the_npd_plugin_config_runs_check_npd_by_the_plugin_protocol() {
+    let path = repo().join("deploy/optional/npd-amdgpu-plugin.yaml");
+    let text = std::fs::read_to_string(&path).expect("the NPD example is readable");
+    let docs: Vec<Value> = serde_saphyr::from_multiple(&text).expect("YAML");
+    let config_map: k8s_openapi::api::core::v1::ConfigMap = docs
+        .into_iter()
+        .find(|d| d["kind"] == "ConfigMap")
+        .map(|d| serde_json::from_value(d).expect("a ConfigMap"))
+        .expect("the example holds a ConfigMap");
+    let data = config_map.data.expect("data");
+    let monitor: Value = serde_json::from_str(&data["amdgpu-custom-plugin-monitor.json"])
+        .expect("the plugin monitor config is JSON");
+    assert_eq!(monitor["plugin"], "custom");
+    let condition = monitor["conditions"][0]["type"]
+        .as_str()
+        .expect("a condition");
+    let rules = monitor["rules"].as_array().expect("rules");
+    assert!(!rules.is_empty());
+
+    let dir = tempfile::tempdir().unwrap();
+    let host = HostRoot::new(dir.path().join("host"));
+    let spec = gpu_operator::simulate::SimSpec::new("mi300x", Some(2), None).unwrap();
+    gpu_operator::simulate::write_host(&host, &spec).unwrap();
+    let bdf = gpu_operator::device::discover(&host).gpus[0].bdf.clone();
+    for rule in rules {
+        assert_eq!(rule["type"], "permanent");
+        assert_eq!(
+            rule["condition"], condition,
+            "the rule sets the declared condition"
+        );
+        assert_eq!(rule["path"], IMAGE_ENTRYPOINT, "the installed binary");
+        let timeout = rule["timeout"].as_str().expect("a timeout");
+        let timeout: u64 = timeout.trim_end_matches('s').parse().expect("seconds");
+        let args: Vec<String> = rule["args"]
+            .as_array()
+            .expect("args")
+            .iter()
+            .map(|a| a.as_str().expect("string args").to_owned())
+            .collect();
+        let run = |root: &Path| {
+            let started = std::time::Instant::now();
+            let out = std::process::Command::new(env!("CARGO_BIN_EXE_gpu-operator"))
+                .args(&args)
+                .arg(format!("--host-root={}", root.display()))
+                .env("NO_COLOR", "1")
+                .output()
+                .expect("the plugin runs");
+            assert!(
+                started.elapsed() < Duration::from_secs(timeout),
+                "answered within the rule's {timeout} s"
+            );
+            let stdout = String::from_utf8(out.stdout).expect("UTF-8");
+            assert_eq!(stdout.lines().count(), 1, "one line for NPD: {stdout:?}");
+            (out.status.code(), stdout.trim_end().to_owned())
+        };
+        assert_eq!(run(host.root()), (Some(0), "2 AMD GPUs healthy".to_owned()));
+        gpu_operator::simulate::set_ecc_counts(&host, &bdf, "umc", 1, 0).unwrap();
+        let (code, line) = run(host.root());
+        assert_eq!(code, Some(1), "{line}");
+        assert!(
+            line.starts_with(&format!("1 of 2 AMD GPUs unhealthy: {bdf}: ")),
+            "{line}"
+        );
+        gpu_operator::simulate::set_ecc_counts(&host, &bdf, "umc", 0, 0).unwrap();
+        let (code, line) = run(&dir.path().join("no-such-root"));
+        assert_eq!(code, Some(2), "{line}");
+        assert!(line.starts_with("cannot check AMD GPUs: "), "{line}");
+    }
+}

@@ -1,5 +1,7 @@
 //! `gpu-operator check`: the GPUs' health once, optionally a test recipe,
-//! and an exit status for scripts.
+//! and an exit status for scripts. With `--npd` it is a Node Problem
+//! Detector custom plugin (the role the reference's `amdgpuhealth` plays):
+//! one line on stdout and exit 0 (healthy), 1 (problem) or 2 (unknown).
 //!
 //! It owns the subcommand's arguments, its report (table or JSON) and its exit
 //! statuses; the checks are `health::check_once` and the test is
@@ -52,9 +54,112 @@ pub struct CheckArgs {
     pub deadline: Option<Duration>,
     #[arg(long, short, value_enum, default_value_t = OutputFormat::Table)]
     pub output: OutputFormat,
+    /// Behave as a Node Problem Detector custom plugin: print one line and
+    /// exit 0 when every GPU is healthy, 1 when one is not (or none is
+    /// found), 2 when the check itself cannot be made. The deadline defaults
+    /// to 8 s, inside the plugin timeout NPD's examples use.
+    #[arg(long, conflicts_with_all = ["recipe", "output"])]
+    pub npd: bool,
+}
+
+/// Node Problem Detector's custom plugin protocol: the exit codes it reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NpdStatus {
+    Ok = 0,
+    Problem = 1,
+    Unknown = 2,
+}
+
+/// What `check --npd` prints and exits with, from what the check found.
+/// `no_gpus_because` is why no GPU was found, when none was. Pure.
+///
+/// NPD shows the line as the Node condition's message, cut to its
+/// `max_output_length` (80 by default), so it leads with the count and the
+/// first unhealthy GPU.
+pub fn npd_verdict(
+    snapshot: &crate::health::HealthSnapshot,
+    no_gpus_because: Option<&str>,
+) -> (NpdStatus, String) {
+    if let Some(why) = no_gpus_because {
+        return (NpdStatus::Problem, format!("no AMD GPU found: {why}"));
+    }
+    let total = snapshot.gpus.len();
+    let unhealthy: Vec<_> = snapshot.unhealthy().collect();
+    match unhealthy.first() {
+        None => (
+            NpdStatus::Ok,
+            format!(
+                "{total} AMD GPU{} healthy",
+                if total == 1 { "" } else { "s" }
+            ),
+        ),
+        Some((bdf, health)) => (
+            NpdStatus::Problem,
+            format!(
+                "{} of {total} AMD GPUs unhealthy: {bdf}: {}",
+                unhealthy.len(),
+                health.reasons.join("; ")
+            ),
+        ),
+    }
+}
+
+/// `check --npd`'s answer when the check cannot be made: one line, exit 2.
+fn npd_unknown(why: impl std::fmt::Display) -> ExitCode {
+    println!("cannot check AMD GPUs: {why}");
+    ExitCode::from(NpdStatus::Unknown as u8)
+}
+
+/// `check --npd`: the health half of `check`, reported by NPD's rules.
+fn run_npd(args: CheckArgs) -> ExitCode {
+    let host = match args.host.open() {
+        Ok(host) => host,
+        Err(message) => return npd_unknown(message),
+    };
+    let metrics_config = match read_optional(args.metrics_config.as_ref()) {
+        Ok(text) => text,
+        Err(e) => return npd_unknown(e),
+    };
+    let deadline = args.deadline.unwrap_or(NPD_DEADLINE);
+    let work = async move {
+        let inventory = device::discover(&host);
+        let snapshot = match crate::health::check_once(
+            &host,
+            &inventory,
+            metrics_config.as_deref(),
+            Duration::from_secs(2),
+        )
+        .await
+        {
+            Ok(snapshot) => snapshot,
+            Err(e) => return npd_unknown(format!("--metrics-config: {e}")),
+        };
+        let no_gpus_because = inventory.gpus.is_empty().then(|| no_gpu_reason(&inventory));
+        let (status, line) = npd_verdict(&snapshot, no_gpus_because);
+        println!("{line}");
+        ExitCode::from(status as u8)
+    };
+    run_to_end(async move {
+        match tokio::time::timeout(deadline, work).await {
+            Ok(code) => code,
+            Err(_) => npd_unknown(format!("no answer within {deadline:?} (--deadline)")),
+        }
+    })
+}
+
+/// Why discovery found no GPU.
+fn no_gpu_reason(inventory: &device::Inventory) -> &'static str {
+    if inventory.driver.loaded {
+        "none is bound to amdgpu"
+    } else {
+        "the amdgpu driver is not loaded"
+    }
 }
 
 pub fn run(args: CheckArgs) -> ExitCode {
+    if args.npd {
+        return run_npd(args);
+    }
     let host = match args.host.open() {
         Ok(host) => host,
         Err(message) => return fail(message, 2),
@@ -180,11 +285,7 @@ pub fn run(args: CheckArgs) -> ExitCode {
             }
         }
         if inventory.gpus.is_empty() {
-            let why = if inventory.driver.loaded {
-                "none is bound to amdgpu"
-            } else {
-                "the amdgpu driver is not loaded"
-            };
+            let why = no_gpu_reason(&inventory);
             eprintln!("no GPUs found under {}: {why}", host.root().display());
             eprint!(
                 "{}",
@@ -219,5 +320,76 @@ pub fn run(args: CheckArgs) -> ExitCode {
 /// `check`'s global deadline, on top of the test's own `--timeout`.
 const CHECK_DEADLINE: std::time::Duration = std::time::Duration::from_secs(60);
 
+/// `check --npd`'s deadline: NPD's own examples give a plugin 10 s.
+const NPD_DEADLINE: Duration = Duration::from_secs(8);
+
 /// `check`'s exit status when the test tool cannot be started.
 const TOOL_UNAVAILABLE_EXIT: u8 = 4;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::health::{GpuHealth, HealthSnapshot};
+
+    fn snapshot(gpus: &[(&str, &[&str])]) -> HealthSnapshot {
+        HealthSnapshot {
+            gpus: gpus
+                .iter()
+                .map(|(bdf, reasons)| {
+                    let health = GpuHealth {
+                        healthy: reasons.is_empty(),
+                        reasons: reasons.iter().map(|r| r.to_string()).collect(),
+                        gpu_ids: vec![0],
+                    };
+                    (bdf.to_string(), health)
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn npd_lines_lead_with_the_count_and_the_first_unhealthy_gpu() {
+        let cases: &[(&[(&str, &[&str])], Option<&str>, NpdStatus, &str)] = &[
+            (
+                &[("0000:05:00.0", &[]), ("0000:27:00.0", &[])],
+                None,
+                NpdStatus::Ok,
+                "2 AMD GPUs healthy",
+            ),
+            (
+                &[("0000:05:00.0", &[])],
+                None,
+                NpdStatus::Ok,
+                "1 AMD GPU healthy",
+            ),
+            (
+                &[
+                    ("0000:05:00.0", &[]),
+                    ("0000:27:00.0", &["umc: 1 uncorrectable ECC error", "hot"]),
+                    ("0000:47:00.0", &["gone"]),
+                ],
+                None,
+                NpdStatus::Problem,
+                "2 of 3 AMD GPUs unhealthy: 0000:27:00.0: umc: 1 uncorrectable ECC error; hot",
+            ),
+            (
+                &[],
+                Some("the amdgpu driver is not loaded"),
+                NpdStatus::Problem,
+                "no AMD GPU found: the amdgpu driver is not loaded",
+            ),
+        ];
+        for (gpus, no_gpus, status, line) in cases {
+            assert_eq!(
+                npd_verdict(&snapshot(gpus), *no_gpus),
+                (*status, line.to_string()),
+                "{gpus:?}"
+            );
+        }
+        assert_eq!(
+            [NpdStatus::Ok, NpdStatus::Problem, NpdStatus::Unknown].map(|s| s as u8),
+            [0, 1, 2],
+            "NPD's plugin protocol"
+        );
+    }
+}
