@@ -122,16 +122,8 @@ fn run_npd(args: CheckArgs) -> ExitCode {
     };
     let deadline = args.deadline.unwrap_or(NPD_DEADLINE);
     let work = async move {
-        let inventory = device::discover(&host);
-        let snapshot = match crate::health::check_once(
-            &host,
-            &inventory,
-            metrics_config.as_deref(),
-            Duration::from_secs(2),
-        )
-        .await
-        {
-            Ok(snapshot) => snapshot,
+        let (inventory, snapshot) = match health_once(&host, metrics_config.as_deref()).await {
+            Ok(found) => found,
             Err(e) => return npd_unknown(format!("--metrics-config: {e}")),
         };
         let no_gpus_because = inventory.gpus.is_empty().then(|| no_gpu_reason(&inventory));
@@ -145,6 +137,19 @@ fn run_npd(args: CheckArgs) -> ExitCode {
             Err(_) => npd_unknown(format!("no answer within {deadline:?} (--deadline)")),
         }
     })
+}
+
+/// Discovers the GPUs and checks each once; `exporter_config` gives the
+/// thresholds.
+async fn health_once(
+    host: &crate::host::HostRoot,
+    exporter_config: Option<&str>,
+) -> Result<(device::Inventory, crate::health::HealthSnapshot), crate::telemetry::ConfigError> {
+    let inventory = device::discover(host);
+    let snapshot =
+        crate::health::check_once(host, &inventory, exporter_config, Duration::from_secs(2))
+            .await?;
+    Ok((inventory, snapshot))
 }
 
 /// Why discovery found no GPU.
@@ -176,16 +181,8 @@ pub fn run(args: CheckArgs) -> ExitCode {
         .deadline
         .unwrap_or(CHECK_DEADLINE + args.timeout.unwrap_or_default());
     let work = async move {
-        let inventory = device::discover(&host);
-        let snapshot = match crate::health::check_once(
-            &host,
-            &inventory,
-            metrics_config.as_deref(),
-            std::time::Duration::from_secs(2),
-        )
-        .await
-        {
-            Ok(snapshot) => snapshot,
+        let (inventory, snapshot) = match health_once(&host, metrics_config.as_deref()).await {
+            Ok(found) => found,
             Err(e) => return fail(format!("--metrics-config: {e}"), 2),
         };
         let unhealthy = snapshot.gpus.values().filter(|g| !g.healthy).count();
