@@ -22,6 +22,7 @@ pub mod enums;
 pub mod field_manager;
 pub mod semantics;
 pub mod syntax;
+pub mod tracked;
 pub mod types;
 pub mod validate;
 pub mod yaml;

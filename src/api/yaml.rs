@@ -17,6 +17,7 @@ use serde::de::{self, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde::{Deserialize, Serialize};
 use serde_saphyr::Spanned;
 
+use super::tracked::{WithUnknown, format_path};
 use super::types::{DeviceConfig, DeviceConfigSpec, DeviceConfigStatus};
 
 /// `kind` of a DeviceConfig document.
@@ -132,13 +133,20 @@ pub enum DocumentKind {
 
 /// Parses every document of a YAML text. Empty documents are skipped.
 pub fn parse_documents(text: &str) -> Result<Vec<Document>, ParseError> {
-    let docs: Vec<Spanned<TrackedDoc>> =
+    let docs: Vec<Spanned<WithUnknown<RawDoc>>> =
         serde_saphyr::from_multiple(text).map_err(|e| ParseError::from_saphyr(&e, text))?;
     docs.into_iter()
         .enumerate()
         .map(|(index, spanned)| {
             let line = spanned.referenced.line();
-            let raw = spanned.value.0;
+            let WithUnknown {
+                value: mut raw,
+                unknown,
+            } = spanned.value;
+            // Only a DeviceConfig's fields are this API's to judge.
+            if raw.is_device_config() {
+                raw.unknown_fields.extend(unknown);
+            }
             let kind = raw.into_kind().map_err(|message| ParseError {
                 line,
                 column: 1,
@@ -358,21 +366,6 @@ impl RawDoc {
     }
 }
 
-/// A document together with the paths serde ignored while reading it.
-struct TrackedDoc(RawDoc);
-
-impl<'de> Deserialize<'de> for TrackedDoc {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let mut unknown = Vec::new();
-        let mut raw: RawDoc =
-            serde_ignored::deserialize(deserializer, |path| unknown.push(format_path(&path)))?;
-        if raw.is_device_config() {
-            raw.unknown_fields.extend(unknown);
-        }
-        Ok(Self(raw))
-    }
-}
-
 impl<'de> Deserialize<'de> for RawDoc {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         deserializer.deserialize_map(RawDocVisitor)
@@ -420,34 +413,4 @@ where
         map.next_value::<IgnoredAny>()?;
         Ok(None)
     }
-}
-
-/// Formats a serde_ignored path as a field path: `spec.devicePlugin.x`,
-/// `spec.remediationWorkflow.nodeRemediationTaints[0].colour`.
-fn format_path(path: &serde_ignored::Path<'_>) -> String {
-    fn walk(path: &serde_ignored::Path<'_>, out: &mut String) {
-        use serde_ignored::Path;
-        match path {
-            Path::Root => {}
-            Path::Seq { parent, index } => {
-                walk(parent, out);
-                out.push_str(&format!("[{index}]"));
-            }
-            Path::Map { parent, key } => {
-                walk(parent, out);
-                if !out.is_empty() {
-                    out.push('.');
-                }
-                out.push_str(key);
-            }
-            Path::Some { parent }
-            | Path::NewtypeStruct { parent }
-            | Path::NewtypeVariant { parent } => {
-                walk(parent, out);
-            }
-        }
-    }
-    let mut out = String::new();
-    walk(path, &mut out);
-    out
 }
