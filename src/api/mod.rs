@@ -37,5 +37,6 @@ pub use validate::{
     IgnoredField, Problem, document_problems, ignored_field_notes, ignored_fields, validate,
 };
 pub use yaml::{
-    Document, DocumentKind, ParseError, parse_device_configs, parse_documents, to_yaml,
+    Document, DocumentKind, ParseError, SpecDocument, parse_device_configs, parse_documents,
+    parse_specs, to_yaml,
 };
