@@ -16,8 +16,10 @@
 //! written, also after [`read_lenient`] left list items out. Pure.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::marker::PhantomData;
 
-use serde::de::DeserializeOwned;
+use serde::de::{self, DeserializeOwned, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 
@@ -118,6 +120,141 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for WithUnknown<T> {
             value,
             unknown: unknown.into_iter().collect(),
         })
+    }
+}
+
+/// For `#[serde(deserialize_with = "crate::api::tracked::present")]` on an
+/// `Option` field: a key that is there must hold a `T`, `null` included
+/// (plain `Option` would take `null` for a missing key).
+pub fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
+    deserializer: D,
+) -> Result<Option<T>, D::Error> {
+    T::deserialize(deserializer).map(Some)
+}
+
+/// How a JSON value is named in messages: "a string", "a list", ...
+pub fn kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// A type read from some kinds of value only: the others are refused with
+/// "must be {WHAT}, found {kind}", the way [`kind`] names them.
+pub trait Shape<'de>: Sized {
+    /// What is expected: "an object", "a list of strings".
+    const WHAT: &'static str;
+
+    fn from_map<A: MapAccess<'de>>(map: A) -> Result<Self, A::Error> {
+        drop(map);
+        Err(wrong_kind::<Self, _>("an object"))
+    }
+
+    fn from_seq<A: SeqAccess<'de>>(seq: A) -> Result<Self, A::Error> {
+        drop(seq);
+        Err(wrong_kind::<Self, _>("a list"))
+    }
+
+    fn from_str<E: de::Error>(text: &str) -> Result<Self, E> {
+        let _ = text;
+        Err(wrong_kind::<Self, _>("a string"))
+    }
+}
+
+fn wrong_kind<'de, T: Shape<'de>, E: de::Error>(found: &str) -> E {
+    E::custom(format!("must be {}, found {found}", T::WHAT))
+}
+
+/// Reads a [`Shape`] (for its `Deserialize`).
+pub fn deserialize_shape<'de, D: Deserializer<'de>, T: Shape<'de>>(
+    deserializer: D,
+) -> Result<T, D::Error> {
+    struct ShapeVisitor<T>(PhantomData<T>);
+
+    impl<'de, T: Shape<'de>> Visitor<'de> for ShapeVisitor<T> {
+        type Value = T;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str(T::WHAT)
+        }
+        fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+            T::from_map(map)
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<T, A::Error> {
+            T::from_seq(seq)
+        }
+        fn visit_str<E: de::Error>(self, text: &str) -> Result<T, E> {
+            T::from_str(text)
+        }
+        fn visit_bool<E: de::Error>(self, _: bool) -> Result<T, E> {
+            Err(wrong_kind::<T, _>("a boolean"))
+        }
+        fn visit_i64<E: de::Error>(self, _: i64) -> Result<T, E> {
+            Err(wrong_kind::<T, _>("a number"))
+        }
+        fn visit_u64<E: de::Error>(self, _: u64) -> Result<T, E> {
+            Err(wrong_kind::<T, _>("a number"))
+        }
+        fn visit_f64<E: de::Error>(self, _: f64) -> Result<T, E> {
+            Err(wrong_kind::<T, _>("a number"))
+        }
+        fn visit_unit<E: de::Error>(self) -> Result<T, E> {
+            Err(wrong_kind::<T, _>("null"))
+        }
+        fn visit_none<E: de::Error>(self) -> Result<T, E> {
+            Err(wrong_kind::<T, _>("null"))
+        }
+    }
+    deserializer.deserialize_any(ShapeVisitor(PhantomData))
+}
+
+/// A `T` that must be written as an object: serde alone also takes a list of
+/// a struct's fields in order, which no configuration means.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Object<T>(pub T);
+
+impl<'de, T: Deserialize<'de>> Shape<'de> for Object<T> {
+    const WHAT: &'static str = "an object";
+    fn from_map<A: MapAccess<'de>>(map: A) -> Result<Self, A::Error> {
+        T::deserialize(de::value::MapAccessDeserializer::new(map)).map(Object)
+    }
+}
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Object<T> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserialize_shape(deserializer)
+    }
+}
+
+/// What a list of this type is called in messages ("a list of strings").
+pub trait ListItem {
+    const LIST: &'static str = "a list";
+}
+
+impl<T> ListItem for Object<T> {}
+
+/// A list of `T`, anything else refused with "must be {LIST}, found ...".
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct List<T>(pub Vec<T>);
+
+impl<'de, T: Deserialize<'de> + ListItem> Shape<'de> for List<T> {
+    const WHAT: &'static str = T::LIST;
+    fn from_seq<A: SeqAccess<'de>>(mut seq: A) -> Result<Self, A::Error> {
+        let mut items = Vec::new();
+        while let Some(item) = seq.next_element()? {
+            items.push(item);
+        }
+        Ok(List(items))
+    }
+}
+
+impl<'de, T: Deserialize<'de> + ListItem> Deserialize<'de> for List<T> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserialize_shape(deserializer)
     }
 }
 
@@ -393,6 +530,63 @@ mod tests {
     fn lenient_reading_fails_only_when_the_whole_value_does_not_fit() {
         let err = read_lenient::<Outer>(&json!("text"), "").unwrap_err();
         assert_eq!(err.path, "");
+    }
+
+    #[test]
+    fn shapes_take_only_their_kind_of_value_and_keep_paths() {
+        #[derive(Debug, Default, Deserialize, PartialEq)]
+        #[serde(default)]
+        struct Case {
+            #[serde(deserialize_with = "present")]
+            size: Option<u32>,
+        }
+        #[derive(Debug, Deserialize, PartialEq)]
+        struct Word(String);
+        impl ListItem for Word {
+            const LIST: &'static str = "a list of words";
+        }
+        #[derive(Debug, Default, Deserialize)]
+        #[serde(default)]
+        struct Top {
+            cases: Option<List<Object<Case>>>,
+            words: Option<List<Word>>,
+        }
+        // A struct written as a list of its fields is refused.
+        let err = read::<Object<Case>>(&json!([1]), "c").unwrap_err();
+        assert_eq!(
+            (err.path.as_str(), err.message.as_str()),
+            ("c", "must be an object, found a list")
+        );
+        let err = read::<Object<Top>>(&json!({"cases": {"size": 1}}), "").unwrap_err();
+        assert_eq!(err.to_string(), "cases: must be a list, found an object");
+        let err = read::<Object<Top>>(&json!({"words": "w"}), "").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "words: must be a list of words, found a string"
+        );
+        let err = read::<Object<Top>>(&json!({"cases": [{}, {"size": null}]}), "").unwrap_err();
+        assert_eq!(err.path, "cases[1].size", "null is not a missing key");
+        let top = read::<Object<Top>>(
+            &json!({"cases": [{"size": 2, "x": 1}], "words": ["a"]}),
+            "t",
+        )
+        .unwrap();
+        assert_eq!(
+            top.value.0.cases,
+            Some(List(vec![Object(Case { size: Some(2) })]))
+        );
+        assert_eq!(top.unknown, ["t.cases[0].x"]);
+        for (value, found) in [
+            (json!(true), "a boolean"),
+            (json!(-1), "a number"),
+            (json!(1.5), "a number"),
+            (json!(null), "null"),
+            (json!("s"), "a string"),
+        ] {
+            assert_eq!(kind(&value), found);
+            let err = read::<Object<Case>>(&value, "").unwrap_err();
+            assert_eq!(err.message, format!("must be an object, found {found}"));
+        }
     }
 
     #[test]
