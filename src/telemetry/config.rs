@@ -18,8 +18,8 @@
 //! like a built-in label except `CLUSTER_NAME`; an invalid prefix is replaced by
 //! no prefix; `ServerPort` is ignored (the DeviceConfig's `metricsExporter.port`
 //! wins, as under AMD's operator); `CommonConfig.HealthService.PollingRate` (a
-//! Go duration, held between 30 s and 24 h as the reference holds it) is the
-//! time between health samples; `GPU_CPER_MAX_AGE` is accepted, and since no
+//! Go duration, held between 30 s and 24 h as the reference holds it) is read
+//! as the time between health samples, [`ExporterConfig::health_polling_rate`]; `GPU_CPER_MAX_AGE` is accepted, and since no
 //! CPER records are read here, a non-zero age is a warning. Extension:
 //! `HealthThresholds` also accepts `GPU_JUNCTION_TEMPERATURE`, the critical
 //! junction temperature in °C.
