@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::node_services::{DiscoveryProgress, NodeServices};
 use super::select::{NodeContext, plan_services};
-use crate::api::{DeviceConfigSpec, DocumentKind, parse_device_configs, parse_documents, validate};
+use crate::api::{DeviceConfigSpec, parse_specs, validate};
 use crate::device::watch::{DeviceWatch, WatchConfig};
 use crate::health::outputs::transition_event;
 use crate::host::HostRoot;
@@ -98,61 +98,25 @@ pub fn read_config(path: &Path) -> Result<DeviceConfigSpec, StandaloneError> {
 
 /// Parses the text of a standalone config (see [`read_config`]).
 pub fn parse_standalone(text: &str) -> Result<DeviceConfigSpec, String> {
+    let mut specs = parse_specs(text).map_err(|e| e.to_string())?;
+    if specs.len() != 1 {
+        return Err(format!(
+            "holds {} DeviceConfigs; standalone mode follows exactly one",
+            specs.len()
+        ));
+    }
+    let doc = specs.remove(0);
     // Unknown fields are refused as `validate` refuses them: a typo must not
     // silently fall back to a default.
-    let unknown = |paths: &[String]| {
-        Err(paths
+    if !doc.unknown_fields.is_empty() {
+        return Err(doc
+            .unknown_fields
             .iter()
             .map(|path| format!("{path}: is not a field of DeviceConfig"))
             .collect::<Vec<_>>()
-            .join("; "))
-    };
-    let one = |text: &str| {
-        let mut configs = parse_device_configs(text).map_err(|e| e.to_string())?;
-        if configs.len() != 1 {
-            return Err(format!(
-                "holds {} DeviceConfigs; standalone mode follows exactly one",
-                configs.len()
-            ));
-        }
-        let unknown_fields = parse_documents(text)
-            .map_err(|e| e.to_string())?
-            .into_iter()
-            .find_map(|doc| match doc.kind {
-                DocumentKind::DeviceConfig { unknown_fields, .. } => Some(unknown_fields),
-                DocumentKind::Other { .. } => None,
-            })
-            .unwrap_or_default();
-        if !unknown_fields.is_empty() {
-            return unknown(&unknown_fields);
-        }
-        Ok(configs.remove(0).spec)
-    };
-    let value: serde_json::Value = match serde_saphyr::from_str(text) {
-        Ok(value) => value,
-        // Several documents do not make one value: read them as DeviceConfigs,
-        // whose parser reports line and column.
-        Err(_) => return one(text),
-    };
-    let has = |key: &str| value.get(key).is_some();
-    if has("kind") || has("apiVersion") {
-        return one(text);
+            .join("; "));
     }
-    let spec = if has("spec") {
-        value["spec"].clone()
-    } else {
-        value
-    };
-    let spec = if spec.is_null() { json!({}) } else { spec };
-    let mut unknown_fields = Vec::new();
-    let parsed = serde_ignored::deserialize(spec, |path| {
-        unknown_fields.push(format!("spec.{path}"));
-    })
-    .map_err(|e| format!("not a DeviceConfig spec: {e}"))?;
-    if !unknown_fields.is_empty() {
-        return unknown(&unknown_fields);
-    }
-    Ok(parsed)
+    Ok(doc.spec)
 }
 
 /// Appends Events as JSON lines and logs them.

@@ -22,6 +22,7 @@ pub mod enums;
 pub mod field_manager;
 pub mod semantics;
 pub mod syntax;
+pub mod tracked;
 pub mod types;
 pub mod validate;
 pub mod yaml;
@@ -36,5 +37,6 @@ pub use validate::{
     IgnoredField, Problem, document_problems, ignored_field_notes, ignored_fields, validate,
 };
 pub use yaml::{
-    Document, DocumentKind, ParseError, parse_device_configs, parse_documents, to_yaml,
+    Document, DocumentKind, ParseError, SpecDocument, parse_device_configs, parse_documents,
+    parse_specs, to_yaml,
 };

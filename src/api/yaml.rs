@@ -17,6 +17,7 @@ use serde::de::{self, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde::{Deserialize, Serialize};
 use serde_saphyr::Spanned;
 
+use super::tracked::{WithUnknown, format_path};
 use super::types::{DeviceConfig, DeviceConfigSpec, DeviceConfigStatus};
 
 /// `kind` of a DeviceConfig document.
@@ -132,13 +133,20 @@ pub enum DocumentKind {
 
 /// Parses every document of a YAML text. Empty documents are skipped.
 pub fn parse_documents(text: &str) -> Result<Vec<Document>, ParseError> {
-    let docs: Vec<Spanned<TrackedDoc>> =
+    let docs: Vec<Spanned<WithUnknown<RawDoc>>> =
         serde_saphyr::from_multiple(text).map_err(|e| ParseError::from_saphyr(&e, text))?;
     docs.into_iter()
         .enumerate()
         .map(|(index, spanned)| {
             let line = spanned.referenced.line();
-            let raw = spanned.value.0;
+            let WithUnknown {
+                value: mut raw,
+                unknown,
+            } = spanned.value;
+            // Only a DeviceConfig's fields are this API's to judge.
+            if raw.is_device_config() {
+                raw.unknown_fields.extend(unknown);
+            }
             let kind = raw.into_kind().map_err(|message| ParseError {
                 line,
                 column: 1,
@@ -149,25 +157,116 @@ pub fn parse_documents(text: &str) -> Result<Vec<Document>, ParseError> {
         .collect()
 }
 
-/// Parses a YAML text that must hold DeviceConfigs only, as the agent reads its
-/// configuration in standalone mode. Unknown fields are dropped (as the API
-/// server prunes them); run `validate` to report them.
+/// Parses a YAML text that must hold DeviceConfigs only. Unknown fields are
+/// dropped (as the API server prunes them); run `validate` to report them.
 pub fn parse_device_configs(text: &str) -> Result<Vec<DeviceConfig>, ParseError> {
     parse_documents(text)?
         .into_iter()
-        .map(|doc| match doc.kind {
-            DocumentKind::DeviceConfig { config, .. } => Ok(*config),
-            DocumentKind::Other { kind, .. } => Err(ParseError {
-                line: doc.line,
-                column: 1,
-                message: format!(
-                    "document {} is not a DeviceConfig (kind {})",
-                    doc.index,
-                    kind.as_deref().unwrap_or("missing")
-                ),
-            }),
-        })
+        .map(|doc| device_config_only(doc).map(|(config, _)| config))
         .collect()
+}
+
+/// A DeviceConfig spec as a file gives it (see [`parse_specs`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SpecDocument {
+    /// 1-based line where the document starts.
+    pub line: u64,
+    pub spec: DeviceConfigSpec,
+    /// Paths of fields the API does not define, `spec.` first
+    /// (`spec.metricsExporter.prot`), sorted, each once.
+    pub unknown_fields: Vec<String>,
+}
+
+/// Parses a text that gives DeviceConfig specs in any of the three shapes an
+/// administrator writes one, as the agent reads its configuration in
+/// standalone mode:
+///
+/// - DeviceConfig documents (`kind: DeviceConfig`), possibly several; then
+///   every document must be one;
+/// - one document with just `spec:` (other top-level keys are not the spec's
+///   and are left alone);
+/// - one bare spec (`metricsExporter: ...`); an empty text is the default spec.
+///
+/// A document with a `kind` or an `apiVersion` is read as a whole object.
+/// Errors name their line and column.
+pub fn parse_specs(text: &str) -> Result<Vec<SpecDocument>, ParseError> {
+    let documents = parse_documents(text)?;
+    let is_object = |doc: &Document| match &doc.kind {
+        DocumentKind::DeviceConfig { .. } => true,
+        DocumentKind::Other { api_version, kind } => api_version.is_some() || kind.is_some(),
+    };
+    if documents.len() > 1 || documents.iter().any(is_object) {
+        return documents
+            .into_iter()
+            .map(|doc| {
+                let line = doc.line;
+                device_config_only(doc).map(|(config, unknown_fields)| SpecDocument {
+                    line,
+                    spec: config.spec,
+                    unknown_fields,
+                })
+            })
+            .collect();
+    }
+    let line = documents.first().map_or(1, |doc| doc.line);
+    // The one document (empty ones are skipped), read again as its shape.
+    fn one<T: de::DeserializeOwned>(text: &str) -> Result<Option<T>, ParseError> {
+        serde_saphyr::from_multiple(text)
+            .map(|docs: Vec<T>| docs.into_iter().next())
+            .map_err(|e| ParseError::from_saphyr(&e, text))
+    }
+    let keys: Option<std::collections::BTreeMap<String, IgnoredAny>> = one(text)?;
+    let (spec, unknown_fields) = if keys.is_some_and(|keys| keys.contains_key("spec")) {
+        let read = one::<WithUnknown<SpecWrapper>>(text)?;
+        let (spec, unknown) = read.map_or_else(Default::default, |r| (r.value.spec, r.unknown));
+        // Other top-level keys are not the spec's.
+        let unknown = unknown
+            .into_iter()
+            .filter(|path| path.starts_with("spec.") || path.starts_with("spec["))
+            .collect();
+        (spec.unwrap_or_default(), unknown)
+    } else {
+        let read = one::<WithUnknown<DeviceConfigSpec>>(text)?;
+        let (spec, unknown) = read.map_or_else(Default::default, |r| (r.value, r.unknown));
+        let unknown = unknown
+            .iter()
+            .map(|path| super::tracked::join("spec", path))
+            .collect();
+        (spec, unknown)
+    };
+    Ok(vec![SpecDocument {
+        line,
+        spec,
+        unknown_fields,
+    }])
+}
+
+/// A document with just `spec:`.
+#[derive(Deserialize)]
+struct SpecWrapper {
+    #[serde(default)]
+    spec: Option<DeviceConfigSpec>,
+}
+
+/// The DeviceConfig a document holds, with its unknown fields; any other
+/// document is an error.
+fn device_config_only(doc: Document) -> Result<(DeviceConfig, Vec<String>), ParseError> {
+    match doc.kind {
+        DocumentKind::DeviceConfig {
+            config,
+            unknown_fields,
+            ..
+        } => Ok((*config, unknown_fields)),
+        DocumentKind::Other { kind, .. } => Err(ParseError {
+            line: doc.line,
+            column: 1,
+            message: format!(
+                "document {} is not a DeviceConfig (kind {})",
+                doc.index,
+                kind.as_deref().unwrap_or("missing")
+            ),
+        }),
+    }
 }
 
 /// The 1-based line of every field of every document: `field_lines(text)[1]
@@ -358,21 +457,6 @@ impl RawDoc {
     }
 }
 
-/// A document together with the paths serde ignored while reading it.
-struct TrackedDoc(RawDoc);
-
-impl<'de> Deserialize<'de> for TrackedDoc {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let mut unknown = Vec::new();
-        let mut raw: RawDoc =
-            serde_ignored::deserialize(deserializer, |path| unknown.push(format_path(&path)))?;
-        if raw.is_device_config() {
-            raw.unknown_fields.extend(unknown);
-        }
-        Ok(Self(raw))
-    }
-}
-
 impl<'de> Deserialize<'de> for RawDoc {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         deserializer.deserialize_map(RawDocVisitor)
@@ -422,32 +506,81 @@ where
     }
 }
 
-/// Formats a serde_ignored path as a field path: `spec.devicePlugin.x`,
-/// `spec.remediationWorkflow.nodeRemediationTaints[0].colour`.
-fn format_path(path: &serde_ignored::Path<'_>) -> String {
-    fn walk(path: &serde_ignored::Path<'_>, out: &mut String) {
-        use serde_ignored::Path;
-        match path {
-            Path::Root => {}
-            Path::Seq { parent, index } => {
-                walk(parent, out);
-                out.push_str(&format!("[{index}]"));
-            }
-            Path::Map { parent, key } => {
-                walk(parent, out);
-                if !out.is_empty() {
-                    out.push('.');
-                }
-                out.push_str(key);
-            }
-            Path::Some { parent }
-            | Path::NewtypeStruct { parent }
-            | Path::NewtypeVariant { parent } => {
-                walk(parent, out);
-            }
-        }
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FULL: &str = "apiVersion: amd.com/v1alpha1\nkind: DeviceConfig\nmetadata: {name: x}\nspec:\n  metricsExporter: {enable: true, port: 5001, prot: 1}\n";
+
+    fn one(text: &str) -> SpecDocument {
+        let mut specs = parse_specs(text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        assert_eq!(specs.len(), 1, "{text}");
+        specs.remove(0)
     }
-    let mut out = String::new();
-    walk(path, &mut out);
-    out
+
+    #[test]
+    fn the_three_shapes_give_the_same_spec_and_unknown_fields() {
+        let wrapped =
+            "metadata: {name: x}\nspec:\n  metricsExporter: {enable: true, port: 5001, prot: 1}\n";
+        let bare = "metricsExporter: {enable: True, port: 5001, prot: 1}\n";
+        let docs = [one(FULL), one(wrapped), one(bare)];
+        for doc in &docs {
+            assert_eq!(doc.spec.metrics_exporter.port, 5001);
+            assert_eq!(doc.spec.metrics_exporter.enable, Some(true));
+            assert_eq!(doc.unknown_fields, ["spec.metricsExporter.prot"]);
+        }
+        assert_eq!(docs[0].spec, docs[2].spec);
+        assert_eq!(docs[2].line, 1);
+    }
+
+    #[test]
+    fn empty_texts_and_empty_specs_are_the_default() {
+        for text in [
+            "",
+            "# nothing\n",
+            "---\n",
+            "spec:\n",
+            "spec: null\n",
+            "{}\n",
+        ] {
+            let doc = one(text);
+            assert_eq!(doc.spec, DeviceConfigSpec::default(), "{text:?}");
+            assert!(doc.unknown_fields.is_empty(), "{text:?}");
+        }
+        // Empty documents around a bare spec are skipped.
+        assert_eq!(
+            one("---\nmetricsExporter: {port: 5002}\n---\n")
+                .spec
+                .metrics_exporter
+                .port,
+            5002
+        );
+    }
+
+    #[test]
+    fn several_documents_must_all_be_device_configs() {
+        let two = parse_specs(&format!("{FULL}---\n{FULL}")).unwrap();
+        assert_eq!(two.len(), 2);
+        assert_eq!(two[1].line, 7);
+        let err = parse_specs(&format!("{FULL}---\nmetricsExporter: {{port: 1}}\n")).unwrap_err();
+        assert!(
+            err.message
+                .contains("document 1 is not a DeviceConfig (kind missing)"),
+            "{err}"
+        );
+        assert_eq!(err.line, 7);
+        let err =
+            parse_specs("apiVersion: v1\nkind: Namespace\nmetadata: {name: n}\n").unwrap_err();
+        assert!(err.message.contains("kind Namespace"), "{err}");
+    }
+
+    #[test]
+    fn bad_values_name_their_line_in_every_shape() {
+        let err = parse_specs("metricsExporter:\n  port: lots\n").unwrap_err();
+        assert_eq!(err.line, 2, "{err}");
+        let err = parse_specs("spec:\n  metricsExporter:\n    port: lots\n").unwrap_err();
+        assert_eq!(err.line, 3, "{err}");
+        assert!(parse_specs("metricsExporter: [1, 2]").is_err());
+        assert!(parse_specs(": : :").is_err());
+    }
 }

@@ -358,6 +358,10 @@ pub fn read_results(
 
 /// RVS's JSON results: `{"version": ..., "<module>": {"<action>": [{"gpu_index":
 /// "0", "pass": "true"}, ...]}}`. Entries without `pass` are progress records.
+///
+/// Results are a tool's output, not a configuration a person wrote: what is
+/// not understood is skipped rather than reported, so they are not read
+/// through `api::tracked` as the config files are.
 pub fn parse_rvs_results(text: &str) -> Result<SuitesResult, String> {
     let root: Value = serde_json::from_str(text).map_err(|e| format!("not valid JSON: {e}"))?;
     let root = root.as_object().ok_or("not a JSON object")?;

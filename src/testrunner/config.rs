@@ -29,18 +29,25 @@
 //! - `TimeoutSeconds` may have a fraction (`0.5`);
 //! - `Arguments` may also be a JSON list of strings.
 //!
-//! Unknown fields are reported as warnings and otherwise ignored, like the
-//! reference's JSON decoder ignores them; an unknown trigger is an error (it is
-//! almost always a typo that would silently disable tests).
+//! Unknown fields are reported as warnings (once per path) and otherwise
+//! ignored, like the reference's JSON decoder ignores them; an unknown trigger
+//! is an error (it is almost always a typo that would silently disable tests).
+//! A value of the wrong type is an error too: tests must not run other than
+//! asked.
 //!
+//! Read with serde ([`crate::api::tracked`]), then checked across fields.
 //! Pure: text in, [`TestConfig`] or a [`ConfigError`] naming the field path out.
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
-use serde::Serialize;
-use serde_json::{Map, Value};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::api::tracked::{
+    List, ListItem, Object, Shape, deserialize_shape, join, kind, present, read,
+};
 
 /// The only test category the reference defines.
 pub const CATEGORY: &str = "GPU_HEALTH_CHECK";
@@ -253,39 +260,29 @@ pub fn parse_config(text: &str) -> Result<Parsed, ConfigError> {
         message: format!("not valid JSON: {e}"),
     })?;
     let mut p = Parser::default();
-    let root = p.object(&root, "")?;
-    let mut config = TestConfig {
-        locations: BTreeMap::new(),
-    };
-    let mut categories = None;
-    for (key, value) in root {
-        if key == "TestConfig" {
-            categories = Some(p.object(value, "TestConfig")?);
-        } else {
-            p.unknown(key, "");
-        }
-    }
-    let categories = categories.ok_or_else(|| err("TestConfig", "required"))?;
-    let mut found = false;
-    for (key, value) in categories {
-        let path = format!("TestConfig.{key}");
+    let Object(root) = p.read::<Object<RawRoot>>(&root, "")?;
+    let Object(categories) = root
+        .test_config
+        .ok_or_else(|| err("TestConfig", "required"))?;
+    let mut locations = None;
+    for (key, value) in &categories {
+        let path = join("TestConfig", key);
         if !key.eq_ignore_ascii_case(CATEGORY) {
             p.warnings.push(format!(
                 "{path}: unknown test category (only {CATEGORY} is known); ignored"
             ));
             continue;
         }
-        found = true;
-        config.locations = p.category(value, &path)?;
+        locations = Some(p.category(value, &path)?);
     }
-    if !found {
-        return Err(err(
+    let locations = locations.ok_or_else(|| {
+        err(
             format!("TestConfig.{CATEGORY}"),
             "required (the only test category)",
-        ));
-    }
+        )
+    })?;
     Ok(Parsed {
-        config,
+        config: TestConfig { locations },
         warnings: p.warnings,
     })
 }
@@ -297,11 +294,155 @@ fn err(path: impl Into<String>, message: impl Into<String>) -> ConfigError {
     }
 }
 
-fn join(path: &str, key: &str) -> String {
-    if path.is_empty() {
-        key.to_owned()
-    } else {
-        format!("{path}.{key}")
+/// The reference's `TestRunnerConfig`, read with serde. Categories are read
+/// one by one: only `GPU_HEALTH_CHECK` is this implementation's to check.
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct RawRoot {
+    #[serde(rename = "TestConfig", deserialize_with = "present")]
+    test_config: Option<Object<BTreeMap<String, Value>>>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct RawCategory {
+    #[serde(rename = "TestLocationTrigger", deserialize_with = "present")]
+    locations: Option<Object<BTreeMap<String, Object<RawLocation>>>>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct RawLocation {
+    #[serde(rename = "TestParameters", deserialize_with = "present")]
+    triggers: Option<Object<BTreeMap<String, Object<RawTrigger>>>>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct RawTrigger {
+    #[serde(rename = "TestCases", deserialize_with = "present")]
+    test_cases: Option<List<Object<RawCase>>>,
+    /// `PERIODIC` only; an unknown field of the other triggers.
+    #[serde(rename = "IntervalSeconds", deserialize_with = "present")]
+    interval_seconds: Option<Value>,
+    #[serde(rename = "LogsExportConfig", deserialize_with = "present")]
+    logs_export_config: Option<Value>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct RawCase {
+    #[serde(rename = "Recipe", deserialize_with = "present")]
+    recipe: Option<Recipe>,
+    #[serde(rename = "Framework", deserialize_with = "present")]
+    framework: Option<FrameworkName>,
+    #[serde(rename = "Iterations", deserialize_with = "present")]
+    iterations: Option<Iterations>,
+    #[serde(rename = "StopOnFailure", deserialize_with = "present")]
+    stop_on_failure: Option<Flag>,
+    #[serde(rename = "TimeoutSeconds", deserialize_with = "present")]
+    timeout_seconds: Option<Seconds>,
+    #[serde(rename = "Arguments", deserialize_with = "present")]
+    arguments: Option<Arguments>,
+    #[serde(rename = "DeviceIDs", deserialize_with = "present")]
+    device_ids: Option<List<GpuIndex>>,
+    #[serde(rename = "Command", deserialize_with = "present")]
+    command: Option<List<Text>>,
+}
+
+/// A value read from any JSON with a check that names what is wrong.
+macro_rules! checked {
+    ($(#[$doc:meta])* $name:ident($inner:ty) = $check:expr) => {
+        $(#[$doc])*
+        #[derive(Deserialize)]
+        #[serde(try_from = "Value")]
+        struct $name($inner);
+
+        impl TryFrom<Value> for $name {
+            type Error = String;
+            fn try_from(value: Value) -> Result<Self, String> {
+                let check: fn(&Value) -> Result<$inner, String> = $check;
+                check(&value).map($name)
+            }
+        }
+    };
+}
+
+checked!(
+    /// A recipe name (see [`check_recipe`]).
+    Recipe(String) = |v| {
+        let recipe = string(v)?;
+        check_recipe(recipe)?;
+        Ok(recipe.to_owned())
+    }
+);
+checked!(
+    /// `RVS`, `AGFHC` or `COMMAND` in any case; empty is unset, as the
+    /// reference treats an empty framework as RVS.
+    FrameworkName(Option<Framework>) = |v| {
+        let name = string(v)?;
+        if name.is_empty() {
+            return Ok(None);
+        }
+        Framework::parse(name)
+            .map(Some)
+            .ok_or_else(|| "unknown framework; expected RVS, AGFHC or COMMAND".to_owned())
+    }
+);
+checked!(
+    /// A positive number of iterations.
+    Iterations(u32) = positive_u32
+);
+checked!(
+    Flag(bool) = |v| v
+        .as_bool()
+        .ok_or_else(|| format!("must be true or false, found {}", kind(v)))
+);
+checked!(Seconds(Duration) = seconds);
+checked!(Text(String) = |v| string(v).map(str::to_owned));
+checked!(
+    /// A GPU index, as a string in the reference (`"0"`); numbers are accepted too.
+    GpuIndex(u32) = |v| {
+        match v {
+            Value::String(s) => s.trim().parse::<u32>().ok(),
+            Value::Number(n) => n.as_u64().and_then(|n| u32::try_from(n).ok()),
+            _ => None,
+        }
+        .ok_or_else(|| format!("must be a GPU index such as \"0\", found {v}"))
+    }
+);
+
+impl ListItem for Text {
+    const LIST: &'static str = "a list of strings";
+}
+
+impl ListItem for GpuIndex {
+    const LIST: &'static str = "a list of GPU indexes";
+}
+
+/// The reference's comma-separated string (`"--parallel,--debug,5"`), or a list.
+struct Arguments(Vec<String>);
+
+impl<'de> Shape<'de> for Arguments {
+    const WHAT: &'static str = "a list of strings";
+    fn from_str<E: serde::de::Error>(text: &str) -> Result<Self, E> {
+        Ok(Arguments(
+            text.split(',')
+                .map(str::trim)
+                .filter(|a| !a.is_empty())
+                .map(str::to_owned)
+                .collect(),
+        ))
+    }
+    fn from_seq<A: serde::de::SeqAccess<'de>>(seq: A) -> Result<Self, A::Error> {
+        List::<Text>::from_seq(seq)
+            .map(|List(items)| Arguments(items.into_iter().map(|t| t.0).collect()))
+    }
+}
+
+impl<'de> Deserialize<'de> for Arguments {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserialize_shape(deserializer)
     }
 }
 
@@ -311,19 +452,22 @@ struct Parser {
 }
 
 impl Parser {
-    fn unknown(&mut self, key: &str, path: &str) {
-        self.warnings
-            .push(format!("{}: unknown field; ignored", join(path, key)));
+    /// Reads `T` at `path`; its unknown fields become warnings.
+    fn read<T: serde::de::DeserializeOwned>(
+        &mut self,
+        value: &Value,
+        path: &str,
+    ) -> Result<T, ConfigError> {
+        let read = read::<T>(value, path).map_err(|e| err(e.path, e.message))?;
+        for field in read.unknown {
+            self.unknown(&field);
+        }
+        Ok(read.value)
     }
 
-    fn object<'a>(
-        &self,
-        value: &'a Value,
-        path: &str,
-    ) -> Result<&'a Map<String, Value>, ConfigError> {
-        value
-            .as_object()
-            .ok_or_else(|| err(path, format!("must be an object, found {}", kind(value))))
+    fn unknown(&mut self, path: &str) {
+        self.warnings
+            .push(format!("{path}: unknown field; ignored"));
     }
 
     fn category(
@@ -331,20 +475,13 @@ impl Parser {
         value: &Value,
         path: &str,
     ) -> Result<BTreeMap<String, LocationConfig>, ConfigError> {
-        let mut locations_value = None;
-        for (key, v) in self.object(value, path)? {
-            if key == "TestLocationTrigger" {
-                locations_value = Some(v);
-            } else {
-                self.unknown(key, path);
-            }
-        }
+        let Object(category) = self.read::<Object<RawCategory>>(value, path)?;
         let path = join(path, "TestLocationTrigger");
-        let locations_value = locations_value.ok_or_else(|| err(&path, "required"))?;
+        let Object(raw_locations) = category.locations.ok_or_else(|| err(&path, "required"))?;
         let mut locations = BTreeMap::new();
-        for (location, v) in self.object(locations_value, &path)? {
-            let path = join(&path, location);
-            locations.insert(location.clone(), self.location(v, &path)?);
+        for (location, Object(raw)) in raw_locations {
+            let path = join(&path, &location);
+            locations.insert(location, self.location(raw, &path)?);
         }
         if locations.is_empty() {
             return Err(err(
@@ -355,21 +492,13 @@ impl Parser {
         Ok(locations)
     }
 
-    fn location(&mut self, value: &Value, path: &str) -> Result<LocationConfig, ConfigError> {
-        let mut params = None;
-        for (key, v) in self.object(value, path)? {
-            if key == "TestParameters" {
-                params = Some(v);
-            } else {
-                self.unknown(key, path);
-            }
-        }
+    fn location(&mut self, raw: RawLocation, path: &str) -> Result<LocationConfig, ConfigError> {
         let path = join(path, "TestParameters");
-        let params = params.ok_or_else(|| err(&path, "required"))?;
+        let Object(raw_triggers) = raw.triggers.ok_or_else(|| err(&path, "required"))?;
         let mut triggers = BTreeMap::new();
-        for (name, v) in self.object(params, &path)? {
-            let path = join(&path, name);
-            let trigger = Trigger::parse(name).ok_or_else(|| {
+        for (name, Object(raw)) in raw_triggers {
+            let path = join(&path, &name);
+            let trigger = Trigger::parse(&name).ok_or_else(|| {
                 err(
                     &path,
                     format!(
@@ -381,7 +510,7 @@ impl Parser {
             if triggers.contains_key(&trigger) {
                 return Err(err(path, "trigger given twice (names ignore case)"));
             }
-            triggers.insert(trigger, self.trigger(trigger, v, &path)?);
+            triggers.insert(trigger, self.trigger(trigger, raw, &path)?);
         }
         Ok(LocationConfig { triggers })
     }
@@ -389,43 +518,39 @@ impl Parser {
     fn trigger(
         &mut self,
         trigger: Trigger,
-        value: &Value,
+        raw: RawTrigger,
         path: &str,
     ) -> Result<TriggerConfig, ConfigError> {
-        let mut cases = None;
-        let mut interval = None;
-        for (key, v) in self.object(value, path)? {
-            match key.as_str() {
-                "TestCases" => cases = Some(v),
-                "IntervalSeconds" if trigger == Trigger::Periodic => {
-                    interval = Some(seconds(v, &join(path, key))?);
-                }
-                // Log export is the reference's; this design keeps logs on the host.
-                "LogsExportConfig" => self.warnings.push(format!(
-                    "{}: log export is not supported; logs stay under logsLocation.hostPath",
-                    join(path, key)
-                )),
-                _ => self.unknown(key, path),
+        let interval_path = join(path, "IntervalSeconds");
+        let interval = match raw.interval_seconds {
+            Some(v) if trigger == Trigger::Periodic => {
+                Some(seconds(&v).map_err(|why| err(&interval_path, why))?)
             }
+            Some(_) => {
+                self.unknown(&interval_path);
+                None
+            }
+            None => None,
+        };
+        // Log export is the reference's; this design keeps logs on the host.
+        if raw.logs_export_config.is_some() {
+            self.warnings.push(format!(
+                "{}: log export is not supported; logs stay under logsLocation.hostPath",
+                join(path, "LogsExportConfig")
+            ));
         }
         if trigger == Trigger::Periodic && interval.is_none() {
-            return Err(err(join(path, "IntervalSeconds"), "required for PERIODIC"));
+            return Err(err(interval_path, "required for PERIODIC"));
         }
         let cases_path = join(path, "TestCases");
-        let cases = cases.ok_or_else(|| err(&cases_path, "required"))?;
-        let list = cases.as_array().ok_or_else(|| {
-            err(
-                &cases_path,
-                format!("must be a list, found {}", kind(cases)),
-            )
-        })?;
-        if list.is_empty() {
+        let List(cases) = raw.test_cases.ok_or_else(|| err(&cases_path, "required"))?;
+        if cases.is_empty() {
             return Err(err(cases_path, "needs at least one test case"));
         }
-        let test_cases = list
-            .iter()
+        let test_cases = cases
+            .into_iter()
             .enumerate()
-            .map(|(i, v)| self.test_case(trigger, v, &format!("{cases_path}[{i}]")))
+            .map(|(i, Object(raw))| self.test_case(trigger, raw, &format!("{cases_path}[{i}]")))
             .collect::<Result<_, _>>()?;
         Ok(TriggerConfig {
             test_cases,
@@ -436,51 +561,44 @@ impl Parser {
     fn test_case(
         &mut self,
         trigger: Trigger,
-        value: &Value,
+        raw: RawCase,
         path: &str,
     ) -> Result<TestCase, ConfigError> {
         let mut case = TestCase::new(DEFAULT_RECIPE);
-        let mut framework_given = false;
-        for (key, v) in self.object(value, path)? {
-            let field = join(path, key);
-            match key.as_str() {
-                "Recipe" => {
-                    let recipe = string(v, &field)?;
-                    check_recipe(recipe).map_err(|m| err(&field, m))?;
-                    case.recipe = recipe.to_owned();
+        if let Some(Recipe(recipe)) = raw.recipe {
+            case.recipe = recipe;
+        }
+        let framework_given = raw.framework.as_ref().is_some_and(|f| f.0.is_some());
+        if let Some(FrameworkName(Some(framework))) = raw.framework {
+            case.framework = framework;
+        }
+        if let Some(Iterations(n)) = raw.iterations {
+            case.iterations = n;
+        }
+        if let Some(Flag(stop)) = raw.stop_on_failure {
+            case.stop_on_failure = stop;
+        }
+        if let Some(Seconds(timeout)) = raw.timeout_seconds {
+            case.timeout = timeout;
+        }
+        if let Some(Arguments(arguments)) = raw.arguments {
+            case.arguments = arguments;
+        }
+        if let Some(List(ids)) = raw.device_ids {
+            for GpuIndex(id) in ids {
+                if !case.device_ids.contains(&id) {
+                    case.device_ids.push(id);
                 }
-                "Framework" => {
-                    let name = string(v, &field)?;
-                    // The reference treats an empty framework as RVS.
-                    if !name.is_empty() {
-                        case.framework = Framework::parse(name).ok_or_else(|| {
-                            err(&field, "unknown framework; expected RVS, AGFHC or COMMAND")
-                        })?;
-                        framework_given = true;
-                    }
-                }
-                "Iterations" => {
-                    let n = positive_u32(v, &field)?;
-                    case.iterations = n;
-                }
-                "StopOnFailure" => {
-                    case.stop_on_failure = v.as_bool().ok_or_else(|| {
-                        err(&field, format!("must be true or false, found {}", kind(v)))
-                    })?;
-                }
-                "TimeoutSeconds" => case.timeout = seconds(v, &field)?,
-                "Arguments" => case.arguments = arguments(v, &field)?,
-                "DeviceIDs" => {
-                    case.device_ids = device_ids(v, &field)?;
-                    if trigger == Trigger::AutoUnhealthyGpuWatch && !case.device_ids.is_empty() {
-                        self.warnings.push(format!(
-                            "{field}: ignored for {trigger}, which tests the unhealthy GPU"
-                        ));
-                    }
-                }
-                "Command" => case.command = string_list(v, &field)?,
-                _ => self.unknown(key, path),
             }
+            if trigger == Trigger::AutoUnhealthyGpuWatch && !case.device_ids.is_empty() {
+                self.warnings.push(format!(
+                    "{}: ignored for {trigger}, which tests the unhealthy GPU",
+                    join(path, "DeviceIDs")
+                ));
+            }
+        }
+        if let Some(List(command)) = raw.command {
+            case.command = command.into_iter().map(|Text(t)| t).collect();
         }
         if !framework_given && !case.command.is_empty() {
             case.framework = Framework::Command;
@@ -538,96 +656,27 @@ pub fn check_recipe(recipe: &str) -> Result<(), String> {
     Ok(())
 }
 
-fn kind(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "a list",
-        Value::Object(_) => "an object",
-    }
-}
-
-fn string<'a>(value: &'a Value, path: &str) -> Result<&'a str, ConfigError> {
+fn string(value: &Value) -> Result<&str, String> {
     value
         .as_str()
-        .ok_or_else(|| err(path, format!("must be a string, found {}", kind(value))))
+        .ok_or_else(|| format!("must be a string, found {}", kind(value)))
 }
 
-fn positive_u32(value: &Value, path: &str) -> Result<u32, ConfigError> {
+fn positive_u32(value: &Value) -> Result<u32, String> {
     let n = value
         .as_u64()
-        .ok_or_else(|| err(path, format!("must be a positive integer, found {value}")))?;
+        .ok_or_else(|| format!("must be a positive integer, found {value}"))?;
     if n == 0 {
-        return Err(err(path, "must be at least 1"));
+        return Err("must be at least 1".into());
     }
-    u32::try_from(n).map_err(|_| err(path, format!("{n} is too large")))
+    u32::try_from(n).map_err(|_| format!("{n} is too large"))
 }
 
-fn seconds(value: &Value, path: &str) -> Result<Duration, ConfigError> {
-    let s = value.as_f64().ok_or_else(|| {
-        err(
-            path,
-            format!("must be a number of seconds, found {}", kind(value)),
-        )
-    })?;
-    crate::api::syntax::positive_seconds(s).map_err(|why| err(path, why))
-}
-
-/// The reference's comma-separated string (`"--parallel,--debug,5"`), or a list.
-fn arguments(value: &Value, path: &str) -> Result<Vec<String>, ConfigError> {
-    match value {
-        Value::String(s) => Ok(s
-            .split(',')
-            .map(str::trim)
-            .filter(|a| !a.is_empty())
-            .map(str::to_owned)
-            .collect()),
-        _ => string_list(value, path),
-    }
-}
-
-fn string_list(value: &Value, path: &str) -> Result<Vec<String>, ConfigError> {
-    let list = value.as_array().ok_or_else(|| {
-        err(
-            path,
-            format!("must be a list of strings, found {}", kind(value)),
-        )
-    })?;
-    list.iter()
-        .enumerate()
-        .map(|(i, v)| string(v, &format!("{path}[{i}]")).map(str::to_owned))
-        .collect()
-}
-
-/// GPU indexes, as strings in the reference (`["0", "1"]`); numbers are accepted too.
-fn device_ids(value: &Value, path: &str) -> Result<Vec<u32>, ConfigError> {
-    let list = value.as_array().ok_or_else(|| {
-        err(
-            path,
-            format!("must be a list of GPU indexes, found {}", kind(value)),
-        )
-    })?;
-    let mut ids = Vec::new();
-    for (i, v) in list.iter().enumerate() {
-        let item = format!("{path}[{i}]");
-        let id = match v {
-            Value::String(s) => s.trim().parse::<u32>().ok(),
-            Value::Number(n) => n.as_u64().and_then(|n| u32::try_from(n).ok()),
-            _ => None,
-        }
-        .ok_or_else(|| {
-            err(
-                &item,
-                format!("must be a GPU index such as \"0\", found {v}"),
-            )
-        })?;
-        if !ids.contains(&id) {
-            ids.push(id);
-        }
-    }
-    Ok(ids)
+fn seconds(value: &Value) -> Result<Duration, String> {
+    let s = value
+        .as_f64()
+        .ok_or_else(|| format!("must be a number of seconds, found {}", kind(value)))?;
+    crate::api::syntax::positive_seconds(s)
 }
 
 #[cfg(test)]
@@ -877,6 +926,47 @@ mod tests {
                 "TestConfig.GPU_HEALTH_CHECK.TestLocationTrigger.global.TestParameters.MANUAL.TestCases[0].Colour: unknown field; ignored"
             ]
         );
+    }
+
+    #[test]
+    fn unknown_fields_are_warned_at_every_level_once_each() {
+        let text = r#"{"Extra": 1, "TestConfig": {"GPU_HEALTH_CHECK": {"Note": "x",
+            "TestLocationTrigger": {"global": {"Owner": "me", "TestParameters": {
+                "MANUAL": {"IntervalSeconds": 5, "TestCases": [{"Colour": 1}, {"Colour": 2}]}}}}}}}"#;
+        let mut warnings = parse_config(text).unwrap().warnings;
+        warnings.sort();
+        let at = "TestConfig.GPU_HEALTH_CHECK";
+        let manual = format!("{at}.TestLocationTrigger.global.TestParameters.MANUAL");
+        assert_eq!(
+            warnings,
+            [
+                "Extra: unknown field; ignored".to_owned(),
+                format!("{at}.Note: unknown field; ignored"),
+                format!("{at}.TestLocationTrigger.global.Owner: unknown field; ignored"),
+                format!("{manual}.IntervalSeconds: unknown field; ignored"),
+                format!("{manual}.TestCases[0].Colour: unknown field; ignored"),
+                format!("{manual}.TestCases[1].Colour: unknown field; ignored"),
+            ]
+        );
+    }
+
+    #[test]
+    fn objects_must_be_objects_and_null_is_not_absent() {
+        let prefix =
+            "TestConfig.GPU_HEALTH_CHECK.TestLocationTrigger.global.TestParameters.MANUAL.";
+        // serde alone would read a list as the fields of a test case, in order.
+        let e = parse_err(&wrap_case(r#"["mem", 1]"#));
+        assert_eq!(e.path, format!("{prefix}TestCases[0]"));
+        assert_eq!(e.message, "must be an object, found a list");
+        let e = parse_err(&wrap_case(r#"{"Recipe": null}"#));
+        assert_eq!(e.path, format!("{prefix}TestCases[0].Recipe"));
+        assert_eq!(e.message, "must be a string, found null");
+        let e = parse_err(&wrap_case(r#"{"DeviceIDs": "0"}"#));
+        assert_eq!(e.message, "must be a list of GPU indexes, found a string");
+        let e = parse_err(&wrap_case(r#"{"Arguments": ["a", 2]}"#));
+        assert_eq!(e.path, format!("{prefix}TestCases[0].Arguments[1]"));
+        let e = parse_err(r#"{"TestConfig": {"GPU_HEALTH_CHECK": {"TestLocationTrigger": null}}}"#);
+        assert_eq!(e.message, "must be an object, found null");
     }
 
     #[test]
