@@ -218,27 +218,37 @@ impl HealthMonitor {
         });
     }
 
-    /// Applies a config: returns the thresholds to use, keeping `last` when the
-    /// exporter config text is bad.
-    fn thresholds(&self, config: &HealthConfig, last: &Thresholds) -> Thresholds {
-        let limits = match config.exporter_config.as_deref().map(parse_config) {
-            None => Default::default(),
-            Some(Ok(parsed)) => parsed.health_thresholds,
+    /// Applies a config: returns the thresholds and the time between samples
+    /// to use (the exporter config's `PollingRate`, else `interval`), keeping
+    /// `last` when the exporter config text is bad.
+    fn thresholds(
+        &self,
+        config: &HealthConfig,
+        last: &(Thresholds, Duration),
+    ) -> (Thresholds, Duration) {
+        let (limits, interval) = match config.exporter_config.as_deref().map(parse_config) {
+            None => (Default::default(), config.interval),
+            Some(Ok(parsed)) => (
+                parsed.health_thresholds,
+                parsed.health_polling_rate.unwrap_or(config.interval),
+            ),
             Some(Err(e)) => {
                 let message = e.to_string();
                 tracing::warn!(error = %message, "exporter config rejected; keeping the last good health thresholds");
                 self.config_error.send_replace(Some(message));
-                return Thresholds {
+                let thresholds = Thresholds {
                     pcie_link: config.check_pcie_link,
-                    ..last.clone()
+                    ..last.0.clone()
                 };
+                return (thresholds, last.1);
             }
         };
         self.config_error.send_replace(None);
-        Thresholds {
+        let thresholds = Thresholds {
             limits,
             pcie_link: config.check_pcie_link,
-        }
+        };
+        (thresholds, interval)
     }
 }
 
@@ -258,14 +268,14 @@ impl Service for HealthMonitor {
     ) -> ServiceFuture {
         Box::pin(async move {
             let mut current = config.borrow_and_update().clone();
-            let mut thresholds = self.thresholds(&current, &Thresholds::default());
+            let mut applied = self.thresholds(&current, &(Thresholds::default(), current.interval));
             let mut sampler = Sampler::new(
                 BoundedReader::new(current.host.clone(), BoundedReader::DEFAULT_MAX_THREADS),
                 current.file_timeout,
             );
             let mut nodes = NodeWatch::new(current.host.clone());
             let mut state = MonitorState::default();
-            let mut ticker = tokio::time::interval(current.interval);
+            let mut ticker = tokio::time::interval(applied.1);
             ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tokio::select! {
@@ -282,11 +292,12 @@ impl Service for HealthMonitor {
                             );
                             nodes = NodeWatch::new(next.host.clone());
                         }
-                        if next.interval != current.interval {
-                            ticker = tokio::time::interval(next.interval);
+                        let next_applied = self.thresholds(&next, &applied);
+                        if next_applied.1 != applied.1 {
+                            ticker = tokio::time::interval(next_applied.1);
                             ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                         }
-                        thresholds = self.thresholds(&next, &thresholds);
+                        applied = next_applied;
                         current = next;
                         continue;
                     }
@@ -301,7 +312,7 @@ impl Service for HealthMonitor {
                     .await
                     .apply(&inventory, &mut sample);
                 let (snapshot, transitions) =
-                    state.step(&inventory, &sample, &thresholds, &current.damping);
+                    state.step(&inventory, &sample, &applied.0, &current.damping);
                 self.publish(snapshot, transitions);
                 readiness.available();
             }
@@ -319,6 +330,27 @@ impl Service for HealthMonitor {
 mod tests {
     use super::*;
     use crate::device::Gpu;
+
+    #[test]
+    fn the_exporter_configs_polling_rate_sets_the_time_between_samples() {
+        let monitor = HealthMonitor::new(watch::channel(Arc::new(Inventory::default())).1);
+        let mut config = HealthConfig::new(HostRoot::new("/nonexistent"));
+        let start = (Thresholds::default(), config.interval);
+        assert_eq!(monitor.thresholds(&config, &start).1, config.interval);
+        config.exporter_config =
+            Some(r#"{"CommonConfig": {"HealthService": {"PollingRate": "2m"}}}"#.into());
+        let applied = monitor.thresholds(&config, &start);
+        assert_eq!(applied.1, Duration::from_secs(120));
+        // Without a PollingRate the monitor's own interval applies.
+        config.exporter_config = Some("{}".into());
+        assert_eq!(monitor.thresholds(&config, &applied).1, config.interval);
+        // A text that does not parse keeps the last good rate.
+        config.exporter_config = Some("{ not json".into());
+        assert_eq!(
+            monitor.thresholds(&config, &applied).1,
+            Duration::from_secs(120)
+        );
+    }
     use crate::telemetry::sample::GpuReadings;
     use crate::telemetry::sysfs::EccCount;
 
