@@ -30,16 +30,16 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::runtime::WatchStreamExt;
-use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher::{self, Event as WatchEvent};
-use kube::{Api, Client, Resource, ResourceExt};
+use kube::{Api, Client, ResourceExt};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::api::DeviceConfig;
 use crate::api::agent_status::STATUS_ANNOTATION;
 use crate::device::watch::{DeviceWatch, WatchConfig};
+use crate::events::{EventSink, EventType, NodeEvent};
 use crate::host::HostRoot;
 use crate::node_writer::{Concern, NodeIntent, NodeWriteError, NodeWriter, RETRY_AFTER_FAILURE};
 use configmaps::ConfigMapFollower;
@@ -122,10 +122,17 @@ pub async fn run(
     let (configs, mut configs_changed) =
         spawn_config_reflector(&client, config.namespace.as_deref(), watches.clone());
 
+    // Every Event about this Node goes through it.
+    let events = EventSink::kubernetes(client.clone(), node_name.clone(), node_rx.clone());
     let mut services = NodeServices::new(
         inventory.clone(),
         devices.state(),
-        Some((client.clone(), writer.clone(), node_rx.clone())),
+        Some(node_services::KubeSide {
+            client: client.clone(),
+            writer: writer.clone(),
+            node: node_rx.clone(),
+            events: events.clone(),
+        }),
     );
     let mut plugin_status = services.plugin_status.clone();
     let mut discovery = services.discovery();
@@ -140,19 +147,12 @@ pub async fn run(
     let access = configmaps::AccessFollower::new(client.clone());
     let mut access_material = access.subscribe();
 
-    let recorder = Recorder::new(
-        client.clone(),
-        Reporter {
-            controller: "gpu-operator".into(),
-            instance: Some(node_name.clone()),
-        },
-    );
     let mut edges = Edges {
         client: client.clone(),
         config: &config,
         nodes,
         writer,
-        recorder,
+        events,
         watches: watches.clone(),
         metrics_config,
         test_config,
@@ -325,13 +325,13 @@ fn config_error_changes(
 }
 
 /// The agent's I/O for one pass: the followers, the Node's writers and the
-/// Event recorder, which carry out what [`plan`] decided.
+/// Event sink, which carry out what [`plan`] decided.
 struct Edges<'a> {
     client: Client,
     config: &'a AgentConfig,
     nodes: Api<Node>,
     writer: NodeWriter,
-    recorder: Recorder,
+    events: EventSink,
     watches: CancellationToken,
     metrics_config: ConfigMapFollower,
     test_config: ConfigMapFollower,
@@ -412,7 +412,7 @@ impl Edges<'_> {
                         self.config.node_name.clone(),
                         services.health_snapshot.clone(),
                         services.transitions(),
-                        Some(self.recorder.clone()),
+                        self.events.clone(),
                         Duration::from_secs(5),
                         self.watches.clone(),
                     ),
@@ -428,8 +428,14 @@ impl Edges<'_> {
                 }
             }
         }
-        for warning in &report.warnings {
-            record_warning(&self.recorder, node, warning.reason, &warning.message).await;
+        for warning in report.warnings {
+            let event = NodeEvent::agent(
+                EventType::Warning,
+                "SelectDeviceConfig",
+                warning.reason,
+                warning.message,
+            );
+            self.events.record(event).await;
         }
         let update = report.status?;
         let written = match write_status(&self.writer, node, &update).await {
@@ -475,19 +481,4 @@ async fn write_status(
         None => tracing::info!(node = %writer.name(), "removed the agent status annotation"),
     }
     Ok(())
-}
-
-async fn record_warning(recorder: &Recorder, node: &Node, reason: &str, note: &str) {
-    tracing::warn!(reason, note, "recording Warning Event on the Node");
-    let event = KubeEvent {
-        type_: EventType::Warning,
-        reason: reason.into(),
-        note: Some(note.to_owned()),
-        action: "SelectDeviceConfig".into(),
-        secondary: None,
-    };
-    if let Err(e) = recorder.publish(&event, &node.object_ref(&())).await {
-        crate::counters::record_api_error();
-        tracing::warn!(error = %e, "cannot record Event");
-    }
 }
