@@ -24,7 +24,7 @@ use crate::node_writer::NodeWriter;
 use crate::plugin::PluginStatus;
 use crate::service::{ServiceState, Slot, SlotChange};
 use crate::testrunner::stats::LastRun;
-use crate::testrunner::{GpuUnhealthy, TestRunnerService, TestRunnerStats};
+use crate::testrunner::{GpuUnhealthy, TestRunnerService};
 
 pub struct NodeServices {
     pub plugin: Slot<PluginService>,
@@ -37,7 +37,6 @@ pub struct NodeServices {
     /// What the metrics endpoints serve, for in-process readers.
     pub metrics_published: watch::Receiver<Arc<Published>>,
     pub health_snapshot: watch::Receiver<Arc<HealthSnapshot>>,
-    pub test_stats: watch::Receiver<TestRunnerStats>,
     transitions: broadcast::Sender<HealthTransition>,
     /// Each finished test case, for standalone mode's event log (kept only to
     /// subscribe from).
@@ -135,7 +134,7 @@ impl NodeServices {
         let test_stats = test_runner.stats();
         let test_results = test_runner.results();
         let exporter = MetricsService::new(inventory.clone(), Some(health_snapshot.clone()))
-            .with_test_stats(test_stats.clone())
+            .with_test_stats(test_stats)
             .with_discovery(scan.clone());
         let (discovery_tx, discovery) = watch::channel(progress_of(&scan.borrow()));
         let forward_discovery = tokio::spawn(forward_progress(scan, discovery_tx));
@@ -158,7 +157,6 @@ impl NodeServices {
             exporter_status,
             metrics_published,
             health_snapshot,
-            test_stats,
             transitions,
             test_results,
             discovery,
