@@ -36,9 +36,10 @@ const LAYERS: &[&[&str]] = &[
     &["device"],
     // Simulated hosts, written through the real layout.
     &["simulate"],
-    // The supervised-service kernel every node service implements, and the
-    // one writer of the agent's own Node that every concern writes through.
-    &["service", "node_writer"],
+    // The supervised-service kernel every node service implements, the one
+    // writer of the agent's own Node that every concern writes through, and
+    // the one sink every Event about the node goes through.
+    &["service", "node_writer", "events"],
     // The kubelet device plugin: resource naming, device IDs, and the
     // HealthReport interface health sources feed.
     &["plugin"],

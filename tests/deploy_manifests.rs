@@ -898,14 +898,14 @@ const NEEDS: &[Need] = &[
     need("authorization.k8s.io", "subjectaccessreviews", "create", Scope::Cluster),
     // Events: kube-runtime's Recorder creates, then patches a repeating series.
     // About DeviceConfigs (Context::event, src/cluster/reconcile.rs) in their
-    // namespace; about Nodes (record_warning in src/agent/mod.rs,
-    // publish_node_health in src/health/node.rs) in "default".
+    // namespace; about Nodes (EventSink in src/events.rs, for the agent's
+    // warnings and publish_node_health in src/health/node.rs) in "default".
     need("events.k8s.io", "events", "create", OPERATOR_NS),
     need("events.k8s.io", "events", "patch", OPERATOR_NS),
     need("events.k8s.io", "events", "create", NODE_EVENTS_NS),
     need("events.k8s.io", "events", "patch", NODE_EVENTS_NS),
     // Test results: labelled core/v1 Events about the Node, in "default"
-    // (Kube::publish, src/testrunner/kube.rs).
+    // (EventSink::record, src/events.rs; made in src/testrunner/kube.rs).
     need("", "events", "create", NODE_EVENTS_NS),
 ];
 

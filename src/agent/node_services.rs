@@ -16,13 +16,15 @@ use super::services::{LabellerService, PluginService};
 use crate::api::agent_status::{ServiceName, ServiceStatus};
 use crate::device::Inventory;
 use crate::device::watch::ScanState;
+use crate::events::EventSink;
 use crate::health::{HealthMonitor, HealthSnapshot, HealthTransition};
 use crate::metrics::server::Published;
 use crate::metrics::{ExporterStatus, MetricsService};
 use crate::node_writer::NodeWriter;
 use crate::plugin::PluginStatus;
 use crate::service::{ServiceState, Slot, SlotChange};
-use crate::testrunner::{GpuUnhealthy, TestRunnerService, TestRunnerStats};
+use crate::testrunner::stats::LastRun;
+use crate::testrunner::{GpuUnhealthy, TestRunnerService};
 
 pub struct NodeServices {
     pub plugin: Slot<PluginService>,
@@ -35,8 +37,10 @@ pub struct NodeServices {
     /// What the metrics endpoints serve, for in-process readers.
     pub metrics_published: watch::Receiver<Arc<Published>>,
     pub health_snapshot: watch::Receiver<Arc<HealthSnapshot>>,
-    pub test_stats: watch::Receiver<TestRunnerStats>,
     transitions: broadcast::Sender<HealthTransition>,
+    /// Each finished test case, for standalone mode's event log (kept only to
+    /// subscribe from).
+    test_results: broadcast::Receiver<LastRun>,
     /// The discovery watch's progress, reduced to what changes what runs.
     discovery: watch::Receiver<DiscoveryProgress>,
     /// Services the last `apply` wanted but held back until discovery.
@@ -58,9 +62,16 @@ pub struct DiscoveryProgress {
 /// Why a held-back service is not available yet.
 pub const DISCOVERING: &str = "waiting for the first complete GPU discovery";
 
-/// The Kubernetes side of the node services: the client, the Node API and the
-/// agent's own Node as watched.
-pub type KubeSide = (kube::Client, NodeWriter, watch::Receiver<Option<Arc<Node>>>);
+/// The Kubernetes side of the node services.
+pub struct KubeSide {
+    pub client: kube::Client,
+    /// Every write to the agent's own Node goes through it.
+    pub writer: NodeWriter,
+    /// The agent's own Node as watched.
+    pub node: watch::Receiver<Option<Arc<Node>>>,
+    /// Where the services' Events go.
+    pub events: EventSink,
+}
 
 /// What changed when desired services were applied.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -72,8 +83,10 @@ pub struct Applied {
 }
 
 impl NodeServices {
-    /// `kube` is the Kubernetes side (client, Node API and the agent's own Node
-    /// feed); `None` in standalone mode, where nothing writes to a Node.
+    /// `kube` is the Kubernetes side (client, Node writer, the agent's own Node
+    /// feed and the Event sink); `None` in standalone mode, where nothing
+    /// writes to a Node and the loop records Events from what the services
+    /// hand over ([`Self::transitions`], [`Self::test_results`]).
     ///
     /// Until `scan` says the host was seen whole, only the metrics endpoint runs
     /// (serving `/healthz`, with `/readyz` answering `discovering`): every other
@@ -102,15 +115,26 @@ impl NodeServices {
             transitions.clone(),
         ));
 
-        let (client, nodes, node) = match kube {
-            Some((client, writer, node)) => (Some(client), Some(writer), node),
-            None => (None, None, watch::channel(None).1),
+        let (client, nodes, node, events) = match kube {
+            Some(KubeSide {
+                client,
+                writer,
+                node,
+                events,
+            }) => (Some(client), Some(writer), node, Some(events)),
+            None => (None, None, watch::channel(None).1, None),
         };
-        let test_runner =
-            TestRunnerService::new(client, inventory.clone(), node.clone(), unhealthy_rx);
+        let test_runner = TestRunnerService::new(
+            client,
+            events,
+            inventory.clone(),
+            node.clone(),
+            unhealthy_rx,
+        );
         let test_stats = test_runner.stats();
+        let test_results = test_runner.results();
         let exporter = MetricsService::new(inventory.clone(), Some(health_snapshot.clone()))
-            .with_test_stats(test_stats.clone())
+            .with_test_stats(test_stats)
             .with_discovery(scan.clone());
         let (discovery_tx, discovery) = watch::channel(progress_of(&scan.borrow()));
         let forward_discovery = tokio::spawn(forward_progress(scan, discovery_tx));
@@ -133,8 +157,8 @@ impl NodeServices {
             exporter_status,
             metrics_published,
             health_snapshot,
-            test_stats,
             transitions,
+            test_results,
             discovery,
             held_back: Vec::new(),
             _forward: AbortOnDropHandle::new(forward),
@@ -150,6 +174,11 @@ impl NodeServices {
     /// Health transitions, re-broadcast for the Node publisher and the event log.
     pub fn transitions(&self) -> broadcast::Receiver<HealthTransition> {
         self.transitions.subscribe()
+    }
+
+    /// Each test case as it finishes.
+    pub fn test_results(&self) -> broadcast::Receiver<LastRun> {
+        self.test_results.resubscribe()
     }
 
     pub async fn apply(&mut self, desired: DesiredServices) -> Applied {

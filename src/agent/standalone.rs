@@ -5,9 +5,10 @@
 //! run as under the Kubernetes agent ([`NodeServices`]), minus what needs the
 //! API (node labels, Node conditions). The device plugin runs only where a
 //! kubelet device-plugin directory exists. Events go to the log and, one JSON
-//! object per line, to a local file.
+//! object per line, to a local file ([`EventSink::file`]); the loop here makes
+//! them from what the services hand over: health transitions, discovery
+//! progress, the plugin's layout conflict and each finished test case.
 
-use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -19,13 +20,14 @@ use super::node_services::{DiscoveryProgress, NodeServices};
 use super::select::{NodeContext, plan_services};
 use crate::api::{DeviceConfigSpec, parse_specs, validate};
 use crate::device::watch::{DeviceWatch, WatchConfig};
+use crate::events::{EventSink, EventType, NodeEvent};
 use crate::health::outputs::transition_event;
 use crate::host::HostRoot;
 use crate::metrics::server::Published;
 use crate::service::ServiceState;
 use crate::simulate::{self, SimSpec};
 use crate::testrunner::report::Outcome;
-use crate::testrunner::stats::{LastRun, TestRunnerStats};
+use crate::testrunner::stats::LastRun;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StandaloneError {
@@ -119,51 +121,27 @@ pub fn parse_standalone(text: &str) -> Result<DeviceConfigSpec, String> {
     Ok(doc.spec)
 }
 
-/// Appends Events as JSON lines and logs them.
-struct EventLog {
-    file: Option<(String, std::fs::File)>,
+/// Where standalone mode's Events go: the file, or the log only.
+fn open_events(config: &StandaloneConfig) -> Result<EventSink, StandaloneError> {
+    match &config.events_file {
+        None => Ok(EventSink::log(config.node_name.clone())),
+        Some(path) => EventSink::file(config.node_name.clone(), path).map_err(|source| {
+            StandaloneError::Events {
+                path: path.display().to_string(),
+                source,
+            }
+        }),
+    }
 }
 
-impl EventLog {
-    fn open(path: Option<&Path>) -> Result<Self, StandaloneError> {
-        let file = path
-            .map(|path| {
-                if let Some(parent) = path.parent() {
-                    let _ = std::fs::create_dir_all(parent);
-                }
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(path)
-                    .map(|f| (path.display().to_string(), f))
-                    .map_err(|source| StandaloneError::Events {
-                        path: path.display().to_string(),
-                        source,
-                    })
-            })
-            .transpose()?;
-        Ok(Self { file })
-    }
-
-    fn record(&mut self, warning: bool, reason: &str, note: &str, object: &str) {
-        if warning {
-            tracing::warn!(reason, object, "{note}");
-        } else {
-            tracing::info!(reason, object, "{note}");
-        }
-        if let Some((path, file)) = self.file.as_mut() {
-            let line = json!({
-                "time": k8s_openapi::jiff::Timestamp::now().to_string(),
-                "type": if warning { "Warning" } else { "Normal" },
-                "reason": reason,
-                "note": note,
-                "object": object,
-            });
-            if let Err(e) = writeln!(file, "{line}") {
-                tracing::warn!(path = %path, error = %e, "cannot append to the events file");
-            }
-        }
-    }
+/// An Event standalone mode makes itself, about the node.
+fn event(warning: bool, action: &'static str, reason: &str, note: impl Into<String>) -> NodeEvent {
+    let type_ = if warning {
+        EventType::Warning
+    } else {
+        EventType::Normal
+    };
+    NodeEvent::agent(type_, action, reason, note)
 }
 
 /// Runs until `shutdown`; `ready` is called once the node services have
@@ -190,7 +168,7 @@ pub async fn run_observed(
     shutdown: CancellationToken,
     ready: impl FnOnce(Started),
 ) -> Result<(), StandaloneError> {
-    let mut events = EventLog::open(config.events_file.as_deref())?;
+    let events = open_events(&config)?;
     // Not waiting for the first scan: a hung host must not keep the metrics
     // endpoint (and /healthz) down. The other services wait for discovery.
     let devices = DeviceWatch::start_undiscovered(
@@ -231,9 +209,8 @@ pub async fn run_observed(
     }
     let mut transitions = services.transitions();
     let mut plugin_status = services.plugin_status.clone();
-    let mut test_stats = services.test_stats.clone();
-    // Test results finished after this instant are not in the events file yet.
-    let mut results_until = 0.0_f64;
+    let mut test_results = services.test_results();
+    let mut results_open = true;
     let mut progress = discovery.borrow_and_update().clone();
     services.apply(desired.clone()).await;
     let mut exporter = services.exporter_status.clone();
@@ -274,12 +251,14 @@ pub async fn run_observed(
         listening,
         published: services.metrics_published.clone(),
     });
-    events.record(
-        false,
-        "Started",
-        "gpu-operator standalone services started",
-        &config.node_name,
-    );
+    events
+        .record(event(
+            false,
+            "Standalone",
+            "Started",
+            "gpu-operator standalone services started",
+        ))
+        .await;
 
     let mut ticker = tokio::time::interval(Duration::from_secs(1));
     let mut tick = 0u64;
@@ -288,11 +267,7 @@ pub async fn run_observed(
         tokio::select! {
             _ = shutdown.cancelled() => break,
             transition = transitions.recv() => match transition {
-                Ok(t) => {
-                    let event = transition_event(&t);
-                    let warning = matches!(event.type_, kube::runtime::events::EventType::Warning);
-                    events.record(warning, &event.reason, event.note.as_deref().unwrap_or_default(), &t.bdf);
-                }
+                Ok(t) => events.record(transition_event(&t)).await,
                 Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
                 Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
             },
@@ -303,7 +278,7 @@ pub async fn run_observed(
                 let conflict = plugin_status.borrow_and_update().conflict.clone();
                 if conflict != last_conflict {
                     if let Some(c) = &conflict {
-                        events.record(true, "PartitionLayoutConflict", &c.to_string(), &config.node_name);
+                        events.record(event(true, "SelectDeviceConfig", "PartitionLayoutConflict", c.to_string())).await;
                     }
                     last_conflict = conflict;
                 }
@@ -315,7 +290,7 @@ pub async fn run_observed(
                 }
                 let now = discovery.borrow_and_update().clone();
                 for (warning, reason, note) in discovery_events(&progress, &now) {
-                    events.record(warning, reason, &note, &config.node_name);
+                    events.record(event(warning, "SelectDeviceConfig", reason, note)).await;
                 }
                 if now.discovered && !progress.discovered {
                     // Held back until now (see `NodeServices::new`).
@@ -323,21 +298,16 @@ pub async fn run_observed(
                 }
                 progress = now;
             }
-            changed = test_stats.changed() => {
-                if changed.is_err() {
-                    continue;
+            result = test_results.recv(), if results_open => match result {
+                Ok(run) => {
+                    let warning = run.outcome != Outcome::Passed;
+                    events.record(event(warning, "TestRun", run.outcome.reason(), result_note(&run))).await;
                 }
-                let stats = test_stats.borrow_and_update().clone();
-                for run in finished_since(&stats, results_until) {
-                    events.record(
-                        run.outcome != Outcome::Passed,
-                        run.outcome.reason(),
-                        &result_note(run),
-                        &config.node_name,
-                    );
-                    results_until = results_until.max(run.finished_unix_seconds);
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(missed)) => {
+                    tracing::warn!(missed, "test results left out of the events file: too many at once");
                 }
-            }
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => results_open = false,
+            },
             _ = ticker.tick(), if config.simulate.is_some() => {
                 tick += 1;
                 if let Some(spec) = &config.simulate
@@ -348,12 +318,14 @@ pub async fn run_observed(
             }
         }
     }
-    events.record(
-        false,
-        "Stopping",
-        "gpu-operator standalone services stopping",
-        &config.node_name,
-    );
+    events
+        .record(event(
+            false,
+            "Standalone",
+            "Stopping",
+            "gpu-operator standalone services stopping",
+        ))
+        .await;
     services.stop().await;
     drop(devices);
     Ok(())
@@ -381,18 +353,8 @@ fn discovery_events(
     }
 }
 
-/// Test runs that finished after `until` (seconds since the epoch), oldest
-/// first: what the events file has not recorded yet.
-fn finished_since(stats: &TestRunnerStats, until: f64) -> Vec<&LastRun> {
-    let mut runs: Vec<&LastRun> = stats
-        .last
-        .iter()
-        .filter(|run| run.finished_unix_seconds > until)
-        .collect();
-    runs.sort_by(|a, b| a.finished_unix_seconds.total_cmp(&b.finished_unix_seconds));
-    runs
-}
-
+/// The events file's note on a finished test case (its full result is in the
+/// test runner's log directory).
 fn result_note(run: &LastRun) -> String {
     format!(
         "{} test {} on GPUs {:?}: {} after {:.1} s (details in the test runner's log directory)",
@@ -439,46 +401,20 @@ mod tests {
     }
 
     #[test]
-    fn each_finished_test_is_recorded_once() {
+    fn a_finished_test_is_noted_with_its_outcome_and_gpus() {
         use crate::testrunner::config::Trigger;
-        let mut stats = TestRunnerStats::default();
-        let d = Duration::from_secs(2);
-        stats.record(
-            Trigger::Manual,
-            "gst_single",
-            Outcome::Passed,
-            d,
-            100.0,
-            vec![0],
-        );
-        stats.record(
-            Trigger::PreStartJobCheck,
-            "gst_single",
-            Outcome::Failed,
-            d,
-            90.0,
-            vec![1],
-        );
-        let new: Vec<f64> = finished_since(&stats, 0.0)
-            .iter()
-            .map(|r| r.finished_unix_seconds)
-            .collect();
-        assert_eq!(new, [90.0, 100.0], "oldest first");
-        assert!(finished_since(&stats, 100.0).is_empty());
-        stats.record(
-            Trigger::Manual,
-            "gst_single",
-            Outcome::TimedOut,
-            d,
-            130.0,
-            vec![0],
-        );
-        let new = finished_since(&stats, 100.0);
-        assert_eq!(new.len(), 1);
-        assert!(
-            result_note(new[0]).contains("TestTimedOut"),
-            "{}",
-            result_note(new[0])
+        let run = LastRun {
+            trigger: Trigger::Manual,
+            recipe: "gst_single".into(),
+            outcome: Outcome::TimedOut,
+            duration_seconds: 2.04,
+            finished_unix_seconds: 130.0,
+            gpu_indexes: vec![0, 3],
+        };
+        assert_eq!(
+            result_note(&run),
+            "MANUAL test gst_single on GPUs [0, 3]: TestTimedOut after 2.0 s \
+             (details in the test runner's log directory)"
         );
     }
 

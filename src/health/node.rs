@@ -1,6 +1,6 @@
 //! Writing health to the Node: the `AMDGPUUnhealthy` condition through the
 //! `status` subresource and the reference's health labels, each only when it
-//! changes, and Events on transitions.
+//! changes, and Events on transitions (through the agent's [`EventSink`]).
 //!
 //! Both go through the Node writer ([`crate::node_writer`]) under the health
 //! monitor's own field manager: the condition is applied to the `status`
@@ -13,8 +13,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::runtime::events::Recorder;
-use kube::{Api, Resource, ResourceExt};
+use kube::{Api, ResourceExt};
 use tokio::sync::{broadcast, watch};
 use tokio_util::sync::CancellationToken;
 
@@ -23,6 +22,7 @@ use super::outputs::{
     node_condition, transition_event,
 };
 use super::{HealthSnapshot, HealthTransition};
+use crate::events::EventSink;
 use crate::node_writer::{Concern, NodeIntent, NodeWriteError, NodeWriter, StatusIntent, Written};
 
 #[derive(Debug, thiserror::Error)]
@@ -120,15 +120,15 @@ pub async fn remove_node_health(nodes: &Api<Node>, node_name: &str) -> Result<()
 }
 
 /// Keeps the Node in line with the monitor until `cancel` fires: applies each
-/// new snapshot (retrying failed writes every `retry`), and records an Event for
-/// each transition when a recorder is given. For the agent to spawn next to the
+/// new snapshot (retrying failed writes every `retry`), and records an Event
+/// for each transition in `events`. For the agent to spawn next to the
 /// [`super::HealthMonitor`].
 pub async fn publish_node_health(
     nodes: Api<Node>,
     node_name: String,
     mut snapshots: watch::Receiver<Arc<HealthSnapshot>>,
     mut transitions: broadcast::Receiver<HealthTransition>,
-    recorder: Option<Recorder>,
+    events: EventSink,
     retry: Duration,
     cancel: CancellationToken,
 ) {
@@ -152,22 +152,7 @@ pub async fn publish_node_health(
                 pending = true;
             }
             t = transitions.recv() => match t {
-                Ok(t) => {
-                    if let Some(recorder) = &recorder {
-                        let reference = Node {
-                            metadata: kube::api::ObjectMeta {
-                                name: Some(node_name.clone()),
-                                ..Default::default()
-                            },
-                            ..Default::default()
-                        }
-                        .object_ref(&());
-                        if let Err(e) = recorder.publish(&transition_event(&t), &reference).await {
-                            crate::counters::record_api_error();
-                            tracing::warn!(error = %e, "cannot record a GPU health Event");
-                        }
-                    }
-                }
+                Ok(t) => events.record(transition_event(&t)).await,
                 Err(broadcast::error::RecvError::Lagged(n)) => {
                     tracing::warn!(missed = n, "GPU health Events dropped: too many transitions at once");
                 }

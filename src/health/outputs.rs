@@ -13,9 +13,9 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::NodeCondition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::runtime::events::{Event, EventType};
 
 use super::{HealthSnapshot, HealthTransition};
+use crate::events::{EventType, NodeEvent};
 use crate::plugin::{DeviceRef, HealthReport};
 
 /// Type of the Node condition.
@@ -145,26 +145,25 @@ pub fn is_health_label(key: &str) -> bool {
         .is_some_and(|id| !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()))
 }
 
-/// The Event to record on the Node for a transition.
-pub fn transition_event(t: &HealthTransition) -> Event {
+/// The Event a transition is worth, about the GPU.
+pub fn transition_event(t: &HealthTransition) -> NodeEvent {
     let who = describe(&t.bdf, &t.gpu_ids);
-    if t.healthy {
-        Event {
-            type_: EventType::Normal,
-            reason: EVENT_HEALTHY.into(),
-            note: Some(format!("{who} became healthy again")),
-            action: "HealthCheck".into(),
-            secondary: None,
-        }
+    let event = if t.healthy {
+        NodeEvent::agent(
+            EventType::Normal,
+            "HealthCheck",
+            EVENT_HEALTHY,
+            format!("{who} became healthy again"),
+        )
     } else {
-        Event {
-            type_: EventType::Warning,
-            reason: EVENT_UNHEALTHY.into(),
-            note: Some(format!("{who} became unhealthy: {}", t.reasons.join("; "))),
-            action: "HealthCheck".into(),
-            secondary: None,
-        }
-    }
+        NodeEvent::agent(
+            EventType::Warning,
+            "HealthCheck",
+            EVENT_UNHEALTHY,
+            format!("{who} became unhealthy: {}", t.reasons.join("; ")),
+        )
+    };
+    event.about(t.bdf.clone())
 }
 
 #[cfg(test)]

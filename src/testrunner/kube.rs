@@ -1,34 +1,35 @@
-//! The test runner's writes to the Kubernetes API: result Events, the
-//! running-state Node labels, and removing a handled test request.
+//! The test runner's side of the Kubernetes API: what its result Events are,
+//! the running-state Node labels, and removing a handled test request.
 //!
 //! Results are core/v1 Events because the reference labels them
-//! (`testrunner.amd.com/...`), which kube-runtime's `Recorder` cannot do. They
-//! are about the Node, so they live in the `default` namespace: the API server
-//! accepts Events about cluster-scoped objects only there (`kubectl get events
-//! -A -l testrunner.amd.com/category=gpu_health_check` finds them; `kubectl
-//! describe node` shows them). The name prefix is the reference's
+//! (`testrunner.amd.com/...`), which kube-runtime's `Recorder` cannot do: they
+//! are [`Origin::Labelled`] Events ([`node_event`]), which the agent's
+//! [`crate::events::EventSink`] creates. They are about the Node, so they live
+//! in the `default` namespace: the API server accepts Events about
+//! cluster-scoped objects only there (`kubectl get events -A -l
+//! testrunner.amd.com/category=gpu_health_check` finds them; `kubectl describe
+//! node` shows them). The name prefix is the reference's
 //! `amd-test-runner-<category>-` with `_` written as `-`, since an object name
 //! must be an RFC 1123 subdomain.
 //!
-//! Building the objects is pure ([`result_event`], [`running_labels`]);
-//! [`Kube`] sends them, the Node's through the Node writer.
+//! Building them is pure ([`node_event`], [`result_event`], [`running_labels`]);
+//! [`Kube`] writes the Node, through the Node writer.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Event, EventSource, Node, ObjectReference};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::api::core::v1::{Event, Node};
 use k8s_openapi::jiff::Timestamp;
 use kube::{Api, Client};
 
 use super::config::CATEGORY;
 use super::decide::TEST_REQUEST_ANNOTATION;
 use super::report::{EVENT_COMPONENT, EventContent, RUNNING};
-use crate::api::field_manager;
+use crate::events::{EventType, Labelled, NodeEvent, Origin, core_event};
 use crate::node_writer::{Concern, NodeIntent, NodeWriteError, NodeWriter};
 
 /// Namespace of the Events about the Node.
-pub const EVENT_NAMESPACE: &str = "default";
+pub const EVENT_NAMESPACE: &str = crate::events::NODE_EVENT_NAMESPACE;
 /// Event reason for a configuration or request the runner cannot use.
 pub const CONFIG_ERROR_REASON: &str = "TestConfigError";
 
@@ -40,6 +41,29 @@ pub fn event_name_prefix() -> String {
     )
 }
 
+/// The Event `content` is: labelled, from `amd-test-runner`, about the Node.
+pub fn node_event(content: EventContent) -> NodeEvent {
+    NodeEvent {
+        type_: if content.type_ == "Warning" {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        },
+        reason: content.reason,
+        note: Some(content.message),
+        about: None,
+        origin: Origin::Labelled(labelled(content.labels)),
+    }
+}
+
+fn labelled(labels: BTreeMap<String, String>) -> Labelled {
+    Labelled {
+        component: EVENT_COMPONENT,
+        name_prefix: event_name_prefix(),
+        labels,
+    }
+}
+
 /// The core/v1 Event about `node`.
 pub fn result_event(
     content: EventContent,
@@ -47,34 +71,8 @@ pub fn result_event(
     node_uid: Option<&str>,
     now: Timestamp,
 ) -> Event {
-    Event {
-        metadata: ObjectMeta {
-            generate_name: Some(event_name_prefix()),
-            namespace: Some(EVENT_NAMESPACE.into()),
-            labels: Some(content.labels),
-            ..ObjectMeta::default()
-        },
-        involved_object: ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("Node".into()),
-            name: Some(node.into()),
-            uid: node_uid.map(str::to_owned),
-            ..ObjectReference::default()
-        },
-        type_: Some(content.type_),
-        reason: Some(content.reason),
-        message: Some(content.message),
-        source: Some(EventSource {
-            component: Some(EVENT_COMPONENT.into()),
-            host: Some(node.into()),
-        }),
-        reporting_component: Some(EVENT_COMPONENT.into()),
-        reporting_instance: Some(node.into()),
-        first_timestamp: Some(Time(now)),
-        last_timestamp: Some(Time(now)),
-        count: Some(1),
-        ..Event::default()
-    }
+    let labelled = labelled(content.labels.clone());
+    core_event(&node_event(content), &labelled, node, node_uid, now)
 }
 
 /// The running-state labels of the test cases running now: the test
@@ -96,13 +94,11 @@ pub fn resource_version(node: &Node) -> Option<u64> {
         .and_then(|v| v.parse().ok())
 }
 
-/// Sends the runner's writes for one Node: labels and request removal through
-/// the Node writer, result Events directly.
+/// Sends the runner's writes for one Node, through the Node writer: the
+/// running-state labels and request removal.
 #[derive(Clone)]
 pub struct Kube {
     writer: NodeWriter,
-    events: Api<Event>,
-    node: String,
     /// Running-state label keys of the cases running now, across concurrent
     /// runs; held while writing, so that each write carries the whole set.
     running: Arc<tokio::sync::Mutex<BTreeSet<String>>>,
@@ -110,11 +106,8 @@ pub struct Kube {
 
 impl Kube {
     pub fn new(client: Client, node: impl Into<String>) -> Self {
-        let node = node.into();
         Self {
-            writer: NodeWriter::new(Api::all(client.clone()), node.clone()),
-            events: Api::namespaced(client, EVENT_NAMESPACE),
-            node,
+            writer: NodeWriter::new(Api::all(client), node.into()),
             running: Arc::default(),
         }
     }
@@ -138,18 +131,6 @@ impl Kube {
         };
         self.writer
             .apply(Concern::TestRunner, &intent)
-            .await
-            .map(drop)
-    }
-
-    pub async fn publish(
-        &self,
-        content: EventContent,
-        node_uid: Option<&str>,
-    ) -> Result<(), kube::Error> {
-        let event = result_event(content, &self.node, node_uid, Timestamp::now());
-        self.events
-            .create(&field_manager::post(field_manager::AGENT), &event)
             .await
             .map(drop)
     }

@@ -13,16 +13,18 @@
 //!
 //! Results: a core/v1 Event per test case with reason `TestPassed`,
 //! `TestFailed` or `TestTimedOut`, the reference's `testrunner.amd.com/...`
-//! labels and its JSON message ([`report`], [`kube`]); log files in the logs
-//! directory ([`execute`]); the Node label
+//! labels and its JSON message ([`report`], [`kube`]), recorded through the
+//! agent's [`crate::events::EventSink`]; log files in the logs directory
+//! ([`execute`]); the Node label
 //! `testrunner.amd.com.gpu_health_check.<recipe>.gpu<index>=running` while a
-//! test runs; and [`TestRunnerStats`] for the metrics exporter
+//! test runs; each finished case on [`TestRunnerService::results`] (standalone
+//! mode's events file); and [`TestRunnerStats`] for the metrics exporter
 //! ([`TestRunnerService::stats`]).
 //!
 //! Layout: [`config`] (the ConfigMap's `config.json`, pure), [`decide`] (what
 //! runs when, pure), [`report`] (result shapes, pure), [`gpus`] and [`command`]
 //! (GPU numbering, command lines and result files), [`process`] and [`execute`]
-//! (running tests), [`kube`] (API writes), [`service`] (the node service).
+//! (running tests), [`kube`] (its Events and Node writes), [`service`] (the node service).
 //!
 //! This module must not decide GPU health (it is told which GPU is unhealthy),
 //! watch the API itself (the agent hands it its Node and the ConfigMap text),

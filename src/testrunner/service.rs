@@ -2,9 +2,10 @@
 //! test runs and reports their results.
 //!
 //! Inputs: the configuration (a `watch`, through the supervisor), the GPU
-//! inventory, the agent's own Node (for the test-request annotation and the
-//! Node's uid), and an mpsc stream of [`GpuUnhealthy`] from the health
-//! monitor. One loop owns the [`Scheduler`] and [`ManualTracker`]; each started
+//! inventory, the agent's own Node (for the test-request annotation), and an
+//! mpsc stream of [`GpuUnhealthy`] from the health monitor. Outputs: Events
+//! through the agent's [`EventSink`], each finished test case on
+//! [`TestRunnerService::results`], and [`TestRunnerStats`]. One loop owns the [`Scheduler`] and [`ManualTracker`]; each started
 //! run is a task of its own that runs its test cases one after the other and
 //! reports each. Stopping the service kills the running tests' process groups,
 //! removes their running labels and publishes no result for them; a manual
@@ -18,7 +19,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use k8s_openapi::api::core::v1::Node;
 use kube::{Client, ResourceExt};
-use tokio::sync::{Mutex, mpsc, watch};
+use tokio::sync::{Mutex, broadcast, mpsc, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -31,41 +32,49 @@ use super::decide::{
 };
 use super::execute::{CaseReport, LogLimits, Logs, run_case};
 use super::gpus::{TargetGpu, read_targets};
-use super::kube::{CONFIG_ERROR_REASON, Kube, resource_version};
+use super::kube::{CONFIG_ERROR_REASON, Kube, node_event, resource_version};
 use super::report::EventContent;
 use super::report::{LABEL_PREFIX, label_value, running_label_key};
-use super::stats::{RunningTest, TestRunnerStats};
+use super::stats::{LastRun, RunningTest, TestRunnerStats};
 use super::{GpuUnhealthy, TestRunnerConfig};
 use crate::api::agent_status::ServiceName;
 use crate::device::Inventory;
+use crate::events::EventSink;
 use crate::service::{Readiness, Service, ServiceError, ServiceFuture};
 
 /// The test runner as a node service.
 pub struct TestRunnerService {
     client: Option<Client>,
+    events: Option<EventSink>,
     inventory: watch::Receiver<Arc<Inventory>>,
     node: watch::Receiver<Option<Arc<Node>>>,
     unhealthy: Mutex<mpsc::Receiver<GpuUnhealthy>>,
     stats: watch::Sender<TestRunnerStats>,
+    results: broadcast::Sender<LastRun>,
     pre_start_done: AtomicBool,
 }
 
 impl TestRunnerService {
     /// `client` is `None` without Kubernetes: tests still run and log, but no
-    /// Events, labels or annotations are written. `node` is the agent's watch
-    /// of its own Node (`None` until seen).
+    /// labels or annotations are written. `events` is where the result and
+    /// config-error Events go (`None`: nowhere; standalone mode records the
+    /// [`results`](Self::results) in its own words). `node` is the agent's
+    /// watch of its own Node (`None` until seen).
     pub fn new(
         client: Option<Client>,
+        events: Option<EventSink>,
         inventory: watch::Receiver<Arc<Inventory>>,
         node: watch::Receiver<Option<Arc<Node>>>,
         unhealthy: mpsc::Receiver<GpuUnhealthy>,
     ) -> Self {
         Self {
             client,
+            events,
             inventory,
             node,
             unhealthy: Mutex::new(unhealthy),
             stats: watch::Sender::new(TestRunnerStats::default()),
+            results: broadcast::Sender::new(RESULTS_BACKLOG),
             pre_start_done: AtomicBool::new(false),
         }
     }
@@ -75,7 +84,16 @@ impl TestRunnerService {
     pub fn stats(&self) -> watch::Receiver<TestRunnerStats> {
         self.stats.subscribe()
     }
+
+    /// Each test case as it finishes (not one cut short by a stop).
+    pub fn results(&self) -> broadcast::Receiver<LastRun> {
+        self.results.subscribe()
+    }
 }
+
+/// Finished test cases a slow reader of [`TestRunnerService::results`] may
+/// fall behind by before it misses some.
+const RESULTS_BACKLOG: usize = 64;
 
 /// What a run needs, fixed when it starts.
 struct RunContext {
@@ -84,7 +102,9 @@ struct RunContext {
     commands: Commands,
     log_limits: LogLimits,
     kube: Option<Kube>,
+    events: Option<EventSink>,
     stats: watch::Sender<TestRunnerStats>,
+    results: broadcast::Sender<LastRun>,
 }
 
 /// A finished run, for the loop's bookkeeping.
@@ -190,7 +210,7 @@ impl Service for TestRunnerService {
                                 scheduler.submit(request);
                             }
                             Err(why) => {
-                                let removed = self.reject_request(&ctx, n, &value, &why).await;
+                                let removed = self.reject_request(&ctx, &value, &why).await;
                                 manual.handled(value, removed);
                             }
                         }
@@ -206,12 +226,10 @@ impl Service for TestRunnerService {
                 };
                 let bdfs = targets.iter().map(|t| t.bdf.clone()).collect();
                 for start in scheduler.start_ready(&bdfs) {
-                    let uid = node_copy.as_ref().and_then(|n| n.uid());
                     runs.spawn(execute(
                         ctx.clone(),
                         start,
                         targets.clone(),
-                        uid,
                         runs_cancel.child_token(),
                     ));
                 }
@@ -235,7 +253,7 @@ impl Service for TestRunnerService {
                             Ok(parsed) => tests = parsed,
                             Err(e) => {
                                 tracing::warn!(error = %e, "testRunner config rejected; keeping the previous one");
-                                self.config_error(&ctx, node_copy.as_deref(), &e).await;
+                                config_error(&ctx, &e).await;
                             }
                         }
                         if next.logs_dir != current.logs_dir
@@ -334,21 +352,17 @@ impl TestRunnerService {
                 .client
                 .clone()
                 .map(|c| Kube::new(c, config.node_name.clone())),
+            events: self.events.clone(),
             stats: self.stats.clone(),
+            results: self.results.clone(),
         }))
     }
 
     /// An unusable test request: say why on the Node and remove it.
-    async fn reject_request(
-        &self,
-        ctx: &RunContext,
-        node: &Node,
-        value: &str,
-        why: &str,
-    ) -> Option<u64> {
+    async fn reject_request(&self, ctx: &RunContext, value: &str, why: &str) -> Option<u64> {
         let message = format!("{TEST_REQUEST_ANNOTATION}={value:?}: {why}");
         tracing::warn!(%message, "test request rejected");
-        self.config_error(ctx, Some(node), &message).await;
+        config_error(ctx, &message).await;
         let kube = ctx.kube.as_ref()?;
         match kube.remove_request(value).await {
             Ok(removed) => removed,
@@ -358,31 +372,27 @@ impl TestRunnerService {
             }
         }
     }
+}
 
-    async fn config_error(&self, ctx: &RunContext, node: Option<&Node>, message: &str) {
-        let Some(kube) = &ctx.kube else {
-            return;
-        };
-        let labels = [
-            ("category", CATEGORY.to_ascii_lowercase()),
-            ("hostname", label_value(&ctx.node_name)),
-        ]
-        .into_iter()
-        .map(|(k, v)| (format!("{LABEL_PREFIX}{k}"), v))
-        .collect();
-        let content = EventContent {
-            type_: "Warning".into(),
-            reason: CONFIG_ERROR_REASON.into(),
-            message: message.to_owned(),
-            labels,
-        };
-        if let Err(e) = kube
-            .publish(content, node.and_then(|n| n.metadata.uid.as_deref()))
-            .await
-        {
-            tracing::warn!(error = %e, "cannot record Event");
-        }
-    }
+/// A configuration or request the runner cannot use: a Warning Event.
+async fn config_error(ctx: &RunContext, message: &str) {
+    let Some(events) = &ctx.events else {
+        return;
+    };
+    let labels = [
+        ("category", CATEGORY.to_ascii_lowercase()),
+        ("hostname", label_value(&ctx.node_name)),
+    ]
+    .into_iter()
+    .map(|(k, v)| (format!("{LABEL_PREFIX}{k}"), v))
+    .collect();
+    let content = EventContent {
+        type_: "Warning".into(),
+        reason: CONFIG_ERROR_REASON.into(),
+        message: message.to_owned(),
+        labels,
+    };
+    events.record(node_event(content)).await;
 }
 
 /// Runs a started request's test cases and reports each.
@@ -390,7 +400,6 @@ async fn execute(
     ctx: Arc<RunContext>,
     start: Start,
     targets: Vec<TargetGpu>,
-    node_uid: Option<String>,
     cancel: CancellationToken,
 ) -> Finished {
     let trigger = start.request.trigger;
@@ -453,6 +462,19 @@ async fn execute(
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_secs_f64())
             .unwrap_or_default();
+        let result = LastRun {
+            trigger,
+            recipe: case.recipe.clone(),
+            outcome: report.outcome,
+            duration_seconds: report.duration.as_secs_f64(),
+            finished_unix_seconds: finished,
+            gpu_indexes: report.gpu_indexes(),
+        };
+        let gpu_indexes = result.gpu_indexes.clone();
+        // Handed over before it is counted, so that whoever sees the count can
+        // have it. No reader (the agent's Events go through the sink) is not an
+        // error.
+        let _ = ctx.results.send(result);
         ctx.stats.send_modify(|s| {
             s.record(
                 trigger,
@@ -460,15 +482,13 @@ async fn execute(
                 report.outcome,
                 report.duration,
                 finished,
-                report.gpu_indexes(),
+                gpu_indexes,
             )
         });
-        if let Some(kube) = &ctx.kube
-            && let Err(e) = kube
-                .publish(report.event(&ctx.node_name), node_uid.as_deref())
-                .await
-        {
-            tracing::warn!(error = %e, reason = report.outcome.reason(), "cannot record the test result Event");
+        if let Some(events) = &ctx.events {
+            events
+                .record(node_event(report.event(&ctx.node_name)))
+                .await;
         }
     }
     let manual = match (&start.request.manual, cancelled) {
@@ -507,7 +527,7 @@ mod tests {
         let (_inventory_tx, inventory) = watch::channel(Arc::new(Inventory::default()));
         let (_node_tx, node) = watch::channel(None);
         let (_unhealthy_tx, unhealthy) = mpsc::channel(1);
-        let service = TestRunnerService::new(None, inventory, node, unhealthy);
+        let service = TestRunnerService::new(None, None, inventory, node, unhealthy);
         let Err(error) = service.context(&config) else {
             panic!("a logs directory under /etc was accepted");
         };

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gpu_operator::device::{Inventory, discover};
+use gpu_operator::events::EventSink;
 use gpu_operator::health::outputs::{
     CONDITION_TYPE, EVENT_UNHEALTHY, REASON_HEALTHY, REASON_UNHEALTHY,
 };
@@ -23,7 +24,6 @@ use gpu_operator::service::Slot;
 use gpu_operator::simulate::{self, SimSpec};
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
-use kube::runtime::events::{Recorder, Reporter};
 use serde_json::json;
 use support::cluster::TestCluster;
 use support::wait::{self, WAIT};
@@ -376,19 +376,13 @@ async fn the_publisher_follows_the_monitor_and_records_events() {
     let client = emulator.client();
     let mut rig = start("mi300x", None, None).await;
     let cancel = CancellationToken::new();
-    let recorder = Recorder::new(
-        client.clone(),
-        Reporter {
-            controller: "gpu-operator".into(),
-            instance: Some("gpu-2".into()),
-        },
-    );
+    let events = EventSink::kubernetes(client.clone(), "gpu-2", watch::channel(None).1);
     let publisher = tokio::spawn(publish_node_health(
         Api::all(client),
         "gpu-2".into(),
         rig.snapshot.clone(),
         rig.transitions.resubscribe(),
-        Some(recorder),
+        events,
         Duration::from_millis(200),
         cancel.clone(),
     ));

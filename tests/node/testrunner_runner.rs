@@ -382,7 +382,8 @@ async fn cancelling_a_check_kills_the_test() {
 }
 
 /// Without Kubernetes (bare metal): no client and no Node, yet an unhealthy GPU
-/// is tested, logged and counted.
+/// is tested, logged, counted and handed over (standalone mode's events file
+/// records what `results` hands over).
 #[tokio::test]
 async fn the_service_runs_without_kubernetes() {
     use gpu_operator::service::Slot;
@@ -398,8 +399,9 @@ async fn the_service_runs_without_kubernetes() {
     // No Node: its watch is closed from the start.
     let node_rx = watch::channel(None).1;
     let (unhealthy, unhealthy_rx) = mpsc::channel(4);
-    let service = TestRunnerService::new(None, inventory_rx, node_rx, unhealthy_rx);
+    let service = TestRunnerService::new(None, None, inventory_rx, node_rx, unhealthy_rx);
     let mut stats = service.stats();
+    let mut results = service.results();
     let mut slot = Slot::new(service);
     let logs = rig.dir.path().join("logs");
     slot.apply(Some(TestRunnerConfig {
@@ -426,6 +428,11 @@ async fn the_service_runs_without_kubernetes() {
         Trigger::AutoUnhealthyGpuWatch
     );
     assert_eq!(stats.borrow().last[0].gpu_indexes, [0]);
+    let result = results
+        .try_recv()
+        .expect("the finished case is handed over");
+    assert_eq!(result, stats.borrow().last[0]);
+    assert!(results.try_recv().is_err(), "once");
     let calls = rig.rvs.invocations();
     assert_eq!(calls.len(), 1);
     assert!(calls[0].contains("-i 0 -j"), "{calls:?}");

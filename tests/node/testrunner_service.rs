@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use fake_rvs::{FakeRvs, config_json, kfd_ids, logs_in, sim_host, wait_gone};
 use futures::StreamExt;
 use gpu_operator::device::Inventory;
+use gpu_operator::events::EventSink;
 use gpu_operator::host::HostRoot;
 use gpu_operator::service::{ServiceState, Slot};
 use gpu_operator::testrunner::{
@@ -81,12 +82,10 @@ impl Harness {
         let (inventory_tx, inventory_rx) = watch::channel(Arc::new(inventory));
         let (unhealthy, unhealthy_rx) = mpsc::channel(16);
         let client = cluster.client();
-        let service = TestRunnerService::new(
-            Some(client.clone()),
-            inventory_rx,
-            node_watch(client),
-            unhealthy_rx,
-        );
+        let node = node_watch(client.clone());
+        let events = EventSink::kubernetes(client.clone(), NODE, node.clone());
+        let service =
+            TestRunnerService::new(Some(client), Some(events), inventory_rx, node, unhealthy_rx);
         let stats = service.stats();
         let mut harness = Self {
             cluster,

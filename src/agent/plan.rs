@@ -1,0 +1,817 @@
+//! What the agent does on one pass over its Node, decided as plain data.
+//!
+//! A pass has three steps, because the node services only say how they are
+//! after they have been given their configuration:
+//!
+//! 1. [`follow`]: from the selection, what the agent follows (the line to log
+//!    when that changed) and which ConfigMaps and `rbacConfig` objects to watch;
+//! 2. [`services`]: the services to run, with the command line's overrides;
+//! 3. [`report`]: once the services were applied, whether to remove the GPU
+//!    labels, start or stop publishing health on the Node, which Warning Events
+//!    to record and which status annotation to write.
+//!
+//! [`LoopState`] is what the agent remembers between passes: what it logged it
+//! follows, the problems already recorded as Events, the status last written.
+//!
+//! This module owns those decisions. It must not do I/O of any kind: no
+//! Kubernetes API, no clock, no tasks; the agent loop (`super::run`) reads the
+//! inputs and carries the plan out.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+
+use super::configmaps::ConfigMapRef;
+use super::node_services::{Applied, DiscoveryProgress};
+use super::select::{DesiredServices, NodeContext, Selection, idle_services, plan_services};
+use crate::api::KubeRbacConfig;
+use crate::api::agent_status::{AgentStatus, STATUS_VERSION, ServiceName, ServiceStatus};
+use crate::device::Inventory;
+use crate::plugin::PluginStatus;
+
+/// What the agent remembers from one pass to the next.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LoopState {
+    /// What the agent follows, as last logged.
+    followed: Option<String>,
+    /// The problems recorded as Events, by message: each is recorded once for
+    /// as long as it lasts.
+    reported: BTreeSet<String>,
+    /// What was last written: `Some(None)` means the annotation was removed.
+    last_status: Option<Option<AgentStatus>>,
+    /// Set while the latest status write failed: it is retried on a timer.
+    status_write_failed: bool,
+}
+
+impl LoopState {
+    /// Whether the latest status write failed, so that the loop retries it
+    /// without waiting for another change.
+    pub fn status_write_failed(&self) -> bool {
+        self.status_write_failed
+    }
+
+    /// Takes in how the write of `update` went.
+    pub fn status_written(&mut self, update: StatusUpdate, written: bool) {
+        if written {
+            self.last_status = Some(update.status);
+            self.status_write_failed = false;
+        } else {
+            self.status_write_failed = true;
+        }
+    }
+}
+
+/// Step 1: what the selection has the agent follow.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Following {
+    /// What the agent follows now, to log, when that changed.
+    pub log: Option<String>,
+    /// The ConfigMap of `metricsExporter.config`.
+    pub metrics_config: Option<ConfigMapRef>,
+    /// The ConfigMap of `testRunner.config`.
+    pub test_config: Option<ConfigMapRef>,
+    /// The namespace and `metricsExporter.rbacConfig` whose objects to follow.
+    pub access: Option<(String, KubeRbacConfig)>,
+}
+
+/// Step 1 (see the module doc).
+pub fn follow(state: &mut LoopState, selection: &Selection) -> Following {
+    let now_following = match selection {
+        Selection::One(selected) => format!("following DeviceConfig {}", selected.key),
+        Selection::Conflict(keys) => format!(
+            "DeviceConfigs {} all select this node; running only the metrics endpoint",
+            keys.join(", ")
+        ),
+        Selection::None => {
+            "no DeviceConfig selects this node; running only the metrics endpoint".into()
+        }
+    };
+    let log = (state.followed.as_ref() != Some(&now_following)).then(|| {
+        state.followed = Some(now_following.clone());
+        now_following
+    });
+    let Selection::One(selected) = selection else {
+        return Following {
+            log,
+            ..Following::default()
+        };
+    };
+    let namespace = &selected.key.namespace;
+    let spec = &selected.spec;
+    Following {
+        log,
+        metrics_config: spec
+            .metrics_exporter
+            .config
+            .name
+            .clone()
+            .map(|n| (namespace.clone(), n)),
+        test_config: spec
+            .test_runner
+            .config
+            .as_ref()
+            .map(|c| (namespace.clone(), c.name.clone())),
+        access: Some((namespace.clone(), spec.metrics_exporter.rbac_config.clone())),
+    }
+}
+
+/// What the agent's command line overrides in the services a DeviceConfig
+/// asks for.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Overrides {
+    /// Where the metrics endpoint listens, instead of `metricsExporter.port`.
+    pub metrics_listen: Option<SocketAddr>,
+    /// Where the test tools are.
+    pub test_commands: Option<crate::testrunner::Commands>,
+}
+
+/// Step 2: the services the selection asks for on this node (only the metrics
+/// endpoint without exactly one DeviceConfig), with the overrides applied.
+/// The metrics endpoint's `rbacConfig` material is the caller's to add: it
+/// needs the API client that reviews tokens.
+pub fn services(
+    selection: &Selection,
+    context: &NodeContext<'_>,
+    overrides: &Overrides,
+) -> DesiredServices {
+    let mut desired = match selection {
+        Selection::One(selected) => plan_services(&selected.spec, context),
+        Selection::None | Selection::Conflict(_) => idle_services(context),
+    };
+    if let (Some(listen), Some(metrics)) = (overrides.metrics_listen, desired.metrics.as_mut()) {
+        metrics.listen = listen;
+    }
+    if let (Some(commands), Some(tests)) = (&overrides.test_commands, desired.test_runner.as_mut())
+    {
+        tests.commands = commands.clone();
+    }
+    desired
+}
+
+/// What step 3 looks at: the node as the services left it.
+#[derive(Clone, Debug)]
+pub struct Observed<'a> {
+    pub selection: &'a Selection,
+    /// The watched Node carries the status annotation.
+    pub annotated: bool,
+    pub plugin: &'a PluginStatus,
+    /// Why the exporter rejected its config, if it did.
+    pub metrics_config_error: Option<&'a str>,
+    pub discovery: &'a DiscoveryProgress,
+    /// What is wrong with the metrics endpoint's `rbacConfig`.
+    pub access_problems: &'a [String],
+    /// Each service's state, as the annotation shows it.
+    pub services: BTreeMap<ServiceName, ServiceStatus>,
+    pub inventory: &'a Inventory,
+    /// What applying the services stopped.
+    pub applied: Applied,
+    /// The health monitor runs.
+    pub health_running: bool,
+    /// The Node's health is being published.
+    pub publishing_health: bool,
+    /// The time now, for the status's `since`.
+    pub now: String,
+}
+
+/// Whether the Node's health is published.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum HealthPublishing {
+    /// As it is.
+    #[default]
+    Keep,
+    /// The monitor runs: publish its condition, labels and Events.
+    Start,
+    /// No monitor, no verdict: stop publishing, then remove the condition and
+    /// labels it wrote.
+    StopAndClear,
+}
+
+/// A Warning Event to record on the Node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Warning {
+    pub reason: &'static str,
+    pub message: String,
+}
+
+/// The status annotation to write.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StatusUpdate {
+    /// `None` removes the annotation.
+    pub status: Option<AgentStatus>,
+    /// False when there is nothing to do on the Node (removing an annotation
+    /// it does not carry).
+    pub write: bool,
+}
+
+/// Step 3: what to do once the services were applied.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Report {
+    /// The labeller was disabled or the node deselected: remove its labels.
+    pub remove_labels: bool,
+    pub health: HealthPublishing,
+    /// New problems worth an Event, in the order found.
+    pub warnings: Vec<Warning>,
+    /// The status to publish, when it changed since the last write (or that
+    /// write failed).
+    pub status: Option<StatusUpdate>,
+}
+
+/// Step 3 (see the module doc).
+pub fn report(state: &mut LoopState, observed: Observed<'_>) -> Report {
+    let remove_labels = observed.applied.labeller_stopped;
+    let health = if observed.applied.health_stopped {
+        HealthPublishing::StopAndClear
+    } else if observed.health_running && !observed.publishing_health {
+        HealthPublishing::Start
+    } else {
+        HealthPublishing::Keep
+    };
+    let mut found = problems(
+        observed.selection,
+        observed.plugin,
+        observed.metrics_config_error,
+    );
+    found.extend(discovery_problem(observed.discovery));
+    found.extend(observed.access_problems.iter().map(|message| Problem {
+        event_reason: Some("MetricsAccessProblem"),
+        message: format!("metrics endpoint: {message}"),
+    }));
+    let warnings = found
+        .iter()
+        .filter_map(|problem| {
+            let reason = problem.event_reason?;
+            state
+                .reported
+                .insert(problem.message.clone())
+                .then(|| Warning {
+                    reason,
+                    message: problem.message.clone(),
+                })
+        })
+        .collect();
+    state
+        .reported
+        .retain(|p| found.iter().any(|q| &q.message == p));
+    let problems: Vec<String> = found.into_iter().map(|p| p.message).collect();
+    // The status annotation exists while a DeviceConfig selects the node (or
+    // several do, which needs a person); with none, the agent removes it, and
+    // the leader reads its absence as torn down.
+    let status = match observed.selection {
+        Selection::None => None,
+        selection => Some(build_status(
+            selection,
+            observed.services,
+            observed.plugin,
+            observed.inventory,
+            problems,
+            observed.now,
+        )),
+    };
+    let changed = match (&status, &state.last_status) {
+        (Some(now), Some(Some(last))) => now.differs_from(last),
+        (None, Some(None)) => false,
+        _ => true,
+    };
+    let status = changed.then(|| StatusUpdate {
+        write: status.is_some() || observed.annotated,
+        status,
+    });
+    Report {
+        remove_labels,
+        health,
+        warnings,
+        status,
+    }
+}
+
+/// Something on this node that needs a person's attention.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Problem {
+    /// The Reason of the Warning Event it is worth, if any.
+    event_reason: Option<&'static str>,
+    message: String,
+}
+
+/// What needs a person's attention on this node. Conflicts and a rejected
+/// metrics config are worth an Event; device plugin errors (a failed
+/// registration, say) often clear on their own as the plugin retries, so they
+/// show in the status annotation only.
+fn problems(
+    selection: &Selection,
+    plugin: &PluginStatus,
+    metrics_config_error: Option<&str>,
+) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    if let Selection::Conflict(keys) = selection {
+        problems.push(Problem {
+            event_reason: Some("ConflictingDeviceConfigs"),
+            message: format!(
+                "DeviceConfigs {} all select this node; nothing runs until exactly one does",
+                keys.join(", ")
+            ),
+        });
+    }
+    let conflict = plugin.conflict.as_ref().map(ToString::to_string);
+    if let Some(conflict) = &conflict {
+        problems.push(Problem {
+            event_reason: Some("PartitionLayoutConflict"),
+            message: conflict.clone(),
+        });
+    }
+    if let Some(error) = &plugin.error
+        && Some(error) != conflict.as_ref()
+    {
+        problems.push(Problem {
+            event_reason: None,
+            message: format!("device plugin: {error}"),
+        });
+    }
+    if let Some(error) = metrics_config_error {
+        problems.push(Problem {
+            event_reason: Some("MetricsConfigError"),
+            message: format!("metrics config rejected, the last good one stays in force: {error}"),
+        });
+    }
+    problems
+}
+
+/// What the discovery watch's progress means for the node: not discovered
+/// yet (only the metrics endpoint runs), or the latest scan was not trusted
+/// and the last inventory stays (a warning Event, once per reason).
+fn discovery_problem(progress: &DiscoveryProgress) -> Option<Problem> {
+    match (progress.discovered, &progress.last_incomplete) {
+        (false, reason) => Some(Problem {
+            event_reason: reason.as_ref().map(|_| "DiscoveryIncomplete"),
+            message: match reason {
+                Some(reason) => format!(
+                    "GPU discovery has not completed yet; only the metrics endpoint runs: {reason}"
+                ),
+                None => {
+                    "GPU discovery has not completed yet; only the metrics endpoint runs".into()
+                }
+            },
+        }),
+        (true, Some(reason)) => Some(Problem {
+            event_reason: Some("DiscoveryIncomplete"),
+            message: format!("GPU discovery incomplete, the last inventory stays in use: {reason}"),
+        }),
+        (true, None) => None,
+    }
+}
+
+fn build_status(
+    selection: &Selection,
+    services: BTreeMap<ServiceName, ServiceStatus>,
+    plugin_status: &PluginStatus,
+    inventory: &Inventory,
+    problems: Vec<String>,
+    since: String,
+) -> AgentStatus {
+    let (device_config, uid, generation) = match selection {
+        Selection::One(s) => (Some(s.key.clone()), s.uid.clone(), s.generation),
+        _ => (None, None, None),
+    };
+    AgentStatus {
+        v: STATUS_VERSION,
+        device_config,
+        uid,
+        generation,
+        services,
+        resources: plugin_status
+            .resources
+            .iter()
+            .map(|r| (r.name.clone(), r.devices))
+            .collect(),
+        gpus: inventory.gpus.len(),
+        driver_version: inventory.driver.version.clone(),
+        problems,
+        since,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::DeviceConfigSpec;
+    use crate::api::agent_status::ConfigKey;
+    use crate::plugin::LayoutConflict;
+
+    #[test]
+    fn discovery_problems_say_what_runs_and_warn_once_per_reason() {
+        let whole = DiscoveryProgress {
+            discovered: true,
+            last_incomplete: None,
+        };
+        assert_eq!(discovery_problem(&whole), None);
+
+        let starting = DiscoveryProgress::default();
+        let problem = discovery_problem(&starting).expect("not discovered is a problem");
+        assert_eq!(
+            problem.event_reason, None,
+            "a normal start is not worth an Event"
+        );
+        assert!(problem.message.contains("only the metrics endpoint runs"));
+
+        let stuck = DiscoveryProgress {
+            discovered: false,
+            last_incomplete: Some("discovery missed its 5s deadline".into()),
+        };
+        let problem = discovery_problem(&stuck).expect("a stuck first scan");
+        assert_eq!(problem.event_reason, Some("DiscoveryIncomplete"));
+        assert!(
+            problem
+                .message
+                .ends_with("discovery missed its 5s deadline")
+        );
+
+        let later = DiscoveryProgress {
+            discovered: true,
+            ..stuck
+        };
+        let problem = discovery_problem(&later).expect("an untrusted later scan");
+        assert_eq!(problem.event_reason, Some("DiscoveryIncomplete"));
+        assert!(problem.message.contains("the last inventory stays in use"));
+    }
+
+    #[test]
+    fn conflicts_are_worth_events_plugin_errors_only_status() {
+        let conflict = Selection::Conflict(vec!["ns/a".into(), "ns/b".into()]);
+        let found = problems(&conflict, &PluginStatus::default(), None);
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].event_reason, Some("ConflictingDeviceConfigs"));
+        assert!(found[0].message.contains("ns/a, ns/b"));
+
+        let failing = PluginStatus {
+            error: Some("registering amd.com/gpu: kubelet.sock refused".into()),
+            ..PluginStatus::default()
+        };
+        let found = problems(&Selection::None, &failing, None);
+        assert_eq!(
+            found,
+            [Problem {
+                event_reason: None,
+                message: "device plugin: registering amd.com/gpu: kubelet.sock refused".into()
+            }]
+        );
+
+        // A layout conflict is also the plugin's error line: reported once.
+        let layout = LayoutConflict {
+            profiles: [
+                ("cpx_nps4".to_owned(), vec!["0000:05:00.0".to_owned()]),
+                ("spx_nps1".to_owned(), vec!["0000:27:00.0".to_owned()]),
+            ]
+            .into(),
+        };
+        let with_layout = PluginStatus {
+            error: Some(layout.to_string()),
+            conflict: Some(layout),
+            ..PluginStatus::default()
+        };
+        let found = problems(&Selection::None, &with_layout, None);
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].event_reason, Some("PartitionLayoutConflict"));
+
+        let found = problems(
+            &Selection::None,
+            &PluginStatus::default(),
+            Some("line 1: bad"),
+        );
+        assert_eq!(found[0].event_reason, Some("MetricsConfigError"));
+        assert!(found[0].message.ends_with("line 1: bad"));
+    }
+
+    fn one(namespace: &str, name: &str, spec: DeviceConfigSpec) -> Selection {
+        Selection::One(Box::new(super::super::select::Selected {
+            key: ConfigKey {
+                namespace: namespace.into(),
+                name: name.into(),
+            },
+            uid: Some("uid-1".into()),
+            generation: Some(4),
+            spec,
+        }))
+    }
+
+    #[test]
+    fn what_is_followed_is_logged_once_and_watched_in_the_configs_namespace() {
+        let mut spec = DeviceConfigSpec::default();
+        spec.metrics_exporter.config.name = Some("metrics-cm".into());
+        let selected = one("kube-amd-gpu", "gpus", spec);
+        let conflict = Selection::Conflict(vec!["ns/a".into(), "ns/b".into()]);
+        // (selection, line logged, metrics ConfigMap, test ConfigMap, access followed)
+        type Row<'a> = (
+            &'a Selection,
+            Option<&'a str>,
+            Option<(&'a str, &'a str)>,
+            bool,
+        );
+        let table: &[Row] = &[
+            (
+                &selected,
+                Some("following DeviceConfig kube-amd-gpu/gpus"),
+                Some(("kube-amd-gpu", "metrics-cm")),
+                true,
+            ),
+            // The same again: nothing new to log, the same to follow.
+            (&selected, None, Some(("kube-amd-gpu", "metrics-cm")), true),
+            (
+                &conflict,
+                Some(
+                    "DeviceConfigs ns/a, ns/b all select this node; running only the metrics endpoint",
+                ),
+                None,
+                false,
+            ),
+            (
+                &Selection::None,
+                Some("no DeviceConfig selects this node; running only the metrics endpoint"),
+                None,
+                false,
+            ),
+            (&Selection::None, None, None, false),
+        ];
+        let mut state = LoopState::default();
+        for (i, (selection, log, metrics, access)) in table.iter().enumerate() {
+            let following = follow(&mut state, selection);
+            assert_eq!(following.log.as_deref(), *log, "row {i}");
+            assert_eq!(
+                following.metrics_config,
+                metrics.map(|(ns, n)| (ns.to_owned(), n.to_owned())),
+                "row {i}"
+            );
+            assert_eq!(following.test_config, None, "row {i}");
+            assert_eq!(
+                following.access.as_ref().map(|(ns, _)| ns.as_str()),
+                access.then_some("kube-amd-gpu"),
+                "row {i}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_command_line_overrides_the_metrics_address_and_the_test_tools() {
+        let host = crate::host::HostRoot::new("/h");
+        let sampling = super::super::select::Sampling::default();
+        let labels = BTreeMap::new();
+        let context = NodeContext {
+            node_name: "n1",
+            sampling: &sampling,
+            labels: &labels,
+            kubelet_dir: std::path::Path::new("/k"),
+            host: &host,
+            metrics_config: None,
+            test_config: None,
+        };
+        let listen: SocketAddr = "127.0.0.1:9".parse().unwrap();
+        let overrides = Overrides {
+            metrics_listen: Some(listen),
+            test_commands: None,
+        };
+        let idle = services(&Selection::None, &context, &overrides);
+        assert_eq!(idle.metrics.map(|m| m.listen), Some(listen));
+        assert_eq!(idle.device_plugin, None);
+        let conflict = Selection::Conflict(vec!["a/b".into(), "a/c".into()]);
+        assert_eq!(
+            services(&conflict, &context, &Overrides::default()),
+            idle_services(&context),
+            "a conflict runs only the metrics endpoint"
+        );
+    }
+
+    /// One pass's observations, with a discovered host and nothing wrong.
+    struct Pass {
+        selection: Selection,
+        annotated: bool,
+        plugin: PluginStatus,
+        metrics_config_error: Option<&'static str>,
+        discovery: DiscoveryProgress,
+        access_problems: Vec<String>,
+        applied: Applied,
+        health_running: bool,
+        publishing_health: bool,
+    }
+
+    impl Pass {
+        fn new(selection: Selection) -> Self {
+            Self {
+                selection,
+                annotated: false,
+                plugin: PluginStatus::default(),
+                metrics_config_error: None,
+                discovery: DiscoveryProgress {
+                    discovered: true,
+                    last_incomplete: None,
+                },
+                access_problems: Vec::new(),
+                applied: Applied::default(),
+                health_running: false,
+                publishing_health: false,
+            }
+        }
+
+        fn report(&self, state: &mut LoopState, now: &str) -> Report {
+            let inventory = Inventory::default();
+            report(
+                state,
+                Observed {
+                    selection: &self.selection,
+                    annotated: self.annotated,
+                    plugin: &self.plugin,
+                    metrics_config_error: self.metrics_config_error,
+                    discovery: &self.discovery,
+                    access_problems: &self.access_problems,
+                    services: [(ServiceName::MetricsExporter, ServiceStatus::Running)].into(),
+                    inventory: &inventory,
+                    applied: self.applied,
+                    health_running: self.health_running,
+                    publishing_health: self.publishing_health,
+                    now: now.into(),
+                },
+            )
+        }
+    }
+
+    /// Each row is one pass on the same state: what it saw, and which Events,
+    /// status write and health publishing it decided.
+    #[test]
+    fn each_problem_is_recorded_once_while_it_lasts_and_the_status_only_when_it_changes() {
+        let conflict = || Selection::Conflict(vec!["ns/a".into(), "ns/b".into()]);
+        let selected = || one("ns", "a", DeviceConfigSpec::default());
+        let with = |selection: Selection, change: &dyn Fn(&mut Pass)| {
+            let mut pass = Pass::new(selection);
+            change(&mut pass);
+            pass
+        };
+        // (what the pass saw, Event reasons, status written: None = no write,
+        // Some(true) = an annotation, Some(false) = its removal; the write
+        // succeeds)
+        let table: Vec<(&str, Pass, Vec<&str>, Option<bool>)> = vec![
+            (
+                "nothing selects an unannotated node: nothing to remove",
+                Pass::new(Selection::None),
+                vec![],
+                None,
+            ),
+            (
+                "a conflict: one Event and the status",
+                Pass::new(conflict()),
+                vec!["ConflictingDeviceConfigs"],
+                Some(true),
+            ),
+            (
+                "the same conflict later: no new Event, the same status",
+                Pass::new(conflict()),
+                vec![],
+                None,
+            ),
+            (
+                "selected, with a rejected metrics config",
+                with(selected(), &|p| p.metrics_config_error = Some("line 1")),
+                vec!["MetricsConfigError"],
+                Some(true),
+            ),
+            (
+                "a plugin error shows in the status only",
+                with(selected(), &|p| {
+                    p.metrics_config_error = Some("line 1");
+                    p.plugin.error = Some("kubelet.sock refused".into());
+                }),
+                vec![],
+                Some(true),
+            ),
+            (
+                "the config error cleared",
+                Pass::new(selected()),
+                vec![],
+                Some(true),
+            ),
+            (
+                "the conflict back: an Event again",
+                Pass::new(conflict()),
+                vec!["ConflictingDeviceConfigs"],
+                Some(true),
+            ),
+            (
+                "access problems and an untrusted scan, each an Event",
+                with(selected(), &|p| {
+                    p.access_problems = vec!["Secret s does not exist".into()];
+                    p.discovery.last_incomplete = Some("deadline".into());
+                }),
+                vec!["DiscoveryIncomplete", "MetricsAccessProblem"],
+                Some(true),
+            ),
+            (
+                "deselected: the annotation is removed",
+                with(Selection::None, &|p| p.annotated = true),
+                vec![],
+                Some(false),
+            ),
+            (
+                "removed already",
+                with(Selection::None, &|p| p.annotated = true),
+                vec![],
+                None,
+            ),
+        ];
+        let mut state = LoopState::default();
+        for (i, (what, pass, reasons, written)) in table.into_iter().enumerate() {
+            let report = pass.report(&mut state, &format!("t{i}"));
+            let got: Vec<&str> = report.warnings.iter().map(|w| w.reason).collect();
+            assert_eq!(got, reasons, "{what}");
+            let write = report
+                .status
+                .as_ref()
+                .filter(|u| u.write)
+                .map(|u| u.status.is_some());
+            assert_eq!(write, written, "{what}");
+            assert_eq!(report.health, HealthPublishing::Keep, "{what}");
+            if let Some(update) = report.status {
+                if let Some(status) = &update.status {
+                    assert_eq!(status.since, format!("t{i}"), "{what}");
+                    assert_eq!(
+                        status.device_config.is_some(),
+                        matches!(pass.selection, Selection::One(_)),
+                        "{what}"
+                    );
+                }
+                state.status_written(update, true);
+            }
+        }
+    }
+
+    #[test]
+    fn a_failed_status_write_is_retried_until_it_succeeds() {
+        let pass = Pass::new(one("ns", "a", DeviceConfigSpec::default()));
+        let mut state = LoopState::default();
+        let update = pass
+            .report(&mut state, "t0")
+            .status
+            .expect("a first status");
+        state.status_written(update, false);
+        assert!(state.status_write_failed());
+        // Unchanged, but not written yet: written again.
+        let update = pass.report(&mut state, "t1").status.expect("the retry");
+        assert_eq!(update.status.as_ref().map(|s| s.since.as_str()), Some("t1"));
+        state.status_written(update, true);
+        assert!(!state.status_write_failed());
+        // Only `since` differs: nothing to write.
+        assert_eq!(pass.report(&mut state, "t2").status, None);
+    }
+
+    #[test]
+    fn labels_and_health_follow_what_applying_the_services_stopped() {
+        let selected = one("ns", "a", DeviceConfigSpec::default());
+        // (applied, monitor runs, publishing, remove labels, health)
+        let table = [
+            (
+                Applied::default(),
+                false,
+                false,
+                false,
+                HealthPublishing::Keep,
+            ),
+            (
+                Applied::default(),
+                true,
+                false,
+                false,
+                HealthPublishing::Start,
+            ),
+            (
+                Applied::default(),
+                true,
+                true,
+                false,
+                HealthPublishing::Keep,
+            ),
+            (
+                Applied {
+                    labeller_stopped: true,
+                    health_stopped: false,
+                },
+                true,
+                true,
+                true,
+                HealthPublishing::Keep,
+            ),
+            (
+                Applied {
+                    labeller_stopped: true,
+                    health_stopped: true,
+                },
+                false,
+                true,
+                true,
+                HealthPublishing::StopAndClear,
+            ),
+        ];
+        for (i, (applied, running, publishing, remove, health)) in table.into_iter().enumerate() {
+            let mut pass = Pass::new(selected.clone());
+            pass.applied = applied;
+            pass.health_running = running;
+            pass.publishing_health = publishing;
+            let report = pass.report(&mut LoopState::default(), "t");
+            assert_eq!(report.remove_labels, remove, "row {i}");
+            assert_eq!(report.health, health, "row {i}");
+        }
+    }
+}
