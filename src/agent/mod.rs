@@ -183,13 +183,15 @@ pub async fn run(
                 .map(|m| crate::metrics::access::problems(&m.access))
                 .unwrap_or_default();
             let applied = services.apply(desired).await;
+            let config_verdict = metrics_config_error.borrow_and_update().clone();
             let report = plan::report(
                 &mut state,
                 plan::Observed {
                     selection: &selection,
                     annotated: node.annotations().contains_key(STATUS_ANNOTATION),
                     plugin: &plugin_status.borrow_and_update(),
-                    metrics_config_error: metrics_config_error.borrow_and_update().as_deref(),
+                    metrics_config_error: config_verdict.error.as_deref(),
+                    metrics_config_warnings: &config_verdict.warnings,
                     discovery: &discovery.borrow(),
                     access_problems: &access_problems,
                     services: services.states(),
@@ -302,26 +304,38 @@ fn spawn_config_reflector(
     (store, rx)
 }
 
-/// The exporter's config error, changing only when it does (the exporter's
+/// The exporter's verdict on its config (why it was rejected, and the
+/// values and keys it ignored), changing only when it does (the exporter's
 /// status itself changes with every sample).
 fn config_error_changes(
     mut exporter: watch::Receiver<crate::metrics::ExporterStatus>,
 ) -> (
-    watch::Receiver<Option<String>>,
+    watch::Receiver<ConfigVerdict>,
     tokio_util::task::AbortOnDropHandle<()>,
 ) {
-    let (tx, rx) = watch::channel(exporter.borrow().config_error.clone());
+    let verdict = |status: &crate::metrics::ExporterStatus| ConfigVerdict {
+        error: status.config_error.clone(),
+        warnings: status.config_warnings.clone(),
+    };
+    let (tx, rx) = watch::channel(verdict(&exporter.borrow()));
     let task = tokio::spawn(async move {
         while exporter.changed().await.is_ok() {
-            let error = exporter.borrow_and_update().config_error.clone();
+            let now = verdict(&exporter.borrow_and_update());
             tx.send_if_modified(|current| {
-                let changed = *current != error;
-                *current = error;
+                let changed = *current != now;
+                *current = now;
                 changed
             });
         }
     });
     (rx, tokio_util::task::AbortOnDropHandle::new(task))
+}
+
+/// What the exporter made of its config.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct ConfigVerdict {
+    error: Option<String>,
+    warnings: Vec<String>,
 }
 
 /// The agent's I/O for one pass: the followers, the Node's writers and the

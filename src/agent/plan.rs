@@ -156,6 +156,8 @@ pub struct Observed<'a> {
     pub plugin: &'a PluginStatus,
     /// Why the exporter rejected its config, if it did.
     pub metrics_config_error: Option<&'a str>,
+    /// The values and keys of its config the exporter ignored.
+    pub metrics_config_warnings: &'a [String],
     pub discovery: &'a DiscoveryProgress,
     /// What is wrong with the metrics endpoint's `rbacConfig`.
     pub access_problems: &'a [String],
@@ -230,6 +232,7 @@ pub fn report(state: &mut LoopState, observed: Observed<'_>) -> Report {
         observed.plugin,
         observed.metrics_config_error,
     );
+    found.extend(config_warnings_problem(observed.metrics_config_warnings));
     found.extend(discovery_problem(observed.discovery));
     found.extend(observed.access_problems.iter().map(|message| Problem {
         event_reason: Some("MetricsAccessProblem"),
@@ -332,6 +335,38 @@ fn problems(
         });
     }
     problems
+}
+
+/// How many of the exporter's config warnings a problem names; the rest are
+/// counted (each is in the agent's log). A reference config lists metrics
+/// this implementation lacks, one warning each, and the status annotation
+/// and Events must stay short.
+const WARNINGS_NAMED: usize = 3;
+
+/// The values and keys the exporter ignored, as one problem (one Event
+/// while the set stays the same).
+fn config_warnings_problem(warnings: &[String]) -> Option<Problem> {
+    let (named, rest) = warnings.split_at(warnings.len().min(WARNINGS_NAMED));
+    let first = named.first()?;
+    let mut message = format!(
+        "metrics config: {} ignored: {first}",
+        if warnings.len() == 1 {
+            "1 value".to_owned()
+        } else {
+            format!("{} values", warnings.len())
+        }
+    );
+    for warning in &named[1..] {
+        message.push_str("; ");
+        message.push_str(warning);
+    }
+    if !rest.is_empty() {
+        message.push_str(&format!("; and {} more (see the agent log)", rest.len()));
+    }
+    Some(Problem {
+        event_reason: Some("MetricsConfigWarning"),
+        message,
+    })
 }
 
 /// What the discovery watch's progress means for the node: not discovered
@@ -577,12 +612,34 @@ mod tests {
         );
     }
 
+    #[test]
+    fn config_warnings_are_one_short_problem() {
+        let warnings = |n: usize| -> Vec<String> { (1..=n).map(|i| format!("w{i}")).collect() };
+        assert_eq!(config_warnings_problem(&[]), None);
+        let message = |n| config_warnings_problem(&warnings(n)).map(|p| p.message);
+        assert_eq!(
+            message(1).as_deref(),
+            Some("metrics config: 1 value ignored: w1")
+        );
+        assert_eq!(
+            message(3).as_deref(),
+            Some("metrics config: 3 values ignored: w1; w2; w3")
+        );
+        assert_eq!(
+            message(150).as_deref(),
+            Some(
+                "metrics config: 150 values ignored: w1; w2; w3; and 147 more (see the agent log)"
+            )
+        );
+    }
+
     /// One pass's observations, with a discovered host and nothing wrong.
     struct Pass {
         selection: Selection,
         annotated: bool,
         plugin: PluginStatus,
         metrics_config_error: Option<&'static str>,
+        metrics_config_warnings: Vec<String>,
         discovery: DiscoveryProgress,
         access_problems: Vec<String>,
         applied: Applied,
@@ -597,6 +654,7 @@ mod tests {
                 annotated: false,
                 plugin: PluginStatus::default(),
                 metrics_config_error: None,
+                metrics_config_warnings: Vec::new(),
                 discovery: DiscoveryProgress {
                     discovered: true,
                     last_incomplete: None,
@@ -617,6 +675,7 @@ mod tests {
                     annotated: self.annotated,
                     plugin: &self.plugin,
                     metrics_config_error: self.metrics_config_error,
+                    metrics_config_warnings: &self.metrics_config_warnings,
                     discovery: &self.discovery,
                     access_problems: &self.access_problems,
                     services: [(ServiceName::MetricsExporter, ServiceStatus::Running)].into(),
@@ -688,6 +747,17 @@ mod tests {
                 "the conflict back: an Event again",
                 Pass::new(conflict()),
                 vec!["ConflictingDeviceConfigs"],
+                Some(true),
+            ),
+            (
+                "ignored config values: one Event for them all",
+                with(selected(), &|p| {
+                    p.metrics_config_warnings = vec![
+                        "GPUConfig.Fields[2]: not a field; ignored".into(),
+                        "Bogus: unknown key; ignored".into(),
+                    ];
+                }),
+                vec!["MetricsConfigWarning"],
                 Some(true),
             ),
             (
