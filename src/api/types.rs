@@ -399,7 +399,8 @@ pub struct DrainSpec {
     /// Seconds to wait before giving up on the drain; 0 waits forever.
     #[schemars(range(min = 0))]
     pub timeout_seconds: i64,
-    /// Grace period for pod termination; -1 uses each pod's own.
+    /// Grace period for pod termination; a negative value (the default -1)
+    /// uses each pod's own.
     pub grace_period_seconds: i64,
     /// Leave DaemonSet-managed pods in place.
     pub ignore_daemon_sets: bool,
@@ -429,7 +430,8 @@ pub struct PodDeletionSpec {
     /// Seconds to wait before giving up; 0 waits forever.
     #[schemars(range(min = 0))]
     pub timeout_seconds: i64,
-    /// Grace period for pod termination; -1 uses each pod's own.
+    /// Grace period for pod termination; a negative value (the default -1)
+    /// uses each pod's own.
     pub grace_period_seconds: i64,
 }
 

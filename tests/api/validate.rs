@@ -246,7 +246,6 @@ fn counts_and_timeouts() {
         &[
             "spec.driver.upgradePolicy.maxParallelUpgrades",
             "spec.driver.upgradePolicy.nodeDrainPolicy.timeoutSeconds",
-            "spec.driver.upgradePolicy.nodeDrainPolicy.gracePeriodSeconds",
             "spec.driver.upgradePolicy.podDeletionPolicy.timeoutSeconds",
             "spec.remediationWorkflow.maxParallelWorkflows",
         ],
@@ -254,6 +253,12 @@ fn counts_and_timeouts() {
     assert_valid(
         "driver:\n  upgradePolicy:\n    maxParallelUpgrades: 0\n    nodeDrainPolicy:\n      timeoutSeconds: 0\n      \
          gracePeriodSeconds: -1\nremediationWorkflow:\n  maxParallelWorkflows: 0\n",
+    );
+    // Any negative grace period uses each pod's own (kubectl drain's rule);
+    // the reference's own end-to-end tests store -2.
+    assert_valid(
+        "driver:\n  upgradePolicy:\n    nodeDrainPolicy:\n      gracePeriodSeconds: -2\n    \
+         podDeletionPolicy:\n      gracePeriodSeconds: -30\n",
     );
 }
 
