@@ -241,16 +241,20 @@ impl NodeWriter {
     }
 
     /// Removes annotation `key` if it still holds `value`: for requests
-    /// someone else wrote (a test request) once they are handled. Returns the
-    /// Node after the removal, or `None` when the annotation had changed or
-    /// was gone and was left alone.
+    /// someone else wrote (a test request) once they are handled. In the same
+    /// patch, `receipt` (a key and a value unique to this handling) is set, so
+    /// that every copy of the Node written after the removal carries it and
+    /// a copy without it is known to be older (resourceVersions are opaque
+    /// and cannot be ordered). Returns the Node after the removal, or `None`
+    /// when the annotation had changed or was gone and was left alone.
     pub async fn remove_annotation_if(
         &self,
         concern: Concern,
         key: &str,
         value: &str,
+        receipt: (&str, &str),
     ) -> Result<Option<Node>, NodeWriteError> {
-        let patch = guarded_annotation_removal(key, value);
+        let patch = guarded_annotation_removal(key, value, receipt);
         let result = self.send(concern, "annotation", Write::Json(patch)).await;
         match result {
             Ok(node) => Ok(Some(node)),
@@ -550,14 +554,21 @@ pub fn status_apply_body(name: &str, intent: &StatusIntent) -> Value {
 }
 
 /// A JSON Patch removing annotation `key` only while it still holds `value`.
-pub fn guarded_annotation_removal(key: &str, value: &str) -> json_patch::Patch {
-    let path = format!(
-        "/metadata/annotations/{}",
-        key.replace('~', "~0").replace('/', "~1")
-    );
+pub fn guarded_annotation_removal(
+    key: &str,
+    value: &str,
+    (receipt_key, receipt): (&str, &str),
+) -> json_patch::Patch {
+    let path = |key: &str| {
+        format!(
+            "/metadata/annotations/{}",
+            key.replace('~', "~0").replace('/', "~1")
+        )
+    };
     serde_json::from_value(json!([
-        {"op": "test", "path": path, "value": value},
-        {"op": "remove", "path": path},
+        {"op": "test", "path": path(key), "value": value},
+        {"op": "remove", "path": path(key)},
+        {"op": "add", "path": path(receipt_key), "value": receipt},
     ]))
     .unwrap_or_else(|_| json_patch::Patch(Vec::new()))
 }

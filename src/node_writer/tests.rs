@@ -350,13 +350,18 @@ fn apply_bodies_carry_only_the_concerns_fields() {
 
 #[test]
 fn the_guarded_removal_escapes_the_key_and_tests_the_value() {
-    let patch =
-        serde_json::to_value(guarded_annotation_removal("amd.com/test~request", "v1")).unwrap();
+    let patch = serde_json::to_value(guarded_annotation_removal(
+        "amd.com/test~request",
+        "v1",
+        ("x.amd.com/receipt", "r1"),
+    ))
+    .unwrap();
     assert_eq!(
         patch,
         json!([
             {"op": "test", "path": "/metadata/annotations/amd.com~1test~0request", "value": "v1"},
             {"op": "remove", "path": "/metadata/annotations/amd.com~1test~0request"},
+            {"op": "add", "path": "/metadata/annotations/x.amd.com~1receipt", "value": "r1"},
         ])
     );
 }

@@ -21,6 +21,10 @@ use super::gpus::TargetGpu;
 /// The Node annotation that asks for a test: its value is a recipe name.
 pub const TEST_REQUEST_ANNOTATION: &str = "amd.com/gpu-test-request";
 
+/// The Node annotation the runner sets in the same patch that removes a
+/// handled request: a value unique to that handling (see [`ManualTracker`]).
+pub const REQUEST_RECEIPT_ANNOTATION: &str = "testrunner.amd.com/request-handled";
+
 /// The GPUs a request needs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Target {
@@ -311,10 +315,13 @@ fn target_gpus(target: &Target) -> BTreeSet<String> {
 ///
 /// After a run the runner removes the annotation (only if it still holds the
 /// value that ran: a JSON Patch `test` operation guards the removal, so a newer
-/// request set meanwhile is kept and runs next). Until the Node watch delivers a
-/// copy newer than that removal, copies still showing the old value are stale
-/// and must not start the test again; a copy newer than the removal that shows
-/// the value again is a new request for the same recipe.
+/// request set meanwhile is kept and runs next), and in the same patch sets
+/// [`REQUEST_RECEIPT_ANNOTATION`] to a value unique to that handling. The
+/// agent's Node watch keeps only the latest copy, and copies from before the
+/// removal may still arrive after it: a copy still showing the old value is
+/// stale while it lacks the receipt (it was written before the removal), and
+/// is the same recipe requested again once it carries it. No resourceVersion
+/// is compared: Kubernetes defines them as opaque.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ManualTracker {
     handled: Option<Handled>,
@@ -323,18 +330,18 @@ pub struct ManualTracker {
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Handled {
     value: String,
-    /// resourceVersion of the Node after the annotation was removed; `None`
-    /// when it could not be removed.
-    removed_at: Option<u64>,
+    /// The receipt written with the removal; `None` when the annotation could
+    /// not be removed.
+    receipt: Option<String>,
 }
 
 impl ManualTracker {
-    /// Looks at a copy of the Node (`annotation` value, `resource_version`) and
-    /// returns the value to request now, if any.
+    /// Looks at a copy of the Node (the request `annotation` and the
+    /// `receipt` annotation) and returns the value to request now, if any.
     pub fn observe(
         &mut self,
         annotation: Option<&str>,
-        resource_version: Option<u64>,
+        receipt: Option<&str>,
         in_flight: &BTreeSet<String>,
     ) -> Option<String> {
         // The raw value is kept: removing the annotation later tests for it.
@@ -348,11 +355,8 @@ impl ManualTracker {
         if let Some(handled) = &self.handled
             && handled.value == value
         {
-            let newer = matches!(
-                (handled.removed_at, resource_version),
-                (Some(removed), Some(rv)) if rv > removed
-            );
-            if !newer {
+            let after_removal = handled.receipt.is_some() && handled.receipt.as_deref() == receipt;
+            if !after_removal {
                 return None;
             }
         }
@@ -360,10 +364,10 @@ impl ManualTracker {
         Some(value.to_owned())
     }
 
-    /// Records that the request `value` was handled; `removed_at` is the Node's
-    /// resourceVersion after the annotation was removed, if it was.
-    pub fn handled(&mut self, value: String, removed_at: Option<u64>) {
-        self.handled = Some(Handled { value, removed_at });
+    /// Records that the request `value` was handled; `receipt` is what the
+    /// removal wrote, if the annotation was removed.
+    pub fn handled(&mut self, value: String, receipt: Option<String>) {
+        self.handled = Some(Handled { value, receipt });
     }
 }
 
@@ -558,31 +562,46 @@ mod tests {
     fn manual_requests_run_once() {
         let mut t = ManualTracker::default();
         let none = BTreeSet::new();
-        assert_eq!(t.observe(None, Some(1), &none), None);
-        assert_eq!(t.observe(Some("  "), Some(1), &none), None);
+        assert_eq!(t.observe(None, None, &none), None);
+        assert_eq!(t.observe(Some("  "), None, &none), None);
         assert_eq!(
-            t.observe(Some("babel"), Some(2), &none),
+            t.observe(Some("babel"), Some("r0"), &none),
             Some("babel".into())
         );
         // While queued or running, later copies do not ask again.
-        assert_eq!(t.observe(Some("babel"), Some(3), &gpus(&["babel"])), None);
-        // Done; the annotation was removed at resourceVersion 5.
-        t.handled("babel".into(), Some(5));
-        assert_eq!(t.observe(Some("babel"), Some(4), &none), None, "stale copy");
-        assert_eq!(t.observe(Some("babel"), Some(5), &none), None, "stale copy");
         assert_eq!(
-            t.observe(Some("babel"), Some(6), &none),
+            t.observe(Some("babel"), Some("r0"), &gpus(&["babel"])),
+            None
+        );
+        // Done; the removal wrote receipt r1. Copies from before it (an older
+        // receipt, or none) are stale.
+        t.handled("babel".into(), Some("r1".into()));
+        assert_eq!(
+            t.observe(Some("babel"), Some("r0"), &none),
+            None,
+            "stale copy"
+        );
+        assert_eq!(t.observe(Some("babel"), None, &none), None, "stale copy");
+        assert_eq!(
+            t.observe(Some("babel"), Some("r1"), &none),
             Some("babel".into()),
             "set again after the removal"
         );
         // Not removed (a newer request replaced it): the old value never reruns,
         // a different one does.
         t.handled("babel".into(), None);
-        assert_eq!(t.observe(Some("babel"), Some(100), &none), None);
-        assert_eq!(t.observe(Some("mem"), Some(101), &none), Some("mem".into()));
+        assert_eq!(t.observe(Some("babel"), Some("r1"), &none), None);
+        assert_eq!(t.observe(Some("babel"), None, &none), None);
+        assert_eq!(
+            t.observe(Some("mem"), Some("r1"), &none),
+            Some("mem".into())
+        );
         // Seeing the annotation gone forgets the history.
         t.handled("mem".into(), None);
-        assert_eq!(t.observe(None, Some(102), &none), None);
-        assert_eq!(t.observe(Some("mem"), Some(103), &none), Some("mem".into()));
+        assert_eq!(t.observe(None, Some("r1"), &none), None);
+        assert_eq!(
+            t.observe(Some("mem"), Some("r1"), &none),
+            Some("mem".into())
+        );
     }
 }

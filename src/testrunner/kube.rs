@@ -23,7 +23,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::{Api, Client};
 
 use super::config::CATEGORY;
-use super::decide::TEST_REQUEST_ANNOTATION;
+use super::decide::{REQUEST_RECEIPT_ANNOTATION, TEST_REQUEST_ANNOTATION};
 use super::report::{EVENT_COMPONENT, EventContent, RUNNING};
 use crate::events::{EventType, Labelled, NodeEvent, Origin, core_event};
 use crate::node_writer::{Concern, NodeIntent, NodeWriteError, NodeWriter};
@@ -83,15 +83,16 @@ pub fn running_labels(keys: &BTreeSet<String>) -> BTreeMap<String, String> {
         .collect()
 }
 
-/// The resourceVersion of an object, as a number. Kubernetes calls it
-/// opaque; this is the one place that orders it, for [`super::decide::ManualTracker`]:
-/// the agent's Node watch keeps only the latest copy, so telling a stale copy
-/// of a handled request from the same request made again needs the order.
-pub fn resource_version(node: &Node) -> Option<u64> {
-    node.metadata
-        .resource_version
-        .as_deref()
-        .and_then(|v| v.parse().ok())
+/// A receipt value unique to one handling of a request: the time in
+/// nanoseconds and a per-process count (two handlings in one nanosecond, or
+/// two agents' clocks, cannot collide on one Node's single runner).
+fn new_receipt() -> String {
+    static COUNT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let n = COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("{nanos:x}-{n}")
 }
 
 /// Sends the runner's writes for one Node, through the Node writer: the
@@ -135,15 +136,22 @@ impl Kube {
             .map(drop)
     }
 
-    /// Removes the test request if it still is `value`. Returns the Node's
-    /// resourceVersion after the removal, or `None` when the annotation had
-    /// changed (or was gone) and was left alone.
-    pub async fn remove_request(&self, value: &str) -> Result<Option<u64>, NodeWriteError> {
+    /// Removes the test request if it still is `value`, writing a new receipt
+    /// with it ([`super::decide::ManualTracker`]). Returns the receipt, or
+    /// `None` when the annotation had changed (or was gone) and was left
+    /// alone.
+    pub async fn remove_request(&self, value: &str) -> Result<Option<String>, NodeWriteError> {
+        let receipt = new_receipt();
         let removed = self
             .writer
-            .remove_annotation_if(Concern::TestRunner, TEST_REQUEST_ANNOTATION, value)
+            .remove_annotation_if(
+                Concern::TestRunner,
+                TEST_REQUEST_ANNOTATION,
+                value,
+                (REQUEST_RECEIPT_ANNOTATION, &receipt),
+            )
             .await?;
-        Ok(removed.as_ref().and_then(resource_version))
+        Ok(removed.map(|_| receipt))
     }
 }
 

@@ -6,7 +6,9 @@
 //! fed by the health monitor as [`GpuUnhealthy`]), the runner starting
 //! (`PRE_START_JOB_CHECK`, once per agent process), an interval (`PERIODIC`, an
 //! extension), and manual requests (`MANUAL`): the Node annotation
-//! `amd.com/gpu-test-request=<recipe>` or `gpu-operator check --recipe R`
+//! `amd.com/gpu-test-request=<recipe>` (removed once handled, leaving
+//! `testrunner.amd.com/request-handled=<receipt>` so that a stale copy of
+//! the Node does not run it twice) or `gpu-operator check --recipe R`
 //! ([`check`], no Kubernetes needed). At most one run per GPU at a time; later
 //! requests queue ([`decide`]). Each test process leads its own process group,
 //! killed as a whole on timeout ([`process`]).

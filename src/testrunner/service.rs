@@ -27,12 +27,13 @@ use tokio_util::sync::CancellationToken;
 use super::command::{Commands, programs_needed, refused_commands, unstartable};
 use super::config::{CATEGORY, TestConfig, Trigger, parse_config};
 use super::decide::{
-    ManualTracker, RunId, Scheduler, Start, Submitted, TEST_REQUEST_ANNOTATION, manual_request,
-    periodic_request, pre_start_request, select_gpus, unhealthy_request,
+    ManualTracker, REQUEST_RECEIPT_ANNOTATION, RunId, Scheduler, Start, Submitted,
+    TEST_REQUEST_ANNOTATION, manual_request, periodic_request, pre_start_request, select_gpus,
+    unhealthy_request,
 };
 use super::execute::{CaseReport, LogLimits, Logs, run_case};
 use super::gpus::{TargetGpu, read_targets};
-use super::kube::{CONFIG_ERROR_REASON, Kube, node_event, resource_version};
+use super::kube::{CONFIG_ERROR_REASON, Kube, node_event};
 use super::report::EventContent;
 use super::report::{LABEL_PREFIX, label_value, running_label_key};
 use super::stats::{LastRun, RunningTest, TestRunnerStats};
@@ -110,9 +111,9 @@ struct RunContext {
 /// A finished run, for the loop's bookkeeping.
 struct Finished {
     id: RunId,
-    /// The annotation value it answered and the Node's resourceVersion after
-    /// the annotation was removed; `None` when the run was cancelled.
-    manual: Option<(String, Option<u64>)>,
+    /// The annotation value it answered and the receipt written with its
+    /// removal; `None` when the run was cancelled.
+    manual: Option<(String, Option<String>)>,
 }
 
 fn parse(config: &TestRunnerConfig) -> Result<TestConfig, String> {
@@ -201,7 +202,9 @@ impl Service for TestRunnerService {
                     let annotation = n.annotations().get(TEST_REQUEST_ANNOTATION);
                     if let Some(value) = manual.observe(
                         annotation.map(String::as_str),
-                        resource_version(n),
+                        n.annotations()
+                            .get(REQUEST_RECEIPT_ANNOTATION)
+                            .map(String::as_str),
                         &scheduler.manual_in_flight(),
                     ) {
                         match manual_request(&tests, &current.node_name, &value) {
@@ -359,7 +362,7 @@ impl TestRunnerService {
     }
 
     /// An unusable test request: say why on the Node and remove it.
-    async fn reject_request(&self, ctx: &RunContext, value: &str, why: &str) -> Option<u64> {
+    async fn reject_request(&self, ctx: &RunContext, value: &str, why: &str) -> Option<String> {
         let message = format!("{TEST_REQUEST_ANNOTATION}={value:?}: {why}");
         tracing::warn!(%message, "test request rejected");
         config_error(ctx, &message).await;

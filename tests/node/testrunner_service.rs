@@ -280,6 +280,11 @@ async fn a_node_annotation_runs_the_test_once_and_reports_it() {
         h.running_labels().is_empty() && h.annotation().is_none()
     })
     .await;
+    let receipt = h.node()["metadata"]["annotations"]["testrunner.amd.com/request-handled"].clone();
+    assert!(
+        receipt.is_string(),
+        "the removal leaves its receipt: {receipt}"
+    );
     let logs = logs_in(&h.logs_dir());
     assert!(
         logs.iter().any(|p| p
