@@ -45,6 +45,10 @@ use crate::api::NodeLabellerKind as LabelKind;
 use crate::device::{Gpu, Inventory, NodeSize};
 use crate::node_writer::NodeIntent;
 
+mod operator;
+
+pub use operator::{driver_type_labels, kinds_for};
+
 /// Annotation in which earlier versions listed the label keys the labeller
 /// owned, comma-separated. Read once to hand those keys over, then removed.
 pub const OWNED_ANNOTATION: &str = "amd.com/gpu-labeller-keys";
@@ -94,7 +98,7 @@ pub fn label_value(raw: &str) -> String {
 }
 
 /// The labels this node should carry for the selected kinds (normally
-/// `DeviceConfigSpec::node_labeller_kinds`).
+/// [`kinds_for`] the node's DeviceConfig).
 pub fn desired_labels(inventory: &Inventory, kinds: &[LabelKind]) -> BTreeMap<String, String> {
     let mut labels = BTreeMap::new();
     // Nothing on a node without GPUs, as the reference's newer labeller
