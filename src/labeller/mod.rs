@@ -344,3 +344,6 @@ pub fn label_intent(
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod compat_tests;
