@@ -11,7 +11,7 @@
 
 use std::collections::BTreeMap;
 
-use super::model::{Link, LinkKind, format_bdf, split_location_id};
+use super::model::{Link, LinkKind, NodeSize, format_bdf, split_location_id};
 use crate::host::HostRead;
 
 pub const TOPOLOGY_DIR: &str = "/sys/class/kfd/kfd/topology";
@@ -133,6 +133,30 @@ pub struct KfdTopology {
 #[derive(Clone, Debug)]
 pub struct KfdGpu<'a> {
     pub nodes: Vec<&'a KfdNode>,
+}
+
+impl KfdNode {
+    /// Compute units of this node alone: `simd_count / simd_per_cu`, `None`
+    /// when `simd_per_cu` is 0 or absent.
+    pub fn cu_count(&self) -> Option<u64> {
+        let per_cu = self.props.simd_per_cu;
+        (per_cu > 0).then(|| self.props.simd_count / per_cu)
+    }
+}
+
+impl KfdNode {
+    /// This node's own size. Compute units are `simd_count / simd_per_cu`
+    /// (none when `simd_per_cu` is 0), as the reference labeller computes them.
+    pub fn size(&self) -> NodeSize {
+        let props = &self.props;
+        NodeSize {
+            cu_count: (props.simd_per_cu > 0)
+                .then(|| props.simd_count / props.simd_per_cu)
+                .and_then(|c| u32::try_from(c).ok()),
+            simd_count: u32::try_from(props.simd_count).ok(),
+            vram_bytes: self.vram_bytes,
+        }
+    }
 }
 
 impl KfdGpu<'_> {
@@ -431,5 +455,25 @@ mod tests {
         assert_eq!(gpus[0].nodes.len(), 2);
         assert_eq!(gpus[1].nodes.len(), 2);
         assert_eq!(gpus[2].bdf(), "0000:47:00.0");
+    }
+
+    #[test]
+    fn a_node_size_is_its_own() {
+        // One CPX partition of the MI300X capture: 152 SIMDs, 4 per CU.
+        let (props, _) = NodeProperties::parse("simd_count 152\nsimd_per_cu 4\n");
+        let mut node = KfdNode {
+            id: 2,
+            props,
+            vram_bytes: Some(24 << 30),
+            links: vec![],
+            problems: vec![],
+        };
+        let size = node.size();
+        assert_eq!(
+            (size.cu_count, size.simd_count, size.vram_bytes),
+            (Some(38), Some(152), Some(24 << 30))
+        );
+        node.props.simd_per_cu = 0;
+        assert_eq!(node.size().cu_count, None);
     }
 }

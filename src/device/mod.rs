@@ -537,6 +537,7 @@ fn join_kfd(
                 }
             })
             .collect();
+        gpu.partition_sizes = kfd_gpu.nodes.iter().map(|node| node.size()).collect();
     }
     gpu.links = topology.links_of(kfd_gpu);
     for node in &kfd_gpu.nodes {

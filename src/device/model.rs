@@ -90,6 +90,11 @@ pub struct Gpu {
     pub firmware: BTreeMap<String, u32>,
     /// The partitions when the GPU is split into more than one; empty for a whole GPU.
     pub partitions: Vec<Partition>,
+    /// What each partition's own KFD node reports of its size, one entry per
+    /// entry of `partitions`, in the same order; empty for a whole GPU. The
+    /// reference labeller labels partitions with these values.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub partition_sizes: Vec<NodeSize>,
     /// Links to other GPUs, one per peer, the fastest kind first.
     pub links: Vec<Link>,
     /// What could not be read or made sense of. The GPU is still reported.
@@ -127,6 +132,17 @@ pub struct Partition {
     /// `amdgpu_xcp.N`); `None` for partition 0, whose nodes are the GPU's own.
     #[serde(default)]
     pub platform_device: Option<String>,
+}
+
+/// The compute and memory size one KFD node reports: a whole GPU, or one
+/// partition of it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeSize {
+    /// `simd_count / simd_per_cu` of the node.
+    pub cu_count: Option<u32>,
+    pub simd_count: Option<u32>,
+    /// The node's framebuffer memory banks.
+    pub vram_bytes: Option<u64>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]

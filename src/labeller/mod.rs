@@ -1,15 +1,32 @@
 //! Node labels that describe the node's GPUs, in the reference labeller's format,
 //! so that existing nodeSelectors keep working.
 //!
-//! Format, per label kind (`family`, `device-id`, `vram`, ...):
-//! - all GPUs agree on the value: `amd.com/gpu.<kind>=<value>`, plus
-//!   `beta.amd.com/gpu.<kind>=<value>` and the counter `beta.amd.com/gpu.<kind>.<value>=<count>`;
-//! - GPUs differ: `amd.com/gpu.<kind>.<value>=<count>` for each value.
+//! Every rule here is the reference's: ROCm/k8s-device-plugin,
+//! `cmd/k8s-node-labeller/main.go` (`labelGenerators`, `createLabels`) and
+//! `internal/pkg/amdgpu/amdgpu.go` (`GetAMDGPUs`, `UniquePartitionConfigCount`,
+//! `IsComputePartitionSupported`, `IsMemoryPartitionSupported`).
 //!
-//! Plus single-value labels: `amd.com/gpu.compute-memory-partition` (only when every
-//! GPU is in the same mode), `amd.com/gpu.compute-partitioning-supported` and
-//! `amd.com/gpu.memory-partitioning-supported`. Values describe physical GPUs: an
-//! MI300X in CPX mode counts as one GPU with 304 CUs, not eight partitions.
+//! Counted kinds (`family`, `device-id`, `product-name`, `vram`, `cu-count`,
+//! `simd-count`), as `createLabels` writes them:
+//! - always the counter `beta.amd.com/gpu.<kind>.<value>=<count>` per value;
+//! - one value on the node: also `amd.com/gpu.<kind>=<value>` and
+//!   `beta.amd.com/gpu.<kind>=<value>`;
+//! - several values: also `amd.com/gpu.<kind>.<value>=<count>` per value.
+//!
+//! A device that has no value for a kind is left out of its count: it neither
+//! counts nor makes the node's values differ.
+//!
+//! What is counted is the reference's device: each PCI function bound to
+//! amdgpu, plus each partition's `amdgpu_xcp_*` platform device ([`devices`]).
+//! `cu-count`, `simd-count` and `vram` come from the device's own KFD node
+//! (matched by render minor), so a CPX MI300X is 64 devices of 38 CUs. The
+//! other kinds are read from the PCI device (sysfs, libdrm), which a
+//! partition's platform device is not: they count one per GPU.
+//!
+//! Single-value labels: `driver-version` and `driver-src-version` (no `beta.`
+//! twin), `compute-memory-partition` (only when the GPUs that report a layout
+//! all report the same), `compute-partitioning-supported` and
+//! `memory-partitioning-supported` (what the first GPU by PCI address offers).
 //!
 //! Which labels are the labeller's is the API server's to know: they are
 //! applied through the Node writer under the labeller's own field manager
@@ -25,8 +42,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::api::NodeLabellerKind as LabelKind;
-use crate::device::Inventory;
+use crate::device::{Gpu, Inventory, NodeSize};
 use crate::node_writer::NodeIntent;
+
+mod operator;
+
+pub use operator::{driver_type_labels, kinds_for};
 
 /// Annotation in which earlier versions listed the label keys the labeller
 /// owned, comma-separated. Read once to hand those keys over, then removed.
@@ -77,36 +98,57 @@ pub fn label_value(raw: &str) -> String {
 }
 
 /// The labels this node should carry for the selected kinds (normally
-/// `DeviceConfigSpec::node_labeller_kinds`).
+/// [`kinds_for`] the node's DeviceConfig).
 pub fn desired_labels(inventory: &Inventory, kinds: &[LabelKind]) -> BTreeMap<String, String> {
     let mut labels = BTreeMap::new();
+    // Nothing on a node without GPUs, as the reference's newer labeller
+    // (`generateContainerLabels`, branch gpu-virtualization) does; its master
+    // would still write an empty driver-version and `false` for the
+    // partitioning-supported kinds.
     if inventory.gpus.is_empty() {
         return labels;
     }
     for &kind in kinds {
         match kind {
             LabelKind::ComputeMemoryPartition => {
-                let modes: BTreeSet<Option<String>> = inventory
+                // `UniquePartitionConfigCount`: GPUs that report no layout are
+                // left out; one layout among the rest is the label.
+                let modes: BTreeSet<String> = inventory
                     .gpus
                     .iter()
-                    .map(|g| g.partition_profile())
+                    .filter_map(|g| g.partition_profile())
                     .collect();
-                if let [Some(mode)] = modes.into_iter().collect::<Vec<_>>().as_slice() {
+                if let [mode] = modes.into_iter().collect::<Vec<_>>().as_slice() {
                     labels.insert(key(kind), label_value(mode));
                 }
             }
             LabelKind::ComputePartitioningSupported | LabelKind::MemoryPartitioningSupported => {
-                let supported = inventory.gpus.iter().all(|g| {
-                    if kind == LabelKind::ComputePartitioningSupported {
-                        g.supports_compute_partitioning()
-                    } else {
-                        g.supports_memory_partitioning()
-                    }
-                });
-                labels.insert(key(kind), supported.to_string());
+                labels.insert(
+                    key(kind),
+                    partitioning_supported(inventory, kind).to_string(),
+                );
+            }
+            LabelKind::DriverVersion | LabelKind::DriverSrcVersion => {
+                // A single label, empty when the module reports no version
+                // (the inbox driver), as the reference writes it.
+                let driver = &inventory.driver;
+                let version = if kind == LabelKind::DriverVersion {
+                    &driver.version
+                } else {
+                    &driver.srcversion
+                };
+                labels.insert(key(kind), label_value(version.as_deref().unwrap_or("")));
             }
             LabelKind::Firmware => firmware_labels(inventory, &mut labels),
-            _ => counted_labels(inventory, kind, &mut labels),
+            LabelKind::Family
+            | LabelKind::DeviceId
+            | LabelKind::ProductName
+            | LabelKind::Vram
+            | LabelKind::CuCount
+            | LabelKind::SimdCount => {
+                let counts = count_values(inventory, kind);
+                counted_labels(kind.as_str(), &counts, &mut labels);
+            }
         }
     }
     // A key whose name part is too long (a long product name in a counter key)
@@ -130,48 +172,122 @@ fn key(kind: LabelKind) -> String {
     format!("amd.com/gpu.{}", kind.as_str())
 }
 
-/// The per-GPU value of a counted kind; `None` when the GPU does not report it.
-fn gpu_value(inventory: &Inventory, gpu: &crate::device::Gpu, kind: LabelKind) -> Option<String> {
-    let value = match kind {
-        LabelKind::Family => family(gpu.gfx_target_version?)?.to_owned(),
-        LabelKind::DeviceId => format!("{:x}", gpu.device_id),
-        LabelKind::ProductName => gpu.product_name.clone()?,
-        LabelKind::Vram => {
-            let mib = gpu.vram_bytes? / (1024 * 1024);
-            format!("{}G", (mib as f64 / 1024.0).round() as u64)
-        }
-        LabelKind::CuCount => gpu.cu_count?.to_string(),
-        LabelKind::SimdCount => gpu.simd_count?.to_string(),
-        LabelKind::DriverVersion => inventory.driver.version.clone()?,
-        LabelKind::DriverSrcVersion => inventory.driver.srcversion.clone()?,
-        LabelKind::Firmware
-        | LabelKind::ComputeMemoryPartition
-        | LabelKind::ComputePartitioningSupported
-        | LabelKind::MemoryPartitioningSupported => return None,
-    };
-    let value = label_value(&value);
-    (!value.is_empty()).then_some(value)
+/// `IsComputePartitionSupported` / `IsMemoryPartitionSupported`: whether the
+/// first GPU by PCI address (the first match of the reference's sorted glob)
+/// offers modes. The reference assumes every GPU of a node is the same model.
+fn partitioning_supported(inventory: &Inventory, kind: LabelKind) -> bool {
+    inventory
+        .gpus
+        .iter()
+        .min_by(|a, b| a.bdf.cmp(&b.bdf))
+        .is_some_and(|gpu| {
+            if kind == LabelKind::ComputePartitioningSupported {
+                gpu.supports_compute_partitioning()
+            } else {
+                gpu.supports_memory_partitioning()
+            }
+        })
 }
 
-fn counted_labels(inventory: &Inventory, kind: LabelKind, labels: &mut BTreeMap<String, String>) {
-    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+/// The devices the reference labeller counts for one GPU (`GetAMDGPUs`), each
+/// with the size its own KFD node reports.
+///
+/// The PCI function is always one, with the size of the KFD node of its
+/// render minor: the whole GPU, or partition 0 when partitioned. Each further
+/// partition is one more, when the reference finds it:
+/// - its platform device is named `amdgpu_xcp_N` (the reference globs
+///   `/sys/devices/platform/amdgpu_xcp_*`; kernels that name it `amdgpu_xcp.N`
+///   are not matched, and their partitions are not counted);
+/// - the GPU reports both a compute and a memory partition mode, and a NUMA
+///   node other than -1 (a partition inherits both from its GPU and is skipped
+///   without them).
+pub fn devices(gpu: &Gpu) -> Vec<NodeSize> {
+    let Some(first) = gpu.partition_sizes.first() else {
+        return vec![NodeSize {
+            cu_count: gpu.cu_count,
+            simd_count: gpu.simd_count,
+            vram_bytes: gpu.vram_bytes,
+        }];
+    };
+    let partitions_found = gpu.compute_partition.is_some()
+        && gpu.memory_partition.is_some()
+        && gpu.numa_node.is_some_and(|n| n != -1);
+    let mut devices = vec![*first];
+    if partitions_found {
+        devices.extend(
+            gpu.partitions
+                .iter()
+                .zip(&gpu.partition_sizes)
+                .skip(1)
+                .filter(|(p, _)| {
+                    p.platform_device
+                        .as_deref()
+                        .is_some_and(|d| d.starts_with("amdgpu_xcp_"))
+                })
+                .map(|(_, size)| *size),
+        );
+    }
+    devices
+}
+
+/// How many devices report each value of a counted kind.
+fn count_values(inventory: &Inventory, kind: LabelKind) -> BTreeMap<String, usize> {
+    let mut values: Vec<Option<String>> = Vec::new();
     for gpu in &inventory.gpus {
-        if let Some(value) = gpu_value(inventory, gpu, kind) {
+        match kind {
+            // From the device's own KFD node: one value per device.
+            LabelKind::Vram | LabelKind::CuCount | LabelKind::SimdCount => {
+                values.extend(devices(gpu).iter().map(|size| size_value(size, kind)));
+            }
+            // From the PCI device: partitions' platform devices have none.
+            LabelKind::Family => {
+                values.push(gpu.gfx_target_version.and_then(family).map(str::to_owned));
+            }
+            LabelKind::DeviceId => values.push(Some(format!("{:x}", gpu.device_id))),
+            LabelKind::ProductName => values.push(gpu.product_name.clone()),
+            _ => {}
+        }
+    }
+    let mut counts = BTreeMap::new();
+    for value in values.into_iter().flatten() {
+        let value = label_value(&value);
+        if !value.is_empty() {
             *counts.entry(value).or_default() += 1;
         }
     }
-    let name = kind.as_str();
-    // Agreement means every GPU reports the same value; a GPU without a value
-    // (a VF without product_name) makes the set non-uniform.
-    let reported: usize = counts.values().sum();
-    if counts.len() == 1 && reported == inventory.gpus.len() {
-        let (value, count) = counts.into_iter().next().unwrap_or_default();
-        labels.insert(format!("amd.com/gpu.{name}"), value.clone());
-        labels.insert(format!("beta.amd.com/gpu.{name}"), value.clone());
+    counts
+}
+
+/// `vram` in whole GiB, rounded (the reference: MiB, then `math.Round` of
+/// MiB / 1024); `cu-count` and `simd-count` as numbers.
+fn size_value(size: &NodeSize, kind: LabelKind) -> Option<String> {
+    match kind {
+        LabelKind::Vram => {
+            let mib = size.vram_bytes? / (1024 * 1024);
+            Some(format!("{}G", (mib as f64 / 1024.0).round() as u64))
+        }
+        LabelKind::CuCount => size.cu_count.map(|c| c.to_string()),
+        LabelKind::SimdCount => size.simd_count.map(|s| s.to_string()),
+        _ => None,
+    }
+}
+
+/// `createLabels`: the `beta.` counter for every value; with one value the
+/// value labels, with several the `amd.com` counters.
+fn counted_labels(
+    name: &str,
+    counts: &BTreeMap<String, usize>,
+    labels: &mut BTreeMap<String, String>,
+) {
+    for (value, count) in counts {
         labels.insert(
             format!("beta.amd.com/gpu.{name}.{value}"),
             count.to_string(),
         );
+    }
+    if let [(value, _)] = counts.iter().collect::<Vec<_>>().as_slice() {
+        labels.insert(format!("amd.com/gpu.{name}"), (*value).clone());
+        labels.insert(format!("beta.amd.com/gpu.{name}"), (*value).clone());
     } else {
         for (value, count) in counts {
             labels.insert(format!("amd.com/gpu.{name}.{value}"), count.to_string());
@@ -228,3 +344,6 @@ pub fn label_intent(
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod compat_tests;

@@ -38,7 +38,7 @@ fn all() -> Vec<LabelKind> {
 
 #[test]
 fn uniform_gpus_get_value_labels_and_beta_counters() {
-    let labels = desired_labels(&inventory(vec![mi300x(Some(("cpx", "nps4"))); 8]), &all());
+    let labels = desired_labels(&inventory(vec![mi300x(Some(("spx", "nps1"))); 8]), &all());
     let get = |k: &str| labels.get(k).map(String::as_str);
     assert_eq!(get("amd.com/gpu.family"), Some("AI"));
     assert_eq!(get("beta.amd.com/gpu.family"), Some("AI"));
@@ -55,7 +55,7 @@ fn uniform_gpus_get_value_labels_and_beta_counters() {
     assert_eq!(get("amd.com/gpu.driver-src-version"), Some("ABC123"));
     assert_eq!(
         get("amd.com/gpu.compute-memory-partition"),
-        Some("cpx_nps4")
+        Some("spx_nps1")
     );
     assert_eq!(
         get("amd.com/gpu.compute-partitioning-supported"),
@@ -66,6 +66,12 @@ fn uniform_gpus_get_value_labels_and_beta_counters() {
         Some("true")
     );
     assert!(!labels.contains_key("amd.com/gpu.family.AI"));
+    // Single labels: no beta twin, no counter.
+    assert!(
+        !labels
+            .keys()
+            .any(|k| k.starts_with("beta.amd.com/gpu.driver"))
+    );
 }
 
 #[test]
@@ -82,6 +88,19 @@ fn differing_gpus_get_counters_per_value() {
     );
     assert_eq!(
         labels.get("amd.com/gpu.cu-count.228").map(String::as_str),
+        Some("2")
+    );
+    // The reference writes the beta counters on mixed nodes too.
+    assert_eq!(
+        labels
+            .get("beta.amd.com/gpu.cu-count.304")
+            .map(String::as_str),
+        Some("1")
+    );
+    assert_eq!(
+        labels
+            .get("beta.amd.com/gpu.cu-count.228")
+            .map(String::as_str),
         Some("2")
     );
     assert!(!labels.contains_key("amd.com/gpu.cu-count"));
@@ -116,6 +135,101 @@ fn a_vf_without_product_name_still_gets_every_other_label() {
             .get("amd.com/gpu.compute-partitioning-supported")
             .map(String::as_str),
         Some("false")
+    );
+}
+
+#[test]
+fn a_gpu_without_a_value_neither_counts_nor_makes_values_differ() {
+    let mut vf = mi300x(None);
+    vf.product_name = None;
+    vf.vram_bytes = None;
+    let labels = desired_labels(
+        &inventory(vec![mi300x(None), vf]),
+        &[LabelKind::ProductName, LabelKind::Vram, LabelKind::DeviceId],
+    );
+    let expected = map(&[
+        ("amd.com/gpu.product-name", "AMD_Instinct_MI300X_OAM"),
+        ("beta.amd.com/gpu.product-name", "AMD_Instinct_MI300X_OAM"),
+        ("beta.amd.com/gpu.product-name.AMD_Instinct_MI300X_OAM", "1"),
+        ("amd.com/gpu.vram", "192G"),
+        ("beta.amd.com/gpu.vram", "192G"),
+        ("beta.amd.com/gpu.vram.192G", "1"),
+        ("amd.com/gpu.device-id", "74a1"),
+        ("beta.amd.com/gpu.device-id", "74a1"),
+        ("beta.amd.com/gpu.device-id.74a1", "2"),
+    ]);
+    assert_eq!(labels, expected);
+}
+
+#[test]
+fn the_partition_layout_label_ignores_gpus_that_report_none() {
+    let kinds = [LabelKind::ComputeMemoryPartition];
+    let layout = |gpus: Vec<Gpu>| {
+        desired_labels(&inventory(gpus), &kinds)
+            .get("amd.com/gpu.compute-memory-partition")
+            .cloned()
+    };
+    let cpx = mi300x(Some(("cpx", "nps4")));
+    let mut compute_only = mi300x(None);
+    compute_only.compute_partition = Some("cpx".into());
+    assert_eq!(
+        layout(vec![cpx.clone(), mi300x(None), compute_only]),
+        Some("cpx_nps4".into())
+    );
+    assert_eq!(layout(vec![cpx, mi300x(Some(("spx", "nps1")))]), None);
+    assert_eq!(layout(vec![mi300x(None)]), None);
+}
+
+#[test]
+fn partitioning_support_is_the_first_gpus_by_pci_address() {
+    let kinds = [
+        LabelKind::ComputePartitioningSupported,
+        LabelKind::MemoryPartitioningSupported,
+    ];
+    let mut vf = mi300x(None);
+    vf.bdf = "0000:01:00.0".into();
+    vf.available_compute_partitions.clear();
+    vf.available_memory_partitions.clear();
+    // The partitionable GPU is listed first, but the VF's address is lower.
+    let labels = desired_labels(&inventory(vec![mi300x(None), vf.clone()]), &kinds);
+    assert_eq!(
+        labels,
+        map(&[
+            ("amd.com/gpu.compute-partitioning-supported", "false"),
+            ("amd.com/gpu.memory-partitioning-supported", "false"),
+        ])
+    );
+    vf.bdf = "0000:ff:00.0".into();
+    vf.available_memory_partitions = vec!["nps1".into()];
+    let labels = desired_labels(&inventory(vec![vf, mi300x(None)]), &kinds);
+    assert_eq!(
+        labels,
+        map(&[
+            ("amd.com/gpu.compute-partitioning-supported", "true"),
+            ("amd.com/gpu.memory-partitioning-supported", "true"),
+        ])
+    );
+}
+
+#[test]
+fn driver_versions_are_single_labels_empty_for_the_inbox_driver() {
+    let kinds = [LabelKind::DriverVersion, LabelKind::DriverSrcVersion];
+    let mut inbox = inventory(vec![mi300x(None); 2]);
+    assert_eq!(
+        desired_labels(&inbox, &kinds),
+        map(&[
+            ("amd.com/gpu.driver-version", "6.12.12"),
+            ("amd.com/gpu.driver-src-version", "ABC123"),
+        ])
+    );
+    inbox.driver.version = None;
+    inbox.driver.srcversion = None;
+    assert_eq!(
+        desired_labels(&inbox, &kinds),
+        map(&[
+            ("amd.com/gpu.driver-version", ""),
+            ("amd.com/gpu.driver-src-version", ""),
+        ])
     );
 }
 
@@ -318,5 +432,16 @@ fn labels_from_a_simulated_host() {
             .get("amd.com/gpu.compute-memory-partition")
             .map(String::as_str),
         Some("cpx_nps4")
+    );
+    // Every partition is a device with its own KFD node's size.
+    assert_eq!(
+        labels.get("amd.com/gpu.cu-count").map(String::as_str),
+        Some("38")
+    );
+    assert_eq!(
+        labels
+            .get("beta.amd.com/gpu.cu-count.38")
+            .map(String::as_str),
+        Some("64")
     );
 }
