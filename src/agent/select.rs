@@ -150,7 +150,7 @@ pub fn plan_services(spec: &DeviceConfigSpec, node: &NodeContext<'_>) -> Desired
     });
     let labeller =
         (plugin_spec.enable_node_labeller && spec.selects(node.labels)).then(|| LabellerConfig {
-            kinds: spec.device_plugin.node_labeller_kinds(),
+            kinds: crate::labeller::kinds_for(spec),
         });
     let metrics_text = node.metrics_config.map(str::to_owned);
     // The health monitor always runs under a DeviceConfig (it feeds the device

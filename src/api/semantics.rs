@@ -273,7 +273,13 @@ impl DevicePluginSpec {
     /// sorted and without duplicates. Unrecognised entries are skipped
     /// (`validate` reports them).
     pub fn node_labeller_kinds(&self) -> Vec<NodeLabellerKind> {
-        let mut kinds: Vec<NodeLabellerKind> = NodeLabellerKind::DEFAULTS
+        self.node_labeller_kinds_over(NodeLabellerKind::DEFAULTS)
+    }
+
+    /// `base` plus every recognised `nodeLabellerArguments` entry, sorted and
+    /// without duplicates (the labeller picks `base` by driver type).
+    pub fn node_labeller_kinds_over(&self, base: &[NodeLabellerKind]) -> Vec<NodeLabellerKind> {
+        let mut kinds: Vec<NodeLabellerKind> = base
             .iter()
             .copied()
             .chain(

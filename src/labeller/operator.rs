@@ -34,15 +34,7 @@ pub fn kinds_for(spec: &DeviceConfigSpec) -> Vec<LabelKind> {
         // falls through to the container flags).
         DriverType::Container | DriverType::Other(_) => LabelKind::DEFAULTS,
     };
-    let arguments = &spec.device_plugin.node_labeller_arguments;
-    let mut kinds: Vec<LabelKind> = base
-        .iter()
-        .copied()
-        .chain(arguments.iter().filter_map(|arg| LabelKind::parse(arg)))
-        .collect();
-    kinds.sort();
-    kinds.dedup();
-    kinds
+    spec.device_plugin.node_labeller_kinds_over(base)
 }
 
 /// The driver-type label of the DeviceConfig `namespace/name` on a Node it
