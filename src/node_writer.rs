@@ -55,6 +55,8 @@ pub enum Concern {
     TestRunner,
     /// The agent status annotation the leader aggregates.
     AgentStatus,
+    /// The operator-side driver-type label the reference writes.
+    Driver,
 }
 
 impl Concern {
@@ -64,6 +66,7 @@ impl Concern {
             Self::Health => field_manager::HEALTH,
             Self::TestRunner => field_manager::TEST_RUNNER,
             Self::AgentStatus => field_manager::AGENT_STATUS,
+            Self::Driver => field_manager::DRIVER,
         }
     }
 

@@ -103,6 +103,16 @@ impl Harness {
         self.cluster.node(NODE)
     }
 
+    /// The field managers in the Node's managedFields.
+    fn field_managers(&self) -> Vec<String> {
+        self.node()["metadata"]["managedFields"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e["manager"].as_str().map(str::to_owned))
+            .collect()
+    }
+
     fn labels(&self) -> BTreeMap<String, String> {
         serde_json::from_value(self.node()["metadata"]["labels"].clone()).unwrap_or_default()
     }
@@ -665,12 +675,7 @@ async fn labels_written_before_are_taken_over_and_removed_with_the_rest() {
                 .is_none()
     })
     .await;
-    let managers: Vec<String> = h.node()["metadata"]["managedFields"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|e| e["manager"].as_str().map(str::to_owned))
-        .collect();
+    let managers = h.field_managers();
     assert!(
         managers.iter().any(|m| m == "gpu-operator-labeller"),
         "labels are applied under the labeller's own manager: {managers:?}"
@@ -687,6 +692,37 @@ async fn labels_written_before_are_taken_over_and_removed_with_the_rest() {
             && !labels.contains_key("amd.com/gpu.vram")
             && !labels.contains_key("amd.com/gpu.product-name")
             && labels.get("amd.com/gpu.admin-note").map(String::as_str) == Some("keep")
+    })
+    .await;
+    h.stop().await;
+}
+
+/// The reference operator's `gpu.operator.amd.com/<ns>.<name>.driver` label:
+/// written while the selecting DeviceConfig has `driver.enable`, under its own
+/// field manager (so switching the labeller off leaves it), removed when the
+/// driver is disabled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_driver_type_label_follows_driver_enable_not_the_labeller() {
+    let mut h = Harness::start("mi300x", None, json!({})).await;
+    let key = format!("gpu.operator.amd.com/{}.gpus.driver", cluster::NAMESPACE);
+    h.apply_device_config(
+        "gpus",
+        json!({"driver": {"enable": true}, "devicePlugin": {"enableNodeLabeller": false}}),
+    )
+    .await;
+    h.eventually("the driver type label", |h| {
+        h.labels().get(&key).map(String::as_str) == Some("container")
+    })
+    .await;
+    let managers = h.field_managers();
+    assert!(
+        managers.iter().any(|m| m == "gpu-operator-driver"),
+        "{managers:?}"
+    );
+    h.apply_device_config("gpus", json!({"driver": {"enable": false}}))
+        .await;
+    h.eventually("the label removed with driver.enable false", |h| {
+        !h.labels().contains_key(&key)
     })
     .await;
     h.stop().await;

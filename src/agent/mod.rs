@@ -176,6 +176,11 @@ pub async fn run(
             crate::counters::record_reconcile();
             let selection = select_config(node.labels(), configs.state().iter().map(Arc::as_ref));
             let following = plan::follow(&mut state, &selection);
+            if let Some(labels) = plan::driver_labels(&state, &selection, node.labels())
+                && edges.apply_driver_labels(&labels).await
+            {
+                state.driver_labels_written(labels);
+            }
             let desired = edges.follow(&selection, &following, node.labels());
             let access_problems = desired
                 .metrics
@@ -357,6 +362,22 @@ struct Edges<'a> {
 }
 
 impl Edges<'_> {
+    /// Applies the driver-type labels (the whole set; empty removes them).
+    /// True when written; a failure is logged and the next pass tries again.
+    async fn apply_driver_labels(&self, labels: &BTreeMap<String, String>) -> bool {
+        let intent = NodeIntent {
+            labels: labels.clone(),
+            ..NodeIntent::default()
+        };
+        match self.writer.apply(Concern::Driver, &intent).await {
+            Ok(_) => true,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot write the driver type label; trying again on the next change");
+                false
+            }
+        }
+    }
+
     /// Logs and follows what `following` says, and returns the services the
     /// selection asks for with what the followed objects hold.
     fn follow(

@@ -40,6 +40,8 @@ pub struct LoopState {
     last_status: Option<Option<AgentStatus>>,
     /// Set while the latest status write failed: it is retried on a timer.
     status_write_failed: bool,
+    /// The driver-type labels last applied; `None` before the first write.
+    driver_labels: Option<BTreeMap<String, String>>,
 }
 
 impl LoopState {
@@ -71,6 +73,46 @@ pub struct Following {
     pub test_config: Option<ConfigMapRef>,
     /// The namespace and `metricsExporter.rbacConfig` whose objects to follow.
     pub access: Option<(String, KubeRbacConfig)>,
+}
+
+/// The operator-side driver-type label the reference writes on each Node a
+/// DeviceConfig with `driver.enable` selects, when it differs from what was
+/// last applied: `Some(labels)` is the whole set to apply (empty removes
+/// it). Under a conflict nothing changes. Before the first write, an empty
+/// set is applied only if the Node carries such a label (`node_labels`), so
+/// that an agent on a node nothing selects writes nothing at start.
+pub fn driver_labels(
+    state: &LoopState,
+    selection: &Selection,
+    node_labels: &BTreeMap<String, String>,
+) -> Option<BTreeMap<String, String>> {
+    let wanted = match selection {
+        Selection::One(selected) => crate::labeller::driver_type_labels(
+            &selected.key.namespace,
+            &selected.key.name,
+            &selected.spec,
+        ),
+        Selection::None => BTreeMap::new(),
+        Selection::Conflict(_) => return None,
+    };
+    match &state.driver_labels {
+        Some(last) if *last == wanted => None,
+        None if wanted.is_empty()
+            && !node_labels
+                .keys()
+                .any(|k| k.starts_with("gpu.operator.amd.com/") && k.ends_with(".driver")) =>
+        {
+            None
+        }
+        _ => Some(wanted),
+    }
+}
+
+impl LoopState {
+    /// Takes in that `labels` were applied as the driver-type labels.
+    pub fn driver_labels_written(&mut self, labels: BTreeMap<String, String>) {
+        self.driver_labels = Some(labels);
+    }
 }
 
 /// Step 1 (see the module doc).
@@ -609,6 +651,40 @@ mod tests {
             services(&conflict, &context, &Overrides::default()),
             idle_services(&context),
             "a conflict runs only the metrics endpoint"
+        );
+    }
+
+    #[test]
+    fn the_driver_type_label_follows_the_selected_config() {
+        let mut spec = DeviceConfigSpec::default();
+        spec.driver.enable = true;
+        let one = one("kube-amd-gpu", "gpus", spec);
+        let key = "gpu.operator.amd.com/kube-amd-gpu.gpus.driver";
+        let no_labels = BTreeMap::new();
+        let mut state = LoopState::default();
+        assert_eq!(
+            driver_labels(&state, &Selection::None, &no_labels),
+            None,
+            "nothing selects a clean node: no write at start"
+        );
+        let wanted = driver_labels(&state, &one, &no_labels).expect("a first write");
+        assert_eq!(wanted, [(key.to_owned(), "container".to_owned())].into());
+        state.driver_labels_written(wanted.clone());
+        assert_eq!(driver_labels(&state, &one, &wanted), None, "unchanged");
+        assert_eq!(
+            driver_labels(&state, &Selection::Conflict(vec!["a".into()]), &wanted),
+            None
+        );
+        assert_eq!(
+            driver_labels(&state, &Selection::None, &wanted),
+            Some(BTreeMap::new()),
+            "deselected: removed"
+        );
+        let restarted = LoopState::default();
+        assert_eq!(
+            driver_labels(&restarted, &Selection::None, &wanted),
+            Some(BTreeMap::new()),
+            "a restarted agent removes a label it finds"
         );
     }
 

@@ -32,6 +32,11 @@ pub const TEST_RUNNER: &str = "gpu-operator-test-runner";
 /// `metricsexporter.amd.com.gpu.<id>.state` labels (server-side apply).
 pub const HEALTH: &str = "gpu-operator-health";
 
+/// The operator-side driver-type label
+/// (`gpu.operator.amd.com/<ns>.<name>.driver`) on the agent's own Node
+/// (server-side apply). Later also the driver lifecycle's own labels.
+pub const DRIVER: &str = "gpu-operator-driver";
+
 /// The cluster role: the Lease, DeviceConfig status and finalizer, and the
 /// metrics Service and ServiceMonitor it owns (server-side apply).
 pub const LEADER: &str = "gpu-operator-leader";
