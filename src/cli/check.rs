@@ -328,7 +328,7 @@ mod tests {
     use super::*;
     use crate::health::{GpuHealth, HealthSnapshot};
 
-    fn snapshot(gpus: &[(&str, &[&str])]) -> HealthSnapshot {
+    fn snapshot(gpus: Gpus) -> HealthSnapshot {
         HealthSnapshot {
             gpus: gpus
                 .iter()
@@ -344,9 +344,12 @@ mod tests {
         }
     }
 
+    /// GPUs by address with their reasons (none: healthy).
+    type Gpus<'a> = &'a [(&'a str, &'a [&'a str])];
+
     #[test]
     fn npd_lines_lead_with_the_count_and_the_first_unhealthy_gpu() {
-        let cases: &[(&[(&str, &[&str])], Option<&str>, NpdStatus, &str)] = &[
+        let cases: &[(Gpus, Option<&str>, NpdStatus, &str)] = &[
             (
                 &[("0000:05:00.0", &[]), ("0000:27:00.0", &[])],
                 None,
