@@ -23,6 +23,7 @@
 //! Production code of the modules below it must not use it; their tests may,
 //! as a fixture (see `tests/architecture.rs`).
 
+pub mod gpu_metrics;
 mod profiles;
 
 use std::collections::BTreeMap;

@@ -440,3 +440,269 @@ impl GpuMetrics {
             .map(f64::from)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::simulate::gpu_metrics::{self as layout, CType, LAYOUTS, Member};
+
+    /// A parsed member by its kernel name (`outer.inner` inside `xcp_stats`):
+    /// `None` for a name the parser does not map (a test failure), else the
+    /// value (itself `None` when not available).
+    fn member(g: &GpuMetrics, name: &str, outer: usize, i: usize) -> Option<Option<u64>> {
+        let one = |v: Option<u16>| Some(v.map(u64::from));
+        let one32 = |v: Option<u32>| Some(v.map(u64::from));
+        let at16 = |v: &Vec<Option<u16>>| v.get(i).map(|x| x.map(u64::from));
+        let at32 = |v: &Vec<Option<u32>>| v.get(i).map(|x| x.map(u64::from));
+        let at64 = |v: &Vec<Option<u64>>| v.get(i).copied();
+        if let Some(inner) = name.strip_prefix("xcp_stats.") {
+            let x = g.xcp.get(outer)?;
+            return match inner {
+                "gfx_busy_inst" => at32(&x.gfx_busy_inst),
+                "jpeg_busy" => at16(&x.jpeg_busy),
+                "vcn_busy" => at16(&x.vcn_busy),
+                "gfx_busy_acc" => at64(&x.gfx_busy_acc),
+                "gfx_below_host_limit_acc" => at64(&x.gfx_below_host_limit_acc),
+                "gfx_below_host_limit_ppt_acc" => at64(&x.gfx_below_host_limit_ppt_acc),
+                "gfx_below_host_limit_thm_acc" => at64(&x.gfx_below_host_limit_thm_acc),
+                "gfx_low_utilization_acc" => at64(&x.gfx_low_utilization_acc),
+                "gfx_below_host_limit_total_acc" => at64(&x.gfx_below_host_limit_total_acc),
+                _ => None,
+            };
+        }
+        match name {
+            "temperature_edge" => one(g.temperature_edge),
+            "temperature_hotspot" => one(g.temperature_hotspot),
+            "temperature_mem" => one(g.temperature_mem),
+            "temperature_vrgfx" => one(g.temperature_vrgfx),
+            "temperature_vrsoc" => one(g.temperature_vrsoc),
+            "temperature_vrmem" => one(g.temperature_vrmem),
+            "temperature_hbm" => at16(&g.temperature_hbm),
+            "average_gfx_activity" => one(g.average_gfx_activity),
+            "average_umc_activity" => one(g.average_umc_activity),
+            "average_mm_activity" => one(g.average_mm_activity),
+            "average_socket_power" => one(g.average_socket_power),
+            "curr_socket_power" => one(g.current_socket_power),
+            "energy_accumulator" => Some(g.energy_accumulator),
+            "system_clock_counter" => Some(g.system_clock_counter),
+            "firmware_timestamp" => Some(g.firmware_timestamp),
+            "throttle_status" => one32(g.throttle_status),
+            "indep_throttle_status" => Some(g.indep_throttle_status),
+            "gfxclk_lock_status" => one32(g.gfxclk_lock_status),
+            "current_fan_speed" => one(g.current_fan_speed),
+            "pcie_link_width" => one(g.pcie_link_width),
+            "pcie_link_speed" => one(g.pcie_link_speed),
+            "xgmi_link_width" => one(g.xgmi_link_width),
+            "xgmi_link_speed" => one(g.xgmi_link_speed),
+            "gfx_activity_acc" => one32(g.gfx_activity_acc),
+            "mem_activity_acc" => one32(g.mem_activity_acc),
+            "pcie_bandwidth_acc" => Some(g.pcie_bandwidth_acc),
+            "pcie_bandwidth_inst" => Some(g.pcie_bandwidth_inst),
+            "pcie_l0_to_recov_count_acc" => Some(g.pcie_l0_to_recov_count_acc),
+            "pcie_replay_count_acc" => Some(g.pcie_replay_count_acc),
+            "pcie_replay_rover_count_acc" => Some(g.pcie_replay_rover_count_acc),
+            "pcie_nak_sent_count_acc" => one32(g.pcie_nak_sent_count_acc),
+            "pcie_nak_rcvd_count_acc" => one32(g.pcie_nak_rcvd_count_acc),
+            "pcie_lc_perf_other_end_recovery" => one32(g.pcie_lc_perf_other_end_recovery),
+            "xgmi_read_data_acc" => at64(&g.xgmi_read_data_acc),
+            "xgmi_write_data_acc" => at64(&g.xgmi_write_data_acc),
+            "xgmi_link_status" => at16(&g.xgmi_link_status),
+            "mem_max_bandwidth" => Some(g.mem_max_bandwidth),
+            "vcn_activity" => at16(&g.vcn_activity),
+            "jpeg_activity" => at16(&g.jpeg_activity),
+            "accumulation_counter" => one32(g.accumulation_counter),
+            "prochot_residency_acc" => one32(g.prochot_residency_acc),
+            "ppt_residency_acc" => one32(g.ppt_residency_acc),
+            "socket_thm_residency_acc" => one32(g.socket_thm_residency_acc),
+            "vr_thm_residency_acc" => one32(g.vr_thm_residency_acc),
+            "hbm_thm_residency_acc" => one32(g.hbm_thm_residency_acc),
+            "average_gfxclk_frequency" => one(g.average_gfxclk_frequency),
+            "average_socclk_frequency" => one(g.average_socclk_frequency),
+            "average_uclk_frequency" => one(g.average_uclk_frequency),
+            "average_vclk0_frequency" => one(g.average_vclk0_frequency),
+            "average_dclk0_frequency" => one(g.average_dclk0_frequency),
+            "average_vclk1_frequency" => one(g.average_vclk1_frequency),
+            "average_dclk1_frequency" => one(g.average_dclk1_frequency),
+            "current_gfxclk" => at16(&g.current_gfxclk),
+            "current_socclk" => at16(&g.current_socclk),
+            "current_vclk0" => at16(&g.current_vclk0),
+            "current_dclk0" => at16(&g.current_dclk0),
+            "current_vclk1" => one(g.current_vclk1),
+            "current_dclk1" => one(g.current_dclk1),
+            "current_uclk" => one(g.current_uclk),
+            "voltage_soc" => one(g.voltage_soc),
+            "voltage_gfx" => one(g.voltage_gfx),
+            "voltage_mem" => one(g.voltage_mem),
+            "num_partition" => one(g.num_partition),
+            _ => None,
+        }
+    }
+
+    /// A distinct value for every member and index, below every width's
+    /// "not available" marker.
+    fn value(name: &str, outer: usize, i: usize) -> u64 {
+        let h = name
+            .bytes()
+            .fold(17u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)));
+        (h + outer as u64 * 1009 + i as u64 * 37) % 60_000 + 1
+    }
+
+    fn is_skipped(name: &str) -> bool {
+        name.starts_with("padding")
+            || ["structure_size", "format_revision", "content_revision"].contains(&name)
+    }
+
+    /// Every (name, outer, inner) a layout has, nested members included.
+    fn slots(members: &[Member]) -> Vec<(String, usize, usize)> {
+        let mut out = Vec::new();
+        for m in members.iter().filter(|m| !is_skipped(m.name)) {
+            match m.ty {
+                CType::Struct(inner) => {
+                    for outer in 0..m.count {
+                        for f in inner {
+                            for i in 0..f.count {
+                                out.push((format!("{}.{}", m.name, f.name), outer, i));
+                            }
+                        }
+                    }
+                }
+                _ => (0..m.count).for_each(|i| out.push((m.name.to_owned(), 0, i))),
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn every_member_of_every_layout_round_trips() {
+        for (frev, crev, members) in LAYOUTS {
+            let blob = layout::encode(*frev, *crev, members, &|n, o, i| Some(value(n, o, i)));
+            let g = parse(&blob).unwrap_or_else(|e| panic!("v{frev}.{crev}: {e}"));
+            assert_eq!((g.format_revision, g.content_revision), (*frev, *crev));
+            let slots = slots(members);
+            assert!(slots.len() > 30, "v{frev}.{crev}");
+            for (name, outer, i) in slots {
+                assert_eq!(
+                    member(&g, &name, outer, i),
+                    Some(Some(value(&name, outer, i))),
+                    "v{frev}.{crev} {name}[{outer}][{i}]"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_kernels_fill_reads_as_not_available() {
+        for (frev, crev, members) in LAYOUTS {
+            let blob = layout::encode(*frev, *crev, members, &|_, _, _| None);
+            let g = parse(&blob).unwrap_or_else(|e| panic!("v{frev}.{crev}: {e}"));
+            for (name, outer, i) in slots(members) {
+                assert_eq!(
+                    member(&g, &name, outer, i),
+                    Some(None),
+                    "v{frev}.{crev} {name}[{outer}][{i}]"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_two_v1_6_layouts_are_told_apart_by_size() {
+        let early = layout::encode(1, 6, layout::V1_6_EARLY, &|n, o, i| Some(value(n, o, i)));
+        let g = parse(&early).expect("early v1.6");
+        assert_eq!(g.vcn_activity.len(), 4);
+        assert!(g.xcp.is_empty());
+        let later = layout::encode(1, 6, layout::V1_6, &|n, o, i| Some(value(n, o, i)));
+        let g = parse(&later).expect("later v1.6");
+        assert!(g.vcn_activity.is_empty());
+        assert_eq!(g.xcp.len(), 8);
+    }
+
+    #[test]
+    fn every_short_blob_is_an_error() {
+        for (frev, crev, members) in LAYOUTS {
+            let blob = layout::encode(*frev, *crev, members, &|n, o, i| Some(value(n, o, i)));
+            for len in 0..blob.len() {
+                let err = parse(&blob[..len]).expect_err("short blob");
+                if len < 4 {
+                    assert_eq!(err, GpuMetricsError::NoHeader { len });
+                } else {
+                    assert!(
+                        matches!(err, GpuMetricsError::Truncated { .. }),
+                        "v{frev}.{crev} len {len}: {err}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn trailing_bytes_are_ignored_and_a_wrong_size_is_refused() {
+        let blob = layout::encode(1, 8, layout::V1_8, &|n, o, i| Some(value(n, o, i)));
+        let mut longer = blob.clone();
+        longer.extend_from_slice(&[0xAB; 100]);
+        assert_eq!(parse(&longer), parse(&blob));
+        // A size the kernel never writes for v1.8, with the bytes to back it.
+        let mut wrong = longer.clone();
+        wrong[..2].copy_from_slice(&((blob.len() + 8) as u16).to_le_bytes());
+        assert!(matches!(
+            parse(&wrong),
+            Err(GpuMetricsError::Size { claimed, .. }) if claimed == blob.len() + 8
+        ));
+        // The v1.7 size under a v1.8 header.
+        let mut mislabelled = layout::encode(1, 7, layout::V1_7, &|_, _, _| Some(1));
+        mislabelled[3] = 8;
+        assert!(matches!(
+            parse(&mislabelled),
+            Err(GpuMetricsError::Size { .. })
+        ));
+    }
+
+    #[test]
+    fn unknown_revisions_and_garbage_are_errors_never_panics() {
+        for (frev, crev) in [(1, 2), (1, 9), (2, 3), (3, 0), (0, 0), (0xFF, 0xFF)] {
+            let mut blob = vec![0u8; 4096];
+            blob[..2].copy_from_slice(&120u16.to_le_bytes());
+            blob[2] = frev;
+            blob[3] = crev;
+            assert_eq!(
+                parse(&blob),
+                Err(GpuMetricsError::Unsupported { frev, crev })
+            );
+        }
+        // A fixed xorshift stream: every length up to 4 KiB, and headers that
+        // name supported revisions with random sizes.
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let mut parsed = 0;
+        for round in 0..2000 {
+            let len = (next() % 4200) as usize;
+            let mut blob: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+            if round % 2 == 0 && len >= 4 {
+                blob[2] = 1;
+                blob[3] = 3 + (next() % 6) as u8;
+            }
+            if parse(&blob).is_ok() {
+                parsed += 1;
+            }
+        }
+        // Random sizes almost never match a layout's.
+        assert!(parsed < 10, "{parsed}");
+    }
+
+    #[test]
+    fn units_for_callers() {
+        let blob = layout::encode(1, 8, layout::V1_8, &|n, _, _| match n {
+            "energy_accumulator" => Some(65_536),
+            "curr_socket_power" => Some(350),
+            _ => None,
+        });
+        let g = parse(&blob).expect("v1.8");
+        assert_eq!(g.energy_uj(), Some(1_000_000.0));
+        assert_eq!(g.socket_power_w(), Some(350.0));
+    }
+}
