@@ -694,6 +694,63 @@ mod tests {
         assert!(parsed < 10, "{parsed}");
     }
 
+    /// The simulator's tables, read back through the parser, say what its
+    /// text attributes say at the same tick.
+    #[test]
+    fn simulated_tables_agree_with_the_text_attributes() {
+        use crate::host::HostRoot;
+        use crate::simulate::{self, SimSpec};
+        for (profile, partition, crev) in [
+            ("mi300x", None, 8),
+            ("mi300x", Some("cpx_nps4"), 8),
+            ("mi210", None, 3),
+            ("radeon-w7900", None, 3),
+        ] {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let host = HostRoot::new(dir.path());
+            let spec = SimSpec::new(profile, Some(2), partition)
+                .or_else(|_| SimSpec::new(profile, Some(1), partition))
+                .expect("spec");
+            simulate::write_host(&host, &spec).expect("write");
+            for tick in [1, 5] {
+                simulate::advance_telemetry(&host, &spec, tick).expect("advance");
+                let dev = host
+                    .list_dir_or_empty("/sys/bus/pci/devices")
+                    .expect("list")
+                    .into_iter()
+                    .next()
+                    .expect("a GPU");
+                let dev = format!("/sys/bus/pci/devices/{dev}");
+                let blob = std::fs::read(host.path(format!("{dev}/gpu_metrics"))).expect("read");
+                let g = parse(&blob).unwrap_or_else(|e| panic!("{profile}: {e}"));
+                assert_eq!(g.content_revision, crev);
+                let busy: u16 = host
+                    .read_parsed(format!("{dev}/gpu_busy_percent"), "busy")
+                    .expect("busy");
+                assert_eq!(g.average_gfx_activity, Some(busy), "{profile} tick {tick}");
+                let energy: f64 = host
+                    .read_parsed(format!("{dev}/hwmon/hwmon0/energy1_input"), "energy")
+                    .expect("energy");
+                assert_eq!(g.energy_uj(), Some(energy), "{profile} tick {tick}");
+                if crev == 8 {
+                    let partitions = spec.partitions_of(0);
+                    assert_eq!(g.num_partition, Some(partitions as u16));
+                    let busy_xccs: usize = g
+                        .xcp
+                        .iter()
+                        .map(|x| x.gfx_busy_inst.iter().flatten().count())
+                        .sum();
+                    assert_eq!(busy_xccs, 8, "{profile} {partition:?}: one value per XCC");
+                    assert!(
+                        g.xcp[partitions as usize..]
+                            .iter()
+                            .all(|x| x.gfx_busy_inst.iter().all(Option::is_none))
+                    );
+                }
+            }
+        }
+    }
+
     #[test]
     fn units_for_callers() {
         let blob = layout::encode(1, 8, layout::V1_8, &|n, _, _| match n {
