@@ -485,7 +485,9 @@ impl Sampler {
             let raw = match answer {
                 Ok(Answer::Exists(exists)) => Raw::Exists(exists),
                 Ok(Answer::Text(text)) => Raw::Text(text),
-                Ok(Answer::Names(_)) => Raw::Failed(ReadError::Closed { path: path.clone() }),
+                Ok(Answer::Names(_) | Answer::Bytes(_)) => {
+                    Raw::Failed(ReadError::Closed { path: path.clone() })
+                }
                 Err(e) => Raw::Failed(e),
             };
             if let Some(list) = per_gpu.get_mut(index) {
