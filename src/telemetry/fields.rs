@@ -341,6 +341,43 @@ pub const DEVICE_FIELDS: &[DeviceField] = &[
         kind: Kind::Gauge,
         value: |r| table(r, |g| g.hbm_thm_residency_acc),
     },
+    // Percentages: residency growth per accumulation cycle since the
+    // previous sample (see `gpu_metrics::violation_percentages`).
+    DeviceField {
+        field: "GPU_VIOLATION_PROCESSOR_HOT_RESIDENCY_PERCENTAGE",
+        name: "gpu_violation_processor_hot_residency_percentage",
+        help: "Processor hot residency since the previous sample, percent",
+        kind: Kind::Gauge,
+        value: |r| r.violations.as_ref()?.prochot,
+    },
+    DeviceField {
+        field: "GPU_VIOLATION_PPT_RESIDENCY_PERCENTAGE",
+        name: "gpu_violation_ppt_residency_percentage",
+        help: "Package power tracking residency since the previous sample, percent",
+        kind: Kind::Gauge,
+        value: |r| r.violations.as_ref()?.ppt,
+    },
+    DeviceField {
+        field: "GPU_VIOLATION_SOCKET_THERMAL_RESIDENCY_PERCENTAGE",
+        name: "gpu_violation_socket_thermal_residency_percentage",
+        help: "Socket thermal residency since the previous sample, percent",
+        kind: Kind::Gauge,
+        value: |r| r.violations.as_ref()?.socket_thermal,
+    },
+    DeviceField {
+        field: "GPU_VIOLATION_VR_THERMAL_RESIDENCY_PERCENTAGE",
+        name: "gpu_violation_vr_thermal_residency_percentage",
+        help: "Voltage rail thermal residency since the previous sample, percent",
+        kind: Kind::Gauge,
+        value: |r| r.violations.as_ref()?.vr_thermal,
+    },
+    DeviceField {
+        field: "GPU_VIOLATION_HBM_THERMAL_RESIDENCY_PERCENTAGE",
+        name: "gpu_violation_hbm_thermal_residency_percentage",
+        help: "HBM thermal residency since the previous sample, percent",
+        kind: Kind::Gauge,
+        value: |r| r.violations.as_ref()?.hbm_thermal,
+    },
 ];
 
 /// Which series an [`IndexedField`] has.
@@ -384,6 +421,19 @@ fn xcp(
         .as_ref()
         .and_then(|g| g.xcp.get(partition as usize))
         .map(pick)
+        .unwrap_or_default()
+}
+
+/// A partition's per-XCC violation percentages, mapped.
+fn xcp_pct(
+    r: &GpuReadings,
+    partition: u32,
+    pick: fn(&super::gpu_metrics::XcpViolationPercentages) -> &Vec<Option<f64>>,
+) -> Vec<Option<f64>> {
+    r.violations
+        .as_ref()
+        .and_then(|v| v.xcp.get(partition as usize))
+        .map(|x| pick(x).clone())
         .unwrap_or_default()
 }
 
@@ -486,6 +536,38 @@ pub const INDEXED_FIELDS: &[IndexedField] = &[
         label: "xcc_index",
         scope: Scope::Partition,
         values: |r, p| xcp(r, p, |x| list64(&x.gfx_below_host_limit_total_acc)),
+    },
+    IndexedField {
+        field: "GPU_VIOLATION_GFX_CLOCK_BELOW_HOST_LIMIT_POWER_PERCENTAGE",
+        name: "gpu_violation_gfx_clock_below_host_limit_power_percentage",
+        help: "GFX clock below host limit (power) since the previous sample, percent",
+        label: "xcc_index",
+        scope: Scope::Partition,
+        values: |r, p| xcp_pct(r, p, |x| &x.below_host_limit_power),
+    },
+    IndexedField {
+        field: "GPU_VIOLATION_GFX_CLOCK_BELOW_HOST_LIMIT_THERMAL_PERCENTAGE",
+        name: "gpu_violation_gfx_clock_below_host_limit_thermal_percentage",
+        help: "GFX clock below host limit (thermal) since the previous sample, percent",
+        label: "xcc_index",
+        scope: Scope::Partition,
+        values: |r, p| xcp_pct(r, p, |x| &x.below_host_limit_thermal),
+    },
+    IndexedField {
+        field: "GPU_VIOLATION_LOW_UTILIZATION_PERCENTAGE",
+        name: "gpu_violation_low_utilization_percentage",
+        help: "GFX low utilization since the previous sample, percent",
+        label: "xcc_index",
+        scope: Scope::Partition,
+        values: |r, p| xcp_pct(r, p, |x| &x.low_utilization),
+    },
+    IndexedField {
+        field: "GPU_VIOLATION_GFX_CLOCK_BELOW_HOST_LIMIT_TOTAL_PERCENTAGE",
+        name: "gpu_violation_gfx_clock_below_host_limit_total_percentage",
+        help: "GFX clock below host limit (all causes) since the previous sample, percent",
+        label: "xcc_index",
+        scope: Scope::Partition,
+        values: |r, p| xcp_pct(r, p, |x| &x.below_host_limit_total),
     },
 ];
 

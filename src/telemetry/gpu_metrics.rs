@@ -441,6 +441,93 @@ impl GpuMetrics {
     }
 }
 
+/// Throttler residencies as a percentage of the time between two tables:
+/// how much each residency counter grew per accumulation cycle
+/// (`accumulation_counter`) the firmware counted between them.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct ViolationPercentages {
+    pub prochot: Option<f64>,
+    pub ppt: Option<f64>,
+    pub socket_thermal: Option<f64>,
+    pub vr_thermal: Option<f64>,
+    pub hbm_thermal: Option<f64>,
+    /// Per partition, per XCC: the below-host-limit counters.
+    pub xcp: Vec<XcpViolationPercentages>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct XcpViolationPercentages {
+    pub below_host_limit_power: Vec<Option<f64>>,
+    pub below_host_limit_thermal: Vec<Option<f64>>,
+    pub low_utilization: Vec<Option<f64>>,
+    pub below_host_limit_total: Vec<Option<f64>>,
+}
+
+/// The residency percentages from `before` to `now`; `None` when the tables
+/// have no accumulation counter, it did not advance, or it went back (the
+/// firmware restarted). A counter that is missing from either table or went
+/// back has no percentage.
+pub fn violation_percentages(
+    before: &GpuMetrics,
+    now: &GpuMetrics,
+) -> Option<ViolationPercentages> {
+    let cycles = now
+        .accumulation_counter?
+        .checked_sub(before.accumulation_counter?)
+        .filter(|c| *c > 0)?;
+    let pct = |b: Option<u64>, n: Option<u64>| -> Option<f64> {
+        let grown = n?.checked_sub(b?)?;
+        Some((grown as f64 * 100.0 / f64::from(cycles)).min(100.0))
+    };
+    let pct32 = |b: Option<u32>, n: Option<u32>| pct(b.map(u64::from), n.map(u64::from));
+    let each = |b: &[Option<u64>], n: &[Option<u64>]| -> Vec<Option<f64>> {
+        n.iter()
+            .enumerate()
+            .map(|(i, n)| pct(b.get(i).copied().flatten(), *n))
+            .collect()
+    };
+    let xcp = now
+        .xcp
+        .iter()
+        .enumerate()
+        .map(|(p, n)| {
+            let empty = XcpMetrics::default();
+            let b = before.xcp.get(p).unwrap_or(&empty);
+            let power = if n.gfx_below_host_limit_ppt_acc.is_empty() {
+                each(&b.gfx_below_host_limit_acc, &n.gfx_below_host_limit_acc)
+            } else {
+                each(
+                    &b.gfx_below_host_limit_ppt_acc,
+                    &n.gfx_below_host_limit_ppt_acc,
+                )
+            };
+            XcpViolationPercentages {
+                below_host_limit_power: power,
+                below_host_limit_thermal: each(
+                    &b.gfx_below_host_limit_thm_acc,
+                    &n.gfx_below_host_limit_thm_acc,
+                ),
+                low_utilization: each(&b.gfx_low_utilization_acc, &n.gfx_low_utilization_acc),
+                below_host_limit_total: each(
+                    &b.gfx_below_host_limit_total_acc,
+                    &n.gfx_below_host_limit_total_acc,
+                ),
+            }
+        })
+        .collect();
+    Some(ViolationPercentages {
+        prochot: pct32(before.prochot_residency_acc, now.prochot_residency_acc),
+        ppt: pct32(before.ppt_residency_acc, now.ppt_residency_acc),
+        socket_thermal: pct32(
+            before.socket_thm_residency_acc,
+            now.socket_thm_residency_acc,
+        ),
+        vr_thermal: pct32(before.vr_thm_residency_acc, now.vr_thm_residency_acc),
+        hbm_thermal: pct32(before.hbm_thm_residency_acc, now.hbm_thm_residency_acc),
+        xcp,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -749,6 +836,42 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn violation_percentages_are_growth_per_accumulation_cycle() {
+        let table = |cycles: u64, ppt: u64, below: u64| {
+            let blob = layout::encode(1, 8, layout::V1_8, &|n, o, i| match n {
+                "accumulation_counter" => Some(cycles),
+                "ppt_residency_acc" => Some(ppt),
+                "prochot_residency_acc" => Some(7),
+                "xcp_stats.gfx_below_host_limit_ppt_acc" if o == 0 && i < 2 => Some(below),
+                _ => None,
+            });
+            parse(&blob).expect("v1.8")
+        };
+        let v = violation_percentages(&table(100, 10, 0), &table(300, 60, 50)).expect("pct");
+        assert_eq!(v.ppt, Some(25.0));
+        assert_eq!(v.prochot, Some(0.0));
+        assert_eq!(v.hbm_thermal, None, "not available in either table");
+        assert_eq!(
+            &v.xcp[0].below_host_limit_power[..3],
+            &[Some(25.0), Some(25.0), None]
+        );
+        // No progress, a restart, or a counter that went back: no value.
+        assert_eq!(
+            violation_percentages(&table(100, 10, 0), &table(100, 20, 0)),
+            None
+        );
+        assert_eq!(
+            violation_percentages(&table(300, 10, 0), &table(100, 20, 0)),
+            None
+        );
+        let back = violation_percentages(&table(100, 60, 0), &table(300, 10, 0)).expect("pct");
+        assert_eq!(back.ppt, None);
+        // Growth beyond the cycles (a firmware quirk) is capped at 100 %.
+        let over = violation_percentages(&table(100, 0, 0), &table(101, 5, 0)).expect("pct");
+        assert_eq!(over.ppt, Some(100.0));
     }
 
     #[test]

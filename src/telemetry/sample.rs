@@ -12,7 +12,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use serde::Serialize;
 
-use super::gpu_metrics::{self, GpuMetrics};
+use super::gpu_metrics::{self, GpuMetrics, ViolationPercentages};
 use super::sysfs::{
     self, EccCount, Sensor, device_dir, driver_link, parse_dpm, parse_link_speed, parse_link_width,
     parse_millidegrees, parse_ras_count, parse_temp_label, parse_u64,
@@ -99,6 +99,8 @@ pub struct GpuReadings {
     pub ecc: BTreeMap<String, EccCount>,
     /// The firmware's metrics table (`gpu_metrics`), where the GPU has one.
     pub gpu_metrics: Option<GpuMetrics>,
+    /// Throttler residencies since the previous sample's table.
+    pub violations: Option<ViolationPercentages>,
     /// Values that could not be read or parsed, one line each, naming the file.
     pub errors: Vec<String>,
 }
@@ -400,6 +402,9 @@ pub struct Sampler {
     timeout: Duration,
     files: HashMap<String, GpuFiles>,
     statics: HashMap<String, Statics>,
+    /// Each GPU's last `gpu_metrics` table that moved, and the residency
+    /// percentages it gave (kept while the firmware has not updated it).
+    tables: HashMap<String, (GpuMetrics, Option<ViolationPercentages>)>,
 }
 
 /// How long the static values of a GPU are kept before they are read again.
@@ -412,6 +417,7 @@ impl Sampler {
             timeout,
             files: HashMap::new(),
             statics: HashMap::new(),
+            tables: HashMap::new(),
         }
     }
 
@@ -428,6 +434,7 @@ impl Sampler {
         let in_inventory = |bdf: &String| inventory.gpus.iter().any(|g| &g.bdf == bdf);
         self.files.retain(|bdf, _| in_inventory(bdf));
         self.statics.retain(|bdf, _| in_inventory(bdf));
+        self.tables.retain(|bdf, _| in_inventory(bdf));
         let missing: Vec<&Gpu> = inventory
             .gpus
             .iter()
@@ -560,6 +567,23 @@ impl Sampler {
                         .insert(gpu.bdf.clone(), Statics::of(&r, started));
                 }
                 None => {}
+            }
+            if let Some(now) = &r.gpu_metrics {
+                match self.tables.get(&gpu.bdf) {
+                    // Not updated since: the same percentages.
+                    Some((before, last))
+                        if before.accumulation_counter == now.accumulation_counter =>
+                    {
+                        r.violations = last.clone();
+                    }
+                    before => {
+                        r.violations = before.and_then(|(before, _)| {
+                            gpu_metrics::violation_percentages(before, now)
+                        });
+                        self.tables
+                            .insert(gpu.bdf.clone(), (now.clone(), r.violations.clone()));
+                    }
+                }
             }
             gpus.insert(gpu.bdf.clone(), r);
         }

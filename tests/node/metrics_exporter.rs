@@ -229,9 +229,8 @@ fn promtool_accepts(text: &str) {
 
 /// promtool findings that the reference exporter's own metric names force:
 /// a drop-in must keep the name, so this lint, and only this one, is accepted.
-const REFERENCE_NAME_LINTS: &[&str] = &[
-    "gpu_violation_current_accumulated_counter metric name should not include type 'counter'",
-];
+const REFERENCE_NAME_LINTS: &[&str] =
+    &["gpu_violation_current_accumulated_counter metric name should not include type 'counter'"];
 
 #[tokio::test]
 async fn mi300x_scrape_is_valid_and_has_one_series_per_gpu() {
@@ -409,6 +408,38 @@ async fn cpx_nps4_has_device_series_per_gpu_and_health_per_partition() {
     assert_eq!(ids.len(), 64);
     slot.stop().await;
     health.stop().await;
+}
+
+#[tokio::test]
+async fn violation_percentages_follow_the_residency_counters_between_samples() {
+    let sim = simulated("mi300x", None);
+    let mut running = start(&sim, config(&sim), None).await;
+    // One table per sample so far: no percentages yet.
+    assert!(
+        series(
+            &running.scrape().await,
+            "gpu_violation_ppt_residency_percentage"
+        )
+        .is_empty()
+    );
+    simulate::advance_telemetry(&sim.host, &sim.spec, 10).unwrap();
+    // The second sample from now starts after the advance.
+    running.samples(2).await;
+    let text = running.scrape().await;
+    // The simulator adds 3 PPT cycles and 1 socket-thermal cycle per 100
+    // accumulation cycles each tick, 2 below-host-limit (power) per XCC.
+    let ppt = series(&text, "gpu_violation_ppt_residency_percentage");
+    assert_eq!(ppt.len(), 8);
+    assert!(ppt.iter().all(|(_, v)| *v == 3.0), "{ppt:?}");
+    let socket = series(&text, "gpu_violation_socket_thermal_residency_percentage");
+    assert!(socket.iter().all(|(_, v)| *v == 1.0), "{socket:?}");
+    let below = series(
+        &text,
+        "gpu_violation_gfx_clock_below_host_limit_power_percentage",
+    );
+    assert_eq!(below.len(), 64, "8 XCCs of 8 GPUs");
+    assert!(below.iter().all(|(_, v)| *v == 2.0), "{below:?}");
+    promtool_accepts(&text);
 }
 
 #[tokio::test]
