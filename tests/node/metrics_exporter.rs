@@ -8,7 +8,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -182,55 +181,9 @@ fn value_of(text: &str, name: &str, gpu_id: &str) -> Option<f64> {
         .map(|(_, v)| v)
 }
 
-/// `promtool check metrics` must accept the text. Without promtool the check is
-/// skipped with a notice, except in CI, where it must be installed.
 fn promtool_accepts(text: &str) {
-    let child = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn();
-    let mut child = match child {
-        Ok(child) => child,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            assert!(
-                std::env::var("CI").as_deref() != Ok("true"),
-                "promtool is required in CI (Debian package `prometheus`)"
-            );
-            eprintln!("NOTICE: promtool not installed; skipping the exposition lint");
-            return;
-        }
-        Err(e) => panic!("cannot run promtool: {e}"),
-    };
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(text.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    let report = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    // promtool exits 3 for lint findings only (1 for text it cannot parse).
-    let only_forced_lints = out.status.code() == Some(3)
-        && report
-            .lines()
-            .filter(|l| !l.trim().is_empty())
-            .all(|l| REFERENCE_NAME_LINTS.contains(&l.trim()));
-    assert!(
-        out.status.success() || only_forced_lints,
-        "promtool check metrics failed:\n{report}"
-    );
+    support::promtool::accepts(text);
 }
-
-/// promtool findings that the reference exporter's own metric names force:
-/// a drop-in must keep the name, so this lint, and only this one, is accepted.
-const REFERENCE_NAME_LINTS: &[&str] =
-    &["gpu_violation_current_accumulated_counter metric name should not include type 'counter'"];
 
 #[tokio::test]
 async fn mi300x_scrape_is_valid_and_has_one_series_per_gpu() {
