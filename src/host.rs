@@ -135,36 +135,53 @@ impl HostRoot {
     /// (sysfs attributes are); anything else (a FIFO, a device node) is read
     /// as [`HostRoot::read_attr`] reads it and `None` is returned for it.
     pub fn open_attr(&self, host_path: impl AsRef<Path>) -> Result<(String, Option<OpenAttr>)> {
+        let path = self.path(host_path.as_ref());
+        let (bytes, attr) = self.open_attr_bytes(host_path)?;
+        Ok((attr_text(&path, bytes)?, attr))
+    }
+
+    /// [`HostRoot::open_attr`] for a binary attribute (`gpu_metrics`): its
+    /// bytes as they are, at most 64 KiB.
+    pub fn open_attr_bytes(
+        &self,
+        host_path: impl AsRef<Path>,
+    ) -> Result<(Vec<u8>, Option<OpenAttr>)> {
         let path = self.path(host_path);
         let file = fs::File::open(&path).map_err(|e| HostError::io(&path, e))?;
         let regular = file.metadata().is_ok_and(|m| m.file_type().is_file());
         if !regular {
-            let mut buf = String::new();
+            let mut buf = Vec::new();
             (&file)
                 .take(MAX_ATTR_BYTES)
-                .read_to_string(&mut buf)
+                .read_to_end(&mut buf)
                 .map_err(|e| HostError::io(&path, e))?;
-            return Ok((buf.trim().to_owned(), None));
+            return Ok((buf, None));
         }
         let attr = OpenAttr {
             replaceable: !on_sysfs(&file),
             file,
             path,
         };
-        match attr.reread()? {
-            Some(text) => Ok((text, Some(attr))),
+        match attr.reread_bytes()? {
+            Some(bytes) => Ok((bytes, Some(attr))),
             // Replaced between open and read: read the new file once.
-            None => self.read_attr_at(&attr.path).map(|text| (text, None)),
+            None => self.read_bytes_at(&attr.path).map(|bytes| (bytes, None)),
         }
     }
 
-    fn read_attr_at(&self, path: &Path) -> Result<String> {
+    /// An attribute's bytes, read from `host_path`, as the text
+    /// [`HostRoot::read_attr`] would give.
+    pub fn attr_text(&self, host_path: impl AsRef<Path>, bytes: Vec<u8>) -> Result<String> {
+        attr_text(&self.path(host_path), bytes)
+    }
+
+    fn read_bytes_at(&self, path: &Path) -> Result<Vec<u8>> {
         let file = fs::File::open(path).map_err(|e| HostError::io(path, e))?;
-        let mut buf = String::new();
+        let mut buf = Vec::new();
         file.take(MAX_ATTR_BYTES)
-            .read_to_string(&mut buf)
+            .read_to_end(&mut buf)
             .map_err(|e| HostError::io(path, e))?;
-        Ok(buf.trim().to_owned())
+        Ok(buf)
     }
 
     /// Reads a sysfs attribute: the file's content with surrounding white space removed.
@@ -301,6 +318,15 @@ impl OpenAttr {
     /// it again). An error (a sysfs attribute whose device went away answers
     /// `ENODEV`) also means this descriptor is done with.
     pub fn reread(&self) -> Result<Option<String>> {
+        match self.reread_bytes()? {
+            Some(bytes) => attr_text(&self.path, bytes).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// [`OpenAttr::reread`] for a binary attribute: the bytes, untrimmed, at
+    /// most 64 KiB.
+    pub fn reread_bytes(&self) -> Result<Option<Vec<u8>>> {
         use std::os::unix::fs::{FileExt, MetadataExt};
         if self.replaceable {
             let meta = self
@@ -329,14 +355,19 @@ impl OpenAttr {
             buf.resize((buf.len() * 2).min(MAX_ATTR_BYTES as usize), 0);
         }
         buf.truncate(len);
-        let text = String::from_utf8(buf).map_err(|e| {
-            HostError::io(
-                &self.path,
-                io::Error::new(io::ErrorKind::InvalidData, e.utf8_error()),
-            )
-        })?;
-        Ok(Some(text.trim().to_owned()))
+        Ok(Some(buf))
     }
+}
+
+/// An attribute's bytes as text, trimmed as [`HostRoot::read_attr`] trims it.
+fn attr_text(path: &Path, bytes: Vec<u8>) -> Result<String> {
+    let text = String::from_utf8(bytes).map_err(|e| {
+        HostError::io(
+            path,
+            io::Error::new(io::ErrorKind::InvalidData, e.utf8_error()),
+        )
+    })?;
+    Ok(text.trim().to_owned())
 }
 
 /// Whether an open file lives on sysfs, whose attributes are never replaced

@@ -5,7 +5,7 @@
 mod fake_rvs;
 mod support;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Read};
 use std::os::unix::net::UnixDatagram;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -18,36 +18,8 @@ fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_gpu-operator"))
 }
 
-/// Runs `promtool check metrics` on a scrape; in CI a missing promtool fails.
-fn promtool_accepts(scrape: &str) {
-    let promtool = match Command::new("promtool").arg("--version").output() {
-        Ok(_) => "promtool",
-        Err(_) if std::env::var_os("CI").is_some() => panic!("promtool is missing in CI"),
-        Err(_) => {
-            eprintln!("SKIPPED promtool check: promtool is not installed");
-            return;
-        }
-    };
-    let mut child = Command::new(promtool)
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(scrape.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "promtool rejected the scrape:\n{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+fn promtool_accepts(text: &str) {
+    support::promtool::accepts(text);
 }
 
 #[test]

@@ -188,6 +188,11 @@ impl HostRead for BoundedHost {
                     }
                 }
                 Ok(Answer::Names(names)) => Ok(HostAnswer::Names(names)),
+                // Discovery asks for no binary reads.
+                Ok(Answer::Bytes(_)) => Err(HostError::Io {
+                    path: self.host().path(path),
+                    source: std::io::ErrorKind::InvalidData.into(),
+                }),
                 Err(e) => Err(self.convert(e)),
             })
             .collect()

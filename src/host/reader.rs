@@ -86,6 +86,9 @@ pub struct ReaderStats {
 pub enum Op {
     /// Read an attribute (trimmed).
     Read,
+    /// Read a binary attribute (`gpu_metrics`): its bytes, at most 64 KiB,
+    /// through the same kept descriptors as [`Op::Read`].
+    Bytes,
     /// Whether the path exists.
     Exists,
     /// List a directory, sorted; an absent directory is empty.
@@ -96,6 +99,7 @@ pub enum Op {
 #[derive(Debug, PartialEq, Eq)]
 pub enum Answer {
     Text(String),
+    Bytes(Vec<u8>),
     Exists(bool),
     Names(Vec<String>),
 }
@@ -397,6 +401,14 @@ impl BoundedReader {
     pub async fn read_attr(&self, path: &str, timeout: Duration) -> Result<String, ReadError> {
         match self.run(path, Op::Read, timeout).await? {
             Answer::Text(text) => Ok(text),
+            _ => unreachable_answer(path),
+        }
+    }
+
+    /// Reads a binary attribute's bytes (at most 64 KiB), as [`Op::Bytes`].
+    pub async fn read_bytes(&self, path: &str, timeout: Duration) -> Result<Vec<u8>, ReadError> {
+        match self.run(path, Op::Bytes, timeout).await? {
+            Answer::Bytes(bytes) => Ok(bytes),
             _ => unreachable_answer(path),
         }
     }
@@ -761,21 +773,26 @@ impl KeptFiles {
 /// A kept descriptor whose file was replaced or removed, or whose read fails
 /// (a device that went away answers `ENODEV`), is dropped and the path read
 /// afresh, so the answer is always what opening the path now would give.
-fn read_kept(inner: &Inner, path: &str) -> Result<String, HostError> {
+/// Text and binary reads of a path share its descriptor.
+fn read_kept(inner: &Inner, path: &str, op: Op) -> Result<Answer, HostError> {
     let lock = || inner.kept.lock().unwrap_or_else(|p| p.into_inner());
+    let answer = |bytes: Vec<u8>| match op {
+        Op::Bytes => Ok(Answer::Bytes(bytes)),
+        _ => inner.host.attr_text(path, bytes).map(Answer::Text),
+    };
     let kept = lock().get(path);
     if let Some(attr) = kept {
-        if let Ok(Some(text)) = attr.reread() {
-            return Ok(text);
+        if let Ok(Some(bytes)) = attr.reread_bytes() {
+            return answer(bytes);
         }
         lock().forget(path);
     }
     inner.opened.fetch_add(1, Ordering::Relaxed);
-    let (text, attr) = inner.host.open_attr(path)?;
+    let (bytes, attr) = inner.host.open_attr_bytes(path)?;
     if let Some(attr) = attr {
         lock().keep(path, attr);
     }
-    Ok(text)
+    answer(bytes)
 }
 
 fn worker(inner: Arc<Inner>, index: usize) {
@@ -814,7 +831,7 @@ fn worker(inner: Arc<Inner>, index: usize) {
         let result = wanted.then(|| {
             let host = &inner.host;
             match job.op {
-                Op::Read => read_kept(&inner, &job.path).map(Answer::Text),
+                Op::Read | Op::Bytes => read_kept(&inner, &job.path, job.op),
                 Op::Exists => Ok(Answer::Exists(host.exists(&job.path))),
                 Op::List => host.list_dir_or_empty(&job.path).map(Answer::Names),
             }
@@ -880,6 +897,55 @@ mod tests {
         let err = reader.read_attr("/sys/a", SHORT).await.unwrap_err();
         assert!(err.is_not_found(), "{err}");
         assert_eq!(reader.kept(), 0);
+    }
+
+    #[tokio::test]
+    async fn binary_reads_use_kept_descriptors_untrimmed_and_bounded() {
+        let (dir, host) = host();
+        let reader = BoundedReader::new(host.clone(), 2);
+        // Not UTF-8, ends in white-space bytes, larger than a page.
+        let blob: Vec<u8> = (0..5000u32)
+            .map(|i| (i % 251) as u8 | 0x80)
+            .chain([b' ', b'\n'])
+            .collect();
+        std::fs::write(dir.path().join("sys/gpu_metrics"), &blob).unwrap();
+        for _ in 0..3 {
+            assert_eq!(
+                reader.read_bytes("/sys/gpu_metrics", SHORT).await.unwrap(),
+                blob
+            );
+        }
+        assert_eq!(
+            reader.stats().opened,
+            1,
+            "read again through the kept descriptor"
+        );
+        // As text it is an error (not UTF-8), through the same descriptor.
+        assert!(reader.read_attr("/sys/gpu_metrics", SHORT).await.is_err());
+        // Replaced by a rename: the new bytes.
+        std::fs::write(dir.path().join("sys/.new"), [1u8, 2, 3]).unwrap();
+        std::fs::rename(
+            dir.path().join("sys/.new"),
+            dir.path().join("sys/gpu_metrics"),
+        )
+        .unwrap();
+        assert_eq!(
+            reader.read_bytes("/sys/gpu_metrics", SHORT).await.unwrap(),
+            [1, 2, 3]
+        );
+        // At most 64 KiB, however large the file.
+        std::fs::write(dir.path().join("sys/big"), vec![7u8; 200_000]).unwrap();
+        let big = reader.read_bytes("/sys/big", SHORT).await.unwrap();
+        assert_eq!(big.len(), 64 * 1024);
+        // In a batch, beside text reads.
+        let answers = reader
+            .batch(
+                vec![(Op::Bytes, "/sys/a".into()), (Op::Read, "/sys/b".into())],
+                SHORT,
+            )
+            .await;
+        assert!(matches!(&answers[0], Ok(Answer::Bytes(b)) if b == b"1\n"));
+        assert!(matches!(&answers[1], Ok(Answer::Text(t)) if t == "2"));
     }
 
     #[test]

@@ -9,15 +9,16 @@
 //! device-level metrics have one series per physical GPU, labelled with its
 //! partition 0 (`gpu_partition_id="0"`): 8 series of `gpu_edge_temperature` on an
 //! MI300X in any mode. Per-partition series are those whose value is known per
-//! partition: `gpu_health`, 64 series on an MI300X in CPX mode. sysfs offers
-//! `gpu_busy_percent` and the `pp_dpm_*` clocks only for the whole device, so
-//! activity and clocks stay device-level here (the reference's per-XCP values
-//! come from the firmware's metrics table, which is not parsed).
+//! partition: `gpu_health`, 64 series on an MI300X in CPX mode, and the
+//! per-XCC families of the firmware's metrics table (`gpu_metrics`), each
+//! partition from its own XCP entry: `gpu_gfx_busy_instantaneous{xcc_index}`
+//! and the below-host-limit violation counters. Clocks and the other table
+//! values are device-level.
 //!
 //! Types: the reference declares everything a gauge, which `promtool check
 //! metrics` rejects for names ending in `_total` or `_count`. The ECC totals are
-//! declared counters (they only grow), `gpu_nodes_total` and `pcie_replay_count`
-//! untyped; series names and values are unchanged, so queries and dashboards
+//! declared counters (they only grow), `gpu_nodes_total` and the `pcie_*_count`
+//! families untyped; series names and values are unchanged, so queries and dashboards
 //! keep working.
 //!
 //! Pure, except that encoding allocates.
@@ -36,7 +37,9 @@ use crate::health::HealthSnapshot;
 use crate::plugin::DeviceRef;
 use crate::telemetry::config::ExporterConfig;
 use crate::telemetry::devices::{LogicalGpu, logical_gpus};
-use crate::telemetry::fields::{DEVICE_FIELDS, ECC_BLOCKS, Kind, ecc_suffix};
+use crate::telemetry::fields::{
+    DEVICE_FIELDS, ECC_BLOCKS, INDEXED_FIELDS, Kind, Scope, clocks as clocks_of, ecc_suffix,
+};
 use crate::telemetry::sample::{GpuReadings, HostSample};
 
 /// One metric family and its series.
@@ -215,23 +218,41 @@ pub fn families(input: &RenderInput<'_>) -> Vec<Family> {
         family(f.field, f.name, f.help, f.kind, series);
     }
 
+    for f in INDEXED_FIELDS {
+        let mut series = Vec::new();
+        for (l, labels) in &labelled {
+            if f.scope == Scope::Device && !l.is_primary() {
+                continue;
+            }
+            let Some(r) = input.sample.gpus.get(&l.bdf) else {
+                continue;
+            };
+            let partition = match f.scope {
+                Scope::Device => 0,
+                Scope::Partition => l.partition,
+            };
+            for (index, value) in (f.values)(r, partition).into_iter().enumerate() {
+                if let Some(value) = value {
+                    series.push(Series {
+                        labels: with_label(labels, f.label, index),
+                        value,
+                    });
+                }
+            }
+        }
+        family(f.field, f.name, f.help, Kind::Gauge, series);
+    }
+
     // clock_type values are the reference exporter's enum names, which its
     // dashboards filter on. clock_index numbers the clocks of one GPU in the
-    // order listed here (the reference numbers its own, longer list).
+    // order `fields::clocks` lists them, as the reference numbers its list.
     let mut clocks = Vec::new();
     for (r, labels) in &primaries {
-        let types = [
-            ("GPU_CLOCK_TYPE_SYSTEM", r.sclk_mhz),
-            ("GPU_CLOCK_TYPE_MEMORY", r.mclk_mhz),
-        ];
-        for (index, (clock_type, mhz)) in types.into_iter().enumerate() {
-            if let Some(mhz) = mhz {
-                let mut labels = (*labels).clone();
-                labels.push(("clock_index".into(), index.to_string()));
-                labels.push(("clock_type".into(), clock_type.into()));
-                labels.sort();
-                clocks.push(Series { labels, value: mhz });
-            }
+        for (index, (clock_type, mhz)) in clocks_of(r).into_iter().enumerate() {
+            let mut labels = with_label(labels, "clock_index", index);
+            labels.push(("clock_type".into(), clock_type.into()));
+            labels.sort();
+            clocks.push(Series { labels, value: mhz });
         }
     }
     family(
@@ -284,6 +305,14 @@ pub fn families(input: &RenderInput<'_>) -> Vec<Family> {
         }
     }
     out
+}
+
+/// `labels` with `name="index"` added, sorted.
+fn with_label(labels: &[(String, String)], name: &str, index: usize) -> Vec<(String, String)> {
+    let mut labels = labels.to_vec();
+    labels.push((name.into(), index.to_string()));
+    labels.sort();
+    labels
 }
 
 /// Encodes families in the Prometheus text format 0.0.4.
@@ -508,6 +537,118 @@ mod tests {
             .find(|(k, _)| k == name)
             .map(|(_, v)| v.as_str())
             .unwrap_or_else(|| panic!("no label {name}"))
+    }
+
+    #[test]
+    fn gpu_metrics_families_per_index_and_per_partition() {
+        use crate::telemetry::gpu_metrics::{GpuMetrics, XcpMetrics};
+        let inv = inventory();
+        let mut sample = sample();
+        // The partitioned GPU (two partitions, one XCC each) has a table.
+        let table = GpuMetrics {
+            temperature_hbm: vec![Some(41), Some(0), None, Some(44)],
+            pcie_nak_sent_count_acc: Some(3),
+            pcie_bandwidth_inst: Some(12),
+            prochot_residency_acc: Some(9),
+            current_gfxclk: vec![Some(2100), Some(2000), None],
+            current_uclk: Some(1300),
+            current_socclk: vec![Some(1143)],
+            xcp: vec![
+                XcpMetrics {
+                    gfx_busy_inst: vec![Some(70), None],
+                    gfx_below_host_limit_ppt_acc: vec![Some(5)],
+                    ..XcpMetrics::default()
+                },
+                XcpMetrics {
+                    gfx_busy_inst: vec![Some(30), None],
+                    gfx_below_host_limit_ppt_acc: vec![Some(6)],
+                    ..XcpMetrics::default()
+                },
+            ],
+            ..GpuMetrics::default()
+        };
+        if let Some(r) = sample.gpus.get_mut("0000:05:00.0") {
+            r.gpu_metrics = Some(table);
+        }
+        let config = ExporterConfig::default();
+        let input = RenderInput {
+            inventory: &inv,
+            sample: &sample,
+            pods: &BTreeMap::new(),
+            health: None,
+            config: &config,
+            hostname: "node-1",
+        };
+        let families = families(&input);
+        let hbm = family(&families, "gpu_hbm_temperature");
+        let stacks: Vec<(&str, f64)> = hbm
+            .series
+            .iter()
+            .map(|s| (label(s, "hbm_index"), s.value))
+            .collect();
+        assert_eq!(
+            stacks,
+            [("0", 41.0), ("3", 44.0)],
+            "zero and N/A stacks dropped"
+        );
+        assert_eq!(family(&families, "pcie_nack_sent_count").series.len(), 1);
+        assert_eq!(family(&families, "pcie_bandwidth").series[0].value, 12.0);
+        assert_eq!(
+            family(
+                &families,
+                "gpu_violation_processor_hot_residency_accumulated"
+            )
+            .series[0]
+                .value,
+            9.0
+        );
+        // Per partition: each logical GPU from its own XCP entry.
+        let busy = family(&families, "gpu_gfx_busy_instantaneous");
+        let per: Vec<(&str, &str, f64)> = busy
+            .series
+            .iter()
+            .map(|s| (label(s, "gpu_partition_id"), label(s, "xcc_index"), s.value))
+            .collect();
+        assert_eq!(per, [("0", "0", 70.0), ("1", "0", 30.0)]);
+        let below = family(
+            &families,
+            "gpu_violation_gfx_clock_below_host_limit_power_accumulated",
+        );
+        assert_eq!(below.series.len(), 2);
+        // Clocks from the table, numbered across types; the GPU without a
+        // table keeps its pp_dpm_sclk clock.
+        let clocks = family(&families, "gpu_clock");
+        let of = |gpu: &str| -> Vec<(String, String, f64)> {
+            clocks
+                .series
+                .iter()
+                .filter(|s| label(s, "gpu_id") == gpu)
+                .map(|s| {
+                    (
+                        label(s, "clock_index").to_owned(),
+                        label(s, "clock_type").to_owned(),
+                        s.value,
+                    )
+                })
+                .collect()
+        };
+        let sys = "GPU_CLOCK_TYPE_SYSTEM".to_owned();
+        assert_eq!(
+            of("0"),
+            [
+                ("0".into(), sys.clone(), 2100.0),
+                ("1".into(), sys.clone(), 2000.0),
+                ("2".into(), "GPU_CLOCK_TYPE_MEMORY".into(), 1300.0),
+                ("3".into(), "GPU_CLOCK_TYPE_SOC".into(), 1143.0),
+            ]
+        );
+        assert_eq!(of("2"), [("0".into(), sys, 2100.0)]);
+        for f in &families {
+            assert!(matches!(
+                f.kind,
+                Kind::Gauge | Kind::Untyped | Kind::Counter
+            ));
+        }
     }
 
     #[test]

@@ -4,7 +4,9 @@
 //!
 //! What is written, per GPU:
 //! - the PCI function under `/sys/devices/pci0000:00/<bdf>` with identity, partition
-//!   modes, memory, clock, PCIe, RAS and hwmon attributes and the kernel's `uevent`,
+//!   modes, memory, clock, PCIe, RAS and hwmon attributes, the binary
+//!   `gpu_metrics` table in the revision the part's SMU writes (layouts in
+//!   [`gpu_metrics`]) and the kernel's `uevent`,
 //!   linked from `/sys/bus/pci/drivers/amdgpu` and `/sys/bus/pci/devices`, its hwmon
 //!   directory from `/sys/class/hwmon`;
 //! - DRM nodes (`drm/cardN`, `drm/renderDN` with `dev`, `uevent` and a `device`
@@ -23,6 +25,7 @@
 //! Production code of the modules below it must not use it; their tests may,
 //! as a fixture (see `tests/architecture.rs`).
 
+pub mod gpu_metrics;
 mod profiles;
 
 use std::collections::BTreeMap;
@@ -611,6 +614,10 @@ fn write_telemetry(
     for (path, value) in dynamic_telemetry(model, gpu.index, 0) {
         w.file(format!("{dir}/{path}"), format!("{value}\n"))?;
     }
+    let partitions = gpu.nodes.len() as u32;
+    if let Some(blob) = gpu_metrics_blob(model, gpu.index, partitions, 0) {
+        w.file(format!("{dir}/gpu_metrics"), blob)?;
+    }
     Ok(())
 }
 
@@ -628,19 +635,147 @@ pub const RAS_BLOCKS: [&str; 7] = [
     "xgmi_wafl",
 ];
 
+/// The load wave every moving value follows: 0 to 1, per GPU and tick.
+fn load(index: usize, tick: u64) -> f64 {
+    let phase = tick as f64 * 0.35 + index as f64 * 0.9;
+    (phase.sin() + 1.0) / 2.0
+}
+
+fn edge_millidegrees(load: f64) -> u64 {
+    35_000 + (load * 30_000.0) as u64
+}
+
+/// `power1_average`; `power1_input` is a watt above it.
+fn power_microwatts(load: f64) -> u64 {
+    140_000_000 + (load * 550_000_000.0) as u64
+}
+
+/// The `pp_dpm_sclk` levels (MHz) and the current one.
+const SCLK_MHZ: [u64; 3] = [500, 1500, 2100];
+
+fn sclk_level(load: f64) -> usize {
+    ((load * 2.99) as usize).min(2)
+}
+
+/// Joules per tick that `energy1_input` grows by.
+const JOULES_PER_TICK: u64 = 150;
+
+/// The `gpu_metrics` table of GPU `index` at `tick`, in the revision the
+/// model's SMU writes, with the values the text attributes show at that tick
+/// (activity, temperatures, power, energy, clocks); accumulators only grow.
+/// `None` for models without the file.
+fn gpu_metrics_blob(model: &GpuModel, index: usize, partitions: u32, tick: u64) -> Option<Vec<u8>> {
+    let (frev, crev) = model.gpu_metrics?;
+    let members = gpu_metrics::members_of(frev, crev)?;
+    let load = load(index, tick);
+    let edge = edge_millidegrees(load) / 1000;
+    let watts = power_microwatts(load) / 1_000_000;
+    let sclk = SCLK_MHZ[sclk_level(load)];
+    let busy = (load * 100.0).round() as u64;
+    let instinct = model.gfx_target_version < 100000;
+    // Link speed in 0.1 GT/s, from "32.0 GT/s PCIe".
+    let link_speed = model
+        .max_link_speed
+        .split_whitespace()
+        .next()
+        .and_then(|v| v.parse::<f64>().ok())
+        .map(|gts| (gts * 10.0).round() as u64);
+    let partitions = u64::from(partitions.max(1));
+    let xccs_per_partition = (8 / partitions).max(1);
+    let values = move |name: &str, outer: usize, i: usize| -> Option<u64> {
+        let i64_ = i as u64;
+        let owned = (outer as u64) < partitions;
+        Some(match name {
+            "temperature_edge" => edge,
+            "temperature_hotspot" => edge + 5,
+            "temperature_mem" => edge + 3,
+            "temperature_vrgfx" | "temperature_vrsoc" | "temperature_vrmem" => edge + 1,
+            "temperature_hbm" if instinct => edge + 3 + i64_,
+            "average_gfx_activity" => busy,
+            "average_umc_activity" => (load * 60.0).round() as u64,
+            "average_mm_activity" => (load * 10.0).round() as u64,
+            "average_socket_power" => watts,
+            "curr_socket_power" => watts + 1,
+            "energy_accumulator" => tick * JOULES_PER_TICK * 65_536,
+            "system_clock_counter" => tick * 1_000_000_000 + 1,
+            "firmware_timestamp" => tick * 100_000_000 + 1,
+            "average_gfxclk_frequency" | "current_gfxclk" => sclk,
+            "average_socclk_frequency" | "current_socclk" => 1143,
+            "average_uclk_frequency" | "current_uclk" => 1300,
+            "average_vclk0_frequency"
+            | "average_vclk1_frequency"
+            | "current_vclk0"
+            | "current_vclk1" => 1000,
+            "average_dclk0_frequency"
+            | "average_dclk1_frequency"
+            | "current_dclk0"
+            | "current_dclk1" => 800,
+            "throttle_status" | "indep_throttle_status" | "gfxclk_lock_status" => 0,
+            // Instinct parts are passively cooled: no fan.
+            "current_fan_speed" if !instinct => 1500 + (load * 1000.0) as u64,
+            "pcie_link_width" => u64::from(model.max_link_width),
+            "pcie_link_speed" => link_speed?,
+            "xgmi_link_width" if instinct => 16,
+            "xgmi_link_speed" if instinct => 32,
+            "gfx_activity_acc" => tick * 50,
+            "mem_activity_acc" => tick * 30,
+            "voltage_soc" => 900,
+            "voltage_gfx" => 800 + (load * 200.0) as u64,
+            "voltage_mem" => 1200,
+            "mem_max_bandwidth" => 5300,
+            "accumulation_counter" => tick * 100 + 1,
+            "prochot_residency_acc" | "vr_thm_residency_acc" | "hbm_thm_residency_acc" => 0,
+            "ppt_residency_acc" => tick * 3,
+            "socket_thm_residency_acc" => tick,
+            "pcie_bandwidth_acc" => tick * 12,
+            "pcie_bandwidth_inst" => (load * 20.0).round() as u64,
+            "pcie_l0_to_recov_count_acc" => tick / 50,
+            "pcie_replay_count_acc" | "pcie_replay_rover_count_acc" => 0,
+            "pcie_nak_sent_count_acc" | "pcie_nak_rcvd_count_acc" => 0,
+            "pcie_lc_perf_other_end_recovery" => 0,
+            "xgmi_read_data_acc" | "xgmi_write_data_acc" => tick * 1_000_000 * (i64_ + 1),
+            // Seven peers in an eight-GPU hive.
+            "xgmi_link_status" => u64::from(i < 7),
+            "num_partition" => partitions,
+            "xcp_stats.gfx_busy_inst" if owned && i64_ < xccs_per_partition => {
+                busy.saturating_sub(i64_)
+            }
+            "xcp_stats.gfx_busy_acc" if owned && i64_ < xccs_per_partition => tick * 50,
+            "xcp_stats.gfx_below_host_limit_acc" | "xcp_stats.gfx_below_host_limit_ppt_acc"
+                if owned && i64_ < xccs_per_partition =>
+            {
+                tick * 2
+            }
+            "xcp_stats.gfx_below_host_limit_thm_acc" if owned && i64_ < xccs_per_partition => tick,
+            "xcp_stats.gfx_low_utilization_acc" if owned && i64_ < xccs_per_partition => tick * 5,
+            "xcp_stats.gfx_below_host_limit_total_acc" if owned && i64_ < xccs_per_partition => {
+                tick * 3
+            }
+            "xcp_stats.jpeg_busy" if owned && i64_ < (32 / partitions).max(1) => {
+                (load * 10.0).round() as u64
+            }
+            "xcp_stats.vcn_busy" if owned && i64_ < (4 / partitions).max(1) => {
+                (load * 10.0).round() as u64
+            }
+            "vcn_activity" | "jpeg_activity" => (load * 10.0).round() as u64,
+            _ => return None,
+        })
+    };
+    Some(gpu_metrics::encode(frev, crev, members, &values))
+}
+
 /// Telemetry that moves with time, as (path relative to the PCI device, value):
 /// a slow load wave per GPU drives activity, memory, temperatures, power and the
 /// current clock level; energy only grows.
 fn dynamic_telemetry(model: &GpuModel, index: usize, tick: u64) -> Vec<(String, String)> {
-    let phase = tick as f64 * 0.35 + index as f64 * 0.9;
-    let load = (phase.sin() + 1.0) / 2.0;
+    let load = load(index, tick);
     let vram = model.vram_bytes as f64;
     let vram_used = (vram * (0.01 + 0.5 * load)) as u64;
-    let edge = 35_000 + (load * 30_000.0) as u64;
-    let power = 140_000_000 + (load * 550_000_000.0) as u64;
-    let level = ((load * 2.99) as usize).min(2);
-    let sclk_mhz: u64 = [500, 1500, 2100][level];
-    let sclk = ["500", "1500", "2100"]
+    let edge = edge_millidegrees(load);
+    let power = power_microwatts(load);
+    let level = sclk_level(load);
+    let sclk_mhz = SCLK_MHZ[level];
+    let sclk = SCLK_MHZ
         .iter()
         .enumerate()
         .map(|(i, mhz)| format!("{i}: {mhz}Mhz{}", if i == level { " *" } else { "" }))
@@ -679,7 +814,7 @@ fn dynamic_telemetry(model: &GpuModel, index: usize, tick: u64) -> Vec<(String, 
         // Microjoules: about 150 J per tick.
         (
             format!("{hwmon}/energy1_input"),
-            (tick * 150_000_000).to_string(),
+            (tick * JOULES_PER_TICK * 1_000_000).to_string(),
         ),
     ]
 }
@@ -705,6 +840,13 @@ pub fn advance_telemetry(host: &HostRoot, spec: &SimSpec, tick: u64) -> Result<(
                 continue;
             }
             write_staged(&staging, &path, format!("{value}\n").as_bytes())?;
+        }
+        let partitions = gpu.nodes.len() as u32;
+        let path = host.path(format!("{dir}/gpu_metrics"));
+        if let Some(blob) = gpu_metrics_blob(&spec.profile.model, gpu.index, partitions, tick)
+            && !is_fifo(&path)
+        {
+            write_staged(&staging, &path, &blob)?;
         }
     }
     Ok(())
@@ -1053,6 +1195,40 @@ mod tests {
             .read_string("/sys/devices/pci0000:00/0000:03:00.0/pp_dpm_sclk")
             .unwrap();
         assert_eq!(sclk.matches('*').count(), 1, "{sclk}");
+    }
+
+    #[test]
+    fn gpu_metrics_blobs_have_the_profiles_revision_and_move() {
+        for (profile, revision) in [
+            ("mi300x", Some((1, 8))),
+            ("mi250x", Some((1, 3))),
+            ("mi210", Some((1, 3))),
+            ("radeon-w7900", Some((1, 3))),
+            ("mi300x-vf", None),
+        ] {
+            let dir = tempfile::tempdir().unwrap();
+            let host = HostRoot::new(dir.path());
+            let spec = SimSpec::new(profile, Some(1), None).unwrap();
+            write_host(&host, &spec).unwrap();
+            let bdf = &Layout::new(&spec).gpus[0].bdf;
+            let path = host.path(format!("{}/gpu_metrics", pci_dir(bdf)));
+            let Some((frev, crev)) = revision else {
+                assert!(!path.exists(), "{profile}");
+                continue;
+            };
+            let first = std::fs::read(&path).unwrap();
+            let members = gpu_metrics::members_of(frev, crev).unwrap();
+            assert_eq!(first.len(), gpu_metrics::size(members), "{profile}");
+            assert_eq!(
+                usize::from(u16::from_le_bytes([first[0], first[1]])),
+                first.len()
+            );
+            assert_eq!((first[2], first[3]), (frev, crev), "{profile}");
+            advance_telemetry(&host, &spec, 3).unwrap();
+            let later = std::fs::read(&path).unwrap();
+            assert_eq!(later.len(), first.len());
+            assert_ne!(later, first, "{profile}: the table should move");
+        }
     }
 
     #[test]

@@ -25,6 +25,10 @@ pub struct GpuModel {
     /// Firmware versions by `fw_version/` file stem (`mec`, `sdma`, ...); engines
     /// not listed read 0, as the kernel reports engines a GPU does not have.
     pub firmware: &'static [(&'static str, u32)],
+    /// The `gpu_metrics` revision (format, content) the kernel's SMU code
+    /// for this part writes; `None` where the file is absent (an SR-IOV
+    /// guest has no access to the SMU).
+    pub gpu_metrics: Option<(u8, u8)>,
 }
 
 /// How the GPUs of a host are joined.
@@ -75,6 +79,9 @@ const MI300X: GpuModel = GpuModel {
         ("rlc", 17),
         ("smc", 0x0055_7100),
     ],
+    // smu_v13_0_6 writes v1.8 since the below-host-limit counters (after v1.4
+    // to v1.7 on earlier kernels).
+    gpu_metrics: Some((1, 8)),
 };
 
 impl GpuModel {
@@ -120,6 +127,8 @@ pub const PROFILES: &[Profile] = &[
             max_link_speed: "16.0 GT/s PCIe",
             max_link_width: 16,
             firmware: &[("mec", 95), ("sdma", 9), ("rlc", 17), ("smc", 0x0044_3800)],
+            // aldebaran (SMU 13.0.2) writes v1.3.
+            gpu_metrics: Some((1, 3)),
         },
         default_gpus: 8,
         max_gpus: 8,
@@ -146,6 +155,7 @@ pub const PROFILES: &[Profile] = &[
             max_link_speed: "16.0 GT/s PCIe",
             max_link_width: 16,
             firmware: &[("mec", 92), ("sdma", 9), ("rlc", 17), ("smc", 0x0044_3b00)],
+            gpu_metrics: Some((1, 3)),
         },
         default_gpus: 4,
         max_gpus: 8,
@@ -179,6 +189,8 @@ pub const PROFILES: &[Profile] = &[
                 ("sdma", 21),
                 ("smc", 0x004e_5c00),
             ],
+            // Navi31's SMU 13.0.0 writes v1.3.
+            gpu_metrics: Some((1, 3)),
         },
         default_gpus: 1,
         max_gpus: 4,
@@ -195,6 +207,7 @@ pub const PROFILES: &[Profile] = &[
             product_name: None,
             // A guest has no access to the SMU's firmware.
             firmware: &[("mec", 177), ("sdma", 24), ("rlc", 17)],
+            gpu_metrics: None,
             compute_modes: &[],
             memory_modes: &[],
             ..MI300X

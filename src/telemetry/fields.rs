@@ -10,6 +10,7 @@
 
 use serde::Serialize;
 
+use super::gpu_metrics::GpuMetrics;
 use super::sample::GpuReadings;
 use super::sysfs::bytes_to_mib;
 
@@ -69,6 +70,16 @@ pub struct DeviceField {
 
 fn mib(v: Option<u64>) -> Option<f64> {
     v.map(bytes_to_mib)
+}
+
+/// A value from the GPU's `gpu_metrics` table.
+fn table<T: Into<f64>>(r: &GpuReadings, pick: fn(&GpuMetrics) -> Option<T>) -> Option<f64> {
+    r.gpu_metrics.as_ref().and_then(pick).map(Into::into)
+}
+
+/// A 64-bit table value (counters; exact up to 2^53).
+fn table64(r: &GpuReadings, pick: fn(&GpuMetrics) -> Option<u64>) -> Option<f64> {
+    r.gpu_metrics.as_ref().and_then(pick).map(|v| v as f64)
 }
 
 fn free(total: Option<u64>, used: Option<u64>) -> Option<f64> {
@@ -237,7 +248,360 @@ pub const DEVICE_FIELDS: &[DeviceField] = &[
         kind: Kind::Counter,
         value: |r| r.ecc_totals().map(|c| c.ue as f64),
     },
+    // From the `gpu_metrics` table. Names ending in `_count` are untyped,
+    // as `pcie_replay_count` is: promtool rejects them as gauges.
+    DeviceField {
+        field: "PCIE_BANDWIDTH",
+        name: "pcie_bandwidth",
+        help: "Current PCIe bandwidth in Mb/s",
+        kind: Kind::Gauge,
+        value: |r| table64(r, |g| g.pcie_bandwidth_inst),
+    },
+    DeviceField {
+        field: "PCIE_RECOVERY_COUNT",
+        name: "pcie_recovery_count",
+        help: "Total number of PCIe recoveries",
+        kind: Kind::Untyped,
+        value: |r| table64(r, |g| g.pcie_l0_to_recov_count_acc),
+    },
+    DeviceField {
+        field: "PCIE_REPLAY_ROLLOVER_COUNT",
+        name: "pcie_replay_rollover_count",
+        help: "PCIe replay rollover accumulated count",
+        kind: Kind::Untyped,
+        value: |r| table64(r, |g| g.pcie_replay_rover_count_acc),
+    },
+    DeviceField {
+        field: "PCIE_NACK_SENT_COUNT",
+        name: "pcie_nack_sent_count",
+        help: "PCIe NAK sent accumulated count",
+        kind: Kind::Untyped,
+        value: |r| table(r, |g| g.pcie_nak_sent_count_acc),
+    },
+    DeviceField {
+        field: "PCIE_NACK_RECEIVED_COUNT",
+        name: "pcie_nack_received_count",
+        help: "PCIe NAK received accumulated count",
+        kind: Kind::Untyped,
+        value: |r| table(r, |g| g.pcie_nak_rcvd_count_acc),
+    },
+    DeviceField {
+        field: "GPU_MMA_ACTIVITY",
+        name: "gpu_mma_activity",
+        help: "Average multimedia (MM) engine usage in percent (0-100)",
+        kind: Kind::Gauge,
+        value: |r| table(r, |g| g.average_mm_activity),
+    },
+    DeviceField {
+        field: "GPU_VRAM_MAX_BANDWIDTH",
+        name: "gpu_vram_max_bandwidth",
+        help: "VRAM maximum bandwidth at the maximum memory clock in GB/s",
+        kind: Kind::Gauge,
+        value: |r| table64(r, |g| g.mem_max_bandwidth),
+    },
+    DeviceField {
+        field: "GPU_VIOLATION_CURRENT_ACCUMULATED_COUNTER",
+        name: "gpu_violation_current_accumulated_counter",
+        help: "Accumulation cycles of the violation residency counters",
+        kind: Kind::Gauge,
+        value: |r| table(r, |g| g.accumulation_counter),
+    },
+    DeviceField {
+        field: "GPU_VIOLATION_PROCESSOR_HOT_RESIDENCY_ACCUMULATED",
+        name: "gpu_violation_processor_hot_residency_accumulated",
+        help: "Processor hot residency, accumulated violation counter",
+        kind: Kind::Gauge,
+        value: |r| table(r, |g| g.prochot_residency_acc),
+    },
+    DeviceField {
+        field: "GPU_VIOLATION_PPT_RESIDENCY_ACCUMULATED",
+        name: "gpu_violation_ppt_residency_accumulated",
+        help: "Package power tracking residency, accumulated violation counter",
+        kind: Kind::Gauge,
+        value: |r| table(r, |g| g.ppt_residency_acc),
+    },
+    DeviceField {
+        field: "GPU_VIOLATION_SOCKET_THERMAL_RESIDENCY_ACCUMULATED",
+        name: "gpu_violation_socket_thermal_residency_accumulated",
+        help: "Socket thermal residency, accumulated violation counter",
+        kind: Kind::Gauge,
+        value: |r| table(r, |g| g.socket_thm_residency_acc),
+    },
+    DeviceField {
+        field: "GPU_VIOLATION_VR_THERMAL_RESIDENCY_ACCUMULATED",
+        name: "gpu_violation_vr_thermal_residency_accumulated",
+        help: "Voltage rail thermal residency, accumulated violation counter",
+        kind: Kind::Gauge,
+        value: |r| table(r, |g| g.vr_thm_residency_acc),
+    },
+    DeviceField {
+        field: "GPU_VIOLATION_HBM_THERMAL_RESIDENCY_ACCUMULATED",
+        name: "gpu_violation_hbm_thermal_residency_accumulated",
+        help: "HBM thermal residency, accumulated violation counter",
+        kind: Kind::Gauge,
+        value: |r| table(r, |g| g.hbm_thm_residency_acc),
+    },
+    // Percentages: residency growth per accumulation cycle since the
+    // previous sample (see `gpu_metrics::violation_percentages`).
+    DeviceField {
+        field: "GPU_VIOLATION_PROCESSOR_HOT_RESIDENCY_PERCENTAGE",
+        name: "gpu_violation_processor_hot_residency_percentage",
+        help: "Processor hot residency since the previous sample, percent",
+        kind: Kind::Gauge,
+        value: |r| r.violations.as_ref()?.prochot,
+    },
+    DeviceField {
+        field: "GPU_VIOLATION_PPT_RESIDENCY_PERCENTAGE",
+        name: "gpu_violation_ppt_residency_percentage",
+        help: "Package power tracking residency since the previous sample, percent",
+        kind: Kind::Gauge,
+        value: |r| r.violations.as_ref()?.ppt,
+    },
+    DeviceField {
+        field: "GPU_VIOLATION_SOCKET_THERMAL_RESIDENCY_PERCENTAGE",
+        name: "gpu_violation_socket_thermal_residency_percentage",
+        help: "Socket thermal residency since the previous sample, percent",
+        kind: Kind::Gauge,
+        value: |r| r.violations.as_ref()?.socket_thermal,
+    },
+    DeviceField {
+        field: "GPU_VIOLATION_VR_THERMAL_RESIDENCY_PERCENTAGE",
+        name: "gpu_violation_vr_thermal_residency_percentage",
+        help: "Voltage rail thermal residency since the previous sample, percent",
+        kind: Kind::Gauge,
+        value: |r| r.violations.as_ref()?.vr_thermal,
+    },
+    DeviceField {
+        field: "GPU_VIOLATION_HBM_THERMAL_RESIDENCY_PERCENTAGE",
+        name: "gpu_violation_hbm_thermal_residency_percentage",
+        help: "HBM thermal residency since the previous sample, percent",
+        kind: Kind::Gauge,
+        value: |r| r.violations.as_ref()?.hbm_thermal,
+    },
 ];
+
+/// Which series an [`IndexedField`] has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// Device-level: on the primary partition of each physical GPU.
+    Device,
+    /// One set per partition (logical GPU), from its XCP's entry of the table.
+    Partition,
+}
+
+/// A field with one series per instance (HBM stack, VCN, JPEG engine, XCC),
+/// labelled with the instance's index as the reference labels it.
+pub struct IndexedField {
+    pub field: &'static str,
+    pub name: &'static str,
+    pub help: &'static str,
+    /// `hbm_index`, `vcn_index`, `jpeg_index`, `xcc_index`.
+    pub label: &'static str,
+    pub scope: Scope,
+    /// The values by index, for a partition (0 for device-level fields);
+    /// `None` entries have no series.
+    pub values: fn(&GpuReadings, u32) -> Vec<Option<f64>>,
+}
+
+fn list<T: Copy + Into<f64>>(v: &[Option<T>]) -> Vec<Option<f64>> {
+    v.iter().map(|x| x.map(Into::into)).collect()
+}
+
+fn list64(v: &[Option<u64>]) -> Vec<Option<f64>> {
+    v.iter().map(|x| x.map(|v| v as f64)).collect()
+}
+
+/// A partition's entry of the per-XCP statistics, mapped.
+fn xcp(
+    r: &GpuReadings,
+    partition: u32,
+    pick: fn(&super::gpu_metrics::XcpMetrics) -> Vec<Option<f64>>,
+) -> Vec<Option<f64>> {
+    r.gpu_metrics
+        .as_ref()
+        .and_then(|g| g.xcp.get(partition as usize))
+        .map(pick)
+        .unwrap_or_default()
+}
+
+/// A partition's per-XCC violation percentages, mapped.
+fn xcp_pct(
+    r: &GpuReadings,
+    partition: u32,
+    pick: fn(&super::gpu_metrics::XcpViolationPercentages) -> &Vec<Option<f64>>,
+) -> Vec<Option<f64>> {
+    r.violations
+        .as_ref()
+        .and_then(|v| v.xcp.get(partition as usize))
+        .map(|x| pick(x).clone())
+        .unwrap_or_default()
+}
+
+fn device(r: &GpuReadings, pick: fn(&GpuMetrics) -> Vec<Option<f64>>) -> Vec<Option<f64>> {
+    r.gpu_metrics.as_ref().map(pick).unwrap_or_default()
+}
+
+pub const INDEXED_FIELDS: &[IndexedField] = &[
+    IndexedField {
+        field: "GPU_HBM_TEMPERATURE",
+        name: "gpu_hbm_temperature",
+        help: "HBM stack temperatures in degrees Celsius",
+        label: "hbm_index",
+        scope: Scope::Device,
+        // As the reference: a stack reading 0 has no sensor.
+        values: |r, _| {
+            device(r, |g| list(&g.temperature_hbm))
+                .into_iter()
+                .map(|v| v.filter(|t| *t != 0.0))
+                .collect()
+        },
+    },
+    IndexedField {
+        field: "GPU_VCN_ACTIVITY",
+        name: "gpu_vcn_activity",
+        help: "Video Core Next (VCN) encode/decode usage in percent",
+        label: "vcn_index",
+        scope: Scope::Device,
+        values: |r, _| device(r, |g| list(&g.vcn_activity)),
+    },
+    IndexedField {
+        field: "GPU_JPEG_ACTIVITY",
+        name: "gpu_jpeg_activity",
+        help: "JPEG engine usage in percent (0-100)",
+        label: "jpeg_index",
+        scope: Scope::Device,
+        values: |r, _| device(r, |g| list(&g.jpeg_activity)),
+    },
+    IndexedField {
+        field: "GPU_GFX_BUSY_INSTANTANEOUS",
+        name: "gpu_gfx_busy_instantaneous",
+        help: "GFX busy percent per compute die (XCC) of the partition",
+        label: "xcc_index",
+        scope: Scope::Partition,
+        values: |r, p| xcp(r, p, |x| list(&x.gfx_busy_inst)),
+    },
+    IndexedField {
+        field: "GPU_VCN_BUSY_INSTANTANEOUS",
+        name: "gpu_vcn_busy_instantaneous",
+        help: "VCN busy percent per engine of the partition",
+        label: "xcc_index",
+        scope: Scope::Partition,
+        values: |r, p| xcp(r, p, |x| list(&x.vcn_busy)),
+    },
+    IndexedField {
+        field: "GPU_JPEG_BUSY_INSTANTANEOUS",
+        name: "gpu_jpeg_busy_instantaneous",
+        help: "JPEG busy percent per engine of the partition",
+        label: "xcc_index",
+        scope: Scope::Partition,
+        values: |r, p| xcp(r, p, |x| list(&x.jpeg_busy)),
+    },
+    IndexedField {
+        field: "GPU_VIOLATION_GFX_CLOCK_BELOW_HOST_LIMIT_POWER_ACCUMULATED",
+        name: "gpu_violation_gfx_clock_below_host_limit_power_accumulated",
+        help: "GFX clock below host limit (power), accumulated violation counter",
+        label: "xcc_index",
+        scope: Scope::Partition,
+        // v1.8 splits by cause; v1.7's one counter is the power one.
+        values: |r, p| {
+            xcp(r, p, |x| {
+                if x.gfx_below_host_limit_ppt_acc.is_empty() {
+                    list64(&x.gfx_below_host_limit_acc)
+                } else {
+                    list64(&x.gfx_below_host_limit_ppt_acc)
+                }
+            })
+        },
+    },
+    IndexedField {
+        field: "GPU_VIOLATION_GFX_CLOCK_BELOW_HOST_LIMIT_THERMAL_ACCUMULATED",
+        name: "gpu_violation_gfx_clock_below_host_limit_thermal_accumulated",
+        help: "GFX clock below host limit (thermal), accumulated violation counter",
+        label: "xcc_index",
+        scope: Scope::Partition,
+        values: |r, p| xcp(r, p, |x| list64(&x.gfx_below_host_limit_thm_acc)),
+    },
+    IndexedField {
+        field: "GPU_VIOLATION_LOW_UTILIZATION_ACCUMULATED",
+        name: "gpu_violation_low_utilization_accumulated",
+        help: "GFX low utilization, accumulated violation counter",
+        label: "xcc_index",
+        scope: Scope::Partition,
+        values: |r, p| xcp(r, p, |x| list64(&x.gfx_low_utilization_acc)),
+    },
+    IndexedField {
+        field: "GPU_VIOLATION_GFX_CLOCK_BELOW_HOST_LIMIT_TOTAL_ACCUMULATED",
+        name: "gpu_violation_gfx_clock_below_host_limit_total_accumulated",
+        help: "GFX clock below host limit (all causes), accumulated violation counter",
+        label: "xcc_index",
+        scope: Scope::Partition,
+        values: |r, p| xcp(r, p, |x| list64(&x.gfx_below_host_limit_total_acc)),
+    },
+    IndexedField {
+        field: "GPU_VIOLATION_GFX_CLOCK_BELOW_HOST_LIMIT_POWER_PERCENTAGE",
+        name: "gpu_violation_gfx_clock_below_host_limit_power_percentage",
+        help: "GFX clock below host limit (power) since the previous sample, percent",
+        label: "xcc_index",
+        scope: Scope::Partition,
+        values: |r, p| xcp_pct(r, p, |x| &x.below_host_limit_power),
+    },
+    IndexedField {
+        field: "GPU_VIOLATION_GFX_CLOCK_BELOW_HOST_LIMIT_THERMAL_PERCENTAGE",
+        name: "gpu_violation_gfx_clock_below_host_limit_thermal_percentage",
+        help: "GFX clock below host limit (thermal) since the previous sample, percent",
+        label: "xcc_index",
+        scope: Scope::Partition,
+        values: |r, p| xcp_pct(r, p, |x| &x.below_host_limit_thermal),
+    },
+    IndexedField {
+        field: "GPU_VIOLATION_LOW_UTILIZATION_PERCENTAGE",
+        name: "gpu_violation_low_utilization_percentage",
+        help: "GFX low utilization since the previous sample, percent",
+        label: "xcc_index",
+        scope: Scope::Partition,
+        values: |r, p| xcp_pct(r, p, |x| &x.low_utilization),
+    },
+    IndexedField {
+        field: "GPU_VIOLATION_GFX_CLOCK_BELOW_HOST_LIMIT_TOTAL_PERCENTAGE",
+        name: "gpu_violation_gfx_clock_below_host_limit_total_percentage",
+        help: "GFX clock below host limit (all causes) since the previous sample, percent",
+        label: "xcc_index",
+        scope: Scope::Partition,
+        values: |r, p| xcp_pct(r, p, |x| &x.below_host_limit_total),
+    },
+];
+
+/// The reference's clock types (its `GPUClockType` enum names).
+pub const CLOCK_SYSTEM: &str = "GPU_CLOCK_TYPE_SYSTEM";
+pub const CLOCK_MEMORY: &str = "GPU_CLOCK_TYPE_MEMORY";
+pub const CLOCK_VIDEO: &str = "GPU_CLOCK_TYPE_VIDEO";
+pub const CLOCK_DATA: &str = "GPU_CLOCK_TYPE_DATA";
+pub const CLOCK_SOC: &str = "GPU_CLOCK_TYPE_SOC";
+
+/// A GPU's current clocks (type, MHz), in `clock_index` order: from the
+/// `gpu_metrics` table when there is one (every XCC's GFX clock, memory,
+/// then each VCN's video and data clocks and each SoC clock), else the
+/// current `pp_dpm_sclk` and `pp_dpm_mclk` levels.
+pub fn clocks(r: &GpuReadings) -> Vec<(&'static str, f64)> {
+    let Some(g) = r.gpu_metrics.as_ref() else {
+        return [(CLOCK_SYSTEM, r.sclk_mhz), (CLOCK_MEMORY, r.mclk_mhz)]
+            .into_iter()
+            .filter_map(|(t, v)| Some((t, v?)))
+            .collect();
+    };
+    let mut out = Vec::new();
+    let mut push = |ty: &'static str, values: &[Option<u16>]| {
+        out.extend(values.iter().flatten().map(|v| (ty, f64::from(*v))));
+    };
+    push(CLOCK_SYSTEM, &g.current_gfxclk);
+    push(CLOCK_MEMORY, &[g.current_uclk]);
+    push(CLOCK_VIDEO, &g.current_vclk0);
+    push(CLOCK_VIDEO, &[g.current_vclk1]);
+    push(CLOCK_DATA, &g.current_dclk0);
+    push(CLOCK_DATA, &[g.current_dclk1]);
+    push(CLOCK_SOC, &g.current_socclk);
+    out
+}
 
 /// Fields exported besides [`DEVICE_FIELDS`] and the per-block ECC fields.
 pub const OTHER_FIELDS: &[&str] = &["GPU_NODES_TOTAL", "GPU_HEALTH", "GPU_CLOCK"];
@@ -245,6 +609,7 @@ pub const OTHER_FIELDS: &[&str] = &["GPU_NODES_TOTAL", "GPU_HEALTH", "GPU_CLOCK"
 /// Whether this implementation exports a config field name (upper case).
 pub fn is_known_field(field: &str) -> bool {
     DEVICE_FIELDS.iter().any(|f| f.field == field)
+        || INDEXED_FIELDS.iter().any(|f| f.field == field)
         || OTHER_FIELDS.contains(&field)
         || ECC_BLOCKS.iter().any(|(_, suffix)| {
             let suffix = suffix.to_ascii_uppercase();
@@ -264,6 +629,8 @@ mod tests {
         }
         assert!(is_known_field("GPU_ECC_CORRECT_XGMI_WAFL"));
         assert!(is_known_field("GPU_HEALTH"));
+        assert!(is_known_field("GPU_GFX_BUSY_INSTANTANEOUS"));
+        assert!(is_known_field("PCIE_NACK_SENT_COUNT"));
         assert!(!is_known_field("GPU_VOLTAGE"));
     }
 }

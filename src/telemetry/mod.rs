@@ -4,7 +4,8 @@
 //! - [`sample`]: one sample of every GPU (power, temperatures, ECC, PCIe,
 //!   memory, clocks, activity), read through the host's deadline-bounded
 //!   [`crate::host::reader::BoundedReader`], so a hung file costs one value;
-//!   [`sysfs`]: the pure parsing of the files it reads.
+//!   [`sysfs`]: the pure parsing of the files it reads; [`gpu_metrics`]: of
+//!   the binary `gpu_metrics` table.
 //! - [`devices`]: the logical GPUs (whole GPUs and partitions) a sample is
 //!   reported for, with the device plugin's device IDs.
 //! - [`config`]: the exporter's `config.json` (fields, labels and the
@@ -18,6 +19,7 @@
 pub mod config;
 pub mod devices;
 pub mod fields;
+pub mod gpu_metrics;
 pub mod sample;
 pub mod sysfs;
 

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use serde::Serialize;
 
+use super::gpu_metrics::{self, GpuMetrics, ViolationPercentages};
 use super::sysfs::{
     self, EccCount, Sensor, device_dir, driver_link, parse_dpm, parse_link_speed, parse_link_width,
     parse_millidegrees, parse_ras_count, parse_temp_label, parse_u64,
@@ -96,6 +97,10 @@ pub struct GpuReadings {
     pub pcie: Pcie,
     /// RAS blocks (sysfs names: `umc`, `pcie_bif`, ...) whose counts could be read.
     pub ecc: BTreeMap<String, EccCount>,
+    /// The firmware's metrics table (`gpu_metrics`), where the GPU has one.
+    pub gpu_metrics: Option<GpuMetrics>,
+    /// Throttler residencies since the previous sample's table.
+    pub violations: Option<ViolationPercentages>,
     /// Values that could not be read or parsed, one line each, naming the file.
     pub errors: Vec<String>,
 }
@@ -173,6 +178,8 @@ pub enum Field {
     PowerCurrent,
     PowerAverage,
     Energy,
+    /// The binary `gpu_metrics` table.
+    GpuMetrics,
 }
 
 impl Field {
@@ -194,6 +201,7 @@ impl Field {
 pub enum Raw {
     Exists(bool),
     Text(String),
+    Bytes(Vec<u8>),
     Failed(ReadError),
 }
 
@@ -268,6 +276,7 @@ pub fn plan_reads(gpu: &Gpu, files: &GpuFiles, scope: Scope) -> Vec<(Field, Stri
         (Field::Sclk, attr("pp_dpm_sclk")),
         (Field::Mclk, attr("pp_dpm_mclk")),
         (Field::ReplayCount, attr("pcie_replay_count")),
+        (Field::GpuMetrics, attr("gpu_metrics")),
     ]);
     for sensor in [Sensor::Edge, Sensor::Memory] {
         if let Some(path) = files.temps.get(&sensor) {
@@ -326,6 +335,13 @@ pub fn assemble(bdf: &str, answers: Vec<(Field, String, Raw)>) -> GpuReadings {
                 r.errors.push(e.to_string());
                 continue;
             }
+            Raw::Bytes(bytes) => {
+                match gpu_metrics::parse(&bytes) {
+                    Ok(table) => r.gpu_metrics = Some(table),
+                    Err(e) => r.errors.push(format!("{path}: {e}")),
+                }
+                continue;
+            }
             Raw::Text(text) => text,
         };
         if let Err(e) = apply(&mut r, &field, &text) {
@@ -339,7 +355,7 @@ fn apply(r: &mut GpuReadings, field: &Field, text: &str) -> Result<(), sysfs::Pa
     let num = |what| parse_u64(text, what);
     let pct = |what| parse_u64(text, what).map(|v| v as f64);
     match field {
-        Field::Present | Field::Bound | Field::Node(_) => {}
+        Field::Present | Field::Bound | Field::Node(_) | Field::GpuMetrics => {}
         Field::GfxBusy => r.gfx_activity_pct = Some(pct("a busy percentage")?),
         Field::MemBusy => r.umc_activity_pct = Some(pct("a busy percentage")?),
         Field::VramTotal => r.memory.vram_total = Some(num("a size in bytes")?),
@@ -386,6 +402,9 @@ pub struct Sampler {
     timeout: Duration,
     files: HashMap<String, GpuFiles>,
     statics: HashMap<String, Statics>,
+    /// Each GPU's last `gpu_metrics` table that moved, and the residency
+    /// percentages it gave (kept while the firmware has not updated it).
+    tables: HashMap<String, (GpuMetrics, Option<ViolationPercentages>)>,
 }
 
 /// How long the static values of a GPU are kept before they are read again.
@@ -398,6 +417,7 @@ impl Sampler {
             timeout,
             files: HashMap::new(),
             statics: HashMap::new(),
+            tables: HashMap::new(),
         }
     }
 
@@ -414,6 +434,7 @@ impl Sampler {
         let in_inventory = |bdf: &String| inventory.gpus.iter().any(|g| &g.bdf == bdf);
         self.files.retain(|bdf, _| in_inventory(bdf));
         self.statics.retain(|bdf, _| in_inventory(bdf));
+        self.tables.retain(|bdf, _| in_inventory(bdf));
         let missing: Vec<&Gpu> = inventory
             .gpus
             .iter()
@@ -453,6 +474,8 @@ impl Sampler {
                 }
                 let op = if field.is_existence() {
                     Op::Exists
+                } else if field == Field::GpuMetrics {
+                    Op::Bytes
                 } else {
                     Op::Read
                 };
@@ -485,6 +508,7 @@ impl Sampler {
             let raw = match answer {
                 Ok(Answer::Exists(exists)) => Raw::Exists(exists),
                 Ok(Answer::Text(text)) => Raw::Text(text),
+                Ok(Answer::Bytes(bytes)) => Raw::Bytes(bytes),
                 Ok(Answer::Names(_)) => Raw::Failed(ReadError::Closed { path: path.clone() }),
                 Err(e) => Raw::Failed(e),
             };
@@ -544,6 +568,23 @@ impl Sampler {
                 }
                 None => {}
             }
+            if let Some(now) = &r.gpu_metrics {
+                match self.tables.get(&gpu.bdf) {
+                    // Not updated since: the same percentages.
+                    Some((before, last))
+                        if before.accumulation_counter == now.accumulation_counter =>
+                    {
+                        r.violations = last.clone();
+                    }
+                    before => {
+                        r.violations = before.and_then(|(before, _)| {
+                            gpu_metrics::violation_percentages(before, now)
+                        });
+                        self.tables
+                            .insert(gpu.bdf.clone(), (now.clone(), r.violations.clone()));
+                    }
+                }
+            }
             gpus.insert(gpu.bdf.clone(), r);
         }
         HostSample {
@@ -588,7 +629,7 @@ fn statics_answered(answers: &[(Field, String, Raw)]) -> bool {
         .iter()
         .filter(|(field, _, _)| field.is_static())
         .all(|(_, _, raw)| match raw {
-            Raw::Text(_) => true,
+            Raw::Text(_) | Raw::Bytes(_) => true,
             Raw::Failed(e) => e.is_not_found(),
             Raw::Exists(_) => false,
         })

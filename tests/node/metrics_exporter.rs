@@ -4,11 +4,10 @@
 
 use crate::support;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -182,40 +181,8 @@ fn value_of(text: &str, name: &str, gpu_id: &str) -> Option<f64> {
         .map(|(_, v)| v)
 }
 
-/// `promtool check metrics` must accept the text. Without promtool the check is
-/// skipped with a notice, except in CI, where it must be installed.
 fn promtool_accepts(text: &str) {
-    let child = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn();
-    let mut child = match child {
-        Ok(child) => child,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            assert!(
-                std::env::var("CI").as_deref() != Ok("true"),
-                "promtool is required in CI (Debian package `prometheus`)"
-            );
-            eprintln!("NOTICE: promtool not installed; skipping the exposition lint");
-            return;
-        }
-        Err(e) => panic!("cannot run promtool: {e}"),
-    };
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(text.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "promtool check metrics failed:\n{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    support::promtool::accepts(text);
 }
 
 #[tokio::test]
@@ -274,15 +241,65 @@ async fn mi300x_scrape_is_valid_and_has_one_series_per_gpu() {
     }
     assert_eq!(value_of(&text, "gpu_total_vram", "0"), Some(192.0 * 1024.0));
     assert_eq!(value_of(&text, "pcie_max_speed", "3"), Some(32.0));
+    // From gpu_metrics (v1.8): 8 XCC clocks, memory, 4 video, 4 data and 4
+    // SoC clocks per GPU.
     let clocks = series(&text, "gpu_clock");
-    assert_eq!(clocks.len(), 16, "system and memory clock per GPU");
+    assert_eq!(clocks.len(), 8 * 21, "every clock of the metrics table");
     assert!(
         clocks
             .iter()
             .any(|(l, v)| l["clock_type"] == "GPU_CLOCK_TYPE_MEMORY"
-                && l["clock_index"] == "1"
+                && l["clock_index"] == "8"
                 && *v == 1300.0)
     );
+    // Families of the metrics table, with the reference's per-index labels.
+    let busy = series(&text, "gpu_gfx_busy_instantaneous");
+    assert_eq!(busy.len(), 64, "8 XCCs of 8 GPUs");
+    let xccs: BTreeSet<&str> = busy.iter().map(|(l, _)| l["xcc_index"].as_str()).collect();
+    assert_eq!(xccs.len(), 8);
+    assert!(busy.iter().all(|(_, v)| (0.0..=100.0).contains(v)));
+    for (name, per_gpu) in [
+        ("pcie_bandwidth", 1),
+        ("pcie_recovery_count", 1),
+        ("pcie_replay_rollover_count", 1),
+        ("pcie_nack_sent_count", 1),
+        ("pcie_nack_received_count", 1),
+        ("gpu_vram_max_bandwidth", 1),
+        ("gpu_violation_current_accumulated_counter", 1),
+        ("gpu_violation_processor_hot_residency_accumulated", 1),
+        ("gpu_violation_ppt_residency_accumulated", 1),
+        ("gpu_violation_socket_thermal_residency_accumulated", 1),
+        ("gpu_violation_vr_thermal_residency_accumulated", 1),
+        ("gpu_violation_hbm_thermal_residency_accumulated", 1),
+        ("gpu_vcn_busy_instantaneous", 4),
+        ("gpu_jpeg_busy_instantaneous", 32),
+        (
+            "gpu_violation_gfx_clock_below_host_limit_power_accumulated",
+            8,
+        ),
+        (
+            "gpu_violation_gfx_clock_below_host_limit_thermal_accumulated",
+            8,
+        ),
+        ("gpu_violation_low_utilization_accumulated", 8),
+        (
+            "gpu_violation_gfx_clock_below_host_limit_total_accumulated",
+            8,
+        ),
+    ] {
+        assert_eq!(series(&text, name).len(), 8 * per_gpu, "{name}");
+    }
+    assert!(text.contains("# TYPE gpu_gfx_busy_instantaneous gauge"));
+    // MI300 tables have no per-stack HBM temperature, MM activity or
+    // device-level VCN/JPEG activity.
+    for name in [
+        "gpu_hbm_temperature",
+        "gpu_mma_activity",
+        "gpu_vcn_activity",
+        "gpu_jpeg_activity",
+    ] {
+        assert!(series(&text, name).is_empty(), "{name}");
+    }
     assert_eq!(series(&text, "gpu_nodes_total")[0].1, 8.0);
     assert!(text.contains("# TYPE gpu_ecc_uncorrect_total counter"));
     assert!(
@@ -336,8 +353,46 @@ async fn cpx_nps4_has_device_series_per_gpu_and_health_per_partition() {
         .collect();
     assert_eq!(partitions, ["0", "1", "2", "3", "4", "5", "6", "7"]);
     assert_eq!(series(&text, "gpu_nodes_total")[0].1, 64.0);
+    // Per partition, from its own XCP entry: one XCC each in CPX.
+    let busy = series(&text, "gpu_gfx_busy_instantaneous");
+    assert_eq!(busy.len(), 64);
+    assert!(busy.iter().all(|(l, _)| l["xcc_index"] == "0"));
+    let ids: BTreeSet<&str> = busy.iter().map(|(l, _)| l["gpu_id"].as_str()).collect();
+    assert_eq!(ids.len(), 64);
     slot.stop().await;
     health.stop().await;
+}
+
+#[tokio::test]
+async fn violation_percentages_follow_the_residency_counters_between_samples() {
+    let sim = simulated("mi300x", None);
+    let mut running = start(&sim, config(&sim), None).await;
+    // One table per sample so far: no percentages yet.
+    assert!(
+        series(
+            &running.scrape().await,
+            "gpu_violation_ppt_residency_percentage"
+        )
+        .is_empty()
+    );
+    simulate::advance_telemetry(&sim.host, &sim.spec, 10).unwrap();
+    // The second sample from now starts after the advance.
+    running.samples(2).await;
+    let text = running.scrape().await;
+    // The simulator adds 3 PPT cycles and 1 socket-thermal cycle per 100
+    // accumulation cycles each tick, 2 below-host-limit (power) per XCC.
+    let ppt = series(&text, "gpu_violation_ppt_residency_percentage");
+    assert_eq!(ppt.len(), 8);
+    assert!(ppt.iter().all(|(_, v)| *v == 3.0), "{ppt:?}");
+    let socket = series(&text, "gpu_violation_socket_thermal_residency_percentage");
+    assert!(socket.iter().all(|(_, v)| *v == 1.0), "{socket:?}");
+    let below = series(
+        &text,
+        "gpu_violation_gfx_clock_below_host_limit_power_percentage",
+    );
+    assert_eq!(below.len(), 64, "8 XCCs of 8 GPUs");
+    assert!(below.iter().all(|(_, v)| *v == 2.0), "{below:?}");
+    promtool_accepts(&text);
 }
 
 #[tokio::test]

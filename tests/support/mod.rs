@@ -9,5 +9,6 @@ pub mod cluster;
 pub mod hosts;
 pub mod http;
 pub mod kubelet;
+pub mod promtool;
 pub mod rig;
 pub mod wait;

@@ -1,0 +1,56 @@
+//! `promtool check metrics` over a scrape, the one exposition lint every
+//! test uses. Without promtool the check is skipped with a notice, except in
+//! CI (`CI=true`), where it must be installed (Debian package `prometheus`).
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+/// promtool findings that the reference exporter's own metric names force:
+/// a drop-in must keep the name, so this lint, and only this one, is accepted.
+pub const REFERENCE_NAME_LINTS: &[&str] =
+    &["gpu_violation_current_accumulated_counter metric name should not include type 'counter'"];
+
+/// Panics unless promtool accepts `text` (its findings limited to
+/// [`REFERENCE_NAME_LINTS`]).
+pub fn accepts(text: &str) {
+    let child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn();
+    let mut child = match child {
+        Ok(child) => child,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "promtool is required in CI (Debian package `prometheus`)"
+            );
+            eprintln!("NOTICE: promtool not installed; skipping the exposition lint");
+            return;
+        }
+        Err(e) => panic!("cannot run promtool: {e}"),
+    };
+    child
+        .stdin
+        .take()
+        .expect("promtool stdin")
+        .write_all(text.as_bytes())
+        .expect("write to promtool");
+    let out = child.wait_with_output().expect("promtool output");
+    let report = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // promtool exits 3 for lint findings only (1 for text it cannot parse).
+    let only_forced_lints = out.status.code() == Some(3)
+        && report
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .all(|l| REFERENCE_NAME_LINTS.contains(&l.trim()));
+    assert!(
+        out.status.success() || only_forced_lints,
+        "promtool check metrics failed:\n{report}"
+    );
+}
