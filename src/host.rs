@@ -131,41 +131,29 @@ impl HostRoot {
     }
 
     /// Opens an attribute to be read again later through [`OpenAttr::reread`],
-    /// and reads it once. The file stays open only if it is a regular file
-    /// (sysfs attributes are); anything else (a FIFO, a device node) is read
-    /// as [`HostRoot::read_attr`] reads it and `None` is returned for it.
-    pub fn open_attr(&self, host_path: impl AsRef<Path>) -> Result<(String, Option<OpenAttr>)> {
-        let path = self.path(host_path.as_ref());
-        let (bytes, attr) = self.open_attr_bytes(host_path)?;
-        Ok((attr_text(&path, bytes)?, attr))
-    }
-
-    /// [`HostRoot::open_attr`] for a binary attribute (`gpu_metrics`): its
-    /// bytes as they are, at most 64 KiB.
-    pub fn open_attr_bytes(
-        &self,
-        host_path: impl AsRef<Path>,
-    ) -> Result<(Vec<u8>, Option<OpenAttr>)> {
+    /// and reads its bytes once, at most 64 KiB. The file stays open only if
+    /// it is a regular file (sysfs attributes are); anything else (a FIFO, a
+    /// device node) is read once and `None` is returned for it. Text
+    /// attributes go through [`HostRoot::attr_text`].
+    pub fn open_attr(&self, host_path: impl AsRef<Path>) -> Result<(Vec<u8>, Option<OpenAttr>)> {
         let path = self.path(host_path);
         let file = fs::File::open(&path).map_err(|e| HostError::io(&path, e))?;
         let regular = file.metadata().is_ok_and(|m| m.file_type().is_file());
         if !regular {
-            let mut buf = Vec::new();
-            (&file)
-                .take(MAX_ATTR_BYTES)
-                .read_to_end(&mut buf)
-                .map_err(|e| HostError::io(&path, e))?;
-            return Ok((buf, None));
+            return Ok((read_bounded(&file, &path)?, None));
         }
         let attr = OpenAttr {
             replaceable: !on_sysfs(&file),
             file,
             path,
         };
-        match attr.reread_bytes()? {
+        match attr.reread()? {
             Some(bytes) => Ok((bytes, Some(attr))),
             // Replaced between open and read: read the new file once.
-            None => self.read_bytes_at(&attr.path).map(|bytes| (bytes, None)),
+            None => {
+                let file = fs::File::open(&attr.path).map_err(|e| HostError::io(&attr.path, e))?;
+                Ok((read_bounded(&file, &attr.path)?, None))
+            }
         }
     }
 
@@ -173,15 +161,6 @@ impl HostRoot {
     /// [`HostRoot::read_attr`] would give.
     pub fn attr_text(&self, host_path: impl AsRef<Path>, bytes: Vec<u8>) -> Result<String> {
         attr_text(&self.path(host_path), bytes)
-    }
-
-    fn read_bytes_at(&self, path: &Path) -> Result<Vec<u8>> {
-        let file = fs::File::open(path).map_err(|e| HostError::io(path, e))?;
-        let mut buf = Vec::new();
-        file.take(MAX_ATTR_BYTES)
-            .read_to_end(&mut buf)
-            .map_err(|e| HostError::io(path, e))?;
-        Ok(buf)
     }
 
     /// Reads a sysfs attribute: the file's content with surrounding white space removed.
@@ -313,20 +292,11 @@ pub struct OpenAttr {
 }
 
 impl OpenAttr {
-    /// The file's content now, trimmed as [`HostRoot::read_attr`] trims it;
-    /// `None` when the file was removed or replaced since it was opened (open
-    /// it again). An error (a sysfs attribute whose device went away answers
-    /// `ENODEV`) also means this descriptor is done with.
-    pub fn reread(&self) -> Result<Option<String>> {
-        match self.reread_bytes()? {
-            Some(bytes) => attr_text(&self.path, bytes).map(Some),
-            None => Ok(None),
-        }
-    }
-
-    /// [`OpenAttr::reread`] for a binary attribute: the bytes, untrimmed, at
-    /// most 64 KiB.
-    pub fn reread_bytes(&self) -> Result<Option<Vec<u8>>> {
+    /// The file's bytes now, at most 64 KiB; `None` when the file was removed
+    /// or replaced since it was opened (open it again). An error (a sysfs
+    /// attribute whose device went away answers `ENODEV`) also means this
+    /// descriptor is done with.
+    pub fn reread(&self) -> Result<Option<Vec<u8>>> {
         use std::os::unix::fs::{FileExt, MetadataExt};
         if self.replaceable {
             let meta = self
@@ -357,6 +327,15 @@ impl OpenAttr {
         buf.truncate(len);
         Ok(Some(buf))
     }
+}
+
+/// A whole (small) file from its start, at most 64 KiB.
+fn read_bounded(file: &fs::File, path: &Path) -> Result<Vec<u8>> {
+    let mut buf = Vec::new();
+    file.take(MAX_ATTR_BYTES)
+        .read_to_end(&mut buf)
+        .map_err(|e| HostError::io(path, e))?;
+    Ok(buf)
 }
 
 /// An attribute's bytes as text, trimmed as [`HostRoot::read_attr`] trims it.

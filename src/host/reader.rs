@@ -782,13 +782,13 @@ fn read_kept(inner: &Inner, path: &str, op: Op) -> Result<Answer, HostError> {
     };
     let kept = lock().get(path);
     if let Some(attr) = kept {
-        if let Ok(Some(bytes)) = attr.reread_bytes() {
+        if let Ok(Some(bytes)) = attr.reread() {
             return answer(bytes);
         }
         lock().forget(path);
     }
     inner.opened.fetch_add(1, Ordering::Relaxed);
-    let (bytes, attr) = inner.host.open_attr_bytes(path)?;
+    let (bytes, attr) = inner.host.open_attr(path)?;
     if let Some(attr) = attr {
         lock().keep(path, attr);
     }
