@@ -178,7 +178,10 @@ impl Metrics {
                 .unwrap_or_else(|_| panic!("value in {line:?}"));
             let (name, labels) = match series.split_once('{') {
                 None => (series, Labels::new()),
-                Some((name, rest)) => (name, parse_labels(rest.trim_end_matches('}'))),
+                Some((name, rest)) => (
+                    name,
+                    support::promtool::parse_labels(rest.trim_end_matches('}')),
+                ),
             };
             out.entry(name.to_owned())
                 .or_default()
@@ -205,35 +208,6 @@ impl Metrics {
         assert!(matching.len() <= 1, "{name} {want:?}: {matching:?}");
         matching.first().copied()
     }
-}
-
-/// `a="x",b="y"` (values as the node exporter writes them for sysfs names:
-/// no escapes needed beyond `\"` and `\\`).
-fn parse_labels(text: &str) -> Labels {
-    let mut labels = Labels::new();
-    let mut rest = text;
-    while let Some((key, after)) = rest.split_once("=\"") {
-        let mut value = String::new();
-        let mut chars = after.char_indices();
-        let mut end = after.len();
-        while let Some((i, c)) = chars.next() {
-            match c {
-                '\\' => {
-                    if let Some((_, escaped)) = chars.next() {
-                        value.push(if escaped == 'n' { '\n' } else { escaped });
-                    }
-                }
-                '"' => {
-                    end = i + 1;
-                    break;
-                }
-                c => value.push(c),
-            }
-        }
-        labels.insert(key.trim_start_matches(',').to_owned(), value);
-        rest = &after[end..];
-    }
-    labels
 }
 
 /// A simulated host with its telemetry moved off tick 0, and what our own

@@ -138,40 +138,13 @@ fn series(text: &str, name: &str) -> Vec<(BTreeMap<String, String>, f64)> {
             let rest = line.strip_prefix(name)?;
             let (labels, value) = if let Some(rest) = rest.strip_prefix('{') {
                 let (labels, value) = rest.rsplit_once("} ")?;
-                (parse_labels(labels), value)
+                (support::promtool::parse_labels(labels), value)
             } else {
                 (BTreeMap::new(), rest.strip_prefix(' ')?)
             };
             Some((labels, value.trim().parse().ok()?))
         })
         .collect()
-}
-
-fn parse_labels(text: &str) -> BTreeMap<String, String> {
-    let mut labels = BTreeMap::new();
-    let mut rest = text;
-    while let Some((key, after)) = rest.split_once("=\"") {
-        let mut value = String::new();
-        let mut chars = after.char_indices();
-        let mut end = after.len();
-        while let Some((i, c)) = chars.next() {
-            match c {
-                '\\' => {
-                    if let Some((_, escaped)) = chars.next() {
-                        value.push(escaped);
-                    }
-                }
-                '"' => {
-                    end = i + 1;
-                    break;
-                }
-                c => value.push(c),
-            }
-        }
-        labels.insert(key.trim_start_matches(',').to_owned(), value);
-        rest = &after[end..];
-    }
-    labels
 }
 
 fn value_of(text: &str, name: &str, gpu_id: &str) -> Option<f64> {

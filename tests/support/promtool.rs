@@ -1,7 +1,9 @@
-//! `promtool check metrics` over a scrape, the one exposition lint every
-//! test uses. Without promtool the check is skipped with a notice, except in
+//! The Prometheus text format in tests: `promtool check metrics` over a
+//! scrape, the one exposition lint every test uses, and the one parser of a
+//! series' labels ([`parse_labels`]). Without promtool the check is skipped with a notice, except in
 //! CI (`CI=true`), where it must be installed (Debian package `prometheus`).
 
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::process::{Command, Stdio};
 
@@ -53,4 +55,33 @@ pub fn accepts(text: &str) {
         out.status.success() || only_forced_lints,
         "promtool check metrics failed:\n{report}"
     );
+}
+
+/// The labels of one series, `a="x",b="y"` (what stands between its braces),
+/// with the format's escapes (`\\`, `\"`, `\n`) undone.
+pub fn parse_labels(text: &str) -> BTreeMap<String, String> {
+    let mut labels = BTreeMap::new();
+    let mut rest = text;
+    while let Some((key, after)) = rest.split_once("=\"") {
+        let mut value = String::new();
+        let mut chars = after.char_indices();
+        let mut end = after.len();
+        while let Some((i, c)) = chars.next() {
+            match c {
+                '\\' => {
+                    if let Some((_, escaped)) = chars.next() {
+                        value.push(if escaped == 'n' { '\n' } else { escaped });
+                    }
+                }
+                '"' => {
+                    end = i + 1;
+                    break;
+                }
+                c => value.push(c),
+            }
+        }
+        labels.insert(key.trim_start_matches(',').to_owned(), value);
+        rest = &after[end..];
+    }
+    labels
 }
