@@ -160,7 +160,19 @@ impl HostRoot {
     /// An attribute's bytes, read from `host_path`, as the text
     /// [`HostRoot::read_attr`] would give.
     pub fn attr_text(&self, host_path: impl AsRef<Path>, bytes: Vec<u8>) -> Result<String> {
-        attr_text(&self.path(host_path), bytes)
+        self.attr_str(host_path, &bytes)
+    }
+
+    /// [`HostRoot::attr_text`] of borrowed bytes: one allocation, of the
+    /// trimmed value; the path is only built for an error.
+    pub fn attr_str(&self, host_path: impl AsRef<Path>, bytes: &[u8]) -> Result<String> {
+        match std::str::from_utf8(bytes) {
+            Ok(text) => Ok(text.trim().to_owned()),
+            Err(e) => Err(HostError::io(
+                &self.path(host_path),
+                io::Error::new(io::ErrorKind::InvalidData, e),
+            )),
+        }
     }
 
     /// Reads a sysfs attribute: the file's content with surrounding white space removed.
@@ -297,6 +309,18 @@ impl OpenAttr {
     /// attribute whose device went away answers `ENODEV`) also means this
     /// descriptor is done with.
     pub fn reread(&self) -> Result<Option<Vec<u8>>> {
+        let mut buf = Vec::new();
+        Ok(self.reread_into(&mut buf)?.map(|len| {
+            buf.truncate(len);
+            buf
+        }))
+    }
+
+    /// [`OpenAttr::reread`] into a buffer the caller keeps between reads:
+    /// the value is `buf[..len]` for the returned `len`. A reader that polls
+    /// hundreds of attributes a second then allocates (and zeroes) no page
+    /// per read; `buf` grows once to the largest value seen, at most 64 KiB.
+    pub fn reread_into(&self, buf: &mut Vec<u8>) -> Result<Option<usize>> {
         use std::os::unix::fs::{FileExt, MetadataExt};
         if self.replaceable {
             let meta = self
@@ -308,7 +332,9 @@ impl OpenAttr {
             }
         }
         // sysfs attributes fit in a page; a short read is the whole value.
-        let mut buf = vec![0u8; 4096];
+        if buf.len() < ATTR_PAGE {
+            buf.resize(ATTR_PAGE, 0);
+        }
         let mut len = 0;
         loop {
             let n = self
@@ -324,10 +350,13 @@ impl OpenAttr {
             }
             buf.resize((buf.len() * 2).min(MAX_ATTR_BYTES as usize), 0);
         }
-        buf.truncate(len);
-        Ok(Some(buf))
+        Ok(Some(len))
     }
 }
+
+/// What one read of an attribute asks for first: a page, which every sysfs
+/// attribute fits in.
+const ATTR_PAGE: usize = 4096;
 
 /// A whole (small) file from its start, at most 64 KiB.
 fn read_bounded(file: &fs::File, path: &Path) -> Result<Vec<u8>> {
@@ -336,17 +365,6 @@ fn read_bounded(file: &fs::File, path: &Path) -> Result<Vec<u8>> {
         .read_to_end(&mut buf)
         .map_err(|e| HostError::io(path, e))?;
     Ok(buf)
-}
-
-/// An attribute's bytes as text, trimmed as [`HostRoot::read_attr`] trims it.
-fn attr_text(path: &Path, bytes: Vec<u8>) -> Result<String> {
-    let text = String::from_utf8(bytes).map_err(|e| {
-        HostError::io(
-            path,
-            io::Error::new(io::ErrorKind::InvalidData, e.utf8_error()),
-        )
-    })?;
-    Ok(text.trim().to_owned())
 }
 
 /// Whether an open file lives on sysfs, whose attributes are never replaced
@@ -493,6 +511,40 @@ fn relative_link(link: &Path, target: &Path) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_reused_buffer_gives_each_value_whole_and_nothing_of_the_last() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let host = HostRoot::new(dir.path());
+        let long = "x".repeat(ATTR_PAGE + 100);
+        std::fs::write(dir.path().join("attr"), &long).expect("write");
+        let (first, attr) = host.open_attr("/attr").expect("open");
+        assert_eq!(first, long.as_bytes());
+        let attr = attr.expect("a regular file is kept");
+        let mut buf = Vec::new();
+        let len = attr
+            .reread_into(&mut buf)
+            .expect("read")
+            .expect("not replaced");
+        assert_eq!(&buf[..len], long.as_bytes());
+        // Shorter now, written in place: only the new value, no tail of the old.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .truncate(true)
+            .open(dir.path().join("attr"))
+            .and_then(|mut f| std::io::Write::write_all(&mut f, b" 42\n"))
+            .expect("rewrite");
+        let len = attr
+            .reread_into(&mut buf)
+            .expect("read")
+            .expect("not replaced");
+        assert_eq!(&buf[..len], b" 42\n");
+        assert_eq!(host.attr_str("/attr", &buf[..len]).expect("utf-8"), "42");
+        let invalid = host
+            .attr_str("/attr", &[0xff, 0xfe])
+            .expect_err("not UTF-8");
+        assert!(invalid.to_string().contains("attr"), "{invalid}");
+    }
 
     #[test]
     fn path_maps_under_root_and_cannot_escape() {

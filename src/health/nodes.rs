@@ -51,10 +51,15 @@ impl NodeStatus {
         sample.kfd_present = self.kfd_present;
         for gpu in &inventory.gpus {
             if let Some(r) = sample.gpus.get_mut(&gpu.bdf) {
-                r.missing_nodes = device_nodes(gpu)
-                    .into_iter()
-                    .filter(|n| self.missing.contains(n))
-                    .collect();
+                // Nothing missing is the usual case: no node names to build.
+                r.missing_nodes = if self.missing.is_empty() {
+                    Vec::new()
+                } else {
+                    device_nodes(gpu)
+                        .into_iter()
+                        .filter(|n| self.missing.contains(n))
+                        .collect()
+                };
             }
         }
     }
@@ -85,6 +90,9 @@ pub struct NodeWatch {
     started: bool,
     status: Option<NodeStatus>,
     checked_at: Option<Instant>,
+    /// The nodes the last inventory names, and the DRM minors they were
+    /// named from: rebuilt only when those change, not on every sample.
+    wanted: (Vec<Option<u32>>, Arc<BTreeSet<String>>),
 }
 
 impl NodeWatch {
@@ -99,7 +107,25 @@ impl NodeWatch {
             started: false,
             status: None,
             checked_at: None,
+            wanted: (Vec::new(), Arc::default()),
         }
+    }
+
+    /// The device nodes `inventory` names (see [`device_nodes`]).
+    fn wanted(&mut self, inventory: &Inventory) -> Arc<BTreeSet<String>> {
+        let minors: Vec<Option<u32>> = inventory
+            .gpus
+            .iter()
+            .flat_map(|g| {
+                let partitions = g.partitions.iter().flat_map(|p| [p.card, p.render_minor]);
+                [g.card, g.render_minor].into_iter().chain(partitions)
+            })
+            .collect();
+        if minors != self.wanted.0 {
+            let nodes = inventory.gpus.iter().flat_map(device_nodes).collect();
+            self.wanted = (minors, Arc::new(nodes));
+        }
+        self.wanted.1.clone()
     }
 
     /// True when changes are watched (else every sample checks).
@@ -172,7 +198,7 @@ impl NodeWatch {
         timeout: Duration,
     ) -> &NodeStatus {
         self.start(timeout).await;
-        let wanted: BTreeSet<String> = inventory.gpus.iter().flat_map(device_nodes).collect();
+        let wanted = self.wanted(inventory);
         let now = Instant::now();
         let due = self.due(&wanted, now);
         if due != Due::No || self.status.is_none() {
@@ -183,7 +209,7 @@ impl NodeWatch {
             {
                 inotify.rewatch_dri(&self.host, timeout).await;
             }
-            self.status = Some(check(reader, wanted, timeout).await);
+            self.status = Some(check(reader, (*wanted).clone(), timeout).await);
             self.checked_at = Some(now);
         }
         self.status.get_or_insert_with(NodeStatus::default)

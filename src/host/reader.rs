@@ -774,16 +774,16 @@ impl KeptFiles {
 /// (a device that went away answers `ENODEV`), is dropped and the path read
 /// afresh, so the answer is always what opening the path now would give.
 /// Text and binary reads of a path share its descriptor.
-fn read_kept(inner: &Inner, path: &str, op: Op) -> Result<Answer, HostError> {
+fn read_kept(inner: &Inner, path: &str, op: Op, buf: &mut Vec<u8>) -> Result<Answer, HostError> {
     let lock = || inner.kept.lock().unwrap_or_else(|p| p.into_inner());
-    let answer = |bytes: Vec<u8>| match op {
-        Op::Bytes => Ok(Answer::Bytes(bytes)),
-        _ => inner.host.attr_text(path, bytes).map(Answer::Text),
+    let answer = |bytes: &[u8]| match op {
+        Op::Bytes => Ok(Answer::Bytes(bytes.to_vec())),
+        _ => inner.host.attr_str(path, bytes).map(Answer::Text),
     };
     let kept = lock().get(path);
     if let Some(attr) = kept {
-        if let Ok(Some(bytes)) = attr.reread() {
-            return answer(bytes);
+        if let Ok(Some(len)) = attr.reread_into(buf) {
+            return answer(&buf[..len]);
         }
         lock().forget(path);
     }
@@ -792,11 +792,13 @@ fn read_kept(inner: &Inner, path: &str, op: Op) -> Result<Answer, HostError> {
     if let Some(attr) = attr {
         lock().keep(path, attr);
     }
-    answer(bytes)
+    answer(&bytes)
 }
 
 fn worker(inner: Arc<Inner>, index: usize) {
     let mut answered: Vec<Arc<Slot>> = Vec::new();
+    // Each kept attribute is read into this page, reused from read to read.
+    let mut buf: Vec<u8> = Vec::new();
     let mut state = inner.lock();
     loop {
         let Some(job) = state.queue.pop_front() else {
@@ -831,7 +833,7 @@ fn worker(inner: Arc<Inner>, index: usize) {
         let result = wanted.then(|| {
             let host = &inner.host;
             match job.op {
-                Op::Read | Op::Bytes => read_kept(&inner, &job.path, job.op),
+                Op::Read | Op::Bytes => read_kept(&inner, &job.path, job.op, &mut buf),
                 Op::Exists => Ok(Answer::Exists(host.exists(&job.path))),
                 Op::List => host.list_dir_or_empty(&job.path).map(Answer::Names),
             }
