@@ -12,6 +12,7 @@
 //! This module must not do node work: the agent on each node does that, and the
 //! leader only reads what agents report.
 
+pub mod drain;
 pub mod lease;
 pub mod reconcile;
 pub mod resources;
