@@ -17,6 +17,7 @@ pub mod lease;
 pub mod reconcile;
 pub mod resources;
 pub mod status;
+pub mod upgrade;
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{HashMap, HashSet};

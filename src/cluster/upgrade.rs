@@ -1,0 +1,746 @@
+//! Rolling driver upgrades across the cluster: the per-node state machine and
+//! the policy that picks which nodes go next. Pure: [`plan`] takes plain facts
+//! about every selected node and returns what to do with each, and when to
+//! look again. Carrying the decisions out (cordon, taint, drain, telling the
+//! agent its target, writing `status.nodeModuleStatus` and the state label)
+//! belongs to the caller.
+//!
+//! States use the reference operator's names ([`UpgradeState`]) so that its
+//! dashboards and runbooks carry over. Per node:
+//! 1. `Upgrade-Not-Started`: the node's driver differs from the target; it
+//!    waits to be picked.
+//! 2. `Upgrade-Started`: picked. Cordoned and tainted (whether a person had
+//!    cordoned it before is recorded first), then drained.
+//! 3. `Upgrade-In-Progress`: drained; the agent has its target and unloads
+//!    and loads (or reboots: `Reboot-In-Progress`, done when the boot id
+//!    changes).
+//! 4. `Upgrade-Complete`: the agent reports the target version; uncordoned
+//!    and untainted, unless a person had cordoned it.
+//!
+//! A node with no driver of ours yet installs without the policy
+//! (`Install-In-Progress`, `Install-Complete`), as in the reference. Every
+//! step has a timeout; a failure moves the node to its `*-Failed` state and the
+//! others go on. A failed node is tried again only when a person labels it
+//! `operator.amd.com/gpu-driver-upgrade-state=upgrade-required`.
+//!
+//! Picking follows `maxParallelUpgrades` (nodes in progress, 0 = no limit) and
+//! `maxUnavailableNodes` (nodes unavailable for any reason: cordoned, not
+//! Ready, failed or in progress; a percentage of the selected nodes, rounded
+//! up). A node that is not Ready, or that a person cordoned, is not picked.
+//!
+//! This module must not do I/O or read the clock: the caller passes how long
+//! each node has been in its state.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use serde::Serialize;
+
+use crate::api::{DriverUpgradePolicySpec, UpgradeState};
+
+/// The Node label that mirrors each node's state, and the value a person sets
+/// to have a failed node tried again.
+pub const STATE_LABEL: &str = "operator.amd.com/gpu-driver-upgrade-state";
+pub const RETRY_VALUE: &str = "upgrade-required";
+/// The taint a node carries while it is upgraded.
+pub const TAINT_KEY: &str = "amd-gpu-driver-upgrade";
+
+/// Step limits. The reboot wait and the whole-upgrade limit are the
+/// reference's (60 minutes, 2 hours).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Timeouts {
+    /// Cordoning (the write being accepted).
+    pub cordon: Duration,
+    /// Draining; `None` waits as long as the drain policy does.
+    pub drain: Option<Duration>,
+    /// The agent reporting the target version after it was told.
+    pub load: Duration,
+    /// The node coming back with a new boot id.
+    pub reboot: Duration,
+    /// The whole upgrade of one node.
+    pub upgrade: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Self {
+            cordon: Duration::from_secs(60),
+            drain: Some(Duration::from_secs(300)),
+            load: Duration::from_secs(600),
+            reboot: Duration::from_secs(3600),
+            upgrade: Duration::from_secs(2 * 3600),
+        }
+    }
+}
+
+/// The upgrade policy as the planner uses it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Policy {
+    /// Upgrades roll automatically; when false, only first installs proceed.
+    pub enabled: bool,
+    /// Nodes in progress at once; 0 is no limit.
+    pub max_parallel: usize,
+    pub max_unavailable: MaxUnavailable,
+    pub reboot_required: bool,
+    pub timeouts: Timeouts,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub enum MaxUnavailable {
+    Count(usize),
+    /// Percent of the selected nodes, rounded up.
+    Percent(u32),
+}
+
+impl MaxUnavailable {
+    /// Reads `maxUnavailableNodes`: an integer, or a string `N%`. Anything
+    /// else is an error for `validate` to report.
+    pub fn parse(value: &IntOrString) -> Result<Self, String> {
+        match value {
+            IntOrString::Int(n) => usize::try_from(*n)
+                .map(Self::Count)
+                .map_err(|_| format!("maxUnavailableNodes must not be negative, got {n}")),
+            IntOrString::String(text) => {
+                let number = text.strip_suffix('%').unwrap_or(text);
+                let parsed = number.trim().parse::<u32>().map_err(|_| {
+                    format!("maxUnavailableNodes must be an integer or a percentage, got {text:?}")
+                })?;
+                Ok(if text.ends_with('%') {
+                    Self::Percent(parsed.min(100))
+                } else {
+                    Self::Count(parsed as usize)
+                })
+            }
+        }
+    }
+
+    /// How many nodes of `total` may be unavailable. At least one, so that
+    /// an upgrade of a small cluster can start at all, as the reference does.
+    pub fn of(&self, total: usize) -> usize {
+        let n = match self {
+            Self::Count(n) => *n,
+            Self::Percent(p) => (total * *p as usize).div_ceil(100),
+        };
+        n.max(1)
+    }
+}
+
+impl Policy {
+    pub fn of_spec(spec: Option<&DriverUpgradePolicySpec>, drain: Option<Duration>) -> Self {
+        let default = DriverUpgradePolicySpec::default();
+        let spec = spec.unwrap_or(&default);
+        Self {
+            enabled: spec.enable.unwrap_or(false),
+            max_parallel: usize::try_from(spec.max_parallel_upgrades).unwrap_or(0),
+            max_unavailable: MaxUnavailable::parse(&spec.max_unavailable_nodes)
+                .unwrap_or(MaxUnavailable::Percent(25)),
+            reboot_required: spec.reboot_required,
+            timeouts: Timeouts {
+                drain,
+                ..Timeouts::default()
+            },
+        }
+    }
+}
+
+/// How a drain the caller ran for the node ended.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub enum DrainOutcome {
+    Running,
+    Done,
+    Failed(String),
+}
+
+/// Everything the planner knows of one node.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct NodeFacts {
+    pub name: String,
+    pub ready: bool,
+    /// `spec.unschedulable`.
+    pub cordoned: bool,
+    /// Recorded when the node was picked: a person had cordoned it already.
+    /// `None` before the node was picked.
+    pub cordoned_before: Option<bool>,
+    pub tainted: bool,
+    /// The state as last written (status, mirrored by the label).
+    pub state: Option<UpgradeState>,
+    /// How long the node has been in `state`, and since its upgrade began.
+    pub in_state: Duration,
+    pub in_upgrade: Duration,
+    /// A person labelled the node [`RETRY_VALUE`].
+    pub retry_requested: bool,
+    /// The driver version the agent reports loaded by us (`None`: none, or
+    /// only the in-box driver).
+    pub version: Option<String>,
+    /// The boot id the agent reports now.
+    pub boot_id: Option<String>,
+    /// The boot id recorded when the agent was told to reboot.
+    pub boot_id_before: Option<String>,
+    /// The target the agent was last told.
+    pub told: Option<String>,
+    pub drain: Option<DrainOutcome>,
+}
+
+/// What to do with one node now.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "camelCase")]
+pub enum Action {
+    /// Record whether it was cordoned already, then cordon and taint.
+    Cordon { was_cordoned: bool },
+    /// Start (or keep running) the drain.
+    Drain,
+    /// Tell the agent its target; with `reboot`, to reboot into it.
+    Tell { target: String, reboot: bool },
+    /// Remove the taint, and the cordon unless a person had set it.
+    Release { keep_cordon: bool },
+}
+
+/// The decision for one node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Decision {
+    pub node: String,
+    /// The state to write, when it changes.
+    pub state: Option<UpgradeState>,
+    pub actions: Vec<Action>,
+    /// Why, for the Event and the status.
+    pub reason: Option<String>,
+}
+
+/// The decisions of one pass and when to look again (the nearest timeout).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Plan {
+    pub decisions: Vec<Decision>,
+    pub wake_after: Option<Duration>,
+    /// Nodes per state after this pass, for `gpu_operator_upgrade_nodes`.
+    pub counts: BTreeMap<String, usize>,
+}
+
+/// Asks for a look again after `after`, unless an earlier one is due.
+fn wake(plan: &mut Plan, after: Duration) {
+    plan.wake_after = Some(plan.wake_after.map_or(after, |w| w.min(after)));
+}
+
+fn in_progress(state: &Option<UpgradeState>) -> bool {
+    matches!(
+        state,
+        Some(
+            UpgradeState::Started
+                | UpgradeState::InProgress
+                | UpgradeState::RebootInProgress
+                | UpgradeState::InstallInProgress
+        )
+    )
+}
+
+fn failed(state: &Option<UpgradeState>) -> bool {
+    matches!(
+        state,
+        Some(
+            UpgradeState::Failed
+                | UpgradeState::TimedOut
+                | UpgradeState::CordonFailed
+                | UpgradeState::UncordonFailed
+                | UpgradeState::DrainFailed
+                | UpgradeState::RebootFailed
+        )
+    )
+}
+
+/// One pass over every selected node, for `target`.
+pub fn plan(target: &str, policy: &Policy, nodes: &[NodeFacts]) -> Plan {
+    let mut plan = Plan::default();
+    // Nodes already moving, then the ones to pick; by name for a stable order.
+    let mut order: Vec<&NodeFacts> = nodes.iter().collect();
+    order.sort_by(|a, b| a.name.cmp(&b.name));
+    let mut busy = nodes.iter().filter(|n| in_progress(&n.state)).count();
+    let mut unavailable = nodes
+        .iter()
+        .filter(|n| n.cordoned || !n.ready || failed(&n.state) || in_progress(&n.state))
+        .count();
+    let unavailable_cap = policy.max_unavailable.of(nodes.len());
+    let mut next_states: Vec<Option<UpgradeState>> = Vec::with_capacity(order.len());
+    for node in order {
+        let mut decision = Decision {
+            node: node.name.clone(),
+            state: None,
+            actions: Vec::new(),
+            reason: None,
+        };
+        let at_target = node.version.as_deref() == Some(target);
+        let mut state = node.state.clone();
+        if failed(&state) && node.retry_requested {
+            state = Some(UpgradeState::NotStarted);
+            decision.reason = Some("retry asked for by the upgrade-required label".into());
+            if node.ready && !node.cordoned {
+                // It counted as unavailable for being failed; no more.
+                unavailable = unavailable.saturating_sub(1);
+            }
+        }
+        match state.clone() {
+            // First install: no policy, no drain (nothing can use the GPUs).
+            None if node.version.is_none() => {
+                decision.actions.push(Action::Tell {
+                    target: target.into(),
+                    reboot: false,
+                });
+                state = Some(UpgradeState::InstallInProgress);
+            }
+            Some(UpgradeState::InstallInProgress) => {
+                if at_target {
+                    state = Some(UpgradeState::InstallComplete);
+                } else if node.in_state >= policy.timeouts.load {
+                    state = Some(UpgradeState::Failed);
+                    decision.reason = Some(format!(
+                        "the agent did not report driver {target} within {:?}",
+                        policy.timeouts.load
+                    ));
+                } else {
+                    if node.told.as_deref() != Some(target) {
+                        decision.actions.push(Action::Tell {
+                            target: target.into(),
+                            reboot: false,
+                        });
+                    }
+                    wake(
+                        &mut plan,
+                        policy.timeouts.load.saturating_sub(node.in_state),
+                    );
+                }
+            }
+            None | Some(UpgradeState::Complete | UpgradeState::InstallComplete)
+                if !at_target && policy.enabled =>
+            {
+                state = Some(UpgradeState::NotStarted);
+            }
+            Some(UpgradeState::NotStarted) if at_target => {
+                state = Some(UpgradeState::Complete);
+            }
+            Some(UpgradeState::NotStarted) if policy.enabled => {
+                let parallel_ok = policy.max_parallel == 0 || busy < policy.max_parallel;
+                // Only a Ready node nobody cordoned is picked, so picking it
+                // always makes one more node unavailable.
+                let pickable = node.ready && !node.cordoned;
+                if pickable && parallel_ok && unavailable < unavailable_cap {
+                    busy += 1;
+                    unavailable += 1;
+                    state = Some(UpgradeState::Started);
+                    decision.actions.push(Action::Cordon {
+                        was_cordoned: node.cordoned,
+                    });
+                }
+            }
+            Some(UpgradeState::Started) => {
+                let started = node.cordoned && node.tainted;
+                match &node.drain {
+                    _ if !started && node.in_state >= policy.timeouts.cordon => {
+                        state = Some(UpgradeState::CordonFailed);
+                        decision.reason = Some(format!(
+                            "the node was not cordoned within {:?}",
+                            policy.timeouts.cordon
+                        ));
+                    }
+                    _ if !started => {
+                        decision.actions.push(Action::Cordon {
+                            was_cordoned: node.cordoned_before.unwrap_or(node.cordoned),
+                        });
+                        wake(
+                            &mut plan,
+                            policy.timeouts.cordon.saturating_sub(node.in_state),
+                        );
+                    }
+                    Some(DrainOutcome::Failed(why)) => {
+                        state = Some(UpgradeState::DrainFailed);
+                        decision.reason = Some(why.clone());
+                    }
+                    Some(DrainOutcome::Done) => {
+                        state = Some(UpgradeState::InProgress);
+                        decision.actions.push(Action::Tell {
+                            target: target.into(),
+                            reboot: policy.reboot_required,
+                        });
+                    }
+                    None | Some(DrainOutcome::Running) => {
+                        decision.actions.push(Action::Drain);
+                        if let Some(limit) = policy.timeouts.drain {
+                            wake(&mut plan, limit.saturating_sub(node.in_state));
+                        }
+                    }
+                }
+            }
+            Some(UpgradeState::InProgress | UpgradeState::RebootInProgress) => {
+                let rebooting = state == Some(UpgradeState::RebootInProgress);
+                let rebooted = node.boot_id.is_some() && node.boot_id != node.boot_id_before;
+                let limit = if rebooting {
+                    policy.timeouts.reboot
+                } else {
+                    policy.timeouts.load
+                };
+                if at_target && (!policy.reboot_required || rebooted) {
+                    decision.actions.push(Action::Release {
+                        keep_cordon: node.cordoned_before.unwrap_or(false),
+                    });
+                    state = Some(UpgradeState::Complete);
+                } else if node.in_upgrade >= policy.timeouts.upgrade {
+                    state = Some(UpgradeState::TimedOut);
+                    decision.reason =
+                        Some(format!("not done within {:?}", policy.timeouts.upgrade));
+                } else if node.in_state >= limit {
+                    state = Some(if rebooting {
+                        UpgradeState::RebootFailed
+                    } else {
+                        UpgradeState::Failed
+                    });
+                    decision.reason = Some(if rebooting {
+                        format!("the node did not come back from its reboot within {limit:?}")
+                    } else {
+                        format!("the agent did not report driver {target} within {limit:?}")
+                    });
+                } else {
+                    // A target changed mid-upgrade is told again; the node is
+                    // drained already and is not drained twice.
+                    if node.told.as_deref() != Some(target) {
+                        decision.actions.push(Action::Tell {
+                            target: target.into(),
+                            reboot: policy.reboot_required,
+                        });
+                    }
+                    if policy.reboot_required && !rebooting && node.told.as_deref() == Some(target)
+                    {
+                        state = Some(UpgradeState::RebootInProgress);
+                    }
+                    wake(&mut plan, limit.saturating_sub(node.in_state));
+                }
+            }
+            _ => {}
+        }
+        if state != node.state {
+            decision.state = state.clone();
+        }
+        next_states.push(state);
+        if decision.state.is_some() || !decision.actions.is_empty() || decision.reason.is_some() {
+            plan.decisions.push(decision);
+        }
+    }
+    for state in next_states.into_iter().flatten() {
+        *plan.counts.entry(state.as_str().to_owned()).or_default() += 1;
+    }
+    plan
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TARGET: &str = "6.4.1";
+
+    fn node(name: &str, state: Option<UpgradeState>, version: &str) -> NodeFacts {
+        NodeFacts {
+            name: name.into(),
+            ready: true,
+            state,
+            version: Some(version.into()),
+            boot_id: Some("boot-1".into()),
+            ..NodeFacts::default()
+        }
+    }
+
+    fn policy(max_parallel: usize, max_unavailable: MaxUnavailable) -> Policy {
+        Policy {
+            enabled: true,
+            max_parallel,
+            max_unavailable,
+            reboot_required: false,
+            timeouts: Timeouts::default(),
+        }
+    }
+
+    fn states(plan: &Plan) -> Vec<(String, Option<UpgradeState>)> {
+        plan.decisions
+            .iter()
+            .map(|d| (d.node.clone(), d.state.clone()))
+            .collect()
+    }
+
+    #[test]
+    fn max_unavailable_reads_counts_and_rounds_percentages_up() {
+        let parse = |v: IntOrString| MaxUnavailable::parse(&v);
+        assert_eq!(parse(IntOrString::Int(2)), Ok(MaxUnavailable::Count(2)));
+        assert_eq!(
+            parse(IntOrString::String("25%".into())),
+            Ok(MaxUnavailable::Percent(25))
+        );
+        assert_eq!(
+            parse(IntOrString::String("3".into())),
+            Ok(MaxUnavailable::Count(3))
+        );
+        assert!(parse(IntOrString::Int(-1)).is_err());
+        assert!(parse(IntOrString::String("a quarter".into())).is_err());
+        assert_eq!(MaxUnavailable::Percent(25).of(5), 2);
+        assert_eq!(MaxUnavailable::Percent(25).of(1000), 250);
+        assert_eq!(MaxUnavailable::Percent(1).of(3), 1);
+        assert_eq!(MaxUnavailable::Count(0).of(10), 1);
+    }
+
+    #[test]
+    fn a_version_change_moves_every_node_to_not_started_then_picks_within_both_limits() {
+        let nodes: Vec<NodeFacts> = (1..=5)
+            .map(|i| node(&format!("n{i}"), Some(UpgradeState::Complete), "6.3.0"))
+            .collect();
+        let p = policy(2, MaxUnavailable::Count(3));
+        let first = plan(TARGET, &p, &nodes);
+        assert!(
+            states(&first)
+                .iter()
+                .all(|(_, s)| *s == Some(UpgradeState::NotStarted))
+        );
+        let waiting: Vec<NodeFacts> = nodes
+            .iter()
+            .map(|n| NodeFacts {
+                state: Some(UpgradeState::NotStarted),
+                ..n.clone()
+            })
+            .collect();
+        let second = plan(TARGET, &p, &waiting);
+        assert_eq!(
+            states(&second),
+            [
+                ("n1".into(), Some(UpgradeState::Started)),
+                ("n2".into(), Some(UpgradeState::Started)),
+            ]
+        );
+        assert_eq!(
+            second.decisions[0].actions,
+            [Action::Cordon {
+                was_cordoned: false
+            }]
+        );
+        // A cordoned node (a person's) and a failed one count as unavailable:
+        // with 3 allowed, only one more may start.
+        let mut busy = waiting.clone();
+        busy[0].cordoned = true;
+        busy[1].state = Some(UpgradeState::DrainFailed);
+        let third = plan(TARGET, &policy(0, MaxUnavailable::Count(3)), &busy);
+        assert_eq!(states(&third), [("n3".into(), Some(UpgradeState::Started))]);
+    }
+
+    #[test]
+    fn a_node_that_is_not_ready_or_cordoned_by_a_person_is_not_picked() {
+        let mut nodes = vec![
+            node("a", Some(UpgradeState::NotStarted), "6.3.0"),
+            node("b", Some(UpgradeState::NotStarted), "6.3.0"),
+            node("c", Some(UpgradeState::NotStarted), "6.3.0"),
+        ];
+        nodes[0].ready = false;
+        nodes[1].cordoned = true;
+        let plan = plan(TARGET, &policy(0, MaxUnavailable::Percent(100)), &nodes);
+        assert_eq!(states(&plan), [("c".into(), Some(UpgradeState::Started))]);
+    }
+
+    #[test]
+    fn a_node_goes_cordon_drain_tell_release_and_keeps_a_persons_cordon() {
+        let p = policy(1, MaxUnavailable::Count(1));
+        let mut n = node("a", Some(UpgradeState::Started), "6.3.0");
+        n.cordoned_before = Some(true);
+        // Not yet cordoned by us: cordon (again), remembering the person's.
+        let step = plan(TARGET, &p, std::slice::from_ref(&n));
+        assert_eq!(
+            step.decisions[0].actions,
+            [Action::Cordon { was_cordoned: true }]
+        );
+        n.cordoned = true;
+        n.tainted = true;
+        let step = plan(TARGET, &p, std::slice::from_ref(&n));
+        assert_eq!(step.decisions[0].actions, [Action::Drain]);
+        assert_eq!(step.wake_after, Some(Duration::from_secs(300)));
+        n.drain = Some(DrainOutcome::Done);
+        let step = plan(TARGET, &p, std::slice::from_ref(&n));
+        assert_eq!(step.decisions[0].state, Some(UpgradeState::InProgress));
+        assert_eq!(
+            step.decisions[0].actions,
+            [Action::Tell {
+                target: TARGET.into(),
+                reboot: false
+            }]
+        );
+        n.state = Some(UpgradeState::InProgress);
+        n.told = Some(TARGET.into());
+        n.version = Some(TARGET.into());
+        let step = plan(TARGET, &p, std::slice::from_ref(&n));
+        assert_eq!(step.decisions[0].state, Some(UpgradeState::Complete));
+        assert_eq!(
+            step.decisions[0].actions,
+            [Action::Release { keep_cordon: true }]
+        );
+    }
+
+    #[test]
+    fn a_reboot_completes_on_a_new_boot_id_and_fails_after_its_timeout() {
+        let mut p = policy(1, MaxUnavailable::Count(1));
+        p.reboot_required = true;
+        let mut n = node("a", Some(UpgradeState::InProgress), "6.3.0");
+        n.told = Some(TARGET.into());
+        n.boot_id_before = Some("boot-1".into());
+        let step = plan(TARGET, &p, std::slice::from_ref(&n));
+        assert_eq!(
+            step.decisions[0].state,
+            Some(UpgradeState::RebootInProgress)
+        );
+        n.state = Some(UpgradeState::RebootInProgress);
+        // The version alone is not enough: the node must have rebooted.
+        n.version = Some(TARGET.into());
+        assert!(
+            plan(TARGET, &p, std::slice::from_ref(&n))
+                .decisions
+                .is_empty()
+        );
+        n.boot_id = Some("boot-2".into());
+        let step = plan(TARGET, &p, std::slice::from_ref(&n));
+        assert_eq!(step.decisions[0].state, Some(UpgradeState::Complete));
+        // One that never comes back.
+        let mut lost = node("b", Some(UpgradeState::RebootInProgress), "6.3.0");
+        lost.told = Some(TARGET.into());
+        lost.boot_id_before = Some("boot-1".into());
+        lost.in_state = p.timeouts.reboot;
+        let step = plan(TARGET, &p, &[lost]);
+        assert_eq!(step.decisions[0].state, Some(UpgradeState::RebootFailed));
+        assert!(
+            step.decisions[0]
+                .reason
+                .as_deref()
+                .is_some_and(|r| r.contains("reboot"))
+        );
+    }
+
+    #[test]
+    fn a_failed_node_stays_failed_until_a_person_asks_for_a_retry() {
+        let p = policy(0, MaxUnavailable::Percent(100));
+        let mut n = node("a", Some(UpgradeState::DrainFailed), "6.3.0");
+        assert!(
+            plan(TARGET, &p, std::slice::from_ref(&n))
+                .decisions
+                .is_empty()
+        );
+        n.retry_requested = true;
+        let step = plan(TARGET, &p, std::slice::from_ref(&n));
+        // Reset and picked in the same pass.
+        assert_eq!(step.decisions[0].state, Some(UpgradeState::Started));
+    }
+
+    #[test]
+    fn a_target_changed_mid_upgrade_is_told_again_without_a_second_drain() {
+        let p = policy(1, MaxUnavailable::Count(1));
+        let mut n = node("a", Some(UpgradeState::InProgress), "6.3.0");
+        n.told = Some("6.4.0".into());
+        let step = plan(TARGET, &p, std::slice::from_ref(&n));
+        assert_eq!(
+            step.decisions[0].actions,
+            [Action::Tell {
+                target: TARGET.into(),
+                reboot: false
+            }]
+        );
+        assert_eq!(step.decisions[0].state, None);
+    }
+
+    #[test]
+    fn a_first_install_needs_no_policy_and_an_up_to_date_node_nothing() {
+        let mut p = policy(1, MaxUnavailable::Count(1));
+        p.enabled = false;
+        let fresh = NodeFacts {
+            name: "new".into(),
+            ready: true,
+            ..NodeFacts::default()
+        };
+        let current = node("done", Some(UpgradeState::Complete), TARGET);
+        let old = node("old", Some(UpgradeState::Complete), "6.3.0");
+        let step = plan(TARGET, &p, &[fresh, current, old]);
+        assert_eq!(
+            states(&step),
+            [("new".into(), Some(UpgradeState::InstallInProgress))]
+        );
+        assert_eq!(step.counts.get("Upgrade-Complete"), Some(&2));
+    }
+
+    #[test]
+    fn timeouts_fail_the_step_and_the_nearest_one_is_the_wake_up() {
+        let p = policy(0, MaxUnavailable::Percent(100));
+        let mut slow = node("slow", Some(UpgradeState::InProgress), "6.3.0");
+        slow.told = Some(TARGET.into());
+        slow.in_state = Duration::from_secs(590);
+        let mut stuck = node("stuck", Some(UpgradeState::InProgress), "6.3.0");
+        stuck.told = Some(TARGET.into());
+        stuck.in_state = Duration::from_secs(100);
+        stuck.in_upgrade = p.timeouts.upgrade;
+        let step = plan(TARGET, &p, &[slow, stuck]);
+        assert_eq!(step.wake_after, Some(Duration::from_secs(10)));
+        assert_eq!(
+            states(&step),
+            [("stuck".into(), Some(UpgradeState::TimedOut))]
+        );
+    }
+
+    /// Carries out a plan as the cluster would, instantly: the executor's
+    /// job, reduced to what the facts show afterwards.
+    fn carry_out(plan: &Plan, nodes: &mut [NodeFacts]) {
+        for d in &plan.decisions {
+            let n = nodes
+                .iter_mut()
+                .find(|n| n.name == d.node)
+                .expect("planned node");
+            if let Some(state) = &d.state {
+                n.state = Some(state.clone());
+                n.in_state = Duration::ZERO;
+            }
+            for action in &d.actions {
+                match action {
+                    Action::Cordon { was_cordoned } => {
+                        n.cordoned_before.get_or_insert(*was_cordoned);
+                        n.cordoned = true;
+                        n.tainted = true;
+                    }
+                    Action::Drain => n.drain = Some(DrainOutcome::Done),
+                    Action::Tell { target, .. } => {
+                        n.told = Some(target.clone());
+                        n.version = Some(target.clone());
+                    }
+                    Action::Release { keep_cordon } => {
+                        n.cordoned = *keep_cordon;
+                        n.tainted = false;
+                        n.drain = None;
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_rolling_upgrade_of_five_nodes_never_has_more_than_two_in_progress() {
+        let p = policy(2, MaxUnavailable::Count(2));
+        let mut nodes: Vec<NodeFacts> = (1..=5)
+            .map(|i| node(&format!("n{i}"), Some(UpgradeState::Complete), "6.3.0"))
+            .collect();
+        let mut most = 0;
+        for _pass in 0..50 {
+            let step = plan(TARGET, &p, &nodes);
+            carry_out(&step, &mut nodes);
+            let busy = nodes.iter().filter(|n| in_progress(&n.state)).count();
+            let unavailable = nodes
+                .iter()
+                .filter(|n| n.cordoned || in_progress(&n.state))
+                .count();
+            assert!(busy <= 2, "{busy} in progress");
+            assert!(unavailable <= 2, "{unavailable} unavailable");
+            most = most.max(busy);
+            if step.decisions.is_empty() {
+                break;
+            }
+        }
+        assert_eq!(most, 2, "the two allowed were used");
+        for n in &nodes {
+            assert_eq!(n.state, Some(UpgradeState::Complete), "{}", n.name);
+            assert_eq!(n.version.as_deref(), Some(TARGET));
+            assert!(!n.cordoned && !n.tainted, "{} released", n.name);
+        }
+    }
+}
