@@ -204,6 +204,59 @@ impl HostRoot {
         })
     }
 
+    /// Reads a whole file of any size from its start, handing it to `each`
+    /// in chunks, so that a big file (a kernel module) is never held in
+    /// memory. More than `max_bytes` is an error (`InvalidData`) before
+    /// `each` has seen more than `max_bytes`. Returns the bytes read.
+    pub fn read_chunks(
+        &self,
+        host_path: impl AsRef<Path>,
+        max_bytes: u64,
+        mut each: impl FnMut(&[u8]),
+    ) -> Result<u64> {
+        let path = self.path(host_path);
+        let file = fs::File::open(&path).map_err(|e| HostError::io(&path, e))?;
+        let mut limited = file.take(max_bytes.saturating_add(1));
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut total: u64 = 0;
+        loop {
+            let n = match limited.read(&mut buf) {
+                Ok(0) => return Ok(total),
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(HostError::io(&path, e)),
+            };
+            total += n as u64;
+            if total > max_bytes {
+                return Err(HostError::io(
+                    &path,
+                    io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!("larger than the {max_bytes} bytes allowed"),
+                    ),
+                ));
+            }
+            each(&buf[..n]);
+        }
+    }
+
+    /// Whether `host_path`, with every symbolic link resolved, is `dir` or
+    /// inside it (also resolved): a link that points out of `dir` is not.
+    /// Links resolve as the kernel resolves them for this process, so an
+    /// absolute link under a root other than `/` points outside the root
+    /// and is not inside. A missing path is a not-found error.
+    pub fn resolves_within(
+        &self,
+        dir: impl AsRef<Path>,
+        host_path: impl AsRef<Path>,
+    ) -> Result<bool> {
+        let dir = self.path(dir);
+        let path = self.path(host_path);
+        let dir = fs::canonicalize(&dir).map_err(|e| HostError::io(&dir, e))?;
+        let resolved = fs::canonicalize(&path).map_err(|e| HostError::io(&path, e))?;
+        Ok(resolved.starts_with(&dir))
+    }
+
     /// Lists the names in a directory, sorted. Names that are not UTF-8 are skipped:
     /// no kernel object this program cares about has one.
     pub fn list_dir(&self, host_path: impl AsRef<Path>) -> Result<Vec<String>> {
@@ -539,6 +592,49 @@ mod tests {
         assert!(!err.is_not_found());
         assert!(host.read_attr("/sys/a/missing").unwrap_err().is_not_found());
         assert_eq!(host.read_optional_attr("/sys/a/missing").unwrap(), None);
+    }
+
+    #[test]
+    fn chunked_reads_are_whole_and_capped() {
+        let dir = tempfile::tempdir().unwrap();
+        let host = HostRoot::new(dir.path());
+        let data: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+        host.write("/b/module.ko", &data).unwrap();
+        let mut seen = Vec::new();
+        let n = host
+            .read_chunks("/b/module.ko", data.len() as u64, |c| {
+                seen.extend_from_slice(c)
+            })
+            .unwrap();
+        assert_eq!((n, &seen), (data.len() as u64, &data));
+        let mut seen = 0usize;
+        let err = host
+            .read_chunks("/b/module.ko", 100_000, |c| seen += c.len())
+            .unwrap_err();
+        assert!(err.to_string().contains("100000 bytes"), "{err}");
+        assert!(seen <= 100_000, "{seen}");
+    }
+
+    #[test]
+    fn links_out_of_a_directory_do_not_resolve_within_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let host = HostRoot::new(dir.path());
+        host.write("/b/firmware/a.bin", "a").unwrap();
+        host.write("/outside", "x").unwrap();
+        host.symlink("/b/firmware/a.bin", "/b/firmware/inside.bin")
+            .unwrap();
+        host.symlink("/outside", "/b/firmware/out.bin").unwrap();
+        assert!(host.resolves_within("/b", "/b/firmware/a.bin").unwrap());
+        assert!(
+            host.resolves_within("/b", "/b/firmware/inside.bin")
+                .unwrap()
+        );
+        assert!(!host.resolves_within("/b", "/b/firmware/out.bin").unwrap());
+        assert!(
+            host.resolves_within("/b", "/b/missing")
+                .unwrap_err()
+                .is_not_found()
+        );
     }
 
     #[test]

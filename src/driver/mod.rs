@@ -1,16 +1,19 @@
 //! The node side of the driver lifecycle: what amdgpu driver and kernel a
-//! node runs ([`report`]).
+//! node runs ([`report`]), and driver bundles, the on-disk form of one driver
+//! for one kernel, with the checks a bundle must pass before it may be
+//! loaded ([`bundle`]).
 //!
-//! This module owns reading the driver's and the kernel's state. Built so
-//! far: the report only. Not built yet: bundles and their verification,
-//! loading, blacklisting, unloading, reboots, and the cluster-wide upgrade;
-//! `spec.driver` is still accepted and not acted on.
+//! Built so far: the report and bundle verification. Not built yet: fetching
+//! bundles (driver images, tarballs), loading, blacklisting, unloading,
+//! reboots, and the cluster-wide upgrade; `spec.driver` is still accepted
+//! and not acted on.
 //!
-//! It must not write the Node or decide cluster-wide: the agent publishes
-//! what it reports, the leader orchestrates. All host reads go through
-//! [`crate::host`]; the module's version comes from discovery
+//! This module must not write the Node or decide cluster-wide: the agent
+//! publishes what it reports, the leader orchestrates. All host reads go
+//! through [`crate::host`]; the module's version comes from discovery
 //! ([`crate::device::DriverState`]), which reads it once for everyone.
 
+pub mod bundle;
 pub mod report;
 
 pub use report::{DriverReport, ModuleOrigin, SecureBoot, read_report};
