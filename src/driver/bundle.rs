@@ -949,7 +949,7 @@ mod tests {
         write_manifest(&host, &other, "6.12.12", "6.11.0").unwrap();
         host.create_dir_all(format!("{store}/empty")).unwrap();
         assert_eq!(find(&host, store, KERNEL).unwrap(), [DIR]);
-        assert_eq!(find(&host, store, "6.11.0").unwrap(), [other.clone()]);
+        assert_eq!(find(&host, store, "6.11.0").unwrap(), [other.as_str()]);
         assert!(find(&host, store, "5.15.0").unwrap().is_empty());
         // A bundle given directly is itself.
         assert_eq!(find(&host, &other, KERNEL).unwrap(), [other]);

@@ -1,9 +1,10 @@
 //! The node side of the driver lifecycle: what amdgpu driver and kernel a
 //! node runs ([`report`]), and driver bundles, the on-disk form of one driver
 //! for one kernel, with the checks a bundle must pass before it may be
-//! loaded ([`bundle`]).
+//! loaded ([`bundle`]), and the preflight an administrator runs before
+//! booting a new kernel ([`preflight`]).
 //!
-//! Built so far: the report and bundle verification. Not built yet: fetching
+//! Built so far: the report, bundle verification and the preflight. Not built yet: fetching
 //! bundles (driver images, tarballs), loading, blacklisting, unloading,
 //! reboots, and the cluster-wide upgrade; `spec.driver` is still accepted
 //! and not acted on.
@@ -14,6 +15,7 @@
 //! ([`crate::device::DriverState`]), which reads it once for everyone.
 
 pub mod bundle;
+pub mod preflight;
 pub mod report;
 
 pub use report::{DriverReport, ModuleOrigin, SecureBoot, read_report};
