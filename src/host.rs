@@ -204,39 +204,38 @@ impl HostRoot {
         })
     }
 
-    /// Reads a whole file of any size from its start, handing it to `each`
-    /// in chunks, so that a big file (a kernel module) is never held in
-    /// memory. More than `max_bytes` is an error (`InvalidData`) before
-    /// `each` has seen more than `max_bytes`. Returns the bytes read.
+    /// Opens a file of any size to be read from its start as a stream, so
+    /// that a big file (a kernel module) is never held in memory: reading
+    /// more than `max_bytes` from it is an error (`InvalidData`, naming the
+    /// file) instead of more bytes.
+    pub fn open_capped(&self, host_path: impl AsRef<Path>, max_bytes: u64) -> Result<CappedFile> {
+        let path = self.path(host_path);
+        let file = fs::File::open(&path).map_err(|e| HostError::io(&path, e))?;
+        Ok(CappedFile {
+            file: file.take(max_bytes.saturating_add(1)),
+            path,
+            max_bytes,
+            read: 0,
+        })
+    }
+
+    /// Reads a whole file of any size through [`HostRoot::open_capped`],
+    /// handing it to `each` in chunks. Returns the bytes read.
     pub fn read_chunks(
         &self,
         host_path: impl AsRef<Path>,
         max_bytes: u64,
         mut each: impl FnMut(&[u8]),
     ) -> Result<u64> {
-        let path = self.path(host_path);
-        let file = fs::File::open(&path).map_err(|e| HostError::io(&path, e))?;
-        let mut limited = file.take(max_bytes.saturating_add(1));
+        let mut file = self.open_capped(host_path, max_bytes)?;
         let mut buf = vec![0u8; 64 * 1024];
-        let mut total: u64 = 0;
         loop {
-            let n = match limited.read(&mut buf) {
-                Ok(0) => return Ok(total),
-                Ok(n) => n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(HostError::io(&path, e)),
-            };
-            total += n as u64;
-            if total > max_bytes {
-                return Err(HostError::io(
-                    &path,
-                    io::Error::new(
-                        io::ErrorKind::InvalidData,
-                        format!("larger than the {max_bytes} bytes allowed"),
-                    ),
-                ));
+            match file.read(&mut buf) {
+                Ok(0) => return Ok(file.read),
+                Ok(n) => each(&buf[..n]),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(HostError::io(&file.path, e)),
             }
-            each(&buf[..n]);
         }
     }
 
@@ -324,6 +323,37 @@ impl HostRoot {
             fs::remove_file(&path).map_err(|e| HostError::io(&path, e))?;
         }
         std::os::unix::fs::symlink(&relative, &path).map_err(|e| HostError::io(&path, e))
+    }
+}
+
+/// A file opened by [`HostRoot::open_capped`]: a [`Read`] that fails
+/// rather than give more than its cap.
+#[derive(Debug)]
+pub struct CappedFile {
+    file: io::Take<fs::File>,
+    path: PathBuf,
+    max_bytes: u64,
+    read: u64,
+}
+
+impl CappedFile {
+    /// Where it was opened (under the root), for errors.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Read for CappedFile {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.file.read(buf)?;
+        self.read += n as u64;
+        if self.read > self.max_bytes {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("larger than the {} bytes allowed", self.max_bytes),
+            ));
+        }
+        Ok(n)
     }
 }
 

@@ -33,11 +33,11 @@
 //! distributions' signing scripts do (decompress, sign, compress again), and
 //! the kernel checks the signature on the decompressed image. So the trailer
 //! of a compressed module is inside the compressed data, not at the end of
-//! the file: a `.ko` is checked at its end, a `.ko.gz` after decompressing
-//! (streamed, capped); `.ko.xz` and `.ko.zst` cannot be checked yet and are
-//! refused with [`Refusal::SignatureUncheckable`] when a signature is
-//! required. A trailer says the module is signed, not by whom: the kernel
-//! still checks the key when it loads it.
+//! the file: a `.ko` is checked at its end as it is hashed, a `.ko.gz`,
+//! `.ko.xz` or `.ko.zst` after decompressing it (streamed, capped); one that
+//! does not decompress is [`Refusal::SignatureUncheckable`]. A trailer says
+//! the module is signed, not by whom: the kernel still checks the key when it
+//! loads it.
 //!
 //! This module reads through [`HostRoot`] (bundle paths are host paths) and
 //! decides nothing about loading.
@@ -142,10 +142,7 @@ pub enum Refusal {
     DependencyMissing { module: String, dependency: String },
     #[error("{path}: not signed, and Secure Boot requires signed modules")]
     UnsignedModule { path: String },
-    #[error(
-        "{path}: its signature cannot be checked ({why}); ship it as .ko or .ko.gz, \
-         or with Secure Boot off"
-    )]
+    #[error("{path}: its signature cannot be checked: {why}")]
     SignatureUncheckable { path: String, why: String },
     #[error("{0}")]
     Unreadable(String),
@@ -374,27 +371,35 @@ impl Write for TailSink {
     }
 }
 
-/// Whether a gzip-compressed module's decompressed image ends with the
-/// trailer. Streamed: neither image is held in memory.
-fn gzip_module_signed(host: &HostRoot, path: &str) -> Result<bool, Refusal> {
-    let mut decoder = flate2::write::GzDecoder::new(TailSink::default());
-    let mut failed = None;
-    host.read_chunks(path, MAX_FILE_BYTES, |chunk| {
-        if failed.is_none()
-            && let Err(e) = decoder.write_all(chunk)
-        {
-            failed = Some(e);
+/// Whether a compressed module's decompressed image ends with the trailer.
+/// Streamed, both sides capped: neither image is held in memory.
+fn compressed_module_signed(
+    host: &HostRoot,
+    path: &str,
+    kind: ModuleFile,
+) -> Result<bool, Refusal> {
+    let file = host.open_capped(path, MAX_FILE_BYTES).map_err(unreadable)?;
+    let mut input = std::io::BufReader::new(file);
+    let mut sink = TailSink::default();
+    let decompressed: Result<(), String> = match kind {
+        ModuleFile::Plain => return Err(Refusal::Unreadable(format!("{path}: not compressed"))),
+        ModuleFile::Gzip => std::io::copy(&mut flate2::bufread::GzDecoder::new(input), &mut sink)
+            .map(drop)
+            .map_err(|e| format!("gzip: {e}")),
+        ModuleFile::Xz => {
+            lzma_rs::xz_decompress(&mut input, &mut sink).map_err(|e| format!("xz: {e}"))
         }
-    })
-    .map_err(unreadable)?;
-    let uncheckable = |e: std::io::Error| Refusal::SignatureUncheckable {
-        path: path.to_owned(),
-        why: format!("gzip: {e}"),
+        ModuleFile::Zstd => match ruzstd::decoding::StreamingDecoder::new(input) {
+            Ok(mut decoder) => std::io::copy(&mut decoder, &mut sink)
+                .map(drop)
+                .map_err(|e| format!("zstd: {e}")),
+            Err(e) => Err(format!("zstd: {e}")),
+        },
     };
-    if let Some(e) = failed {
-        return Err(uncheckable(e));
-    }
-    let sink = decoder.finish().map_err(uncheckable)?;
+    decompressed.map_err(|why| Refusal::SignatureUncheckable {
+        path: path.to_owned(),
+        why,
+    })?;
     Ok(sink.tail.signed())
 }
 
@@ -547,13 +552,7 @@ pub fn verify(host: &HostRoot, dir: &str, expected: &Expected) -> Result<Verifie
             let is_signed = match ModuleFile::of(path) {
                 None => continue,
                 Some(ModuleFile::Plain) => signed.contains(path),
-                Some(ModuleFile::Gzip) => gzip_module_signed(host, &host_path)?,
-                Some(kind @ (ModuleFile::Xz | ModuleFile::Zstd)) => {
-                    return Err(Refusal::SignatureUncheckable {
-                        path: host_path,
-                        why: format!("{kind:?} decompression is not built in"),
-                    });
-                }
+                Some(kind) => compressed_module_signed(host, &host_path, kind)?,
             };
             if !is_signed {
                 return Err(Refusal::UnsignedModule { path: host_path });
@@ -790,35 +789,48 @@ mod tests {
     }
 
     #[test]
-    fn gzip_modules_are_checked_inside_their_compressed_image() {
-        // Signed, then compressed, as modules_install does: the file itself
-        // does not end with the trailer.
-        let signed = gzip(&module_bytes("amdgpu", true));
-        assert!(!signed.ends_with(SIGNATURE_TRAILER));
-        let (_dir, host) = setup(("amdgpu.ko.gz", signed));
-        assert!(verify(&host, DIR, &expected(true)).is_ok());
+    fn compressed_modules_are_checked_inside_their_compressed_image() {
+        type Compress = fn(&[u8]) -> Vec<u8>;
+        let xz: Compress = |bytes| {
+            let mut out = Vec::new();
+            lzma_rs::xz_compress(&mut &bytes[..], &mut out).unwrap();
+            out
+        };
+        let zstd: Compress = |bytes| {
+            let mut out = Vec::new();
+            ruzstd::encoding::compress(
+                bytes,
+                &mut out,
+                ruzstd::encoding::CompressionLevel::Fastest,
+            );
+            out
+        };
+        for (name, compress) in [
+            ("amdgpu.ko.gz", gzip as Compress),
+            ("amdgpu.ko.xz", xz),
+            ("amdgpu.ko.zst", zstd),
+        ] {
+            // Signed, then compressed, as modules_install does: the file
+            // itself does not end with the trailer.
+            let signed = compress(&module_bytes("amdgpu", true));
+            assert!(!signed.ends_with(SIGNATURE_TRAILER), "{name}");
+            let (_dir, host) = setup((name, signed));
+            let verified = verify(&host, DIR, &expected(true));
+            assert!(verified.is_ok(), "{name}: {verified:?}");
 
-        let (_dir, host) = setup(("amdgpu.ko.gz", gzip(&module_bytes("amdgpu", false))));
-        assert_eq!(
-            reason(verify(&host, DIR, &expected(true))),
-            "UnsignedModule"
-        );
+            let unsigned = compress(&module_bytes("amdgpu", false));
+            let (_dir, host) = setup((name, unsigned));
+            assert!(verify(&host, DIR, &expected(false)).is_ok(), "{name}");
+            assert_eq!(
+                reason(verify(&host, DIR, &expected(true))),
+                "UnsignedModule",
+                "{name}"
+            );
 
-        let (_dir, host) = setup(("amdgpu.ko.gz", b"not gzip at all".to_vec()));
-        assert_eq!(
-            reason(verify(&host, DIR, &expected(true))),
-            "SignatureUncheckable"
-        );
-    }
-
-    #[test]
-    fn xz_and_zstd_modules_cannot_be_checked_yet() {
-        let (_dir, host) = setup(("amdgpu.ko.zst", b"zstd frame".to_vec()));
-        assert!(verify(&host, DIR, &expected(false)).is_ok());
-        assert_eq!(
-            reason(verify(&host, DIR, &expected(true))),
-            "SignatureUncheckable"
-        );
+            let (_dir, host) = setup((name, b"not compressed at all".to_vec()));
+            let refusal = verify(&host, DIR, &expected(true)).unwrap_err();
+            assert_eq!(refusal.reason(), "SignatureUncheckable", "{refusal}");
+        }
     }
 
     #[test]
