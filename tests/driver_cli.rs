@@ -34,6 +34,12 @@ impl Host {
     }
 
     fn write_bundle(&self, kernel: &str, signed: bool) {
+        self.write_bundle_tree(kernel, signed);
+        write_manifest(&self.host, &Self::bundle_dir(kernel), VERSION, kernel).unwrap();
+    }
+
+    /// The bundle's files, without its manifest.
+    fn write_bundle_tree(&self, kernel: &str, signed: bool) {
         let bundle = Self::bundle_dir(kernel);
         let modules = format!("{bundle}/lib/modules/{kernel}");
         for name in ["amdgpu", "amdttm"] {
@@ -54,7 +60,6 @@ impl Host {
         self.host
             .write(format!("{bundle}/firmware/amdgpu/psp_13_0_6_sos.bin"), "fw")
             .unwrap();
-        write_manifest(&self.host, &bundle, VERSION, kernel).unwrap();
     }
 
     /// Runs `gpu-operator driver ARGS --host-root <root>`: exit code, stdout.
@@ -186,4 +191,53 @@ fn bad_arguments_and_unreadable_roots_exit_2() {
     let help = String::from_utf8_lossy(&help.stdout);
     assert!(help.contains("Exit status: 0"), "{help}");
     assert!(help.contains("BundleMissingForKernel"), "{help}");
+}
+
+#[test]
+fn manifest_writes_a_bundle_that_check_accepts_and_names_what_is_missing() {
+    let host = Host::with_bundle(true);
+    let kernel = "6.8.0-51-generic";
+    let bundle = Host::bundle_dir(kernel);
+    host.write_bundle_tree(kernel, true);
+    let (code, json) = host.check_json(&["--kernel", kernel]);
+    assert_eq!(code, 1, "no manifest yet: {json:#}");
+
+    let args = [
+        "manifest",
+        "--bundle-dir",
+        &bundle,
+        "--kernel",
+        kernel,
+        "--version",
+        VERSION,
+    ];
+    let (code, stdout, stderr) = host.driver(&args);
+    assert_eq!(code, 0, "{stdout} {stderr}");
+    assert!(stdout.contains("listing 4 files"), "{stdout}");
+    let (code, json) = host.check_json(&["--kernel", kernel, "--signatures", "required"]);
+    assert_eq!(code, 0, "{json:#}");
+
+    // A dependency depmod names but nobody copied.
+    host.host
+        .write(
+            format!("{bundle}/lib/modules/{kernel}/modules.dep"),
+            "updates/dkms/amdgpu.ko: updates/dkms/amdttm.ko updates/dkms/amdxcp.ko\n",
+        )
+        .unwrap();
+    let (code, stdout, _) = host.driver(&args);
+    assert_eq!(code, 1, "{stdout}");
+    assert!(stdout.contains("DependencyMissing"), "{stdout}");
+    assert!(stdout.contains("amdxcp.ko"), "{stdout}");
+
+    let missing = format!("{bundle}-nowhere");
+    let (code, _, stderr) = host.driver(&[
+        "manifest",
+        "--bundle-dir",
+        &missing,
+        "--kernel",
+        kernel,
+        "--version",
+        VERSION,
+    ]);
+    assert_eq!(code, 2, "{stderr}");
 }

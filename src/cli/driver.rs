@@ -16,7 +16,7 @@ use super::args::{HostRootArg, OutputFormat};
 use super::output::fail;
 use super::runtime::run_to_end;
 use crate::device::{self, Limits};
-use crate::driver::bundle::Expected;
+use crate::driver::bundle::{self, Expected};
 use crate::driver::preflight::{self, DEFAULT_STORE, Preflight};
 use crate::driver::{DriverReport, SecureBoot, read_report};
 use crate::host::HostRoot;
@@ -54,6 +54,33 @@ pub enum DriverCommand {
     /// BundleMissingForKernel, ChecksumMismatch, UnsignedModule), 2 an
     /// argument is bad or the host root or bundle directory cannot be read.
     Check(DriverCheckArgs),
+    /// Write manifest.json for a bundle directory that is otherwise complete.
+    ///
+    /// For people who make bundles (the air-gapped path): lay out
+    /// lib/modules/<kernel>/ (with depmod's modules.dep) and firmware/ as
+    /// docs/driver.md says, then run this. It lists the sha256 of every file
+    /// under those two directories, then verifies the bundle as `check` does
+    /// (without requiring signatures: use `check --signatures required` for
+    /// that). Exit status: 0 written and verified, 1 written but the bundle
+    /// does not verify (the reason is printed), 2 an argument is bad or the
+    /// directory cannot be read or written.
+    Manifest(DriverManifestArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct DriverManifestArgs {
+    #[command(flatten)]
+    pub host: HostRootArg,
+    /// The bundle directory (a host path under --host-root; a relative path
+    /// is taken from the current directory first).
+    #[arg(long, value_name = "DIR")]
+    pub bundle_dir: PathBuf,
+    /// The kernel release the modules are built for, as `uname -r` prints it.
+    #[arg(long, value_name = "RELEASE")]
+    pub kernel: String,
+    /// The driver version (what /sys/module/amdgpu/version will show).
+    #[arg(long, value_name = "VERSION")]
+    pub version: String,
 }
 
 #[derive(Args, Debug)]
@@ -102,6 +129,7 @@ pub fn run(args: DriverArgs) -> ExitCode {
     match args.command {
         DriverCommand::Status(args) => run_status(args),
         DriverCommand::Check(args) => run_check(args),
+        DriverCommand::Manifest(args) => run_manifest(args),
     }
 }
 
@@ -178,6 +206,46 @@ fn run_check(args: DriverCheckArgs) -> ExitCode {
             ExitCode::from(1)
         }
     })
+}
+
+fn run_manifest(args: DriverManifestArgs) -> ExitCode {
+    let host = match args.host.open() {
+        Ok(host) => host,
+        Err(message) => return fail(message, 2),
+    };
+    let Some(dir) = host_path_text(&args.bundle_dir) else {
+        return fail(
+            format!(
+                "--bundle-dir {}: not a UTF-8 path",
+                args.bundle_dir.display()
+            ),
+            2,
+        );
+    };
+    if !host.exists(&dir) {
+        return fail(format!("--bundle-dir {dir}: no such directory"), 2);
+    }
+    let manifest = match bundle::write_manifest(&host, &dir, &args.version, &args.kernel) {
+        Ok(manifest) => manifest,
+        Err(refusal) => return fail(refusal, 2),
+    };
+    println!(
+        "wrote {dir}/{} listing {} files",
+        bundle::MANIFEST,
+        manifest.files.len()
+    );
+    let expected = Expected {
+        kernel_release: args.kernel,
+        version: Some(args.version),
+        signature_required: false,
+    };
+    match bundle::verify(&host, &dir, &expected) {
+        Ok(_) => ExitCode::SUCCESS,
+        Err(refusal) => {
+            println!("does not verify: {}: {refusal}", refusal.reason());
+            ExitCode::from(1)
+        }
+    }
 }
 
 /// `--bundle-dir` as a host path: absolute, from the current directory when

@@ -573,6 +573,7 @@ pub fn verify(host: &HostRoot, dir: &str, expected: &Expected) -> Result<Verifie
 /// Writes `<dir>/manifest.json` for the files now under
 /// `lib/modules/<kernel_release>/` and `firmware/` of `dir` (a host path),
 /// as a bundle's producer does once the tree is complete (after depmod).
+/// It lists what is there; [`verify`] says whether that makes a bundle.
 pub fn write_manifest(
     host: &HostRoot,
     dir: &str,
