@@ -441,34 +441,51 @@ pub fn verify(host: &HostRoot, dir: &str, expected: &Expected) -> Result<Verifie
         });
     }
     let manifest = read_manifest(host, dir)?;
+    check_identity(dir, &manifest, expected)?;
+    check_listing(host, dir, &manifest)?;
+    let (bytes, signed) = check_contents(host, dir, &manifest)?;
+    let module = check_modules(host, dir, &manifest)?;
+    if expected.signature_required {
+        check_signatures(host, dir, &manifest, &signed)?;
+    }
+    Ok(Verified {
+        dir: dir.to_owned(),
+        version: manifest.version,
+        module: format!("lib/modules/{}/{module}", manifest.kernel_release),
+        kernel_release: manifest.kernel_release,
+        files: manifest.files.len(),
+        bytes,
+        signatures_checked: expected.signature_required,
+    })
+}
+
+/// The manifest is for the kernel (and version) asked for.
+fn check_identity(dir: &str, manifest: &Manifest, expected: &Expected) -> Result<(), Refusal> {
     if manifest.kernel_release != expected.kernel_release {
         return Err(Refusal::KernelMismatch {
             dir: dir.to_owned(),
-            bundle: manifest.kernel_release,
+            bundle: manifest.kernel_release.clone(),
             wanted: expected.kernel_release.clone(),
         });
     }
-    if let Some(wanted) = &expected.version
-        && &manifest.version != wanted
-    {
-        return Err(Refusal::VersionMismatch {
+    match &expected.version {
+        Some(wanted) if &manifest.version != wanted => Err(Refusal::VersionMismatch {
             dir: dir.to_owned(),
-            bundle: manifest.version,
+            bundle: manifest.version.clone(),
             wanted: wanted.clone(),
-        });
+        }),
+        _ => Ok(()),
     }
-    let kernel = &manifest.kernel_release.clone();
-    for path in manifest.files.keys() {
-        if let Some(why) = path_problem(path, kernel) {
-            return Err(Refusal::PathEscapesBundle {
-                path: path.clone(),
-                why,
-            });
-        }
-    }
-    // Every file modprobe or the firmware loader could use must be listed.
+}
+
+/// Every file under `lib/modules/<kernel_release>/` and `firmware/` of the
+/// bundle in `dir`, relative to it.
+fn bundle_files(host: &HostRoot, dir: &str, kernel_release: &str) -> Result<Vec<String>, Refusal> {
     let mut present = Vec::new();
-    for top in [format!("lib/modules/{kernel}"), "firmware".to_owned()] {
+    for top in [
+        format!("lib/modules/{kernel_release}"),
+        "firmware".to_owned(),
+    ] {
         walk(host, dir, &join(dir, &top), &mut present)?;
     }
     if present.len() > MAX_FILES {
@@ -477,11 +494,36 @@ pub fn verify(host: &HostRoot, dir: &str, expected: &Expected) -> Result<Verifie
             why: format!("the bundle holds more than {MAX_FILES} files"),
         });
     }
-    if let Some(unlisted) = present.iter().find(|p| !manifest.files.contains_key(*p)) {
-        return Err(Refusal::UnlistedFile {
-            path: join(dir, unlisted),
-        });
+    Ok(present)
+}
+
+/// Listed paths are plain and inside, and every file modprobe or the
+/// firmware loader could use is listed.
+fn check_listing(host: &HostRoot, dir: &str, manifest: &Manifest) -> Result<(), Refusal> {
+    for path in manifest.files.keys() {
+        if let Some(why) = path_problem(path, &manifest.kernel_release) {
+            return Err(Refusal::PathEscapesBundle {
+                path: path.clone(),
+                why,
+            });
+        }
     }
+    let present = bundle_files(host, dir, &manifest.kernel_release)?;
+    match present.iter().find(|p| !manifest.files.contains_key(*p)) {
+        Some(unlisted) => Err(Refusal::UnlistedFile {
+            path: join(dir, unlisted),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// Every listed file resolves inside the bundle and has its sha256. Returns
+/// the bytes read and the uncompressed modules that end with a signature.
+fn check_contents(
+    host: &HostRoot,
+    dir: &str,
+    manifest: &Manifest,
+) -> Result<(u64, BTreeSet<String>), Refusal> {
     let mut bytes = 0u64;
     let mut signed = BTreeSet::new();
     for (path, expected_sha) in &manifest.files {
@@ -510,12 +552,22 @@ pub fn verify(host: &HostRoot, dir: &str, expected: &Expected) -> Result<Verifie
             signed.insert(path.clone());
         }
     }
+    Ok((bytes, signed))
+}
+
+/// `modules.dep` names an amdgpu module the bundle holds, and all it
+/// depends on. Returns the module's path relative to the modules directory.
+fn check_modules(host: &HostRoot, dir: &str, manifest: &Manifest) -> Result<String, Refusal> {
+    let kernel = &manifest.kernel_release;
+    let missing = |why: String| Refusal::ModuleMissing {
+        dir: dir.to_owned(),
+        why,
+    };
     let modules_dep = format!("lib/modules/{kernel}/modules.dep");
     if !manifest.files.contains_key(&modules_dep) {
-        return Err(Refusal::ModuleMissing {
-            dir: dir.to_owned(),
-            why: format!("no {modules_dep} (run depmod -b <bundle> {kernel})"),
-        });
+        return Err(missing(format!(
+            "no {modules_dep} (run depmod -b <bundle> {kernel})"
+        )));
     }
     let mut dep_text = Vec::new();
     host.read_chunks(join(dir, &modules_dep), MAX_MODULES_DEP_BYTES, |c| {
@@ -524,10 +576,7 @@ pub fn verify(host: &HostRoot, dir: &str, expected: &Expected) -> Result<Verifie
     .map_err(unreadable)?;
     let dep_text = String::from_utf8_lossy(&dep_text);
     let Some((module, deps)) = amdgpu_in_modules_dep(&dep_text, kernel) else {
-        return Err(Refusal::ModuleMissing {
-            dir: dir.to_owned(),
-            why: format!("{modules_dep} names no amdgpu module"),
-        });
+        return Err(missing(format!("{modules_dep} names no amdgpu module")));
     };
     let in_bundle = |relative: &str| {
         manifest
@@ -535,39 +584,39 @@ pub fn verify(host: &HostRoot, dir: &str, expected: &Expected) -> Result<Verifie
             .contains_key(&format!("lib/modules/{kernel}/{relative}"))
     };
     if !in_bundle(&module) {
-        return Err(Refusal::ModuleMissing {
-            dir: dir.to_owned(),
-            why: format!("{modules_dep} names {module}, which the bundle does not hold"),
-        });
+        return Err(missing(format!(
+            "{modules_dep} names {module}, which the bundle does not hold"
+        )));
     }
-    if let Some(missing) = deps.iter().find(|d| !in_bundle(d)) {
+    if let Some(dependency) = deps.iter().find(|d| !in_bundle(d)) {
         return Err(Refusal::DependencyMissing {
-            module: module.clone(),
-            dependency: missing.clone(),
+            module,
+            dependency: dependency.clone(),
         });
     }
-    if expected.signature_required {
-        for path in manifest.files.keys() {
-            let host_path = join(dir, path);
-            let is_signed = match ModuleFile::of(path) {
-                None => continue,
-                Some(ModuleFile::Plain) => signed.contains(path),
-                Some(kind) => compressed_module_signed(host, &host_path, kind)?,
-            };
-            if !is_signed {
-                return Err(Refusal::UnsignedModule { path: host_path });
-            }
+    Ok(module)
+}
+
+/// Every module carries a signature: `signed` holds the uncompressed ones
+/// that do (found as they were hashed); compressed ones are decompressed.
+fn check_signatures(
+    host: &HostRoot,
+    dir: &str,
+    manifest: &Manifest,
+    signed: &BTreeSet<String>,
+) -> Result<(), Refusal> {
+    for path in manifest.files.keys() {
+        let host_path = join(dir, path);
+        let is_signed = match ModuleFile::of(path) {
+            None => continue,
+            Some(ModuleFile::Plain) => signed.contains(path),
+            Some(kind) => compressed_module_signed(host, &host_path, kind)?,
+        };
+        if !is_signed {
+            return Err(Refusal::UnsignedModule { path: host_path });
         }
     }
-    Ok(Verified {
-        dir: dir.to_owned(),
-        version: manifest.version,
-        kernel_release: manifest.kernel_release,
-        module: format!("lib/modules/{kernel}/{module}"),
-        files: manifest.files.len(),
-        bytes,
-        signatures_checked: expected.signature_required,
-    })
+    Ok(())
 }
 
 /// Writes `<dir>/manifest.json` for the files now under
@@ -580,15 +629,14 @@ pub fn write_manifest(
     version: &str,
     kernel_release: &str,
 ) -> Result<Manifest, Refusal> {
-    let mut present = Vec::new();
-    for top in [
-        format!("lib/modules/{kernel_release}"),
-        "firmware".to_owned(),
-    ] {
-        walk(host, dir, &join(dir, &top), &mut present)?;
+    if !is_plain_name(kernel_release) || version.trim().is_empty() {
+        return Err(Refusal::ManifestInvalid {
+            dir: dir.to_owned(),
+            why: format!("kernel {kernel_release:?} and version {version:?} must be plain names"),
+        });
     }
     let mut files = BTreeMap::new();
-    for path in present {
+    for path in bundle_files(host, dir, kernel_release)? {
         let (sha, _, _) = hash_file(host, &join(dir, &path)).map_err(unreadable)?;
         files.insert(path, sha);
     }
@@ -918,6 +966,18 @@ mod tests {
             reason(verify(&host, DIR, &expected(false))),
             "ModuleMissing"
         );
+    }
+
+    #[test]
+    fn manifests_are_written_only_for_plain_kernel_releases() {
+        let (_dir, host) = setup(("amdgpu.ko", module_bytes("amdgpu", true)));
+        for kernel in ["../../etc", "", "a/b"] {
+            let refusal = write_manifest(&host, DIR, "6.12.12", kernel).unwrap_err();
+            assert_eq!(refusal.reason(), "ManifestInvalid", "{kernel:?}");
+        }
+        assert!(write_manifest(&host, DIR, " ", KERNEL).is_err());
+        let manifest = write_manifest(&host, DIR, "6.12.12", KERNEL).unwrap();
+        assert_eq!(manifest, read_manifest(&host, DIR).unwrap());
     }
 
     #[test]
