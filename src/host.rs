@@ -216,6 +216,58 @@ impl HostRoot {
         })
     }
 
+    /// Opens a file of any size to be read from its start as a stream, so
+    /// that a big file (a kernel module) is never held in memory: reading
+    /// more than `max_bytes` from it is an error (`InvalidData`, naming the
+    /// file) instead of more bytes.
+    pub fn open_capped(&self, host_path: impl AsRef<Path>, max_bytes: u64) -> Result<CappedFile> {
+        let path = self.path(host_path);
+        let file = fs::File::open(&path).map_err(|e| HostError::io(&path, e))?;
+        Ok(CappedFile {
+            file: file.take(max_bytes.saturating_add(1)),
+            path,
+            max_bytes,
+            read: 0,
+        })
+    }
+
+    /// Reads a whole file of any size through [`HostRoot::open_capped`],
+    /// handing it to `each` in chunks. Returns the bytes read.
+    pub fn read_chunks(
+        &self,
+        host_path: impl AsRef<Path>,
+        max_bytes: u64,
+        mut each: impl FnMut(&[u8]),
+    ) -> Result<u64> {
+        let mut file = self.open_capped(host_path, max_bytes)?;
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            match file.read(&mut buf) {
+                Ok(0) => return Ok(file.read),
+                Ok(n) => each(&buf[..n]),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(HostError::io(&file.path, e)),
+            }
+        }
+    }
+
+    /// Whether `host_path`, with every symbolic link resolved, is `dir` or
+    /// inside it (also resolved): a link that points out of `dir` is not.
+    /// Links resolve as the kernel resolves them for this process, so an
+    /// absolute link under a root other than `/` points outside the root
+    /// and is not inside. A missing path is a not-found error.
+    pub fn resolves_within(
+        &self,
+        dir: impl AsRef<Path>,
+        host_path: impl AsRef<Path>,
+    ) -> Result<bool> {
+        let dir = self.path(dir);
+        let path = self.path(host_path);
+        let dir = fs::canonicalize(&dir).map_err(|e| HostError::io(&dir, e))?;
+        let resolved = fs::canonicalize(&path).map_err(|e| HostError::io(&path, e))?;
+        Ok(resolved.starts_with(&dir))
+    }
+
     /// Lists the names in a directory, sorted. Names that are not UTF-8 are skipped:
     /// no kernel object this program cares about has one.
     pub fn list_dir(&self, host_path: impl AsRef<Path>) -> Result<Vec<String>> {
@@ -283,6 +335,37 @@ impl HostRoot {
             fs::remove_file(&path).map_err(|e| HostError::io(&path, e))?;
         }
         std::os::unix::fs::symlink(&relative, &path).map_err(|e| HostError::io(&path, e))
+    }
+}
+
+/// A file opened by [`HostRoot::open_capped`]: a [`Read`] that fails
+/// rather than give more than its cap.
+#[derive(Debug)]
+pub struct CappedFile {
+    file: io::Take<fs::File>,
+    path: PathBuf,
+    max_bytes: u64,
+    read: u64,
+}
+
+impl CappedFile {
+    /// Where it was opened (under the root), for errors.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Read for CappedFile {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.file.read(buf)?;
+        self.read += n as u64;
+        if self.read > self.max_bytes {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("larger than the {} bytes allowed", self.max_bytes),
+            ));
+        }
+        Ok(n)
     }
 }
 
@@ -591,6 +674,49 @@ mod tests {
         assert!(!err.is_not_found());
         assert!(host.read_attr("/sys/a/missing").unwrap_err().is_not_found());
         assert_eq!(host.read_optional_attr("/sys/a/missing").unwrap(), None);
+    }
+
+    #[test]
+    fn chunked_reads_are_whole_and_capped() {
+        let dir = tempfile::tempdir().unwrap();
+        let host = HostRoot::new(dir.path());
+        let data: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+        host.write("/b/module.ko", &data).unwrap();
+        let mut seen = Vec::new();
+        let n = host
+            .read_chunks("/b/module.ko", data.len() as u64, |c| {
+                seen.extend_from_slice(c)
+            })
+            .unwrap();
+        assert_eq!((n, &seen), (data.len() as u64, &data));
+        let mut seen = 0usize;
+        let err = host
+            .read_chunks("/b/module.ko", 100_000, |c| seen += c.len())
+            .unwrap_err();
+        assert!(err.to_string().contains("100000 bytes"), "{err}");
+        assert!(seen <= 100_000, "{seen}");
+    }
+
+    #[test]
+    fn links_out_of_a_directory_do_not_resolve_within_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let host = HostRoot::new(dir.path());
+        host.write("/b/firmware/a.bin", "a").unwrap();
+        host.write("/outside", "x").unwrap();
+        host.symlink("/b/firmware/a.bin", "/b/firmware/inside.bin")
+            .unwrap();
+        host.symlink("/outside", "/b/firmware/out.bin").unwrap();
+        assert!(host.resolves_within("/b", "/b/firmware/a.bin").unwrap());
+        assert!(
+            host.resolves_within("/b", "/b/firmware/inside.bin")
+                .unwrap()
+        );
+        assert!(!host.resolves_within("/b", "/b/firmware/out.bin").unwrap());
+        assert!(
+            host.resolves_within("/b", "/b/missing")
+                .unwrap_err()
+                .is_not_found()
+        );
     }
 
     #[test]

@@ -10,6 +10,7 @@ pub mod cli;
 pub mod cluster;
 pub mod counters;
 pub mod device;
+pub mod driver;
 pub mod events;
 pub mod health;
 pub mod host;

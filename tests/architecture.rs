@@ -40,6 +40,10 @@ const LAYERS: &[&[&str]] = &[
     // writer of the agent's own Node that every concern writes through, and
     // the one sink every Event about the node goes through.
     &["service", "node_writer", "events"],
+    // The node side of the driver lifecycle: what is loaded, bundles, loading.
+    // Above the Node writer and events (its refusals become conditions and
+    // Events), below the labeller and the agent that publish its report.
+    &["driver"],
     // The kubelet device plugin: resource naming, device IDs, and the
     // HealthReport interface health sources feed.
     &["plugin"],

@@ -10,6 +10,7 @@ pub mod agent;
 pub mod args;
 pub mod check;
 pub mod discover;
+pub mod driver;
 pub mod leader;
 pub mod logging;
 pub mod output;
@@ -24,6 +25,7 @@ use clap::{Parser, Subcommand};
 use self::agent::AgentArgs;
 use self::check::CheckArgs;
 use self::discover::DiscoverArgs;
+use self::driver::DriverArgs;
 use self::leader::LeaderArgs;
 use self::logging::LogFormat;
 use self::simulate::SimulateArgs;
@@ -97,6 +99,12 @@ pub enum Command {
     /// bad, 3 the test could not be run, 4 the test tool cannot be started
     /// (missing or not executable: nothing was tested, see --rvs).
     Check(CheckArgs),
+    /// The amdgpu driver: what this host runs (`status`), and whether a driver
+    /// bundle exists and verifies for a kernel (`check`, before a reboot).
+    ///
+    /// Loading and upgrading drivers is not built yet: spec.driver is
+    /// accepted and not acted on.
+    Driver(DriverArgs),
     /// Run only the cluster role: reconcile DeviceConfigs, without node work.
     ///
     /// Normally every agent campaigns for this role itself. This runs it alone,
@@ -128,6 +136,7 @@ pub fn main() -> ExitCode {
         Command::Leader(args) => leader::run(args),
         Command::Standalone(args) => standalone::run(args),
         Command::Check(args) => check::run(args),
+        Command::Driver(args) => driver::run(args),
         Command::Crd(args) => crate::api::cli::run_crd(args),
         Command::Validate(args) => crate::api::cli::run_validate(args),
     }

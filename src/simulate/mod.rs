@@ -13,8 +13,14 @@
 //!   link, linked from `/sys/class/drm`), and for partitions beyond the first,
 //!   driverless `amdgpu_xcp_N` platform devices that carry their own;
 //! - KFD topology nodes with memory banks and io/p2p links;
-//! - `/sys/module/amdgpu`, `/dev/kfd` and `/dev/dri/*` (plain files: a simulated
-//!   host cannot create device nodes without privileges).
+//! - `/sys/module/amdgpu` (`version`, `srcversion`, `refcnt`, `taint`,
+//!   `initstate`, as a loadable out-of-tree module shows them), `/dev/kfd` and
+//!   `/dev/dri/*` (plain files: a simulated host cannot create device nodes
+//!   without privileges);
+//! - per host, whatever the GPUs: the running kernel
+//!   (`/proc/sys/kernel/osrelease`) and the boot id
+//!   (`/proc/sys/kernel/random/boot_id`). No efivars: a simulated host boots
+//!   without UEFI Secure Boot unless a test writes the variable.
 //!
 //! Every file is written atomically (see [`write_atomic`]), as readers of sysfs
 //! never see half a value. Writing is idempotent: the GPU parts of the tree are replaced, so writing again
@@ -210,12 +216,13 @@ pub fn write_host(host: &HostRoot, spec: &SimSpec) -> Result<SimSummary, SimErro
         MARKER,
         format!("{} {} gpus\n", spec.profile.name, spec.gpus),
     )?;
+    write_kernel(&mut w)?;
     let layout = Layout::new(spec);
     for gpu in &layout.gpus {
         write_pci_function(&mut w, spec, gpu)?;
     }
     if spec.driver_loaded {
-        write_driver(&mut w)?;
+        write_driver(&mut w, &SimModule::default())?;
         write_kfd(&mut w, spec, &layout)?;
     }
     Ok(SimSummary {
@@ -913,15 +920,94 @@ fn is_fifo(path: &Path) -> bool {
     std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_fifo())
 }
 
-fn write_driver(w: &mut Writer<'_>) -> Result<(), HostError> {
-    w.attrs(
-        "/sys/module/amdgpu",
-        &[
-            ("version", "6.12.12".into()),
-            ("srcversion", "4E0B1C2D3A5F6E7D8C9B0A1".into()),
-            ("initstate", "live".into()),
-        ],
+/// The kernel release every simulated host runs.
+pub const SIM_KERNEL_RELEASE: &str = "6.8.0-49-generic";
+/// The boot id of a freshly simulated host.
+pub const SIM_BOOT_ID: &str = "3f1c2a9e-5b7d-4e08-9c61-2d4f8a0b7e15";
+
+/// The amdgpu module as `/sys/module/amdgpu` shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SimModule {
+    /// `version`; `None` writes no file (as an in-tree build without
+    /// `MODULE_VERSION` has none).
+    pub version: Option<String>,
+    pub srcversion: String,
+    /// The module's taint flags (`O` out-of-tree, `E` unsigned).
+    pub taint: String,
+    pub refcnt: u32,
+}
+
+impl Default for SimModule {
+    /// The out-of-tree (DKMS) build the simulator has always shown.
+    fn default() -> Self {
+        Self {
+            version: Some("6.12.12".into()),
+            srcversion: "4E0B1C2D3A5F6E7D8C9B0A1".into(),
+            taint: "O".into(),
+            refcnt: 0,
+        }
+    }
+}
+
+fn write_kernel(w: &mut Writer<'_>) -> Result<(), HostError> {
+    w.file(
+        "/proc/sys/kernel/osrelease",
+        format!("{SIM_KERNEL_RELEASE}\n"),
     )?;
+    w.file(
+        "/proc/sys/kernel/random/boot_id",
+        format!("{SIM_BOOT_ID}\n"),
+    )
+}
+
+/// Makes `/sys/module/amdgpu` show `module`, as a `modprobe` that loaded it
+/// would leave it (the module's own files only; GPUs are [`write_host`]'s).
+pub fn load_module(host: &HostRoot, module: &SimModule) -> Result<(), SimError> {
+    write_module_files(host, module)?;
+    Ok(())
+}
+
+/// Removes `/sys/module/amdgpu`, as `modprobe -r amdgpu` would.
+pub fn unload_module(host: &HostRoot) -> Result<(), SimError> {
+    host.remove_all("/sys/module/amdgpu")?;
+    Ok(())
+}
+
+/// Simulates a boot into `kernel_release` with a new `boot_id`.
+pub fn set_boot(host: &HostRoot, kernel_release: &str, boot_id: &str) -> Result<(), SimError> {
+    write_atomic(
+        host,
+        "/proc/sys/kernel/osrelease",
+        format!("{kernel_release}\n"),
+    )?;
+    write_atomic(
+        host,
+        "/proc/sys/kernel/random/boot_id",
+        format!("{boot_id}\n"),
+    )?;
+    Ok(())
+}
+
+fn write_module_files(host: &HostRoot, module: &SimModule) -> Result<usize, HostError> {
+    let dir = "/sys/module/amdgpu";
+    let mut attrs = vec![
+        ("srcversion", module.srcversion.clone()),
+        ("taint", module.taint.clone()),
+        ("refcnt", module.refcnt.to_string()),
+        ("initstate", "live".to_owned()),
+    ];
+    match &module.version {
+        Some(version) => attrs.push(("version", version.clone())),
+        None => host.remove_all(format!("{dir}/version"))?,
+    }
+    for (name, value) in &attrs {
+        write_atomic(host, format!("{dir}/{name}"), format!("{value}\n"))?;
+    }
+    Ok(attrs.len())
+}
+
+fn write_driver(w: &mut Writer<'_>, module: &SimModule) -> Result<(), HostError> {
+    w.files += write_module_files(w.host, module)?;
     w.link(
         "/sys/bus/pci/drivers/amdgpu",
         "/sys/module/amdgpu/drivers/pci:amdgpu",
@@ -1076,6 +1162,63 @@ mod tests {
             SimSpec::new("mi300x", Some(9), None),
             Err(SimError::GpuCount { .. })
         ));
+    }
+
+    #[test]
+    fn kernel_and_module_files_are_written_and_follow_loads_and_boots() {
+        let dir = tempfile::tempdir().unwrap();
+        let host = HostRoot::new(dir.path());
+        write_host(&host, &SimSpec::new("mi300x", Some(1), None).unwrap()).unwrap();
+        assert_eq!(
+            host.read_attr("/proc/sys/kernel/osrelease").unwrap(),
+            SIM_KERNEL_RELEASE
+        );
+        assert_eq!(
+            host.read_attr("/proc/sys/kernel/random/boot_id").unwrap(),
+            SIM_BOOT_ID
+        );
+        let module = SimModule::default();
+        for (name, value) in [
+            ("taint", module.taint.as_str()),
+            ("refcnt", "0"),
+            ("srcversion", module.srcversion.as_str()),
+        ] {
+            assert_eq!(
+                host.read_attr(format!("/sys/module/amdgpu/{name}"))
+                    .unwrap(),
+                value
+            );
+        }
+
+        unload_module(&host).unwrap();
+        assert!(!host.exists("/sys/module/amdgpu"));
+        let inbox = SimModule {
+            version: None,
+            taint: String::new(),
+            ..SimModule::default()
+        };
+        load_module(&host, &inbox).unwrap();
+        assert!(host.exists("/sys/module/amdgpu/refcnt"));
+        assert!(!host.exists("/sys/module/amdgpu/version"));
+        set_boot(&host, "6.11.0-1-generic", "b-2").unwrap();
+        assert_eq!(
+            host.read_attr("/proc/sys/kernel/osrelease").unwrap(),
+            "6.11.0-1-generic"
+        );
+        assert_eq!(
+            host.read_attr("/proc/sys/kernel/random/boot_id").unwrap(),
+            "b-2"
+        );
+
+        // Without a driver the kernel files are still there, the module not.
+        let mut spec = SimSpec::new("mi300x", Some(1), None).unwrap();
+        spec.driver_loaded = false;
+        write_host(&host, &spec).unwrap();
+        assert!(!host.exists("/sys/module/amdgpu"));
+        assert_eq!(
+            host.read_attr("/proc/sys/kernel/osrelease").unwrap(),
+            SIM_KERNEL_RELEASE
+        );
     }
 
     #[test]

@@ -1,0 +1,358 @@
+//! `gpu-operator driver`: what driver this node runs (`status`), and whether
+//! a driver bundle exists and verifies for a kernel (`check`), the preflight
+//! before rebooting into a new kernel.
+//!
+//! It owns the subcommands' arguments, their output (table or JSON) and exit
+//! statuses; the report and the checks are `driver`'s. It must not read a
+//! host file or check a bundle itself.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Args, Subcommand};
+
+use super::args::{HostRootArg, OutputFormat};
+use super::output::fail;
+use super::runtime::run_to_end;
+use crate::device::{self, Limits};
+use crate::driver::bundle::{self, Expected};
+use crate::driver::preflight::{self, DEFAULT_STORE, Preflight};
+use crate::driver::{DriverReport, SecureBoot, read_report};
+use crate::host::HostRoot;
+use crate::host::reader::BoundedReader;
+
+#[derive(Args, Debug)]
+pub struct DriverArgs {
+    #[command(subcommand)]
+    pub command: DriverCommand,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum DriverCommand {
+    /// Print the amdgpu driver and kernel this host runs.
+    ///
+    /// The module's version and srcversion, whether it is the in-box driver
+    /// (built in, or the kernel's own module) or an out-of-tree one (taint
+    /// flag O: DKMS, a driver image), its use count, the running kernel, the
+    /// boot id and whether Secure Boot is on. Always exits 0 once the host
+    /// root is readable: a file that cannot be read is listed as a problem.
+    /// Exit status 2: the host root cannot be read.
+    Status(DriverStatusArgs),
+    /// Check, before booting into a kernel, that a driver bundle exists for
+    /// it and verifies.
+    ///
+    /// Looks in --bundle-dir for the bundles built for --kernel (default: the
+    /// running kernel) and verifies each as the agent does before it loads
+    /// one: the manifest names that kernel, every file's sha256 matches, no
+    /// path leaves the bundle, no file is unlisted, modules.dep names amdgpu
+    /// and its dependencies, and, when Secure Boot is on (or cannot be told),
+    /// every module is signed. The bundle format is in docs/driver.md.
+    ///
+    /// Exit status: 0 a bundle for the kernel verifies, 1 none exists or none
+    /// verifies (each refusal is printed with its reason, e.g.
+    /// BundleMissingForKernel, ChecksumMismatch, UnsignedModule), 2 an
+    /// argument is bad or the host root or bundle directory cannot be read.
+    Check(DriverCheckArgs),
+    /// Write manifest.json for a bundle directory that is otherwise complete.
+    ///
+    /// For people who make bundles (the air-gapped path): lay out
+    /// lib/modules/<kernel>/ (with depmod's modules.dep) and firmware/ as
+    /// docs/driver.md says, then run this. It lists the sha256 of every file
+    /// under those two directories, then verifies the bundle as `check` does
+    /// (without requiring signatures: use `check --signatures required` for
+    /// that). Exit status: 0 written and verified, 1 written but the bundle
+    /// does not verify (the reason is printed), 2 an argument is bad or the
+    /// directory cannot be read or written.
+    Manifest(DriverManifestArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct DriverManifestArgs {
+    #[command(flatten)]
+    pub host: HostRootArg,
+    /// The bundle directory (a host path under --host-root; a relative path
+    /// is taken from the current directory first).
+    #[arg(long, value_name = "DIR")]
+    pub bundle_dir: PathBuf,
+    /// The kernel release the modules are built for, as `uname -r` prints it.
+    #[arg(long, value_name = "RELEASE")]
+    pub kernel: String,
+    /// The driver version (what /sys/module/amdgpu/version will show).
+    #[arg(long, value_name = "VERSION")]
+    pub version: String,
+}
+
+#[derive(Args, Debug)]
+pub struct DriverStatusArgs {
+    #[command(flatten)]
+    pub host: HostRootArg,
+    #[arg(long, short, value_enum, default_value_t = OutputFormat::Table)]
+    pub output: OutputFormat,
+}
+
+/// Whether modules must be signed, for `check`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum SignaturePolicy {
+    /// Required when this host has Secure Boot on, or it cannot be told.
+    Auto,
+    /// Always required (the new kernel will boot with Secure Boot on).
+    Required,
+    /// Not checked.
+    NotRequired,
+}
+
+#[derive(Args, Debug)]
+pub struct DriverCheckArgs {
+    #[command(flatten)]
+    pub host: HostRootArg,
+    /// The kernel release to check for, as `uname -r` prints it under that
+    /// kernel (e.g. 6.8.0-51-generic). Default: the running kernel.
+    #[arg(long, value_name = "RELEASE")]
+    pub kernel: Option<String>,
+    /// A bundle directory, or a directory of bundles (one per subdirectory).
+    /// A host path, resolved under --host-root; a relative path is taken from
+    /// the current directory first.
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_STORE)]
+    pub bundle_dir: PathBuf,
+    /// Only accept a bundle of this driver version (as in spec.driver.version).
+    #[arg(long, value_name = "VERSION")]
+    pub version: Option<String>,
+    /// Whether modules must carry a signature.
+    #[arg(long, value_enum, default_value_t = SignaturePolicy::Auto)]
+    pub signatures: SignaturePolicy,
+    #[arg(long, short, value_enum, default_value_t = OutputFormat::Table)]
+    pub output: OutputFormat,
+}
+
+pub fn run(args: DriverArgs) -> ExitCode {
+    match args.command {
+        DriverCommand::Status(args) => run_status(args),
+        DriverCommand::Check(args) => run_check(args),
+        DriverCommand::Manifest(args) => run_manifest(args),
+    }
+}
+
+/// Discovery's view of the module and the kernel's files, through a
+/// deadline-bounded reader.
+async fn report(host: &HostRoot) -> DriverReport {
+    let reader = BoundedReader::new(host.clone(), 2);
+    let scan = device::discover_bounded(&reader, Limits::default());
+    read_report(&reader, &scan.inventory.driver).await
+}
+
+fn run_status(args: DriverStatusArgs) -> ExitCode {
+    let host = match args.host.open() {
+        Ok(host) => host,
+        Err(message) => return fail(message, 2),
+    };
+    run_to_end(async move {
+        let report = report(&host).await;
+        match args.output {
+            OutputFormat::Json => print_json(&report),
+            OutputFormat::Table => print!("{}", status_text(&report)),
+        }
+        ExitCode::SUCCESS
+    })
+}
+
+fn run_check(args: DriverCheckArgs) -> ExitCode {
+    let host = match args.host.open() {
+        Ok(host) => host,
+        Err(message) => return fail(message, 2),
+    };
+    let Some(store) = host_path_text(&args.bundle_dir) else {
+        return fail(
+            format!(
+                "--bundle-dir {}: not a UTF-8 path",
+                args.bundle_dir.display()
+            ),
+            2,
+        );
+    };
+    run_to_end(async move {
+        let report = report(&host).await;
+        let Some(kernel_release) = args.kernel.clone().or(report.kernel_release.clone()) else {
+            return fail(
+                "the running kernel cannot be read (/proc/sys/kernel/osrelease); pass --kernel",
+                2,
+            );
+        };
+        let expected = Expected {
+            kernel_release,
+            version: args.version.clone(),
+            signature_required: match args.signatures {
+                SignaturePolicy::Auto => report.secure_boot.requires_signature(),
+                SignaturePolicy::Required => true,
+                SignaturePolicy::NotRequired => false,
+            },
+        };
+        // Hashing tens of MiB blocks: off the runtime's threads.
+        let checked =
+            tokio::task::spawn_blocking(move || preflight::preflight(&host, &store, &expected))
+                .await;
+        let answer = match checked {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(refusal)) => return fail(refusal, 2),
+            Err(e) => return fail(format!("the check did not finish: {e}"), 2),
+        };
+        match args.output {
+            OutputFormat::Json => print_json(&answer),
+            OutputFormat::Table => print!("{}", check_text(&answer, report.secure_boot)),
+        }
+        if answer.ok() {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(1)
+        }
+    })
+}
+
+fn run_manifest(args: DriverManifestArgs) -> ExitCode {
+    let host = match args.host.open() {
+        Ok(host) => host,
+        Err(message) => return fail(message, 2),
+    };
+    let Some(dir) = host_path_text(&args.bundle_dir) else {
+        return fail(
+            format!(
+                "--bundle-dir {}: not a UTF-8 path",
+                args.bundle_dir.display()
+            ),
+            2,
+        );
+    };
+    if !host.exists(&dir) {
+        return fail(format!("--bundle-dir {dir}: no such directory"), 2);
+    }
+    let manifest = match bundle::write_manifest(&host, &dir, &args.version, &args.kernel) {
+        Ok(manifest) => manifest,
+        Err(refusal) => return fail(refusal, 2),
+    };
+    println!(
+        "wrote {dir}/{} listing {} files",
+        bundle::MANIFEST,
+        manifest.files.len()
+    );
+    let expected = Expected {
+        kernel_release: args.kernel,
+        version: Some(args.version),
+        signature_required: false,
+    };
+    match bundle::verify(&host, &dir, &expected) {
+        Ok(_) => ExitCode::SUCCESS,
+        Err(refusal) => {
+            println!("does not verify: {}: {refusal}", refusal.reason());
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// `--bundle-dir` as a host path: absolute, from the current directory when
+/// relative.
+fn host_path_text(path: &Path) -> Option<String> {
+    let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    absolute.to_str().map(str::to_owned)
+}
+
+fn print_json(value: &impl serde::Serialize) {
+    println!(
+        "{}",
+        serde_json::to_string_pretty(value).unwrap_or_default()
+    );
+}
+
+/// `driver status` for a person.
+pub fn status_text(report: &DriverReport) -> String {
+    let mut out = String::new();
+    let or_unknown = |v: &Option<String>| v.clone().unwrap_or_else(|| "unknown".into());
+    if report.loaded {
+        let _ = writeln!(
+            out,
+            "amdgpu:      loaded, {:?}, version {}, srcversion {}",
+            report.origin,
+            report.version.as_deref().unwrap_or("none (in-box driver)"),
+            report.srcversion.as_deref().unwrap_or("none"),
+        );
+        let _ = writeln!(
+            out,
+            "taint:       {}   refcnt: {}",
+            report
+                .taint
+                .as_deref()
+                .filter(|t| !t.is_empty())
+                .unwrap_or("none"),
+            report.refcnt.map_or("-".to_owned(), |n| n.to_string()),
+        );
+    } else {
+        let _ = writeln!(out, "amdgpu:      not loaded");
+    }
+    let _ = writeln!(out, "kernel:      {}", or_unknown(&report.kernel_release));
+    let _ = writeln!(out, "boot id:     {}", or_unknown(&report.boot_id));
+    let _ = writeln!(out, "secure boot: {:?}", report.secure_boot);
+    for problem in &report.problems {
+        let _ = writeln!(out, "problem: {problem}");
+    }
+    out
+}
+
+/// `driver check` for a person: one line per bundle, then the verdict.
+pub fn check_text(answer: &Preflight, secure_boot: SecureBoot) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "kernel {} (bundles in {}); signatures {} (Secure Boot here: {secure_boot:?})",
+        answer.kernel_release,
+        answer.store,
+        if answer.signature_required {
+            "required"
+        } else {
+            "not checked"
+        },
+    );
+    for bundle in &answer.bundles {
+        match (&bundle.verified, &bundle.refused) {
+            (Some(v), _) => {
+                let _ = writeln!(
+                    out,
+                    "ok       {}  driver {}, {} files, {} MiB, module {}",
+                    bundle.dir,
+                    v.version,
+                    v.files,
+                    v.bytes.div_ceil(1 << 20),
+                    v.module
+                );
+            }
+            (None, Some(refusal)) => {
+                let _ = writeln!(
+                    out,
+                    "refused  {}  {}: {}",
+                    bundle.dir,
+                    refusal.0.reason(),
+                    refusal.0
+                );
+            }
+            (None, None) => {}
+        }
+    }
+    match (answer.usable(), &answer.refused) {
+        (Some(v), _) => {
+            let _ = writeln!(
+                out,
+                "ready: driver {} can be loaded under kernel {}",
+                v.version, answer.kernel_release
+            );
+        }
+        (None, Some(refusal)) => {
+            let _ = writeln!(
+                out,
+                "NOT READY: {}: {}; the driver would not load after booting {}",
+                refusal.0.reason(),
+                refusal.0,
+                answer.kernel_release
+            );
+        }
+        (None, None) => {}
+    }
+    out
+}

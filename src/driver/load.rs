@@ -1,0 +1,593 @@
+//! Loading amdgpu from a verified bundle, the way KMM loads modules, so that
+//! no host file outside the bundle is changed but the firmware search path:
+//! `modprobe --dirname <bundle> ${loadArgs} amdgpu ${parameters}`, with the
+//! kernel's firmware search path (`/sys/module/firmware_class/parameters/path`)
+//! pointed at the bundle's `firmware/` first.
+//!
+//! [`decide`] is the pure rule for what to do given what is loaded and the
+//! bundle's verdict; [`load`] carries out a [`LoadDecision::Load`] with a
+//! configurable `modprobe` and waits for the evidence (`/sys/module/amdgpu`).
+//! Nothing here unloads, blacklists or reboots: those are not built yet, so
+//! a node that runs another driver is told what is needed instead.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::bundle::{Refusal, Verified};
+use super::report::{DriverReport, MODULE_DIR, ModuleOrigin};
+use crate::api::KernelModuleConfigSpec;
+use crate::host::HostRoot;
+
+/// The kernel's firmware search path, tried before the built-in ones.
+pub const FIRMWARE_PATH_PARAM: &str = "/sys/module/firmware_class/parameters/path";
+/// `fw_path_para` in `drivers/base/firmware_loader/main.c` is 256 bytes.
+pub const MAX_FIRMWARE_PATH: usize = 255;
+/// How long `modprobe` may take. Loading amdgpu on an 8-GPU node initialises
+/// every GPU, which takes tens of seconds.
+pub const MODPROBE_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// `modprobe` options that would defeat the bundle or force a mismatched
+/// module in: another module directory or config, removal, forcing.
+const REFUSED_LOAD_ARGS: &[&str] = &[
+    "-d",
+    "--dirname",
+    "-C",
+    "--config",
+    "-r",
+    "--remove",
+    "-f",
+    "--force",
+    "--force-vermagic",
+    "--force-modversion",
+    "-S",
+    "--set-version",
+    "-i",
+    "--ignore-install",
+    "-n",
+    "--dry-run",
+];
+
+/// What to do about the driver on this node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "action", rename_all = "camelCase")]
+pub enum LoadDecision {
+    /// The wanted driver is loaded.
+    Nothing { version: String },
+    /// Load the bundle.
+    Load { bundle: Box<Verified> },
+    /// The bundle (or the configuration) is refused: load nothing.
+    Refuse {
+        reason: &'static str,
+        message: String,
+    },
+    /// Another driver is loaded; replacing it needs what is not built yet.
+    ReplaceNeeded {
+        loaded: ModuleOrigin,
+        version: Option<String>,
+        why: String,
+    },
+}
+
+/// Why `loadArgs` or `parameters` cannot be used, if they cannot. Pure.
+pub fn module_config_problem(config: &KernelModuleConfigSpec) -> Option<String> {
+    for arg in &config.load_args {
+        let option = arg.split_once('=').map_or(arg.as_str(), |(o, _)| o);
+        let short_cluster = arg.starts_with('-') && !arg.starts_with("--") && arg.len() > 2;
+        let refused = REFUSED_LOAD_ARGS.contains(&option)
+            || (short_cluster
+                && arg[1..]
+                    .chars()
+                    .any(|c| REFUSED_LOAD_ARGS.contains(&format!("-{c}").as_str())));
+        if refused {
+            return Some(format!(
+                "loadArgs {arg:?}: not allowed (the module directory, removal and forcing are the agent's)"
+            ));
+        }
+        if !arg.starts_with('-') {
+            return Some(format!(
+                "loadArgs {arg:?}: not an option; module parameters go in parameters"
+            ));
+        }
+    }
+    for parameter in &config.parameters {
+        let name = parameter
+            .split_once('=')
+            .map_or(parameter.as_str(), |(n, _)| n);
+        // A leading `-` would make modprobe read it as an option.
+        let valid = name
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_')
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.');
+        if !valid {
+            return Some(format!(
+                "parameters {parameter:?}: expected name or name=value"
+            ));
+        }
+    }
+    None
+}
+
+/// What to do, from the report, the verdict on the bundle for the running
+/// kernel, and the module configuration. Pure.
+pub fn decide(
+    report: &DriverReport,
+    bundle: Result<&Verified, &Refusal>,
+    config: &KernelModuleConfigSpec,
+) -> LoadDecision {
+    let bundle = match bundle {
+        Ok(bundle) => bundle,
+        Err(refusal) => {
+            return LoadDecision::Refuse {
+                reason: refusal.reason(),
+                message: refusal.to_string(),
+            };
+        }
+    };
+    if report.loaded {
+        let loaded_version = report.version.clone();
+        if report.origin == ModuleOrigin::OutOfTree
+            && loaded_version.as_deref() == Some(bundle.version.as_str())
+        {
+            return LoadDecision::Nothing {
+                version: bundle.version.clone(),
+            };
+        }
+        let why = match report.origin {
+            ModuleOrigin::BuiltIn => "amdgpu is built into this kernel and cannot be replaced: \
+                boot a kernel that has it as a module"
+                .to_owned(),
+            ModuleOrigin::InTree => "the in-box amdgpu is loaded: blacklist it and reboot \
+                (unloading and blacklisting are not built yet)"
+                .to_owned(),
+            _ => format!(
+                "amdgpu {} is loaded, {} wanted: it must be unloaded first (not built yet)",
+                loaded_version.as_deref().unwrap_or("of unknown version"),
+                bundle.version
+            ),
+        };
+        return LoadDecision::ReplaceNeeded {
+            loaded: report.origin,
+            version: loaded_version,
+            why,
+        };
+    }
+    if let Some(problem) = module_config_problem(config) {
+        return LoadDecision::Refuse {
+            reason: "ModuleConfigInvalid",
+            message: problem,
+        };
+    }
+    LoadDecision::Load {
+        bundle: Box::new(bundle.clone()),
+    }
+}
+
+/// The commands loading runs. Paths, so that tests use recorders.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LoadCommands {
+    pub modprobe: PathBuf,
+    pub timeout: Duration,
+}
+
+impl Default for LoadCommands {
+    fn default() -> Self {
+        Self {
+            modprobe: PathBuf::from("/usr/sbin/modprobe"),
+            timeout: MODPROBE_TIMEOUT,
+        }
+    }
+}
+
+/// Why a load did not happen or did not take.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("firmware path {path:?} is longer than the kernel's {MAX_FIRMWARE_PATH} bytes")]
+    FirmwarePathTooLong { path: String },
+    #[error("cannot set the firmware path: {0}")]
+    FirmwarePath(String),
+    #[error("{program}: cannot be started: {why}")]
+    Start { program: String, why: String },
+    #[error("modprobe did not finish within {0:?}")]
+    TimedOut(Duration),
+    #[error("modprobe failed ({status}): {stderr}")]
+    Failed { status: String, stderr: String },
+    #[error("modprobe succeeded but {MODULE_DIR} did not appear")]
+    NotLoaded,
+}
+
+impl LoadError {
+    /// The reason the condition and Events carry.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            LoadError::FirmwarePathTooLong { .. } | LoadError::FirmwarePath(_) => {
+                "FirmwarePathFailed"
+            }
+            LoadError::Start { .. } => "ModprobeUnavailable",
+            LoadError::TimedOut(_) => "ModprobeTimedOut",
+            LoadError::Failed { .. } => "ModprobeFailed",
+            LoadError::NotLoaded => "ModuleNotLoaded",
+        }
+    }
+}
+
+/// `modprobe`'s arguments for a bundle whose directory this process sees
+/// at `bundle_dir`: `--dirname <bundle> ${loadArgs} amdgpu ${parameters}`.
+/// Pure.
+pub fn modprobe_args(
+    bundle_dir: &std::path::Path,
+    config: &KernelModuleConfigSpec,
+) -> Vec<OsString> {
+    let mut args: Vec<OsString> = vec!["--dirname".into(), bundle_dir.as_os_str().to_owned()];
+    args.extend(config.load_args.iter().map(OsString::from));
+    args.push("amdgpu".into());
+    args.extend(config.parameters.iter().map(OsString::from));
+    args
+}
+
+/// Loads `bundle`: points the kernel's firmware search path at its
+/// `firmware/` (the host path, as the kernel resolves it), runs `modprobe`,
+/// and checks that `/sys/module/amdgpu` appeared. Call it only for
+/// [`LoadDecision::Load`].
+pub async fn load(
+    host: &HostRoot,
+    commands: &LoadCommands,
+    bundle: &Verified,
+    config: &KernelModuleConfigSpec,
+) -> Result<(), LoadError> {
+    let firmware = format!("{}/firmware", bundle.dir.trim_end_matches('/'));
+    if firmware.len() > MAX_FIRMWARE_PATH {
+        return Err(LoadError::FirmwarePathTooLong { path: firmware });
+    }
+    host.write(FIRMWARE_PATH_PARAM, &firmware)
+        .map_err(|e| LoadError::FirmwarePath(e.to_string()))?;
+    // modprobe reads the modules itself: the bundle as this process sees it.
+    let args = modprobe_args(&host.path(&bundle.dir), config);
+    let mut child = tokio::process::Command::new(&commands.modprobe)
+        .args(&args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| LoadError::Start {
+            program: commands.modprobe.display().to_string(),
+            why: e.to_string(),
+        })?;
+    let stderr = child.stderr.take();
+    let read_stderr = async move {
+        use tokio::io::AsyncReadExt;
+        let mut text = Vec::new();
+        if let Some(stderr) = stderr {
+            // modprobe's complaints are a few lines; the cap keeps a chatty
+            // command from filling memory.
+            let _ = stderr.take(64 * 1024).read_to_end(&mut text).await;
+        }
+        String::from_utf8_lossy(&text).trim().to_owned()
+    };
+    let finished = tokio::time::timeout(commands.timeout, async {
+        let (status, stderr) = tokio::join!(child.wait(), read_stderr);
+        (status, stderr)
+    })
+    .await;
+    let (status, stderr) = match finished {
+        Ok(done) => done,
+        Err(_) => {
+            let _ = child.kill().await;
+            return Err(LoadError::TimedOut(commands.timeout));
+        }
+    };
+    let status = status.map_err(|e| LoadError::Start {
+        program: commands.modprobe.display().to_string(),
+        why: e.to_string(),
+    })?;
+    if !status.success() {
+        return Err(LoadError::Failed {
+            status: status.to_string(),
+            stderr,
+        });
+    }
+    if !host.exists(MODULE_DIR) {
+        return Err(LoadError::NotLoaded);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::driver::report::ModuleOrigin;
+
+    fn verified(version: &str) -> Verified {
+        Verified {
+            dir: "/var/lib/gpu-operator/drivers/b".into(),
+            version: version.into(),
+            kernel_release: "6.8.0".into(),
+            module: "lib/modules/6.8.0/updates/amdgpu.ko".into(),
+            files: 3,
+            bytes: 10,
+            signatures_checked: false,
+        }
+    }
+
+    fn report(origin: ModuleOrigin, version: Option<&str>) -> DriverReport {
+        DriverReport {
+            loaded: origin != ModuleOrigin::NotLoaded,
+            version: version.map(str::to_owned),
+            origin,
+            ..DriverReport::default()
+        }
+    }
+
+    fn kind(decision: &LoadDecision) -> String {
+        match decision {
+            LoadDecision::Nothing { .. } => "nothing".into(),
+            LoadDecision::Load { .. } => "load".into(),
+            LoadDecision::Refuse { reason, .. } => format!("refuse {reason}"),
+            LoadDecision::ReplaceNeeded { loaded, .. } => format!("replace {loaded:?}"),
+        }
+    }
+
+    #[test]
+    fn decisions_follow_what_is_loaded_and_the_bundle() {
+        let bundle = verified("6.12.12");
+        let checksum = Refusal::ChecksumMismatch {
+            path: "p".into(),
+            expected: "a".into(),
+            actual: "b".into(),
+        };
+        let config = KernelModuleConfigSpec::default();
+        let bad_config = KernelModuleConfigSpec {
+            load_args: vec!["--force".into()],
+            ..KernelModuleConfigSpec::default()
+        };
+        use ModuleOrigin::*;
+        let cases: Vec<(
+            DriverReport,
+            Result<&Verified, &Refusal>,
+            &KernelModuleConfigSpec,
+            &str,
+        )> = vec![
+            (report(NotLoaded, None), Ok(&bundle), &config, "load"),
+            (
+                report(OutOfTree, Some("6.12.12")),
+                Ok(&bundle),
+                &config,
+                "nothing",
+            ),
+            (
+                report(OutOfTree, Some("6.10.5")),
+                Ok(&bundle),
+                &config,
+                "replace OutOfTree",
+            ),
+            (report(InTree, None), Ok(&bundle), &config, "replace InTree"),
+            (
+                report(BuiltIn, Some("6.12.12")),
+                Ok(&bundle),
+                &config,
+                "replace BuiltIn",
+            ),
+            // An in-tree module that happens to carry the version is not ours.
+            (
+                report(InTree, Some("6.12.12")),
+                Ok(&bundle),
+                &config,
+                "replace InTree",
+            ),
+            (
+                report(Unknown, Some("6.12.12")),
+                Ok(&bundle),
+                &config,
+                "replace Unknown",
+            ),
+            (
+                report(NotLoaded, None),
+                Err(&checksum),
+                &config,
+                "refuse ChecksumMismatch",
+            ),
+            // A refused bundle is refused whatever is loaded.
+            (
+                report(OutOfTree, Some("6.12.12")),
+                Err(&checksum),
+                &config,
+                "refuse ChecksumMismatch",
+            ),
+            (
+                report(NotLoaded, None),
+                Ok(&bundle),
+                &bad_config,
+                "refuse ModuleConfigInvalid",
+            ),
+        ];
+        for (report, bundle, config, want) in cases {
+            let decision = decide(&report, bundle, config);
+            assert_eq!(kind(&decision), want, "{report:?} {bundle:?}");
+        }
+    }
+
+    #[test]
+    fn load_args_that_defeat_the_bundle_are_refused() {
+        let config = |load_args: &[&str], parameters: &[&str]| KernelModuleConfigSpec {
+            load_args: load_args.iter().map(|s| s.to_string()).collect(),
+            parameters: parameters.iter().map(|s| s.to_string()).collect(),
+            ..KernelModuleConfigSpec::default()
+        };
+        for ok in [
+            config(&[], &[]),
+            config(&["-v"], &["ras_enable=1", "noretry"]),
+            config(&["--verbose", "-q"], &["amdgpu.x=1"]),
+        ] {
+            assert_eq!(module_config_problem(&ok), None, "{ok:?}");
+        }
+        for bad in [
+            config(&["--dirname=/tmp"], &[]),
+            config(&["-d", "/tmp"], &[]),
+            config(&["-vf"], &[]),
+            config(&["--force-vermagic"], &[]),
+            config(&["-r"], &[]),
+            config(&["amdgpu"], &[]),
+            config(&[], &["-x"]),
+            config(&[], &["a b=1"]),
+            config(&[], &["=1"]),
+        ] {
+            assert!(module_config_problem(&bad).is_some(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn modprobe_gets_the_bundle_then_options_then_amdgpu_then_parameters() {
+        let config = KernelModuleConfigSpec {
+            load_args: vec!["-v".into()],
+            parameters: vec!["ras_enable=1".into()],
+            ..KernelModuleConfigSpec::default()
+        };
+        let args = modprobe_args(std::path::Path::new("/host/b"), &config);
+        assert_eq!(
+            args,
+            ["--dirname", "/host/b", "-v", "amdgpu", "ras_enable=1"].map(OsString::from)
+        );
+    }
+
+    /// A `modprobe` that logs its arguments and, unless told to fail, makes
+    /// `/sys/module/amdgpu` appear under `root` as a real load would.
+    /// An executable shell script `dir/name`. Each test's scripts have
+    /// names of their own: none is rewritten while another may run.
+    fn script(dir: &std::path::Path, name: &str, body: &str) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let path = dir.join(name);
+        std::fs::write(&path, body).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        path
+    }
+
+    fn recorder(
+        dir: &std::path::Path,
+        name: &str,
+        root: &std::path::Path,
+        exit: i32,
+        appear: bool,
+    ) -> PathBuf {
+        let log = dir.join("modprobe.log");
+        let module = root.join("sys/module/amdgpu");
+        let appear = if appear {
+            format!(
+                "mkdir -p '{m}' && echo 6.12.12 > '{m}/version' && echo O > '{m}/taint'",
+                m = module.display()
+            )
+        } else {
+            String::new()
+        };
+        let body = format!(
+            "#!/bin/sh\nfor a in \"$@\"; do printf '%s\\n' \"$a\"; done > '{log}'\n{appear}\n\
+             [ {exit} -ne 0 ] && echo 'modprobe: ERROR: could not insert amdgpu' >&2\nexit {exit}\n",
+            log = log.display()
+        );
+        script(dir, name, &body)
+    }
+
+    fn logged(dir: &std::path::Path) -> Vec<String> {
+        std::fs::read_to_string(dir.join("modprobe.log"))
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn load_sets_the_firmware_path_runs_modprobe_and_sees_the_module() {
+        let root = tempfile::tempdir().unwrap();
+        let tools = tempfile::tempdir().unwrap();
+        let host = HostRoot::new(root.path());
+        host.write(FIRMWARE_PATH_PARAM, "\n").unwrap();
+        let commands = LoadCommands {
+            modprobe: recorder(tools.path(), "modprobe", root.path(), 0, true),
+            timeout: Duration::from_secs(30),
+        };
+        let config = KernelModuleConfigSpec {
+            parameters: vec!["ras_enable=1".into()],
+            ..KernelModuleConfigSpec::default()
+        };
+        let bundle = verified("6.12.12");
+        load(&host, &commands, &bundle, &config).await.unwrap();
+        assert_eq!(
+            host.read_attr(FIRMWARE_PATH_PARAM).unwrap(),
+            "/var/lib/gpu-operator/drivers/b/firmware"
+        );
+        let bundle_seen = host.path(&bundle.dir).display().to_string();
+        assert_eq!(
+            logged(tools.path()),
+            ["--dirname", bundle_seen.as_str(), "amdgpu", "ras_enable=1"]
+        );
+        assert_eq!(
+            host.read_attr("/sys/module/amdgpu/version").unwrap(),
+            "6.12.12"
+        );
+    }
+
+    #[tokio::test]
+    async fn failures_are_typed_and_name_what_modprobe_said() {
+        let root = tempfile::tempdir().unwrap();
+        let tools = tempfile::tempdir().unwrap();
+        let host = HostRoot::new(root.path());
+        let config = KernelModuleConfigSpec::default();
+        let bundle = verified("6.12.12");
+
+        let failing = LoadCommands {
+            modprobe: recorder(tools.path(), "failing", root.path(), 1, false),
+            timeout: Duration::from_secs(30),
+        };
+        let err = load(&host, &failing, &bundle, &config).await.unwrap_err();
+        assert_eq!(err.reason(), "ModprobeFailed");
+        assert!(err.to_string().contains("could not insert amdgpu"), "{err}");
+
+        let silent = LoadCommands {
+            modprobe: recorder(tools.path(), "silent", root.path(), 0, false),
+            timeout: Duration::from_secs(30),
+        };
+        let err = load(&host, &silent, &bundle, &config).await.unwrap_err();
+        assert_eq!(err.reason(), "ModuleNotLoaded");
+
+        let missing = LoadCommands {
+            modprobe: tools.path().join("no-such-modprobe"),
+            timeout: Duration::from_secs(30),
+        };
+        let err = load(&host, &missing, &bundle, &config).await.unwrap_err();
+        assert_eq!(err.reason(), "ModprobeUnavailable");
+
+        let long = Verified {
+            dir: format!("/{}", "d".repeat(300)),
+            ..bundle.clone()
+        };
+        let err = load(&host, &silent, &long, &config).await.unwrap_err();
+        assert_eq!(err.reason(), "FirmwarePathFailed");
+    }
+
+    #[tokio::test]
+    async fn a_modprobe_that_hangs_times_out() {
+        let root = tempfile::tempdir().unwrap();
+        let tools = tempfile::tempdir().unwrap();
+        let host = HostRoot::new(root.path());
+        let commands = LoadCommands {
+            modprobe: script(tools.path(), "hanging", "#!/bin/sh\nexec sleep 30\n"),
+            timeout: Duration::from_millis(200),
+        };
+        let started = std::time::Instant::now();
+        let err = load(
+            &host,
+            &commands,
+            &verified("6.12.12"),
+            &KernelModuleConfigSpec::default(),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(err.reason(), "ModprobeTimedOut");
+        assert!(started.elapsed() < Duration::from_secs(10));
+    }
+}

@@ -1,0 +1,24 @@
+//! The node side of the driver lifecycle: what amdgpu driver and kernel a
+//! node runs ([`report`]); driver bundles, the on-disk form of one driver for
+//! one kernel, with the checks a bundle must pass before it may be loaded
+//! ([`bundle`]); the preflight an administrator runs before booting a new
+//! kernel ([`preflight`]); and what to do about the driver, and loading a
+//! verified bundle with `modprobe` ([`load`]).
+//!
+//! Built so far: those four, as library functions and the `driver status`
+//! and `driver check` commands. Not built yet: the agent running them
+//! (nothing loads a driver on its own today), fetching bundles (driver
+//! images, tarballs), blacklisting, unloading, reboots, and the cluster-wide
+//! upgrade; `spec.driver` is still accepted and not acted on.
+//!
+//! This module must not write the Node or decide cluster-wide: the agent
+//! publishes what it reports, the leader orchestrates. All host reads go
+//! through [`crate::host`]; the module's version comes from discovery
+//! ([`crate::device::DriverState`]), which reads it once for everyone.
+
+pub mod bundle;
+pub mod load;
+pub mod preflight;
+pub mod report;
+
+pub use report::{DriverReport, ModuleOrigin, SecureBoot, read_report};
