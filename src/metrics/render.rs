@@ -243,8 +243,8 @@ pub fn families(input: &RenderInput<'_>) -> Vec<Family> {
         family(f.field, f.name, f.help, Kind::Gauge, series);
     }
 
-    // clock_type values are the reference exporter's enum names, which its
-    // dashboards filter on. clock_index numbers the clocks of one GPU in the
+    // clock_type values are the reference exporter's (lower case since its
+    // v1.4.2), which its dashboards filter on. clock_index numbers the clocks of one GPU in the
     // order `fields::clocks` lists them, as the reference numbers its list.
     let mut clocks = Vec::new();
     for (r, labels) in &primaries {
@@ -632,14 +632,14 @@ mod tests {
                 })
                 .collect()
         };
-        let sys = "GPU_CLOCK_TYPE_SYSTEM".to_owned();
+        let sys = "system".to_owned();
         assert_eq!(
             of("0"),
             [
                 ("0".into(), sys.clone(), 2100.0),
                 ("1".into(), sys.clone(), 2000.0),
-                ("2".into(), "GPU_CLOCK_TYPE_MEMORY".into(), 1300.0),
-                ("3".into(), "GPU_CLOCK_TYPE_SOC".into(), 1143.0),
+                ("2".into(), "memory".into(), 1300.0),
+                ("3".into(), "soc".into(), 1143.0),
             ]
         );
         assert_eq!(of("2"), [("0".into(), sys, 2100.0)]);
@@ -707,7 +707,7 @@ mod tests {
         assert_eq!(family(&families, "gpu_nodes_total").series[0].value, 3.0);
         assert_eq!(family(&families, "gpu_free_vram").series[0].value, 3.0);
         let clock = &family(&families, "gpu_clock").series[0];
-        assert_eq!(label(clock, "clock_type"), "GPU_CLOCK_TYPE_SYSTEM");
+        assert_eq!(label(clock, "clock_type"), "system");
         assert_eq!(clock.value, 2100.0);
         assert_eq!(
             family(&families, "gpu_ecc_uncorrect_total").series[0].value,

@@ -571,12 +571,16 @@ pub const INDEXED_FIELDS: &[IndexedField] = &[
     },
 ];
 
-/// The reference's clock types (its `GPUClockType` enum names).
-pub const CLOCK_SYSTEM: &str = "GPU_CLOCK_TYPE_SYSTEM";
-pub const CLOCK_MEMORY: &str = "GPU_CLOCK_TYPE_MEMORY";
-pub const CLOCK_VIDEO: &str = "GPU_CLOCK_TYPE_VIDEO";
-pub const CLOCK_DATA: &str = "GPU_CLOCK_TYPE_DATA";
-pub const CLOCK_SOC: &str = "GPU_CLOCK_TYPE_SOC";
+/// The reference's `clock_type` label values: its `GPUClockType` enum names
+/// without the `GPU_CLOCK_TYPE_` prefix, lower case, as its exporter writes
+/// them since v1.4.2 (v1.4.1 wrote the enum names). Its enum also has
+/// `fabric`, `dce` and `pcie`; sysfs and the metrics table give no current
+/// frequency for them, so no series carries those values.
+pub const CLOCK_SYSTEM: &str = "system";
+pub const CLOCK_MEMORY: &str = "memory";
+pub const CLOCK_VIDEO: &str = "video";
+pub const CLOCK_DATA: &str = "data";
+pub const CLOCK_SOC: &str = "soc";
 
 /// A GPU's current clocks (type, MHz), in `clock_index` order: from the
 /// `gpu_metrics` table when there is one (every XCC's GFX clock, memory,

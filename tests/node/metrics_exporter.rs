@@ -221,9 +221,7 @@ async fn mi300x_scrape_is_valid_and_has_one_series_per_gpu() {
     assert!(
         clocks
             .iter()
-            .any(|(l, v)| l["clock_type"] == "GPU_CLOCK_TYPE_MEMORY"
-                && l["clock_index"] == "8"
-                && *v == 1300.0)
+            .any(|(l, v)| l["clock_type"] == "memory" && l["clock_index"] == "8" && *v == 1300.0)
     );
     // Families of the metrics table, with the reference's per-index labels.
     let busy = series(&text, "gpu_gfx_busy_instantaneous");
