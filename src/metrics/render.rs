@@ -94,9 +94,15 @@ fn gpu_labels(input: &RenderInput<'_>, gpu: &Gpu, logical: &LogicalGpu) -> Vec<(
                 .clone()
                 .unwrap_or_else(|| "none".into()),
         ),
+        ("deployment_mode".into(), deployment_mode(gpu).into()),
         ("pod".into(), pod.pod),
         ("namespace".into(), pod.namespace),
         ("container".into(), pod.container),
+        // The reference always sets these; they name a Slurm job, and
+        // under Kubernetes there is none.
+        ("job_id".into(), String::new()),
+        ("job_user".into(), String::new()),
+        ("job_partition".into(), String::new()),
     ]);
     let optional = &input.config.labels;
     if optional.contains("GPU_UUID") {
@@ -128,6 +134,28 @@ fn card_model(gpu: &Gpu) -> String {
     gpu.product_name
         .clone()
         .unwrap_or_else(|| format!("0x{:04x}", gpu.device_id))
+}
+
+/// PCI device IDs of AMD's SR-IOV virtual functions, as the reference
+/// operator lists them for vGPU nodes (MI355X, MI350X, MI325X, MI308X,
+/// MI308X-HF, MI300X, MI300X-HF, MI210).
+const VF_DEVICE_IDS: &[u16] = &[
+    0x75b3, 0x75b0, 0x74b9, 0x74b6, 0x74bc, 0x74b5, 0x74bd, 0x7410,
+];
+
+/// The reference's `deployment_mode`: its GPU agent's virtualization mode
+/// mapped to `baremetal`, `hypervisor` (host), `vm_vf` (guest) or `vm_pf`
+/// (passthrough), `baremetal` when unknown. amdgpu bound to a virtual
+/// function is a guest. A whole GPU passed through to a VM is not told apart
+/// from bare metal here (the kernel's hint is the CPU's hypervisor flag, which
+/// is not read), and a hypervisor's GPUs are bound to AMD's host driver, not
+/// amdgpu, so they are never seen.
+fn deployment_mode(gpu: &Gpu) -> &'static str {
+    if VF_DEVICE_IDS.contains(&gpu.device_id) {
+        "vm_vf"
+    } else {
+        "baremetal"
+    }
 }
 
 /// Builds every family the configuration enables. Families without series are
@@ -726,6 +754,51 @@ mod tests {
             !families.iter().any(|f| f.name == "gpu_package_power"),
             "no values, no family"
         );
+    }
+
+    #[test]
+    fn labels_the_reference_always_sets_are_on_every_gpu_series() {
+        let (inv, sample, health) = (inventory(), sample(), health());
+        let config = ExporterConfig::default();
+        let input = RenderInput {
+            inventory: &inv,
+            sample: &sample,
+            pods: &BTreeMap::new(),
+            health: Some(&health),
+            config: &config,
+            hostname: "n",
+        };
+        let families = families(&input);
+        let mandatory = [
+            "gpu_id",
+            "card_model",
+            "gpu_partition_id",
+            "gpu_compute_partition_type",
+            "gpu_memory_partition_type",
+            "deployment_mode",
+            "serial_number",
+            "pod",
+            "namespace",
+            "container",
+            "job_id",
+            "job_user",
+            "job_partition",
+            "hostname",
+        ];
+        for f in families.iter().filter(|f| f.name != "gpu_nodes_total") {
+            for s in &f.series {
+                for name in mandatory {
+                    label(s, name);
+                }
+                assert_eq!(label(s, "job_id"), "", "no Slurm job under Kubernetes");
+                let expected = if label(s, "gpu_id") == "2" {
+                    "vm_vf"
+                } else {
+                    "baremetal"
+                };
+                assert_eq!(label(s, "deployment_mode"), expected, "{}", f.name);
+            }
+        }
     }
 
     #[test]

@@ -43,7 +43,8 @@ use super::fields::{ECC_BLOCKS, is_known_field};
 use crate::api::syntax::parse_duration;
 use crate::api::tracked::read_lenient;
 
-/// Labels every series carries; configuration cannot remove them.
+/// Labels every GPU series carries, as the reference's mandatory list;
+/// configuration cannot remove them.
 pub const MANDATORY_LABELS: &[&str] = &[
     "GPU_ID",
     "SERIAL_NUMBER",
@@ -52,9 +53,13 @@ pub const MANDATORY_LABELS: &[&str] = &[
     "GPU_PARTITION_ID",
     "GPU_COMPUTE_PARTITION_TYPE",
     "GPU_MEMORY_PARTITION_TYPE",
+    "DEPLOYMENT_MODE",
     "POD",
     "NAMESPACE",
     "CONTAINER",
+    "JOB_ID",
+    "JOB_USER",
+    "JOB_PARTITION",
 ];
 
 /// Optional labels this implementation can add when `Labels` asks for them.
@@ -487,7 +492,7 @@ mod tests {
                              "Logging": {"Level": "info"}},
             "GPUConfig": {
                 "Fields": ["gpu_edge_temperature", "GPU_HEALTH", "GPU_VOLTAGE"],
-                "Labels": ["GPU_ID", "VBIOS_VERSION", "JOB_ID"],
+                "Labels": ["GPU_ID", "VBIOS_VERSION", "JOB_ID", "NOT_A_LABEL"],
                 "CustomLabels": {"CLUSTER_NAME": "lab", "POD": "x", "bad-name": "y"},
                 "HealthThresholds": {"GPU_ECC_UNCORRECT_UMC": 4, "GPU_ECC_UNCORRECT_BIF": 1,
                                      "GPU_JUNCTION_TEMPERATURE": 95.5,
@@ -515,12 +520,14 @@ mod tests {
             &config,
             &[
                 "GPU_VOLTAGE",
-                "JOB_ID",
+                "NOT_A_LABEL",
                 "POD",
                 "bad-name",
                 "GPU_ECC_UNCORRECT_NOPE",
             ],
         );
+        // A mandatory label asked for is no news.
+        assert!(!config.warnings.join("\n").contains("JOB_ID"));
     }
 
     #[test]
