@@ -15,11 +15,11 @@
 //! and the below-host-limit violation counters. Clocks and the other table
 //! values are device-level.
 //!
-//! Types: the reference declares everything a gauge, which `promtool check
-//! metrics` rejects for names ending in `_total` or `_count`. The ECC totals are
-//! declared counters (they only grow), `gpu_nodes_total` and the `pcie_*_count`
-//! families untyped; series names and values are unchanged, so queries and dashboards
-//! keep working.
+//! Types: every family is a gauge, as the reference declares them, the ECC
+//! totals, `gpu_nodes_total` and the `pcie_*_count` families included
+//! (promtool's lint advises against a gauge named `_total` or `_count`; a
+//! drop-in keeps the reference's names and types, which scrapers and
+//! `rate()`-free dashboards already expect).
 //!
 //! Pure, except that encoding allocates.
 
@@ -213,7 +213,7 @@ pub fn families(input: &RenderInput<'_>) -> Vec<Family> {
         "GPU_NODES_TOTAL",
         "gpu_nodes_total",
         "Number of GPUs on the node, partitions counted as GPUs",
-        Kind::Untyped,
+        Kind::Gauge,
         vec![Series {
             labels: node_labels.into_iter().collect(),
             value: logical.len() as f64,
@@ -263,7 +263,7 @@ pub fn families(input: &RenderInput<'_>) -> Vec<Family> {
                 })
             })
             .collect();
-        family(f.field, f.name, f.help, f.kind, series);
+        family(f.field, f.name, f.help, Kind::Gauge, series);
     }
 
     for f in INDEXED_FIELDS {
@@ -388,7 +388,6 @@ impl Collector for Families {
             // A counter's name is given without `_total`; the encoder adds it.
             let (name, metric_type) = match family.kind {
                 Kind::Gauge => (family.name.as_str(), MetricType::Gauge),
-                Kind::Untyped => (family.name.as_str(), MetricType::Unknown),
                 Kind::Counter => (
                     family.name.strip_suffix("_total").unwrap_or(&family.name),
                     MetricType::Counter,
@@ -401,7 +400,7 @@ impl Collector for Families {
                     Kind::Counter => {
                         encoder.encode_counter::<NoLabelSet, _, u64>(&series.value, None)?
                     }
-                    Kind::Gauge | Kind::Untyped => encoder.encode_gauge(&series.value)?,
+                    Kind::Gauge => encoder.encode_gauge(&series.value)?,
                 }
             }
         }
@@ -692,10 +691,7 @@ mod tests {
         );
         assert_eq!(of("2"), [("0".into(), sys, 2100.0)]);
         for f in &families {
-            assert!(matches!(
-                f.kind,
-                Kind::Gauge | Kind::Untyped | Kind::Counter
-            ));
+            assert_eq!(f.kind, Kind::Gauge, "{}: the reference's type", f.name);
         }
     }
 
@@ -886,11 +882,11 @@ mod tests {
     }
 
     #[test]
-    fn encoding_declares_counters_and_untyped_by_their_full_name() {
+    fn encoding_declares_gauges_and_counters_by_their_full_name() {
         let families = vec![
             Family {
-                name: "gpu_ecc_uncorrect_total".into(),
-                help: "Uncorrectable".into(),
+                name: "gpu_operator_restarts_total".into(),
+                help: "Restarts".into(),
                 kind: Kind::Counter,
                 series: vec![Series {
                     labels: vec![("gpu_id".into(), "0".into())],
@@ -900,7 +896,7 @@ mod tests {
             Family {
                 name: "gpu_nodes_total".into(),
                 help: "GPUs".into(),
-                kind: Kind::Untyped,
+                kind: Kind::Gauge,
                 series: vec![Series {
                     labels: vec![("hostname".into(), "a\"b".into())],
                     value: 8.0,
@@ -918,14 +914,14 @@ mod tests {
         ];
         let text = encode(families);
         assert!(
-            text.contains("# TYPE gpu_ecc_uncorrect_total counter\n"),
+            text.contains("# TYPE gpu_operator_restarts_total counter\n"),
             "{text}"
         );
         assert!(
-            text.contains("gpu_ecc_uncorrect_total{gpu_id=\"0\"} 2"),
+            text.contains("gpu_operator_restarts_total{gpu_id=\"0\"} 2"),
             "{text}"
         );
-        assert!(text.contains("# TYPE gpu_nodes_total untyped\n"), "{text}");
+        assert!(text.contains("# TYPE gpu_nodes_total gauge\n"), "{text}");
         assert!(
             text.contains("gpu_nodes_total{hostname=\"a\\\"b\"} 8"),
             "{text}"

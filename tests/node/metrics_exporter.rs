@@ -272,7 +272,17 @@ async fn mi300x_scrape_is_valid_and_has_one_series_per_gpu() {
         assert!(series(&text, name).is_empty(), "{name}");
     }
     assert_eq!(series(&text, "gpu_nodes_total")[0].1, 8.0);
-    assert!(text.contains("# TYPE gpu_ecc_uncorrect_total counter"));
+    // Every GPU family is a gauge, as the reference declares them (the
+    // agent's own `gpu_operator_*` and `process_*` families are ours,
+    // counters among them).
+    let types: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("# TYPE "))
+        .filter(|l| !l.starts_with("# TYPE gpu_operator_") && !l.starts_with("# TYPE process_"))
+        .collect();
+    assert!(types.len() > 40, "{types:?}");
+    assert!(types.iter().all(|l| l.ends_with(" gauge")), "{types:?}");
+    assert!(text.contains("# TYPE gpu_ecc_uncorrect_total gauge"));
     assert!(
         series(&text, "gpu_health").is_empty(),
         "no health monitor, no gpu_health"
