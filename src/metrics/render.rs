@@ -111,6 +111,13 @@ fn gpu_labels(input: &RenderInput<'_>, gpu: &Gpu, logical: &LogicalGpu) -> Vec<(
             gpu_uuid(gpu, logical).unwrap_or_default(),
         );
     }
+    if optional.contains("CARD_SERIES") {
+        // amd-smi's board product name.
+        labels.insert("card_series".into(), text(&gpu.product_name));
+    }
+    if optional.contains("CARD_VENDOR") {
+        labels.insert("card_vendor".into(), card_vendor(gpu));
+    }
     if optional.contains("VBIOS_VERSION") {
         labels.insert("vbios_version".into(), text(&gpu.vbios_version));
     }
@@ -126,12 +133,24 @@ fn gpu_labels(input: &RenderInput<'_>, gpu: &Gpu, logical: &LogicalGpu) -> Vec<(
     labels.into_iter().collect()
 }
 
-/// The product name, or the PCI device ID when the GPU has none (virtual
-/// functions).
+/// `card_model` as the reference fills it: amd-smi's board model number
+/// (sysfs `product_number`), else the card series (`product_name`); else,
+/// where the reference falls back to amd-smi's market name from its own ID
+/// table, the PCI device ID (virtual functions have neither file).
 fn card_model(gpu: &Gpu) -> String {
-    gpu.product_name
+    gpu.product_number
         .clone()
+        .or_else(|| gpu.product_name.clone())
         .unwrap_or_else(|| format!("0x{:04x}", gpu.device_id))
+}
+
+/// `card_vendor` as the reference fills it: amd-smi's board manufacturer
+/// (sysfs `manufacturer`), else the PCI vendor's name in the PCI ID
+/// database, which is this one for every GPU amdgpu drives.
+fn card_vendor(gpu: &Gpu) -> String {
+    gpu.manufacturer
+        .clone()
+        .unwrap_or_else(|| "Advanced Micro Devices, Inc. [AMD/ATI]".into())
 }
 
 /// PCI device IDs of AMD's SR-IOV virtual functions, as the reference
@@ -815,6 +834,53 @@ mod tests {
                 assert_eq!(label(s, "deployment_mode"), expected, "{}", f.name);
             }
         }
+    }
+
+    #[test]
+    fn card_labels_come_from_the_board_as_amd_smi_reads_it() {
+        let board = Gpu {
+            device_id: 0x74a1,
+            product_name: Some("AMD Instinct MI300X".into()),
+            product_number: Some("102-X".into()),
+            manufacturer: Some("AMD".into()),
+            ..Gpu::default()
+        };
+        assert_eq!(card_model(&board), "102-X");
+        assert_eq!(card_vendor(&board), "AMD");
+        let older_kernel = Gpu {
+            product_number: None,
+            manufacturer: None,
+            ..board.clone()
+        };
+        assert_eq!(card_model(&older_kernel), "AMD Instinct MI300X");
+        assert_eq!(
+            card_vendor(&older_kernel),
+            "Advanced Micro Devices, Inc. [AMD/ATI]"
+        );
+        let config =
+            parse_config(r#"{"GPUConfig": {"Labels": ["CARD_SERIES", "CARD_VENDOR"]}}"#).unwrap();
+        assert!(config.warnings.is_empty(), "{:?}", config.warnings);
+        let inv = Inventory {
+            gpus: vec![Gpu {
+                bdf: "0000:05:00.0".into(),
+                ..board
+            }],
+            ..Inventory::default()
+        };
+        let sample = sample();
+        let input = RenderInput {
+            inventory: &inv,
+            sample: &sample,
+            pods: &BTreeMap::new(),
+            health: None,
+            config: &config,
+            hostname: "n",
+        };
+        let families = families(&input);
+        let edge = &family(&families, "gpu_edge_temperature").series[0];
+        assert_eq!(label(edge, "card_series"), "AMD Instinct MI300X");
+        assert_eq!(label(edge, "card_vendor"), "AMD");
+        assert_eq!(label(edge, "card_model"), "102-X");
     }
 
     #[test]

@@ -63,7 +63,13 @@ pub const MANDATORY_LABELS: &[&str] = &[
 ];
 
 /// Optional labels this implementation can add when `Labels` asks for them.
-pub const OPTIONAL_LABELS: &[&str] = &["GPU_UUID", "VBIOS_VERSION", "DRIVER_VERSION"];
+pub const OPTIONAL_LABELS: &[&str] = &[
+    "GPU_UUID",
+    "VBIOS_VERSION",
+    "DRIVER_VERSION",
+    "CARD_SERIES",
+    "CARD_VENDOR",
+];
 
 /// Built-in label names of the reference; custom labels may not reuse them
 /// (except `CLUSTER_NAME`, which only custom labels set).

@@ -171,7 +171,10 @@ async fn mi300x_scrape_is_valid_and_has_one_series_per_gpu() {
     let (labels, value) = &edge[0];
     assert!((35.0..=65.0).contains(value), "{value}");
     for (key, expected) in [
-        ("card_model", "AMD Instinct MI300X"),
+        // The board's part number, as amd-smi's model number.
+        ("card_model", "102-G30200-0A"),
+        ("deployment_mode", "baremetal"),
+        ("job_id", ""),
         ("hostname", "node-1"),
         ("gpu_partition_id", "0"),
         ("gpu_compute_partition_type", "spx"),
