@@ -5,15 +5,18 @@
 //! Scope of each metric on partitioned GPUs. The reference reports every
 //! partition as a GPU, and the driver reports device-level values (power,
 //! temperatures, ECC, PCIe, memory, clocks, activity) only on the primary
-//! partition, with "not available" on the others, which the reference drops. So
-//! device-level metrics have one series per physical GPU, labelled with its
-//! partition 0 (`gpu_partition_id="0"`): 8 series of `gpu_edge_temperature` on an
-//! MI300X in any mode. Per-partition series are those whose value is known per
-//! partition: `gpu_health`, 64 series on an MI300X in CPX mode, and the
-//! per-XCC families of the firmware's metrics table (`gpu_metrics`), each
+//! partition. So device-level metrics have their value on the GPU's partition
+//! 0 (`gpu_partition_id="0"`): 8 series of `gpu_junction_temperature` on an
+//! MI300X in any mode. As the reference documents, the other partitions carry
+//! power, CPU-visible VRAM, the VRAM bandwidth and GTT as 0
+//! ([`ZERO_ON_OTHER_PARTITIONS`]), and no temperatures, clocks, energy,
+//! activity, PCIe or ECC series. Per-partition series are those whose value is
+//! known per partition: `gpu_health`, 64 series on an MI300X in CPX mode, and
+//! the per-XCC families of the firmware's metrics table (`gpu_metrics`), each
 //! partition from its own XCP entry: `gpu_gfx_busy_instantaneous{xcc_index}`
-//! and the below-host-limit violation counters. Clocks and the other table
-//! values are device-level.
+//! (the reference's per-partition activity: its `gpu_gfx_activity` is the
+//! primary's only, since amd-smi has no per-partition value) and the
+//! below-host-limit violation counters.
 //!
 //! Types: every family is a gauge, as the reference declares them, the ECC
 //! totals, `gpu_nodes_total` and the `pcie_*_count` families included
@@ -38,7 +41,8 @@ use crate::plugin::DeviceRef;
 use crate::telemetry::config::ExporterConfig;
 use crate::telemetry::devices::{LogicalGpu, logical_gpus};
 use crate::telemetry::fields::{
-    DEVICE_FIELDS, ECC_BLOCKS, INDEXED_FIELDS, Kind, Scope, clocks as clocks_of, ecc_suffix,
+    DEVICE_FIELDS, ECC_BLOCKS, INDEXED_FIELDS, Kind, Scope, ZERO_ON_OTHER_PARTITIONS,
+    clocks as clocks_of, ecc_suffix,
 };
 use crate::telemetry::sample::{GpuReadings, HostSample};
 
@@ -273,12 +277,15 @@ pub fn families(input: &RenderInput<'_>) -> Vec<Family> {
     }
 
     for f in DEVICE_FIELDS {
-        let series = primaries
+        let zero_elsewhere = ZERO_ON_OTHER_PARTITIONS.contains(&f.field);
+        let series = labelled
             .iter()
-            .filter_map(|(r, labels)| {
-                (f.value)(r).map(|value| Series {
-                    labels: (*labels).clone(),
-                    value,
+            .filter(|(l, _)| l.is_primary() || zero_elsewhere)
+            .filter_map(|(l, labels)| {
+                let value = (f.value)(input.sample.gpus.get(&l.bdf)?)?;
+                Some(Series {
+                    labels: labels.clone(),
+                    value: if l.is_primary() { value } else { 0.0 },
                 })
             })
             .collect();
@@ -789,6 +796,49 @@ mod tests {
             !families.iter().any(|f| f.name == "gpu_package_power"),
             "no values, no family"
         );
+    }
+
+    #[test]
+    fn other_partitions_report_power_and_gtt_as_zero_and_nothing_else() {
+        let inv = inventory();
+        let mut sample = sample();
+        for r in sample.gpus.values_mut() {
+            r.power.current_w = Some(300.0);
+            r.memory.gtt_total = Some(8 << 20);
+            r.memory.gtt_used = Some(1 << 20);
+        }
+        let config = ExporterConfig::default();
+        let input = RenderInput {
+            inventory: &inv,
+            sample: &sample,
+            pods: &BTreeMap::new(),
+            health: None,
+            config: &config,
+            hostname: "n",
+        };
+        let families = families(&input);
+        let by_gpu = |name: &str| -> Vec<(String, f64)> {
+            family(&families, name)
+                .series
+                .iter()
+                .map(|s| (label(s, "gpu_id").to_owned(), s.value))
+                .collect()
+        };
+        // gpu 1 is the partitioned GPU's second partition.
+        let zero_on_1 = |v: f64| vec![("0".into(), v), ("1".into(), 0.0), ("2".into(), v)];
+        assert_eq!(by_gpu("gpu_package_power"), zero_on_1(300.0));
+        assert_eq!(by_gpu("gpu_total_gtt"), zero_on_1(8.0));
+        assert_eq!(by_gpu("gpu_free_gtt"), zero_on_1(7.0));
+        assert_eq!(
+            by_gpu("gpu_edge_temperature"),
+            [("0".into(), 40.0), ("2".into(), 50.0)]
+        );
+        assert_eq!(
+            by_gpu("gpu_used_vram"),
+            [("0".into(), 1.0), ("2".into(), 1.0)]
+        );
+        let clocks: BTreeSet<String> = by_gpu("gpu_clock").into_iter().map(|(g, _)| g).collect();
+        assert_eq!(clocks, BTreeSet::from(["0".into(), "2".into()]));
     }
 
     #[test]

@@ -337,6 +337,23 @@ pub const DEVICE_FIELDS: &[DeviceField] = &[
     },
 ];
 
+/// Device-level fields that the reference also reports on every other
+/// partition of a partitioned GPU, as 0: the driver has no per-partition power
+/// sensor, CPU-visible VRAM or GTT there, and amd-smi reads 0. Every other
+/// device-level field (temperatures, energy, activity, PCIe, ECC, violation
+/// counters) is reported on the primary partition only.
+pub const ZERO_ON_OTHER_PARTITIONS: &[&str] = &[
+    "GPU_PACKAGE_POWER",
+    "GPU_POWER_USAGE",
+    "GPU_TOTAL_VISIBLE_VRAM",
+    "GPU_USED_VISIBLE_VRAM",
+    "GPU_FREE_VISIBLE_VRAM",
+    "GPU_VRAM_MAX_BANDWIDTH",
+    "GPU_TOTAL_GTT",
+    "GPU_USED_GTT",
+    "GPU_FREE_GTT",
+];
+
 /// Which series an [`IndexedField`] has.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Scope {

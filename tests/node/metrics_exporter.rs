@@ -343,6 +343,24 @@ async fn cpx_nps4_has_device_series_per_gpu_and_health_per_partition() {
     assert!(busy.iter().all(|(l, _)| l["xcc_index"] == "0"));
     let ids: BTreeSet<&str> = busy.iter().map(|(l, _)| l["gpu_id"].as_str()).collect();
     assert_eq!(ids.len(), 64);
+    // Power and GTT on every partition, 0 on all but the primary; clocks and
+    // temperatures on the primary only, as the reference reports them.
+    for name in ["gpu_package_power", "gpu_total_gtt"] {
+        let per = series(&text, name);
+        assert_eq!(per.len(), 64, "{name}");
+        for (l, v) in &per {
+            let primary = l["gpu_partition_id"] == "0";
+            assert_eq!(*v == 0.0, !primary, "{name} {l:?} {v}");
+        }
+    }
+    for name in ["gpu_junction_temperature", "gpu_clock"] {
+        let per = series(&text, name);
+        assert!(!per.is_empty(), "{name}");
+        assert!(
+            per.iter().all(|(l, _)| l["gpu_partition_id"] == "0"),
+            "{name}"
+        );
+    }
     slot.stop().await;
     health.stop().await;
 }
