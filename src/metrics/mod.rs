@@ -462,6 +462,7 @@ impl Service for MetricsService {
                 }
                 let did_sample = resample || !sampled;
                 if did_sample {
+                    sampler.set_processes(exporter_config.config.labels.contains("KFD_PROCESS_ID"));
                     self.sample(&mut sampler, &current, &mut latest).await;
                     sampled = true;
                 }

@@ -122,6 +122,21 @@ fn gpu_labels(input: &RenderInput<'_>, gpu: &Gpu, logical: &LogicalGpu) -> Vec<(
     if optional.contains("CARD_VENDOR") {
         labels.insert("card_vendor".into(), card_vendor(gpu));
     }
+    if optional.contains("KFD_PROCESS_ID") {
+        // The pids with queues on this partition's KFD node, ascending,
+        // comma-separated, as the reference joins them.
+        let node = gpu
+            .partitions
+            .iter()
+            .find(|p| p.id == logical.partition)
+            .and_then(|p| p.kfd_node)
+            .or(gpu.kfd_node);
+        let pids: Vec<String> = node
+            .and_then(|n| input.sample.kfd_processes.get(&n))
+            .map(|pids| pids.iter().map(u32::to_string).collect())
+            .unwrap_or_default();
+        labels.insert("kfd_process_id".into(), pids.join(","));
+    }
     if optional.contains("VBIOS_VERSION") {
         labels.insert("vbios_version".into(), text(&gpu.vbios_version));
     }
@@ -931,6 +946,30 @@ mod tests {
         assert_eq!(label(edge, "card_series"), "AMD Instinct MI300X");
         assert_eq!(label(edge, "card_vendor"), "AMD");
         assert_eq!(label(edge, "card_model"), "102-X");
+    }
+
+    #[test]
+    fn kfd_process_id_lists_the_partition_s_processes() {
+        let inv = inventory();
+        let mut sample = sample();
+        // The partitioned GPU's partition 1 is KFD node 3.
+        sample.kfd_processes = BTreeMap::from([(3, vec![17, 4242])]);
+        let config = parse_config(r#"{"GPUConfig": {"Labels": ["KFD_PROCESS_ID"]}}"#).unwrap();
+        let input = RenderInput {
+            inventory: &inv,
+            sample: &sample,
+            pods: &BTreeMap::new(),
+            health: Some(&health()),
+            config: &config,
+            hostname: "n",
+        };
+        let families = families(&input);
+        let pids: Vec<(&str, &str)> = family(&families, "gpu_health")
+            .series
+            .iter()
+            .map(|s| (label(s, "gpu_id"), label(s, "kfd_process_id")))
+            .collect();
+        assert_eq!(pids, [("0", ""), ("1", "17,4242"), ("2", "")]);
     }
 
     #[test]

@@ -69,6 +69,7 @@ pub const OPTIONAL_LABELS: &[&str] = &[
     "DRIVER_VERSION",
     "CARD_SERIES",
     "CARD_VENDOR",
+    "KFD_PROCESS_ID",
 ];
 
 /// Built-in label names of the reference; custom labels may not reuse them
