@@ -28,6 +28,8 @@
 
 pub mod access;
 pub mod agent;
+#[cfg(test)]
+mod compat_tests;
 pub mod limits;
 pub mod podresources;
 pub mod pods;
