@@ -122,6 +122,13 @@ fn gpu_labels(input: &RenderInput<'_>, gpu: &Gpu, logical: &LogicalGpu) -> Vec<(
     if optional.contains("CARD_VENDOR") {
         labels.insert("card_vendor".into(), card_vendor(gpu));
     }
+    if optional.contains("POD_UUID") {
+        labels.insert("pod_uuid".into(), pod.uid.clone());
+    }
+    for (name, pod_label) in &input.config.extra_pod_labels {
+        let value = pod.labels.get(pod_label).cloned().unwrap_or_default();
+        labels.entry(name.clone()).or_insert(value);
+    }
     if optional.contains("KFD_PROCESS_ID") {
         // The pids with queues on this partition's KFD node, ascending,
         // comma-separated, as the reference joins them.
@@ -745,6 +752,7 @@ mod tests {
                 pod: "train".into(),
                 namespace: "ml".into(),
                 container: "c".into(),
+                ..PodRef::default()
             },
         )]);
         let config = ExporterConfig::default();
@@ -970,6 +978,56 @@ mod tests {
             .map(|s| (label(s, "gpu_id"), label(s, "kfd_process_id")))
             .collect();
         assert_eq!(pids, [("0", ""), ("1", "17,4242"), ("2", "")]);
+    }
+
+    #[test]
+    fn pod_uuid_and_extra_pod_labels_come_from_the_pod() {
+        let (inv, sample, health) = (inventory(), sample(), health());
+        let pods = BTreeMap::from([(
+            DeviceRef::partition("0000:05:00.0", 1),
+            PodRef {
+                pod: "train".into(),
+                namespace: "ml".into(),
+                container: "c".into(),
+                uid: "6f1c-uid".into(),
+                labels: BTreeMap::from([("example.com/workload".into(), "w7".into())]),
+            },
+        )]);
+        let config = parse_config(
+            r#"{"GPUConfig": {"Labels": ["POD_UUID"],
+                "ExtraPodLabels": {"WORKLOAD_ID": "example.com/workload",
+                                   "TEAM": "example.com/team"}}}"#,
+        )
+        .unwrap();
+        let input = RenderInput {
+            inventory: &inv,
+            sample: &sample,
+            pods: &pods,
+            health: Some(&health),
+            config: &config,
+            hostname: "n",
+        };
+        let families = families(&input);
+        let rows: Vec<(&str, &str, &str, &str)> = family(&families, "gpu_health")
+            .series
+            .iter()
+            .map(|s| {
+                (
+                    label(s, "gpu_id"),
+                    label(s, "pod_uuid"),
+                    label(s, "workload_id"),
+                    label(s, "team"),
+                )
+            })
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                ("0", "", "", ""),
+                ("1", "6f1c-uid", "w7", ""),
+                ("2", "", "", "")
+            ]
+        );
     }
 
     #[test]

@@ -70,6 +70,7 @@ pub const OPTIONAL_LABELS: &[&str] = &[
     "CARD_SERIES",
     "CARD_VENDOR",
     "KFD_PROCESS_ID",
+    "POD_UUID",
 ];
 
 /// Built-in label names of the reference; custom labels may not reuse them
@@ -98,6 +99,9 @@ const RESERVED_LABELS: &[&str] = &[
 ];
 
 const MAX_CUSTOM_LABELS: usize = 10;
+
+/// The reference's cap on `ExtraPodLabels`.
+const MAX_EXTRA_POD_LABELS: usize = 20;
 
 /// The `HealthThresholds` key of the junction temperature extension.
 pub const JUNCTION_THRESHOLD_KEY: &str = "GPU_JUNCTION_TEMPERATURE";
@@ -140,6 +144,9 @@ pub struct ExporterConfig {
     pub labels: BTreeSet<String>,
     /// Label name (lowercase) → value, added to every series.
     pub custom_labels: BTreeMap<String, String>,
+    /// `ExtraPodLabels`: metric label name (lowercase) → the key of the pod
+    /// label whose value it carries, on the series of a GPU a pod holds.
+    pub extra_pod_labels: BTreeMap<String, String>,
     pub health_thresholds: HealthThresholds,
     /// Prepended to every GPU metric name.
     pub prefix: String,
@@ -161,6 +168,7 @@ impl Default for ExporterConfig {
             fields: None,
             labels: BTreeSet::new(),
             custom_labels: BTreeMap::new(),
+            extra_pod_labels: BTreeMap::new(),
             health_thresholds: HealthThresholds::default(),
             prefix: String::new(),
             health_enabled: true,
@@ -379,8 +387,25 @@ pub fn parse_config(text: &str) -> Result<ExporterConfig, ConfigError> {
     if gpu.selector.is_some_and(|s| !s.trim().is_empty()) {
         warnings.push("GPUConfig.Selector is not supported; every GPU is exported".into());
     }
-    if !gpu.extra_pod_labels.is_empty() {
-        warnings.push("GPUConfig.ExtraPodLabels is not supported; ignored".into());
+    for (name, pod_label) in gpu.extra_pod_labels {
+        let upper = name.to_ascii_uppercase();
+        if RESERVED_LABELS.contains(&upper.as_str()) {
+            warnings.push(format!(
+                "extra pod label {name} would replace a built-in label; ignored"
+            ));
+        } else if !is_label_name(&name) {
+            warnings.push(format!(
+                "extra pod label {name:?} is not a valid label name; ignored"
+            ));
+        } else if config.extra_pod_labels.len() >= MAX_EXTRA_POD_LABELS {
+            warnings.push(format!(
+                "extra pod label {name} ignored: at most {MAX_EXTRA_POD_LABELS} are supported"
+            ));
+        } else {
+            config
+                .extra_pod_labels
+                .insert(name.to_ascii_lowercase(), pod_label);
+        }
     }
     Ok(config)
 }
@@ -638,11 +663,12 @@ mod tests {
                 .values()
                 .all(|&n| n == 0)
         );
-        // Only what this implementation really does not do is worth a word.
         assert_eq!(
-            config.warnings,
-            ["GPUConfig.ExtraPodLabels is not supported; ignored"]
+            config.extra_pod_labels,
+            BTreeMap::from([("workload_id".to_owned(), "example.com/workload".to_owned())])
         );
+        // Only what this implementation really does not do is worth a word.
+        assert!(config.warnings.is_empty(), "{:?}", config.warnings);
     }
 
     #[test]

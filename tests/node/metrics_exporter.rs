@@ -293,6 +293,74 @@ async fn mi300x_scrape_is_valid_and_has_one_series_per_gpu() {
 }
 
 #[tokio::test]
+async fn pod_uuid_and_extra_pod_labels_come_from_the_api_server() {
+    let sim = simulated("mi300x", Some("cpx_nps4"));
+    let kubelet_dir = scratch();
+    let socket = kubelet_dir.path().join("kubelet.sock");
+    let _kubelet = serve_kubelet(
+        &socket,
+        FakeKubelet {
+            pods: vec![pod("infer", "amd.com/gpu", &["0000:27:00.0"])],
+        },
+    )
+    .await;
+    let emu = kube_emulator::Emulator::start(kube_emulator::EmulatorConfig::default())
+        .await
+        .unwrap();
+    emu.create(serde_json::json!({"apiVersion": "v1", "kind": "Namespace",
+        "metadata": {"name": "ml"}}))
+        .unwrap();
+    let created = emu
+        .create(serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "infer", "namespace": "ml",
+                         "labels": {"example.com/workload": "w1"}},
+            "spec": {"nodeName": "node-1",
+                     "containers": [{"name": "main", "image": "i"}]}}))
+        .unwrap();
+    let uid = created["metadata"]["uid"].as_str().unwrap().to_owned();
+    let service = MetricsService::new(sim.inventory.subscribe(), None).with_kube(emu.client());
+    let mut status = service.status();
+    let mut slot = Slot::new(service);
+    slot.apply(Some(MetricsConfig {
+        pod_resources_socket: Some(socket),
+        config_text: Some(
+            r#"{"GPUConfig": {"Labels": ["POD_UUID"],
+                "ExtraPodLabels": {"WORKLOAD_ID": "example.com/workload"}}}"#
+                .into(),
+        ),
+        ..config(&sim)
+    }))
+    .await;
+    let addr = tokio::time::timeout(WAIT, status.wait_for(|s| s.samples > 0))
+        .await
+        .unwrap()
+        .unwrap()
+        .listening
+        .unwrap();
+    let labelled = |text: &str| {
+        series(text, "gpu_junction_temperature")
+            .into_iter()
+            .find(|(l, _)| l["gpu_id"] == "8")
+            .map(|(l, _)| (l["pod_uuid"].clone(), l["workload_id"].clone()))
+    };
+    let (_, text) = wait::poll_until(
+        "the pod's UID and label on its GPU",
+        || get(addr, "/metrics"),
+        |(_, text)| labelled(text).is_some_and(|(u, _)| !u.is_empty()),
+    )
+    .await;
+    assert_eq!(labelled(&text), Some((uid, "w1".to_owned())));
+    // A GPU no pod holds has the labels, empty.
+    let free = series(&text, "gpu_junction_temperature")
+        .into_iter()
+        .find(|(l, _)| l["gpu_id"] == "0")
+        .map(|(l, _)| (l["pod_uuid"].clone(), l["workload_id"].clone()));
+    assert_eq!(free, Some((String::new(), String::new())));
+    assert_eq!(emu.requests().get("get", "pods"), 0, "list and watch only");
+    slot.stop().await;
+}
+
+#[tokio::test]
 async fn cpx_nps4_has_device_series_per_gpu_and_health_per_partition() {
     let sim = simulated("mi300x", Some("cpx_nps4"));
     let monitor = HealthMonitor::new(sim.inventory.subscribe());
