@@ -332,23 +332,11 @@ pub fn parse_config(text: &str) -> Result<ExporterConfig, ConfigError> {
         }
     }
     for (name, value) in gpu.custom_labels {
-        let upper = name.to_ascii_uppercase();
-        if upper != "CLUSTER_NAME" && RESERVED_LABELS.contains(&upper.as_str()) {
-            warnings.push(format!(
-                "custom label {name} would replace a built-in label; ignored"
-            ));
-        } else if !is_label_name(&name) {
-            warnings.push(format!(
-                "custom label {name:?} is not a valid label name; ignored"
-            ));
-        } else if config.custom_labels.len() >= MAX_CUSTOM_LABELS {
-            warnings.push(format!(
-                "custom label {name} ignored: at most {MAX_CUSTOM_LABELS} custom labels are supported"
-            ));
-        } else {
-            config
-                .custom_labels
-                .insert(name.to_ascii_lowercase(), value);
+        // CLUSTER_NAME is built in, but only custom labels set it.
+        let reserved = !name.eq_ignore_ascii_case("CLUSTER_NAME");
+        let taken = (config.custom_labels.len(), MAX_CUSTOM_LABELS);
+        if let Some(name) = label_name("custom label", &name, reserved, taken, warnings) {
+            config.custom_labels.insert(name, value);
         }
     }
     for (key, value) in gpu.health_thresholds {
@@ -388,26 +376,36 @@ pub fn parse_config(text: &str) -> Result<ExporterConfig, ConfigError> {
         warnings.push("GPUConfig.Selector is not supported; every GPU is exported".into());
     }
     for (name, pod_label) in gpu.extra_pod_labels {
-        let upper = name.to_ascii_uppercase();
-        if RESERVED_LABELS.contains(&upper.as_str()) {
-            warnings.push(format!(
-                "extra pod label {name} would replace a built-in label; ignored"
-            ));
-        } else if !is_label_name(&name) {
-            warnings.push(format!(
-                "extra pod label {name:?} is not a valid label name; ignored"
-            ));
-        } else if config.extra_pod_labels.len() >= MAX_EXTRA_POD_LABELS {
-            warnings.push(format!(
-                "extra pod label {name} ignored: at most {MAX_EXTRA_POD_LABELS} are supported"
-            ));
-        } else {
-            config
-                .extra_pod_labels
-                .insert(name.to_ascii_lowercase(), pod_label);
+        let taken = (config.extra_pod_labels.len(), MAX_EXTRA_POD_LABELS);
+        if let Some(name) = label_name("extra pod label", &name, true, taken, warnings) {
+            config.extra_pod_labels.insert(name, pod_label);
         }
     }
     Ok(config)
+}
+
+/// A label name the config adds (`what`: "custom label"), lower case, or
+/// `None` with a warning: when `reserved` and a built-in label's, when not a
+/// label name, or when `(taken, max)` leaves no room.
+fn label_name(
+    what: &str,
+    name: &str,
+    reserved: bool,
+    (taken, max): (usize, usize),
+    warnings: &mut Vec<String>,
+) -> Option<String> {
+    let upper = name.to_ascii_uppercase();
+    let problem = if reserved && RESERVED_LABELS.contains(&upper.as_str()) {
+        format!("{what} {name} would replace a built-in label; ignored")
+    } else if !is_label_name(name) {
+        format!("{what} {name:?} is not a valid label name; ignored")
+    } else if taken >= max {
+        format!("{what} {name} ignored: at most {max} are supported")
+    } else {
+        return Some(name.to_ascii_lowercase());
+    };
+    warnings.push(problem);
+    None
 }
 
 /// `PollingRate` as the reference reads it: empty is unset, a rate outside the
