@@ -83,39 +83,6 @@ pub fn accepts(text: &str) {
     );
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_the_forced_lints_are_tolerated() {
-        assert!(forced_by_reference(
-            "gpu_nodes_total non-counter metrics should not have \"_total\" suffix"
-        ));
-        assert!(forced_by_reference(
-            "pcie_nack_sent_count non-histogram and non-summary metrics should not have \"_count\" suffix"
-        ));
-        // The suffix must be the name's own.
-        assert!(!forced_by_reference(
-            "gpu_edge non-counter metrics should not have \"_total\" suffix"
-        ));
-        assert!(!forced_by_reference(
-            "error while linting: text format parsing error in line 1"
-        ));
-    }
-
-    #[test]
-    fn text_promtool_cannot_parse_is_refused() {
-        if Command::new("promtool").arg("--version").output().is_err() {
-            eprintln!("NOTICE: promtool not installed; skipping");
-            return;
-        }
-        let refused = std::panic::catch_unwind(|| accepts("gpu_nodes_total{ 1\n")).is_err();
-        assert!(refused, "a parse error must fail");
-        accepts("# HELP gpu_nodes_total n\n# TYPE gpu_nodes_total gauge\ngpu_nodes_total 1\n");
-    }
-}
-
 /// The labels of one series, `a="x",b="y"` (what stands between its braces),
 /// with the format's escapes (`\\`, `\"`, `\n`) undone.
 pub fn parse_labels(text: &str) -> BTreeMap<String, String> {
@@ -143,4 +110,41 @@ pub fn parse_labels(text: &str) -> BTreeMap<String, String> {
         rest = &after[end..];
     }
     labels
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn only_the_forced_lints_are_tolerated() {
+        assert!(super::forced_by_reference(
+            "gpu_nodes_total non-counter metrics should not have \"_total\" suffix"
+        ));
+        assert!(super::forced_by_reference(
+            "pcie_nack_sent_count non-histogram and non-summary metrics should not have \"_count\" suffix"
+        ));
+        // The suffix must be the name's own.
+        assert!(!super::forced_by_reference(
+            "gpu_edge non-counter metrics should not have \"_total\" suffix"
+        ));
+        assert!(!super::forced_by_reference(
+            "error while linting: text format parsing error in line 1"
+        ));
+    }
+
+    #[test]
+    fn text_promtool_cannot_parse_is_refused() {
+        if std::process::Command::new("promtool")
+            .arg("--version")
+            .output()
+            .is_err()
+        {
+            eprintln!("NOTICE: promtool not installed; skipping");
+            return;
+        }
+        let refused = std::panic::catch_unwind(|| super::accepts("gpu_nodes_total{ 1\n")).is_err();
+        assert!(refused, "a parse error must fail");
+        super::accepts(
+            "# HELP gpu_nodes_total n\n# TYPE gpu_nodes_total gauge\ngpu_nodes_total 1\n",
+        );
+    }
 }
