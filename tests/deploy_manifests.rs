@@ -853,6 +853,11 @@ const NEEDS: &[Need] = &[
     need("", "nodes", "patch", Scope::Cluster),
     // The AMDGPUUnhealthy condition (NodeWriter::apply_status).
     need("", "nodes/status", "patch", Scope::Cluster),
+    // Pods. list, watch: PodMetadataWatch (src/metrics/pod_metadata.rs), the
+    // metadata of the agent's own node's Pods by field selector, for
+    // POD_UUID and ExtraPodLabels.
+    need("", "pods", "list", Scope::Cluster),
+    need("", "pods", "watch", Scope::Cluster),
     // DeviceConfigs. list, watch: spawn_config_reflector (src/agent/mod.rs);
     // the leader's Controller in reconcile_until_cancelled, all namespaces.
     need("amd.com", "deviceconfigs", "list", Scope::Cluster),

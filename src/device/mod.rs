@@ -412,6 +412,8 @@ fn read_pci_function(host: &dyn HostRead, dir: &str, bdf: &str) -> Result<Gpu, H
         subsystem_vendor_id: attrs.hex16("subsystem_vendor"),
         subsystem_device_id: attrs.hex16("subsystem_device"),
         product_name: attrs.text("product_name"),
+        product_number: attrs.text("product_number"),
+        manufacturer: attrs.text("manufacturer"),
         serial_number: attrs.text("serial_number"),
         vbios_version: attrs.text("vbios_version"),
         numa_node: attrs.parsed("numa_node", "an integer"),

@@ -52,6 +52,14 @@ pub struct Gpu {
     pub subsystem_device_id: Option<u16>,
     /// Absent on SR-IOV virtual functions and some older boards.
     pub product_name: Option<String>,
+    /// The board's part number (`product_number`, from its FRU EEPROM, as
+    /// `product_name`); amd-smi's board model number.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub product_number: Option<String>,
+    /// The board manufacturer (`manufacturer`, from the FRU EEPROM; newer
+    /// kernels).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manufacturer: Option<String>,
     #[serde(default)]
     pub serial_number: Option<String>,
     #[serde(default)]

@@ -28,7 +28,10 @@
 
 pub mod access;
 pub mod agent;
+#[cfg(test)]
+mod compat_tests;
 pub mod limits;
+pub mod pod_metadata;
 pub mod podresources;
 pub mod pods;
 pub mod render;
@@ -57,6 +60,7 @@ use crate::service::{Readiness, Service, ServiceError, ServiceFuture};
 use crate::telemetry::config::{ExporterConfig, parse_config};
 use crate::telemetry::sample::{HostSample, Sampler, Scope};
 use crate::testrunner::stats::TestRunnerStats;
+use pod_metadata::PodMetadataWatch;
 use pods::PodRef;
 use render::RenderInput;
 use server::Published;
@@ -174,6 +178,9 @@ pub struct MetricsService {
     status: watch::Sender<ExporterStatus>,
     /// What the endpoints serve, for in-process readers too.
     published: watch::Sender<Arc<Published>>,
+    /// The API server, for pod UIDs and labels (`POD_UUID`,
+    /// `ExtraPodLabels`); `None` in standalone mode.
+    kube: Option<kube::Client>,
 }
 
 impl MetricsService {
@@ -190,7 +197,16 @@ impl MetricsService {
             discovery: None,
             status: watch::Sender::new(ExporterStatus::default()),
             published: watch::Sender::new(Arc::new(Published::default())),
+            kube: None,
         }
+    }
+
+    /// Read the UID and labels of this node's pods from the API server when
+    /// the config asks for them (`POD_UUID`, `ExtraPodLabels`) and pods are
+    /// looked up at all (a PodResources socket is configured).
+    pub fn with_kube(mut self, client: kube::Client) -> Self {
+        self.kube = Some(client);
+        self
     }
 
     /// Also export the test runner's results (`gpu_operator_test_*`).
@@ -371,6 +387,8 @@ impl Service for MetricsService {
             };
             let mut sampler = new_sampler(&current);
             let mut exporter_config = ConfigState::new();
+            let mut pod_metadata: Option<PodMetadataWatch> = None;
+            let mut warned_no_api = false;
             exporter_config.apply(current.config_text.as_deref());
             let mut latest = Latest::default();
             let mut health = self.health.clone();
@@ -462,7 +480,28 @@ impl Service for MetricsService {
                 }
                 let did_sample = resample || !sampled;
                 if did_sample {
-                    self.sample(&mut sampler, &current, &mut latest).await;
+                    let config = &exporter_config.config;
+                    sampler.set_processes(config.labels.contains("KFD_PROCESS_ID"));
+                    let wants_pod_metadata = current.pod_resources_socket.is_some()
+                        && (config.labels.contains("POD_UUID")
+                            || !config.extra_pod_labels.is_empty());
+                    match (&self.kube, wants_pod_metadata) {
+                        (Some(client), true) if pod_metadata.is_none() => {
+                            pod_metadata =
+                                Some(PodMetadataWatch::start(client.clone(), &current.hostname));
+                        }
+                        (None, true) if !warned_no_api => {
+                            warned_no_api = true;
+                            tracing::warn!(
+                                "POD_UUID and ExtraPodLabels need the API server, which this \
+                                 exporter has no client for; those labels stay empty"
+                            );
+                        }
+                        (_, false) => pod_metadata = None,
+                        _ => {}
+                    }
+                    self.sample(&mut sampler, &current, &mut latest, pod_metadata.as_ref())
+                        .await;
                     sampled = true;
                 }
                 let (published, series) = self.render(
@@ -493,7 +532,13 @@ impl Service for MetricsService {
 }
 
 impl MetricsService {
-    async fn sample(&self, sampler: &mut Sampler, config: &MetricsConfig, latest: &mut Latest) {
+    async fn sample(
+        &self,
+        sampler: &mut Sampler,
+        config: &MetricsConfig,
+        latest: &mut Latest,
+        pod_metadata: Option<&PodMetadataWatch>,
+    ) {
         let inventory = self.inventory.borrow().clone();
         let pods = async {
             let Some(socket) = &config.pod_resources_socket else {
@@ -507,6 +552,9 @@ impl MetricsService {
             Ok(Some(list)) => {
                 let ids = crate::telemetry::devices::device_ids(&inventory, &xcp);
                 latest.pods = pods::assign(&list, &ids);
+                if let Some(metadata) = pod_metadata {
+                    pod_metadata::enrich(&mut latest.pods, &metadata.current());
+                }
                 latest.pod_error = None;
             }
             Ok(None) => {

@@ -25,6 +25,12 @@ pub struct PodRef {
     pub pod: String,
     pub namespace: String,
     pub container: String,
+    /// The pod's UID and labels, from the API server (see
+    /// [`super::pod_metadata`]); empty without one.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub uid: String,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -113,6 +119,7 @@ pub fn assign(
                             pod: pod.name.clone(),
                             namespace: pod.namespace.clone(),
                             container: container.name.clone(),
+                            ..PodRef::default()
                         });
                     }
                 }
@@ -185,6 +192,7 @@ mod tests {
             pod: "train".into(),
             namespace: "ml".into(),
             container: "worker".into(),
+            ..PodRef::default()
         };
         assert_eq!(
             pods,

@@ -5,21 +5,24 @@
 //! Scope of each metric on partitioned GPUs. The reference reports every
 //! partition as a GPU, and the driver reports device-level values (power,
 //! temperatures, ECC, PCIe, memory, clocks, activity) only on the primary
-//! partition, with "not available" on the others, which the reference drops. So
-//! device-level metrics have one series per physical GPU, labelled with its
-//! partition 0 (`gpu_partition_id="0"`): 8 series of `gpu_edge_temperature` on an
-//! MI300X in any mode. Per-partition series are those whose value is known per
-//! partition: `gpu_health`, 64 series on an MI300X in CPX mode, and the
-//! per-XCC families of the firmware's metrics table (`gpu_metrics`), each
+//! partition. So device-level metrics have their value on the GPU's partition
+//! 0 (`gpu_partition_id="0"`): 8 series of `gpu_junction_temperature` on an
+//! MI300X in any mode. As the reference documents, the other partitions carry
+//! power, CPU-visible VRAM, the VRAM bandwidth and GTT as 0
+//! ([`ZERO_ON_OTHER_PARTITIONS`]), and no temperatures, clocks, energy,
+//! activity, PCIe or ECC series. Per-partition series are those whose value is
+//! known per partition: `gpu_health`, 64 series on an MI300X in CPX mode, and
+//! the per-XCC families of the firmware's metrics table (`gpu_metrics`), each
 //! partition from its own XCP entry: `gpu_gfx_busy_instantaneous{xcc_index}`
-//! and the below-host-limit violation counters. Clocks and the other table
-//! values are device-level.
+//! (the reference's per-partition activity: its `gpu_gfx_activity` is the
+//! primary's only, since amd-smi has no per-partition value) and the
+//! below-host-limit violation counters.
 //!
-//! Types: the reference declares everything a gauge, which `promtool check
-//! metrics` rejects for names ending in `_total` or `_count`. The ECC totals are
-//! declared counters (they only grow), `gpu_nodes_total` and the `pcie_*_count`
-//! families untyped; series names and values are unchanged, so queries and dashboards
-//! keep working.
+//! Types: every family is a gauge, as the reference declares them, the ECC
+//! totals, `gpu_nodes_total` and the `pcie_*_count` families included
+//! (promtool's lint advises against a gauge named `_total` or `_count`; a
+//! drop-in keeps the reference's names and types, which scrapers and
+//! `rate()`-free dashboards already expect).
 //!
 //! Pure, except that encoding allocates.
 
@@ -38,7 +41,8 @@ use crate::plugin::DeviceRef;
 use crate::telemetry::config::ExporterConfig;
 use crate::telemetry::devices::{LogicalGpu, logical_gpus};
 use crate::telemetry::fields::{
-    DEVICE_FIELDS, ECC_BLOCKS, INDEXED_FIELDS, Kind, Scope, clocks as clocks_of, ecc_suffix,
+    DEVICE_FIELDS, ECC_BLOCKS, INDEXED_FIELDS, Kind, Scope, ZERO_ON_OTHER_PARTITIONS,
+    clocks as clocks_of, ecc_suffix,
 };
 use crate::telemetry::sample::{GpuReadings, HostSample};
 
@@ -94,18 +98,51 @@ fn gpu_labels(input: &RenderInput<'_>, gpu: &Gpu, logical: &LogicalGpu) -> Vec<(
                 .clone()
                 .unwrap_or_else(|| "none".into()),
         ),
+        ("deployment_mode".into(), deployment_mode(gpu).into()),
         ("pod".into(), pod.pod),
         ("namespace".into(), pod.namespace),
         ("container".into(), pod.container),
+        // The reference always sets these; they name a Slurm job, and
+        // under Kubernetes there is none.
+        ("job_id".into(), String::new()),
+        ("job_user".into(), String::new()),
+        ("job_partition".into(), String::new()),
     ]);
     let optional = &input.config.labels;
     if optional.contains("GPU_UUID") {
         labels.insert(
             "gpu_uuid".into(),
-            gpu.unique_id
-                .map(|id| format!("{id:016x}"))
-                .unwrap_or_default(),
+            gpu_uuid(gpu, logical).unwrap_or_default(),
         );
+    }
+    if optional.contains("CARD_SERIES") {
+        // amd-smi's board product name.
+        labels.insert("card_series".into(), text(&gpu.product_name));
+    }
+    if optional.contains("CARD_VENDOR") {
+        labels.insert("card_vendor".into(), card_vendor(gpu));
+    }
+    if optional.contains("POD_UUID") {
+        labels.insert("pod_uuid".into(), pod.uid.clone());
+    }
+    for (name, pod_label) in &input.config.extra_pod_labels {
+        let value = pod.labels.get(pod_label).cloned().unwrap_or_default();
+        labels.entry(name.clone()).or_insert(value);
+    }
+    if optional.contains("KFD_PROCESS_ID") {
+        // The pids with queues on this partition's KFD node, ascending,
+        // comma-separated, as the reference joins them.
+        let node = gpu
+            .partitions
+            .iter()
+            .find(|p| p.id == logical.partition)
+            .and_then(|p| p.kfd_node)
+            .or(gpu.kfd_node);
+        let pids: Vec<String> = node
+            .and_then(|n| input.sample.kfd_processes.get(&n))
+            .map(|pids| pids.iter().map(u32::to_string).collect())
+            .unwrap_or_default();
+        labels.insert("kfd_process_id".into(), pids.join(","));
     }
     if optional.contains("VBIOS_VERSION") {
         labels.insert("vbios_version".into(), text(&gpu.vbios_version));
@@ -122,12 +159,68 @@ fn gpu_labels(input: &RenderInput<'_>, gpu: &Gpu, logical: &LogicalGpu) -> Vec<(
     labels.into_iter().collect()
 }
 
-/// The product name, or the PCI device ID when the GPU has none (virtual
-/// functions).
+/// `card_model` as the reference fills it: amd-smi's board model number
+/// (sysfs `product_number`), else the card series (`product_name`); else,
+/// where the reference falls back to amd-smi's market name from its own ID
+/// table, the PCI device ID (virtual functions have neither file).
 fn card_model(gpu: &Gpu) -> String {
-    gpu.product_name
+    gpu.product_number
         .clone()
+        .or_else(|| gpu.product_name.clone())
         .unwrap_or_else(|| format!("0x{:04x}", gpu.device_id))
+}
+
+/// `card_vendor` as the reference fills it: amd-smi's board manufacturer
+/// (sysfs `manufacturer`), else the PCI vendor's name in the PCI ID
+/// database, which is this one for every GPU amdgpu drives.
+fn card_vendor(gpu: &Gpu) -> String {
+    gpu.manufacturer
+        .clone()
+        .unwrap_or_else(|| "Advanced Micro Devices, Inc. [AMD/ATI]".into())
+}
+
+/// PCI device IDs of AMD's SR-IOV virtual functions, as the reference
+/// operator lists them for vGPU nodes (MI355X, MI350X, MI325X, MI308X,
+/// MI308X-HF, MI300X, MI300X-HF, MI210).
+const VF_DEVICE_IDS: &[u16] = &[
+    0x75b3, 0x75b0, 0x74b9, 0x74b6, 0x74bc, 0x74b5, 0x74bd, 0x7410,
+];
+
+/// The reference's `deployment_mode`: its GPU agent's virtualization mode
+/// mapped to `baremetal`, `hypervisor` (host), `vm_vf` (guest) or `vm_pf`
+/// (passthrough), `baremetal` when unknown. amdgpu bound to a virtual
+/// function is a guest. A whole GPU passed through to a VM is not told apart
+/// from bare metal here (the kernel's hint is the CPU's hypervisor flag, which
+/// is not read), and a hypervisor's GPUs are bound to AMD's host driver, not
+/// amdgpu, so they are never seen.
+fn deployment_mode(gpu: &Gpu) -> &'static str {
+    if VF_DEVICE_IDS.contains(&gpu.device_id) {
+        "vm_vf"
+    } else {
+        "baremetal"
+    }
+}
+
+/// `gpu_uuid` as amd-smi builds it, which the reference exports: a version-1
+/// UUID layout holding the unique ID (`u`), the PCI device ID and a function
+/// byte: `{u[63:56]}{fn}{device}-0000-1000-80{u[55:48]}-{u[47:0]}`. The
+/// function byte is 0xff for a whole GPU (the reference's documented
+/// `51ff74a1-0000-1000-802e-2769a3f6a69e`); amd-smi puts the partition index
+/// there on partitions, which keeps their UUIDs apart.
+fn gpu_uuid(gpu: &Gpu, logical: &LogicalGpu) -> Option<String> {
+    let id = gpu.unique_id?;
+    let function = if logical.partitioned {
+        (logical.partition & 0xff) as u8
+    } else {
+        0xff
+    };
+    Some(format!(
+        "{:02x}{function:02x}{:04x}-0000-1000-80{:02x}-{:012x}",
+        id >> 56,
+        gpu.device_id,
+        (id >> 48) & 0xff,
+        id & 0xffff_ffff_ffff,
+    ))
 }
 
 /// Builds every family the configuration enables. Families without series are
@@ -165,7 +258,7 @@ pub fn families(input: &RenderInput<'_>) -> Vec<Family> {
         "GPU_NODES_TOTAL",
         "gpu_nodes_total",
         "Number of GPUs on the node, partitions counted as GPUs",
-        Kind::Untyped,
+        Kind::Gauge,
         vec![Series {
             labels: node_labels.into_iter().collect(),
             value: logical.len() as f64,
@@ -206,16 +299,19 @@ pub fn families(input: &RenderInput<'_>) -> Vec<Family> {
     }
 
     for f in DEVICE_FIELDS {
-        let series = primaries
+        let zero_elsewhere = ZERO_ON_OTHER_PARTITIONS.contains(&f.field);
+        let series = labelled
             .iter()
-            .filter_map(|(r, labels)| {
-                (f.value)(r).map(|value| Series {
-                    labels: (*labels).clone(),
-                    value,
+            .filter(|(l, _)| l.is_primary() || zero_elsewhere)
+            .filter_map(|(l, labels)| {
+                let value = (f.value)(input.sample.gpus.get(&l.bdf)?)?;
+                Some(Series {
+                    labels: labels.clone(),
+                    value: if l.is_primary() { value } else { 0.0 },
                 })
             })
             .collect();
-        family(f.field, f.name, f.help, f.kind, series);
+        family(f.field, f.name, f.help, Kind::Gauge, series);
     }
 
     for f in INDEXED_FIELDS {
@@ -243,8 +339,8 @@ pub fn families(input: &RenderInput<'_>) -> Vec<Family> {
         family(f.field, f.name, f.help, Kind::Gauge, series);
     }
 
-    // clock_type values are the reference exporter's enum names, which its
-    // dashboards filter on. clock_index numbers the clocks of one GPU in the
+    // clock_type values are the reference exporter's (lower case since its
+    // v1.4.2), which its dashboards filter on. clock_index numbers the clocks of one GPU in the
     // order `fields::clocks` lists them, as the reference numbers its list.
     let mut clocks = Vec::new();
     for (r, labels) in &primaries {
@@ -340,7 +436,6 @@ impl Collector for Families {
             // A counter's name is given without `_total`; the encoder adds it.
             let (name, metric_type) = match family.kind {
                 Kind::Gauge => (family.name.as_str(), MetricType::Gauge),
-                Kind::Untyped => (family.name.as_str(), MetricType::Unknown),
                 Kind::Counter => (
                     family.name.strip_suffix("_total").unwrap_or(&family.name),
                     MetricType::Counter,
@@ -353,7 +448,7 @@ impl Collector for Families {
                     Kind::Counter => {
                         encoder.encode_counter::<NoLabelSet, _, u64>(&series.value, None)?
                     }
-                    Kind::Gauge | Kind::Untyped => encoder.encode_gauge(&series.value)?,
+                    Kind::Gauge => encoder.encode_gauge(&series.value)?,
                 }
             }
         }
@@ -632,22 +727,19 @@ mod tests {
                 })
                 .collect()
         };
-        let sys = "GPU_CLOCK_TYPE_SYSTEM".to_owned();
+        let sys = "system".to_owned();
         assert_eq!(
             of("0"),
             [
                 ("0".into(), sys.clone(), 2100.0),
                 ("1".into(), sys.clone(), 2000.0),
-                ("2".into(), "GPU_CLOCK_TYPE_MEMORY".into(), 1300.0),
-                ("3".into(), "GPU_CLOCK_TYPE_SOC".into(), 1143.0),
+                ("2".into(), "memory".into(), 1300.0),
+                ("3".into(), "soc".into(), 1143.0),
             ]
         );
         assert_eq!(of("2"), [("0".into(), sys, 2100.0)]);
         for f in &families {
-            assert!(matches!(
-                f.kind,
-                Kind::Gauge | Kind::Untyped | Kind::Counter
-            ));
+            assert_eq!(f.kind, Kind::Gauge, "{}: the reference's type", f.name);
         }
     }
 
@@ -660,6 +752,7 @@ mod tests {
                 pod: "train".into(),
                 namespace: "ml".into(),
                 container: "c".into(),
+                ..PodRef::default()
             },
         )]);
         let config = ExporterConfig::default();
@@ -707,7 +800,7 @@ mod tests {
         assert_eq!(family(&families, "gpu_nodes_total").series[0].value, 3.0);
         assert_eq!(family(&families, "gpu_free_vram").series[0].value, 3.0);
         let clock = &family(&families, "gpu_clock").series[0];
-        assert_eq!(label(clock, "clock_type"), "GPU_CLOCK_TYPE_SYSTEM");
+        assert_eq!(label(clock, "clock_type"), "system");
         assert_eq!(clock.value, 2100.0);
         assert_eq!(
             family(&families, "gpu_ecc_uncorrect_total").series[0].value,
@@ -726,6 +819,249 @@ mod tests {
             !families.iter().any(|f| f.name == "gpu_package_power"),
             "no values, no family"
         );
+    }
+
+    #[test]
+    fn other_partitions_report_power_and_gtt_as_zero_and_nothing_else() {
+        let inv = inventory();
+        let mut sample = sample();
+        for r in sample.gpus.values_mut() {
+            r.power.current_w = Some(300.0);
+            r.memory.gtt_total = Some(8 << 20);
+            r.memory.gtt_used = Some(1 << 20);
+        }
+        let config = ExporterConfig::default();
+        let input = RenderInput {
+            inventory: &inv,
+            sample: &sample,
+            pods: &BTreeMap::new(),
+            health: None,
+            config: &config,
+            hostname: "n",
+        };
+        let families = families(&input);
+        let by_gpu = |name: &str| -> Vec<(String, f64)> {
+            family(&families, name)
+                .series
+                .iter()
+                .map(|s| (label(s, "gpu_id").to_owned(), s.value))
+                .collect()
+        };
+        // gpu 1 is the partitioned GPU's second partition.
+        let zero_on_1 = |v: f64| vec![("0".into(), v), ("1".into(), 0.0), ("2".into(), v)];
+        assert_eq!(by_gpu("gpu_package_power"), zero_on_1(300.0));
+        assert_eq!(by_gpu("gpu_total_gtt"), zero_on_1(8.0));
+        assert_eq!(by_gpu("gpu_free_gtt"), zero_on_1(7.0));
+        assert_eq!(
+            by_gpu("gpu_edge_temperature"),
+            [("0".into(), 40.0), ("2".into(), 50.0)]
+        );
+        assert_eq!(
+            by_gpu("gpu_used_vram"),
+            [("0".into(), 1.0), ("2".into(), 1.0)]
+        );
+        let clocks: BTreeSet<String> = by_gpu("gpu_clock").into_iter().map(|(g, _)| g).collect();
+        assert_eq!(clocks, BTreeSet::from(["0".into(), "2".into()]));
+    }
+
+    #[test]
+    fn labels_the_reference_always_sets_are_on_every_gpu_series() {
+        let (inv, sample, health) = (inventory(), sample(), health());
+        let config = ExporterConfig::default();
+        let input = RenderInput {
+            inventory: &inv,
+            sample: &sample,
+            pods: &BTreeMap::new(),
+            health: Some(&health),
+            config: &config,
+            hostname: "n",
+        };
+        let families = families(&input);
+        let mandatory = [
+            "gpu_id",
+            "card_model",
+            "gpu_partition_id",
+            "gpu_compute_partition_type",
+            "gpu_memory_partition_type",
+            "deployment_mode",
+            "serial_number",
+            "pod",
+            "namespace",
+            "container",
+            "job_id",
+            "job_user",
+            "job_partition",
+            "hostname",
+        ];
+        for f in families.iter().filter(|f| f.name != "gpu_nodes_total") {
+            for s in &f.series {
+                for name in mandatory {
+                    label(s, name);
+                }
+                assert_eq!(label(s, "job_id"), "", "no Slurm job under Kubernetes");
+                let expected = if label(s, "gpu_id") == "2" {
+                    "vm_vf"
+                } else {
+                    "baremetal"
+                };
+                assert_eq!(label(s, "deployment_mode"), expected, "{}", f.name);
+            }
+        }
+    }
+
+    #[test]
+    fn card_labels_come_from_the_board_as_amd_smi_reads_it() {
+        let board = Gpu {
+            device_id: 0x74a1,
+            product_name: Some("AMD Instinct MI300X".into()),
+            product_number: Some("102-X".into()),
+            manufacturer: Some("AMD".into()),
+            ..Gpu::default()
+        };
+        assert_eq!(card_model(&board), "102-X");
+        assert_eq!(card_vendor(&board), "AMD");
+        let older_kernel = Gpu {
+            product_number: None,
+            manufacturer: None,
+            ..board.clone()
+        };
+        assert_eq!(card_model(&older_kernel), "AMD Instinct MI300X");
+        assert_eq!(
+            card_vendor(&older_kernel),
+            "Advanced Micro Devices, Inc. [AMD/ATI]"
+        );
+        let config =
+            parse_config(r#"{"GPUConfig": {"Labels": ["CARD_SERIES", "CARD_VENDOR"]}}"#).unwrap();
+        assert!(config.warnings.is_empty(), "{:?}", config.warnings);
+        let inv = Inventory {
+            gpus: vec![Gpu {
+                bdf: "0000:05:00.0".into(),
+                ..board
+            }],
+            ..Inventory::default()
+        };
+        let sample = sample();
+        let input = RenderInput {
+            inventory: &inv,
+            sample: &sample,
+            pods: &BTreeMap::new(),
+            health: None,
+            config: &config,
+            hostname: "n",
+        };
+        let families = families(&input);
+        let edge = &family(&families, "gpu_edge_temperature").series[0];
+        assert_eq!(label(edge, "card_series"), "AMD Instinct MI300X");
+        assert_eq!(label(edge, "card_vendor"), "AMD");
+        assert_eq!(label(edge, "card_model"), "102-X");
+    }
+
+    #[test]
+    fn kfd_process_id_lists_the_partition_s_processes() {
+        let inv = inventory();
+        let mut sample = sample();
+        // The partitioned GPU's partition 1 is KFD node 3.
+        sample.kfd_processes = BTreeMap::from([(3, vec![17, 4242])]);
+        let config = parse_config(r#"{"GPUConfig": {"Labels": ["KFD_PROCESS_ID"]}}"#).unwrap();
+        let input = RenderInput {
+            inventory: &inv,
+            sample: &sample,
+            pods: &BTreeMap::new(),
+            health: Some(&health()),
+            config: &config,
+            hostname: "n",
+        };
+        let families = families(&input);
+        let pids: Vec<(&str, &str)> = family(&families, "gpu_health")
+            .series
+            .iter()
+            .map(|s| (label(s, "gpu_id"), label(s, "kfd_process_id")))
+            .collect();
+        assert_eq!(pids, [("0", ""), ("1", "17,4242"), ("2", "")]);
+    }
+
+    #[test]
+    fn pod_uuid_and_extra_pod_labels_come_from_the_pod() {
+        let (inv, sample, health) = (inventory(), sample(), health());
+        let pods = BTreeMap::from([(
+            DeviceRef::partition("0000:05:00.0", 1),
+            PodRef {
+                pod: "train".into(),
+                namespace: "ml".into(),
+                container: "c".into(),
+                uid: "6f1c-uid".into(),
+                labels: BTreeMap::from([("example.com/workload".into(), "w7".into())]),
+            },
+        )]);
+        let config = parse_config(
+            r#"{"GPUConfig": {"Labels": ["POD_UUID"],
+                "ExtraPodLabels": {"WORKLOAD_ID": "example.com/workload",
+                                   "TEAM": "example.com/team"}}}"#,
+        )
+        .unwrap();
+        let input = RenderInput {
+            inventory: &inv,
+            sample: &sample,
+            pods: &pods,
+            health: Some(&health),
+            config: &config,
+            hostname: "n",
+        };
+        let families = families(&input);
+        let rows: Vec<(&str, &str, &str, &str)> = family(&families, "gpu_health")
+            .series
+            .iter()
+            .map(|s| {
+                (
+                    label(s, "gpu_id"),
+                    label(s, "pod_uuid"),
+                    label(s, "workload_id"),
+                    label(s, "team"),
+                )
+            })
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                ("0", "", "", ""),
+                ("1", "6f1c-uid", "w7", ""),
+                ("2", "", "", "")
+            ]
+        );
+    }
+
+    #[test]
+    fn gpu_uuid_is_amd_smi_s_layout() {
+        let gpu = Gpu {
+            device_id: 0x74a1,
+            unique_id: Some(0x512e_2769_a3f6_a69e),
+            ..Gpu::default()
+        };
+        let whole = LogicalGpu {
+            gpu_id: 0,
+            bdf: String::new(),
+            partition: 0,
+            partitioned: false,
+        };
+        // The example in the reference's documentation.
+        assert_eq!(
+            gpu_uuid(&gpu, &whole).as_deref(),
+            Some("51ff74a1-0000-1000-802e-2769a3f6a69e")
+        );
+        let third = LogicalGpu {
+            partition: 3,
+            partitioned: true,
+            ..whole.clone()
+        };
+        assert_eq!(
+            gpu_uuid(&gpu, &third).as_deref(),
+            Some("510374a1-0000-1000-802e-2769a3f6a69e")
+        );
+        let no_id = Gpu {
+            unique_id: None,
+            ..gpu
+        };
+        assert_eq!(gpu_uuid(&no_id, &whole), None);
     }
 
     #[test]
@@ -759,11 +1095,11 @@ mod tests {
     }
 
     #[test]
-    fn encoding_declares_counters_and_untyped_by_their_full_name() {
+    fn encoding_declares_gauges_and_counters_by_their_full_name() {
         let families = vec![
             Family {
-                name: "gpu_ecc_uncorrect_total".into(),
-                help: "Uncorrectable".into(),
+                name: "gpu_operator_restarts_total".into(),
+                help: "Restarts".into(),
                 kind: Kind::Counter,
                 series: vec![Series {
                     labels: vec![("gpu_id".into(), "0".into())],
@@ -773,7 +1109,7 @@ mod tests {
             Family {
                 name: "gpu_nodes_total".into(),
                 help: "GPUs".into(),
-                kind: Kind::Untyped,
+                kind: Kind::Gauge,
                 series: vec![Series {
                     labels: vec![("hostname".into(), "a\"b".into())],
                     value: 8.0,
@@ -791,14 +1127,14 @@ mod tests {
         ];
         let text = encode(families);
         assert!(
-            text.contains("# TYPE gpu_ecc_uncorrect_total counter\n"),
+            text.contains("# TYPE gpu_operator_restarts_total counter\n"),
             "{text}"
         );
         assert!(
-            text.contains("gpu_ecc_uncorrect_total{gpu_id=\"0\"} 2"),
+            text.contains("gpu_operator_restarts_total{gpu_id=\"0\"} 2"),
             "{text}"
         );
-        assert!(text.contains("# TYPE gpu_nodes_total untyped\n"), "{text}");
+        assert!(text.contains("# TYPE gpu_nodes_total gauge\n"), "{text}");
         assert!(
             text.contains("gpu_nodes_total{hostname=\"a\\\"b\"} 8"),
             "{text}"

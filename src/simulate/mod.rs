@@ -478,6 +478,10 @@ fn write_pci_function(
     ];
     if let Some(name) = model.product_name {
         attrs.push(("product_name", name.to_owned()));
+        attrs.push(("manufacturer", "AMD".to_owned()));
+    }
+    if let Some(number) = model.product_number {
+        attrs.push(("product_number", number.to_owned()));
     }
     if let Some((compute, memory)) = spec.modes(gpu.index) {
         attrs.extend([

@@ -12,6 +12,9 @@ pub struct GpuModel {
     pub subsystem_device: u16,
     /// `None` for SR-IOV virtual functions, which have no `product_name` file.
     pub product_name: Option<&'static str>,
+    /// The board's part number (`product_number`), read from the same FRU
+    /// EEPROM as `product_name`, with `manufacturer` beside it; made up here.
+    pub product_number: Option<&'static str>,
     pub gfx_target_version: u32,
     pub cu_count: u32,
     pub simd_per_cu: u32,
@@ -63,6 +66,7 @@ const MI300X: GpuModel = GpuModel {
     revision: 0x00,
     subsystem_device: 0x74a1,
     product_name: Some("AMD Instinct MI300X"),
+    product_number: Some("102-G30200-0A"),
     gfx_target_version: 90402,
     cu_count: 304,
     simd_per_cu: 4,
@@ -117,6 +121,7 @@ pub const PROFILES: &[Profile] = &[
             revision: 0x01,
             subsystem_device: 0x0b0c,
             product_name: Some("AMD Instinct MI250X"),
+            product_number: Some("102-D65200-0A"),
             gfx_target_version: 90010,
             cu_count: 110,
             simd_per_cu: 4,
@@ -145,6 +150,7 @@ pub const PROFILES: &[Profile] = &[
             revision: 0x02,
             subsystem_device: 0x0c34,
             product_name: Some("AMD Instinct MI210"),
+            product_number: Some("102-D67300-0A"),
             gfx_target_version: 90010,
             cu_count: 104,
             simd_per_cu: 4,
@@ -172,6 +178,7 @@ pub const PROFILES: &[Profile] = &[
             revision: 0x00,
             subsystem_device: 0x0e0d,
             product_name: Some("AMD Radeon PRO W7900"),
+            product_number: Some("100-300000000"),
             gfx_target_version: 110000,
             cu_count: 96,
             simd_per_cu: 2,
@@ -205,6 +212,7 @@ pub const PROFILES: &[Profile] = &[
         model: GpuModel {
             device_id: 0x74b5,
             product_name: None,
+            product_number: None,
             // A guest has no access to the SMU's firmware.
             firmware: &[("mec", 177), ("sdma", 24), ("rlc", 17)],
             gpu_metrics: None,

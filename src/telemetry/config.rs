@@ -43,7 +43,8 @@ use super::fields::{ECC_BLOCKS, is_known_field};
 use crate::api::syntax::parse_duration;
 use crate::api::tracked::read_lenient;
 
-/// Labels every series carries; configuration cannot remove them.
+/// Labels every GPU series carries, as the reference's mandatory list;
+/// configuration cannot remove them.
 pub const MANDATORY_LABELS: &[&str] = &[
     "GPU_ID",
     "SERIAL_NUMBER",
@@ -52,13 +53,25 @@ pub const MANDATORY_LABELS: &[&str] = &[
     "GPU_PARTITION_ID",
     "GPU_COMPUTE_PARTITION_TYPE",
     "GPU_MEMORY_PARTITION_TYPE",
+    "DEPLOYMENT_MODE",
     "POD",
     "NAMESPACE",
     "CONTAINER",
+    "JOB_ID",
+    "JOB_USER",
+    "JOB_PARTITION",
 ];
 
 /// Optional labels this implementation can add when `Labels` asks for them.
-pub const OPTIONAL_LABELS: &[&str] = &["GPU_UUID", "VBIOS_VERSION", "DRIVER_VERSION"];
+pub const OPTIONAL_LABELS: &[&str] = &[
+    "GPU_UUID",
+    "VBIOS_VERSION",
+    "DRIVER_VERSION",
+    "CARD_SERIES",
+    "CARD_VENDOR",
+    "KFD_PROCESS_ID",
+    "POD_UUID",
+];
 
 /// Built-in label names of the reference; custom labels may not reuse them
 /// (except `CLUSTER_NAME`, which only custom labels set).
@@ -86,6 +99,9 @@ const RESERVED_LABELS: &[&str] = &[
 ];
 
 const MAX_CUSTOM_LABELS: usize = 10;
+
+/// The reference's cap on `ExtraPodLabels`.
+const MAX_EXTRA_POD_LABELS: usize = 20;
 
 /// The `HealthThresholds` key of the junction temperature extension.
 pub const JUNCTION_THRESHOLD_KEY: &str = "GPU_JUNCTION_TEMPERATURE";
@@ -128,6 +144,9 @@ pub struct ExporterConfig {
     pub labels: BTreeSet<String>,
     /// Label name (lowercase) → value, added to every series.
     pub custom_labels: BTreeMap<String, String>,
+    /// `ExtraPodLabels`: metric label name (lowercase) → the key of the pod
+    /// label whose value it carries, on the series of a GPU a pod holds.
+    pub extra_pod_labels: BTreeMap<String, String>,
     pub health_thresholds: HealthThresholds,
     /// Prepended to every GPU metric name.
     pub prefix: String,
@@ -149,6 +168,7 @@ impl Default for ExporterConfig {
             fields: None,
             labels: BTreeSet::new(),
             custom_labels: BTreeMap::new(),
+            extra_pod_labels: BTreeMap::new(),
             health_thresholds: HealthThresholds::default(),
             prefix: String::new(),
             health_enabled: true,
@@ -312,23 +332,11 @@ pub fn parse_config(text: &str) -> Result<ExporterConfig, ConfigError> {
         }
     }
     for (name, value) in gpu.custom_labels {
-        let upper = name.to_ascii_uppercase();
-        if upper != "CLUSTER_NAME" && RESERVED_LABELS.contains(&upper.as_str()) {
-            warnings.push(format!(
-                "custom label {name} would replace a built-in label; ignored"
-            ));
-        } else if !is_label_name(&name) {
-            warnings.push(format!(
-                "custom label {name:?} is not a valid label name; ignored"
-            ));
-        } else if config.custom_labels.len() >= MAX_CUSTOM_LABELS {
-            warnings.push(format!(
-                "custom label {name} ignored: at most {MAX_CUSTOM_LABELS} custom labels are supported"
-            ));
-        } else {
-            config
-                .custom_labels
-                .insert(name.to_ascii_lowercase(), value);
+        // CLUSTER_NAME is built in, but only custom labels set it.
+        let reserved = !name.eq_ignore_ascii_case("CLUSTER_NAME");
+        let taken = (config.custom_labels.len(), MAX_CUSTOM_LABELS);
+        if let Some(name) = label_name("custom label", &name, reserved, taken, warnings) {
+            config.custom_labels.insert(name, value);
         }
     }
     for (key, value) in gpu.health_thresholds {
@@ -367,10 +375,37 @@ pub fn parse_config(text: &str) -> Result<ExporterConfig, ConfigError> {
     if gpu.selector.is_some_and(|s| !s.trim().is_empty()) {
         warnings.push("GPUConfig.Selector is not supported; every GPU is exported".into());
     }
-    if !gpu.extra_pod_labels.is_empty() {
-        warnings.push("GPUConfig.ExtraPodLabels is not supported; ignored".into());
+    for (name, pod_label) in gpu.extra_pod_labels {
+        let taken = (config.extra_pod_labels.len(), MAX_EXTRA_POD_LABELS);
+        if let Some(name) = label_name("extra pod label", &name, true, taken, warnings) {
+            config.extra_pod_labels.insert(name, pod_label);
+        }
     }
     Ok(config)
+}
+
+/// A label name the config adds (`what`: "custom label"), lower case, or
+/// `None` with a warning: when `reserved` and a built-in label's, when not a
+/// label name, or when `(taken, max)` leaves no room.
+fn label_name(
+    what: &str,
+    name: &str,
+    reserved: bool,
+    (taken, max): (usize, usize),
+    warnings: &mut Vec<String>,
+) -> Option<String> {
+    let upper = name.to_ascii_uppercase();
+    let problem = if reserved && RESERVED_LABELS.contains(&upper.as_str()) {
+        format!("{what} {name} would replace a built-in label; ignored")
+    } else if !is_label_name(name) {
+        format!("{what} {name:?} is not a valid label name; ignored")
+    } else if taken >= max {
+        format!("{what} {name} ignored: at most {max} are supported")
+    } else {
+        return Some(name.to_ascii_lowercase());
+    };
+    warnings.push(problem);
+    None
 }
 
 /// `PollingRate` as the reference reads it: empty is unset, a rate outside the
@@ -487,7 +522,7 @@ mod tests {
                              "Logging": {"Level": "info"}},
             "GPUConfig": {
                 "Fields": ["gpu_edge_temperature", "GPU_HEALTH", "GPU_VOLTAGE"],
-                "Labels": ["GPU_ID", "VBIOS_VERSION", "JOB_ID"],
+                "Labels": ["GPU_ID", "VBIOS_VERSION", "JOB_ID", "NOT_A_LABEL"],
                 "CustomLabels": {"CLUSTER_NAME": "lab", "POD": "x", "bad-name": "y"},
                 "HealthThresholds": {"GPU_ECC_UNCORRECT_UMC": 4, "GPU_ECC_UNCORRECT_BIF": 1,
                                      "GPU_JUNCTION_TEMPERATURE": 95.5,
@@ -515,12 +550,14 @@ mod tests {
             &config,
             &[
                 "GPU_VOLTAGE",
-                "JOB_ID",
+                "NOT_A_LABEL",
                 "POD",
                 "bad-name",
                 "GPU_ECC_UNCORRECT_NOPE",
             ],
         );
+        // A mandatory label asked for is no news.
+        assert!(!config.warnings.join("\n").contains("JOB_ID"));
     }
 
     #[test]
@@ -624,11 +661,12 @@ mod tests {
                 .values()
                 .all(|&n| n == 0)
         );
-        // Only what this implementation really does not do is worth a word.
         assert_eq!(
-            config.warnings,
-            ["GPUConfig.ExtraPodLabels is not supported; ignored"]
+            config.extra_pod_labels,
+            BTreeMap::from([("workload_id".to_owned(), "example.com/workload".to_owned())])
         );
+        // Only what this implementation really does not do is worth a word.
+        assert!(config.warnings.is_empty(), "{:?}", config.warnings);
     }
 
     #[test]

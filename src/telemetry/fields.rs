@@ -14,12 +14,12 @@ use super::gpu_metrics::GpuMetrics;
 use super::sample::GpuReadings;
 use super::sysfs::bytes_to_mib;
 
-/// How a family is declared.
+/// How a family is declared. The reference declares every GPU family a
+/// gauge; counters are for the agent's own families.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub enum Kind {
     Gauge,
     Counter,
-    Untyped,
 }
 
 /// RAS blocks: the sysfs name (`ras/<name>_err_count`) and the suffix of the
@@ -57,14 +57,13 @@ pub fn ecc_suffix(sysfs_block: &str) -> Option<&'static str> {
 /// A field's value in one GPU's readings.
 pub type Value = fn(&GpuReadings) -> Option<f64>;
 
-/// A device-level field: one series per physical GPU.
+/// A device-level field: one series per physical GPU, a gauge.
 pub struct DeviceField {
     /// The config name (`GPU_EDGE_TEMPERATURE`).
     pub field: &'static str,
     /// The metric name, before the configured prefix.
     pub name: &'static str,
     pub help: &'static str,
-    pub kind: Kind,
     pub value: Value,
 }
 
@@ -91,254 +90,217 @@ pub const DEVICE_FIELDS: &[DeviceField] = &[
         field: "GPU_PACKAGE_POWER",
         name: "gpu_package_power",
         help: "Current socket power in watts",
-        kind: Kind::Gauge,
         value: |r| r.power.current_w,
     },
     DeviceField {
         field: "GPU_AVERAGE_PACKAGE_POWER",
         name: "gpu_average_package_power",
         help: "Average socket power in watts",
-        kind: Kind::Gauge,
         value: |r| r.power.average_w,
     },
     DeviceField {
         field: "GPU_POWER_USAGE",
         name: "gpu_power_usage",
         help: "GPU power usage in watts",
-        kind: Kind::Gauge,
         value: |r| r.power.current_w.or(r.power.average_w),
     },
     DeviceField {
         field: "GPU_ENERGY_CONSUMED",
         name: "gpu_energy_consumed",
         help: "Energy the GPU has consumed, in microjoules",
-        kind: Kind::Gauge,
         value: |r| r.power.energy_uj.map(|v| v as f64),
     },
     DeviceField {
         field: "GPU_EDGE_TEMPERATURE",
         name: "gpu_edge_temperature",
         help: "Edge temperature in degrees Celsius",
-        kind: Kind::Gauge,
         value: |r| r.temperature.edge_c,
     },
     DeviceField {
         field: "GPU_JUNCTION_TEMPERATURE",
         name: "gpu_junction_temperature",
         help: "Junction (hotspot) temperature in degrees Celsius",
-        kind: Kind::Gauge,
         value: |r| r.temperature.junction_c,
     },
     DeviceField {
         field: "GPU_MEMORY_TEMPERATURE",
         name: "gpu_memory_temperature",
         help: "Memory temperature in degrees Celsius",
-        kind: Kind::Gauge,
         value: |r| r.temperature.memory_c,
     },
     DeviceField {
         field: "GPU_GFX_ACTIVITY",
         name: "gpu_gfx_activity",
         help: "Graphics engine busy, percent (0-100)",
-        kind: Kind::Gauge,
         value: |r| r.gfx_activity_pct,
     },
     DeviceField {
         field: "GPU_UMC_ACTIVITY",
         name: "gpu_umc_activity",
         help: "Memory controller busy, percent (0-100)",
-        kind: Kind::Gauge,
         value: |r| r.umc_activity_pct,
     },
     DeviceField {
         field: "GPU_TOTAL_VRAM",
         name: "gpu_total_vram",
         help: "Total VRAM in MiB",
-        kind: Kind::Gauge,
         value: |r| mib(r.memory.vram_total),
     },
     DeviceField {
         field: "GPU_USED_VRAM",
         name: "gpu_used_vram",
         help: "Used VRAM in MiB",
-        kind: Kind::Gauge,
         value: |r| mib(r.memory.vram_used),
     },
     DeviceField {
         field: "GPU_FREE_VRAM",
         name: "gpu_free_vram",
         help: "Free VRAM in MiB",
-        kind: Kind::Gauge,
         value: |r| free(r.memory.vram_total, r.memory.vram_used),
     },
     DeviceField {
         field: "GPU_TOTAL_VISIBLE_VRAM",
         name: "gpu_total_visible_vram",
         help: "Total CPU-visible VRAM in MiB",
-        kind: Kind::Gauge,
         value: |r| mib(r.memory.vis_vram_total),
     },
     DeviceField {
         field: "GPU_USED_VISIBLE_VRAM",
         name: "gpu_used_visible_vram",
         help: "Used CPU-visible VRAM in MiB",
-        kind: Kind::Gauge,
         value: |r| mib(r.memory.vis_vram_used),
     },
     DeviceField {
         field: "GPU_FREE_VISIBLE_VRAM",
         name: "gpu_free_visible_vram",
         help: "Free CPU-visible VRAM in MiB",
-        kind: Kind::Gauge,
         value: |r| free(r.memory.vis_vram_total, r.memory.vis_vram_used),
     },
     DeviceField {
         field: "GPU_TOTAL_GTT",
         name: "gpu_total_gtt",
         help: "Total GTT (graphics translation table) memory in MiB",
-        kind: Kind::Gauge,
         value: |r| mib(r.memory.gtt_total),
     },
     DeviceField {
         field: "GPU_USED_GTT",
         name: "gpu_used_gtt",
         help: "Used GTT memory in MiB",
-        kind: Kind::Gauge,
         value: |r| mib(r.memory.gtt_used),
     },
     DeviceField {
         field: "GPU_FREE_GTT",
         name: "gpu_free_gtt",
         help: "Free GTT memory in MiB",
-        kind: Kind::Gauge,
         value: |r| free(r.memory.gtt_total, r.memory.gtt_used),
     },
     DeviceField {
         field: "PCIE_SPEED",
         name: "pcie_speed",
         help: "Current PCIe link speed in GT/s",
-        kind: Kind::Gauge,
         value: |r| r.pcie.speed_gts,
     },
     DeviceField {
         field: "PCIE_MAX_SPEED",
         name: "pcie_max_speed",
         help: "Maximum PCIe link speed in GT/s",
-        kind: Kind::Gauge,
         value: |r| r.pcie.max_speed_gts,
     },
     DeviceField {
         field: "PCIE_REPLAY_COUNT",
         name: "pcie_replay_count",
         help: "PCIe replays (NAKs) since the driver loaded",
-        kind: Kind::Untyped,
         value: |r| r.pcie.replay_count.map(|v| v as f64),
     },
     DeviceField {
         field: "GPU_ECC_CORRECT_TOTAL",
         name: "gpu_ecc_correct_total",
         help: "Correctable ECC errors, all blocks",
-        kind: Kind::Counter,
         value: |r| r.ecc_totals().map(|c| c.ce as f64),
     },
     DeviceField {
         field: "GPU_ECC_UNCORRECT_TOTAL",
         name: "gpu_ecc_uncorrect_total",
         help: "Uncorrectable ECC errors, all blocks",
-        kind: Kind::Counter,
         value: |r| r.ecc_totals().map(|c| c.ue as f64),
     },
-    // From the `gpu_metrics` table. Names ending in `_count` are untyped,
-    // as `pcie_replay_count` is: promtool rejects them as gauges.
+    // From the `gpu_metrics` table.
     DeviceField {
         field: "PCIE_BANDWIDTH",
         name: "pcie_bandwidth",
         help: "Current PCIe bandwidth in Mb/s",
-        kind: Kind::Gauge,
         value: |r| table64(r, |g| g.pcie_bandwidth_inst),
     },
     DeviceField {
         field: "PCIE_RECOVERY_COUNT",
         name: "pcie_recovery_count",
         help: "Total number of PCIe recoveries",
-        kind: Kind::Untyped,
         value: |r| table64(r, |g| g.pcie_l0_to_recov_count_acc),
     },
     DeviceField {
         field: "PCIE_REPLAY_ROLLOVER_COUNT",
         name: "pcie_replay_rollover_count",
         help: "PCIe replay rollover accumulated count",
-        kind: Kind::Untyped,
         value: |r| table64(r, |g| g.pcie_replay_rover_count_acc),
     },
     DeviceField {
         field: "PCIE_NACK_SENT_COUNT",
         name: "pcie_nack_sent_count",
         help: "PCIe NAK sent accumulated count",
-        kind: Kind::Untyped,
         value: |r| table(r, |g| g.pcie_nak_sent_count_acc),
     },
     DeviceField {
         field: "PCIE_NACK_RECEIVED_COUNT",
         name: "pcie_nack_received_count",
         help: "PCIe NAK received accumulated count",
-        kind: Kind::Untyped,
         value: |r| table(r, |g| g.pcie_nak_rcvd_count_acc),
     },
     DeviceField {
         field: "GPU_MMA_ACTIVITY",
         name: "gpu_mma_activity",
         help: "Average multimedia (MM) engine usage in percent (0-100)",
-        kind: Kind::Gauge,
         value: |r| table(r, |g| g.average_mm_activity),
     },
     DeviceField {
         field: "GPU_VRAM_MAX_BANDWIDTH",
         name: "gpu_vram_max_bandwidth",
         help: "VRAM maximum bandwidth at the maximum memory clock in GB/s",
-        kind: Kind::Gauge,
         value: |r| table64(r, |g| g.mem_max_bandwidth),
     },
     DeviceField {
         field: "GPU_VIOLATION_CURRENT_ACCUMULATED_COUNTER",
         name: "gpu_violation_current_accumulated_counter",
         help: "Accumulation cycles of the violation residency counters",
-        kind: Kind::Gauge,
         value: |r| table(r, |g| g.accumulation_counter),
     },
     DeviceField {
         field: "GPU_VIOLATION_PROCESSOR_HOT_RESIDENCY_ACCUMULATED",
         name: "gpu_violation_processor_hot_residency_accumulated",
         help: "Processor hot residency, accumulated violation counter",
-        kind: Kind::Gauge,
         value: |r| table(r, |g| g.prochot_residency_acc),
     },
     DeviceField {
         field: "GPU_VIOLATION_PPT_RESIDENCY_ACCUMULATED",
         name: "gpu_violation_ppt_residency_accumulated",
         help: "Package power tracking residency, accumulated violation counter",
-        kind: Kind::Gauge,
         value: |r| table(r, |g| g.ppt_residency_acc),
     },
     DeviceField {
         field: "GPU_VIOLATION_SOCKET_THERMAL_RESIDENCY_ACCUMULATED",
         name: "gpu_violation_socket_thermal_residency_accumulated",
         help: "Socket thermal residency, accumulated violation counter",
-        kind: Kind::Gauge,
         value: |r| table(r, |g| g.socket_thm_residency_acc),
     },
     DeviceField {
         field: "GPU_VIOLATION_VR_THERMAL_RESIDENCY_ACCUMULATED",
         name: "gpu_violation_vr_thermal_residency_accumulated",
         help: "Voltage rail thermal residency, accumulated violation counter",
-        kind: Kind::Gauge,
         value: |r| table(r, |g| g.vr_thm_residency_acc),
     },
     DeviceField {
         field: "GPU_VIOLATION_HBM_THERMAL_RESIDENCY_ACCUMULATED",
         name: "gpu_violation_hbm_thermal_residency_accumulated",
         help: "HBM thermal residency, accumulated violation counter",
-        kind: Kind::Gauge,
         value: |r| table(r, |g| g.hbm_thm_residency_acc),
     },
     // Percentages: residency growth per accumulation cycle since the
@@ -347,37 +309,49 @@ pub const DEVICE_FIELDS: &[DeviceField] = &[
         field: "GPU_VIOLATION_PROCESSOR_HOT_RESIDENCY_PERCENTAGE",
         name: "gpu_violation_processor_hot_residency_percentage",
         help: "Processor hot residency since the previous sample, percent",
-        kind: Kind::Gauge,
         value: |r| r.violations.as_ref()?.prochot,
     },
     DeviceField {
         field: "GPU_VIOLATION_PPT_RESIDENCY_PERCENTAGE",
         name: "gpu_violation_ppt_residency_percentage",
         help: "Package power tracking residency since the previous sample, percent",
-        kind: Kind::Gauge,
         value: |r| r.violations.as_ref()?.ppt,
     },
     DeviceField {
         field: "GPU_VIOLATION_SOCKET_THERMAL_RESIDENCY_PERCENTAGE",
         name: "gpu_violation_socket_thermal_residency_percentage",
         help: "Socket thermal residency since the previous sample, percent",
-        kind: Kind::Gauge,
         value: |r| r.violations.as_ref()?.socket_thermal,
     },
     DeviceField {
         field: "GPU_VIOLATION_VR_THERMAL_RESIDENCY_PERCENTAGE",
         name: "gpu_violation_vr_thermal_residency_percentage",
         help: "Voltage rail thermal residency since the previous sample, percent",
-        kind: Kind::Gauge,
         value: |r| r.violations.as_ref()?.vr_thermal,
     },
     DeviceField {
         field: "GPU_VIOLATION_HBM_THERMAL_RESIDENCY_PERCENTAGE",
         name: "gpu_violation_hbm_thermal_residency_percentage",
         help: "HBM thermal residency since the previous sample, percent",
-        kind: Kind::Gauge,
         value: |r| r.violations.as_ref()?.hbm_thermal,
     },
+];
+
+/// Device-level fields that the reference also reports on every other
+/// partition of a partitioned GPU, as 0: the driver has no per-partition power
+/// sensor, CPU-visible VRAM or GTT there, and amd-smi reads 0. Every other
+/// device-level field (temperatures, energy, activity, PCIe, ECC, violation
+/// counters) is reported on the primary partition only.
+pub const ZERO_ON_OTHER_PARTITIONS: &[&str] = &[
+    "GPU_PACKAGE_POWER",
+    "GPU_POWER_USAGE",
+    "GPU_TOTAL_VISIBLE_VRAM",
+    "GPU_USED_VISIBLE_VRAM",
+    "GPU_FREE_VISIBLE_VRAM",
+    "GPU_VRAM_MAX_BANDWIDTH",
+    "GPU_TOTAL_GTT",
+    "GPU_USED_GTT",
+    "GPU_FREE_GTT",
 ];
 
 /// Which series an [`IndexedField`] has.
@@ -571,12 +545,16 @@ pub const INDEXED_FIELDS: &[IndexedField] = &[
     },
 ];
 
-/// The reference's clock types (its `GPUClockType` enum names).
-pub const CLOCK_SYSTEM: &str = "GPU_CLOCK_TYPE_SYSTEM";
-pub const CLOCK_MEMORY: &str = "GPU_CLOCK_TYPE_MEMORY";
-pub const CLOCK_VIDEO: &str = "GPU_CLOCK_TYPE_VIDEO";
-pub const CLOCK_DATA: &str = "GPU_CLOCK_TYPE_DATA";
-pub const CLOCK_SOC: &str = "GPU_CLOCK_TYPE_SOC";
+/// The reference's `clock_type` label values: its `GPUClockType` enum names
+/// without the `GPU_CLOCK_TYPE_` prefix, lower case, as its exporter writes
+/// them since v1.4.2 (v1.4.1 wrote the enum names). Its enum also has
+/// `fabric`, `dce` and `pcie`; sysfs and the metrics table give no current
+/// frequency for them, so no series carries those values.
+pub const CLOCK_SYSTEM: &str = "system";
+pub const CLOCK_MEMORY: &str = "memory";
+pub const CLOCK_VIDEO: &str = "video";
+pub const CLOCK_DATA: &str = "data";
+pub const CLOCK_SOC: &str = "soc";
 
 /// A GPU's current clocks (type, MHz), in `clock_index` order: from the
 /// `gpu_metrics` table when there is one (every XCC's GFX clock, memory,

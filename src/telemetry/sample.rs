@@ -125,6 +125,10 @@ pub struct HostSample {
     pub kfd_present: Option<bool>,
     /// By PCI address.
     pub gpus: BTreeMap<String, GpuReadings>,
+    /// KFD topology node → the processes with queues on it, ascending; read
+    /// only when the sampler is asked to ([`Sampler::set_processes`]).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub kfd_processes: BTreeMap<u32, Vec<u32>>,
 }
 
 impl Default for HostSample {
@@ -134,6 +138,7 @@ impl Default for HostSample {
             duration_ms: 0.0,
             kfd_present: None,
             gpus: BTreeMap::new(),
+            kfd_processes: BTreeMap::new(),
         }
     }
 }
@@ -405,6 +410,8 @@ pub struct Sampler {
     /// Each GPU's last `gpu_metrics` table that moved, and the residency
     /// percentages it gave (kept while the firmware has not updated it).
     tables: HashMap<String, (GpuMetrics, Option<ViolationPercentages>)>,
+    /// Whether a [`Scope::Full`] sample lists the KFD processes.
+    processes: bool,
 }
 
 /// How long the static values of a GPU are kept before they are read again.
@@ -418,7 +425,14 @@ impl Sampler {
             files: HashMap::new(),
             statics: HashMap::new(),
             tables: HashMap::new(),
+            processes: false,
         }
+    }
+
+    /// Whether full samples also find which processes use each GPU (a few
+    /// reads per process; the exporter asks only for `KFD_PROCESS_ID`).
+    pub fn set_processes(&mut self, on: bool) {
+        self.processes = on;
     }
 
     pub fn reader(&self) -> &BoundedReader {
@@ -546,6 +560,11 @@ impl Sampler {
                 }
             }
         }
+        let kfd_processes = if self.processes && scope == Scope::Full {
+            kfd_processes(&self.reader, inventory, self.timeout).await
+        } else {
+            BTreeMap::new()
+        };
         let mut gpus = BTreeMap::new();
         for ((gpu, answers), statics) in inventory.gpus.iter().zip(per_gpu).zip(cached) {
             let fresh = statics.is_none() && statics_answered(&answers);
@@ -592,8 +611,113 @@ impl Sampler {
             duration_ms: started.elapsed().as_secs_f64() * 1000.0,
             kfd_present,
             gpus,
+            kfd_processes,
         }
     }
+}
+
+/// Where the kernel lists the processes that opened `/dev/kfd`: one
+/// directory per pid, with a `queues/<id>/gpuid` file per queue naming the
+/// KFD GPU (a topology node's `gpu_id`) it runs on, which is how amd-smi
+/// finds a GPU's processes.
+const KFD_PROC: &str = "/sys/class/kfd/kfd/proc";
+const KFD_NODES: &str = "/sys/class/kfd/kfd/topology/nodes";
+
+/// KFD node → the pids with a queue on it: three rounds of reads (the
+/// process list and every GPU node's `gpu_id`; each process's queues; each
+/// queue's `gpuid`). What cannot be read is left out.
+async fn kfd_processes(
+    reader: &BoundedReader,
+    inventory: &Inventory,
+    timeout: Duration,
+) -> BTreeMap<u32, Vec<u32>> {
+    let nodes: Vec<u32> = inventory
+        .gpus
+        .iter()
+        .flat_map(|g| {
+            g.kfd_node
+                .into_iter()
+                .chain(g.partitions.iter().filter_map(|p| p.kfd_node))
+        })
+        .collect::<std::collections::BTreeSet<u32>>()
+        .into_iter()
+        .collect();
+    let mut requests = vec![(Op::List, KFD_PROC.to_owned())];
+    requests.extend(
+        nodes
+            .iter()
+            .map(|n| (Op::Read, format!("{KFD_NODES}/{n}/gpu_id"))),
+    );
+    let mut answers = reader.batch(requests, timeout).await.into_iter();
+    let pids: Vec<u32> = match answers.next() {
+        Some(Ok(Answer::Names(names))) => names.iter().filter_map(|n| n.parse().ok()).collect(),
+        _ => Vec::new(),
+    };
+    let node_ids: Vec<(u32, u64)> = nodes
+        .iter()
+        .zip(answers)
+        .filter_map(|(n, a)| match a {
+            Ok(Answer::Text(t)) => parse_u64(&t, "a KFD gpu_id").ok().map(|id| (*n, id)),
+            _ => None,
+        })
+        .collect();
+    if pids.is_empty() || node_ids.is_empty() {
+        return BTreeMap::new();
+    }
+    let lists = reader
+        .batch(
+            pids.iter()
+                .map(|p| (Op::List, format!("{KFD_PROC}/{p}/queues")))
+                .collect(),
+            timeout,
+        )
+        .await;
+    let queues: Vec<(u32, String)> = pids
+        .iter()
+        .zip(lists)
+        .flat_map(|(pid, list)| match list {
+            Ok(Answer::Names(names)) => names
+                .into_iter()
+                .filter(|q| q.bytes().all(|b| b.is_ascii_digit()))
+                .map(|q| (*pid, format!("{KFD_PROC}/{pid}/queues/{q}/gpuid")))
+                .collect(),
+            _ => Vec::new(),
+        })
+        .collect();
+    let gpuids = reader
+        .batch(
+            queues.iter().map(|(_, p)| (Op::Read, p.clone())).collect(),
+            timeout,
+        )
+        .await;
+    let used: Vec<(u32, u64)> = queues
+        .iter()
+        .zip(gpuids)
+        .filter_map(|((pid, _), a)| match a {
+            Ok(Answer::Text(t)) => parse_u64(&t, "a KFD gpu_id").ok().map(|id| (*pid, id)),
+            _ => None,
+        })
+        .collect();
+    processes_by_node(&node_ids, &used)
+}
+
+/// Pure: (KFD node, its `gpu_id`) and (pid, a queue's `gpuid`) → node →
+/// its pids, ascending, each once. Nodes without processes are left out.
+pub fn processes_by_node(node_ids: &[(u32, u64)], used: &[(u32, u64)]) -> BTreeMap<u32, Vec<u32>> {
+    let mut out: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+    for (node, gpu_id) in node_ids {
+        let mut pids: Vec<u32> = used
+            .iter()
+            .filter(|(_, id)| id == gpu_id)
+            .map(|(pid, _)| *pid)
+            .collect();
+        pids.sort_unstable();
+        pids.dedup();
+        if !pids.is_empty() {
+            out.insert(*node, pids);
+        }
+    }
+    out
 }
 
 /// Static values of one GPU, as last read.
@@ -904,6 +1028,59 @@ mod tests {
         host.remove_all(format!("/sys/devices/pci0000:00/{bdf}"))
             .unwrap();
         assert_eq!(presence().await, (Some(false), Some(false)));
+    }
+
+    #[test]
+    fn processes_are_matched_to_nodes_by_gpu_id() {
+        let nodes = [(2, 1111), (3, 2222), (4, 3333)];
+        // pid 9 has two queues on node 2, and one on node 3.
+        let used = [(9, 1111), (7, 1111), (9, 1111), (9, 2222), (5, 4444)];
+        assert_eq!(
+            processes_by_node(&nodes, &used),
+            BTreeMap::from([(2, vec![7, 9]), (3, vec![9])])
+        );
+    }
+
+    #[tokio::test]
+    async fn full_samples_list_kfd_processes_when_asked() {
+        let dir = tempfile::tempdir().unwrap();
+        let host = crate::host::HostRoot::new(dir.path());
+        let spec = crate::simulate::SimSpec::new("mi210", Some(2), None).unwrap();
+        crate::simulate::write_host(&host, &spec).unwrap();
+        let inventory = crate::device::discover(&host);
+        let node = inventory.gpus[1].kfd_node.expect("a KFD node");
+        let gpu_id = host
+            .read_attr(format!("{KFD_NODES}/{node}/gpu_id"))
+            .unwrap();
+        // As the kernel lays it out: a process with one queue on the second
+        // GPU, and one with no queues yet.
+        host.write(format!("{KFD_PROC}/4242/queues/0/gpuid"), &gpu_id)
+            .unwrap();
+        host.write(format!("{KFD_PROC}/4242/pasid"), "32769")
+            .unwrap();
+        host.create_dir_all(format!("{KFD_PROC}/77/queues"))
+            .unwrap();
+        let timeout = Duration::from_millis(500);
+        let mut sampler = Sampler::new(BoundedReader::new(host.clone(), 2), timeout);
+        assert!(
+            sampler
+                .sample(&inventory, Scope::Full)
+                .await
+                .kfd_processes
+                .is_empty(),
+            "not asked"
+        );
+        sampler.set_processes(true);
+        let sample = sampler.sample(&inventory, Scope::Full).await;
+        assert_eq!(sample.kfd_processes, BTreeMap::from([(node, vec![4242])]));
+        assert!(
+            sampler
+                .sample(&inventory, Scope::Health)
+                .await
+                .kfd_processes
+                .is_empty(),
+            "health samples never list processes"
+        );
     }
 
     #[tokio::test]

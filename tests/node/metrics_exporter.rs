@@ -171,7 +171,10 @@ async fn mi300x_scrape_is_valid_and_has_one_series_per_gpu() {
     let (labels, value) = &edge[0];
     assert!((35.0..=65.0).contains(value), "{value}");
     for (key, expected) in [
-        ("card_model", "AMD Instinct MI300X"),
+        // The board's part number, as amd-smi's model number.
+        ("card_model", "102-G30200-0A"),
+        ("deployment_mode", "baremetal"),
+        ("job_id", ""),
         ("hostname", "node-1"),
         ("gpu_partition_id", "0"),
         ("gpu_compute_partition_type", "spx"),
@@ -221,9 +224,7 @@ async fn mi300x_scrape_is_valid_and_has_one_series_per_gpu() {
     assert!(
         clocks
             .iter()
-            .any(|(l, v)| l["clock_type"] == "GPU_CLOCK_TYPE_MEMORY"
-                && l["clock_index"] == "8"
-                && *v == 1300.0)
+            .any(|(l, v)| l["clock_type"] == "memory" && l["clock_index"] == "8" && *v == 1300.0)
     );
     // Families of the metrics table, with the reference's per-index labels.
     let busy = series(&text, "gpu_gfx_busy_instantaneous");
@@ -274,11 +275,89 @@ async fn mi300x_scrape_is_valid_and_has_one_series_per_gpu() {
         assert!(series(&text, name).is_empty(), "{name}");
     }
     assert_eq!(series(&text, "gpu_nodes_total")[0].1, 8.0);
-    assert!(text.contains("# TYPE gpu_ecc_uncorrect_total counter"));
+    // Every GPU family is a gauge, as the reference declares them (the
+    // agent's own `gpu_operator_*` and `process_*` families are ours,
+    // counters among them).
+    let types: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("# TYPE "))
+        .filter(|l| !l.starts_with("# TYPE gpu_operator_") && !l.starts_with("# TYPE process_"))
+        .collect();
+    assert!(types.len() > 40, "{types:?}");
+    assert!(types.iter().all(|l| l.ends_with(" gauge")), "{types:?}");
+    assert!(text.contains("# TYPE gpu_ecc_uncorrect_total gauge"));
     assert!(
         series(&text, "gpu_health").is_empty(),
         "no health monitor, no gpu_health"
     );
+}
+
+#[tokio::test]
+async fn pod_uuid_and_extra_pod_labels_come_from_the_api_server() {
+    let sim = simulated("mi300x", Some("cpx_nps4"));
+    let kubelet_dir = scratch();
+    let socket = kubelet_dir.path().join("kubelet.sock");
+    let _kubelet = serve_kubelet(
+        &socket,
+        FakeKubelet {
+            pods: vec![pod("infer", "amd.com/gpu", &["0000:27:00.0"])],
+        },
+    )
+    .await;
+    let emu = kube_emulator::Emulator::start(kube_emulator::EmulatorConfig::default())
+        .await
+        .unwrap();
+    emu.create(serde_json::json!({"apiVersion": "v1", "kind": "Namespace",
+        "metadata": {"name": "ml"}}))
+        .unwrap();
+    let created = emu
+        .create(serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "infer", "namespace": "ml",
+                         "labels": {"example.com/workload": "w1"}},
+            "spec": {"nodeName": "node-1",
+                     "containers": [{"name": "main", "image": "i"}]}}))
+        .unwrap();
+    let uid = created["metadata"]["uid"].as_str().unwrap().to_owned();
+    let service = MetricsService::new(sim.inventory.subscribe(), None).with_kube(emu.client());
+    let mut status = service.status();
+    let mut slot = Slot::new(service);
+    slot.apply(Some(MetricsConfig {
+        pod_resources_socket: Some(socket),
+        config_text: Some(
+            r#"{"GPUConfig": {"Labels": ["POD_UUID"],
+                "ExtraPodLabels": {"WORKLOAD_ID": "example.com/workload"}}}"#
+                .into(),
+        ),
+        ..config(&sim)
+    }))
+    .await;
+    let addr = tokio::time::timeout(WAIT, status.wait_for(|s| s.samples > 0))
+        .await
+        .unwrap()
+        .unwrap()
+        .listening
+        .unwrap();
+    let labelled = |text: &str| {
+        series(text, "gpu_junction_temperature")
+            .into_iter()
+            .find(|(l, _)| l["gpu_id"] == "8")
+            .map(|(l, _)| (l["pod_uuid"].clone(), l["workload_id"].clone()))
+    };
+    let (_, text) = wait::poll_until(
+        "the pod's UID and label on its GPU",
+        || get(addr, "/metrics"),
+        |(_, text)| labelled(text).is_some_and(|(u, _)| !u.is_empty()),
+    )
+    .await;
+    assert_eq!(labelled(&text), Some((uid, "w1".to_owned())));
+    // A GPU no pod holds has the labels, empty.
+    let free = series(&text, "gpu_junction_temperature")
+        .into_iter()
+        .find(|(l, _)| l["gpu_id"] == "0")
+        .map(|(l, _)| (l["pod_uuid"].clone(), l["workload_id"].clone()));
+    assert_eq!(free, Some((String::new(), String::new())));
+    assert_eq!(emu.requests().get("get", "pods"), 0, "list and watch only");
+    slot.stop().await;
 }
 
 #[tokio::test]
@@ -332,6 +411,24 @@ async fn cpx_nps4_has_device_series_per_gpu_and_health_per_partition() {
     assert!(busy.iter().all(|(l, _)| l["xcc_index"] == "0"));
     let ids: BTreeSet<&str> = busy.iter().map(|(l, _)| l["gpu_id"].as_str()).collect();
     assert_eq!(ids.len(), 64);
+    // Power and GTT on every partition, 0 on all but the primary; clocks and
+    // temperatures on the primary only, as the reference reports them.
+    for name in ["gpu_package_power", "gpu_total_gtt"] {
+        let per = series(&text, name);
+        assert_eq!(per.len(), 64, "{name}");
+        for (l, v) in &per {
+            let primary = l["gpu_partition_id"] == "0";
+            assert_eq!(*v == 0.0, !primary, "{name} {l:?} {v}");
+        }
+    }
+    for name in ["gpu_junction_temperature", "gpu_clock"] {
+        let per = series(&text, name);
+        assert!(!per.is_empty(), "{name}");
+        assert!(
+            per.iter().all(|(l, _)| l["gpu_partition_id"] == "0"),
+            "{name}"
+        );
+    }
     slot.stop().await;
     health.stop().await;
 }

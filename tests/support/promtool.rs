@@ -7,13 +7,39 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::process::{Command, Stdio};
 
-/// promtool findings that the reference exporter's own metric names force:
-/// a drop-in must keep the name, so this lint, and only this one, is accepted.
+/// promtool findings that the reference exporter's own metric names and
+/// types force: a drop-in must keep the name, so these lints, and only these,
+/// are accepted.
 pub const REFERENCE_NAME_LINTS: &[&str] =
     &["gpu_violation_current_accumulated_counter metric name should not include type 'counter'"];
 
-/// Panics unless promtool accepts `text` (its findings limited to
-/// [`REFERENCE_NAME_LINTS`]).
+/// promtool's lint on a gauge whose name ends in a suffix it keeps for other
+/// types, as `<name><what>`: the reference declares every family a gauge,
+/// `gpu_nodes_total`, `gpu_ecc_*_total` and `pcie_*_count` included.
+const REFERENCE_GAUGE_SUFFIX_LINTS: &[(&str, &str)] = &[
+    (
+        "_total",
+        " non-counter metrics should not have \"_total\" suffix",
+    ),
+    (
+        "_count",
+        " non-histogram and non-summary metrics should not have \"_count\" suffix",
+    ),
+];
+
+/// A finding the reference's names force.
+fn forced_by_reference(finding: &str) -> bool {
+    REFERENCE_NAME_LINTS.contains(&finding)
+        || REFERENCE_GAUGE_SUFFIX_LINTS.iter().any(|(suffix, what)| {
+            finding
+                .strip_suffix(what)
+                .is_some_and(|name| name.ends_with(suffix) && !name.contains(' '))
+        })
+}
+
+/// Panics unless promtool accepts `text`: it parses, and its findings are
+/// limited to those the reference's names force ([`REFERENCE_NAME_LINTS`]
+/// and the suffix lints on gauges).
 pub fn accepts(text: &str) {
     let child = Command::new("promtool")
         .args(["check", "metrics"])
@@ -50,7 +76,7 @@ pub fn accepts(text: &str) {
         && report
             .lines()
             .filter(|l| !l.trim().is_empty())
-            .all(|l| REFERENCE_NAME_LINTS.contains(&l.trim()));
+            .all(|l| forced_by_reference(l.trim()));
     assert!(
         out.status.success() || only_forced_lints,
         "promtool check metrics failed:\n{report}"
@@ -84,4 +110,41 @@ pub fn parse_labels(text: &str) -> BTreeMap<String, String> {
         rest = &after[end..];
     }
     labels
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn only_the_forced_lints_are_tolerated() {
+        assert!(super::forced_by_reference(
+            "gpu_nodes_total non-counter metrics should not have \"_total\" suffix"
+        ));
+        assert!(super::forced_by_reference(
+            "pcie_nack_sent_count non-histogram and non-summary metrics should not have \"_count\" suffix"
+        ));
+        // The suffix must be the name's own.
+        assert!(!super::forced_by_reference(
+            "gpu_edge non-counter metrics should not have \"_total\" suffix"
+        ));
+        assert!(!super::forced_by_reference(
+            "error while linting: text format parsing error in line 1"
+        ));
+    }
+
+    #[test]
+    fn text_promtool_cannot_parse_is_refused() {
+        if std::process::Command::new("promtool")
+            .arg("--version")
+            .output()
+            .is_err()
+        {
+            eprintln!("NOTICE: promtool not installed; skipping");
+            return;
+        }
+        let refused = std::panic::catch_unwind(|| super::accepts("gpu_nodes_total{ 1\n")).is_err();
+        assert!(refused, "a parse error must fail");
+        super::accepts(
+            "# HELP gpu_nodes_total n\n# TYPE gpu_nodes_total gauge\ngpu_nodes_total 1\n",
+        );
+    }
 }
