@@ -124,6 +124,9 @@ impl NodeServices {
             }) => (Some(client), Some(writer), node, Some(events)),
             None => (None, None, watch::channel(None).1, None),
         };
+        // The exporter asks the API server for the metadata of this node's
+        // pods (POD_UUID, ExtraPodLabels) only when its config wants them.
+        let pod_metadata_client = client.clone();
         let test_runner = TestRunnerService::new(
             client,
             events,
@@ -133,9 +136,12 @@ impl NodeServices {
         );
         let test_stats = test_runner.stats();
         let test_results = test_runner.results();
-        let exporter = MetricsService::new(inventory.clone(), Some(health_snapshot.clone()))
+        let mut exporter = MetricsService::new(inventory.clone(), Some(health_snapshot.clone()))
             .with_test_stats(test_stats)
             .with_discovery(scan.clone());
+        if let Some(client) = pod_metadata_client {
+            exporter = exporter.with_kube(client);
+        }
         let (discovery_tx, discovery) = watch::channel(progress_of(&scan.borrow()));
         let forward_discovery = tokio::spawn(forward_progress(scan, discovery_tx));
         let exporter_status = exporter.status();
