@@ -177,7 +177,7 @@ async fn agent_runs_the_services_its_device_config_enables() {
 
     h.apply_device_config(
         "gpus",
-        json!({"selector": {"feature.node.kubernetes.io/amd-gpu": "true"}}),
+        json!({"selector": {"feature.node.kubernetes.io/amd-gpu": "true"}, "devicePlugin": {}}),
     )
     .await;
     let registered = h.kubelet.wait_for_registration("amd.com/gpu", 1).await;
@@ -277,8 +277,11 @@ async fn agent_runs_the_services_its_device_config_enables() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conflicting_device_configs_run_nothing_and_warn() {
     let mut h = Harness::start("mi210", None, json!({"gpu": "amd"})).await;
-    h.apply_device_config("one", json!({"selector": {"gpu": "amd"}}))
-        .await;
+    h.apply_device_config(
+        "one",
+        json!({"selector": {"gpu": "amd"}, "devicePlugin": {}}),
+    )
+    .await;
     h.kubelet.wait_for_registration("amd.com/gpu", 1).await;
     h.apply_device_config("two", json!({})).await;
     h.eventually("conflict in status", |h| {
@@ -370,7 +373,8 @@ async fn the_agent_survives_api_errors() {
     let before = counted();
     // The first status writes fail; the agent retries and still converges.
     h.cluster.faults().fail_next(2, "patch", "nodes", 500);
-    h.apply_device_config("gpus", json!({})).await;
+    h.apply_device_config("gpus", json!({"devicePlugin": {}}))
+        .await;
     h.kubelet.wait_for_registration("amd.com/gpu", 1).await;
     h.eventually("labels despite failed patches", |h| {
         h.labels().contains_key("amd.com/gpu.family")
@@ -452,7 +456,8 @@ async fn heterogeneous_layouts_warn_with_single_and_split_with_mixed() {
         .with_gpu_partition(0, "cpx_nps4")
         .unwrap();
     let mut h = Harness::start_with(spec, json!({})).await;
-    h.apply_device_config("gpus", json!({})).await;
+    h.apply_device_config("gpus", json!({"devicePlugin": {}}))
+        .await;
     h.eventually("layout conflict in status", |h| {
         h.status().is_some_and(|s| {
             s.problems
@@ -515,7 +520,7 @@ async fn an_ecc_error_marks_the_gpu_unhealthy_everywhere_and_triggers_the_test()
     api.create(&PostParams::default(), &cm).await.unwrap();
     h.apply_device_config(
         "gpus",
-        json!({"testRunner": {"enable": true, "config": {"name": "gpu-tests"}}}),
+        json!({"testRunner": {"enable": true, "config": {"name": "gpu-tests"}}, "devicePlugin": {}}),
     )
     .await;
     let registered = h.kubelet.wait_for_registration("amd.com/gpu", 1).await;
@@ -592,8 +597,11 @@ async fn until_discovery_completes_only_metrics_run_the_status_says_why_and_an_e
         hung = support::hosts::hang_past_the_scan_deadline(host);
     })
     .await;
-    h.apply_device_config("gpus", json!({"metricsExporter": {"enable": true}}))
-        .await;
+    h.apply_device_config(
+        "gpus",
+        json!({"metricsExporter": {"enable": true}, "devicePlugin": {}}),
+    )
+    .await;
     let discovering = |h: &Harness| {
         h.status().is_some_and(|s| {
             s.problems
@@ -665,7 +673,8 @@ async fn labels_written_before_are_taken_over_and_removed_with_the_rest() {
         )
         .await
         .unwrap();
-    h.apply_device_config("gpus", json!({})).await;
+    h.apply_device_config("gpus", json!({"devicePlugin": {}}))
+        .await;
     h.eventually("labels applied and the old annotation retired", |h| {
         let labels = h.labels();
         labels.get("amd.com/gpu.vram").map(String::as_str) == Some("192G")

@@ -18,10 +18,18 @@
 //! * A field without a default is an `Option` (or an empty `Vec`/map) and is written
 //!   back only when it was set. An administrator's `blacklist: false` stays
 //!   `blacklist: false`; an absent one stays absent.
-//! * A section that the reference declares as a value (not a pointer), such as
-//!   `driver` or `devicePlugin`, is a plain struct that is left out on write-back
-//!   while it equals its default. So `spec: {}` round-trips to `spec: {}`, and a
-//!   section the user never wrote is not filled in with defaults.
+//! * A section that the reference declares as a value (not a pointer) and that
+//!   holds a default `true` switch, `driver` and `devicePlugin`, is an `Option`
+//!   too. The reference CRD puts no default on the section itself, so the API
+//!   server fills `enable: true` only into a section that is present, and the
+//!   reference's code reads the switch of an absent one as off (a nil pointer).
+//!   Presence therefore changes meaning: an absent `devicePlugin` runs no device
+//!   plugin, `devicePlugin: {}` runs it. `semantics` gives callers one view of
+//!   either ([`DeviceConfigSpec::driver`](super::semantics)).
+//! * The other value sections (`metricsExporter`, `testRunner`, ...) mean the
+//!   same absent or empty (their switches have no default, or `false`), so they
+//!   are plain structs left out on write-back while they equal their default.
+//!   So `spec: {}` round-trips to `spec: {}`.
 //! * A section the reference declares as a pointer (`upgradePolicy`,
 //!   `nodeDrainPolicy`, `prometheus`, ...) is an `Option`: its presence carries
 //!   meaning (a drain policy takes precedence over a pod deletion policy), so it is
@@ -136,8 +144,10 @@ impl LocalObjectRef {
 #[serde(rename_all = "camelCase", default)]
 pub struct DeviceConfigSpec {
     /// The GPU kernel driver: whether and how it is installed and upgraded.
-    #[serde(skip_serializing_if = "is_default")]
-    pub driver: DriverSpec,
+    /// Absent, no driver is managed (as in the reference, whose `enable: true`
+    /// default applies only inside a present section).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub driver: Option<DriverSpec>,
 
     /// GPU metrics for Prometheus.
     #[serde(skip_serializing_if = "is_default")]
@@ -148,8 +158,10 @@ pub struct DeviceConfigSpec {
     pub config_manager: ConfigManagerSpec,
 
     /// The kubelet device plugin (`amd.com/gpu` resources) and the node labeller.
-    #[serde(skip_serializing_if = "is_default")]
-    pub device_plugin: DevicePluginSpec,
+    /// Absent, neither runs (as in the reference, whose `enableDevicePlugin` and
+    /// `enableNodeLabeller` defaults apply only inside a present section).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_plugin: Option<DevicePluginSpec>,
 
     /// The Dynamic Resource Allocation driver, an alternative to the device plugin.
     #[serde(skip_serializing_if = "is_default")]

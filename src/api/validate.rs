@@ -20,7 +20,7 @@ use k8s_openapi::api::core::v1::Taint;
 use super::enums::{PullPolicy, RELABEL_ACTIONS, TAINT_EFFECTS};
 use super::semantics::{
     ARG_DRIVER_TYPE, ARG_RESOURCE_NAMING_STRATEGY, KNOWN_DEVICE_PLUGIN_ARGUMENTS, NodeLabellerKind,
-    ResourceNamingStrategy,
+    Operand, ResourceNamingStrategy,
 };
 use super::syntax;
 use super::types::{
@@ -283,7 +283,7 @@ impl Checker {
     }
 
     fn driver(&mut self, spec: &DeviceConfigSpec) {
-        let driver = &spec.driver;
+        let driver = spec.driver();
         self.one_of(
             "spec.driver.driverType",
             driver.driver_type.as_str(),
@@ -335,7 +335,7 @@ impl Checker {
     }
 
     fn device_plugin(&mut self, spec: &DeviceConfigSpec) {
-        let dp = &spec.device_plugin;
+        let dp = spec.device_plugin();
         for (key, value) in &dp.device_plugin_arguments {
             let path = format!("spec.devicePlugin.devicePluginArguments.{key}");
             match key.as_str() {
@@ -374,11 +374,13 @@ impl Checker {
     }
 
     fn dra_driver(&mut self, spec: &DeviceConfigSpec) {
-        if spec.dra_driver.enable && spec.device_plugin.enable_device_plugin {
+        // An absent devicePlugin section runs no device plugin, so
+        // `draDriver: {enable: true}` alone is valid, as in the reference.
+        if spec.is_enabled(Operand::DraDriver) && spec.is_enabled(Operand::DevicePlugin) {
             self.push(
                 "spec.draDriver.enable",
                 "the DRA driver and the device plugin cannot both be enabled; \
-                 set spec.devicePlugin.enableDevicePlugin: false to use DRA",
+                 set spec.devicePlugin.enableDevicePlugin: false (or leave devicePlugin out) to use DRA",
             );
         }
         self.labels("spec.draDriver.selector", &spec.dra_driver.selector);
@@ -567,7 +569,7 @@ pub fn ignored_fields(spec: &DeviceConfigSpec) -> Vec<String> {
 /// [`ignored_fields`] with the reason for each.
 pub fn ignored_field_notes(spec: &DeviceConfigSpec) -> Vec<IgnoredField> {
     let mut notes = Notes::default();
-    let d = &spec.driver;
+    let d = spec.driver();
     notes.not_yet("spec.driver.enable", d.enable, NOT_YET_DRIVER);
     notes.not_yet("spec.driver.version", d.version.is_some(), NOT_YET_DRIVER);
     notes.not_yet(
@@ -637,7 +639,7 @@ pub fn ignored_field_notes(spec: &DeviceConfigSpec) -> Vec<IgnoredField> {
         WHY_TOLERATIONS,
     );
 
-    let dp = &spec.device_plugin;
+    let dp = spec.device_plugin();
     notes.set(
         "spec.devicePlugin.devicePluginImage",
         dp.device_plugin_image.is_some(),
@@ -908,11 +910,16 @@ mod tests {
     }
 
     #[test]
-    fn default_spec_is_valid_and_notes_only_the_driver_it_does_not_install() {
+    fn empty_spec_is_valid_and_notes_nothing_it_ignores() {
         let spec = DeviceConfigSpec::default();
         assert_eq!(validate(&spec), vec![]);
-        // The reference installs the driver by default; here nothing does yet.
-        let notes = ignored_field_notes(&spec);
+        // Absent, `driver` installs nothing, in the reference too: no note.
+        assert!(ignored_fields(&spec).is_empty());
+        // A present driver section defaults to `enable: true`, which the
+        // reference acts on and this design does not yet.
+        let mut present = spec;
+        present.driver = Some(Default::default());
+        let notes = ignored_field_notes(&present);
         assert_eq!(
             notes
                 .iter()
@@ -925,16 +932,26 @@ mod tests {
                 .to_string()
                 .contains("accepted, but not acted on yet")
         );
-        let mut inbox = spec;
-        inbox.driver.enable = false;
-        assert!(ignored_fields(&inbox).is_empty());
+        present.driver_mut().enable = false;
+        assert!(ignored_fields(&present).is_empty());
+    }
+
+    #[test]
+    fn dra_alone_is_valid_since_an_absent_device_plugin_is_off() {
+        let mut spec = DeviceConfigSpec::default();
+        spec.dra_driver.enable = true;
+        assert_eq!(validate(&spec), vec![]);
+        spec.device_plugin = Some(Default::default());
+        assert_eq!(paths(&validate(&spec)), ["spec.draDriver.enable"]);
+        spec.device_plugin_mut().enable_device_plugin = false;
+        assert_eq!(validate(&spec), vec![]);
     }
 
     #[test]
     fn features_not_built_yet_are_noted_when_set() {
         let mut spec = DeviceConfigSpec::default();
-        spec.driver.enable = false;
-        spec.driver.upgrade_policy = Some(DriverUpgradePolicySpec::default());
+        spec.driver_mut().enable = false;
+        spec.driver_mut().upgrade_policy = Some(DriverUpgradePolicySpec::default());
         spec.dra_driver.enable = true;
         spec.config_manager.enable = Some(true);
         spec.remediation_workflow.enable = Some(true);
@@ -958,7 +975,7 @@ mod tests {
     #[test]
     fn problem_display_is_path_colon_message() {
         let mut spec = DeviceConfigSpec::default();
-        spec.driver.upgrade_policy = Some(DriverUpgradePolicySpec {
+        spec.driver_mut().upgrade_policy = Some(DriverUpgradePolicySpec {
             max_unavailable_nodes: IntOrString::String("130%".into()),
             ..Default::default()
         });
@@ -973,8 +990,11 @@ mod tests {
 
     #[test]
     fn every_problem_is_reported_at_once() {
-        let mut spec = DeviceConfigSpec::default();
-        spec.driver.driver_type = "gpu".into();
+        let mut spec = DeviceConfigSpec {
+            device_plugin: Some(Default::default()),
+            ..Default::default()
+        };
+        spec.driver_mut().driver_type = "gpu".into();
         spec.dra_driver.enable = true;
         spec.metrics_exporter.node_port = Some(80);
         spec.remediation_workflow.reboot_timeout = "later".into();
@@ -993,9 +1013,8 @@ mod tests {
     #[test]
     fn ignored_fields_are_never_problems() {
         let mut spec = DeviceConfigSpec::default();
-        spec.driver.enable = false;
-        spec.device_plugin.device_plugin_image = Some("NOT A VALID IMAGE".into());
-        spec.device_plugin.device_plugin_image_pull_policy = Some("Sometimes".into());
+        spec.device_plugin_mut().device_plugin_image = Some("NOT A VALID IMAGE".into());
+        spec.device_plugin_mut().device_plugin_image_pull_policy = Some("Sometimes".into());
         spec.metrics_exporter.upgrade_policy = Some(DaemonSetUpgradeSpec {
             upgrade_strategy: Some("Sideways".into()),
             max_unavailable: -3,

@@ -207,8 +207,24 @@ fn schema_carries_the_reference_defaults_enums_patterns_and_bounds() {
     );
     assert_eq!(default("remediationWorkflow.rebootTimeout"), json!("15m"));
     assert!(prop(spec, "devicePlugin.devicePluginImage")["pattern"].is_string());
-    // Sections without a reference default get none.
-    assert!(prop(spec, "driver").get("default").is_none());
+    // Sections without a reference default get none: the API server then
+    // fills `enable: true` only into a written driver or devicePlugin section,
+    // and an absent one stays absent (off), as with the reference CRD.
+    for section in [
+        "driver",
+        "devicePlugin",
+        "metricsExporter",
+        "testRunner",
+        "configManager",
+        "draDriver",
+        "remediationWorkflow",
+        "commonConfig",
+    ] {
+        assert!(
+            prop(spec, section).get("default").is_none(),
+            "{section} has a default"
+        );
+    }
     assert!(prop(spec, "driver.upgradePolicy").get("default").is_none());
     assert!(
         prop(spec, "metricsExporter.enable")

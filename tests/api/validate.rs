@@ -77,8 +77,14 @@ fn relabel_action_and_tls_version_enums() {
 
 #[test]
 fn device_plugin_and_dra_are_exclusive() {
-    // enableDevicePlugin defaults to true, so enabling DRA alone is the error.
-    assert_problems("draDriver:\n  enable: true\n", &["spec.draDriver.enable"]);
+    // An absent devicePlugin runs no device plugin (the reference's CRD has
+    // no default on the section), so DRA alone is valid, as upstream.
+    assert_valid("draDriver:\n  enable: true\n");
+    // Inside a present section enableDevicePlugin defaults to true.
+    assert_problems(
+        "draDriver:\n  enable: true\ndevicePlugin: {}\n",
+        &["spec.draDriver.enable"],
+    );
     assert_problems(
         "draDriver:\n  enable: true\ndevicePlugin:\n  enableDevicePlugin: true\n",
         &["spec.draDriver.enable"],
@@ -341,11 +347,10 @@ fn ignored_fields_are_notes_not_problems() {
     let DocumentKind::DeviceConfig { config, .. } = &docs[0].kind else {
         panic!("a DeviceConfig")
     };
-    // driver.enable defaults to true, and no driver is installed yet.
+    // No driver section: nothing to install, so no note for it.
     assert_eq!(
         ignored_fields(&config.spec),
         vec![
-            "spec.driver.enable",
             "spec.devicePlugin.devicePluginImage",
             "spec.devicePlugin.devicePluginImagePullPolicy",
             "spec.devicePlugin.devicePluginTolerations",
@@ -371,14 +376,19 @@ fn ignored_fields_with_defaults_are_noted_when_changed() {
     let defaults = "  metricsExporter:\n    resource:\n      limits:\n        cpu: \"2\"\n        memory: 4G\n      \
                     requests:\n        cpu: 500m\n        memory: 512M\n  testRunner:\n    logsLocation:\n      \
                     mountPath: /var/log/amd-test-runner\n";
-    // Only the driver, which defaults to enabled and is not installed yet.
-    assert_eq!(notes(defaults), vec!["spec.driver.enable"]);
+    // Nothing: the defaults are unchanged, and without a driver section
+    // there is no driver to install.
+    assert_eq!(notes(defaults), Vec::<String>::new());
+    // A present driver section defaults to enable: true, not acted on yet.
+    assert_eq!(
+        notes(&format!("  driver: {{}}\n{defaults}")),
+        vec!["spec.driver.enable"]
+    );
     let changed = "  metricsExporter:\n    resource:\n      limits:\n        cpu: \"1\"\n  testRunner:\n    \
                    logsLocation:\n      mountPath: /logs\n";
     assert_eq!(
         notes(changed),
         vec![
-            "spec.driver.enable",
             "spec.metricsExporter.resource",
             "spec.testRunner.logsLocation.mountPath"
         ]
