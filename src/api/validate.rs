@@ -9,13 +9,18 @@
 //! referenced Secrets and ConfigMaps exist is the reconciler's check.
 //!
 //! Fields that only configure the reference's operand pods (images, pull
-//! policies, per-operand tolerations, ...) are never problems here, whatever
-//! their value: they are accepted, kept, and listed by [`ignored_field_notes`].
+//! policies, per-operand tolerations, ...) are accepted, kept, and listed by
+//! [`ignored_field_notes`]. Their meaning is never judged, but a value the CRD
+//! schema rejects is a problem here too (an image that does not match the
+//! reference's image pattern, a resource quantity that is none), so that
+//! `validate` and the API server, and standalone mode, which has none, agree.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
+use std::sync::LazyLock;
 
-use k8s_openapi::api::core::v1::Taint;
+use k8s_openapi::api::core::v1::{ResourceRequirements, Taint};
+use regex::Regex;
 
 use super::enums::{PullPolicy, RELABEL_ACTIONS, TAINT_EFFECTS};
 use super::semantics::{
@@ -24,8 +29,9 @@ use super::semantics::{
 };
 use super::syntax;
 use super::types::{
-    DaemonSetUpgradeSpec, DeviceConfigSpec, DrainSpec, DriverUpgradePolicySpec, LocalObjectRef,
-    MetricsExporterSpec, PodDeletionSpec, RemediationWorkflowSpec, ServiceMonitorConfig,
+    DRIVER_IMAGE_PATTERN, DaemonSetUpgradeSpec, DeviceConfigSpec, DrainSpec,
+    DriverUpgradePolicySpec, IMAGE_PATTERN, LocalObjectRef, MetricsExporterSpec, PodDeletionSpec,
+    QUANTITY_PATTERN, REBOOT_TIMEOUT_PATTERN, RemediationWorkflowSpec, ServiceMonitorConfig,
     default_exporter_resources, is_default,
 };
 use super::yaml::{Document, DocumentKind, KIND, api_version};
@@ -97,11 +103,54 @@ pub fn validate(spec: &DeviceConfigSpec) -> Vec<Problem> {
     if let Some(why) = logs_host_path_problem(logs).filter(|_| logs.starts_with('/')) {
         check.push("spec.testRunner.logsLocation.hostPath", why);
     }
+    check.image("spec.testRunner.image", &spec.test_runner.image);
     check.labels("spec.configManager.selector", &spec.config_manager.selector);
+    check.image("spec.configManager.image", &spec.config_manager.image);
+    check.image(
+        "spec.commonConfig.utilsContainer.image",
+        &spec.common_config.utils_container.image,
+    );
     check.labels("spec.selector", &spec.selector);
     check.remediation(&spec.remediation_workflow);
     check.problems
 }
+
+/// A pattern of the CRD schema, compiled once. The API server matches with
+/// Go's RE2 syntax, which `regex` shares for these patterns.
+pub struct CrdPattern {
+    /// The pattern as the CRD writes it.
+    pub pattern: &'static str,
+    regex: LazyLock<Option<Regex>>,
+}
+
+impl CrdPattern {
+    const fn new(pattern: &'static str, compile: fn() -> Option<Regex>) -> Self {
+        Self {
+            pattern,
+            regex: LazyLock::new(compile),
+        }
+    }
+
+    /// Whether `value` matches, as the API server would judge it. A pattern
+    /// that does not compile (a bug, caught by the tests) matches nothing.
+    pub fn matches(&self, value: &str) -> bool {
+        self.regex.as_ref().is_some_and(|re| re.is_match(value))
+    }
+}
+
+/// `image` fields of the operands (the reference's image reference pattern).
+pub static IMAGE: CrdPattern = CrdPattern::new(IMAGE_PATTERN, || Regex::new(IMAGE_PATTERN).ok());
+/// `driver.image`, which may also hold `$VARIABLE` path parts.
+pub static DRIVER_IMAGE: CrdPattern = CrdPattern::new(DRIVER_IMAGE_PATTERN, || {
+    Regex::new(DRIVER_IMAGE_PATTERN).ok()
+});
+/// `remediationWorkflow.rebootTimeout`: durations in s, m and h only.
+pub static REBOOT_TIMEOUT: CrdPattern = CrdPattern::new(REBOOT_TIMEOUT_PATTERN, || {
+    Regex::new(REBOOT_TIMEOUT_PATTERN).ok()
+});
+/// Resource quantities (`metricsExporter.resource`).
+pub static QUANTITY: CrdPattern =
+    CrdPattern::new(QUANTITY_PATTERN, || Regex::new(QUANTITY_PATTERN).ok());
 
 /// Why `name` is not a DNS-1123 subdomain, the form the API server requires of
 /// object names: at most 253 characters of lowercase letters, digits, `-` and
@@ -271,6 +320,59 @@ impl Checker {
         }
     }
 
+    /// An image field, which the CRD restricts to the reference's pattern.
+    fn image(&mut self, path: &str, image: &Option<String>) {
+        self.image_matching(path, image, &IMAGE);
+    }
+
+    fn image_matching(&mut self, path: &str, image: &Option<String>, pattern: &CrdPattern) {
+        if let Some(image) = image
+            && !pattern.matches(image)
+        {
+            self.push(
+                path,
+                format!(
+                    "{image:?} is not an image reference the CRD accepts \
+                     (lowercase registry/name[:tag][@digest], pattern {})",
+                    pattern.pattern
+                ),
+            );
+        }
+    }
+
+    /// Resource quantities and claim names, as the CRD's copy of
+    /// Kubernetes' ResourceRequirements schema restricts them.
+    fn resources(&mut self, path: &str, resources: &ResourceRequirements) {
+        for (name, map) in [
+            ("limits", &resources.limits),
+            ("requests", &resources.requests),
+        ] {
+            for (resource, quantity) in map.iter().flatten() {
+                if !QUANTITY.matches(&quantity.0) {
+                    self.push(
+                        format!("{path}.{name}.{resource}"),
+                        format!(
+                            "{:?} is not a resource quantity such as \"500m\", \"4G\" or \"1Gi\"",
+                            quantity.0
+                        ),
+                    );
+                }
+            }
+        }
+        let mut names = BTreeSet::new();
+        for (index, claim) in resources.claims.iter().flatten().enumerate() {
+            if !names.insert(claim.name.as_str()) {
+                self.push(
+                    format!("{path}.claims[{index}].name"),
+                    format!(
+                        "{:?} is listed twice; claim names must be unique",
+                        claim.name
+                    ),
+                );
+            }
+        }
+    }
+
     fn object_ref(&mut self, path: &str, reference: &Option<LocalObjectRef>) {
         if let Some(reference) = reference
             && reference.name.is_empty()
@@ -292,6 +394,7 @@ impl Checker {
         if let Some(policy) = &driver.upgrade_policy {
             self.driver_upgrade("spec.driver.upgradePolicy", policy);
         }
+        self.image_matching("spec.driver.image", &driver.image, &DRIVER_IMAGE);
         self.object_ref(
             "spec.driver.imageSign.keySecret",
             &driver.image_sign.key_secret,
@@ -371,6 +474,14 @@ impl Checker {
             "spec.devicePlugin.kubeletSocketPath",
             &dp.kubelet_socket_path,
         );
+        self.image(
+            "spec.devicePlugin.devicePluginImage",
+            &dp.device_plugin_image,
+        );
+        self.image(
+            "spec.devicePlugin.nodeLabellerImage",
+            &dp.node_labeller_image,
+        );
     }
 
     fn dra_driver(&mut self, spec: &DeviceConfigSpec) {
@@ -384,9 +495,16 @@ impl Checker {
             );
         }
         self.labels("spec.draDriver.selector", &spec.dra_driver.selector);
+        self.image("spec.draDriver.image", &spec.dra_driver.image);
     }
 
     fn metrics_exporter(&mut self, me: &MetricsExporterSpec) {
+        self.image("spec.metricsExporter.image", &me.image);
+        self.image(
+            "spec.metricsExporter.rbacConfig.image",
+            &me.rbac_config.image,
+        );
+        self.resources("spec.metricsExporter.resource", &me.resource);
         if !(1..=65535).contains(&me.port) {
             self.push(
                 "spec.metricsExporter.port",
@@ -505,12 +623,25 @@ impl Checker {
             &format!("{PATH}.ttlForFailedWorkflows"),
             &rw.ttl_for_failed_workflows,
         );
-        self.duration(&format!("{PATH}.rebootTimeout"), &rw.reboot_timeout);
+        if REBOOT_TIMEOUT.matches(&rw.reboot_timeout) {
+            self.duration(&format!("{PATH}.rebootTimeout"), &rw.reboot_timeout);
+        } else {
+            self.push(
+                format!("{PATH}.rebootTimeout"),
+                format!(
+                    "{:?} is not a duration in s, m and h such as \"30s\", \"15m\" or \"1h30m\" \
+                     (the CRD allows no other unit here)",
+                    rw.reboot_timeout
+                ),
+            );
+        }
         self.at_least(
             &format!("{PATH}.maxParallelWorkflows"),
-            rw.max_parallel_workflows,
+            rw.max_parallel_workflows.into(),
             0,
         );
+        self.image(&format!("{PATH}.testerImage"), &rw.tester_image);
+        self.image(&format!("{PATH}.configMapImage"), &rw.config_map_image);
         for (index, taint) in rw.node_remediation_taints.iter().enumerate() {
             self.taint(&format!("{PATH}.nodeRemediationTaints[{index}]"), taint);
         }
@@ -1011,9 +1142,33 @@ mod tests {
     }
 
     #[test]
-    fn ignored_fields_are_never_problems() {
+    fn the_crd_patterns_compile() {
+        for pattern in [&IMAGE, &DRIVER_IMAGE, &REBOOT_TIMEOUT, &QUANTITY] {
+            assert!(pattern.regex.is_some(), "{}", pattern.pattern);
+        }
+        assert!(IMAGE.matches("docker.io/rocm/k8s-device-plugin:latest"));
+        assert!(!IMAGE.matches("NOT A VALID IMAGE"));
+        assert!(DRIVER_IMAGE.matches("image-registry:5000/$MOD_NAMESPACE/amdgpu_kmod"));
+        assert!(!IMAGE.matches("image-registry:5000/$MOD_NAMESPACE/amdgpu_kmod"));
+        assert!(REBOOT_TIMEOUT.matches("1h30m") && !REBOOT_TIMEOUT.matches("500ms"));
+        assert!(QUANTITY.matches("500m") && QUANTITY.matches("1Gi") && !QUANTITY.matches("lots"));
+    }
+
+    #[test]
+    fn ignored_fields_are_judged_only_by_the_crd_schema() {
         let mut spec = DeviceConfigSpec::default();
         spec.device_plugin_mut().device_plugin_image = Some("NOT A VALID IMAGE".into());
+        assert_eq!(
+            paths(&validate(&spec)),
+            ["spec.devicePlugin.devicePluginImage"],
+            "the CRD's image pattern rejects it"
+        );
+    }
+
+    #[test]
+    fn ignored_fields_are_never_problems() {
+        let mut spec = DeviceConfigSpec::default();
+        spec.device_plugin_mut().device_plugin_image = Some("rocm/k8s-device-plugin:latest".into());
         spec.device_plugin_mut().device_plugin_image_pull_policy = Some("Sometimes".into());
         spec.metrics_exporter.upgrade_policy = Some(DaemonSetUpgradeSpec {
             upgrade_strategy: Some("Sideways".into()),

@@ -336,7 +336,7 @@ fn unknown_fields_and_api_version() {
 
 #[test]
 fn ignored_fields_are_notes_not_problems() {
-    let spec = "devicePlugin:\n  devicePluginImage: Not/A Valid:Image\n  devicePluginImagePullPolicy: Sometimes\n  \
+    let spec = "devicePlugin:\n  devicePluginImage: rocm/k8s-device-plugin:v1.31\n  devicePluginImagePullPolicy: Sometimes\n  \
                 devicePluginTolerations:\n  - operator: Exists\ncommonConfig:\n  initContainerImage: busybox\n";
     assert_valid(spec);
     let text = format!(
