@@ -35,7 +35,8 @@ pub use semantics::{
 };
 pub use types::*;
 pub use validate::{
-    IgnoredField, Problem, document_problems, ignored_field_notes, ignored_fields, validate,
+    IgnoredField, NOT_ACTED_ON_YET, Problem, document_problems, ignored_field_notes,
+    ignored_fields, validate,
 };
 pub use yaml::{
     Document, DocumentKind, ParseError, SpecDocument, parse_device_configs, parse_documents,
