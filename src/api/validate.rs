@@ -22,7 +22,7 @@ use std::sync::LazyLock;
 use k8s_openapi::api::core::v1::{ResourceRequirements, Taint};
 use regex::Regex;
 
-use super::enums::{PullPolicy, RELABEL_ACTIONS, TAINT_EFFECTS};
+use super::enums::{PullPolicy, RELABEL_ACTIONS, TAINT_EFFECTS, UpgradeStrategy};
 use super::semantics::{
     ARG_DRIVER_TYPE, ARG_RESOURCE_NAMING_STRATEGY, KNOWN_DEVICE_PLUGIN_ARGUMENTS, NodeLabellerKind,
     Operand, ResourceNamingStrategy,
@@ -112,6 +112,7 @@ pub fn validate(spec: &DeviceConfigSpec) -> Vec<Problem> {
     );
     check.labels("spec.selector", &spec.selector);
     check.remediation(&spec.remediation_workflow);
+    check.operand_enums(spec);
     check.problems
 }
 
@@ -320,6 +321,78 @@ impl Checker {
         }
     }
 
+    /// The pull policies and DaemonSet update strategies of the operands:
+    /// ignored in this design, but the CRD's enums reject unknown values.
+    fn operand_enums(&mut self, spec: &DeviceConfigSpec) {
+        let dp = spec.device_plugin();
+        let (dra, me, tr, cm) = (
+            &spec.dra_driver,
+            &spec.metrics_exporter,
+            &spec.test_runner,
+            &spec.config_manager,
+        );
+        for (path, policy) in [
+            (
+                "spec.devicePlugin.devicePluginImagePullPolicy",
+                &dp.device_plugin_image_pull_policy,
+            ),
+            (
+                "spec.devicePlugin.nodeLabellerImagePullPolicy",
+                &dp.node_labeller_image_pull_policy,
+            ),
+            ("spec.draDriver.imagePullPolicy", &dra.image_pull_policy),
+            (
+                "spec.metricsExporter.imagePullPolicy",
+                &me.image_pull_policy,
+            ),
+            ("spec.testRunner.imagePullPolicy", &tr.image_pull_policy),
+            ("spec.configManager.imagePullPolicy", &cm.image_pull_policy),
+            (
+                "spec.commonConfig.utilsContainer.imagePullPolicy",
+                &spec.common_config.utils_container.image_pull_policy,
+            ),
+        ] {
+            if let Some(policy) = policy {
+                self.one_of(path, policy.as_str(), PullPolicy::KNOWN);
+            }
+        }
+        for (path, policy) in [
+            (
+                "spec.devicePlugin.upgradePolicy.upgradeStrategy",
+                &dp.upgrade_policy,
+            ),
+            (
+                "spec.draDriver.upgradePolicy.upgradeStrategy",
+                &dra.upgrade_policy,
+            ),
+            (
+                "spec.metricsExporter.upgradePolicy.upgradeStrategy",
+                &me.upgrade_policy,
+            ),
+            (
+                "spec.testRunner.upgradePolicy.upgradeStrategy",
+                &tr.upgrade_policy,
+            ),
+            (
+                "spec.configManager.upgradePolicy.upgradeStrategy",
+                &cm.upgrade_policy,
+            ),
+        ] {
+            if let Some(strategy) = policy.as_ref().and_then(|p| p.upgrade_strategy.as_ref()) {
+                self.one_of(path, strategy.as_str(), UpgradeStrategy::KNOWN);
+            }
+        }
+    }
+
+    /// A kubelet socket directory: absolute, or empty, which the CRD's path
+    /// pattern accepts and which means the default (here and in the
+    /// reference's code).
+    fn kubelet_dir(&mut self, path: &str, value: &str) {
+        if !value.is_empty() {
+            self.path(path, value);
+        }
+    }
+
     /// An image field, which the CRD restricts to the reference's pattern.
     fn image(&mut self, path: &str, image: &Option<String>) {
         self.image_matching(path, image, &IMAGE);
@@ -470,7 +543,7 @@ impl Checker {
                 );
             }
         }
-        self.path(
+        self.kubelet_dir(
             "spec.devicePlugin.kubeletSocketPath",
             &dp.kubelet_socket_path,
         );
@@ -525,7 +598,7 @@ impl Checker {
             );
         }
         self.labels("spec.metricsExporter.selector", &me.selector);
-        self.path(
+        self.kubelet_dir(
             "spec.metricsExporter.podResourceAPISocketPath",
             &me.pod_resource_api_socket_path,
         );
@@ -1069,23 +1142,10 @@ impl Notes {
         }
     }
 
-    /// Pull policies are ignored too, but a value the API server would reject is
-    /// worth knowing before `kubectl apply` says so.
+    /// Pull policies are ignored too (a value the CRD's enum rejects is a
+    /// problem, reported by `validate`).
     fn pull_policy(&mut self, path: &str, policy: &Option<PullPolicy>) {
-        let Some(policy) = policy else { return };
-        let reason = if policy.is_known() {
-            WHY_PULL_SECRET.to_string()
-        } else {
-            format!(
-                "{WHY_PULL_SECRET}; note that the API server only accepts {}",
-                PullPolicy::KNOWN.join(", ")
-            )
-        };
-        self.notes.push(IgnoredField {
-            path: path.to_string(),
-            reason,
-            not_yet: false,
-        });
+        self.set(path, policy.is_some(), WHY_PULL_SECRET);
     }
 
     fn daemonset(&mut self, path: &str, policy: &Option<DaemonSetUpgradeSpec>) {
@@ -1338,6 +1398,20 @@ mod tests {
             upgrade_strategy: Some("Sideways".into()),
             max_unavailable: -3,
         });
+        // The CRD's enums reject these two; their meaning is not judged
+        // (a negative maxUnavailable is no problem).
+        assert_eq!(
+            paths(&validate(&spec)),
+            [
+                "spec.devicePlugin.devicePluginImagePullPolicy",
+                "spec.metricsExporter.upgradePolicy.upgradeStrategy"
+            ]
+        );
+        spec.device_plugin_mut().device_plugin_image_pull_policy = Some("IfNotPresent".into());
+        spec.metrics_exporter.upgrade_policy = Some(DaemonSetUpgradeSpec {
+            upgrade_strategy: Some("OnDelete".into()),
+            max_unavailable: -3,
+        });
         assert_eq!(validate(&spec), vec![]);
         let notes = ignored_field_notes(&spec);
         assert_eq!(
@@ -1348,13 +1422,7 @@ mod tests {
                 "spec.metricsExporter.upgradePolicy"
             ]
         );
-        assert!(
-            notes[1]
-                .reason
-                .contains("only accepts Always, IfNotPresent, Never"),
-            "{}",
-            notes[1].reason
-        );
+        assert_eq!(notes[1].reason, WHY_PULL_SECRET);
     }
 
     #[test]

@@ -524,6 +524,44 @@ fn values_the_reference_crd_rejects_are_rejected_by_schema_and_validate() {
         ])
     );
 
+    // Enums of ignored fields: the CRD rejects unknown values, so does validate.
+    for (path, rejected, accepted) in [
+        (
+            "devicePlugin.devicePluginImagePullPolicy",
+            "Sometimes",
+            "Always",
+        ),
+        (
+            "commonConfig.utilsContainer.imagePullPolicy",
+            "always",
+            "Never",
+        ),
+        (
+            "testRunner.upgradePolicy.upgradeStrategy",
+            "Sideways",
+            "OnDelete",
+        ),
+    ] {
+        let values = &prop(spec, path)["enum"];
+        assert!(
+            !values
+                .as_array()
+                .is_some_and(|v| v.contains(&json!(rejected))),
+            "{path}"
+        );
+        assert!(
+            values
+                .as_array()
+                .is_some_and(|v| v.contains(&json!(accepted))),
+            "{path}"
+        );
+        assert_eq!(
+            validate_spec(&spec_with(path, json!(rejected))),
+            Ok(vec![format!("spec.{path}")])
+        );
+        assert_eq!(validate_spec(&spec_with(path, json!(accepted))), Ok(vec![]));
+    }
+
     // Kept from before: a negative grace period is allowed (the reference's
     // own tests store -2).
     assert_eq!(
