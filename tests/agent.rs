@@ -736,3 +736,43 @@ async fn the_driver_type_label_follows_driver_enable_not_the_labeller() {
     .await;
     h.stop().await;
 }
+
+/// The reference's CRD has no default on `devicePlugin`, and its code reads
+/// an absent section as off: a DeviceConfig with only `driver` and
+/// `metricsExporter` (the shape of the reference's metrics examples, written
+/// by us) runs no device plugin and no labeller. Writing `devicePlugin: {}`
+/// turns both on with the section's defaults.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_absent_device_plugin_section_runs_no_device_plugin_or_labeller() {
+    let mut h = Harness::start("mi300x", None, json!({})).await;
+    h.apply_device_config(
+        "gpus",
+        json!({"driver": {"enable": false}, "metricsExporter": {"enable": true}}),
+    )
+    .await;
+    // The status of generation 1 lists every service the agent runs.
+    h.eventually("generation 1 applied, metrics running", |h| {
+        h.status().is_some_and(|s| {
+            s.generation == Some(1)
+                && s.services.get(&ServiceName::MetricsExporter) == Some(&ServiceStatus::Running)
+        })
+    })
+    .await;
+    let status = h.status().expect("status");
+    assert!(
+        !status.services.contains_key(&ServiceName::DevicePlugin)
+            && !status.services.contains_key(&ServiceName::Labeller),
+        "{status:?}"
+    );
+    assert!(h.kubelet.registrations().is_empty());
+    assert!(!h.labels().contains_key("amd.com/gpu.family"));
+
+    h.apply_device_config("gpus", json!({"devicePlugin": {}}))
+        .await;
+    h.kubelet.wait_for_registration("amd.com/gpu", 1).await;
+    h.eventually("GPU labels once devicePlugin is written", |h| {
+        h.labels().get("amd.com/gpu.family").map(String::as_str) == Some("AI")
+    })
+    .await;
+    h.stop().await;
+}
