@@ -512,7 +512,14 @@ impl Checker {
 
     fn device_plugin(&mut self, spec: &DeviceConfigSpec) {
         let dp = spec.device_plugin();
-        for (key, value) in &dp.device_plugin_arguments {
+        // As in the reference's validator, the arguments are judged only
+        // while the device plugin runs: a disabled section may hold anything.
+        let arguments = if spec.is_enabled(Operand::DevicePlugin) {
+            &dp.device_plugin_arguments
+        } else {
+            &BTreeMap::new()
+        };
+        for (key, value) in arguments {
             let path = format!("spec.devicePlugin.devicePluginArguments.{key}");
             match key.as_str() {
                 ARG_RESOURCE_NAMING_STRATEGY => {
@@ -715,13 +722,17 @@ impl Checker {
         );
         self.image(&format!("{PATH}.testerImage"), &rw.tester_image);
         self.image(&format!("{PATH}.configMapImage"), &rw.config_map_image);
-        for (index, taint) in rw.node_remediation_taints.iter().enumerate() {
-            self.taint(&format!("{PATH}.nodeRemediationTaints[{index}]"), taint);
+        // The reference judges taints and labels only while remediation is
+        // on; so does this check, to be no stricter.
+        if rw.is_enabled() {
+            for (index, taint) in rw.node_remediation_taints.iter().enumerate() {
+                self.taint(&format!("{PATH}.nodeRemediationTaints[{index}]"), taint);
+            }
+            self.labels(
+                &format!("{PATH}.nodeRemediationLabels"),
+                &rw.node_remediation_labels,
+            );
         }
-        self.labels(
-            &format!("{PATH}.nodeRemediationLabels"),
-            &rw.node_remediation_labels,
-        );
         if let Some(drain) = &rw.node_drain_policy {
             self.drain(&format!("{PATH}.nodeDrainPolicy"), drain);
         }

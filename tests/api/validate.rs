@@ -110,6 +110,10 @@ fn device_plugin_argument_keys_and_values() {
     assert_valid(
         "devicePlugin:\n  devicePluginArguments:\n    resource_naming_strategy: mixed\n    driver_type: pf-passthrough\n",
     );
+    // The reference judges the arguments only while the device plugin runs.
+    assert_valid(
+        "devicePlugin:\n  enableDevicePlugin: false\n  devicePluginArguments:\n    pulse: \"5\"\n",
+    );
 }
 
 #[test]
@@ -166,7 +170,8 @@ fn service_monitor_interval() {
 
 #[test]
 fn taints() {
-    let bad = "remediationWorkflow:\n  nodeRemediationTaints:\n  - key: bad key!\n    value: has space\n    effect: Evict\n";
+    let bad = "remediationWorkflow:\n  enable: true\n  config:\n    name: workflows\n  nodeRemediationTaints:\n  \
+               - key: bad key!\n    value: has space\n    effect: Evict\n";
     assert_problems(
         bad,
         &[
@@ -176,9 +181,12 @@ fn taints() {
         ],
     );
     assert_valid(
-        "remediationWorkflow:\n  nodeRemediationTaints:\n  - key: amd.com/gpu-unhealthy\n    value: \"true\"\n    \
-         effect: NoExecute\n  - key: plain\n    effect: PreferNoSchedule\n",
+        "remediationWorkflow:\n  enable: true\n  config:\n    name: workflows\n  nodeRemediationTaints:\n  \
+         - key: amd.com/gpu-unhealthy\n    value: \"true\"\n    effect: NoExecute\n  - key: plain\n    \
+         effect: PreferNoSchedule\n",
     );
+    // As in the reference, taints are judged only while remediation is on.
+    assert_valid(&bad.replace("enable: true", "enable: false"));
 }
 
 #[test]
@@ -188,9 +196,12 @@ fn labels() {
         &["spec.selector", "spec.selector.good"],
     );
     assert_problems(
-        "remediationWorkflow:\n  nodeRemediationLabels:\n    Example.com/x: \"y\"\n",
+        "remediationWorkflow:\n  enable: true\n  config:\n    name: w\n  nodeRemediationLabels:\n    \
+         Example.com/x: \"y\"\n",
         &["spec.remediationWorkflow.nodeRemediationLabels"],
     );
+    // Judged only while remediation is on, as in the reference.
+    assert_valid("remediationWorkflow:\n  nodeRemediationLabels:\n    Example.com/x: \"y\"\n");
     assert_problems(
         "metricsExporter:\n  selector:\n    a: \"-b\"\n",
         &["spec.metricsExporter.selector.a"],
