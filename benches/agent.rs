@@ -66,7 +66,7 @@ async fn main() {
         .create(
             json!({"apiVersion": "amd.com/v1alpha1", "kind": "DeviceConfig",
             "metadata": {"name": "gpus", "namespace": "kube-amd-gpu"},
-            "spec": {"metricsExporter": {"enable": true, "port": 0}}}),
+            "spec": {"metricsExporter": {"enable": true, "port": 0}, "devicePlugin": {}}}),
         )
         .unwrap();
 

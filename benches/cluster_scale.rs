@@ -134,7 +134,7 @@ async fn main() {
         .create(
             json!({"apiVersion": "amd.com/v1alpha1", "kind": "DeviceConfig",
             "metadata": {"name": "fleet", "namespace": NS},
-            "spec": {"selector": {"feature.node.kubernetes.io/amd-gpu": "true"}}}),
+            "spec": {"selector": {"feature.node.kubernetes.io/amd-gpu": "true"}, "devicePlugin": {}}}),
         )
         .unwrap();
     let uid = dc["metadata"]["uid"].as_str().unwrap().to_owned();

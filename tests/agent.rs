@@ -177,7 +177,7 @@ async fn agent_runs_the_services_its_device_config_enables() {
 
     h.apply_device_config(
         "gpus",
-        json!({"selector": {"feature.node.kubernetes.io/amd-gpu": "true"}}),
+        json!({"selector": {"feature.node.kubernetes.io/amd-gpu": "true"}, "devicePlugin": {}}),
     )
     .await;
     let registered = h.kubelet.wait_for_registration("amd.com/gpu", 1).await;
@@ -277,8 +277,11 @@ async fn agent_runs_the_services_its_device_config_enables() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conflicting_device_configs_run_nothing_and_warn() {
     let mut h = Harness::start("mi210", None, json!({"gpu": "amd"})).await;
-    h.apply_device_config("one", json!({"selector": {"gpu": "amd"}}))
-        .await;
+    h.apply_device_config(
+        "one",
+        json!({"selector": {"gpu": "amd"}, "devicePlugin": {}}),
+    )
+    .await;
     h.kubelet.wait_for_registration("amd.com/gpu", 1).await;
     h.apply_device_config("two", json!({})).await;
     h.eventually("conflict in status", |h| {
@@ -370,7 +373,8 @@ async fn the_agent_survives_api_errors() {
     let before = counted();
     // The first status writes fail; the agent retries and still converges.
     h.cluster.faults().fail_next(2, "patch", "nodes", 500);
-    h.apply_device_config("gpus", json!({})).await;
+    h.apply_device_config("gpus", json!({"devicePlugin": {}}))
+        .await;
     h.kubelet.wait_for_registration("amd.com/gpu", 1).await;
     h.eventually("labels despite failed patches", |h| {
         h.labels().contains_key("amd.com/gpu.family")
@@ -452,7 +456,8 @@ async fn heterogeneous_layouts_warn_with_single_and_split_with_mixed() {
         .with_gpu_partition(0, "cpx_nps4")
         .unwrap();
     let mut h = Harness::start_with(spec, json!({})).await;
-    h.apply_device_config("gpus", json!({})).await;
+    h.apply_device_config("gpus", json!({"devicePlugin": {}}))
+        .await;
     h.eventually("layout conflict in status", |h| {
         h.status().is_some_and(|s| {
             s.problems
@@ -515,7 +520,7 @@ async fn an_ecc_error_marks_the_gpu_unhealthy_everywhere_and_triggers_the_test()
     api.create(&PostParams::default(), &cm).await.unwrap();
     h.apply_device_config(
         "gpus",
-        json!({"testRunner": {"enable": true, "config": {"name": "gpu-tests"}}}),
+        json!({"testRunner": {"enable": true, "config": {"name": "gpu-tests"}}, "devicePlugin": {}}),
     )
     .await;
     let registered = h.kubelet.wait_for_registration("amd.com/gpu", 1).await;
@@ -592,8 +597,11 @@ async fn until_discovery_completes_only_metrics_run_the_status_says_why_and_an_e
         hung = support::hosts::hang_past_the_scan_deadline(host);
     })
     .await;
-    h.apply_device_config("gpus", json!({"metricsExporter": {"enable": true}}))
-        .await;
+    h.apply_device_config(
+        "gpus",
+        json!({"metricsExporter": {"enable": true}, "devicePlugin": {}}),
+    )
+    .await;
     let discovering = |h: &Harness| {
         h.status().is_some_and(|s| {
             s.problems
@@ -665,7 +673,8 @@ async fn labels_written_before_are_taken_over_and_removed_with_the_rest() {
         )
         .await
         .unwrap();
-    h.apply_device_config("gpus", json!({})).await;
+    h.apply_device_config("gpus", json!({"devicePlugin": {}}))
+        .await;
     h.eventually("labels applied and the old annotation retired", |h| {
         let labels = h.labels();
         labels.get("amd.com/gpu.vram").map(String::as_str) == Some("192G")
@@ -723,6 +732,46 @@ async fn the_driver_type_label_follows_driver_enable_not_the_labeller() {
         .await;
     h.eventually("the label removed with driver.enable false", |h| {
         !h.labels().contains_key(&key)
+    })
+    .await;
+    h.stop().await;
+}
+
+/// The reference's CRD has no default on `devicePlugin`, and its code reads
+/// an absent section as off: a DeviceConfig with only `driver` and
+/// `metricsExporter` (the shape of the reference's metrics examples, written
+/// by us) runs no device plugin and no labeller. Writing `devicePlugin: {}`
+/// turns both on with the section's defaults.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_absent_device_plugin_section_runs_no_device_plugin_or_labeller() {
+    let mut h = Harness::start("mi300x", None, json!({})).await;
+    h.apply_device_config(
+        "gpus",
+        json!({"driver": {"enable": false}, "metricsExporter": {"enable": true}}),
+    )
+    .await;
+    // The status of generation 1 lists every service the agent runs.
+    h.eventually("generation 1 applied, metrics running", |h| {
+        h.status().is_some_and(|s| {
+            s.generation == Some(1)
+                && s.services.get(&ServiceName::MetricsExporter) == Some(&ServiceStatus::Running)
+        })
+    })
+    .await;
+    let status = h.status().expect("status");
+    assert!(
+        !status.services.contains_key(&ServiceName::DevicePlugin)
+            && !status.services.contains_key(&ServiceName::Labeller),
+        "{status:?}"
+    );
+    assert!(h.kubelet.registrations().is_empty());
+    assert!(!h.labels().contains_key("amd.com/gpu.family"));
+
+    h.apply_device_config("gpus", json!({"devicePlugin": {}}))
+        .await;
+    h.kubelet.wait_for_registration("amd.com/gpu", 1).await;
+    h.eventually("GPU labels once devicePlugin is written", |h| {
+        h.labels().get("amd.com/gpu.family").map(String::as_str) == Some("AI")
     })
     .await;
     h.stop().await;

@@ -327,7 +327,10 @@ async fn one_leader_reconciles_and_fails_over() {
 
     // Status: a selector for 2 of 3 nodes.
     fleet
-        .apply("gpus", json!({"selector": {"gpu": "yes"}}))
+        .apply(
+            "gpus",
+            json!({"selector": {"gpu": "yes"}, "devicePlugin": {}}),
+        )
         .await;
     fleet
         .eventually("Ready with counts", async |f| {
@@ -448,7 +451,7 @@ async fn status_counts_what_real_agents_serve_and_ready_says_which_nodes_do_not(
         .apply(
             "gpus",
             json!({"driver": {"enable": false}, "metricsExporter": {"enable": true},
-                "testRunner": {"enable": true}}),
+                "testRunner": {"enable": true}, "devicePlugin": {}}),
         )
         .await;
     fleet
@@ -505,7 +508,7 @@ async fn status_counts_what_real_agents_serve_and_ready_says_which_nodes_do_not(
         .apply(
             "gpus",
             json!({"driver": {"enable": false}, "metricsExporter": {"enable": true},
-                "testRunner": {"enable": false}}),
+                "testRunner": {"enable": false}, "devicePlugin": {}}),
         )
         .await;
     fleet
@@ -527,7 +530,7 @@ async fn invalid_and_overlapping_device_configs_get_validation_errors() {
     fleet
         .apply(
             "both",
-            json!({"draDriver": {"enable": true}, "selector": {"gpu": "no"}}),
+            json!({"draDriver": {"enable": true}, "devicePlugin": {}, "selector": {"gpu": "no"}}),
         )
         .await;
     fleet
@@ -627,7 +630,7 @@ async fn deleting_a_device_config_tears_down_then_releases_the_finalizer() {
         .apply(
             "gpus",
             json!({"metricsExporter": {"enable": true, "port": 5055,
-                "prometheus": {"serviceMonitor": {"enable": true}}}}),
+                "prometheus": {"serviceMonitor": {"enable": true}}}, "devicePlugin": {}}),
         )
         .await;
     kubelet.wait_for_registration("amd.com/gpu", 1).await;
@@ -702,7 +705,7 @@ async fn deleting_a_device_config_tears_down_then_releases_the_finalizer() {
 async fn deletion_gives_up_on_a_not_ready_node_after_the_timeout() {
     let mut fleet = Fleet::start(&[json!({}), json!({})]).await;
     fleet.wait_holder(None).await;
-    fleet.apply("gpus", json!({})).await;
+    fleet.apply("gpus", json!({"devicePlugin": {}})).await;
     fleet
         .eventually("Ready on both nodes", async |f| {
             let status = f.status_of("gpus").await;
@@ -912,7 +915,7 @@ async fn a_deleted_metrics_service_is_put_back_without_waiting_for_other_changes
     fleet
         .apply(
             "gpus",
-            json!({"metricsExporter": {"enable": true, "port": 5057}}),
+            json!({"metricsExporter": {"enable": true, "port": 5057}, "devicePlugin": {}}),
         )
         .await;
     fleet

@@ -1126,7 +1126,13 @@ fn deployed_device_config_is_valid_and_selects_the_agents_nodes() {
     );
     // Nothing to install: driver management needs privileges the DaemonSet
     // does not have yet.
-    assert!(!config.spec.driver.enable);
+    assert!(!config.spec.is_enabled(gpu_operator::api::Operand::Driver));
+    // The section is written, so the plugin runs: an absent one would be off.
+    assert!(
+        config
+            .spec
+            .is_enabled(gpu_operator::api::Operand::DevicePlugin)
+    );
     // A node that carries exactly what the DeviceConfig selects gets an agent.
     let (_, pod, _) = daemonset();
     let labels: BTreeMap<String, String> = config.spec.selector.clone().into_iter().collect();

@@ -654,10 +654,80 @@ mod tests {
         );
     }
 
+    /// The reference's CRD has no default on `driver` or `devicePlugin`, and
+    /// its code reads an absent section's switches as off: DeviceConfigs in
+    /// the shapes of its examples that leave `devicePlugin` out run no device
+    /// plugin and no labeller, here too. (YAML written by us, in those shapes.)
+    #[test]
+    fn an_absent_device_plugin_or_driver_section_runs_nothing_of_it() {
+        let host = crate::host::HostRoot::new("/h");
+        let sampling = super::super::select::Sampling::default();
+        let labels = BTreeMap::from([("gpu".to_owned(), "amd".to_owned())]);
+        let context = NodeContext {
+            node_name: "n1",
+            sampling: &sampling,
+            labels: &labels,
+            kubelet_dir: std::path::Path::new("/k"),
+            host: &host,
+            metrics_config: None,
+            test_config: None,
+        };
+        let spec_of = |yaml: &str| {
+            let mut docs = crate::api::parse_specs(yaml).expect("parses");
+            let doc = docs.remove(0);
+            assert!(doc.unknown_fields.is_empty(), "{:?}", doc.unknown_fields);
+            assert_eq!(crate::api::validate(&doc.spec), vec![], "{yaml}");
+            doc.spec
+        };
+        // (spec, device plugin runs, labeller runs, driver label written)
+        let table: &[(&str, bool, bool, bool)] = &[
+            (
+                "selector: {gpu: amd}\ndriver:\n  enable: false\nmetricsExporter:\n  enable: true\n",
+                false,
+                false,
+                false,
+            ),
+            ("driver:\n  version: \"6.4.1\"\n", false, false, true),
+            ("draDriver:\n  enable: true\n", false, false, false),
+            ("testRunner:\n  enable: true\n", false, false, false),
+            ("{}", false, false, false),
+            ("devicePlugin: {}\n", true, true, false),
+            (
+                "devicePlugin:\n  enableNodeLabeller: false\n",
+                true,
+                false,
+                false,
+            ),
+            (
+                "devicePlugin:\n  enableDevicePlugin: false\ndraDriver:\n  enable: true\n",
+                false,
+                true,
+                false,
+            ),
+        ];
+        for (yaml, plugin, labeller, driver_label) in table {
+            let spec = spec_of(yaml);
+            let selection = one("kube-amd-gpu", "gpus", spec);
+            let planned = services(&selection, &context, &Overrides::default());
+            assert_eq!(planned.device_plugin.is_some(), *plugin, "{yaml}");
+            assert_eq!(planned.labeller.is_some(), *labeller, "{yaml}");
+            assert!(
+                planned.metrics.is_some(),
+                "the endpoint always runs: {yaml}"
+            );
+            let written = driver_labels(&LoopState::default(), &selection, &BTreeMap::new());
+            assert_eq!(
+                written.is_some_and(|labels| !labels.is_empty()),
+                *driver_label,
+                "{yaml}"
+            );
+        }
+    }
+
     #[test]
     fn the_driver_type_label_follows_the_selected_config() {
         let mut spec = DeviceConfigSpec::default();
-        spec.driver.enable = true;
+        spec.driver_mut().enable = true;
         let one = one("kube-amd-gpu", "gpus", spec);
         let key = "gpu.operator.amd.com/kube-amd-gpu.gpus.driver";
         let no_labels = BTreeMap::new();

@@ -132,7 +132,7 @@ pub fn idle_services(node: &NodeContext<'_>) -> DesiredServices {
 /// spec's `kubeletSocketPath` when it differs from the default, else
 /// `<kubelet-dir>/device-plugins`, so that `--kubelet-dir` moves everything.
 pub fn plan_services(spec: &DeviceConfigSpec, node: &NodeContext<'_>) -> DesiredServices {
-    let plugin_spec = &spec.device_plugin;
+    let plugin_spec = spec.device_plugin();
     let device_plugin = spec.runs_on(Operand::DevicePlugin, node.labels).then(|| {
         let dir = if plugin_spec.kubelet_socket_path.is_empty()
             || plugin_spec.kubelet_socket_path == PluginConfig::DEFAULT_DIR
@@ -142,14 +142,12 @@ pub fn plan_services(spec: &DeviceConfigSpec, node: &NodeContext<'_>) -> Desired
             PathBuf::from(&plugin_spec.kubelet_socket_path)
         };
         // An unknown value is reported by validation; the reference falls back to single.
-        let strategy = spec
-            .device_plugin
-            .resource_naming_strategy()
-            .unwrap_or_default();
+        let strategy = plugin_spec.resource_naming_strategy().unwrap_or_default();
         PluginConfig::new(dir, strategy, node.host.clone())
     });
-    let labeller =
-        (plugin_spec.enable_node_labeller && spec.selects(node.labels)).then(|| LabellerConfig {
+    let labeller = spec
+        .runs_on(Operand::NodeLabeller, node.labels)
+        .then(|| LabellerConfig {
             kinds: crate::labeller::kinds_for(spec),
         });
     let metrics_text = node.metrics_config.map(str::to_owned);
@@ -323,23 +321,33 @@ mod tests {
             desired.test_runner.is_none(),
             "the test runner is off by default"
         );
-        let plugin = desired.device_plugin.expect("plugin on by default");
+        assert_eq!(
+            (desired.device_plugin, desired.labeller),
+            (None, None),
+            "an absent devicePlugin section runs neither, as in the reference"
+        );
+
+        spec.device_plugin = Some(Default::default());
+        let desired = plan_services(&spec, &node);
+        let plugin = desired
+            .device_plugin
+            .expect("devicePlugin: {} runs the plugin");
         assert_eq!(plugin.device_plugin_dir, PathBuf::from("/k/device-plugins"));
         assert_eq!(plugin.strategy, ResourceNamingStrategy::Single);
         assert!(desired.labeller.is_some());
 
-        spec.device_plugin
-            .device_plugin_arguments
+        let dp = spec.device_plugin_mut();
+        dp.device_plugin_arguments
             .insert("resource_naming_strategy".into(), "mixed".into());
-        spec.device_plugin.kubelet_socket_path = "/custom/dp".into();
-        spec.device_plugin.enable_node_labeller = false;
+        dp.kubelet_socket_path = "/custom/dp".into();
+        dp.enable_node_labeller = false;
         let desired = plan_services(&spec, &node);
         let plugin = desired.device_plugin.unwrap();
         assert_eq!(plugin.strategy, ResourceNamingStrategy::Mixed);
         assert_eq!(plugin.device_plugin_dir, PathBuf::from("/custom/dp"));
         assert_eq!(desired.labeller, None);
 
-        spec.device_plugin.enable_device_plugin = false;
+        spec.device_plugin_mut().enable_device_plugin = false;
         assert_eq!(plan_services(&spec, &node).device_plugin, None);
 
         spec.test_runner.enable = Some(true);

@@ -72,11 +72,16 @@ pub struct StandaloneConfig {
     pub test_commands: crate::testrunner::AllowedCommands,
 }
 
-/// The spec standalone mode uses without a config file: the reference's
-/// defaults with the metrics exporter on, so that a bare host shows its GPUs.
+/// The spec standalone mode uses without a config file: the metrics exporter
+/// on, so that a bare host shows its GPUs, and a `devicePlugin` section with
+/// the reference's defaults, so that the device plugin runs where a kubelet
+/// device-plugin directory exists. (In a file, an absent `devicePlugin` means
+/// no device plugin, as on Kubernetes.) No `driver` section: nothing is
+/// installed.
 pub fn default_spec() -> DeviceConfigSpec {
     let mut spec = DeviceConfigSpec::default();
     spec.metrics_exporter.enable = Some(true);
+    spec.device_plugin = Some(Default::default());
     spec
 }
 
@@ -462,7 +467,16 @@ mod tests {
     fn invalid_specs_are_refused_with_their_paths() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("config.yaml");
+        // DRA alone is valid (an absent devicePlugin is off); with a written
+        // devicePlugin section the two collide.
         std::fs::write(&path, "spec:\n  draDriver: {enable: true}\n").unwrap();
+        let spec = read_config(&path).expect("DRA alone is valid");
+        assert!(spec.device_plugin.is_none());
+        std::fs::write(
+            &path,
+            "spec:\n  draDriver: {enable: true}\n  devicePlugin: {}\n",
+        )
+        .unwrap();
         let err = read_config(&path).unwrap_err().to_string();
         assert!(
             err.contains("config.yaml") && err.contains("draDriver"),

@@ -42,7 +42,9 @@ pub fn run_crd(_args: CrdArgs) -> ExitCode {
 /// Each file may hold several documents; documents of other kinds are skipped.
 /// Every problem is printed as `FILE:LINE: error: FIELD: what`,
 /// the line being the offending field's, along with `FILE:LINE: note: …` lines
-/// for fields that are accepted but not acted on in this design. Exit
+/// for fields that are accepted but not acted on in this design and for
+/// sections left out whose absence means something (an absent `devicePlugin`
+/// runs no device plugin). Exit
 /// status: 0 when every file is valid, 1 when a file has problems, 2 when a file
 /// cannot be read or parsed (the error names its line and column).
 #[derive(Args, Debug, Clone)]
@@ -124,6 +126,13 @@ pub fn validate_text(name: &str, text: &str, notes: bool) -> FileReport {
                         .map(|problem| format!("{}: error: {problem}", at(&problem.path))),
                 );
                 if notes {
+                    lines.extend(
+                        config
+                            .spec
+                            .absent_sections()
+                            .iter()
+                            .map(|absent| format!("{}: note: {absent}", at(absent.path))),
+                    );
                     lines.extend(
                         ignored_field_notes(&config.spec)
                             .iter()

@@ -10,17 +10,20 @@
 //! * Doc-comment line breaks inside a paragraph are joined, so descriptions read
 //!   as sentences in `kubectl explain`.
 //! * Integral `minimum`/`maximum` bounds are written as integers.
+//! * `metricsExporter.resource` gets the markers Kubernetes' own
+//!   `ResourceRequirements` schema has and k8s-openapi's lacks (quantity
+//!   pattern, `claims` keyed by name).
 //!
 //! This module must not decide anything about field values; `crd_yaml` is what
 //! `gpu-operator crd` prints and what `deploy/crd/deviceconfigs.amd.com.yaml` holds.
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
-    CustomResourceDefinition, JSON,
+    CustomResourceDefinition, JSON, JSONSchemaProps, JSONSchemaPropsOrBool,
 };
 use kube::CustomResourceExt;
 use serde_json::Value;
 
-use super::types::DeviceConfig;
+use super::types::{DeviceConfig, QUANTITY_PATTERN};
 
 /// First lines of the YAML written by [`crd_yaml`].
 pub const HEADER: &str = "# DeviceConfig CustomResourceDefinition (amd.com/v1alpha1).\n\
@@ -51,9 +54,36 @@ pub fn crd() -> CustomResourceDefinition {
         }
         if let Some(spec) = schema.properties.as_mut().and_then(|p| p.get_mut("spec")) {
             spec.default = Some(JSON(Value::Object(Default::default())));
+            if let Some(resource) =
+                child(spec, "metricsExporter").and_then(|m| child(m, "resource"))
+            {
+                tighten_resource_requirements(resource);
+            }
         }
     }
     crd
+}
+
+/// The property `name` of `schema`.
+fn child<'a>(schema: &'a mut JSONSchemaProps, name: &str) -> Option<&'a mut JSONSchemaProps> {
+    schema.properties.as_mut()?.get_mut(name)
+}
+
+/// k8s-openapi's `ResourceRequirements` schema lacks two markers Kubernetes'
+/// own (and so the reference's) carries: the quantity pattern on `limits` and
+/// `requests` values, and `claims` as a list keyed by `name` (unique names).
+fn tighten_resource_requirements(resource: &mut JSONSchemaProps) {
+    for name in ["limits", "requests"] {
+        if let Some(JSONSchemaPropsOrBool::Schema(value)) =
+            child(resource, name).and_then(|map| map.additional_properties.as_mut())
+        {
+            value.pattern = Some(QUANTITY_PATTERN.to_owned());
+        }
+    }
+    if let Some(claims) = child(resource, "claims") {
+        claims.x_kubernetes_list_type = Some("map".to_owned());
+        claims.x_kubernetes_list_map_keys = Some(vec!["name".to_owned()]);
+    }
 }
 
 /// Why the CRD could not be written as YAML.

@@ -30,11 +30,13 @@ pub mod yaml;
 pub use crd::{crd, crd_yaml};
 pub use enums::{DriverType, PullPolicy, ServiceType, TlsVersion, UpgradeState, UpgradeStrategy};
 pub use semantics::{
-    NodeLabellerKind, Operand, ResourceNamingStrategy, selector_matches, selects_node,
+    AbsentSection, NodeLabellerKind, Operand, ResourceNamingStrategy, selector_matches,
+    selects_node,
 };
 pub use types::*;
 pub use validate::{
-    IgnoredField, Problem, document_problems, ignored_field_notes, ignored_fields, validate,
+    IgnoredField, NOT_ACTED_ON_YET, Problem, document_problems, ignored_field_notes,
+    ignored_fields, validate,
 };
 pub use yaml::{
     Document, DocumentKind, ParseError, SpecDocument, parse_device_configs, parse_documents,

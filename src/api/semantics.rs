@@ -9,6 +9,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use super::enums::{DriverType, ServiceType};
@@ -146,8 +147,10 @@ impl fmt::Display for NodeLabellerKind {
 pub enum Operand {
     /// Driver install (spec.selector only).
     Driver,
-    /// Device plugin and node labeller (spec.selector only).
+    /// Device plugin (spec.selector only).
     DevicePlugin,
+    /// Node labeller, a switch of the devicePlugin section (spec.selector only).
+    NodeLabeller,
     /// DRA driver (draDriver.selector, else spec.selector).
     DraDriver,
     /// Metrics (metricsExporter.selector, else spec.selector).
@@ -188,7 +191,7 @@ impl DeviceConfigSpec {
     /// operand's DaemonSet in place of the global one).
     pub fn selector_for(&self, operand: Operand) -> &BTreeMap<String, String> {
         let own = match operand {
-            Operand::Driver | Operand::DevicePlugin => None,
+            Operand::Driver | Operand::DevicePlugin | Operand::NodeLabeller => None,
             Operand::DraDriver => Some(&self.dra_driver.selector),
             Operand::MetricsExporter => Some(&self.metrics_exporter.selector),
             Operand::TestRunner => Some(&self.test_runner.selector),
@@ -206,20 +209,100 @@ impl DeviceConfigSpec {
         self.is_enabled(operand) && selector_matches(self.selector_for(operand), labels)
     }
 
-    /// Whether `operand` is enabled, with the reference's defaults for unset fields.
+    /// Whether `operand` is enabled, with the reference's defaults for unset
+    /// fields. An absent `driver` or `devicePlugin` section enables nothing.
     pub fn is_enabled(&self, operand: Operand) -> bool {
         match operand {
-            Operand::Driver => self.driver.enable,
-            Operand::DevicePlugin => self.device_plugin.enable_device_plugin,
-            Operand::DraDriver => self.dra_driver.enable,
+            Operand::Driver => self.driver().enable,
+            Operand::DevicePlugin => self.device_plugin().enable_device_plugin,
+            Operand::NodeLabeller => self.device_plugin().enable_node_labeller,
+            Operand::DraDriver => self.dra_driver.is_enabled(),
             Operand::MetricsExporter => self.metrics_exporter.is_enabled(),
             Operand::TestRunner => self.test_runner.is_enabled(),
             Operand::ConfigManager => self.config_manager.is_enabled(),
         }
     }
+
+    /// The `driver` section as the reference's code reads it: the one written,
+    /// or, when it is absent, [`DriverSpec::absent`] (installation off).
+    pub fn driver(&self) -> &DriverSpec {
+        static ABSENT: LazyLock<DriverSpec> = LazyLock::new(DriverSpec::absent);
+        self.driver.as_ref().unwrap_or(&ABSENT)
+    }
+
+    /// The `devicePlugin` section as the reference's code reads it: the one
+    /// written, or, when it is absent, [`DevicePluginSpec::absent`] (device
+    /// plugin and node labeller off).
+    pub fn device_plugin(&self) -> &DevicePluginSpec {
+        static ABSENT: LazyLock<DevicePluginSpec> = LazyLock::new(DevicePluginSpec::absent);
+        self.device_plugin.as_ref().unwrap_or(&ABSENT)
+    }
+
+    /// The `devicePlugin` section to edit, created with the reference's
+    /// defaults (device plugin and node labeller on) when it is absent.
+    pub fn device_plugin_mut(&mut self) -> &mut DevicePluginSpec {
+        self.device_plugin
+            .get_or_insert_with(DevicePluginSpec::default)
+    }
+
+    /// The `driver` section to edit, created with the reference's defaults
+    /// (`enable: true`) when it is absent.
+    pub fn driver_mut(&mut self) -> &mut DriverSpec {
+        self.driver.get_or_insert_with(DriverSpec::default)
+    }
+
+    /// What each absent section means, for the sections whose absence differs
+    /// from an empty one (`driver`, `devicePlugin`). `validate` prints these
+    /// as notes.
+    pub fn absent_sections(&self) -> Vec<AbsentSection> {
+        let mut absent = Vec::new();
+        if self.driver.is_none() {
+            absent.push(AbsentSection {
+                path: "spec.driver",
+                meaning: "no driver is managed and no driver-type label is written \
+                          (as in the reference: `enable: true` is a default only inside \
+                          a present section)",
+            });
+        }
+        if self.device_plugin.is_none() {
+            absent.push(AbsentSection {
+                path: "spec.devicePlugin",
+                meaning: "no device plugin or node labeller runs, so no amd.com/gpu \
+                          resource is offered (as in the reference: `enableDevicePlugin` \
+                          and `enableNodeLabeller` default to true only inside a present \
+                          section; write `devicePlugin: {}` to run both)",
+            });
+        }
+        absent
+    }
+}
+
+/// A section left out of a spec, and what that means.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AbsentSection {
+    /// The section's path, e.g. `spec.devicePlugin`.
+    pub path: &'static str,
+    /// What runs (or not) without it.
+    pub meaning: &'static str,
+}
+
+impl fmt::Display for AbsentSection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} absent: {}", self.path, self.meaning)
+    }
 }
 
 impl DriverSpec {
+    /// What the reference's code sees for an absent `driver` section: the
+    /// zero value, whose unset `enable` reads as false. Other fields keep
+    /// their defaults (an empty `driverType` is `container` there).
+    pub fn absent() -> Self {
+        Self {
+            enable: false,
+            ..Self::default()
+        }
+    }
+
     /// Whether this driver type binds devices to vfio-pci instead of loading amdgpu.
     pub fn is_passthrough(&self) -> bool {
         matches!(
@@ -256,6 +339,17 @@ impl DriverUpgradePolicySpec {
 }
 
 impl DevicePluginSpec {
+    /// What the reference's code sees for an absent `devicePlugin` section:
+    /// both switches unset, which reads as off. Other fields keep their
+    /// defaults (they matter only while something runs).
+    pub fn absent() -> Self {
+        Self {
+            enable_device_plugin: false,
+            enable_node_labeller: false,
+            ..Self::default()
+        }
+    }
+
     /// The resource naming strategy: `single` when unset, `None` when the value
     /// is not one the device plugin knows (`validate` reports it).
     pub fn resource_naming_strategy(&self) -> Option<ResourceNamingStrategy> {
@@ -428,7 +522,65 @@ mod tests {
         assert!(!spec.runs_on(Operand::MetricsExporter, &labels(&[("gpu", "true")])));
         // Disabled operands run nowhere.
         assert!(!spec.runs_on(Operand::TestRunner, &labels(&[("gpu", "true")])));
-        assert!(spec.runs_on(Operand::Driver, &labels(&[("gpu", "true")])));
+        // Absent driver and devicePlugin sections run nothing...
+        for operand in [
+            Operand::Driver,
+            Operand::DevicePlugin,
+            Operand::NodeLabeller,
+        ] {
+            assert!(
+                !spec.runs_on(operand, &labels(&[("gpu", "true")])),
+                "{operand:?}"
+            );
+        }
+        // ...and present ones take the reference's defaults (on), on the
+        // global selector.
+        spec.driver = Some(DriverSpec::default());
+        spec.device_plugin = Some(DevicePluginSpec::default());
+        for operand in [
+            Operand::Driver,
+            Operand::DevicePlugin,
+            Operand::NodeLabeller,
+        ] {
+            assert!(
+                spec.runs_on(operand, &labels(&[("gpu", "true")])),
+                "{operand:?}"
+            );
+            assert!(
+                !spec.runs_on(operand, &labels(&[("metrics", "on")])),
+                "{operand:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn absent_views_read_the_switches_as_off() {
+        let spec = DeviceConfigSpec::default();
+        assert!(!spec.driver().enable);
+        assert_eq!(spec.driver().driver_type, DriverType::Container);
+        assert!(!spec.device_plugin().enable_device_plugin);
+        assert!(!spec.device_plugin().enable_node_labeller);
+        assert_eq!(
+            spec.absent_sections()
+                .iter()
+                .map(|a| a.path)
+                .collect::<Vec<_>>(),
+            ["spec.driver", "spec.devicePlugin"]
+        );
+        let mut written = spec.clone();
+        written.device_plugin_mut().enable_node_labeller = false;
+        assert!(
+            written.is_enabled(Operand::DevicePlugin),
+            "default inside the section"
+        );
+        assert_eq!(
+            written
+                .absent_sections()
+                .iter()
+                .map(|a| a.path)
+                .collect::<Vec<_>>(),
+            ["spec.driver"]
+        );
     }
 
     #[test]

@@ -18,10 +18,18 @@
 //! * A field without a default is an `Option` (or an empty `Vec`/map) and is written
 //!   back only when it was set. An administrator's `blacklist: false` stays
 //!   `blacklist: false`; an absent one stays absent.
-//! * A section that the reference declares as a value (not a pointer), such as
-//!   `driver` or `devicePlugin`, is a plain struct that is left out on write-back
-//!   while it equals its default. So `spec: {}` round-trips to `spec: {}`, and a
-//!   section the user never wrote is not filled in with defaults.
+//! * A section that the reference declares as a value (not a pointer) and that
+//!   holds a default `true` switch, `driver` and `devicePlugin`, is an `Option`
+//!   too. The reference CRD puts no default on the section itself, so the API
+//!   server fills `enable: true` only into a section that is present, and the
+//!   reference's code reads the switch of an absent one as off (a nil pointer).
+//!   Presence therefore changes meaning: an absent `devicePlugin` runs no device
+//!   plugin, `devicePlugin: {}` runs it. `semantics` gives callers one view of
+//!   either ([`DeviceConfigSpec::driver`](super::semantics)).
+//! * The other value sections (`metricsExporter`, `testRunner`, ...) mean the
+//!   same absent or empty (their switches have no default, or `false`), so they
+//!   are plain structs left out on write-back while they equal their default.
+//!   So `spec: {}` round-trips to `spec: {}`.
 //! * A section the reference declares as a pointer (`upgradePolicy`,
 //!   `nodeDrainPolicy`, `prometheus`, ...) is an `Option`: its presence carries
 //!   meaning (a drain policy takes precedence over a pod deletion policy), so it is
@@ -51,6 +59,12 @@ pub const IMAGE_PATTERN: &str = r"^([a-z0-9]+(?:[._-][a-z0-9]+)*(:[0-9]+)?)(/[a-
 pub const DRIVER_IMAGE_PATTERN: &str = r"^([a-z0-9]+(?:[._-][a-z0-9]+)*(:[0-9]+)?)(/[$a-zA-Z0-9_]+(?:[._-][$a-zA-Z0-9_]+)*)*(?::[a-z0-9._-]+)?(?:@[a-zA-Z0-9]+:[a-f0-9]+)?$";
 /// Go duration strings as the reference CRD restricts them (`24h`, `1h30m`, `1.5s`).
 pub const DURATION_PATTERN: &str = r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$";
+/// `remediationWorkflow.rebootTimeout` as the reference CRD restricts it:
+/// seconds, minutes and hours only.
+pub const REBOOT_TIMEOUT_PATTERN: &str = r"^([0-9]+(\.[0-9]+)?(s|m|h))+$";
+/// A Kubernetes resource quantity (`500m`, `4G`, `1Gi`), the pattern the
+/// reference CRD carries on `metricsExporter.resource` limits and requests.
+pub const QUANTITY_PATTERN: &str = r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$";
 /// Prometheus scrape intervals: one number and one unit.
 pub const INTERVAL_PATTERN: &str = r"^([0-9]+)(ms|s|m|h)$";
 /// An absolute unix path that may end in a slash.
@@ -136,8 +150,10 @@ impl LocalObjectRef {
 #[serde(rename_all = "camelCase", default)]
 pub struct DeviceConfigSpec {
     /// The GPU kernel driver: whether and how it is installed and upgraded.
-    #[serde(skip_serializing_if = "is_default")]
-    pub driver: DriverSpec,
+    /// Absent, no driver is managed (as in the reference, whose `enable: true`
+    /// default applies only inside a present section).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub driver: Option<DriverSpec>,
 
     /// GPU metrics for Prometheus.
     #[serde(skip_serializing_if = "is_default")]
@@ -148,8 +164,10 @@ pub struct DeviceConfigSpec {
     pub config_manager: ConfigManagerSpec,
 
     /// The kubelet device plugin (`amd.com/gpu` resources) and the node labeller.
-    #[serde(skip_serializing_if = "is_default")]
-    pub device_plugin: DevicePluginSpec,
+    /// Absent, neither runs (as in the reference, whose `enableDevicePlugin` and
+    /// `enableNodeLabeller` defaults apply only inside a present section).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_plugin: Option<DevicePluginSpec>,
 
     /// The Dynamic Resource Allocation driver, an alternative to the device plugin.
     #[serde(skip_serializing_if = "is_default")]
@@ -522,6 +540,7 @@ pub struct DevicePluginSpec {
     pub upgrade_policy: Option<DaemonSetUpgradeSpec>,
 
     /// Host directory of the kubelet's device plugin sockets.
+    #[schemars(regex(pattern = ABSOLUTE_PATH_PATTERN))]
     pub kubelet_socket_path: String,
 
     /// Run the device plugin in the host network namespace. Ignored in this design.
@@ -559,6 +578,7 @@ pub struct DraDriverSpec {
     pub enable: bool,
     /// DRA driver image. Ignored in this design.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = IMAGE_PATTERN))]
     pub image: Option<String>,
     /// DRA driver image pull policy. Ignored in this design.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -598,33 +618,33 @@ pub struct AttachMetadata {
     pub node: Option<bool>,
 }
 
+// `key` is required, as in the reference (and in Kubernetes' own selector
+// types): it has no default, so a selector without one does not parse.
 /// A key of a Secret in the DeviceConfig's namespace.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(default)]
 #[schemars(extend("x-kubernetes-map-type" = "atomic"))]
 pub struct SecretKeySelector {
     /// The key of the Secret.
-    #[schemars(required)]
     pub key: String,
     /// Name of the Secret.
+    #[serde(default)]
     pub name: String,
     /// Whether the Secret or its key may be missing.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub optional: Option<bool>,
 }
 
 /// A key of a ConfigMap in the DeviceConfig's namespace.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(default)]
 #[schemars(extend("x-kubernetes-map-type" = "atomic"))]
 pub struct ConfigMapKeySelector {
     /// The key of the ConfigMap.
-    #[schemars(required)]
     pub key: String,
     /// Name of the ConfigMap.
+    #[serde(default)]
     pub name: String,
     /// Whether the ConfigMap or its key may be missing.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub optional: Option<bool>,
 }
 
@@ -1070,7 +1090,8 @@ pub struct RemediationWorkflowSpec {
     #[schemars(regex(pattern = IMAGE_PATTERN))]
     pub tester_image: Option<String>,
     /// Remediations run at once; 0 means no limit.
-    pub max_parallel_workflows: i64,
+    #[schemars(range(min = 0))]
+    pub max_parallel_workflows: i32,
     /// Taints put on a node under remediation (default: amd-gpu-unhealthy:NoSchedule).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub node_remediation_taints: Vec<Taint>,
@@ -1085,9 +1106,11 @@ pub struct RemediationWorkflowSpec {
     pub auto_start_workflow: bool,
     /// Image that carries the condition-to-workflow mappings.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = IMAGE_PATTERN))]
     pub config_map_image: Option<String>,
-    /// How long to wait for a node to come back from a reboot, as a duration.
-    #[schemars(regex(pattern = DURATION_PATTERN))]
+    /// How long to wait for a node to come back from a reboot, as a duration
+    /// in seconds, minutes or hours ("30s", "15m", "1h30m").
+    #[schemars(regex(pattern = REBOOT_TIMEOUT_PATTERN))]
     pub reboot_timeout: String,
 }
 

@@ -23,7 +23,7 @@ use super::resources::{self, metrics_service, service_monitor};
 use super::status::{NodeView, Problems, desired_status, status_changed};
 use crate::api::agent_status::ConfigKey;
 use crate::api::field_manager;
-use crate::api::{DeviceConfig, validate};
+use crate::api::{DeviceConfig, Operand, validate};
 
 pub const FINALIZER: &str = "amd.node.kubernetes.io/deviceconfig-finalizer";
 
@@ -384,8 +384,8 @@ pub fn references(spec: &crate::api::DeviceConfigSpec) -> Vec<Reference> {
                 .map(|c| c.name.as_str()),
         );
     }
-    if spec.driver.enable {
-        let sign = &spec.driver.image_sign;
+    if spec.is_enabled(Operand::Driver) {
+        let sign = &spec.driver().image_sign;
         add(
             "spec.driver.imageSign.keySecret",
             "Secret",
@@ -710,7 +710,7 @@ mod tests {
         );
         let mut spec = spec;
         spec.test_runner.enable = Some(true);
-        spec.driver.enable = false;
+        spec.driver_mut().enable = false;
         spec.metrics_exporter.rbac_config.enable = Some(false);
         assert_eq!(
             names(&spec),

@@ -107,7 +107,7 @@ pub fn desired_status(
     };
     // As in the reference, the driver block counts only a driver the operator
     // manages: with `driver.enable: false` (the inbox driver) it stays empty.
-    let driver = if spec.driver.enable {
+    let driver = if spec.is_enabled(Operand::Driver) {
         DeploymentStatus {
             nodes_matching_selector_number: matching,
             desired_number: matching,
@@ -121,7 +121,7 @@ pub fn desired_status(
         DeploymentStatus::default()
     };
     let previous_modules = previous.map(|p| &p.node_module_status);
-    let node_module_status = if spec.driver.enable {
+    let node_module_status = if spec.is_enabled(Operand::Driver) {
         selected
             .iter()
             .map(|n| {
@@ -332,8 +332,15 @@ mod tests {
     use crate::api::DeviceConfigSpec;
     use crate::api::agent_status::ServiceStatus;
 
+    /// A DeviceConfig with `driver: {}` and `devicePlugin: {}`: both on by
+    /// the reference's defaults inside a written section.
     fn dc(generation: i64) -> DeviceConfig {
-        let mut dc = DeviceConfig::new("gpus", DeviceConfigSpec::default());
+        let spec = DeviceConfigSpec {
+            driver: Some(Default::default()),
+            device_plugin: Some(Default::default()),
+            ..Default::default()
+        };
+        let mut dc = DeviceConfig::new("gpus", spec);
         dc.metadata.namespace = Some("ns".into());
         dc.metadata.uid = Some("uid-1".into());
         dc.metadata.generation = Some(generation);
@@ -383,6 +390,28 @@ mod tests {
         assert_eq!(cond(&status, "Ready").reason, "OperatorReady");
         assert_eq!(cond(&status, "Error").status, "False");
         assert_eq!(status.node_module_status.len(), 2);
+    }
+
+    /// Absent `driver` and `devicePlugin` sections are off, as in the
+    /// reference: nothing is desired of them, and Ready does not wait on them.
+    #[test]
+    fn absent_sections_are_not_desired() {
+        let mut config = dc(2);
+        config.spec.driver = None;
+        config.spec.device_plugin = None;
+        let nodes = [node("a", Some(2), false), node("b", Some(2), false)];
+        let status = desired_status(&config, &nodes, &Problems::default(), None, &now());
+        assert_eq!(status.device_plugin.nodes_matching_selector_number, 2);
+        assert_eq!(
+            (
+                status.device_plugin.desired_number,
+                status.device_plugin.available_number
+            ),
+            (0, 0)
+        );
+        assert_eq!(status.driver, DeploymentStatus::default());
+        assert!(status.node_module_status.is_empty());
+        assert_eq!(cond(&status, "Ready").status, "True");
     }
 
     #[test]
@@ -461,7 +490,7 @@ mod tests {
     #[test]
     fn the_inbox_driver_leaves_the_driver_block_empty_as_the_reference_does() {
         let mut inbox = dc(1);
-        inbox.spec.driver.enable = false;
+        inbox.spec.driver_mut().enable = false;
         let nodes = [node("a", Some(1), true)];
         let status = desired_status(&inbox, &nodes, &Problems::default(), None, &now());
         assert_eq!(status.driver, DeploymentStatus::default());

@@ -19,7 +19,7 @@ use crate::simulate::{SimSpec, write_host};
 /// memory-partitioning-supported]` asks for.
 fn kinds() -> Vec<LabelKind> {
     let mut spec = DeviceConfigSpec::default();
-    spec.device_plugin.node_labeller_arguments = vec![
+    spec.device_plugin_mut().node_labeller_arguments = vec![
         "compute-memory-partition".into(),
         "compute-partitioning-supported".into(),
         "memory-partitioning-supported".into(),
@@ -437,7 +437,7 @@ fn passthrough_driver_types_get_the_reduced_set() {
     let inventory = captured("mi210-xgmi-pcie", ("spx", "nps1"));
     let labels = |driver_type: &str| {
         let mut spec = DeviceConfigSpec::default();
-        spec.driver.driver_type = driver_type.into();
+        spec.driver_mut().driver_type = driver_type.into();
         desired_labels(&inventory, &kinds_for(&spec))
     };
     let device_id = table(&[

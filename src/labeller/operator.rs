@@ -20,21 +20,21 @@
 
 use std::collections::BTreeMap;
 
-use crate::api::{DeviceConfigSpec, DriverType, NodeLabellerKind as LabelKind};
+use crate::api::{DeviceConfigSpec, DriverType, NodeLabellerKind as LabelKind, Operand};
 
 /// The label kinds the node labeller runs for `spec`: the reference's base
 /// set for its driver type, plus every recognised `nodeLabellerArguments`
 /// entry, sorted and without duplicates. Unrecognised entries are skipped
 /// (`validate` reports them).
 pub fn kinds_for(spec: &DeviceConfigSpec) -> Vec<LabelKind> {
-    let base: &[LabelKind] = match spec.driver.driver_type {
+    let base: &[LabelKind] = match spec.driver().driver_type {
         DriverType::VfPassthrough => &[LabelKind::DeviceId, LabelKind::DriverVersion],
         DriverType::PfPassthrough => &[LabelKind::DeviceId],
         // `container`, and a value the reference does not know (its code
         // falls through to the container flags).
         DriverType::Container | DriverType::Other(_) => LabelKind::DEFAULTS,
     };
-    spec.device_plugin.node_labeller_kinds_over(base)
+    spec.device_plugin().node_labeller_kinds_over(base)
 }
 
 /// The driver-type label of the DeviceConfig `namespace/name` on a Node it
@@ -49,12 +49,12 @@ pub fn driver_type_labels(
     spec: &DeviceConfigSpec,
 ) -> BTreeMap<String, String> {
     let mut labels = BTreeMap::new();
-    if !spec.driver.enable {
+    if !spec.is_enabled(Operand::Driver) {
         return labels;
     }
     let key = format!("gpu.operator.amd.com/{namespace}.{name}.driver");
     if super::key_name_fits(&key) {
-        labels.insert(key, spec.driver.driver_type.as_str().to_owned());
+        labels.insert(key, spec.driver().driver_type.as_str().to_owned());
     } else {
         tracing::warn!(label = %key, "driver type label key longer than Kubernetes allows; not written");
     }
@@ -67,9 +67,9 @@ mod tests {
 
     fn spec(driver_type: &str, enable: bool, arguments: &[&str]) -> DeviceConfigSpec {
         let mut spec = DeviceConfigSpec::default();
-        spec.driver.enable = enable;
-        spec.driver.driver_type = DriverType::from(driver_type);
-        spec.device_plugin.node_labeller_arguments =
+        spec.driver_mut().enable = enable;
+        spec.driver_mut().driver_type = DriverType::from(driver_type);
+        spec.device_plugin_mut().node_labeller_arguments =
             arguments.iter().map(|a| (*a).to_owned()).collect();
         spec
     }

@@ -34,7 +34,8 @@ const VALID: &str = "apiVersion: amd.com/v1alpha1\nkind: DeviceConfig\nmetadata:
 const INVALID: &str = "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: kube-amd-gpu\n---\n\
                        apiVersion: amd.com/v1alpha1\nkind: DeviceConfig\nmetadata:\n  name: a\nspec: {}\n---\n\
                        apiVersion: amd.com/v1alpha1\nkind: DeviceConfig\nmetadata:\n  name: b\nspec:\n  driver:\n    \
-                       upgradePolicy:\n      maxUnavailableNodes: \"130%\"\n  draDriver:\n    enable: true\n";
+                       upgradePolicy:\n      maxUnavailableNodes: \"130%\"\n  draDriver:\n    enable: true\n  \
+                       devicePlugin:\n    enableDevicePlugin: true\n";
 const UNPARSEABLE: &str =
     "apiVersion: amd.com/v1alpha1\nkind: DeviceConfig\nspec:\n  metricsExporter:\n    port: lots\n";
 
@@ -119,6 +120,48 @@ fn validate_reports_every_problem_with_file_document_and_path() {
     assert!(
         out.contains(&format!("{file}: invalid: 2 problems in 2 DeviceConfig(s)")),
         "{out}"
+    );
+}
+
+/// `spec: {draDriver: {enable: true}}` is valid in the reference: its CRD
+/// has no default on `devicePlugin`, so an absent one runs no device plugin
+/// and does not collide with DRA. `validate` says what the absence means.
+#[test]
+fn validate_accepts_dra_alone_and_says_what_absent_sections_mean() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = write(
+        &dir,
+        "dra.yaml",
+        "apiVersion: amd.com/v1alpha1\nkind: DeviceConfig\nmetadata:\n  name: dra\nspec:\n  \
+         draDriver:\n    enable: true\n",
+    );
+    let output = run(&["validate", &file]);
+    let out = stdout(&output);
+    assert_eq!(output.status.code(), Some(0), "{out}");
+    assert!(
+        out.contains(&format!(
+            "{file}:5: note: spec.devicePlugin absent: no device plugin or node labeller runs"
+        )),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!(
+            "{file}:5: note: spec.driver absent: no driver is managed"
+        )),
+        "{out}"
+    );
+    // Written sections get no such note.
+    let report = validate_text(
+        "p.yaml",
+        "apiVersion: amd.com/v1alpha1\nkind: DeviceConfig\nmetadata:\n  name: p\nspec:\n  \
+         driver:\n    enable: false\n  devicePlugin: {}\n",
+        true,
+    );
+    assert_eq!(report.outcome, Outcome::Valid);
+    assert!(
+        !report.lines.iter().any(|line| line.contains(" absent: ")),
+        "{:?}",
+        report.lines
     );
 }
 

@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use gpu_operator::api::{
-    DeviceConfig, DeviceConfigSpec, DocumentKind, DriverType, ServiceType,
+    DeviceConfig, DeviceConfigSpec, DocumentKind, DriverType, Operand, ServiceType,
     default_exporter_resources, parse_device_configs, parse_documents, to_yaml,
 };
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -56,16 +56,15 @@ fn minimal_spec_gets_the_reference_defaults_and_writes_back_empty() {
     let config = one(&fixture("minimal.yaml"));
     let spec = &config.spec;
     assert_eq!(spec, &DeviceConfigSpec::default());
-    // What the reference operator sees for `spec: {}`.
-    assert!(spec.driver.enable);
-    assert_eq!(spec.driver.driver_type, DriverType::Container);
-    assert!(spec.driver.upgrade_policy.is_none());
-    assert!(spec.device_plugin.enable_device_plugin);
-    assert!(spec.device_plugin.enable_node_labeller);
-    assert_eq!(
-        spec.device_plugin.kubelet_socket_path,
-        "/var/lib/kubelet/device-plugins"
-    );
+    // What the reference operator sees for `spec: {}`: the CRD puts no
+    // default on `driver` or `devicePlugin`, so their `true` switches are
+    // unset, and its code reads an unset switch as off.
+    assert_eq!((&spec.driver, &spec.device_plugin), (&None, &None));
+    assert!(!spec.is_enabled(Operand::Driver));
+    assert!(!spec.is_enabled(Operand::DevicePlugin));
+    assert!(!spec.is_enabled(Operand::NodeLabeller));
+    assert_eq!(spec.driver().driver_type, DriverType::Container);
+    assert!(spec.driver().upgrade_policy.is_none());
     assert!(!spec.dra_driver.enable);
     assert_eq!(spec.metrics_exporter.enable, None);
     assert_eq!(spec.metrics_exporter.port, 5000);
@@ -105,6 +104,57 @@ fn a_document_without_spec_means_spec_empty() {
     assert_eq!(config.spec, DeviceConfigSpec::default());
 }
 
+/// The reference's CRD has no default on `driver` or `devicePlugin`: their
+/// `true` switches exist only in a section that is written, and its code reads
+/// an absent one as off. A written section, even empty, gets the defaults and
+/// keeps them on write-back, as the API server stores it.
+#[test]
+fn an_absent_section_is_off_and_an_empty_one_gets_its_defaults() {
+    // The shape of the reference's examples that leave devicePlugin out.
+    let only_driver_and_metrics =
+        with_spec("driver:\n  enable: false\nmetricsExporter:\n  enable: true\n");
+    let spec = &only_driver_and_metrics.spec;
+    assert!(spec.device_plugin.is_none());
+    assert!(!spec.is_enabled(Operand::DevicePlugin));
+    assert!(!spec.is_enabled(Operand::NodeLabeller));
+    assert!(spec.is_enabled(Operand::MetricsExporter));
+    assert!(
+        json_of(&only_driver_and_metrics)["spec"]
+            .get("devicePlugin")
+            .is_none()
+    );
+
+    let empty_sections = with_spec("driver: {}\ndevicePlugin: {}\n");
+    let spec = &empty_sections.spec;
+    assert!(spec.is_enabled(Operand::Driver));
+    assert!(spec.is_enabled(Operand::DevicePlugin));
+    assert!(spec.is_enabled(Operand::NodeLabeller));
+    assert_eq!(
+        spec.device_plugin().kubelet_socket_path,
+        "/var/lib/kubelet/device-plugins"
+    );
+    let written = &json_of(&empty_sections)["spec"];
+    assert_eq!(written["driver"]["enable"], json!(true));
+    assert_eq!(written["driver"]["driverType"], json!("container"));
+    assert_eq!(
+        written["devicePlugin"],
+        json!({
+            "enableDevicePlugin": true,
+            "enableNodeLabeller": true,
+            "kubeletSocketPath": "/var/lib/kubelet/device-plugins"
+        })
+    );
+    let (_, again) = round_trip(&empty_sections);
+    assert_eq!(again, empty_sections, "presence survives a round trip");
+
+    // One switch written: the other takes its default inside the section.
+    let labeller_off = with_spec("devicePlugin:\n  enableNodeLabeller: false\n");
+    assert!(labeller_off.spec.is_enabled(Operand::DevicePlugin));
+    assert!(!labeller_off.spec.is_enabled(Operand::NodeLabeller));
+    // `null` is no section at all.
+    assert_eq!(with_spec("devicePlugin: null\n").spec.device_plugin, None);
+}
+
 #[test]
 fn nested_defaults_apply_once_their_section_is_present() {
     let config = with_spec(
@@ -115,7 +165,7 @@ fn nested_defaults_apply_once_their_section_is_present() {
     );
     let policy = config
         .spec
-        .driver
+        .driver()
         .upgrade_policy
         .as_ref()
         .expect("upgradePolicy is kept");
@@ -149,7 +199,7 @@ fn nested_defaults_apply_once_their_section_is_present() {
         (300, -1, false)
     );
     assert_eq!(
-        config.spec.driver.image_build.base_image_registry,
+        config.spec.driver().image_build.base_image_registry,
         "docker.io"
     );
     let monitor = config
@@ -164,7 +214,7 @@ fn nested_defaults_apply_once_their_section_is_present() {
     assert_eq!(
         config
             .spec
-            .device_plugin
+            .device_plugin()
             .upgrade_policy
             .as_ref()
             .map(|p| p.max_unavailable),
@@ -400,14 +450,15 @@ fn realistic_examples_parse() {
 fn yaml_1_1_spellings_and_quoted_numbers_parse() {
     let config = one(&fixture("yaml11.yaml"));
     let spec = &config.spec;
-    assert!(!spec.driver.enable, "enable: False");
-    assert_eq!(spec.driver.blacklist, Some(true), "blacklist: yes");
+    let driver = spec.driver.as_ref().expect("driver is written");
+    assert!(!driver.enable, "enable: False");
+    assert_eq!(driver.blacklist, Some(true), "blacklist: yes");
     assert_eq!(
-        spec.driver.version.as_deref(),
+        driver.version.as_deref(),
         Some("6.4"),
         "unquoted number in a string field"
     );
-    let policy = spec.driver.upgrade_policy.as_ref().expect("upgradePolicy");
+    let policy = driver.upgrade_policy.as_ref().expect("upgradePolicy");
     assert_eq!(policy.enable, Some(true), "enable: True");
     assert_eq!(policy.max_parallel_upgrades, 3, "quoted number");
     assert_eq!(
@@ -421,7 +472,7 @@ fn yaml_1_1_spellings_and_quoted_numbers_parse() {
         "quoted number"
     );
     assert!(
-        spec.device_plugin.enable_node_labeller,
+        spec.is_enabled(Operand::NodeLabeller),
         "enableNodeLabeller: TRUE"
     );
     assert_eq!(spec.metrics_exporter.enable, Some(true), "enable: True");
@@ -499,7 +550,7 @@ fn kind_after_spec_still_reads_the_spec() {
     else {
         panic!("a DeviceConfig")
     };
-    assert!(!config.spec.driver.enable);
+    assert_eq!(config.spec.driver.as_ref().map(|d| d.enable), Some(false));
     assert_eq!(unknown_fields, &vec!["spec.driver.colour".to_string()]);
 }
 

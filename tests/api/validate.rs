@@ -5,7 +5,7 @@ use std::path::Path;
 
 use gpu_operator::api::cli::{Outcome, validate_text};
 use gpu_operator::api::{
-    DocumentKind, Problem, document_problems, ignored_fields, parse_documents,
+    DocumentKind, NOT_ACTED_ON_YET, Problem, document_problems, ignored_fields, parse_documents,
 };
 
 /// Problems of a DeviceConfig whose spec is `spec_yaml`.
@@ -77,8 +77,14 @@ fn relabel_action_and_tls_version_enums() {
 
 #[test]
 fn device_plugin_and_dra_are_exclusive() {
-    // enableDevicePlugin defaults to true, so enabling DRA alone is the error.
-    assert_problems("draDriver:\n  enable: true\n", &["spec.draDriver.enable"]);
+    // An absent devicePlugin runs no device plugin (the reference's CRD has
+    // no default on the section), so DRA alone is valid, as upstream.
+    assert_valid("draDriver:\n  enable: true\n");
+    // Inside a present section enableDevicePlugin defaults to true.
+    assert_problems(
+        "draDriver:\n  enable: true\ndevicePlugin: {}\n",
+        &["spec.draDriver.enable"],
+    );
     assert_problems(
         "draDriver:\n  enable: true\ndevicePlugin:\n  enableDevicePlugin: true\n",
         &["spec.draDriver.enable"],
@@ -103,6 +109,10 @@ fn device_plugin_argument_keys_and_values() {
     );
     assert_valid(
         "devicePlugin:\n  devicePluginArguments:\n    resource_naming_strategy: mixed\n    driver_type: pf-passthrough\n",
+    );
+    // The reference judges the arguments only while the device plugin runs.
+    assert_valid(
+        "devicePlugin:\n  enableDevicePlugin: false\n  devicePluginArguments:\n    pulse: \"5\"\n",
     );
 }
 
@@ -160,7 +170,8 @@ fn service_monitor_interval() {
 
 #[test]
 fn taints() {
-    let bad = "remediationWorkflow:\n  nodeRemediationTaints:\n  - key: bad key!\n    value: has space\n    effect: Evict\n";
+    let bad = "remediationWorkflow:\n  enable: true\n  config:\n    name: workflows\n  nodeRemediationTaints:\n  \
+               - key: bad key!\n    value: has space\n    effect: Evict\n";
     assert_problems(
         bad,
         &[
@@ -170,9 +181,12 @@ fn taints() {
         ],
     );
     assert_valid(
-        "remediationWorkflow:\n  nodeRemediationTaints:\n  - key: amd.com/gpu-unhealthy\n    value: \"true\"\n    \
-         effect: NoExecute\n  - key: plain\n    effect: PreferNoSchedule\n",
+        "remediationWorkflow:\n  enable: true\n  config:\n    name: workflows\n  nodeRemediationTaints:\n  \
+         - key: amd.com/gpu-unhealthy\n    value: \"true\"\n    effect: NoExecute\n  - key: plain\n    \
+         effect: PreferNoSchedule\n",
     );
+    // As in the reference, taints are judged only while remediation is on.
+    assert_valid(&bad.replace("enable: true", "enable: false"));
 }
 
 #[test]
@@ -182,9 +196,12 @@ fn labels() {
         &["spec.selector", "spec.selector.good"],
     );
     assert_problems(
-        "remediationWorkflow:\n  nodeRemediationLabels:\n    Example.com/x: \"y\"\n",
+        "remediationWorkflow:\n  enable: true\n  config:\n    name: w\n  nodeRemediationLabels:\n    \
+         Example.com/x: \"y\"\n",
         &["spec.remediationWorkflow.nodeRemediationLabels"],
     );
+    // Judged only while remediation is on, as in the reference.
+    assert_valid("remediationWorkflow:\n  nodeRemediationLabels:\n    Example.com/x: \"y\"\n");
     assert_problems(
         "metricsExporter:\n  selector:\n    a: \"-b\"\n",
         &["spec.metricsExporter.selector.a"],
@@ -277,6 +294,11 @@ fn absolute_paths() {
         "devicePlugin:\n  kubeletSocketPath: /var/snap/microk8s/common/var/lib/kubelet/device-plugins\n\
          metricsExporter:\n  podResourceAPISocketPath: /var/snap/microk8s/common/var/lib/kubelet/pod-resources/\n",
     );
+    // Empty matches the CRD's path pattern and means the default, as in the
+    // reference's code (validate must not be stricter than the CRD).
+    assert_valid(
+        "devicePlugin:\n  kubeletSocketPath: \"\"\nmetricsExporter:\n  podResourceAPISocketPath: \"\"\n",
+    );
 }
 
 #[test]
@@ -330,7 +352,7 @@ fn unknown_fields_and_api_version() {
 
 #[test]
 fn ignored_fields_are_notes_not_problems() {
-    let spec = "devicePlugin:\n  devicePluginImage: Not/A Valid:Image\n  devicePluginImagePullPolicy: Sometimes\n  \
+    let spec = "devicePlugin:\n  devicePluginImage: rocm/k8s-device-plugin:v1.31\n  devicePluginImagePullPolicy: Always\n  \
                 devicePluginTolerations:\n  - operator: Exists\ncommonConfig:\n  initContainerImage: busybox\n";
     assert_valid(spec);
     let text = format!(
@@ -341,11 +363,10 @@ fn ignored_fields_are_notes_not_problems() {
     let DocumentKind::DeviceConfig { config, .. } = &docs[0].kind else {
         panic!("a DeviceConfig")
     };
-    // driver.enable defaults to true, and no driver is installed yet.
+    // No driver section: nothing to install, so no note for it.
     assert_eq!(
         ignored_fields(&config.spec),
         vec![
-            "spec.driver.enable",
             "spec.devicePlugin.devicePluginImage",
             "spec.devicePlugin.devicePluginImagePullPolicy",
             "spec.devicePlugin.devicePluginTolerations",
@@ -371,14 +392,19 @@ fn ignored_fields_with_defaults_are_noted_when_changed() {
     let defaults = "  metricsExporter:\n    resource:\n      limits:\n        cpu: \"2\"\n        memory: 4G\n      \
                     requests:\n        cpu: 500m\n        memory: 512M\n  testRunner:\n    logsLocation:\n      \
                     mountPath: /var/log/amd-test-runner\n";
-    // Only the driver, which defaults to enabled and is not installed yet.
-    assert_eq!(notes(defaults), vec!["spec.driver.enable"]);
+    // Nothing: the defaults are unchanged, and without a driver section
+    // there is no driver to install.
+    assert_eq!(notes(defaults), Vec::<String>::new());
+    // A present driver section defaults to enable: true, not acted on yet.
+    assert_eq!(
+        notes(&format!("  driver: {{}}\n{defaults}")),
+        vec!["spec.driver.enable"]
+    );
     let changed = "  metricsExporter:\n    resource:\n      limits:\n        cpu: \"1\"\n  testRunner:\n    \
                    logsLocation:\n      mountPath: /logs\n";
     assert_eq!(
         notes(changed),
         vec![
-            "spec.driver.enable",
             "spec.metricsExporter.resource",
             "spec.testRunner.logsLocation.mountPath"
         ]
@@ -460,4 +486,120 @@ fn full_example_lists_its_ignored_fields() {
     );
     let quiet = validate_text("full.yaml", &text, false);
     assert!(quiet.lines.iter().all(|line| !line.contains("note:")));
+}
+
+/// One row of `docs/deviceconfig.md`'s field tables.
+struct DocRow {
+    /// The `### \`section\`` it is under.
+    section: String,
+    /// The field paths its first cell names: "`imageSign.keySecret`,
+    /// `.certSecret`" names `imageSign.keySecret` and `imageSign.certSecret`.
+    fields: Vec<String>,
+    line: String,
+}
+
+/// The field table rows of `docs/deviceconfig.md`, and the sections with a
+/// "Not acted on yet" banner.
+fn doc_rows() -> (Vec<DocRow>, Vec<String>) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/deviceconfig.md");
+    let text = std::fs::read_to_string(&path).expect("docs/deviceconfig.md is readable");
+    let mut rows = Vec::new();
+    let mut banners = Vec::new();
+    let mut section: Option<String> = None;
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("### `") {
+            section = rest.split('`').next().map(str::to_owned);
+            continue;
+        }
+        if line.starts_with("## ") || line.starts_with("#### ") {
+            section = None;
+            continue;
+        }
+        let Some(section) = &section else { continue };
+        if line.starts_with("> **Not acted on yet.**") {
+            banners.push(section.clone());
+        }
+        let Some(first) = line
+            .strip_prefix("| `")
+            .map(|rest| rest.split(" | ").next().unwrap_or(""))
+        else {
+            continue;
+        };
+        let mut fields = Vec::new();
+        let mut parent = String::new();
+        for token in format!("`{first}").split('`').skip(1).step_by(2) {
+            if let Some(relative) = token.strip_prefix('.') {
+                fields.push(format!("{parent}.{relative}"));
+            } else {
+                parent = token.rsplit_once('.').map_or(token, |(p, _)| p).to_owned();
+                fields.push(token.to_owned());
+            }
+        }
+        rows.push(DocRow {
+            section: section.clone(),
+            fields,
+            line: line.to_owned(),
+        });
+    }
+    (rows, banners)
+}
+
+/// `docs/deviceconfig.md` must not describe as working what is only
+/// accepted: every field `validate` notes as "not acted on yet" has each of
+/// its rows marked **Not acted on yet.**, and every marked row (or section
+/// banner) is such a field, so the marks stay true as features land.
+#[test]
+fn docs_mark_exactly_the_fields_not_acted_on_yet() {
+    let (rows, banners) = doc_rows();
+    assert!(
+        rows.len() > 50,
+        "the field tables were not found: {}",
+        rows.len()
+    );
+    let split = |path: &str| -> (String, String) {
+        let rest = path.strip_prefix("spec.").expect("paths start with spec.");
+        let (section, field) = rest.split_once('.').expect("section.field");
+        (section.to_owned(), field.to_owned())
+    };
+    let names = |field: &str, row_field: &str| {
+        row_field == field || row_field.starts_with(&format!("{field}."))
+    };
+    for path in NOT_ACTED_ON_YET {
+        let (section, field) = split(path);
+        let matching: Vec<&String> = rows
+            .iter()
+            .filter(|row| row.section == section && row.fields.iter().any(|f| names(&field, f)))
+            .map(|row| &row.line)
+            .collect();
+        assert!(
+            !matching.is_empty(),
+            "{path}: no row in docs/deviceconfig.md"
+        );
+        for row in matching {
+            assert!(
+                row.contains("**Not acted on yet"),
+                "{path} is not marked:\n{row}"
+            );
+        }
+    }
+    for row in &rows {
+        if !row.line.contains("Not acted on yet") {
+            continue;
+        }
+        let listed = NOT_ACTED_ON_YET.iter().any(|path| {
+            let (section, field) = split(path);
+            section == row.section && row.fields.iter().any(|f| names(&field, f))
+        });
+        assert!(
+            listed,
+            "marked in the docs but not in NOT_ACTED_ON_YET (src/api/validate.rs):\n{}",
+            row.line
+        );
+    }
+    for section in banners {
+        assert!(
+            NOT_ACTED_ON_YET.contains(&format!("spec.{section}.enable").as_str()),
+            "the {section} section says it is not acted on yet, but its enable is"
+        );
+    }
 }
