@@ -342,6 +342,20 @@ fn daemonset_image_matches_the_crate_version() {
     );
 }
 
+/// Every file under `dir`, recursively.
+fn walk_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            files.extend(walk_files(&path));
+        } else {
+            files.push(path);
+        }
+    }
+    files
+}
+
 /// A hostPath volume as mounted into the agent container.
 #[derive(Debug)]
 struct HostMount {
@@ -406,7 +420,18 @@ fn daemonset_mounts_exactly_the_host_paths_the_code_uses() {
     for entry in std::fs::read_dir(sim.path()).unwrap() {
         let entry = entry.unwrap();
         if entry.file_type().unwrap().is_dir() {
-            let top = format!("/{}", entry.file_name().to_string_lossy());
+            let mut top = format!("/{}", entry.file_name().to_string_lossy());
+            // Of /proc the code reads only /proc/sys/kernel (the driver
+            // report's osrelease and boot id), and only that is mounted.
+            if top == "/proc" {
+                let kernel = sim.path().join("proc/sys/kernel");
+                let outside: Vec<_> = walk_files(&entry.path())
+                    .into_iter()
+                    .filter(|f| !f.starts_with(&kernel))
+                    .collect();
+                assert!(outside.is_empty(), "/proc beyond sys/kernel: {outside:?}");
+                top = "/proc/sys/kernel".into();
+            }
             needed.push((
                 top.clone(),
                 host.path(&top),
