@@ -181,8 +181,22 @@ mod tests {
             bound: Some(true),
             ..GpuReadings::default()
         };
-        r.ecc.insert("umc".into(), EccCount { ue: 0, ce: 9 });
-        r.ecc.insert("pcie_bif".into(), EccCount { ue: 0, ce: 0 });
+        r.ecc.insert(
+            "umc".into(),
+            EccCount {
+                ue: 0,
+                ce: 9,
+                de: None,
+            },
+        );
+        r.ecc.insert(
+            "pcie_bif".into(),
+            EccCount {
+                ue: 0,
+                ce: 0,
+                de: None,
+            },
+        );
         r.temperature.junction_c = Some(70.0);
         r.temperature.junction_crit_c = Some(105.0);
         r.pcie.width = Some(16);
@@ -231,8 +245,22 @@ mod tests {
             "correctable errors are fine"
         );
         let mut r = good();
-        r.ecc.insert("umc".into(), EccCount { ue: 2, ce: 9 });
-        r.ecc.insert("pcie_bif".into(), EccCount { ue: 1, ce: 0 });
+        r.ecc.insert(
+            "umc".into(),
+            EccCount {
+                ue: 2,
+                ce: 9,
+                de: None,
+            },
+        );
+        r.ecc.insert(
+            "pcie_bif".into(),
+            EccCount {
+                ue: 1,
+                ce: 0,
+                de: None,
+            },
+        );
         assert_eq!(
             check_ecc(&r, &limits),
             [

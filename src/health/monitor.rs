@@ -374,7 +374,14 @@ mod tests {
             bound: Some(true),
             ..GpuReadings::default()
         };
-        r.ecc.insert("umc".into(), EccCount { ue, ce: 0 });
+        r.ecc.insert(
+            "umc".into(),
+            EccCount {
+                ue,
+                ce: 0,
+                de: None,
+            },
+        );
         let mut s = HostSample {
             kfd_present: Some(true),
             ..HostSample::default()

@@ -43,6 +43,7 @@ const FAMILIES: &[&str] = &[
     "pcie_replay_count",
     "gpu_ecc_correct_total",
     "gpu_ecc_uncorrect_total",
+    "gpu_ecc_deferred_total",
     "pcie_bandwidth",
     "pcie_recovery_count",
     "pcie_replay_rollover_count",
@@ -63,7 +64,8 @@ const FAMILIES: &[&str] = &[
     "gpu_violation_low_utilization_accumulated",
     "gpu_violation_gfx_clock_below_host_limit_total_accumulated",
     "gpu_clock",
-    // The RAS blocks the simulator writes, correctable then uncorrectable.
+    // The RAS blocks the simulator writes, correctable, uncorrectable, then
+    // deferred (UMC only: the `de:` line MI300 kernels write).
     "gpu_ecc_correct_sdma",
     "gpu_ecc_correct_gfx",
     "gpu_ecc_correct_mmhub",
@@ -78,6 +80,7 @@ const FAMILIES: &[&str] = &[
     "gpu_ecc_uncorrect_hdp",
     "gpu_ecc_uncorrect_xgmi_wafl",
     "gpu_ecc_uncorrect_umc",
+    "gpu_ecc_deferred_umc",
 ];
 
 /// Labels on every GPU series by default: the reference's mandatory list.

@@ -365,29 +365,28 @@ pub fn families(input: &RenderInput<'_>) -> Vec<Family> {
         .flat_map(|(r, _)| r.ecc.keys().map(String::as_str))
         .filter(|b| ecc_suffix(b).is_some())
         .collect();
-    for (kind_upper, kind_lower, pick) in [
+    // Deferred counts exist only where the kernel reports them (UMC on
+    // MI300), so a block without them has no deferred series.
+    for (kind_upper, kind_lower, adjective, pick) in [
         (
             "CORRECT",
             "correct",
-            (|c: &crate::telemetry::sysfs::EccCount| c.ce) as fn(&_) -> u64,
+            "Correctable",
+            (|c: &crate::telemetry::sysfs::EccCount| Some(c.ce)) as fn(&_) -> Option<u64>,
         ),
-        ("UNCORRECT", "uncorrect", |c| c.ue),
+        ("UNCORRECT", "uncorrect", "Uncorrectable", |c| Some(c.ue)),
+        ("DEFERRED", "deferred", "Deferred", |c| c.de),
     ] {
         for &(sysfs, suffix) in ECC_BLOCKS.iter().filter(|(s, _)| blocks.contains(s)) {
             let series = primaries
                 .iter()
                 .filter_map(|(r, labels)| {
-                    r.ecc.get(sysfs).map(|c| Series {
+                    r.ecc.get(sysfs).and_then(pick).map(|count| Series {
                         labels: (*labels).clone(),
-                        value: pick(c) as f64,
+                        value: count as f64,
                     })
                 })
                 .collect();
-            let adjective = if kind_lower == "correct" {
-                "Correctable"
-            } else {
-                "Uncorrectable"
-            };
             family(
                 &format!("GPU_ECC_{kind_upper}_{}", suffix.to_ascii_uppercase()),
                 &format!("gpu_ecc_{kind_lower}_{suffix}"),
@@ -582,10 +581,30 @@ mod tests {
         r.memory.vram_total = Some(4 << 20);
         r.memory.vram_used = Some(1 << 20);
         r.sclk_mhz = Some(2100.0);
-        r.ecc.insert("umc".into(), EccCount { ue: 1, ce: 2 });
-        r.ecc.insert("pcie_bif".into(), EccCount { ue: 0, ce: 3 });
-        r.ecc
-            .insert("unknown_block".into(), EccCount { ue: 4, ce: 0 });
+        r.ecc.insert(
+            "umc".into(),
+            EccCount {
+                ue: 1,
+                ce: 2,
+                de: Some(6),
+            },
+        );
+        r.ecc.insert(
+            "pcie_bif".into(),
+            EccCount {
+                ue: 0,
+                ce: 3,
+                de: None,
+            },
+        );
+        r.ecc.insert(
+            "unknown_block".into(),
+            EccCount {
+                ue: 4,
+                ce: 0,
+                de: None,
+            },
+        );
         r
     }
 
@@ -814,6 +833,16 @@ mod tests {
             family(&families, "gpu_ecc_uncorrect_umc").series[0].value,
             1.0
         );
+        // Deferred errors: UMC reports them, PCIe BIF does not.
+        assert_eq!(
+            family(&families, "gpu_ecc_deferred_umc").series[0].value,
+            6.0
+        );
+        assert_eq!(
+            family(&families, "gpu_ecc_deferred_total").series[0].value,
+            6.0
+        );
+        assert!(!families.iter().any(|f| f.name == "gpu_ecc_deferred_bif"));
         assert!(!families.iter().any(|f| f.name.contains("unknown_block")));
         assert!(
             !families.iter().any(|f| f.name == "gpu_package_power"),

@@ -590,7 +590,12 @@ fn write_telemetry(
         ],
     )?;
     for block in RAS_BLOCKS {
-        w.file(format!("{dir}/ras/{block}_err_count"), "ue: 0\nce: 0\n")?;
+        let counts = if model.ras_deferred && block == "umc" {
+            "ue: 0\nce: 0\nde: 0\n"
+        } else {
+            "ue: 0\nce: 0\n"
+        };
+        w.file(format!("{dir}/ras/{block}_err_count"), counts)?;
     }
     // The hwmon class device, linked from /sys/class/hwmon as the kernel does;
     // its attributes are amdgpu's (millidegrees, microwatts, hertz).
@@ -860,6 +865,22 @@ pub fn advance_telemetry(host: &HostRoot, spec: &SimSpec, tick: u64) -> Result<(
             write_staged(&staging, &path, &blob)?;
         }
     }
+    Ok(())
+}
+
+/// Sets a GPU's deferred-error count for one block as well (the `de:` line
+/// of kernels that report it), with its other counts.
+pub fn set_ecc_counts_with_deferred(
+    host: &HostRoot,
+    bdf: &str,
+    block: &str,
+    [uncorrectable, correctable, deferred]: [u64; 3],
+) -> Result<(), SimError> {
+    write_atomic(
+        host,
+        format!("{}/ras/{block}_err_count", pci_dir(bdf)),
+        format!("ue: {uncorrectable}\nce: {correctable}\nde: {deferred}\n"),
+    )?;
     Ok(())
 }
 

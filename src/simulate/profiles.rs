@@ -32,6 +32,10 @@ pub struct GpuModel {
     /// for this part writes; `None` where the file is absent (an SR-IOV
     /// guest has no access to the SMU).
     pub gpu_metrics: Option<(u8, u8)>,
+    /// The kernel collects this part's RAS errors through ACA, and UMC's
+    /// `ras/umc_err_count` has a third line, `de:` (deferred errors), as
+    /// `amdgpu_ras.c` writes it for MI300.
+    pub ras_deferred: bool,
 }
 
 /// How the GPUs of a host are joined.
@@ -86,6 +90,7 @@ const MI300X: GpuModel = GpuModel {
     // smu_v13_0_6 writes v1.8 since the below-host-limit counters (after v1.4
     // to v1.7 on earlier kernels).
     gpu_metrics: Some((1, 8)),
+    ras_deferred: true,
 };
 
 impl GpuModel {
@@ -134,6 +139,7 @@ pub const PROFILES: &[Profile] = &[
             firmware: &[("mec", 95), ("sdma", 9), ("rlc", 17), ("smc", 0x0044_3800)],
             // aldebaran (SMU 13.0.2) writes v1.3.
             gpu_metrics: Some((1, 3)),
+            ras_deferred: false,
         },
         default_gpus: 8,
         max_gpus: 8,
@@ -162,6 +168,7 @@ pub const PROFILES: &[Profile] = &[
             max_link_width: 16,
             firmware: &[("mec", 92), ("sdma", 9), ("rlc", 17), ("smc", 0x0044_3b00)],
             gpu_metrics: Some((1, 3)),
+            ras_deferred: false,
         },
         default_gpus: 4,
         max_gpus: 8,
@@ -198,6 +205,7 @@ pub const PROFILES: &[Profile] = &[
             ],
             // Navi31's SMU 13.0.0 writes v1.3.
             gpu_metrics: Some((1, 3)),
+            ras_deferred: false,
         },
         default_gpus: 1,
         max_gpus: 4,

@@ -224,6 +224,12 @@ pub const DEVICE_FIELDS: &[DeviceField] = &[
         help: "Uncorrectable ECC errors, all blocks",
         value: |r| r.ecc_totals().map(|c| c.ue as f64),
     },
+    DeviceField {
+        field: "GPU_ECC_DEFERRED_TOTAL",
+        name: "gpu_ecc_deferred_total",
+        help: "Deferred ECC errors, all blocks that report them",
+        value: |r| r.ecc_totals().and_then(|c| c.de).map(|de| de as f64),
+    },
     // From the `gpu_metrics` table.
     DeviceField {
         field: "PCIE_BANDWIDTH",
@@ -593,6 +599,7 @@ pub fn is_known_field(field: &str) -> bool {
             let suffix = suffix.to_ascii_uppercase();
             field == format!("GPU_ECC_CORRECT_{suffix}")
                 || field == format!("GPU_ECC_UNCORRECT_{suffix}")
+                || field == format!("GPU_ECC_DEFERRED_{suffix}")
         })
 }
 
@@ -606,6 +613,8 @@ mod tests {
             assert!(is_known_field(f.field), "{}", f.field);
         }
         assert!(is_known_field("GPU_ECC_CORRECT_XGMI_WAFL"));
+        assert!(is_known_field("GPU_ECC_DEFERRED_UMC"));
+        assert!(is_known_field("GPU_ECC_DEFERRED_TOTAL"));
         assert!(is_known_field("GPU_HEALTH"));
         assert!(is_known_field("GPU_GFX_BUSY_INSTANTANEOUS"));
         assert!(is_known_field("PCIE_NACK_SENT_COUNT"));

@@ -110,6 +110,8 @@ impl GpuReadings {
         (!self.ecc.is_empty()).then(|| EccCount {
             ue: self.ecc.values().map(|c| c.ue).sum(),
             ce: self.ecc.values().map(|c| c.ce).sum(),
+            // Only blocks that report deferred errors add up; none: no total.
+            de: self.ecc.values().filter_map(|c| c.de).reduce(|a, b| a + b),
         })
     }
 }
@@ -948,7 +950,14 @@ mod tests {
         assert_eq!(r.missing_nodes, ["/dev/dri/renderD129"]);
         assert_eq!(r.temperature.junction_c, Some(71.5));
         assert_eq!(r.sclk_mhz, Some(2100.0));
-        assert_eq!(r.ecc_totals(), Some(EccCount { ue: 3, ce: 4 }));
+        assert_eq!(
+            r.ecc_totals(),
+            Some(EccCount {
+                ue: 3,
+                ce: 4,
+                de: None
+            })
+        );
         assert_eq!(r.pcie.speed_gts, None);
         assert_eq!(r.power.current_w, None);
         assert_eq!(r.power.average_w, Some(140.0));

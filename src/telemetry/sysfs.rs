@@ -91,11 +91,16 @@ pub struct EccCount {
     pub ue: u64,
     /// Correctable errors.
     pub ce: u64,
+    /// Deferred errors (`de:`): detected, not yet consumed. Kernels that
+    /// collect RAS through ACA (MI300) add this line for UMC; `None` where
+    /// the block's file has no such line.
+    pub de: Option<u64>,
 }
 
-/// Parses `ras/<block>_err_count`: `ue: N` and `ce: N`, one a line, in any order.
+/// Parses `ras/<block>_err_count`: `ue: N` and `ce: N`, and `de: N` where the
+/// kernel reports deferred errors, one a line, in any order.
 pub fn parse_ras_count(text: &str) -> Result<EccCount, ParseError> {
-    let (mut ue, mut ce) = (None, None);
+    let (mut ue, mut ce, mut de) = (None, None, None);
     for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
         let bad = || ParseError::new("a RAS error count", line);
         let (key, value) = line.split_once(':').ok_or_else(bad)?;
@@ -103,11 +108,12 @@ pub fn parse_ras_count(text: &str) -> Result<EccCount, ParseError> {
         match key.trim() {
             "ue" => ue = Some(value),
             "ce" => ce = Some(value),
+            "de" => de = Some(value),
             _ => {}
         }
     }
     match (ue, ce) {
-        (Some(ue), Some(ce)) => Ok(EccCount { ue, ce }),
+        (Some(ue), Some(ce)) => Ok(EccCount { ue, ce, de }),
         _ => Err(ParseError::new("RAS error counts (ue and ce)", text)),
     }
 }
@@ -209,12 +215,30 @@ mod tests {
     fn ras_counts() {
         assert_eq!(
             parse_ras_count("ue: 2\nce: 5\n").unwrap(),
-            EccCount { ue: 2, ce: 5 }
+            EccCount {
+                ue: 2,
+                ce: 5,
+                de: None
+            }
+        );
+        assert_eq!(
+            parse_ras_count("ue: 0\nce: 1\nde: 4\n").unwrap(),
+            EccCount {
+                ue: 0,
+                ce: 1,
+                de: Some(4)
+            }
         );
         assert_eq!(
             parse_ras_count("ce: 7\nue: 0").unwrap(),
-            EccCount { ue: 0, ce: 7 }
+            EccCount {
+                ue: 0,
+                ce: 7,
+                de: None
+            }
         );
+        // What the kernel answers during a GPU reset is no count.
+        assert!(parse_ras_count("Query currently inaccessible\n").is_err());
         assert!(parse_ras_count("ue: 1\n").is_err());
         assert!(parse_ras_count("ue: x\nce: 1").is_err());
         assert!(parse_ras_count("").is_err());

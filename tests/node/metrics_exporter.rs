@@ -491,6 +491,31 @@ async fn values_change_when_telemetry_moves() {
 }
 
 #[tokio::test]
+async fn deferred_ecc_errors_are_exported_where_the_kernel_reports_them() {
+    // MI300 kernels add `de:` to UMC's counts; MI210's do not.
+    let sim = simulated("mi300x", None);
+    let mut running = start(&sim, config(&sim), None).await;
+    let before = running.scrape().await;
+    assert_eq!(series(&before, "gpu_ecc_deferred_umc").len(), 8);
+    assert_eq!(value_of(&before, "gpu_ecc_deferred_total", "0"), Some(0.0));
+    assert!(series(&before, "gpu_ecc_deferred_gfx").is_empty());
+    simulate::set_ecc_counts_with_deferred(&sim.host, "0000:05:00.0", "umc", [0, 1, 5]).unwrap();
+    running.samples(2).await;
+    let after = running.scrape().await;
+    assert_eq!(value_of(&after, "gpu_ecc_deferred_umc", "0"), Some(5.0));
+    assert_eq!(value_of(&after, "gpu_ecc_deferred_total", "0"), Some(5.0));
+    assert_eq!(value_of(&after, "gpu_ecc_correct_umc", "0"), Some(1.0));
+    assert_eq!(value_of(&after, "gpu_ecc_deferred_umc", "1"), Some(0.0));
+
+    let older = simulated("mi210", None);
+    let running = start(&older, config(&older), None).await;
+    let text = running.scrape().await;
+    assert!(!series(&text, "gpu_ecc_correct_umc").is_empty());
+    assert!(series(&text, "gpu_ecc_deferred_umc").is_empty());
+    assert!(series(&text, "gpu_ecc_deferred_total").is_empty());
+}
+
+#[tokio::test]
 async fn a_hung_file_costs_one_value_and_scrapes_still_answer() {
     let sim = simulated("mi300x", None);
     let mut running = start(&sim, config(&sim), None).await;
