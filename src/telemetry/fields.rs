@@ -417,6 +417,17 @@ fn xcp_pct(
         .unwrap_or_default()
 }
 
+/// HBM stack temperatures as the reference exports them: a stack reading 0
+/// (or N/A) has no sensor, and when the first stack has none the GPU has no
+/// HBM sensors at all (early MI300 tables write every stack as 0).
+fn hbm_temperatures(stacks: Vec<Option<f64>>) -> Vec<Option<f64>> {
+    let readable = |v: Option<f64>| v.filter(|t| *t != 0.0);
+    match stacks.first() {
+        Some(first) if readable(*first).is_some() => stacks.into_iter().map(readable).collect(),
+        _ => Vec::new(),
+    }
+}
+
 fn device(r: &GpuReadings, pick: fn(&GpuMetrics) -> Vec<Option<f64>>) -> Vec<Option<f64>> {
     r.gpu_metrics.as_ref().map(pick).unwrap_or_default()
 }
@@ -428,13 +439,7 @@ pub const INDEXED_FIELDS: &[IndexedField] = &[
         help: "HBM stack temperatures in degrees Celsius",
         label: "hbm_index",
         scope: Scope::Device,
-        // As the reference: a stack reading 0 has no sensor.
-        values: |r, _| {
-            device(r, |g| list(&g.temperature_hbm))
-                .into_iter()
-                .map(|v| v.filter(|t| *t != 0.0))
-                .collect()
-        },
+        values: |r, _| hbm_temperatures(device(r, |g| list(&g.temperature_hbm))),
     },
     IndexedField {
         field: "GPU_VCN_ACTIVITY",
@@ -619,5 +624,22 @@ mod tests {
         assert!(is_known_field("GPU_GFX_BUSY_INSTANTANEOUS"));
         assert!(is_known_field("PCIE_NACK_SENT_COUNT"));
         assert!(!is_known_field("GPU_VOLTAGE"));
+    }
+
+    #[test]
+    fn hbm_stacks_without_a_sensor_have_no_series_and_no_first_stack_means_none() {
+        assert_eq!(
+            hbm_temperatures(vec![Some(41.0), Some(0.0), None, Some(44.0)]),
+            [Some(41.0), None, None, Some(44.0)]
+        );
+        assert_eq!(
+            hbm_temperatures(vec![Some(0.0), Some(40.0), Some(42.0)]),
+            Vec::<Option<f64>>::new()
+        );
+        assert_eq!(
+            hbm_temperatures(vec![None, Some(40.0)]),
+            Vec::<Option<f64>>::new()
+        );
+        assert_eq!(hbm_temperatures(Vec::new()), Vec::<Option<f64>>::new());
     }
 }
