@@ -304,9 +304,15 @@ async fn tokens_are_reviewed_and_cached_over_tls_and_healthz_stays_open() {
     assert_eq!(code(&rejected), Some(401), "{rejected:?}");
     let forbidden = tls(addr, &anonymous, "/metrics", Some("no-grant")).await;
     assert_eq!(code(&forbidden), Some(403), "{forbidden:?}");
-    let (status, body) = tls(addr, &anonymous, "/metrics", Some("good"))
-        .await
-        .unwrap();
+    // Granted; the exposition is there once the first sample is (on a
+    // loaded machine that can come after TLS is up).
+    let (status, body) = wait::poll_until(
+        "the granted scrape to carry the first sample",
+        || tls(addr, &anonymous, "/metrics", Some("good")),
+        |a| matches!(a, Ok((200, body)) if !body.is_empty()),
+    )
+    .await
+    .unwrap();
     assert_eq!(status, 200, "{body}");
     assert!(
         body.contains("gpu_edge_temperature{") || body.contains("gpu_operator_"),
@@ -382,9 +388,16 @@ async fn a_missing_secret_fails_closed_is_reported_and_its_creation_enables_tls(
     )
     .await;
     // Fail closed: no metrics over plain HTTP, and it says why; probes answer.
-    let (status, body) = plain(addr, "/metrics").await.unwrap();
+    // The endpoint's guard is rebuilt from the same lookup the status
+    // reports, a moment after it: wait for its answer to say so too.
+    let (status, body) = wait::poll_until(
+        "the endpoint to name the missing Secret",
+        || plain(addr, "/metrics"),
+        |a| matches!(a, Ok((_, body)) if body.contains("metrics-tls does not exist")),
+    )
+    .await
+    .unwrap();
     assert_eq!(status, 503, "{body}");
-    assert!(body.contains("metrics-tls does not exist"), "{body}");
     let healthz = plain(addr, "/healthz").await;
     assert_eq!(code(&healthz), Some(200), "{healthz:?}");
 
