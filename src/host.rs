@@ -134,7 +134,7 @@ impl HostRoot {
     /// and reads its bytes once, at most 64 KiB. The file stays open only if
     /// it is a regular file (sysfs attributes are); anything else (a FIFO, a
     /// device node) is read once and `None` is returned for it. Text
-    /// attributes go through [`HostRoot::attr_text`].
+    /// attributes go through [`HostRoot::attr_str`].
     pub fn open_attr(&self, host_path: impl AsRef<Path>) -> Result<(Vec<u8>, Option<OpenAttr>)> {
         let path = self.path(host_path);
         let file = fs::File::open(&path).map_err(|e| HostError::io(&path, e))?;
@@ -158,13 +158,8 @@ impl HostRoot {
     }
 
     /// An attribute's bytes, read from `host_path`, as the text
-    /// [`HostRoot::read_attr`] would give.
-    pub fn attr_text(&self, host_path: impl AsRef<Path>, bytes: Vec<u8>) -> Result<String> {
-        self.attr_str(host_path, &bytes)
-    }
-
-    /// [`HostRoot::attr_text`] of borrowed bytes: one allocation, of the
-    /// trimmed value; the path is only built for an error.
+    /// [`HostRoot::read_attr`] would give: one allocation, of the trimmed
+    /// value; the path is only built for an error.
     pub fn attr_str(&self, host_path: impl AsRef<Path>, bytes: &[u8]) -> Result<String> {
         match std::str::from_utf8(bytes) {
             Ok(text) => Ok(text.trim().to_owned()),
