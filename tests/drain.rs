@@ -10,6 +10,7 @@ use std::time::Duration;
 use gpu_operator::api::{DrainSpec, PodDeletionSpec};
 use gpu_operator::cluster::drain::{Blocker, DrainPolicy, drain};
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 use serde_json::{Value, json};
@@ -176,4 +177,55 @@ async fn a_pod_without_a_controller_fails_an_unforced_drain_and_a_deletion_polic
     let requests = cluster.requests();
     assert_eq!(requests.get("delete", "pods"), 1, "{requests:?}");
     assert_eq!(requests.get("create", "pods/eviction"), 0, "{requests:?}");
+}
+
+#[tokio::test]
+async fn a_pod_holding_a_gpu_claim_is_drained_and_one_holding_another_drivers_claim_stays() {
+    let cluster = cluster_with_namespaces().await;
+    let client = cluster.client_without_retries();
+    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), "ml");
+    for (claim, driver) in [
+        ("train-gpu", "gpu.amd.com"),
+        ("train-nic", "nic.example.com"),
+    ] {
+        cluster
+            .create(
+                json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                "metadata": {"name": claim, "namespace": "ml"},
+                "spec": {"devices": {"requests": [{"name": "dev",
+                    "exactly": {"deviceClassName": "any"}}]}}}),
+            )
+            .expect("claim");
+        // The scheduler's allocation, through the status subresource.
+        claims
+            .patch_status(
+                claim,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": {"allocation": {"devices": {"results": [
+                    {"request": "dev", "driver": driver, "pool": "gpu-1", "device": "d0"}]}}}})),
+            )
+            .await
+            .expect("allocation written");
+    }
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "ml");
+    for (pod, claim) in [("uses-gpu", "train-gpu"), ("uses-nic", "train-nic")] {
+        cluster
+            .create(json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": pod, "namespace": "ml", "ownerReferences": [
+                    {"apiVersion": "batch/v1", "kind": "Job", "name": "j", "uid": "u", "controller": true}]},
+                "spec": {"nodeName": "gpu-1", "containers": [{"name": "c", "image": "i"}],
+                         "resourceClaims": [{"name": "dev", "resourceClaimName": claim}]}}))
+            .expect("pod");
+        pods.patch_status(
+            pod,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"phase": "Running"}})),
+        )
+        .await
+        .expect("pod status");
+    }
+    let policy = DrainPolicy::of_drain(&DrainSpec::default());
+    let report = drain(&client, "gpu-1", &policy).await.expect("listed");
+    assert!(report.succeeded(), "{:?}", report.blocked);
+    assert_eq!(names(&cluster), BTreeSet::from(["uses-nic".to_owned()]));
 }

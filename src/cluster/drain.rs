@@ -389,7 +389,7 @@ pub async fn drain(
     let mut refused = Refusals::new();
     loop {
         let pods = node_pods(client, node).await?;
-        let claims = gpu_claims(client).await;
+        let claims = gpu_claims(client, &pods).await;
         let facts: Vec<PodFacts> = pods.iter().map(|p| pod_facts(p, &claims)).collect();
         match next_step(&facts, policy, &refused, started.elapsed()) {
             Next::Done => return Ok(report),
@@ -430,30 +430,41 @@ async fn node_pods(client: &Client, node: &str) -> Result<Vec<Pod>, DrainError> 
         })
 }
 
-/// Claims allocated by [`DRA_DRIVER`]. A cluster that does not serve the
-/// DRA API (or refuses to list it) has none.
-async fn gpu_claims(client: &Client) -> BTreeSet<PodKey> {
-    let claims: Api<ResourceClaim> = Api::all(client.clone());
-    let Ok(list) = claims.list(&ListParams::default()).await else {
-        return BTreeSet::new();
-    };
-    list.items
+/// Claims allocated by [`DRA_DRIVER`], in the namespaces of `pods` that
+/// hold claims at all: most drains list none. A cluster that does not serve
+/// the DRA API (or refuses to list it) has none.
+async fn gpu_claims(client: &Client, pods: &[Pod]) -> BTreeSet<PodKey> {
+    let namespaces: BTreeSet<&str> = pods
         .iter()
-        .filter(|c| {
-            c.status
+        .filter(|p| {
+            p.spec
                 .as_ref()
-                .and_then(|s| s.allocation.as_ref())
-                .and_then(|a| a.devices.as_ref())
-                .and_then(|d| d.results.as_ref())
-                .is_some_and(|results| results.iter().any(|r| r.driver == DRA_DRIVER))
+                .is_some_and(|s| s.resource_claims.as_ref().is_some_and(|c| !c.is_empty()))
         })
-        .map(|c| {
-            (
-                c.metadata.namespace.clone().unwrap_or_default(),
-                c.metadata.name.clone().unwrap_or_default(),
-            )
-        })
-        .collect()
+        .filter_map(|p| p.metadata.namespace.as_deref())
+        .collect();
+    let mut found = BTreeSet::new();
+    for namespace in namespaces {
+        let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), namespace);
+        let Ok(list) = claims.list(&ListParams::default()).await else {
+            continue;
+        };
+        found.extend(
+            list.items
+                .iter()
+                .filter(|c| {
+                    c.status
+                        .as_ref()
+                        .and_then(|s| s.allocation.as_ref())
+                        .and_then(|a| a.devices.as_ref())
+                        .and_then(|d| d.results.as_ref())
+                        .is_some_and(|results| results.iter().any(|r| r.driver == DRA_DRIVER))
+                })
+                .filter_map(|c| c.metadata.name.clone())
+                .map(|name| (namespace.to_owned(), name)),
+        );
+    }
+    found
 }
 
 /// Asks for one pod's removal. A pod already gone counts as removed.

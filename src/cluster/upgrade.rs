@@ -116,7 +116,7 @@ impl MaxUnavailable {
     }
 
     /// How many nodes of `total` may be unavailable. At least one, so that
-    /// an upgrade of a small cluster can start at all, as the reference does.
+    /// an upgrade of a small cluster (25 % of 3 nodes) can start at all.
     pub fn of(&self, total: usize) -> usize {
         let n = match self {
             Self::Count(n) => *n,
@@ -480,6 +480,12 @@ mod tests {
         assert_eq!(MaxUnavailable::Percent(25).of(1000), 250);
         assert_eq!(MaxUnavailable::Percent(1).of(3), 1);
         assert_eq!(MaxUnavailable::Count(0).of(10), 1);
+        // No upgradePolicy: the API's defaults, upgrades by hand.
+        let unset = Policy::of_spec(None, None);
+        assert!(!unset.enabled);
+        assert_eq!(unset.max_parallel, 1);
+        assert_eq!(unset.max_unavailable, MaxUnavailable::Percent(25));
+        assert!(unset.reboot_required);
     }
 
     #[test]
