@@ -13,8 +13,8 @@ use std::sync::Arc;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::PartialObjectMeta;
-use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
+use kube::runtime::{WatchStreamExt, reflector};
 use kube::{Api, Client};
 use tokio::sync::watch;
 use tokio_util::task::AbortOnDropHandle;
@@ -46,42 +46,30 @@ impl PodMetadataWatch {
         let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
         let (tx, current) = watch::channel(Arc::new(PodMetadata::new()));
         let task = tokio::spawn(async move {
-            let mut events = watcher::watcher(api, config).default_backoff().boxed();
-            let mut known = PodMetadata::new();
-            let mut relisting: Option<PodMetadata> = None;
+            // kube's reflector keeps the pods, swapping a relist in whole at
+            // its end, as the agent's DeviceConfig store does.
+            let (store, writer) = reflector::store();
+            let mut events = reflector::reflector(writer, watcher::watcher(api, config))
+                .default_backoff()
+                .boxed();
             while let Some(event) = events.next().await {
                 match event {
-                    Ok(Event::Init) => relisting = Some(PodMetadata::new()),
-                    Ok(Event::InitApply(pod)) => {
-                        if let (Some(list), Some((key, meta))) = (relisting.as_mut(), entry(&pod)) {
-                            list.insert(key, meta);
-                        }
-                    }
-                    Ok(Event::InitDone) => known = relisting.take().unwrap_or_default(),
-                    Ok(Event::Apply(pod)) => {
-                        if let Some((key, meta)) = entry(&pod) {
-                            known.insert(key, meta);
-                        }
-                    }
-                    Ok(Event::Delete(pod)) => {
-                        if let Some((key, _)) = entry(&pod) {
-                            known.remove(&key);
-                        }
-                    }
+                    // A relist in progress: the store still holds the last one.
+                    Ok(Event::Init | Event::InitApply(_)) => continue,
+                    Ok(_) => {}
                     Err(e) => {
                         tracing::warn!(error = %e, "pod metadata watch");
                         continue;
                     }
                 }
-                if relisting.is_none() {
-                    tx.send_if_modified(|current| {
-                        let changed = **current != known;
-                        if changed {
-                            *current = Arc::new(known.clone());
-                        }
-                        changed
-                    });
-                }
+                let known: PodMetadata = store.state().iter().filter_map(|p| entry(p)).collect();
+                tx.send_if_modified(|current| {
+                    let changed = **current != known;
+                    if changed {
+                        *current = Arc::new(known);
+                    }
+                    changed
+                });
             }
         });
         Self {
@@ -128,6 +116,13 @@ mod tests {
     use crate::plugin::DeviceRef;
     use serde_json::json;
 
+    /// A wait that fails the test instead of hanging it.
+    async fn bounded(wait: impl std::future::Future<Output = ()>) {
+        tokio::time::timeout(std::time::Duration::from_secs(10), wait)
+            .await
+            .expect("the watch saw it within 10 s");
+    }
+
     #[tokio::test]
     async fn pods_of_this_node_are_followed_with_uid_and_labels() {
         let emu = kube_emulator::Emulator::start(kube_emulator::EmulatorConfig::default())
@@ -145,9 +140,7 @@ mod tests {
         emu.create(pod("train", "node-1")).unwrap();
         emu.create(pod("elsewhere", "node-2")).unwrap();
         let mut watch = PodMetadataWatch::start(emu.client(), "node-1");
-        watch
-            .wait_for(|m| m.contains_key(&("ml".into(), "train".into())))
-            .await;
+        bounded(watch.wait_for(|m| m.contains_key(&("ml".into(), "train".into())))).await;
         let seen = watch.current();
         assert_eq!(seen.len(), 1, "only this node's pods: {seen:?}");
         let train = &seen[&("ml".to_owned(), "train".to_owned())];
@@ -156,7 +149,7 @@ mod tests {
 
         // A pod that arrives later is seen.
         emu.create(pod("eval", "node-1")).unwrap();
-        watch.wait_for(|m| m.len() == 2).await;
+        bounded(watch.wait_for(|m| m.len() == 2)).await;
         let mut pods = BTreeMap::from([(
             DeviceRef::gpu("0000:05:00.0"),
             PodRef {
@@ -170,5 +163,13 @@ mod tests {
         let eval = &pods[&DeviceRef::gpu("0000:05:00.0")];
         assert_eq!(eval.labels["example.com/workload"], "w-eval");
         assert!(!eval.uid.is_empty() && eval.uid != train.uid);
+
+        // A pod deleted (at once, as a kubelet confirms) is forgotten.
+        let pods: kube::Api<Pod> = kube::Api::namespaced(emu.client(), "ml");
+        pods.delete("train", &kube::api::DeleteParams::default().grace_period(0))
+            .await
+            .unwrap();
+        bounded(watch.wait_for(|m| !m.contains_key(&("ml".into(), "train".into())))).await;
+        assert_eq!(watch.current().len(), 1);
     }
 }
