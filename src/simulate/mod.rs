@@ -590,12 +590,11 @@ fn write_telemetry(
         ],
     )?;
     for block in RAS_BLOCKS {
-        let counts = if model.ras_deferred && block == "umc" {
-            "ue: 0\nce: 0\nde: 0\n"
-        } else {
-            "ue: 0\nce: 0\n"
-        };
-        w.file(format!("{dir}/ras/{block}_err_count"), counts)?;
+        let deferred = (model.ras_deferred && block == "umc").then_some(0);
+        w.file(
+            format!("{dir}/ras/{block}_err_count"),
+            ras_counts(0, 0, deferred),
+        )?;
     }
     // The hwmon class device, linked from /sys/class/hwmon as the kernel does;
     // its attributes are amdgpu's (millidegrees, microwatts, hertz).
@@ -876,11 +875,8 @@ pub fn set_ecc_counts_with_deferred(
     block: &str,
     [uncorrectable, correctable, deferred]: [u64; 3],
 ) -> Result<(), SimError> {
-    write_atomic(
-        host,
-        format!("{}/ras/{block}_err_count", pci_dir(bdf)),
-        format!("ue: {uncorrectable}\nce: {correctable}\nde: {deferred}\n"),
-    )?;
+    let text = ras_counts(uncorrectable, correctable, Some(deferred));
+    write_atomic(host, ras_path(bdf, block), text)?;
     Ok(())
 }
 
@@ -892,12 +888,23 @@ pub fn set_ecc_counts(
     uncorrectable: u64,
     correctable: u64,
 ) -> Result<(), SimError> {
-    write_atomic(
-        host,
-        format!("{}/ras/{block}_err_count", pci_dir(bdf)),
-        format!("ue: {uncorrectable}\nce: {correctable}\n"),
-    )?;
+    let text = ras_counts(uncorrectable, correctable, None);
+    write_atomic(host, ras_path(bdf, block), text)?;
     Ok(())
+}
+
+fn ras_path(bdf: &str, block: &str) -> String {
+    format!("{}/ras/{block}_err_count", pci_dir(bdf))
+}
+
+/// `ras/<block>_err_count` as `amdgpu_ras.c` writes it: `ue:` and `ce:`,
+/// and `de:` where the kernel counts deferred errors.
+fn ras_counts(uncorrectable: u64, correctable: u64, deferred: Option<u64>) -> String {
+    let mut text = format!("ue: {uncorrectable}\nce: {correctable}\n");
+    if let Some(deferred) = deferred {
+        text.push_str(&format!("de: {deferred}\n"));
+    }
+    text
 }
 
 /// Makes a host file hang on read, as a stuck sysfs attribute does: it is

@@ -81,6 +81,11 @@ struct Running {
 
 async fn start(sim: &Sim, config: MetricsConfig, health: Option<&HealthMonitor>) -> Running {
     let service = MetricsService::new(sim.inventory.subscribe(), health.map(|h| h.snapshot()));
+    start_service(service, config).await
+}
+
+/// As [`start`], with a service the test built itself.
+async fn start_service(service: MetricsService, config: MetricsConfig) -> Running {
     let mut status = service.status();
     let mut slot = Slot::new(service);
     slot.apply(Some(config)).await;
@@ -319,24 +324,20 @@ async fn pod_uuid_and_extra_pod_labels_come_from_the_api_server() {
         .unwrap();
     let uid = created["metadata"]["uid"].as_str().unwrap().to_owned();
     let service = MetricsService::new(sim.inventory.subscribe(), None).with_kube(emu.client());
-    let mut status = service.status();
-    let mut slot = Slot::new(service);
-    slot.apply(Some(MetricsConfig {
-        pod_resources_socket: Some(socket),
-        config_text: Some(
-            r#"{"GPUConfig": {"Labels": ["POD_UUID"],
+    let mut running = start_service(
+        service,
+        MetricsConfig {
+            pod_resources_socket: Some(socket),
+            config_text: Some(
+                r#"{"GPUConfig": {"Labels": ["POD_UUID"],
                 "ExtraPodLabels": {"WORKLOAD_ID": "example.com/workload"}}}"#
-                .into(),
-        ),
-        ..config(&sim)
-    }))
+                    .into(),
+            ),
+            ..config(&sim)
+        },
+    )
     .await;
-    let addr = tokio::time::timeout(WAIT, status.wait_for(|s| s.samples > 0))
-        .await
-        .unwrap()
-        .unwrap()
-        .listening
-        .unwrap();
+    let addr = running.addr;
     let labelled = |text: &str| {
         series(text, "gpu_junction_temperature")
             .into_iter()
@@ -357,7 +358,7 @@ async fn pod_uuid_and_extra_pod_labels_come_from_the_api_server() {
         .map(|(l, _)| (l["pod_uuid"].clone(), l["workload_id"].clone()));
     assert_eq!(free, Some((String::new(), String::new())));
     assert_eq!(emu.requests().get("get", "pods"), 0, "list and watch only");
-    slot.stop().await;
+    running.slot.stop().await;
 }
 
 #[tokio::test]
@@ -374,16 +375,8 @@ async fn cpx_nps4_has_device_series_per_gpu_and_health_per_partition() {
         .unwrap()
         .unwrap();
     let service = MetricsService::new(sim.inventory.subscribe(), Some(snapshot.clone()));
-    let mut status = service.status();
-    let mut slot = Slot::new(service);
-    slot.apply(Some(config(&sim))).await;
-    let addr = tokio::time::timeout(WAIT, status.wait_for(|s| s.samples > 0))
-        .await
-        .unwrap()
-        .unwrap()
-        .listening
-        .unwrap();
-    let (code, text) = get(addr, "/metrics").await;
+    let mut running = start_service(service, config(&sim)).await;
+    let (code, text) = get(running.addr, "/metrics").await;
     assert_eq!(code, 200);
     promtool_accepts(&text);
     let edge = series(&text, "gpu_edge_temperature");
@@ -429,7 +422,7 @@ async fn cpx_nps4_has_device_series_per_gpu_and_health_per_partition() {
             "{name}"
         );
     }
-    slot.stop().await;
+    running.slot.stop().await;
     health.stop().await;
 }
 
