@@ -141,7 +141,7 @@ pub(super) async fn show_live_metrics(
             eprintln!("waiting for the first sample…");
             continue;
         }
-        match serde_json::from_slice::<serde_json::Value>(&latest.json) {
+        match serde_json::from_slice::<serde_json::Value>(&latest.json()) {
             Ok(view) => {
                 // Each frame says when it was taken, to the second, in UTC.
                 let now = k8s_openapi::jiff::Timestamp::now();

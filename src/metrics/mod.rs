@@ -5,9 +5,10 @@
 //! `/gpumetrics` (JSON), `/healthz`, `/readyz`. A background task samples every
 //! GPU at an interval (default 5 s) through [`crate::telemetry`] (per-file
 //! deadlines on threads of its own, so a hung sysfs file costs one value), asks
-//! the kubelet which pod holds which device ([`pods`]), renders the exposition
-//! once ([`render`]) and publishes it; a scrape copies the latest rendering and
-//! never waits for sysfs. The agent's own metrics ([`agent`]) are served too.
+//! the kubelet which pod holds which device ([`pods`]) and publishes the
+//! sample; it is rendered ([`render`]) once, ahead of the scrapes while
+//! something scrapes and at the first scrape otherwise, so an exporter nobody
+//! scrapes renders nothing. A scrape never waits for sysfs. The agent's own metrics ([`agent`]) are served too.
 //!
 //! Layout: sampling, `config.json`, the field catalogue and the logical GPU
 //! numbering are in [`crate::telemetry`], shared with the health monitor; here
@@ -282,7 +283,7 @@ impl ConfigState {
 }
 
 /// The latest inputs of a rendering.
-#[derive(Default)]
+#[derive(Clone, Default)]
 struct Latest {
     inventory: Arc<Inventory>,
     sample: HostSample,
@@ -291,31 +292,51 @@ struct Latest {
     pod_error: Option<String>,
 }
 
-impl MetricsService {
-    fn render(
-        &self,
-        latest: &Latest,
-        config: &ConfigState,
-        hostname: &str,
-        reader: &BoundedReader,
-    ) -> (Published, usize) {
-        let health = self.health.as_ref().map(|h| h.borrow().clone());
-        let input = RenderInput {
-            inventory: &latest.inventory,
-            sample: &latest.sample,
-            pods: &latest.pods,
-            health: health.as_deref(),
-            config: &config.config,
-            hostname,
-        };
-        let mut families = render::families(&input);
+/// How long after a scrape each new sample is rendered ahead of the next
+/// scrape. Longer than any usual scrape interval (Prometheus defaults to a
+/// minute), so that a scraped exporter always serves a ready body; after it,
+/// samples wait for a scrape to render them.
+pub const PRERENDER_AFTER_SCRAPE: Duration = Duration::from_secs(300);
+
+/// Everything one rendering needs, owned, so that a scrape can render it
+/// after the sampling task moved on.
+struct SampleExposition {
+    latest: Arc<Latest>,
+    health: Option<Arc<HealthSnapshot>>,
+    config: ExporterConfig,
+    config_reload_ok: bool,
+    config_errors: u64,
+    hostname: String,
+    /// For the reader's counters at render time.
+    reader: BoundedReader,
+    tests: Option<watch::Receiver<TestRunnerStats>>,
+    /// Where the series count of each rendering goes.
+    status: watch::Sender<ExporterStatus>,
+}
+
+impl SampleExposition {
+    fn input(&self) -> RenderInput<'_> {
+        RenderInput {
+            inventory: &self.latest.inventory,
+            sample: &self.latest.sample,
+            pods: &self.latest.pods,
+            health: self.health.as_deref(),
+            config: &self.config,
+            hostname: &self.hostname,
+        }
+    }
+}
+
+impl server::Exposition for SampleExposition {
+    fn metrics(&self) -> Bytes {
+        let mut families = render::families(&self.input());
         let series = families.iter().map(|f| f.series.len()).sum();
         let me = agent::ExporterSelf {
-            reader: reader.stats(),
-            sample_seconds: latest.sample.duration_ms / 1000.0,
-            config_reload_ok: config.error.is_none(),
-            config_errors: config.errors,
-            pod_resources_errors: latest.pod_errors,
+            reader: self.reader.stats(),
+            sample_seconds: self.latest.sample.duration_ms / 1000.0,
+            config_reload_ok: self.config_reload_ok,
+            config_errors: self.config_errors,
+            pod_resources_errors: self.latest.pod_errors,
         };
         families.extend(agent::families(
             &agent::counters(),
@@ -326,17 +347,39 @@ impl MetricsService {
         if let Some(tests) = &self.tests {
             families.extend(agent::test_runner_families(&tests.borrow()));
         }
-        let metrics = render::encode(families);
-        let json = serde_json::to_vec(&render::json_view(&input)).unwrap_or_default();
-        (
-            Published {
-                metrics: Bytes::from(metrics),
-                json: Bytes::from(json),
-                ready: true,
-                waiting_for: None,
-            },
-            series,
-        )
+        self.status.send_if_modified(|s| {
+            let changed = s.series != series;
+            s.series = series;
+            changed
+        });
+        Bytes::from(render::encode(families))
+    }
+
+    fn json(&self) -> Bytes {
+        Bytes::from(serde_json::to_vec(&render::json_view(&self.input())).unwrap_or_default())
+    }
+}
+
+impl MetricsService {
+    /// The latest sample, to be rendered when first scraped.
+    fn exposition(
+        &self,
+        latest: &Arc<Latest>,
+        config: &ConfigState,
+        hostname: &str,
+        reader: &BoundedReader,
+    ) -> SampleExposition {
+        SampleExposition {
+            latest: latest.clone(),
+            health: self.health.as_ref().map(|h| h.borrow().clone()),
+            config: config.config.clone(),
+            config_reload_ok: config.error.is_none(),
+            config_errors: config.errors,
+            hostname: hostname.to_owned(),
+            reader: reader.clone(),
+            tests: self.tests.clone(),
+            status: self.status.clone(),
+        }
     }
 }
 
@@ -357,10 +400,9 @@ impl Service for MetricsService {
         Box::pin(async move {
             let mut current = config.borrow_and_update().clone();
             let published_tx = &self.published;
-            published_tx.send_replace(Arc::new(Published {
-                waiting_for: (!self.discovered()).then_some("discovering"),
-                ..Published::default()
-            }));
+            published_tx.send_replace(Arc::new(Published::waiting(
+                (!self.discovered()).then_some("discovering"),
+            )));
             let published_rx = published_tx.subscribe();
             let mut server_stop = cancel.child_token();
             let (guard_tx, guard_rx) =
@@ -390,7 +432,9 @@ impl Service for MetricsService {
             let mut pod_metadata: Option<PodMetadataWatch> = None;
             let mut warned_no_api = false;
             exporter_config.apply(current.config_text.as_deref());
-            let mut latest = Latest::default();
+            let mut latest = Arc::new(Latest::default());
+            let mut last_scraped: Option<tokio::time::Instant> = None;
+            let mut rendered_once = false;
             let mut health = self.health.clone();
             let mut ticker = tokio::time::interval(current.interval);
             ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -472,10 +516,7 @@ impl Service for MetricsService {
                     _ = ticker.tick() => true,
                 };
                 if !self.discovered() {
-                    published_tx.send_replace(Arc::new(Published {
-                        waiting_for: Some("discovering"),
-                        ..Published::default()
-                    }));
+                    published_tx.send_replace(Arc::new(Published::waiting(Some("discovering"))));
                     continue;
                 }
                 let did_sample = resample || !sampled;
@@ -500,16 +541,31 @@ impl Service for MetricsService {
                         (_, false) => pod_metadata = None,
                         _ => {}
                     }
-                    self.sample(&mut sampler, &current, &mut latest, pod_metadata.as_ref())
-                        .await;
+                    self.sample(
+                        &mut sampler,
+                        &current,
+                        Arc::make_mut(&mut latest),
+                        pod_metadata.as_ref(),
+                    )
+                    .await;
                     sampled = true;
                 }
-                let (published, series) = self.render(
+                let published = Published::sample(self.exposition(
                     &latest,
                     &exporter_config,
                     &current.hostname,
                     sampler.reader(),
-                );
+                ));
+                if published_tx.borrow().served() {
+                    last_scraped = Some(tokio::time::Instant::now());
+                }
+                let scraped_lately =
+                    last_scraped.is_some_and(|at| at.elapsed() < PRERENDER_AFTER_SCRAPE);
+                if !rendered_once || scraped_lately {
+                    // The first rendering also tells the status its series.
+                    published.prerender();
+                    rendered_once = true;
+                }
                 published_tx.send_replace(Arc::new(published));
                 readiness.available();
                 self.status.send_modify(|s| {
@@ -518,7 +574,6 @@ impl Service for MetricsService {
                     s.config_error = exporter_config.error.clone();
                     s.config_warnings = exporter_config.config.warnings.clone();
                     s.pod_resources_error = latest.pod_error.clone();
-                    s.series = series;
                 });
             };
             server_stop.cancel();

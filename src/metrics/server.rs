@@ -1,9 +1,10 @@
 //! The HTTP endpoints: `/metrics` (Prometheus text format), `/gpumetrics` (the
 //! same sample as JSON), `/healthz` and `/readyz`.
 //!
-//! Handlers never compute anything: the sampling task publishes pre-rendered
-//! bodies on a `watch` channel and a scrape clones a reference-counted buffer.
-//! So a scrape costs the same whatever sysfs is doing.
+//! Handlers never read anything: the sampling task publishes each sample on a
+//! `watch` channel ([`Published`]), rendered ahead while something scrapes, and
+//! a scrape clones a reference-counted buffer. So a scrape costs the same
+//! whatever sysfs is doing; only the first scrape after a quiet spell renders.
 //!
 //! The server owns its connections and bounds them ([`ConnectionLimits`]): at
 //! most a fixed number at once (capped by the descriptor budget of
@@ -26,8 +27,8 @@ use std::collections::BTreeMap;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -47,16 +48,100 @@ use tower::ServiceExt;
 use super::access::{Guard, Peer, cert_subject};
 use super::render::CONTENT_TYPE;
 
+/// Renders one sample's bodies. The sampling task hands one to each
+/// [`Published`]; the bodies are made at most once, when first asked for.
+pub trait Exposition: Send + Sync {
+    /// The Prometheus text exposition.
+    fn metrics(&self) -> Bytes;
+    /// The same sample as JSON (`/gpumetrics`).
+    fn json(&self) -> Bytes;
+}
+
 /// What the endpoints serve, replaced as a whole after every sample.
-#[derive(Clone, Debug, Default)]
+///
+/// The bodies are rendered on demand and kept: an exporter that nobody scrapes
+/// renders nothing (a rendering of 8 GPUs costs milliseconds, which an idle
+/// node should not pay every few seconds), and every scrape of the same sample
+/// shares one rendering. The sampling task renders ahead of the scrapes
+/// ([`Published::prerender`]) while something scrapes, so that a scrape
+/// then only clones a reference-counted buffer.
+#[derive(Default)]
 pub struct Published {
-    pub metrics: Bytes,
-    pub json: Bytes,
+    source: Option<Box<dyn Exposition>>,
+    metrics: OnceLock<Bytes>,
+    json: OnceLock<Bytes>,
+    /// A client asked for a body (prerendering does not count).
+    served: AtomicBool,
     /// A first sample has been rendered.
     pub ready: bool,
     /// Why there is no sample yet, for `/readyz` (e.g. `discovering`);
     /// `None` reads as "no sample yet".
     pub waiting_for: Option<&'static str>,
+}
+
+impl std::fmt::Debug for Published {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Published")
+            .field("ready", &self.ready)
+            .field("waiting_for", &self.waiting_for)
+            .field("rendered", &self.metrics.get().map(Bytes::len))
+            .field("served", &self.served)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Published {
+    /// No sample yet, and why.
+    pub fn waiting(waiting_for: Option<&'static str>) -> Self {
+        Self {
+            waiting_for,
+            ..Self::default()
+        }
+    }
+
+    /// A sample, rendered by `source` when first asked for.
+    pub fn sample(source: impl Exposition + 'static) -> Self {
+        Self {
+            source: Some(Box::new(source)),
+            ready: true,
+            ..Self::default()
+        }
+    }
+
+    /// The text exposition, for a client: rendered now if nobody asked yet.
+    pub fn metrics(&self) -> Bytes {
+        self.served.store(true, Ordering::Relaxed);
+        self.render_metrics()
+    }
+
+    /// The JSON view, for a client: rendered now if nobody asked yet.
+    pub fn json(&self) -> Bytes {
+        self.served.store(true, Ordering::Relaxed);
+        self.json
+            .get_or_init(|| self.source.as_ref().map(|s| s.json()).unwrap_or_default())
+            .clone()
+    }
+
+    /// Renders the text exposition ahead of the first scrape.
+    pub fn prerender(&self) {
+        self.render_metrics();
+    }
+
+    /// Whether a client asked for either body.
+    pub fn served(&self) -> bool {
+        self.served.load(Ordering::Relaxed)
+    }
+
+    fn render_metrics(&self) -> Bytes {
+        self.metrics
+            .get_or_init(|| {
+                self.source
+                    .as_ref()
+                    .map(|s| s.metrics())
+                    .unwrap_or_default()
+            })
+            .clone()
+    }
 }
 
 type Shared = watch::Receiver<Arc<Published>>;
@@ -131,7 +216,8 @@ async fn check_access(request: axum::extract::Request, next: axum::middleware::N
 }
 
 async fn metrics(State(published): State<Shared>) -> Response {
-    let body = published.borrow().metrics.clone();
+    let published = published.borrow().clone();
+    let body = published.metrics();
     ([(header::CONTENT_TYPE, CONTENT_TYPE)], body).into_response()
 }
 
@@ -150,7 +236,7 @@ async fn gpumetrics(State(published): State<Shared>) -> Response {
     }
     (
         [(header::CONTENT_TYPE, "application/json")],
-        published.json.clone(),
+        published.json(),
     )
         .into_response()
 }
@@ -532,6 +618,56 @@ mod tests {
         response
     }
 
+    /// Fixed bodies.
+    struct Fixed(Bytes, Bytes);
+
+    impl Exposition for Fixed {
+        fn metrics(&self) -> Bytes {
+            self.0.clone()
+        }
+        fn json(&self) -> Bytes {
+            self.1.clone()
+        }
+    }
+
+    /// Counts its renderings.
+    struct Counting(Arc<AtomicU64>);
+
+    impl Exposition for Counting {
+        fn metrics(&self) -> Bytes {
+            let n = self.0.fetch_add(1, Ordering::SeqCst) + 1;
+            Bytes::from(format!("rendering {n}\n"))
+        }
+        fn json(&self) -> Bytes {
+            Bytes::from_static(b"{}")
+        }
+    }
+
+    #[tokio::test]
+    async fn a_sample_is_rendered_once_on_the_first_scrape_and_shared_by_the_next() {
+        let (tx, addr, stop) = start(ConnectionLimits::default()).await;
+        let renderings = Arc::new(AtomicU64::new(0));
+        tx.send_replace(Arc::new(Published::sample(Counting(renderings.clone()))));
+        assert_eq!(renderings.load(Ordering::SeqCst), 0, "nobody scraped yet");
+        assert!(!tx.borrow().served());
+        for _ in 0..3 {
+            let response = get(addr, "/metrics").await;
+            assert!(response.ends_with("rendering 1\n"), "{response}");
+        }
+        assert_eq!(renderings.load(Ordering::SeqCst), 1);
+        assert!(tx.borrow().served());
+        // Prerendering renders too, but does not count as served.
+        let ahead = Published::sample(Counting(renderings.clone()));
+        ahead.prerender();
+        assert!(!ahead.served());
+        assert_eq!(renderings.load(Ordering::SeqCst), 2);
+        tx.send_replace(Arc::new(ahead));
+        let response = get(addr, "/metrics").await;
+        assert!(response.ends_with("rendering 2\n"), "{response}");
+        assert_eq!(renderings.load(Ordering::SeqCst), 2, "the scrape used it");
+        stop.cancel();
+    }
+
     async fn start(
         limits: ConnectionLimits,
     ) -> (watch::Sender<Arc<Published>>, SocketAddr, CancellationToken) {
@@ -559,12 +695,10 @@ mod tests {
             response.ends_with(r#"{"error":"no sample yet"}"#),
             "{response}"
         );
-        tx.send_replace(Arc::new(Published {
-            metrics: Bytes::new(),
-            json: Bytes::from_static(b"{\"gpus\":[]}"),
-            ready: true,
-            waiting_for: None,
-        }));
+        tx.send_replace(Arc::new(Published::sample(Fixed(
+            Bytes::new(),
+            Bytes::from_static(b"{\"gpus\":[]}"),
+        ))));
         let response = get(addr, "/gpumetrics").await;
         assert!(response.starts_with("HTTP/1.0 200"), "{response}");
         assert!(response.ends_with(r#"{"gpus":[]}"#), "{response}");
