@@ -414,6 +414,111 @@ pub struct Sampler {
     tables: HashMap<String, (GpuMetrics, Option<ViolationPercentages>)>,
     /// Whether a [`Scope::Full`] sample lists the KFD processes.
     processes: bool,
+    /// The last sample's reads, reused while nothing they depend on changed.
+    plan: Option<BatchPlan>,
+}
+
+/// One sample's reads, planned from the inventory and the files found.
+/// Kept between samples while neither changed: planning formats a few hundred
+/// paths, which the health monitor's four samples a second should not redo.
+#[derive(Debug)]
+struct BatchPlan {
+    scope: Scope,
+    /// What it was planned from.
+    gpus: Vec<Gpu>,
+    files: Vec<Option<GpuFiles>>,
+    /// Which GPUs' static values were cached (and so not read).
+    with_statics: Vec<bool>,
+    /// The reads, and whose each is (GPU index and field).
+    requests: Vec<(Op, String)>,
+    owners: Vec<(usize, Field)>,
+    /// GPUs to stat for presence if they turn out not to be bound.
+    presence: Vec<(usize, String)>,
+    /// Existence looked up in a listing of the parent directory ([`Self::dirs`]).
+    listed: Vec<(usize, Field, String)>,
+    dirs: Vec<String>,
+}
+
+impl BatchPlan {
+    fn new(
+        inventory: &Inventory,
+        files: &HashMap<String, GpuFiles>,
+        with_statics: Vec<bool>,
+        scope: Scope,
+    ) -> Self {
+        let mut plan = BatchPlan {
+            scope,
+            gpus: inventory.gpus.clone(),
+            files: inventory
+                .gpus
+                .iter()
+                .map(|g| files.get(&g.bdf).cloned())
+                .collect(),
+            with_statics,
+            requests: Vec::new(),
+            owners: Vec::new(),
+            presence: Vec::new(),
+            listed: Vec::new(),
+            dirs: Vec::new(),
+        };
+        let no_files = GpuFiles::default();
+        for (index, gpu) in inventory.gpus.iter().enumerate() {
+            let statics = plan.with_statics.get(index).copied().unwrap_or(false);
+            let files = files.get(&gpu.bdf).unwrap_or(&no_files);
+            for (field, path) in plan_reads(gpu, files, scope) {
+                if statics && field.is_static() {
+                    continue;
+                }
+                // A GPU bound to amdgpu is present (its driver link resolves
+                // to its device directory); only the others are stat'ed for
+                // presence, after.
+                if field == Field::Present {
+                    plan.presence.push((index, path));
+                    continue;
+                }
+                // Device nodes and driver links are looked up in a listing of
+                // their directory: one read of `/dev/dri` instead of a `stat`
+                // for each of a partitioned host's hundred-odd nodes, one of
+                // the driver's directory instead of resolving each GPU's link.
+                if matches!(field, Field::Node(_) | Field::Bound) {
+                    let dir = parent_dir(&path).to_owned();
+                    if !plan.dirs.contains(&dir) {
+                        plan.dirs.push(dir);
+                    }
+                    plan.listed.push((index, field, path));
+                    continue;
+                }
+                let op = if field.is_existence() {
+                    Op::Exists
+                } else if field == Field::GpuMetrics {
+                    Op::Bytes
+                } else {
+                    Op::Read
+                };
+                plan.requests.push((op, path));
+                plan.owners.push((index, field));
+            }
+        }
+        plan
+    }
+
+    /// Planned from these inputs.
+    fn is_for(
+        &self,
+        inventory: &Inventory,
+        files: &HashMap<String, GpuFiles>,
+        with_statics: &[bool],
+        scope: Scope,
+    ) -> bool {
+        self.scope == scope
+            && self.with_statics == with_statics
+            && self.gpus == inventory.gpus
+            && self
+                .gpus
+                .iter()
+                .zip(&self.files)
+                .all(|(g, planned)| files.get(&g.bdf) == planned.as_ref())
+    }
 }
 
 /// How long the static values of a GPU are kept before they are read again.
@@ -428,6 +533,7 @@ impl Sampler {
             statics: HashMap::new(),
             tables: HashMap::new(),
             processes: false,
+            plan: None,
         }
     }
 
@@ -465,53 +571,49 @@ impl Sampler {
         for (gpu, files) in missing.iter().zip(located) {
             self.files.insert(gpu.bdf.clone(), files);
         }
-        // Every GPU's reads in one batch; `owners` says whose each one is.
-        let mut requests: Vec<(Op, String)> = Vec::new();
-        let mut owners: Vec<(usize, Field)> = Vec::new();
-        let mut cached: Vec<Option<Statics>> = Vec::with_capacity(inventory.gpus.len());
-        let no_files = GpuFiles::default();
-        // A GPU bound to amdgpu is present (its driver link resolves to its
-        // device directory); only the others are stat'ed for presence, after.
-        let mut presence: Vec<(usize, String)> = Vec::new();
-        for (index, gpu) in inventory.gpus.iter().enumerate() {
-            let statics = self
-                .statics
-                .get(&gpu.bdf)
-                .filter(|s| started.saturating_duration_since(s.read_at) < STATICS_TTL)
-                .cloned();
-            let files = self.files.get(&gpu.bdf).unwrap_or(&no_files);
-            for (field, path) in plan_reads(gpu, files, scope) {
-                if statics.is_some() && field.is_static() {
-                    continue;
-                }
-                if field == Field::Present {
-                    presence.push((index, path));
-                    continue;
-                }
-                let op = if field.is_existence() {
-                    Op::Exists
-                } else if field == Field::GpuMetrics {
-                    Op::Bytes
-                } else {
-                    Op::Read
-                };
-                requests.push((op, path));
-                owners.push((index, field));
-            }
-            cached.push(statics);
+        let cached: Vec<Option<Statics>> = inventory
+            .gpus
+            .iter()
+            .map(|gpu| {
+                self.statics
+                    .get(&gpu.bdf)
+                    .filter(|s| started.saturating_duration_since(s.read_at) < STATICS_TTL)
+                    .cloned()
+            })
+            .collect();
+        let with_statics: Vec<bool> = cached.iter().map(Option::is_some).collect();
+        if !self
+            .plan
+            .as_ref()
+            .is_some_and(|p| p.is_for(inventory, &self.files, &with_statics, scope))
+        {
+            self.plan = None;
         }
+        let plan = self
+            .plan
+            .get_or_insert_with(|| BatchPlan::new(inventory, &self.files, with_statics, scope));
+        let BatchPlan {
+            requests: planned_requests,
+            owners,
+            presence,
+            listed: nodes,
+            dirs: node_dirs,
+            ..
+        } = plan;
+        let (owners, presence, nodes) = (owners.clone(), presence.clone(), nodes.clone());
+        let mut requests = planned_requests.clone();
+        let paths: Vec<String> = requests.iter().map(|(_, p)| p.clone()).collect();
+        let planned = requests.len();
+        requests.extend(node_dirs.iter().map(|d| (Op::List, d.clone())));
         let with_kfd = scope != Scope::HealthWithoutNodes;
         if with_kfd {
             requests.push((Op::Exists, sysfs::KFD_PATH.to_owned()));
         }
-        let mut paths: Vec<String> = requests.iter().map(|(_, p)| p.clone()).collect();
         let mut answers = self.reader.batch(requests, self.timeout).await;
-        let kfd_answer = if with_kfd {
-            paths.pop();
-            answers.pop()
-        } else {
-            None
-        };
+        let mut extra = answers.split_off(planned.min(answers.len())).into_iter();
+        let listings: Vec<Result<Answer, ReadError>> =
+            extra.by_ref().take(node_dirs.len()).collect();
+        let kfd_answer = if with_kfd { extra.next() } else { None };
         let kfd_present = match kfd_answer {
             Some(Ok(Answer::Exists(exists))) => Some(exists),
             _ => None,
@@ -527,6 +629,24 @@ impl Sampler {
                 Ok(Answer::Bytes(bytes)) => Raw::Bytes(bytes),
                 Ok(Answer::Names(_)) => Raw::Failed(ReadError::Closed { path: path.clone() }),
                 Err(e) => Raw::Failed(e),
+            };
+            if let Some(list) = per_gpu.get_mut(index) {
+                list.push((field, path, raw));
+            }
+        }
+        for (index, field, path) in nodes {
+            let dir = parent_dir(&path);
+            let listing = node_dirs
+                .iter()
+                .position(|d| d == dir)
+                .and_then(|i| listings.get(i));
+            let raw = match listing {
+                Some(Ok(Answer::Names(names))) => {
+                    let name = &path[dir.len()..].trim_start_matches('/');
+                    Raw::Exists(names.iter().any(|n| n == name))
+                }
+                Some(Err(e)) => Raw::Failed(listing_failed(e, &path)),
+                _ => Raw::Failed(ReadError::Closed { path: path.clone() }),
             };
             if let Some(list) = per_gpu.get_mut(index) {
                 list.push((field, path, raw));
@@ -615,6 +735,28 @@ impl Sampler {
             gpus,
             kfd_processes,
         }
+    }
+}
+
+/// The directory part of a host path (`/dev/dri/card0` → `/dev/dri`).
+fn parent_dir(path: &str) -> &str {
+    path.rfind('/').map_or("", |at| &path[..at])
+}
+
+/// Why `path` is unknown when the listing of its directory failed with `e`.
+fn listing_failed(e: &ReadError, path: &str) -> ReadError {
+    let path = path.to_owned();
+    match e {
+        ReadError::Stuck { .. } => ReadError::Stuck { path },
+        ReadError::TimedOut { timeout, .. } => ReadError::TimedOut {
+            path,
+            timeout: *timeout,
+        },
+        ReadError::Closed { .. } => ReadError::Closed { path },
+        ReadError::Host(e) => ReadError::Host(crate::host::HostError::Io {
+            path: path.into(),
+            source: std::io::Error::other(format!("cannot list its directory: {e}")),
+        }),
     }
 }
 
