@@ -22,6 +22,7 @@
 //! naming the file ([`HostError::is_timeout`]).
 
 pub mod descriptors;
+pub mod inotify;
 pub mod reader;
 
 use std::fs;
@@ -382,6 +383,30 @@ pub struct OpenAttr {
 }
 
 impl OpenAttr {
+    /// Off sysfs: the file may be replaced by a rename, or removed, while
+    /// open, and each [`OpenAttr::reread`] checks its links first.
+    pub fn is_replaceable(&self) -> bool {
+        self.replaceable
+    }
+
+    /// The path still names the file this descriptor reads (the same
+    /// device and inode).
+    pub fn still_at_its_path(&self) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        match (self.file.metadata(), fs::metadata(&self.path)) {
+            (Ok(open), Ok(now)) => open.dev() == now.dev() && open.ino() == now.ino(),
+            _ => false,
+        }
+    }
+
+    /// The caller learns of the file's replacement another way (an inotify
+    /// watch on its directory, set up before the file was opened), so rereads
+    /// skip the per-read link check.
+    pub fn trusting_a_watch(mut self) -> Self {
+        self.replaceable = false;
+        self
+    }
+
     /// The file's bytes now, at most 64 KiB; `None` when the file was removed
     /// or replaced since it was opened (open it again). An error (a sysfs
     /// attribute whose device went away answers `ENODEV`) also means this

@@ -19,12 +19,12 @@
 //! descriptor never blocks.
 
 use std::collections::BTreeSet;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::device::Inventory;
 use crate::host::HostRoot;
+use crate::host::inotify::{self as host_inotify, ENTRIES_AND_SELF};
 use crate::host::reader::{Answer, BoundedReader, Op};
 use crate::telemetry::sample::{HostSample, device_nodes};
 use crate::telemetry::sysfs::KFD_PATH;
@@ -251,37 +251,24 @@ async fn check(reader: &BoundedReader, wanted: BTreeSet<String>, timeout: Durati
 /// An inotify instance watching `/dev` and `/dev/dri` for entries created,
 /// removed or renamed, and for the directories themselves going away.
 struct Inotify {
-    fd: Arc<OwnedFd>,
+    inotify: host_inotify::Inotify,
     dev: i32,
     /// `None` while `/dev/dri` does not exist (or its watch was removed).
     dri: Option<i32>,
 }
 
-const MASK: u32 = libc::IN_CREATE
-    | libc::IN_DELETE
-    | libc::IN_MOVED_FROM
-    | libc::IN_MOVED_TO
-    | libc::IN_DELETE_SELF
-    | libc::IN_MOVE_SELF;
-
 impl Inotify {
     fn open(dev: &std::path::Path, dri: &std::path::Path) -> std::io::Result<Self> {
-        // SAFETY: no pointers; the result is checked.
-        let raw = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
-        if raw < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: `raw` is a new descriptor that nothing else owns.
-        let fd = Arc::new(unsafe { OwnedFd::from_raw_fd(raw) });
-        let dev = add_watch(&fd, dev)?;
-        let dri = add_watch(&fd, dri).ok();
-        Ok(Self { fd, dev, dri })
+        let inotify = host_inotify::Inotify::new()?;
+        let dev = inotify.add_watch(dev, ENTRIES_AND_SELF)?;
+        let dri = inotify.add_watch(dri, ENTRIES_AND_SELF).ok();
+        Ok(Self { inotify, dev, dri })
     }
 
     /// Watches `/dev/dri` again, bounded by `timeout`.
     async fn rewatch_dri(&mut self, host: &HostRoot, timeout: Duration) {
-        let (fd, dri) = (self.fd.clone(), host.path(DRI));
-        let setup = tokio::task::spawn_blocking(move || add_watch(&fd, &dri));
+        let (inotify, dri) = (self.inotify.clone(), host.path(DRI));
+        let setup = tokio::task::spawn_blocking(move || inotify.add_watch(&dri, ENTRIES_AND_SELF));
         if let Ok(Ok(Ok(wd))) = tokio::time::timeout(timeout, setup).await {
             self.dri = Some(wd);
         }
@@ -290,62 +277,21 @@ impl Inotify {
     /// Reads every pending event. True if any arrived. An error when the
     /// watch on `/dev` itself is gone, or the descriptor fails.
     fn drain(&mut self) -> std::io::Result<bool> {
-        let mut changed = false;
-        let mut buf = [0u8; 4096];
-        loop {
-            // SAFETY: `buf` is valid for writes of its length.
-            let n = unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-            if n < 0 {
-                let e = std::io::Error::last_os_error();
-                return match e.kind() {
-                    std::io::ErrorKind::WouldBlock => Ok(changed),
-                    std::io::ErrorKind::Interrupted => continue,
-                    _ => Err(e),
-                };
-            }
-            if n == 0 {
-                return Ok(changed);
-            }
-            for (wd, mask) in events(&buf[..n as usize]) {
-                changed = true;
-                if mask & libc::IN_IGNORED != 0 {
-                    if wd == self.dev {
-                        return Err(std::io::Error::other("the watch on /dev was removed"));
-                    }
-                    if Some(wd) == self.dri {
-                        self.dri = None;
-                    }
+        let mut dev_gone = false;
+        let (dev, dri) = (self.dev, &mut self.dri);
+        let changed = self.inotify.drain(|event| {
+            if event.watch_removed() {
+                dev_gone |= event.wd == dev;
+                if Some(event.wd) == *dri {
+                    *dri = None;
                 }
             }
+        })?;
+        if dev_gone {
+            return Err(std::io::Error::other("the watch on /dev was removed"));
         }
+        Ok(changed)
     }
-}
-
-fn add_watch(fd: &OwnedFd, path: &std::path::Path) -> std::io::Result<i32> {
-    let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
-        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
-    // SAFETY: `c_path` is NUL-terminated and outlives the call.
-    let wd = unsafe { libc::inotify_add_watch(fd.as_raw_fd(), c_path.as_ptr(), MASK) };
-    if wd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(wd)
-}
-
-/// The (watch, mask) of each `struct inotify_event` in `buf`.
-fn events(buf: &[u8]) -> Vec<(i32, u32)> {
-    const HEADER: usize = 16;
-    let word = |at: usize| -> Option<[u8; 4]> { buf.get(at..at + 4)?.try_into().ok() };
-    let mut out = Vec::new();
-    let mut at = 0;
-    while at + HEADER <= buf.len() {
-        let (Some(wd), Some(mask), Some(len)) = (word(at), word(at + 4), word(at + 12)) else {
-            break;
-        };
-        out.push((i32::from_ne_bytes(wd), u32::from_ne_bytes(mask)));
-        at += HEADER + u32::from_ne_bytes(len) as usize;
-    }
-    out
 }
 
 #[cfg(test)]
@@ -459,22 +405,5 @@ mod tests {
         assert_eq!(status.missing.len(), 32);
         assert_eq!(status.kfd_present, Some(false));
         assert_eq!(watch.due(&status.checked, Instant::now()), Due::NoWatch);
-    }
-
-    #[test]
-    fn events_are_parsed_with_their_names_skipped() {
-        let mut buf = Vec::new();
-        for (wd, mask, name) in [
-            (1i32, libc::IN_CREATE, &b"renderD128\0\0"[..]),
-            (2, libc::IN_IGNORED, b""),
-        ] {
-            buf.extend(wd.to_ne_bytes());
-            buf.extend(mask.to_ne_bytes());
-            buf.extend(0u32.to_ne_bytes());
-            buf.extend((name.len() as u32).to_ne_bytes());
-            buf.extend(name);
-        }
-        assert_eq!(events(&buf), [(1, libc::IN_CREATE), (2, libc::IN_IGNORED)]);
-        assert_eq!(events(&buf[..10]), []);
     }
 }

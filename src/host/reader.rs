@@ -40,6 +40,7 @@ use std::time::{Duration, Instant};
 use futures::task::AtomicWaker;
 
 use crate::host::descriptors::current_kept_descriptor_cap;
+use crate::host::inotify::{ENTRIES_AND_SELF, Inotify};
 use crate::host::{HostError, HostRoot, OpenAttr};
 
 /// How long a read waits before it checks on itself (capped at a quarter of
@@ -236,6 +237,8 @@ struct Job {
     path: String,
     op: Op,
     slot: Arc<Slot>,
+    /// When it was asked for: replacements before it must be seen.
+    queued_at: Instant,
 }
 
 #[derive(Default)]
@@ -312,6 +315,7 @@ struct Inner {
     skipped: AtomicU64,
     opened: AtomicU64,
     kept: Mutex<KeptFiles>,
+    replacements: Mutex<Replacements>,
 }
 
 impl Inner {
@@ -386,6 +390,7 @@ impl BoundedReader {
             skipped: AtomicU64::new(0),
             opened: AtomicU64::new(0),
             kept: Mutex::new(KeptFiles::new(current_kept_descriptor_cap())),
+            replacements: Mutex::new(Replacements::default()),
         });
         Self {
             _guard: Arc::new(ShutdownGuard(inner.clone())),
@@ -457,11 +462,8 @@ impl BoundedReader {
     }
 
     async fn run(&self, path: &str, op: Op, timeout: Duration) -> Result<Answer, ReadError> {
-        let slot = Arc::new(Slot::new(
-            Instant::now(),
-            timeout,
-            Arc::new(AtomicWaker::new()),
-        ));
+        let now = Instant::now();
+        let slot = Arc::new(Slot::new(now, timeout, Arc::new(AtomicWaker::new())));
         {
             let mut state = self.inner.lock();
             if state.shutdown {
@@ -476,6 +478,7 @@ impl BoundedReader {
                 path: path.to_owned(),
                 op,
                 slot: slot.clone(),
+                queued_at: now,
             });
             let woken = self.wake(&mut state, false);
             if !(woken || state.threads > 0) || !self.keep_time(&mut state, [&slot]) {
@@ -529,6 +532,7 @@ impl BoundedReader {
                         path: path.clone(),
                         op: *op,
                         slot: slot.clone(),
+                        queued_at: now,
                     });
                     pending.push((i, slot));
                 }
@@ -767,19 +771,43 @@ impl KeptFiles {
     fn forget(&mut self, path: &str) {
         self.files.remove(path);
     }
+
+    fn forget_under(&mut self, dir: &str) {
+        self.files.retain(|path, _| {
+            !(path.starts_with(dir) && path.as_bytes().get(dir.len()) == Some(&b'/'))
+        });
+    }
+
+    fn forget_all(&mut self) {
+        self.files.clear();
+    }
 }
 
 /// Reads an attribute through its kept descriptor, or opens (and keeps) it.
 /// A kept descriptor whose file was replaced or removed, or whose read fails
 /// (a device that went away answers `ENODEV`), is dropped and the path read
-/// afresh, so the answer is always what opening the path now would give.
-/// Text and binary reads of a path share its descriptor.
-fn read_kept(inner: &Inner, path: &str, op: Op, buf: &mut Vec<u8>) -> Result<Answer, HostError> {
+/// afresh, so the answer is always what opening the path at some time
+/// between the request (`queued_at`) and the answer would give. Text and
+/// binary reads of a path share its descriptor.
+///
+/// On sysfs a file is never replaced. Elsewhere (a simulated tree, which a
+/// writer updates by renaming a new file over the old one) replacements are
+/// learned from an inotify watch on the file's directory ([`Replacements`]),
+/// read once per batch of requests rather than checked with an `fstat` per
+/// read; where no watch can be set up, each read checks the file's links.
+fn read_kept(
+    inner: &Inner,
+    path: &str,
+    op: Op,
+    buf: &mut Vec<u8>,
+    queued_at: Instant,
+) -> Result<Answer, HostError> {
     let lock = || inner.kept.lock().unwrap_or_else(|p| p.into_inner());
     let answer = |bytes: &[u8]| match op {
         Op::Bytes => Ok(Answer::Bytes(bytes.to_vec())),
         _ => inner.host.attr_str(path, bytes).map(Answer::Text),
     };
+    let epoch = notice_replacements(inner, queued_at);
     let kept = lock().get(path);
     if let Some(attr) = kept {
         if let Ok(Some(len)) = attr.reread_into(buf) {
@@ -789,10 +817,175 @@ fn read_kept(inner: &Inner, path: &str, op: Op, buf: &mut Vec<u8>) -> Result<Ans
     }
     inner.opened.fetch_add(1, Ordering::Relaxed);
     let (bytes, attr) = inner.host.open_attr(path)?;
-    if let Some(attr) = attr {
+    let keep = match attr {
+        Some(attr) if attr.is_replaceable() => {
+            match inner.replacements().watch_dir_of(&inner.host, path, epoch) {
+                // Watched since before this open: nothing it missed.
+                Watch::Before => Some(attr.trusting_a_watch()),
+                // Watched since just after the open: kept if nothing replaced
+                // the file in between (anything later is an event).
+                Watch::Now if attr.still_at_its_path() => Some(attr.trusting_a_watch()),
+                // Something changed meanwhile: the open may have raced a
+                // replacement; the next read opens again.
+                Watch::Now | Watch::Stale => None,
+                Watch::Unavailable => Some(attr),
+            }
+        }
+        other => other,
+    };
+    if let Some(attr) = keep {
         lock().keep(path, attr);
     }
     answer(&bytes)
+}
+
+/// Reads the queued inotify events if any read asked for after the last
+/// reading of them is about to be answered, and forgets the kept files they
+/// name. The epoch afterwards (see [`Replacements::epoch`]).
+fn notice_replacements(inner: &Inner, queued_at: Instant) -> u64 {
+    let mut replacements = inner.replacements();
+    if replacements.inotify.is_none() || replacements.drained_at >= Some(queued_at) {
+        return replacements.epoch;
+    }
+    replacements.drained_at = Some(Instant::now());
+    let forget = replacements.drain();
+    let epoch = replacements.epoch;
+    drop(replacements);
+    if !forget.is_empty() {
+        let mut kept = inner.kept.lock().unwrap_or_else(|p| p.into_inner());
+        for what in forget {
+            match what {
+                Forget::File(path) => kept.forget(&path),
+                Forget::Under(dir) => kept.forget_under(&dir),
+                Forget::All => kept.forget_all(),
+            }
+        }
+    }
+    epoch
+}
+
+/// Whether a file's directory is watched for replacements.
+enum Watch {
+    /// Since before the caller's epoch.
+    Before,
+    /// Set up just now.
+    Now,
+    /// Watched, but events arrived since the caller's epoch.
+    Stale,
+    /// No watch: inotify or the watch could not be set up.
+    Unavailable,
+}
+
+/// What inotify said to forget.
+enum Forget {
+    File(String),
+    Under(String),
+    All,
+}
+
+/// The inotify watches on the directories of kept files off sysfs.
+#[derive(Default)]
+struct Replacements {
+    /// Set up on first need; `None` once it failed (reads check links).
+    inotify: Option<Inotify>,
+    tried: bool,
+    /// Directory, as the kept paths spell it → its watch (`None`: it could
+    /// not be watched).
+    watched: HashMap<String, Option<i32>>,
+    /// Watch → the directories it stands for (two spellings of one
+    /// directory share a watch).
+    dirs: HashMap<i32, Vec<String>>,
+    drained_at: Option<Instant>,
+    /// Counts drains that found events: a file opened in one epoch is kept
+    /// only if no event arrived before it is kept.
+    epoch: u64,
+}
+
+/// Directories watched at most; files in others check their links.
+const MAX_WATCHED_DIRS: usize = 4096;
+
+impl Inner {
+    fn replacements(&self) -> MutexGuard<'_, Replacements> {
+        self.replacements.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Replacements {
+    fn watch_dir_of(&mut self, host: &HostRoot, path: &str, epoch: u64) -> Watch {
+        if !self.tried {
+            self.tried = true;
+            match Inotify::new() {
+                Ok(inotify) => self.inotify = Some(inotify),
+                Err(e) => tracing::debug!(
+                    error = %e,
+                    "cannot watch kept files for replacement; each read checks its file's links"
+                ),
+            }
+        }
+        let Some(inotify) = &self.inotify else {
+            return Watch::Unavailable;
+        };
+        let dir = path.rfind('/').map_or("", |at| &path[..at]);
+        match self.watched.get(dir) {
+            Some(Some(_)) if self.epoch == epoch => return Watch::Before,
+            Some(Some(_)) => return Watch::Stale,
+            Some(None) => return Watch::Unavailable,
+            None if self.watched.len() >= MAX_WATCHED_DIRS => return Watch::Unavailable,
+            None => {}
+        }
+        let watched = inotify.add_watch(&host.path(dir), ENTRIES_AND_SELF).ok();
+        self.watched.insert(dir.to_owned(), watched);
+        match watched {
+            Some(wd) => {
+                self.dirs.entry(wd).or_default().push(dir.to_owned());
+                Watch::Now
+            }
+            None => Watch::Unavailable,
+        }
+    }
+
+    /// Reads the queued events: what to forget.
+    fn drain(&mut self) -> Vec<Forget> {
+        let Some(inotify) = self.inotify.clone() else {
+            return Vec::new();
+        };
+        let mut forget = Vec::new();
+        let mut gone: Vec<i32> = Vec::new();
+        let drained = inotify.drain(|event| {
+            if event.overflowed() {
+                forget.push(Forget::All);
+                return;
+            }
+            let dirs = self.dirs.get(&event.wd).map(Vec::as_slice).unwrap_or(&[]);
+            if event.about_the_directory() {
+                forget.extend(dirs.iter().map(|d| Forget::Under(d.clone())));
+                gone.push(event.wd);
+            } else if let Some(name) = &event.name {
+                forget.extend(dirs.iter().map(|d| Forget::File(format!("{d}/{name}"))));
+            }
+        });
+        match drained {
+            Ok(false) => {}
+            Ok(true) => self.epoch += 1,
+            Err(e) => {
+                tracing::debug!(error = %e, "inotify failed; each read checks its file's links");
+                self.inotify = None;
+                self.watched.clear();
+                self.dirs.clear();
+                self.epoch += 1;
+                return vec![Forget::All];
+            }
+        }
+        for wd in gone {
+            // A moved directory keeps its watch; it no longer stands for
+            // the path, so it is dropped and the path watched afresh.
+            inotify.remove_watch(wd);
+            for dir in self.dirs.remove(&wd).unwrap_or_default() {
+                self.watched.remove(&dir);
+            }
+        }
+        forget
+    }
 }
 
 fn worker(inner: Arc<Inner>, index: usize) {
@@ -833,7 +1026,9 @@ fn worker(inner: Arc<Inner>, index: usize) {
         let result = wanted.then(|| {
             let host = &inner.host;
             match job.op {
-                Op::Read | Op::Bytes => read_kept(&inner, &job.path, job.op, &mut buf),
+                Op::Read | Op::Bytes => {
+                    read_kept(&inner, &job.path, job.op, &mut buf, job.queued_at)
+                }
                 Op::Exists => Ok(Answer::Exists(host.exists(&job.path))),
                 Op::List => host.list_dir_or_empty(&job.path).map(Answer::Names),
             }
@@ -899,6 +1094,29 @@ mod tests {
         let err = reader.read_attr("/sys/a", SHORT).await.unwrap_err();
         assert!(err.is_not_found(), "{err}");
         assert_eq!(reader.kept(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_kept_descriptor_follows_its_directory_being_replaced() {
+        let (dir, host) = host();
+        let reader = BoundedReader::new(host.clone(), 2);
+        assert_eq!(reader.read_attr("/sys/a", SHORT).await.unwrap(), "1");
+        assert_eq!(reader.kept(), 1);
+        // The whole directory removed and written again, as `simulate`
+        // does when it replaces the simulated GPUs.
+        std::fs::remove_dir_all(dir.path().join("sys")).unwrap();
+        host.write("/sys/a", "4\n").unwrap();
+        assert_eq!(reader.read_attr("/sys/a", SHORT).await.unwrap(), "4");
+        // And once more, with the new directory watched afresh.
+        std::fs::remove_dir_all(dir.path().join("sys")).unwrap();
+        host.write("/sys/a", "5\n").unwrap();
+        assert_eq!(reader.read_attr("/sys/a", SHORT).await.unwrap(), "5");
+        // A directory moved away and another put in its place.
+        std::fs::rename(dir.path().join("sys"), dir.path().join("old")).unwrap();
+        host.write("/sys/a", "6\n").unwrap();
+        assert_eq!(reader.read_attr("/sys/a", SHORT).await.unwrap(), "6");
+        std::fs::write(dir.path().join("old/a"), "7\n").unwrap();
+        assert_eq!(reader.read_attr("/sys/a", SHORT).await.unwrap(), "6");
     }
 
     #[tokio::test]

@@ -1,0 +1,194 @@
+//! A thin, safe wrapper of one Linux inotify instance: set up watches, and
+//! read the queued events without ever blocking.
+//!
+//! Two readers of the host use it: the health monitor's device-node watch
+//! (entries of `/dev` and `/dev/dri` created or removed) and the bounded
+//! reader, which learns from it that a kept descriptor's file was replaced
+//! off sysfs. This module owns the descriptor and the event format; what an
+//! event means belongs to its users. Setting up a watch resolves a path, which
+//! can block on a broken mount: callers run it where blocking is bounded.
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::Path;
+use std::sync::Arc;
+
+/// Entries created, removed or renamed in a directory, and the directory
+/// itself removed or moved.
+pub const ENTRIES_AND_SELF: u32 = libc::IN_CREATE
+    | libc::IN_DELETE
+    | libc::IN_MOVED_FROM
+    | libc::IN_MOVED_TO
+    | libc::IN_DELETE_SELF
+    | libc::IN_MOVE_SELF;
+
+/// One inotify instance. Clones share it.
+#[derive(Clone, Debug)]
+pub struct Inotify {
+    fd: Arc<OwnedFd>,
+}
+
+/// One event as the kernel queued it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Event {
+    /// The watch it concerns; `-1` for a queue overflow.
+    pub wd: i32,
+    pub mask: u32,
+    /// The entry's name, for events about an entry of a watched directory.
+    pub name: Option<String>,
+}
+
+impl Event {
+    /// Events were lost: everything watched may have changed.
+    pub fn overflowed(&self) -> bool {
+        self.mask & libc::IN_Q_OVERFLOW != 0
+    }
+
+    /// The watch is gone (its directory was removed or unmounted).
+    pub fn watch_removed(&self) -> bool {
+        self.mask & libc::IN_IGNORED != 0
+    }
+
+    /// The watched directory itself was removed or moved.
+    pub fn about_the_directory(&self) -> bool {
+        self.mask & (libc::IN_DELETE_SELF | libc::IN_MOVE_SELF | libc::IN_IGNORED) != 0
+    }
+}
+
+impl Inotify {
+    /// A new, non-blocking instance.
+    pub fn new() -> std::io::Result<Self> {
+        // SAFETY: no pointers; the result is checked.
+        let raw = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
+        if raw < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: `raw` is a new descriptor that nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        Ok(Self { fd: Arc::new(fd) })
+    }
+
+    /// Watches `path` for `mask`; the watch descriptor. Watching a path that
+    /// is already watched returns its existing descriptor.
+    pub fn add_watch(&self, path: &Path, mask: u32) -> std::io::Result<i32> {
+        let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
+            .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+        // SAFETY: `c_path` is NUL-terminated and outlives the call.
+        let wd = unsafe { libc::inotify_add_watch(self.fd.as_raw_fd(), c_path.as_ptr(), mask) };
+        if wd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(wd)
+    }
+
+    /// Stops a watch (the kernel then queues its `IN_IGNORED`).
+    pub fn remove_watch(&self, wd: i32) {
+        // SAFETY: no pointers; a stale `wd` only makes the call fail.
+        unsafe { libc::inotify_rm_watch(self.fd.as_raw_fd(), wd) };
+    }
+
+    /// Hands every queued event to `each`, without blocking. True if any
+    /// was queued.
+    pub fn drain(&self, mut each: impl FnMut(Event)) -> std::io::Result<bool> {
+        let mut any = false;
+        let mut buf = [0u8; 4096];
+        loop {
+            // SAFETY: `buf` is valid for writes of its length.
+            let n = unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+            if n < 0 {
+                let e = std::io::Error::last_os_error();
+                return match e.kind() {
+                    std::io::ErrorKind::WouldBlock => Ok(any),
+                    std::io::ErrorKind::Interrupted => continue,
+                    _ => Err(e),
+                };
+            }
+            if n == 0 {
+                return Ok(any);
+            }
+            for event in parse_events(&buf[..n as usize]) {
+                any = true;
+                each(event);
+            }
+        }
+    }
+}
+
+/// The `struct inotify_event`s in `buf`. Pure; a truncated tail is ignored.
+pub fn parse_events(buf: &[u8]) -> Vec<Event> {
+    const HEADER: usize = 16;
+    let word = |at: usize| -> Option<[u8; 4]> { buf.get(at..at + 4)?.try_into().ok() };
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at + HEADER <= buf.len() {
+        let (Some(wd), Some(mask), Some(len)) = (word(at), word(at + 4), word(at + 12)) else {
+            break;
+        };
+        let len = u32::from_ne_bytes(len) as usize;
+        let name = buf
+            .get(at + HEADER..at + HEADER + len)
+            .map(|raw| {
+                // The name is NUL-padded to an alignment boundary.
+                let end = raw.iter().position(|b| *b == 0).unwrap_or(raw.len());
+                String::from_utf8_lossy(&raw[..end]).into_owned()
+            })
+            .filter(|n| !n.is_empty());
+        out.push(Event {
+            wd: i32::from_ne_bytes(wd),
+            mask: u32::from_ne_bytes(mask),
+            name,
+        });
+        at += HEADER + len;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw(wd: i32, mask: u32, name: &str) -> Vec<u8> {
+        let mut padded = name.as_bytes().to_vec();
+        if !padded.is_empty() {
+            padded.resize(name.len().div_ceil(16) * 16 + 16, 0);
+        }
+        let mut out = Vec::new();
+        out.extend(wd.to_ne_bytes());
+        out.extend(mask.to_ne_bytes());
+        out.extend(0u32.to_ne_bytes());
+        out.extend((padded.len() as u32).to_ne_bytes());
+        out.extend(padded);
+        out
+    }
+
+    #[test]
+    fn events_are_parsed_with_their_names_and_a_truncated_tail_is_dropped() {
+        let mut buf = raw(3, libc::IN_MOVED_TO, "gpu_busy_percent");
+        buf.extend(raw(-1, libc::IN_Q_OVERFLOW, ""));
+        buf.extend(raw(4, libc::IN_IGNORED, ""));
+        buf.extend(&raw(5, libc::IN_CREATE, "x")[..10]);
+        let events = parse_events(&buf);
+        assert_eq!(events.len(), 3, "{events:?}");
+        assert_eq!(events[0].name.as_deref(), Some("gpu_busy_percent"));
+        assert!(!events[0].about_the_directory());
+        assert!(events[1].overflowed() && events[1].name.is_none());
+        assert!(events[2].watch_removed() && events[2].about_the_directory());
+    }
+
+    #[test]
+    fn a_rename_into_a_watched_directory_is_read_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let inotify = Inotify::new().unwrap();
+        let wd = inotify.add_watch(dir.path(), ENTRIES_AND_SELF).unwrap();
+        assert!(!inotify.drain(|_| {}).unwrap(), "nothing happened yet");
+        std::fs::write(dir.path().join("tmp"), "1").unwrap();
+        std::fs::rename(dir.path().join("tmp"), dir.path().join("value")).unwrap();
+        let mut seen = Vec::new();
+        assert!(inotify.drain(|e| seen.push(e)).unwrap());
+        assert!(
+            seen.iter().any(|e| e.wd == wd
+                && e.mask & libc::IN_MOVED_TO != 0
+                && e.name.as_deref() == Some("value")),
+            "{seen:?}"
+        );
+    }
+}
