@@ -26,7 +26,7 @@ use crate::device::Inventory;
 use crate::host::HostRoot;
 use crate::host::inotify::{self as host_inotify, ENTRIES_AND_SELF};
 use crate::host::reader::{Answer, BoundedReader, Op};
-use crate::telemetry::sample::{HostSample, device_nodes};
+use crate::telemetry::sample::{HostSample, device_nodes, drm_minors};
 use crate::telemetry::sysfs::KFD_PATH;
 
 const DEV: &str = "/dev";
@@ -113,14 +113,7 @@ impl NodeWatch {
 
     /// The device nodes `inventory` names (see [`device_nodes`]).
     fn wanted(&mut self, inventory: &Inventory) -> Arc<BTreeSet<String>> {
-        let minors: Vec<Option<u32>> = inventory
-            .gpus
-            .iter()
-            .flat_map(|g| {
-                let partitions = g.partitions.iter().flat_map(|p| [p.card, p.render_minor]);
-                [g.card, g.render_minor].into_iter().chain(partitions)
-            })
-            .collect();
+        let minors: Vec<Option<u32>> = inventory.gpus.iter().flat_map(drm_minors).collect();
         if minors != self.wanted.0 {
             let nodes = inventory.gpus.iter().flat_map(device_nodes).collect();
             self.wanted = (minors, Arc::new(nodes));

@@ -298,6 +298,13 @@ struct Latest {
 /// samples wait for a scrape to render them.
 pub const PRERENDER_AFTER_SCRAPE: Duration = Duration::from_secs(300);
 
+/// Whether a new sample is rendered before anyone asks: the first of a run
+/// (which also tells the status its series), and every one while a scrape
+/// came within [`PRERENDER_AFTER_SCRAPE`] (`since_scrape`). Pure.
+pub fn renders_ahead(rendered_once: bool, since_scrape: Option<Duration>) -> bool {
+    !rendered_once || since_scrape.is_some_and(|d| d < PRERENDER_AFTER_SCRAPE)
+}
+
 /// Everything one rendering needs, owned, so that a scrape can render it
 /// after the sampling task moved on.
 struct SampleExposition {
@@ -559,9 +566,7 @@ impl Service for MetricsService {
                 if published_tx.borrow().served() {
                     last_scraped = Some(tokio::time::Instant::now());
                 }
-                let scraped_lately =
-                    last_scraped.is_some_and(|at| at.elapsed() < PRERENDER_AFTER_SCRAPE);
-                if !rendered_once || scraped_lately {
+                if renders_ahead(rendered_once, last_scraped.map(|at| at.elapsed())) {
                     // The first rendering also tells the status its series.
                     published.prerender();
                     rendered_once = true;
@@ -657,6 +662,14 @@ mod tests {
         spec.port = 70000;
         let config = MetricsConfig::for_spec(&spec, host, "n", Path::new("/k"), None);
         assert_eq!(config.listen.port(), 5000, "out of range falls back");
+    }
+
+    #[test]
+    fn samples_are_rendered_ahead_only_at_first_and_while_scraped() {
+        assert!(renders_ahead(false, None), "the first sample");
+        assert!(!renders_ahead(true, None), "never scraped");
+        assert!(renders_ahead(true, Some(Duration::from_secs(60))));
+        assert!(!renders_ahead(true, Some(PRERENDER_AFTER_SCRAPE)));
     }
 
     #[test]

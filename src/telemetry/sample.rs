@@ -416,6 +416,9 @@ pub struct Sampler {
     processes: bool,
     /// The last sample's reads, reused while nothing they depend on changed.
     plan: Option<BatchPlan>,
+    /// Counts changes to `files`, so that a plan can tell it is still current
+    /// without comparing them.
+    files_changed: u64,
 }
 
 /// One sample's reads, planned from the inventory and the files found.
@@ -424,9 +427,10 @@ pub struct Sampler {
 #[derive(Debug)]
 struct BatchPlan {
     scope: Scope,
-    /// What it was planned from.
-    gpus: Vec<Gpu>,
-    files: Vec<Option<GpuFiles>>,
+    /// What it was planned from: each GPU's address and DRM minors (all of a
+    /// GPU that [`plan_reads`] uses), and the files' change count.
+    gpus: Vec<(String, Vec<Option<u32>>)>,
+    files_changed: u64,
     /// Which GPUs' static values were cached (and so not read).
     with_statics: Vec<bool>,
     /// The reads, and whose each is (GPU index and field).
@@ -443,17 +447,18 @@ impl BatchPlan {
     fn new(
         inventory: &Inventory,
         files: &HashMap<String, GpuFiles>,
+        files_changed: u64,
         with_statics: Vec<bool>,
         scope: Scope,
     ) -> Self {
         let mut plan = BatchPlan {
             scope,
-            gpus: inventory.gpus.clone(),
-            files: inventory
+            gpus: inventory
                 .gpus
                 .iter()
-                .map(|g| files.get(&g.bdf).cloned())
+                .map(|g| (g.bdf.clone(), drm_minors(g).collect()))
                 .collect(),
+            files_changed,
             with_statics,
             requests: Vec::new(),
             owners: Vec::new(),
@@ -506,19 +511,27 @@ impl BatchPlan {
     fn is_for(
         &self,
         inventory: &Inventory,
-        files: &HashMap<String, GpuFiles>,
+        files_changed: u64,
         with_statics: &[bool],
         scope: Scope,
     ) -> bool {
         self.scope == scope
+            && self.files_changed == files_changed
             && self.with_statics == with_statics
-            && self.gpus == inventory.gpus
+            && self.gpus.len() == inventory.gpus.len()
             && self
                 .gpus
                 .iter()
-                .zip(&self.files)
-                .all(|(g, planned)| files.get(&g.bdf) == planned.as_ref())
+                .zip(&inventory.gpus)
+                .all(|((bdf, minors), g)| *bdf == g.bdf && drm_minors(g).eq(minors.iter().copied()))
     }
+}
+
+/// A GPU's DRM minors and its partitions', in order: what its device nodes
+/// are named after.
+pub fn drm_minors(gpu: &Gpu) -> impl Iterator<Item = Option<u32>> + '_ {
+    let partitions = gpu.partitions.iter().flat_map(|p| [p.card, p.render_minor]);
+    [gpu.card, gpu.render_minor].into_iter().chain(partitions)
 }
 
 /// How long the static values of a GPU are kept before they are read again.
@@ -534,6 +547,7 @@ impl Sampler {
             tables: HashMap::new(),
             processes: false,
             plan: None,
+            files_changed: 0,
         }
     }
 
@@ -554,7 +568,11 @@ impl Sampler {
         let started = Instant::now();
         let taken_at = SystemTime::now();
         let in_inventory = |bdf: &String| inventory.gpus.iter().any(|g| &g.bdf == bdf);
+        let files_before = self.files.len();
         self.files.retain(|bdf, _| in_inventory(bdf));
+        if self.files.len() != files_before {
+            self.files_changed += 1;
+        }
         self.statics.retain(|bdf, _| in_inventory(bdf));
         self.tables.retain(|bdf, _| in_inventory(bdf));
         let missing: Vec<&Gpu> = inventory
@@ -569,7 +587,10 @@ impl Sampler {
         )
         .await;
         for (gpu, files) in missing.iter().zip(located) {
-            self.files.insert(gpu.bdf.clone(), files);
+            if self.files.get(&gpu.bdf) != Some(&files) {
+                self.files.insert(gpu.bdf.clone(), files);
+                self.files_changed += 1;
+            }
         }
         let cached: Vec<Option<Statics>> = inventory
             .gpus
@@ -585,13 +606,19 @@ impl Sampler {
         if !self
             .plan
             .as_ref()
-            .is_some_and(|p| p.is_for(inventory, &self.files, &with_statics, scope))
+            .is_some_and(|p| p.is_for(inventory, self.files_changed, &with_statics, scope))
         {
             self.plan = None;
         }
-        let plan = self
-            .plan
-            .get_or_insert_with(|| BatchPlan::new(inventory, &self.files, with_statics, scope));
+        let plan = self.plan.get_or_insert_with(|| {
+            BatchPlan::new(
+                inventory,
+                &self.files,
+                self.files_changed,
+                with_statics,
+                scope,
+            )
+        });
         let BatchPlan {
             requests: planned_requests,
             owners,
@@ -1157,6 +1184,48 @@ mod tests {
         assert_eq!(r.pcie.max_width, None);
         assert_eq!(r.missing_nodes, [render]);
         crate::simulate::release_hung_file(&host, max_width, "16").unwrap();
+    }
+
+    #[tokio::test]
+    async fn the_kept_read_plan_follows_a_repartition_and_its_device_nodes() {
+        let dir = tempfile::tempdir().unwrap();
+        let host = crate::host::HostRoot::new(dir.path());
+        let write = |mode: &str| {
+            let spec = crate::simulate::SimSpec::new("mi300x", Some(2), Some(mode)).unwrap();
+            crate::simulate::write_host(&host, &spec).unwrap();
+            crate::device::discover(&host)
+        };
+        let cpx = write("cpx_nps4");
+        let mut sampler = Sampler::new(BoundedReader::new(host.clone(), 2), Duration::from_secs(1));
+        for _ in 0..2 {
+            let sample = sampler.sample(&cpx, Scope::Health).await;
+            for r in sample.gpus.values() {
+                assert!(r.missing_nodes.is_empty(), "{:?}", r.missing_nodes);
+                assert_eq!(r.bound, Some(true));
+            }
+        }
+        // A node removed is seen through the listing of /dev/dri.
+        let render = format!(
+            "/dev/dri/renderD{}",
+            cpx.gpus[0].partitions[3].render_minor.unwrap()
+        );
+        host.remove_all(&render).unwrap();
+        let sample = sampler.sample(&cpx, Scope::Health).await;
+        assert_eq!(sample.gpus[&cpx.gpus[0].bdf].missing_nodes, [render]);
+        // Back to SPX: the partitions' nodes are gone, and a plan kept from
+        // CPX would report them missing.
+        let spx = write("spx_nps1");
+        assert_ne!(spx, cpx);
+        let sample = sampler.sample(&spx, Scope::Health).await;
+        for r in sample.gpus.values() {
+            assert!(r.missing_nodes.is_empty(), "{:?}", r.missing_nodes);
+        }
+        // And an unbound GPU, through the listing of the driver's directory.
+        host.remove_all(format!("/sys/bus/pci/drivers/amdgpu/{}", spx.gpus[1].bdf))
+            .unwrap();
+        let sample = sampler.sample(&spx, Scope::Health).await;
+        assert_eq!(sample.gpus[&spx.gpus[1].bdf].bound, Some(false));
+        assert_eq!(sample.gpus[&spx.gpus[0].bdf].bound, Some(true));
     }
 
     #[tokio::test]
