@@ -43,6 +43,7 @@ fn agent_status(generation: i64, uid: &str) -> String {
         resources: [("amd.com/gpu".to_string(), 8)].into(),
         gpus: 8,
         driver_version: Some("6.12.12".into()),
+        driver: None,
         problems: vec![],
         since: "2026-11-30T00:00:00Z".into(),
     }

@@ -486,6 +486,17 @@ async fn status_counts_what_real_agents_serve_and_ready_says_which_nodes_do_not(
             .unwrap()
             .to_owned();
         let agent = AgentStatus::parse(&text).unwrap();
+        // What driver and kernel the node runs is reported whatever
+        // `driver.enable` says, from the agent's own reads of the host.
+        let driver = agent.driver.as_ref().expect("a driver report");
+        assert_eq!(
+            driver.kernel_release.as_deref(),
+            Some(simulate::SIM_KERNEL_RELEASE),
+            "{text}"
+        );
+        assert_eq!(driver.boot_id.as_deref(), Some(simulate::SIM_BOOT_ID));
+        assert_eq!(driver.origin, gpu_operator::driver::ModuleOrigin::OutOfTree);
+        assert!(driver.loaded && driver.version.is_some() && driver.refcnt.is_none());
         let names: Vec<ServiceName> = agent.services.keys().copied().collect();
         assert_eq!(
             names,
@@ -518,6 +529,26 @@ async fn status_counts_what_real_agents_serve_and_ready_says_which_nodes_do_not(
                 && s["metricsExporter"]["availableNumber"] == 3
                 && condition(&s, "Ready")["status"] == "True"
                 && condition(&s, "Ready")["reason"] == "OperatorReady"
+        })
+        .await;
+
+    // With a managed driver, each node's module status carries the kernel
+    // and boot id its agent read (the emulator's Nodes have no nodeInfo).
+    fleet
+        .apply(
+            "gpus",
+            json!({"driver": {"enable": true}, "metricsExporter": {"enable": true},
+                "testRunner": {"enable": false}, "devicePlugin": {}}),
+        )
+        .await;
+    fleet
+        .eventually("nodeModuleStatus from the agents' reports", async |f| {
+            let s = f.status_of("gpus").await;
+            (0..3).all(|i| {
+                let module = &s["nodeModuleStatus"][format!("node-{i}")];
+                module["kernelVersion"] == simulate::SIM_KERNEL_RELEASE
+                    && module["bootId"] == simulate::SIM_BOOT_ID
+            })
         })
         .await;
     fleet.stop_all().await;

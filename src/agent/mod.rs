@@ -101,6 +101,16 @@ pub async fn run(
         },
     );
     let mut inventory = devices.inventory();
+    // What driver and kernel the node runs, for the status, whatever the
+    // DeviceConfig says about drivers.
+    let report_stop = CancellationToken::new();
+    let _stop_report = report_stop.clone().drop_guard();
+    let mut driver_report = crate::driver::report::follow(
+        config.host.clone(),
+        inventory.clone(),
+        devices.state(),
+        report_stop,
+    );
     let nodes: Api<Node> = Api::all(client.clone());
     // Every write to this agent's own Node goes through it.
     let writer = NodeWriter::new(nodes.clone(), node_name.clone());
@@ -201,6 +211,7 @@ pub async fn run(
                     access_problems: &access_problems,
                     services: services.states(),
                     inventory: &inventory.borrow_and_update(),
+                    driver: driver_report.borrow_and_update().as_ref(),
                     applied,
                     health_running: services.health.is_running(),
                     publishing_health: edges.node_health.is_some(),
@@ -216,6 +227,7 @@ pub async fn run(
             _ = node_rx.changed() => {}
             changed = configs_changed.changed() => if changed.is_err() { return Err(AgentError::WatchEnded) },
             _ = inventory.changed() => {}
+            _ = driver_report.changed() => {}
             _ = plugin_status.changed() => {}
             _ = metrics_config_error.changed() => {}
             _ = metrics_text.changed() => {}

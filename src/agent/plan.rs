@@ -24,7 +24,9 @@ use super::configmaps::ConfigMapRef;
 use super::node_services::{Applied, DiscoveryProgress};
 use super::select::{DesiredServices, NodeContext, Selection, idle_services, plan_services};
 use crate::api::KubeRbacConfig;
-use crate::api::agent_status::{AgentStatus, STATUS_VERSION, ServiceName, ServiceStatus};
+use crate::api::agent_status::{
+    AgentStatus, DriverReport, STATUS_VERSION, ServiceName, ServiceStatus,
+};
 use crate::device::Inventory;
 use crate::plugin::PluginStatus;
 
@@ -206,6 +208,8 @@ pub struct Observed<'a> {
     /// Each service's state, as the annotation shows it.
     pub services: BTreeMap<ServiceName, ServiceStatus>,
     pub inventory: &'a Inventory,
+    /// The driver and kernel the node runs, once read.
+    pub driver: Option<&'a DriverReport>,
     /// What applying the services stopped.
     pub applied: Applied,
     /// The health monitor runs.
@@ -307,6 +311,7 @@ pub fn report(state: &mut LoopState, observed: Observed<'_>) -> Report {
             observed.services,
             observed.plugin,
             observed.inventory,
+            observed.driver,
             problems,
             observed.now,
         )),
@@ -440,6 +445,7 @@ fn build_status(
     services: BTreeMap<ServiceName, ServiceStatus>,
     plugin_status: &PluginStatus,
     inventory: &Inventory,
+    driver: Option<&DriverReport>,
     problems: Vec<String>,
     since: String,
 ) -> AgentStatus {
@@ -460,6 +466,7 @@ fn build_status(
             .collect(),
         gpus: inventory.gpus.len(),
         driver_version: inventory.driver.version.clone(),
+        driver: driver.cloned(),
         problems,
         since,
     }
@@ -826,6 +833,7 @@ mod tests {
                     access_problems: &self.access_problems,
                     services: [(ServiceName::MetricsExporter, ServiceStatus::Running)].into(),
                     inventory: &inventory,
+                    driver: None,
                     applied: self.applied,
                     health_running: self.health_running,
                     publishing_health: self.publishing_health,

@@ -12,6 +12,8 @@
 //!  "services":{"devicePlugin":{"state":"Running"},
 //!              "metricsExporter":{"state":"Unavailable","reason":"no sample yet"}},
 //!  "resources":{"amd.com/gpu":8},"gpus":8,"driverVersion":"6.12.12",
+//!  "driver":{"loaded":true,"version":"6.12.12","origin":"OutOfTree",
+//!            "kernelRelease":"6.8.0-57-generic","bootId":"…","secureBoot":"Disabled"},
 //!  "problems":[],"since":"2026-11-30T07:00:00Z"}
 //! ```
 //!
@@ -26,6 +28,8 @@
 //!   `Restarting` with `error` and `restarts`: it failed and waits to be
 //!   restarted. `Finished`: it ended on its own. A disabled service is absent.
 //! - `resources`: device plugin resources and their device counts.
+//! - `driver`: the amdgpu module and kernel the node runs ([`DriverReport`]),
+//!   reported whatever `spec.driver` says.
 //! - `problems`: what needs a person (conflicting DeviceConfigs, a partition layout
 //!   the naming strategy cannot serve).
 //! - `since`: when this content was first published. It is not a heartbeat: the
@@ -152,6 +156,11 @@ pub struct AgentStatus {
     pub gpus: usize,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub driver_version: Option<String>,
+    /// The driver and kernel the node runs; absent until first read (and
+    /// from agents older than this field). Without `refcnt`, which moves
+    /// with every process that opens a GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver: Option<DriverReport>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub problems: Vec<String>,
     #[serde(default)]
@@ -256,6 +265,79 @@ impl AgentStatus {
     }
 }
 
+/// Where the loaded amdgpu module comes from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ModuleOrigin {
+    /// `/sys/module/amdgpu` is absent.
+    #[default]
+    NotLoaded,
+    /// Compiled into the kernel (no `taint` file).
+    BuiltIn,
+    /// The distribution's loadable module, built in the kernel tree.
+    InTree,
+    /// An external build (DKMS, a precompiled driver image): taint flag `O`.
+    OutOfTree,
+    /// Loaded, but its taint flags could not be read.
+    Unknown,
+}
+
+impl ModuleOrigin {
+    /// The in-box driver: the one that came with the kernel.
+    pub fn is_inbox(self) -> bool {
+        matches!(self, ModuleOrigin::BuiltIn | ModuleOrigin::InTree)
+    }
+}
+
+/// Whether UEFI Secure Boot is on, so that only signed modules load.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SecureBoot {
+    Enabled,
+    Disabled,
+    /// The host did not boot through UEFI: no Secure Boot.
+    NotUefi,
+    /// UEFI, but the variable could not be read (efivarfs not mounted, say).
+    #[default]
+    Unknown,
+}
+
+impl SecureBoot {
+    /// Whether a module must carry a signature to load. Unknown counts as on:
+    /// checking a signature that was not needed refuses nothing a signed
+    /// bundle has.
+    pub fn requires_signature(self) -> bool {
+        matches!(self, SecureBoot::Enabled | SecureBoot::Unknown)
+    }
+}
+
+/// The driver and kernel a node runs ([`AgentStatus::driver`]; read by the
+/// agent's driver module). Plain data, the same whatever the DeviceConfig says.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DriverReport {
+    /// `/sys/module/amdgpu` exists.
+    pub loaded: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub srcversion: Option<String>,
+    pub origin: ModuleOrigin,
+    /// The module's taint flags as the kernel lists them (`O`, `OE`, empty).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub taint: Option<String>,
+    /// Users of the module (`refcnt`); none for a built-in driver.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refcnt: Option<u32>,
+    /// The running kernel (`uname -r`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel_release: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_id: Option<String>,
+    pub secure_boot: SecureBoot,
+    /// Files that exist but could not be read, each naming the file.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub problems: Vec<String>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -270,6 +352,7 @@ mod tests {
             resources: [("amd.com/gpu".to_string(), 8)].into(),
             gpus: 8,
             driver_version: Some("6.12.12".into()),
+            driver: None,
             problems: vec![],
             since: "2026-11-30T07:00:00Z".into(),
         }

@@ -15,7 +15,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::ResourceExt;
 
 use crate::api::agent_status::ConfigKey;
-use crate::api::agent_status::{AgentStatus, STATUS_ANNOTATION, ServiceName};
+use crate::api::agent_status::{AgentStatus, DriverReport, STATUS_ANNOTATION, ServiceName};
 use crate::api::{
     CONDITION_ERROR, CONDITION_READY, DeploymentStatus, DeviceConfig, DeviceConfigStatus,
     ModuleStatus, Operand, REASON_ERROR, REASON_NO_MATCHING_NODES, REASON_NODES_NOT_SERVING,
@@ -125,14 +125,25 @@ pub fn desired_status(
         selected
             .iter()
             .map(|n| {
+                let agent = n.follows(&key, uid);
+                // The Node's own report first, as the reference reads it; the
+                // agent's where the kubelet left it empty.
+                let reported =
+                    |node: &str, of_agent: fn(&DriverReport) -> Option<&String>| match node {
+                        "" => agent
+                            .and_then(|a| a.driver.as_ref())
+                            .and_then(of_agent)
+                            .cloned()
+                            .unwrap_or_default(),
+                        node => node.to_owned(),
+                    };
                 let module = ModuleStatus {
-                    container_image: n
-                        .follows(&key, uid)
+                    container_image: agent
                         .and_then(|a| a.driver_version.clone())
                         .map(|v| format!("amdgpu {v}"))
                         .unwrap_or_default(),
-                    kernel_version: n.kernel_version.clone(),
-                    boot_id: n.boot_id.clone(),
+                    kernel_version: reported(&n.kernel_version, |d| d.kernel_release.as_ref()),
+                    boot_id: reported(&n.boot_id, |d| d.boot_id.as_ref()),
                     ..ModuleStatus::default()
                 };
                 let last = previous_modules.and_then(|m| m.get(&n.name));
@@ -390,6 +401,40 @@ mod tests {
         assert_eq!(cond(&status, "Ready").reason, "OperatorReady");
         assert_eq!(cond(&status, "Error").status, "False");
         assert_eq!(status.node_module_status.len(), 2);
+    }
+
+    #[test]
+    fn node_module_status_takes_the_kernel_and_boot_from_the_node_else_the_agent() {
+        let mut from_agent = node("a", Some(2), true);
+        if let Some(agent) = from_agent.agent.as_mut() {
+            agent.driver = Some(DriverReport {
+                kernel_release: Some("6.8.0-57-generic".into()),
+                boot_id: Some("agent-boot".into()),
+                ..DriverReport::default()
+            });
+        }
+        let mut from_node = from_agent.clone();
+        from_node.name = "b".into();
+        from_node.kernel_version = "6.8.0-60-generic".into();
+        from_node.boot_id = "node-boot".into();
+        let status = desired_status(
+            &dc(2),
+            &[from_agent, from_node],
+            &Problems::default(),
+            None,
+            &now(),
+        );
+        let a = &status.node_module_status["a"];
+        assert_eq!(
+            (a.kernel_version.as_str(), a.boot_id.as_str()),
+            ("6.8.0-57-generic", "agent-boot")
+        );
+        assert_eq!(a.container_image, "amdgpu 6.12.12");
+        let b = &status.node_module_status["b"];
+        assert_eq!(
+            (b.kernel_version.as_str(), b.boot_id.as_str()),
+            ("6.8.0-60-generic", "node-boot")
+        );
     }
 
     /// Absent `driver` and `devicePlugin` sections are off, as in the

@@ -6,7 +6,9 @@
 //! verified bundle with `modprobe` ([`load`]).
 //!
 //! Built so far: those four, as library functions and the `driver status`
-//! and `driver check` commands. Not built yet: the agent running them
+//! and `driver check` commands, and the agent publishing the report in its
+//! status ([`report::follow`]), from which the leader fills
+//! `status.nodeModuleStatus`. Not built yet: the agent loading anything
 //! (nothing loads a driver on its own today), fetching bundles (driver
 //! images, tarballs), blacklisting, unloading, reboots, and the cluster-wide
 //! upgrade; `spec.driver` is still accepted and not acted on.

@@ -28,11 +28,15 @@
 //!   Secure Boot is off; `/sys/firmware/efi` without the variable (efivarfs not
 //!   mounted, or not visible in this container) is not known.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
-use crate::device::DriverState;
+use crate::device::watch::ScanState;
+use crate::device::{DriverState, Inventory};
+use crate::host::HostRoot;
 use crate::host::reader::{Answer, BoundedReader, Op, ReadError};
 
 pub const MODULE_DIR: &str = "/sys/module/amdgpu";
@@ -48,78 +52,9 @@ pub const SECURE_BOOT_VAR: &str =
 /// device, so a slow one means a host in trouble.
 pub const FILE_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// Where the loaded amdgpu module comes from.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub enum ModuleOrigin {
-    /// `/sys/module/amdgpu` is absent.
-    #[default]
-    NotLoaded,
-    /// Compiled into the kernel (no `taint` file).
-    BuiltIn,
-    /// The distribution's loadable module, built in the kernel tree.
-    InTree,
-    /// An external build (DKMS, a precompiled driver image): taint flag `O`.
-    OutOfTree,
-    /// Loaded, but its taint flags could not be read.
-    Unknown,
-}
-
-impl ModuleOrigin {
-    /// The in-box driver: the one that came with the kernel.
-    pub fn is_inbox(self) -> bool {
-        matches!(self, ModuleOrigin::BuiltIn | ModuleOrigin::InTree)
-    }
-}
-
-/// Whether UEFI Secure Boot is on, so that only signed modules load.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub enum SecureBoot {
-    Enabled,
-    Disabled,
-    /// The host did not boot through UEFI: no Secure Boot.
-    NotUefi,
-    /// UEFI, but the variable could not be read (efivarfs not mounted, say).
-    #[default]
-    Unknown,
-}
-
-impl SecureBoot {
-    /// Whether a module must carry a signature to load. Unknown counts as on:
-    /// checking a signature that was not needed refuses nothing a signed
-    /// bundle has.
-    pub fn requires_signature(self) -> bool {
-        matches!(self, SecureBoot::Enabled | SecureBoot::Unknown)
-    }
-}
-
-/// The driver and kernel this node runs. Plain data, the same whatever the
-/// DeviceConfig says.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct DriverReport {
-    /// `/sys/module/amdgpu` exists.
-    pub loaded: bool,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub version: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub srcversion: Option<String>,
-    pub origin: ModuleOrigin,
-    /// The module's taint flags as the kernel lists them (`O`, `OE`, empty).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub taint: Option<String>,
-    /// Users of the module (`refcnt`); none for a built-in driver.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub refcnt: Option<u32>,
-    /// The running kernel (`uname -r`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub kernel_release: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub boot_id: Option<String>,
-    pub secure_boot: SecureBoot,
-    /// Files that exist but could not be read, each naming the file.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub problems: Vec<String>,
-}
+// The report is part of the agent's status, so its types live with that
+// contract.
+pub use crate::api::agent_status::{DriverReport, ModuleOrigin, SecureBoot};
 
 /// One file's answer, as the pure functions take it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -223,6 +158,41 @@ pub fn report_from(driver: &DriverState, facts: &KernelFacts) -> DriverReport {
 pub async fn read_report(reader: &BoundedReader, driver: &DriverState) -> DriverReport {
     let facts = read_facts(reader).await;
     report_from(driver, &facts)
+}
+
+/// Keeps the node's report current for its status: read once discovery has
+/// seen the whole host (`scans`), and again whenever its view of the
+/// module changes (a driver loaded, unloaded or replaced). The kernel and
+/// boot id change only across a reboot, which restarts the agent. Published
+/// without `refcnt`, which moves with every process that opens a GPU and
+/// would rewrite the status for nothing. Stops with `cancel`.
+pub fn follow(
+    host: HostRoot,
+    mut inventory: watch::Receiver<Arc<Inventory>>,
+    mut scans: watch::Receiver<ScanState>,
+    cancel: CancellationToken,
+) -> watch::Receiver<Option<DriverReport>> {
+    let (tx, rx) = watch::channel(None);
+    tokio::spawn(async move {
+        let reader = BoundedReader::new(host, 2);
+        let mut last: Option<DriverState> = None;
+        loop {
+            let driver = inventory.borrow_and_update().driver.clone();
+            if scans.borrow_and_update().discovered && last.as_ref() != Some(&driver) {
+                let mut report = read_report(&reader, &driver).await;
+                report.refcnt = None;
+                tracing::debug!(?report, "driver report");
+                tx.send_replace(Some(report));
+                last = Some(driver);
+            }
+            tokio::select! {
+                _ = cancel.cancelled() => break,
+                changed = inventory.changed() => if changed.is_err() { break },
+                changed = scans.changed() => if changed.is_err() { break },
+            }
+        }
+    });
+    rx
 }
 
 /// The kernel's files, read in one batch.
@@ -426,5 +396,56 @@ mod tests {
         assert_eq!(report.kernel_release.as_deref(), Some("6.11.0-1-generic"));
         assert_eq!(report.boot_id.as_deref(), Some("b-2"));
         assert_eq!(report.secure_boot, SecureBoot::Enabled);
+    }
+
+    #[tokio::test]
+    async fn follow_reports_after_the_first_scan_and_again_when_the_module_changes() {
+        let dir = tempfile::tempdir().unwrap();
+        let host = HostRoot::new(dir.path());
+        let spec = simulate::SimSpec::new("mi300x", Some(1), None).unwrap();
+        simulate::write_host(&host, &spec).unwrap();
+        let (inventory_tx, inventory_rx) = watch::channel(Arc::new(Inventory::default()));
+        let (scans_tx, scans_rx) = watch::channel(ScanState::default());
+        let cancel = CancellationToken::new();
+        let mut reports = follow(host.clone(), inventory_rx, scans_rx, cancel.clone());
+        const WAIT: Duration = Duration::from_secs(10);
+
+        // Before a scan has seen the host, nothing is reported.
+        inventory_tx.send_replace(Arc::new(crate::device::discover(&host)));
+        tokio::task::yield_now().await;
+        assert!(reports.borrow_and_update().is_none());
+        scans_tx.send_replace(ScanState {
+            attempts: 1,
+            discovered: true,
+            last_incomplete: None,
+        });
+        let first = tokio::time::timeout(WAIT, reports.wait_for(Option::is_some))
+            .await
+            .unwrap()
+            .unwrap()
+            .clone()
+            .unwrap();
+        assert_eq!(first.origin, ModuleOrigin::OutOfTree);
+        assert_eq!(
+            first.kernel_release.as_deref(),
+            Some(simulate::SIM_KERNEL_RELEASE)
+        );
+        assert_eq!(first.refcnt, None, "refcnt stays out of the status");
+
+        // The module unloaded: discovery's view changes, and so does the report.
+        simulate::unload_module(&host).unwrap();
+        inventory_tx.send_replace(Arc::new(crate::device::discover(&host)));
+        let unloaded = tokio::time::timeout(
+            WAIT,
+            reports.wait_for(|r| r.as_ref().is_some_and(|r| !r.loaded)),
+        )
+        .await
+        .unwrap()
+        .unwrap()
+        .clone()
+        .unwrap();
+        assert_eq!(unloaded.origin, ModuleOrigin::NotLoaded);
+        assert_eq!(unloaded.version, None);
+        cancel.cancel();
     }
 }
