@@ -8,6 +8,7 @@ pub mod agent;
 pub mod api;
 pub mod cli;
 pub mod cluster;
+pub mod command;
 pub mod counters;
 pub mod device;
 pub mod driver;

@@ -30,8 +30,8 @@ const LAYERS: &[&[&str]] = &[
     // Plain data and counters: the DeviceConfig API and the node-leader
     // contract (with the field-manager names), process-wide counters.
     &["api", "counters"],
-    // Host access: path mapping, bounded reads.
-    &["host"],
+    // Host access: path mapping, bounded reads; and running host commands.
+    &["host", "command"],
     // Discovery and the change stream.
     &["device"],
     // Simulated hosts, written through the real layout.

@@ -19,6 +19,7 @@ use serde::Serialize;
 use super::bundle::{Refusal, Verified};
 use super::report::{DriverReport, MODULE_DIR, ModuleOrigin};
 use crate::api::KernelModuleConfigSpec;
+use crate::command::{self, End, Invocation, Sink};
 use crate::host::HostRoot;
 
 /// The kernel's firmware search path, tried before the built-in ones.
@@ -248,49 +249,36 @@ pub async fn load(
         .map_err(|e| LoadError::FirmwarePath(e.to_string()))?;
     // modprobe reads the modules itself: the bundle as this process sees it.
     let args = modprobe_args(&host.path(&bundle.dir), config);
-    let mut child = tokio::process::Command::new(&commands.modprobe)
-        .args(&args)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| LoadError::Start {
-            program: commands.modprobe.display().to_string(),
-            why: e.to_string(),
-        })?;
-    let stderr = child.stderr.take();
-    let read_stderr = async move {
-        use tokio::io::AsyncReadExt;
-        let mut text = Vec::new();
-        if let Some(stderr) = stderr {
-            // modprobe's complaints are a few lines; the cap keeps a chatty
-            // command from filling memory.
-            let _ = stderr.take(64 * 1024).read_to_end(&mut text).await;
-        }
-        String::from_utf8_lossy(&text).trim().to_owned()
+    let modprobe = Invocation {
+        program: commands.modprobe.clone(),
+        args,
+        ..Invocation::default()
     };
-    let finished = tokio::time::timeout(commands.timeout, async {
-        let (status, stderr) = tokio::join!(child.wait(), read_stderr);
-        (status, stderr)
-    })
+    // modprobe's complaints are a few lines; the cap keeps a chatty command
+    // from filling memory.
+    let done = command::run(
+        &modprobe,
+        Sink::Discard,
+        Sink::Memory(64 * 1024),
+        commands.timeout,
+        None,
+    )
     .await;
-    let (status, stderr) = match finished {
-        Ok(done) => done,
-        Err(_) => {
-            let _ = child.kill().await;
-            return Err(LoadError::TimedOut(commands.timeout));
+    match done.end {
+        End::Exited { success: true, .. } => {}
+        End::Exited { status, .. } => {
+            return Err(LoadError::Failed {
+                status,
+                stderr: String::from_utf8_lossy(&done.stderr).trim().to_owned(),
+            });
         }
-    };
-    let status = status.map_err(|e| LoadError::Start {
-        program: commands.modprobe.display().to_string(),
-        why: e.to_string(),
-    })?;
-    if !status.success() {
-        return Err(LoadError::Failed {
-            status: status.to_string(),
-            stderr,
-        });
+        End::TimedOut | End::Cancelled => return Err(LoadError::TimedOut(commands.timeout)),
+        End::NotStarted(why) => {
+            return Err(LoadError::Start {
+                program: commands.modprobe.display().to_string(),
+                why,
+            });
+        }
     }
     if !host.exists(MODULE_DIR) {
         return Err(LoadError::NotLoaded);

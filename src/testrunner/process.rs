@@ -1,21 +1,16 @@
-//! Running one test process: in a process group of its own, with a time limit,
-//! output to files, each capped in size ([`LogCap`]).
-//!
-//! Test tools fork workers (RVS runs one per GPU), so killing only the direct
-//! child would leave the workers holding the GPU. Each test process therefore
-//! leads its own process group, and the whole group is killed with SIGKILL: on
-//! timeout, on cancellation, when the runner is dropped mid-test, and after a
-//! normal exit (so nothing a test left running outlives it). A program that
-//! moves itself into another session or group escapes this; test tools do not.
+//! Running one test process: output to files, each capped in size
+//! ([`LogCap`]), with a time limit, through [`crate::command`], which runs
+//! it in a process group of its own and kills the whole group at the end
+//! (test tools fork workers: RVS runs one per GPU).
 
-use std::collections::VecDeque;
 use std::fs::File;
 use std::path::Path;
-use std::process::Stdio;
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
+
+pub use crate::command::LogCap;
+use crate::command::{self, End, Invocation, Sink};
 
 use super::command::CommandLine;
 use super::report::Ending;
@@ -25,119 +20,6 @@ use super::report::Ending;
 pub enum ProcessEnd {
     Ended(Ending),
     Cancelled,
-}
-
-/// Kills a process group when dropped or asked to.
-struct GroupKiller {
-    pgid: Option<libc::pid_t>,
-}
-
-impl GroupKiller {
-    fn kill(&self) {
-        if let Some(pgid) = self.pgid.filter(|p| *p > 1) {
-            // SAFETY: killpg only sends a signal; a group that no longer exists
-            // yields ESRCH, which is the desired end state.
-            unsafe {
-                libc::killpg(pgid, libc::SIGKILL);
-            }
-        }
-    }
-}
-
-impl Drop for GroupKiller {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-/// The size cap of one output file. Output beyond it is read and dropped (the
-/// test is never blocked on a full pipe), except its last `tail_bytes`, which
-/// follow a note saying how much was left out: tools print their result
-/// file's path at the end.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LogCap {
-    /// At most this much of the output is kept (the note comes on top).
-    pub max_bytes: u64,
-    /// Of which the last this many bytes of the output, when it is cut.
-    pub tail_bytes: u64,
-}
-
-impl Default for LogCap {
-    fn default() -> Self {
-        Self {
-            max_bytes: 16 * 1024 * 1024,
-            tail_bytes: 64 * 1024,
-        }
-    }
-}
-
-/// How long the output relays may run on after the process group is gone: a
-/// process that left the group may still hold the pipes.
-const RELAY_GRACE: Duration = Duration::from_secs(2);
-
-/// Copies `from` to `to` under `cap` until end of file; returns how many bytes
-/// were left out. A write error stops the writing, not the reading.
-async fn relay(mut from: impl AsyncRead + Unpin, to: File, cap: LogCap) -> u64 {
-    let mut to = tokio::fs::File::from_std(to);
-    let head_limit = cap.max_bytes.saturating_sub(cap.tail_bytes);
-    let tail_limit = usize::try_from(cap.tail_bytes.min(cap.max_bytes)).unwrap_or(usize::MAX);
-    let mut written = 0u64;
-    let mut tail: VecDeque<u8> = VecDeque::new();
-    let mut omitted = 0u64;
-    let mut broken = false;
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        let n = match from.read(&mut buf).await {
-            Ok(0) => break,
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot read test output");
-                break;
-            }
-        };
-        let mut chunk = &buf[..n];
-        if written < head_limit {
-            let take = usize::try_from(head_limit - written)
-                .unwrap_or(usize::MAX)
-                .min(chunk.len());
-            if !broken && let Err(e) = to.write_all(&chunk[..take]).await {
-                tracing::warn!(error = %e, "cannot write test log");
-                broken = true;
-            }
-            written += take as u64;
-            chunk = &chunk[take..];
-        }
-        tail.extend(chunk);
-        let excess = tail.len().saturating_sub(tail_limit);
-        if excess > 0 {
-            tail.drain(..excess);
-            omitted += excess as u64;
-        }
-    }
-    let mut end = Vec::new();
-    if omitted > 0 {
-        end.extend_from_slice(
-            format!(
-                "\n[gpu-operator: {omitted} bytes of output left out here: a test log keeps at \
-                 most {} bytes; the last {} bytes follow]\n",
-                cap.max_bytes,
-                tail.len()
-            )
-            .as_bytes(),
-        );
-    }
-    end.extend(tail);
-    if !broken
-        && !end.is_empty()
-        && let Err(e) = to.write_all(&end).await
-    {
-        tracing::warn!(error = %e, "cannot write test log");
-    }
-    if let Err(e) = to.flush().await {
-        tracing::warn!(error = %e, "cannot write test log");
-    }
-    omitted
 }
 
 /// Runs `line` with stdout and stderr going to the given files (each capped
@@ -153,56 +35,26 @@ pub async fn run(
     cap: LogCap,
     cancel: &CancellationToken,
 ) -> ProcessEnd {
-    let mut command = tokio::process::Command::new(&line.program);
-    command
-        .args(&line.args)
-        .envs(line.env.iter().map(|(k, v)| (k, v)))
-        .current_dir(workdir)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .kill_on_drop(true);
-    let mut child = match command.spawn() {
-        Ok(child) => child,
-        Err(e) => {
-            return ProcessEnd::Ended(Ending::NotStarted(format!(
-                "cannot start {}: {e}",
-                line.program.display()
-            )));
-        }
+    let what = Invocation {
+        program: line.program.clone(),
+        args: line.args.iter().map(Into::into).collect(),
+        env: line.env.iter().map(|(k, v)| (k.into(), v.into())).collect(),
+        workdir: Some(workdir.to_owned()),
     };
-    let killer = GroupKiller {
-        pgid: child.id().and_then(|id| libc::pid_t::try_from(id).ok()),
-    };
-    let mut relays = tokio::task::JoinSet::new();
-    if let Some(out) = child.stdout.take() {
-        relays.spawn(relay(out, stdout, cap));
-    }
-    if let Some(err) = child.stderr.take() {
-        relays.spawn(relay(err, stderr, cap));
-    }
-    let end = tokio::select! {
-        status = child.wait() => ProcessEnd::Ended(Ending::Exited {
-            success: status.is_ok_and(|s| s.success()),
-        }),
-        _ = tokio::time::sleep(timeout) => ProcessEnd::Ended(Ending::TimedOut),
-        _ = cancel.cancelled() => ProcessEnd::Cancelled,
-    };
-    killer.kill();
-    // Reap the leader (immediate after SIGKILL); a failure here leaves a zombie
-    // that tokio's orphan reaper collects.
-    let _ = child.wait().await;
-    // The pipes close when the last process holding them is gone.
-    let drained = tokio::time::timeout(RELAY_GRACE, async {
-        while relays.join_next().await.is_some() {}
-    })
+    let done = command::run(
+        &what,
+        Sink::File(stdout, cap),
+        Sink::File(stderr, cap),
+        timeout,
+        Some(cancel),
+    )
     .await;
-    if drained.is_err() {
-        tracing::warn!(program = %line.program.display(), "test output still open after the test ended: a process left its group; the rest of its output is not logged");
-        relays.abort_all();
+    match done.end {
+        End::Exited { success, .. } => ProcessEnd::Ended(Ending::Exited { success }),
+        End::TimedOut => ProcessEnd::Ended(Ending::TimedOut),
+        End::NotStarted(why) => ProcessEnd::Ended(Ending::NotStarted(why)),
+        End::Cancelled => ProcessEnd::Cancelled,
     }
-    end
 }
 
 #[cfg(test)]
