@@ -94,6 +94,58 @@ pub struct StatusIntent {
     pub conditions: Vec<NodeCondition>,
 }
 
+/// A condition as a concern wants it now: both times `now` (see
+/// [`condition_to_apply`] for what is kept of the Node's).
+pub fn condition_at(
+    type_: &str,
+    status: &str,
+    reason: &str,
+    message: String,
+    now: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
+) -> NodeCondition {
+    NodeCondition {
+        type_: type_.into(),
+        status: status.into(),
+        reason: Some(reason.into()),
+        message: Some(message),
+        last_heartbeat_time: Some(now.clone()),
+        last_transition_time: Some(now.clone()),
+    }
+}
+
+/// The condition of `type_` on `node`, if it has one.
+pub fn find_condition<'a>(node: &'a Node, type_: &str) -> Option<&'a NodeCondition> {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_deref())
+        .and_then(|conditions| conditions.iter().find(|c| c.type_ == type_))
+}
+
+/// What a concern should apply for `desired` (its times set to now), given
+/// the Node: the condition it has, unchanged, when that says the same (no
+/// write for a heartbeat); else `desired`, keeping the existing transition
+/// time when the status did not change. Pure.
+pub fn condition_to_apply(node: &Node, desired: NodeCondition) -> NodeCondition {
+    match find_condition(node, &desired.type_) {
+        Some(existing)
+            if existing.status == desired.status
+                && existing.reason == desired.reason
+                && existing.message == desired.message =>
+        {
+            existing.clone()
+        }
+        Some(existing)
+            if existing.status == desired.status && existing.last_transition_time.is_some() =>
+        {
+            NodeCondition {
+                last_transition_time: existing.last_transition_time.clone(),
+                ..desired
+            }
+        }
+        _ => desired,
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum NodeWriteError {
     #[error("reading Node {node}: {source}")]

@@ -17,13 +17,12 @@ use kube::{Api, ResourceExt};
 use tokio::sync::{broadcast, watch};
 use tokio_util::sync::CancellationToken;
 
-use super::outputs::{
-    condition_differs, find_condition, health_labels, is_health_label, merge_condition,
-    node_condition, transition_event,
-};
+use super::outputs::{health_labels, is_health_label, node_condition, transition_event};
 use super::{HealthSnapshot, HealthTransition};
 use crate::events::EventSink;
-use crate::node_writer::{Concern, NodeIntent, NodeWriteError, NodeWriter, StatusIntent, Written};
+use crate::node_writer::{
+    Concern, NodeIntent, NodeWriteError, NodeWriter, StatusIntent, Written, condition_to_apply,
+};
 
 #[derive(Debug, thiserror::Error)]
 #[error(transparent)]
@@ -45,18 +44,9 @@ pub async fn apply_node_health(
 ) -> Result<NodeHealthWrite, NodeHealthError> {
     let writer = NodeWriter::new(nodes.clone(), node_name);
     let node = writer.read().await?;
-    let existing = node
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.as_deref())
-        .and_then(find_condition);
     let now = Time(k8s_openapi::jiff::Timestamp::now());
-    let desired = node_condition(snapshot, &now);
     // A condition that says the same keeps its times: no write for a heartbeat.
-    let condition = match existing {
-        Some(existing) if !condition_differs(Some(existing), &desired) => existing.clone(),
-        _ => merge_condition(existing, desired),
-    };
+    let condition = condition_to_apply(&node, node_condition(snapshot, &now));
     let status = writer
         .apply_status_to(
             &node,

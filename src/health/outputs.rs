@@ -16,6 +16,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::{HealthSnapshot, HealthTransition};
 use crate::events::{EventType, NodeEvent};
+use crate::node_writer::condition_at;
 use crate::plugin::{DeviceRef, HealthReport};
 
 /// Type of the Node condition.
@@ -69,8 +70,9 @@ fn describe(bdf: &str, ids: &[u32]) -> String {
     }
 }
 
-/// The desired Node condition. Times are set to `now`; [`merge_condition`] keeps
-/// the existing transition time when the status did not change.
+/// The desired Node condition. Times are set to `now`;
+/// [`crate::node_writer::condition_to_apply`] keeps what the Node has when it
+/// says the same, and its transition time when the status did not change.
 pub fn node_condition(snapshot: &HealthSnapshot, now: &Time) -> NodeCondition {
     let unhealthy: Vec<String> = snapshot
         .gpus
@@ -87,39 +89,7 @@ pub fn node_condition(snapshot: &HealthSnapshot, now: &Time) -> NodeCondition {
     } else {
         ("True", REASON_UNHEALTHY, unhealthy.join("\n"))
     };
-    NodeCondition {
-        type_: CONDITION_TYPE.into(),
-        status: status.into(),
-        reason: Some(reason.into()),
-        message: Some(message),
-        last_heartbeat_time: Some(now.clone()),
-        last_transition_time: Some(now.clone()),
-    }
-}
-
-/// The condition as found on a Node.
-pub fn find_condition(conditions: &[NodeCondition]) -> Option<&NodeCondition> {
-    conditions.iter().find(|c| c.type_ == CONDITION_TYPE)
-}
-
-/// Whether writing `desired` would change what `existing` says (times aside).
-pub fn condition_differs(existing: Option<&NodeCondition>, desired: &NodeCondition) -> bool {
-    existing.is_none_or(|e| {
-        e.status != desired.status || e.reason != desired.reason || e.message != desired.message
-    })
-}
-
-/// `desired`, keeping the existing transition time when the status is unchanged.
-pub fn merge_condition(existing: Option<&NodeCondition>, desired: NodeCondition) -> NodeCondition {
-    match existing {
-        Some(e) if e.status == desired.status && e.last_transition_time.is_some() => {
-            NodeCondition {
-                last_transition_time: e.last_transition_time.clone(),
-                ..desired
-            }
-        }
-        _ => desired,
-    }
+    condition_at(CONDITION_TYPE, status, reason, message, now)
 }
 
 /// The reference's labels for the unhealthy GPUs.
@@ -244,26 +214,6 @@ mod tests {
         assert_eq!(c.status, "False");
         assert_eq!(c.reason.as_deref(), Some(REASON_HEALTHY));
         assert_eq!(c.message.as_deref(), Some("all 2 GPUs are healthy"));
-    }
-
-    #[test]
-    fn condition_changes_ignore_times_and_keep_the_transition_time() {
-        let earlier = Time(k8s_openapi::jiff::Timestamp::from_second(1_600_000_000).unwrap());
-        let existing = node_condition(&snapshot(true), &earlier);
-        let desired = node_condition(&snapshot(true), &now());
-        assert!(!condition_differs(Some(&existing), &desired));
-        assert!(condition_differs(None, &desired));
-        let recovered = node_condition(&snapshot(false), &now());
-        assert!(condition_differs(Some(&existing), &recovered));
-        let merged = merge_condition(Some(&existing), desired);
-        assert_eq!(merged.last_transition_time, Some(earlier));
-        assert_eq!(merged.last_heartbeat_time, Some(now()));
-        let merged = merge_condition(Some(&existing), recovered);
-        assert_eq!(merged.last_transition_time, Some(now()));
-        assert_eq!(
-            find_condition(std::slice::from_ref(&merged)).map(|c| c.status.as_str()),
-            Some("False")
-        );
     }
 
     #[test]

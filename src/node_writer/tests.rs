@@ -381,3 +381,38 @@ fn only_transient_errors_are_retried() {
         assert!(!is_transient(&api(code)), "{code}");
     }
 }
+
+#[test]
+fn a_condition_that_says_the_same_is_kept_and_a_new_message_keeps_the_transition_time() {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    let at = |s: i64| Time(k8s_openapi::jiff::Timestamp::from_second(s).unwrap());
+    let timed = |status: &str, message: &str, t: i64| NodeCondition {
+        message: Some(message.into()),
+        last_heartbeat_time: Some(at(t)),
+        last_transition_time: Some(at(t)),
+        ..condition("AMDGPUDriverReady", status)
+    };
+    let mut on_node = node(&[], vec![]);
+    on_node.status = Some(k8s_openapi::api::core::v1::NodeStatus {
+        conditions: Some(vec![condition("Ready", "True"), timed("True", "a", 100)]),
+        ..Default::default()
+    });
+    assert_eq!(
+        find_condition(&on_node, "AMDGPUDriverReady").map(|c| c.status.as_str()),
+        Some("True")
+    );
+    // The same: the Node's own, times and all (nothing to write).
+    let same = condition_to_apply(&on_node, timed("True", "a", 200));
+    assert_eq!(same.last_heartbeat_time, Some(at(100)));
+    // Another message, same status: the transition time stays.
+    let reworded = condition_to_apply(&on_node, timed("True", "b", 200));
+    assert_eq!(reworded.message.as_deref(), Some("b"));
+    assert_eq!(reworded.last_transition_time, Some(at(100)));
+    assert_eq!(reworded.last_heartbeat_time, Some(at(200)));
+    // Another status: a transition now.
+    let flipped = condition_to_apply(&on_node, timed("False", "b", 200));
+    assert_eq!(flipped.last_transition_time, Some(at(200)));
+    // None yet: as desired.
+    let fresh = condition_to_apply(&node(&[], vec![]), timed("False", "c", 300));
+    assert_eq!(fresh.last_transition_time, Some(at(300)));
+}
