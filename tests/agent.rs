@@ -737,6 +737,60 @@ async fn the_driver_type_label_follows_driver_enable_not_the_labeller() {
     h.stop().await;
 }
 
+/// `AMDGPUDriverReady` says what runs against what the DeviceConfig asks
+/// for, written by the agent's driver concern, and goes with the DeviceConfig.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_driver_ready_condition_follows_the_asked_version_and_goes_with_the_device_config() {
+    let mut h = Harness::start("mi300x", None, json!({})).await;
+    let condition = |h: &Harness| {
+        h.node()["status"]["conditions"].as_array().and_then(|cs| {
+            cs.iter()
+                .find(|c| c["type"] == "AMDGPUDriverReady")
+                .cloned()
+        })
+    };
+    let loaded = simulate::SimModule::default()
+        .version
+        .expect("the simulated driver has a version");
+    h.apply_device_config(
+        "gpus",
+        json!({"driver": {"enable": true, "version": "9.9.9"}}),
+    )
+    .await;
+    h.eventually("False: another version is asked for", |h| {
+        condition(h).is_some_and(|c| {
+            c["status"] == "False"
+                && c["reason"] == "DriverVersionMismatch"
+                && c["message"].as_str().is_some_and(|m| {
+                    m.contains(&loaded)
+                        && m.contains("9.9.9")
+                        && m.contains("does not load drivers yet")
+                })
+        })
+    })
+    .await;
+    assert!(
+        h.field_managers()
+            .iter()
+            .any(|m| m == "gpu-operator-driver"),
+        "{:?}",
+        h.field_managers()
+    );
+    h.apply_device_config(
+        "gpus",
+        json!({"driver": {"enable": true, "version": loaded}}),
+    )
+    .await;
+    h.eventually("True: the version asked for runs", |h| {
+        condition(h).is_some_and(|c| c["status"] == "True" && c["reason"] == "DriverLoaded")
+    })
+    .await;
+    h.delete_device_config("gpus").await;
+    h.eventually("removed with the DeviceConfig", |h| condition(h).is_none())
+        .await;
+    h.stop().await;
+}
+
 /// The reference's CRD has no default on `devicePlugin`, and its code reads
 /// an absent section as off: a DeviceConfig with only `driver` and
 /// `metricsExporter` (the shape of the reference's metrics examples, written

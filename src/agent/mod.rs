@@ -41,7 +41,9 @@ use crate::api::agent_status::STATUS_ANNOTATION;
 use crate::device::watch::{DeviceWatch, WatchConfig};
 use crate::events::{EventSink, EventType, NodeEvent};
 use crate::host::HostRoot;
-use crate::node_writer::{Concern, NodeIntent, NodeWriteError, NodeWriter, RETRY_AFTER_FAILURE};
+use crate::node_writer::{
+    Concern, NodeIntent, NodeWriteError, NodeWriter, RETRY_AFTER_FAILURE, StatusIntent,
+};
 use configmaps::ConfigMapFollower;
 use node_services::NodeServices;
 use select::{DesiredServices, NodeContext, Selection, select_config};
@@ -168,6 +170,7 @@ pub async fn run(
         test_config,
         access,
         node_health: None,
+        driver_condition_failed: false,
     };
     let mut state = plan::LoopState::default();
 
@@ -190,6 +193,18 @@ pub async fn run(
                 && edges.apply_driver_labels(&labels).await
             {
                 state.driver_labels_written(labels);
+            }
+            let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::now(),
+            );
+            let condition = plan::driver_condition_intent(
+                &selection,
+                driver_report.borrow().as_ref(),
+                &node,
+                &now,
+            );
+            if let Some(intent) = condition {
+                edges.apply_driver_condition(&intent).await;
             }
             let desired = edges.follow(&selection, &following, node.labels());
             let access_problems = desired
@@ -236,7 +251,7 @@ pub async fn run(
             _ = discovery.changed() => {}
             _ = node_services::any_changed(&mut state_changes) => {}
             // A failed status write is retried without waiting for another change.
-            _ = tokio::time::sleep(RETRY_AFTER_FAILURE), if state.status_write_failed() => {}
+            _ = tokio::time::sleep(RETRY_AFTER_FAILURE), if state.status_write_failed() || edges.driver_condition_failed => {}
         }
     }
     tracing::info!("agent stopping");
@@ -371,6 +386,8 @@ struct Edges<'a> {
     /// The Node's AMDGPUUnhealthy condition, unhealthy labels and health
     /// Events follow the health monitor while it runs.
     node_health: Option<tokio_util::task::AbortOnDropHandle<()>>,
+    /// The last write of the AMDGPUDriverReady condition failed.
+    driver_condition_failed: bool,
 }
 
 impl Edges<'_> {
@@ -386,6 +403,26 @@ impl Edges<'_> {
             Err(e) => {
                 tracing::warn!(error = %e, "cannot write the driver type label; trying again on the next change");
                 false
+            }
+        }
+    }
+
+    /// Writes the `AMDGPUDriverReady` condition (an empty intent removes
+    /// it). A failure is logged and tried again on the next change.
+    async fn apply_driver_condition(&mut self, intent: &StatusIntent) {
+        let written = self.writer.apply_status(Concern::Driver, intent).await;
+        self.driver_condition_failed = written.is_err();
+        match written {
+            Ok(_) => match intent.conditions.first() {
+                Some(c) => tracing::info!(
+                    status = %c.status,
+                    reason = c.reason.as_deref().unwrap_or_default(),
+                    "updated the AMDGPUDriverReady condition"
+                ),
+                None => tracing::info!("removed the AMDGPUDriverReady condition"),
+            },
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot write the AMDGPUDriverReady condition; trying again on the next change")
             }
         }
     }

@@ -28,6 +28,8 @@ use crate::api::agent_status::{
     AgentStatus, DriverReport, STATUS_VERSION, ServiceName, ServiceStatus,
 };
 use crate::device::Inventory;
+use crate::driver::condition::{CONDITION_TYPE, driver_condition};
+use crate::node_writer::{StatusIntent, condition_to_apply, find_condition};
 use crate::plugin::PluginStatus;
 
 /// What the agent remembers from one pass to the next.
@@ -107,6 +109,31 @@ pub fn driver_labels(
             None
         }
         _ => Some(wanted),
+    }
+}
+
+/// What to write of the `AMDGPUDriverReady` condition on `node`: `None`
+/// when the Node already says it. With a DeviceConfig selecting the node and
+/// the driver report read, the condition ([`driver_condition`], keeping the
+/// Node's times when it says the same); with none selecting it, an empty
+/// intent that removes it, if there. Under a conflict nothing changes. Pure.
+pub fn driver_condition_intent(
+    selection: &Selection,
+    report: Option<&DriverReport>,
+    node: &k8s_openapi::api::core::v1::Node,
+    now: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
+) -> Option<StatusIntent> {
+    let on_node = find_condition(node, CONDITION_TYPE);
+    match (selection, report) {
+        (Selection::One(selected), Some(report)) => {
+            let desired = driver_condition(report, selected.spec.driver(), now);
+            let condition = condition_to_apply(node, desired);
+            (on_node != Some(&condition)).then(|| StatusIntent {
+                conditions: vec![condition],
+            })
+        }
+        (Selection::None, _) => on_node.map(|_| StatusIntent::default()),
+        _ => None,
     }
 }
 
@@ -561,6 +588,59 @@ mod tests {
         );
         assert_eq!(found[0].event_reason, Some("MetricsConfigError"));
         assert!(found[0].message.ends_with("line 1: bad"));
+    }
+
+    #[test]
+    fn the_driver_condition_is_written_once_kept_while_true_and_removed_when_deselected() {
+        use crate::api::agent_status::ModuleOrigin;
+        use k8s_openapi::api::core::v1::{Node, NodeStatus};
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        let now = Time(k8s_openapi::jiff::Timestamp::from_second(1_800_000_000).unwrap());
+        let report = DriverReport {
+            loaded: true,
+            origin: ModuleOrigin::InTree,
+            kernel_release: Some("6.8.0".into()),
+            ..DriverReport::default()
+        };
+        let selection = one("ns", "gpus", DeviceConfigSpec::default());
+        let mut node = Node::default();
+        // Nothing until the report is read.
+        assert_eq!(driver_condition_intent(&selection, None, &node, &now), None);
+        let intent = driver_condition_intent(&selection, Some(&report), &node, &now)
+            .expect("a first condition");
+        assert_eq!(intent.conditions[0].type_, CONDITION_TYPE);
+        assert_eq!(intent.conditions[0].status, "True");
+        node.status = Some(NodeStatus {
+            conditions: Some(intent.conditions.clone()),
+            ..NodeStatus::default()
+        });
+        let later = Time(k8s_openapi::jiff::Timestamp::from_second(1_800_000_100).unwrap());
+        assert_eq!(
+            driver_condition_intent(&selection, Some(&report), &node, &later),
+            None,
+            "the Node says it already: no write for a heartbeat"
+        );
+        let unloaded = DriverReport {
+            loaded: false,
+            origin: ModuleOrigin::NotLoaded,
+            ..report.clone()
+        };
+        let intent = driver_condition_intent(&selection, Some(&unloaded), &node, &later).unwrap();
+        assert_eq!(intent.conditions[0].status, "False");
+        assert_eq!(
+            driver_condition_intent(&Selection::None, Some(&report), &node, &later),
+            Some(StatusIntent::default()),
+            "deselected: removed"
+        );
+        let conflict = Selection::Conflict(vec!["a/x".into(), "b/y".into()]);
+        assert_eq!(
+            driver_condition_intent(&conflict, Some(&unloaded), &node, &later),
+            None
+        );
+        assert_eq!(
+            driver_condition_intent(&Selection::None, None, &Node::default(), &later),
+            None
+        );
     }
 
     fn one(namespace: &str, name: &str, spec: DeviceConfigSpec) -> Selection {

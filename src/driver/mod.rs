@@ -19,6 +19,7 @@
 //! ([`crate::device::DriverState`]), which reads it once for everyone.
 
 pub mod bundle;
+pub mod condition;
 pub mod load;
 pub mod preflight;
 pub mod report;

@@ -1,0 +1,159 @@
+//! The Node condition `AMDGPUDriverReady`: whether the driver a node's
+//! DeviceConfig asks for is the one running, with a reason a runbook can
+//! match. Pure.
+//!
+//! Until the agent loads drivers itself, the condition says what is true and
+//! no more: the module loaded (and, when `spec.driver.version` names one,
+//! whether it is that version), or not loaded at all. A version that differs
+//! is `False` with a message saying that loading is not built yet, so that no
+//! one reads the condition as a promise the agent will act on it. The load
+//! refusals (`BundleMissingForKernel`, `ChecksumMismatch`, `UnsignedModule`)
+//! join these reasons when loading is wired.
+
+use k8s_openapi::api::core::v1::NodeCondition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use crate::api::DriverSpec;
+use crate::api::agent_status::DriverReport;
+use crate::node_writer::condition_at;
+
+pub const CONDITION_TYPE: &str = "AMDGPUDriverReady";
+/// amdgpu is loaded, at the version asked for if one is.
+pub const REASON_LOADED: &str = "DriverLoaded";
+/// `/sys/module/amdgpu` does not exist.
+pub const REASON_NOT_LOADED: &str = "DriverNotLoaded";
+/// Loaded, but not the version `spec.driver.version` asks for.
+pub const REASON_VERSION_MISMATCH: &str = "DriverVersionMismatch";
+
+/// The condition for `report` under the DeviceConfig's `driver` section,
+/// with its times set to `now`.
+pub fn driver_condition(report: &DriverReport, spec: &DriverSpec, now: &Time) -> NodeCondition {
+    let kernel = report
+        .kernel_release
+        .as_deref()
+        .unwrap_or("an unknown kernel");
+    let running = match (&report.version, report.origin.is_inbox()) {
+        (Some(v), _) => format!("amdgpu {v} ({:?})", report.origin),
+        (None, true) => format!("the in-box amdgpu ({:?})", report.origin),
+        (None, false) => format!("amdgpu ({:?})", report.origin),
+    };
+    let wanted = spec.version.as_deref().filter(|_| spec.enable);
+    let (status, reason, message) = match (report.loaded, wanted) {
+        (false, None) => (
+            "False",
+            REASON_NOT_LOADED,
+            format!("amdgpu is not loaded on kernel {kernel}"),
+        ),
+        (false, Some(v)) => (
+            "False",
+            REASON_NOT_LOADED,
+            format!(
+                "amdgpu is not loaded on kernel {kernel}; the DeviceConfig asks for {v}, and \
+                 this agent does not load drivers yet"
+            ),
+        ),
+        (true, Some(v)) if report.version.as_deref() != Some(v) => (
+            "False",
+            REASON_VERSION_MISMATCH,
+            format!(
+                "{running} runs on kernel {kernel}; the DeviceConfig asks for {v}, and this \
+                 agent does not load drivers yet"
+            ),
+        ),
+        (true, _) => (
+            "True",
+            REASON_LOADED,
+            format!("{running} runs on kernel {kernel}"),
+        ),
+    };
+    condition_at(CONDITION_TYPE, status, reason, message, now)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::agent_status::ModuleOrigin;
+
+    fn now() -> Time {
+        Time(k8s_openapi::jiff::Timestamp::from_second(1_800_000_000).unwrap())
+    }
+
+    fn report(origin: ModuleOrigin, version: Option<&str>) -> DriverReport {
+        DriverReport {
+            loaded: origin != ModuleOrigin::NotLoaded,
+            version: version.map(str::to_owned),
+            origin,
+            kernel_release: Some("6.8.0-49-generic".into()),
+            ..DriverReport::default()
+        }
+    }
+
+    fn spec(enable: bool, version: Option<&str>) -> DriverSpec {
+        DriverSpec {
+            enable,
+            version: version.map(str::to_owned),
+            ..DriverSpec::default()
+        }
+    }
+
+    fn said(c: &NodeCondition) -> (&str, &str, &str) {
+        (
+            c.status.as_str(),
+            c.reason.as_deref().unwrap_or_default(),
+            c.message.as_deref().unwrap_or_default(),
+        )
+    }
+
+    #[test]
+    fn loaded_drivers_are_ready_unless_another_version_is_asked_for() {
+        let inbox = report(ModuleOrigin::InTree, None);
+        let c = driver_condition(&inbox, &spec(false, None), &now());
+        assert_eq!(c.type_, CONDITION_TYPE);
+        assert_eq!(
+            said(&c),
+            (
+                "True",
+                REASON_LOADED,
+                "the in-box amdgpu (InTree) runs on kernel 6.8.0-49-generic"
+            )
+        );
+        // A version asked for while `enable` is false asks for nothing.
+        assert_eq!(
+            driver_condition(&inbox, &spec(false, Some("6.4.1")), &now()).status,
+            "True"
+        );
+
+        let rocm = report(ModuleOrigin::OutOfTree, Some("6.12.12"));
+        let c = driver_condition(&rocm, &spec(true, Some("6.12.12")), &now());
+        assert_eq!(said(&c).0, "True");
+        let c = driver_condition(&rocm, &spec(true, Some("6.14.1")), &now());
+        let (status, reason, message) = said(&c);
+        assert_eq!((status, reason), ("False", REASON_VERSION_MISMATCH));
+        assert!(
+            message.contains("asks for 6.14.1") && message.contains("does not load drivers yet"),
+            "{message}"
+        );
+        // No version named: whatever is loaded is what was asked for.
+        assert_eq!(
+            driver_condition(&rocm, &spec(true, None), &now()).status,
+            "True"
+        );
+    }
+
+    #[test]
+    fn an_unloaded_driver_is_not_ready_and_says_what_was_asked_for() {
+        let none = report(ModuleOrigin::NotLoaded, None);
+        let c = driver_condition(&none, &spec(false, None), &now());
+        assert_eq!(
+            said(&c),
+            (
+                "False",
+                REASON_NOT_LOADED,
+                "amdgpu is not loaded on kernel 6.8.0-49-generic"
+            )
+        );
+        let c = driver_condition(&none, &spec(true, Some("6.14.1")), &now());
+        assert!(said(&c).2.contains("asks for 6.14.1"), "{:?}", c.message);
+        assert_eq!(c.last_transition_time, Some(now()));
+    }
+}
