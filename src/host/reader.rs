@@ -850,7 +850,9 @@ fn notice_replacements(inner: &Inner, queued_at: Instant) -> u64 {
     replacements.drained_at = Some(Instant::now());
     let forget = replacements.drain();
     let epoch = replacements.epoch;
-    drop(replacements);
+    // Forgotten before the lock is let go: another thread that finds the
+    // events read must not read a kept file they name. (The kept files'
+    // lock is never held while this one is taken.)
     if !forget.is_empty() {
         let mut kept = inner.kept.lock().unwrap_or_else(|p| p.into_inner());
         for what in forget {
