@@ -8,7 +8,8 @@
 //! the kubelet which pod holds which device ([`pods`]) and publishes the
 //! sample; it is rendered ([`render`]) once, ahead of the scrapes while
 //! something scrapes and at the first scrape otherwise, so an exporter nobody
-//! scrapes renders nothing. A scrape never waits for sysfs. The agent's own metrics ([`agent`]) are served too.
+//! scrapes renders nothing. A scrape never waits for sysfs. The agent's own
+//! metrics ([`agent`]) are served too.
 //!
 //! Layout: sampling, `config.json`, the field catalogue and the logical GPU
 //! numbering are in [`crate::telemetry`], shared with the health monitor; here
