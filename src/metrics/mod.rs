@@ -284,7 +284,7 @@ impl ConfigState {
 }
 
 /// The latest inputs of a rendering.
-#[derive(Clone, Default)]
+#[derive(Default)]
 struct Latest {
     inventory: Arc<Inventory>,
     sample: HostSample,
@@ -549,13 +549,13 @@ impl Service for MetricsService {
                         (_, false) => pod_metadata = None,
                         _ => {}
                     }
-                    self.sample(
-                        &mut sampler,
-                        &current,
-                        Arc::make_mut(&mut latest),
-                        pod_metadata.as_ref(),
-                    )
-                    .await;
+                    // A new value rather than a change to the old one: the
+                    // last exposition may still hold it, and cloning a whole
+                    // sample to change it costs more than building the next.
+                    latest = Arc::new(
+                        self.sample(&mut sampler, &current, &latest, pod_metadata.as_ref())
+                            .await,
+                    );
                     sampled = true;
                 }
                 let published = Published::sample(self.exposition(
@@ -593,13 +593,15 @@ impl Service for MetricsService {
 }
 
 impl MetricsService {
+    /// The next inputs of a rendering: a new sample, and the pods that hold
+    /// each device (the `previous` ones while the kubelet cannot be asked).
     async fn sample(
         &self,
         sampler: &mut Sampler,
         config: &MetricsConfig,
-        latest: &mut Latest,
+        previous: &Latest,
         pod_metadata: Option<&PodMetadataWatch>,
-    ) {
+    ) -> Latest {
         let inventory = self.inventory.borrow().clone();
         let pods = async {
             let Some(socket) = &config.pod_resources_socket else {
@@ -609,29 +611,34 @@ impl MetricsService {
         };
         let xcp = crate::plugin::devices::xcp_names_of(&inventory);
         let (sample, pod_list) = tokio::join!(sampler.sample(&inventory, Scope::Full), pods);
-        match pod_list {
+        let (pods, pod_errors, pod_error) = match pod_list {
             Ok(Some(list)) => {
                 let ids = crate::telemetry::devices::device_ids(&inventory, &xcp);
-                latest.pods = pods::assign(&list, &ids);
+                let mut pods = pods::assign(&list, &ids);
                 if let Some(metadata) = pod_metadata {
-                    pod_metadata::enrich(&mut latest.pods, &metadata.current());
+                    pod_metadata::enrich(&mut pods, &metadata.current());
                 }
-                latest.pod_error = None;
+                (pods, previous.pod_errors, None)
             }
-            Ok(None) => {
-                latest.pods.clear();
-                latest.pod_error = None;
-            }
+            Ok(None) => (BTreeMap::new(), previous.pod_errors, None),
             Err(e) => {
                 // Keep the last known pods: a kubelet restart should not blank
                 // every pod label for a scrape or two.
                 tracing::warn!(error = %e, "cannot list pod resources");
-                latest.pod_errors += 1;
-                latest.pod_error = Some(e.to_string());
+                (
+                    previous.pods.clone(),
+                    previous.pod_errors + 1,
+                    Some(e.to_string()),
+                )
             }
+        };
+        Latest {
+            inventory,
+            sample,
+            pods,
+            pod_errors,
+            pod_error,
         }
-        latest.inventory = inventory;
-        latest.sample = sample;
     }
 }
 
