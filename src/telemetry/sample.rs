@@ -627,9 +627,9 @@ impl Sampler {
             dirs: node_dirs,
             ..
         } = plan;
-        let (owners, presence, nodes) = (owners.clone(), presence.clone(), nodes.clone());
+        // The batch takes its requests; the plan keeps its own for the
+        // answers' paths.
         let mut requests = planned_requests.clone();
-        let paths: Vec<String> = requests.iter().map(|(_, p)| p.clone()).collect();
         let planned = requests.len();
         requests.extend(node_dirs.iter().map(|d| (Op::List, d.clone())));
         let with_kfd = scope != Scope::HealthWithoutNodes;
@@ -647,9 +647,10 @@ impl Sampler {
         };
         let mut per_gpu: Vec<Vec<(Field, String, Raw)>> =
             inventory.gpus.iter().map(|_| Vec::new()).collect();
-        for ((index, field), (answer, path)) in
-            owners.into_iter().zip(answers.into_iter().zip(paths))
+        for ((&(index, ref field), (_, path)), answer) in
+            owners.iter().zip(planned_requests.iter()).zip(answers)
         {
+            let (field, path) = (field.clone(), path.clone());
             let raw = match answer {
                 Ok(Answer::Exists(exists)) => Raw::Exists(exists),
                 Ok(Answer::Text(text)) => Raw::Text(text),
@@ -662,6 +663,7 @@ impl Sampler {
             }
         }
         for (index, field, path) in nodes {
+            let (index, field, path) = (*index, field.clone(), path.clone());
             let dir = parent_dir(&path);
             let listing = node_dirs
                 .iter()
@@ -681,6 +683,7 @@ impl Sampler {
         }
         let mut unbound: Vec<(usize, String)> = Vec::new();
         for (index, path) in presence {
+            let (index, path) = (*index, path.clone());
             let bound = per_gpu.get(index).is_some_and(|answers| {
                 answers
                     .iter()
