@@ -411,23 +411,4 @@ mod tests {
         .await;
         assert_eq!(done.end, End::TimedOut);
     }
-
-    #[tokio::test]
-    async fn cancelling_ends_the_run() {
-        let cancel = CancellationToken::new();
-        let stop = cancel.clone();
-        tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            stop.cancel();
-        });
-        let done = run(
-            &sh("sleep 30"),
-            Sink::Discard,
-            Sink::Discard,
-            Duration::from_secs(60),
-            Some(&cancel),
-        )
-        .await;
-        assert_eq!(done.end, End::Cancelled);
-    }
 }
