@@ -19,7 +19,7 @@
 use std::cell::Cell;
 use std::time::{Duration, Instant};
 
-use crate::host::reader::{Answer, BoundedReader, Op, ReadError};
+use crate::host::reader::{Answer, BoundedReader, Op, ReadError, Requests};
 use crate::host::{HostAnswer, HostError, HostOp, HostRead, HostRoot, Result};
 
 /// How long discovery waits for one file, and for one whole scan.
@@ -159,7 +159,7 @@ impl HostRead for BoundedHost {
                     .collect();
             }
         };
-        let batch = requests
+        let batch: Requests = requests
             .iter()
             .map(|(op, path)| {
                 let op = match op {

@@ -6,25 +6,27 @@
 //! on a thread anyone else needs: not on the async runtime, and not on tokio's
 //! blocking pool, which hung reads would slowly use up. [`BoundedReader`] owns a
 //! small pool of threads of its own, at most `max_threads`, started on demand.
-//! The caller waits for each file with its own timeout; a read that misses its
+//! The caller waits for its reads with its own timeout; a read that misses its
 //! deadline keeps its thread parked, and until it returns, further reads of the
 //! same file are refused at once ([`ReadError::Stuck`]) instead of parking
 //! another thread. So at most one thread is ever parked per hung file, and if
 //! every thread is parked, reads wait in the queue and time out: the service
 //! degrades to missing values, never to a stuck task.
 //!
-//! Hand-offs are few. A sample queues a few hundred reads at once; one thread
-//! works through them while it makes progress, and wakes the waiting tasks once
-//! the queue is empty (or every [`FLUSH_EVERY`] answers), not once per file.
-//! Deadlines are kept by one timekeeper thread rather than by a tokio timer per
-//! read (each of which would wake the runtime's driver). When a read has waited
-//! [`STALL`], the timekeeper hands it its answer if a thread has it (that thread
-//! may be stuck on a later file) and, if it has not been started, wakes or
-//! starts another thread, one more each [`STALL`] while reads still wait; at
-//! its deadline, the read times out. So a hung file delays the other files by
-//! about [`STALL`], and slow files are read in parallel after it. A batch of
-//! reads ([`BoundedReader::batch`]) is handed over with one wake-up. [`wake_decision`] is the pure rule for when a queued read
-//! needs another thread.
+//! Hand-offs are per request, not per file. A request ([`BoundedReader::batch`];
+//! a single read is a request of one) is queued as one unit: the threads take
+//! its reads one after another, each answer goes straight into the request,
+//! and the thread that stores the last answer wakes the caller once. The
+//! health monitor's few hundred reads a second so cost a few hand-offs, not a
+//! few hundred. Deadlines are kept by one timekeeper thread rather than by a
+//! tokio timer (the reader also serves callers outside the runtime), which
+//! looks at each request, not at each read. When a request has waited
+//! [`STALL`] with reads not yet started (a thread may be stuck on one of
+//! them), the timekeeper wakes or starts another thread, one more each
+//! [`STALL`] while reads still wait; at its deadline, the request's missing
+//! answers time out. So a hung file delays the other files by about
+//! [`STALL`], and slow files are read in parallel after it. [`wake_decision`]
+//! is the pure rule for when a queued read needs another thread.
 //!
 //! This module owns the threads and the deadlines. It must not know what any file
 //! means; all paths go through [`HostRoot`].
@@ -32,7 +34,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -43,12 +45,10 @@ use crate::host::descriptors::current_kept_descriptor_cap;
 use crate::host::inotify::{ENTRIES_AND_SELF, Inotify};
 use crate::host::{HostError, HostRoot, OpenAttr};
 
-/// How long a read waits before it checks on itself (capped at a quarter of
-/// its timeout), and how long a thread may be on one file before it no longer
-/// counts as making progress.
+/// How long a request waits before the timekeeper checks on it (capped at a
+/// quarter of its timeout), and how long a thread may be on one file before
+/// it no longer counts as making progress.
 pub const STALL: Duration = Duration::from_millis(5);
-/// A thread wakes the tasks it answered at least this often.
-pub const FLUSH_EVERY: usize = 64;
 
 /// Why a read produced no value.
 #[derive(Debug, thiserror::Error)]
@@ -105,79 +105,126 @@ pub enum Answer {
     Names(Vec<String>),
 }
 
-/// Where a thread leaves one read's answer. Filling it does not wake the
-/// caller; the thread wakes callers in batches (see the module doc).
-struct Slot {
-    answer: Mutex<Option<Result<Answer, HostError>>>,
-    /// Shared by the reads of one batch: one wake-up serves them all.
-    waker: Arc<AtomicWaker>,
-    /// When the timekeeper checks on the read, and when it gives up on it.
+/// The paths of one request, shared by the caller and the threads. A caller
+/// that reads the same paths again and again (a sample plan) keeps its
+/// `Requests` and hands over a reference each time, so queueing copies no
+/// path.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Requests(Arc<[(Op, Arc<str>)]>);
+
+impl Requests {
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (Op, &str)> {
+        self.0.iter().map(|(op, path)| (*op, &**path))
+    }
+}
+
+impl From<Vec<(Op, String)>> for Requests {
+    fn from(requests: Vec<(Op, String)>) -> Self {
+        requests.into_iter().collect()
+    }
+}
+
+impl FromIterator<(Op, String)> for Requests {
+    fn from_iter<I: IntoIterator<Item = (Op, String)>>(requests: I) -> Self {
+        Requests(
+            requests
+                .into_iter()
+                .map(|(op, path)| (op, Arc::from(path)))
+                .collect(),
+        )
+    }
+}
+
+type Outcome = Option<Result<Answer, HostError>>;
+
+/// One request's reads, queued as one unit (see the module doc).
+struct Batch {
+    requests: Requests,
+    /// Indices into `requests` of the reads the threads do (the others were
+    /// refused when queued); `answers[k]` answers `todo[k]`.
+    todo: Vec<usize>,
+    answers: Vec<Mutex<Outcome>>,
+    /// The next read (index into `todo`) a thread takes. Changed under the
+    /// state lock only.
+    next: AtomicUsize,
+    /// Reads answered, or skipped for a caller that no longer waits.
+    done: AtomicUsize,
+    waker: AtomicWaker,
+    /// When it was asked for: replacements before it must be seen.
+    queued_at: Instant,
+    /// When the timekeeper checks on it, and when it gives up on it.
     stall_at: Instant,
     deadline: Instant,
-    /// A thread took the job off the queue.
-    started: AtomicBool,
-    /// The deadline passed: the caller returns a timeout.
+    /// The deadline passed: the caller returns timeouts for missing answers.
     expired: AtomicBool,
-    /// The caller stopped waiting (took its answer, timed out or was
-    /// cancelled).
+    /// The caller stopped waiting (took its answers or was cancelled).
     abandoned: AtomicBool,
 }
 
-impl Slot {
-    fn new(now: Instant, timeout: Duration, waker: Arc<AtomicWaker>) -> Self {
+impl Batch {
+    fn new(requests: Requests, todo: Vec<usize>, now: Instant, timeout: Duration) -> Self {
         Self {
-            answer: Mutex::new(None),
-            waker,
+            answers: todo.iter().map(|_| Mutex::new(None)).collect(),
+            requests,
+            todo,
+            next: AtomicUsize::new(0),
+            done: AtomicUsize::new(0),
+            waker: AtomicWaker::new(),
+            queued_at: now,
             stall_at: now + STALL.min(timeout / 4),
             deadline: now + timeout,
-            started: AtomicBool::new(false),
             expired: AtomicBool::new(false),
             abandoned: AtomicBool::new(false),
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, Option<Result<Answer, HostError>>> {
-        self.answer.lock().unwrap_or_else(|p| p.into_inner())
+    fn len(&self) -> usize {
+        self.todo.len()
     }
 
-    fn answered(&self) -> bool {
-        self.lock().is_some()
+    fn read(&self, k: usize) -> (Op, &Arc<str>) {
+        let (op, path) = &self.requests.0[self.todo[k]];
+        (*op, path)
     }
-}
 
-/// The caller's side of a [`Slot`]: the answer, or `None` at the deadline.
-struct Answered(Arc<Slot>);
-
-impl Future for Answered {
-    type Output = Option<Result<Answer, HostError>>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        self.0.waker.register(cx.waker());
-        if let Some(answer) = self.0.lock().take() {
-            return Poll::Ready(Some(answer));
-        }
-        if self.0.expired.load(Ordering::Acquire) {
-            return Poll::Ready(None);
-        }
-        Poll::Pending
+    fn answer(&self, k: usize) -> MutexGuard<'_, Outcome> {
+        // A poisoned slot still holds an answer or none: both are safe.
+        self.answers[k].lock().unwrap_or_else(|p| p.into_inner())
     }
-}
 
-impl Drop for Answered {
-    fn drop(&mut self) {
-        self.0.abandoned.store(true, Ordering::Release);
+    fn complete(&self) -> bool {
+        self.done.load(Ordering::Acquire) >= self.todo.len()
+    }
+
+    /// Reads no thread has taken yet.
+    fn unstarted(&self) -> usize {
+        self.len().saturating_sub(self.next.load(Ordering::Relaxed))
+    }
+
+    /// Whether anyone still waits for its answers.
+    fn wanted(&self) -> bool {
+        !(self.abandoned.load(Ordering::Acquire) || self.expired.load(Ordering::Acquire))
     }
 }
 
-/// The caller's side of a [`BoundedReader::batch`]: ready once every read
-/// has its answer or its deadline passed.
+/// The caller's side of a [`Batch`]: ready once every read has its answer or
+/// the deadline passed.
 struct BatchAnswered {
     inner: Arc<Inner>,
-    waker: Arc<AtomicWaker>,
-    /// Reads still waiting, by index into `results`.
-    pending: Vec<(usize, Arc<Slot>)>,
+    /// `None` once the answers are taken, or when nothing was queued.
+    batch: Option<Arc<Batch>>,
+    /// The answers so far, in the order of `requests`; refusals are filled in
+    /// when queued.
     results: Vec<Option<Result<Answer, ReadError>>>,
-    paths: Vec<String>,
+    requests: Requests,
     timeout: Duration,
 }
 
@@ -185,40 +232,38 @@ impl Future for BatchAnswered {
     type Output = Vec<Result<Answer, ReadError>>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        self.waker.register(cx.waker());
         let this = &mut *self;
-        let (results, paths, timeout, inner) =
-            (&mut this.results, &this.paths, this.timeout, &this.inner);
-        this.pending.retain(|(i, slot)| {
-            if let Some(answer) = slot.lock().take() {
-                results[*i] = Some(answer.map_err(ReadError::Host));
-                // Nobody waits on it any more: the timekeeper drops it rather
-                // than wake this (finished) task again at its deadline.
-                slot.abandoned.store(true, Ordering::Release);
-                return false;
+        if let Some(batch) = &this.batch {
+            batch.waker.register(cx.waker());
+            if !(batch.complete() || batch.expired.load(Ordering::Acquire)) {
+                return Poll::Pending;
             }
-            if slot.expired.load(Ordering::Acquire) {
-                inner.timeouts.fetch_add(1, Ordering::Relaxed);
-                results[*i] = Some(Err(ReadError::TimedOut {
-                    path: paths[*i].clone(),
-                    timeout,
-                }));
-                return false;
+            for (k, &i) in batch.todo.iter().enumerate() {
+                this.results[i] = Some(match batch.answer(k).take() {
+                    Some(answer) => answer.map_err(ReadError::Host),
+                    None => {
+                        this.inner.timeouts.fetch_add(1, Ordering::Relaxed);
+                        Err(ReadError::TimedOut {
+                            path: batch.read(k).1.to_string(),
+                            timeout: this.timeout,
+                        })
+                    }
+                });
             }
-            true
-        });
-        if !this.pending.is_empty() {
-            return Poll::Pending;
+            // Nobody waits any more: threads skip what is left, and the
+            // timekeeper forgets it rather than wake this finished task.
+            batch.abandoned.store(true, Ordering::Release);
+            this.batch = None;
         }
         let results = std::mem::take(&mut this.results);
         Poll::Ready(
             results
                 .into_iter()
-                .zip(paths)
-                .map(|(result, path)| {
+                .zip(this.requests.iter())
+                .map(|(result, (_, path))| {
                     // Every read got an answer above; `Closed` only if this
                     // module has a bug.
-                    result.unwrap_or_else(|| Err(ReadError::Closed { path: path.clone() }))
+                    result.unwrap_or_else(|| Err(ReadError::Closed { path: path.into() }))
                 })
                 .collect(),
         )
@@ -227,37 +272,54 @@ impl Future for BatchAnswered {
 
 impl Drop for BatchAnswered {
     fn drop(&mut self) {
-        for (_, slot) in &self.pending {
-            slot.abandoned.store(true, Ordering::Release);
+        if let Some(batch) = &self.batch {
+            batch.abandoned.store(true, Ordering::Release);
         }
     }
 }
 
-struct Job {
-    path: String,
-    op: Op,
-    slot: Arc<Slot>,
-    /// When it was asked for: replacements before it must be seen.
-    queued_at: Instant,
-}
-
 #[derive(Default)]
 struct State {
-    queue: VecDeque<Job>,
+    queue: VecDeque<Arc<Batch>>,
     /// Paths queued or being read. A path stays here while its read is stuck.
-    in_flight: HashSet<String>,
+    in_flight: HashSet<Arc<str>>,
     /// When each thread (by index) started the file it is on, if any.
     busy_since: Vec<Option<Instant>>,
     idle: usize,
     /// Notifications sent to idle threads that have not woken yet.
     waking: usize,
     threads: usize,
-    /// Reads whose callers wait, for the timekeeper; and whether a timekeeper
-    /// runs, and when it wakes next (`None`: when a read is queued).
-    waiting: Vec<Arc<Slot>>,
+    /// Requests whose callers wait, for the timekeeper; and whether a
+    /// timekeeper runs, and when it wakes next (`None`: when a request is
+    /// queued).
+    waiting: Vec<Arc<Batch>>,
     timekeeper: bool,
     timekeeper_wakes: Option<Instant>,
     shutdown: bool,
+}
+
+impl State {
+    /// Queued reads no thread has taken yet.
+    fn unstarted(&self) -> usize {
+        self.queue.iter().map(|b| b.unstarted()).sum()
+    }
+
+    /// Takes the next read off the queue: its request and its index there.
+    fn claim(&mut self) -> Option<(Arc<Batch>, usize)> {
+        loop {
+            let front = self.queue.front()?;
+            let k = front.next.load(Ordering::Relaxed);
+            if k >= front.len() {
+                self.queue.pop_front();
+                continue;
+            }
+            front.next.store(k + 1, Ordering::Relaxed);
+            if k + 1 < front.len() {
+                return Some((front.clone(), k));
+            }
+            return self.queue.pop_front().map(|batch| (batch, k));
+        }
+    }
 }
 
 /// What a queued read needs so that some thread gets to it.
@@ -404,7 +466,7 @@ impl BoundedReader {
 
     /// Reads an attribute (trimmed, as [`HostRoot::read_attr`]).
     pub async fn read_attr(&self, path: &str, timeout: Duration) -> Result<String, ReadError> {
-        match self.run(path, Op::Read, timeout).await? {
+        match self.one(path, Op::Read, timeout).await? {
             Answer::Text(text) => Ok(text),
             _ => unreachable_answer(path),
         }
@@ -412,7 +474,7 @@ impl BoundedReader {
 
     /// Reads a binary attribute's bytes (at most 64 KiB), as [`Op::Bytes`].
     pub async fn read_bytes(&self, path: &str, timeout: Duration) -> Result<Vec<u8>, ReadError> {
-        match self.run(path, Op::Bytes, timeout).await? {
+        match self.one(path, Op::Bytes, timeout).await? {
             Answer::Bytes(bytes) => Ok(bytes),
             _ => unreachable_answer(path),
         }
@@ -420,7 +482,7 @@ impl BoundedReader {
 
     /// Whether a path exists. `stat` on sysfs can block like a read can.
     pub async fn exists(&self, path: &str, timeout: Duration) -> Result<bool, ReadError> {
-        match self.run(path, Op::Exists, timeout).await? {
+        match self.one(path, Op::Exists, timeout).await? {
             Answer::Exists(exists) => Ok(exists),
             _ => unreachable_answer(path),
         }
@@ -428,7 +490,7 @@ impl BoundedReader {
 
     /// Lists a directory, sorted; an absent directory is empty.
     pub async fn list_dir(&self, path: &str, timeout: Duration) -> Result<Vec<String>, ReadError> {
-        match self.run(path, Op::List, timeout).await? {
+        match self.one(path, Op::List, timeout).await? {
             Answer::Names(names) => Ok(names),
             _ => unreachable_answer(path),
         }
@@ -456,125 +518,101 @@ impl BoundedReader {
 
     /// Paths whose read has been queued or running (stuck ones included).
     pub fn in_flight(&self) -> Vec<String> {
-        let mut paths: Vec<String> = self.inner.lock().in_flight.iter().cloned().collect();
+        let mut paths: Vec<String> = self
+            .inner
+            .lock()
+            .in_flight
+            .iter()
+            .map(|p| p.to_string())
+            .collect();
         paths.sort();
         paths
     }
 
-    async fn run(&self, path: &str, op: Op, timeout: Duration) -> Result<Answer, ReadError> {
-        let now = Instant::now();
-        let slot = Arc::new(Slot::new(now, timeout, Arc::new(AtomicWaker::new())));
-        {
-            let mut state = self.inner.lock();
-            if state.shutdown {
-                return Err(ReadError::Closed { path: path.into() });
-            }
-            if !state.in_flight.insert(path.to_owned()) {
-                drop(state);
-                self.inner.skipped.fetch_add(1, Ordering::Relaxed);
-                return Err(ReadError::Stuck { path: path.into() });
-            }
-            state.queue.push_back(Job {
-                path: path.to_owned(),
-                op,
-                slot: slot.clone(),
-                queued_at: now,
-            });
-            let woken = self.wake(&mut state, false);
-            if !(woken || state.threads > 0) || !self.keep_time(&mut state, [&slot]) {
-                // No thread at all: give the path back so that the caller
-                // can retry later rather than have it marked stuck forever.
-                state.queue.pop_back();
-                state.in_flight.remove(path);
-                return Err(ReadError::Closed { path: path.into() });
-            }
-        }
-        self.inner.reads.fetch_add(1, Ordering::Relaxed);
-        match Answered(slot).await {
-            Some(result) => Ok(result?),
-            None => {
-                self.inner.timeouts.fetch_add(1, Ordering::Relaxed);
-                Err(ReadError::TimedOut {
-                    path: path.into(),
-                    timeout,
-                })
-            }
-        }
+    async fn one(&self, path: &str, op: Op, timeout: Duration) -> Result<Answer, ReadError> {
+        let answers = self.batch(vec![(op, path.to_owned())], timeout).await;
+        answers
+            .into_iter()
+            .next()
+            .unwrap_or_else(|| Err(ReadError::Closed { path: path.into() }))
     }
 
-    /// Reads many paths at once, each with `timeout`, with one hand-off to
-    /// the threads and one wake-up of the caller per batch of answers rather
-    /// than per file. Each path is treated exactly as by the single-path
-    /// methods (a hung one costs its own value; one still stuck is refused),
-    /// and answers come back in the order of `requests`. A path given twice
-    /// is refused the second time, as a concurrent read of the same file is.
+    /// Reads many paths at once, each with `timeout`, queued as one request:
+    /// one hand-off to the threads and one wake-up of the caller. Each path
+    /// is treated as a read on its own: a hung one costs its own value, and
+    /// one still stuck from an earlier read is refused. Answers come back in
+    /// the order of `requests`. A path given twice is refused the second
+    /// time, as a concurrent read of the same file is.
     pub async fn batch(
         &self,
-        requests: Vec<(Op, String)>,
+        requests: impl Into<Requests>,
         timeout: Duration,
     ) -> Vec<Result<Answer, ReadError>> {
-        let waker = Arc::new(AtomicWaker::new());
+        self.queue(requests.into(), timeout).await
+    }
+
+    fn queue(&self, requests: Requests, timeout: Duration) -> BatchAnswered {
         let now = Instant::now();
         let mut results: Vec<Option<Result<Answer, ReadError>>> =
             requests.iter().map(|_| None).collect();
-        let mut pending: Vec<(usize, Arc<Slot>)> = Vec::with_capacity(requests.len());
-        {
-            let mut state = self.inner.lock();
-            for (i, (op, path)) in requests.iter().enumerate() {
-                if state.shutdown {
-                    results[i] = Some(Err(ReadError::Closed { path: path.clone() }));
-                } else if !state.in_flight.insert(path.clone()) {
-                    self.inner.skipped.fetch_add(1, Ordering::Relaxed);
-                    results[i] = Some(Err(ReadError::Stuck { path: path.clone() }));
-                } else {
-                    let slot = Arc::new(Slot::new(now, timeout, waker.clone()));
-                    state.queue.push_back(Job {
-                        path: path.clone(),
-                        op: *op,
-                        slot: slot.clone(),
-                        queued_at: now,
-                    });
-                    pending.push((i, slot));
-                }
+        let mut todo = Vec::with_capacity(requests.len());
+        let mut state = self.inner.lock();
+        for (i, (_, path)) in requests.0.iter().enumerate() {
+            if state.shutdown {
+                results[i] = Some(Err(ReadError::Closed {
+                    path: path.to_string(),
+                }));
+            } else if !state.in_flight.insert(path.clone()) {
+                self.inner.skipped.fetch_add(1, Ordering::Relaxed);
+                results[i] = Some(Err(ReadError::Stuck {
+                    path: path.to_string(),
+                }));
+            } else {
+                todo.push(i);
             }
-            if !pending.is_empty() {
-                let woken = self.wake(&mut state, false);
-                if !(woken || state.threads > 0)
-                    || !self.keep_time(&mut state, pending.iter().map(|(_, s)| s))
-                {
-                    // No thread at all: give the paths back (see `run`).
-                    state
-                        .queue
-                        .retain(|job| !pending.iter().any(|(_, s)| Arc::ptr_eq(s, &job.slot)));
-                    for (i, _) in pending.drain(..) {
-                        let path = &requests[i].1;
-                        state.in_flight.remove(path);
-                        results[i] = Some(Err(ReadError::Closed { path: path.clone() }));
-                    }
+        }
+        let mut batch = None;
+        if !todo.is_empty() {
+            let queued = Arc::new(Batch::new(requests.clone(), todo, now, timeout));
+            // The timekeeper first: once a thread may have taken a read, the
+            // request can no longer be taken back.
+            let kept_time = self.keep_time(&mut state, &queued);
+            if kept_time {
+                state.queue.push_back(queued.clone());
+            }
+            if kept_time && (self.wake(&mut state, false) || state.threads > 0) {
+                self.inner
+                    .reads
+                    .fetch_add(queued.len() as u64, Ordering::Relaxed);
+                batch = Some(queued);
+            } else {
+                // No thread at all, so none took a read: give the paths back,
+                // so that the caller can retry later rather than have them
+                // marked stuck forever.
+                state.queue.retain(|b| !Arc::ptr_eq(b, &queued));
+                state.waiting.retain(|b| !Arc::ptr_eq(b, &queued));
+                for (k, &i) in queued.todo.iter().enumerate() {
+                    let path = queued.read(k).1;
+                    state.in_flight.remove(path);
+                    results[i] = Some(Err(ReadError::Closed {
+                        path: path.to_string(),
+                    }));
                 }
             }
         }
-        self.inner
-            .reads
-            .fetch_add(pending.len() as u64, Ordering::Relaxed);
+        drop(state);
         BatchAnswered {
             inner: self.inner.clone(),
-            waker,
-            pending,
+            batch,
             results,
-            paths: requests.into_iter().map(|(_, path)| path).collect(),
+            requests,
             timeout,
         }
-        .await
     }
 
-    /// Hands waiting reads to the timekeeper, starting it if needed. False
-    /// when it cannot be started.
-    fn keep_time<'a>(
-        &self,
-        state: &mut State,
-        slots: impl IntoIterator<Item = &'a Arc<Slot>>,
-    ) -> bool {
+    /// Hands a waiting request to the timekeeper, starting it if needed.
+    /// False when it cannot be started.
+    fn keep_time(&self, state: &mut State, batch: &Arc<Batch>) -> bool {
         if !state.timekeeper {
             let inner = self.inner.clone();
             let started = std::thread::Builder::new()
@@ -586,15 +624,9 @@ impl BoundedReader {
             }
             state.timekeeper = true;
         }
-        let mut first: Option<Instant> = None;
-        for slot in slots {
-            state.waiting.push(slot.clone());
-            first = Some(first.map_or(slot.stall_at, |f| f.min(slot.stall_at)));
-        }
-        if let Some(first) = first
-            && state.timekeeper_wakes.is_none_or(|at| first < at)
-        {
-            state.timekeeper_wakes = Some(first);
+        state.waiting.push(batch.clone());
+        if state.timekeeper_wakes.is_none_or(|at| batch.stall_at < at) {
+            state.timekeeper_wakes = Some(batch.stall_at);
             self.inner.timer.notify_one();
         }
         true
@@ -634,8 +666,8 @@ fn wake(inner: &Arc<Inner>, state: &mut State, stalled: bool) -> bool {
     }
 }
 
-/// Keeps the deadlines of waiting reads (see the module doc). Runs until the
-/// reader shuts down; sleeps while no read waits.
+/// Keeps the deadlines of waiting requests (see the module doc). Runs until
+/// the reader shuts down; sleeps while no request waits.
 fn timekeeper(inner: Arc<Inner>) {
     let mut state = inner.lock();
     loop {
@@ -645,29 +677,24 @@ fn timekeeper(inner: Arc<Inner>) {
         }
         let now = Instant::now();
         let mut next: Option<Instant> = None;
-        let mut stalled = 0;
-        state.waiting.retain(|slot| {
-            if slot.abandoned.load(Ordering::Acquire) {
+        let mut stalled = false;
+        state.waiting.retain(|batch| {
+            // A complete request was woken by the thread that finished it.
+            if batch.abandoned.load(Ordering::Acquire) || batch.complete() {
                 return false;
             }
-            if slot.answered() {
-                if now >= slot.stall_at {
-                    // Its thread may be stuck on a later file before it
-                    // delivers: deliver for it.
-                    slot.waker.wake();
-                    return false;
-                }
-            } else if now >= slot.deadline {
-                slot.expired.store(true, Ordering::Release);
-                slot.waker.wake();
+            if now >= batch.deadline {
+                batch.expired.store(true, Ordering::Release);
+                batch.waker.wake();
                 return false;
-            } else if now >= slot.stall_at && !slot.started.load(Ordering::Acquire) {
-                stalled += 1;
             }
-            let at = if now < slot.stall_at {
-                slot.stall_at
+            if now >= batch.stall_at && batch.unstarted() > 0 {
+                stalled = true;
+            }
+            let at = if now < batch.stall_at {
+                batch.stall_at
             } else {
-                slot.deadline
+                batch.deadline
             };
             next = Some(next.map_or(at, |n| n.min(at)));
             true
@@ -678,9 +705,9 @@ fn timekeeper(inner: Arc<Inner>) {
         // at a time rather than the whole pool at once (on a busy machine any
         // thread is late now and then, and waking them all costs more than
         // the wait).
-        if stalled > 0
+        if stalled
             && wake(&inner, &mut state, true)
-            && state.queue.len() > state.waking
+            && state.unstarted() > state.waking
             && (state.threads < inner.max_threads || state.idle > state.waking)
         {
             let again = Instant::now() + STALL;
@@ -705,13 +732,6 @@ fn unreachable_answer<T>(path: &str) -> Result<T, ReadError> {
     // Each operation has exactly one answer kind; this is only reachable through
     // a bug in this module, and a missing value is the safe outcome.
     Err(ReadError::Closed { path: path.into() })
-}
-
-/// Wakes the callers whose answers are in their slots.
-fn deliver(answered: &mut Vec<Arc<Slot>>) {
-    for slot in answered.drain(..) {
-        slot.waker.wake();
-    }
 }
 
 /// Attribute descriptors kept open between reads of the same file (see
@@ -990,19 +1010,35 @@ impl Replacements {
     }
 }
 
+/// One read, on a reader thread.
+fn read_one(
+    inner: &Inner,
+    op: Op,
+    path: &str,
+    buf: &mut Vec<u8>,
+    queued_at: Instant,
+) -> Result<Answer, HostError> {
+    match op {
+        Op::Read | Op::Bytes => read_kept(inner, path, op, buf, queued_at),
+        Op::Exists => Ok(Answer::Exists(inner.host.exists(path))),
+        Op::List => inner.host.list_dir_or_empty(path).map(Answer::Names),
+    }
+}
+
 fn worker(inner: Arc<Inner>, index: usize) {
-    let mut answered: Vec<Arc<Slot>> = Vec::new();
     // Each kept attribute is read into this page, reused from read to read.
     let mut buf: Vec<u8> = Vec::new();
+    // A request this thread answered last: its caller is woken once the lock
+    // is let go.
+    let mut finished: Option<Arc<Batch>> = None;
     let mut state = inner.lock();
     loop {
-        let Some(job) = state.queue.pop_front() else {
-            if !answered.is_empty() {
-                drop(state);
-                deliver(&mut answered);
-                state = inner.lock();
-                continue;
-            }
+        if let Some(batch) = finished.take() {
+            drop(state);
+            batch.waker.wake();
+            state = inner.lock();
+        }
+        let Some((batch, k)) = state.claim() else {
             if state.shutdown {
                 state.threads -= 1;
                 return;
@@ -1013,38 +1049,28 @@ fn worker(inner: Arc<Inner>, index: usize) {
             state.waking = state.waking.saturating_sub(1);
             continue;
         };
-        job.slot.started.store(true, Ordering::Release);
         if let Some(since) = state.busy_since.get_mut(index) {
             *since = Some(Instant::now());
         }
         drop(state);
-        if answered.len() >= FLUSH_EVERY {
-            deliver(&mut answered);
-        }
+        let (op, path) = batch.read(k);
         // A caller that already gave up does not need the value; skipping keeps a
         // queue that built up behind hung files from being read for nothing.
-        let wanted = !(job.slot.abandoned.load(Ordering::Acquire)
-            || job.slot.expired.load(Ordering::Acquire));
-        let result = wanted.then(|| {
-            let host = &inner.host;
-            match job.op {
-                Op::Read | Op::Bytes => {
-                    read_kept(&inner, &job.path, job.op, &mut buf, job.queued_at)
-                }
-                Op::Exists => Ok(Answer::Exists(host.exists(&job.path))),
-                Op::List => host.list_dir_or_empty(&job.path).map(Answer::Names),
-            }
-        });
+        let result = batch
+            .wanted()
+            .then(|| read_one(&inner, op, path, &mut buf, batch.queued_at));
         state = inner.lock();
         if let Some(since) = state.busy_since.get_mut(index) {
             *since = None;
         }
         // The path is free again before the caller hears back, so that it can
         // read the same file again right away.
-        state.in_flight.remove(&job.path);
-        if let Some(result) = result {
-            *job.slot.lock() = Some(result);
-            answered.push(job.slot);
+        state.in_flight.remove(path);
+        if result.is_some() {
+            *batch.answer(k) = result;
+        }
+        if batch.done.fetch_add(1, Ordering::AcqRel) + 1 == batch.len() {
+            finished = Some(batch);
         }
     }
 }

@@ -18,7 +18,7 @@ use super::sysfs::{
     parse_millidegrees, parse_ras_count, parse_temp_label, parse_u64,
 };
 use crate::device::{Gpu, Inventory};
-use crate::host::reader::{Answer, BoundedReader, Op, ReadError};
+use crate::host::reader::{Answer, BoundedReader, Op, ReadError, Requests};
 
 /// Which files a sample reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -433,8 +433,10 @@ struct BatchPlan {
     files_changed: u64,
     /// Which GPUs' static values were cached (and so not read).
     with_statics: Vec<bool>,
-    /// The reads, and whose each is (GPU index and field).
-    requests: Vec<(Op, String)>,
+    /// The reads as handed to the reader each sample: first one per
+    /// [`Self::owners`] entry (GPU index and field), then a listing of each
+    /// of [`Self::dirs`], then `/dev/kfd` for scopes that check it.
+    requests: Requests,
     owners: Vec<(usize, Field)>,
     /// GPUs to stat for presence if they turn out not to be bound.
     presence: Vec<(usize, String)>,
@@ -460,13 +462,14 @@ impl BatchPlan {
                 .collect(),
             files_changed,
             with_statics,
-            requests: Vec::new(),
+            requests: Requests::default(),
             owners: Vec::new(),
             presence: Vec::new(),
             listed: Vec::new(),
             dirs: Vec::new(),
         };
         let no_files = GpuFiles::default();
+        let mut requests: Vec<(Op, String)> = Vec::new();
         for (index, gpu) in inventory.gpus.iter().enumerate() {
             let statics = plan.with_statics.get(index).copied().unwrap_or(false);
             let files = files.get(&gpu.bdf).unwrap_or(&no_files);
@@ -500,10 +503,15 @@ impl BatchPlan {
                 } else {
                     Op::Read
                 };
-                plan.requests.push((op, path));
+                requests.push((op, path));
                 plan.owners.push((index, field));
             }
         }
+        requests.extend(plan.dirs.iter().map(|d| (Op::List, d.clone())));
+        if scope != Scope::HealthWithoutNodes {
+            requests.push((Op::Exists, sysfs::KFD_PATH.to_owned()));
+        }
+        plan.requests = requests.into();
         plan
     }
 
@@ -627,16 +635,12 @@ impl Sampler {
             dirs: node_dirs,
             ..
         } = plan;
-        // The batch takes its requests; the plan keeps its own for the
-        // answers' paths.
-        let mut requests = planned_requests.clone();
-        let planned = requests.len();
-        requests.extend(node_dirs.iter().map(|d| (Op::List, d.clone())));
+        let planned = owners.len();
         let with_kfd = scope != Scope::HealthWithoutNodes;
-        if with_kfd {
-            requests.push((Op::Exists, sysfs::KFD_PATH.to_owned()));
-        }
-        let mut answers = self.reader.batch(requests, self.timeout).await;
+        let mut answers = self
+            .reader
+            .batch(planned_requests.clone(), self.timeout)
+            .await;
         let mut extra = answers.split_off(planned.min(answers.len())).into_iter();
         let listings: Vec<Result<Answer, ReadError>> =
             extra.by_ref().take(node_dirs.len()).collect();
@@ -650,7 +654,7 @@ impl Sampler {
         for ((&(index, ref field), (_, path)), answer) in
             owners.iter().zip(planned_requests.iter()).zip(answers)
         {
-            let (field, path) = (field.clone(), path.clone());
+            let (field, path) = (field.clone(), path.to_owned());
             let raw = match answer {
                 Ok(Answer::Exists(exists)) => Raw::Exists(exists),
                 Ok(Answer::Text(text)) => Raw::Text(text),
@@ -696,7 +700,7 @@ impl Sampler {
             }
         }
         if !unbound.is_empty() {
-            let requests = unbound
+            let requests: Requests = unbound
                 .iter()
                 .map(|(_, p)| (Op::Exists, p.clone()))
                 .collect();
@@ -842,7 +846,7 @@ async fn kfd_processes(
         .batch(
             pids.iter()
                 .map(|p| (Op::List, format!("{KFD_PROC}/{p}/queues")))
-                .collect(),
+                .collect::<Requests>(),
             timeout,
         )
         .await;
@@ -860,7 +864,10 @@ async fn kfd_processes(
         .collect();
     let gpuids = reader
         .batch(
-            queues.iter().map(|(_, p)| (Op::Read, p.clone())).collect(),
+            queues
+                .iter()
+                .map(|(_, p)| (Op::Read, p.clone()))
+                .collect::<Requests>(),
             timeout,
         )
         .await;
