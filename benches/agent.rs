@@ -100,6 +100,7 @@ async fn main() {
             metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
             test_commands: None,
             leader: None,
+            driver: support::bundles::no_modprobe(),
         };
         let started = Instant::now();
         let task = tokio::spawn(agent::run(emulator.client(), config, shutdown.clone()));
@@ -183,7 +184,7 @@ fn standalone_idle_cpu() {
     let simulated: Vec<std::ffi::OsString> = ["--simulate", "mi300x", "--partition", "cpx_nps4"]
         .map(Into::into)
         .into();
-    let host_root = vec!["--host-root".into(), host_dir.into_os_string()];
+    let host_root = vec!["--host-root".into(), host_dir.clone().into_os_string()];
     for (what, args) in [
         ("--simulate mi300x --partition cpx_nps4", simulated),
         ("--host-root <mi300x cpx_nps4 written once>", host_root),
