@@ -17,12 +17,15 @@ use gpu_operator::simulate::{self, SimSpec};
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
+use support::bundles;
 use support::cluster::{self, TestCluster};
 use support::kubelet::TestKubelet;
 use support::wait;
 use tokio_util::sync::CancellationToken;
 
 const NODE: &str = "gpu-node-1";
+/// The driver version the harness's `modprobe` recorder loads.
+const LOADABLE_VERSION: &str = "6.14.1";
 
 struct Harness {
     cluster: TestCluster,
@@ -75,6 +78,13 @@ impl Harness {
         kubelet_dir: PathBuf,
         test_commands: Option<gpu_operator::testrunner::Commands>,
     ) {
+        let mut driver = gpu_operator::driver::manager::ManagerConfig {
+            store: bundles::STORE.into(),
+            recheck: Duration::from_millis(200),
+            ..Default::default()
+        };
+        driver.commands.modprobe =
+            bundles::modprobe_recorder(&self.tools(), self.host.root(), LOADABLE_VERSION);
         let config = AgentConfig {
             node_name: NODE.into(),
             namespace: None,
@@ -85,10 +95,16 @@ impl Harness {
             metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
             test_commands,
             leader: None,
+            driver,
         };
         let client = self.cluster.client();
         let shutdown = self.shutdown.clone();
         self.agent = Some(tokio::spawn(agent::run(client, config, shutdown)));
+    }
+
+    /// Where the agent's host commands (the `modprobe` recorder) live.
+    fn tools(&self) -> PathBuf {
+        self._dir.path().join("tools")
     }
 
     async fn apply_device_config(&self, name: &str, spec: Value) {
@@ -757,18 +773,18 @@ async fn the_driver_ready_condition_follows_the_asked_version_and_goes_with_the_
         json!({"driver": {"enable": true, "version": "9.9.9"}}),
     )
     .await;
-    h.eventually("False: another version is asked for", |h| {
+    // Another version is asked for, and the store has no bundle for it.
+    h.eventually("False: no bundle for the version asked for", |h| {
         condition(h).is_some_and(|c| {
             c["status"] == "False"
-                && c["reason"] == "DriverVersionMismatch"
-                && c["message"].as_str().is_some_and(|m| {
-                    m.contains(&loaded)
-                        && m.contains("9.9.9")
-                        && m.contains("does not load drivers yet")
-                })
+                && c["reason"] == "BundleMissingForKernel"
+                && c["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains(simulate::SIM_KERNEL_RELEASE))
         })
     })
     .await;
+    assert!(bundles::modprobe_runs(&h.tools()).is_empty());
     assert!(
         h.field_managers()
             .iter()
@@ -788,6 +804,113 @@ async fn the_driver_ready_condition_follows_the_asked_version_and_goes_with_the_
     h.delete_device_config("gpus").await;
     h.eventually("removed with the DeviceConfig", |h| condition(h).is_none())
         .await;
+    h.stop().await;
+}
+
+/// The agent loads the driver a DeviceConfig asks for from the host's
+/// bundle store, and only from a bundle that verifies: each refusal is on
+/// the condition and in an Event with its reason, nothing is loaded until a
+/// good bundle is there, and then `modprobe` runs once, on that bundle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_loads_only_a_verified_bundle_and_names_each_refusal() {
+    let kernel = simulate::SIM_KERNEL_RELEASE;
+    let spec = SimSpec::new("mi300x", Some(2), None).unwrap();
+    let mut h = Harness::start_prepared(spec, cluster::node(NODE, json!({})), |host| {
+        simulate::unload_module(host).unwrap();
+        // Secure Boot on: modules must be signed.
+        host.write(
+            gpu_operator::driver::report::SECURE_BOOT_VAR,
+            [7u8, 0, 0, 0, 1],
+        )
+        .unwrap();
+        // Only a bundle for another kernel.
+        bundles::write_bundle(host, LOADABLE_VERSION, "6.9.0-1-other", true);
+    })
+    .await;
+    let condition = |h: &Harness| {
+        h.node()["status"]["conditions"].as_array().and_then(|cs| {
+            cs.iter()
+                .find(|c| c["type"] == "AMDGPUDriverReady")
+                .cloned()
+        })
+    };
+    let refused = |reason: &'static str| {
+        move |h: &Harness| {
+            condition(h).is_some_and(|c| c["status"] == "False" && c["reason"] == reason)
+                && h.status()
+                    .and_then(|s| s.driver_load)
+                    .is_some_and(|l| l.reason == reason)
+        }
+    };
+    h.apply_device_config(
+        "gpus",
+        json!({"driver": {"enable": true, "version": LOADABLE_VERSION}}),
+    )
+    .await;
+    h.eventually(
+        "no bundle for the running kernel",
+        refused("BundleMissingForKernel"),
+    )
+    .await;
+    // A bundle for the running kernel whose firmware was changed after its
+    // manifest was written.
+    let bundle = bundles::write_bundle(&h.host, LOADABLE_VERSION, kernel, true);
+    h.host
+        .write(
+            format!("{bundle}/firmware/amdgpu/psp_13_0_6_sos.bin"),
+            "tampered",
+        )
+        .unwrap();
+    h.eventually(
+        "a file that does not match its sha256",
+        refused("ChecksumMismatch"),
+    )
+    .await;
+    // Intact, but unsigned while Secure Boot is on.
+    h.host.remove_all(&bundle).unwrap();
+    bundles::write_bundle(&h.host, LOADABLE_VERSION, kernel, false);
+    h.eventually(
+        "an unsigned module under Secure Boot",
+        refused("UnsignedModule"),
+    )
+    .await;
+    assert!(
+        bundles::modprobe_runs(&h.tools()).is_empty(),
+        "nothing is loaded from a refused bundle"
+    );
+    // A signed, intact bundle: loaded, once.
+    h.host.remove_all(&bundle).unwrap();
+    bundles::write_bundle(&h.host, LOADABLE_VERSION, kernel, true);
+    h.eventually("the driver asked for runs", |h| {
+        condition(h).is_some_and(|c| c["status"] == "True" && c["reason"] == "DriverLoaded")
+            && h.status().is_some_and(|s| {
+                s.driver
+                    .is_some_and(|d| d.version.as_deref() == Some(LOADABLE_VERSION))
+            })
+    })
+    .await;
+    let runs = bundles::modprobe_runs(&h.tools());
+    let expected = format!("--dirname {} amdgpu", h.host.path(&bundle).display());
+    assert_eq!(runs, [expected], "modprobe ran once, on the bundle");
+    assert_eq!(
+        h.host
+            .read_attr(gpu_operator::driver::load::FIRMWARE_PATH_PARAM)
+            .unwrap(),
+        format!("{bundle}/firmware")
+    );
+    // Each refusal was an Event, and so was the load.
+    let events = h.cluster.list("events.k8s.io/v1", "Event");
+    for reason in [
+        "BundleMissingForKernel",
+        "ChecksumMismatch",
+        "UnsignedModule",
+        "DriverLoaded",
+    ] {
+        assert!(
+            events.iter().any(|e| e["reason"] == reason),
+            "no {reason} Event in {events:#?}"
+        );
+    }
     h.stop().await;
 }
 

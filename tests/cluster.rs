@@ -197,6 +197,7 @@ impl Fleet {
                     ..ClusterConfig::default()
                 },
             }),
+            driver: support::bundles::no_modprobe(),
         };
         member.shutdown = CancellationToken::new();
         let client = client.unwrap_or_else(|| self.cluster.client());

@@ -2,14 +2,15 @@
 //! simulated host with a driver bundle written into its bundle store: exit
 //! statuses, reasons and JSON as an administrator's script sees them.
 
+mod support;
+
 use std::process::Command;
 
-use gpu_operator::driver::bundle::{SIGNATURE_TRAILER, write_manifest};
 use gpu_operator::driver::report::SECURE_BOOT_VAR;
 use gpu_operator::host::HostRoot;
 use gpu_operator::simulate::{self, SIM_BOOT_ID, SIM_KERNEL_RELEASE, SimSpec};
+use support::bundles;
 
-const STORE: &str = "/var/lib/gpu-operator/drivers";
 const VERSION: &str = "6.12.12";
 
 struct Host {
@@ -30,36 +31,16 @@ impl Host {
     }
 
     fn bundle_dir(kernel: &str) -> String {
-        format!("{STORE}/{VERSION}-{kernel}")
+        bundles::bundle_dir(VERSION, kernel)
     }
 
     fn write_bundle(&self, kernel: &str, signed: bool) {
-        self.write_bundle_tree(kernel, signed);
-        write_manifest(&self.host, &Self::bundle_dir(kernel), VERSION, kernel).unwrap();
+        bundles::write_bundle(&self.host, VERSION, kernel, signed);
     }
 
     /// The bundle's files, without its manifest.
     fn write_bundle_tree(&self, kernel: &str, signed: bool) {
-        let bundle = Self::bundle_dir(kernel);
-        let modules = format!("{bundle}/lib/modules/{kernel}");
-        for name in ["amdgpu", "amdttm"] {
-            let mut bytes = format!("\x7fELF {name}").into_bytes();
-            if signed {
-                bytes.extend_from_slice(SIGNATURE_TRAILER);
-            }
-            self.host
-                .write(format!("{modules}/updates/dkms/{name}.ko"), bytes)
-                .unwrap();
-        }
-        self.host
-            .write(
-                format!("{modules}/modules.dep"),
-                "updates/dkms/amdgpu.ko: updates/dkms/amdttm.ko\nupdates/dkms/amdttm.ko:\n",
-            )
-            .unwrap();
-        self.host
-            .write(format!("{bundle}/firmware/amdgpu/psp_13_0_6_sos.bin"), "fw")
-            .unwrap();
+        bundles::write_bundle_tree(&self.host, VERSION, kernel, signed);
     }
 
     /// Runs `gpu-operator driver ARGS --host-root <root>`: exit code, stdout.

@@ -68,6 +68,8 @@ pub struct AgentConfig {
     pub metrics_listen: Option<std::net::SocketAddr>,
     /// Where the test tools are, overriding the reference image's locations.
     pub test_commands: Option<crate::testrunner::Commands>,
+    /// The driver bundle store and the commands that load from it.
+    pub driver: crate::driver::manager::ManagerConfig,
 }
 
 /// How this agent takes part in leader election.
@@ -111,7 +113,16 @@ pub async fn run(
         config.host.clone(),
         inventory.clone(),
         devices.state(),
-        report_stop,
+        report_stop.clone(),
+    );
+    // Loads the driver the selected DeviceConfig asks for, if any.
+    let (driver_wanted, wanted_rx) = watch::channel(None);
+    let mut driver_load = crate::driver::manager::spawn(
+        config.host.clone(),
+        config.driver.clone(),
+        wanted_rx,
+        driver_report.clone(),
+        report_stop.clone(),
     );
     let nodes: Api<Node> = Api::all(client.clone());
     // Every write to this agent's own Node goes through it.
@@ -194,12 +205,33 @@ pub async fn run(
             {
                 state.driver_labels_written(labels);
             }
+            let wanted = match &selection {
+                Selection::One(selected) => {
+                    crate::driver::manager::DriverWanted::from_spec(selected.spec.driver())
+                }
+                _ => None,
+            };
+            driver_wanted.send_if_modified(|current| {
+                let changed = *current != wanted;
+                *current = wanted;
+                changed
+            });
+            let load = driver_load.borrow_and_update().clone();
+            if let Some((type_, action, reason, note)) =
+                plan::driver_load_event(&mut state, load.as_ref())
+            {
+                edges
+                    .events
+                    .record(NodeEvent::agent(type_, action, reason, note))
+                    .await;
+            }
             let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
                 k8s_openapi::jiff::Timestamp::now(),
             );
             let condition = plan::driver_condition_intent(
                 &selection,
                 driver_report.borrow().as_ref(),
+                load.as_ref(),
                 &node,
                 &now,
             );
@@ -227,6 +259,7 @@ pub async fn run(
                     services: services.states(),
                     inventory: &inventory.borrow_and_update(),
                     driver: driver_report.borrow_and_update().as_ref(),
+                    driver_load: load.as_ref(),
                     applied,
                     health_running: services.health.is_running(),
                     publishing_health: edges.node_health.is_some(),
@@ -243,6 +276,7 @@ pub async fn run(
             changed = configs_changed.changed() => if changed.is_err() { return Err(AgentError::WatchEnded) },
             _ = inventory.changed() => {}
             _ = driver_report.changed() => {}
+            _ = driver_load.changed() => {}
             _ = plugin_status.changed() => {}
             _ = metrics_config_error.changed() => {}
             _ = metrics_text.changed() => {}

@@ -25,10 +25,12 @@ use super::node_services::{Applied, DiscoveryProgress};
 use super::select::{DesiredServices, NodeContext, Selection, idle_services, plan_services};
 use crate::api::KubeRbacConfig;
 use crate::api::agent_status::{
-    AgentStatus, DriverReport, STATUS_VERSION, ServiceName, ServiceStatus,
+    AgentStatus, DriverLoad, DriverLoadState, DriverReport, STATUS_VERSION, ServiceName,
+    ServiceStatus,
 };
 use crate::device::Inventory;
 use crate::driver::condition::{CONDITION_TYPE, driver_condition};
+use crate::events::EventType;
 use crate::node_writer::{StatusIntent, condition_to_apply, find_condition};
 use crate::plugin::PluginStatus;
 
@@ -46,6 +48,8 @@ pub struct LoopState {
     status_write_failed: bool,
     /// The driver-type labels last applied; `None` before the first write.
     driver_labels: Option<BTreeMap<String, String>>,
+    /// What the driver manager did, as last recorded in an Event.
+    driver_load: Option<DriverLoad>,
 }
 
 impl LoopState {
@@ -64,6 +68,46 @@ impl LoopState {
             self.status_write_failed = true;
         }
     }
+}
+
+/// The Event for what the driver manager did, when it differs from what was
+/// last recorded (`state`, reason): a Warning for a refusal, a failure or a
+/// driver that must be replaced, a Normal one when a load took. Loading,
+/// and a driver that was running already, are not worth an Event. Pure.
+pub fn driver_load_event(
+    state: &mut LoopState,
+    load: Option<&DriverLoad>,
+) -> Option<(EventType, &'static str, String, String)> {
+    let same = |a: &DriverLoad, b: &DriverLoad| a.state == b.state && a.reason == b.reason;
+    let changed = match (&state.driver_load, load) {
+        (Some(last), Some(now)) => !same(last, now),
+        (None, None) => false,
+        _ => true,
+    };
+    if !changed {
+        return None;
+    }
+    let before = std::mem::replace(&mut state.driver_load, load.cloned());
+    let load = load?;
+    let type_ = match load.state {
+        DriverLoadState::Loading => return None,
+        DriverLoadState::Loaded => {
+            let was_loading = before.is_some_and(|b| b.state == DriverLoadState::Loading);
+            if !was_loading {
+                return None;
+            }
+            EventType::Normal
+        }
+        DriverLoadState::Refused | DriverLoadState::ReplaceNeeded | DriverLoadState::Failed => {
+            EventType::Warning
+        }
+    };
+    Some((
+        type_,
+        "LoadDriver",
+        load.reason.clone(),
+        load.message.clone(),
+    ))
 }
 
 /// Step 1: what the selection has the agent follow.
@@ -114,19 +158,21 @@ pub fn driver_labels(
 
 /// What to write of the `AMDGPUDriverReady` condition on `node`: `None`
 /// when the Node already says it. With a DeviceConfig selecting the node and
-/// the driver report read, the condition ([`driver_condition`], keeping the
+/// the driver report read, the condition ([`driver_condition`], from the report
+/// and what the driver manager did, `load`; keeping the
 /// Node's times when it says the same); with none selecting it, an empty
 /// intent that removes it, if there. Under a conflict nothing changes. Pure.
 pub fn driver_condition_intent(
     selection: &Selection,
     report: Option<&DriverReport>,
+    load: Option<&DriverLoad>,
     node: &k8s_openapi::api::core::v1::Node,
     now: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
 ) -> Option<StatusIntent> {
     let on_node = find_condition(node, CONDITION_TYPE);
     match (selection, report) {
         (Selection::One(selected), Some(report)) => {
-            let desired = driver_condition(report, selected.spec.driver(), now);
+            let desired = driver_condition(report, selected.spec.driver(), load, now);
             let condition = condition_to_apply(node, desired);
             (on_node != Some(&condition)).then(|| StatusIntent {
                 conditions: vec![condition],
@@ -237,6 +283,8 @@ pub struct Observed<'a> {
     pub inventory: &'a Inventory,
     /// The driver and kernel the node runs, once read.
     pub driver: Option<&'a DriverReport>,
+    /// What the driver manager did, when the DeviceConfig asks for a driver.
+    pub driver_load: Option<&'a DriverLoad>,
     /// What applying the services stopped.
     pub applied: Applied,
     /// The health monitor runs.
@@ -333,15 +381,18 @@ pub fn report(state: &mut LoopState, observed: Observed<'_>) -> Report {
     // the leader reads its absence as torn down.
     let status = match observed.selection {
         Selection::None => None,
-        selection => Some(build_status(
-            selection,
-            observed.services,
-            observed.plugin,
-            observed.inventory,
-            observed.driver,
-            problems,
-            observed.now,
-        )),
+        selection => Some(AgentStatus {
+            driver_load: observed.driver_load.cloned(),
+            ..build_status(
+                selection,
+                observed.services,
+                observed.plugin,
+                observed.inventory,
+                observed.driver,
+                problems,
+                observed.now,
+            )
+        }),
     };
     let changed = match (&status, &state.last_status) {
         (Some(now), Some(Some(last))) => now.differs_from(last),
@@ -494,6 +545,7 @@ fn build_status(
         gpus: inventory.gpus.len(),
         driver_version: inventory.driver.version.clone(),
         driver: driver.cloned(),
+        driver_load: None,
         problems,
         since,
     }
@@ -605,8 +657,11 @@ mod tests {
         let selection = one("ns", "gpus", DeviceConfigSpec::default());
         let mut node = Node::default();
         // Nothing until the report is read.
-        assert_eq!(driver_condition_intent(&selection, None, &node, &now), None);
-        let intent = driver_condition_intent(&selection, Some(&report), &node, &now)
+        assert_eq!(
+            driver_condition_intent(&selection, None, None, &node, &now),
+            None
+        );
+        let intent = driver_condition_intent(&selection, Some(&report), None, &node, &now)
             .expect("a first condition");
         assert_eq!(intent.conditions[0].type_, CONDITION_TYPE);
         assert_eq!(intent.conditions[0].status, "True");
@@ -616,7 +671,7 @@ mod tests {
         });
         let later = Time(k8s_openapi::jiff::Timestamp::from_second(1_800_000_100).unwrap());
         assert_eq!(
-            driver_condition_intent(&selection, Some(&report), &node, &later),
+            driver_condition_intent(&selection, Some(&report), None, &node, &later),
             None,
             "the Node says it already: no write for a heartbeat"
         );
@@ -625,20 +680,21 @@ mod tests {
             origin: ModuleOrigin::NotLoaded,
             ..report.clone()
         };
-        let intent = driver_condition_intent(&selection, Some(&unloaded), &node, &later).unwrap();
+        let intent =
+            driver_condition_intent(&selection, Some(&unloaded), None, &node, &later).unwrap();
         assert_eq!(intent.conditions[0].status, "False");
         assert_eq!(
-            driver_condition_intent(&Selection::None, Some(&report), &node, &later),
+            driver_condition_intent(&Selection::None, Some(&report), None, &node, &later),
             Some(StatusIntent::default()),
             "deselected: removed"
         );
         let conflict = Selection::Conflict(vec!["a/x".into(), "b/y".into()]);
         assert_eq!(
-            driver_condition_intent(&conflict, Some(&unloaded), &node, &later),
+            driver_condition_intent(&conflict, Some(&unloaded), None, &node, &later),
             None
         );
         assert_eq!(
-            driver_condition_intent(&Selection::None, None, &Node::default(), &later),
+            driver_condition_intent(&Selection::None, None, None, &Node::default(), &later),
             None
         );
     }
@@ -914,6 +970,7 @@ mod tests {
                     services: [(ServiceName::MetricsExporter, ServiceStatus::Running)].into(),
                     inventory: &inventory,
                     driver: None,
+                    driver_load: None,
                     applied: self.applied,
                     health_running: self.health_running,
                     publishing_health: self.publishing_health,

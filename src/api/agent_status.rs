@@ -161,6 +161,10 @@ pub struct AgentStatus {
     /// with every process that opens a GPU.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub driver: Option<DriverReport>,
+    /// What the agent did about the driver the DeviceConfig asks for
+    /// (`spec.driver.enable`); absent when it asks for none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver_load: Option<DriverLoad>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub problems: Vec<String>,
     #[serde(default)]
@@ -338,6 +342,38 @@ pub struct DriverReport {
     pub problems: Vec<String>,
 }
 
+/// Where the agent's own driver loading stands ([`AgentStatus::driver_load`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum DriverLoadState {
+    /// The driver asked for runs.
+    Loaded,
+    /// A verified bundle is being loaded.
+    Loading,
+    /// Nothing was loaded: no usable bundle, or a setting that cannot be
+    /// used. The reason says which.
+    Refused,
+    /// Another amdgpu runs, and replacing it needs what the agent does not
+    /// do yet (unloading, blacklisting, a reboot).
+    ReplaceNeeded,
+    /// Loading was tried and did not take.
+    Failed,
+}
+
+/// The outcome of the agent's last look at the driver, with a reason a
+/// runbook can match (`BundleMissingForKernel`, `ChecksumMismatch`,
+/// `UnsignedModule`, `ModprobeFailed`, …) and a message for a person.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DriverLoad {
+    pub state: DriverLoadState,
+    pub reason: String,
+    pub message: String,
+    /// The bundle directory (a host path) loaded or being loaded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bundle: Option<String>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -353,6 +389,7 @@ mod tests {
             gpus: 8,
             driver_version: Some("6.12.12".into()),
             driver: None,
+            driver_load: None,
             problems: vec![],
             since: "2026-11-30T07:00:00Z".into(),
         }

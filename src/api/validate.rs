@@ -760,8 +760,9 @@ impl Checker {
 const WHY_IMAGE: &str =
     "one gpu-operator binary does this work on every node; no operand image is pulled";
 const WHY_PULL_SECRET: &str = "no operand image is pulled";
-const NOT_YET_DRIVER: &str = "driver installation is not built yet: \
-                              the driver already on the node is used and reported";
+const NOT_YET_DRIVER: &str = "not used yet: the agent loads amdgpu only from a verified bundle \
+                              in the node's store (docs/driver.md), and does not unload, \
+                              blacklist or sign modules";
 const NOT_YET_VFIO: &str = "binding GPUs to vfio-pci for the passthrough driver types is not \
                             built yet; the driver type only picks the node labels";
 const NOT_YET_DRA: &str = "the DRA kubelet plugin is not built yet: no ResourceSlice is published";
@@ -784,11 +785,9 @@ const WHY_NO_CONTAINER: &str =
 /// each one "Not acted on yet" (a test keeps the two the same); remove a path
 /// here, and its mark there, once its feature lands.
 pub const NOT_ACTED_ON_YET: &[&str] = &[
-    "spec.driver.enable",
-    "spec.driver.version",
     "spec.driver.blacklist",
     "spec.driver.amdgpuInstallerRepoURL",
-    "spec.driver.kernelModuleConfig",
+    "spec.driver.kernelModuleConfig.unloadArgs",
     "spec.driver.imageSign",
     "spec.driver.upgradePolicy",
     "spec.driver.driverType",
@@ -826,8 +825,6 @@ pub fn ignored_fields(spec: &DeviceConfigSpec) -> Vec<String> {
 pub fn ignored_field_notes(spec: &DeviceConfigSpec) -> Vec<IgnoredField> {
     let mut notes = Notes::default();
     let d = spec.driver();
-    notes.not_yet("spec.driver.enable", d.enable, NOT_YET_DRIVER);
-    notes.not_yet("spec.driver.version", d.version.is_some(), NOT_YET_DRIVER);
     notes.not_yet(
         "spec.driver.blacklist",
         d.blacklist.is_some(),
@@ -839,9 +836,9 @@ pub fn ignored_field_notes(spec: &DeviceConfigSpec) -> Vec<IgnoredField> {
         NOT_YET_DRIVER,
     );
     notes.not_yet(
-        "spec.driver.kernelModuleConfig",
-        !is_default(&d.kernel_module_config),
-        NOT_YET_DRIVER,
+        "spec.driver.kernelModuleConfig.unloadArgs",
+        !d.kernel_module_config.unload_args.is_empty(),
+        "unloading is not built yet: the agent never runs modprobe -r",
     );
     notes.not_yet(
         "spec.driver.imageSign",
@@ -1232,22 +1229,11 @@ mod tests {
         // Absent, `driver` installs nothing, in the reference too: no note.
         assert!(ignored_fields(&spec).is_empty());
         // A present driver section defaults to `enable: true`, which the
-        // reference acts on and this design does not yet.
+        // agent acts on (it loads from the node's bundle store): no note
+        // either, on or off.
         let mut present = spec;
         present.driver = Some(Default::default());
-        let notes = ignored_field_notes(&present);
-        assert_eq!(
-            notes
-                .iter()
-                .map(|n| (n.path.as_str(), n.not_yet))
-                .collect::<Vec<_>>(),
-            [("spec.driver.enable", true)]
-        );
-        assert!(
-            notes[0]
-                .to_string()
-                .contains("accepted, but not acted on yet")
-        );
+        assert!(ignored_fields(&present).is_empty());
         present.driver_mut().enable = false;
         assert!(ignored_fields(&present).is_empty());
     }
@@ -1297,7 +1283,7 @@ mod tests {
         d.version = Some("6.4.1".into());
         d.blacklist = Some(true);
         d.amdgpu_installer_repo_url = Some("https://repo.example".into());
-        d.kernel_module_config.parameters = vec!["ras_enable=1".into()];
+        d.kernel_module_config.unload_args = vec!["--wait=10000".into()];
         d.image_sign.key_secret = Some(LocalObjectRef::new("key"));
         d.upgrade_policy = Some(DriverUpgradePolicySpec::default());
         d.driver_type = "vf-passthrough".into();

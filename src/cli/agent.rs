@@ -66,6 +66,15 @@ pub struct AgentArgs {
     /// default the agents may not read Secrets.
     #[arg(long)]
     pub check_secret_references: bool,
+    /// The host's driver bundle store (a host path under --host-root): one
+    /// directory per driver version and kernel, as docs/driver.md describes.
+    /// With `spec.driver.enable`, the agent loads the bundle built for the
+    /// running kernel from here, after verifying it.
+    #[arg(long, value_name = "DIR", default_value = crate::driver::preflight::DEFAULT_STORE)]
+    pub driver_store: String,
+    /// The modprobe the agent loads amdgpu with.
+    #[arg(long, value_name = "PATH", default_value = "/usr/sbin/modprobe")]
+    pub modprobe: PathBuf,
 }
 
 pub fn run(args: AgentArgs) -> ExitCode {
@@ -116,6 +125,14 @@ pub fn run(args: AgentArgs) -> ExitCode {
             kubelet_dir: args.kubelet_dir,
             rescan_interval: args.sampling.rescan_interval,
             sampling: args.sampling.sampling(),
+            driver: crate::driver::manager::ManagerConfig {
+                store: args.driver_store,
+                commands: crate::driver::load::LoadCommands {
+                    modprobe: args.modprobe,
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
         };
         match crate::agent::run(client, config, shutdown_on_signals()).await {
             Ok(()) => ExitCode::SUCCESS,

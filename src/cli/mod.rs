@@ -102,8 +102,8 @@ pub enum Command {
     /// The amdgpu driver: what this host runs (`status`), and whether a driver
     /// bundle exists and verifies for a kernel (`check`, before a reboot).
     ///
-    /// Loading and upgrading drivers is not built yet: spec.driver is
-    /// accepted and not acted on.
+    /// The agent loads drivers from this store itself (spec.driver.enable);
+    /// unloading, blacklisting and rolling upgrades are not built yet.
     Driver(DriverArgs),
     /// Run only the cluster role: reconcile DeviceConfigs, without node work.
     ///

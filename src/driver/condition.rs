@@ -2,19 +2,20 @@
 //! DeviceConfig asks for is the one running, with a reason a runbook can
 //! match. Pure.
 //!
-//! Until the agent loads drivers itself, the condition says what is true and
-//! no more: the module loaded (and, when `spec.driver.version` names one,
-//! whether it is that version), or not loaded at all. A version that differs
-//! is `False` with a message saying that loading is not built yet, so that no
-//! one reads the condition as a promise the agent will act on it. The load
-//! refusals (`BundleMissingForKernel`, `ChecksumMismatch`, `UnsignedModule`)
-//! join these reasons when loading is wired.
+//! With `spec.driver.enable`, the agent's driver manager decides and loads
+//! ([`crate::driver::manager`]); while what it did leaves the driver not
+//! running (a refused bundle, a failed `modprobe`, another amdgpu that
+//! would have to be replaced), the condition is `False` with the manager's
+//! reason (`BundleMissingForKernel`, `ChecksumMismatch`, `UnsignedModule`,
+//! `ModprobeFailed`, `DriverReplaceNeeded`, …) and message. Otherwise it
+//! says what runs: the module loaded (and, when `spec.driver.version` names
+//! one, whether it is that version), or not loaded at all.
 
 use k8s_openapi::api::core::v1::NodeCondition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::api::DriverSpec;
-use crate::api::agent_status::DriverReport;
+use crate::api::agent_status::{DriverLoad, DriverLoadState, DriverReport};
 use crate::node_writer::condition_at;
 
 pub const CONDITION_TYPE: &str = "AMDGPUDriverReady";
@@ -25,9 +26,14 @@ pub const REASON_NOT_LOADED: &str = "DriverNotLoaded";
 /// Loaded, but not the version `spec.driver.version` asks for.
 pub const REASON_VERSION_MISMATCH: &str = "DriverVersionMismatch";
 
-/// The condition for `report` under the DeviceConfig's `driver` section,
-/// with its times set to `now`.
-pub fn driver_condition(report: &DriverReport, spec: &DriverSpec, now: &Time) -> NodeCondition {
+/// The condition for `report` under the DeviceConfig's `driver` section and
+/// what the driver manager last did (`load`), with its times set to `now`.
+pub fn driver_condition(
+    report: &DriverReport,
+    spec: &DriverSpec,
+    load: Option<&DriverLoad>,
+    now: &Time,
+) -> NodeCondition {
     let kernel = report
         .kernel_release
         .as_deref()
@@ -38,6 +44,10 @@ pub fn driver_condition(report: &DriverReport, spec: &DriverSpec, now: &Time) ->
         (None, false) => format!("amdgpu ({:?})", report.origin),
     };
     let wanted = spec.version.as_deref().filter(|_| spec.enable);
+    if let Some(load) = load.filter(|l| spec.enable && l.state != DriverLoadState::Loaded) {
+        let message = format!("{} (kernel {kernel})", load.message);
+        return condition_at(CONDITION_TYPE, "False", &load.reason, message, now);
+    }
     let (status, reason, message) = match (report.loaded, wanted) {
         (false, None) => (
             "False",
@@ -47,18 +57,12 @@ pub fn driver_condition(report: &DriverReport, spec: &DriverSpec, now: &Time) ->
         (false, Some(v)) => (
             "False",
             REASON_NOT_LOADED,
-            format!(
-                "amdgpu is not loaded on kernel {kernel}; the DeviceConfig asks for {v}, and \
-                 this agent does not load drivers yet"
-            ),
+            format!("amdgpu is not loaded on kernel {kernel}; the DeviceConfig asks for {v}"),
         ),
         (true, Some(v)) if report.version.as_deref() != Some(v) => (
             "False",
             REASON_VERSION_MISMATCH,
-            format!(
-                "{running} runs on kernel {kernel}; the DeviceConfig asks for {v}, and this \
-                 agent does not load drivers yet"
-            ),
+            format!("{running} runs on kernel {kernel}; the DeviceConfig asks for {v}"),
         ),
         (true, _) => (
             "True",
@@ -107,7 +111,7 @@ mod tests {
     #[test]
     fn loaded_drivers_are_ready_unless_another_version_is_asked_for() {
         let inbox = report(ModuleOrigin::InTree, None);
-        let c = driver_condition(&inbox, &spec(false, None), &now());
+        let c = driver_condition(&inbox, &spec(false, None), None, &now());
         assert_eq!(c.type_, CONDITION_TYPE);
         assert_eq!(
             said(&c),
@@ -119,23 +123,23 @@ mod tests {
         );
         // A version asked for while `enable` is false asks for nothing.
         assert_eq!(
-            driver_condition(&inbox, &spec(false, Some("6.4.1")), &now()).status,
+            driver_condition(&inbox, &spec(false, Some("6.4.1")), None, &now()).status,
             "True"
         );
 
         let rocm = report(ModuleOrigin::OutOfTree, Some("6.12.12"));
-        let c = driver_condition(&rocm, &spec(true, Some("6.12.12")), &now());
+        let c = driver_condition(&rocm, &spec(true, Some("6.12.12")), None, &now());
         assert_eq!(said(&c).0, "True");
-        let c = driver_condition(&rocm, &spec(true, Some("6.14.1")), &now());
+        let c = driver_condition(&rocm, &spec(true, Some("6.14.1")), None, &now());
         let (status, reason, message) = said(&c);
         assert_eq!((status, reason), ("False", REASON_VERSION_MISMATCH));
         assert!(
-            message.contains("asks for 6.14.1") && message.contains("does not load drivers yet"),
+            message.contains("asks for 6.14.1") && message.contains("6.12.12"),
             "{message}"
         );
         // No version named: whatever is loaded is what was asked for.
         assert_eq!(
-            driver_condition(&rocm, &spec(true, None), &now()).status,
+            driver_condition(&rocm, &spec(true, None), None, &now()).status,
             "True"
         );
     }
@@ -143,7 +147,7 @@ mod tests {
     #[test]
     fn an_unloaded_driver_is_not_ready_and_says_what_was_asked_for() {
         let none = report(ModuleOrigin::NotLoaded, None);
-        let c = driver_condition(&none, &spec(false, None), &now());
+        let c = driver_condition(&none, &spec(false, None), None, &now());
         assert_eq!(
             said(&c),
             (
@@ -152,8 +156,39 @@ mod tests {
                 "amdgpu is not loaded on kernel 6.8.0-49-generic"
             )
         );
-        let c = driver_condition(&none, &spec(true, Some("6.14.1")), &now());
+        let c = driver_condition(&none, &spec(true, Some("6.14.1")), None, &now());
         assert!(said(&c).2.contains("asks for 6.14.1"), "{:?}", c.message);
         assert_eq!(c.last_transition_time, Some(now()));
+    }
+
+    #[test]
+    fn what_the_manager_did_wins_until_the_driver_runs() {
+        let none = report(ModuleOrigin::NotLoaded, None);
+        let refused = DriverLoad {
+            state: DriverLoadState::Refused,
+            reason: "ChecksumMismatch".into(),
+            message: "amdgpu.ko: sha256 is 00, the manifest says ff".into(),
+            bundle: None,
+        };
+        let c = driver_condition(&none, &spec(true, Some("6.12.12")), Some(&refused), &now());
+        let (status, reason, message) = said(&c);
+        assert_eq!((status, reason), ("False", "ChecksumMismatch"));
+        assert!(
+            message.contains("sha256") && message.contains("6.8.0-49-generic"),
+            "{message}"
+        );
+        // With driver management off, the manager's word counts for nothing.
+        let c = driver_condition(&none, &spec(false, None), Some(&refused), &now());
+        assert_eq!(said(&c).1, REASON_NOT_LOADED);
+        // Loaded: the report says what runs.
+        let rocm = report(ModuleOrigin::OutOfTree, Some("6.12.12"));
+        let loaded = DriverLoad {
+            state: DriverLoadState::Loaded,
+            reason: "DriverLoaded".into(),
+            message: "loaded".into(),
+            bundle: None,
+        };
+        let c = driver_condition(&rocm, &spec(true, Some("6.12.12")), Some(&loaded), &now());
+        assert_eq!(said(&c).0, "True");
     }
 }

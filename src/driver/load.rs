@@ -114,6 +114,20 @@ pub fn module_config_problem(config: &KernelModuleConfigSpec) -> Option<String> 
     None
 }
 
+/// [`LoadDecision::Nothing`] when the driver asked for already runs: an
+/// out-of-tree amdgpu of `version` (any version when `None`). Checked before
+/// the store is read, so that a node already at its target needs no bundle
+/// and hashes nothing. Pure.
+pub fn already_running(report: &DriverReport, version: Option<&str>) -> Option<LoadDecision> {
+    let running = report.version.as_deref()?;
+    let wanted = version.is_none_or(|v| v == running);
+    (report.loaded && report.origin == ModuleOrigin::OutOfTree && wanted).then(|| {
+        LoadDecision::Nothing {
+            version: running.to_owned(),
+        }
+    })
+}
+
 /// What to do, from the report, the verdict on the bundle for the running
 /// kernel, and the module configuration. Pure.
 pub fn decide(

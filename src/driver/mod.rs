@@ -6,12 +6,12 @@
 //! verified bundle with `modprobe` ([`load`]).
 //!
 //! Built so far: those four, as library functions and the `driver status`
-//! and `driver check` commands, and the agent publishing the report in its
+//! and `driver check` commands; the agent publishing the report in its
 //! status ([`report::follow`]), from which the leader fills
-//! `status.nodeModuleStatus`. Not built yet: the agent loading anything
-//! (nothing loads a driver on its own today), fetching bundles (driver
-//! images, tarballs), blacklisting, unloading, reboots, and the cluster-wide
-//! upgrade; `spec.driver` is still accepted and not acted on.
+//! `status.nodeModuleStatus`; and the agent's driver manager ([`manager`]),
+//! which loads a verified bundle when the DeviceConfig asks for a driver.
+//! Not built yet: fetching bundles (driver images, tarballs), blacklisting,
+//! unloading, reboots, and the cluster-wide upgrade.
 //!
 //! This module must not write the Node or decide cluster-wide: the agent
 //! publishes what it reports, the leader orchestrates. All host reads go
@@ -21,6 +21,7 @@
 pub mod bundle;
 pub mod condition;
 pub mod load;
+pub mod manager;
 pub mod preflight;
 pub mod report;
 

@@ -395,10 +395,11 @@ fn ignored_fields_with_defaults_are_noted_when_changed() {
     // Nothing: the defaults are unchanged, and without a driver section
     // there is no driver to install.
     assert_eq!(notes(defaults), Vec::<String>::new());
-    // A present driver section defaults to enable: true, not acted on yet.
+    // A present driver section defaults to enable: true, which the agent
+    // acts on: nothing to note either.
     assert_eq!(
         notes(&format!("  driver: {{}}\n{defaults}")),
-        vec!["spec.driver.enable"]
+        Vec::<String>::new()
     );
     let changed = "  metricsExporter:\n    resource:\n      limits:\n        cpu: \"1\"\n  testRunner:\n    \
                    logsLocation:\n      mountPath: /logs\n";
@@ -471,7 +472,7 @@ fn full_example_lists_its_ignored_fields() {
         );
     }
     // Fields whose feature is not built yet say so; honoured fields are not listed.
-    for path in ["spec.driver.enable", "spec.driver.version"] {
+    for path in ["spec.driver.blacklist", "spec.driver.upgradePolicy"] {
         assert!(
             notes.iter().any(|line| line
                 .contains(&format!("note: {path}: accepted, but not acted on yet"))),

@@ -198,6 +198,7 @@ impl Harness {
             metrics_listen: Some(metrics),
             test_commands: None,
             leader: None,
+            driver: support::bundles::no_modprobe(),
         };
         let shutdown = CancellationToken::new();
         let agent = tokio::spawn(agent::run(cluster.client(), config, shutdown.clone()));

@@ -1,0 +1,300 @@
+//! The agent's driver manager: when the selected DeviceConfig asks for a
+//! driver (`spec.driver.enable`), it finds the bundle for the running kernel
+//! in the host's bundle store, verifies it ([`preflight`]), decides
+//! ([`load::decide`]) and loads it ([`load::load`]). What it did is a
+//! [`DriverLoad`], which the agent puts on the `AMDGPUDriverReady`
+//! condition, in an Event and in its status.
+//!
+//! It acts on a change only: of what is asked for, or of the kernel or the
+//! loaded module (the [`DriverReport`]). While nothing is loaded because of
+//! a refusal or a failure, it looks again every [`ManagerConfig::recheck`],
+//! so that a bundle that configuration management drops into the store is
+//! picked up, and a failing `modprobe` is retried at that pace and no
+//! faster. It never unloads, blacklists or reboots (not built yet): a node
+//! that runs another amdgpu is told what is needed instead.
+//!
+//! This module must not write the Node or call the API: the agent does,
+//! from what [`spawn`] publishes.
+
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use super::bundle::{Expected, Refusal};
+use super::load::{self, LoadCommands, LoadDecision};
+use super::preflight::{self, DEFAULT_STORE};
+use crate::api::agent_status::{DriverLoad, DriverLoadState, DriverReport};
+use crate::api::{DriverSpec, DriverType, KernelModuleConfigSpec};
+use crate::host::HostRoot;
+
+/// What the selected DeviceConfig asks of the driver, when it asks for one.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DriverWanted {
+    pub driver_type: DriverType,
+    /// `spec.driver.version`; `None` takes whichever bundle the store has.
+    pub version: Option<String>,
+    pub module: KernelModuleConfigSpec,
+}
+
+impl DriverWanted {
+    /// What `spec` asks for: `None` when `spec.driver.enable` is false.
+    pub fn from_spec(spec: &DriverSpec) -> Option<Self> {
+        spec.enable.then(|| Self {
+            driver_type: spec.driver_type.clone(),
+            version: spec.version.clone(),
+            module: spec.kernel_module_config.clone(),
+        })
+    }
+}
+
+/// Where bundles are and how loading runs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ManagerConfig {
+    /// The bundle store, a host path: one directory per bundle.
+    pub store: String,
+    pub commands: LoadCommands,
+    /// How often a refused or failed load is looked at again.
+    pub recheck: Duration,
+}
+
+impl Default for ManagerConfig {
+    fn default() -> Self {
+        Self {
+            store: DEFAULT_STORE.to_owned(),
+            commands: LoadCommands::default(),
+            recheck: Duration::from_secs(60),
+        }
+    }
+}
+
+/// The outcome for a decision that needs no command. Pure.
+pub fn outcome_of(decision: &LoadDecision) -> Option<DriverLoad> {
+    let outcome = |state, reason: &str, message: String, bundle: Option<&str>| DriverLoad {
+        state,
+        reason: reason.to_owned(),
+        message,
+        bundle: bundle.map(str::to_owned),
+    };
+    match decision {
+        LoadDecision::Load { .. } => None,
+        LoadDecision::Nothing { version } => Some(outcome(
+            DriverLoadState::Loaded,
+            "DriverLoaded",
+            format!("amdgpu {version} runs"),
+            None,
+        )),
+        LoadDecision::Refuse { reason, message } => Some(outcome(
+            DriverLoadState::Refused,
+            reason,
+            message.clone(),
+            None,
+        )),
+        LoadDecision::ReplaceNeeded { why, .. } => Some(outcome(
+            DriverLoadState::ReplaceNeeded,
+            "DriverReplaceNeeded",
+            why.clone(),
+            None,
+        )),
+    }
+}
+
+/// Decides what to do for `wanted` on the node `report` describes, reading
+/// and verifying the store (hashing tens of MiB, so on a blocking thread).
+async fn look(
+    host: &HostRoot,
+    config: &ManagerConfig,
+    wanted: &DriverWanted,
+    report: &DriverReport,
+) -> LoadDecision {
+    if wanted.driver_type != DriverType::Container {
+        return LoadDecision::Refuse {
+            reason: "DriverTypeNotSupported",
+            message: format!(
+                "driverType {:?}: the agent loads only the container (amdgpu) driver",
+                wanted.driver_type
+            ),
+        };
+    }
+    if let Some(running) = load::already_running(report, wanted.version.as_deref()) {
+        return running;
+    }
+    let Some(kernel_release) = report.kernel_release.clone() else {
+        return LoadDecision::Refuse {
+            reason: "KernelUnknown",
+            message: "the running kernel's release cannot be read \
+                      (/proc/sys/kernel/osrelease)"
+                .to_owned(),
+        };
+    };
+    let expected = Expected {
+        kernel_release,
+        version: wanted.version.clone(),
+        signature_required: report.secure_boot.requires_signature(),
+    };
+    let (reader_host, store) = (host.clone(), config.store.clone());
+    let checked =
+        tokio::task::spawn_blocking(move || preflight::preflight(&reader_host, &store, &expected))
+            .await;
+    let verdict: Result<_, Refusal> = match checked {
+        Ok(Ok(answer)) => match answer.usable() {
+            Some(bundle) => Ok(bundle.clone()),
+            None => Err(answer.refused.map(|r| r.0).unwrap_or_else(|| {
+                Refusal::Unreadable(format!("{}: no bundle verified", config.store))
+            })),
+        },
+        Ok(Err(refusal)) => Err(refusal),
+        Err(e) => Err(Refusal::Unreadable(format!(
+            "{}: the check stopped: {e}",
+            config.store
+        ))),
+    };
+    load::decide(report, verdict.as_ref(), &wanted.module)
+}
+
+/// Follows `wanted` and `report` until `cancel` fires, loading when a
+/// verified bundle is there and nothing is loaded. Publishes the outcome;
+/// `None` while nothing is asked for or the report is not read yet.
+pub fn spawn(
+    host: HostRoot,
+    config: ManagerConfig,
+    mut wanted: watch::Receiver<Option<DriverWanted>>,
+    mut report: watch::Receiver<Option<DriverReport>>,
+    cancel: CancellationToken,
+) -> watch::Receiver<Option<DriverLoad>> {
+    let (tx, rx) = watch::channel(None);
+    tokio::spawn(async move {
+        loop {
+            let asked = wanted.borrow_and_update().clone();
+            let seen = report.borrow_and_update().clone();
+            let outcome = match (&asked, &seen) {
+                (Some(asked), Some(seen)) => {
+                    Some(attempt(&host, &config, asked, seen, &tx, &cancel).await)
+                }
+                _ => None,
+            };
+            let settled = outcome
+                .as_ref()
+                .is_none_or(|o| o.state == DriverLoadState::Loaded);
+            publish(&tx, outcome);
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                changed = wanted.changed() => if changed.is_err() { return },
+                changed = report.changed() => if changed.is_err() { return },
+                _ = tokio::time::sleep(config.recheck), if !settled => {}
+            }
+        }
+    });
+    rx
+}
+
+fn publish(tx: &watch::Sender<Option<DriverLoad>>, outcome: Option<DriverLoad>) {
+    tx.send_if_modified(|current| {
+        if *current == outcome {
+            return false;
+        }
+        if let Some(o) = &outcome {
+            tracing::info!(state = ?o.state, reason = %o.reason, message = %o.message, "driver");
+        }
+        *current = outcome;
+        true
+    });
+}
+
+async fn attempt(
+    host: &HostRoot,
+    config: &ManagerConfig,
+    wanted: &DriverWanted,
+    report: &DriverReport,
+    tx: &watch::Sender<Option<DriverLoad>>,
+    cancel: &CancellationToken,
+) -> DriverLoad {
+    let decision = look(host, config, wanted, report).await;
+    if let Some(outcome) = outcome_of(&decision) {
+        return outcome;
+    }
+    let LoadDecision::Load { bundle } = decision else {
+        unreachable!("outcome_of answers every other decision")
+    };
+    publish(
+        tx,
+        Some(DriverLoad {
+            state: DriverLoadState::Loading,
+            reason: "DriverLoading".to_owned(),
+            message: format!("loading amdgpu {} from {}", bundle.version, bundle.dir),
+            bundle: Some(bundle.dir.clone()),
+        }),
+    );
+    let loaded = tokio::select! {
+        loaded = load::load(host, &config.commands, &bundle, &wanted.module) => loaded,
+        // modprobe's process group is killed when its future is dropped.
+        _ = cancel.cancelled() => return DriverLoad {
+            state: DriverLoadState::Failed,
+            reason: "AgentStopping".to_owned(),
+            message: "the agent stopped while loading".to_owned(),
+            bundle: Some(bundle.dir.clone()),
+        },
+    };
+    match loaded {
+        Ok(()) => DriverLoad {
+            state: DriverLoadState::Loaded,
+            reason: "DriverLoaded".to_owned(),
+            message: format!("loaded amdgpu {} from {}", bundle.version, bundle.dir),
+            bundle: Some(bundle.dir.clone()),
+        },
+        Err(e) => DriverLoad {
+            state: DriverLoadState::Failed,
+            reason: e.reason().to_owned(),
+            message: format!("loading {}: {e}", bundle.dir),
+            bundle: Some(bundle.dir.clone()),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decisions_without_a_command_have_their_outcome_and_a_load_has_none() {
+        let refuse = LoadDecision::Refuse {
+            reason: "ChecksumMismatch",
+            message: "lib/modules/x/amdgpu.ko: sha256 differs".into(),
+        };
+        let outcome = outcome_of(&refuse).unwrap();
+        assert_eq!(
+            (outcome.state, outcome.reason.as_str()),
+            (DriverLoadState::Refused, "ChecksumMismatch")
+        );
+        assert!(outcome.message.contains("sha256 differs"));
+        let nothing = outcome_of(&LoadDecision::Nothing {
+            version: "6.12.12".into(),
+        })
+        .unwrap();
+        assert_eq!(nothing.state, DriverLoadState::Loaded);
+        let replace = outcome_of(&LoadDecision::ReplaceNeeded {
+            loaded: crate::api::agent_status::ModuleOrigin::InTree,
+            version: None,
+            why: "the in-box amdgpu is loaded".into(),
+        })
+        .unwrap();
+        assert_eq!(
+            (replace.state, replace.reason.as_str()),
+            (DriverLoadState::ReplaceNeeded, "DriverReplaceNeeded")
+        );
+    }
+
+    #[test]
+    fn only_an_enabled_driver_section_asks_for_a_driver() {
+        let mut spec = DriverSpec {
+            enable: false,
+            ..DriverSpec::default()
+        };
+        assert_eq!(DriverWanted::from_spec(&spec), None);
+        spec.enable = true;
+        spec.version = Some("6.12.12".into());
+        let wanted = DriverWanted::from_spec(&spec).unwrap();
+        assert_eq!(wanted.version.as_deref(), Some("6.12.12"));
+        assert_eq!(wanted.driver_type, DriverType::Container);
+    }
+}

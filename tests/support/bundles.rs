@@ -1,0 +1,89 @@
+//! Driver bundles and a `modprobe` stand-in, for tests of driver loading on
+//! simulated hosts: a bundle laid out as docs/driver.md describes, with its
+//! manifest written by the project's own `write_manifest`, and a recorder
+//! script that does to the simulated host what a successful `modprobe
+//! amdgpu` does to a real one (`/sys/module/amdgpu` appears, with the
+//! bundle's version), and logs its arguments.
+
+use std::path::{Path, PathBuf};
+
+use gpu_operator::driver::bundle::{SIGNATURE_TRAILER, write_manifest};
+use gpu_operator::host::HostRoot;
+
+/// Where bundles are kept on a simulated host.
+pub const STORE: &str = "/var/lib/gpu-operator/drivers";
+
+/// The directory (a host path) of the bundle for `version` and `kernel`.
+pub fn bundle_dir(version: &str, kernel: &str) -> String {
+    format!("{STORE}/{version}-{kernel}")
+}
+
+/// Writes the bundle's files (amdgpu, one dependency, modules.dep, a
+/// firmware file), without its manifest; `signed` appends the module
+/// signature trailer to each module. Returns the bundle's directory.
+pub fn write_bundle_tree(host: &HostRoot, version: &str, kernel: &str, signed: bool) -> String {
+    let bundle = bundle_dir(version, kernel);
+    let modules = format!("{bundle}/lib/modules/{kernel}");
+    for name in ["amdgpu", "amdttm"] {
+        let mut bytes = format!("\x7fELF {name}").into_bytes();
+        if signed {
+            bytes.extend_from_slice(SIGNATURE_TRAILER);
+        }
+        host.write(format!("{modules}/updates/dkms/{name}.ko"), bytes)
+            .unwrap();
+    }
+    host.write(
+        format!("{modules}/modules.dep"),
+        "updates/dkms/amdgpu.ko: updates/dkms/amdttm.ko\nupdates/dkms/amdttm.ko:\n",
+    )
+    .unwrap();
+    host.write(format!("{bundle}/firmware/amdgpu/psp_13_0_6_sos.bin"), "fw")
+        .unwrap();
+    bundle
+}
+
+/// A complete bundle: its files and its manifest. Returns its directory.
+pub fn write_bundle(host: &HostRoot, version: &str, kernel: &str, signed: bool) -> String {
+    let bundle = write_bundle_tree(host, version, kernel, signed);
+    write_manifest(host, &bundle, version, kernel).unwrap();
+    bundle
+}
+
+/// A `modprobe` stand-in in `tools`: logs its arguments, one line per run,
+/// to `tools/modprobe.log`, then makes `/sys/module/amdgpu` of the host at
+/// `root` show an out-of-tree module of `version`. Returns its path.
+pub fn modprobe_recorder(tools: &Path, root: &Path, version: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let module = root.join("sys/module/amdgpu");
+    let log = tools.join("modprobe.log");
+    let body = format!(
+        "#!/bin/sh\necho \"$*\" >> '{log}'\nmkdir -p '{module}'\n\
+         printf '{version}\\n' > '{module}/version'\nprintf 'O\\n' > '{module}/taint'\n\
+         printf '0\\n' > '{module}/refcnt'\nprintf 'live\\n' > '{module}/initstate'\n\
+         printf 'ABCDEF0123456789ABCDEF0\\n' > '{module}/srcversion'\n",
+        log = log.display(),
+        module = module.display(),
+    );
+    let path = tools.join("modprobe");
+    std::fs::create_dir_all(tools).unwrap();
+    std::fs::write(&path, body).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+/// The argument lines the recorder logged, one per run.
+pub fn modprobe_runs(tools: &Path) -> Vec<String> {
+    std::fs::read_to_string(tools.join("modprobe.log"))
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// A driver configuration whose `modprobe` does not exist: for agents in
+/// tests that must never run a host command, whatever a DeviceConfig asks.
+pub fn no_modprobe() -> gpu_operator::driver::manager::ManagerConfig {
+    let mut config = gpu_operator::driver::manager::ManagerConfig::default();
+    config.commands.modprobe = PathBuf::from("/nonexistent/gpu-operator-test/modprobe");
+    config
+}
