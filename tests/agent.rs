@@ -914,6 +914,59 @@ async fn the_agent_loads_only_a_verified_bundle_and_names_each_refusal() {
     h.stop().await;
 }
 
+/// `driver.blacklist: true` writes the reference's blacklist file on the
+/// host, and with the in-box module loaded the condition says a reboot is
+/// needed; `false` removes the file. Nothing is loaded over the in-box
+/// module.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_blacklist_follows_the_device_config_and_an_in_box_driver_needs_a_reboot() {
+    use gpu_operator::driver::blacklist::{BLACKLIST_FILE, BLACKLIST_TEXT};
+    let spec = SimSpec::new("mi300x", Some(1), None).unwrap();
+    let mut h = Harness::start_prepared(spec, cluster::node(NODE, json!({})), |host| {
+        simulate::unload_module(host).unwrap();
+        let in_box = simulate::SimModule {
+            version: None,
+            taint: String::new(),
+            ..Default::default()
+        };
+        simulate::load_module(host, &in_box).unwrap();
+        bundles::write_bundle(host, LOADABLE_VERSION, simulate::SIM_KERNEL_RELEASE, true);
+    })
+    .await;
+    let replace_needed = |h: &Harness, words: &[&str]| {
+        h.node()["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| {
+                c["type"] == "AMDGPUDriverReady"
+                    && c["status"] == "False"
+                    && c["reason"] == "DriverReplaceNeeded"
+                    && c["message"]
+                        .as_str()
+                        .is_some_and(|m| words.iter().all(|w| m.contains(w)))
+            })
+    };
+    let driver = |blacklist: bool| json!({"driver": {"enable": true, "version": LOADABLE_VERSION, "blacklist": blacklist}});
+    h.apply_device_config("gpus", driver(true)).await;
+    h.eventually("blacklisted, and a reboot asked for", |h| {
+        h.host.read_string(BLACKLIST_FILE).ok().as_deref() == Some(BLACKLIST_TEXT)
+            && replace_needed(h, &["blacklisted", "reboot"])
+    })
+    .await;
+    h.apply_device_config("gpus", driver(false)).await;
+    h.eventually("the blacklist removed", |h| {
+        h.host.read_string(BLACKLIST_FILE).is_err()
+            && replace_needed(h, &["driver.blacklist: true", "reboot"])
+    })
+    .await;
+    assert!(
+        bundles::modprobe_runs(&h.tools()).is_empty(),
+        "nothing is loaded over the in-box module"
+    );
+    h.stop().await;
+}
+
 /// The reference's CRD has no default on `devicePlugin`, and its code reads
 /// an absent section as off: a DeviceConfig with only `driver` and
 /// `metricsExporter` (the shape of the reference's metrics examples, written

@@ -643,6 +643,43 @@ mod tests {
     }
 
     #[test]
+    fn driver_load_events_mark_refusals_once_and_a_load_that_took() {
+        let load = |state, reason: &str| DriverLoad {
+            state,
+            reason: reason.into(),
+            message: format!("{reason} message"),
+            bundle: None,
+        };
+        let mut state = LoopState::default();
+        let refused = load(DriverLoadState::Refused, "ChecksumMismatch");
+        let event = driver_load_event(&mut state, Some(&refused)).unwrap();
+        assert_eq!(
+            (event.0, event.2.as_str(), event.3.as_str()),
+            (
+                EventType::Warning,
+                "ChecksumMismatch",
+                "ChecksumMismatch message"
+            )
+        );
+        // The same refusal again (a recheck) is not a second Event.
+        assert_eq!(driver_load_event(&mut state, Some(&refused)), None);
+        let unsigned = load(DriverLoadState::Refused, "UnsignedModule");
+        assert!(driver_load_event(&mut state, Some(&unsigned)).is_some());
+        let loading = load(DriverLoadState::Loading, "DriverLoading");
+        assert_eq!(driver_load_event(&mut state, Some(&loading)), None);
+        let loaded = load(DriverLoadState::Loaded, "DriverLoaded");
+        let event = driver_load_event(&mut state, Some(&loaded)).unwrap();
+        assert_eq!(
+            (event.0, event.2.as_str()),
+            (EventType::Normal, "DriverLoaded")
+        );
+        // Found running, not loaded by us: no Event.
+        let mut fresh = LoopState::default();
+        assert_eq!(driver_load_event(&mut fresh, Some(&loaded)), None);
+        assert_eq!(driver_load_event(&mut fresh, None), None);
+    }
+
+    #[test]
     fn the_driver_condition_is_written_once_kept_while_true_and_removed_when_deselected() {
         use crate::api::agent_status::ModuleOrigin;
         use k8s_openapi::api::core::v1::{Node, NodeStatus};

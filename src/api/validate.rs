@@ -761,8 +761,8 @@ const WHY_IMAGE: &str =
     "one gpu-operator binary does this work on every node; no operand image is pulled";
 const WHY_PULL_SECRET: &str = "no operand image is pulled";
 const NOT_YET_DRIVER: &str = "not used yet: the agent loads amdgpu only from a verified bundle \
-                              in the node's store (docs/driver.md), and does not unload, \
-                              blacklist or sign modules";
+                              in the node's store (docs/driver.md), and does not unload or \
+                              sign modules";
 const NOT_YET_VFIO: &str = "binding GPUs to vfio-pci for the passthrough driver types is not \
                             built yet; the driver type only picks the node labels";
 const NOT_YET_DRA: &str = "the DRA kubelet plugin is not built yet: no ResourceSlice is published";
@@ -785,7 +785,6 @@ const WHY_NO_CONTAINER: &str =
 /// each one "Not acted on yet" (a test keeps the two the same); remove a path
 /// here, and its mark there, once its feature lands.
 pub const NOT_ACTED_ON_YET: &[&str] = &[
-    "spec.driver.blacklist",
     "spec.driver.amdgpuInstallerRepoURL",
     "spec.driver.kernelModuleConfig.unloadArgs",
     "spec.driver.imageSign",
@@ -825,11 +824,6 @@ pub fn ignored_fields(spec: &DeviceConfigSpec) -> Vec<String> {
 pub fn ignored_field_notes(spec: &DeviceConfigSpec) -> Vec<IgnoredField> {
     let mut notes = Notes::default();
     let d = spec.driver();
-    notes.not_yet(
-        "spec.driver.blacklist",
-        d.blacklist.is_some(),
-        NOT_YET_DRIVER,
-    );
     notes.not_yet(
         "spec.driver.amdgpuInstallerRepoURL",
         d.amdgpu_installer_repo_url.is_some(),
@@ -1281,7 +1275,6 @@ mod tests {
         let mut spec = DeviceConfigSpec::default();
         let d = spec.driver_mut();
         d.version = Some("6.4.1".into());
-        d.blacklist = Some(true);
         d.amdgpu_installer_repo_url = Some("https://repo.example".into());
         d.kernel_module_config.unload_args = vec!["--wait=10000".into()];
         d.image_sign.key_secret = Some(LocalObjectRef::new("key"));

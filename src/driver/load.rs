@@ -7,8 +7,8 @@
 //! [`decide`] is the pure rule for what to do given what is loaded and the
 //! bundle's verdict; [`load`] carries out a [`LoadDecision::Load`] with a
 //! configurable `modprobe` and waits for the evidence (`/sys/module/amdgpu`).
-//! Nothing here unloads, blacklists or reboots: those are not built yet, so
-//! a node that runs another driver is told what is needed instead.
+//! Nothing here unloads or reboots: those are not built yet, so a node that
+//! runs another driver is told what is needed instead.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -157,8 +157,8 @@ pub fn decide(
             ModuleOrigin::BuiltIn => "amdgpu is built into this kernel and cannot be replaced: \
                 boot a kernel that has it as a module"
                 .to_owned(),
-            ModuleOrigin::InTree => "the in-box amdgpu is loaded: blacklist it and reboot \
-                (unloading and blacklisting are not built yet)"
+            ModuleOrigin::InTree => "the in-box amdgpu is loaded: set driver.blacklist: true \
+                and reboot the node (the agent does not reboot yet)"
                 .to_owned(),
             _ => format!(
                 "amdgpu {} is loaded, {} wanted: it must be unloaded first (not built yet)",

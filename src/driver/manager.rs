@@ -10,8 +10,10 @@
 //! a refusal or a failure, it looks again every [`ManagerConfig::recheck`],
 //! so that a bundle that configuration management drops into the store is
 //! picked up, and a failing `modprobe` is retried at that pace and no
-//! faster. It never unloads, blacklists or reboots (not built yet): a node
-//! that runs another amdgpu is told what is needed instead.
+//! faster. It writes or removes the amdgpu blacklist as
+//! `spec.driver.blacklist` says ([`blacklist`]), and never unloads or
+//! reboots (not built yet): a node that runs another amdgpu is told what is
+//! needed instead.
 //!
 //! This module must not write the Node or call the API: the agent does,
 //! from what [`spawn`] publishes.
@@ -21,10 +23,11 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use super::blacklist;
 use super::bundle::{Expected, Refusal};
 use super::load::{self, LoadCommands, LoadDecision};
 use super::preflight::{self, DEFAULT_STORE};
-use crate::api::agent_status::{DriverLoad, DriverLoadState, DriverReport};
+use crate::api::agent_status::{DriverLoad, DriverLoadState, DriverReport, ModuleOrigin};
 use crate::api::{DriverSpec, DriverType, KernelModuleConfigSpec};
 use crate::host::HostRoot;
 
@@ -34,6 +37,8 @@ pub struct DriverWanted {
     pub driver_type: DriverType,
     /// `spec.driver.version`; `None` takes whichever bundle the store has.
     pub version: Option<String>,
+    /// `spec.driver.blacklist` ([`blacklist`]).
+    pub blacklist: Option<bool>,
     pub module: KernelModuleConfigSpec,
 }
 
@@ -43,6 +48,7 @@ impl DriverWanted {
         spec.enable.then(|| Self {
             driver_type: spec.driver_type.clone(),
             version: spec.version.clone(),
+            blacklist: spec.blacklist,
             module: spec.kernel_module_config.clone(),
         })
     }
@@ -209,7 +215,32 @@ async fn attempt(
     tx: &watch::Sender<Option<DriverLoad>>,
     cancel: &CancellationToken,
 ) -> DriverLoad {
-    let decision = look(host, config, wanted, report).await;
+    let (blacklist_host, blacklist_wanted) = (host.clone(), wanted.blacklist);
+    let blacklisted =
+        tokio::task::spawn_blocking(move || blacklist::apply(&blacklist_host, blacklist_wanted))
+            .await;
+    let blacklisted = match blacklisted {
+        Ok(Ok(blacklisted)) => blacklisted,
+        Ok(Err(e)) => return failed("BlacklistFailed", e.to_string(), None),
+        Err(e) => return failed("BlacklistFailed", e.to_string(), None),
+    };
+    let decision = match look(host, config, wanted, report).await {
+        LoadDecision::ReplaceNeeded {
+            loaded: ModuleOrigin::InTree,
+            version,
+            ..
+        } if blacklisted => LoadDecision::ReplaceNeeded {
+            loaded: ModuleOrigin::InTree,
+            version,
+            why: format!(
+                "the in-box amdgpu is loaded and is blacklisted for the next boot \
+                 ({}): reboot the node to load the bundle's (the agent does not \
+                 reboot yet)",
+                blacklist::BLACKLIST_FILE
+            ),
+        },
+        decision => decision,
+    };
     if let Some(outcome) = outcome_of(&decision) {
         return outcome;
     }
@@ -228,12 +259,11 @@ async fn attempt(
     let loaded = tokio::select! {
         loaded = load::load(host, &config.commands, &bundle, &wanted.module) => loaded,
         // modprobe's process group is killed when its future is dropped.
-        _ = cancel.cancelled() => return DriverLoad {
-            state: DriverLoadState::Failed,
-            reason: "AgentStopping".to_owned(),
-            message: "the agent stopped while loading".to_owned(),
-            bundle: Some(bundle.dir.clone()),
-        },
+        _ = cancel.cancelled() => return failed(
+            "AgentStopping",
+            "the agent stopped while loading".to_owned(),
+            Some(&bundle.dir),
+        ),
     };
     match loaded {
         Ok(()) => DriverLoad {
@@ -242,12 +272,20 @@ async fn attempt(
             message: format!("loaded amdgpu {} from {}", bundle.version, bundle.dir),
             bundle: Some(bundle.dir.clone()),
         },
-        Err(e) => DriverLoad {
-            state: DriverLoadState::Failed,
-            reason: e.reason().to_owned(),
-            message: format!("loading {}: {e}", bundle.dir),
-            bundle: Some(bundle.dir.clone()),
-        },
+        Err(e) => failed(
+            e.reason(),
+            format!("loading {}: {e}", bundle.dir),
+            Some(&bundle.dir),
+        ),
+    }
+}
+
+fn failed(reason: &str, message: String, bundle: Option<&str>) -> DriverLoad {
+    DriverLoad {
+        state: DriverLoadState::Failed,
+        reason: reason.to_owned(),
+        message,
+        bundle: bundle.map(str::to_owned),
     }
 }
 

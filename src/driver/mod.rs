@@ -10,14 +10,15 @@
 //! status ([`report::follow`]), from which the leader fills
 //! `status.nodeModuleStatus`; and the agent's driver manager ([`manager`]),
 //! which loads a verified bundle when the DeviceConfig asks for a driver.
-//! Not built yet: fetching bundles (driver images, tarballs), blacklisting,
-//! unloading, reboots, and the cluster-wide upgrade.
+//! The manager also keeps the amdgpu blacklist ([`blacklist`]). Not built
+//! yet: fetching bundles (driver images, tarballs), unloading, reboots, and the cluster-wide upgrade.
 //!
 //! This module must not write the Node or decide cluster-wide: the agent
 //! publishes what it reports, the leader orchestrates. All host reads go
 //! through [`crate::host`]; the module's version comes from discovery
 //! ([`crate::device::DriverState`]), which reads it once for everyone.
 
+pub mod blacklist;
 pub mod bundle;
 pub mod condition;
 pub mod load;
