@@ -4,7 +4,9 @@
 //! A full [`discover`](super::discover) of an MI300X in CPX mode opens over a
 //! thousand files. Repartitioning, hot-add, removal, unbinding and driver
 //! (un)loading all change at least one of a few entries:
-//! - whether `/sys/module/amdgpu` and `/dev/kfd` exist;
+//! - whether `/sys/module/amdgpu` and `/dev/kfd` exist, and the module's
+//!   `srcversion` (one module replaced by another between two ticks leaves
+//!   everything else as it was);
 //! - the listing of the amdgpu PCI driver directory;
 //! - each bound GPU's `current_compute_partition` and `current_memory_partition`;
 //! - the listing of `/sys/class/drm` (partition DRM nodes come and go there);
@@ -21,6 +23,7 @@ use crate::host::{HostAnswer, HostError, HostOp, HostRead};
 use super::{AMDGPU_PCI_DIRS, is_bdf, kfd};
 
 const DRM_CLASS_DIR: &str = "/sys/class/drm";
+const SRCVERSION: &str = "/sys/module/amdgpu/srcversion";
 
 /// What the watched entries held at one moment. Equal fingerprints mean that
 /// nothing discovery cares about was seen to change; they are only compared,
@@ -43,6 +46,7 @@ impl Fingerprint {
             (HostOp::List, DRM_CLASS_DIR),
             (HostOp::Read, generation.as_str()),
             (HostOp::List, kfd_nodes.as_str()),
+            (HostOp::Read, SRCVERSION),
         ];
         let mut answers = host.read_many(&fixed).into_iter();
         let mut next = || {
@@ -68,6 +72,11 @@ impl Fingerprint {
             _ => Err(mismatch(host, &generation)),
         });
         let kfd_listing = next().and_then(|a| names(host, &kfd_nodes, a));
+        let srcversion = next().and_then(|a| match a {
+            HostAnswer::Text(text) => Ok(text),
+            _ => Err(mismatch(host, SRCVERSION)),
+        });
+        entries.push(value(SRCVERSION, srcversion));
 
         let mut bound = None;
         for dir in AMDGPU_PCI_DIRS {
@@ -282,5 +291,13 @@ mod tests {
         host.write("/sys/class/kfd/kfd/topology/generation_id", "9\n")
             .unwrap();
         expect_change("KFD generation");
+        // One module replaced by another between two looks.
+        let other = simulate::SimModule {
+            version: Some("6.14.1".into()),
+            srcversion: "0123456789ABCDEF0123456".into(),
+            ..Default::default()
+        };
+        simulate::load_module(&host, &other).unwrap();
+        expect_change("the module replaced");
     }
 }
