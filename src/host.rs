@@ -316,6 +316,39 @@ impl HostRoot {
         }
     }
 
+    /// The target of the symbolic link at `host_path`, as a host path. An
+    /// absolute target is taken as it is (the kernel's `/proc/<pid>/fd/<n>`
+    /// links name the opened file that way); a relative one, as
+    /// [`HostRoot::symlink`] writes them, is resolved lexically against the
+    /// link's directory.
+    pub fn read_link(&self, host_path: impl AsRef<Path>) -> Result<String> {
+        let link = host_path.as_ref();
+        let path = self.path(link);
+        let target = fs::read_link(&path).map_err(|e| HostError::io(&path, e))?;
+        if target.is_absolute() {
+            return Ok(target.to_string_lossy().into_owned());
+        }
+        let mut parts: Vec<String> = link
+            .parent()
+            .into_iter()
+            .flat_map(|p| p.components())
+            .filter_map(|c| match c {
+                std::path::Component::Normal(n) => Some(n.to_string_lossy().into_owned()),
+                _ => None,
+            })
+            .collect();
+        for component in target.components() {
+            match component {
+                std::path::Component::ParentDir => {
+                    parts.pop();
+                }
+                std::path::Component::Normal(n) => parts.push(n.to_string_lossy().into_owned()),
+                _ => {}
+            }
+        }
+        Ok(format!("/{}", parts.join("/")))
+    }
+
     /// Creates a symbolic link at `link` pointing at the host path `target`. The link
     /// is written relative, as sysfs writes its own, so that it resolves inside this
     /// root too.

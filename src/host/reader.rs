@@ -94,6 +94,9 @@ pub enum Op {
     Exists,
     /// List a directory, sorted; an absent directory is empty.
     List,
+    /// Read a symbolic link's target, as a host path
+    /// ([`HostRoot::read_link`]): the file a `/proc/<pid>/fd/<n>` names.
+    Link,
 }
 
 /// The answer to one [`Op`].
@@ -1022,6 +1025,7 @@ fn read_one(
         Op::Read | Op::Bytes => read_kept(inner, path, op, buf, queued_at),
         Op::Exists => Ok(Answer::Exists(inner.host.exists(path))),
         Op::List => inner.host.list_dir_or_empty(path).map(Answer::Names),
+        Op::Link => inner.host.read_link(path).map(Answer::Text),
     }
 }
 
