@@ -102,6 +102,23 @@ impl Harness {
         self.agent = Some(tokio::spawn(agent::run(client, config, shutdown)));
     }
 
+    /// Whether the Node's `AMDGPUDriverReady` has `status` and `reason`, and
+    /// a message with each of `words`.
+    fn driver_ready_is(&self, status: &str, reason: &str, words: &[&str]) -> bool {
+        self.node()["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| {
+                c["type"] == "AMDGPUDriverReady"
+                    && c["status"] == status
+                    && c["reason"] == reason
+                    && c["message"]
+                        .as_str()
+                        .is_some_and(|m| words.iter().all(|w| m.contains(w)))
+            })
+    }
+
     /// Where the agent's host commands (the `modprobe` recorder) live.
     fn tools(&self) -> PathBuf {
         self._dir.path().join("tools")
@@ -914,6 +931,62 @@ async fn the_agent_loads_only_a_verified_bundle_and_names_each_refusal() {
     h.stop().await;
 }
 
+/// An out-of-tree amdgpu of another version is replaced only once nothing
+/// holds it: a process in a pod with `/dev/kfd` open is named on the
+/// condition and nothing is unloaded; once it is gone, the agent unloads the
+/// running module and loads the bundle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_driver_in_use_is_not_unloaded_and_its_holder_is_named() {
+    let spec = SimSpec::new("mi300x", Some(1), None).unwrap();
+    let pod_uid = "0a1b2c3d-4e5f-6789-abcd-ef0123456789";
+    let mut h = Harness::start_prepared(spec, cluster::node(NODE, json!({})), |host| {
+        bundles::write_bundle(host, LOADABLE_VERSION, simulate::SIM_KERNEL_RELEASE, true);
+        host.write("/proc/4242/comm", "python3\n").unwrap();
+        host.write(
+            "/proc/4242/cgroup",
+            format!(
+                "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/c\n",
+                pod_uid.replace('-', "_")
+            ),
+        )
+        .unwrap();
+        host.symlink("/dev/kfd", "/proc/4242/fd/3").unwrap();
+    })
+    .await;
+    let running = simulate::SimModule::default().version.unwrap();
+    let condition = Harness::driver_ready_is;
+    h.apply_device_config(
+        "gpus",
+        json!({"driver": {"enable": true, "version": LOADABLE_VERSION}}),
+    )
+    .await;
+    let holder = format!("pid 4242 (python3, pod {pod_uid}) holds /dev/kfd");
+    h.eventually("in use, the holder named", |h| {
+        condition(h, "False", "DriverInUse", &[&holder, &running])
+    })
+    .await;
+    assert!(
+        bundles::modprobe_runs(&h.tools()).is_empty(),
+        "nothing unloaded while held"
+    );
+    // The workload is gone (drained): the agent replaces the driver.
+    h.host.remove_all("/proc/4242").unwrap();
+    h.eventually("the new driver runs", |h| {
+        condition(h, "True", "DriverLoaded", &[LOADABLE_VERSION])
+    })
+    .await;
+    let bundle = bundles::bundle_dir(LOADABLE_VERSION, simulate::SIM_KERNEL_RELEASE);
+    assert_eq!(
+        bundles::modprobe_runs(&h.tools()),
+        [
+            "-r amdgpu".to_owned(),
+            format!("--dirname {} amdgpu", h.host.path(&bundle).display())
+        ],
+        "unloaded once, then loaded once"
+    );
+    h.stop().await;
+}
+
 /// `driver.blacklist: true` writes the reference's blacklist file on the
 /// host, and with the in-box module loaded the condition says a reboot is
 /// needed; `false` removes the file. Nothing is loaded over the in-box
@@ -933,20 +1006,8 @@ async fn the_blacklist_follows_the_device_config_and_an_in_box_driver_needs_a_re
         bundles::write_bundle(host, LOADABLE_VERSION, simulate::SIM_KERNEL_RELEASE, true);
     })
     .await;
-    let replace_needed = |h: &Harness, words: &[&str]| {
-        h.node()["status"]["conditions"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|c| {
-                c["type"] == "AMDGPUDriverReady"
-                    && c["status"] == "False"
-                    && c["reason"] == "DriverReplaceNeeded"
-                    && c["message"]
-                        .as_str()
-                        .is_some_and(|m| words.iter().all(|w| m.contains(w)))
-            })
-    };
+    let replace_needed =
+        |h: &Harness, words: &[&str]| h.driver_ready_is("False", "DriverReplaceNeeded", words);
     let driver = |blacklist: bool| json!({"driver": {"enable": true, "version": LOADABLE_VERSION, "blacklist": blacklist}});
     h.apply_device_config("gpus", driver(true)).await;
     h.eventually("blacklisted, and a reboot asked for", |h| {

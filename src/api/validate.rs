@@ -761,8 +761,8 @@ const WHY_IMAGE: &str =
     "one gpu-operator binary does this work on every node; no operand image is pulled";
 const WHY_PULL_SECRET: &str = "no operand image is pulled";
 const NOT_YET_DRIVER: &str = "not used yet: the agent loads amdgpu only from a verified bundle \
-                              in the node's store (docs/driver.md), and does not unload or \
-                              sign modules";
+                              in the node's store (docs/driver.md), and does not install \
+                              packages or sign modules";
 const NOT_YET_VFIO: &str = "binding GPUs to vfio-pci for the passthrough driver types is not \
                             built yet; the driver type only picks the node labels";
 const NOT_YET_DRA: &str = "the DRA kubelet plugin is not built yet: no ResourceSlice is published";
@@ -786,7 +786,6 @@ const WHY_NO_CONTAINER: &str =
 /// here, and its mark there, once its feature lands.
 pub const NOT_ACTED_ON_YET: &[&str] = &[
     "spec.driver.amdgpuInstallerRepoURL",
-    "spec.driver.kernelModuleConfig.unloadArgs",
     "spec.driver.imageSign",
     "spec.driver.upgradePolicy",
     "spec.driver.driverType",
@@ -828,11 +827,6 @@ pub fn ignored_field_notes(spec: &DeviceConfigSpec) -> Vec<IgnoredField> {
         "spec.driver.amdgpuInstallerRepoURL",
         d.amdgpu_installer_repo_url.is_some(),
         NOT_YET_DRIVER,
-    );
-    notes.not_yet(
-        "spec.driver.kernelModuleConfig.unloadArgs",
-        !d.kernel_module_config.unload_args.is_empty(),
-        "unloading is not built yet: the agent never runs modprobe -r",
     );
     notes.not_yet(
         "spec.driver.imageSign",
@@ -1276,7 +1270,6 @@ mod tests {
         let d = spec.driver_mut();
         d.version = Some("6.4.1".into());
         d.amdgpu_installer_repo_url = Some("https://repo.example".into());
-        d.kernel_module_config.unload_args = vec!["--wait=10000".into()];
         d.image_sign.key_secret = Some(LocalObjectRef::new("key"));
         d.upgrade_policy = Some(DriverUpgradePolicySpec::default());
         d.driver_type = "vf-passthrough".into();

@@ -64,6 +64,9 @@ pub enum LoadDecision {
         reason: &'static str,
         message: String,
     },
+    /// Another version of the out-of-tree driver runs: unload it, once
+    /// nothing holds it ([`super::holders`]), then load the bundle.
+    Replace { bundle: Box<Verified> },
     /// Another driver is loaded; replacing it needs what is not built yet.
     ReplaceNeeded {
         loaded: ModuleOrigin,
@@ -74,6 +77,17 @@ pub enum LoadDecision {
 
 /// Why `loadArgs` or `parameters` cannot be used, if they cannot. Pure.
 pub fn module_config_problem(config: &KernelModuleConfigSpec) -> Option<String> {
+    for arg in &config.unload_args {
+        let option = arg.split_once('=').map_or(arg.as_str(), |(o, _)| o);
+        // Unloading never forces: a module still in use stays loaded.
+        let forced = ["-f", "--force", "-d", "--dirname", "-C", "--config"].contains(&option)
+            || (arg.starts_with('-') && !arg.starts_with("--") && arg.contains('f'));
+        if forced || !arg.starts_with('-') {
+            return Some(format!(
+                "unloadArgs {arg:?}: not allowed (unloading never forces, and takes options only)"
+            ));
+        }
+    }
     for arg in &config.load_args {
         let option = arg.split_once('=').map_or(arg.as_str(), |(o, _)| o);
         let short_cluster = arg.starts_with('-') && !arg.starts_with("--") && arg.len() > 2;
@@ -153,6 +167,17 @@ pub fn decide(
                 version: bundle.version.clone(),
             };
         }
+        if report.origin == ModuleOrigin::OutOfTree {
+            if let Some(problem) = module_config_problem(config) {
+                return LoadDecision::Refuse {
+                    reason: "ModuleConfigInvalid",
+                    message: problem,
+                };
+            }
+            return LoadDecision::Replace {
+                bundle: Box::new(bundle.clone()),
+            };
+        }
         let why = match report.origin {
             ModuleOrigin::BuiltIn => "amdgpu is built into this kernel and cannot be replaced: \
                 boot a kernel that has it as a module"
@@ -161,7 +186,8 @@ pub fn decide(
                 and reboot the node (the agent does not reboot yet)"
                 .to_owned(),
             _ => format!(
-                "amdgpu {} is loaded, {} wanted: it must be unloaded first (not built yet)",
+                "amdgpu {} of unknown origin is loaded, {} wanted: the agent replaces only \
+                 an out-of-tree driver it can tell apart (taint flag O)",
                 loaded_version.as_deref().unwrap_or("of unknown version"),
                 bundle.version
             ),
@@ -199,7 +225,7 @@ impl Default for LoadCommands {
     }
 }
 
-/// Why a load did not happen or did not take.
+/// Why a load or an unload did not happen or did not take.
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
     #[error("firmware path {path:?} is longer than the kernel's {MAX_FIRMWARE_PATH} bytes")]
@@ -214,6 +240,8 @@ pub enum LoadError {
     Failed { status: String, stderr: String },
     #[error("modprobe succeeded but {MODULE_DIR} did not appear")]
     NotLoaded,
+    #[error("modprobe -r succeeded but {MODULE_DIR} is still there")]
+    StillLoaded,
 }
 
 impl LoadError {
@@ -227,6 +255,7 @@ impl LoadError {
             LoadError::TimedOut(_) => "ModprobeTimedOut",
             LoadError::Failed { .. } => "ModprobeFailed",
             LoadError::NotLoaded => "ModuleNotLoaded",
+            LoadError::StillLoaded => "ModuleStillLoaded",
         }
     }
 }
@@ -262,7 +291,35 @@ pub async fn load(
     host.write(FIRMWARE_PATH_PARAM, &firmware)
         .map_err(|e| LoadError::FirmwarePath(e.to_string()))?;
     // modprobe reads the modules itself: the bundle as this process sees it.
-    let args = modprobe_args(&host.path(&bundle.dir), config);
+    run_modprobe(commands, modprobe_args(&host.path(&bundle.dir), config)).await?;
+    if !host.exists(MODULE_DIR) {
+        return Err(LoadError::NotLoaded);
+    }
+    Ok(())
+}
+
+/// Unloads amdgpu: `modprobe -r ${unloadArgs} amdgpu`, then checks that
+/// `/sys/module/amdgpu` is gone. Never forced: call it only once
+/// [`super::holders::in_use`] found the module free, and a module that is
+/// still in use stays loaded and is reported.
+pub async fn unload(
+    host: &HostRoot,
+    commands: &LoadCommands,
+    config: &KernelModuleConfigSpec,
+) -> Result<(), LoadError> {
+    let mut args: Vec<OsString> = vec!["-r".into()];
+    args.extend(config.unload_args.iter().map(OsString::from));
+    args.push("amdgpu".into());
+    run_modprobe(commands, args).await?;
+    if host.exists(MODULE_DIR) {
+        return Err(LoadError::StillLoaded);
+    }
+    Ok(())
+}
+
+/// Runs `modprobe` with `args`, keeping what it says on stderr for the
+/// error, killed at the commands' timeout.
+async fn run_modprobe(commands: &LoadCommands, args: Vec<OsString>) -> Result<(), LoadError> {
     let modprobe = Invocation {
         program: commands.modprobe.clone(),
         args,
@@ -279,25 +336,17 @@ pub async fn load(
     )
     .await;
     match done.end {
-        End::Exited { success: true, .. } => {}
-        End::Exited { status, .. } => {
-            return Err(LoadError::Failed {
-                status,
-                stderr: String::from_utf8_lossy(&done.stderr).trim().to_owned(),
-            });
-        }
-        End::TimedOut | End::Cancelled => return Err(LoadError::TimedOut(commands.timeout)),
-        End::NotStarted(why) => {
-            return Err(LoadError::Start {
-                program: commands.modprobe.display().to_string(),
-                why,
-            });
-        }
+        End::Exited { success: true, .. } => Ok(()),
+        End::Exited { status, .. } => Err(LoadError::Failed {
+            status,
+            stderr: String::from_utf8_lossy(&done.stderr).trim().to_owned(),
+        }),
+        End::TimedOut | End::Cancelled => Err(LoadError::TimedOut(commands.timeout)),
+        End::NotStarted(why) => Err(LoadError::Start {
+            program: commands.modprobe.display().to_string(),
+            why,
+        }),
     }
-    if !host.exists(MODULE_DIR) {
-        return Err(LoadError::NotLoaded);
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -332,6 +381,7 @@ mod tests {
             LoadDecision::Load { .. } => "load".into(),
             LoadDecision::Refuse { reason, .. } => format!("refuse {reason}"),
             LoadDecision::ReplaceNeeded { loaded, .. } => format!("replace {loaded:?}"),
+            LoadDecision::Replace { bundle } => format!("unload, then load {}", bundle.version),
         }
     }
 
@@ -366,7 +416,7 @@ mod tests {
                 report(OutOfTree, Some("6.10.5")),
                 Ok(&bundle),
                 &config,
-                "replace OutOfTree",
+                "unload, then load 6.12.12",
             ),
             (report(InTree, None), Ok(&bundle), &config, "replace InTree"),
             (

@@ -11,9 +11,11 @@
 //! so that a bundle that configuration management drops into the store is
 //! picked up, and a failing `modprobe` is retried at that pace and no
 //! faster. It writes or removes the amdgpu blacklist as
-//! `spec.driver.blacklist` says ([`blacklist`]), and never unloads or
-//! reboots (not built yet): a node that runs another amdgpu is told what is
-//! needed instead.
+//! `spec.driver.blacklist` says ([`blacklist`]), and never reboots (not
+//! built yet): a node whose in-box amdgpu must go is told what is needed
+//! instead. An out-of-tree amdgpu of another version is replaced:
+//! unloaded, once nothing holds it ([`holders`]; a holder is named and the
+//! replacement waits), then the bundle loaded.
 //!
 //! This module must not write the Node or call the API: the agent does,
 //! from what [`spawn`] publishes.
@@ -25,11 +27,13 @@ use tokio_util::sync::CancellationToken;
 
 use super::blacklist;
 use super::bundle::{Expected, Refusal};
+use super::holders;
 use super::load::{self, LoadCommands, LoadDecision};
 use super::preflight::{self, DEFAULT_STORE};
 use crate::api::agent_status::{DriverLoad, DriverLoadState, DriverReport, ModuleOrigin};
 use crate::api::{DriverSpec, DriverType, KernelModuleConfigSpec};
 use crate::host::HostRoot;
+use crate::host::reader::BoundedReader;
 
 /// What the selected DeviceConfig asks of the driver, when it asks for one.
 #[derive(Clone, Debug, PartialEq)]
@@ -83,7 +87,7 @@ pub fn outcome_of(decision: &LoadDecision) -> Option<DriverLoad> {
         bundle: bundle.map(str::to_owned),
     };
     match decision {
-        LoadDecision::Load { .. } => None,
+        LoadDecision::Load { .. } | LoadDecision::Replace { .. } => None,
         LoadDecision::Nothing { version } => Some(outcome(
             DriverLoadState::Loaded,
             "DriverLoaded",
@@ -170,12 +174,14 @@ pub fn spawn(
 ) -> watch::Receiver<Option<DriverLoad>> {
     let (tx, rx) = watch::channel(None);
     tokio::spawn(async move {
+        // For the holder scan; verification hashes whole files, off it.
+        let reader = BoundedReader::new(host.clone(), 2);
         loop {
             let asked = wanted.borrow_and_update().clone();
             let seen = report.borrow_and_update().clone();
             let outcome = match (&asked, &seen) {
                 (Some(asked), Some(seen)) => {
-                    Some(attempt(&host, &config, asked, seen, &tx, &cancel).await)
+                    Some(attempt(&host, &reader, &config, asked, seen, &tx, &cancel).await)
                 }
                 _ => None,
             };
@@ -209,6 +215,7 @@ fn publish(tx: &watch::Sender<Option<DriverLoad>>, outcome: Option<DriverLoad>) 
 
 async fn attempt(
     host: &HostRoot,
+    reader: &BoundedReader,
     config: &ManagerConfig,
     wanted: &DriverWanted,
     report: &DriverReport,
@@ -241,12 +248,55 @@ async fn attempt(
         },
         decision => decision,
     };
-    if let Some(outcome) = outcome_of(&decision) {
-        return outcome;
-    }
-    let LoadDecision::Load { bundle } = decision else {
-        unreachable!("outcome_of answers every other decision")
+    let (bundle, replacing) = match decision {
+        LoadDecision::Load { bundle } => (bundle, false),
+        LoadDecision::Replace { bundle } => (bundle, true),
+        other => {
+            return outcome_of(&other)
+                .unwrap_or_else(|| failed("Internal", format!("no outcome for {other:?}"), None));
+        }
     };
+    if replacing {
+        let running = report.version.as_deref().unwrap_or("of unknown version");
+        let holding = holders::in_use(reader).await;
+        if !holding.is_free() {
+            return DriverLoad {
+                state: DriverLoadState::ReplaceNeeded,
+                reason: "DriverInUse".to_owned(),
+                message: format!(
+                    "amdgpu {running} runs and {} is wanted, but it is in use and is never \
+                     unloaded by force: {}",
+                    bundle.version,
+                    holding.describe()
+                ),
+                bundle: Some(bundle.dir.clone()),
+            };
+        }
+        publish(
+            tx,
+            Some(DriverLoad {
+                state: DriverLoadState::Loading,
+                reason: "DriverUnloading".to_owned(),
+                message: format!("unloading amdgpu {running} to load {}", bundle.version),
+                bundle: Some(bundle.dir.clone()),
+            }),
+        );
+        let unloaded = tokio::select! {
+            unloaded = load::unload(host, &config.commands, &wanted.module) => unloaded,
+            _ = cancel.cancelled() => return failed(
+                "AgentStopping",
+                "the agent stopped while unloading".to_owned(),
+                Some(&bundle.dir),
+            ),
+        };
+        if let Err(e) = unloaded {
+            return failed(
+                e.reason(),
+                format!("unloading amdgpu {running}: {e}"),
+                Some(&bundle.dir),
+            );
+        }
+    }
     publish(
         tx,
         Some(DriverLoad {

@@ -10,8 +10,10 @@
 //! status ([`report::follow`]), from which the leader fills
 //! `status.nodeModuleStatus`; and the agent's driver manager ([`manager`]),
 //! which loads a verified bundle when the DeviceConfig asks for a driver.
-//! The manager also keeps the amdgpu blacklist ([`blacklist`]). Not built
-//! yet: fetching bundles (driver images, tarballs), unloading, reboots, and the cluster-wide upgrade.
+//! The manager also keeps the amdgpu blacklist ([`blacklist`]) and replaces
+//! an out-of-tree driver once nothing holds it ([`holders`]). Not built
+//! yet: fetching bundles (driver images, tarballs), reboots, and the
+//! cluster-wide upgrade.
 //!
 //! This module must not write the Node or decide cluster-wide: the agent
 //! publishes what it reports, the leader orchestrates. All host reads go
@@ -21,6 +23,7 @@
 pub mod blacklist;
 pub mod bundle;
 pub mod condition;
+pub mod holders;
 pub mod load;
 pub mod manager;
 pub mod preflight;

@@ -51,13 +51,15 @@ pub fn write_bundle(host: &HostRoot, version: &str, kernel: &str, signed: bool) 
 
 /// A `modprobe` stand-in in `tools`: logs its arguments, one line per run,
 /// to `tools/modprobe.log`, then makes `/sys/module/amdgpu` of the host at
-/// `root` show an out-of-tree module of `version`. Returns its path.
+/// `root` show an out-of-tree module of `version`, or, for `-r`, removes
+/// it. Returns its path.
 pub fn modprobe_recorder(tools: &Path, root: &Path, version: &str) -> PathBuf {
     use std::os::unix::fs::PermissionsExt;
     let module = root.join("sys/module/amdgpu");
     let log = tools.join("modprobe.log");
     let body = format!(
-        "#!/bin/sh\necho \"$*\" >> '{log}'\nmkdir -p '{module}'\n\
+        "#!/bin/sh\necho \"$*\" >> '{log}'\n\
+         if [ \"$1\" = -r ]; then rm -rf '{module}'; exit 0; fi\nmkdir -p '{module}'\n\
          printf '{version}\\n' > '{module}/version'\nprintf 'O\\n' > '{module}/taint'\n\
          printf '0\\n' > '{module}/refcnt'\nprintf 'live\\n' > '{module}/initstate'\n\
          printf 'ABCDEF0123456789ABCDEF0\\n' > '{module}/srcversion'\n",
