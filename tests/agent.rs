@@ -987,6 +987,47 @@ async fn a_driver_in_use_is_not_unloaded_and_its_holder_is_named() {
     h.stop().await;
 }
 
+/// The node booted into a kernel the store has no bundle for, with no
+/// driver loaded: the condition names the kernel, the agent keeps running,
+/// and the device plugin offers no GPU.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_kernel_without_a_bundle_sets_the_condition_and_offers_no_gpu() {
+    let mut spec = SimSpec::new("mi300x", Some(2), None).unwrap();
+    spec.driver_loaded = false;
+    let new_kernel = "6.9.0-1-generic";
+    let mut h = Harness::start_prepared(spec, cluster::node(NODE, json!({})), |host| {
+        // The bundle is for the kernel it ran before.
+        bundles::write_bundle(host, LOADABLE_VERSION, simulate::SIM_KERNEL_RELEASE, true);
+        simulate::set_boot(host, new_kernel, "5c0e8b1a-1111-4222-8333-944455556666").unwrap();
+    })
+    .await;
+    h.apply_device_config(
+        "gpus",
+        json!({"driver": {"enable": true, "version": LOADABLE_VERSION}, "devicePlugin": {}}),
+    )
+    .await;
+    h.eventually("no bundle for the new kernel", |h| {
+        h.driver_ready_is("False", "BundleMissingForKernel", &[new_kernel])
+            && h.status().is_some_and(|s| s.gpus == 0)
+    })
+    .await;
+    assert!(
+        !h.agent.as_ref().is_some_and(|a| a.is_finished()),
+        "the agent keeps running"
+    );
+    for registered in h.kubelet.registrations() {
+        let mut devices = h.kubelet.list_and_watch(&registered.request.endpoint).await;
+        assert_eq!(
+            devices.next().await.len(),
+            0,
+            "{}",
+            registered.request.resource_name
+        );
+    }
+    assert!(bundles::modprobe_runs(&h.tools()).is_empty());
+    h.stop().await;
+}
+
 /// `driver.blacklist: true` writes the reference's blacklist file on the
 /// host, and with the in-box module loaded the condition says a reboot is
 /// needed; `false` removes the file. Nothing is loaded over the in-box
