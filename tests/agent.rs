@@ -870,14 +870,18 @@ async fn the_agent_loads_only_a_verified_bundle_and_names_each_refusal() {
     )
     .await;
     // A bundle for the running kernel whose firmware was changed after its
-    // manifest was written.
-    let bundle = bundles::write_bundle(&h.host, LOADABLE_VERSION, kernel, true);
+    // manifest was written: made outside the store, then moved in whole, so
+    // that the agent never sees it intact.
+    let bundle = bundles::bundle_dir(LOADABLE_VERSION, kernel);
+    let staged = "/var/tmp/staged-bundle";
+    bundles::write_bundle_at(&h.host, staged, LOADABLE_VERSION, kernel, true);
     h.host
         .write(
-            format!("{bundle}/firmware/amdgpu/psp_13_0_6_sos.bin"),
+            format!("{staged}/firmware/amdgpu/psp_13_0_6_sos.bin"),
             "tampered",
         )
         .unwrap();
+    std::fs::rename(h.host.path(staged), h.host.path(&bundle)).unwrap();
     h.eventually(
         "a file that does not match its sha256",
         refused("ChecksumMismatch"),

@@ -71,13 +71,18 @@ impl LoopState {
 }
 
 /// The Event for what the driver manager did, when it differs from what was
-/// last recorded (`state`, reason): a Warning for a refusal, a failure or a
-/// driver that must be replaced, a Normal one when a load took. Loading,
-/// and a driver that was running already, are not worth an Event. Pure.
+/// last recorded (state and reason): a Warning for a refusal, a failure or a
+/// driver that must be replaced, a Normal one when the manager's own load
+/// took (`DriverLoaded`). A load under way is skipped, so that a failure
+/// retried at each recheck is one Event, not one per try; a driver found
+/// running is not worth one. Pure.
 pub fn driver_load_event(
     state: &mut LoopState,
     load: Option<&DriverLoad>,
 ) -> Option<(EventType, &'static str, String, String)> {
+    if load.is_some_and(|l| l.state == DriverLoadState::Loading) {
+        return None;
+    }
     let same = |a: &DriverLoad, b: &DriverLoad| a.state == b.state && a.reason == b.reason;
     let changed = match (&state.driver_load, load) {
         (Some(last), Some(now)) => !same(last, now),
@@ -87,17 +92,14 @@ pub fn driver_load_event(
     if !changed {
         return None;
     }
-    let before = std::mem::replace(&mut state.driver_load, load.cloned());
+    state.driver_load = load.cloned();
     let load = load?;
     let type_ = match load.state {
         DriverLoadState::Loading => return None,
-        DriverLoadState::Loaded => {
-            let was_loading = before.is_some_and(|b| b.state == DriverLoadState::Loading);
-            if !was_loading {
-                return None;
-            }
+        DriverLoadState::Loaded if load.reason == crate::driver::manager::LOADED_HERE => {
             EventType::Normal
         }
+        DriverLoadState::Loaded => return None,
         DriverLoadState::Refused | DriverLoadState::ReplaceNeeded | DriverLoadState::Failed => {
             EventType::Warning
         }
@@ -649,6 +651,7 @@ mod tests {
             reason: reason.into(),
             message: format!("{reason} message"),
             bundle: None,
+            version: None,
         };
         let mut state = LoopState::default();
         let refused = load(DriverLoadState::Refused, "ChecksumMismatch");
@@ -675,7 +678,13 @@ mod tests {
         );
         // Found running, not loaded by us: no Event.
         let mut fresh = LoopState::default();
-        assert_eq!(driver_load_event(&mut fresh, Some(&loaded)), None);
+        let running = load(DriverLoadState::Loaded, "DriverRunning");
+        assert_eq!(driver_load_event(&mut fresh, Some(&running)), None);
+        // A failure retried at each recheck (loading, failed, ...) is one Event.
+        let failed = load(DriverLoadState::Failed, "ModprobeFailed");
+        assert!(driver_load_event(&mut fresh, Some(&failed)).is_some());
+        assert_eq!(driver_load_event(&mut fresh, Some(&loading)), None);
+        assert_eq!(driver_load_event(&mut fresh, Some(&failed)), None);
         assert_eq!(driver_load_event(&mut fresh, None), None);
     }
 

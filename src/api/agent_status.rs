@@ -372,6 +372,9 @@ pub struct DriverLoad {
     /// The bundle directory (a host path) loaded or being loaded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bundle: Option<String>,
+    /// The driver version loaded, being loaded, or running.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
 }
 
 #[cfg(test)]

@@ -169,6 +169,7 @@ mod tests {
             reason: "ChecksumMismatch".into(),
             message: "amdgpu.ko: sha256 is 00, the manifest says ff".into(),
             bundle: None,
+            version: None,
         };
         let c = driver_condition(&none, &spec(true, Some("6.12.12")), Some(&refused), &now());
         let (status, reason, message) = said(&c);
@@ -187,6 +188,7 @@ mod tests {
             reason: "DriverLoaded".into(),
             message: "loaded".into(),
             bundle: None,
+            version: None,
         };
         let c = driver_condition(&rocm, &spec(true, Some("6.12.12")), Some(&loaded), &now());
         assert_eq!(said(&c).0, "True");

@@ -23,7 +23,7 @@ use crate::host::reader::{Answer, BoundedReader, Op, Requests};
 const FILE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Paths per batch: a host with thousands of processes has hundreds of
 /// thousands of descriptors.
-const BATCH: usize = 4096;
+const BATCH: usize = 512;
 
 /// A process holding a GPU device node open.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -115,17 +115,25 @@ pub fn pod_uid_of_cgroup(text: &str) -> Option<String> {
         })
 }
 
-async fn batched(reader: &BoundedReader, requests: Vec<(Op, String)>) -> Vec<Option<Answer>> {
+/// What one read gave: its answer, nothing (the file is gone: a process
+/// that exited holds nothing), or that it could not be read.
+enum Read {
+    Got(Answer),
+    Gone,
+    Unread,
+}
+
+async fn batched(reader: &BoundedReader, requests: Vec<(Op, String)>) -> Vec<Read> {
     let mut answers = Vec::with_capacity(requests.len());
     for chunk in requests.chunks(BATCH) {
         let chunk: Requests = chunk.iter().cloned().collect();
-        answers.extend(
-            reader
-                .batch(chunk, FILE_TIMEOUT)
-                .await
-                .into_iter()
-                .map(Result::ok),
-        );
+        answers.extend(reader.batch(chunk, FILE_TIMEOUT).await.into_iter().map(
+            |answer| match answer {
+                Ok(answer) => Read::Got(answer),
+                Err(e) if e.is_not_found() => Read::Gone,
+                Err(_) => Read::Unread,
+            },
+        ));
     }
     answers
 }
@@ -144,23 +152,26 @@ pub async fn in_use(reader: &BoundedReader) -> InUse {
     )
     .await;
     let mut fixed = fixed.into_iter();
-    match fixed.next().flatten() {
-        Some(Answer::Text(text)) => found.refcnt = text.trim().parse().ok(),
+    match fixed.next() {
+        Some(Read::Got(Answer::Text(text))) => found.refcnt = text.trim().parse().ok(),
         _ => found.unknown.push(format!("{module}/refcnt")),
     }
-    match fixed.next().flatten() {
-        Some(Answer::Names(names)) => found.modules = names,
+    match fixed.next() {
+        Some(Read::Got(Answer::Names(names))) => found.modules = names,
         _ => found.unknown.push(format!("{module}/holders")),
     }
-    let pids: Vec<u32> = match fixed.next().flatten() {
-        Some(Answer::Names(names)) => names.iter().filter_map(|n| n.parse().ok()).collect(),
+    let pids: Vec<u32> = match fixed.next() {
+        Some(Read::Got(Answer::Names(names))) => {
+            names.iter().filter_map(|n| n.parse().ok()).collect()
+        }
         _ => {
             found.unknown.push("/proc".to_owned());
             Vec::new()
         }
     };
-    // A process that exits meanwhile has no fd directory any more: listed
-    // empty, it holds nothing.
+    // A process that exits meanwhile has no fd directory any more: it holds
+    // nothing. One whose descriptors cannot be read might hold the GPU.
+    let mut unread: Vec<String> = Vec::new();
     let fd_dirs = batched(
         reader,
         pids.iter()
@@ -172,11 +183,15 @@ pub async fn in_use(reader: &BoundedReader) -> InUse {
         .iter()
         .zip(fd_dirs)
         .flat_map(|(pid, fds)| match fds {
-            Some(Answer::Names(fds)) => fds
+            Read::Got(Answer::Names(fds)) => fds
                 .into_iter()
                 .map(|fd| (*pid, format!("/proc/{pid}/fd/{fd}")))
                 .collect(),
-            _ => Vec::new(),
+            Read::Gone => Vec::new(),
+            _ => {
+                unread.push(format!("/proc/{pid}/fd"));
+                Vec::new()
+            }
         })
         .collect();
     let targets = batched(
@@ -185,10 +200,16 @@ pub async fn in_use(reader: &BoundedReader) -> InUse {
     )
     .await;
     let mut holding: std::collections::BTreeMap<u32, Vec<String>> = Default::default();
-    for ((pid, _), target) in links.iter().zip(targets) {
-        if let Some(Answer::Text(target)) = target
-            && is_gpu_device(&target)
-        {
+    for ((pid, link), target) in links.iter().zip(targets) {
+        let target = match target {
+            Read::Got(Answer::Text(target)) => target,
+            Read::Gone => continue,
+            _ => {
+                unread.push(link.clone());
+                continue;
+            }
+        };
+        if is_gpu_device(&target) {
             let devices = holding.entry(*pid).or_default();
             if !devices.contains(&target) {
                 devices.push(target);
@@ -210,7 +231,7 @@ pub async fn in_use(reader: &BoundedReader) -> InUse {
     .await;
     for ((pid, devices), about) in holding.into_iter().zip(about.chunks(2)) {
         let text = |i: usize| match about.get(i) {
-            Some(Some(Answer::Text(text))) => Some(text.clone()),
+            Some(Read::Got(Answer::Text(text))) => Some(text.clone()),
             _ => None,
         };
         found.processes.push(Holder {
@@ -220,6 +241,14 @@ pub async fn in_use(reader: &BoundedReader) -> InUse {
             devices,
         });
     }
+    // A few names say enough; a host that denies them all would list
+    // thousands.
+    let more = unread.len().saturating_sub(8);
+    unread.truncate(8);
+    if more > 0 {
+        unread.push(format!("{more} more"));
+    }
+    found.unknown.extend(unread);
     found
 }
 
@@ -290,5 +319,11 @@ mod tests {
         host.write("/sys/module/amdgpu/refcnt", "0\n").unwrap();
         let found = in_use(&reader).await;
         assert!(found.is_free(), "{found:?}");
+        // A descriptor that cannot be read might be the GPU: not free.
+        host.write("/proc/99/fd/0", "not a link").unwrap();
+        let found = in_use(&reader).await;
+        assert_eq!(found.unknown, ["/proc/99/fd/0"]);
+        assert!(!found.is_free());
+        assert!(found.describe().contains("cannot read /proc/99/fd/0"));
     }
 }

@@ -51,6 +51,17 @@ const REFUSED_LOAD_ARGS: &[&str] = &[
     "--dry-run",
 ];
 
+/// The `modprobe -r` options `unloadArgs` may use.
+const ALLOWED_UNLOAD_ARGS: &[&str] = &[
+    "-v",
+    "--verbose",
+    "-q",
+    "--quiet",
+    "-s",
+    "--syslog",
+    "--wait",
+];
+
 /// What to do about the driver on this node.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(tag = "action", rename_all = "camelCase")]
@@ -75,16 +86,17 @@ pub enum LoadDecision {
     },
 }
 
-/// Why `loadArgs` or `parameters` cannot be used, if they cannot. Pure.
+/// Why `loadArgs`, `unloadArgs` or `parameters` cannot be used, if they
+/// cannot. Pure.
 pub fn module_config_problem(config: &KernelModuleConfigSpec) -> Option<String> {
     for arg in &config.unload_args {
+        // Unloading never forces and keeps modprobe's own configuration:
+        // only options that change how it waits or reports are taken.
         let option = arg.split_once('=').map_or(arg.as_str(), |(o, _)| o);
-        // Unloading never forces: a module still in use stays loaded.
-        let forced = ["-f", "--force", "-d", "--dirname", "-C", "--config"].contains(&option)
-            || (arg.starts_with('-') && !arg.starts_with("--") && arg.contains('f'));
-        if forced || !arg.starts_with('-') {
+        if !ALLOWED_UNLOAD_ARGS.contains(&option) {
             return Some(format!(
-                "unloadArgs {arg:?}: not allowed (unloading never forces, and takes options only)"
+                "unloadArgs {arg:?}: not allowed (unloading never forces; allowed: {})",
+                ALLOWED_UNLOAD_ARGS.join(" ")
             ));
         }
     }
@@ -167,7 +179,7 @@ pub fn decide(
                 version: bundle.version.clone(),
             };
         }
-        if report.origin == ModuleOrigin::OutOfTree {
+        if report.origin == ModuleOrigin::OutOfTree && loaded_version.is_some() {
             if let Some(problem) = module_config_problem(config) {
                 return LoadDecision::Refuse {
                     reason: "ModuleConfigInvalid",
@@ -185,6 +197,11 @@ pub fn decide(
             ModuleOrigin::InTree => "the in-box amdgpu is loaded: set driver.blacklist: true \
                 and reboot the node (the agent does not reboot yet)"
                 .to_owned(),
+            ModuleOrigin::OutOfTree => format!(
+                "an out-of-tree amdgpu whose version cannot be read is loaded, {} wanted: \
+                 it is not unloaded on a guess",
+                bundle.version
+            ),
             _ => format!(
                 "amdgpu {} of unknown origin is loaded, {} wanted: the agent replaces only \
                  an out-of-tree driver it can tell apart (taint flag O)",

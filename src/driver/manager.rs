@@ -78,6 +78,11 @@ impl Default for ManagerConfig {
     }
 }
 
+/// The reason of a [`DriverLoadState::Loaded`] outcome when this manager
+/// loaded the driver, and when it found it running.
+pub const LOADED_HERE: &str = "DriverLoaded";
+pub const RUNNING: &str = "DriverRunning";
+
 /// The outcome for a decision that needs no command. Pure.
 pub fn outcome_of(decision: &LoadDecision) -> Option<DriverLoad> {
     let outcome = |state, reason: &str, message: String, bundle: Option<&str>| DriverLoad {
@@ -85,15 +90,19 @@ pub fn outcome_of(decision: &LoadDecision) -> Option<DriverLoad> {
         reason: reason.to_owned(),
         message,
         bundle: bundle.map(str::to_owned),
+        version: None,
     };
     match decision {
         LoadDecision::Load { .. } | LoadDecision::Replace { .. } => None,
-        LoadDecision::Nothing { version } => Some(outcome(
-            DriverLoadState::Loaded,
-            "DriverLoaded",
-            format!("amdgpu {version} runs"),
-            None,
-        )),
+        LoadDecision::Nothing { version } => Some(DriverLoad {
+            version: Some(version.clone()),
+            ..outcome(
+                DriverLoadState::Loaded,
+                RUNNING,
+                format!("amdgpu {version} runs"),
+                None,
+            )
+        }),
         LoadDecision::Refuse { reason, message } => Some(outcome(
             DriverLoadState::Refused,
             reason,
@@ -176,28 +185,75 @@ pub fn spawn(
     tokio::spawn(async move {
         // For the holder scan; verification hashes whole files, off it.
         let reader = BoundedReader::new(host.clone(), 2);
+        let mut last: Option<DriverLoad> = None;
+        // The version this manager's own load brought, until the report
+        // shows it.
+        let mut loaded_here: Option<String> = None;
+        let (mut asked_changed, mut recheck_due) = (true, false);
         loop {
             let asked = wanted.borrow_and_update().clone();
             let seen = report.borrow_and_update().clone();
-            let outcome = match (&asked, &seen) {
-                (Some(asked), Some(seen)) => {
-                    Some(attempt(&host, &reader, &config, asked, seen, &tx, &cancel).await)
+            if let (Some(v), Some(seen)) = (&loaded_here, &seen)
+                && seen.loaded
+                && seen.version.as_deref() == Some(v.as_str())
+            {
+                loaded_here = None;
+            }
+            let look_again = match (&asked, &seen) {
+                (Some(_), Some(seen)) => {
+                    asked_changed
+                        || recheck_due
+                        || acts_on_report(last.as_ref(), loaded_here.as_deref(), seen)
                 }
-                _ => None,
+                _ => true,
             };
-            let settled = outcome
-                .as_ref()
-                .is_none_or(|o| o.state == DriverLoadState::Loaded);
-            publish(&tx, outcome);
+            if look_again {
+                let outcome = match (&asked, &seen) {
+                    (Some(asked), Some(seen)) => {
+                        let outcome = act(&host, &reader, &config, asked, seen, &tx, &cancel).await;
+                        let ours = outcome.state == DriverLoadState::Loaded
+                            && outcome.reason == LOADED_HERE;
+                        loaded_here = outcome.version.clone().filter(|_| ours);
+                        Some(outcome)
+                    }
+                    _ => None,
+                };
+                last = outcome.clone();
+                publish(&tx, outcome);
+            }
+            let settled = loaded_here.is_none()
+                && last
+                    .as_ref()
+                    .is_none_or(|o| o.state == DriverLoadState::Loaded);
+            (asked_changed, recheck_due) = (false, false);
             tokio::select! {
                 _ = cancel.cancelled() => return,
-                changed = wanted.changed() => if changed.is_err() { return },
+                changed = wanted.changed() => {
+                    if changed.is_err() { return }
+                    asked_changed = true;
+                }
                 changed = report.changed() => if changed.is_err() { return },
-                _ = tokio::time::sleep(config.recheck), if !settled => {}
+                _ = tokio::time::sleep(config.recheck), if !settled => recheck_due = true,
             }
         }
     });
     rx
+}
+
+/// Whether a change of the report alone is reason to look again, after
+/// `last`. Not after a failed load (that waits for the recheck, so a failing
+/// `modprobe` is not retried at the pace the report moves), and not while
+/// the report does not show yet the version this manager just loaded
+/// (`loaded_here`): a report read during the load would have it load, or
+/// unload, a second time. Pure.
+pub fn acts_on_report(
+    last: Option<&DriverLoad>,
+    loaded_here: Option<&str>,
+    report: &DriverReport,
+) -> bool {
+    let failed = last.is_some_and(|l| l.state == DriverLoadState::Failed);
+    let stale = loaded_here.is_some_and(|v| report.version.as_deref() != Some(v));
+    !(failed || stale)
 }
 
 fn publish(tx: &watch::Sender<Option<DriverLoad>>, outcome: Option<DriverLoad>) {
@@ -213,7 +269,9 @@ fn publish(tx: &watch::Sender<Option<DriverLoad>>, outcome: Option<DriverLoad>) 
     });
 }
 
-async fn attempt(
+/// One look: the blacklist, the decision, and the unload and load it asks
+/// for, publishing `Loading` while they run.
+async fn act(
     host: &HostRoot,
     reader: &BoundedReader,
     config: &ManagerConfig,
@@ -270,6 +328,7 @@ async fn attempt(
                     holding.describe()
                 ),
                 bundle: Some(bundle.dir.clone()),
+                version: Some(bundle.version.clone()),
             };
         }
         publish(
@@ -279,6 +338,7 @@ async fn attempt(
                 reason: "DriverUnloading".to_owned(),
                 message: format!("unloading amdgpu {running} to load {}", bundle.version),
                 bundle: Some(bundle.dir.clone()),
+                version: Some(bundle.version.clone()),
             }),
         );
         let unloaded = tokio::select! {
@@ -304,6 +364,7 @@ async fn attempt(
             reason: "DriverLoading".to_owned(),
             message: format!("loading amdgpu {} from {}", bundle.version, bundle.dir),
             bundle: Some(bundle.dir.clone()),
+            version: Some(bundle.version.clone()),
         }),
     );
     let loaded = tokio::select! {
@@ -318,9 +379,10 @@ async fn attempt(
     match loaded {
         Ok(()) => DriverLoad {
             state: DriverLoadState::Loaded,
-            reason: "DriverLoaded".to_owned(),
+            reason: LOADED_HERE.to_owned(),
             message: format!("loaded amdgpu {} from {}", bundle.version, bundle.dir),
             bundle: Some(bundle.dir.clone()),
+            version: Some(bundle.version.clone()),
         },
         Err(e) => failed(
             e.reason(),
@@ -336,6 +398,7 @@ fn failed(reason: &str, message: String, bundle: Option<&str>) -> DriverLoad {
         reason: reason.to_owned(),
         message,
         bundle: bundle.map(str::to_owned),
+        version: None,
     }
 }
 
@@ -370,6 +433,43 @@ mod tests {
             (replace.state, replace.reason.as_str()),
             (DriverLoadState::ReplaceNeeded, "DriverReplaceNeeded")
         );
+    }
+
+    #[test]
+    fn a_report_alone_wakes_no_retry_of_a_failure_and_no_second_load() {
+        let report = |version: &str| DriverReport {
+            loaded: true,
+            version: Some(version.into()),
+            ..DriverReport::default()
+        };
+        let outcome = |state| DriverLoad {
+            state,
+            reason: "r".into(),
+            message: "m".into(),
+            bundle: None,
+            version: None,
+        };
+        let old = report("6.12.12");
+        assert!(acts_on_report(None, None, &old));
+        assert!(acts_on_report(
+            Some(&outcome(DriverLoadState::Refused)),
+            None,
+            &old
+        ));
+        // A failed load waits for its recheck.
+        assert!(!acts_on_report(
+            Some(&outcome(DriverLoadState::Failed)),
+            None,
+            &old
+        ));
+        // Just loaded 6.14.1: a report still saying 6.12.12 was read before.
+        let loaded = outcome(DriverLoadState::Loaded);
+        assert!(!acts_on_report(Some(&loaded), Some("6.14.1"), &old));
+        assert!(acts_on_report(
+            Some(&loaded),
+            Some("6.14.1"),
+            &report("6.14.1")
+        ));
     }
 
     #[test]

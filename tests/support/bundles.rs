@@ -23,6 +23,18 @@ pub fn bundle_dir(version: &str, kernel: &str) -> String {
 /// signature trailer to each module. Returns the bundle's directory.
 pub fn write_bundle_tree(host: &HostRoot, version: &str, kernel: &str, signed: bool) -> String {
     let bundle = bundle_dir(version, kernel);
+    write_tree_at(host, &bundle, kernel, signed);
+    bundle
+}
+
+/// [`write_bundle`] at the host path `bundle`, which need not be in the
+/// store: a bundle made elsewhere and moved in whole.
+pub fn write_bundle_at(host: &HostRoot, bundle: &str, version: &str, kernel: &str, signed: bool) {
+    write_tree_at(host, bundle, kernel, signed);
+    write_manifest(host, bundle, version, kernel).unwrap();
+}
+
+fn write_tree_at(host: &HostRoot, bundle: &str, kernel: &str, signed: bool) {
     let modules = format!("{bundle}/lib/modules/{kernel}");
     for name in ["amdgpu", "amdttm"] {
         let mut bytes = format!("\x7fELF {name}").into_bytes();
@@ -39,7 +51,6 @@ pub fn write_bundle_tree(host: &HostRoot, version: &str, kernel: &str, signed: b
     .unwrap();
     host.write(format!("{bundle}/firmware/amdgpu/psp_13_0_6_sos.bin"), "fw")
         .unwrap();
-    bundle
 }
 
 /// A complete bundle: its files and its manifest. Returns its directory.
