@@ -95,11 +95,10 @@ pub fn driver_load_event(
     state.driver_load = load.cloned();
     let load = load?;
     let type_ = match load.state {
-        DriverLoadState::Loading => return None,
         DriverLoadState::Loaded if load.reason == crate::driver::manager::LOADED_HERE => {
             EventType::Normal
         }
-        DriverLoadState::Loaded => return None,
+        DriverLoadState::Loaded | DriverLoadState::Loading => return None,
         DriverLoadState::Refused | DriverLoadState::ReplaceNeeded | DriverLoadState::Failed => {
             EventType::Warning
         }

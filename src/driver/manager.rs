@@ -26,7 +26,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::blacklist;
-use super::bundle::{Expected, Refusal};
+use super::bundle::{Expected, Refusal, Verified};
 use super::holders;
 use super::load::{self, LoadCommands, LoadDecision};
 use super::preflight::{self, DEFAULT_STORE};
@@ -318,28 +318,28 @@ async fn act(
         let running = report.version.as_deref().unwrap_or("of unknown version");
         let holding = holders::in_use(reader).await;
         if !holding.is_free() {
-            return DriverLoad {
-                state: DriverLoadState::ReplaceNeeded,
-                reason: "DriverInUse".to_owned(),
-                message: format!(
-                    "amdgpu {running} runs and {} is wanted, but it is in use and is never \
-                     unloaded by force: {}",
-                    bundle.version,
-                    holding.describe()
-                ),
-                bundle: Some(bundle.dir.clone()),
-                version: Some(bundle.version.clone()),
-            };
+            let message = format!(
+                "amdgpu {running} runs and {} is wanted, but it is in use and is never \
+                 unloaded by force: {}",
+                bundle.version,
+                holding.describe()
+            );
+            return about(
+                DriverLoadState::ReplaceNeeded,
+                "DriverInUse",
+                message,
+                &bundle,
+            );
         }
+        let message = format!("unloading amdgpu {running} to load {}", bundle.version);
         publish(
             tx,
-            Some(DriverLoad {
-                state: DriverLoadState::Loading,
-                reason: "DriverUnloading".to_owned(),
-                message: format!("unloading amdgpu {running} to load {}", bundle.version),
-                bundle: Some(bundle.dir.clone()),
-                version: Some(bundle.version.clone()),
-            }),
+            Some(about(
+                DriverLoadState::Loading,
+                "DriverUnloading",
+                message,
+                &bundle,
+            )),
         );
         let unloaded = tokio::select! {
             unloaded = load::unload(host, &config.commands, &wanted.module) => unloaded,
@@ -357,15 +357,15 @@ async fn act(
             );
         }
     }
+    let message = format!("loading amdgpu {} from {}", bundle.version, bundle.dir);
     publish(
         tx,
-        Some(DriverLoad {
-            state: DriverLoadState::Loading,
-            reason: "DriverLoading".to_owned(),
-            message: format!("loading amdgpu {} from {}", bundle.version, bundle.dir),
-            bundle: Some(bundle.dir.clone()),
-            version: Some(bundle.version.clone()),
-        }),
+        Some(about(
+            DriverLoadState::Loading,
+            "DriverLoading",
+            message,
+            &bundle,
+        )),
     );
     let loaded = tokio::select! {
         loaded = load::load(host, &config.commands, &bundle, &wanted.module) => loaded,
@@ -377,18 +377,26 @@ async fn act(
         ),
     };
     match loaded {
-        Ok(()) => DriverLoad {
-            state: DriverLoadState::Loaded,
-            reason: LOADED_HERE.to_owned(),
-            message: format!("loaded amdgpu {} from {}", bundle.version, bundle.dir),
-            bundle: Some(bundle.dir.clone()),
-            version: Some(bundle.version.clone()),
-        },
+        Ok(()) => {
+            let message = format!("loaded amdgpu {} from {}", bundle.version, bundle.dir);
+            about(DriverLoadState::Loaded, LOADED_HERE, message, &bundle)
+        }
         Err(e) => failed(
             e.reason(),
             format!("loading {}: {e}", bundle.dir),
             Some(&bundle.dir),
         ),
+    }
+}
+
+/// An outcome about `bundle`: its directory and version recorded.
+fn about(state: DriverLoadState, reason: &str, message: String, bundle: &Verified) -> DriverLoad {
+    DriverLoad {
+        state,
+        reason: reason.to_owned(),
+        message,
+        bundle: Some(bundle.dir.clone()),
+        version: Some(bundle.version.clone()),
     }
 }
 
