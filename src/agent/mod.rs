@@ -109,8 +109,11 @@ pub async fn run(
     // DeviceConfig says about drivers.
     let report_stop = CancellationToken::new();
     let _stop_report = report_stop.clone().drop_guard();
+    // One small reader pool for the driver's own host reads: the report
+    // and the driver manager's holder scan.
+    let driver_reader = crate::host::reader::BoundedReader::new(config.host.clone(), 2);
     let mut driver_report = crate::driver::report::follow(
-        config.host.clone(),
+        driver_reader.clone(),
         inventory.clone(),
         devices.state(),
         report_stop.clone(),
@@ -118,7 +121,7 @@ pub async fn run(
     // Loads the driver the selected DeviceConfig asks for, if any.
     let (driver_wanted, wanted_rx) = watch::channel(None);
     let mut driver_load = crate::driver::manager::spawn(
-        config.host.clone(),
+        driver_reader,
         config.driver.clone(),
         wanted_rx,
         driver_report.clone(),

@@ -171,11 +171,12 @@ async fn look(
     load::decide(report, verdict.as_ref(), &wanted.module)
 }
 
-/// Follows `wanted` and `report` until `cancel` fires, loading when a
+/// Follows `wanted` and `report` until `cancel` fires, on the host
+/// `reader` reads, loading when a
 /// verified bundle is there and nothing is loaded. Publishes the outcome;
 /// `None` while nothing is asked for or the report is not read yet.
 pub fn spawn(
-    host: HostRoot,
+    reader: BoundedReader,
     config: ManagerConfig,
     mut wanted: watch::Receiver<Option<DriverWanted>>,
     mut report: watch::Receiver<Option<DriverReport>>,
@@ -183,8 +184,9 @@ pub fn spawn(
 ) -> watch::Receiver<Option<DriverLoad>> {
     let (tx, rx) = watch::channel(None);
     tokio::spawn(async move {
-        // For the holder scan; verification hashes whole files, off it.
-        let reader = BoundedReader::new(host.clone(), 2);
+        // The reader serves the holder scan; verification and the blacklist
+        // read the host through its root, off the runtime.
+        let host = reader.host().clone();
         let mut last: Option<DriverLoad> = None;
         // The version this manager's own load brought, until the report
         // shows it.

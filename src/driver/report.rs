@@ -36,7 +36,6 @@ use tokio_util::sync::CancellationToken;
 
 use crate::device::watch::ScanState;
 use crate::device::{DriverState, Inventory};
-use crate::host::HostRoot;
 use crate::host::reader::{Answer, BoundedReader, Op, ReadError};
 
 pub const MODULE_DIR: &str = "/sys/module/amdgpu";
@@ -167,14 +166,13 @@ pub async fn read_report(reader: &BoundedReader, driver: &DriverState) -> Driver
 /// without `refcnt`, which moves with every process that opens a GPU and
 /// would rewrite the status for nothing. Stops with `cancel`.
 pub fn follow(
-    host: HostRoot,
+    reader: BoundedReader,
     mut inventory: watch::Receiver<Arc<Inventory>>,
     mut scans: watch::Receiver<ScanState>,
     cancel: CancellationToken,
 ) -> watch::Receiver<Option<DriverReport>> {
     let (tx, rx) = watch::channel(None);
     tokio::spawn(async move {
-        let reader = BoundedReader::new(host, 2);
         let mut last: Option<DriverState> = None;
         loop {
             let driver = inventory.borrow_and_update().driver.clone();
@@ -407,7 +405,8 @@ mod tests {
         let (inventory_tx, inventory_rx) = watch::channel(Arc::new(Inventory::default()));
         let (scans_tx, scans_rx) = watch::channel(ScanState::default());
         let cancel = CancellationToken::new();
-        let mut reports = follow(host.clone(), inventory_rx, scans_rx, cancel.clone());
+        let reader = BoundedReader::new(host.clone(), 2);
+        let mut reports = follow(reader, inventory_rx, scans_rx, cancel.clone());
         const WAIT: Duration = Duration::from_secs(10);
 
         // Before a scan has seen the host, nothing is reported.
