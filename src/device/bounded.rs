@@ -4,8 +4,8 @@
 //! one implementation it runs on. Each read is handed to the metrics'
 //! [`BoundedReader`] (its own small thread pool; a hung file parks at most one
 //! of its threads, and further reads of that file are refused at once), and
-//! waited for on the calling thread (the reader keeps the deadlines itself, so
-//! no runtime is needed) with a per-file timeout and, for a whole scan, a
+//! waited for on the calling thread ([`BoundedReader::batch_blocking`]: the
+//! thread keeps the deadlines itself, so no runtime is needed) with a per-file timeout and, for a whole scan, a
 //! deadline after which every read fails at once. So a scan of any host
 //! returns within about its deadline, whatever hangs.
 //!
@@ -79,6 +79,15 @@ impl BoundedHost {
         Ok(left.min(self.file_timeout))
     }
 
+    /// An answer of another kind than asked for: only a bug in the reader
+    /// gives one, and a missing value is the safe outcome.
+    fn unexpected(&self, path: &str) -> HostError {
+        HostError::Io {
+            path: self.host().path(path),
+            source: std::io::ErrorKind::InvalidData.into(),
+        }
+    }
+
     fn hung(&self, path: &str) -> HostError {
         HostError::timed_out(
             self.host().path(path),
@@ -114,14 +123,20 @@ impl HostRead for BoundedHost {
 
     fn read_attr(&self, host_path: &str) -> Result<String> {
         let timeout = self.budget(host_path)?;
-        futures::executor::block_on(self.reader.read_attr(host_path, timeout))
-            .map_err(|e| self.convert(e))
+        match self.reader.one_blocking(Op::Read, host_path, timeout) {
+            Ok(Answer::Text(text)) => Ok(text),
+            Ok(_) => Err(self.unexpected(host_path)),
+            Err(e) => Err(self.convert(e)),
+        }
     }
 
     fn list_dir(&self, host_path: &str) -> Result<Vec<String>> {
         let timeout = self.budget(host_path)?;
-        let names = futures::executor::block_on(self.reader.list_dir(host_path, timeout))
-            .map_err(|e| self.convert(e))?;
+        let names = match self.reader.one_blocking(Op::List, host_path, timeout) {
+            Ok(Answer::Names(names)) => names,
+            Ok(_) => return Err(self.unexpected(host_path)),
+            Err(e) => return Err(self.convert(e)),
+        };
         // The reader lists an absent directory as empty; callers need to
         // tell the two apart.
         if names.is_empty() && !self.exists(host_path)? {
@@ -135,8 +150,11 @@ impl HostRead for BoundedHost {
 
     fn exists(&self, host_path: &str) -> Result<bool> {
         let timeout = self.budget(host_path)?;
-        futures::executor::block_on(self.reader.exists(host_path, timeout))
-            .map_err(|e| self.convert(e))
+        match self.reader.one_blocking(Op::Exists, host_path, timeout) {
+            Ok(Answer::Exists(exists)) => Ok(exists),
+            Ok(_) => Err(self.unexpected(host_path)),
+            Err(e) => Err(self.convert(e)),
+        }
     }
 
     /// One hand-off to the reader for all of them, each with the time a
@@ -170,7 +188,7 @@ impl HostRead for BoundedHost {
                 (op, (*path).to_owned())
             })
             .collect();
-        let answers = futures::executor::block_on(self.reader.batch(batch, timeout));
+        let answers = self.reader.batch_blocking(batch, timeout);
         answers
             .into_iter()
             .zip(requests)
@@ -189,10 +207,7 @@ impl HostRead for BoundedHost {
                 }
                 Ok(Answer::Names(names)) => Ok(HostAnswer::Names(names)),
                 // Discovery asks for no binary reads.
-                Ok(Answer::Bytes(_)) => Err(HostError::Io {
-                    path: self.host().path(path),
-                    source: std::io::ErrorKind::InvalidData.into(),
-                }),
+                Ok(Answer::Bytes(_)) => Err(self.unexpected(path)),
                 Err(e) => Err(self.convert(e)),
             })
             .collect()

@@ -18,15 +18,19 @@
 //! its reads one after another, each answer goes straight into the request,
 //! and the thread that stores the last answer wakes the caller once. The
 //! health monitor's few hundred reads a second so cost a few hand-offs, not a
-//! few hundred. Deadlines are kept by one timekeeper thread rather than by a
-//! tokio timer (the reader also serves callers outside the runtime), which
-//! looks at each request, not at each read. When a request has waited
-//! [`STALL`] with reads not yet started (a thread may be stuck on one of
-//! them), the timekeeper wakes or starts another thread, one more each
-//! [`STALL`] while reads still wait; at its deadline, the request's missing
-//! answers time out. So a hung file delays the other files by about
-//! [`STALL`], and slow files are read in parallel after it. [`wake_decision`]
-//! is the pure rule for when a queued read needs another thread.
+//! few hundred. Each caller keeps its own request's deadlines, on the clock
+//! it already sleeps on: an async caller ([`BoundedReader::batch`]) with the
+//! runtime's timer, a thread ([`BoundedReader::batch_blocking`]) with a timed
+//! park. A request answered within [`STALL`], the usual case, so costs no
+//! timer firing and no thread but the one that read it: a timekeeper thread
+//! would have to be woken for every request, and again [`STALL`] later. When
+//! a request has waited [`STALL`] with reads not yet started (a thread may be
+//! stuck on one of them), its caller wakes or starts another thread, one more
+//! each [`STALL`] while reads still wait; at its deadline, the request's
+//! missing answers time out. So a hung file delays the other files by about
+//! [`STALL`], and slow files are read in parallel after it.
+//! [`wake_decision`] is the pure rule for when a queued read needs another
+//! thread; [`Inner::look_at`] the one rule both clocks apply.
 //!
 //! This module owns the threads and the deadlines. It must not know what any file
 //! means; all paths go through [`HostRoot`].
@@ -45,7 +49,7 @@ use crate::host::descriptors::current_kept_descriptor_cap;
 use crate::host::inotify::{ENTRIES_AND_SELF, Inotify};
 use crate::host::{HostError, HostRoot, OpenAttr};
 
-/// How long a request waits before the timekeeper checks on it (capped at a
+/// How long a request waits before its caller checks on it (capped at a
 /// quarter of its timeout), and how long a thread may be on one file before
 /// it no longer counts as making progress.
 pub const STALL: Duration = Duration::from_millis(5);
@@ -163,7 +167,7 @@ struct Batch {
     waker: AtomicWaker,
     /// When it was asked for: replacements before it must be seen.
     queued_at: Instant,
-    /// When the timekeeper checks on it, and when it gives up on it.
+    /// When its caller first checks on it, and when it gives up on it.
     stall_at: Instant,
     deadline: Instant,
     /// The deadline passed: the caller returns timeouts for missing answers.
@@ -219,7 +223,9 @@ impl Batch {
 }
 
 /// The caller's side of a [`Batch`]: ready once every read has its answer or
-/// the deadline passed.
+/// the deadline passed. It keeps the request's time itself (see the module
+/// doc): awaited, on the runtime's timer; in [`BatchAnswered::wait_here`], by
+/// parking the calling thread.
 struct BatchAnswered {
     inner: Arc<Inner>,
     /// `None` once the answers are taken, or when nothing was queued.
@@ -229,6 +235,95 @@ struct BatchAnswered {
     results: Vec<Option<Result<Answer, ReadError>>>,
     requests: Requests,
     timeout: Duration,
+    /// When the caller looks at the request next ([`Inner::look_at`]).
+    next_look: Instant,
+    /// The runtime timer for `next_look`, made at the first poll that has to
+    /// wait: a request answered before that needs none.
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+/// Where a request stands for its caller.
+enum Standing {
+    /// Every read answered, or the deadline passed: the answers can be taken.
+    Done,
+    /// Still waiting; look again at this time.
+    WaitUntil(Instant),
+}
+
+impl BatchAnswered {
+    /// Looks at the request when it is time to, and says whether the caller
+    /// can take the answers or until when it waits.
+    fn standing(&mut self) -> Standing {
+        let Some(batch) = &self.batch else {
+            return Standing::Done;
+        };
+        loop {
+            if batch.complete() || batch.expired.load(Ordering::Acquire) {
+                return Standing::Done;
+            }
+            let now = Instant::now();
+            if now < self.next_look {
+                return Standing::WaitUntil(self.next_look);
+            }
+            match self.inner.look_at(batch, now) {
+                Some(at) => self.next_look = at,
+                // Answered or expired meanwhile: the loop sees which.
+                None => continue,
+            }
+        }
+    }
+
+    /// Takes the answers: missing ones time out.
+    fn take(&mut self) -> Vec<Result<Answer, ReadError>> {
+        if let Some(batch) = self.batch.take() {
+            for (k, &i) in batch.todo.iter().enumerate() {
+                self.results[i] = Some(match batch.answer(k).take() {
+                    Some(answer) => answer.map_err(ReadError::Host),
+                    None => {
+                        self.inner.timeouts.fetch_add(1, Ordering::Relaxed);
+                        Err(ReadError::TimedOut {
+                            path: batch.read(k).1.to_string(),
+                            timeout: self.timeout,
+                        })
+                    }
+                });
+            }
+            // Nobody waits any more: threads skip what is left.
+            batch.abandoned.store(true, Ordering::Release);
+        }
+        std::mem::take(&mut self.results)
+            .into_iter()
+            .zip(self.requests.iter())
+            .map(|(result, (_, path))| {
+                // Every read got an answer above; `Closed` only if this
+                // module has a bug.
+                result.unwrap_or_else(|| Err(ReadError::Closed { path: path.into() }))
+            })
+            .collect()
+    }
+
+    /// Waits on the calling thread, which may block: parked until the last
+    /// answer unparks it or it is time to look at the request.
+    fn wait_here(mut self) -> Vec<Result<Answer, ReadError>> {
+        if let Some(batch) = &self.batch {
+            let thread = Arc::new(ParkedThread(std::thread::current()));
+            batch.waker.register(&std::task::Waker::from(thread));
+        }
+        while let Standing::WaitUntil(at) = self.standing() {
+            // Woken early by the answer, or spuriously: `standing` tells.
+            std::thread::park_timeout(at.saturating_duration_since(Instant::now()));
+        }
+        self.take()
+    }
+}
+
+/// Wakes a thread parked in [`BatchAnswered::wait_here`].
+struct ParkedThread(std::thread::Thread);
+
+impl std::task::Wake for ParkedThread {
+    fn wake(self: Arc<Self>) {
+        self.0.unpark();
+    }
 }
 
 impl Future for BatchAnswered {
@@ -238,38 +333,34 @@ impl Future for BatchAnswered {
         let this = &mut *self;
         if let Some(batch) = &this.batch {
             batch.waker.register(cx.waker());
-            if !(batch.complete() || batch.expired.load(Ordering::Acquire)) {
+        }
+        loop {
+            let at = match this.standing() {
+                Standing::Done => return Poll::Ready(this.take()),
+                Standing::WaitUntil(at) => tokio::time::Instant::from_std(at),
+            };
+            if tokio::runtime::Handle::try_current().is_err() {
+                // No runtime, so no clock to keep the deadline with: give up
+                // on what is not answered rather than wait for ever.
+                tracing::error!(
+                    "a host read was awaited outside the async runtime; use batch_blocking"
+                );
+                if let Some(batch) = &this.batch {
+                    batch.expired.store(true, Ordering::Release);
+                }
+                continue;
+            }
+            match &mut this.timer {
+                Some(timer) if timer.deadline() == at => {}
+                Some(timer) => timer.as_mut().reset(at),
+                None => this.timer = Some(Box::pin(tokio::time::sleep_until(at))),
+            }
+            if let Some(timer) = &mut this.timer
+                && timer.as_mut().poll(cx).is_pending()
+            {
                 return Poll::Pending;
             }
-            for (k, &i) in batch.todo.iter().enumerate() {
-                this.results[i] = Some(match batch.answer(k).take() {
-                    Some(answer) => answer.map_err(ReadError::Host),
-                    None => {
-                        this.inner.timeouts.fetch_add(1, Ordering::Relaxed);
-                        Err(ReadError::TimedOut {
-                            path: batch.read(k).1.to_string(),
-                            timeout: this.timeout,
-                        })
-                    }
-                });
-            }
-            // Nobody waits any more: threads skip what is left, and the
-            // timekeeper forgets it rather than wake this finished task.
-            batch.abandoned.store(true, Ordering::Release);
-            this.batch = None;
         }
-        let results = std::mem::take(&mut this.results);
-        Poll::Ready(
-            results
-                .into_iter()
-                .zip(this.requests.iter())
-                .map(|(result, (_, path))| {
-                    // Every read got an answer above; `Closed` only if this
-                    // module has a bug.
-                    result.unwrap_or_else(|| Err(ReadError::Closed { path: path.into() }))
-                })
-                .collect(),
-        )
     }
 }
 
@@ -292,21 +383,10 @@ struct State {
     /// Notifications sent to idle threads that have not woken yet.
     waking: usize,
     threads: usize,
-    /// Requests whose callers wait, for the timekeeper; and whether a
-    /// timekeeper runs, and when it wakes next (`None`: when a request is
-    /// queued).
-    waiting: Vec<Arc<Batch>>,
-    timekeeper: bool,
-    timekeeper_wakes: Option<Instant>,
     shutdown: bool,
 }
 
 impl State {
-    /// Queued reads no thread has taken yet.
-    fn unstarted(&self) -> usize {
-        self.queue.iter().map(|b| b.unstarted()).sum()
-    }
-
     /// Takes the next read off the queue: its request and its index there.
     fn claim(&mut self) -> Option<(Arc<Batch>, usize)> {
         loop {
@@ -374,7 +454,6 @@ struct Inner {
     max_threads: usize,
     state: Mutex<State>,
     work: Condvar,
-    timer: Condvar,
     reads: AtomicU64,
     timeouts: AtomicU64,
     skipped: AtomicU64,
@@ -425,7 +504,6 @@ impl Drop for ShutdownGuard {
     fn drop(&mut self) {
         self.0.lock().shutdown = true;
         self.0.work.notify_all();
-        self.0.timer.notify_all();
     }
 }
 
@@ -449,7 +527,6 @@ impl BoundedReader {
             max_threads: max_threads.max(1),
             state: Mutex::new(State::default()),
             work: Condvar::new(),
-            timer: Condvar::new(),
             reads: AtomicU64::new(0),
             timeouts: AtomicU64::new(0),
             skipped: AtomicU64::new(0),
@@ -546,12 +623,33 @@ impl BoundedReader {
     /// one still stuck from an earlier read is refused. Answers come back in
     /// the order of `requests`. A path given twice is refused the second
     /// time, as a concurrent read of the same file is.
+    ///
+    /// Await it on the tokio runtime (its timer keeps the deadlines); a
+    /// thread outside the runtime uses [`BoundedReader::batch_blocking`].
     pub async fn batch(
         &self,
         requests: impl Into<Requests>,
         timeout: Duration,
     ) -> Vec<Result<Answer, ReadError>> {
         self.queue(requests.into(), timeout).await
+    }
+
+    /// [`BoundedReader::batch`] for a thread that may block (not an async
+    /// worker): it waits parked, and keeps the deadlines itself.
+    pub fn batch_blocking(
+        &self,
+        requests: impl Into<Requests>,
+        timeout: Duration,
+    ) -> Vec<Result<Answer, ReadError>> {
+        self.queue(requests.into(), timeout).wait_here()
+    }
+
+    /// One read of [`BoundedReader::batch_blocking`].
+    pub fn one_blocking(&self, op: Op, path: &str, timeout: Duration) -> Result<Answer, ReadError> {
+        self.batch_blocking(vec![(op, path.to_owned())], timeout)
+            .into_iter()
+            .next()
+            .unwrap_or_else(|| Err(ReadError::Closed { path: path.into() }))
     }
 
     fn queue(&self, requests: Requests, timeout: Duration) -> BatchAnswered {
@@ -575,15 +673,12 @@ impl BoundedReader {
             }
         }
         let mut batch = None;
+        let mut woken = Woken::Nothing;
         if !todo.is_empty() {
             let queued = Arc::new(Batch::new(requests.clone(), todo, now, timeout));
-            // The timekeeper first: once a thread may have taken a read, the
-            // request can no longer be taken back.
-            let kept_time = self.keep_time(&mut state, &queued);
-            if kept_time {
-                state.queue.push_back(queued.clone());
-            }
-            if kept_time && (self.wake(&mut state, false) || state.threads > 0) {
+            state.queue.push_back(queued.clone());
+            woken = wake(&self.inner, &mut state, false);
+            if woken != Woken::Failed || state.threads > 0 {
                 self.inner
                     .reads
                     .fetch_add(queued.len() as u64, Ordering::Relaxed);
@@ -593,7 +688,6 @@ impl BoundedReader {
                 // so that the caller can retry later rather than have them
                 // marked stuck forever.
                 state.queue.retain(|b| !Arc::ptr_eq(b, &queued));
-                state.waiting.retain(|b| !Arc::ptr_eq(b, &queued));
                 for (k, &i) in queued.todo.iter().enumerate() {
                     let path = queued.read(k).1;
                     state.in_flight.remove(path);
@@ -604,51 +698,49 @@ impl BoundedReader {
             }
         }
         drop(state);
+        // After the lock is let go: the woken thread takes it at once.
+        woken.notify(&self.inner);
+        let next_look = batch.as_ref().map_or(now, |b| b.stall_at);
         BatchAnswered {
             inner: self.inner.clone(),
             batch,
             results,
             requests,
             timeout,
+            next_look,
+            timer: None,
         }
-    }
-
-    /// Hands a waiting request to the timekeeper, starting it if needed.
-    /// False when it cannot be started.
-    fn keep_time(&self, state: &mut State, batch: &Arc<Batch>) -> bool {
-        if !state.timekeeper {
-            let inner = self.inner.clone();
-            let started = std::thread::Builder::new()
-                .name("sysfs-timekeeper".into())
-                .spawn(move || timekeeper(inner));
-            if let Err(e) = started {
-                tracing::warn!(error = %e, "cannot start the sysfs reader's timekeeper");
-                return false;
-            }
-            state.timekeeper = true;
-        }
-        state.waiting.push(batch.clone());
-        if state.timekeeper_wakes.is_none_or(|at| batch.stall_at < at) {
-            state.timekeeper_wakes = Some(batch.stall_at);
-            self.inner.timer.notify_one();
-        }
-        true
-    }
-
-    fn wake(&self, state: &mut State, stalled: bool) -> bool {
-        wake(&self.inner, state, stalled)
     }
 }
 
-/// Wakes or starts a thread if a queued read needs one. False when a thread
-/// was needed and could not be started.
-fn wake(inner: &Arc<Inner>, state: &mut State, stalled: bool) -> bool {
+/// What [`wake`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Woken {
+    /// No thread was needed.
+    Nothing,
+    /// An idle thread is to be notified, once the state lock is let go.
+    Notify,
+    /// A thread was started.
+    Spawned,
+    /// A thread was needed and could not be started.
+    Failed,
+}
+
+impl Woken {
+    fn notify(self, inner: &Inner) {
+        if self == Woken::Notify {
+            inner.work.notify_one();
+        }
+    }
+}
+
+/// Wakes or starts a thread if a queued read needs one (see [`Woken`]).
+fn wake(inner: &Arc<Inner>, state: &mut State, stalled: bool) -> Woken {
     match wake_decision(inner.facts(state, Instant::now()), stalled) {
-        Wake::Nothing => true,
+        Wake::Nothing => Woken::Nothing,
         Wake::Idle => {
             state.waking += 1;
-            inner.work.notify_one();
-            true
+            Woken::Notify
         }
         Wake::Spawn => {
             let index = state.threads;
@@ -658,76 +750,51 @@ fn wake(inner: &Arc<Inner>, state: &mut State, stalled: bool) -> bool {
                 .spawn(move || worker(worker_inner, index));
             if let Err(e) = spawned {
                 tracing::warn!(error = %e, "cannot start a sysfs reader thread");
-                return false;
+                return Woken::Failed;
             }
             state.threads += 1;
             if state.busy_since.len() <= index {
                 state.busy_since.resize(index + 1, None);
             }
-            true
+            Woken::Spawned
         }
     }
 }
 
-/// Keeps the deadlines of waiting requests (see the module doc). Runs until
-/// the reader shuts down; sleeps while no request waits.
-fn timekeeper(inner: Arc<Inner>) {
-    let mut state = inner.lock();
-    loop {
-        if state.shutdown {
-            state.timekeeper = false;
-            return;
+impl Inner {
+    /// A caller's look at its waiting request at `now` (see the module doc):
+    /// at the deadline the request expires; while reads wait unstarted past
+    /// the stall time, one more thread for them, and another look after
+    /// [`STALL`] as long as more threads could help (on a busy machine any
+    /// thread is late now and then, and waking the whole pool at once costs
+    /// more than the wait). Returns when to look next, or `None` when the
+    /// request is answered or expired.
+    fn look_at(self: &Arc<Self>, batch: &Batch, now: Instant) -> Option<Instant> {
+        if batch.complete() {
+            return None;
         }
-        let now = Instant::now();
-        let mut next: Option<Instant> = None;
-        let mut stalled = false;
-        state.waiting.retain(|batch| {
-            // A complete request was woken by the thread that finished it.
-            if batch.abandoned.load(Ordering::Acquire) || batch.complete() {
-                return false;
-            }
-            if now >= batch.deadline {
-                batch.expired.store(true, Ordering::Release);
-                batch.waker.wake();
-                return false;
-            }
-            if now >= batch.stall_at && batch.unstarted() > 0 {
-                stalled = true;
-            }
-            let at = if now < batch.stall_at {
-                batch.stall_at
-            } else {
-                batch.deadline
-            };
-            next = Some(next.map_or(at, |n| n.min(at)));
-            true
-        });
-        // One more thread while reads wait too long without being started, as
-        // far as the cap allows, and another look after STALL while they
-        // still do: a burst stuck behind a slow or hung file gets threads one
-        // at a time rather than the whole pool at once (on a busy machine any
-        // thread is late now and then, and waking them all costs more than
-        // the wait).
-        if stalled
-            && wake(&inner, &mut state, true)
-            && state.unstarted() > state.waking
-            && (state.threads < inner.max_threads || state.idle > state.waking)
-        {
-            let again = Instant::now() + STALL;
-            next = Some(next.map_or(again, |n| n.min(again)));
+        if now >= batch.deadline {
+            batch.expired.store(true, Ordering::Release);
+            return None;
         }
-        state.timekeeper_wakes = next;
-        state = match next {
-            Some(at) => {
-                let pause = at.saturating_duration_since(Instant::now());
-                inner
-                    .timer
-                    .wait_timeout(state, pause)
-                    .unwrap_or_else(|p| p.into_inner())
-                    .0
-            }
-            None => inner.timer.wait(state).unwrap_or_else(|p| p.into_inner()),
-        };
+        if now < batch.stall_at {
+            return Some(batch.stall_at);
+        }
+        if batch.unstarted() == 0 {
+            return Some(batch.deadline);
+        }
+        let mut state = self.lock();
+        let woken = wake(self, &mut state, true);
+        let more_could_help = woken != Woken::Failed
+            && batch.unstarted() > state.waking
+            && (state.threads < self.max_threads || state.idle > state.waking);
+        drop(state);
+        woken.notify(self);
+        Some(if more_could_help {
+            (now + STALL).min(batch.deadline)
+        } else {
+            batch.deadline
+        })
     }
 }
 
@@ -1219,30 +1286,36 @@ mod tests {
         drop(dir);
     }
 
-    #[tokio::test]
-    async fn answered_batches_leave_nothing_for_the_timekeeper_to_wake_at_their_deadline() {
+    /// No runtime here: the calling thread keeps its request's time itself.
+    #[test]
+    fn a_blocking_caller_keeps_its_own_deadline_and_a_hung_file_costs_its_value() {
         let (_dir, host) = host();
-        let reader = BoundedReader::new(host, 2);
-        let long = Duration::from_secs(30);
-        let answers = reader
-            .batch(
-                vec![(Op::Read, "/sys/a".into()), (Op::Exists, "/sys/b".into())],
-                long,
-            )
-            .await;
-        assert!(answers.iter().all(Result::is_ok), "{answers:?}");
-        // The timekeeper looks again after STALL; a slot it kept would stay
-        // until its 30 s deadline and then wake the finished caller.
-        let waiting = || reader.inner.lock().waiting.len();
+        simulate::hang_file(&host, "/sys/a").unwrap();
+        let reader = BoundedReader::new(host.clone(), 2);
         let started = Instant::now();
-        while waiting() > 0 && started.elapsed() < Duration::from_secs(5) {
-            tokio::time::sleep(STALL).await;
-        }
-        assert_eq!(
-            waiting(),
-            0,
-            "answered reads are not kept until their deadline"
+        let answers = reader.batch_blocking(
+            vec![(Op::Read, "/sys/a".into()), (Op::Read, "/sys/b".into())],
+            SHORT,
         );
+        let waited = started.elapsed();
+        assert!(
+            matches!(answers[0], Err(ReadError::TimedOut { .. })),
+            "{answers:?}"
+        );
+        // Behind the hung file: a second thread, started at the stall check,
+        // read it.
+        assert_eq!(answers[1].as_ref().unwrap(), &Answer::Text("2".into()));
+        assert!(waited >= SHORT, "returned before the deadline: {waited:?}");
+        assert_eq!(reader.stats().threads, 2);
+        simulate::release_hung_file(&host, "/sys/a", "1").unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            match reader.one_blocking(Op::Read, "/sys/a", SHORT) {
+                Ok(answer) => break assert_eq!(answer, Answer::Text("1".into())),
+                Err(_) if Instant::now() < deadline => std::thread::sleep(STALL),
+                Err(e) => panic!("the released file is not read again: {e}"),
+            }
+        }
     }
 
     #[tokio::test]
