@@ -91,8 +91,10 @@ pub struct NodeContext<'a> {
 pub struct Sampling {
     /// Time between metrics samples (a scrape serves the latest one).
     pub metrics_interval: Duration,
-    /// Time between health samples.
+    /// Time between health samples while GPU states are settled, and while
+    /// a change is being confirmed.
     pub health_interval: Duration,
+    pub health_confirm_interval: Duration,
     /// Consecutive bad samples before a GPU is Unhealthy, good ones before it
     /// is Healthy again.
     pub damping: Damping,
@@ -103,6 +105,7 @@ impl Default for Sampling {
         Self {
             metrics_interval: MetricsConfig::DEFAULT_INTERVAL,
             health_interval: HealthConfig::DEFAULT_INTERVAL,
+            health_confirm_interval: HealthConfig::DEFAULT_CONFIRM_INTERVAL,
             damping: Damping::default(),
         }
     }
@@ -160,6 +163,7 @@ pub fn plan_services(spec: &DeviceConfigSpec, node: &NodeContext<'_>) -> Desired
     let health = health_wanted.then(|| HealthConfig {
         exporter_config: metrics_text.clone(),
         interval: node.sampling.health_interval,
+        confirm_interval: node.sampling.health_confirm_interval,
         damping: node.sampling.damping,
         ..HealthConfig::new(node.host.clone())
     });
@@ -291,6 +295,7 @@ mod tests {
         let sampling = Sampling {
             metrics_interval: Duration::from_secs(9),
             health_interval: Duration::from_millis(700),
+            health_confirm_interval: Duration::from_millis(70),
             damping: Damping {
                 unhealthy_after: 3,
                 healthy_after: 4,
@@ -309,9 +314,15 @@ mod tests {
         let desired = plan_services(&spec, &node);
         let (health, metrics) = (desired.health.unwrap(), desired.metrics.unwrap());
         assert_eq!(
-            (health.interval, health.damping, metrics.interval),
+            (
+                health.interval,
+                health.confirm_interval,
+                health.damping,
+                metrics.interval
+            ),
             (
                 sampling.health_interval,
+                sampling.health_confirm_interval,
                 sampling.damping,
                 sampling.metrics_interval
             ),

@@ -58,9 +58,14 @@ pub struct SamplingArgs {
     /// Seconds between metrics samples; a scrape always serves the latest one.
     #[arg(long, value_name = "SECONDS", default_value = "5", value_parser = positive_seconds)]
     pub metrics_interval: Duration,
-    /// Seconds between health samples.
-    #[arg(long, value_name = "SECONDS", default_value = "0.25", value_parser = positive_seconds)]
+    /// Seconds between health samples while every GPU's state is settled.
+    #[arg(long, value_name = "SECONDS", default_value = "0.5", value_parser = positive_seconds)]
     pub health_interval: Duration,
+    /// Seconds between health samples while a sample disagrees with a GPU's
+    /// state and --unhealthy-after/--healthy-after have not decided yet. A
+    /// problem is so reported within about --health-interval plus this.
+    #[arg(long, value_name = "SECONDS", default_value = "0.1", value_parser = positive_seconds)]
+    pub health_confirm_interval: Duration,
     /// Consecutive bad health samples before a GPU is marked Unhealthy.
     #[arg(long, value_name = "N", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
     pub unhealthy_after: u32,
@@ -74,6 +79,7 @@ impl SamplingArgs {
         crate::agent::select::Sampling {
             metrics_interval: self.metrics_interval,
             health_interval: self.health_interval,
+            health_confirm_interval: self.health_confirm_interval,
             damping: crate::health::Damping {
                 unhealthy_after: self.unhealthy_after,
                 healthy_after: self.healthy_after,
@@ -141,6 +147,8 @@ mod tests {
             "2.5",
             "--health-interval",
             "0.1",
+            "--health-confirm-interval",
+            "0.05",
             "--unhealthy-after",
             "3",
             "--healthy-after",
@@ -153,6 +161,7 @@ mod tests {
         let sampling = args.sampling.sampling();
         assert_eq!(sampling.metrics_interval, Duration::from_millis(2500));
         assert_eq!(sampling.health_interval, Duration::from_millis(100));
+        assert_eq!(sampling.health_confirm_interval, Duration::from_millis(50));
         assert_eq!(
             (
                 sampling.damping.unhealthy_after,

@@ -11,8 +11,10 @@ pub struct Damping {
 }
 
 impl Default for Damping {
-    /// Two samples each way: at the default 250 ms interval, a problem shows
-    /// within about half a second, and a single odd reading changes nothing.
+    /// Two samples each way: a single odd reading changes nothing. The
+    /// second sample is a confirmation, taken soon after the first (see
+    /// [`Tracker::confirming`]), so a problem shows within about the sample
+    /// interval plus the confirmation interval.
     fn default() -> Self {
         Self {
             unhealthy_after: 2,
@@ -54,6 +56,17 @@ pub enum Step {
 }
 
 impl Tracker {
+    /// Whether the latest samples disagree with the current state without
+    /// having changed it yet: the next sample decides, so it is worth taking
+    /// soon.
+    pub fn confirming(&self) -> bool {
+        if self.healthy {
+            self.bad_streak > 0
+        } else {
+            self.good_streak > 0
+        }
+    }
+
     /// Feeds one sample's problems (empty: a good sample).
     pub fn observe(&mut self, problems: Vec<String>, damping: &Damping) -> Step {
         if problems.is_empty() {
@@ -134,6 +147,30 @@ mod tests {
         assert_eq!(t.observe(vec![], &damping), Step::Unchanged);
         assert_eq!(t.observe(vec![], &damping), Step::BecameHealthy);
         assert!(t.healthy && t.reasons.is_empty());
+    }
+
+    #[test]
+    fn a_streak_that_could_change_the_state_is_being_confirmed() {
+        let damping = Damping {
+            unhealthy_after: 3,
+            healthy_after: 2,
+        };
+        let mut t = Tracker::default();
+        assert!(!t.confirming(), "a healthy GPU with good samples");
+        t.observe(bad(), &damping);
+        assert!(t.confirming());
+        t.observe(bad(), &damping);
+        assert!(t.confirming(), "still short of 3");
+        t.observe(vec![], &damping);
+        assert!(!t.confirming(), "the streak broke");
+        for _ in 0..3 {
+            t.observe(bad(), &damping);
+        }
+        assert!(!t.healthy && !t.confirming(), "unhealthy and still bad");
+        t.observe(vec![], &damping);
+        assert!(t.confirming(), "a good sample may lead to recovery");
+        t.observe(vec![], &damping);
+        assert!(t.healthy && !t.confirming());
     }
 
     #[test]

@@ -13,8 +13,8 @@
 //!
 //! Outputs of a running [`HealthMonitor`]:
 //! - [`HealthMonitor::report`]: the [`HealthReport`] the device plugin consumes
-//!   (its devices turn Unhealthy within about half a second at the default
-//!   250 ms interval);
+//!   (its devices turn Unhealthy within about 0.6 s at the default 500 ms
+//!   interval and 100 ms confirmation, see [`monitor`]);
 //! - [`HealthMonitor::snapshot`]: per-GPU state and reasons, for `gpu_health`
 //!   and the Node;
 //! - [`HealthMonitor::subscribe`]: a stream of [`HealthTransition`]s.

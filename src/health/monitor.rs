@@ -1,6 +1,13 @@
 //! The running monitor: samples the health-relevant files at a short interval,
 //! runs the checks, damps, and publishes the results on its channels.
 //!
+//! Samples are taken every `interval` while every GPU's state is settled, and
+//! every `confirm_interval` while a sample disagrees with a GPU's state and
+//! the damping has not decided yet ([`next_sample_in`]; HAProxy's `fastinter`
+//! works the same way). So a problem costs one interval to be seen and one
+//! short confirmation to be believed, while an idle node is read at the slow
+//! rate.
+//!
 //! [`MonitorState::step`] is the pure core (sample in, snapshot and transitions
 //! out); [`HealthMonitor`] is the supervised service around it. The channels
 //! belong to the [`HealthMonitor`] value, not to a run, so receivers handed out
@@ -32,8 +39,11 @@ use crate::telemetry::sample::{HostSample, Sampler, Scope};
 #[derive(Clone, Debug, PartialEq)]
 pub struct HealthConfig {
     pub host: HostRoot,
-    /// Time between samples.
+    /// Time between samples while every GPU's state is settled.
     pub interval: Duration,
+    /// Time between samples while a GPU's state is being confirmed (capped
+    /// at `interval`).
+    pub confirm_interval: Duration,
     /// Deadline of each file read; a file that misses it counts as unknown.
     pub file_timeout: Duration,
     pub damping: Damping,
@@ -45,13 +55,17 @@ pub struct HealthConfig {
 }
 
 impl HealthConfig {
-    pub const DEFAULT_INTERVAL: Duration = Duration::from_millis(250);
+    /// With [`HealthConfig::DEFAULT_CONFIRM_INTERVAL`] and the default damping
+    /// (two samples), a problem is reported within about 0.6 s.
+    pub const DEFAULT_INTERVAL: Duration = Duration::from_millis(500);
+    pub const DEFAULT_CONFIRM_INTERVAL: Duration = Duration::from_millis(100);
     pub const DEFAULT_FILE_TIMEOUT: Duration = Duration::from_millis(200);
 
     pub fn new(host: HostRoot) -> Self {
         Self {
             host,
             interval: Self::DEFAULT_INTERVAL,
+            confirm_interval: Self::DEFAULT_CONFIRM_INTERVAL,
             file_timeout: Self::DEFAULT_FILE_TIMEOUT,
             damping: Damping::default(),
             exporter_config: None,
@@ -70,7 +84,23 @@ pub struct MonitorState {
     ids: BTreeMap<String, Vec<u32>>,
 }
 
+/// Time from the start of one sample to the next: `confirm` (at most
+/// `interval`) while a GPU's state is being confirmed, else `interval`.
+pub fn next_sample_in(interval: Duration, confirm: Duration, confirming: bool) -> Duration {
+    if confirming {
+        confirm.min(interval)
+    } else {
+        interval
+    }
+}
+
 impl MonitorState {
+    /// Whether some GPU's latest samples disagree with its state and the
+    /// damping has not decided yet.
+    pub fn confirming(&self) -> bool {
+        self.trackers.values().any(Tracker::confirming)
+    }
+
     /// Feeds one sample. Returns the new snapshot and the GPUs that changed state.
     pub fn step(
         &mut self,
@@ -275,8 +305,7 @@ impl Service for HealthMonitor {
             );
             let mut nodes = NodeWatch::new(current.host.clone());
             let mut state = MonitorState::default();
-            let mut ticker = tokio::time::interval(applied.1);
-            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut next_sample = tokio::time::Instant::now();
             loop {
                 tokio::select! {
                     _ = cancel.cancelled() => break,
@@ -294,15 +323,15 @@ impl Service for HealthMonitor {
                         }
                         let next_applied = self.thresholds(&next, &applied);
                         if next_applied.1 != applied.1 {
-                            ticker = tokio::time::interval(next_applied.1);
-                            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                            next_sample = tokio::time::Instant::now();
                         }
                         applied = next_applied;
                         current = next;
                         continue;
                     }
-                    _ = ticker.tick() => {}
+                    _ = tokio::time::sleep_until(next_sample) => {}
                 }
+                let started = tokio::time::Instant::now();
                 let inventory = self.inventory.borrow().clone();
                 // Device nodes and /dev/kfd are watched rather than stat'ed
                 // every sample (see `nodes`).
@@ -315,6 +344,11 @@ impl Service for HealthMonitor {
                     state.step(&inventory, &sample, &applied.0, &current.damping);
                 self.publish(snapshot, transitions);
                 readiness.available();
+                // A sample that overran its slot is followed at once, not by
+                // a burst of catch-up samples.
+                next_sample = (started
+                    + next_sample_in(applied.1, current.confirm_interval, state.confirming()))
+                .max(tokio::time::Instant::now());
             }
             // Stopped: nothing vouches for the old verdicts any more; the device
             // plugin's own checks remain.
@@ -416,6 +450,30 @@ mod tests {
         );
         let (snap, t) = state.step(&inv, &sample(0), &thresholds, &damping);
         assert!(t[0].healthy && snap.gpus["0000:05:00.0"].healthy);
+    }
+
+    #[test]
+    fn samples_come_fast_only_while_a_state_change_is_being_confirmed() {
+        let (slow, fast) = (Duration::from_millis(500), Duration::from_millis(100));
+        assert_eq!(next_sample_in(slow, fast, false), slow);
+        assert_eq!(next_sample_in(slow, fast, true), fast);
+        assert_eq!(
+            next_sample_in(fast, slow, true),
+            fast,
+            "never slower than the interval"
+        );
+
+        let damping = Damping::default();
+        let inv = inventory(&["0000:05:00.0"]);
+        let mut state = MonitorState::default();
+        state.step(&inv, &sample(0), &Thresholds::default(), &damping);
+        assert!(!state.confirming(), "settled healthy");
+        state.step(&inv, &sample(1), &Thresholds::default(), &damping);
+        assert!(state.confirming(), "one bad sample wants a second look");
+        state.step(&inv, &sample(1), &Thresholds::default(), &damping);
+        assert!(!state.confirming(), "settled unhealthy");
+        state.step(&inv, &sample(0), &Thresholds::default(), &damping);
+        assert!(state.confirming(), "one good sample wants a second look");
     }
 
     #[test]

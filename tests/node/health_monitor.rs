@@ -160,6 +160,31 @@ async fn an_uncorrectable_ecc_error_marks_the_gpu_unhealthy_and_it_recovers() {
 }
 
 #[tokio::test]
+async fn a_bad_sample_is_confirmed_at_the_short_interval_not_the_settled_one() {
+    let dir = scratch();
+    let host = HostRoot::new(dir.path().join("host"));
+    simulate::write_host(&host, &SimSpec::new("mi300x", None, None).unwrap()).unwrap();
+    simulate::set_ecc_counts(&host, GPU, "umc", 1, 0).unwrap();
+    let inventory = watch::Sender::new(Arc::new(discover(&host)));
+    let monitor = HealthMonitor::new(inventory.subscribe());
+    let mut transitions = monitor.subscribe();
+    let mut slot = Slot::new(monitor);
+    // Settled samples an hour apart: within the wait, only the confirmation
+    // sample can make the second of the two bad samples the damping needs.
+    slot.apply(Some(HealthConfig {
+        interval: Duration::from_secs(3600),
+        confirm_interval: Duration::from_millis(50),
+        ..HealthConfig::new(host.clone())
+    }))
+    .await;
+    let t = wait::within("the confirmed ECC error", transitions.recv())
+        .await
+        .unwrap();
+    assert_eq!((t.bdf.as_str(), t.healthy), (GPU, false));
+    slot.stop().await;
+}
+
+#[tokio::test]
 async fn partitions_of_an_unhealthy_gpu_are_all_named_in_the_snapshot() {
     let mut rig = start("mi300x", Some("cpx_nps4"), None).await;
     simulate::set_ecc_counts(&rig.host, GPU, "gfx", 2, 0).unwrap();
