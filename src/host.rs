@@ -548,6 +548,22 @@ pub enum HostAnswer {
 
 /// Reads host files with a deadline. Paths are host paths (`/sys/...`), mapped
 /// under [`HostRead::host`]'s root. Every method returns in bounded time.
+/// Answers requests one after the other through `host`'s single-read
+/// methods: [`HostRead::read_many`] unless an implementation batches.
+pub fn read_each<H: HostRead + ?Sized>(
+    host: &H,
+    requests: &[(HostOp, &str)],
+) -> Vec<Result<HostAnswer>> {
+    requests
+        .iter()
+        .map(|(op, path)| match op {
+            HostOp::Read => host.read_attr(path).map(HostAnswer::Text),
+            HostOp::Exists => host.exists(path).map(HostAnswer::Exists),
+            HostOp::List => host.list_dir(path).map(HostAnswer::Names),
+        })
+        .collect()
+}
+
 pub trait HostRead {
     /// The root paths are resolved under (for error messages and mapping).
     fn host(&self) -> &HostRoot;
@@ -565,14 +581,7 @@ pub trait HostRead {
     /// method answers it. An implementation may hand them all to its threads
     /// at once; this one asks one after the other.
     fn read_many(&self, requests: &[(HostOp, &str)]) -> Vec<Result<HostAnswer>> {
-        requests
-            .iter()
-            .map(|(op, path)| match op {
-                HostOp::Read => self.read_attr(path).map(HostAnswer::Text),
-                HostOp::Exists => self.exists(path).map(HostAnswer::Exists),
-                HostOp::List => self.list_dir(path).map(HostAnswer::Names),
-            })
-            .collect()
+        read_each(self, requests)
     }
 
     /// `Ok(None)` when the file is absent or empty.

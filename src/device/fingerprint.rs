@@ -13,7 +13,9 @@
 //! - the KFD topology's `generation_id` (the kernel bumps it on every topology
 //!   change) and the listing of its `nodes/`.
 //!
-//! Reading those costs a few dozen system calls. The watch compares fingerprints
+//! Reading those costs a few dozen system calls, in one request to the reader
+//! while the bound GPUs stay the same (the last fingerprint names their
+//! partition files, [`Fingerprint::read_after`]). The watch compares fingerprints
 //! each tick and runs the full discovery only when they differ (and at a long
 //! safety interval). This module owns the choice of those entries and nothing
 //! else: it does not interpret them.
@@ -29,7 +31,12 @@ const SRCVERSION: &str = "/sys/module/amdgpu/srcversion";
 /// nothing discovery cares about was seen to change; they are only compared,
 /// never interpreted.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Fingerprint(Vec<String>);
+pub struct Fingerprint {
+    entries: Vec<String>,
+    /// The partition files of the GPUs found bound (what `entries` holds
+    /// them for): where the next look can ask for them at once.
+    partition_paths: Vec<String>,
+}
 
 impl Fingerprint {
     /// Reads the fingerprint of `host`. Never fails: an unreadable entry is
@@ -37,6 +44,15 @@ impl Fingerprint {
     /// entries are asked for in two batches ([`HostRead::read_many`]): the
     /// fixed ones, then the partition modes of the GPUs found bound.
     pub fn read(host: &dyn HostRead) -> Self {
+        Self::read_after(host, None)
+    }
+
+    /// [`Fingerprint::read`], asking for the partition modes of the GPUs
+    /// bound at the `last` look together with the fixed entries: one batch
+    /// while the bound GPUs stay the same, a second one only when they
+    /// changed. The result is the same as without `last`.
+    pub fn read_after(host: &dyn HostRead, last: Option<&Fingerprint>) -> Self {
+        let hinted: &[String] = last.map_or(&[], |l| &l.partition_paths);
         let generation = format!("{}/generation_id", kfd::TOPOLOGY_DIR);
         let kfd_nodes = format!("{}/nodes", kfd::TOPOLOGY_DIR);
         let fixed = [
@@ -48,7 +64,9 @@ impl Fingerprint {
             (HostOp::List, kfd_nodes.as_str()),
             (HostOp::Read, SRCVERSION),
         ];
-        let mut answers = host.read_many(&fixed).into_iter();
+        let mut first: Vec<(HostOp, &str)> = fixed.to_vec();
+        first.extend(hinted.iter().map(|p| (HostOp::Read, p.as_str())));
+        let mut answers = host.read_many(&first).into_iter();
         let mut next = || {
             answers.next().unwrap_or_else(|| {
                 Err(HostError::Io {
@@ -58,6 +76,7 @@ impl Fingerprint {
             })
         };
         let mut entries = Vec::with_capacity(32);
+        let mut partition_paths = Vec::new();
         for path in ["/sys/module/amdgpu", "/dev/kfd"] {
             let exists = next().and_then(|a| match a {
                 HostAnswer::Exists(exists) => Ok(exists),
@@ -78,6 +97,7 @@ impl Fingerprint {
         });
         entries.push(value(SRCVERSION, srcversion));
 
+        let mut hinted_answers = answers;
         let mut bound = None;
         for dir in AMDGPU_PCI_DIRS {
             let listed = match first_dir.take() {
@@ -103,9 +123,13 @@ impl Fingerprint {
                         .map(|attr| format!("{dir}/{bdf}/{attr}"))
                 })
                 .collect();
-            let requests: Vec<(HostOp, &str)> =
-                paths.iter().map(|p| (HostOp::Read, p.as_str())).collect();
-            let mut answers = host.read_many(&requests).into_iter();
+            let mut answers = if paths == hinted {
+                std::mem::replace(&mut hinted_answers, Vec::new().into_iter())
+            } else {
+                let requests: Vec<(HostOp, &str)> =
+                    paths.iter().map(|p| (HostOp::Read, p.as_str())).collect();
+                host.read_many(&requests).into_iter()
+            };
             for path in &paths {
                 let answer = answers.next().unwrap_or_else(|| Err(mismatch(host, path)));
                 entries.push(value(
@@ -116,11 +140,15 @@ impl Fingerprint {
                     }),
                 ));
             }
+            partition_paths = paths;
         }
         entries.push(listing(DRM_CLASS_DIR, drm));
         entries.push(value(&generation, generation_value));
         entries.push(listing(&kfd_nodes, kfd_listing));
-        Self(entries)
+        Self {
+            entries,
+            partition_paths,
+        }
     }
 }
 
@@ -188,21 +216,44 @@ mod tests {
         (dir, host)
     }
 
-    /// Asks one file at a time (the trait's own `read_many`).
-    struct OneByOne<'a>(&'a dyn HostRead);
+    /// Counts the batches a fingerprint asks for, and passes them on whole
+    /// (`batched`) or asks one file at a time.
+    struct Probe<'a> {
+        host: &'a dyn HostRead,
+        batched: bool,
+        batches: std::cell::Cell<usize>,
+    }
 
-    impl HostRead for OneByOne<'_> {
+    impl<'a> Probe<'a> {
+        fn new(host: &'a dyn HostRead, batched: bool) -> Self {
+            let batches = std::cell::Cell::new(0);
+            Self {
+                host,
+                batched,
+                batches,
+            }
+        }
+    }
+
+    impl HostRead for Probe<'_> {
         fn host(&self) -> &HostRoot {
-            self.0.host()
+            self.host.host()
         }
         fn read_attr(&self, path: &str) -> crate::host::Result<String> {
-            self.0.read_attr(path)
+            self.host.read_attr(path)
         }
         fn list_dir(&self, path: &str) -> crate::host::Result<Vec<String>> {
-            self.0.list_dir(path)
+            self.host.list_dir(path)
         }
         fn exists(&self, path: &str) -> crate::host::Result<bool> {
-            self.0.exists(path)
+            self.host.exists(path)
+        }
+        fn read_many(&self, requests: &[(HostOp, &str)]) -> Vec<crate::host::Result<HostAnswer>> {
+            self.batches.set(self.batches.get() + 1);
+            if self.batched {
+                return self.host.read_many(requests);
+            }
+            crate::host::read_each(self, requests)
         }
     }
 
@@ -213,14 +264,17 @@ mod tests {
         let reader = BoundedReader::new(host.clone(), 2);
         let both = || {
             run_bounded(&reader, Limits::default(), |h| {
-                (Fingerprint::read(h), Fingerprint::read(&OneByOne(h)))
+                (
+                    Fingerprint::read(h),
+                    Fingerprint::read(&Probe::new(h, false)),
+                )
             })
             .unwrap()
             .0
         };
         let (batched, single) = both();
         assert_eq!(batched, single);
-        assert!(batched.0.len() > 8, "{batched:?}");
+        assert!(batched.entries.len() > 8, "{batched:?}");
         // Absent entries, an empty directory, the driver directory in its
         // second place, no driver.
         host.remove_all("/sys/class/kfd/kfd/topology/generation_id")
@@ -243,6 +297,41 @@ mod tests {
         host.remove_all("/dev/kfd").unwrap();
         let (batched, single) = both();
         assert_eq!(batched, single);
+    }
+
+    #[test]
+    fn a_look_after_the_last_takes_one_batch_while_the_bound_gpus_stay() {
+        let (_dir, host) = sim(&SimSpec::new("mi300x", Some(2), None).unwrap());
+        let reader = BoundedReader::new(host.clone(), 2);
+        let look = |last: Option<&Fingerprint>| {
+            run_bounded(&reader, Limits::default(), |h| {
+                let probe = Probe::new(h, true);
+                let fingerprint = Fingerprint::read_after(&probe, last);
+                (fingerprint, probe.batches.get())
+            })
+            .unwrap()
+            .0
+        };
+        let (first, batches) = look(None);
+        assert_eq!(batches, 2, "the first look finds the GPUs, then asks");
+        let (again, batches) = look(Some(&first));
+        assert_eq!((&again, batches), (&first, 1));
+        // A GPU more: the hint is stale, and the result as without one.
+        simulate::write_host(&host, &SimSpec::new("mi300x", Some(3), None).unwrap()).unwrap();
+        let (after_add, batches) = look(Some(&first));
+        assert_eq!(batches, 2);
+        assert_eq!(after_add, look(None).0);
+        assert_ne!(after_add, first);
+        // A repartition with the same GPUs is seen in the one batch.
+        simulate::write_host(
+            &host,
+            &SimSpec::new("mi300x", Some(3), Some("cpx_nps4")).unwrap(),
+        )
+        .unwrap();
+        let (repartitioned, batches) = look(Some(&after_add));
+        assert_eq!(batches, 1);
+        assert_ne!(repartitioned, after_add);
+        assert_eq!(repartitioned, look(None).0);
     }
 
     #[test]

@@ -216,14 +216,14 @@ async fn scan(
         Ok::<_, String>(run_bounded_here(&reader, limits, |host| {
             // The fingerprint is read before the inventory: a change that lands
             // in between shows in the next tick's fingerprint.
-            let fingerprint = Fingerprint::read(host);
+            let fingerprint = Fingerprint::read_after(host, previous.as_deref());
             let fingerprint_changed = previous.is_some_and(|p| *p != fingerprint);
             let mut discovery = (deep || fingerprint_changed).then(|| discover_with(host));
             // A host that changed while it was being read (a driver binding
             // GPUs one by one, a rewrite) gives a half-old, half-new inventory:
             // publish nothing this time, and look in full again next tick.
             if discovery.is_some() {
-                let after = Fingerprint::read(host);
+                let after = Fingerprint::read_after(host, Some(&fingerprint));
                 if after != fingerprint {
                     discovery = None;
                     return (after, discovery, true);
