@@ -10,9 +10,16 @@ use std::process::ExitCode;
 use super::output::fail;
 
 /// Builds the async runtime the long-running subcommands use.
+///
+/// One worker thread: the agent's work on the runtime is short (blocking
+/// reads run on the host reader's threads, discovery on the blocking pool),
+/// and a second worker only adds wake-ups of its own, which on an idle node
+/// are most of what the process costs (`AGENT_BENCH=idle cargo bench --bench
+/// agent`). Still the multi-thread scheduler, so that a task that blocks by
+/// mistake can be moved off with `block_in_place`.
 fn runtime() -> Result<tokio::runtime::Runtime, String> {
     tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(1)
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start the async runtime: {e}"))
