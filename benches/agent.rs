@@ -8,15 +8,16 @@
 //!   DeviceConfig running (goal: under 25 MiB);
 //! - idle CPU of that agent, and of `gpu-operator standalone --simulate mi300x
 //!   --partition cpx_nps4` at the default intervals (goal: under 0.2 % of a
-//!   core), from the child's `/proc/<pid>/stat` utime+stime over 30 s.
+//!   core), from the child's threads' `/proc/<pid>/task/*/schedstat` over 30 s
+//!   (and, coarser, its utime+stime).
 //!
 //!   The same with `--host-root` on a tree simulated once (no moving telemetry:
 //!   the operator's own cost, as on a real node, without the simulator's writes).
 //!
 //!   And this machine's floor for that work: the files the health monitor
-//!   reads each sample (PCIe link, RAS counts, temperatures), read four times
-//!   a second by one thread through kept descriptors, with no hand-off at
-//!   all. No design that reads the same files at the same rate costs less.
+//!   reads each sample (PCIe link, RAS counts, temperatures), read at its
+//!   default interval by one thread through kept descriptors, with no
+//!   hand-off at all. No design that reads the same files at the same rate costs less.
 //!
 //! `AGENT_BENCH=idle` runs only the standalone idle-CPU figures.
 //!
@@ -34,6 +35,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use gpu_operator::agent::{self, AgentConfig};
+use gpu_operator::health::HealthConfig;
 use gpu_operator::host::HostRoot;
 use gpu_operator::simulate::{self, SimSpec};
 use kube_emulator::{Emulator, EmulatorConfig};
@@ -197,8 +199,9 @@ fn standalone_idle_cpu() {
     }
     let (files, floor) = read_floor(&host_dir.join("sys/devices"));
     println!(
-        "floor on this machine: {files} health files read 4 times a second by one thread, \
+        "floor on this machine: {files} health files read every {:?} by one thread, \
          inline, no hand-off: {}",
+        HealthConfig::DEFAULT_INTERVAL,
         floor.describe()
     );
 }
@@ -235,8 +238,9 @@ fn health_files(devices: &std::path::Path) -> Vec<std::path::PathBuf> {
     found
 }
 
-/// Reads [`health_files`] through kept descriptors four times a second on
-/// one thread for [`IDLE_WINDOW`], and measures that thread's CPU time.
+/// Reads [`health_files`] through kept descriptors at the health monitor's
+/// default interval on one thread for [`IDLE_WINDOW`], and measures that
+/// thread's CPU time.
 fn read_floor(devices: &std::path::Path) -> (usize, IdleCpu) {
     use std::os::unix::fs::FileExt;
     let files: Vec<std::fs::File> = health_files(devices)
@@ -262,10 +266,12 @@ fn read_floor(devices: &std::path::Path) -> (usize, IdleCpu) {
                 let text = String::from_utf8_lossy(&page[..len]).trim().to_owned();
                 std::hint::black_box(text);
             }
-            std::thread::sleep(Duration::from_millis(250));
+            std::thread::sleep(HealthConfig::DEFAULT_INTERVAL);
         }
         IdleCpu {
             cpu: thread_cpu().saturating_sub(before),
+            ticks: None,
+            main_thread: Duration::ZERO,
             window: started.elapsed(),
         }
     })
@@ -303,36 +309,78 @@ fn standalone_idle(scratch: &std::path::Path, host_args: &[std::ffi::OsString]) 
     cpu
 }
 
-/// CPU time a process used over a window.
+/// CPU time a process used over a window: to the nanosecond from its
+/// threads' scheduler statistics, and from utime+stime in clock ticks
+/// (coarse: one tick in 30 s is 0.03 %, but it counts threads that exited).
 struct IdleCpu {
     cpu: Duration,
+    ticks: Option<Duration>,
+    /// Of `cpu`, the main thread's: where `standalone --simulate` runs the
+    /// simulator's writes (the services run on the runtime's threads).
+    main_thread: Duration,
     window: Duration,
 }
 
 impl IdleCpu {
     fn describe(&self) -> String {
-        let ratio = self.cpu.as_secs_f64() / self.window.as_secs_f64();
+        let per_cent = |cpu: Duration| cpu.as_secs_f64() / self.window.as_secs_f64() * 100.0;
+        let ticks = self
+            .ticks
+            .map(|t| {
+                format!(
+                    "; utime+stime {:.3} %; main thread {:.3} %",
+                    per_cent(t),
+                    per_cent(self.main_thread)
+                )
+            })
+            .unwrap_or_default();
         format!(
-            "{:.3} % of a core ({:.2} ms CPU per s; {:.0} ms in {:.0?})",
-            ratio * 100.0,
-            ratio * 1000.0,
+            "{:.3} % of a core ({:.2} ms CPU per s; {:.1} ms in {:.0?}{ticks})",
+            per_cent(self.cpu),
+            per_cent(self.cpu) * 10.0,
             self.cpu.as_secs_f64() * 1000.0,
             self.window
         )
     }
 }
 
-/// Measures utime+stime of `pid` (all its threads, exited ones included) over
-/// `window`.
+/// Measures the CPU time of `pid`'s threads over `window`.
 fn idle_cpu(pid: u32, window: Duration) -> IdleCpu {
-    let before = cpu_time(pid);
+    let (before, ticks_before) = (threads_cpu_time(pid), cpu_time(pid));
     let started = Instant::now();
     std::thread::sleep(window);
-    let after = cpu_time(pid);
+    let (after, ticks_after) = (threads_cpu_time(pid), cpu_time(pid));
+    let used = |tid: &String| {
+        let at = |times: &std::collections::BTreeMap<String, Duration>| {
+            times.get(tid).copied().unwrap_or_default()
+        };
+        at(&after).saturating_sub(at(&before))
+    };
     IdleCpu {
-        cpu: after.saturating_sub(before),
+        cpu: after.keys().map(used).sum(),
+        ticks: Some(ticks_after.saturating_sub(ticks_before)),
+        main_thread: used(&pid.to_string()),
         window: started.elapsed(),
     }
+}
+
+/// Each live thread's time on a CPU, from `/proc/<pid>/task/*/schedstat`
+/// (its first field, in nanoseconds).
+fn threads_cpu_time(pid: u32) -> std::collections::BTreeMap<String, Duration> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Default::default();
+    };
+    tasks
+        .flatten()
+        .filter_map(|task| {
+            let text = std::fs::read_to_string(task.path().join("schedstat")).ok()?;
+            let nanos: u64 = text.split_whitespace().next()?.parse().ok()?;
+            Some((
+                task.file_name().to_string_lossy().into_owned(),
+                Duration::from_nanos(nanos),
+            ))
+        })
+        .collect()
 }
 
 /// utime+stime from `/proc/<pid>/stat` (fields 14 and 15, in clock ticks).

@@ -7,7 +7,8 @@
 //! - recovery latency: errors cleared until the report is empty again;
 //! - detection latency while another GPU's RAS file hangs.
 //!
-//! Defaults: 250 ms interval, two samples to change state. Run with
+//! Defaults: a sample every 500 ms, one 100 ms after a sample that disagrees
+//! with a GPU's state, two samples to change state. Run with
 //! `cargo bench --bench health`.
 
 #[path = "support/figures.rs"]
