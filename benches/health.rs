@@ -46,10 +46,11 @@ async fn until(
     started.elapsed()
 }
 
-/// A pseudo-random delay in [0, 250) ms so that injections land at every phase
-/// of the sampling interval.
+/// A pseudo-random delay within the default sampling interval, so that
+/// injections land at every phase of it.
 fn jitter(round: usize) -> Duration {
-    Duration::from_millis(((round as u64).wrapping_mul(2_654_435_761) >> 7) % 250)
+    let interval = HealthConfig::DEFAULT_INTERVAL.as_millis() as u64;
+    Duration::from_millis(((round as u64).wrapping_mul(2_654_435_761) >> 7) % interval)
 }
 
 async fn rounds(
