@@ -1066,6 +1066,16 @@ async fn the_blacklist_follows_the_device_config_and_an_in_box_driver_needs_a_re
             && replace_needed(h, &["driver.blacklist: true", "reboot"])
     })
     .await;
+    // A person's file at the path, without a blacklist line: it stays, and
+    // the condition says why the blacklist asked for cannot take effect.
+    let theirs = "options amdgpu ppfeaturemask=0xffffffff\n";
+    h.host.write(BLACKLIST_FILE, theirs).unwrap();
+    h.apply_device_config("gpus", driver(true)).await;
+    h.eventually("the foreign file named as the obstacle", |h| {
+        replace_needed(h, &["not written by an operator", "blacklist amdgpu"])
+    })
+    .await;
+    assert_eq!(h.host.read_string(BLACKLIST_FILE).unwrap(), theirs);
     assert!(
         bundles::modprobe_runs(&h.tools()).is_empty(),
         "nothing is loaded over the in-box module"

@@ -44,15 +44,26 @@ pub fn blacklist_action(wanted: Option<bool>, current: Option<&str>) -> Blacklis
     }
 }
 
-/// Brings the host's file in line with `wanted`. Returns whether the
-/// in-box amdgpu is blacklisted afterwards (a blacklist line in the file,
-/// whoever wrote it).
-pub fn apply(host: &HostRoot, wanted: Option<bool>) -> Result<bool, HostError> {
+/// Whether the in-box amdgpu is blacklisted for the next boot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Blacklisted {
+    /// The file has a `blacklist amdgpu` line, whoever wrote it.
+    Yes,
+    No,
+    /// A blacklist is wanted, but a file someone else wrote is at the path
+    /// without a `blacklist amdgpu` line: it is theirs, so it stays, and
+    /// the in-box amdgpu is not blacklisted.
+    BlockedByForeignFile,
+}
+
+/// Brings the host's file in line with `wanted`, and says whether the
+/// in-box amdgpu is blacklisted afterwards.
+pub fn apply(host: &HostRoot, wanted: Option<bool>) -> Result<Blacklisted, HostError> {
     let current = match host.read_string(BLACKLIST_FILE) {
         Ok(text) => Some(text),
         Err(e) if e.is_not_found() => None,
         // Unset asks for nothing: an unreadable /etc blocks no load.
-        Err(_) if wanted.is_none() => return Ok(false),
+        Err(_) if wanted.is_none() => return Ok(Blacklisted::No),
         Err(e) => return Err(e),
     };
     let blacklisted = |text: &str| {
@@ -63,14 +74,25 @@ pub fn apply(host: &HostRoot, wanted: Option<bool>) -> Result<bool, HostError> {
         BlacklistAction::Write => {
             host.write(BLACKLIST_FILE, BLACKLIST_TEXT)?;
             tracing::info!(file = BLACKLIST_FILE, "blacklisted the in-box amdgpu");
-            Ok(true)
+            Ok(Blacklisted::Yes)
         }
         BlacklistAction::Remove => {
             host.remove_all(BLACKLIST_FILE)?;
             tracing::info!(file = BLACKLIST_FILE, "removed the amdgpu blacklist");
-            Ok(false)
+            Ok(Blacklisted::No)
         }
-        BlacklistAction::Leave => Ok(current.as_deref().is_some_and(blacklisted)),
+        BlacklistAction::Leave => Ok(match current.as_deref() {
+            Some(text) if blacklisted(text) => Blacklisted::Yes,
+            Some(_) if wanted == Some(true) => {
+                tracing::warn!(
+                    file = BLACKLIST_FILE,
+                    "driver.blacklist is set, but the file there was not written by an operator \
+                     and has no `blacklist amdgpu` line: left as it is"
+                );
+                Blacklisted::BlockedByForeignFile
+            }
+            _ => Blacklisted::No,
+        }),
     }
 }
 
@@ -106,15 +128,23 @@ mod tests {
     fn apply_writes_removes_and_says_whether_amdgpu_is_blacklisted() {
         let dir = tempfile::tempdir().unwrap();
         let host = HostRoot::new(dir.path());
-        assert!(!apply(&host, None).unwrap());
-        assert!(apply(&host, Some(true)).unwrap());
+        use Blacklisted::*;
+        assert_eq!(apply(&host, None).unwrap(), No);
+        assert_eq!(apply(&host, Some(true)).unwrap(), Yes);
         assert_eq!(host.read_string(BLACKLIST_FILE).unwrap(), BLACKLIST_TEXT);
-        assert!(apply(&host, None).unwrap(), "unset leaves it, blacklisted");
-        assert!(!apply(&host, Some(false)).unwrap());
+        assert_eq!(apply(&host, None).unwrap(), Yes, "unset leaves it");
+        assert_eq!(apply(&host, Some(false)).unwrap(), No);
         assert!(host.read_string(BLACKLIST_FILE).unwrap_err().is_not_found());
         // A person's own blacklist is kept, and counts.
         host.write(BLACKLIST_FILE, "blacklist  amdgpu\n").unwrap();
-        assert!(apply(&host, Some(false)).unwrap());
+        assert_eq!(apply(&host, Some(false)).unwrap(), Yes);
         assert!(host.read_string(BLACKLIST_FILE).is_ok());
+        // A person's file without the line is kept too, and blocks the
+        // blacklist that is asked for; unasked, it is just not one.
+        let theirs = "options amdgpu ppfeaturemask=0xffffffff\n";
+        host.write(BLACKLIST_FILE, theirs).unwrap();
+        assert_eq!(apply(&host, Some(true)).unwrap(), BlockedByForeignFile);
+        assert_eq!(host.read_string(BLACKLIST_FILE).unwrap(), theirs);
+        assert_eq!(apply(&host, None).unwrap(), No);
     }
 }

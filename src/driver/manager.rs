@@ -25,7 +25,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use super::blacklist;
+use super::blacklist::{self, Blacklisted};
 use super::bundle::{Expected, Refusal, Verified};
 use super::holders;
 use super::load::{self, LoadCommands, LoadDecision};
@@ -295,17 +295,29 @@ async fn act(
         LoadDecision::ReplaceNeeded {
             loaded: ModuleOrigin::InTree,
             version,
-            ..
-        } if blacklisted => LoadDecision::ReplaceNeeded {
-            loaded: ModuleOrigin::InTree,
-            version,
-            why: format!(
-                "the in-box amdgpu is loaded and is blacklisted for the next boot \
-                 ({}): reboot the node to load the bundle's (the agent does not \
-                 reboot yet)",
-                blacklist::BLACKLIST_FILE
-            ),
-        },
+            why,
+        } => {
+            let why = match blacklisted {
+                Blacklisted::Yes => format!(
+                    "the in-box amdgpu is loaded and is blacklisted for the next boot \
+                     ({}): reboot the node to load the bundle's (the agent does not \
+                     reboot yet)",
+                    blacklist::BLACKLIST_FILE
+                ),
+                Blacklisted::BlockedByForeignFile => format!(
+                    "the in-box amdgpu is loaded, and driver.blacklist cannot take effect: \
+                     {} was not written by an operator and has no `blacklist amdgpu` line, \
+                     so it is left as it is; add the line or remove the file, then reboot",
+                    blacklist::BLACKLIST_FILE
+                ),
+                Blacklisted::No => why,
+            };
+            LoadDecision::ReplaceNeeded {
+                loaded: ModuleOrigin::InTree,
+                version,
+                why,
+            }
+        }
         decision => decision,
     };
     let (bundle, replacing) = match decision {
