@@ -546,8 +546,6 @@ pub enum HostAnswer {
     Names(Vec<String>),
 }
 
-/// Reads host files with a deadline. Paths are host paths (`/sys/...`), mapped
-/// under [`HostRead::host`]'s root. Every method returns in bounded time.
 /// Answers requests one after the other through `host`'s single-read
 /// methods: [`HostRead::read_many`] unless an implementation batches.
 pub fn read_each<H: HostRead + ?Sized>(
@@ -564,6 +562,8 @@ pub fn read_each<H: HostRead + ?Sized>(
         .collect()
 }
 
+/// Reads host files with a deadline. Paths are host paths (`/sys/...`), mapped
+/// under [`HostRead::host`]'s root. Every method returns in bounded time.
 pub trait HostRead {
     /// The root paths are resolved under (for error messages and mapping).
     fn host(&self) -> &HostRoot;

@@ -5,8 +5,9 @@
 //! [`BoundedReader`] (its own small thread pool; a hung file parks at most one
 //! of its threads, and further reads of that file are refused at once), and
 //! waited for on the calling thread ([`BoundedReader::batch_blocking`]: the
-//! thread keeps the deadlines itself, so no runtime is needed) with a per-file timeout and, for a whole scan, a
-//! deadline after which every read fails at once. So a scan of any host
+//! thread keeps the deadlines itself, so no runtime is needed) with a
+//! per-file timeout and, for a whole scan, a deadline after which every read
+//! fails at once. So a scan of any host
 //! returns within about its deadline, whatever hangs.
 //!
 //! [`run_bounded`] runs a scan on a thread of its own, so that it can be called

@@ -124,7 +124,7 @@ impl Fingerprint {
                 })
                 .collect();
             let mut answers = if paths == hinted {
-                std::mem::replace(&mut hinted_answers, Vec::new().into_iter())
+                std::mem::take(&mut hinted_answers)
             } else {
                 let requests: Vec<(HostOp, &str)> =
                     paths.iter().map(|p| (HostOp::Read, p.as_str())).collect();
@@ -226,11 +226,10 @@ mod tests {
 
     impl<'a> Probe<'a> {
         fn new(host: &'a dyn HostRead, batched: bool) -> Self {
-            let batches = std::cell::Cell::new(0);
             Self {
                 host,
                 batched,
-                batches,
+                batches: std::cell::Cell::new(0),
             }
         }
     }

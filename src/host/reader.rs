@@ -350,14 +350,13 @@ impl Future for BatchAnswered {
                 }
                 continue;
             }
-            match &mut this.timer {
-                Some(timer) if timer.deadline() == at => {}
-                Some(timer) => timer.as_mut().reset(at),
-                None => this.timer = Some(Box::pin(tokio::time::sleep_until(at))),
+            let timer = this
+                .timer
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at)));
+            if timer.deadline() != at {
+                timer.as_mut().reset(at);
             }
-            if let Some(timer) = &mut this.timer
-                && timer.as_mut().poll(cx).is_pending()
-            {
+            if timer.as_mut().poll(cx).is_pending() {
                 return Poll::Pending;
             }
         }
@@ -610,11 +609,7 @@ impl BoundedReader {
     }
 
     async fn one(&self, path: &str, op: Op, timeout: Duration) -> Result<Answer, ReadError> {
-        let answers = self.batch(vec![(op, path.to_owned())], timeout).await;
-        answers
-            .into_iter()
-            .next()
-            .unwrap_or_else(|| Err(ReadError::Closed { path: path.into() }))
+        only_answer(self.batch(vec![(op, path.to_owned())], timeout).await, path)
     }
 
     /// Reads many paths at once, each with `timeout`, queued as one request:
@@ -646,10 +641,10 @@ impl BoundedReader {
 
     /// One read of [`BoundedReader::batch_blocking`].
     pub fn one_blocking(&self, op: Op, path: &str, timeout: Duration) -> Result<Answer, ReadError> {
-        self.batch_blocking(vec![(op, path.to_owned())], timeout)
-            .into_iter()
-            .next()
-            .unwrap_or_else(|| Err(ReadError::Closed { path: path.into() }))
+        only_answer(
+            self.batch_blocking(vec![(op, path.to_owned())], timeout),
+            path,
+        )
     }
 
     fn queue(&self, requests: Requests, timeout: Duration) -> BatchAnswered {
@@ -711,6 +706,14 @@ impl BoundedReader {
             timer: None,
         }
     }
+}
+
+/// The answer to a request of one read.
+fn only_answer(answers: Vec<Result<Answer, ReadError>>, path: &str) -> Result<Answer, ReadError> {
+    answers
+        .into_iter()
+        .next()
+        .unwrap_or_else(|| Err(ReadError::Closed { path: path.into() }))
 }
 
 /// What [`wake`] did.
