@@ -1,8 +1,9 @@
-//! The one writer of this agent's own Node.
+//! The one writer of Nodes: the agent's own Node, and the Nodes the leader
+//! upgrades.
 //!
-//! Every concern that puts something on the Node (the labeller, the health
-//! monitor, the test runner, the agent status; later the driver and partition
-//! work, with cordon and taints) says what it wants there as a whole
+//! Every concern that puts something on a Node (the labeller, the health
+//! monitor, the test runner, the agent status, the driver; the leader's
+//! driver upgrades) says what it wants there as a whole
 //! [`NodeIntent`], and the writer applies it with server-side apply under that
 //! concern's own field manager ([`Concern::field_manager`]). The API server then
 //! records which keys each concern owns: a key a concern stops applying is
@@ -24,19 +25,26 @@
 //!   [`NodeIntent::retired_labels`] and the annotation in
 //!   [`NodeIntent::retired_annotations`], and the writer treats them as owned.
 //!
+//! Cordon and taint are the exception to server-side apply: `spec.taints` is
+//! an atomic list, so an apply of one taint would claim every taint on the
+//! Node, and drop a taint another writer adds between our read and our write.
+//! [`NodeWriter::set_cordon`] sends a JSON Patch instead, guarded by the
+//! resourceVersion it decided on, and decides again when the Node changed
+//! meanwhile ([`cordon_patch`]).
+//!
 //! Every write is retried on transient errors with one policy ([`retry_policy`]);
 //! a write that still fails returns its error to the concern, which says so in
 //! its readiness and tries again after [`RETRY_AFTER_FAILURE`] or on its next
 //! change. Every failed request counts in the agent's API-error metric.
 //!
 //! This module must not decide what a concern wants (the concerns do, in pure
-//! functions), and writes nothing but this agent's Node.
+//! functions), and writes nothing but Nodes.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use backon::{ExponentialBuilder, Retryable};
-use k8s_openapi::api::core::v1::{Node, NodeCondition};
+use k8s_openapi::api::core::v1::{Node, NodeCondition, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
 use kube::api::Patch;
 use kube::{Api, ResourceExt};
@@ -57,6 +65,9 @@ pub enum Concern {
     AgentStatus,
     /// The operator-side driver-type label the reference writes.
     Driver,
+    /// The leader's driver upgrade of a node: its record, state label,
+    /// cordon and taint.
+    Upgrade,
 }
 
 impl Concern {
@@ -67,6 +78,7 @@ impl Concern {
             Self::TestRunner => field_manager::TEST_RUNNER,
             Self::AgentStatus => field_manager::AGENT_STATUS,
             Self::Driver => field_manager::DRIVER,
+            Self::Upgrade => field_manager::UPGRADE,
         }
     }
 
@@ -162,6 +174,73 @@ pub enum NodeWriteError {
         #[source]
         source: kube::Error,
     },
+}
+
+/// What a concern wants of a Node's scheduling: its cordon, and one taint.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CordonIntent {
+    /// `Some(true)` cordons, `Some(false)` uncordons, `None` leaves
+    /// `spec.unschedulable` as it is (a person's cordon stays).
+    pub unschedulable: Option<bool>,
+    /// The taint, told apart from others by its key and effect.
+    pub taint: Taint,
+    /// Whether the Node should carry it.
+    pub tainted: bool,
+}
+
+/// How often [`NodeWriter::set_cordon`] decides again when the Node changed
+/// between its read and its write.
+const CONFLICT_TRIES: usize = 5;
+
+/// The JSON Patch that makes `node` carry `intent`, guarded by the Node's
+/// resourceVersion so that it fails, rather than drop someone's taint,
+/// when the Node changed since it was read; `None` when the Node already
+/// carries it. Pure.
+pub fn cordon_patch(node: &Node, intent: &CordonIntent) -> Option<json_patch::Patch> {
+    let spec = node.spec.as_ref();
+    let taints = spec.and_then(|s| s.taints.clone()).unwrap_or_default();
+    let same = |t: &Taint| t.key == intent.taint.key && t.effect == intent.taint.effect;
+    let mut wanted: Vec<Taint> = taints.iter().filter(|t| !same(t)).cloned().collect();
+    if intent.tainted {
+        wanted.push(intent.taint.clone());
+    }
+    let has_ours = taints.iter().any(|t| same(t) && *t == intent.taint);
+    let taints_change = if intent.tainted {
+        !has_ours || taints.iter().filter(|t| same(t)).count() > 1
+    } else {
+        taints.iter().any(same)
+    };
+    let unschedulable = spec.and_then(|s| s.unschedulable).unwrap_or(false);
+    let cordon_change = intent
+        .unschedulable
+        .is_some_and(|want| want != unschedulable);
+    if !taints_change && !cordon_change {
+        return None;
+    }
+    let mut ops = Vec::new();
+    if let Some(version) = node.metadata.resource_version.as_deref() {
+        ops.push(json!({"op": "test", "path": "/metadata/resourceVersion", "value": version}));
+    }
+    if spec.is_none() {
+        ops.push(json!({"op": "add", "path": "/spec", "value": {}}));
+    }
+    if taints_change {
+        if wanted.is_empty() {
+            ops.push(json!({"op": "remove", "path": "/spec/taints"}));
+        } else {
+            ops.push(json!({"op": "add", "path": "/spec/taints", "value": wanted}));
+        }
+    }
+    match intent.unschedulable {
+        Some(true) if cordon_change => {
+            ops.push(json!({"op": "add", "path": "/spec/unschedulable", "value": true}));
+        }
+        Some(false) if cordon_change => {
+            ops.push(json!({"op": "remove", "path": "/spec/unschedulable"}));
+        }
+        _ => {}
+    }
+    serde_json::from_value(Value::Array(ops)).ok()
 }
 
 /// How long a concern waits before trying a failed write again (unless a
@@ -319,6 +398,43 @@ impl NodeWriter {
                 ..
             }) if status.code == 422 => Ok(None),
             Err(e) => Err(e),
+        }
+    }
+
+    /// Makes the Node's cordon and `intent.taint` what `intent` says, with
+    /// a guarded JSON Patch ([`cordon_patch`]); writes nothing when the Node
+    /// already says it. When the Node changed between the read and the
+    /// write, it reads and decides again, a few times.
+    pub async fn set_cordon(
+        &self,
+        concern: Concern,
+        intent: &CordonIntent,
+    ) -> Result<Written, NodeWriteError> {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let node = self.read().await?;
+            let Some(patch) = cordon_patch(&node, intent) else {
+                return Ok(Written::default());
+            };
+            match self
+                .send(concern, "cordon and taint", Write::Json(patch))
+                .await
+            {
+                Ok(_) => {
+                    tracing::debug!(node = %self.name, manager = concern.field_manager(), ?intent, "wrote the cordon and taint");
+                    return Ok(Written {
+                        applied: true,
+                        removed_leftovers: false,
+                    });
+                }
+                // The guard failed: the Node changed since it was read.
+                Err(NodeWriteError::Write {
+                    source: kube::Error::Api(status),
+                    ..
+                }) if matches!(status.code, 409 | 422) && tries < CONFLICT_TRIES => {}
+                Err(e) => return Err(e),
+            }
         }
     }
 

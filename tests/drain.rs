@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use gpu_operator::api::{DrainSpec, PodDeletionSpec};
 use gpu_operator::cluster::drain::{Blocker, DrainPolicy, drain};
+use gpu_operator::cluster::lease::LeaderGuard;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::Api;
@@ -54,6 +55,22 @@ fn names(cluster: &TestCluster) -> BTreeSet<String> {
         .collect()
 }
 
+/// Drains `node` as the leader would, through a client without retries.
+async fn drain_on(
+    cluster: &TestCluster,
+    node: &str,
+    policy: &DrainPolicy,
+) -> Result<gpu_operator::cluster::drain::DrainReport, gpu_operator::cluster::drain::DrainError> {
+    drain(
+        &cluster.client_without_retries(),
+        node,
+        policy,
+        &LeaderGuard::always(),
+        |_| {},
+    )
+    .await
+}
+
 async fn cluster_with_namespaces() -> TestCluster {
     let cluster = TestCluster::start().await;
     for ns in ["ml", "infra"] {
@@ -82,7 +99,7 @@ async fn evicts_the_gpu_pods_of_its_node_only_and_leaves_the_rest() {
         ignore_namespaces: vec!["infra".into()],
         ..DrainSpec::default()
     });
-    let report = drain(&cluster.client_without_retries(), "gpu-1", &policy)
+    let report = drain_on(&cluster, "gpu-1", &policy)
         .await
         .expect("the pods can be listed");
     assert!(report.succeeded(), "{:?}", report.blocked);
@@ -131,7 +148,7 @@ async fn a_budget_that_refuses_the_eviction_fails_the_drain_by_name_after_the_ti
         timeout_seconds: 3,
         ..DrainSpec::default()
     });
-    let report = drain(&cluster.client_without_retries(), "gpu-1", &policy)
+    let report = drain_on(&cluster, "gpu-1", &policy)
         .await
         .expect("the pods can be listed");
     assert!(!report.succeeded());
@@ -156,7 +173,7 @@ async fn a_pod_without_a_controller_fails_an_unforced_drain_and_a_deletion_polic
     let unforced = DrainPolicy::of_drain(&DrainSpec::default());
     let report = tokio::time::timeout(
         Duration::from_secs(10),
-        drain(&cluster.client_without_retries(), "gpu-1", &unforced),
+        drain_on(&cluster, "gpu-1", &unforced),
     )
     .await
     .expect("an orphan fails the drain at once, not at its timeout")
@@ -169,7 +186,7 @@ async fn a_pod_without_a_controller_fails_an_unforced_drain_and_a_deletion_polic
         force: true,
         ..PodDeletionSpec::default()
     });
-    let report = drain(&cluster.client_without_retries(), "gpu-1", &deletion)
+    let report = drain_on(&cluster, "gpu-1", &deletion)
         .await
         .expect("listed");
     assert!(report.succeeded(), "{:?}", report.blocked);
@@ -225,7 +242,9 @@ async fn a_pod_holding_a_gpu_claim_is_drained_and_one_holding_another_drivers_cl
         .expect("pod status");
     }
     let policy = DrainPolicy::of_drain(&DrainSpec::default());
-    let report = drain(&client, "gpu-1", &policy).await.expect("listed");
+    let report = drain(&client, "gpu-1", &policy, &LeaderGuard::always(), |_| {})
+        .await
+        .expect("listed");
     assert!(report.succeeded(), "{:?}", report.blocked);
     assert_eq!(names(&cluster), BTreeSet::from(["uses-nic".to_owned()]));
 }

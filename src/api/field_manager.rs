@@ -37,6 +37,11 @@ pub const HEALTH: &str = "gpu-operator-health";
 /// (server-side apply). Later also the driver lifecycle's own labels.
 pub const DRIVER: &str = "gpu-operator-driver";
 
+/// The cluster role's driver upgrades, on every Node it upgrades: the
+/// upgrade record and state label (server-side apply), the cordon and the
+/// upgrade taint (guarded patches: `spec.taints` is an atomic list).
+pub const UPGRADE: &str = "gpu-operator-upgrade";
+
 /// The cluster role: the Lease, DeviceConfig status and finalizer, and the
 /// metrics Service and ServiceMonitor it owns (server-side apply).
 pub const LEADER: &str = "gpu-operator-leader";
@@ -69,7 +74,16 @@ mod tests {
 
     #[test]
     fn every_write_names_its_manager() {
-        for manager in [AGENT, AGENT_STATUS, LABELLER, TEST_RUNNER, HEALTH, LEADER] {
+        for manager in [
+            AGENT,
+            AGENT_STATUS,
+            LABELLER,
+            TEST_RUNNER,
+            HEALTH,
+            DRIVER,
+            UPGRADE,
+            LEADER,
+        ] {
             assert_eq!(patch(manager).field_manager.as_deref(), Some(manager));
             assert_eq!(post(manager).field_manager.as_deref(), Some(manager));
             let applied = apply(manager);

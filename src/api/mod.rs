@@ -11,13 +11,15 @@
 //! the cluster (referenced Secrets and ConfigMaps exist) belong to the reconciler.
 //!
 //! It also holds what both the node agent and the leader must agree on: the
-//! status annotation ([`agent_status`]) and the field-manager names
+//! status annotation ([`agent_status`]), the record of a node's driver
+//! upgrade ([`driver_upgrade`]) and the field-manager names
 //! ([`field_manager`]). It is the bottom of the module order and must not
 //! import any other module of this crate.
 
 pub mod agent_status;
 pub mod cli;
 pub mod crd;
+pub mod driver_upgrade;
 pub mod enums;
 pub mod field_manager;
 pub mod semantics;

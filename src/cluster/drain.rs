@@ -25,6 +25,7 @@ use kube::api::{DeleteParams, EvictParams, ListParams};
 use kube::{Api, Client};
 use serde::Serialize;
 
+use super::lease::LeaderGuard;
 use crate::api::{DrainSpec, DriverUpgradePolicySpec, PodDeletionSpec};
 
 /// The DRA driver name whose claims mark a pod as a GPU pod.
@@ -365,12 +366,16 @@ pub enum DrainError {
         #[source]
         source: kube::Error,
     },
+    #[error("not the leader any more; the drain of node {node} stopped")]
+    NotLeader { node: String },
 }
 
 /// Drains `node` per `policy`: looks at its pods, removes what
 /// [`next_step`] says, and looks again every [`RECHECK_AFTER`] until it is
 /// done or has failed. An error is returned only when the pods cannot be
-/// listed; refusals are the report's.
+/// listed, or when leadership is lost (`guard`: a removal is a leader
+/// write, never sent past the lease); refusals are the report's. While it
+/// waits, `on_wait` is told what keeps the pods that are still there.
 ///
 /// `client` must not retry on its own (`kube::Config::default_retry` off):
 /// a budget refuses an eviction with 429, which kube's default retry would
@@ -380,6 +385,8 @@ pub async fn drain(
     client: &Client,
     node: &str,
     policy: &DrainPolicy,
+    guard: &LeaderGuard,
+    mut on_wait: impl FnMut(&[Blocked]),
 ) -> Result<DrainReport, DrainError> {
     let started = tokio::time::Instant::now();
     let mut report = DrainReport {
@@ -399,15 +406,24 @@ pub async fn drain(
             }
             Next::Remove(keys) => {
                 for (namespace, name) in keys {
+                    let not_leader = || DrainError::NotLeader {
+                        node: node.to_owned(),
+                    };
+                    let deadline = guard.deadline().ok_or_else(not_leader)?;
                     report.removals += 1;
-                    if let Err(blocker) = remove(client, &namespace, &name, policy).await {
+                    let removal = remove(client, &namespace, &name, policy);
+                    let removed = tokio::time::timeout_at(deadline, removal)
+                        .await
+                        .map_err(|_| not_leader())?;
+                    if let Err(blocker) = removed {
                         tracing::info!(node, pod = %format!("{namespace}/{name}"), %blocker, "GPU pod not removed yet");
                         refused.insert((namespace, name), (blocker, started.elapsed()));
                     }
                 }
                 continue;
             }
-            Next::Wait(_) => {
+            Next::Wait(blocked) => {
+                on_wait(&blocked);
                 let pause = match policy.timeout {
                     Some(t) => RECHECK_AFTER.min(t.saturating_sub(started.elapsed())),
                     None => RECHECK_AFTER,

@@ -12,8 +12,10 @@
 //! 2. `Upgrade-Started`: picked. Cordoned and tainted (whether a person had
 //!    cordoned it before is recorded first), then drained.
 //! 3. `Upgrade-In-Progress`: drained; the agent has its target and unloads
-//!    and loads (or reboots: `Reboot-In-Progress`, done when the boot id
-//!    changes).
+//!    and loads. Or `Reboot-In-Progress`, when the policy asks for a reboot
+//!    or the in-box amdgpu runs (it goes only at a boot): the agent reboots,
+//!    and once the boot id changes the node is `Upgrade-In-Progress` again
+//!    while the agent loads the target.
 //! 4. `Upgrade-Complete`: the agent reports the target version; uncordoned
 //!    and untainted, unless a person had cordoned it.
 //!
@@ -37,14 +39,10 @@ use std::time::Duration;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde::Serialize;
 
+use super::drain::DrainPolicy;
 use crate::api::{DriverUpgradePolicySpec, UpgradeState};
 
-/// The Node label that mirrors each node's state, and the value a person sets
-/// to have a failed node tried again.
-pub const STATE_LABEL: &str = "operator.amd.com/gpu-driver-upgrade-state";
-pub const RETRY_VALUE: &str = "upgrade-required";
-/// The taint a node carries while it is upgraded.
-pub const TAINT_KEY: &str = "amd-gpu-driver-upgrade";
+pub use crate::api::driver_upgrade::{RETRY_VALUE, STATE_LABEL, TAINT_KEY};
 
 /// Step limits. The reboot wait and the whole-upgrade limit are the
 /// reference's (60 minutes, 2 hours).
@@ -127,7 +125,9 @@ impl MaxUnavailable {
 }
 
 impl Policy {
-    pub fn of_spec(spec: Option<&DriverUpgradePolicySpec>, drain: Option<Duration>) -> Self {
+    /// The policy `spec` asks for (the API's defaults when unset), with the
+    /// step limits of `timeouts` but the drain's own from the drain policy.
+    pub fn of_spec(spec: Option<&DriverUpgradePolicySpec>, timeouts: Timeouts) -> Self {
         let default = DriverUpgradePolicySpec::default();
         let spec = spec.unwrap_or(&default);
         Self {
@@ -137,8 +137,8 @@ impl Policy {
                 .unwrap_or(MaxUnavailable::Percent(25)),
             reboot_required: spec.reboot_required,
             timeouts: Timeouts {
-                drain,
-                ..Timeouts::default()
+                drain: DrainPolicy::of_upgrade(spec).timeout,
+                ..timeouts
             },
         }
     }
@@ -157,8 +157,12 @@ pub enum DrainOutcome {
 pub struct NodeFacts {
     pub name: String,
     pub ready: bool,
-    /// `spec.unschedulable`.
-    pub cordoned: bool,
+    /// `spec.unschedulable`, whoever set it.
+    pub unschedulable: bool,
+    /// The cordon is this upgrade's own (see
+    /// [`crate::api::driver_upgrade::UpgradeRecord::holds_cordon`]): it
+    /// does not stop the node from being picked again after a retry.
+    pub holds_cordon: bool,
     /// Recorded when the node was picked: a person had cordoned it already.
     /// `None` before the node was picked.
     pub cordoned_before: Option<bool>,
@@ -170,8 +174,15 @@ pub struct NodeFacts {
     pub in_upgrade: Duration,
     /// A person labelled the node [`RETRY_VALUE`].
     pub retry_requested: bool,
-    /// The driver version the agent reports loaded by us (`None`: none, or
-    /// only the in-box driver).
+    /// The node's agent has reported its driver: without that, nothing is
+    /// known of it and nothing is done to it.
+    pub reported: bool,
+    /// Some amdgpu is loaded, in-box or not.
+    pub loaded: bool,
+    /// The in-box amdgpu is loaded: replacing it takes a reboot.
+    pub inbox: bool,
+    /// The out-of-tree driver version the agent reports loaded (`None`:
+    /// none, or only the in-box driver).
     pub version: Option<String>,
     /// The boot id the agent reports now.
     pub boot_id: Option<String>,
@@ -222,29 +233,29 @@ fn wake(plan: &mut Plan, after: Duration) {
 }
 
 fn in_progress(state: &Option<UpgradeState>) -> bool {
-    matches!(
-        state,
-        Some(
-            UpgradeState::Started
-                | UpgradeState::InProgress
-                | UpgradeState::RebootInProgress
-                | UpgradeState::InstallInProgress
-        )
-    )
+    state.as_ref().is_some_and(UpgradeState::is_in_progress)
 }
 
 fn failed(state: &Option<UpgradeState>) -> bool {
-    matches!(
-        state,
-        Some(
-            UpgradeState::Failed
-                | UpgradeState::TimedOut
-                | UpgradeState::CordonFailed
-                | UpgradeState::UncordonFailed
-                | UpgradeState::DrainFailed
-                | UpgradeState::RebootFailed
-        )
-    )
+    state.as_ref().is_some_and(UpgradeState::is_failed)
+}
+
+impl NodeFacts {
+    /// Cordoned by someone other than this upgrade: a person, or another tool.
+    fn cordoned_by_someone_else(&self) -> bool {
+        self.unschedulable && !self.holds_cordon
+    }
+
+    /// Counts against `maxUnavailableNodes` while in `state`.
+    fn unavailable_in(&self, state: &Option<UpgradeState>) -> bool {
+        self.unschedulable || !self.ready || failed(state) || in_progress(state)
+    }
+}
+
+/// Whether the node reboots into the target: the policy asks for it, or
+/// the in-box amdgpu runs there, which goes only at a boot (blacklisted).
+fn wants_reboot(policy: &Policy, node: &NodeFacts) -> bool {
+    policy.reboot_required || node.inbox
 }
 
 /// One pass over every selected node, for `target`.
@@ -253,10 +264,19 @@ pub fn plan(target: &str, policy: &Policy, nodes: &[NodeFacts]) -> Plan {
     // Nodes already moving, then the ones to pick; by name for a stable order.
     let mut order: Vec<&NodeFacts> = nodes.iter().collect();
     order.sort_by(|a, b| a.name.cmp(&b.name));
+    // A failed node a person asked to retry starts again from the beginning.
+    let retried = |n: &NodeFacts| failed(&n.state) && n.retry_requested;
+    let start_state = |n: &NodeFacts| {
+        if retried(n) {
+            Some(UpgradeState::NotStarted)
+        } else {
+            n.state.clone()
+        }
+    };
     let mut busy = nodes.iter().filter(|n| in_progress(&n.state)).count();
     let mut unavailable = nodes
         .iter()
-        .filter(|n| n.cordoned || !n.ready || failed(&n.state) || in_progress(&n.state))
+        .filter(|n| n.unavailable_in(&start_state(n)))
         .count();
     let unavailable_cap = policy.max_unavailable.of(nodes.len());
     let mut next_states: Vec<Option<UpgradeState>> = Vec::with_capacity(order.len());
@@ -268,18 +288,14 @@ pub fn plan(target: &str, policy: &Policy, nodes: &[NodeFacts]) -> Plan {
             reason: None,
         };
         let at_target = node.version.as_deref() == Some(target);
-        let mut state = node.state.clone();
-        if failed(&state) && node.retry_requested {
-            state = Some(UpgradeState::NotStarted);
+        let mut state = start_state(node);
+        if retried(node) {
             decision.reason = Some("retry asked for by the upgrade-required label".into());
-            if node.ready && !node.cordoned {
-                // It counted as unavailable for being failed; no more.
-                unavailable = unavailable.saturating_sub(1);
-            }
         }
         match state.clone() {
-            // First install: no policy, no drain (nothing can use the GPUs).
-            None if node.version.is_none() => {
+            // First install: no policy, no drain (with no amdgpu loaded,
+            // nothing can use the GPUs).
+            None if node.reported && !node.loaded => {
                 decision.actions.push(Action::Tell {
                     target: target.into(),
                     reboot: false,
@@ -309,7 +325,7 @@ pub fn plan(target: &str, policy: &Policy, nodes: &[NodeFacts]) -> Plan {
                 }
             }
             None | Some(UpgradeState::Complete | UpgradeState::InstallComplete)
-                if !at_target && policy.enabled =>
+                if !at_target && policy.enabled && node.reported =>
             {
                 state = Some(UpgradeState::NotStarted);
             }
@@ -318,20 +334,23 @@ pub fn plan(target: &str, policy: &Policy, nodes: &[NodeFacts]) -> Plan {
             }
             Some(UpgradeState::NotStarted) if policy.enabled => {
                 let parallel_ok = policy.max_parallel == 0 || busy < policy.max_parallel;
-                // Only a Ready node nobody cordoned is picked, so picking it
-                // always makes one more node unavailable.
-                let pickable = node.ready && !node.cordoned;
-                if pickable && parallel_ok && unavailable < unavailable_cap {
+                // Only a Ready node nobody else cordoned is picked. One this
+                // upgrade holds cordoned (a retry) is unavailable already.
+                let pickable = node.ready && !node.cordoned_by_someone_else();
+                let counted = node.unavailable_in(&state);
+                if pickable && parallel_ok && (counted || unavailable < unavailable_cap) {
                     busy += 1;
-                    unavailable += 1;
+                    if !counted {
+                        unavailable += 1;
+                    }
                     state = Some(UpgradeState::Started);
                     decision.actions.push(Action::Cordon {
-                        was_cordoned: node.cordoned,
+                        was_cordoned: node.cordoned_before.unwrap_or(false),
                     });
                 }
             }
             Some(UpgradeState::Started) => {
-                let started = node.cordoned && node.tainted;
+                let started = node.unschedulable && node.tainted;
                 match &node.drain {
                     _ if !started && node.in_state >= policy.timeouts.cordon => {
                         state = Some(UpgradeState::CordonFailed);
@@ -342,7 +361,9 @@ pub fn plan(target: &str, policy: &Policy, nodes: &[NodeFacts]) -> Plan {
                     }
                     _ if !started => {
                         decision.actions.push(Action::Cordon {
-                            was_cordoned: node.cordoned_before.unwrap_or(node.cordoned),
+                            was_cordoned: node
+                                .cordoned_before
+                                .unwrap_or(node.cordoned_by_someone_else()),
                         });
                         wake(
                             &mut plan,
@@ -354,10 +375,15 @@ pub fn plan(target: &str, policy: &Policy, nodes: &[NodeFacts]) -> Plan {
                         decision.reason = Some(why.clone());
                     }
                     Some(DrainOutcome::Done) => {
-                        state = Some(UpgradeState::InProgress);
+                        let reboot = wants_reboot(policy, node);
+                        state = Some(if reboot {
+                            UpgradeState::RebootInProgress
+                        } else {
+                            UpgradeState::InProgress
+                        });
                         decision.actions.push(Action::Tell {
                             target: target.into(),
-                            reboot: policy.reboot_required,
+                            reboot,
                         });
                     }
                     None | Some(DrainOutcome::Running) => {
@@ -370,13 +396,16 @@ pub fn plan(target: &str, policy: &Policy, nodes: &[NodeFacts]) -> Plan {
             }
             Some(UpgradeState::InProgress | UpgradeState::RebootInProgress) => {
                 let rebooting = state == Some(UpgradeState::RebootInProgress);
-                let rebooted = node.boot_id.is_some() && node.boot_id != node.boot_id_before;
+                // The agent was told to reboot, and has: its boot id moved on.
+                let asked_reboot = node.boot_id_before.is_some();
+                let rebooted =
+                    asked_reboot && node.boot_id.is_some() && node.boot_id != node.boot_id_before;
                 let limit = if rebooting {
                     policy.timeouts.reboot
                 } else {
                     policy.timeouts.load
                 };
-                if at_target && (!policy.reboot_required || rebooted) {
+                if at_target && (!asked_reboot || rebooted) {
                     decision.actions.push(Action::Release {
                         keep_cordon: node.cordoned_before.unwrap_or(false),
                     });
@@ -385,6 +414,11 @@ pub fn plan(target: &str, policy: &Policy, nodes: &[NodeFacts]) -> Plan {
                     state = Some(UpgradeState::TimedOut);
                     decision.reason =
                         Some(format!("not done within {:?}", policy.timeouts.upgrade));
+                } else if rebooting && rebooted {
+                    // Back from the reboot: the agent loads the target now,
+                    // with the load's own time limit.
+                    state = Some(UpgradeState::InProgress);
+                    wake(&mut plan, policy.timeouts.load);
                 } else if node.in_state >= limit {
                     state = Some(if rebooting {
                         UpgradeState::RebootFailed
@@ -398,15 +432,14 @@ pub fn plan(target: &str, policy: &Policy, nodes: &[NodeFacts]) -> Plan {
                     });
                 } else {
                     // A target changed mid-upgrade is told again; the node is
-                    // drained already and is not drained twice.
+                    // drained already and is not drained twice, nor rebooted
+                    // twice.
                     if node.told.as_deref() != Some(target) {
                         decision.actions.push(Action::Tell {
                             target: target.into(),
-                            reboot: policy.reboot_required,
+                            reboot: wants_reboot(policy, node) && !rebooted,
                         });
-                    }
-                    if policy.reboot_required && !rebooting && node.told.as_deref() == Some(target)
-                    {
+                    } else if asked_reboot && !rebooting && !rebooted {
                         state = Some(UpgradeState::RebootInProgress);
                     }
                     wake(&mut plan, limit.saturating_sub(node.in_state));
@@ -440,6 +473,8 @@ mod tests {
             ready: true,
             state,
             version: Some(version.into()),
+            reported: true,
+            loaded: true,
             boot_id: Some("boot-1".into()),
             ..NodeFacts::default()
         }
@@ -481,11 +516,13 @@ mod tests {
         assert_eq!(MaxUnavailable::Percent(1).of(3), 1);
         assert_eq!(MaxUnavailable::Count(0).of(10), 1);
         // No upgradePolicy: the API's defaults, upgrades by hand.
-        let unset = Policy::of_spec(None, None);
+        let unset = Policy::of_spec(None, Timeouts::default());
         assert!(!unset.enabled);
         assert_eq!(unset.max_parallel, 1);
         assert_eq!(unset.max_unavailable, MaxUnavailable::Percent(25));
         assert!(unset.reboot_required);
+        // The drain's limit is the drain policy's (300 s by default).
+        assert_eq!(unset.timeouts.drain, Some(Duration::from_secs(300)));
     }
 
     #[test]
@@ -524,7 +561,7 @@ mod tests {
         // A cordoned node (a person's) and a failed one count as unavailable:
         // with 3 allowed, only one more may start.
         let mut busy = waiting.clone();
-        busy[0].cordoned = true;
+        busy[0].unschedulable = true;
         busy[1].state = Some(UpgradeState::DrainFailed);
         let third = plan(TARGET, &policy(0, MaxUnavailable::Count(3)), &busy);
         assert_eq!(states(&third), [("n3".into(), Some(UpgradeState::Started))]);
@@ -538,7 +575,7 @@ mod tests {
             node("c", Some(UpgradeState::NotStarted), "6.3.0"),
         ];
         nodes[0].ready = false;
-        nodes[1].cordoned = true;
+        nodes[1].unschedulable = true;
         let plan = plan(TARGET, &policy(0, MaxUnavailable::Percent(100)), &nodes);
         assert_eq!(states(&plan), [("c".into(), Some(UpgradeState::Started))]);
     }
@@ -554,7 +591,7 @@ mod tests {
             step.decisions[0].actions,
             [Action::Cordon { was_cordoned: true }]
         );
-        n.cordoned = true;
+        n.unschedulable = true;
         n.tainted = true;
         let step = plan(TARGET, &p, std::slice::from_ref(&n));
         assert_eq!(step.decisions[0].actions, [Action::Drain]);
@@ -603,6 +640,19 @@ mod tests {
         n.boot_id = Some("boot-2".into());
         let step = plan(TARGET, &p, std::slice::from_ref(&n));
         assert_eq!(step.decisions[0].state, Some(UpgradeState::Complete));
+        // Back from the reboot without the target loaded yet: loading, with
+        // the load's time limit.
+        let mut back = n.clone();
+        back.version = None;
+        let step = plan(TARGET, &p, std::slice::from_ref(&back));
+        assert_eq!(step.decisions[0].state, Some(UpgradeState::InProgress));
+        back.state = Some(UpgradeState::InProgress);
+        assert!(
+            plan(TARGET, &p, std::slice::from_ref(&back))
+                .decisions
+                .is_empty(),
+            "not rebooted twice"
+        );
         // One that never comes back.
         let mut lost = node("b", Some(UpgradeState::RebootInProgress), "6.3.0");
         lost.told = Some(TARGET.into());
@@ -619,6 +669,37 @@ mod tests {
     }
 
     #[test]
+    fn the_in_box_driver_is_replaced_through_a_reboot_whatever_the_policy() {
+        let mut p = policy(1, MaxUnavailable::Count(1));
+        p.reboot_required = false;
+        let mut n = node("a", Some(UpgradeState::Started), "unused");
+        n.version = None;
+        n.inbox = true;
+        n.unschedulable = true;
+        n.tainted = true;
+        n.drain = Some(DrainOutcome::Done);
+        let step = plan(TARGET, &p, std::slice::from_ref(&n));
+        assert_eq!(
+            step.decisions[0].actions,
+            [Action::Tell {
+                target: TARGET.into(),
+                reboot: true
+            }]
+        );
+        assert_eq!(
+            step.decisions[0].state,
+            Some(UpgradeState::RebootInProgress)
+        );
+        // Not a first install either: the in-box driver may be in use.
+        let mut inbox = node("b", None, "unused");
+        inbox.version = None;
+        inbox.inbox = true;
+        p.enabled = true;
+        let step = plan(TARGET, &p, std::slice::from_ref(&inbox));
+        assert_eq!(step.decisions[0].state, Some(UpgradeState::NotStarted));
+    }
+
+    #[test]
     fn a_failed_node_stays_failed_until_a_person_asks_for_a_retry() {
         let p = policy(0, MaxUnavailable::Percent(100));
         let mut n = node("a", Some(UpgradeState::DrainFailed), "6.3.0");
@@ -631,6 +712,46 @@ mod tests {
         let step = plan(TARGET, &p, std::slice::from_ref(&n));
         // Reset and picked in the same pass.
         assert_eq!(step.decisions[0].state, Some(UpgradeState::Started));
+    }
+
+    #[test]
+    fn a_retried_node_the_upgrade_holds_cordoned_is_picked_again_without_a_second_count() {
+        // Two nodes allowed unavailable: one failed node still cordoned by
+        // the upgrade, retried, and one waiting. Both may go.
+        let p = policy(0, MaxUnavailable::Count(2));
+        let mut failed = node("a", Some(UpgradeState::DrainFailed), "6.3.0");
+        failed.unschedulable = true;
+        failed.tainted = true;
+        failed.holds_cordon = true;
+        failed.cordoned_before = Some(false);
+        failed.retry_requested = true;
+        let waiting = node("b", Some(UpgradeState::NotStarted), "6.3.0");
+        let step = plan(TARGET, &p, &[failed.clone(), waiting.clone()]);
+        assert_eq!(
+            states(&step),
+            [
+                ("a".into(), Some(UpgradeState::Started)),
+                ("b".into(), Some(UpgradeState::Started)),
+            ]
+        );
+        assert_eq!(
+            step.decisions[0].actions,
+            [Action::Cordon {
+                was_cordoned: false
+            }],
+            "the cordon stays the upgrade's own"
+        );
+        // A person's cordon on the same failed node keeps it out.
+        let mut persons = failed;
+        persons.holds_cordon = false;
+        let step = plan(TARGET, &p, &[persons, waiting]);
+        assert_eq!(
+            states(&step),
+            [
+                ("a".into(), Some(UpgradeState::NotStarted)),
+                ("b".into(), Some(UpgradeState::Started)),
+            ]
+        );
     }
 
     #[test]
@@ -656,8 +777,17 @@ mod tests {
         let fresh = NodeFacts {
             name: "new".into(),
             ready: true,
+            reported: true,
             ..NodeFacts::default()
         };
+        // A node whose agent has not reported yet is left alone: it may run
+        // a driver that pods use.
+        let unknown = NodeFacts {
+            name: "unknown".into(),
+            ready: true,
+            ..NodeFacts::default()
+        };
+        assert!(plan(TARGET, &p, &[unknown]).decisions.is_empty());
         let current = node("done", Some(UpgradeState::Complete), TARGET);
         let old = node("old", Some(UpgradeState::Complete), "6.3.0");
         let step = plan(TARGET, &p, &[fresh, current, old]);
@@ -702,7 +832,8 @@ mod tests {
                 match action {
                     Action::Cordon { was_cordoned } => {
                         n.cordoned_before.get_or_insert(*was_cordoned);
-                        n.cordoned = true;
+                        n.holds_cordon = !*was_cordoned;
+                        n.unschedulable = true;
                         n.tainted = true;
                     }
                     Action::Drain => n.drain = Some(DrainOutcome::Done),
@@ -711,7 +842,8 @@ mod tests {
                         n.version = Some(target.clone());
                     }
                     Action::Release { keep_cordon } => {
-                        n.cordoned = *keep_cordon;
+                        n.unschedulable = *keep_cordon;
+                        n.holds_cordon = false;
                         n.tainted = false;
                         n.drain = None;
                     }
@@ -733,7 +865,7 @@ mod tests {
             let busy = nodes.iter().filter(|n| in_progress(&n.state)).count();
             let unavailable = nodes
                 .iter()
-                .filter(|n| n.cordoned || in_progress(&n.state))
+                .filter(|n| n.unschedulable || in_progress(&n.state))
                 .count();
             assert!(busy <= 2, "{busy} in progress");
             assert!(unavailable <= 2, "{unavailable} unavailable");
@@ -746,7 +878,7 @@ mod tests {
         for n in &nodes {
             assert_eq!(n.state, Some(UpgradeState::Complete), "{}", n.name);
             assert_eq!(n.version.as_deref(), Some(TARGET));
-            assert!(!n.cordoned && !n.tainted, "{} released", n.name);
+            assert!(!n.unschedulable && !n.tainted, "{} released", n.name);
         }
     }
 }

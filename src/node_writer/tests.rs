@@ -416,3 +416,92 @@ fn a_condition_that_says_the_same_is_kept_and_a_new_message_keeps_the_transition
     let fresh = condition_to_apply(&node(&[], vec![]), timed("False", "c", 300));
     assert_eq!(fresh.last_transition_time, Some(at(300)));
 }
+
+fn upgrade_taint() -> Taint {
+    Taint {
+        key: "amd-gpu-driver-upgrade".into(),
+        value: Some("true".into()),
+        effect: "NoSchedule".into(),
+        time_added: None,
+    }
+}
+
+fn scheduled(unschedulable: Option<bool>, taints: Option<Vec<Taint>>) -> Node {
+    let mut node: Node = serde_json::from_value(json!({
+        "metadata": {"name": "n1", "resourceVersion": "42"},
+        "spec": {}
+    }))
+    .unwrap();
+    let spec = node.spec.get_or_insert_with(Default::default);
+    spec.unschedulable = unschedulable;
+    spec.taints = taints;
+    node
+}
+
+fn ops(patch: json_patch::Patch) -> Value {
+    serde_json::to_value(patch).unwrap()
+}
+
+#[test]
+fn cordon_and_taint_keep_everyone_elses_taints_and_are_guarded_by_the_version() {
+    let other = Taint {
+        key: "dedicated".into(),
+        value: Some("ml".into()),
+        effect: "NoSchedule".into(),
+        time_added: None,
+    };
+    let node = scheduled(None, Some(vec![other.clone()]));
+    let on = CordonIntent {
+        unschedulable: Some(true),
+        taint: upgrade_taint(),
+        tainted: true,
+    };
+    let patch = ops(cordon_patch(&node, &on).expect("a change"));
+    assert_eq!(
+        patch,
+        json!([
+            {"op": "test", "path": "/metadata/resourceVersion", "value": "42"},
+            {"op": "add", "path": "/spec/taints", "value": [
+                {"key": "dedicated", "value": "ml", "effect": "NoSchedule"},
+                {"key": "amd-gpu-driver-upgrade", "value": "true", "effect": "NoSchedule"}]},
+            {"op": "add", "path": "/spec/unschedulable", "value": true},
+        ])
+    );
+    // Already so: nothing to write.
+    let done = scheduled(Some(true), Some(vec![other.clone(), upgrade_taint()]));
+    assert_eq!(cordon_patch(&done, &on), None);
+    // Released, keeping a person's cordon: only the taint goes.
+    let release_keeping = CordonIntent {
+        unschedulable: None,
+        tainted: false,
+        ..on.clone()
+    };
+    assert_eq!(
+        ops(cordon_patch(&done, &release_keeping).unwrap()),
+        json!([
+            {"op": "test", "path": "/metadata/resourceVersion", "value": "42"},
+            {"op": "add", "path": "/spec/taints", "value": [
+                {"key": "dedicated", "value": "ml", "effect": "NoSchedule"}]},
+        ])
+    );
+    // Released fully, when ours was the only taint: the list goes.
+    let alone = scheduled(Some(true), Some(vec![upgrade_taint()]));
+    let release = CordonIntent {
+        unschedulable: Some(false),
+        tainted: false,
+        ..on.clone()
+    };
+    assert_eq!(
+        ops(cordon_patch(&alone, &release).unwrap()),
+        json!([
+            {"op": "test", "path": "/metadata/resourceVersion", "value": "42"},
+            {"op": "remove", "path": "/spec/taints"},
+            {"op": "remove", "path": "/spec/unschedulable"},
+        ])
+    );
+    // A Node without a spec gets one first.
+    let mut bare = scheduled(None, None);
+    bare.spec = None;
+    let patch = ops(cordon_patch(&bare, &on).unwrap());
+    assert_eq!(patch[1], json!({"op": "add", "path": "/spec", "value": {}}));
+}
