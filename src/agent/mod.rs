@@ -38,6 +38,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::api::DeviceConfig;
 use crate::api::agent_status::STATUS_ANNOTATION;
+use crate::api::driver_upgrade::UpgradeRecord;
 use crate::device::watch::{DeviceWatch, WatchConfig};
 use crate::events::{EventSink, EventType, NodeEvent};
 use crate::host::HostRoot;
@@ -209,9 +210,11 @@ pub async fn run(
                 state.driver_labels_written(labels);
             }
             let wanted = match &selection {
-                Selection::One(selected) => {
-                    crate::driver::manager::DriverWanted::from_spec(selected.spec.driver())
-                }
+                Selection::One(selected) => crate::driver::manager::DriverWanted::for_node(
+                    selected.spec.driver(),
+                    &selected.key,
+                    UpgradeRecord::of_annotations(node.annotations()).as_ref(),
+                ),
                 _ => None,
             };
             driver_wanted.send_if_modified(|current| {

@@ -99,6 +99,8 @@ pub fn driver_load_event(
             EventType::Normal
         }
         DriverLoadState::Loaded | DriverLoadState::Loading => return None,
+        // A reboot asked for is news to whoever looks at the node.
+        DriverLoadState::Rebooting => EventType::Normal,
         DriverLoadState::Refused | DriverLoadState::ReplaceNeeded | DriverLoadState::Failed => {
             EventType::Warning
         }

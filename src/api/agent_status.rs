@@ -358,6 +358,9 @@ pub enum DriverLoadState {
     ReplaceNeeded,
     /// Loading was tried and did not take.
     Failed,
+    /// The node was asked to reboot into the driver (its driver upgrade
+    /// asks for a reboot); done when the boot id changes.
+    Rebooting,
 }
 
 /// The outcome of the agent's last look at the driver, with a reason a

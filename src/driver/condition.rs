@@ -14,6 +14,7 @@
 use k8s_openapi::api::core::v1::NodeCondition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
+use super::manager::UPGRADE_PENDING;
 use crate::api::DriverSpec;
 use crate::api::agent_status::{DriverLoad, DriverLoadState, DriverReport};
 use crate::node_writer::condition_at;
@@ -47,6 +48,12 @@ pub fn driver_condition(
     if let Some(load) = load.filter(|l| spec.enable && l.state != DriverLoadState::Loaded) {
         let message = format!("{} (kernel {kernel})", load.message);
         return condition_at(CONDITION_TYPE, "False", &load.reason, message, now);
+    }
+    // A driver that works while the rolling upgrade has not reached the
+    // node is ready: the new version is on its way, not missing.
+    if let Some(load) = load.filter(|l| spec.enable && l.reason == UPGRADE_PENDING) {
+        let message = format!("{} (kernel {kernel})", load.message);
+        return condition_at(CONDITION_TYPE, "True", UPGRADE_PENDING, message, now);
     }
     let (status, reason, message) = match (report.loaded, wanted) {
         (false, None) => (

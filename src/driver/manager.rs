@@ -11,11 +11,20 @@
 //! so that a bundle that configuration management drops into the store is
 //! picked up, and a failing `modprobe` is retried at that pace and no
 //! faster. It writes or removes the amdgpu blacklist as
-//! `spec.driver.blacklist` says ([`blacklist`]), and never reboots (not
-//! built yet): a node whose in-box amdgpu must go is told what is needed
-//! instead. An out-of-tree amdgpu of another version is replaced:
-//! unloaded, once nothing holds it ([`holders`]; a holder is named and the
-//! replacement waits), then the bundle loaded.
+//! `spec.driver.blacklist` says ([`blacklist`]). An out-of-tree amdgpu of
+//! another version is replaced: unloaded, once nothing holds it
+//! ([`holders`]; a holder is named and the replacement waits), then the
+//! bundle loaded.
+//!
+//! Which version, and when to replace one that runs, depends on whether the
+//! DeviceConfig rolls upgrades (`driver.upgradePolicy.enable`,
+//! [`DriverWanted::for_node`]): without, the agent loads `driver.version`
+//! and replaces another as soon as nothing holds it; with, the leader picks
+//! the node, drains it and writes the target in the node's upgrade record,
+//! and until then the agent installs a driver only where none is loaded and
+//! leaves a running one alone (`UpgradePending`). When the record asks for
+//! a reboot from the boot id the node runs, the agent reboots it
+//! ([`reboot`]), once per boot; the in-box amdgpu is replaced that way.
 //!
 //! This module must not write the Node or call the API: the agent does,
 //! from what [`spawn`] publishes.
@@ -30,7 +39,11 @@ use super::bundle::{Expected, Refusal, Verified};
 use super::holders;
 use super::load::{self, LoadCommands, LoadDecision};
 use super::preflight::{self, DEFAULT_STORE};
-use crate::api::agent_status::{DriverLoad, DriverLoadState, DriverReport, ModuleOrigin};
+use super::reboot::{self, RebootCommand};
+use crate::api::agent_status::{
+    ConfigKey, DriverLoad, DriverLoadState, DriverReport, ModuleOrigin,
+};
+use crate::api::driver_upgrade::UpgradeRecord;
 use crate::api::{DriverSpec, DriverType, KernelModuleConfigSpec};
 use crate::host::HostRoot;
 use crate::host::reader::BoundedReader;
@@ -39,22 +52,57 @@ use crate::host::reader::BoundedReader;
 #[derive(Clone, Debug, PartialEq)]
 pub struct DriverWanted {
     pub driver_type: DriverType,
+    /// The version to load: the upgrade record's target, else
     /// `spec.driver.version`; `None` takes whichever bundle the store has.
     pub version: Option<String>,
     /// `spec.driver.blacklist` ([`blacklist`]).
     pub blacklist: Option<bool>,
     pub module: KernelModuleConfigSpec,
+    /// A running amdgpu of another version may be replaced now. False while
+    /// a rolling upgrade governs replacements and the leader has not told
+    /// this node its target.
+    pub replace: bool,
+    /// Reboot while the node's boot id is this one (the leader's request).
+    pub reboot_from: Option<String>,
 }
 
 impl DriverWanted {
-    /// What `spec` asks for: `None` when `spec.driver.enable` is false.
+    /// What `spec` asks for, managed by hand: `None` when
+    /// `spec.driver.enable` is false.
     pub fn from_spec(spec: &DriverSpec) -> Option<Self> {
         spec.enable.then(|| Self {
             driver_type: spec.driver_type.clone(),
             version: spec.version.clone(),
             blacklist: spec.blacklist,
             module: spec.kernel_module_config.clone(),
+            replace: true,
+            reboot_from: None,
         })
+    }
+
+    /// What the DeviceConfig `key`, whose driver section is `spec`, asks of
+    /// a node whose upgrade record is `record`. Pure.
+    ///
+    /// - The record names a target for this DeviceConfig: load it, replacing
+    ///   what runs, and reboot as it asks.
+    /// - Else, with `upgradePolicy.enable`: `spec.driver.version` where no
+    ///   amdgpu runs (a first install needs no drain), but a running one is
+    ///   not replaced: the leader's upgrade does that, node by node.
+    /// - Else (upgrades by hand): `spec.driver.version`, replacing another
+    ///   as soon as nothing holds it.
+    pub fn for_node(
+        spec: &DriverSpec,
+        key: &ConfigKey,
+        record: Option<&UpgradeRecord>,
+    ) -> Option<Self> {
+        let mut wanted = Self::from_spec(spec)?;
+        if let Some(record) = record.filter(|r| r.target_for(key).is_some()) {
+            wanted.version = record.target.clone();
+            wanted.reboot_from = record.reboot_from.clone();
+        } else if spec.upgrade_policy.as_ref().and_then(|p| p.enable) == Some(true) {
+            wanted.replace = false;
+        }
+        Some(wanted)
     }
 }
 
@@ -64,6 +112,9 @@ pub struct ManagerConfig {
     /// The bundle store, a host path: one directory per bundle.
     pub store: String,
     pub commands: LoadCommands,
+    /// How the node is rebooted when its upgrade asks; `None`: it is not
+    /// (a reboot request then fails, `RebootFailed`).
+    pub reboot: Option<RebootCommand>,
     /// How often a refused or failed load is looked at again.
     pub recheck: Duration,
 }
@@ -73,6 +124,7 @@ impl Default for ManagerConfig {
         Self {
             store: DEFAULT_STORE.to_owned(),
             commands: LoadCommands::default(),
+            reboot: None,
             recheck: Duration::from_secs(60),
         }
     }
@@ -82,6 +134,12 @@ impl Default for ManagerConfig {
 /// loaded the driver, and when it found it running.
 pub const LOADED_HERE: &str = "DriverLoaded";
 pub const RUNNING: &str = "DriverRunning";
+/// The reason of a [`DriverLoadState::Loaded`] outcome while another
+/// version waits for the leader's rolling upgrade to reach this node.
+pub const UPGRADE_PENDING: &str = "UpgradePending";
+/// The reasons of a reboot asked for, and of one that could not be asked.
+pub const REBOOT_REQUESTED: &str = "RebootRequested";
+pub const REBOOT_FAILED: &str = "RebootFailed";
 
 /// The outcome for a decision that needs no command. Pure.
 pub fn outcome_of(decision: &LoadDecision) -> Option<DriverLoad> {
@@ -191,6 +249,8 @@ pub fn spawn(
         // The version this manager's own load brought, until the report
         // shows it.
         let mut loaded_here: Option<String> = None;
+        // The boot id this manager asked to reboot from: once per boot.
+        let mut rebooted_from: Option<String> = None;
         let (mut asked_changed, mut recheck_due) = (true, false);
         loop {
             let asked = wanted.borrow_and_update().clone();
@@ -212,7 +272,17 @@ pub fn spawn(
             if look_again {
                 let outcome = match (&asked, &seen) {
                     (Some(asked), Some(seen)) => {
-                        let outcome = act(&host, &reader, &config, asked, seen, &tx, &cancel).await;
+                        let outcome = act(
+                            &host,
+                            &reader,
+                            &config,
+                            asked,
+                            seen,
+                            &mut rebooted_from,
+                            &tx,
+                            &cancel,
+                        )
+                        .await;
                         let ours = outcome.state == DriverLoadState::Loaded
                             && outcome.reason == LOADED_HERE;
                         loaded_here = outcome.version.clone().filter(|_| ours);
@@ -271,17 +341,99 @@ fn publish(tx: &watch::Sender<Option<DriverLoad>>, outcome: Option<DriverLoad>) 
     });
 }
 
-/// One look: the blacklist, the decision, and the unload and load it asks
-/// for, publishing `Loading` while they run.
+/// Whether the node is to reboot now: the leader asked for a reboot from
+/// the boot id it runs. Pure.
+pub fn reboot_due(wanted: &DriverWanted, report: &DriverReport) -> bool {
+    wanted.reboot_from.is_some() && wanted.reboot_from == report.boot_id
+}
+
+/// Asks the host to reboot, once per boot id (`rebooted_from` remembers).
+async fn reboot_once(
+    config: &ManagerConfig,
+    wanted: &DriverWanted,
+    boot_id: &str,
+    rebooted_from: &mut Option<String>,
+) -> DriverLoad {
+    let target = wanted.version.as_deref().unwrap_or("the bundle's driver");
+    let outcome = |state, reason: &str, message: String| DriverLoad {
+        state,
+        reason: reason.to_owned(),
+        message,
+        bundle: None,
+        version: wanted.version.clone(),
+    };
+    if rebooted_from.as_deref() == Some(boot_id) {
+        return outcome(
+            DriverLoadState::Rebooting,
+            REBOOT_REQUESTED,
+            format!("rebooting into {target} (asked from boot {boot_id})"),
+        );
+    }
+    match reboot::reboot(config.reboot.as_ref()).await {
+        Ok(()) => {
+            *rebooted_from = Some(boot_id.to_owned());
+            outcome(
+                DriverLoadState::Rebooting,
+                REBOOT_REQUESTED,
+                format!("rebooting into {target} (asked from boot {boot_id})"),
+            )
+        }
+        Err(e) => failed(
+            REBOOT_FAILED,
+            format!("the upgrade to {target} asks for a reboot, which failed: {e}"),
+            None,
+        ),
+    }
+}
+
+/// The outcome while a rolling upgrade has not reached this node: what runs
+/// stays. Pure.
+pub fn upgrade_pending(report: &DriverReport, wanted: &DriverWanted) -> DriverLoad {
+    let running = match (&report.version, report.origin.is_inbox()) {
+        (Some(v), _) => format!("amdgpu {v}"),
+        (None, true) => "the in-box amdgpu".to_owned(),
+        (None, false) => "amdgpu".to_owned(),
+    };
+    DriverLoad {
+        state: DriverLoadState::Loaded,
+        reason: UPGRADE_PENDING.to_owned(),
+        message: format!(
+            "{running} runs; {} comes with the rolling upgrade (driver.upgradePolicy),              when the leader has drained this node",
+            wanted.version.as_deref().unwrap_or("another driver")
+        ),
+        bundle: None,
+        version: report.version.clone(),
+    }
+}
+
+/// One look: a reboot the leader asked for, the blacklist, the decision,
+/// and the unload and load it asks for, publishing `Loading` while they
+/// run.
+#[allow(clippy::too_many_arguments)]
 async fn act(
     host: &HostRoot,
     reader: &BoundedReader,
     config: &ManagerConfig,
     wanted: &DriverWanted,
     report: &DriverReport,
+    rebooted_from: &mut Option<String>,
     tx: &watch::Sender<Option<DriverLoad>>,
     cancel: &CancellationToken,
 ) -> DriverLoad {
+    if reboot_due(wanted, report)
+        && let Some(boot_id) = report.boot_id.as_deref()
+    {
+        // The blacklist first: the in-box amdgpu must not come back at boot.
+        let (blacklist_host, blacklist_wanted) = (host.clone(), wanted.blacklist);
+        let written = tokio::task::spawn_blocking(move || {
+            blacklist::apply(&blacklist_host, blacklist_wanted)
+        })
+        .await;
+        if !matches!(written, Ok(Ok(_))) {
+            tracing::warn!(result = ?written, "the amdgpu blacklist could not be brought in line before the reboot");
+        }
+        return reboot_once(config, wanted, boot_id, rebooted_from).await;
+    }
     let (blacklist_host, blacklist_wanted) = (host.clone(), wanted.blacklist);
     let blacklisted =
         tokio::task::spawn_blocking(move || blacklist::apply(&blacklist_host, blacklist_wanted))
@@ -322,6 +474,11 @@ async fn act(
     };
     let (bundle, replacing) = match decision {
         LoadDecision::Load { bundle } => (bundle, false),
+        LoadDecision::Replace { .. }
+        | LoadDecision::ReplaceNeeded {
+            loaded: ModuleOrigin::InTree,
+            ..
+        } if !wanted.replace => return upgrade_pending(report, wanted),
         LoadDecision::Replace { bundle } => (bundle, true),
         other => {
             return outcome_of(&other)

@@ -27,6 +27,7 @@ pub mod holders;
 pub mod load;
 pub mod manager;
 pub mod preflight;
+pub mod reboot;
 pub mod report;
 
 pub use report::{DriverReport, ModuleOrigin, SecureBoot, read_report};
