@@ -1,5 +1,7 @@
 //! Process-wide event counters that code in any module increments and the
-//! metrics exporter reads: reconciles and failed Kubernetes API requests.
+//! metrics exporter reads: reconciles and failed Kubernetes API requests;
+//! and, while this process leads, the driver upgrade's nodes per state and
+//! the time its steps took.
 //!
 //! Counting is a relaxed atomic increment, so any code may count from anywhere
 //! without depending on the exporter:
@@ -13,10 +15,24 @@
 //! and must not import any other module of this crate; rendering them is the
 //! exporter's job (`metrics::agent`).
 
+use std::collections::BTreeMap;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 static RECONCILES: AtomicU64 = AtomicU64::new(0);
 static API_ERRORS: AtomicU64 = AtomicU64::new(0);
+/// Nodes per upgrade state, per DeviceConfig (`namespace/name`).
+static UPGRADE_NODES: Mutex<BTreeMap<String, BTreeMap<String, usize>>> =
+    Mutex::new(BTreeMap::new());
+/// Per upgrade step: how many ended, and their seconds in all.
+static UPGRADE_STEPS: Mutex<BTreeMap<String, StepTotals>> = Mutex::new(BTreeMap::new());
+
+/// How many upgrade steps of one kind ended, and how long they took in all.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StepTotals {
+    pub count: u64,
+    pub seconds: f64,
+}
 
 /// Counts one reconcile (of the node agent or the cluster role).
 pub fn record_reconcile() {
@@ -36,4 +52,54 @@ pub fn reconciles() -> u64 {
 /// Failed Kubernetes API requests counted since the process started.
 pub fn api_errors() -> u64 {
     API_ERRORS.load(Ordering::Relaxed)
+}
+
+/// Sets how many nodes of DeviceConfig `config` are in each upgrade state
+/// (an empty map forgets the DeviceConfig).
+pub fn set_upgrade_nodes(config: &str, counts: BTreeMap<String, usize>) {
+    if let Ok(mut all) = UPGRADE_NODES.lock() {
+        if counts.is_empty() {
+            all.remove(config);
+        } else {
+            all.insert(config.to_owned(), counts);
+        }
+    }
+}
+
+/// Forgets every count of [`set_upgrade_nodes`]: this process stopped
+/// leading, and the next leader counts.
+pub fn clear_upgrade_nodes() {
+    if let Ok(mut all) = UPGRADE_NODES.lock() {
+        all.clear();
+    }
+}
+
+/// Nodes per upgrade state, over every DeviceConfig.
+pub fn upgrade_nodes() -> BTreeMap<String, usize> {
+    let mut sum = BTreeMap::new();
+    if let Ok(all) = UPGRADE_NODES.lock() {
+        for counts in all.values() {
+            for (state, n) in counts {
+                *sum.entry(state.clone()).or_default() += n;
+            }
+        }
+    }
+    sum
+}
+
+/// Counts one upgrade step of `step` (the state it left) that took `seconds`.
+pub fn record_upgrade_step(step: &str, seconds: f64) {
+    if let Ok(mut steps) = UPGRADE_STEPS.lock() {
+        let totals = steps.entry(step.to_owned()).or_default();
+        totals.count += 1;
+        totals.seconds += seconds.max(0.0);
+    }
+}
+
+/// The totals of [`record_upgrade_step`], per step.
+pub fn upgrade_steps() -> BTreeMap<String, StepTotals> {
+    UPGRADE_STEPS
+        .lock()
+        .map(|steps| steps.clone())
+        .unwrap_or_default()
 }

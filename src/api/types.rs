@@ -142,6 +142,24 @@ impl LocalObjectRef {
         description = "Matched nodes where pods can get GPUs (the kubelet accepted the device plugin)"
     ),
     printcolumn(
+        name = "Upgraded",
+        type_ = "integer",
+        json_path = ".status.driverUpgrade.complete",
+        description = "Selected nodes that run the driver version asked for (rolling upgrades)"
+    ),
+    printcolumn(
+        name = "Upgrading",
+        type_ = "integer",
+        json_path = ".status.driverUpgrade.inProgress",
+        description = "Nodes whose driver is being upgraded now"
+    ),
+    printcolumn(
+        name = "Upgrade-Failed",
+        type_ = "integer",
+        json_path = ".status.driverUpgrade.failed",
+        description = "Nodes whose driver upgrade failed and waits for a person"
+    ),
+    printcolumn(
         name = "Age",
         type_ = "date",
         json_path = ".metadata.creationTimestamp"
@@ -1172,6 +1190,24 @@ pub struct ModuleStatus {
     pub boot_id: String,
 }
 
+/// How many selected nodes are where in the rolling driver upgrade.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", default)]
+pub struct UpgradeSummary {
+    /// The driver version the nodes are upgraded to.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub target: String,
+    /// Nodes that run the target (Upgrade-Complete, Install-Complete).
+    pub complete: i32,
+    /// Nodes being upgraded or installed now.
+    pub in_progress: i32,
+    /// Nodes waiting for their turn (Upgrade-Not-Started).
+    pub not_started: i32,
+    /// Nodes in a failed state: they wait for a person
+    /// (`operator.amd.com/gpu-driver-upgrade-state=upgrade-required`).
+    pub failed: i32,
+}
+
 /// Condition type: the configuration is applied.
 pub const CONDITION_READY: &str = "Ready";
 /// Condition type: the configuration cannot be applied.
@@ -1210,6 +1246,10 @@ pub struct DeviceConfigStatus {
     /// Driver state per node name.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub node_module_status: BTreeMap<String, ModuleStatus>,
+    /// The rolling driver upgrade's progress, counted over the selected
+    /// nodes (`driver.upgradePolicy.enable`); absent when none runs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub driver_upgrade: Option<UpgradeSummary>,
     /// Conditions of types Ready and Error.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,

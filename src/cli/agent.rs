@@ -10,7 +10,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 
-use super::args::{HostRootArg, SamplingArgs, kube_client};
+use super::args::{HostRootArg, SamplingArgs, UpgradeTimeoutArgs, kube_clients};
 use super::output::fail;
 use super::runtime::{run_to_end, shutdown_on_signals};
 
@@ -75,6 +75,27 @@ pub struct AgentArgs {
     /// The modprobe the agent loads amdgpu with.
     #[arg(long, value_name = "PATH", default_value = "/usr/sbin/modprobe")]
     pub modprobe: PathBuf,
+    /// The command that reboots this node when its driver upgrade asks for a
+    /// reboot (driver.upgradePolicy.rebootRequired, or replacing the in-box
+    /// amdgpu), split at spaces, e.g. "nsenter --target 1 --all systemctl
+    /// reboot". Default: this program's own `driver reboot-host`, which
+    /// flushes file systems and runs the host's `systemctl reboot` in the
+    /// host's mount namespace (needs hostPID and CAP_SYS_ADMIN in a pod).
+    #[arg(long, value_name = "COMMAND", value_parser = crate::driver::reboot::RebootCommand::parse)]
+    pub reboot_command: Option<crate::driver::reboot::RebootCommand>,
+    #[command(flatten)]
+    pub upgrade_timeouts: UpgradeTimeoutArgs,
+}
+
+/// The reboot command: the one given, else this program's own.
+pub(super) fn reboot_command(
+    given: Option<crate::driver::reboot::RebootCommand>,
+) -> Option<crate::driver::reboot::RebootCommand> {
+    given.or_else(|| {
+        std::env::current_exe()
+            .ok()
+            .map(|exe| crate::driver::reboot::RebootCommand::built_in(&exe))
+    })
 }
 
 pub fn run(args: AgentArgs) -> ExitCode {
@@ -83,8 +104,8 @@ pub fn run(args: AgentArgs) -> ExitCode {
         Err(message) => return fail(message, 2),
     };
     run_to_end(async move {
-        let client = match kube_client().await {
-            Ok(client) => client,
+        let (client, eviction_client) = match kube_clients().await {
+            Ok(clients) => clients,
             Err(message) => return fail(message, 1),
         };
         let leader = match (&args.lease_namespace, args.no_leader_election) {
@@ -106,6 +127,8 @@ pub fn run(args: AgentArgs) -> ExitCode {
                     cluster: crate::cluster::ClusterConfig {
                         instance: args.node_name.clone(),
                         check_secret_references: args.check_secret_references,
+                        upgrade_timeouts: args.upgrade_timeouts.timeouts(),
+                        eviction_client: Some(eviction_client),
                         ..Default::default()
                     },
                 })
@@ -131,6 +154,7 @@ pub fn run(args: AgentArgs) -> ExitCode {
                     modprobe: args.modprobe,
                     ..Default::default()
                 },
+                reboot: reboot_command(args.reboot_command),
                 ..Default::default()
             },
         };

@@ -114,9 +114,56 @@ pub(super) fn read_optional(path: Option<&PathBuf>) -> Result<Option<String>, St
 /// The Kubernetes client, from the in-cluster service account or KUBECONFIG
 /// (what `agent` and `leader` take instead of a flag).
 pub(super) async fn kube_client() -> Result<kube::Client, String> {
-    kube::Client::try_default()
-        .await
-        .map_err(|e| format!("cannot reach Kubernetes (in-cluster config or KUBECONFIG): {e}"))
+    kube_clients().await.map(|(client, _)| client)
+}
+
+/// [`kube_client`], and a second client from the same configuration without
+/// kube's own retries, for the leader's evictions.
+pub(super) async fn kube_clients() -> Result<(kube::Client, crate::cluster::EvictionClient), String>
+{
+    let unreachable = |e: &dyn std::fmt::Display| {
+        format!("cannot reach Kubernetes (in-cluster config or KUBECONFIG): {e}")
+    };
+    let config = kube::Config::infer().await.map_err(|e| unreachable(&e))?;
+    let eviction =
+        crate::cluster::EvictionClient::from_config(config.clone()).map_err(|e| unreachable(&e))?;
+    let client = kube::Client::try_from(config).map_err(|e| unreachable(&e))?;
+    Ok((client, eviction))
+}
+
+/// The time limits of the leader's driver upgrade steps: the DeviceConfig
+/// has no field for them. Shared by `agent` and `leader`.
+#[derive(Args, Debug)]
+pub struct UpgradeTimeoutArgs {
+    /// Seconds a picked node may take to be cordoned before its upgrade is
+    /// Cordon-Failed.
+    #[arg(long, value_name = "SECONDS", default_value = "60", value_parser = positive_seconds)]
+    pub upgrade_cordon_timeout: Duration,
+    /// Seconds the agent may take to report the target driver loaded after it
+    /// was told (Upgrade-Failed after that).
+    #[arg(long, value_name = "SECONDS", default_value = "600", value_parser = positive_seconds)]
+    pub upgrade_load_timeout: Duration,
+    /// Seconds a node may take to come back with a new boot id after it was
+    /// asked to reboot (Reboot-Failed after that; the reference's 60 minutes).
+    #[arg(long, value_name = "SECONDS", default_value = "3600", value_parser = positive_seconds)]
+    pub upgrade_reboot_timeout: Duration,
+    /// Seconds one node's whole upgrade may take (Upgrade-Timed-Out after
+    /// that; the reference's 2 hours).
+    #[arg(long, value_name = "SECONDS", default_value = "7200", value_parser = positive_seconds)]
+    pub upgrade_timeout: Duration,
+}
+
+impl UpgradeTimeoutArgs {
+    pub(super) fn timeouts(&self) -> crate::cluster::upgrade::Timeouts {
+        crate::cluster::upgrade::Timeouts {
+            cordon: self.upgrade_cordon_timeout,
+            // The drain's limit is the DeviceConfig's drain policy.
+            drain: None,
+            load: self.upgrade_load_timeout,
+            reboot: self.upgrade_reboot_timeout,
+            upgrade: self.upgrade_timeout,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -65,6 +65,15 @@ pub enum DriverCommand {
     /// does not verify (the reason is printed), 2 an argument is bad or the
     /// directory cannot be read or written.
     Manifest(DriverManifestArgs),
+    /// Reboot this host: what the agent runs by default when a node's driver
+    /// upgrade asks for a reboot (agent --reboot-command).
+    ///
+    /// Flushes every file system (sync), enters the mount namespace of the
+    /// host's PID 1 and runs the host's `systemctl reboot` there. In a pod it
+    /// needs hostPID and CAP_SYS_ADMIN; on a host, root. It reboots at once:
+    /// run it by hand only to reboot. Exit status (only when the reboot could
+    /// not be asked for): 1, with the reason.
+    RebootHost,
 }
 
 #[derive(Args, Debug)]
@@ -130,6 +139,7 @@ pub fn run(args: DriverArgs) -> ExitCode {
         DriverCommand::Status(args) => run_status(args),
         DriverCommand::Check(args) => run_check(args),
         DriverCommand::Manifest(args) => run_manifest(args),
+        DriverCommand::RebootHost => fail(crate::driver::reboot::reboot_host(), 1),
     }
 }
 

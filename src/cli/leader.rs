@@ -8,7 +8,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 
-use super::args::kube_client;
+use super::args::{UpgradeTimeoutArgs, kube_clients};
 use super::output::fail;
 use super::runtime::{run_to_end, shutdown_on_signals};
 
@@ -20,17 +20,21 @@ pub struct LeaderArgs {
     /// Identity in the Lease.
     #[arg(long, value_name = "ID", default_value = "standalone-leader")]
     pub identity: String,
+    #[command(flatten)]
+    pub upgrade_timeouts: UpgradeTimeoutArgs,
 }
 
 pub fn run(args: LeaderArgs) -> ExitCode {
     run_to_end(async move {
-        let client = match kube_client().await {
-            Ok(client) => client,
+        let (client, eviction_client) = match kube_clients().await {
+            Ok(clients) => clients,
             Err(message) => return fail(message, 1),
         };
         let shutdown = shutdown_on_signals();
         let config = crate::cluster::ClusterConfig {
             namespace: args.lease_namespace.clone(),
+            upgrade_timeouts: args.upgrade_timeouts.timeouts(),
+            eviction_client: Some(eviction_client),
             ..Default::default()
         };
         match args.lease_namespace {

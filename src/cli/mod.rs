@@ -17,6 +17,7 @@ pub mod output;
 pub mod runtime;
 pub mod simulate;
 pub mod standalone;
+pub mod upgrade;
 
 use std::process::ExitCode;
 
@@ -30,6 +31,7 @@ use self::leader::LeaderArgs;
 use self::logging::LogFormat;
 use self::simulate::SimulateArgs;
 use self::standalone::StandaloneArgs;
+use self::upgrade::UpgradeArgs;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -103,8 +105,12 @@ pub enum Command {
     /// bundle exists and verifies for a kernel (`check`, before a reboot).
     ///
     /// The agent loads drivers from this store itself (spec.driver.enable);
-    /// unloading, blacklisting and rolling upgrades are not built yet.
+    /// the leader rolls upgrades across nodes (spec.driver.upgradePolicy;
+    /// `gpu-operator upgrade status` shows where each node stands).
     Driver(DriverArgs),
+    /// Rolling driver upgrades across the cluster: `status` prints where
+    /// each node stands, and what blocks it.
+    Upgrade(UpgradeArgs),
     /// Run only the cluster role: reconcile DeviceConfigs, without node work.
     ///
     /// Normally every agent campaigns for this role itself. This runs it alone,
@@ -137,6 +143,7 @@ pub fn main() -> ExitCode {
         Command::Standalone(args) => standalone::run(args),
         Command::Check(args) => check::run(args),
         Command::Driver(args) => driver::run(args),
+        Command::Upgrade(args) => upgrade::run(args),
         Command::Crd(args) => crate::api::cli::run_crd(args),
         Command::Validate(args) => crate::api::cli::run_validate(args),
     }

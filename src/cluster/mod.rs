@@ -18,6 +18,7 @@ pub mod reconcile;
 pub mod resources;
 pub mod status;
 pub mod upgrade;
+pub mod upgrader;
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{HashMap, HashSet};
@@ -37,8 +38,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::api::DeviceConfig;
 use crate::api::agent_status::STATUS_ANNOTATION;
+use crate::api::driver_upgrade::RECORD_ANNOTATION;
 use lease::LeaderGuard;
 use reconcile::{Context, Stats, error_policy};
+use upgrader::Upgrades;
 
 /// Tunables of the leader's reconciler.
 #[derive(Clone, Debug)]
@@ -58,6 +61,33 @@ pub struct ClusterConfig {
     /// optional Role in deploy/optional/ (the agents hold no right on Secrets
     /// by default); off, a missing Secret is reported where it is consumed.
     pub check_secret_references: bool,
+    /// The time limits of each driver upgrade step (the drain's comes from
+    /// the DeviceConfig's drain policy).
+    pub upgrade_timeouts: upgrade::Timeouts,
+    /// The client drains evict through: one that does not retry on its own,
+    /// so that a PodDisruptionBudget's refusal reaches the drain at once
+    /// (see [`drain::drain`]). `None` evicts through the main client, whose
+    /// retries hide such refusals for minutes.
+    pub eviction_client: Option<EvictionClient>,
+}
+
+/// A client for evictions, made from the same configuration as the main
+/// client with kube's own retries off.
+#[derive(Clone)]
+pub struct EvictionClient(pub Client);
+
+impl std::fmt::Debug for EvictionClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("EvictionClient")
+    }
+}
+
+impl EvictionClient {
+    /// The client for `config`, without kube's retries.
+    pub fn from_config(mut config: kube::Config) -> Result<Self, kube::Error> {
+        config.default_retry = false;
+        Client::try_from(config).map(Self)
+    }
 }
 
 impl Default for ClusterConfig {
@@ -68,21 +98,26 @@ impl Default for ClusterConfig {
             instance: "gpu-operator".into(),
             namespace: None,
             check_secret_references: false,
+            upgrade_timeouts: upgrade::Timeouts::default(),
+            eviction_client: None,
         }
     }
 }
 
-/// A hash of what in a Node matters to DeviceConfig status: labels, the agent
-/// status annotation, condition statuses (not their heartbeat times) and
-/// `unschedulable`. Nodes whose hash did not change trigger no reconcile.
+/// A hash of what in a Node matters to DeviceConfig status and driver
+/// upgrades: labels, the agent status annotation, the upgrade record,
+/// condition statuses (not their heartbeat times), `unschedulable` and the
+/// taints. Nodes whose hash did not change trigger no reconcile.
 pub fn node_relevance(node: &Node) -> u64 {
     let mut hasher = DefaultHasher::new();
     node.labels().hash(&mut hasher);
     node.annotations().get(STATUS_ANNOTATION).hash(&mut hasher);
-    node.spec
-        .as_ref()
-        .and_then(|s| s.unschedulable)
-        .hash(&mut hasher);
+    node.annotations().get(RECORD_ANNOTATION).hash(&mut hasher);
+    let spec = node.spec.as_ref();
+    spec.and_then(|s| s.unschedulable).hash(&mut hasher);
+    for taint in spec.and_then(|s| s.taints.as_deref()).unwrap_or_default() {
+        (&taint.key, &taint.value, &taint.effect).hash(&mut hasher);
+    }
     if let Some(conditions) = node.status.as_ref().and_then(|s| s.conditions.as_ref()) {
         for c in conditions {
             (&c.type_, &c.status, &c.reason, &c.message).hash(&mut hasher);
@@ -227,6 +262,8 @@ pub async fn run(
         // Leadership lost: stop at once. Writes in flight were checked against the
         // guard before they were sent; nothing new is sent after this.
         term.abort();
+        // The next leader counts the upgrade's nodes.
+        crate::counters::clear_upgrade_nodes();
         tracing::warn!("no longer leading: reconciler stopped");
     }
 }
@@ -286,7 +323,13 @@ pub async fn reconcile_until_cancelled(
     )
     .default_backoff()
     .touched_objects();
+    let eviction_client = config
+        .eviction_client
+        .clone()
+        .map_or_else(|| client.clone(), |c| c.0);
+    let (upgrades, drain_moved) = Upgrades::new(eviction_client, config.upgrade_timeouts);
     let mut context = Context::new(client, nodes, configs.clone(), guard, recorder);
+    context.upgrades = upgrades;
     context.status_interval = config.status_interval;
     context.teardown_timeout = config.teardown_timeout;
     context.stats = stats;
@@ -295,6 +338,8 @@ pub async fn reconcile_until_cancelled(
     let mapper_configs = configs.clone();
     controller
         .owns_stream(service_events)
+        // A drain that ended, or is stuck on something new, moves its upgrade.
+        .reconcile_on(drain_moved)
         .watches_stream(node_events, move |_node: Node| {
             // Any relevant Node change may change which DeviceConfigs select it and
             // what their status says; there are few DeviceConfigs.

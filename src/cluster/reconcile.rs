@@ -1,8 +1,8 @@
 //! The DeviceConfig reconciler, split the Stackable way into steps: validate,
-//! select, own (finalizer, Service, ServiceMonitor), then update status. All
-//! decisions are pure functions in `status` and `resources`; this file does the
-//! I/O, and every write first asks the [`LeaderGuard`] whether the lease is still
-//! held.
+//! select, own (finalizer, Service, ServiceMonitor), roll driver upgrades,
+//! then update status. All decisions are pure functions in `status`,
+//! `resources` and `upgrade`; this file and `upgrader` do the I/O, and every
+//! write first asks the [`LeaderGuard`] whether the lease is still held.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -21,6 +21,8 @@ use tokio::time::Instant;
 use super::lease::LeaderGuard;
 use super::resources::{self, metrics_service, service_monitor};
 use super::status::{NodeView, Problems, desired_status, status_changed};
+use super::upgrade::Timeouts;
+use super::upgrader::{self, Upgrades};
 use crate::api::agent_status::ConfigKey;
 use crate::api::field_manager;
 use crate::api::{DeviceConfig, Operand, validate};
@@ -37,6 +39,12 @@ pub enum Error {
         object: String,
         #[source]
         source: kube::Error,
+    },
+    #[error("driver upgrade of node {node}: {source}")]
+    Node {
+        node: String,
+        #[source]
+        source: Box<crate::node_writer::NodeWriteError>,
     },
 }
 
@@ -69,6 +77,8 @@ pub struct Context {
     /// Look up the Secrets a DeviceConfig names too (see
     /// [`super::ClusterConfig::check_secret_references`]).
     pub check_secret_references: bool,
+    /// This term's driver upgrades: running drains, records written.
+    pub upgrades: Upgrades,
 }
 
 #[derive(Debug, Default)]
@@ -85,6 +95,9 @@ impl Context {
         guard: LeaderGuard,
         recorder: Recorder,
     ) -> Self {
+        // Without a caller's own (see `super::reconcile_until_cancelled`),
+        // drains evict through the main client and wake nobody early.
+        let (upgrades, _) = Upgrades::new(client.clone(), Timeouts::default());
         Self {
             client,
             nodes,
@@ -97,6 +110,7 @@ impl Context {
             stats: Arc::default(),
             owned_services: None,
             check_secret_references: false,
+            upgrades,
         }
     }
 
@@ -168,11 +182,14 @@ pub async fn reconcile(dc: Arc<DeviceConfig>, ctx: Arc<Context>) -> Result<Actio
     crate::counters::record_reconcile();
     ctx.check_leader()?;
     let key = ConfigKey::of(&dc);
-    let selected: Vec<NodeView> = ctx
+    let selected_nodes: Vec<Arc<Node>> = ctx
         .nodes
         .state()
-        .iter()
+        .into_iter()
         .filter(|n| dc.spec.selects(n.labels()))
+        .collect();
+    let selected: Vec<NodeView> = selected_nodes
+        .iter()
         .map(|n| NodeView::from_node(n))
         .collect();
     if dc.metadata.deletion_timestamp.is_some() {
@@ -198,14 +215,22 @@ pub async fn reconcile(dc: Arc<DeviceConfig>, ctx: Arc<Context>) -> Result<Actio
         problems.other.push(e.to_string());
     }
 
-    // 5. Status, written only when it changes and at most once per interval.
+    // 5. Driver upgrades: woken again at the nearest step timeout.
+    let upgrade_wake = if problems.validation.is_empty() {
+        upgrader::reconcile(&dc, &selected_nodes, &ctx).await?
+    } else {
+        None
+    };
+    let settled = || upgrade_wake.map_or_else(Action::await_change, Action::requeue);
+
+    // 6. Status, written only when it changes and at most once per interval.
     let now = Time(k8s_openapi::jiff::Timestamp::now());
     let desired = desired_status(&dc, &selected, &problems, dc.status.as_ref(), &now);
     if !status_changed(dc.status.as_ref(), &desired) {
-        return Ok(Action::await_change());
+        return Ok(settled());
     }
     if let Some(wait) = throttle(&ctx, &key) {
-        return Ok(Action::requeue(wait));
+        return Ok(Action::requeue(upgrade_wake.map_or(wait, |w| w.min(wait))));
     }
     let api: Api<DeviceConfig> =
         Api::namespaced(ctx.client.clone(), &dc.namespace().unwrap_or_default());
@@ -231,7 +256,7 @@ pub async fn reconcile(dc: Arc<DeviceConfig>, ctx: Arc<Context>) -> Result<Actio
     if let Some((type_, reason, note)) = readiness_event(dc.status.as_ref(), &desired) {
         ctx.event(&dc, type_, reason, note).await;
     }
-    Ok(Action::await_change())
+    Ok(settled())
 }
 
 /// The Event a status change deserves: readiness gained or lost, or a
@@ -618,6 +643,8 @@ async fn tear_down(
         return Ok(Action::requeue(recheck.min(Duration::from_secs(30))));
     }
     delete_owned(dc, ctx).await?;
+    // The upgrade's records, cordons and taints go with it.
+    upgrader::release_all(&key, &[], ctx).await?;
     let given_up: Vec<String> = waiting.iter().map(|n| n.name.clone()).collect();
     let remaining: Vec<String> = dc
         .finalizers()

@@ -16,10 +16,11 @@ use kube::ResourceExt;
 
 use crate::api::agent_status::ConfigKey;
 use crate::api::agent_status::{AgentStatus, DriverReport, STATUS_ANNOTATION, ServiceName};
+use crate::api::driver_upgrade::UpgradeRecord;
 use crate::api::{
     CONDITION_ERROR, CONDITION_READY, DeploymentStatus, DeviceConfig, DeviceConfigStatus,
     ModuleStatus, Operand, REASON_ERROR, REASON_NO_MATCHING_NODES, REASON_NODES_NOT_SERVING,
-    REASON_OPERATOR_READY, REASON_VALIDATION_ERROR,
+    REASON_OPERATOR_READY, REASON_VALIDATION_ERROR, UpgradeSummary,
 };
 
 /// How many nodes the Ready message names before it only counts the rest.
@@ -36,6 +37,8 @@ pub struct NodeView {
     pub ready: bool,
     pub kernel_version: String,
     pub boot_id: String,
+    /// The node's driver upgrade record, when it parses.
+    pub upgrade: Option<UpgradeRecord>,
 }
 
 impl NodeView {
@@ -54,6 +57,7 @@ impl NodeView {
                 .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True")),
             kernel_version: info.map(|i| i.kernel_version.clone()).unwrap_or_default(),
             boot_id: info.map(|i| i.boot_id.clone()).unwrap_or_default(),
+            upgrade: UpgradeRecord::of_annotations(node.annotations()),
         }
     }
 
@@ -137,6 +141,7 @@ pub fn desired_status(
                             .unwrap_or_default(),
                         node => node.to_owned(),
                     };
+                let upgrade = n.upgrade.as_ref().filter(|r| r.device_config == key);
                 let module = ModuleStatus {
                     container_image: agent
                         .and_then(|a| a.driver_version.clone())
@@ -144,6 +149,8 @@ pub fn desired_status(
                         .unwrap_or_default(),
                     kernel_version: reported(&n.kernel_version, |d| d.kernel_release.as_ref()),
                     boot_id: reported(&n.boot_id, |d| d.boot_id.as_ref()),
+                    status: upgrade.map(|r| r.state.clone()),
+                    upgrade_start_time: upgrade.and_then(|r| r.started.clone()).unwrap_or_default(),
                     ..ModuleStatus::default()
                 };
                 let last = previous_modules.and_then(|m| m.get(&n.name));
@@ -225,7 +232,9 @@ pub fn desired_status(
         condition(CONDITION_ERROR, error, generation, previous_conditions, now),
     ];
 
+    let driver_upgrade = upgrade_summary(dc, selected);
     DeviceConfigStatus {
+        driver_upgrade,
         device_plugin: deployment(Operand::DevicePlugin, Some(ServiceName::DevicePlugin)),
         driver,
         metrics_exporter: deployment(Operand::MetricsExporter, Some(ServiceName::MetricsExporter)),
@@ -243,6 +252,45 @@ pub fn desired_status(
         conditions,
         observed_generation,
     }
+}
+
+/// The rolling upgrade's counts over `selected`, when `dc` rolls upgrades
+/// (`driver.upgradePolicy.enable` and a `driver.version`). A node without a
+/// record of this DeviceConfig counts as complete when its agent reports
+/// the target loaded, else as not started.
+fn upgrade_summary(dc: &DeviceConfig, selected: &[NodeView]) -> Option<UpgradeSummary> {
+    let driver = dc.spec.driver();
+    let rolling = dc.spec.is_enabled(Operand::Driver)
+        && driver.upgrade_policy.as_ref().and_then(|p| p.enable) == Some(true);
+    let target = driver.version.clone().filter(|_| rolling)?;
+    let key = ConfigKey::of(dc);
+    let mut summary = UpgradeSummary {
+        target: target.clone(),
+        ..UpgradeSummary::default()
+    };
+    for node in selected {
+        let state = node
+            .upgrade
+            .as_ref()
+            .filter(|r| r.device_config == key)
+            .map(|r| r.state.clone());
+        let runs_target = || {
+            node.agent
+                .as_ref()
+                .and_then(|a| a.driver.as_ref())
+                .is_some_and(|d| d.loaded && d.version.as_deref() == Some(target.as_str()))
+        };
+        let slot = match state {
+            Some(s) if s.is_complete() => &mut summary.complete,
+            Some(s) if s.is_in_progress() => &mut summary.in_progress,
+            Some(s) if s.is_failed() => &mut summary.failed,
+            Some(_) => &mut summary.not_started,
+            None if runs_target() => &mut summary.complete,
+            None => &mut summary.not_started,
+        };
+        *slot += 1;
+    }
+    Some(summary)
 }
 
 /// Why a selected node does not serve what the DeviceConfig enables; `None`

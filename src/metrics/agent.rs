@@ -279,6 +279,54 @@ pub fn families(
 
 /// The test runner's results: runs by trigger, recipe and result, the last
 /// run of each trigger and recipe, the GPUs under test now and the queue.
+/// The leader's driver upgrade: nodes per state (over every DeviceConfig it
+/// rolls; none while this process does not lead), and per step how many
+/// ended and the seconds they took. Pure.
+pub fn upgrade_families(
+    nodes: &std::collections::BTreeMap<String, usize>,
+    steps: &std::collections::BTreeMap<String, crate::counters::StepTotals>,
+) -> Vec<Family> {
+    let by = |label: &str, key: &str, value: f64| Series {
+        labels: vec![(label.to_owned(), key.to_owned())],
+        value,
+    };
+    let family = |name: &str, help: &str, kind: Kind, series: Vec<Series>| Family {
+        name: name.to_owned(),
+        help: help.to_owned(),
+        kind,
+        series,
+    };
+    vec![
+        family(
+            "gpu_operator_upgrade_nodes",
+            "Nodes per driver upgrade state, on the leader (the reference's state names)",
+            Kind::Gauge,
+            nodes
+                .iter()
+                .map(|(state, n)| by("state", state, *n as f64))
+                .collect(),
+        ),
+        family(
+            "gpu_operator_upgrade_steps_total",
+            "Driver upgrade steps that ended, by the state they left (Upgrade for whole upgrades)",
+            Kind::Counter,
+            steps
+                .iter()
+                .map(|(step, t)| by("step", step, t.count as f64))
+                .collect(),
+        ),
+        family(
+            "gpu_operator_upgrade_step_seconds_total",
+            "Seconds the ended driver upgrade steps took, by step",
+            Kind::Counter,
+            steps
+                .iter()
+                .map(|(step, t)| by("step", step, t.seconds))
+                .collect(),
+        ),
+    ]
+}
+
 pub fn test_runner_families(stats: &TestRunnerStats) -> Vec<Family> {
     fn labels(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
         let mut labels: Vec<(String, String)> = pairs

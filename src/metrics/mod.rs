@@ -352,6 +352,10 @@ impl server::Exposition for SampleExposition {
             &me,
         ));
         families.extend(agent::endpoint_families(&agent::endpoint_connections()));
+        families.extend(agent::upgrade_families(
+            &crate::counters::upgrade_nodes(),
+            &crate::counters::upgrade_steps(),
+        ));
         if let Some(tests) = &self.tests {
             families.extend(agent::test_runner_families(&tests.borrow()));
         }

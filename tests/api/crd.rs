@@ -79,6 +79,9 @@ fn identity() {
             ("Ready", ".status.conditions[?(@.type==\"Ready\")].status"),
             ("Nodes", ".status.devicePlugin.nodesMatchingSelectorNumber"),
             ("Available", ".status.devicePlugin.availableNumber"),
+            ("Upgraded", ".status.driverUpgrade.complete"),
+            ("Upgrading", ".status.driverUpgrade.inProgress"),
+            ("Upgrade-Failed", ".status.driverUpgrade.failed"),
             ("Age", ".metadata.creationTimestamp"),
         ]
     );

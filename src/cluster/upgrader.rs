@@ -1,0 +1,953 @@
+//! Carries out rolling driver upgrades: [`super::upgrade::plan`] decides,
+//! this file reads the facts it decides on and does what it says.
+//!
+//! Per DeviceConfig with `driver.upgradePolicy.enable` and a
+//! `driver.version`, each reconcile:
+//! 1. reads every selected Node into [`NodeFacts`] ([`facts_of`], pure):
+//!    its upgrade record ([`UpgradeRecord`], on the Node), its cordon and
+//!    taint, what its agent reports of the driver and the boot, and the
+//!    drain this leader runs for it, if any;
+//! 2. plans;
+//! 3. carries out each node's decision, several nodes at once: the record
+//!    and the state label (server-side apply, field manager
+//!    `gpu-operator-upgrade`), the cordon and taint (a guarded patch), the
+//!    drain (a task per node, through [`super::drain`]), and an Event on
+//!    the Node at the start, the end and on a failure;
+//! 4. returns when to look again: the plan's nearest timeout. Everything
+//!    else that moves an upgrade (an agent reporting its driver, a cordon
+//!    taking, a drain ending) is an event that reconciles at once.
+//!
+//! The record is written before the step it announces, and the release
+//! (uncordon, untaint) before the record says `Upgrade-Complete`: a leader
+//! that dies between two writes leaves a record from which its successor
+//! resumes without a second drain, and never a cordon nobody owns. The
+//! records this leader wrote are kept for its term and preferred to its
+//! Node cache, which may lag its own writes: a stale cache must not let it
+//! pick more nodes than the policy allows.
+//!
+//! When upgrades stop applying to a node (the DeviceConfig turns the policy
+//! or the driver off, stops selecting the node, or is deleted) its record
+//! and state label are removed, and a cordon and taint the upgrade holds
+//! are released.
+//!
+//! This module must not decide (the planner does) and writes Nodes only
+//! through [`crate::node_writer`], each write checked against the lease.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, Taint};
+use k8s_openapi::jiff::Timestamp;
+use kube::runtime::events::{Event, EventType};
+use kube::runtime::reflector::ObjectRef;
+use kube::{Api, Client, Resource, ResourceExt};
+use tokio::sync::{mpsc, watch};
+use tokio_util::task::AbortOnDropHandle;
+
+use super::drain::{self, Blocked, DrainPolicy};
+use super::reconcile::{Context, Error};
+use super::upgrade::{self, Action, Decision, DrainOutcome, NodeFacts, Policy, Timeouts};
+use crate::api::agent_status::{AgentStatus, ConfigKey, STATUS_ANNOTATION};
+use crate::api::driver_upgrade::{
+    RECORD_ANNOTATION, RETRY_VALUE, STATE_LABEL, TAINT_KEY, UpgradeRecord,
+};
+use crate::api::{DeviceConfig, Operand, UpgradeState};
+use crate::node_writer::{Concern, CordonIntent, NodeIntent, NodeWriteError, NodeWriter};
+
+/// Nodes whose decisions are carried out at once.
+const CONCURRENT_NODES: usize = 16;
+/// When to look again after a write failed.
+const RETRY_AFTER: Duration = Duration::from_secs(5);
+
+/// The upgrade work of one leadership term: the drains it runs, the records
+/// it wrote, and how a drain that moves wakes the reconciler.
+pub struct Upgrades {
+    /// Evictions go through a client that does not retry (see
+    /// [`drain::drain`]).
+    eviction_client: Client,
+    trigger: mpsc::UnboundedSender<ObjectRef<DeviceConfig>>,
+    drains: Mutex<HashMap<String, RunningDrain>>,
+    /// Node → the record this term last wrote (`None`: removed).
+    written: Mutex<HashMap<String, Option<UpgradeRecord>>>,
+    pub timeouts: Timeouts,
+}
+
+/// A drain this leader runs for one node.
+struct RunningDrain {
+    config: ConfigKey,
+    progress: watch::Receiver<DrainProgress>,
+    _task: AbortOnDropHandle<()>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum DrainProgress {
+    /// Still going; what keeps the pods that are left, when it waits.
+    Running(Vec<String>),
+    Done,
+    Failed(String),
+}
+
+impl Upgrades {
+    /// The upgrade state of a new term, and the stream of DeviceConfigs to
+    /// reconcile because one of their drains moved.
+    pub fn new(
+        eviction_client: Client,
+        timeouts: Timeouts,
+    ) -> (
+        Self,
+        impl futures::Stream<Item = ObjectRef<DeviceConfig>> + use<>,
+    ) {
+        let (trigger, rx) = mpsc::unbounded_channel();
+        let upgrades = Self {
+            eviction_client,
+            trigger,
+            drains: Mutex::new(HashMap::new()),
+            written: Mutex::new(HashMap::new()),
+            timeouts,
+        };
+        (
+            upgrades,
+            tokio_stream::wrappers::UnboundedReceiverStream::new(rx),
+        )
+    }
+
+    /// The record to decide on for `node`: the one this term wrote last,
+    /// else the Node's own.
+    fn record_of(&self, node: &Node) -> Option<UpgradeRecord> {
+        let written = self
+            .written
+            .lock()
+            .ok()
+            .and_then(|w| w.get(&node.name_any()).cloned());
+        match written {
+            Some(record) => record,
+            None => UpgradeRecord::of_annotations(node.annotations()),
+        }
+    }
+
+    fn remember(&self, node: &str, record: Option<UpgradeRecord>) {
+        if let Ok(mut written) = self.written.lock() {
+            written.insert(node.to_owned(), record);
+        }
+    }
+
+    fn drain_outcome(&self, node: &str) -> Option<(DrainOutcome, Vec<String>)> {
+        let drains = self.drains.lock().ok()?;
+        let progress = drains.get(node)?.progress.borrow().clone();
+        Some(match progress {
+            DrainProgress::Running(blocked) => (DrainOutcome::Running, blocked),
+            DrainProgress::Done => (DrainOutcome::Done, Vec::new()),
+            DrainProgress::Failed(why) => (DrainOutcome::Failed(why), Vec::new()),
+        })
+    }
+
+    /// Starts draining `node` unless a drain of it runs already.
+    fn start_drain(&self, ctx: &Context, dc: &DeviceConfig, node: &str, policy: DrainPolicy) {
+        let Ok(mut drains) = self.drains.lock() else {
+            return;
+        };
+        if drains.contains_key(node) {
+            return;
+        }
+        let (tx, progress) = watch::channel(DrainProgress::Running(Vec::new()));
+        let (client, guard, trigger) = (
+            self.eviction_client.clone(),
+            ctx.guard.clone(),
+            self.trigger.clone(),
+        );
+        let wake = ObjectRef::from_obj(dc);
+        let name = node.to_owned();
+        let task = tokio::spawn(async move {
+            tracing::info!(node = %name, "draining the node's GPU pods");
+            let on_wait = |blocked: &[Blocked]| {
+                let now: Vec<String> = blocked.iter().map(ToString::to_string).collect();
+                let changed = tx.send_if_modified(|p| {
+                    let differs = *p != DrainProgress::Running(now.clone());
+                    *p = DrainProgress::Running(now.clone());
+                    differs
+                });
+                if changed {
+                    let _ = trigger.send(wake.clone());
+                }
+            };
+            let ended = match drain::drain(&client, &name, &policy, &guard, on_wait).await {
+                Ok(report) if report.succeeded() => DrainProgress::Done,
+                Ok(report) => DrainProgress::Failed(format!(
+                    "the drain gave up: {}",
+                    report
+                        .blocked
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                )),
+                Err(e) => DrainProgress::Failed(e.to_string()),
+            };
+            tracing::info!(node = %name, outcome = ?ended, "drain ended");
+            tx.send_replace(ended);
+            let _ = trigger.send(wake);
+        });
+        drains.insert(
+            node.to_owned(),
+            RunningDrain {
+                config: ConfigKey::of(dc),
+                progress,
+                _task: AbortOnDropHandle::new(task),
+            },
+        );
+    }
+
+    /// Forgets the drains of `config` whose nodes are past draining.
+    fn prune_drains(&self, config: &ConfigKey, draining: &[String]) {
+        if let Ok(mut drains) = self.drains.lock() {
+            drains.retain(|node, d| d.config != *config || draining.contains(node));
+        }
+    }
+}
+
+/// The upgrade taint, as the reference writes it.
+pub fn upgrade_taint() -> Taint {
+    Taint {
+        key: TAINT_KEY.to_owned(),
+        value: Some("true".to_owned()),
+        effect: "NoSchedule".to_owned(),
+        time_added: None,
+    }
+}
+
+/// How long ago `at` (RFC 3339) was; zero when it cannot be read.
+fn since(at: Option<&str>, now: Timestamp) -> Duration {
+    at.and_then(|t| t.parse::<Timestamp>().ok())
+        .and_then(|t| Duration::try_from(now.duration_since(t)).ok())
+        .unwrap_or_default()
+}
+
+/// What the planner knows of `node` for DeviceConfig `key`. Pure.
+pub fn facts_of(
+    node: &Node,
+    key: &ConfigKey,
+    record: Option<&UpgradeRecord>,
+    drain: Option<DrainOutcome>,
+    now: Timestamp,
+) -> NodeFacts {
+    let record = record.filter(|r| r.device_config == *key);
+    let spec = node.spec.as_ref();
+    let status = node.status.as_ref();
+    let report = node
+        .annotations()
+        .get(STATUS_ANNOTATION)
+        .and_then(|text| AgentStatus::parse(text).ok())
+        .and_then(|a| a.driver);
+    let node_boot_id = status
+        .and_then(|s| s.node_info.as_ref())
+        .map(|i| i.boot_id.clone())
+        .filter(|b| !b.is_empty());
+    NodeFacts {
+        name: node.name_any(),
+        ready: status
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True")),
+        unschedulable: spec.and_then(|s| s.unschedulable).unwrap_or(false),
+        holds_cordon: record.is_some_and(UpgradeRecord::holds_cordon),
+        cordoned_before: record.and_then(|r| r.cordoned_before),
+        tainted: spec
+            .and_then(|s| s.taints.as_ref())
+            .is_some_and(|ts| ts.iter().any(|t| t.key == TAINT_KEY)),
+        state: record.map(|r| r.state.clone()),
+        in_state: record.map_or(Duration::ZERO, |r| since(Some(&r.since), now)),
+        in_upgrade: record.map_or(Duration::ZERO, |r| since(r.started.as_deref(), now)),
+        retry_requested: node.labels().get(STATE_LABEL).map(String::as_str) == Some(RETRY_VALUE),
+        reported: report.is_some(),
+        loaded: report.as_ref().is_some_and(|r| r.loaded),
+        inbox: report
+            .as_ref()
+            .is_some_and(|r| r.loaded && r.origin.is_inbox()),
+        version: report
+            .as_ref()
+            .filter(|r| r.loaded && !r.origin.is_inbox())
+            .and_then(|r| r.version.clone()),
+        boot_id: report.and_then(|r| r.boot_id).or(node_boot_id),
+        boot_id_before: record.and_then(|r| r.reboot_from.clone()),
+        told: record.and_then(|r| r.target.clone()),
+        drain,
+    }
+}
+
+/// The record after `decision` for a node whose facts are `facts`: what
+/// the planner changed, with `now` as the time of a new state. Pure.
+pub fn next_record(
+    key: &ConfigKey,
+    current: Option<&UpgradeRecord>,
+    facts: &NodeFacts,
+    decision: &Decision,
+    now: &str,
+) -> UpgradeRecord {
+    let mut record = current
+        .filter(|r| r.device_config == *key)
+        .cloned()
+        .unwrap_or_else(|| UpgradeRecord::new(key.clone(), UpgradeState::NotStarted, now));
+    if let Some(state) = &decision.state {
+        let before = std::mem::replace(&mut record.state, state.clone());
+        record.since = now.to_owned();
+        record.reason = decision.reason.clone();
+        match state {
+            UpgradeState::Started | UpgradeState::InstallInProgress => {
+                record.started = Some(now.to_owned());
+                record.from = facts.version.clone();
+                record.target = None;
+                record.reboot_from = None;
+            }
+            UpgradeState::NotStarted => {
+                // A retry, or a new target: nothing of the last run counts,
+                // but a cordon the upgrade still holds stays its own.
+                record.started = None;
+                record.target = None;
+                record.reboot_from = None;
+                if !(before.is_failed() && record.cordoned_before == Some(false)) {
+                    record.cordoned_before = None;
+                }
+            }
+            s if s.is_complete() => {
+                record.target = None;
+                record.reboot_from = None;
+                record.cordoned_before = None;
+            }
+            // A failed node is not rebooted again by its agent.
+            s if s.is_failed() => record.reboot_from = None,
+            _ => {}
+        }
+    } else if decision.reason.is_some() {
+        record.reason = decision.reason.clone();
+    }
+    for action in &decision.actions {
+        match action {
+            Action::Cordon { was_cordoned } => {
+                record.cordoned_before.get_or_insert(*was_cordoned);
+            }
+            Action::Tell { target, reboot } => {
+                record.target = Some(target.clone());
+                record.reboot_from = if *reboot { facts.boot_id.clone() } else { None };
+            }
+            Action::Drain | Action::Release { .. } => {}
+        }
+    }
+    record
+}
+
+/// The Event a state change deserves, if any: the start and end of a
+/// node's upgrade, and every failure. Other steps show in the record and
+/// the state label, and are not worth an API write each. Pure.
+pub fn state_event(
+    from: Option<&UpgradeState>,
+    to: &UpgradeState,
+    record: &UpgradeRecord,
+) -> Option<(EventType, &'static str, String)> {
+    let target = record.target.as_deref().unwrap_or("the target");
+    match to {
+        UpgradeState::Started => Some((
+            EventType::Normal,
+            "DriverUpgradeStarted",
+            format!(
+                "driver upgrade started from {}: cordoned and tainted {TAINT_KEY}, draining GPU pods",
+                record.from.as_deref().unwrap_or("no driver")
+            ),
+        )),
+        UpgradeState::InstallInProgress => Some((
+            EventType::Normal,
+            "DriverInstallStarted",
+            "no amdgpu loaded: installing the driver".to_owned(),
+        )),
+        UpgradeState::Complete | UpgradeState::InstallComplete
+            if from.is_some_and(UpgradeState::is_in_progress) =>
+        {
+            Some((
+                EventType::Normal,
+                "DriverUpgradeComplete",
+                format!("{} done", to.as_str()),
+            ))
+        }
+        s if s.is_failed() => Some((
+            EventType::Warning,
+            "DriverUpgradeFailed",
+            format!(
+                "{}: {} (to {target}); label the node {STATE_LABEL}={RETRY_VALUE} to try again",
+                s.as_str(),
+                record.reason.as_deref().unwrap_or("no reason recorded")
+            ),
+        )),
+        _ => None,
+    }
+}
+
+/// Whether rolling upgrades apply to `dc`, and to which version.
+fn target_of(dc: &DeviceConfig) -> Option<&str> {
+    let driver = dc.spec.driver();
+    let rolling = dc.spec.is_enabled(Operand::Driver)
+        && driver.upgrade_policy.as_ref().and_then(|p| p.enable) == Some(true)
+        && dc.metadata.deletion_timestamp.is_none();
+    driver.version.as_deref().filter(|_| rolling)
+}
+
+/// One pass of `dc`'s driver upgrade over `selected` (the Nodes it
+/// selects). Returns when to look again.
+pub async fn reconcile(
+    dc: &DeviceConfig,
+    selected: &[Arc<Node>],
+    ctx: &Context,
+) -> Result<Option<Duration>, Error> {
+    let key = ConfigKey::of(dc);
+    let Some(target) = target_of(dc) else {
+        release_all(&key, &[], ctx).await?;
+        crate::counters::set_upgrade_nodes(&key.to_string(), BTreeMap::new());
+        return Ok(None);
+    };
+    // A partial cache would under-count the nodes in progress.
+    if !matches!(
+        tokio::time::timeout(Duration::from_secs(10), ctx.nodes.wait_until_ready()).await,
+        Ok(Ok(()))
+    ) {
+        return Ok(Some(RETRY_AFTER));
+    }
+    // Nodes this DeviceConfig no longer selects keep nothing of its upgrade.
+    release_all(&key, selected, ctx).await?;
+    let upgrades = &ctx.upgrades;
+    let policy = Policy::of_spec(dc.spec.driver().upgrade_policy.as_ref(), upgrades.timeouts);
+    let now = Timestamp::now();
+    let mut blocked_by: HashMap<String, Vec<String>> = HashMap::new();
+    let mut reasons: HashMap<String, Option<String>> = HashMap::new();
+    let facts: Vec<NodeFacts> = selected
+        .iter()
+        .map(|node| {
+            let name = node.name_any();
+            let record = upgrades.record_of(node);
+            let drain = upgrades.drain_outcome(&name).map(|(outcome, blocked)| {
+                blocked_by.insert(name.clone(), blocked);
+                outcome
+            });
+            reasons.insert(name, record.as_ref().and_then(|r| r.reason.clone()));
+            facts_of(node, &key, record.as_ref(), drain, now)
+        })
+        .collect();
+    let mut plan = upgrade::plan(target, &policy, &facts);
+    // What keeps a drain is recorded as the node's reason, for `upgrade
+    // status`: once per change.
+    for f in &facts {
+        let Some(blocked) = blocked_by.get(&f.name).filter(|b| !b.is_empty()) else {
+            continue;
+        };
+        let reason = format!("draining: {}", blocked.join("; "));
+        let recorded = reasons.get(&f.name).cloned().flatten();
+        if recorded.as_deref() != Some(reason.as_str())
+            && !plan.decisions.iter().any(|d| d.node == f.name)
+        {
+            plan.decisions.push(Decision {
+                node: f.name.clone(),
+                state: None,
+                actions: Vec::new(),
+                reason: Some(reason),
+            });
+        }
+    }
+    let drain_policy = DrainPolicy::of_upgrade(
+        dc.spec
+            .driver()
+            .upgrade_policy
+            .as_ref()
+            .unwrap_or(&Default::default()),
+    );
+    let by_name: HashMap<String, (&Arc<Node>, &NodeFacts)> = selected
+        .iter()
+        .zip(&facts)
+        .map(|(n, f)| (f.name.clone(), (n, f)))
+        .collect();
+    let now_text = now.to_string();
+    let mut work = Vec::with_capacity(plan.decisions.len());
+    for decision in &plan.decisions {
+        if let Some((node, facts)) = by_name.get(&decision.node) {
+            work.push(carry_out(
+                dc,
+                &key,
+                node,
+                facts,
+                decision,
+                &drain_policy,
+                &now_text,
+                ctx,
+            ));
+        }
+    }
+    let results: Vec<Result<(), Error>> = futures::stream::iter(work)
+        .buffer_unordered(CONCURRENT_NODES)
+        .collect()
+        .await;
+    // Drains of nodes that are past draining are done with.
+    let draining: Vec<String> = facts
+        .iter()
+        .filter(|f| {
+            let next = plan
+                .decisions
+                .iter()
+                .find(|d| d.node == f.name)
+                .and_then(|d| d.state.clone())
+                .or_else(|| f.state.clone());
+            next == Some(UpgradeState::Started)
+        })
+        .map(|f| f.name.clone())
+        .collect();
+    upgrades.prune_drains(&key, &draining);
+    crate::counters::set_upgrade_nodes(&key.to_string(), plan.counts.clone());
+    let mut wake = plan.wake_after;
+    for result in results {
+        match result {
+            Ok(()) => {}
+            Err(Error::NotLeader) => return Err(Error::NotLeader),
+            Err(e) => {
+                tracing::warn!(deviceconfig = %key, error = %e, "driver upgrade step failed; trying again");
+                crate::counters::record_api_error();
+                wake = Some(wake.map_or(RETRY_AFTER, |w| w.min(RETRY_AFTER)));
+            }
+        }
+    }
+    Ok(wake)
+}
+
+/// Carries out one node's decision.
+#[allow(clippy::too_many_arguments)]
+async fn carry_out(
+    dc: &DeviceConfig,
+    key: &ConfigKey,
+    node: &Node,
+    facts: &NodeFacts,
+    decision: &Decision,
+    drain_policy: &DrainPolicy,
+    now: &str,
+    ctx: &Context,
+) -> Result<(), Error> {
+    let name = node.name_any();
+    let writer = NodeWriter::new(Api::all(ctx.client.clone()), name.clone());
+    let current = ctx.upgrades.record_of(node);
+    let mut record = next_record(key, current.as_ref(), facts, decision, now);
+    let releasing = decision.actions.iter().find_map(|a| match a {
+        Action::Release { keep_cordon } => Some(*keep_cordon),
+        _ => None,
+    });
+    if let Some(keep_cordon) = releasing {
+        // Released before the record says so: a record of completion over
+        // a cordon nobody owns would keep the node out for good.
+        let intent = CordonIntent {
+            unschedulable: (!keep_cordon).then_some(false),
+            taint: upgrade_taint(),
+            tainted: false,
+        };
+        if let Err(e) = guarded(ctx, &name, writer.set_cordon(Concern::Upgrade, &intent)).await? {
+            record.state = UpgradeState::UncordonFailed;
+            record.reason = Some(format!("the node could not be uncordoned: {e}"));
+        }
+    }
+    if current.as_ref() != Some(&record) {
+        write_record(ctx, &writer, node, &record).await?;
+        if let Some(previous) = facts
+            .state
+            .as_ref()
+            .filter(|s| **s != record.state && s.is_in_progress())
+        {
+            crate::counters::record_upgrade_step(previous.as_str(), facts.in_state.as_secs_f64());
+        }
+        if record.state.is_complete()
+            && facts
+                .state
+                .as_ref()
+                .is_some_and(UpgradeState::is_in_progress)
+        {
+            crate::counters::record_upgrade_step("Upgrade", facts.in_upgrade.as_secs_f64());
+        }
+        if facts.state.as_ref() != Some(&record.state) {
+            tracing::info!(node = %name, deviceconfig = %key, from = ?facts.state.as_ref().map(UpgradeState::as_str), to = record.state.as_str(), reason = ?record.reason, "driver upgrade state");
+            if let Some((type_, reason, note)) =
+                state_event(facts.state.as_ref(), &record.state, &record)
+            {
+                node_event(ctx, node, type_, reason, note).await;
+            }
+        }
+    }
+    for action in &decision.actions {
+        match action {
+            Action::Cordon { was_cordoned } => {
+                let intent = CordonIntent {
+                    unschedulable: (!*was_cordoned).then_some(true),
+                    taint: upgrade_taint(),
+                    tainted: true,
+                };
+                if let Err(e) =
+                    guarded(ctx, &name, writer.set_cordon(Concern::Upgrade, &intent)).await?
+                {
+                    // The planner gives up after its cordon timeout.
+                    tracing::warn!(node = %name, error = %e, "cannot cordon the node yet");
+                    return Err(node_error(&name, e));
+                }
+            }
+            Action::Drain => ctx
+                .upgrades
+                .start_drain(ctx, dc, &name, drain_policy.clone()),
+            Action::Tell { .. } | Action::Release { .. } => {}
+        }
+    }
+    Ok(())
+}
+
+/// Runs one Node write while the lease is held, and never past its expiry.
+/// The outer error is leadership lost; the inner one the write's.
+async fn guarded<T>(
+    ctx: &Context,
+    node: &str,
+    write: impl Future<Output = Result<T, NodeWriteError>>,
+) -> Result<Result<T, NodeWriteError>, Error> {
+    let deadline = ctx.guard.deadline().ok_or(Error::NotLeader)?;
+    tracing::trace!(node, "upgrade write");
+    tokio::time::timeout_at(deadline, write)
+        .await
+        .map_err(|_| Error::NotLeader)
+}
+
+fn node_error(node: &str, e: NodeWriteError) -> Error {
+    Error::Node {
+        node: node.to_owned(),
+        source: Box::new(e),
+    }
+}
+
+/// Writes `record` and its state label on `node`, and remembers it.
+async fn write_record(
+    ctx: &Context,
+    writer: &NodeWriter,
+    node: &Node,
+    record: &UpgradeRecord,
+) -> Result<(), Error> {
+    let intent = NodeIntent {
+        labels: [(STATE_LABEL.to_owned(), record.state.as_str().to_owned())].into(),
+        annotations: [(RECORD_ANNOTATION.to_owned(), record.to_json())].into(),
+        ..NodeIntent::default()
+    };
+    let name = node.name_any();
+    guarded(ctx, &name, writer.apply_to(node, Concern::Upgrade, &intent))
+        .await?
+        .map_err(|e| node_error(&name, e))?;
+    ctx.upgrades.remember(&name, Some(record.clone()));
+    Ok(())
+}
+
+/// Removes `dc`'s upgrade from every Node not in `keep` that still carries
+/// its record: the record and the state label, and the cordon and taint
+/// when the upgrade holds them.
+pub async fn release_all(key: &ConfigKey, keep: &[Arc<Node>], ctx: &Context) -> Result<(), Error> {
+    let kept: Vec<String> = keep.iter().map(|n| n.name_any()).collect();
+    let leaving: Vec<Arc<Node>> = ctx
+        .nodes
+        .state()
+        .into_iter()
+        .filter(|n| !kept.contains(&n.name_any()))
+        .filter(|n| {
+            ctx.upgrades
+                .record_of(n)
+                .is_some_and(|r| r.device_config == *key)
+        })
+        .collect();
+    for node in leaving {
+        let name = node.name_any();
+        let record = ctx.upgrades.record_of(&node);
+        let writer = NodeWriter::new(Api::all(ctx.client.clone()), name.clone());
+        if record.as_ref().is_some_and(UpgradeRecord::holds_cordon) {
+            let intent = CordonIntent {
+                unschedulable: Some(false),
+                taint: upgrade_taint(),
+                tainted: false,
+            };
+            guarded(ctx, &name, writer.set_cordon(Concern::Upgrade, &intent))
+                .await?
+                .map_err(|e| node_error(&name, e))?;
+        }
+        // A fresh read: removal needs the server's record of who owns what.
+        guarded(
+            ctx,
+            &name,
+            writer.apply(Concern::Upgrade, &NodeIntent::default()),
+        )
+        .await?
+        .map_err(|e| node_error(&name, e))?;
+        ctx.upgrades.remember(&name, None);
+        tracing::info!(node = %name, deviceconfig = %key, "driver upgrade no longer applies: record removed and the node released");
+    }
+    Ok(())
+}
+
+/// Records an Event about `node` (a failure to record one is logged).
+async fn node_event(ctx: &Context, node: &Node, type_: EventType, reason: &str, note: String) {
+    let event = Event {
+        type_,
+        reason: reason.to_owned(),
+        note: Some(note),
+        action: "DriverUpgrade".to_owned(),
+        secondary: None,
+    };
+    let reference = node.object_ref(&());
+    let Some(deadline) = ctx.guard.deadline() else {
+        return;
+    };
+    match tokio::time::timeout_at(deadline, ctx.recorder.publish(&event, &reference)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::warn!(node = %node.name_any(), error = %e, "cannot record Event"),
+        Err(_) => tracing::debug!("Event dropped: not leading any more"),
+    }
+}
+
+/// One node's upgrade as a person reads it (`gpu-operator upgrade status`).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeProgress {
+    pub node: String,
+    pub device_config: String,
+    /// The record's state; `None` when no upgrade touched the node.
+    pub state: Option<String>,
+    /// The version the node ran when picked, else the one it runs.
+    pub from: Option<String>,
+    /// The version it is upgraded to.
+    pub to: Option<String>,
+    /// How long the node has been in its state, in seconds.
+    pub for_seconds: Option<u64>,
+    /// What blocks it, or why it failed.
+    pub blocked_by: Option<String>,
+    /// A person cordoned the node, or it is not Ready: it will not be picked.
+    pub held: Option<String>,
+}
+
+/// Each node `dc` selects, in name order, as [`NodeProgress`]. Pure.
+pub fn progress_of(dc: &DeviceConfig, nodes: &[Node], now: Timestamp) -> Vec<NodeProgress> {
+    let key = ConfigKey::of(dc);
+    let target = dc.spec.driver().version.clone();
+    let mut rows: Vec<NodeProgress> = nodes
+        .iter()
+        .filter(|n| dc.spec.selects(n.labels()))
+        .map(|node| {
+            let record = UpgradeRecord::of_annotations(node.annotations())
+                .filter(|r| r.device_config == key);
+            let facts = facts_of(node, &key, record.as_ref(), None, now);
+            let held = if !facts.ready {
+                Some("the Node is not Ready".to_owned())
+            } else if facts.unschedulable && !facts.holds_cordon {
+                Some("cordoned by someone else: not picked".to_owned())
+            } else {
+                None
+            };
+            NodeProgress {
+                node: facts.name.clone(),
+                device_config: key.to_string(),
+                state: record.as_ref().map(|r| r.state.as_str().to_owned()),
+                from: record
+                    .as_ref()
+                    .and_then(|r| r.from.clone())
+                    .or_else(|| facts.version.clone()),
+                to: record
+                    .as_ref()
+                    .and_then(|r| r.target.clone())
+                    .or_else(|| target.clone()),
+                for_seconds: record.as_ref().map(|_| facts.in_state.as_secs()),
+                blocked_by: record.and_then(|r| r.reason),
+                held,
+            }
+        })
+        .collect();
+    rows.sort_by(|a, b| a.node.cmp(&b.node));
+    rows
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const NOW: &str = "2026-12-02T08:10:00Z";
+
+    fn key() -> ConfigKey {
+        ConfigKey::new("kube-amd-gpu", "default")
+    }
+
+    fn node(value: serde_json::Value) -> Node {
+        serde_json::from_value(value).expect("a Node")
+    }
+
+    fn agent_annotation(version: Option<&str>, origin: &str, boot: &str) -> String {
+        json!({"v": 1, "gpus": 1, "driver": {
+            "loaded": version.is_some() || origin != "NotLoaded",
+            "version": version, "origin": origin, "bootId": boot,
+            "secureBoot": "NotUefi"}})
+        .to_string()
+    }
+
+    #[test]
+    fn facts_come_from_the_record_the_cordon_and_the_agents_report() {
+        let mut record =
+            UpgradeRecord::new(key(), UpgradeState::InProgress, "2026-12-02T08:09:00Z");
+        record.started = Some("2026-12-02T08:00:00Z".into());
+        record.cordoned_before = Some(false);
+        record.target = Some("6.4.1".into());
+        record.reboot_from = Some("boot-1".into());
+        let n = node(json!({
+            "metadata": {"name": "gpu-1",
+                "labels": {STATE_LABEL: RETRY_VALUE},
+                "annotations": {STATUS_ANNOTATION: agent_annotation(Some("6.3.0"), "OutOfTree", "boot-2")}},
+            "spec": {"unschedulable": true, "taints": [{"key": TAINT_KEY, "value": "true", "effect": "NoSchedule"}]},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]}
+        }));
+        let now: Timestamp = NOW.parse().unwrap();
+        let f = facts_of(&n, &key(), Some(&record), Some(DrainOutcome::Done), now);
+        assert!(f.ready && f.unschedulable && f.tainted && f.holds_cordon);
+        assert_eq!(f.cordoned_before, Some(false));
+        assert_eq!(f.state, Some(UpgradeState::InProgress));
+        assert_eq!(f.in_state, Duration::from_secs(60));
+        assert_eq!(f.in_upgrade, Duration::from_secs(600));
+        assert!(f.retry_requested && f.reported && f.loaded && !f.inbox);
+        assert_eq!(f.version.as_deref(), Some("6.3.0"));
+        assert_eq!(f.boot_id.as_deref(), Some("boot-2"));
+        assert_eq!(f.boot_id_before.as_deref(), Some("boot-1"));
+        assert_eq!(f.told.as_deref(), Some("6.4.1"));
+        // Another DeviceConfig's record is none of this one's business.
+        let other = facts_of(&n, &ConfigKey::new("ns", "other"), Some(&record), None, now);
+        assert_eq!(
+            (other.state, other.told, other.holds_cordon),
+            (None, None, false)
+        );
+        // The in-box driver has no version of ours.
+        let inbox = node(json!({"metadata": {"name": "gpu-2", "annotations": {
+            STATUS_ANNOTATION: agent_annotation(None, "InTree", "b")}}}));
+        let f = facts_of(&inbox, &key(), None, None, now);
+        assert!(f.reported && f.loaded && f.inbox && !f.ready);
+        assert_eq!(f.version, None);
+        // No agent report: nothing known.
+        let silent = node(json!({"metadata": {"name": "gpu-3"}}));
+        assert!(!facts_of(&silent, &key(), None, None, now).reported);
+    }
+
+    #[test]
+    fn records_follow_the_decision_and_keep_what_a_resume_needs() {
+        let facts = NodeFacts {
+            name: "gpu-1".into(),
+            version: Some("6.3.0".into()),
+            boot_id: Some("boot-1".into()),
+            ..NodeFacts::default()
+        };
+        let picked = Decision {
+            node: "gpu-1".into(),
+            state: Some(UpgradeState::Started),
+            actions: vec![Action::Cordon {
+                was_cordoned: false,
+            }],
+            reason: None,
+        };
+        let started = next_record(&key(), None, &facts, &picked, "t1");
+        assert_eq!(started.state, UpgradeState::Started);
+        assert_eq!(
+            (
+                started.started.as_deref(),
+                started.from.as_deref(),
+                started.cordoned_before
+            ),
+            (Some("t1"), Some("6.3.0"), Some(false))
+        );
+        let told = Decision {
+            node: "gpu-1".into(),
+            state: Some(UpgradeState::RebootInProgress),
+            actions: vec![Action::Tell {
+                target: "6.4.1".into(),
+                reboot: true,
+            }],
+            reason: None,
+        };
+        let rebooting = next_record(&key(), Some(&started), &facts, &told, "t2");
+        assert_eq!(rebooting.target.as_deref(), Some("6.4.1"));
+        assert_eq!(rebooting.reboot_from.as_deref(), Some("boot-1"));
+        assert_eq!(
+            rebooting.started.as_deref(),
+            Some("t1"),
+            "the upgrade's start stays"
+        );
+        assert_eq!(rebooting.since, "t2");
+        let failed = Decision {
+            node: "gpu-1".into(),
+            state: Some(UpgradeState::RebootFailed),
+            actions: vec![],
+            reason: Some("did not come back".into()),
+        };
+        let failed = next_record(&key(), Some(&rebooting), &facts, &failed, "t3");
+        assert_eq!(
+            failed.reboot_from, None,
+            "a failed node is not rebooted again"
+        );
+        assert!(failed.holds_cordon());
+        // A retry keeps the cordon the upgrade's own.
+        let retry = Decision {
+            node: "gpu-1".into(),
+            state: Some(UpgradeState::NotStarted),
+            actions: vec![],
+            reason: Some("retry".into()),
+        };
+        let retried = next_record(&key(), Some(&failed), &facts, &retry, "t4");
+        assert_eq!(retried.cordoned_before, Some(false));
+        assert_eq!((retried.target, retried.started), (None, None));
+        let done = Decision {
+            node: "gpu-1".into(),
+            state: Some(UpgradeState::Complete),
+            actions: vec![Action::Release { keep_cordon: false }],
+            reason: None,
+        };
+        let complete = next_record(&key(), Some(&rebooting), &facts, &done, "t5");
+        assert_eq!((&complete.target, &complete.reboot_from), (&None, &None));
+        assert!(!complete.holds_cordon());
+    }
+
+    #[test]
+    fn events_mark_the_start_the_end_and_failures_only() {
+        let mut record = UpgradeRecord::new(key(), UpgradeState::Started, "t");
+        record.from = Some("6.3.0".into());
+        let start = state_event(
+            Some(&UpgradeState::NotStarted),
+            &UpgradeState::Started,
+            &record,
+        );
+        assert!(
+            matches!(start, Some((EventType::Normal, "DriverUpgradeStarted", ref n)) if n.contains("6.3.0"))
+        );
+        assert_eq!(
+            state_event(
+                Some(&UpgradeState::Started),
+                &UpgradeState::InProgress,
+                &record
+            ),
+            None
+        );
+        assert_eq!(state_event(None, &UpgradeState::NotStarted, &record), None);
+        record.reason = Some("the PodDisruptionBudget train-pdb refuses its eviction".into());
+        let failed = state_event(
+            Some(&UpgradeState::Started),
+            &UpgradeState::DrainFailed,
+            &record,
+        )
+        .expect("a failure is an Event");
+        assert_eq!(
+            (failed.0, failed.1),
+            (EventType::Warning, "DriverUpgradeFailed")
+        );
+        assert!(failed.2.contains("train-pdb") && failed.2.contains(RETRY_VALUE));
+        assert!(
+            state_event(
+                Some(&UpgradeState::InProgress),
+                &UpgradeState::Complete,
+                &record
+            )
+            .is_some()
+        );
+        // Found complete with no upgrade run: no news.
+        assert_eq!(state_event(None, &UpgradeState::Complete, &record), None);
+    }
+}
