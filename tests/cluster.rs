@@ -17,7 +17,6 @@ use gpu_operator::cluster::reconcile::FINALIZER;
 use gpu_operator::host::HostRoot;
 use gpu_operator::simulate::{self, SimSpec};
 use gpu_operator::testrunner::Commands;
-use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::{Api, Client};
 use kube_emulator::Emulator;
@@ -209,14 +208,7 @@ impl Fleet {
     }
 
     async fn holder(&self) -> Option<String> {
-        let leases: Api<Lease> = Api::namespaced(self.cluster.client(), NS);
-        leases
-            .get_opt("gpu-operator-leader")
-            .await
-            .ok()
-            .flatten()
-            .and_then(|l| l.spec?.holder_identity)
-            .filter(|h| !h.is_empty())
+        self.cluster.lease_holder().await
     }
 
     /// Waits for a leader other than `not`: who, and how long it took.

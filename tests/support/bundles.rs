@@ -65,7 +65,6 @@ pub fn write_bundle(host: &HostRoot, version: &str, kernel: &str, signed: bool) 
 /// `root` show an out-of-tree module of `version`, or, for `-r`, removes
 /// it. Returns its path.
 pub fn modprobe_recorder(tools: &Path, root: &Path, version: &str) -> PathBuf {
-    use std::os::unix::fs::PermissionsExt;
     let module = root.join("sys/module/amdgpu");
     let log = tools.join("modprobe.log");
     let body = format!(
@@ -77,11 +76,7 @@ pub fn modprobe_recorder(tools: &Path, root: &Path, version: &str) -> PathBuf {
         log = log.display(),
         module = module.display(),
     );
-    let path = tools.join("modprobe");
-    std::fs::create_dir_all(tools).unwrap();
-    std::fs::write(&path, body).unwrap();
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
-    path
+    write_script(tools, "modprobe", &body)
 }
 
 /// The argument lines the recorder logged, one per run.
@@ -99,4 +94,77 @@ pub fn no_modprobe() -> gpu_operator::driver::manager::ManagerConfig {
     let mut config = gpu_operator::driver::manager::ManagerConfig::default();
     config.commands.modprobe = PathBuf::from("/nonexistent/gpu-operator-test/modprobe");
     config
+}
+
+/// A `modprobe` stand-in in `tools` that loads whatever bundle it is given:
+/// for `--dirname DIR` it makes `/sys/module/amdgpu` of the host at `root`
+/// show an out-of-tree module of the version `DIR/manifest.json` names (a
+/// `srcversion` of its own per version); `-r` removes it. Each run's
+/// arguments go to `tools/modprobe.log`. Returns its path.
+pub fn modprobe_recorder_of_bundles(tools: &Path, root: &Path) -> PathBuf {
+    let module = root.join("sys/module/amdgpu");
+    let log = tools.join("modprobe.log");
+    let body = format!(
+        "#!/bin/sh\necho \"$*\" >> '{log}'\n\
+         if [ \"$1\" = -r ]; then rm -rf '{module}'; exit 0; fi\n\
+         [ \"$1\" = --dirname ] || {{ echo 'expected --dirname' >&2; exit 1; }}\n\
+         version=$(sed -n 's/.*\"version\" *: *\"\\([^\"]*\\)\".*/\\1/p' \"$2/manifest.json\" | head -n 1)\n\
+         [ -n \"$version\" ] || {{ echo \"no version in $2/manifest.json\" >&2; exit 1; }}\n\
+         mkdir -p '{module}'\n\
+         printf '%s\\n' \"$version\" > '{module}/version'\nprintf 'O\\n' > '{module}/taint'\n\
+         printf '0\\n' > '{module}/refcnt'\nprintf 'live\\n' > '{module}/initstate'\n\
+         printf 'SRC%s\\n' \"$version\" | tr -d . > '{module}/srcversion'\n",
+        log = log.display(),
+        module = module.display(),
+    );
+    write_script(tools, "modprobe", &body)
+}
+
+/// A reboot stand-in in `tools`: logs each run to `tools/reboot.log`; when
+/// `comes_back`, does to the host at `root` what a reboot does to what the
+/// agent reads (a new boot id, no amdgpu loaded: the bundle's module is not
+/// in the host's module tree, and the in-box one is blacklisted); else
+/// nothing more (a node that never comes back). Returns the command.
+pub fn reboot_recorder(
+    tools: &Path,
+    root: &Path,
+    comes_back: bool,
+) -> gpu_operator::driver::reboot::RebootCommand {
+    let log = tools.join("reboot.log");
+    let boot_id = root.join("proc/sys/kernel/random/boot_id");
+    let module = root.join("sys/module/amdgpu");
+    let back = if comes_back {
+        format!(
+            "n=$(wc -l < '{log}')\nprintf 'b007%08d-0000-4000-8000-000000000000\\n' \"$n\" > '{boot_id}.new'\n\
+             mv '{boot_id}.new' '{boot_id}'\nrm -rf '{module}'\n",
+            log = log.display(),
+            boot_id = boot_id.display(),
+            module = module.display(),
+        )
+    } else {
+        String::new()
+    };
+    let body = format!(
+        "#!/bin/sh\necho reboot >> '{log}'\n{back}",
+        log = log.display()
+    );
+    let path = write_script(tools, "reboot", &body);
+    gpu_operator::driver::reboot::RebootCommand::parse(&path.display().to_string()).unwrap()
+}
+
+/// How often the reboot stand-in ran.
+pub fn reboots(tools: &Path) -> usize {
+    std::fs::read_to_string(tools.join("reboot.log"))
+        .map(|text| text.lines().count())
+        .unwrap_or(0)
+}
+
+/// Writes the shell script `body` as `tools/name`, executable; its path.
+fn write_script(tools: &Path, name: &str, body: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let path = tools.join(name);
+    std::fs::create_dir_all(tools).unwrap();
+    std::fs::write(&path, body).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path
 }

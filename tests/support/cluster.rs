@@ -98,6 +98,19 @@ impl TestCluster {
         }
     }
 
+    /// Who holds the leader Lease now, if anyone.
+    pub async fn lease_holder(&self) -> Option<String> {
+        let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+            Api::namespaced(self.emulator.client(), NAMESPACE);
+        leases
+            .get_opt("gpu-operator-leader")
+            .await
+            .ok()
+            .flatten()
+            .and_then(|l| l.spec?.holder_identity)
+            .filter(|h| !h.is_empty())
+    }
+
     pub async fn delete_device_config(&self, name: &str) {
         self.device_configs()
             .delete(name, &DeleteParams::default())

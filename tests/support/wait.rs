@@ -31,13 +31,28 @@ pub async fn eventually(what: &str, check: impl FnMut() -> bool) {
 /// failure message.
 pub async fn eventually_explained(
     what: &str,
+    check: impl FnMut() -> bool,
+    explain: impl FnOnce() -> String,
+) {
+    eventually_within(what, WAIT, check, explain).await
+}
+
+/// As [`eventually_explained`], for work that takes longer than any single
+/// step may: a whole rolling upgrade over several nodes, say. `limit` is
+/// that work's bound, not a guess at how long it takes.
+pub async fn eventually_within(
+    what: &str,
+    limit: Duration,
     mut check: impl FnMut() -> bool,
     explain: impl FnOnce() -> String,
 ) {
-    let deadline = Instant::now() + WAIT;
+    let deadline = Instant::now() + limit;
     while !check() {
         if Instant::now() >= deadline {
-            panic!("timed out after {WAIT:?} waiting for {what}\n{}", explain());
+            panic!(
+                "timed out after {limit:?} waiting for {what}\n{}",
+                explain()
+            );
         }
         tokio::time::sleep(POLL).await;
     }
