@@ -787,7 +787,6 @@ const WHY_NO_CONTAINER: &str =
 pub const NOT_ACTED_ON_YET: &[&str] = &[
     "spec.driver.amdgpuInstallerRepoURL",
     "spec.driver.imageSign",
-    "spec.driver.upgradePolicy",
     "spec.driver.driverType",
     "spec.driver.vfioConfig",
     "spec.devicePlugin.devicePluginArguments.driver_type",
@@ -833,10 +832,13 @@ pub fn ignored_field_notes(spec: &DeviceConfigSpec) -> Vec<IgnoredField> {
         !is_default(&d.image_sign),
         NOT_YET_DRIVER,
     );
-    notes.not_yet(
-        "spec.driver.upgradePolicy",
-        d.upgrade_policy.is_some(),
-        "rolling driver upgrades are not built yet",
+    notes.set(
+        "spec.driver.upgradePolicy.nodeDrainPolicy.ignoreDaemonSets",
+        d.upgrade_policy
+            .as_ref()
+            .and_then(|p| p.node_drain_policy.as_ref())
+            .is_some_and(|drain| !drain.ignore_daemon_sets),
+        "DaemonSet pods are always left alone by the drain: their DaemonSet would put them straight back",
     );
     notes.not_yet("spec.driver.driverType", d.is_passthrough(), NOT_YET_VFIO);
     notes.not_yet(

@@ -471,8 +471,16 @@ fn full_example_lists_its_ignored_fields() {
             report.lines.join("\n")
         );
     }
-    // Fields whose feature is not built yet say so; honoured fields are not listed.
-    let path = "spec.driver.upgradePolicy";
+    // Fields whose feature is not built yet say so; honoured fields (the
+    // driver's upgradePolicy among them) are not listed.
+    assert!(
+        !notes
+            .iter()
+            .any(|line| line.contains("note: spec.driver.upgradePolicy:")),
+        "rolling upgrades act on upgradePolicy:\n{}",
+        report.lines.join("\n")
+    );
+    let path = "spec.remediationWorkflow.enable";
     assert!(
         notes
             .iter()
