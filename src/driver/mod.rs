@@ -28,5 +28,6 @@ pub mod load;
 pub mod manager;
 pub mod preflight;
 pub mod report;
+pub mod source;
 
 pub use report::{DriverReport, ModuleOrigin, SecureBoot, read_report};
