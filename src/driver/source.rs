@@ -390,7 +390,7 @@ pub fn import_image(
                 }
             } else {
                 Refusal::DependencyMissing {
-                    module: amdgpu.clone(),
+                    module: join(&modules, &amdgpu),
                     dependency: module.clone(),
                 }
             }));
@@ -856,19 +856,13 @@ pub async fn ensure_fetched(
     for source in sources {
         let result = fetch_tarball(host, store, source, options).await;
         let shown = redact(&source.source);
-        match &result {
-            Ok(placed) => tracing::info!(
-                source = %shown,
-                dir = %placed.dir,
-                placement = ?placed.placement,
-                "driver bundle source"
-            ),
-            Err(e) => tracing::warn!(
+        if let Err(e) = &result {
+            tracing::warn!(
                 source = %shown,
                 reason = e.reason(),
                 error = %e,
-                "driver bundle source not fetched"
-            ),
+                "driver bundle tarball not fetched"
+            );
         }
         outcomes.push(Outcome {
             source: shown,
@@ -896,6 +890,7 @@ pub async fn fetch_tarball(
     let (h, s, sha) = (host.clone(), store.to_owned(), sha256.clone());
     let before = blocking(move || Ok(already_fetched(&h, &s, &sha))).await?;
     if let Some((dir, manifest)) = before {
+        tracing::debug!(source = %shown, dir = %dir, "tarball fetched before");
         return Ok(Placed {
             placement: Placement::AlreadyPresent,
             dir,
@@ -1054,6 +1049,14 @@ fn unpack_and_place(
         write_marker(host, &placed.dir, &marker)?;
     }
     drop(work);
+    tracing::info!(
+        dir = %placed.dir,
+        placement = ?placed.placement,
+        version = %placed.version,
+        kernel = %placed.kernel_release,
+        source = %shown,
+        "driver bundle tarball fetched"
+    );
     Ok(placed)
 }
 
