@@ -11,8 +11,11 @@
 //! `status.nodeModuleStatus`; and the agent's driver manager ([`manager`]),
 //! which loads a verified bundle when the DeviceConfig asks for a driver.
 //! The manager also keeps the amdgpu blacklist ([`blacklist`]) and replaces
-//! an out-of-tree driver once nothing holds it ([`holders`]). Not built
-//! yet: fetching bundles (driver images, tarballs), reboots, and the
+//! an out-of-tree driver once nothing holds it ([`holders`]). Bundles come
+//! into the store from a directory configuration management fills, or
+//! ([`source`]) from the reference's precompiled driver images and from
+//! sha256-pinned tarballs (`driver import`, `driver fetch`). Not built yet:
+//! the agent fetching a DeviceConfig's sources, reboots, and the
 //! cluster-wide upgrade.
 //!
 //! This module must not write the Node or decide cluster-wide: the agent
