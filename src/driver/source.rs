@@ -322,82 +322,18 @@ pub fn import_image(
     let kernel = &import.kernel_release;
     bundle_name(&import.version, kernel).map_err(SourceError::Invalid)?;
     let staging = import.staging.as_str();
-    if !host.path(staging).is_dir() {
-        return Err(SourceError::Unavailable(format!(
-            "{staging}: no such directory"
-        )));
-    }
-    let modules = join(staging, &format!("{IMAGE_MODULES}/{kernel}"));
-    if !host.exists(&modules) {
-        let present = host
-            .list_dir_or_empty(join(staging, IMAGE_MODULES))
-            .unwrap_or_default();
-        return Err(SourceError::Invalid(format!(
-            "{staging} has no {IMAGE_MODULES}/{kernel}/: the image is not for kernel {kernel}, or the copy missed it (it holds: {})",
-            if present.is_empty() {
-                "nothing".to_owned()
-            } else {
-                present.join(", ")
-            }
-        )));
-    }
-    let firmware = join(staging, IMAGE_FIRMWARE);
-    if !host.exists(&firmware) {
-        return Err(SourceError::Invalid(format!(
-            "{staging} has no {IMAGE_FIRMWARE}/: copy the image's /firmwareDir too"
-        )));
-    }
-    within_staging(host, staging, &modules)?;
-    let modules_dep = join(&modules, "modules.dep");
-    within_staging(host, staging, &modules_dep)?;
-    let mut dep_text = Vec::new();
-    host.read_chunks(&modules_dep, MAX_MODULES_DEP_BYTES, |c| {
-        dep_text.extend_from_slice(c)
-    })
-    .map_err(|e| {
-        SourceError::Refused(Refusal::ModuleMissing {
-            dir: modules.clone(),
-            why: e.to_string(),
-        })
-    })?;
-    let closure = amdgpu_closure(&String::from_utf8_lossy(&dep_text), kernel).map_err(|why| {
-        Refusal::ModuleMissing {
-            dir: modules.clone(),
-            why,
-        }
-    })?;
+    let (modules, firmware) = image_directories(host, staging, kernel)?;
+    let closure = image_closure(host, staging, &modules, kernel)?;
 
     host.create_dir_all(store).map_err(store_error)?;
     let work = WorkDir::new(host, store, IMPORT_PREFIX)?;
-    let bundle_modules = work.path.join(format!("lib/modules/{kernel}"));
-    for name in host.list_dir(&modules).map_err(unavailable)? {
-        if name.starts_with("modules.") {
-            let from = join(&modules, &name);
-            within_staging(host, staging, &from)?;
-            if host.path(&from).is_file() {
-                copy_file(host, &from, &bundle_modules.join(&name))?;
-            }
-        }
-    }
-    let amdgpu = closure.first().cloned().unwrap_or_default();
-    for module in &closure {
-        let from = join(&modules, module);
-        if !host.exists(&from) {
-            return Err(SourceError::Refused(if *module == amdgpu {
-                Refusal::ModuleMissing {
-                    dir: modules.clone(),
-                    why: format!("modules.dep names {module}, which the image does not hold"),
-                }
-            } else {
-                Refusal::DependencyMissing {
-                    module: join(&modules, &amdgpu),
-                    dependency: module.clone(),
-                }
-            }));
-        }
-        within_staging(host, staging, &from)?;
-        copy_file(host, &from, &bundle_modules.join(module))?;
-    }
+    copy_modules(
+        host,
+        staging,
+        &modules,
+        &closure,
+        &work.path.join(format!("lib/modules/{kernel}")),
+    )?;
     let mut copied = 0;
     copy_tree(
         host,
@@ -439,6 +375,103 @@ pub fn import_image(
         "driver image imported"
     );
     Ok(placed)
+}
+
+/// The image's modules directory for `kernel` and its firmware directory
+/// in `staging`, or why the copy is not one of a driver image for it.
+fn image_directories(
+    host: &HostRoot,
+    staging: &str,
+    kernel: &str,
+) -> Result<(String, String), SourceError> {
+    if !host.path(staging).is_dir() {
+        return Err(SourceError::Unavailable(format!(
+            "{staging}: no such directory"
+        )));
+    }
+    let modules = join(staging, &format!("{IMAGE_MODULES}/{kernel}"));
+    if !host.exists(&modules) {
+        let present = host
+            .list_dir_or_empty(join(staging, IMAGE_MODULES))
+            .unwrap_or_default();
+        return Err(SourceError::Invalid(format!(
+            "{staging} has no {IMAGE_MODULES}/{kernel}/: the image is not for kernel {kernel}, or the copy missed it (it holds: {})",
+            if present.is_empty() {
+                "nothing".to_owned()
+            } else {
+                present.join(", ")
+            }
+        )));
+    }
+    let firmware = join(staging, IMAGE_FIRMWARE);
+    if !host.exists(&firmware) {
+        return Err(SourceError::Invalid(format!(
+            "{staging} has no {IMAGE_FIRMWARE}/: copy the image's /firmwareDir too"
+        )));
+    }
+    within_staging(host, staging, &modules)?;
+    Ok((modules, firmware))
+}
+
+/// amdgpu and what it needs, from the image's `modules.dep`.
+fn image_closure(
+    host: &HostRoot,
+    staging: &str,
+    modules: &str,
+    kernel: &str,
+) -> Result<Vec<String>, SourceError> {
+    let missing = |why: String| Refusal::ModuleMissing {
+        dir: modules.to_owned(),
+        why,
+    };
+    let modules_dep = join(modules, "modules.dep");
+    within_staging(host, staging, &modules_dep)?;
+    let mut text = Vec::new();
+    host.read_chunks(&modules_dep, MAX_MODULES_DEP_BYTES, |c| {
+        text.extend_from_slice(c)
+    })
+    .map_err(|e| missing(e.to_string()))?;
+    Ok(amdgpu_closure(&String::from_utf8_lossy(&text), kernel).map_err(missing)?)
+}
+
+/// Copies the `modules.*` index files and the modules of `closure` (amdgpu
+/// first) from the image's `modules` directory to `to`.
+fn copy_modules(
+    host: &HostRoot,
+    staging: &str,
+    modules: &str,
+    closure: &[String],
+    to: &Path,
+) -> Result<(), SourceError> {
+    for name in host.list_dir(modules).map_err(unavailable)? {
+        if name.starts_with("modules.") {
+            let from = join(modules, &name);
+            within_staging(host, staging, &from)?;
+            if host.path(&from).is_file() {
+                copy_file(host, &from, &to.join(&name))?;
+            }
+        }
+    }
+    let amdgpu = closure.first().cloned().unwrap_or_default();
+    for module in closure {
+        let from = join(modules, module);
+        if !host.exists(&from) {
+            return Err(SourceError::Refused(if *module == amdgpu {
+                Refusal::ModuleMissing {
+                    dir: modules.to_owned(),
+                    why: format!("modules.dep names {module}, which the image does not hold"),
+                }
+            } else {
+                Refusal::DependencyMissing {
+                    module: join(modules, &amdgpu),
+                    dependency: module.clone(),
+                }
+            }));
+        }
+        within_staging(host, staging, &from)?;
+        copy_file(host, &from, &to.join(module))?;
+    }
+    Ok(())
 }
 
 fn unavailable(e: HostError) -> SourceError {
