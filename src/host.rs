@@ -365,6 +365,42 @@ impl HostRoot {
         }
         std::os::unix::fs::symlink(&relative, &path).map_err(|e| HostError::io(&path, e))
     }
+
+    /// Renames `from` to `to` (host paths on one filesystem) in one step: a
+    /// reader sees the old name or the new one, never a partial tree. A
+    /// directory `to` that exists and is not empty is an error.
+    pub fn rename(&self, from: impl AsRef<Path>, to: impl AsRef<Path>) -> Result<()> {
+        let (from, to) = (self.path(from), self.path(to));
+        fs::rename(&from, &to).map_err(|e| HostError::io(&to, e))
+    }
+
+    /// Swaps what the host paths `a` and `b` name, in one step
+    /// (`renameat2(RENAME_EXCHANGE)`): a reader of either path sees the old
+    /// tree or the new one, never none.
+    pub fn exchange(&self, a: impl AsRef<Path>, b: impl AsRef<Path>) -> Result<()> {
+        use std::os::unix::ffi::OsStrExt;
+        let (a, b) = (self.path(a), self.path(b));
+        let c_path = |p: &Path| {
+            std::ffi::CString::new(p.as_os_str().as_bytes())
+                .map_err(|e| HostError::io(p, io::Error::new(io::ErrorKind::InvalidInput, e)))
+        };
+        let (c_a, c_b) = (c_path(&a)?, c_path(&b)?);
+        // SAFETY: both are NUL-terminated paths that live across the call.
+        let done = unsafe {
+            libc::renameat2(
+                libc::AT_FDCWD,
+                c_a.as_ptr(),
+                libc::AT_FDCWD,
+                c_b.as_ptr(),
+                libc::RENAME_EXCHANGE,
+            )
+        };
+        if done == 0 {
+            Ok(())
+        } else {
+            Err(HostError::io(&b, io::Error::last_os_error()))
+        }
+    }
 }
 
 /// A file opened by [`HostRoot::open_capped`]: a [`Read`] that fails
@@ -689,6 +725,29 @@ mod tests {
             .attr_str("/attr", &[0xff, 0xfe])
             .expect_err("not UTF-8");
         assert!(invalid.to_string().contains("attr"), "{invalid}");
+    }
+
+    #[test]
+    fn rename_moves_a_tree_and_exchange_swaps_two() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let host = HostRoot::new(dir.path());
+        host.write("/store/.work/a/file", "new").expect("write");
+        host.write("/store/b/file", "old").expect("write");
+        host.exchange("/store/.work/a", "/store/b")
+            .expect("exchange");
+        assert_eq!(host.read_string("/store/b/file").expect("read"), "new");
+        assert_eq!(
+            host.read_string("/store/.work/a/file").expect("read"),
+            "old"
+        );
+        host.write("/store/.work/c/file", "c").expect("write");
+        let occupied = host
+            .rename("/store/.work/c", "/store/b")
+            .expect_err("b is not empty");
+        assert!(occupied.to_string().contains("store/b"), "{occupied}");
+        host.rename("/store/.work/c", "/store/d").expect("rename");
+        assert_eq!(host.read_string("/store/d/file").expect("read"), "c");
+        assert!(host.exchange("/store/d", "/store/none").is_err());
     }
 
     #[test]

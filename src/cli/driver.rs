@@ -1,10 +1,12 @@
-//! `gpu-operator driver`: what driver this node runs (`status`), and whether
-//! a driver bundle exists and verifies for a kernel (`check`), the preflight
-//! before rebooting into a new kernel.
+//! `gpu-operator driver`: what driver this node runs (`status`), whether a
+//! driver bundle exists and verifies for a kernel (`check`, the preflight
+//! before rebooting into a new kernel), and putting bundles in the store
+//! (`manifest` for one made by hand, `import` from a driver image's copy,
+//! `fetch` from a tarball).
 //!
 //! It owns the subcommands' arguments, their output (table or JSON) and exit
-//! statuses; the report and the checks are `driver`'s. It must not read a
-//! host file or check a bundle itself.
+//! statuses; the report, the checks and the sources are `driver`'s. It must
+//! not read a host file or check a bundle itself.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -18,6 +20,7 @@ use super::runtime::run_to_end;
 use crate::device::{self, Limits};
 use crate::driver::bundle::{self, Expected};
 use crate::driver::preflight::{self, DEFAULT_STORE, Preflight};
+use crate::driver::source;
 use crate::driver::{DriverReport, SecureBoot, read_report};
 use crate::host::HostRoot;
 use crate::host::reader::BoundedReader;
@@ -74,6 +77,121 @@ pub enum DriverCommand {
     /// run it by hand only to reboot. Exit status (only when the reboot could
     /// not be asked for): 1, with the reason.
     RebootHost,
+    /// Make a bundle from the reference operator's precompiled driver image.
+    ///
+    /// The image (tag <os>-<osver>-<kernel>-<version>, e.g.
+    /// ubuntu-22.04-6.8.0-49-generic-6.12.12) keeps its modules under
+    /// /opt/lib/modules/<kernel>/ and amdgpu's firmware under
+    /// /firmwareDir/updates/amdgpu/. Copy those two into a directory (an
+    /// init container of the driver image does it, see docs/driver.md), then
+    /// run this with that directory as --from. It writes the bundle
+    /// <bundle-dir>/<version>-<kernel>/: lib/modules/<kernel>/ with the
+    /// image's modules.* index files and only amdgpu and the modules it needs
+    /// per modules.dep (not the image's whole kernel tree), firmware/amdgpu/
+    /// with the firmware, and manifest.json; then verifies it as `check` does.
+    /// The bundle is built beside the store's bundles under a name starting
+    /// with `.` and renamed into place once it verifies. Symbolic links in
+    /// the copy are followed only within --from.
+    ///
+    /// Exit status: 0 imported, or the same bundle was there already; 1
+    /// refused, with the reason (a module modules.dep names is missing:
+    /// DependencyMissing; a link out of --from: PathEscapesBundle; another
+    /// bundle at that name: BundleExists, unless --replace; ...); 2 a bad
+    /// argument or tag, a --from without opt/lib/modules/<kernel>/ or
+    /// firmwareDir/updates/amdgpu/, or a directory that cannot be read or
+    /// written.
+    Import(DriverImportArgs),
+    /// Put the bundle a tarball holds into the store, once its sha256 matches.
+    ///
+    /// --source is a file (a host path) or an http:// or https:// URL (https
+    /// with the system's root certificates; at most 5 redirects). The tarball
+    /// (.tar, .tar.gz/.tgz, .tar.xz or .tar.zst, told by its content) holds
+    /// one bundle: manifest.json at its top, or in a single top-level
+    /// directory. It is downloaded into the store while hashed (at most 4
+    /// GiB), its sha256 checked before anything is unpacked, then unpacked
+    /// with only regular files and directories (no absolute path, no `..`,
+    /// no link or device; at most 4 GiB and 40,000 entries), verified
+    /// against its own manifest for the kernel that manifest names, and
+    /// renamed to <bundle-dir>/<version>-<kernel>/. source.json at the
+    /// bundle's top records where it came from and its sha256: a tarball of
+    /// that sha256 is not fetched again.
+    ///
+    /// Exit status: 0 fetched, or fetched before; 1 refused, with the reason
+    /// (ChecksumMismatch, UnsafeTarball, a bundle that does not verify,
+    /// BundleExists unless --replace); 2 a bad argument, a source that cannot
+    /// be read or downloaded, or a store that cannot be written.
+    Fetch(DriverFetchArgs),
+}
+
+/// Whether a new bundle's modules must be signed, for `import` and `fetch`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum NewBundleSignatures {
+    /// Keep the bundle only if every module is signed (as Secure Boot needs).
+    Required,
+    /// Not checked (the agent checks them before it loads, when needed).
+    NotRequired,
+}
+
+#[derive(Args, Debug)]
+#[command(group(clap::ArgGroup::new("identity").required(true).args(["image_tag", "kernel"])))]
+pub struct DriverImportArgs {
+    #[command(flatten)]
+    pub host: HostRootArg,
+    /// The directory the driver image was copied into: it holds
+    /// opt/lib/modules/<kernel>/ and firmwareDir/updates/amdgpu/. A host
+    /// path, resolved under --host-root; a relative path is taken from the
+    /// current directory first.
+    #[arg(long, value_name = "DIR")]
+    pub from: PathBuf,
+    /// The driver image's tag, <os>-<osver>-<kernel>-<version>, or the image
+    /// reference ending in it: gives the kernel and the driver version.
+    #[arg(long, value_name = "TAG", conflicts_with_all = ["kernel", "version"])]
+    pub image_tag: Option<String>,
+    /// The kernel release the image is for (instead of --image-tag).
+    #[arg(long, value_name = "RELEASE", requires = "version")]
+    pub kernel: Option<String>,
+    /// The driver version (instead of --image-tag).
+    #[arg(long, value_name = "VERSION", requires = "kernel")]
+    pub version: Option<String>,
+    /// The bundle store (a host path, resolved under --host-root).
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_STORE)]
+    pub bundle_dir: PathBuf,
+    /// Replace a different bundle already at <bundle-dir>/<version>-<kernel>.
+    #[arg(long)]
+    pub replace: bool,
+    /// Whether the new bundle's modules must be signed.
+    #[arg(long, value_enum, default_value_t = NewBundleSignatures::NotRequired)]
+    pub signatures: NewBundleSignatures,
+    #[arg(long, short, value_enum, default_value_t = OutputFormat::Table)]
+    pub output: OutputFormat,
+}
+
+#[derive(Args, Debug)]
+pub struct DriverFetchArgs {
+    #[command(flatten)]
+    pub host: HostRootArg,
+    /// The tarball: a file (a host path, resolved under --host-root; a
+    /// relative path is taken from the current directory first) or an
+    /// http:// or https:// URL.
+    #[arg(long, value_name = "PATH|URL")]
+    pub source: String,
+    /// The tarball's sha256, 64 hexadecimal digits (as `sha256sum` prints it).
+    #[arg(long, value_name = "HEX")]
+    pub sha256: String,
+    /// The bundle store (a host path, resolved under --host-root).
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_STORE)]
+    pub bundle_dir: PathBuf,
+    /// Replace a different bundle already at <bundle-dir>/<version>-<kernel>.
+    #[arg(long)]
+    pub replace: bool,
+    /// Whether the new bundle's modules must be signed.
+    #[arg(long, value_enum, default_value_t = NewBundleSignatures::NotRequired)]
+    pub signatures: NewBundleSignatures,
+    /// Seconds the whole download may take, redirects included.
+    #[arg(long, value_name = "SECONDS", default_value_t = 1800, value_parser = clap::value_parser!(u64).range(1..))]
+    pub timeout: u64,
+    #[arg(long, short, value_enum, default_value_t = OutputFormat::Table)]
+    pub output: OutputFormat,
 }
 
 #[derive(Args, Debug)]
@@ -140,6 +258,8 @@ pub fn run(args: DriverArgs) -> ExitCode {
         DriverCommand::Check(args) => run_check(args),
         DriverCommand::Manifest(args) => run_manifest(args),
         DriverCommand::RebootHost => fail(crate::driver::reboot::reboot_host(), 1),
+        DriverCommand::Import(args) => run_import(args),
+        DriverCommand::Fetch(args) => run_fetch(args),
     }
 }
 
@@ -255,6 +375,135 @@ fn run_manifest(args: DriverManifestArgs) -> ExitCode {
             println!("does not verify: {}: {refusal}", refusal.reason());
             ExitCode::from(1)
         }
+    }
+}
+
+fn run_import(args: DriverImportArgs) -> ExitCode {
+    let host = match args.host.open() {
+        Ok(host) => host,
+        Err(message) => return fail(message, 2),
+    };
+    let (Some(store), Some(staging)) =
+        (host_path_text(&args.bundle_dir), host_path_text(&args.from))
+    else {
+        return fail("--bundle-dir and --from must be UTF-8 paths", 2);
+    };
+    let (kernel_release, version) = match (&args.image_tag, args.kernel, args.version) {
+        (Some(tag), _, _) => match source::parse_image_tag(tag) {
+            Ok(tag) => (tag.kernel_release, tag.version),
+            Err(why) => return fail(why, 2),
+        },
+        (None, Some(kernel), Some(version)) => (kernel, version),
+        // clap requires one or the other, whole.
+        _ => return fail("give --image-tag, or --kernel and --version", 2),
+    };
+    let import = source::ImageImport {
+        staging,
+        kernel_release,
+        version,
+        tag: args.image_tag,
+        signature_required: args.signatures == NewBundleSignatures::Required,
+        replace: args.replace,
+    };
+    let result = source::import_image(&host, &store, &import);
+    source_answer(result, args.output, "imported")
+}
+
+fn run_fetch(args: DriverFetchArgs) -> ExitCode {
+    let host = match args.host.open() {
+        Ok(host) => host,
+        Err(message) => return fail(message, 2),
+    };
+    let Some(store) = host_path_text(&args.bundle_dir) else {
+        return fail("--bundle-dir must be a UTF-8 path", 2);
+    };
+    // A URL is taken as it is; a path is made absolute, as --bundle-dir.
+    let location = if args.source.contains("://") {
+        args.source.clone()
+    } else {
+        match host_path_text(Path::new(&args.source)) {
+            Some(path) => path,
+            None => return fail("--source must be a UTF-8 path", 2),
+        }
+    };
+    let tarball = source::TarballSource {
+        source: location,
+        sha256: args.sha256,
+    };
+    let options = source::FetchOptions {
+        limits: source::FetchLimits {
+            timeout: std::time::Duration::from_secs(args.timeout),
+            ..source::FetchLimits::default()
+        },
+        signature_required: args.signatures == NewBundleSignatures::Required,
+        replace: args.replace,
+    };
+    let output = args.output;
+    run_to_end(async move {
+        let result = source::fetch_tarball(&host, &store, &tarball, &options).await;
+        source_answer(result, output, "fetched")
+    })
+}
+
+/// Prints what `import` or `fetch` did (`done` says what "added" was) and
+/// gives its exit status: 0 in the store, 1 refused, 2 not usable.
+fn source_answer(
+    result: Result<source::Placed, source::SourceError>,
+    output: OutputFormat,
+    done: &str,
+) -> ExitCode {
+    match (result, output) {
+        (Ok(placed), OutputFormat::Json) => {
+            print_json(&placed);
+            ExitCode::SUCCESS
+        }
+        (Ok(placed), OutputFormat::Table) => {
+            print!("{}", placed_text(&placed, done));
+            ExitCode::SUCCESS
+        }
+        (Err(e), OutputFormat::Json) if e.is_refusal() => {
+            print_json(&serde_json::json!({
+                "refused": {"reason": e.reason(), "message": e.to_string()}
+            }));
+            ExitCode::from(1)
+        }
+        (Err(e), OutputFormat::Table) if e.is_refusal() => {
+            println!("refused: {}: {e}", e.reason());
+            ExitCode::from(1)
+        }
+        (Err(e), _) => fail(format!("{}: {e}", e.reason()), 2),
+    }
+}
+
+/// `import` or `fetch` for a person.
+pub fn placed_text(placed: &source::Placed, done: &str) -> String {
+    let what = format!(
+        "driver {} for kernel {}",
+        placed.version, placed.kernel_release
+    );
+    let detail = placed.verified.as_ref().map_or_else(
+        || " (fetched before from a tarball of that sha256; not read again)".to_owned(),
+        |v| {
+            format!(
+                ", {} files, {} MiB, module {}",
+                v.files,
+                v.bytes.div_ceil(1 << 20),
+                v.module
+            )
+        },
+    );
+    match placed.placement {
+        source::Placement::Added => format!("{done} {}: {what}{detail}\n", placed.dir),
+        source::Placement::Replaced => {
+            format!(
+                "{done} {}, replacing another bundle: {what}{detail}\n",
+                placed.dir
+            )
+        }
+        source::Placement::AlreadyPresent => format!(
+            "already present: {} holds {what}{detail}; nothing changed\n",
+            placed.dir
+        ),
     }
 }
 

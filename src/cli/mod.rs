@@ -101,8 +101,9 @@ pub enum Command {
     /// bad, 3 the test could not be run, 4 the test tool cannot be started
     /// (missing or not executable: nothing was tested, see --rvs).
     Check(CheckArgs),
-    /// The amdgpu driver: what this host runs (`status`), and whether a driver
-    /// bundle exists and verifies for a kernel (`check`, before a reboot).
+    /// The amdgpu driver: what this host runs (`status`), whether a driver
+    /// bundle exists and verifies for a kernel (`check`, before a reboot), and
+    /// putting bundles in the store (`manifest`, `import`, `fetch`).
     ///
     /// The agent loads drivers from this store itself (spec.driver.enable);
     /// the leader rolls upgrades across nodes (spec.driver.upgradePolicy;

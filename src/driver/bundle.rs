@@ -61,7 +61,7 @@ pub const MAX_FILE_BYTES: u64 = 512 * 1024 * 1024;
 /// The most files a bundle may list (amdgpu firmware is about a thousand).
 pub const MAX_FILES: usize = 20_000;
 /// `modules.dep` of a whole kernel is under 1 MiB.
-const MAX_MODULES_DEP_BYTES: u64 = 16 * 1024 * 1024;
+pub(crate) const MAX_MODULES_DEP_BYTES: u64 = 16 * 1024 * 1024;
 
 /// A bundle's manifest.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -144,6 +144,8 @@ pub enum Refusal {
     UnsignedModule { path: String },
     #[error("{path}: its signature cannot be checked: {why}")]
     SignatureUncheckable { path: String, why: String },
+    #[error("{tarball}: {why}")]
+    UnsafeTarball { tarball: String, why: String },
     #[error("{0}")]
     Unreadable(String),
 }
@@ -164,6 +166,7 @@ impl Refusal {
             Refusal::DependencyMissing { .. } => "DependencyMissing",
             Refusal::UnsignedModule { .. } => "UnsignedModule",
             Refusal::SignatureUncheckable { .. } => "SignatureUncheckable",
+            Refusal::UnsafeTarball { .. } => "UnsafeTarball",
             Refusal::Unreadable(_) => "BundleUnreadable",
         }
     }
@@ -225,11 +228,11 @@ pub fn parse_manifest(dir: &str, bytes: &[u8]) -> Result<Manifest, Refusal> {
 
 /// One path component a kernel release or file name may be: no separator,
 /// not `.` or `..`, not empty.
-fn is_plain_name(name: &str) -> bool {
+pub(crate) fn is_plain_name(name: &str) -> bool {
     !name.is_empty() && name != "." && name != ".." && !name.contains('/') && !name.contains('\0')
 }
 
-fn is_sha256_hex(text: &str) -> bool {
+pub(crate) fn is_sha256_hex(text: &str) -> bool {
     text.len() == 64
         && text
             .bytes()
@@ -655,6 +658,9 @@ pub fn write_manifest(
 /// itself when it holds a manifest, else each directory in it whose
 /// manifest names that kernel. A directory whose manifest cannot be read is
 /// listed too, so that verifying it says why; one for another kernel is not.
+/// Names that start with `.` are skipped: imports and fetches build their
+/// bundles in such directories and rename them into place only once they
+/// verify, so that nobody loads a half-written bundle.
 pub fn find(host: &HostRoot, store: &str, kernel_release: &str) -> Result<Vec<String>, Refusal> {
     if host.exists(join(store, MANIFEST)) {
         return Ok(vec![store.to_owned()]);
@@ -665,7 +671,7 @@ pub fn find(host: &HostRoot, store: &str, kernel_release: &str) -> Result<Vec<St
         Err(e) => return Err(unreadable(e)),
     };
     let mut found = Vec::new();
-    for name in names {
+    for name in names.into_iter().filter(|n| !n.starts_with('.')) {
         let dir = join(store, &name);
         if !host.exists(join(&dir, MANIFEST)) {
             continue;
@@ -698,6 +704,16 @@ mod tests {
         let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
         encoder.write_all(bytes).unwrap();
         encoder.finish().unwrap()
+    }
+
+    /// A complete bundle with a plain, signed amdgpu at `dir`.
+    fn write_bundle_at(host: &HostRoot, dir: &str) {
+        let modules = format!("{dir}/lib/modules/{KERNEL}");
+        host.write(format!("{modules}/amdgpu.ko"), module_bytes("amdgpu", true))
+            .unwrap();
+        host.write(format!("{modules}/modules.dep"), "amdgpu.ko:\n")
+            .unwrap();
+        write_manifest(host, dir, "6.12.12", KERNEL).unwrap();
     }
 
     /// A bundle with amdgpu, one dependency and a firmware file, its
@@ -1021,6 +1037,8 @@ mod tests {
         host.write(format!("{other}/firmware/a.bin"), "a").unwrap();
         write_manifest(&host, &other, "6.12.12", "6.11.0").unwrap();
         host.create_dir_all(format!("{store}/empty")).unwrap();
+        // A bundle still being imported or fetched is not offered.
+        write_bundle_at(&host, &format!("{store}/.import-x1y2"));
         assert_eq!(find(&host, store, KERNEL).unwrap(), [DIR]);
         assert_eq!(find(&host, store, "6.11.0").unwrap(), [other.as_str()]);
         assert!(find(&host, store, "5.15.0").unwrap().is_empty());
