@@ -118,7 +118,12 @@ fn cpu_seconds(pid: u32) -> f64 {
     // are the 14th and 15th of the whole line.
     let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
     let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0);
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
     // SAFETY: sysconf only reads a system constant.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
     (ticks(11) + ticks(12)) / hz.max(1.0)
@@ -148,7 +153,8 @@ fn decision_times(count: usize) -> (f64, f64, f64) {
     ];
     let nodes: Vec<Node> = (0..count)
         .map(|i| {
-            let mut record = UpgradeRecord::new(key.clone(), states[i % states.len()].clone(), &since);
+            let mut record =
+                UpgradeRecord::new(key.clone(), states[i % states.len()].clone(), &since);
             record.started = Some(since.clone());
             record.cordoned_before = Some(false);
             let mut value = node(i);

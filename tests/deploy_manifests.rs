@@ -1283,7 +1283,8 @@ fn systemd_unit_runs_standalone_and_keeps_what_the_work_needs() {
     assert!(!filter.contains("@module"), "SystemCallFilter={filter}");
     assert_eq!(get("ProtectKernelModules").as_deref(), Some("yes"));
     // The opt-in drop-in gives back exactly what module loading needs: the
-    // capability, the system calls, /lib/modules.
+    // capability, the system calls, /lib/modules, and the two host paths the
+    // driver manager writes (the firmware search path, the blacklist).
     let drop_in = unit_file(DRIVER_DROP_IN);
     let driver = |key: &str| setting(&drop_in, key);
     assert_eq!(
@@ -1292,11 +1293,25 @@ fn systemd_unit_runs_standalone_and_keeps_what_the_work_needs() {
     );
     assert_eq!(driver("SystemCallFilter").as_deref(), Some("@module"));
     assert_eq!(driver("ProtectKernelModules").as_deref(), Some("no"));
+    let writable = driver("ReadWritePaths").unwrap_or_default();
+    for written in [
+        gpu_operator::driver::load::FIRMWARE_PATH_PARAM,
+        gpu_operator::driver::blacklist::BLACKLIST_FILE,
+    ] {
+        assert!(
+            writable
+                .split_whitespace()
+                .map(|p| p.trim_start_matches('-'))
+                .any(|dir| Path::new(written).starts_with(dir)),
+            "{written} is not under the drop-in's ReadWritePaths= ({writable})"
+        );
+    }
     assert_eq!(
         drop_in.keys().map(|(_, k)| k.as_str()).collect::<Vec<_>>(),
         [
             "CapabilityBoundingSet",
             "ProtectKernelModules",
+            "ReadWritePaths",
             "SystemCallFilter"
         ],
         "the drop-in widens nothing else"

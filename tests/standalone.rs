@@ -477,3 +477,56 @@ fn show_metrics_prints_frames_from_the_exporter_in_process() {
     let _ = child.wait();
     assert_eq!(rows.len(), 8, "{rows:?}");
 }
+
+/// Bare metal loads its driver too: with `driver.enable` in the config, the
+/// standalone services load the bundle for the running kernel from the
+/// store, and the events file says so.
+#[test]
+fn standalone_loads_the_driver_its_config_asks_for_from_the_bundle_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let host = HostRoot::new(dir.path().join("host"));
+    simulate::write_host(&host, &SimSpec::new("mi210", Some(1), None).unwrap()).unwrap();
+    simulate::unload_module(&host).unwrap();
+    let bundle =
+        support::bundles::write_bundle(&host, "6.4.1", simulate::SIM_KERNEL_RELEASE, false);
+    let tools = dir.path().join("tools");
+    let modprobe = support::bundles::modprobe_recorder_of_bundles(&tools, host.root());
+    let config = dir.path().join("config.yaml");
+    std::fs::write(
+        &config,
+        "driver:\n  enable: true\n  version: \"6.4.1\"\nmetricsExporter:\n  enable: true\n",
+    )
+    .unwrap();
+    let events = dir.path().join("events.jsonl");
+    let mut child = bin()
+        .arg("standalone")
+        .arg("--config")
+        .arg(&config)
+        .arg("--host-root")
+        .arg(host.root())
+        .arg("--modprobe")
+        .arg(&modprobe)
+        .args(["--metrics-bind", "127.0.0.1:0"])
+        .arg("--events-file")
+        .arg(&events)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait::eventually_blocking("the bundle's driver loaded", || {
+        host.read_attr("/sys/module/amdgpu/version").ok().as_deref() == Some("6.4.1")
+            && std::fs::read_to_string(&events).is_ok_and(|e| e.contains("\"DriverLoaded\""))
+    });
+    assert_eq!(
+        support::bundles::modprobe_runs(&tools),
+        [format!("--dirname {} amdgpu", host.path(&bundle).display())]
+    );
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let status = wait::poll_until_blocking(
+        "the standalone services stop",
+        || child.try_wait().unwrap(),
+        Option::is_some,
+    );
+    assert!(status.is_some_and(|s| s.success()));
+}

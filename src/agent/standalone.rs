@@ -7,7 +7,11 @@
 //! kubelet device-plugin directory exists. Events go to the log and, one JSON
 //! object per line, to a local file ([`EventSink::file`]); the loop here makes
 //! them from what the services hand over: health transitions, discovery
-//! progress, the plugin's layout conflict and each finished test case.
+//! progress, the plugin's layout conflict, each finished test case, and what
+//! the driver manager did about `driver.enable` (it loads amdgpu from the
+//! host's bundle store as the Kubernetes agent does; with no leader, the
+//! spec's `upgradePolicy` has nothing to roll and `driver.version` is
+//! followed by hand: a running driver is replaced once nothing holds it).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -70,6 +74,9 @@ pub struct StandaloneConfig {
     pub simulate: Option<SimSpec>,
     /// Which programs COMMAND tests may start (`--allow-test-command`).
     pub test_commands: crate::testrunner::AllowedCommands,
+    /// The driver bundle store and the commands that load from it, for a
+    /// spec with `driver.enable`.
+    pub driver: crate::driver::manager::ManagerConfig,
 }
 
 /// The spec standalone mode uses without a config file: the metrics exporter
@@ -184,6 +191,29 @@ pub async fn run_observed(
         },
     );
     let mut services = NodeServices::new(devices.inventory(), devices.state(), None);
+    // The driver: reported, and loaded when the spec asks (as by hand:
+    // there is no leader to roll upgrades).
+    let driver_stop = CancellationToken::new();
+    let _stop_driver = driver_stop.clone().drop_guard();
+    let driver_reader = crate::host::reader::BoundedReader::new(config.host.clone(), 2);
+    let driver_report = crate::driver::report::follow(
+        driver_reader.clone(),
+        devices.inventory(),
+        devices.state(),
+        driver_stop.clone(),
+    );
+    let (_driver_wanted, wanted_rx) = tokio::sync::watch::channel(
+        crate::driver::manager::DriverWanted::from_spec(config.spec.driver()),
+    );
+    let mut driver_load = crate::driver::manager::spawn(
+        driver_reader,
+        config.driver.clone(),
+        wanted_rx,
+        driver_report,
+        driver_stop.clone(),
+    );
+    let mut driver_events = super::plan::LoopState::default();
+    let mut driver_open = true;
     let mut discovery = services.discovery();
     let mut discovery_open = true;
     let labels = Default::default();
@@ -301,6 +331,18 @@ pub async fn run_observed(
                     services.apply(desired.clone()).await;
                 }
                 progress = now;
+            }
+            changed = driver_load.changed(), if driver_open => {
+                if changed.is_err() {
+                    driver_open = false;
+                    continue;
+                }
+                let load = driver_load.borrow_and_update().clone();
+                if let Some((type_, action, reason, note)) =
+                    super::plan::driver_load_event(&mut driver_events, load.as_ref())
+                {
+                    events.record(NodeEvent::agent(type_, action, reason, note)).await;
+                }
             }
             result = test_results.recv(), if results_open => match result {
                 Ok(run) => {

@@ -10,7 +10,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 
-use super::args::{HostRootArg, SamplingArgs, UpgradeTimeoutArgs, kube_clients};
+use super::args::{DriverLoadArgs, HostRootArg, SamplingArgs, UpgradeTimeoutArgs, kube_clients};
 use super::output::fail;
 use super::runtime::{run_to_end, shutdown_on_signals};
 
@@ -66,15 +66,8 @@ pub struct AgentArgs {
     /// default the agents may not read Secrets.
     #[arg(long)]
     pub check_secret_references: bool,
-    /// The host's driver bundle store (a host path under --host-root): one
-    /// directory per driver version and kernel, as docs/driver.md describes.
-    /// With `spec.driver.enable`, the agent loads the bundle built for the
-    /// running kernel from here, after verifying it.
-    #[arg(long, value_name = "DIR", default_value = crate::driver::preflight::DEFAULT_STORE)]
-    pub driver_store: String,
-    /// The modprobe the agent loads amdgpu with.
-    #[arg(long, value_name = "PATH", default_value = "/usr/sbin/modprobe")]
-    pub modprobe: PathBuf,
+    #[command(flatten)]
+    pub driver: DriverLoadArgs,
     /// The command that reboots this node when its driver upgrade asks for a
     /// reboot (driver.upgradePolicy.rebootRequired, or replacing the in-box
     /// amdgpu), split at spaces, e.g. "nsenter --target 1 --all systemctl
@@ -148,15 +141,9 @@ pub fn run(args: AgentArgs) -> ExitCode {
             kubelet_dir: args.kubelet_dir,
             rescan_interval: args.sampling.rescan_interval,
             sampling: args.sampling.sampling(),
-            driver: crate::driver::manager::ManagerConfig {
-                store: args.driver_store,
-                commands: crate::driver::load::LoadCommands {
-                    modprobe: args.modprobe,
-                    ..Default::default()
-                },
-                reboot: reboot_command(args.reboot_command),
-                ..Default::default()
-            },
+            driver: args
+                .driver
+                .manager_config(reboot_command(args.reboot_command)),
         };
         match crate::agent::run(client, config, shutdown_on_signals()).await {
             Ok(()) => ExitCode::SUCCESS,

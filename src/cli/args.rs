@@ -131,6 +131,39 @@ pub(super) async fn kube_clients() -> Result<(kube::Client, crate::cluster::Evic
     Ok((client, eviction))
 }
 
+/// Where driver bundles are and how amdgpu is loaded from them. Shared by
+/// `agent` and `standalone`.
+#[derive(Args, Debug)]
+pub struct DriverLoadArgs {
+    /// The host's driver bundle store (a host path under --host-root): one
+    /// directory per driver version and kernel, as docs/driver.md describes.
+    /// With `spec.driver.enable`, the bundle built for the running kernel is
+    /// loaded from here, after verifying it.
+    #[arg(long, value_name = "DIR", default_value = crate::driver::preflight::DEFAULT_STORE)]
+    pub driver_store: String,
+    /// The modprobe amdgpu is loaded and unloaded with.
+    #[arg(long, value_name = "PATH", default_value = "/usr/sbin/modprobe")]
+    pub modprobe: PathBuf,
+}
+
+impl DriverLoadArgs {
+    /// The driver manager's configuration, rebooting with `reboot`.
+    pub(super) fn manager_config(
+        &self,
+        reboot: Option<crate::driver::reboot::RebootCommand>,
+    ) -> crate::driver::manager::ManagerConfig {
+        crate::driver::manager::ManagerConfig {
+            store: self.driver_store.clone(),
+            commands: crate::driver::load::LoadCommands {
+                modprobe: self.modprobe.clone(),
+                ..Default::default()
+            },
+            reboot,
+            ..Default::default()
+        }
+    }
+}
+
 /// The time limits of the leader's driver upgrade steps: the DeviceConfig
 /// has no field for them. Shared by `agent` and `leader`.
 #[derive(Args, Debug)]

@@ -11,7 +11,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 
-use super::args::{HostRootArg, SamplingArgs, host_name, read_optional};
+use super::args::{DriverLoadArgs, HostRootArg, SamplingArgs, host_name, read_optional};
 use super::output::{fail, show_live_metrics};
 use super::runtime::{run_to_end, shutdown_on_signals};
 use crate::host::HostRoot;
@@ -64,6 +64,8 @@ pub struct StandaloneArgs {
     /// RVS and AGFHC recipes need no entry.
     #[arg(long = "allow-test-command", value_name = "DIR_OR_PATH")]
     pub allow_test_command: Vec<PathBuf>,
+    #[command(flatten)]
+    pub driver: DriverLoadArgs,
 }
 
 pub fn run(args: StandaloneArgs) -> ExitCode {
@@ -130,6 +132,8 @@ pub fn run(args: StandaloneArgs) -> ExitCode {
         sampling: args.sampling.sampling(),
         simulate,
         test_commands: crate::testrunner::AllowedCommands::from_flags(args.allow_test_command),
+        // No leader asks a standalone host to reboot.
+        driver: args.driver.manager_config(None),
     };
     let show_metrics = args.show_metrics;
     run_to_end(async move {
