@@ -8,7 +8,9 @@
 # wherever the host root is "/"), which links libudev.so.1; the final stage is
 # gcr.io/distroless/cc-debian12 (glibc and libgcc, no shell, no package
 # manager) plus libudev and whatever else the binary links that distroless
-# lacks. Both stages are Debian 12, so the copied libraries match the glibc
+# lacks, and kmod's `modprobe` with its libraries: driver management
+# (spec.driver.enable) loads amdgpu with `modprobe --dirname <bundle>`, as
+# KMM's worker images do, and distroless has none. Both stages are Debian 12, so the copied libraries match the glibc
 # they run on. The cache mounts need BuildKit (the default builder since
 # Docker 23).
 #
@@ -32,7 +34,7 @@ ARG RUNTIME_IMAGE=gcr.io/distroless/cc-debian12
 
 FROM ${RUST_IMAGE} AS build
 RUN apt-get update \
- && apt-get install -y --no-install-recommends libudev-dev pkg-config \
+ && apt-get install -y --no-install-recommends libudev-dev pkg-config kmod \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
@@ -40,7 +42,10 @@ COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release --locked --features udev --bin gpu-operator \
- && install -D -m 0755 target/release/gpu-operator /out/usr/local/bin/gpu-operator
+ && install -D -m 0755 target/release/gpu-operator /out/usr/local/bin/gpu-operator \
+ && install -D -m 0755 "$(readlink -f /usr/sbin/modprobe)" /out/usr/bin/kmod \
+ && mkdir -p /out/usr/sbin \
+ && ln -s ../bin/kmod /out/usr/sbin/modprobe
 # Shared libraries the binary needs beyond what distroless/cc provides (glibc,
 # libgcc_s): today libudev.so.1, which itself needs only glibc. Listing them
 # with ldd rather than by name keeps the image right if a dependency changes.
@@ -48,15 +53,17 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
 RUN set -eu; \
     libdir="/out/usr/lib/$(gcc -print-multiarch)"; \
     mkdir -p "$libdir"; \
-    if ldd /out/usr/local/bin/gpu-operator | grep -q 'not found'; then \
-      ldd /out/usr/local/bin/gpu-operator; exit 1; \
-    fi; \
-    for lib in $(ldd /out/usr/local/bin/gpu-operator | awk '$2 == "=>" && $3 ~ /^\// { print $3 }'); do \
-      name=$(basename "$lib"); \
-      case "$name" in \
-        libc.so.*|libm.so.*|libdl.so.*|librt.so.*|libpthread.so.*|libgcc_s.so.*|ld-linux*) ;; \
-        *) cp -L "$lib" "$libdir/$name"; echo "bundling $name" ;; \
-      esac; \
+    for bin in /out/usr/local/bin/gpu-operator /out/usr/bin/kmod; do \
+      if ldd "$bin" | grep -q 'not found'; then \
+        ldd "$bin"; exit 1; \
+      fi; \
+      for lib in $(ldd "$bin" | awk '$2 == "=>" && $3 ~ /^\// { print $3 }'); do \
+        name=$(basename "$lib"); \
+        case "$name" in \
+          libc.so.*|libm.so.*|libdl.so.*|librt.so.*|libpthread.so.*|libgcc_s.so.*|ld-linux*) ;; \
+          *) cp -L "$lib" "$libdir/$name"; echo "bundling $name for $bin" ;; \
+        esac; \
+      done; \
     done; \
     test -e "$libdir/libudev.so.1"
 
@@ -68,6 +75,7 @@ COPY --from=build /out/ /
 # Fails the build if the binary cannot load its libraries here (exec form: no
 # shell needed).
 RUN ["/usr/local/bin/gpu-operator", "--version"]
+RUN ["/usr/sbin/modprobe", "--version"]
 # distroless's "nonroot" user, for the subcommands that need no host access
 # (validate, crd, discover --host-root on a copy). The agent DaemonSet
 # overrides it with runAsUser: 0 because the kubelet's device-plugins and

@@ -1,7 +1,7 @@
 //! deploy/15-admission-policy.yaml against recorded admission requests.
 //!
 //! The ValidatingAdmissionPolicy lets only the pod holding the leader Lease
-//! write Nodes other than its own, and Services. Its CEL expressions are
+//! write Nodes other than its own and Services, and evict or delete Pods. Its CEL expressions are
 //! evaluated here with a CEL interpreter, the way the API server applies them:
 //! a request in the policy's `matchConstraints` whose `matchConditions` are all
 //! true is matched; a matched request is allowed when every validation is true
@@ -155,6 +155,9 @@ fn cases() -> Vec<(&'static str, Option<&'static str>, Decision)> {
         ("leader-patches-its-own-node.json", lease, NotMatched),
         ("leader-creates-service.json", lease, Allowed),
         ("leader-deletes-service.json", lease, Allowed),
+        // The drains of rolling driver upgrades.
+        ("leader-evicts-a-pod.json", lease, Allowed),
+        ("leader-deletes-a-pod.json", lease, Allowed),
         // A non-leader agent (gpu-node-2/gpu-operator-4kq9z).
         ("non-leader-patches-another-node.json", lease, Denied),
         ("non-leader-patches-another-node-status.json", lease, Denied),
@@ -166,6 +169,8 @@ fn cases() -> Vec<(&'static str, Option<&'static str>, Decision)> {
         ),
         ("non-leader-creates-service.json", lease, Denied),
         ("non-leader-deletes-service.json", lease, Denied),
+        ("non-leader-evicts-a-pod.json", lease, Denied),
+        ("non-leader-deletes-a-pod.json", lease, Denied),
         // A token without node and pod claims cannot prove anything: refused.
         (
             "token-without-node-claims-patches-a-node.json",

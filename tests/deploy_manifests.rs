@@ -29,6 +29,7 @@ use k8s_openapi::api::core::v1::{Container, Namespace, PodSpec, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::Api;
 use kube_emulator::{Emulator, EmulatorConfig};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -547,6 +548,118 @@ fn daemonset_mounts_exactly_the_host_paths_the_code_uses() {
     );
 }
 
+/// The opt-in patch for driver management.
+const DRIVER_PATCH: &str = "deploy/patches/driver-management.yaml";
+
+/// What a DaemonSet with the driver-management patch must grant: the
+/// capabilities and host PIDs that loading, holder checks and reboots need,
+/// and each host path the driver code reads or writes mounted where the code
+/// looks for it (writable where it writes); with everything of the
+/// DaemonSet's own least privilege still in place.
+fn check_driver_management_rights(ds: &DaemonSet) {
+    let pod = ds
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.clone())
+        .expect("pod template spec");
+    let container = pod.containers[0].clone();
+    assert_eq!(pod.host_pid, Some(true), "reboots enter PID 1's namespace");
+    let sc = container.security_context.clone().expect("securityContext");
+    let caps = sc.capabilities.clone().expect("capabilities");
+    assert_eq!(
+        caps.drop,
+        Some(vec!["ALL".to_owned()]),
+        "still drops all first"
+    );
+    let added: BTreeSet<String> = caps.add.unwrap_or_default().into_iter().collect();
+    assert_eq!(
+        added,
+        ["SYS_MODULE", "SYS_PTRACE", "SYS_ADMIN", "SYS_CHROOT"]
+            .map(str::to_owned)
+            .into(),
+        "exactly what loading, the holder check and the reboot need"
+    );
+    assert_eq!(sc.privileged, Some(false));
+    assert_eq!(sc.read_only_root_filesystem, Some(true));
+    let host = HostRoot::new(env_value(&container, "GPU_OPERATOR_HOST_ROOT"));
+    let mounts = host_mounts(&pod, &container);
+    for (host_path, writes, why) in [
+        (
+            gpu_operator::driver::load::FIRMWARE_PATH_PARAM,
+            true,
+            "firmware search path",
+        ),
+        (
+            gpu_operator::driver::blacklist::BLACKLIST_FILE,
+            true,
+            "amdgpu blacklist",
+        ),
+        (
+            &*format!(
+                "{}/6.4.1-6.8.0-49-generic/manifest.json",
+                gpu_operator::driver::preflight::DEFAULT_STORE
+            ),
+            false,
+            "the bundle store",
+        ),
+        ("/proc/4242/fd", false, "the holder check"),
+        (
+            "/proc/sys/kernel/random/boot_id",
+            false,
+            "the driver report",
+        ),
+    ] {
+        let (mount, seen_at) = mounts
+            .iter()
+            .filter(|m| Path::new(host_path).starts_with(&m.host_path))
+            // The most specific mount shows the path.
+            .max_by_key(|m| m.host_path.len())
+            .map(|m| {
+                let rest = Path::new(host_path).strip_prefix(&m.host_path).unwrap();
+                (m, Path::new(&m.mount_path).join(rest))
+            })
+            .unwrap_or_else(|| panic!("{host_path} ({why}) is not mounted: {mounts:?}"));
+        assert_eq!(seen_at, host.path(host_path), "{host_path} ({why})");
+        assert_eq!(
+            !mount.read_only, writes,
+            "{host_path} ({why}) writable: {writes}"
+        );
+    }
+    // The DaemonSet's own mounts are all still there.
+    let (_, base_pod, base_container) = daemonset();
+    for base in host_mounts(&base_pod, &base_container) {
+        assert!(
+            mounts
+                .iter()
+                .any(|m| m.mount_path == base.mount_path && m.read_only == base.read_only),
+            "{} lost or changed by the patch",
+            base.mount_path
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_driver_management_patch_grants_what_loading_and_rebooting_need() {
+    let emu = Emulator::start(EmulatorConfig::default()).await.unwrap();
+    emu.create(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}))
+        .unwrap();
+    let all = manifests();
+    emu.create(the(&all, "DaemonSet").doc.clone()).unwrap();
+    let text = std::fs::read_to_string(repo().join(DRIVER_PATCH)).unwrap();
+    let patch: Value = serde_saphyr::from_str(&text).expect("the patch is YAML");
+    // As `kubectl patch --patch-file` sends it: a strategic merge patch.
+    let daemonsets: Api<DaemonSet> = Api::namespaced(emu.client(), NAMESPACE);
+    let patched = daemonsets
+        .patch(
+            "gpu-operator",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Strategic(patch),
+        )
+        .await
+        .expect("the patch applies");
+    check_driver_management_rights(&patched);
+}
+
 #[test]
 fn daemonset_runs_unprivileged_with_a_read_only_root() {
     let (_, pod, container) = daemonset();
@@ -1052,6 +1165,82 @@ fn allowed(grants: &[Grant], need: &Need) -> bool {
     })
 }
 
+/// What the leader's drains do in the API beyond deploy/10-rbac.yaml, which
+/// deploy/optional/driver-upgrades.yaml grants: evictions (remove in
+/// src/cluster/drain.rs), deletions under podDeletionPolicy (the same), and
+/// the DRA claims that make a pod a GPU pod (gpu_claims). Listing the node's
+/// pods is the base grant's.
+#[rustfmt::skip]
+const DRAIN_NEEDS: &[Need] = &[
+    need("", "pods/eviction", "create", Scope::Cluster),
+    need("", "pods", "delete", Scope::Cluster),
+    need("resource.k8s.io", "resourceclaims", "list", Scope::Cluster),
+];
+
+#[test]
+fn the_driver_upgrades_role_grants_exactly_what_drains_need() {
+    let text =
+        std::fs::read_to_string(repo().join("deploy/optional/driver-upgrades.yaml")).unwrap();
+    let docs: Vec<Value> = serde_saphyr::from_multiple(&text).unwrap();
+    let docs: Vec<Value> = docs.into_iter().filter(|d| !d.is_null()).collect();
+    let role: ClusterRole = serde_json::from_value(
+        docs.iter()
+            .find(|d| d["kind"] == "ClusterRole")
+            .cloned()
+            .unwrap(),
+    )
+    .unwrap();
+    let binding: ClusterRoleBinding = serde_json::from_value(
+        docs.iter()
+            .find(|d| d["kind"] == "ClusterRoleBinding")
+            .cloned()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(binding.role_ref.name, role.metadata.name.clone().unwrap());
+    let subjects = binding.subjects.unwrap_or_default();
+    assert!(
+        subjects.len() == 1
+            && subjects[0].name == "gpu-operator"
+            && subjects[0].namespace.as_deref() == Some(NAMESPACE),
+        "bound to the agents' ServiceAccount only: {subjects:?}"
+    );
+    let granted: Vec<Grant> = role
+        .rules
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|rule| Grant {
+            namespace: None,
+            rule,
+            from: "ClusterRole gpu-operator-driver-upgrades".into(),
+        })
+        .collect();
+    for need in DRAIN_NEEDS {
+        assert!(allowed(&granted, need), "{need:?} is not granted");
+    }
+    for g in &granted {
+        for group in g.rule.api_groups.iter().flatten() {
+            for resource in g.rule.resources.iter().flatten() {
+                for verb in &g.rule.verbs {
+                    assert!(
+                        DRAIN_NEEDS
+                            .iter()
+                            .any(|n| n.group == group && n.resource == resource && n.verb == verb),
+                        "{verb} {group}/{resource} is granted but no drain needs it"
+                    );
+                }
+            }
+        }
+    }
+    // What the base RBAC grants, it does not grant again; and the base
+    // grants none of these: drains stay opt-in.
+    let base = grants();
+    for need in DRAIN_NEEDS {
+        assert!(!allowed(&base, need), "deploy/10-rbac.yaml grants {need:?}");
+    }
+}
+
 #[test]
 fn rbac_grants_every_call_the_code_makes() {
     let grants = grants();
@@ -1447,6 +1636,35 @@ async fn kubectl_applies_deploy_as_documented() {
         before,
         "a second apply changed something:\n{out}"
     );
+
+    // Driver management, as documented: the patch, and an apply of deploy/
+    // afterwards keeps it.
+    let (ok, out, err) = kubectl(
+        &emu,
+        home.path(),
+        &[
+            "-n",
+            NAMESPACE,
+            "patch",
+            "daemonset",
+            "gpu-operator",
+            "--patch-file",
+            DRIVER_PATCH,
+        ],
+    )
+    .await;
+    assert!(ok, "kubectl patch --patch-file {DRIVER_PATCH}:\n{out}{err}");
+    for step in ["patched", "applied again"] {
+        let stored = emu
+            .get("apps/v1", "DaemonSet", NAMESPACE, "gpu-operator")
+            .expect("the DaemonSet");
+        let ds: DaemonSet = serde_json::from_value(stored).expect("a DaemonSet");
+        check_driver_management_rights(&ds);
+        if step == "patched" {
+            let (ok, out, err) = kubectl(&emu, home.path(), &["apply", "-f", "deploy/"]).await;
+            assert!(ok, "kubectl apply -f deploy/ after the patch:\n{out}{err}");
+        }
+    }
 
     // Uninstall as documented: the DeviceConfig first, then the rest, then the CRD.
     let all = manifests();
