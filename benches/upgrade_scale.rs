@@ -41,7 +41,7 @@ use gpu_operator::cluster::upgrader::facts_of;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, watcher};
 use kube_emulator::{Emulator, EmulatorConfig};
 use serde_json::json;
 
@@ -83,7 +83,9 @@ fn node(i: usize) -> serde_json::Value {
 /// loaded, once. Returns how many answered.
 async fn fleet_answers(client: kube::Client, answered: Arc<Mutex<HashSet<String>>>) {
     let nodes: Api<Node> = Api::all(client);
-    let mut events = watcher::watcher(nodes.clone(), watcher::Config::default()).boxed();
+    let mut events = watcher::watcher(nodes.clone(), watcher::Config::default())
+        .default_backoff()
+        .boxed();
     while let Some(event) = events.next().await {
         let Ok(watcher::Event::Apply(n) | watcher::Event::InitApply(n)) = event else {
             continue;
@@ -164,7 +166,7 @@ fn decision_times(count: usize) -> (f64, f64, f64) {
         })
         .collect();
     let policy = Policy {
-        enabled: true,
+        blacklist: false,
         max_parallel: PARALLEL as usize,
         max_unavailable: upgrade::MaxUnavailable::Percent(25),
         reboot_required: false,

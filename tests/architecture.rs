@@ -37,8 +37,8 @@ const LAYERS: &[&[&str]] = &[
     // Simulated hosts, written through the real layout.
     &["simulate"],
     // The supervised-service kernel every node service implements, the one
-    // writer of the agent's own Node that every concern writes through, and
-    // the one sink every Event about the node goes through.
+    // writer of Nodes that every concern (and the leader's upgrades) writes
+    // through, and the one sink every Event about the node goes through.
     &["service", "node_writer", "events"],
     // The node side of the driver lifecycle: what is loaded, bundles, loading.
     // Above the Node writer and events (its refusals become conditions and

@@ -141,21 +141,31 @@ impl Fleet {
         let member = &mut self.members[i];
         let mut lease = LeaseConfig::new(NS, format!("{}/pod-{}", member.name, member.restarts));
         member.restarts += 1;
-        lease.duration = Duration::from_secs(3);
+        // Long enough that a loaded machine does not lose it between two
+        // renewals; the leader-loss test waits for one expiry.
+        lease.duration = Duration::from_secs(6);
         lease.renew_every = Duration::from_secs(1);
         let tools = member.tools();
+        // Written once: a restarted agent keeps the stand-ins (and their
+        // logs) its node had.
+        let modprobe = tools.join("modprobe");
+        if !modprobe.exists() {
+            bundles::modprobe_recorder_of_bundles(&tools, member.host.root());
+        }
+        let reboot = match tools.join("reboot") {
+            p if p.exists() => {
+                gpu_operator::driver::reboot::RebootCommand::parse(&p.display().to_string())
+                    .unwrap()
+            }
+            _ => bundles::reboot_recorder(&tools, member.host.root(), self.setup.reboot_comes_back),
+        };
         let mut driver = gpu_operator::driver::manager::ManagerConfig {
             store: bundles::STORE.into(),
             recheck: Duration::from_millis(300),
-            reboot: Some(bundles::reboot_recorder(
-                &tools,
-                member.host.root(),
-                self.setup.reboot_comes_back,
-            )),
+            reboot: Some(reboot),
             ..Default::default()
         };
-        driver.commands.modprobe =
-            bundles::modprobe_recorder_of_bundles(&tools, member.host.root());
+        driver.commands.modprobe = modprobe;
         let kubelet_dir = member.dir.path().join("kubelet");
         std::fs::create_dir_all(kubelet_dir.join("device-plugins")).unwrap();
         let config = AgentConfig {
@@ -252,6 +262,7 @@ impl Fleet {
     }
 
     async fn stop_all(&mut self) {
+        self._watch.abort();
         for m in &mut self.members {
             m.shutdown.cancel();
             if let Some(task) = m.task.take() {
@@ -301,9 +312,14 @@ fn node_unavailable(node: &Node) -> bool {
     cordoned || tainted || !ready
 }
 
-/// Keeps every Node the API serves through a watch, in order.
+/// Keeps every Node the API serves through a watch, in order. With the
+/// watcher's backoff: once the emulator is gone at the end of a test, a
+/// watch retried at once never yields, and the test's runtime never stops.
 async fn record_nodes(client: kube::Client, history: Arc<Mutex<Vec<Node>>>) {
-    let mut events = watcher::watcher(Api::<Node>::all(client), watcher::Config::default()).boxed();
+    use kube::runtime::WatchStreamExt;
+    let mut events = watcher::watcher(Api::<Node>::all(client), watcher::Config::default())
+        .default_backoff()
+        .boxed();
     while let Some(event) = events.next().await {
         if let Ok(watcher::Event::Apply(node) | watcher::Event::InitApply(node)) = event {
             history.lock().unwrap().push(node);
@@ -566,6 +582,24 @@ async fn a_budget_that_blocks_the_drain_fails_that_node_by_name_and_the_others_f
         })
         .await;
     assert!(!pod_exists(&fleet, "train"));
+    // The drains asked the API for nothing but what
+    // deploy/optional/driver-upgrades.yaml and the base RBAC grant.
+    let pod_calls: Vec<String> = fleet
+        .cluster
+        .requests()
+        .non_watch()
+        .filter(|k| k.resource.starts_with("pods") || k.resource.starts_with("resourceclaims"))
+        .0
+        .keys()
+        .map(|k| format!("{} {}", k.verb, k.resource))
+        .collect();
+    for call in &pod_calls {
+        assert!(
+            // `patch pods/status` is this test's, as the pods' kubelet.
+            ["list pods", "create pods/eviction", "patch pods/status"].contains(&call.as_str()),
+            "the drain made {call}: {pod_calls:?}"
+        );
+    }
     fleet.stop_all().await;
 }
 
@@ -573,15 +607,13 @@ async fn a_budget_that_blocks_the_drain_fails_that_node_by_name_and_the_others_f
 async fn a_new_leader_resumes_an_upgrade_without_draining_a_node_twice() {
     let mut fleet = Fleet::start(Setup {
         nodes: 3,
-        bundles: vec![FROM],
         ..Setup::default()
     })
     .await;
-    // The target's bundle is on gpu-1 and gpu-2 only: gpu-0, picked first,
-    // stays in progress until the test puts it there.
-    for m in &fleet.members[1..] {
-        bundles::write_bundle(&m.host, TO, SIM_KERNEL_RELEASE, false);
-    }
+    // gpu-0, picked first, loads the target only once the test opens the
+    // gate: it stays in progress meanwhile.
+    let gate = fleet.members[0].dir.path().join("gate");
+    bundles::hold_loads_until(&fleet.members[0].tools(), &gate);
     namespace(&fleet, "ml");
     for i in 0..3 {
         gpu_pod(&fleet, &format!("job-{i}"), &format!("gpu-{i}"), json!({})).await;
@@ -625,7 +657,7 @@ async fn a_new_leader_resumes_an_upgrade_without_draining_a_node_twice() {
     let first = renewed().await;
     wait::poll_until("the new leader renews", renewed, |t| *t != first).await;
     assert_eq!(fleet.state("gpu-0").as_deref(), Some("Upgrade-In-Progress"));
-    bundles::write_bundle(&fleet.members[0].host, TO, SIM_KERNEL_RELEASE, false);
+    std::fs::write(&gate, "").unwrap();
     fleet
         .eventually(
             "every node upgraded under the new leader",
@@ -720,14 +752,54 @@ async fn a_reboot_completes_on_a_new_boot_id_and_one_that_never_comes_back_fails
             })
     })
     .await;
-    // The agent asked once, and does not ask again once the node failed.
-    let record =
-        fleet.node("gpu-0")["metadata"]["annotations"]["operator.amd.com/gpu-driver-upgrade"]
+    // The failed record no longer asks for a reboot; the agent, still told
+    // the target, loads it without one (evidence that it acted on the record
+    // after the failure), and asked for one reboot only.
+    let record = |f: &Fleet| {
+        f.node("gpu-0")["metadata"]["annotations"]["operator.amd.com/gpu-driver-upgrade"]
             .as_str()
-            .unwrap()
-            .to_owned();
-    assert!(!record.contains("rebootFrom"), "{record}");
+            .unwrap_or_default()
+            .to_owned()
+    };
+    assert!(!record(&fleet).contains("rebootFrom"), "{}", record(&fleet));
+    fleet
+        .eventually(
+            "the agent loads the target after the failure",
+            ROLLOUT,
+            |f| f.reported_version("gpu-0").as_deref() == Some(TO),
+        )
+        .await;
     assert_eq!(bundles::reboots(&fleet.members[0].tools()), 1);
+    assert_eq!(fleet.state("gpu-0").as_deref(), Some("Reboot-Failed"));
+    fleet.stop_all().await;
+
+    // A target whose bundle does not verify for the node's kernel: the agent
+    // refuses it before rebooting, and the node fails at once with the
+    // agent's reason, on the driver it runs.
+    let mut fleet = Fleet::start(Setup {
+        nodes: 1,
+        bundles: vec![FROM],
+        ..Setup::default()
+    })
+    .await;
+    fleet.apply(rolling(1, json!(1), true, TO)).await;
+    fleet
+        .eventually("the refusal fails the node", ROLLOUT, |f| {
+            f.state("gpu-0").as_deref() == Some("Upgrade-Failed")
+        })
+        .await;
+    // The store has only the old version's bundle for this kernel.
+    assert!(
+        record(&fleet).contains("the agent refused driver 6.4.1: VersionMismatch"),
+        "{}",
+        record(&fleet)
+    );
+    assert_eq!(
+        bundles::reboots(&fleet.members[0].tools()),
+        0,
+        "no reboot into a node that could load nothing"
+    );
+    assert_eq!(fleet.reported_version("gpu-0").as_deref(), Some(FROM));
     fleet.stop_all().await;
 }
 

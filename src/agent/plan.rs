@@ -653,6 +653,7 @@ mod tests {
             message: format!("{reason} message"),
             bundle: None,
             version: None,
+            asked: None,
         };
         let mut state = LoopState::default();
         let refused = load(DriverLoadState::Refused, "ChecksumMismatch");

@@ -378,6 +378,11 @@ pub struct DriverLoad {
     /// The driver version loaded, being loaded, or running.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version: Option<String>,
+    /// The version the agent was asked for when it decided this (the
+    /// upgrade's target, or `driver.version`); `None`: any. The leader
+    /// takes a refusal as its target's only when this says so.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub asked: Option<String>,
 }
 
 #[cfg(test)]

@@ -116,10 +116,13 @@ impl UpgradeRecord {
 
     /// The leader cordoned this node itself and has not released it: it
     /// picked the node when nobody had cordoned it, and the upgrade is
-    /// under way or failed (a failed node stays cordoned).
+    /// under way, failed (a failed node stays cordoned) or waiting for its
+    /// retry. Not after a cordon that did not take (`Cordon-Failed`, which
+    /// undoes whatever part did), nor once complete (released).
     pub fn holds_cordon(&self) -> bool {
         self.cordoned_before == Some(false)
-            && (self.state.is_drained_step() || self.state.is_failed())
+            && !self.state.is_complete()
+            && self.state != UpgradeState::CordonFailed
     }
 }
 
@@ -142,14 +145,6 @@ impl UpgradeState {
                 | Self::UncordonFailed
                 | Self::DrainFailed
                 | Self::RebootFailed
-        )
-    }
-
-    /// The steps of an upgrade that cordon the node (an install does not).
-    pub fn is_drained_step(&self) -> bool {
-        matches!(
-            self,
-            Self::Started | Self::InProgress | Self::RebootInProgress
         )
     }
 
@@ -191,6 +186,17 @@ mod tests {
         assert!(!record.holds_cordon(), "released on completion");
         record.state = UpgradeState::DrainFailed;
         assert!(record.holds_cordon(), "a failed node stays cordoned");
+        record.state = UpgradeState::NotStarted;
+        assert!(
+            record.holds_cordon(),
+            "and through a retry that waits its turn"
+        );
+        record.state = UpgradeState::CordonFailed;
+        assert!(
+            !record.holds_cordon(),
+            "a cordon that did not take is undone"
+        );
+        record.state = UpgradeState::DrainFailed;
         record.cordoned_before = Some(true);
         assert!(!record.holds_cordon(), "a person's cordon is the person's");
     }

@@ -1253,10 +1253,10 @@ mod tests {
             .filter(|n| n.not_yet)
             .map(|n| n.path.as_str())
             .collect();
+        // upgradePolicy is acted on (rolling upgrades): not among them.
         assert_eq!(
             pending,
             [
-                "spec.driver.upgradePolicy",
                 "spec.draDriver.enable",
                 "spec.configManager.enable",
                 "spec.remediationWorkflow.enable"

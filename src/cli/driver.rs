@@ -114,7 +114,7 @@ pub enum DriverCommand {
     /// against its own manifest for the kernel that manifest names, and
     /// renamed to <bundle-dir>/<version>-<kernel>/. source.json at the
     /// bundle's top records where it came from and its sha256: a tarball of
-    /// that sha256 is not fetched again.
+    /// that sha256 is not fetched again (unless --replace).
     ///
     /// Exit status: 0 fetched, or fetched before; 1 refused, with the reason
     /// (ChecksumMismatch, UnsafeTarball, a bundle that does not verify,
@@ -181,7 +181,9 @@ pub struct DriverFetchArgs {
     /// The bundle store (a host path, resolved under --host-root).
     #[arg(long, value_name = "DIR", default_value = DEFAULT_STORE)]
     pub bundle_dir: PathBuf,
-    /// Replace a different bundle already at <bundle-dir>/<version>-<kernel>.
+    /// Replace a different bundle already at <bundle-dir>/<version>-<kernel>;
+    /// also fetch again a tarball of a sha256 fetched before (to mend a
+    /// bundle damaged since).
     #[arg(long)]
     pub replace: bool,
     /// Whether the new bundle's modules must be signed.

@@ -153,7 +153,7 @@ fn summary_line(dc: &DeviceConfig, rows: &[NodeProgress]) -> Option<String> {
     ))
 }
 
-/// How long, for a person: `45s`, `12m`, `3h05m`.
+/// How long, for a person: `45s`, `12m00s`, `3h05m`.
 fn took(seconds: u64) -> String {
     match seconds {
         s if s < 60 => format!("{s}s"),

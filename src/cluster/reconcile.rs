@@ -28,11 +28,18 @@ use crate::api::field_manager;
 use crate::api::{DeviceConfig, Operand, validate};
 
 pub const FINALIZER: &str = "amd.node.kubernetes.io/deviceconfig-finalizer";
+/// How long a reconcile waits for the Node cache's first list before it
+/// tries again later.
+const NODES_LISTED_WITHIN: Duration = Duration::from_secs(10);
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("not the leader any more; write skipped")]
     NotLeader,
+    /// The lease is held but close to its expiry: a write started now might
+    /// land after a successor took over. Tried again after the renewal.
+    #[error("the lease is about to be renewed; write postponed")]
+    LeaseRenewalDue,
     #[error("{action} {object}: {source}")]
     Kube {
         action: &'static str,
@@ -79,6 +86,8 @@ pub struct Context {
     pub check_secret_references: bool,
     /// This term's driver upgrades: running drains, records written.
     pub upgrades: Upgrades,
+    /// The Node cache has finished its first list (see [`Context::nodes_ready`]).
+    nodes_listed: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Debug, Default)]
@@ -111,6 +120,7 @@ impl Context {
             owned_services: None,
             check_secret_references: false,
             upgrades,
+            nodes_listed: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -125,6 +135,27 @@ impl Context {
         }
         let ready = tokio::time::timeout(Duration::from_secs(5), store.wait_until_ready()).await;
         matches!(ready, Ok(Ok(()))) && store.get(&ObjectRef::new(name).within(namespace)).is_none()
+    }
+
+    /// Waits (a bounded while) for the Node cache's first list; false when
+    /// it has not come. Until then the cache holds only some Nodes, or none:
+    /// status would count too few, teardown would wait for too few agents,
+    /// and an upgrade would take every node it does not see for one that
+    /// left.
+    async fn wait_for_nodes(&self) -> bool {
+        if self.nodes_ready() {
+            return true;
+        }
+        let listed = tokio::time::timeout(NODES_LISTED_WITHIN, self.nodes.wait_until_ready()).await;
+        let ready = matches!(listed, Ok(Ok(())));
+        self.nodes_listed
+            .store(ready, std::sync::atomic::Ordering::Relaxed);
+        ready
+    }
+
+    /// The Node cache has finished its first list.
+    pub fn nodes_ready(&self) -> bool {
+        self.nodes_listed.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn check_leader(&self) -> Result<(), Error> {
@@ -181,6 +212,9 @@ pub async fn reconcile(dc: Arc<DeviceConfig>, ctx: Arc<Context>) -> Result<Actio
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     crate::counters::record_reconcile();
     ctx.check_leader()?;
+    if !ctx.wait_for_nodes().await {
+        return Ok(Action::requeue(Duration::from_secs(1)));
+    }
     let key = ConfigKey::of(&dc);
     let selected_nodes: Vec<Arc<Node>> = ctx
         .nodes
@@ -305,6 +339,7 @@ fn throttle(ctx: &Context, key: &ConfigKey) -> Option<Duration> {
 pub fn error_policy(dc: Arc<DeviceConfig>, error: &Error, _ctx: Arc<Context>) -> Action {
     match error {
         Error::NotLeader => Action::await_change(),
+        Error::LeaseRenewalDue => Action::requeue(Duration::from_secs(1)),
         other => {
             tracing::warn!(deviceconfig = %ConfigKey::of(&dc), error = %other, "reconcile failed; retrying");
             crate::counters::record_api_error();
@@ -643,8 +678,8 @@ async fn tear_down(
         return Ok(Action::requeue(recheck.min(Duration::from_secs(30))));
     }
     delete_owned(dc, ctx).await?;
-    // The upgrade's records, cordons and taints go with it.
-    upgrader::release_all(&key, &[], ctx).await?;
+    // The upgrade's drains, records, cordons, taints and counts go with it.
+    upgrader::stop(&key, ctx).await?;
     let given_up: Vec<String> = waiting.iter().map(|n| n.name.clone()).collect();
     let remaining: Vec<String> = dc
         .finalizers()

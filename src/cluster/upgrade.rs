@@ -40,7 +40,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde::Serialize;
 
 use super::drain::DrainPolicy;
-use crate::api::{DriverUpgradePolicySpec, UpgradeState};
+use crate::api::{DriverSpec, DriverUpgradePolicySpec, UpgradeState};
 
 pub use crate::api::driver_upgrade::{RETRY_VALUE, STATE_LABEL, TAINT_KEY};
 
@@ -75,12 +75,13 @@ impl Default for Timeouts {
 /// The upgrade policy as the planner uses it.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Policy {
-    /// Upgrades roll automatically; when false, only first installs proceed.
-    pub enabled: bool,
     /// Nodes in progress at once; 0 is no limit.
     pub max_parallel: usize,
     pub max_unavailable: MaxUnavailable,
     pub reboot_required: bool,
+    /// `driver.blacklist: true`: the in-box amdgpu does not come back at
+    /// boot, so a reboot can replace it.
+    pub blacklist: bool,
     pub timeouts: Timeouts,
 }
 
@@ -125,13 +126,14 @@ impl MaxUnavailable {
 }
 
 impl Policy {
-    /// The policy `spec` asks for (the API's defaults when unset), with the
-    /// step limits of `timeouts` but the drain's own from the drain policy.
-    pub fn of_spec(spec: Option<&DriverUpgradePolicySpec>, timeouts: Timeouts) -> Self {
+    /// The policy the `driver` section asks for (the API's defaults where
+    /// unset), with the step limits of `timeouts` but the drain's own from
+    /// the drain policy. Only planned while `upgradePolicy.enable` is true.
+    pub fn of_spec(driver: &DriverSpec, timeouts: Timeouts) -> Self {
         let default = DriverUpgradePolicySpec::default();
-        let spec = spec.unwrap_or(&default);
+        let spec = driver.upgrade_policy.as_ref().unwrap_or(&default);
         Self {
-            enabled: spec.enable.unwrap_or(false),
+            blacklist: driver.blacklist == Some(true),
             max_parallel: usize::try_from(spec.max_parallel_upgrades).unwrap_or(0),
             max_unavailable: MaxUnavailable::parse(&spec.max_unavailable_nodes)
                 .unwrap_or(MaxUnavailable::Percent(25)),
@@ -181,6 +183,11 @@ pub struct NodeFacts {
     pub loaded: bool,
     /// The in-box amdgpu is loaded: replacing it takes a reboot.
     pub inbox: bool,
+    /// Of which built into the kernel: it cannot be replaced at all.
+    pub builtin: bool,
+    /// The agent refused the target it was told (no bundle verifies for its
+    /// kernel, say): its reason and message. Waiting would not help.
+    pub refused: Option<String>,
     /// The out-of-tree driver version the agent reports loaded (`None`:
     /// none, or only the in-box driver).
     pub version: Option<String>,
@@ -227,8 +234,19 @@ pub struct Plan {
     pub counts: BTreeMap<String, usize>,
 }
 
-/// Asks for a look again after `after`, unless an earlier one is due.
+/// The soonest a pass asks to look again: a limit just reached is acted on
+/// by the next look, not by a burst of looks while the step's own end (a
+/// drain giving up) is on its way.
+pub const MIN_WAKE: Duration = Duration::from_secs(1);
+/// How long past the drain policy's own timeout the planner waits for the
+/// drain to give up by itself (and name what blocked it) before it fails
+/// the node: after a change of leader the drain's own clock restarted.
+pub const DRAIN_GRACE: Duration = Duration::from_secs(10);
+
+/// Asks for a look again after `after` (at least [`MIN_WAKE`]), unless an
+/// earlier one is due.
 fn wake(plan: &mut Plan, after: Duration) {
+    let after = after.max(MIN_WAKE);
     plan.wake_after = Some(plan.wake_after.map_or(after, |w| w.min(after)));
 }
 
@@ -238,6 +256,14 @@ fn in_progress(state: &Option<UpgradeState>) -> bool {
 
 fn failed(state: &Option<UpgradeState>) -> bool {
     state.as_ref().is_some_and(UpgradeState::is_failed)
+}
+
+/// The agent's refusal of `target`, once it was told it. Pure.
+fn refused(node: &NodeFacts, target: &str) -> Option<String> {
+    node.refused
+        .clone()
+        .filter(|_| node.told.as_deref() == Some(target))
+        .map(|why| format!("the agent refused driver {target}: {why}"))
 }
 
 impl NodeFacts {
@@ -256,6 +282,34 @@ impl NodeFacts {
 /// the in-box amdgpu runs there, which goes only at a boot (blacklisted).
 fn wants_reboot(policy: &Policy, node: &NodeFacts) -> bool {
     policy.reboot_required || node.inbox
+}
+
+/// Why the node cannot be upgraded at all, if so: its driver cannot be
+/// replaced, whatever is done to it.
+fn cannot_replace(policy: &Policy, node: &NodeFacts) -> Option<String> {
+    if node.builtin {
+        Some(
+            "amdgpu is built into this node's kernel and cannot be replaced; boot a kernel \
+             that has it as a module"
+                .to_owned(),
+        )
+    } else if node.inbox && !policy.blacklist {
+        Some(
+            "the in-box amdgpu runs and would load again at the reboot that replaces it; \
+             set driver.blacklist: true"
+                .to_owned(),
+        )
+    } else {
+        None
+    }
+}
+
+/// The release of a node that leaves its upgrade for good (complete), when
+/// the upgrade holds its cordon or its taint is still there.
+fn release_if_held(node: &NodeFacts) -> Option<Action> {
+    (node.holds_cordon || node.tainted).then(|| Action::Release {
+        keep_cordon: node.cordoned_before.unwrap_or(false) || !node.holds_cordon,
+    })
 }
 
 /// One pass over every selected node, for `target`.
@@ -293,18 +347,28 @@ pub fn plan(target: &str, policy: &Policy, nodes: &[NodeFacts]) -> Plan {
             decision.reason = Some("retry asked for by the upgrade-required label".into());
         }
         match state.clone() {
-            // First install: no policy, no drain (with no amdgpu loaded,
-            // nothing can use the GPUs).
-            None if node.reported && !node.loaded => {
+            // No amdgpu loaded at all: an install, without the policy and
+            // without a drain (nothing can use the GPUs), as in the
+            // reference. Also a node already through an upgrade whose
+            // driver is gone (an unrelated reboot, say).
+            None
+            | Some(
+                UpgradeState::NotStarted | UpgradeState::Complete | UpgradeState::InstallComplete,
+            ) if node.reported && !node.loaded && !node.holds_cordon => {
                 decision.actions.push(Action::Tell {
                     target: target.into(),
                     reboot: false,
                 });
                 state = Some(UpgradeState::InstallInProgress);
+                wake(&mut plan, policy.timeouts.load);
             }
             Some(UpgradeState::InstallInProgress) => {
                 if at_target {
+                    decision.actions.extend(release_if_held(node));
                     state = Some(UpgradeState::InstallComplete);
+                } else if let Some(why) = refused(node, target) {
+                    state = Some(UpgradeState::Failed);
+                    decision.reason = Some(why);
                 } else if node.in_state >= policy.timeouts.load {
                     state = Some(UpgradeState::Failed);
                     decision.reason = Some(format!(
@@ -325,34 +389,57 @@ pub fn plan(target: &str, policy: &Policy, nodes: &[NodeFacts]) -> Plan {
                 }
             }
             None | Some(UpgradeState::Complete | UpgradeState::InstallComplete)
-                if !at_target && policy.enabled && node.reported =>
+                if !at_target && node.reported =>
             {
                 state = Some(UpgradeState::NotStarted);
             }
             Some(UpgradeState::NotStarted) if at_target => {
+                decision.actions.extend(release_if_held(node));
                 state = Some(UpgradeState::Complete);
             }
-            Some(UpgradeState::NotStarted) if policy.enabled => {
+            Some(UpgradeState::NotStarted) => {
                 let parallel_ok = policy.max_parallel == 0 || busy < policy.max_parallel;
                 // Only a Ready node nobody else cordoned is picked. One this
                 // upgrade holds cordoned (a retry) is unavailable already.
                 let pickable = node.ready && !node.cordoned_by_someone_else();
                 let counted = node.unavailable_in(&state);
                 if pickable && parallel_ok && (counted || unavailable < unavailable_cap) {
-                    busy += 1;
-                    if !counted {
-                        unavailable += 1;
+                    if let Some(why) = cannot_replace(policy, node) {
+                        // Failed before anything is done to it: a person acts.
+                        state = Some(UpgradeState::Failed);
+                        decision.reason = Some(why);
+                        if !counted {
+                            unavailable += 1;
+                        }
+                    } else {
+                        busy += 1;
+                        if !counted {
+                            unavailable += 1;
+                        }
+                        state = Some(UpgradeState::Started);
+                        decision.actions.push(Action::Cordon {
+                            was_cordoned: node.cordoned_before.unwrap_or(false),
+                        });
                     }
-                    state = Some(UpgradeState::Started);
-                    decision.actions.push(Action::Cordon {
-                        was_cordoned: node.cordoned_before.unwrap_or(false),
-                    });
                 }
             }
             Some(UpgradeState::Started) => {
                 let started = node.unschedulable && node.tainted;
+                let drain_limit = policy.timeouts.drain.map(|d| d + DRAIN_GRACE);
                 match &node.drain {
+                    _ if node.in_upgrade >= policy.timeouts.upgrade => {
+                        state = Some(UpgradeState::TimedOut);
+                        decision.reason =
+                            Some(format!("not done within {:?}", policy.timeouts.upgrade));
+                    }
                     _ if !started && node.in_state >= policy.timeouts.cordon => {
+                        // Undo whatever part of the cordon did take: the
+                        // failed node is left as it was.
+                        decision.actions.push(Action::Release {
+                            keep_cordon: node
+                                .cordoned_before
+                                .unwrap_or(node.cordoned_by_someone_else()),
+                        });
                         state = Some(UpgradeState::CordonFailed);
                         decision.reason = Some(format!(
                             "the node was not cordoned within {:?}",
@@ -386,11 +473,22 @@ pub fn plan(target: &str, policy: &Policy, nodes: &[NodeFacts]) -> Plan {
                             reboot,
                         });
                     }
+                    _ if drain_limit.is_some_and(|limit| node.in_state >= limit) => {
+                        state = Some(UpgradeState::DrainFailed);
+                        decision.reason = Some(format!(
+                            "the drain did not finish within {:?}",
+                            policy.timeouts.drain.unwrap_or_default()
+                        ));
+                    }
                     None | Some(DrainOutcome::Running) => {
                         decision.actions.push(Action::Drain);
-                        if let Some(limit) = policy.timeouts.drain {
+                        if let Some(limit) = drain_limit {
                             wake(&mut plan, limit.saturating_sub(node.in_state));
                         }
+                        wake(
+                            &mut plan,
+                            policy.timeouts.upgrade.saturating_sub(node.in_upgrade),
+                        );
                     }
                 }
             }
@@ -410,6 +508,9 @@ pub fn plan(target: &str, policy: &Policy, nodes: &[NodeFacts]) -> Plan {
                         keep_cordon: node.cordoned_before.unwrap_or(false),
                     });
                     state = Some(UpgradeState::Complete);
+                } else if let Some(why) = refused(node, target) {
+                    state = Some(UpgradeState::Failed);
+                    decision.reason = Some(why);
                 } else if node.in_upgrade >= policy.timeouts.upgrade {
                     state = Some(UpgradeState::TimedOut);
                     decision.reason =
@@ -443,6 +544,10 @@ pub fn plan(target: &str, policy: &Policy, nodes: &[NodeFacts]) -> Plan {
                         state = Some(UpgradeState::RebootInProgress);
                     }
                     wake(&mut plan, limit.saturating_sub(node.in_state));
+                    wake(
+                        &mut plan,
+                        policy.timeouts.upgrade.saturating_sub(node.in_upgrade),
+                    );
                 }
             }
             _ => {}
@@ -482,10 +587,10 @@ mod tests {
 
     fn policy(max_parallel: usize, max_unavailable: MaxUnavailable) -> Policy {
         Policy {
-            enabled: true,
             max_parallel,
             max_unavailable,
             reboot_required: false,
+            blacklist: true,
             timeouts: Timeouts::default(),
         }
     }
@@ -515,9 +620,9 @@ mod tests {
         assert_eq!(MaxUnavailable::Percent(25).of(1000), 250);
         assert_eq!(MaxUnavailable::Percent(1).of(3), 1);
         assert_eq!(MaxUnavailable::Count(0).of(10), 1);
-        // No upgradePolicy: the API's defaults, upgrades by hand.
-        let unset = Policy::of_spec(None, Timeouts::default());
-        assert!(!unset.enabled);
+        // No upgradePolicy fields set: the API's defaults.
+        let unset = Policy::of_spec(&DriverSpec::default(), Timeouts::default());
+        assert!(!unset.blacklist);
         assert_eq!(unset.max_parallel, 1);
         assert_eq!(unset.max_unavailable, MaxUnavailable::Percent(25));
         assert!(unset.reboot_required);
@@ -595,7 +700,11 @@ mod tests {
         n.tainted = true;
         let step = plan(TARGET, &p, std::slice::from_ref(&n));
         assert_eq!(step.decisions[0].actions, [Action::Drain]);
-        assert_eq!(step.wake_after, Some(Duration::from_secs(300)));
+        // The drain's limit, and the grace for it to say why it gave up.
+        assert_eq!(
+            step.wake_after,
+            Some(Duration::from_secs(300) + DRAIN_GRACE)
+        );
         n.drain = Some(DrainOutcome::Done);
         let step = plan(TARGET, &p, std::slice::from_ref(&n));
         assert_eq!(step.decisions[0].state, Some(UpgradeState::InProgress));
@@ -694,9 +803,134 @@ mod tests {
         let mut inbox = node("b", None, "unused");
         inbox.version = None;
         inbox.inbox = true;
-        p.enabled = true;
         let step = plan(TARGET, &p, std::slice::from_ref(&inbox));
         assert_eq!(step.decisions[0].state, Some(UpgradeState::NotStarted));
+    }
+
+    #[test]
+    fn a_node_that_leaves_for_good_is_released_whatever_path_it_took() {
+        let p = policy(1, MaxUnavailable::Count(1));
+        // Reboot-Failed, yet it came back on the target; a person retries.
+        let mut back = node("a", Some(UpgradeState::RebootFailed), TARGET);
+        back.retry_requested = true;
+        back.unschedulable = true;
+        back.tainted = true;
+        back.holds_cordon = true;
+        back.cordoned_before = Some(false);
+        let step = plan(TARGET, &p, std::slice::from_ref(&back));
+        assert_eq!(step.decisions[0].state, Some(UpgradeState::Complete));
+        assert_eq!(
+            step.decisions[0].actions,
+            [Action::Release { keep_cordon: false }]
+        );
+        // A retried node left waiting (the parallel limit) is still the
+        // upgrade's to release later: not "cordoned by someone else".
+        let mut busy = node("b", Some(UpgradeState::InProgress), "6.3.0");
+        busy.told = Some(TARGET.into());
+        let mut waiting = back.clone();
+        waiting.version = Some("6.3.0".into());
+        waiting.name = "c".into();
+        let step = plan(TARGET, &p, &[busy, waiting.clone()]);
+        assert_eq!(
+            states(&step),
+            [("c".into(), Some(UpgradeState::NotStarted))]
+        );
+        assert!(!waiting.cordoned_by_someone_else());
+    }
+
+    #[test]
+    fn a_cordon_that_does_not_take_is_undone_and_drains_and_upgrades_keep_their_limits() {
+        let p = policy(1, MaxUnavailable::Count(1));
+        let mut n = node("a", Some(UpgradeState::Started), "6.3.0");
+        n.cordoned_before = Some(false);
+        n.tainted = true;
+        n.in_state = p.timeouts.cordon;
+        let step = plan(TARGET, &p, std::slice::from_ref(&n));
+        assert_eq!(step.decisions[0].state, Some(UpgradeState::CordonFailed));
+        assert_eq!(
+            step.decisions[0].actions,
+            [Action::Release { keep_cordon: false }],
+            "the taint that did take goes"
+        );
+        // A drain past its limit (and the grace for it to say why) fails
+        // from the record's clock, whoever leads.
+        let mut draining = node("b", Some(UpgradeState::Started), "6.3.0");
+        draining.unschedulable = true;
+        draining.tainted = true;
+        draining.drain = Some(DrainOutcome::Running);
+        draining.in_state = Duration::from_secs(100);
+        let step = plan(TARGET, &p, std::slice::from_ref(&draining));
+        assert_eq!(step.decisions[0].actions, [Action::Drain]);
+        assert_eq!(
+            step.wake_after,
+            Some(Duration::from_secs(300) + DRAIN_GRACE - Duration::from_secs(100))
+        );
+        draining.drain = None;
+        draining.in_state = Duration::from_secs(300) + DRAIN_GRACE;
+        let step = plan(TARGET, &p, std::slice::from_ref(&draining));
+        assert_eq!(step.decisions[0].state, Some(UpgradeState::DrainFailed));
+        // The whole upgrade's limit holds while draining too.
+        draining.in_state = Duration::ZERO;
+        draining.in_upgrade = p.timeouts.upgrade;
+        let step = plan(TARGET, &p, std::slice::from_ref(&draining));
+        assert_eq!(step.decisions[0].state, Some(UpgradeState::TimedOut));
+        // A limit reached but not yet acted on never asks for a burst of
+        // looks.
+        let mut cordoning = node("c", Some(UpgradeState::Started), "6.3.0");
+        cordoning.in_state = p.timeouts.cordon - Duration::from_millis(1);
+        assert_eq!(
+            plan(TARGET, &p, std::slice::from_ref(&cordoning)).wake_after,
+            Some(MIN_WAKE)
+        );
+    }
+
+    #[test]
+    fn a_driver_that_cannot_be_replaced_or_a_refused_target_fails_at_once() {
+        let mut p = policy(0, MaxUnavailable::Percent(100));
+        let mut builtin = node("a", Some(UpgradeState::NotStarted), "x");
+        builtin.version = None;
+        builtin.inbox = true;
+        builtin.builtin = true;
+        let mut inbox = node("b", Some(UpgradeState::NotStarted), "x");
+        inbox.version = None;
+        inbox.inbox = true;
+        p.blacklist = false;
+        let step = plan(TARGET, &p, &[builtin, inbox]);
+        assert_eq!(
+            states(&step),
+            [
+                ("a".into(), Some(UpgradeState::Failed)),
+                ("b".into(), Some(UpgradeState::Failed)),
+            ]
+        );
+        assert!(
+            step.decisions[0].actions.is_empty(),
+            "nothing is done to it"
+        );
+        assert!(
+            step.decisions[1]
+                .reason
+                .as_deref()
+                .is_some_and(|r| r.contains("blacklist"))
+        );
+        // The agent refused the target (no bundle for its kernel): failed
+        // now, not at the load's time limit.
+        let mut told = node("c", Some(UpgradeState::RebootInProgress), "6.3.0");
+        told.told = Some(TARGET.into());
+        told.boot_id_before = Some("boot-1".into());
+        told.refused = Some("BundleMissingForKernel: no bundle".into());
+        let step = plan(TARGET, &p, std::slice::from_ref(&told));
+        assert_eq!(step.decisions[0].state, Some(UpgradeState::Failed));
+        assert!(
+            step.decisions[0]
+                .reason
+                .as_deref()
+                .is_some_and(|r| r.contains("BundleMissingForKernel"))
+        );
+        // A refusal of an earlier target does not count.
+        told.told = Some("6.4.0".into());
+        let step = plan(TARGET, &p, std::slice::from_ref(&told));
+        assert_ne!(step.decisions[0].state, Some(UpgradeState::Failed));
     }
 
     #[test]
@@ -772,8 +1006,9 @@ mod tests {
 
     #[test]
     fn a_first_install_needs_no_policy_and_an_up_to_date_node_nothing() {
+        // No room for a single upgrade: an install goes on regardless.
         let mut p = policy(1, MaxUnavailable::Count(1));
-        p.enabled = false;
+        p.max_parallel = 1;
         let fresh = NodeFacts {
             name: "new".into(),
             ready: true,
@@ -789,13 +1024,28 @@ mod tests {
         };
         assert!(plan(TARGET, &p, &[unknown]).decisions.is_empty());
         let current = node("done", Some(UpgradeState::Complete), TARGET);
-        let old = node("old", Some(UpgradeState::Complete), "6.3.0");
-        let step = plan(TARGET, &p, &[fresh, current, old]);
+        let mut busy = node("busy", Some(UpgradeState::InProgress), "6.3.0");
+        busy.told = Some(TARGET.into());
+        let step = plan(TARGET, &p, &[fresh, current, busy]);
         assert_eq!(
             states(&step),
             [("new".into(), Some(UpgradeState::InstallInProgress))]
         );
-        assert_eq!(step.counts.get("Upgrade-Complete"), Some(&2));
+        assert_eq!(step.counts.get("Upgrade-Complete"), Some(&1));
+        // A node through an earlier upgrade whose driver is gone (an
+        // unrelated reboot) is installed again, not drained.
+        let mut gone = node("gone", Some(UpgradeState::Complete), "x");
+        gone.loaded = false;
+        gone.version = None;
+        let step = plan(TARGET, &p, &[gone]);
+        assert_eq!(
+            step.decisions[0].state,
+            Some(UpgradeState::InstallInProgress)
+        );
+        assert!(matches!(
+            step.decisions[0].actions[..],
+            [Action::Tell { reboot: false, .. }]
+        ));
     }
 
     #[test]

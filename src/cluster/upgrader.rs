@@ -49,11 +49,14 @@ use tokio_util::task::AbortOnDropHandle;
 use super::drain::{self, Blocked, DrainPolicy};
 use super::reconcile::{Context, Error};
 use super::upgrade::{self, Action, Decision, DrainOutcome, NodeFacts, Policy, Timeouts};
-use crate::api::agent_status::{AgentStatus, ConfigKey, STATUS_ANNOTATION};
+use crate::api::agent_status::{
+    AgentStatus, ConfigKey, DriverLoadState, ModuleOrigin, STATUS_ANNOTATION,
+};
 use crate::api::driver_upgrade::{
     RECORD_ANNOTATION, RETRY_VALUE, STATE_LABEL, TAINT_KEY, UpgradeRecord,
 };
 use crate::api::{DeviceConfig, Operand, UpgradeState};
+use crate::driver::manager::REBOOT_FAILED;
 use crate::node_writer::{Concern, CordonIntent, NodeIntent, NodeWriteError, NodeWriter};
 
 /// Nodes whose decisions are carried out at once.
@@ -69,9 +72,21 @@ pub struct Upgrades {
     eviction_client: Client,
     trigger: mpsc::UnboundedSender<ObjectRef<DeviceConfig>>,
     drains: Mutex<HashMap<String, RunningDrain>>,
-    /// Node → the record this term last wrote (`None`: removed).
-    written: Mutex<HashMap<String, Option<UpgradeRecord>>>,
+    /// Node → the record this term last wrote, or tried to.
+    written: Mutex<HashMap<String, Written>>,
     pub timeouts: Timeouts,
+}
+
+/// A record this term wrote, or tried to write.
+#[derive(Clone, Debug)]
+struct Written {
+    /// `None`: removed.
+    record: Option<UpgradeRecord>,
+    /// The API server said it took the write. An unconfirmed write (no
+    /// answer, a dropped connection) may have landed: it counts as written
+    /// for deciding, so that a node maybe picked counts as busy, and is sent
+    /// again.
+    confirmed: bool,
 }
 
 /// A drain this leader runs for one node.
@@ -113,23 +128,43 @@ impl Upgrades {
         )
     }
 
-    /// The record to decide on for `node`: the one this term wrote last,
-    /// else the Node's own.
+    fn written(&self, node: &str) -> Option<Written> {
+        self.written.lock().ok().and_then(|w| w.get(node).cloned())
+    }
+
+    /// The record to decide on for `node`: the one this term wrote (or
+    /// tried to) last, else the Node's own.
     fn record_of(&self, node: &Node) -> Option<UpgradeRecord> {
-        let written = self
-            .written
-            .lock()
-            .ok()
-            .and_then(|w| w.get(&node.name_any()).cloned());
-        match written {
-            Some(record) => record,
+        match self.written(&node.name_any()) {
+            Some(written) => written.record,
             None => UpgradeRecord::of_annotations(node.annotations()),
         }
     }
 
-    fn remember(&self, node: &str, record: Option<UpgradeRecord>) {
+    /// Whether `record` must be written to `node`: it is not what the
+    /// decision started from, or a write of it was not confirmed.
+    fn needs_write(
+        &self,
+        node: &str,
+        current: Option<&UpgradeRecord>,
+        record: &UpgradeRecord,
+    ) -> bool {
+        current != Some(record)
+            || self
+                .written(node)
+                .is_some_and(|w| !w.confirmed && w.record.as_ref() == Some(record))
+    }
+
+    fn remember(&self, node: &str, record: Option<UpgradeRecord>, confirmed: bool) {
         if let Ok(mut written) = self.written.lock() {
-            written.insert(node.to_owned(), record);
+            written.insert(node.to_owned(), Written { record, confirmed });
+        }
+    }
+
+    /// Forgets what this term wrote to `node`: its Node is read again.
+    fn forget(&self, node: &str) {
+        if let Ok(mut written) = self.written.lock() {
+            written.remove(node);
         }
     }
 
@@ -199,11 +234,23 @@ impl Upgrades {
         );
     }
 
-    /// Forgets the drains of `config` whose nodes are past draining.
+    /// Stops and forgets the drains of `config` but those of `draining`.
     fn prune_drains(&self, config: &ConfigKey, draining: &[String]) {
         if let Ok(mut drains) = self.drains.lock() {
             drains.retain(|node, d| d.config != *config || draining.contains(node));
         }
+    }
+
+    /// Stops the drain of `node`, if one runs.
+    fn stop_drain(&self, node: &str) {
+        if let Ok(mut drains) = self.drains.lock() {
+            drains.remove(node);
+        }
+    }
+
+    /// Stops every drain of `config`: its upgrade stopped applying.
+    pub fn stop_drains(&self, config: &ConfigKey) {
+        self.prune_drains(config, &[]);
     }
 }
 
@@ -235,11 +282,24 @@ pub fn facts_of(
     let record = record.filter(|r| r.device_config == *key);
     let spec = node.spec.as_ref();
     let status = node.status.as_ref();
-    let report = node
+    let agent = node
         .annotations()
         .get(STATUS_ANNOTATION)
-        .and_then(|text| AgentStatus::parse(text).ok())
-        .and_then(|a| a.driver);
+        .and_then(|text| AgentStatus::parse(text).ok());
+    let told = record.and_then(|r| r.target.clone());
+    // A refusal of the target the agent was told (its `asked`), not of an
+    // earlier one; or a reboot it could not ask the host for (a command
+    // that fails now fails at every retry). Waiting would not help either.
+    let refused = agent
+        .as_ref()
+        .and_then(|a| a.driver_load.as_ref())
+        .filter(|l| {
+            let gave_up = l.state == DriverLoadState::Refused
+                || (l.state == DriverLoadState::Failed && l.reason == REBOOT_FAILED);
+            gave_up && told.is_some() && l.asked == told
+        })
+        .map(|l| format!("{}: {}", l.reason, l.message));
+    let report = agent.and_then(|a| a.driver);
     let node_boot_id = status
         .and_then(|s| s.node_info.as_ref())
         .map(|i| i.boot_id.clone())
@@ -264,13 +324,17 @@ pub fn facts_of(
         inbox: report
             .as_ref()
             .is_some_and(|r| r.loaded && r.origin.is_inbox()),
+        builtin: report
+            .as_ref()
+            .is_some_and(|r| r.loaded && r.origin == ModuleOrigin::BuiltIn),
+        refused,
         version: report
             .as_ref()
             .filter(|r| r.loaded && !r.origin.is_inbox())
             .and_then(|r| r.version.clone()),
         boot_id: report.and_then(|r| r.boot_id).or(node_boot_id),
         boot_id_before: record.and_then(|r| r.reboot_from.clone()),
-        told: record.and_then(|r| r.target.clone()),
+        told,
         drain,
     }
 }
@@ -305,7 +369,10 @@ pub fn next_record(
                 record.started = None;
                 record.target = None;
                 record.reboot_from = None;
-                if !(before.is_failed() && record.cordoned_before == Some(false)) {
+                let held = before.is_failed()
+                    && before != UpgradeState::CordonFailed
+                    && record.cordoned_before == Some(false);
+                if !held {
                     record.cordoned_before = None;
                 }
             }
@@ -350,7 +417,8 @@ pub fn state_event(
             EventType::Normal,
             "DriverUpgradeStarted",
             format!(
-                "driver upgrade started from {}: cordoned and tainted {TAINT_KEY}, draining GPU pods",
+                "driver upgrade started from {}: the node is cordoned, tainted \
+                 {TAINT_KEY} and its GPU pods drained",
                 record.from.as_deref().unwrap_or("no driver")
             ),
         )),
@@ -391,7 +459,8 @@ fn target_of(dc: &DeviceConfig) -> Option<&str> {
 }
 
 /// One pass of `dc`'s driver upgrade over `selected` (the Nodes it
-/// selects). Returns when to look again.
+/// selects, read from a Node cache that has finished its first list: the
+/// caller waits for it). Returns when to look again.
 pub async fn reconcile(
     dc: &DeviceConfig,
     selected: &[Arc<Node>],
@@ -399,24 +468,16 @@ pub async fn reconcile(
 ) -> Result<Option<Duration>, Error> {
     let key = ConfigKey::of(dc);
     let Some(target) = target_of(dc) else {
-        release_all(&key, &[], ctx).await?;
-        crate::counters::set_upgrade_nodes(&key.to_string(), BTreeMap::new());
+        stop(&key, ctx).await?;
         return Ok(None);
     };
-    // A partial cache would under-count the nodes in progress.
-    if !matches!(
-        tokio::time::timeout(Duration::from_secs(10), ctx.nodes.wait_until_ready()).await,
-        Ok(Ok(()))
-    ) {
-        return Ok(Some(RETRY_AFTER));
-    }
     // Nodes this DeviceConfig no longer selects keep nothing of its upgrade.
     release_all(&key, selected, ctx).await?;
     let upgrades = &ctx.upgrades;
-    let policy = Policy::of_spec(dc.spec.driver().upgrade_policy.as_ref(), upgrades.timeouts);
+    let policy = Policy::of_spec(dc.spec.driver(), upgrades.timeouts);
     let now = Timestamp::now();
     let mut blocked_by: HashMap<String, Vec<String>> = HashMap::new();
-    let mut reasons: HashMap<String, Option<String>> = HashMap::new();
+    let mut records: HashMap<String, Option<UpgradeRecord>> = HashMap::new();
     let facts: Vec<NodeFacts> = selected
         .iter()
         .map(|node| {
@@ -426,28 +487,31 @@ pub async fn reconcile(
                 blocked_by.insert(name.clone(), blocked);
                 outcome
             });
-            reasons.insert(name, record.as_ref().and_then(|r| r.reason.clone()));
-            facts_of(node, &key, record.as_ref(), drain, now)
+            let facts = facts_of(node, &key, record.as_ref(), drain, now);
+            records.insert(name, record);
+            facts
         })
         .collect();
     let mut plan = upgrade::plan(target, &policy, &facts);
-    // What keeps a drain is recorded as the node's reason, for `upgrade
-    // status`: once per change.
-    for f in &facts {
-        let Some(blocked) = blocked_by.get(&f.name).filter(|b| !b.is_empty()) else {
-            continue;
-        };
+    // What keeps a drain is the node's reason while it drains, for `upgrade
+    // status`: recorded once per change.
+    for (name, blocked) in blocked_by.iter().filter(|(_, b)| !b.is_empty()) {
         let reason = format!("draining: {}", blocked.join("; "));
-        let recorded = reasons.get(&f.name).cloned().flatten();
-        if recorded.as_deref() != Some(reason.as_str())
-            && !plan.decisions.iter().any(|d| d.node == f.name)
-        {
-            plan.decisions.push(Decision {
-                node: f.name.clone(),
+        let recorded = records.get(name).cloned().flatten().and_then(|r| r.reason);
+        if recorded.as_deref() == Some(reason.as_str()) {
+            continue;
+        }
+        match plan.decisions.iter_mut().find(|d| d.node == *name) {
+            Some(decision) if decision.state.is_none() && decision.reason.is_none() => {
+                decision.reason = Some(reason);
+            }
+            Some(_) => {}
+            None => plan.decisions.push(Decision {
+                node: name.clone(),
                 state: None,
                 actions: Vec::new(),
                 reason: Some(reason),
-            });
+            }),
         }
     }
     let drain_policy = DrainPolicy::of_upgrade(
@@ -466,7 +530,7 @@ pub async fn reconcile(
     let mut work = Vec::with_capacity(plan.decisions.len());
     for decision in &plan.decisions {
         if let Some((node, facts)) = by_name.get(&decision.node) {
-            work.push(carry_out(
+            let step = carry_out(
                 dc,
                 &key,
                 node,
@@ -475,45 +539,59 @@ pub async fn reconcile(
                 &drain_policy,
                 &now_text,
                 ctx,
-            ));
+            );
+            work.push(async move { (decision, step.await) });
         }
     }
-    let results: Vec<Result<(), Error>> = futures::stream::iter(work)
+    let results: Vec<(&Decision, Result<(), Error>)> = futures::stream::iter(work)
         .buffer_unordered(CONCURRENT_NODES)
         .collect()
         .await;
-    // Drains of nodes that are past draining are done with.
-    let draining: Vec<String> = facts
+    // A node's drain is done with once the node has left draining: its next
+    // state was written. After a failed write it stays as it was, and so
+    // does its drain (a finished drain is not run twice).
+    let mut next: HashMap<&str, Option<UpgradeState>> = facts
         .iter()
-        .filter(|f| {
-            let next = plan
-                .decisions
-                .iter()
-                .find(|d| d.node == f.name)
-                .and_then(|d| d.state.clone())
-                .or_else(|| f.state.clone());
-            next == Some(UpgradeState::Started)
-        })
-        .map(|f| f.name.clone())
+        .map(|f| (f.name.as_str(), f.state.clone()))
         .collect();
-    upgrades.prune_drains(&key, &draining);
-    crate::counters::set_upgrade_nodes(&key.to_string(), plan.counts.clone());
     let mut wake = plan.wake_after;
-    for result in results {
+    for (decision, result) in results {
         match result {
-            Ok(()) => {}
-            Err(Error::NotLeader) => return Err(Error::NotLeader),
+            Ok(()) => {
+                if let Some(state) = &decision.state {
+                    next.insert(decision.node.as_str(), Some(state.clone()));
+                }
+            }
+            Err(e @ (Error::NotLeader | Error::LeaseRenewalDue)) => return Err(e),
             Err(e) => {
-                tracing::warn!(deviceconfig = %key, error = %e, "driver upgrade step failed; trying again");
+                tracing::warn!(deviceconfig = %key, node = %decision.node, error = %e, "driver upgrade step failed; trying again");
                 crate::counters::record_api_error();
                 wake = Some(wake.map_or(RETRY_AFTER, |w| w.min(RETRY_AFTER)));
             }
         }
     }
+    let draining: Vec<String> = next
+        .iter()
+        .filter(|(_, state)| **state == Some(UpgradeState::Started))
+        .map(|(name, _)| (*name).to_owned())
+        .collect();
+    upgrades.prune_drains(&key, &draining);
+    crate::counters::set_upgrade_nodes(&key.to_string(), plan.counts.clone());
     Ok(wake)
 }
 
-/// Carries out one node's decision.
+/// `key`'s upgrades stop applying (the policy or the driver was turned off,
+/// or the DeviceConfig is deleted): its drains stop, every Node gives back
+/// what the upgrade holds, and its counts go.
+pub async fn stop(key: &ConfigKey, ctx: &Context) -> Result<(), Error> {
+    ctx.upgrades.stop_drains(key);
+    release_all(key, &[], ctx).await?;
+    crate::counters::set_upgrade_nodes(&key.to_string(), BTreeMap::new());
+    Ok(())
+}
+
+/// Carries out one node's decision: the record before the step it
+/// announces, the release before the record that says complete.
 #[allow(clippy::too_many_arguments)]
 async fn carry_out(
     dc: &DeviceConfig,
@@ -542,34 +620,30 @@ async fn carry_out(
             tainted: false,
         };
         if let Err(e) = guarded(ctx, &name, writer.set_cordon(Concern::Upgrade, &intent)).await? {
-            record.state = UpgradeState::UncordonFailed;
-            record.reason = Some(format!("the node could not be uncordoned: {e}"));
+            // Still the upgrade's cordon: the failure keeps what a release
+            // later needs.
+            let uncordon_failed = Decision {
+                node: name.clone(),
+                state: Some(UpgradeState::UncordonFailed),
+                actions: Vec::new(),
+                reason: Some(format!("the node could not be uncordoned: {e}")),
+            };
+            record = next_record(key, current.as_ref(), facts, &uncordon_failed, now);
         }
     }
-    if current.as_ref() != Some(&record) {
+    if ctx.upgrades.needs_write(&name, current.as_ref(), &record) {
         write_record(ctx, &writer, node, &record).await?;
-        if let Some(previous) = facts
-            .state
-            .as_ref()
-            .filter(|s| **s != record.state && s.is_in_progress())
-        {
-            crate::counters::record_upgrade_step(previous.as_str(), facts.in_state.as_secs_f64());
-        }
-        if record.state.is_complete()
-            && facts
-                .state
-                .as_ref()
-                .is_some_and(UpgradeState::is_in_progress)
-        {
-            crate::counters::record_upgrade_step("Upgrade", facts.in_upgrade.as_secs_f64());
-        }
         if facts.state.as_ref() != Some(&record.state) {
-            tracing::info!(node = %name, deviceconfig = %key, from = ?facts.state.as_ref().map(UpgradeState::as_str), to = record.state.as_str(), reason = ?record.reason, "driver upgrade state");
-            if let Some((type_, reason, note)) =
-                state_event(facts.state.as_ref(), &record.state, &record)
-            {
-                node_event(ctx, node, type_, reason, note).await;
+            if let Some(previous) = facts.state.as_ref().filter(|s| s.is_in_progress()) {
+                crate::counters::record_upgrade_step(
+                    previous.as_str(),
+                    facts.in_state.as_secs_f64(),
+                );
+                if record.state.is_complete() {
+                    crate::counters::record_upgrade_step("Upgrade", facts.in_upgrade.as_secs_f64());
+                }
             }
+            tracing::info!(node = %name, deviceconfig = %key, from = ?facts.state.as_ref().map(UpgradeState::as_str), to = record.state.as_str(), reason = ?record.reason, "driver upgrade state");
         }
     }
     for action in &decision.actions {
@@ -594,19 +668,36 @@ async fn carry_out(
             Action::Tell { .. } | Action::Release { .. } => {}
         }
     }
+    // The Event once what it tells has happened.
+    if facts.state.as_ref() != Some(&record.state)
+        && let Some((type_, reason, note)) =
+            state_event(facts.state.as_ref(), &record.state, &record)
+    {
+        node_event(ctx, node, type_, reason, note).await;
+    }
     Ok(())
 }
 
-/// Runs one Node write while the lease is held, and never past its expiry.
-/// The outer error is leadership lost; the inner one the write's.
+/// How long before the lease's expiry no upgrade write is started: one that
+/// is already sent is cut off at the expiry, but a write the server received
+/// may still land after it, when a successor may already lead.
+const LEASE_MARGIN: Duration = Duration::from_secs(2);
+
+/// Runs one Node write while the lease is held, starting it only well
+/// before the lease's expiry and cutting it off before it. The outer error
+/// is leadership lost; the inner one the write's.
 async fn guarded<T>(
     ctx: &Context,
     node: &str,
     write: impl Future<Output = Result<T, NodeWriteError>>,
 ) -> Result<Result<T, NodeWriteError>, Error> {
     let deadline = ctx.guard.deadline().ok_or(Error::NotLeader)?;
+    let cutoff = deadline
+        .checked_sub(LEASE_MARGIN)
+        .filter(|c| *c > tokio::time::Instant::now())
+        .ok_or(Error::LeaseRenewalDue)?;
     tracing::trace!(node, "upgrade write");
-    tokio::time::timeout_at(deadline, write)
+    tokio::time::timeout_at(cutoff, write)
         .await
         .map_err(|_| Error::NotLeader)
 }
@@ -618,7 +709,22 @@ fn node_error(node: &str, e: NodeWriteError) -> Error {
     }
 }
 
-/// Writes `record` and its state label on `node`, and remembers it.
+/// Whether a failed write may still have been applied: no answer came (a
+/// transport error), as opposed to a refusal.
+fn maybe_applied(e: &NodeWriteError) -> bool {
+    match e {
+        NodeWriteError::Write {
+            source: kube::Error::Api(_),
+            ..
+        }
+        | NodeWriteError::Read { .. } => false,
+        NodeWriteError::Write { .. } => true,
+    }
+}
+
+/// Writes `record` and its state label on `node`, and remembers it: as
+/// written when the server took it, as maybe written when no answer came
+/// (it is sent again, and counts meanwhile), not at all when refused.
 async fn write_record(
     ctx: &Context,
     writer: &NodeWriter,
@@ -631,17 +737,38 @@ async fn write_record(
         ..NodeIntent::default()
     };
     let name = node.name_any();
-    guarded(ctx, &name, writer.apply_to(node, Concern::Upgrade, &intent))
-        .await?
-        .map_err(|e| node_error(&name, e))?;
-    ctx.upgrades.remember(&name, Some(record.clone()));
-    Ok(())
+    let written = guarded(ctx, &name, writer.apply_to(node, Concern::Upgrade, &intent));
+    match written.await {
+        Ok(Ok(_)) => {
+            ctx.upgrades.remember(&name, Some(record.clone()), true);
+            Ok(())
+        }
+        Ok(Err(e)) => {
+            if maybe_applied(&e) {
+                ctx.upgrades.remember(&name, Some(record.clone()), false);
+            }
+            Err(node_error(&name, e))
+        }
+        // Not started: nothing to remember.
+        Err(Error::LeaseRenewalDue) => Err(Error::LeaseRenewalDue),
+        Err(not_leader) => {
+            // Cut off mid-flight: it may land; this term ends anyway.
+            ctx.upgrades.remember(&name, Some(record.clone()), false);
+            Err(not_leader)
+        }
+    }
 }
 
-/// Removes `dc`'s upgrade from every Node not in `keep` that still carries
-/// its record: the record and the state label, and the cordon and taint
-/// when the upgrade holds them.
+/// Removes `key`'s upgrade from every Node not in `keep` that carries its
+/// record: the record and the state label, and the cordon and taint when
+/// the upgrade holds them. Each Node is read afresh first, and left alone
+/// unless its record is still `key`'s: another DeviceConfig may have taken
+/// the node over since.
 pub async fn release_all(key: &ConfigKey, keep: &[Arc<Node>], ctx: &Context) -> Result<(), Error> {
+    // A partial cache would make every node look like it left.
+    if !ctx.nodes_ready() {
+        return Ok(());
+    }
     let kept: Vec<String> = keep.iter().map(|n| n.name_any()).collect();
     let leaving: Vec<Arc<Node>> = ctx
         .nodes
@@ -656,8 +783,17 @@ pub async fn release_all(key: &ConfigKey, keep: &[Arc<Node>], ctx: &Context) -> 
         .collect();
     for node in leaving {
         let name = node.name_any();
-        let record = ctx.upgrades.record_of(&node);
         let writer = NodeWriter::new(Api::all(ctx.client.clone()), name.clone());
+        let fresh = guarded(ctx, &name, writer.read())
+            .await?
+            .map_err(|e| node_error(&name, e))?;
+        let record = UpgradeRecord::of_annotations(fresh.annotations());
+        if record.as_ref().is_none_or(|r| r.device_config != *key) {
+            // Gone, or another DeviceConfig's now: not ours to remove.
+            ctx.upgrades.forget(&name);
+            continue;
+        }
+        ctx.upgrades.stop_drain(&name);
         if record.as_ref().is_some_and(UpgradeRecord::holds_cordon) {
             let intent = CordonIntent {
                 unschedulable: Some(false),
@@ -668,15 +804,16 @@ pub async fn release_all(key: &ConfigKey, keep: &[Arc<Node>], ctx: &Context) -> 
                 .await?
                 .map_err(|e| node_error(&name, e))?;
         }
-        // A fresh read: removal needs the server's record of who owns what.
+        // The fresh read carries the server's record of who owns what, which
+        // the removal needs.
         guarded(
             ctx,
             &name,
-            writer.apply(Concern::Upgrade, &NodeIntent::default()),
+            writer.apply_to(&fresh, Concern::Upgrade, &NodeIntent::default()),
         )
         .await?
         .map_err(|e| node_error(&name, e))?;
-        ctx.upgrades.remember(&name, None);
+        ctx.upgrades.remember(&name, None, true);
         tracing::info!(node = %name, deviceconfig = %key, "driver upgrade no longer applies: record removed and the node released");
     }
     Ok(())
@@ -753,7 +890,11 @@ pub fn progress_of(dc: &DeviceConfig, nodes: &[Node], now: Timestamp) -> Vec<Nod
                     .and_then(|r| r.target.clone())
                     .or_else(|| target.clone()),
                 for_seconds: record.as_ref().map(|_| facts.in_state.as_secs()),
-                blocked_by: record.and_then(|r| r.reason),
+                // What blocks a step under way, or why it failed; a retry's
+                // reason is history.
+                blocked_by: record
+                    .filter(|r| r.state.is_in_progress() || r.state.is_failed())
+                    .and_then(|r| r.reason),
                 held,
             }
         })
@@ -827,6 +968,26 @@ mod tests {
         // No agent report: nothing known.
         let silent = node(json!({"metadata": {"name": "gpu-3"}}));
         assert!(!facts_of(&silent, &key(), None, None, now).reported);
+        // The agent gave up on the target it was told: a refusal, or a
+        // reboot it could not ask for; not a refusal of an earlier target,
+        // nor a failure it retries (modprobe).
+        let gave_up = |state: &str, reason: &str, asked: &str| {
+            let mut status: serde_json::Value =
+                serde_json::from_str(&agent_annotation(Some("6.3.0"), "OutOfTree", "boot-2"))
+                    .unwrap();
+            status["driverLoad"] =
+                json!({"state": state, "reason": reason, "message": "m", "asked": asked});
+            let n = node(json!({"metadata": {"name": "gpu-4",
+                "annotations": {STATUS_ANNOTATION: status.to_string()}}}));
+            facts_of(&n, &key(), Some(&record), None, now).refused
+        };
+        assert_eq!(
+            gave_up("refused", "BundleMissingForKernel", "6.4.1").as_deref(),
+            Some("BundleMissingForKernel: m")
+        );
+        assert!(gave_up("failed", "RebootFailed", "6.4.1").is_some());
+        assert_eq!(gave_up("refused", "BundleMissingForKernel", "6.4.0"), None);
+        assert_eq!(gave_up("failed", "ModprobeFailed", "6.4.1"), None);
     }
 
     #[test]

@@ -14,7 +14,6 @@
 use k8s_openapi::api::core::v1::NodeCondition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use super::manager::UPGRADE_PENDING;
 use crate::api::DriverSpec;
 use crate::api::agent_status::{DriverLoad, DriverLoadState, DriverReport};
 use crate::node_writer::condition_at;
@@ -26,6 +25,10 @@ pub const REASON_LOADED: &str = "DriverLoaded";
 pub const REASON_NOT_LOADED: &str = "DriverNotLoaded";
 /// Loaded, but not the version `spec.driver.version` asks for.
 pub const REASON_VERSION_MISMATCH: &str = "DriverVersionMismatch";
+/// A working amdgpu of another version runs while the leader's rolling
+/// upgrade has not reached this node (the driver manager's outcome, and
+/// the condition's reason then).
+pub const UPGRADE_PENDING: &str = "UpgradePending";
 
 /// The condition for `report` under the DeviceConfig's `driver` section and
 /// what the driver manager last did (`load`), with its times set to `now`.
@@ -177,6 +180,7 @@ mod tests {
             message: "amdgpu.ko: sha256 is 00, the manifest says ff".into(),
             bundle: None,
             version: None,
+            asked: None,
         };
         let c = driver_condition(&none, &spec(true, Some("6.12.12")), Some(&refused), &now());
         let (status, reason, message) = said(&c);
@@ -196,6 +200,7 @@ mod tests {
             message: "loaded".into(),
             bundle: None,
             version: None,
+            asked: None,
         };
         let c = driver_condition(&rocm, &spec(true, Some("6.12.12")), Some(&loaded), &now());
         assert_eq!(said(&c).0, "True");

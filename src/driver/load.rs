@@ -195,7 +195,7 @@ pub fn decide(
                 boot a kernel that has it as a module"
                 .to_owned(),
             ModuleOrigin::InTree => "the in-box amdgpu is loaded: set driver.blacklist: true \
-                and reboot the node (the agent does not reboot yet)"
+                and reboot the node (a rolling upgrade reboots it)"
                 .to_owned(),
             ModuleOrigin::OutOfTree => format!(
                 "an out-of-tree amdgpu whose version cannot be read is loaded, {} wanted: \

@@ -36,6 +36,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::blacklist::{self, Blacklisted};
 use super::bundle::{Expected, Refusal, Verified};
+use super::condition::UPGRADE_PENDING;
 use super::holders;
 use super::load::{self, LoadCommands, LoadDecision};
 use super::preflight::{self, DEFAULT_STORE};
@@ -134,9 +135,6 @@ impl Default for ManagerConfig {
 /// loaded the driver, and when it found it running.
 pub const LOADED_HERE: &str = "DriverLoaded";
 pub const RUNNING: &str = "DriverRunning";
-/// The reason of a [`DriverLoadState::Loaded`] outcome while another
-/// version waits for the leader's rolling upgrade to reach this node.
-pub const UPGRADE_PENDING: &str = "UpgradePending";
 /// The reasons of a reboot asked for, and of one that could not be asked.
 pub const REBOOT_REQUESTED: &str = "RebootRequested";
 pub const REBOOT_FAILED: &str = "RebootFailed";
@@ -149,6 +147,7 @@ pub fn outcome_of(decision: &LoadDecision) -> Option<DriverLoad> {
         message,
         bundle: bundle.map(str::to_owned),
         version: None,
+        asked: None,
     };
     match decision {
         LoadDecision::Load { .. } | LoadDecision::Replace { .. } => None,
@@ -272,7 +271,7 @@ pub fn spawn(
             if look_again {
                 let outcome = match (&asked, &seen) {
                     (Some(asked), Some(seen)) => {
-                        let outcome = act(
+                        let mut outcome = act(
                             &host,
                             &reader,
                             &config,
@@ -283,6 +282,7 @@ pub fn spawn(
                             &cancel,
                         )
                         .await;
+                        outcome.asked = asked.version.clone();
                         let ours = outcome.state == DriverLoadState::Loaded
                             && outcome.reason == LOADED_HERE;
                         loaded_here = outcome.version.clone().filter(|_| ours);
@@ -361,6 +361,7 @@ async fn reboot_once(
         message,
         bundle: None,
         version: wanted.version.clone(),
+        asked: None,
     };
     if rebooted_from.as_deref() == Some(boot_id) {
         return outcome(
@@ -398,11 +399,13 @@ pub fn upgrade_pending(report: &DriverReport, wanted: &DriverWanted) -> DriverLo
         state: DriverLoadState::Loaded,
         reason: UPGRADE_PENDING.to_owned(),
         message: format!(
-            "{running} runs; {} comes with the rolling upgrade (driver.upgradePolicy),              when the leader has drained this node",
+            "{running} runs; {} comes with the rolling upgrade (driver.upgradePolicy), \
+             when the leader has drained this node",
             wanted.version.as_deref().unwrap_or("another driver")
         ),
         bundle: None,
         version: report.version.clone(),
+        asked: None,
     }
 }
 
@@ -423,6 +426,15 @@ async fn act(
     if reboot_due(wanted, report)
         && let Some(boot_id) = report.boot_id.as_deref()
     {
+        // Not into a node that could load nothing afterwards: the target's
+        // bundle must verify for this kernel first (the reboot keeps it).
+        if let LoadDecision::Refuse { reason, message } = look(host, config, wanted, report).await {
+            return outcome_of(&LoadDecision::Refuse {
+                reason,
+                message: format!("not rebooting for the upgrade: {message}"),
+            })
+            .unwrap_or_else(|| failed(reason, message, None));
+        }
         // The blacklist first: the in-box amdgpu must not come back at boot.
         let (blacklist_host, blacklist_wanted) = (host.clone(), wanted.blacklist);
         let written = tokio::task::spawn_blocking(move || {
@@ -452,8 +464,8 @@ async fn act(
             let why = match blacklisted {
                 Blacklisted::Yes => format!(
                     "the in-box amdgpu is loaded and is blacklisted for the next boot \
-                     ({}): reboot the node to load the bundle's (the agent does not \
-                     reboot yet)",
+                     ({}): reboot the node to load the bundle's (a rolling upgrade \
+                     reboots it; by hand, a person does)",
                     blacklist::BLACKLIST_FILE
                 ),
                 Blacklisted::BlockedByForeignFile => format!(
@@ -568,6 +580,7 @@ fn about(state: DriverLoadState, reason: &str, message: String, bundle: &Verifie
         message,
         bundle: Some(bundle.dir.clone()),
         version: Some(bundle.version.clone()),
+        asked: None,
     }
 }
 
@@ -578,6 +591,7 @@ fn failed(reason: &str, message: String, bundle: Option<&str>) -> DriverLoad {
         message,
         bundle: bundle.map(str::to_owned),
         version: None,
+        asked: None,
     }
 }
 
@@ -627,6 +641,7 @@ mod tests {
             message: "m".into(),
             bundle: None,
             version: None,
+            asked: None,
         };
         let old = report("6.12.12");
         assert!(acts_on_report(None, None, &old));

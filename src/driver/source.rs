@@ -909,7 +909,8 @@ pub async fn ensure_fetched(
 /// directory while hashed, its sha256 checked, unpacked safely, verified
 /// against its own manifest for the kernel that manifest names, marked
 /// with where it came from, and renamed to `<store>/<version>-<kernel>`.
-/// A tarball of the same sha256 fetched before is not read again.
+/// A tarball of the same sha256 fetched before is not read again, unless
+/// `options.replace` asks for it (a bundle damaged since is fetched anew).
 pub async fn fetch_tarball(
     host: &HostRoot,
     store: &str,
@@ -921,7 +922,11 @@ pub async fn fetch_tarball(
     let shown = redact(&source.source);
 
     let (h, s, sha) = (host.clone(), store.to_owned(), sha256.clone());
-    let before = blocking(move || Ok(already_fetched(&h, &s, &sha))).await?;
+    let before = if options.replace {
+        None
+    } else {
+        blocking(move || Ok(already_fetched(&h, &s, &sha))).await?
+    };
     if let Some((dir, manifest)) = before {
         tracing::debug!(source = %shown, dir = %dir, "tarball fetched before");
         return Ok(Placed {

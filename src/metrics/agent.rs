@@ -277,8 +277,6 @@ pub fn families(
     out
 }
 
-/// The test runner's results: runs by trigger, recipe and result, the last
-/// run of each trigger and recipe, the GPUs under test now and the queue.
 /// The leader's driver upgrade: nodes per state (over every DeviceConfig it
 /// rolls; none while this process does not lead), and per step how many
 /// ended and the seconds they took. Pure.
@@ -327,6 +325,8 @@ pub fn upgrade_families(
     ]
 }
 
+/// The test runner's results: runs by trigger, recipe and result, the last
+/// run of each trigger and recipe, the GPUs under test now and the queue.
 pub fn test_runner_families(stats: &TestRunnerStats) -> Vec<Family> {
     fn labels(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
         let mut labels: Vec<(String, String)> = pairs

@@ -168,3 +168,16 @@ fn write_script(tools: &Path, name: &str, body: &str) -> PathBuf {
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
     path
 }
+
+/// Makes the `modprobe` stand-in in `tools` hold every load until the file
+/// `gate` exists: a driver load that takes as long as a test needs.
+pub fn hold_loads_until(tools: &Path, gate: &Path) {
+    let path = tools.join("modprobe");
+    let script = std::fs::read_to_string(&path).unwrap();
+    let (shebang, rest) = script.split_once('\n').unwrap();
+    let held = format!(
+        "{shebang}\nif [ \"$1\" = --dirname ]; then while [ ! -e '{}' ]; do sleep 0.05; done; fi\n{rest}",
+        gate.display()
+    );
+    write_script(tools, "modprobe", &held);
+}
