@@ -1986,3 +1986,163 @@ fn the_npd_plugin_config_runs_check_npd_by_the_plugin_protocol() {
         assert!(line.starts_with("cannot check AMD GPUs: "), "{line}");
     }
 }
+
+/// deploy/patches/driver-image.yaml, run as the kubelet would run its two
+/// init containers, on stand-ins: the copy step's shell script over a fake
+/// copy of a driver image (its paths moved into a temporary directory), then
+/// the import step's own arguments through the real binary, under a host
+/// root. A node the image is built for ends with a bundle that `driver
+/// check` passes; one it is not built for copies nothing, and the import
+/// step does not fail the pod.
+#[tokio::test]
+async fn the_driver_image_patch_copies_and_imports_on_the_nodes_kernel_only() {
+    let emu = Emulator::start(EmulatorConfig::default()).await.unwrap();
+    emu.create(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}))
+        .unwrap();
+    let all = manifests();
+    emu.create(the(&all, "DaemonSet").doc.clone()).unwrap();
+    let text = std::fs::read_to_string(repo().join("deploy/patches/driver-image.yaml")).unwrap();
+    let patch: Value = serde_saphyr::from_str(&text).expect("the patch is YAML");
+    let daemonsets: Api<DaemonSet> = Api::namespaced(emu.client(), NAMESPACE);
+    let patched = daemonsets
+        .patch(
+            "gpu-operator",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Strategic(patch),
+        )
+        .await
+        .expect("the patch applies");
+    let pod = patched.spec.unwrap().template.spec.unwrap();
+    assert_eq!(
+        pod.containers.len(),
+        1,
+        "the agent is still the one container"
+    );
+    let init = pod.init_containers.unwrap_or_default();
+    let (copy, import) = match &init[..] {
+        [copy, import] => (copy, import),
+        other => panic!("two init containers, got {}", other.len()),
+    };
+    // The two name the same image tag.
+    let image = copy.image.clone().unwrap();
+    let args = import.args.clone().unwrap();
+    let tag_at = args.iter().position(|a| a == "--image-tag").unwrap();
+    let tag = &args[tag_at + 1];
+    assert!(
+        image.ends_with(&format!(":{tag}")),
+        "{image} vs --image-tag {tag}"
+    );
+    // The import's arguments are the CLI's, and its store mount is the
+    // store at its host path (the default host root "/").
+    let mut argv = vec!["gpu-operator".to_owned()];
+    argv.extend(args.iter().cloned());
+    <gpu_operator::cli::Cli as clap::Parser>::try_parse_from(&argv)
+        .expect("the import's args parse");
+    let volumes: BTreeMap<String, k8s_openapi::api::core::v1::Volume> = pod
+        .volumes
+        .unwrap_or_default()
+        .into_iter()
+        .map(|v| (v.name.clone(), v))
+        .collect();
+    let store_mount = import
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|m| m.mount_path == gpu_operator::driver::preflight::DEFAULT_STORE)
+        .expect("the store at its own path");
+    assert_eq!(
+        volumes[&store_mount.name]
+            .host_path
+            .as_ref()
+            .map(|h| h.path.as_str()),
+        Some(gpu_operator::driver::preflight::DEFAULT_STORE)
+    );
+    let staging = |c: &Container| {
+        c.volume_mounts
+            .iter()
+            .flatten()
+            .find(|m| m.mount_path == "/staging")
+            .map(|m| m.name.clone())
+    };
+    assert_eq!(
+        staging(copy),
+        staging(import),
+        "one emptyDir between the two"
+    );
+
+    // Run them: this machine's kernel stands for the node's.
+    let kernel = String::from_utf8(
+        std::process::Command::new("uname")
+            .arg("-r")
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap()
+    .trim()
+    .to_owned();
+    let script = copy.command.clone().unwrap()[2].clone();
+    for built_for_this_kernel in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let image_root = dir.path().join("image");
+        let host_root = dir.path().join("host");
+        let image_kernel = if built_for_this_kernel {
+            kernel.clone()
+        } else {
+            format!("{kernel}-other")
+        };
+        let modules = image_root.join(format!("opt/lib/modules/{image_kernel}"));
+        std::fs::create_dir_all(modules.join("updates/dkms")).unwrap();
+        std::fs::write(modules.join("updates/dkms/amdgpu.ko"), b"\x7fELF amdgpu").unwrap();
+        std::fs::write(modules.join("modules.dep"), "updates/dkms/amdgpu.ko:\n").unwrap();
+        let firmware = image_root.join("firmwareDir/updates/amdgpu");
+        std::fs::create_dir_all(&firmware).unwrap();
+        std::fs::write(firmware.join("psp_13_0_6_sos.bin"), "fw").unwrap();
+        std::fs::create_dir_all(host_root.join("staging")).unwrap();
+        // The image's paths are the quoted ones and the bare /firmwareDir;
+        // /staging is the emptyDir's.
+        let moved = script
+            .replace("\"/opt/", &format!("\"{}/opt/", image_root.display()))
+            .replace(
+                " /firmwareDir ",
+                &format!(" {}/firmwareDir ", image_root.display()),
+            )
+            .replace("/staging", &format!("{}/staging", host_root.display()));
+        assert!(
+            moved.matches(&*image_root.display().to_string()).count() == 3,
+            "{moved}"
+        );
+        let copied = std::process::Command::new("sh")
+            .args(["-c", &moved])
+            .output()
+            .unwrap();
+        assert!(copied.status.success(), "{copied:?}");
+        let mut import_args: Vec<String> = args.clone();
+        import_args[tag_at + 1] = format!("ubuntu-22.04-{kernel}-6.12.12");
+        let imported = std::process::Command::new(env!("CARGO_BIN_EXE_gpu-operator"))
+            .args(&import_args)
+            .arg("--host-root")
+            .arg(&host_root)
+            .output()
+            .unwrap();
+        assert!(imported.status.success(), "{imported:?}");
+        let checked = std::process::Command::new(env!("CARGO_BIN_EXE_gpu-operator"))
+            .args([
+                "driver",
+                "check",
+                "--kernel",
+                &kernel,
+                "--signatures",
+                "not-required",
+            ])
+            .arg("--host-root")
+            .arg(&host_root)
+            .output()
+            .unwrap();
+        assert_eq!(
+            checked.status.success(),
+            built_for_this_kernel,
+            "built for this kernel: {built_for_this_kernel}\n{checked:?}"
+        );
+    }
+}

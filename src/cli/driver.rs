@@ -162,6 +162,12 @@ pub struct DriverImportArgs {
     /// Whether the new bundle's modules must be signed.
     #[arg(long, value_enum, default_value_t = NewBundleSignatures::NotRequired)]
     pub signatures: NewBundleSignatures,
+    /// When --from holds no opt/lib/modules/<kernel>/, exit 0 with a note
+    /// instead of 2: in a DaemonSet's init containers, the copy step skips
+    /// an image built for another kernel than the node's, and the agent
+    /// still starts (it then says BundleMissingForKernel).
+    #[arg(long)]
+    pub missing_ok: bool,
     #[arg(long, short, value_enum, default_value_t = OutputFormat::Table)]
     pub output: OutputFormat,
 }
@@ -399,6 +405,14 @@ fn run_import(args: DriverImportArgs) -> ExitCode {
         // clap requires one or the other, whole.
         _ => return fail("give --image-tag, or --kernel and --version", 2),
     };
+    let copied = format!(
+        "{}/opt/lib/modules/{kernel_release}",
+        staging.trim_end_matches('/')
+    );
+    if args.missing_ok && !host.exists(&copied) {
+        println!("nothing to import: {copied} is not there (an image for another kernel)");
+        return ExitCode::SUCCESS;
+    }
     let import = source::ImageImport {
         staging,
         kernel_release,

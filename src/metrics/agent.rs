@@ -431,6 +431,43 @@ mod tests {
     use crate::counters::{record_api_error, record_reconcile};
 
     #[test]
+    fn the_leaders_upgrade_counts_become_families() {
+        let nodes: std::collections::BTreeMap<String, usize> = [
+            ("Upgrade-Complete".to_owned(), 3),
+            ("Drain-Failed".to_owned(), 1),
+        ]
+        .into();
+        let steps: std::collections::BTreeMap<String, crate::counters::StepTotals> = [(
+            "Upgrade-Started".to_owned(),
+            crate::counters::StepTotals {
+                count: 2,
+                seconds: 30.5,
+            },
+        )]
+        .into();
+        let text = crate::metrics::render::encode(upgrade_families(&nodes, &steps));
+        for line in [
+            "gpu_operator_upgrade_nodes{state=\"Upgrade-Complete\"} 3.0",
+            "gpu_operator_upgrade_nodes{state=\"Drain-Failed\"} 1.0",
+            "gpu_operator_upgrade_steps_total{step=\"Upgrade-Started\"} 2.0",
+            "gpu_operator_upgrade_step_seconds_total{step=\"Upgrade-Started\"} 30.5",
+        ] {
+            assert!(text.lines().any(|l| l == line), "no {line} in:\n{text}");
+        }
+        // Not leading: no series, the families still described.
+        let idle = crate::metrics::render::encode(upgrade_families(
+            &Default::default(),
+            &Default::default(),
+        ));
+        assert!(
+            !idle
+                .lines()
+                .any(|l| l.starts_with("gpu_operator_upgrade_nodes{")),
+            "{idle}"
+        );
+    }
+
+    #[test]
     fn test_runner_results_become_families() {
         use crate::testrunner::config::Trigger;
         let mut stats = TestRunnerStats::default();

@@ -904,3 +904,30 @@ async fn standalone_mode_runs_discovery_health_and_metrics_without_kubernetes() 
         .unwrap()
         .unwrap();
 }
+
+/// The leader's upgrade families pass promtool, with series and without.
+#[test]
+fn the_upgrade_families_pass_promtool() {
+    use gpu_operator::counters::StepTotals;
+    use gpu_operator::metrics::agent::upgrade_families;
+    let nodes: BTreeMap<String, usize> = [
+        ("Upgrade-Complete".to_owned(), 3),
+        ("Upgrade-Started".to_owned(), 2),
+    ]
+    .into();
+    let steps: BTreeMap<String, StepTotals> = [(
+        "Upgrade".to_owned(),
+        StepTotals {
+            count: 3,
+            seconds: 95.25,
+        },
+    )]
+    .into();
+    promtool_accepts(&gpu_operator::metrics::render::encode(upgrade_families(
+        &nodes, &steps,
+    )));
+    promtool_accepts(&gpu_operator::metrics::render::encode(upgrade_families(
+        &BTreeMap::new(),
+        &BTreeMap::new(),
+    )));
+}
