@@ -410,6 +410,15 @@ struct ConfigVerdict {
     warnings: Vec<String>,
 }
 
+/// The task that keeps the Node's GPU health in line with the monitor.
+struct HealthPublisher {
+    stop: CancellationToken,
+    task: tokio_util::task::AbortOnDropHandle<()>,
+}
+
+/// How long a stopping health publisher may take to finish a write.
+const PUBLISHER_STOP: Duration = Duration::from_secs(10);
+
 /// The agent's I/O for one pass: the followers, the Node's writers and the
 /// Event sink, which carry out what [`plan`] decided.
 struct Edges<'a> {
@@ -425,7 +434,7 @@ struct Edges<'a> {
     access: configmaps::AccessFollower,
     /// The Node's AMDGPUUnhealthy condition, unhealthy labels and health
     /// Events follow the health monitor while it runs.
-    node_health: Option<tokio_util::task::AbortOnDropHandle<()>>,
+    node_health: Option<HealthPublisher>,
     /// The last write of the AMDGPUDriverReady condition failed.
     driver_condition_failed: bool,
 }
@@ -530,20 +539,35 @@ impl Edges<'_> {
         match report.health {
             plan::HealthPublishing::Keep => {}
             plan::HealthPublishing::Start => {
-                self.node_health = Some(tokio_util::task::AbortOnDropHandle::new(tokio::spawn(
-                    crate::health::publish_node_health(
-                        self.nodes.clone(),
-                        self.config.node_name.clone(),
-                        services.health_snapshot.clone(),
-                        services.transitions(),
-                        self.events.clone(),
-                        Duration::from_secs(5),
-                        self.watches.clone(),
-                    ),
-                )));
+                let stop = self.watches.child_token();
+                let task = tokio::spawn(crate::health::publish_node_health(
+                    self.nodes.clone(),
+                    self.config.node_name.clone(),
+                    services.health_snapshot.clone(),
+                    services.transitions(),
+                    self.events.clone(),
+                    Duration::from_secs(5),
+                    stop.clone(),
+                ));
+                self.node_health = Some(HealthPublisher {
+                    stop,
+                    task: tokio_util::task::AbortOnDropHandle::new(task),
+                });
             }
             plan::HealthPublishing::StopAndClear => {
-                self.node_health = None;
+                // Stopped, and its last write finished, before the removal:
+                // a write still in flight would put the condition back.
+                if let Some(publisher) = self.node_health.take() {
+                    publisher.stop.cancel();
+                    if tokio::time::timeout(PUBLISHER_STOP, publisher.task)
+                        .await
+                        .is_err()
+                    {
+                        tracing::warn!(
+                            "the GPU health publisher did not stop in time; removing its condition anyway"
+                        );
+                    }
+                }
                 if let Err(e) =
                     crate::health::remove_node_health(&self.nodes, &self.config.node_name).await
                 {
