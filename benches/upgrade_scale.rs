@@ -181,7 +181,7 @@ fn decision_times(count: usize) -> (f64, f64, f64) {
                 let record = UpgradeRecord::of_annotations(
                     n.metadata.annotations.as_ref().expect("annotated"),
                 );
-                facts_of(n, &key, record.as_ref(), None, now)
+                facts_of(n, &key, Some(TO), record.as_ref(), None, now)
             })
             .collect();
         let plan = upgrade::plan(TO, &policy, &facts);

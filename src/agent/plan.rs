@@ -654,6 +654,7 @@ mod tests {
             bundle: None,
             version: None,
             asked: None,
+            told_at: None,
         };
         let mut state = LoopState::default();
         let refused = load(DriverLoadState::Refused, "ChecksumMismatch");

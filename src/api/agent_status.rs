@@ -383,6 +383,11 @@ pub struct DriverLoad {
     /// takes a refusal as its target's only when this says so.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub asked: Option<String>,
+    /// When the target came from the node's upgrade record: the record's
+    /// `since` it answers, so that the leader takes it for the current step
+    /// only, not an earlier one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub told_at: Option<String>,
 }
 
 #[cfg(test)]

@@ -53,6 +53,8 @@ pub enum Error {
         #[source]
         source: Box<crate::node_writer::NodeWriteError>,
     },
+    #[error("{config}: a node could not be released from its driver upgrade yet")]
+    Release { config: String },
 }
 
 fn kube_err(action: &'static str, object: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
@@ -253,6 +255,8 @@ pub async fn reconcile(dc: Arc<DeviceConfig>, ctx: Arc<Context>) -> Result<Actio
     let upgrade_wake = if problems.validation.is_empty() {
         upgrader::reconcile(&dc, &selected_nodes, &ctx).await?
     } else {
+        // Nothing moves while the spec is invalid: no pod is evicted for it.
+        ctx.upgrades.stop_drains(&key);
         None
     };
     let settled = || upgrade_wake.map_or_else(Action::await_change, Action::requeue);
@@ -653,6 +657,8 @@ async fn tear_down(
         return Ok(Action::await_change());
     }
     let key = ConfigKey::of(dc);
+    // A DeviceConfig being deleted evicts nothing more while it waits.
+    ctx.upgrades.stop_drains(&key);
     let since_deletion = dc
         .metadata
         .deletion_timestamp

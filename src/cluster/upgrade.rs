@@ -26,9 +26,10 @@
 //! `operator.amd.com/gpu-driver-upgrade-state=upgrade-required`.
 //!
 //! Picking follows `maxParallelUpgrades` (nodes in progress, 0 = no limit) and
-//! `maxUnavailableNodes` (nodes unavailable for any reason: cordoned, not
-//! Ready, failed or in progress; a percentage of the selected nodes, rounded
-//! up). A node that is not Ready, or that a person cordoned, is not picked.
+//! `maxUnavailableNodes` (nodes unavailable: cordoned, not Ready or in
+//! progress; a percentage of the selected nodes, rounded up). A node that is
+//! not Ready, that someone else cordoned, whose agent has not reported, or
+//! whose agent refuses the target, is not picked.
 //!
 //! This module must not do I/O or read the clock: the caller passes how long
 //! each node has been in its state.
@@ -185,9 +186,14 @@ pub struct NodeFacts {
     pub inbox: bool,
     /// Of which built into the kernel: it cannot be replaced at all.
     pub builtin: bool,
-    /// The agent refused the target it was told (no bundle verifies for its
-    /// kernel, say): its reason and message. Waiting would not help.
+    /// The agent refused the target its record tells it, in the node's
+    /// current step (no bundle verifies for its kernel, say): its reason
+    /// and message. Waiting would not help.
     pub refused: Option<String>,
+    /// The agent refuses the target version now, told or not (it looks at
+    /// `driver.version` too): a node not picked yet is held back, rather
+    /// than drained only to fail.
+    pub refuses_target: Option<String>,
     /// The out-of-tree driver version the agent reports loaded (`None`:
     /// none, or only the in-box driver).
     pub version: Option<String>,
@@ -198,6 +204,8 @@ pub struct NodeFacts {
     /// The target the agent was last told.
     pub told: Option<String>,
     pub drain: Option<DrainOutcome>,
+    /// The reason the record gives now.
+    pub reason: Option<String>,
 }
 
 /// What to do with one node now.
@@ -212,6 +220,9 @@ pub enum Action {
     Tell { target: String, reboot: bool },
     /// Remove the taint, and the cordon unless a person had set it.
     Release { keep_cordon: bool },
+    /// The cordon the upgrade held was lifted by someone else: it is no
+    /// longer the upgrade's, and a cordon set later is theirs.
+    ForgetCordon,
 }
 
 /// The decision for one node.
@@ -272,9 +283,12 @@ impl NodeFacts {
         self.unschedulable && !self.holds_cordon
     }
 
-    /// Counts against `maxUnavailableNodes` while in `state`.
+    /// Counts against `maxUnavailableNodes` while in `state`: cordoned (a
+    /// failed node the upgrade holds is), not Ready, or being upgraded. A
+    /// failed node that still takes pods (one that failed before anything
+    /// was done to it) does not.
     fn unavailable_in(&self, state: &Option<UpgradeState>) -> bool {
-        self.unschedulable || !self.ready || failed(state) || in_progress(state)
+        self.unschedulable || !self.ready || in_progress(state)
     }
 }
 
@@ -397,13 +411,27 @@ pub fn plan(target: &str, policy: &Policy, nodes: &[NodeFacts]) -> Plan {
                 decision.actions.extend(release_if_held(node));
                 state = Some(UpgradeState::Complete);
             }
+            // Failed, yet it runs the target and the upgrade holds nothing
+            // of it (an install that got there after all): nothing is left
+            // for a person to do.
+            Some(s) if s.is_failed() && at_target && !node.holds_cordon && !node.tainted => {
+                state = Some(UpgradeState::Complete);
+                decision.reason = Some(format!("runs driver {target}"));
+            }
             Some(UpgradeState::NotStarted) => {
                 let parallel_ok = policy.max_parallel == 0 || busy < policy.max_parallel;
-                // Only a Ready node nobody else cordoned is picked. One this
-                // upgrade holds cordoned (a retry) is unavailable already.
-                let pickable = node.ready && !node.cordoned_by_someone_else();
+                // Only a Ready node nobody else cordoned, whose agent has
+                // reported, is picked. One this upgrade holds cordoned (a
+                // retry) is unavailable already.
+                let pickable = node.ready && node.reported && !node.cordoned_by_someone_else();
                 let counted = node.unavailable_in(&state);
-                if pickable && parallel_ok && (counted || unavailable < unavailable_cap) {
+                if let Some(why) = node.refuses_target.as_ref().filter(|_| pickable) {
+                    // It would be drained only to fail: held back, saying why.
+                    let reason = format!("not picked: the agent refuses driver {target}: {why}");
+                    if node.reason.as_deref() != Some(reason.as_str()) {
+                        decision.reason = Some(reason);
+                    }
+                } else if pickable && parallel_ok && (counted || unavailable < unavailable_cap) {
                     if let Some(why) = cannot_replace(policy, node) {
                         // Failed before anything is done to it: a person acts.
                         state = Some(UpgradeState::Failed);
@@ -473,7 +501,12 @@ pub fn plan(target: &str, policy: &Policy, nodes: &[NodeFacts]) -> Plan {
                             reboot,
                         });
                     }
-                    _ if drain_limit.is_some_and(|limit| node.in_state >= limit) => {
+                    // Only a drain of this term: after a change of leader
+                    // the drain runs again first (on an emptied node it ends
+                    // at once), bounded by its own limit.
+                    Some(DrainOutcome::Running)
+                        if drain_limit.is_some_and(|limit| node.in_state >= limit) =>
+                    {
                         state = Some(UpgradeState::DrainFailed);
                         decision.reason = Some(format!(
                             "the drain did not finish within {:?}",
@@ -551,6 +584,12 @@ pub fn plan(target: &str, policy: &Policy, nodes: &[NodeFacts]) -> Plan {
                 }
             }
             _ => {}
+        }
+        // A cordon the upgrade held on a node that waits (failed, or
+        // retried and not picked yet) and that someone lifted is theirs now.
+        let waiting = failed(&state) || state == Some(UpgradeState::NotStarted);
+        if waiting && node.holds_cordon && !node.unschedulable && decision.actions.is_empty() {
+            decision.actions.push(Action::ForgetCordon);
         }
         if state != node.state {
             decision.state = state.clone();
@@ -663,13 +702,30 @@ mod tests {
                 was_cordoned: false
             }]
         );
-        // A cordoned node (a person's) and a failed one count as unavailable:
-        // with 3 allowed, only one more may start.
+        // A cordoned node (a person's) and a failed one the upgrade holds
+        // cordoned count as unavailable: with 3 allowed, only one more may
+        // start.
         let mut busy = waiting.clone();
         busy[0].unschedulable = true;
         busy[1].state = Some(UpgradeState::DrainFailed);
+        busy[1].unschedulable = true;
+        busy[1].holds_cordon = true;
+        busy[1].cordoned_before = Some(false);
         let third = plan(TARGET, &policy(0, MaxUnavailable::Count(3)), &busy);
         assert_eq!(states(&third), [("n3".into(), Some(UpgradeState::Started))]);
+        // A failed node that still takes pods (it failed before anything was
+        // done to it) does not count.
+        busy[1].unschedulable = false;
+        busy[1].holds_cordon = false;
+        busy[1].cordoned_before = None;
+        let fourth = plan(TARGET, &policy(0, MaxUnavailable::Count(3)), &busy);
+        assert_eq!(
+            states(&fourth),
+            [
+                ("n3".into(), Some(UpgradeState::Started)),
+                ("n4".into(), Some(UpgradeState::Started)),
+            ]
+        );
     }
 
     #[test]
@@ -865,10 +921,15 @@ mod tests {
             step.wake_after,
             Some(Duration::from_secs(300) + DRAIN_GRACE - Duration::from_secs(100))
         );
-        draining.drain = None;
         draining.in_state = Duration::from_secs(300) + DRAIN_GRACE;
         let step = plan(TARGET, &p, std::slice::from_ref(&draining));
         assert_eq!(step.decisions[0].state, Some(UpgradeState::DrainFailed));
+        // No drain of this term yet (a new leader): the drain runs again
+        // first, rather than the node failing without one.
+        draining.drain = None;
+        let step = plan(TARGET, &p, std::slice::from_ref(&draining));
+        assert_eq!(step.decisions[0].actions, [Action::Drain]);
+        assert_eq!(step.decisions[0].state, None);
         // The whole upgrade's limit holds while draining too.
         draining.in_state = Duration::ZERO;
         draining.in_upgrade = p.timeouts.upgrade;
@@ -931,6 +992,57 @@ mod tests {
         told.told = Some("6.4.0".into());
         let step = plan(TARGET, &p, std::slice::from_ref(&told));
         assert_ne!(step.decisions[0].state, Some(UpgradeState::Failed));
+    }
+
+    #[test]
+    fn a_node_whose_agent_refuses_the_target_is_not_picked_and_says_why() {
+        let p = policy(0, MaxUnavailable::Percent(100));
+        let mut n = node("a", Some(UpgradeState::NotStarted), "6.3.0");
+        n.refuses_target = Some("BundleMissingForKernel: none for 6.8.0".into());
+        let step = plan(TARGET, &p, std::slice::from_ref(&n));
+        assert_eq!(step.decisions[0].state, None, "not picked");
+        assert!(step.decisions[0].actions.is_empty());
+        let reason = step.decisions[0].reason.clone().unwrap();
+        assert!(reason.contains("BundleMissingForKernel"), "{reason}");
+        // Said once: no write while nothing changes.
+        n.reason = Some(reason);
+        assert!(
+            plan(TARGET, &p, std::slice::from_ref(&n))
+                .decisions
+                .is_empty()
+        );
+        // A node whose agent has not reported is not picked either.
+        let mut silent = node("b", Some(UpgradeState::NotStarted), "6.3.0");
+        silent.reported = false;
+        assert!(
+            plan(TARGET, &p, std::slice::from_ref(&silent))
+                .decisions
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn a_held_cordon_someone_lifts_is_theirs_after() {
+        let p = policy(1, MaxUnavailable::Count(1));
+        let mut n = node("a", Some(UpgradeState::DrainFailed), "6.3.0");
+        n.holds_cordon = true;
+        n.cordoned_before = Some(false);
+        n.tainted = true;
+        // A person uncordoned the failed node.
+        let step = plan(TARGET, &p, std::slice::from_ref(&n));
+        assert_eq!(step.decisions[0].actions, [Action::ForgetCordon]);
+        // Still cordoned by the upgrade: nothing to say.
+        n.unschedulable = true;
+        assert!(
+            plan(TARGET, &p, std::slice::from_ref(&n))
+                .decisions
+                .is_empty()
+        );
+        // Failed, yet it runs the target and nothing of it is held: done.
+        let mut there = node("b", Some(UpgradeState::Failed), TARGET);
+        there.told = Some(TARGET.into());
+        let step = plan(TARGET, &p, std::slice::from_ref(&there));
+        assert_eq!(step.decisions[0].state, Some(UpgradeState::Complete));
     }
 
     #[test]
@@ -1096,6 +1208,10 @@ mod tests {
                         n.holds_cordon = false;
                         n.tainted = false;
                         n.drain = None;
+                    }
+                    Action::ForgetCordon => {
+                        n.holds_cordon = false;
+                        n.cordoned_before = None;
                     }
                 }
             }

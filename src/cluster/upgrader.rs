@@ -23,7 +23,12 @@
 //! resumes without a second drain, and never a cordon nobody owns. The
 //! records this leader wrote are kept for its term and preferred to its
 //! Node cache, which may lag its own writes: a stale cache must not let it
-//! pick more nodes than the policy allows.
+//! pick more nodes than the policy allows. A write that got no answer (it
+//! may have landed) counts as written for deciding, and is sent again until
+//! one is answered. No write starts in the lease's last seconds.
+//!
+//! A node that another DeviceConfig is upgrading (it was relabelled) stays
+//! that one's until it lets go; its record, cordon and drain are left alone.
 //!
 //! When upgrades stop applying to a node (the DeviceConfig turns the policy
 //! or the driver off, stops selecting the node, or is deleted) its record
@@ -161,6 +166,11 @@ impl Upgrades {
         }
     }
 
+    /// A write to `node` got no answer and is to be sent again.
+    fn unconfirmed(&self, node: &str) -> bool {
+        self.written(node).is_some_and(|w| !w.confirmed)
+    }
+
     /// Forgets what this term wrote to `node`: its Node is read again.
     fn forget(&self, node: &str) {
         if let Ok(mut written) = self.written.lock() {
@@ -168,9 +178,11 @@ impl Upgrades {
         }
     }
 
-    fn drain_outcome(&self, node: &str) -> Option<(DrainOutcome, Vec<String>)> {
+    /// How `config`'s drain of `node` stands, if it runs one.
+    fn drain_outcome(&self, config: &ConfigKey, node: &str) -> Option<(DrainOutcome, Vec<String>)> {
         let drains = self.drains.lock().ok()?;
-        let progress = drains.get(node)?.progress.borrow().clone();
+        let drain = drains.get(node).filter(|d| d.config == *config)?;
+        let progress = drain.progress.borrow().clone();
         Some(match progress {
             DrainProgress::Running(blocked) => (DrainOutcome::Running, blocked),
             DrainProgress::Done => (DrainOutcome::Done, Vec::new()),
@@ -271,10 +283,12 @@ fn since(at: Option<&str>, now: Timestamp) -> Duration {
         .unwrap_or_default()
 }
 
-/// What the planner knows of `node` for DeviceConfig `key`. Pure.
+/// What the planner knows of `node` for DeviceConfig `key`, upgrading to
+/// `target`. Pure.
 pub fn facts_of(
     node: &Node,
     key: &ConfigKey,
+    target: Option<&str>,
     record: Option<&UpgradeRecord>,
     drain: Option<DrainOutcome>,
     now: Timestamp,
@@ -287,18 +301,28 @@ pub fn facts_of(
         .get(STATUS_ANNOTATION)
         .and_then(|text| AgentStatus::parse(text).ok());
     let told = record.and_then(|r| r.target.clone());
-    // A refusal of the target the agent was told (its `asked`), not of an
-    // earlier one; or a reboot it could not ask the host for (a command
-    // that fails now fails at every retry). Waiting would not help either.
-    let refused = agent
-        .as_ref()
-        .and_then(|a| a.driver_load.as_ref())
+    let load = agent.as_ref().and_then(|a| a.driver_load.as_ref());
+    let why = |l: &crate::api::agent_status::DriverLoad| format!("{}: {}", l.reason, l.message);
+    // A refusal of the target the record tells, answering this very step
+    // (`told_at` is the record's `since` the agent acted on), not an earlier
+    // one; or a reboot it could not ask the host for (a command that fails
+    // now fails at every retry). Waiting would not help either.
+    let refused = load
         .filter(|l| {
             let gave_up = l.state == DriverLoadState::Refused
                 || (l.state == DriverLoadState::Failed && l.reason == REBOOT_FAILED);
-            gave_up && told.is_some() && l.asked == told
+            gave_up
+                && told.is_some()
+                && l.asked == told
+                && l.told_at.as_deref() == record.map(|r| r.since.as_str())
         })
-        .map(|l| format!("{}: {}", l.reason, l.message));
+        .map(why);
+    // The agent refuses the target now, told or not.
+    let refuses_target = load
+        .filter(|l| {
+            l.state == DriverLoadState::Refused && target.is_some() && l.asked.as_deref() == target
+        })
+        .map(why);
     let report = agent.and_then(|a| a.driver);
     let node_boot_id = status
         .and_then(|s| s.node_info.as_ref())
@@ -328,6 +352,8 @@ pub fn facts_of(
             .as_ref()
             .is_some_and(|r| r.loaded && r.origin == ModuleOrigin::BuiltIn),
         refused,
+        refuses_target,
+        reason: record.and_then(|r| r.reason.clone()),
         version: report
             .as_ref()
             .filter(|r| r.loaded && !r.origin.is_inbox())
@@ -397,6 +423,7 @@ pub fn next_record(
                 record.target = Some(target.clone());
                 record.reboot_from = if *reboot { facts.boot_id.clone() } else { None };
             }
+            Action::ForgetCordon => record.cordoned_before = None,
             Action::Drain | Action::Release { .. } => {}
         }
     }
@@ -417,8 +444,8 @@ pub fn state_event(
             EventType::Normal,
             "DriverUpgradeStarted",
             format!(
-                "driver upgrade started from {}: the node is cordoned, tainted \
-                 {TAINT_KEY} and its GPU pods drained",
+                "driver upgrade started from {}: the node is cordoned and tainted \
+                 {TAINT_KEY}; its GPU pods are being drained",
                 record.from.as_deref().unwrap_or("no driver")
             ),
         )),
@@ -472,8 +499,23 @@ pub async fn reconcile(
         return Ok(None);
     };
     // Nodes this DeviceConfig no longer selects keep nothing of its upgrade.
-    release_all(&key, selected, ctx).await?;
+    let released = release_all(&key, selected, ctx).await?;
     let upgrades = &ctx.upgrades;
+    // A node another DeviceConfig is upgrading (it was relabelled) is that
+    // one's until it lets go: its record, cordon and drain are left alone.
+    let selected: Vec<&Arc<Node>> = selected
+        .iter()
+        .filter(|node| {
+            let foreign = upgrades
+                .record_of(node)
+                .filter(|r| r.device_config != key)
+                .filter(|r| r.holds_cordon() || r.state.is_in_progress());
+            if let Some(r) = &foreign {
+                tracing::debug!(node = %node.name_any(), other = %r.device_config, "left to the DeviceConfig whose upgrade it is in");
+            }
+            foreign.is_none()
+        })
+        .collect();
     let policy = Policy::of_spec(dc.spec.driver(), upgrades.timeouts);
     let now = Timestamp::now();
     let mut blocked_by: HashMap<String, Vec<String>> = HashMap::new();
@@ -483,16 +525,38 @@ pub async fn reconcile(
         .map(|node| {
             let name = node.name_any();
             let record = upgrades.record_of(node);
-            let drain = upgrades.drain_outcome(&name).map(|(outcome, blocked)| {
-                blocked_by.insert(name.clone(), blocked);
-                outcome
-            });
-            let facts = facts_of(node, &key, record.as_ref(), drain, now);
+            let drain = upgrades
+                .drain_outcome(&key, &name)
+                .map(|(outcome, blocked)| {
+                    blocked_by.insert(name.clone(), blocked);
+                    outcome
+                });
+            let facts = facts_of(node, &key, Some(target), record.as_ref(), drain, now);
             records.insert(name, record);
             facts
         })
         .collect();
     let mut plan = upgrade::plan(target, &policy, &facts);
+    // A record write that got no answer is sent again, whatever the plan.
+    for f in &facts {
+        if upgrades.unconfirmed(&f.name) && !plan.decisions.iter().any(|d| d.node == f.name) {
+            plan.decisions.push(Decision {
+                node: f.name.clone(),
+                state: None,
+                actions: Vec::new(),
+                reason: None,
+            });
+        }
+    }
+    // A drain the planner gives up on names what still held it.
+    for decision in &mut plan.decisions {
+        if decision.state == Some(UpgradeState::DrainFailed)
+            && let Some(blocked) = blocked_by.get(&decision.node).filter(|b| !b.is_empty())
+        {
+            let why = decision.reason.take().unwrap_or_default();
+            decision.reason = Some(format!("{why}: {}", blocked.join("; ")));
+        }
+    }
     // What keeps a drain is the node's reason while it drains, for `upgrade
     // status`: recorded once per change.
     for (name, blocked) in blocked_by.iter().filter(|(_, b)| !b.is_empty()) {
@@ -523,6 +587,7 @@ pub async fn reconcile(
     );
     let by_name: HashMap<String, (&Arc<Node>, &NodeFacts)> = selected
         .iter()
+        .copied()
         .zip(&facts)
         .map(|(n, f)| (f.name.clone(), (n, f)))
         .collect();
@@ -577,6 +642,9 @@ pub async fn reconcile(
         .collect();
     upgrades.prune_drains(&key, &draining);
     crate::counters::set_upgrade_nodes(&key.to_string(), plan.counts.clone());
+    if !released {
+        wake = Some(wake.map_or(RETRY_AFTER, |w| w.min(RETRY_AFTER)));
+    }
     Ok(wake)
 }
 
@@ -585,9 +653,14 @@ pub async fn reconcile(
 /// what the upgrade holds, and its counts go.
 pub async fn stop(key: &ConfigKey, ctx: &Context) -> Result<(), Error> {
     ctx.upgrades.stop_drains(key);
-    release_all(key, &[], ctx).await?;
     crate::counters::set_upgrade_nodes(&key.to_string(), BTreeMap::new());
-    Ok(())
+    if release_all(key, &[], ctx).await? {
+        Ok(())
+    } else {
+        Err(Error::Release {
+            config: key.to_string(),
+        })
+    }
 }
 
 /// Carries out one node's decision: the record before the step it
@@ -620,6 +693,11 @@ async fn carry_out(
             tainted: false,
         };
         if let Err(e) = guarded(ctx, &name, writer.set_cordon(Concern::Upgrade, &intent)).await? {
+            // Refused for good only by a rejection; anything else is tried
+            // again, the node staying where it is.
+            if !refused_for_good(&e) {
+                return Err(node_error(&name, e));
+            }
             // Still the upgrade's cordon: the failure keeps what a release
             // later needs.
             let uncordon_failed = Decision {
@@ -646,6 +724,7 @@ async fn carry_out(
             tracing::info!(node = %name, deviceconfig = %key, from = ?facts.state.as_ref().map(UpgradeState::as_str), to = record.state.as_str(), reason = ?record.reason, "driver upgrade state");
         }
     }
+    let mut cordoned_now = false;
     for action in &decision.actions {
         match action {
             Action::Cordon { was_cordoned } => {
@@ -654,28 +733,44 @@ async fn carry_out(
                     taint: upgrade_taint(),
                     tainted: true,
                 };
-                if let Err(e) =
-                    guarded(ctx, &name, writer.set_cordon(Concern::Upgrade, &intent)).await?
-                {
-                    // The planner gives up after its cordon timeout.
-                    tracing::warn!(node = %name, error = %e, "cannot cordon the node yet");
-                    return Err(node_error(&name, e));
+                match guarded(ctx, &name, writer.set_cordon(Concern::Upgrade, &intent)).await? {
+                    Ok(written) => cordoned_now = written.applied,
+                    Err(e) => {
+                        // The planner gives up after its cordon timeout.
+                        tracing::warn!(node = %name, error = %e, "cannot cordon the node yet");
+                        return Err(node_error(&name, e));
+                    }
                 }
             }
             Action::Drain => ctx
                 .upgrades
                 .start_drain(ctx, dc, &name, drain_policy.clone()),
-            Action::Tell { .. } | Action::Release { .. } => {}
+            Action::Tell { .. } | Action::Release { .. } | Action::ForgetCordon => {}
         }
     }
-    // The Event once what it tells has happened.
-    if facts.state.as_ref() != Some(&record.state)
-        && let Some((type_, reason, note)) =
-            state_event(facts.state.as_ref(), &record.state, &record)
-    {
+    // The Event once what it tells has happened: the start when the cordon
+    // takes (on the pass it does, the first try or a later one), every
+    // other one with its state.
+    let event = if record.state == UpgradeState::Started {
+        cordoned_now.then(|| state_event(facts.state.as_ref(), &record.state, &record))
+    } else {
+        (facts.state.as_ref() != Some(&record.state))
+            .then(|| state_event(facts.state.as_ref(), &record.state, &record))
+    };
+    if let Some(Some((type_, reason, note))) = event {
         node_event(ctx, node, type_, reason, note).await;
     }
     Ok(())
+}
+
+/// A write the API server rejected: trying again would not help (as opposed
+/// to no answer, a conflict that persisted, or a busy server).
+fn refused_for_good(e: &NodeWriteError) -> bool {
+    matches!(
+        e,
+        NodeWriteError::Write { source: kube::Error::Api(status), .. }
+            if (400..500).contains(&status.code) && !matches!(status.code, 409 | 422 | 429)
+    )
 }
 
 /// How long before the lease's expiry no upgrade write is started: one that
@@ -697,9 +792,15 @@ async fn guarded<T>(
         .filter(|c| *c > tokio::time::Instant::now())
         .ok_or(Error::LeaseRenewalDue)?;
     tracing::trace!(node, "upgrade write");
-    tokio::time::timeout_at(cutoff, write)
-        .await
-        .map_err(|_| Error::NotLeader)
+    tokio::time::timeout_at(cutoff, write).await.map_err(|_| {
+        // Cut off, but the lease may well have been renewed meanwhile: try
+        // again soon rather than wait for another change.
+        if ctx.guard.is_held() {
+            Error::LeaseRenewalDue
+        } else {
+            Error::NotLeader
+        }
+    })
 }
 
 fn node_error(node: &str, e: NodeWriteError) -> Error {
@@ -713,11 +814,13 @@ fn node_error(node: &str, e: NodeWriteError) -> Error {
 /// transport error), as opposed to a refusal.
 fn maybe_applied(e: &NodeWriteError) -> bool {
     match e {
+        // An internal error or a gateway timeout may come after the store
+        // took the write ("etcdserver: request timed out").
         NodeWriteError::Write {
-            source: kube::Error::Api(_),
+            source: kube::Error::Api(status),
             ..
-        }
-        | NodeWriteError::Read { .. } => false,
+        } => matches!(status.code, 500 | 504),
+        NodeWriteError::Read { .. } => false,
         NodeWriteError::Write { .. } => true,
     }
 }
@@ -749,25 +852,29 @@ async fn write_record(
             }
             Err(node_error(&name, e))
         }
-        // Not started: nothing to remember.
-        Err(Error::LeaseRenewalDue) => Err(Error::LeaseRenewalDue),
-        Err(not_leader) => {
-            // Cut off mid-flight: it may land; this term ends anyway.
+        Err(e) => {
+            // Cut off mid-flight, or not started at all: either way it may
+            // not have landed, and it is sent again.
             ctx.upgrades.remember(&name, Some(record.clone()), false);
-            Err(not_leader)
+            Err(e)
         }
     }
 }
 
 /// Removes `key`'s upgrade from every Node not in `keep` that carries its
-/// record: the record and the state label, and the cordon and taint when
-/// the upgrade holds them. Each Node is read afresh first, and left alone
+/// record: the record and the state label, the taint, and the cordon when
+/// the upgrade holds it. Each Node is read afresh first, and left alone
 /// unless its record is still `key`'s: another DeviceConfig may have taken
-/// the node over since.
-pub async fn release_all(key: &ConfigKey, keep: &[Arc<Node>], ctx: &Context) -> Result<(), Error> {
+/// the node over since. A node that cannot be released now is logged and
+/// left for the next pass; returns whether every one was.
+pub async fn release_all(
+    key: &ConfigKey,
+    keep: &[Arc<Node>],
+    ctx: &Context,
+) -> Result<bool, Error> {
     // A partial cache would make every node look like it left.
     if !ctx.nodes_ready() {
-        return Ok(());
+        return Ok(true);
     }
     let kept: Vec<String> = keep.iter().map(|n| n.name_any()).collect();
     let leaving: Vec<Arc<Node>> = ctx
@@ -781,41 +888,54 @@ pub async fn release_all(key: &ConfigKey, keep: &[Arc<Node>], ctx: &Context) -> 
                 .is_some_and(|r| r.device_config == *key)
         })
         .collect();
+    let mut all = true;
     for node in leaving {
         let name = node.name_any();
-        let writer = NodeWriter::new(Api::all(ctx.client.clone()), name.clone());
-        let fresh = guarded(ctx, &name, writer.read())
-            .await?
-            .map_err(|e| node_error(&name, e))?;
-        let record = UpgradeRecord::of_annotations(fresh.annotations());
-        if record.as_ref().is_none_or(|r| r.device_config != *key) {
-            // Gone, or another DeviceConfig's now: not ours to remove.
-            ctx.upgrades.forget(&name);
-            continue;
+        match release(key, &name, ctx).await {
+            Ok(()) => {}
+            Err(e @ (Error::NotLeader | Error::LeaseRenewalDue)) => return Err(e),
+            Err(e) => {
+                tracing::warn!(node = %name, deviceconfig = %key, error = %e, "cannot release the node from its driver upgrade yet");
+                crate::counters::record_api_error();
+                all = false;
+            }
         }
-        ctx.upgrades.stop_drain(&name);
-        if record.as_ref().is_some_and(UpgradeRecord::holds_cordon) {
-            let intent = CordonIntent {
-                unschedulable: Some(false),
-                taint: upgrade_taint(),
-                tainted: false,
-            };
-            guarded(ctx, &name, writer.set_cordon(Concern::Upgrade, &intent))
-                .await?
-                .map_err(|e| node_error(&name, e))?;
-        }
-        // The fresh read carries the server's record of who owns what, which
-        // the removal needs.
-        guarded(
-            ctx,
-            &name,
-            writer.apply_to(&fresh, Concern::Upgrade, &NodeIntent::default()),
-        )
-        .await?
-        .map_err(|e| node_error(&name, e))?;
-        ctx.upgrades.remember(&name, None, true);
-        tracing::info!(node = %name, deviceconfig = %key, "driver upgrade no longer applies: record removed and the node released");
     }
+    Ok(all)
+}
+
+/// [`release_all`] for one node.
+async fn release(key: &ConfigKey, name: &str, ctx: &Context) -> Result<(), Error> {
+    let writer = NodeWriter::new(Api::all(ctx.client.clone()), name.to_owned());
+    let fresh = guarded(ctx, name, writer.read())
+        .await?
+        .map_err(|e| node_error(name, e))?;
+    let record = UpgradeRecord::of_annotations(fresh.annotations());
+    let Some(record) = record.filter(|r| r.device_config == *key) else {
+        // Gone, or another DeviceConfig's now: not ours to remove.
+        ctx.upgrades.forget(name);
+        return Ok(());
+    };
+    ctx.upgrades.stop_drain(name);
+    let intent = CordonIntent {
+        unschedulable: record.holds_cordon().then_some(false),
+        taint: upgrade_taint(),
+        tainted: false,
+    };
+    guarded(ctx, name, writer.set_cordon(Concern::Upgrade, &intent))
+        .await?
+        .map_err(|e| node_error(name, e))?;
+    // The fresh read carries the server's record of who owns what, which
+    // the removal needs.
+    guarded(
+        ctx,
+        name,
+        writer.apply_to(&fresh, Concern::Upgrade, &NodeIntent::default()),
+    )
+    .await?
+    .map_err(|e| node_error(name, e))?;
+    ctx.upgrades.remember(name, None, true);
+    tracing::info!(node = %name, deviceconfig = %key, "driver upgrade no longer applies: record removed and the node released");
     Ok(())
 }
 
@@ -869,7 +989,7 @@ pub fn progress_of(dc: &DeviceConfig, nodes: &[Node], now: Timestamp) -> Vec<Nod
         .map(|node| {
             let record = UpgradeRecord::of_annotations(node.annotations())
                 .filter(|r| r.device_config == key);
-            let facts = facts_of(node, &key, record.as_ref(), None, now);
+            let facts = facts_of(node, &key, target.as_deref(), record.as_ref(), None, now);
             let held = if !facts.ready {
                 Some("the Node is not Ready".to_owned())
             } else if facts.unschedulable && !facts.holds_cordon {
@@ -942,7 +1062,14 @@ mod tests {
             "status": {"conditions": [{"type": "Ready", "status": "True"}]}
         }));
         let now: Timestamp = NOW.parse().unwrap();
-        let f = facts_of(&n, &key(), Some(&record), Some(DrainOutcome::Done), now);
+        let f = facts_of(
+            &n,
+            &key(),
+            Some("6.4.1"),
+            Some(&record),
+            Some(DrainOutcome::Done),
+            now,
+        );
         assert!(f.ready && f.unschedulable && f.tainted && f.holds_cordon);
         assert_eq!(f.cordoned_before, Some(false));
         assert_eq!(f.state, Some(UpgradeState::InProgress));
@@ -954,7 +1081,14 @@ mod tests {
         assert_eq!(f.boot_id_before.as_deref(), Some("boot-1"));
         assert_eq!(f.told.as_deref(), Some("6.4.1"));
         // Another DeviceConfig's record is none of this one's business.
-        let other = facts_of(&n, &ConfigKey::new("ns", "other"), Some(&record), None, now);
+        let other = facts_of(
+            &n,
+            &ConfigKey::new("ns", "other"),
+            Some("6.4.1"),
+            Some(&record),
+            None,
+            now,
+        );
         assert_eq!(
             (other.state, other.told, other.holds_cordon),
             (None, None, false)
@@ -962,32 +1096,45 @@ mod tests {
         // The in-box driver has no version of ours.
         let inbox = node(json!({"metadata": {"name": "gpu-2", "annotations": {
             STATUS_ANNOTATION: agent_annotation(None, "InTree", "b")}}}));
-        let f = facts_of(&inbox, &key(), None, None, now);
+        let f = facts_of(&inbox, &key(), Some("6.4.1"), None, None, now);
         assert!(f.reported && f.loaded && f.inbox && !f.ready);
         assert_eq!(f.version, None);
         // No agent report: nothing known.
         let silent = node(json!({"metadata": {"name": "gpu-3"}}));
-        assert!(!facts_of(&silent, &key(), None, None, now).reported);
+        assert!(!facts_of(&silent, &key(), Some("6.4.1"), None, None, now).reported);
         // The agent gave up on the target it was told: a refusal, or a
         // reboot it could not ask for; not a refusal of an earlier target,
         // nor a failure it retries (modprobe).
-        let gave_up = |state: &str, reason: &str, asked: &str| {
+        // The agent's outcome, answering the record's step `told_at`.
+        let facts_with = |state: &str, reason: &str, asked: &str, told_at: &str| {
             let mut status: serde_json::Value =
                 serde_json::from_str(&agent_annotation(Some("6.3.0"), "OutOfTree", "boot-2"))
                     .unwrap();
-            status["driverLoad"] =
-                json!({"state": state, "reason": reason, "message": "m", "asked": asked});
+            status["driverLoad"] = json!({"state": state, "reason": reason, "message": "m",
+                "asked": asked, "toldAt": told_at});
             let n = node(json!({"metadata": {"name": "gpu-4",
                 "annotations": {STATUS_ANNOTATION: status.to_string()}}}));
-            facts_of(&n, &key(), Some(&record), None, now).refused
+            facts_of(&n, &key(), Some("6.4.1"), Some(&record), None, now)
+        };
+        let step = record.since.clone();
+        let gave_up = |state: &str, reason: &str, asked: &str, told_at: &str| {
+            facts_with(state, reason, asked, told_at).refused
         };
         assert_eq!(
-            gave_up("refused", "BundleMissingForKernel", "6.4.1").as_deref(),
+            gave_up("refused", "BundleMissingForKernel", "6.4.1", &step).as_deref(),
             Some("BundleMissingForKernel: m")
         );
-        assert!(gave_up("failed", "RebootFailed", "6.4.1").is_some());
-        assert_eq!(gave_up("refused", "BundleMissingForKernel", "6.4.0"), None);
-        assert_eq!(gave_up("failed", "ModprobeFailed", "6.4.1"), None);
+        assert!(gave_up("failed", "RebootFailed", "6.4.1", &step).is_some());
+        assert_eq!(
+            gave_up("refused", "BundleMissingForKernel", "6.4.0", &step),
+            None
+        );
+        assert_eq!(gave_up("failed", "ModprobeFailed", "6.4.1", &step), None);
+        // A refusal from before this step (before the Tell) does not fail it,
+        // but still says the agent refuses the target: the node is not picked.
+        let before = facts_with("refused", "BundleMissingForKernel", "6.4.1", "earlier");
+        assert_eq!(before.refused, None);
+        assert!(before.refuses_target.is_some());
     }
 
     #[test]

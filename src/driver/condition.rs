@@ -181,6 +181,7 @@ mod tests {
             bundle: None,
             version: None,
             asked: None,
+            told_at: None,
         };
         let c = driver_condition(&none, &spec(true, Some("6.12.12")), Some(&refused), &now());
         let (status, reason, message) = said(&c);
@@ -201,6 +202,7 @@ mod tests {
             bundle: None,
             version: None,
             asked: None,
+            told_at: None,
         };
         let c = driver_condition(&rocm, &spec(true, Some("6.12.12")), Some(&loaded), &now());
         assert_eq!(said(&c).0, "True");

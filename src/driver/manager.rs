@@ -65,6 +65,8 @@ pub struct DriverWanted {
     pub replace: bool,
     /// Reboot while the node's boot id is this one (the leader's request).
     pub reboot_from: Option<String>,
+    /// The `since` of the upgrade record the target came from.
+    pub told_at: Option<String>,
 }
 
 impl DriverWanted {
@@ -78,6 +80,7 @@ impl DriverWanted {
             module: spec.kernel_module_config.clone(),
             replace: true,
             reboot_from: None,
+            told_at: None,
         })
     }
 
@@ -100,6 +103,7 @@ impl DriverWanted {
         if let Some(record) = record.filter(|r| r.target_for(key).is_some()) {
             wanted.version = record.target.clone();
             wanted.reboot_from = record.reboot_from.clone();
+            wanted.told_at = Some(record.since.clone());
         } else if spec.upgrade_policy.as_ref().and_then(|p| p.enable) == Some(true) {
             wanted.replace = false;
         }
@@ -148,6 +152,7 @@ pub fn outcome_of(decision: &LoadDecision) -> Option<DriverLoad> {
         bundle: bundle.map(str::to_owned),
         version: None,
         asked: None,
+        told_at: None,
     };
     match decision {
         LoadDecision::Load { .. } | LoadDecision::Replace { .. } => None,
@@ -283,6 +288,7 @@ pub fn spawn(
                         )
                         .await;
                         outcome.asked = asked.version.clone();
+                        outcome.told_at = asked.told_at.clone();
                         let ours = outcome.state == DriverLoadState::Loaded
                             && outcome.reason == LOADED_HERE;
                         loaded_here = outcome.version.clone().filter(|_| ours);
@@ -362,6 +368,7 @@ async fn reboot_once(
         bundle: None,
         version: wanted.version.clone(),
         asked: None,
+        told_at: None,
     };
     if rebooted_from.as_deref() == Some(boot_id) {
         return outcome(
@@ -406,6 +413,7 @@ pub fn upgrade_pending(report: &DriverReport, wanted: &DriverWanted) -> DriverLo
         bundle: None,
         version: report.version.clone(),
         asked: None,
+        told_at: None,
     }
 }
 
@@ -441,6 +449,28 @@ async fn act(
             blacklist::apply(&blacklist_host, blacklist_wanted)
         })
         .await;
+        let in_effect = matches!(written, Ok(Ok(Blacklisted::Yes)));
+        if report.origin.is_inbox() && !in_effect {
+            // The reboot would bring the in-box driver back and end every
+            // pod on the node for nothing.
+            let why = match written {
+                Ok(Ok(Blacklisted::BlockedByForeignFile)) => format!(
+                    "{} was not written by an operator and has no `blacklist amdgpu` line",
+                    blacklist::BLACKLIST_FILE
+                ),
+                Ok(Ok(_)) => "driver.blacklist is not true".to_owned(),
+                Ok(Err(e)) => e.to_string(),
+                Err(e) => e.to_string(),
+            };
+            return outcome_of(&LoadDecision::Refuse {
+                reason: "BlacklistNotInEffect",
+                message: format!(
+                    "not rebooting for the upgrade: the in-box amdgpu would load again at \
+                     boot ({why})"
+                ),
+            })
+            .unwrap_or_else(|| failed("BlacklistNotInEffect", why, None));
+        }
         if !matches!(written, Ok(Ok(_))) {
             tracing::warn!(result = ?written, "the amdgpu blacklist could not be brought in line before the reboot");
         }
@@ -581,6 +611,7 @@ fn about(state: DriverLoadState, reason: &str, message: String, bundle: &Verifie
         bundle: Some(bundle.dir.clone()),
         version: Some(bundle.version.clone()),
         asked: None,
+        told_at: None,
     }
 }
 
@@ -592,6 +623,7 @@ fn failed(reason: &str, message: String, bundle: Option<&str>) -> DriverLoad {
         bundle: bundle.map(str::to_owned),
         version: None,
         asked: None,
+        told_at: None,
     }
 }
 
@@ -642,6 +674,7 @@ mod tests {
             bundle: None,
             version: None,
             asked: None,
+            told_at: None,
         };
         let old = report("6.12.12");
         assert!(acts_on_report(None, None, &old));
