@@ -3,9 +3,9 @@
 //! `protox` parses the `.proto` files into a descriptor set in pure Rust, and
 //! `tonic-prost-build` turns that into messages, clients and servers. Each
 //! protocol is compiled on its own into its own directory under `OUT_DIR`,
-//! because kubelet APIs reuse package names (the device plugin API and the DRA
-//! kubelet plugin API are both package `v1beta1`) and prost writes one file per
-//! package. Add a protocol by adding a line to [`PROTOS`] and an `include!` of
+//! because kubelet APIs reuse package names (the device plugin API is package
+//! `v1beta1`, the pod resources API and DRA resource health v1 are both `v1`)
+//! and prost writes one file per package. Add a protocol by adding a line to [`PROTOS`] and an `include!` of
 //! `concat!(env!("OUT_DIR"), "/<out_dir>/<package>.rs")` where it is used.
 
 use std::io;
@@ -20,7 +20,6 @@ struct Proto {
 }
 
 const PROTOS: &[Proto] = &[
-    // Later: the DRA kubelet plugin API (k8s.io/kubelet/dra/v1beta1/api.proto, package v1beta1).
     Proto {
         file: "k8s.io/kubelet/deviceplugin/v1beta1/api.proto",
         out_dir: "deviceplugin",
@@ -28,6 +27,26 @@ const PROTOS: &[Proto] = &[
     Proto {
         file: "k8s.io/kubelet/podresources/v1/api.proto",
         out_dir: "podresources",
+    },
+    Proto {
+        file: "k8s.io/kubelet/pluginregistration/v1/api.proto",
+        out_dir: "pluginregistration",
+    },
+    Proto {
+        file: "k8s.io/kubelet/dra/v1/api.proto",
+        out_dir: "dra-v1",
+    },
+    Proto {
+        file: "k8s.io/kubelet/dra/v1beta1/api.proto",
+        out_dir: "dra-v1beta1",
+    },
+    Proto {
+        file: "k8s.io/kubelet/dra-health/v1alpha1/api.proto",
+        out_dir: "dra-health-v1alpha1",
+    },
+    Proto {
+        file: "k8s.io/kubelet/dra-health/v1/api.proto",
+        out_dir: "dra-health-v1",
     },
 ];
 
