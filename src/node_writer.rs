@@ -260,7 +260,7 @@ pub fn retry_policy() -> ExponentialBuilder {
 
 /// Errors worth retrying: the server was busy, unavailable, or not reached.
 /// A rejection (400, 403, 404, 409, 422) will not change by retrying.
-fn is_transient(error: &kube::Error) -> bool {
+pub fn is_transient(error: &kube::Error) -> bool {
     match error {
         kube::Error::Api(status) => matches!(status.code, 429 | 500 | 502 | 503 | 504),
         kube::Error::HyperError(_) | kube::Error::Service(_) => true,

@@ -42,6 +42,10 @@ pub const DRIVER: &str = "gpu-operator-driver";
 /// upgrade taint (guarded patches: `spec.taints` is an atomic list).
 pub const UPGRADE: &str = "gpu-operator-upgrade";
 
+/// The DRA kubelet plugin: the agent's own node's ResourceSlices
+/// (server-side apply).
+pub const DRA: &str = "gpu-operator-dra";
+
 /// The cluster role: the Lease, DeviceConfig status and finalizer, and the
 /// metrics Service and ServiceMonitor it owns (server-side apply).
 pub const LEADER: &str = "gpu-operator-leader";
@@ -82,6 +86,7 @@ mod tests {
             HEALTH,
             DRIVER,
             UPGRADE,
+            DRA,
             LEADER,
         ] {
             assert_eq!(patch(manager).field_manager.as_deref(), Some(manager));

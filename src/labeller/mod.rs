@@ -53,31 +53,7 @@ pub use operator::{driver_type_labels, kinds_for};
 /// owned, comma-separated. Read once to hand those keys over, then removed.
 pub const OWNED_ANNOTATION: &str = "amd.com/gpu-labeller-keys";
 
-/// Family acronym of a `gfx_target_version` (major*10000 + minor*100 + stepping),
-/// as the reference labeller names amdgpu families.
-pub fn family(gfx_target_version: u32) -> Option<&'static str> {
-    let major = gfx_target_version / 10000;
-    let minor = gfx_target_version / 100 % 100;
-    let step = gfx_target_version % 100;
-    Some(match (major, minor, step) {
-        (6, ..) => "SI",
-        (7, ..) => "CI",
-        (8, 0, 1) => "CZ",
-        (8, ..) => "VI",
-        (9, 0, 2 | 0xc) | (9, 0, 9) => "RV",
-        (9, ..) => "AI",
-        (10, 3, 3) => "VGH",
-        (10, 3, 5) => "YC",
-        (10, 3, 6) => "GC_10_3_6",
-        (10, 3, 7) => "GC_10_3_7",
-        (10, ..) => "NV",
-        (11, 0, 3) => "GC_11_0_1",
-        (11, 0, _) => "GC_11_0_0",
-        (11, 5, _) => "GC_11_5_0",
-        (12, 0, _) => "GC_12_0_0",
-        _ => return None,
-    })
-}
+pub use crate::device::family;
 
 /// Makes a string a valid label value: at most 63 characters of `[A-Za-z0-9_.-]`,
 /// starting and ending with an alphanumeric. Spaces become `_`, parentheses and

@@ -49,6 +49,8 @@ pub use devices::{
 };
 pub use health::{DeviceRef, Health, HealthReport};
 pub use preferred::{Topology, preferred_allocation};
+pub(crate) use probe::node_checks;
+pub(crate) use server::SocketServer;
 pub use server::{RegisterError, plugin_options};
 pub use service::{DevicePluginService, PluginConfig, PluginStatus, ResourceStatus, Stopped};
 pub use state::{AllocateError, ResourceState};

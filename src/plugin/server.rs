@@ -16,6 +16,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::wrappers::UnixListenerStream;
+use tonic::transport::server::Router;
 use tonic::transport::{Endpoint, Server};
 use tonic::{Request, Response, Status};
 
@@ -166,7 +167,8 @@ impl DevicePlugin for PluginService {
     }
 }
 
-/// A `DevicePlugin` server running on its own unix socket.
+/// A gRPC server running on its own unix socket: the device plugin's, and the
+/// DRA plugin's registration and service sockets.
 pub(crate) struct SocketServer {
     path: PathBuf,
     id: Option<FileId>,
@@ -175,11 +177,25 @@ pub(crate) struct SocketServer {
 }
 
 impl SocketServer {
-    /// Binds `path` (replacing a stale socket left by an earlier run) and serves.
-    /// Must be called inside a tokio runtime.
+    /// Binds `path` (replacing a stale socket left by an earlier run) and serves
+    /// the `DevicePlugin` service of one resource. Must be called inside a
+    /// tokio runtime.
     pub(crate) fn bind(
         path: &Path,
         state: watch::Receiver<Arc<ResourceState>>,
+    ) -> io::Result<Self> {
+        Self::serve(path, "device plugin", |stop| {
+            Server::builder().add_service(DevicePluginServer::new(PluginService { state, stop }))
+        })
+    }
+
+    /// Binds `path` (replacing a stale socket) with owner-only access and serves
+    /// the router `build` makes. `build` gets a receiver that turns `true` when
+    /// the server stops, for streams that would otherwise hold it open.
+    pub(crate) fn serve(
+        path: &Path,
+        what: &'static str,
+        build: impl FnOnce(watch::Receiver<bool>) -> Router,
     ) -> io::Result<Self> {
         match std::fs::remove_file(path) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
@@ -200,21 +216,17 @@ impl SocketServer {
         }
         let id = file_id(path);
         let (stop, stop_rx) = watch::channel(false);
-        let service = DevicePluginServer::new(PluginService {
-            state,
-            stop: stop_rx.clone(),
-        });
+        let router = build(stop_rx.clone());
         let mut signal = stop_rx;
         let shown = path.display().to_string();
         let task = tokio::spawn(async move {
-            let result = Server::builder()
-                .add_service(service)
+            let result = router
                 .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async move {
                     let _ = signal.wait_for(|s| *s).await;
                 })
                 .await;
             if let Err(e) = result {
-                tracing::warn!(socket = %shown, error = %e, "device plugin server failed");
+                tracing::warn!(socket = %shown, error = %e, "{what} server failed");
             }
         });
         Ok(Self {
