@@ -11,6 +11,7 @@ pub mod cluster;
 pub mod command;
 pub mod counters;
 pub mod device;
+pub mod dra;
 pub mod driver;
 pub mod events;
 pub mod health;

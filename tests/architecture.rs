@@ -47,6 +47,9 @@ const LAYERS: &[&[&str]] = &[
     // The kubelet device plugin: resource naming, device IDs, and the
     // HealthReport interface health sources feed.
     &["plugin"],
+    // The DRA kubelet plugin: the same inventory and HealthReport, with the
+    // device plugin's health rules and socket server.
+    &["dra"],
     // sysfs sampling and the exporter's config.json and field catalogue, below
     // both health (thresholds, samples) and metrics.
     &["telemetry"],

@@ -1045,6 +1045,8 @@ fn write_driver(w: &mut Writer<'_>, module: &SimModule) -> Result<(), HostError>
         "/sys/module/amdgpu/drivers/pci:amdgpu",
     )?;
     w.file("/sys/class/drm/version", "drm 1.1.0 20060810\n")?;
+    // KFD's major is dynamic; 235 is what a real MI300X host gave it.
+    w.file("/sys/class/kfd/kfd/dev", "235:0\n")?;
     w.file("/dev/kfd", "")
 }
 

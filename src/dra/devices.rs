@@ -1,0 +1,562 @@
+//! What the DRA driver publishes: one device per whole GPU or per current
+//! partition, named and described as the reference DRA driver
+//! (ROCm/k8s-gpu-dra-driver) names and describes them, and the
+//! ResourceSlices that carry them.
+//!
+//! Pure: the inventory, device health and the few host facts discovery does
+//! not keep (each GPU's PCIe root) come in as plain data.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::resource::v1::{
+    Device, DeviceAttribute, DeviceCapacity, DeviceTaint, ResourcePool, ResourceSliceSpec,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+use crate::device::{Gpu, Inventory, family};
+use crate::plugin::PluginDevice;
+
+/// The DRA driver name: the reference's, so DeviceClasses and claims carry over.
+pub const DRIVER_NAME: &str = "gpu.amd.com";
+/// The API's limit on devices in one ResourceSlice.
+pub const MAX_DEVICES_PER_SLICE: usize = 128;
+/// The taint an unhealthy device carries (KEP-5055) when taints are enabled.
+pub const UNHEALTHY_TAINT_KEY: &str = "gpu.amd.com/unhealthy";
+/// `type` of a whole GPU.
+pub const TYPE_GPU: &str = "amdgpu";
+/// `type` of one compute partition of a GPU.
+pub const TYPE_PARTITION: &str = "amdgpu-partition";
+/// The standard attribute names of KEP-4381/5491, which schedulers and other
+/// drivers' claims match across drivers.
+pub const PCI_BUS_ID: &str = "resource.kubernetes.io/pciBusID";
+pub const PCIE_ROOT: &str = "resource.kubernetes.io/pcieRoot";
+
+/// One device as published: a whole GPU, or one partition of a GPU in a
+/// compute mode other than SPX.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DraDevice {
+    /// `gpu-<card>-<render minor>`, as the reference names devices; its
+    /// prepare path parses the DRM nodes back out of the name, so ours keeps it.
+    pub name: String,
+    /// PCI address of the GPU the device is (or is part of).
+    pub gpu_bdf: String,
+    /// Partition index within the GPU; `None` for a whole GPU.
+    pub partition: Option<u32>,
+    pub card: u32,
+    pub render_minor: u32,
+    pub numa_node: Option<i64>,
+    pub attributes: BTreeMap<String, DeviceAttribute>,
+    pub capacity: BTreeMap<String, DeviceCapacity>,
+}
+
+impl DraDevice {
+    /// The device as the device plugin's health rules see it.
+    pub fn as_plugin_device(&self) -> PluginDevice {
+        PluginDevice {
+            id: self.name.clone(),
+            gpu_bdf: self.gpu_bdf.clone(),
+            partition: self.partition,
+            numa_node: self.numa_node,
+            card: Some(self.card),
+            render_minor: Some(self.render_minor),
+        }
+    }
+
+    /// Host paths of its DRM nodes, card first.
+    pub fn dri_nodes(&self) -> [String; 2] {
+        [
+            format!("/dev/dri/card{}", self.card),
+            format!("/dev/dri/renderD{}", self.render_minor),
+        ]
+    }
+}
+
+/// The name of a device with these DRM nodes.
+pub fn device_name(card: u32, render_minor: u32) -> String {
+    format!("gpu-{card}-{render_minor}")
+}
+
+/// Host facts discovery does not keep: the PCIe root complex (`pci0000:00`)
+/// of each GPU, by PCI address.
+pub type PcieRoots = BTreeMap<String, String>;
+
+/// Every device of the inventory, sorted by name. A GPU or partition without a
+/// DRM card and render node cannot be handed to a container and is left out
+/// (the device plugin reports the same GPU unhealthy for the same reason).
+pub fn devices_of(inventory: &Inventory, roots: &PcieRoots) -> Vec<DraDevice> {
+    let mut out = Vec::new();
+    for gpu in &inventory.gpus {
+        let common = common_attributes(gpu, roots, inventory);
+        let numa_node = gpu.numa_node.filter(|n| *n >= 0).map(i64::from);
+        let whole = gpu.partitions.is_empty()
+            || gpu
+                .compute_partition
+                .as_deref()
+                .is_none_or(|mode| mode.is_empty() || mode == "spx");
+        if whole {
+            let (Some(card), Some(render)) = (gpu.card, gpu.render_minor) else {
+                continue;
+            };
+            out.push(device(
+                gpu,
+                None,
+                card,
+                render,
+                numa_node,
+                common,
+                TYPE_GPU,
+                (gpu.vram_bytes, gpu.cu_count, gpu.simd_count),
+            ));
+            continue;
+        }
+        for (index, part) in gpu.partitions.iter().enumerate() {
+            let (Some(card), Some(render)) = (part.card, part.render_minor) else {
+                continue;
+            };
+            let size = gpu.partition_sizes.get(index).copied().unwrap_or_default();
+            let count = gpu.partitions.len() as u64;
+            let share = |whole: Option<u64>| whole.map(|w| w / count.max(1));
+            let sizes = (
+                size.vram_bytes.or(share(gpu.vram_bytes)),
+                size.cu_count
+                    .or(share(gpu.cu_count.map(u64::from)).map(|v| v as u32)),
+                size.simd_count
+                    .or(share(gpu.simd_count.map(u64::from)).map(|v| v as u32)),
+            );
+            out.push(device(
+                gpu,
+                Some(part.id),
+                card,
+                render,
+                numa_node,
+                common.clone(),
+                TYPE_PARTITION,
+                sizes,
+            ));
+        }
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    out.dedup_by(|a, b| a.name == b.name);
+    out
+}
+
+#[allow(clippy::too_many_arguments)]
+fn device(
+    gpu: &Gpu,
+    partition: Option<u32>,
+    card: u32,
+    render_minor: u32,
+    numa_node: Option<i64>,
+    mut attributes: BTreeMap<String, DeviceAttribute>,
+    kind: &str,
+    (memory, cus, simds): (Option<u64>, Option<u32>, Option<u32>),
+) -> DraDevice {
+    attributes.insert("type".into(), string(kind));
+    attributes.insert("cardIndex".into(), int(i64::from(card)));
+    attributes.insert("renderIndex".into(), int(i64::from(render_minor)));
+    let mut capacity = BTreeMap::new();
+    // The reference publishes 0 when the size is unknown, never a guess.
+    capacity.insert("memory".into(), quantity(memory.unwrap_or(0)));
+    capacity.insert("computeUnits".into(), quantity(u64::from(cus.unwrap_or(0))));
+    capacity.insert("simdUnits".into(), quantity(u64::from(simds.unwrap_or(0))));
+    DraDevice {
+        name: device_name(card, render_minor),
+        gpu_bdf: gpu.bdf.clone(),
+        partition,
+        card,
+        render_minor,
+        numa_node,
+        attributes,
+        capacity,
+    }
+}
+
+/// Attributes a GPU's devices share, whole or partitioned.
+fn common_attributes(
+    gpu: &Gpu,
+    roots: &PcieRoots,
+    inventory: &Inventory,
+) -> BTreeMap<String, DeviceAttribute> {
+    let mut a = BTreeMap::new();
+    if let Some(name) = gpu.product_name.as_deref().map(product_name)
+        && !name.is_empty()
+    {
+        a.insert("productName".into(), string(&name));
+    }
+    if let Some(family) = gpu.gfx_target_version.and_then(family) {
+        a.insert("family".into(), string(family));
+    }
+    a.insert(
+        "deviceID".into(),
+        string(&format!("0x{:04x}", gpu.device_id)),
+    );
+    if let Some(semver) = inventory.driver.version.as_deref().and_then(semver_of) {
+        a.insert("driverVersion".into(), version_attr(semver));
+    }
+    if let Some(src) = inventory.driver.srcversion.as_deref()
+        && !src.is_empty()
+    {
+        a.insert("driverSrcVersion".into(), string(src));
+    }
+    if gpu.supports_compute_partitioning()
+        && let Some(profile) = gpu.partition_profile()
+    {
+        a.insert(
+            "partitionProfile".into(),
+            string(&profile.to_ascii_lowercase()),
+        );
+    }
+    if let Some(numa) = gpu.numa_node.filter(|n| *n >= 0) {
+        a.insert("numaNode".into(), int(i64::from(numa)));
+    }
+    a.insert(PCI_BUS_ID.into(), string(&gpu.bdf));
+    if let Some(root) = roots.get(&gpu.bdf) {
+        a.insert(PCIE_ROOT.into(), string(root));
+    }
+    a
+}
+
+/// The product name as the reference publishes it: spaces become `_`,
+/// parentheses go, and the attribute's 64-character limit holds.
+fn product_name(raw: &str) -> String {
+    raw.trim()
+        .chars()
+        .filter(|c| !matches!(c, '(' | ')'))
+        .map(|c| if c == ' ' { '_' } else { c })
+        .take(64)
+        .collect()
+}
+
+/// A semantic version (2.0.0) from an amdgpu version string, which the API
+/// requires of a version attribute: `6.12.12` stays, `6.8.5-2041575.22.04`
+/// keeps its numbers and drops what is not a valid pre-release, `6.8` gains
+/// a patch level. `None` when it does not start with a number.
+pub fn semver_of(raw: &str) -> Option<String> {
+    let core: String = raw
+        .trim()
+        .trim_start_matches('v')
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.')
+        .collect();
+    let mut parts: Vec<u64> = Vec::new();
+    for part in core.split('.').filter(|p| !p.is_empty()).take(3) {
+        parts.push(part.parse().ok()?);
+    }
+    if parts.is_empty() {
+        return None;
+    }
+    parts.resize(3, 0);
+    Some(format!("{}.{}.{}", parts[0], parts[1], parts[2]))
+}
+
+fn string(value: &str) -> DeviceAttribute {
+    DeviceAttribute {
+        string: Some(value.to_owned()),
+        ..DeviceAttribute::default()
+    }
+}
+
+fn int(value: i64) -> DeviceAttribute {
+    DeviceAttribute {
+        int: Some(value),
+        ..DeviceAttribute::default()
+    }
+}
+
+fn version_attr(value: String) -> DeviceAttribute {
+    DeviceAttribute {
+        version: Some(value),
+        ..DeviceAttribute::default()
+    }
+}
+
+fn quantity(value: u64) -> DeviceCapacity {
+    DeviceCapacity {
+        value: Quantity(value.to_string()),
+        ..DeviceCapacity::default()
+    }
+}
+
+/// The unhealthy devices by name, each with its reason.
+pub type Unhealthy = BTreeMap<String, String>;
+
+/// The specs of the node's ResourceSlices: one pool named after the node, at
+/// most [`MAX_DEVICES_PER_SLICE`] devices per slice, all slices at
+/// `generation`. A node with no devices still publishes one empty slice, so
+/// that the scheduler sees the pool and knows it is empty rather than unknown.
+/// With `taints`, an unhealthy device carries [`UNHEALTHY_TAINT_KEY`]
+/// (`NoSchedule`).
+pub fn slice_specs(
+    node: &str,
+    devices: &[DraDevice],
+    unhealthy: &Unhealthy,
+    taints: bool,
+    generation: i64,
+) -> Vec<ResourceSliceSpec> {
+    let chunks: Vec<&[DraDevice]> = if devices.is_empty() {
+        vec![&[]]
+    } else {
+        devices.chunks(MAX_DEVICES_PER_SLICE).collect()
+    };
+    let count = chunks.len() as i64;
+    chunks
+        .into_iter()
+        .map(|chunk| ResourceSliceSpec {
+            driver: DRIVER_NAME.to_owned(),
+            node_name: Some(node.to_owned()),
+            pool: ResourcePool {
+                name: node.to_owned(),
+                generation,
+                resource_slice_count: count,
+            },
+            devices: Some(
+                chunk
+                    .iter()
+                    .map(|d| api_device(d, unhealthy.get(&d.name), taints))
+                    .collect(),
+            ),
+            ..ResourceSliceSpec::default()
+        })
+        .collect()
+}
+
+fn api_device(device: &DraDevice, unhealthy: Option<&String>, taints: bool) -> Device {
+    let taints = (taints && unhealthy.is_some()).then(|| {
+        vec![DeviceTaint {
+            key: UNHEALTHY_TAINT_KEY.to_owned(),
+            value: None,
+            effect: "NoSchedule".to_owned(),
+            time_added: None,
+        }]
+    });
+    Device {
+        name: device.name.clone(),
+        attributes: Some(device.attributes.clone()),
+        capacity: Some(device.capacity.clone()),
+        taints,
+        ..Device::default()
+    }
+}
+
+/// Whether two slice specs publish the same thing. The pool generation is
+/// left out (it is ours to bump), and so is each taint's `timeAdded`, which
+/// the API server fills in.
+pub fn same_content(a: &ResourceSliceSpec, b: &ResourceSliceSpec) -> bool {
+    let strip = |s: &ResourceSliceSpec| {
+        let mut s = s.clone();
+        s.pool.generation = 0;
+        for device in s.devices.iter_mut().flatten() {
+            for taint in device.taints.iter_mut().flatten() {
+                taint.time_added = None;
+            }
+            if device.taints.as_ref().is_some_and(Vec::is_empty) {
+                device.taints = None;
+            }
+        }
+        s
+    };
+    strip(a) == strip(b)
+}
+
+/// The name of the node's `index`th slice: `<node>-gpu.amd.com-<index>`,
+/// shortened with a hash of the node name when that would pass the API's
+/// 253 characters.
+pub fn slice_name(node: &str, index: usize) -> String {
+    let suffix = format!("-{DRIVER_NAME}-{index}");
+    if node.len() + suffix.len() <= 253 {
+        return format!("{node}{suffix}");
+    }
+    let hash = node.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    let keep = 253 - suffix.len() - 17;
+    let head = node[..keep].trim_end_matches(['-', '.']);
+    format!("{head}-{hash:016x}{suffix}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::{DriverState, NodeSize, Partition};
+
+    fn gpu(bdf: &str, card: u32, render: u32) -> Gpu {
+        Gpu {
+            bdf: bdf.into(),
+            vendor_id: 0x1002,
+            device_id: 0x74a1,
+            product_name: Some("AMD Instinct MI300X (OAM)".into()),
+            numa_node: Some(0),
+            card: Some(card),
+            render_minor: Some(render),
+            vram_bytes: Some(192 << 30),
+            cu_count: Some(304),
+            simd_count: Some(1216),
+            gfx_target_version: Some(90402),
+            compute_partition: Some("spx".into()),
+            memory_partition: Some("nps1".into()),
+            available_compute_partitions: vec!["spx".into(), "cpx".into()],
+            available_memory_partitions: vec!["nps1".into(), "nps4".into()],
+            ..Gpu::default()
+        }
+    }
+
+    fn inventory(gpus: Vec<Gpu>) -> Inventory {
+        Inventory {
+            driver: DriverState {
+                loaded: true,
+                version: Some("6.12.12".into()),
+                srcversion: Some("ABCDEF".into()),
+                kfd_present: true,
+            },
+            gpus,
+            ..Inventory::default()
+        }
+    }
+
+    fn attr<'a>(d: &'a DraDevice, key: &str) -> &'a DeviceAttribute {
+        d.attributes
+            .get(key)
+            .unwrap_or_else(|| panic!("{key} missing"))
+    }
+
+    #[test]
+    fn a_whole_gpu_is_one_device_named_after_its_drm_nodes() {
+        let roots = PcieRoots::from([("0000:05:00.0".to_string(), "pci0000:00".to_string())]);
+        let devices = devices_of(&inventory(vec![gpu("0000:05:00.0", 1, 128)]), &roots);
+        assert_eq!(devices.len(), 1);
+        let d = &devices[0];
+        assert_eq!(d.name, "gpu-1-128");
+        assert_eq!(attr(d, "type").string.as_deref(), Some("amdgpu"));
+        assert_eq!(
+            attr(d, "productName").string.as_deref(),
+            Some("AMD_Instinct_MI300X_OAM")
+        );
+        assert_eq!(attr(d, "family").string.as_deref(), Some("AI"));
+        assert_eq!(attr(d, "deviceID").string.as_deref(), Some("0x74a1"));
+        assert_eq!(attr(d, "driverVersion").version.as_deref(), Some("6.12.12"));
+        assert_eq!(
+            attr(d, "driverSrcVersion").string.as_deref(),
+            Some("ABCDEF")
+        );
+        assert_eq!(
+            attr(d, "partitionProfile").string.as_deref(),
+            Some("spx_nps1")
+        );
+        assert_eq!(attr(d, "cardIndex").int, Some(1));
+        assert_eq!(attr(d, "renderIndex").int, Some(128));
+        assert_eq!(attr(d, "numaNode").int, Some(0));
+        assert_eq!(attr(d, PCI_BUS_ID).string.as_deref(), Some("0000:05:00.0"));
+        assert_eq!(attr(d, PCIE_ROOT).string.as_deref(), Some("pci0000:00"));
+        assert_eq!(d.capacity["memory"].value.0, (192u64 << 30).to_string());
+        assert_eq!(d.capacity["computeUnits"].value.0, "304");
+        assert_eq!(d.capacity["simdUnits"].value.0, "1216");
+    }
+
+    #[test]
+    fn a_partitioned_gpu_is_one_device_per_partition_sized_by_its_kfd_node() {
+        let mut g = gpu("0000:05:00.0", 1, 128);
+        g.compute_partition = Some("cpx".into());
+        g.memory_partition = Some("nps4".into());
+        g.partitions = (0..8)
+            .map(|i| Partition {
+                id: i,
+                card: Some(1 + i),
+                render_minor: Some(128 + i),
+                ..Partition::default()
+            })
+            .collect();
+        g.partition_sizes = vec![
+            NodeSize {
+                cu_count: Some(38),
+                simd_count: Some(152),
+                vram_bytes: Some(24 << 30),
+            };
+            8
+        ];
+        let devices = devices_of(&inventory(vec![g]), &PcieRoots::new());
+        assert_eq!(devices.len(), 8);
+        for d in &devices {
+            assert_eq!(attr(d, "type").string.as_deref(), Some("amdgpu-partition"));
+            assert_eq!(
+                attr(d, "partitionProfile").string.as_deref(),
+                Some("cpx_nps4")
+            );
+            assert_eq!(attr(d, PCI_BUS_ID).string.as_deref(), Some("0000:05:00.0"));
+            assert_eq!(d.capacity["computeUnits"].value.0, "38");
+            assert_eq!(d.capacity["memory"].value.0, (24u64 << 30).to_string());
+            assert!(!d.attributes.contains_key(PCIE_ROOT), "no root known");
+        }
+        assert_eq!(devices[0].partition, Some(0));
+    }
+
+    #[test]
+    fn a_gpu_without_drm_nodes_is_left_out() {
+        let mut g = gpu("0000:05:00.0", 1, 128);
+        g.render_minor = None;
+        assert!(devices_of(&inventory(vec![g]), &PcieRoots::new()).is_empty());
+    }
+
+    #[test]
+    fn versions_become_semver() {
+        assert_eq!(semver_of("6.12.12").as_deref(), Some("6.12.12"));
+        assert_eq!(semver_of("6.8.5-2041575.22.04").as_deref(), Some("6.8.5"));
+        assert_eq!(semver_of("6.8").as_deref(), Some("6.8.0"));
+        assert_eq!(semver_of("v1.2.3.4").as_deref(), Some("1.2.3"));
+        assert_eq!(semver_of("inbox"), None);
+        assert_eq!(semver_of("99999999999999999999999.1"), None);
+    }
+
+    #[test]
+    fn slices_hold_at_most_128_devices_in_one_pool() {
+        let mut gpus = Vec::new();
+        for i in 0..130u32 {
+            gpus.push(gpu(&format!("0000:{:02x}:00.0", i), i, 128 + i));
+        }
+        let devices = devices_of(&inventory(gpus), &PcieRoots::new());
+        let specs = slice_specs("n1", &devices, &Unhealthy::new(), false, 7);
+        assert_eq!(specs.len(), 2);
+        assert_eq!(specs[0].devices.as_ref().map(Vec::len), Some(128));
+        assert_eq!(specs[1].devices.as_ref().map(Vec::len), Some(2));
+        for s in &specs {
+            assert_eq!(s.pool.name, "n1");
+            assert_eq!(s.pool.generation, 7);
+            assert_eq!(s.pool.resource_slice_count, 2);
+            assert_eq!(s.driver, DRIVER_NAME);
+            assert_eq!(s.node_name.as_deref(), Some("n1"));
+        }
+        let empty = slice_specs("n1", &[], &Unhealthy::new(), false, 1);
+        assert_eq!(empty.len(), 1);
+        assert_eq!(empty[0].devices.as_ref().map(Vec::len), Some(0));
+    }
+
+    #[test]
+    fn unhealthy_devices_are_tainted_only_when_taints_are_on() {
+        let devices = devices_of(
+            &inventory(vec![gpu("0000:05:00.0", 1, 128)]),
+            &PcieRoots::new(),
+        );
+        let sick = Unhealthy::from([("gpu-1-128".to_string(), "ECC".to_string())]);
+        let on = slice_specs("n", &devices, &sick, true, 1);
+        let taint = &on[0].devices.as_ref().unwrap()[0].taints.as_ref().unwrap()[0];
+        assert_eq!(taint.key, UNHEALTHY_TAINT_KEY);
+        assert_eq!(taint.effect, "NoSchedule");
+        let off = slice_specs("n", &devices, &sick, false, 1);
+        assert!(off[0].devices.as_ref().unwrap()[0].taints.is_none());
+        let healthy = slice_specs("n", &devices, &Unhealthy::new(), true, 1);
+        assert!(!same_content(&on[0], &healthy[0]));
+        assert!(same_content(
+            &off[0],
+            &slice_specs("n", &devices, &sick, false, 9)[0]
+        ));
+    }
+
+    #[test]
+    fn slice_names_fit_the_api() {
+        assert_eq!(slice_name("node-1", 0), "node-1-gpu.amd.com-0");
+        let long = "a".repeat(253);
+        let name = slice_name(&long, 3);
+        assert!(name.len() <= 253, "{}", name.len());
+        assert!(name.ends_with("-gpu.amd.com-3"));
+        assert_ne!(slice_name(&long, 3), slice_name(&"a".repeat(252), 3));
+    }
+}

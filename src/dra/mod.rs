@@ -1,0 +1,30 @@
+//! The DRA kubelet plugin (`resource.k8s.io/v1`): offers this node's GPUs and
+//! GPU partitions as driver `gpu.amd.com`, from the same inventory and health
+//! reports as the device plugin, in the same process.
+//!
+//! This module owns device naming and attributes as ResourceSlices carry them,
+//! the node's ResourceSlices, the kubelet's registration, DRA and resource
+//! health sockets, CDI specs of prepared claims and the checkpoint. It must
+//! not discover GPUs or decide health (it reads [`crate::device::Inventory`]
+//! and [`crate::plugin::HealthReport`] and applies the device plugin's health
+//! rules), write Nodes, or create DeviceClasses (the leader does).
+//!
+//! Layout: [`devices`] (naming, attributes, slices), [`claims`] (which devices
+//! of a claim are ours), [`cdi`] (spec content and files), [`checkpoint`] and
+//! [`health`] are pure or plain file I/O; [`prepare`] reads claims and writes
+//! specs; `server` speaks gRPC; [`service`] runs it all.
+
+pub mod api;
+pub mod cdi;
+pub mod checkpoint;
+pub mod claims;
+pub mod devices;
+pub mod health;
+pub mod prepare;
+mod server;
+pub mod service;
+
+pub use devices::{DRIVER_NAME, DraDevice, UNHEALTHY_TAINT_KEY};
+pub use health::Published;
+pub use server::Registration;
+pub use service::{DraConfig, DraPlugin, DraStatus, Slices};

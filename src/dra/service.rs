@@ -1,0 +1,602 @@
+//! The running DRA plugin: one task follows the inventory and health reports
+//! into the [`Published`] snapshot and keeps both sockets served; one task
+//! keeps this node's ResourceSlices equal to the snapshot.
+//!
+//! Timing: the snapshot is rebuilt at once on an inventory or health change,
+//! and device-node presence and the sockets are re-checked every
+//! `poll_interval`. Slices are written as soon as the snapshot changes what
+//! they carry, and not at all otherwise. Every wait is bounded or cancellable.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::resource::v1::ResourceSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::{ListParams, ObjectMeta};
+use kube::{Api, ResourceExt};
+use tokio::sync::{Mutex, watch};
+use tokio::task::JoinHandle;
+
+use super::checkpoint::{self, Checkpoint};
+use super::devices::{PcieRoots, devices_of, same_content, slice_name, slice_specs};
+use super::health::Published;
+use super::prepare::Preparer;
+use super::server::{
+    DraServices, Registration, RegistrationService, dra_router, registration_router,
+};
+use super::{DRIVER_NAME, cdi};
+use crate::api::field_manager;
+use crate::device::Inventory;
+use crate::host::HostRoot;
+use crate::host::reader::BoundedReader;
+use crate::node_writer::{is_transient, retry_policy};
+use crate::plugin::{HealthReport, SocketServer, node_checks};
+
+/// Bound on the whole stop sequence, inside the agent's 5 s from SIGTERM.
+const STOP_BUDGET: Duration = Duration::from_secs(3);
+/// Bound on one API call of the slice publisher.
+const API_TIMEOUT: Duration = Duration::from_secs(10);
+/// Wait before trying a failed slice write again (unless a change comes first).
+const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(5);
+
+/// What the DRA plugin serves and where.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DraConfig {
+    /// The kubelet's directory as this process sees it: the registration
+    /// socket goes in `plugins_registry/`, the DRA socket and the checkpoint
+    /// in `plugins/gpu.amd.com/`.
+    pub kubelet_dir: PathBuf,
+    /// Where CDI specs go (`--cdi-dir`), read by the container runtime.
+    pub cdi_dir: PathBuf,
+    pub host: HostRoot,
+    pub node_name: String,
+    /// Taint unhealthy devices in the slices (KEP-5055; needs the
+    /// DRADeviceTaints feature, beta and on by default from 1.36).
+    pub device_taints: bool,
+    pub poll_interval: Duration,
+    pub health_resend: Duration,
+}
+
+impl DraConfig {
+    pub const DEFAULT_CDI_DIR: &'static str = "/var/run/cdi";
+    pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(200);
+    pub const DEFAULT_HEALTH_RESEND: Duration = Duration::from_secs(10);
+
+    pub fn new(kubelet_dir: impl Into<PathBuf>, host: HostRoot, node_name: &str) -> Self {
+        Self {
+            kubelet_dir: kubelet_dir.into(),
+            cdi_dir: PathBuf::from(Self::DEFAULT_CDI_DIR),
+            host,
+            node_name: node_name.to_owned(),
+            device_taints: false,
+            poll_interval: Self::DEFAULT_POLL_INTERVAL,
+            health_resend: Self::DEFAULT_HEALTH_RESEND,
+        }
+    }
+
+    /// `<kubelet-dir>/plugins_registry/gpu.amd.com-reg.sock`.
+    pub fn registration_socket(&self) -> PathBuf {
+        self.kubelet_dir
+            .join("plugins_registry")
+            .join(format!("{DRIVER_NAME}-reg.sock"))
+    }
+
+    /// `<kubelet-dir>/plugins/gpu.amd.com/`.
+    pub fn plugin_dir(&self) -> PathBuf {
+        self.kubelet_dir.join("plugins").join(DRIVER_NAME)
+    }
+
+    /// `<kubelet-dir>/plugins/gpu.amd.com/dra.sock`.
+    pub fn dra_socket(&self) -> PathBuf {
+        self.plugin_dir().join("dra.sock")
+    }
+}
+
+/// Where the ResourceSlices stand.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Slices {
+    #[default]
+    Pending,
+    /// The API holds what the snapshot says, at this pool generation.
+    Published {
+        generation: i64,
+        devices: usize,
+    },
+    Failed(String),
+}
+
+/// What the DRA plugin is doing, for the agent's status.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DraStatus {
+    pub running: bool,
+    pub registration: Registration,
+    pub slices: Slices,
+    /// Why a socket could not be served.
+    pub error: Option<String>,
+}
+
+impl DraStatus {
+    /// Why pods cannot get GPUs through DRA here; `None` when they can: the
+    /// kubelet registered the plugin and the slices are published.
+    pub fn unavailable_reason(&self) -> Option<String> {
+        if let Some(error) = &self.error {
+            return Some(error.clone());
+        }
+        match (&self.registration, &self.slices) {
+            (Registration::Refused(e), _) => {
+                Some(format!("the kubelet refused the DRA plugin: {e}"))
+            }
+            (Registration::Waiting, _) => {
+                Some("waiting for the kubelet to register the DRA plugin".into())
+            }
+            (_, Slices::Pending) => Some("publishing ResourceSlices".into()),
+            (_, Slices::Failed(e)) => Some(format!("cannot publish ResourceSlices: {e}")),
+            (Registration::Registered, Slices::Published { .. }) => None,
+        }
+    }
+}
+
+/// A running DRA plugin.
+pub struct DraPlugin {
+    stop: watch::Sender<bool>,
+    status: watch::Receiver<DraStatus>,
+    published: watch::Receiver<Arc<Published>>,
+    task: JoinHandle<()>,
+}
+
+impl DraPlugin {
+    /// Starts serving. `client` reads claims and writes this node's slices.
+    pub fn start(
+        config: DraConfig,
+        inventory: watch::Receiver<Arc<Inventory>>,
+        health: watch::Receiver<HealthReport>,
+        client: kube::Client,
+    ) -> Self {
+        let (stop, stop_rx) = watch::channel(false);
+        let (status_tx, status) = watch::channel(DraStatus {
+            running: true,
+            ..DraStatus::default()
+        });
+        let (published_tx, published) = watch::channel(Arc::new(Published::default()));
+        let task = tokio::spawn(run(
+            config,
+            inventory,
+            health,
+            client,
+            published_tx,
+            status_tx,
+            stop_rx,
+        ));
+        Self {
+            stop,
+            status,
+            published,
+            task,
+        }
+    }
+
+    pub fn status(&self) -> watch::Receiver<DraStatus> {
+        self.status.clone()
+    }
+
+    /// The devices on offer and their health.
+    pub fn published(&self) -> watch::Receiver<Arc<Published>> {
+        self.published.clone()
+    }
+
+    /// Stops serving, removes both sockets and this node's slices. Prepared
+    /// claims (their CDI specs and the checkpoint) stay: running containers
+    /// and a later unprepare still need them.
+    pub async fn stop(mut self) {
+        let _ = self.stop.send(true);
+        if tokio::time::timeout(STOP_BUDGET, &mut self.task)
+            .await
+            .is_err()
+        {
+            tracing::warn!("the DRA plugin did not stop in time; aborted");
+            self.task.abort();
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run(
+    config: DraConfig,
+    mut inventory: watch::Receiver<Arc<Inventory>>,
+    mut health: watch::Receiver<HealthReport>,
+    client: kube::Client,
+    published_tx: watch::Sender<Arc<Published>>,
+    status: watch::Sender<DraStatus>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let reader = BoundedReader::new(config.host.clone(), 2);
+    let checkpoint_path = config.plugin_dir().join(checkpoint::FILE_NAME);
+    let prepared = match Checkpoint::load(&checkpoint_path) {
+        Ok(c) => c,
+        Err(e) => {
+            // Kept aside for a person; the kubelet prepares its claims again.
+            tracing::error!(error = %e, "cannot read the DRA checkpoint; starting empty");
+            let aside = checkpoint_path.with_extension("json.unreadable");
+            let _ = std::fs::rename(&checkpoint_path, aside);
+            Checkpoint::default()
+        }
+    };
+    for orphan in checkpoint::orphaned_specs(&config.cdi_dir, &prepared) {
+        tracing::info!(spec = %orphan.display(), "removing a CDI spec no prepared claim names");
+        if let Err(e) = cdi::remove_spec(&orphan) {
+            tracing::warn!(spec = %orphan.display(), error = %e, "cannot remove CDI spec");
+        }
+    }
+    let preparer = Arc::new(Preparer {
+        node: config.node_name.clone(),
+        cdi_dir: config.cdi_dir.clone(),
+        checkpoint_path,
+        client: client.clone(),
+        reader,
+        published: published_tx.subscribe(),
+        checkpoint: Mutex::new(prepared),
+    });
+    let (registration_tx, mut registration) = watch::channel(Registration::Waiting);
+    // Started once the first snapshot is made: the empty initial one would
+    // publish an empty pool for a moment.
+    let mut publisher = None;
+
+    let mut sockets: Option<(SocketServer, SocketServer)> = None;
+    let mut roots: Option<(Vec<String>, PcieRoots)> = None;
+    let mut tick = tokio::time::interval(config.poll_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        // The snapshot: devices from the inventory, health from the device
+        // plugin's rules over the host checks and the monitor's report.
+        let inv = inventory.borrow_and_update().clone();
+        let bdfs: Vec<String> = inv.gpus.iter().map(|g| g.bdf.clone()).collect();
+        if roots.as_ref().is_none_or(|(known, _)| *known != bdfs) {
+            roots = Some((bdfs.clone(), pcie_roots(&config.host, &bdfs).await));
+        }
+        let devices = devices_of(
+            &inv,
+            roots.as_ref().map(|(_, r)| r).unwrap_or(&PcieRoots::new()),
+        );
+        let checks = node_checks(
+            &config.host,
+            inv.driver.loaded,
+            devices
+                .iter()
+                .map(|d| d.as_plugin_device())
+                .collect::<Vec<_>>()
+                .iter(),
+        );
+        let next = Published::new(devices, &checks, &health.borrow_and_update());
+        published_tx.send_if_modified(|current| {
+            let changed = **current != next;
+            if changed {
+                *current = Arc::new(next);
+            }
+            changed
+        });
+        if publisher.is_none() {
+            publisher = Some(tokio::spawn(publish_slices(
+                config.clone(),
+                client.clone(),
+                published_tx.subscribe(),
+                status.clone(),
+                stop.clone(),
+            )));
+        }
+
+        // Both sockets, (re)bound when missing or replaced: the kubelet's
+        // plugin watcher registers whatever appears in plugins_registry.
+        if sockets
+            .as_ref()
+            .is_none_or(|(r, d)| !r.is_intact() || !d.is_intact())
+        {
+            if let Some((r, d)) = sockets.take() {
+                tracing::info!("a DRA socket is gone or replaced; serving again");
+                r.shutdown().await;
+                d.shutdown().await;
+            }
+            match bind(&config, &preparer, &published_tx, &registration_tx) {
+                Ok(pair) => {
+                    status.send_modify(|s| s.error = None);
+                    sockets = Some(pair);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot serve the DRA sockets; will retry");
+                    status.send_modify(|s| s.error = Some(e));
+                }
+            }
+        }
+
+        tokio::select! {
+            _ = stop.wait_for(|s| *s) => break,
+            _ = inventory.changed() => {}
+            _ = health.changed() => {}
+            _ = registration.changed() => {
+                let now = registration.borrow_and_update().clone();
+                status.send_modify(|s| s.registration = now);
+            }
+            _ = tick.tick() => {}
+        }
+    }
+
+    if let Some((r, d)) = sockets.take() {
+        r.shutdown().await;
+        d.shutdown().await;
+    }
+    if let Some(publisher) = publisher {
+        let _ = publisher.await;
+    }
+    status.send_modify(|s| s.running = false);
+}
+
+fn bind(
+    config: &DraConfig,
+    preparer: &Arc<Preparer>,
+    published: &watch::Sender<Arc<Published>>,
+    registration: &watch::Sender<Registration>,
+) -> Result<(SocketServer, SocketServer), String> {
+    let dra_path = config.dra_socket();
+    let reg_path = config.registration_socket();
+    for dir in [
+        config.plugin_dir(),
+        config.kubelet_dir.join("plugins_registry"),
+    ] {
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    }
+    let services = DraServices {
+        pool: config.node_name.clone(),
+        preparer: preparer.clone(),
+        published: published.subscribe(),
+        health_resend: config.health_resend,
+    };
+    // The DRA socket first: the kubelet dials it as soon as it sees the
+    // registration socket.
+    let dra = SocketServer::serve(&dra_path, "DRA plugin", |stop| dra_router(services, stop))
+        .map_err(|e| format!("cannot serve {}: {e}", dra_path.display()))?;
+    let endpoint = dra_path.display().to_string();
+    let status = registration.clone();
+    let reg = SocketServer::serve(&reg_path, "DRA registration", |_| {
+        registration_router(RegistrationService { endpoint, status })
+    })
+    .map_err(|e| format!("cannot serve {}: {e}", reg_path.display()))?;
+    // A new registration socket is registered anew.
+    registration.send_replace(Registration::Waiting);
+    Ok((reg, dra))
+}
+
+/// Each GPU's PCIe root complex (`pci0000:00`), the first component of its
+/// device path under `/sys/devices`. Read off the runtime's workers (a symlink
+/// read, bounded by a timeout); a GPU whose root cannot be read goes without
+/// the attribute.
+async fn pcie_roots(host: &HostRoot, bdfs: &[String]) -> PcieRoots {
+    let host = host.clone();
+    let bdfs = bdfs.to_vec();
+    let read = tokio::task::spawn_blocking(move || {
+        bdfs.into_iter()
+            .filter_map(|bdf| {
+                let target = host.read_link(format!("/sys/bus/pci/devices/{bdf}")).ok()?;
+                // `/sys/devices/pci0000:00/0000:00:01.1/.../<bdf>`
+                let root = target
+                    .split('/')
+                    .skip_while(|part| *part != "devices")
+                    .nth(1)
+                    .filter(|part| part.starts_with("pci"))?
+                    .to_owned();
+                Some((bdf, root))
+            })
+            .collect()
+    });
+    match tokio::time::timeout(Duration::from_secs(2), read).await {
+        Ok(Ok(roots)) => roots,
+        _ => {
+            tracing::warn!("cannot read the GPUs' PCIe roots in time; publishing without them");
+            PcieRoots::new()
+        }
+    }
+}
+
+/// Keeps this node's ResourceSlices equal to the snapshot, and removes them
+/// when the plugin stops.
+async fn publish_slices(
+    config: DraConfig,
+    client: kube::Client,
+    mut published: watch::Receiver<Arc<Published>>,
+    status: watch::Sender<DraStatus>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let api: Api<ResourceSlice> = Api::all(client.clone());
+    let mut slices = SlicePublisher {
+        api: api.clone(),
+        nodes: Api::all(client),
+        config,
+        known: None,
+        owner: None,
+    };
+    loop {
+        let snapshot = published.borrow_and_update().clone();
+        let failed;
+        match slices.sync(&snapshot).await {
+            Ok(Some((generation, devices))) => {
+                failed = false;
+                status.send_modify(|s| {
+                    s.slices = Slices::Published {
+                        generation,
+                        devices,
+                    }
+                });
+            }
+            Ok(None) => failed = false,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot publish the ResourceSlices; will retry");
+                status.send_modify(|s| s.slices = Slices::Failed(e));
+                failed = true;
+            }
+        }
+        tokio::select! {
+            _ = stop.wait_for(|s| *s) => break,
+            changed = published.changed() => if changed.is_err() { break },
+            _ = tokio::time::sleep(RETRY_AFTER_FAILURE), if failed => {}
+        }
+    }
+    if let Err(e) = slices.remove_all().await {
+        tracing::warn!(error = %e, "cannot remove this node's ResourceSlices");
+    }
+}
+
+struct SlicePublisher {
+    api: Api<ResourceSlice>,
+    nodes: Api<Node>,
+    config: DraConfig,
+    /// The slices in the API as last seen or written, by name.
+    known: Option<BTreeMap<String, ResourceSlice>>,
+    owner: Option<OwnerReference>,
+}
+
+impl SlicePublisher {
+    /// This node's slices of our driver, as the API holds them.
+    async fn list(&self) -> Result<BTreeMap<String, ResourceSlice>, String> {
+        let params = ListParams::default().fields(&format!(
+            "spec.nodeName={},spec.driver={DRIVER_NAME}",
+            self.config.node_name
+        ));
+        let list = with_retries(|| self.api.list(&params))
+            .await
+            .map_err(|e| format!("cannot list ResourceSlices: {e}"))?;
+        Ok(list.items.into_iter().map(|s| (s.name_any(), s)).collect())
+    }
+
+    /// Writes what differs; returns the pool generation and device count when
+    /// it wrote, `None` when the API already held the snapshot's slices.
+    async fn sync(&mut self, snapshot: &Published) -> Result<Option<(i64, usize)>, String> {
+        if self.owner.is_none() {
+            // Slices die with their Node (garbage collection), as upstream
+            // drivers set it up. Without the Node's UID they are still correct.
+            if let Ok(Ok(node)) =
+                tokio::time::timeout(API_TIMEOUT, self.nodes.get(&self.config.node_name)).await
+                && let Some(uid) = node.metadata.uid
+            {
+                self.owner = Some(OwnerReference {
+                    api_version: "v1".into(),
+                    kind: "Node".into(),
+                    name: self.config.node_name.clone(),
+                    uid,
+                    controller: Some(true),
+                    ..OwnerReference::default()
+                });
+            }
+        }
+        let known = match self.known.take() {
+            Some(k) => k,
+            None => self.list().await?,
+        };
+        let node = &self.config.node_name;
+        let desired = slice_specs(
+            node,
+            &snapshot.devices,
+            &snapshot.unhealthy(),
+            self.config.device_taints,
+            0,
+        );
+        let names: Vec<String> = (0..desired.len()).map(|i| slice_name(node, i)).collect();
+        let current_generation = known
+            .values()
+            .map(|s| s.spec.pool.generation)
+            .max()
+            .unwrap_or(0);
+        let unchanged = known.len() == desired.len()
+            && names
+                .iter()
+                .zip(&desired)
+                .all(|(name, spec)| known.get(name).is_some_and(|s| same_content(&s.spec, spec)))
+            && known
+                .values()
+                .all(|s| s.spec.pool.generation == current_generation);
+        if unchanged {
+            self.known = Some(known);
+            return Ok(None);
+        }
+        let generation = current_generation + 1;
+        let mut written = BTreeMap::new();
+        for (name, mut spec) in names.iter().zip(desired) {
+            spec.pool.generation = generation;
+            let slice = ResourceSlice {
+                metadata: ObjectMeta {
+                    name: Some(name.clone()),
+                    owner_references: self.owner.clone().map(|o| vec![o]),
+                    ..ObjectMeta::default()
+                },
+                spec,
+            };
+            let params = field_manager::apply(field_manager::DRA);
+            let patch = kube::api::Patch::Apply(&slice);
+            let applied = with_retries(|| self.api.patch(name, &params, &patch)).await;
+            match applied {
+                Ok(s) => {
+                    written.insert(name.clone(), s);
+                }
+                Err(e) => {
+                    // Unknown state: list again next time.
+                    return Err(format!("cannot apply ResourceSlice {name}: {e}"));
+                }
+            }
+        }
+        for stale in known.keys().filter(|k| !written.contains_key(*k)) {
+            delete(&self.api, stale).await?;
+        }
+        let devices = snapshot.devices.len();
+        tracing::info!(
+            generation,
+            devices,
+            slices = written.len(),
+            "published ResourceSlices"
+        );
+        self.known = Some(written);
+        Ok(Some((generation, devices)))
+    }
+
+    async fn remove_all(&mut self) -> Result<(), String> {
+        let known = match self.known.take() {
+            Some(k) if !k.is_empty() => k,
+            _ => self.list().await?,
+        };
+        for name in known.keys() {
+            delete(&self.api, name).await?;
+        }
+        if !known.is_empty() {
+            tracing::info!(slices = known.len(), "removed this node's ResourceSlices");
+        }
+        Ok(())
+    }
+}
+
+async fn delete(api: &Api<ResourceSlice>, name: &str) -> Result<(), String> {
+    let params = kube::api::DeleteParams::default();
+    match with_retries(|| api.delete(name, &params)).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(format!("cannot delete ResourceSlice {name}: {e}")),
+    }
+}
+
+/// One API call under the Node writer's retry policy, each try bounded.
+async fn with_retries<T, F, Fut>(call: F) -> Result<T, kube::Error>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<T, kube::Error>>,
+{
+    use backon::Retryable;
+    let bounded = || async {
+        match tokio::time::timeout(API_TIMEOUT, call()).await {
+            Ok(result) => result,
+            Err(_) => Err(kube::Error::Service(Box::new(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("no answer within {API_TIMEOUT:?}"),
+            )))),
+        }
+    };
+    bounded.retry(retry_policy()).when(is_transient).await
+}
