@@ -97,6 +97,8 @@ async fn main() {
             namespace: None,
             host,
             kubelet_dir: dir.path().join("kubelet"),
+            cdi_dir: dir.path().join("cdi"),
+            dra_device_taints: false,
             rescan_interval: Duration::from_secs(5),
             sampling: Default::default(),
             metrics_listen: Some("127.0.0.1:0".parse().unwrap()),

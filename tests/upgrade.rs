@@ -172,6 +172,8 @@ impl Fleet {
             node_name: member.name.clone(),
             namespace: None,
             host: member.host.clone(),
+            cdi_dir: kubelet_dir.join("cdi"),
+            dra_device_taints: false,
             kubelet_dir,
             rescan_interval: Duration::from_millis(200),
             sampling: Default::default(),

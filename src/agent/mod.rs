@@ -71,6 +71,10 @@ pub struct AgentConfig {
     pub test_commands: Option<crate::testrunner::Commands>,
     /// The driver bundle store and the commands that load from it.
     pub driver: crate::driver::manager::ManagerConfig,
+    /// Where the DRA plugin writes CDI specs.
+    pub cdi_dir: PathBuf,
+    /// Taint unhealthy devices in the DRA ResourceSlices.
+    pub dra_device_taints: bool,
 }
 
 /// How this agent takes part in leader election.
@@ -508,6 +512,8 @@ impl Edges<'_> {
         let overrides = plan::Overrides {
             metrics_listen: self.config.metrics_listen,
             test_commands: self.config.test_commands.clone(),
+            cdi_dir: Some(self.config.cdi_dir.clone()),
+            dra_device_taints: self.config.dra_device_taints,
         };
         let mut desired = plan::services(selection, &context, &overrides);
         if let Selection::One(selected) = selection {

@@ -12,7 +12,7 @@ use tokio::sync::{broadcast, mpsc, watch};
 use tokio_util::task::AbortOnDropHandle;
 
 use super::select::DesiredServices;
-use super::services::{LabellerService, PluginService};
+use super::services::{DraService, LabellerService, PluginService};
 use crate::api::agent_status::{ServiceName, ServiceStatus};
 use crate::device::Inventory;
 use crate::device::watch::ScanState;
@@ -29,6 +29,9 @@ use crate::testrunner::{GpuUnhealthy, TestRunnerService};
 pub struct NodeServices {
     pub plugin: Slot<PluginService>,
     pub labeller: Option<Slot<LabellerService>>,
+    /// The DRA plugin; only with the Kubernetes side (claims and slices live
+    /// in the API).
+    pub dra: Option<Slot<DraService>>,
     pub health: Slot<HealthMonitor>,
     pub metrics: Slot<MetricsService>,
     pub test_runner: Slot<TestRunnerService>,
@@ -115,6 +118,13 @@ impl NodeServices {
             transitions.clone(),
         ));
 
+        let dra = kube.as_ref().map(|k| {
+            Slot::new(DraService {
+                inventory: inventory.clone(),
+                health: monitor.report(),
+                client: k.client.clone(),
+            })
+        });
         let (client, nodes, node, events) = match kube {
             Some(KubeSide {
                 client,
@@ -155,6 +165,7 @@ impl NodeServices {
         });
         Self {
             plugin,
+            dra,
             labeller,
             health: Slot::new(monitor),
             metrics: Slot::new(exporter),
@@ -191,6 +202,18 @@ impl NodeServices {
         let (desired, held_back) = hold_back_until_discovered(desired, &self.discovery.borrow());
         self.held_back = held_back;
         let mut applied = Applied::default();
+        // The old kubelet service goes before the new one starts, so that
+        // the kubelet never sees both for one GPU.
+        if desired.dra.is_some() {
+            self.plugin.apply(None).await;
+        }
+        if let Some(dra) = self.dra.as_mut() {
+            dra.apply(desired.dra).await;
+        } else if desired.dra.is_some() {
+            tracing::warn!(
+                "draDriver is enabled, but DRA needs the Kubernetes API: not served in standalone mode"
+            );
+        }
         self.plugin.apply(desired.device_plugin).await;
         if let Some(labeller) = self.labeller.as_mut() {
             applied.labeller_stopped =
@@ -212,6 +235,9 @@ impl NodeServices {
         ];
         if let Some(labeller) = &self.labeller {
             states.push((ServiceName::Labeller, labeller.state()));
+        }
+        if let Some(dra) = &self.dra {
+            states.push((ServiceName::DraDriver, dra.state()));
         }
         let mut states: BTreeMap<ServiceName, ServiceStatus> = states
             .into_iter()
@@ -239,6 +265,9 @@ impl NodeServices {
         if let Some(labeller) = &self.labeller {
             all.push(labeller.subscribe());
         }
+        if let Some(dra) = &self.dra {
+            all.push(dra.subscribe());
+        }
         all
     }
 
@@ -249,8 +278,14 @@ impl NodeServices {
                 labeller.stop().await;
             }
         };
+        let dra = async {
+            if let Some(dra) = self.dra.as_mut() {
+                dra.stop().await;
+            }
+        };
         tokio::join!(
             self.plugin.stop(),
+            dra,
             self.health.stop(),
             self.metrics.stop(),
             self.test_runner.stop(),
@@ -286,6 +321,7 @@ pub fn hold_back_until_discovered(
     }
     let held_back = [
         (ServiceName::DevicePlugin, desired.device_plugin.is_some()),
+        (ServiceName::DraDriver, desired.dra.is_some()),
         (ServiceName::Labeller, desired.labeller.is_some()),
         (ServiceName::HealthMonitor, desired.health.is_some()),
         (ServiceName::TestRunner, desired.test_runner.is_some()),

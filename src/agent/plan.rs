@@ -242,6 +242,10 @@ pub struct Overrides {
     pub metrics_listen: Option<SocketAddr>,
     /// Where the test tools are.
     pub test_commands: Option<crate::testrunner::Commands>,
+    /// Where the DRA plugin writes CDI specs (`--cdi-dir`).
+    pub cdi_dir: Option<std::path::PathBuf>,
+    /// Whether the DRA plugin taints unhealthy devices (`--dra-device-taints`).
+    pub dra_device_taints: bool,
 }
 
 /// Step 2: the services the selection asks for on this node (only the metrics
@@ -263,6 +267,12 @@ pub fn services(
     if let (Some(commands), Some(tests)) = (&overrides.test_commands, desired.test_runner.as_mut())
     {
         tests.commands = commands.clone();
+    }
+    if let Some(dra) = desired.dra.as_mut() {
+        if let Some(dir) = &overrides.cdi_dir {
+            dra.cdi_dir = dir.clone();
+        }
+        dra.device_taints = overrides.dra_device_taints;
     }
     desired
 }
@@ -833,7 +843,7 @@ mod tests {
         let listen: SocketAddr = "127.0.0.1:9".parse().unwrap();
         let overrides = Overrides {
             metrics_listen: Some(listen),
-            test_commands: None,
+            ..Overrides::default()
         };
         let idle = services(&Selection::None, &context, &overrides);
         assert_eq!(idle.metrics.map(|m| m.listen), Some(listen));

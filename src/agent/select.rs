@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use crate::api::agent_status::ConfigKey;
 use crate::api::{DeviceConfig, DeviceConfigSpec, NodeLabellerKind, Operand, selects_node};
+use crate::dra::DraConfig;
 use crate::health::{Damping, HealthConfig};
 use crate::metrics::MetricsConfig;
 use crate::metrics::access::{AccessMaterial, AccessPolicy, ReviewClient};
@@ -65,6 +66,8 @@ pub struct LabellerConfig {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct DesiredServices {
     pub device_plugin: Option<PluginConfig>,
+    /// The DRA kubelet plugin; never together with the device plugin.
+    pub dra: Option<DraConfig>,
     pub labeller: Option<LabellerConfig>,
     pub health: Option<HealthConfig>,
     pub metrics: Option<MetricsConfig>,
@@ -136,18 +139,25 @@ pub fn idle_services(node: &NodeContext<'_>) -> DesiredServices {
 /// `<kubelet-dir>/device-plugins`, so that `--kubelet-dir` moves everything.
 pub fn plan_services(spec: &DeviceConfigSpec, node: &NodeContext<'_>) -> DesiredServices {
     let plugin_spec = spec.device_plugin();
-    let device_plugin = spec.runs_on(Operand::DevicePlugin, node.labels).then(|| {
-        let dir = if plugin_spec.kubelet_socket_path.is_empty()
-            || plugin_spec.kubelet_socket_path == PluginConfig::DEFAULT_DIR
-        {
-            node.kubelet_dir.join("device-plugins")
-        } else {
-            PathBuf::from(&plugin_spec.kubelet_socket_path)
-        };
-        // An unknown value is reported by validation; the reference falls back to single.
-        let strategy = plugin_spec.resource_naming_strategy().unwrap_or_default();
-        PluginConfig::new(dir, strategy, node.host.clone())
-    });
+    // DRA and the device plugin never run together on a node. Validation
+    // refuses a spec enabling both; should one get through, DRA wins, as the
+    // section that must be enabled on purpose.
+    let dra = spec
+        .runs_on(Operand::DraDriver, node.labels)
+        .then(|| DraConfig::new(node.kubelet_dir, node.host.clone(), node.node_name));
+    let device_plugin =
+        (dra.is_none() && spec.runs_on(Operand::DevicePlugin, node.labels)).then(|| {
+            let dir = if plugin_spec.kubelet_socket_path.is_empty()
+                || plugin_spec.kubelet_socket_path == PluginConfig::DEFAULT_DIR
+            {
+                node.kubelet_dir.join("device-plugins")
+            } else {
+                PathBuf::from(&plugin_spec.kubelet_socket_path)
+            };
+            // An unknown value is reported by validation; the reference falls back to single.
+            let strategy = plugin_spec.resource_naming_strategy().unwrap_or_default();
+            PluginConfig::new(dir, strategy, node.host.clone())
+        });
     let labeller = spec
         .runs_on(Operand::NodeLabeller, node.labels)
         .then(|| LabellerConfig {
@@ -197,6 +207,7 @@ pub fn plan_services(spec: &DeviceConfigSpec, node: &NodeContext<'_>) -> Desired
     });
     DesiredServices {
         device_plugin,
+        dra,
         labeller,
         health,
         metrics,

@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 use super::select::LabellerConfig;
 use crate::api::agent_status::ServiceName;
 use crate::device::Inventory;
+use crate::dra::{DraConfig, DraPlugin};
 use crate::labeller::{desired_labels, label_intent};
 use crate::node_writer::{Concern, NodeWriteError, NodeWriter, RETRY_AFTER_FAILURE};
 use crate::plugin::{DevicePluginService, HealthReport, PluginConfig, PluginStatus};
@@ -148,6 +149,74 @@ impl Service for PluginService {
             };
             plugin.stop().await;
             self.status.send_replace(PluginStatus::default());
+            result
+        })
+    }
+}
+
+/// Runs the DRA kubelet plugin.
+pub struct DraService {
+    pub inventory: watch::Receiver<Arc<Inventory>>,
+    pub health: watch::Receiver<HealthReport>,
+    pub client: kube::Client,
+}
+
+impl Service for DraService {
+    type Config = DraConfig;
+
+    fn name(&self) -> &'static str {
+        ServiceName::DraDriver.as_str()
+    }
+
+    /// Available while the kubelet has registered the plugin and this node's
+    /// ResourceSlices are published. A changed configuration restarts the
+    /// plugin: its sockets and directories may have moved.
+    fn run(
+        self: Arc<Self>,
+        mut config: watch::Receiver<DraConfig>,
+        cancel: CancellationToken,
+        readiness: Readiness,
+    ) -> ServiceFuture {
+        Box::pin(async move {
+            let mut plugin = DraPlugin::start(
+                config.borrow_and_update().clone(),
+                self.inventory.clone(),
+                self.health.clone(),
+                self.client.clone(),
+            );
+            let mut status = plugin.status();
+            let result = loop {
+                let current = status.borrow_and_update().clone();
+                match current.unavailable_reason() {
+                    None => readiness.available(),
+                    Some(reason) => readiness.unavailable(reason),
+                }
+                if !current.running {
+                    break Err(ServiceError::new("the DRA plugin stopped unexpectedly"));
+                }
+                tokio::select! {
+                    _ = cancel.cancelled() => break Ok(()),
+                    changed = config.changed() => {
+                        if changed.is_err() {
+                            break Ok(());
+                        }
+                        plugin.stop().await;
+                        plugin = DraPlugin::start(
+                            config.borrow_and_update().clone(),
+                            self.inventory.clone(),
+                            self.health.clone(),
+                            self.client.clone(),
+                        );
+                        status = plugin.status();
+                    }
+                    changed = status.changed() => {
+                        if changed.is_err() {
+                            break Err(ServiceError::new("the DRA plugin stopped unexpectedly"));
+                        }
+                    }
+                }
+            };
+            plugin.stop().await;
             result
         })
     }

@@ -176,6 +176,9 @@ pub struct AgentStatus {
 #[serde(rename_all = "camelCase")]
 pub enum ServiceName {
     DevicePlugin,
+    /// The DRA kubelet plugin (`draDriver`), which a node runs instead of the
+    /// device plugin.
+    DraDriver,
     Labeller,
     HealthMonitor,
     MetricsExporter,
@@ -187,8 +190,9 @@ pub enum ServiceName {
 }
 
 impl ServiceName {
-    pub const ALL: [ServiceName; 5] = [
+    pub const ALL: [ServiceName; 6] = [
         Self::DevicePlugin,
+        Self::DraDriver,
         Self::Labeller,
         Self::HealthMonitor,
         Self::MetricsExporter,
@@ -199,6 +203,7 @@ impl ServiceName {
     pub const fn as_str(self) -> &'static str {
         match self {
             Self::DevicePlugin => "devicePlugin",
+            Self::DraDriver => "draDriver",
             Self::Labeller => "labeller",
             Self::HealthMonitor => "healthMonitor",
             Self::MetricsExporter => "metricsExporter",

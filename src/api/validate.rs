@@ -765,7 +765,8 @@ const NOT_YET_DRIVER: &str = "not used yet: the agent loads amdgpu only from a v
                               packages or sign modules";
 const NOT_YET_VFIO: &str = "binding GPUs to vfio-pci for the passthrough driver types is not \
                             built yet; the driver type only picks the node labels";
-const NOT_YET_DRA: &str = "the DRA kubelet plugin is not built yet: no ResourceSlice is published";
+const WHY_DRA_ARGUMENTS: &str = "flags of the reference DRA plugin binary; the agent's DRA plugin \
+     takes its own flags (--cdi-dir, --dra-device-taints, --kubelet-dir)";
 const NOT_YET_PARTITIONING: &str =
     "GPU partitioning is not built yet: the GPUs keep the partition mode they have";
 const NOT_YET_REMEDIATION: &str =
@@ -790,9 +791,6 @@ pub const NOT_ACTED_ON_YET: &[&str] = &[
     "spec.driver.driverType",
     "spec.driver.vfioConfig",
     "spec.devicePlugin.devicePluginArguments.driver_type",
-    "spec.draDriver.enable",
-    "spec.draDriver.cmdLineArguments",
-    "spec.draDriver.selector",
     "spec.testRunner.logsLocation.logsExportSecrets",
     "spec.configManager.enable",
     "spec.configManager.config",
@@ -854,16 +852,10 @@ pub fn ignored_field_notes(spec: &DeviceConfigSpec) -> Vec<IgnoredField> {
         "the device plugin offers the amdgpu GPUs discovery finds, whatever this says",
     );
     let dra = &spec.dra_driver;
-    notes.not_yet("spec.draDriver.enable", dra.enable, NOT_YET_DRA);
-    notes.not_yet(
+    notes.set(
         "spec.draDriver.cmdLineArguments",
         !dra.cmd_line_arguments.is_empty(),
-        NOT_YET_DRA,
-    );
-    notes.not_yet(
-        "spec.draDriver.selector",
-        !dra.selector.is_empty(),
-        NOT_YET_DRA,
+        WHY_DRA_ARGUMENTS,
     );
     notes.not_yet(
         "spec.testRunner.logsLocation.logsExportSecrets",
@@ -1253,11 +1245,11 @@ mod tests {
             .filter(|n| n.not_yet)
             .map(|n| n.path.as_str())
             .collect();
-        // upgradePolicy is acted on (rolling upgrades): not among them.
+        // upgradePolicy (rolling upgrades) and draDriver (the DRA plugin)
+        // are acted on: not among them.
         assert_eq!(
             pending,
             [
-                "spec.draDriver.enable",
                 "spec.configManager.enable",
                 "spec.remediationWorkflow.enable"
             ]

@@ -30,6 +30,22 @@ pub struct AgentArgs {
         env = "KUBELET_DIR"
     )]
     pub kubelet_dir: PathBuf,
+    /// Where the DRA plugin writes the CDI spec of each prepared claim; the
+    /// container runtime must read CDI specs from here (containerd and CRI-O
+    /// read /etc/cdi and /var/run/cdi by default).
+    #[arg(
+        long,
+        value_name = "DIR",
+        default_value = "/var/run/cdi",
+        env = "CDI_DIR"
+    )]
+    pub cdi_dir: PathBuf,
+    /// Taint unhealthy GPUs in the DRA ResourceSlices (`gpu.amd.com/unhealthy`,
+    /// NoSchedule), so the scheduler allocates them to no new claim. Needs the
+    /// DRADeviceTaints feature gate (beta and on by default from Kubernetes
+    /// 1.36); without it the API server drops the taints.
+    #[arg(long)]
+    pub dra_device_taints: bool,
     /// Watch DeviceConfigs in this namespace only; all namespaces when unset.
     #[arg(long, value_name = "NS", env = "WATCH_NAMESPACE")]
     pub namespace: Option<String>,
@@ -139,6 +155,8 @@ pub fn run(args: AgentArgs) -> ExitCode {
             namespace: args.namespace,
             host,
             kubelet_dir: args.kubelet_dir,
+            cdi_dir: args.cdi_dir,
+            dra_device_taints: args.dra_device_taints,
             rescan_interval: args.sampling.rescan_interval,
             sampling: args.sampling.sampling(),
             driver: args

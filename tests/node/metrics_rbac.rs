@@ -192,6 +192,8 @@ impl Harness {
             node_name: NODE.into(),
             namespace: None,
             host,
+            cdi_dir: kubelet_dir.join("cdi"),
+            dra_device_taints: false,
             kubelet_dir,
             rescan_interval: Duration::from_millis(200),
             sampling: Default::default(),
