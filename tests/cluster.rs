@@ -180,6 +180,8 @@ impl Fleet {
             namespace: None,
             host: HostRoot::new(member._dir.path().join("host")),
             kubelet_dir: member.kubelet_dir.clone(),
+            cdi_dir: member.kubelet_dir.join("cdi"),
+            dra_device_taints: false,
             rescan_interval: Duration::from_millis(500),
             sampling: Default::default(),
             metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
@@ -1069,5 +1071,54 @@ async fn the_service_monitor_follows_the_spec_when_its_crd_is_served() {
         })
         .await;
     assert_eq!(fleet.cluster.requests().get("delete", "services"), deletes);
+    fleet.stop_all().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dra_device_class_exists_while_a_device_config_enables_dra() {
+    let mut fleet = Fleet::start(&[json!({})]).await;
+    fleet.wait_holder(None).await;
+    let class = |f: &Fleet| {
+        f.cluster
+            .get("resource.k8s.io/v1", "DeviceClass", "", "gpu.amd.com")
+    };
+    fleet.apply("gpus", json!({"devicePlugin": {}})).await;
+    fleet
+        .eventually("status written", async |f| {
+            !condition(&f.status_of("gpus").await, "Ready").is_null()
+        })
+        .await;
+    assert!(class(&fleet).is_none(), "no DeviceConfig enables DRA");
+
+    fleet
+        .apply(
+            "gpus",
+            json!({"devicePlugin": {"enableDevicePlugin": false}, "draDriver": {"enable": true}}),
+        )
+        .await;
+    fleet
+        .eventually("the DeviceClass created", async |f| class(f).is_some())
+        .await;
+    let created = class(&fleet).unwrap();
+    assert_eq!(
+        created["spec"]["selectors"][0]["cel"]["expression"],
+        "device.driver == 'gpu.amd.com'"
+    );
+    assert_eq!(created["spec"]["extendedResourceName"], "amd.com/gpu");
+    assert_eq!(
+        created["metadata"]["labels"]["app.kubernetes.io/managed-by"],
+        "gpu-operator"
+    );
+
+    // Back to the device plugin: the last DRA DeviceConfig is gone, so is the class.
+    fleet
+        .apply(
+            "gpus",
+            json!({"devicePlugin": {"enableDevicePlugin": true}, "draDriver": {"enable": false}}),
+        )
+        .await;
+    fleet
+        .eventually("the DeviceClass removed", async |f| class(f).is_none())
+        .await;
     fleet.stop_all().await;
 }

@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Secret, Service};
+use k8s_openapi::api::resource::v1::DeviceClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams};
 use kube::runtime::controller::Action;
@@ -90,6 +91,9 @@ pub struct Context {
     pub upgrades: Upgrades,
     /// The Node cache has finished its first list (see [`Context::nodes_ready`]).
     nodes_listed: std::sync::atomic::AtomicBool,
+    /// Whether this term last made the DRA DeviceClass exist (`Some(true)`)
+    /// or not; `None` until it first looked. Spares a read per reconcile.
+    device_class: Mutex<Option<bool>>,
 }
 
 #[derive(Debug, Default)]
@@ -123,6 +127,7 @@ impl Context {
             check_secret_references: false,
             upgrades,
             nodes_listed: std::sync::atomic::AtomicBool::new(false),
+            device_class: Mutex::new(None),
         }
     }
 
@@ -542,8 +547,10 @@ fn conflicts(
     problems
 }
 
-/// Creates, updates or deletes the metrics Service and ServiceMonitor.
+/// Creates, updates or deletes the metrics Service and ServiceMonitor, and
+/// the DRA DeviceClass.
 async fn apply_owned(dc: &DeviceConfig, ctx: &Context) -> Result<(), Error> {
+    sync_device_class(ctx).await?;
     sync_service(dc, ctx, metrics_service(dc)).await?;
     let wanted = service_monitor(dc);
     if wanted.is_none() && !dc.spec.metrics_exporter.wants_service_monitor() && dc.status.is_none()
@@ -558,6 +565,7 @@ async fn apply_owned(dc: &DeviceConfig, ctx: &Context) -> Result<(), Error> {
 /// let the garbage collector do it too, but only once the DeviceConfig is gone;
 /// teardown is reported done when these are.
 async fn delete_owned(dc: &DeviceConfig, ctx: &Context) -> Result<(), Error> {
+    sync_device_class(ctx).await?;
     sync_service(dc, ctx, None).await?;
     sync_service_monitor(dc, ctx, None).await
 }
@@ -620,6 +628,65 @@ async fn sync_service_monitor(
                 .map(|_| ())
         }
         None => delete_if_present(ctx, &monitors, &name).await,
+    }
+}
+
+/// The DeviceClass `gpu.amd.com` exists while any DeviceConfig not being
+/// deleted enables DRA, and goes with the last one (only if it carries our
+/// label: a class a person made is theirs). Read first, so a reconcile that
+/// finds it as wanted writes nothing.
+async fn sync_device_class(ctx: &Context) -> Result<(), Error> {
+    let wanted = ctx.configs.state().iter().any(|c| {
+        c.metadata.deletion_timestamp.is_none() && c.spec.is_enabled(crate::api::Operand::DraDriver)
+    });
+    let known = ctx.device_class.lock().ok().and_then(|k| *k);
+    if known == Some(wanted) {
+        return Ok(());
+    }
+    let classes: Api<DeviceClass> = Api::all(ctx.client.clone());
+    let name = crate::dra::DRIVER_NAME;
+    let done = || {
+        if let Ok(mut k) = ctx.device_class.lock() {
+            *k = Some(wanted);
+        }
+    };
+    let current = ctx
+        .leader_write("reading DeviceClass", name, classes.get_opt(name))
+        .await?;
+    match (wanted, current) {
+        (true, Some(current)) if resources::device_class_current(&current) => {
+            done();
+            Ok(())
+        }
+        (true, _) => {
+            let class = resources::device_class();
+            let params = apply_params();
+            let patch = Patch::Apply(&class);
+            let write = classes.patch(name, &params, &patch);
+            ctx.leader_write("applying DeviceClass", name, write)
+                .await?;
+            tracing::info!(class = name, "applied the DRA DeviceClass");
+            done();
+            Ok(())
+        }
+        (false, Some(current))
+            if current
+                .labels()
+                .get(resources::DEVICE_CLASS_LABEL.0)
+                .is_some_and(|v| v == resources::DEVICE_CLASS_LABEL.1) =>
+        {
+            delete_if_present(ctx, &classes, name).await?;
+            tracing::info!(
+                class = name,
+                "no DeviceConfig enables DRA: removed the DRA DeviceClass"
+            );
+            done();
+            Ok(())
+        }
+        (false, _) => {
+            done();
+            Ok(())
+        }
     }
 }
 

@@ -1,9 +1,13 @@
 //! Objects the leader owns on behalf of a DeviceConfig, built as plain data: the
-//! metrics Service and the Prometheus ServiceMonitor.
+//! metrics Service and the Prometheus ServiceMonitor, and the cluster-wide DRA
+//! DeviceClass.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
+use k8s_openapi::api::resource::v1::{
+    CELDeviceSelector, DeviceClass, DeviceClassSpec, DeviceSelector,
+};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{ApiResource, DynamicObject, ObjectMeta};
 use kube::{Resource, ResourceExt};
@@ -183,6 +187,51 @@ pub fn service_monitor(dc: &DeviceConfig) -> Option<DynamicObject> {
     object.metadata = owned_meta(dc, labels);
     object.data = json!({ "spec": body });
     Some(object)
+}
+
+/// Label on the DeviceClass the leader creates for DRA.
+pub const DEVICE_CLASS_LABEL: (&str, &str) = ("app.kubernetes.io/managed-by", "gpu-operator");
+/// The CEL selector of [`device_class`]: every device of our DRA driver.
+pub const DEVICE_CLASS_SELECTOR: &str = "device.driver == 'gpu.amd.com'";
+/// The extended resource that DRA serves through [`device_class`] (KEP-5004):
+/// pods that ask for `amd.com/gpu: 1` get a GPU from DRA on DRA nodes.
+pub const DEVICE_CLASS_EXTENDED_RESOURCE: &str = "amd.com/gpu";
+
+/// The DeviceClass `gpu.amd.com`, as the reference DRA driver's chart ships
+/// it: every device of driver `gpu.amd.com`, and `amd.com/gpu` as its
+/// extended resource name (honoured from Kubernetes 1.36, where the
+/// DRAExtendedResource gate is beta and on; dropped by older API servers).
+pub fn device_class() -> DeviceClass {
+    DeviceClass {
+        metadata: ObjectMeta {
+            name: Some(crate::dra::DRIVER_NAME.to_owned()),
+            labels: Some(BTreeMap::from([(
+                DEVICE_CLASS_LABEL.0.to_owned(),
+                DEVICE_CLASS_LABEL.1.to_owned(),
+            )])),
+            ..ObjectMeta::default()
+        },
+        spec: DeviceClassSpec {
+            selectors: Some(vec![DeviceSelector {
+                cel: Some(CELDeviceSelector {
+                    expression: DEVICE_CLASS_SELECTOR.to_owned(),
+                }),
+            }]),
+            extended_resource_name: Some(DEVICE_CLASS_EXTENDED_RESOURCE.to_owned()),
+            ..DeviceClassSpec::default()
+        },
+    }
+}
+
+/// Whether `current` is the class [`device_class`] makes, in what every API
+/// server keeps (older ones drop `extendedResourceName`).
+pub fn device_class_current(current: &DeviceClass) -> bool {
+    let wanted = device_class();
+    current.spec.selectors == wanted.spec.selectors
+        && current
+            .labels()
+            .get(DEVICE_CLASS_LABEL.0)
+            .is_some_and(|v| v == DEVICE_CLASS_LABEL.1)
 }
 
 #[cfg(test)]
