@@ -1,15 +1,19 @@
 //! deploy/15-admission-policy.yaml against recorded admission requests.
 //!
-//! The ValidatingAdmissionPolicy lets only the pod holding the leader Lease
-//! write Nodes other than its own and Services, and evict or delete Pods. Its CEL expressions are
-//! evaluated here with a CEL interpreter, the way the API server applies them:
-//! a request in the policy's `matchConstraints` whose `matchConditions` are all
-//! true is matched; a matched request is allowed when every validation is true
-//! with the Lease as `params`, and denied otherwise (or when the Lease is
-//! missing: `parameterNotFoundAction: Deny`). The requests are
-//! AdmissionReviews as the API server sends them, in tests/fixtures/admission/.
+//! Two ValidatingAdmissionPolicies. The first lets only the pod holding the
+//! leader Lease write Nodes other than its own, Services and the DeviceClass
+//! (gpu.amd.com only), and evict or delete Pods. The second keeps every agent
+//! to its own node's ResourceSlices of driver gpu.amd.com. Their CEL
+//! expressions are evaluated here with a CEL interpreter, the way the API
+//! server applies them: a request in the policy's `matchConstraints` whose
+//! `matchConditions` are all true is matched; a matched request is allowed
+//! when every validation is true (with the policy's `variables`, and the
+//! Lease as `params` for the first), and denied otherwise (or, for the first,
+//! when the Lease is missing: `parameterNotFoundAction: Deny`). The requests
+//! are AdmissionReviews as the API server sends them, in
+//! tests/fixtures/admission/.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 
 use k8s_openapi::api::admissionregistration::v1::{
@@ -18,6 +22,10 @@ use k8s_openapi::api::admissionregistration::v1::{
 use serde_json::Value;
 
 const POLICY_FILE: &str = "deploy/15-admission-policy.yaml";
+/// Only the Lease holder uses the leader's rights.
+const LEADER_POLICY: &str = "gpu-operator-leader-only";
+/// Each agent writes its own node's ResourceSlices only.
+const SLICES_POLICY: &str = "gpu-operator-own-node-resourceslices";
 /// The operator's ServiceAccount, as the API server names it.
 const AGENT_USER: &str = "system:serviceaccount:kube-amd-gpu:gpu-operator";
 
@@ -31,19 +39,38 @@ fn fixture(name: &str) -> Value {
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-fn policy() -> (ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding) {
+/// Every policy of the file with its binding, in file order: each policy
+/// followed by the binding that names it.
+fn policies() -> Vec<(ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding)> {
     let text = std::fs::read_to_string(repo().join(POLICY_FILE)).unwrap();
     let docs: Vec<Value> = serde_saphyr::from_multiple(&text).unwrap();
     let docs: Vec<Value> = docs.into_iter().filter(|d| !d.is_null()).collect();
-    assert_eq!(docs.len(), 2, "{POLICY_FILE}: a policy and its binding");
-    let policy: ValidatingAdmissionPolicy = serde_json::from_value(docs[0].clone()).unwrap();
-    let binding: ValidatingAdmissionPolicyBinding =
-        serde_json::from_value(docs[1].clone()).unwrap();
-    let (policy_doc, binding_doc) = (&docs[0], &docs[1]);
-    // Nothing k8s-openapi does not know (a typo would be dropped silently).
-    assert_eq!(&serde_json::to_value(&policy).unwrap(), policy_doc);
-    assert_eq!(&serde_json::to_value(&binding).unwrap(), binding_doc);
-    (policy, binding)
+    assert_eq!(
+        docs.len(),
+        4,
+        "{POLICY_FILE}: two policies, each with its binding"
+    );
+    docs.chunks(2)
+        .map(|pair| {
+            assert_eq!(pair[0]["kind"], "ValidatingAdmissionPolicy");
+            assert_eq!(pair[1]["kind"], "ValidatingAdmissionPolicyBinding");
+            let policy: ValidatingAdmissionPolicy =
+                serde_json::from_value(pair[0].clone()).unwrap();
+            let binding: ValidatingAdmissionPolicyBinding =
+                serde_json::from_value(pair[1].clone()).unwrap();
+            // Nothing k8s-openapi does not know (a typo would be dropped silently).
+            assert_eq!(&serde_json::to_value(&policy).unwrap(), &pair[0]);
+            assert_eq!(&serde_json::to_value(&binding).unwrap(), &pair[1]);
+            (policy, binding)
+        })
+        .collect()
+}
+
+fn policy(name: &str) -> (ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding) {
+    policies()
+        .into_iter()
+        .find(|(p, _)| p.metadata.name.as_deref() == Some(name))
+        .unwrap_or_else(|| panic!("{POLICY_FILE} has no policy {name}"))
 }
 
 /// What the API server decides for one request.
@@ -83,22 +110,40 @@ fn value(json: &Value) -> cel::Value {
     cel::to_value(json).expect("JSON converts to a CEL value")
 }
 
-/// Evaluates one boolean expression; an error is a failure of the test (the
-/// policy's expressions guard every optional field).
-fn eval(expression: &str, vars: &[(&str, &Value)]) -> bool {
+/// Evaluates one expression over `vars` and the policy's `variables` computed
+/// so far; an error is a failure of the test (the policy's expressions guard
+/// every optional field).
+fn eval_value(
+    expression: &str,
+    vars: &[(&str, &Value)],
+    variables: &HashMap<String, cel::Value>,
+) -> cel::Value {
     let program = cel::Program::compile(expression)
         .unwrap_or_else(|e| panic!("CEL does not compile: {expression}\n{e}"));
     let mut context = cel::Context::default();
     for (name, json) in vars {
         context.add_variable_from_value(*name, value(json));
     }
-    match program.execute(&context) {
-        Ok(cel::Value::Bool(b)) => b,
+    context.add_variable_from_value("variables", variables.clone());
+    program
+        .execute(&context)
+        .unwrap_or_else(|e| panic!("{expression}\n  failed: {e:?}"))
+}
+
+/// Evaluates one boolean expression.
+fn eval(
+    expression: &str,
+    vars: &[(&str, &Value)],
+    variables: &HashMap<String, cel::Value>,
+) -> bool {
+    match eval_value(expression, vars, variables) {
+        cel::Value::Bool(b) => b,
         other => panic!("{expression}\n  evaluated to {other:?}, not a bool"),
     }
 }
 
-/// The policy's decision on `review` with `lease` (None: the Lease does not exist).
+/// The policy's decision on `review` with `lease` (None: the Lease does not
+/// exist). A policy without a `paramKind` takes no params: `lease` is unused.
 fn decide(policy: &ValidatingAdmissionPolicy, review: &Value, lease: Option<&Value>) -> Decision {
     let spec = policy.spec.as_ref().unwrap();
     let request = &review["request"];
@@ -118,26 +163,36 @@ fn decide(policy: &ValidatingAdmissionPolicy, review: &Value, lease: Option<&Val
         ("object", &object),
         ("oldObject", &old_object),
     ];
+    let none = HashMap::new();
     for condition in spec.match_conditions.iter().flatten() {
-        if !eval(&condition.expression, &vars) {
+        if !eval(&condition.expression, &vars, &none) {
             return Decision::NotMatched;
         }
     }
-    let Some(params) = lease else {
+    let params = match (&spec.param_kind, lease) {
+        (None, _) => Value::Null,
+        (Some(_), Some(lease)) => lease.clone(),
         // parameterNotFoundAction: Deny (checked in the binding test).
-        return Decision::Denied;
+        (Some(_), None) => return Decision::Denied,
     };
     let vars = [
         ("request", request),
         ("object", &object),
         ("oldObject", &old_object),
-        ("params", params),
+        ("params", &params),
     ];
+    // Variables in order, each seeing those before it (the API server
+    // evaluates them lazily; none of these can fail).
+    let mut variables = HashMap::new();
+    for variable in spec.variables.iter().flatten() {
+        let v = eval_value(&variable.expression, &vars, &variables);
+        variables.insert(variable.name.clone(), v);
+    }
     let all = spec
         .validations
         .iter()
         .flatten()
-        .all(|v| eval(&v.expression, &vars));
+        .all(|v| eval(&v.expression, &vars, &variables));
     if all {
         Decision::Allowed
     } else {
@@ -158,6 +213,10 @@ fn cases() -> Vec<(&'static str, Option<&'static str>, Decision)> {
         // The drains of rolling driver upgrades.
         ("leader-evicts-a-pod.json", lease, Allowed),
         ("leader-deletes-a-pod.json", lease, Allowed),
+        // The DRA DeviceClass, and no other.
+        ("leader-applies-the-device-class.json", lease, Allowed),
+        ("leader-deletes-the-device-class.json", lease, Allowed),
+        ("leader-creates-another-device-class.json", lease, Denied),
         // A non-leader agent (gpu-node-2/gpu-operator-4kq9z).
         ("non-leader-patches-another-node.json", lease, Denied),
         ("non-leader-patches-another-node-status.json", lease, Denied),
@@ -171,6 +230,8 @@ fn cases() -> Vec<(&'static str, Option<&'static str>, Decision)> {
         ("non-leader-deletes-service.json", lease, Denied),
         ("non-leader-evicts-a-pod.json", lease, Denied),
         ("non-leader-deletes-a-pod.json", lease, Denied),
+        ("non-leader-applies-the-device-class.json", lease, Denied),
+        ("non-leader-deletes-the-device-class.json", lease, Denied),
         // A token without node and pod claims cannot prove anything: refused.
         (
             "token-without-node-claims-patches-a-node.json",
@@ -186,6 +247,7 @@ fn cases() -> Vec<(&'static str, Option<&'static str>, Decision)> {
             lease,
             NotMatched,
         ),
+        ("admin-creates-a-device-class.json", lease, NotMatched),
         // Nobody leads: a released Lease, or none at all.
         (
             "leader-patches-another-node.json",
@@ -198,14 +260,55 @@ fn cases() -> Vec<(&'static str, Option<&'static str>, Decision)> {
             Denied,
         ),
         ("leader-creates-service.json", None, Denied),
+        ("leader-applies-the-device-class.json", None, Denied),
         // Own-node writes do not depend on the Lease.
         ("non-leader-patches-its-own-node.json", None, NotMatched),
     ]
 }
 
+/// The ResourceSlice fixtures and the slices policy's decision. The policy
+/// takes no params: who leads does not matter. The agents' fixtures are the
+/// non-leader on gpu-node-2 unless they say otherwise.
+fn slice_cases() -> Vec<(&'static str, Decision)> {
+    use Decision::*;
+    vec![
+        // Its own node's slices of gpu.amd.com: create, apply again, remove.
+        ("agent-creates-its-own-nodes-slice.json", Allowed),
+        ("agent-updates-its-own-nodes-slice.json", Allowed),
+        ("agent-deletes-its-own-nodes-slice.json", Allowed),
+        // Another node's: spec.nodeName decides, not the name.
+        ("agent-creates-another-nodes-slice.json", Denied),
+        (
+            "agent-creates-a-slice-named-its-own-for-another-node.json",
+            Denied,
+        ),
+        ("agent-updates-another-nodes-slice.json", Denied),
+        ("agent-deletes-another-nodes-slice.json", Denied),
+        // An update is judged on both sides: the new slice (moving its own
+        // away) and the stored one (taking another node's over).
+        ("agent-moves-its-slice-to-another-node.json", Denied),
+        ("agent-takes-over-another-nodes-slice.json", Denied),
+        // Another driver's slices, even on its own node; or one becoming ours.
+        ("agent-creates-a-slice-of-another-driver.json", Denied),
+        ("agent-updates-a-slice-of-another-driver.json", Denied),
+        ("agent-deletes-a-slice-of-another-driver.json", Denied),
+        // No nodeName at all (allNodes).
+        ("agent-creates-a-slice-for-all-nodes.json", Denied),
+        // The leader (gpu-node-1) is held to its own node as well.
+        ("leader-creates-another-nodes-slice.json", Denied),
+        // A token without the node claim proves no node.
+        ("token-without-node-claims-creates-a-slice.json", Denied),
+        // Other users are not matched: another DRA driver's ServiceAccount
+        // (with node claims), an administrator, the kubelet.
+        ("other-driver-creates-another-nodes-slice.json", NotMatched),
+        ("admin-deletes-a-slice.json", NotMatched),
+        ("kubelet-deletes-its-nodes-slice.json", NotMatched),
+    ]
+}
+
 #[test]
 fn only_the_lease_holder_writes_other_nodes_and_services() {
-    let (policy, _) = policy();
+    let (policy, _) = policy(LEADER_POLICY);
     let mut failures = Vec::new();
     for (review, lease, expected) in cases() {
         let lease_doc = lease.map(fixture);
@@ -221,11 +324,51 @@ fn only_the_lease_holder_writes_other_nodes_and_services() {
 }
 
 #[test]
+fn each_agent_writes_only_its_own_nodes_resource_slices() {
+    let (policy, _) = policy(SLICES_POLICY);
+    let mut failures = Vec::new();
+    for (review, expected) in slice_cases() {
+        let got = decide(&policy, &fixture(review), None);
+        if got != expected {
+            failures.push(format!("{review}: {got:?}, expected {expected:?}"));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn each_policy_leaves_the_others_requests_alone() {
+    // What the API server decides is every matching policy's verdict; each
+    // fixture is judged above by one policy, and the other must not match it.
+    let (leader, _) = policy(LEADER_POLICY);
+    let (slices, _) = policy(SLICES_POLICY);
+    let lease = fixture("lease.json");
+    for (review, _, _) in cases() {
+        assert_eq!(
+            decide(&slices, &fixture(review), None),
+            Decision::NotMatched,
+            "{review}: the slices policy"
+        );
+    }
+    for (review, _) in slice_cases() {
+        // With or without a Lease: slices are node work, never the leader's.
+        for l in [Some(&lease), None] {
+            assert_eq!(
+                decide(&leader, &fixture(review), l),
+                Decision::NotMatched,
+                "{review}: the leader-only policy"
+            );
+        }
+    }
+}
+
+#[test]
 fn every_fixture_is_judged_and_is_what_the_api_server_sends() {
     let judged: Vec<&str> = cases()
         .iter()
         .flat_map(|(r, l, _)| [Some(*r), *l])
         .flatten()
+        .chain(slice_cases().iter().map(|(r, _)| *r))
         .collect();
     let dir = repo().join("tests/fixtures/admission");
     let mut files: Vec<String> = std::fs::read_dir(&dir)
@@ -294,7 +437,7 @@ fn the_leaders_identity_is_the_node_and_pod_the_token_names() {
 
 #[test]
 fn the_binding_uses_the_leader_lease_and_denies_without_it() {
-    let (policy, binding) = policy();
+    let (policy, binding) = policy(LEADER_POLICY);
     let spec = policy.spec.as_ref().unwrap();
     let param = spec.param_kind.as_ref().unwrap();
     assert_eq!(param.api_version.as_deref(), Some("coordination.k8s.io/v1"));
@@ -326,5 +469,89 @@ fn the_binding_uses_the_leader_lease_and_denies_without_it() {
     assert!(
         conditions["gpu-operator-service-account"].contains(AGENT_USER),
         "{conditions:?}"
+    );
+}
+
+#[test]
+fn the_slices_policy_is_bound_for_every_agent_without_params() {
+    let (policy, binding) = policy(SLICES_POLICY);
+    let spec = policy.spec.as_ref().unwrap();
+    assert!(spec.param_kind.is_none(), "node work: no Lease");
+    assert_eq!(spec.failure_policy.as_deref(), Some("Fail"));
+    let binding = binding.spec.unwrap();
+    assert_eq!(
+        binding.policy_name.as_deref(),
+        policy.metadata.name.as_deref()
+    );
+    assert_eq!(binding.validation_actions, Some(vec!["Deny".to_owned()]));
+    assert!(binding.param_ref.is_none());
+    assert!(
+        binding.match_resources.is_none(),
+        "the policy's own constraints, not narrowed"
+    );
+    // Scoped to the agents' ServiceAccount, like the leader-only policy.
+    let conditions: BTreeMap<String, String> = spec
+        .match_conditions
+        .iter()
+        .flatten()
+        .map(|c| (c.name.clone(), c.expression.clone()))
+        .collect();
+    assert!(
+        conditions["gpu-operator-service-account"].contains(AGENT_USER),
+        "{conditions:?}"
+    );
+    // Every write of a ResourceSlice, whichever version it is sent in.
+    let constraints = spec.match_constraints.as_ref().unwrap();
+    assert_eq!(constraints.match_policy.as_deref(), Some("Equivalent"));
+    let rules = constraints.resource_rules.clone().unwrap_or_default();
+    assert_eq!(rules.len(), 1);
+    assert_eq!(rules[0].resources, Some(vec!["resourceslices".to_owned()]));
+    let operations: std::collections::BTreeSet<String> =
+        rules[0].operations.iter().flatten().cloned().collect();
+    assert_eq!(
+        operations,
+        ["CREATE", "UPDATE", "DELETE"].map(str::to_owned).into()
+    );
+}
+
+#[test]
+fn the_policies_and_fixtures_spell_the_driver_as_the_code_does() {
+    // The policies write the driver name out; the code's constant must agree.
+    let driver = gpu_operator::dra::DRIVER_NAME;
+    for name in [LEADER_POLICY, SLICES_POLICY] {
+        let (policy, _) = policy(name);
+        let expressions: Vec<String> = policy
+            .spec
+            .unwrap()
+            .validations
+            .into_iter()
+            .flatten()
+            .map(|v| v.expression)
+            .collect();
+        assert!(
+            expressions
+                .iter()
+                .any(|e| e.contains(&format!("'{driver}'"))),
+            "{name}: {expressions:?}"
+        );
+    }
+    // The agent's own slice is what the plugin writes (SlicePublisher in
+    // src/dra/service.rs): its name, node, driver and pool.
+    let review = fixture("agent-creates-its-own-nodes-slice.json");
+    let node = review["request"]["userInfo"]["extra"]["authentication.kubernetes.io/node-name"][0]
+        .as_str()
+        .unwrap();
+    let slice = &review["request"]["object"];
+    assert_eq!(
+        slice["metadata"]["name"],
+        gpu_operator::dra::devices::slice_name(node, 0).as_str()
+    );
+    assert_eq!(review["request"]["name"], slice["metadata"]["name"]);
+    assert_eq!(slice["spec"]["nodeName"], node);
+    assert_eq!(slice["spec"]["driver"], driver);
+    assert_eq!(slice["spec"]["pool"]["name"], node);
+    assert_eq!(
+        review["request"]["options"]["fieldManager"],
+        gpu_operator::api::field_manager::DRA
     );
 }

@@ -475,6 +475,42 @@ fn daemonset_mounts_exactly_the_host_paths_the_code_uses() {
         false,
         "kubelet PodResources socket",
     ));
+    // The DRA plugin's registration socket and its own directory (DRA socket,
+    // checkpoint), under the kubelet's default root on the host and under
+    // KUBELET_DIR in the container (src/dra/service.rs DraConfig). The kubelet
+    // dials the DRA socket at the path the plugin registers, so the two must
+    // be the same path.
+    let kubelet_root = Path::new(gpu_operator::plugin::PluginConfig::DEFAULT_DIR)
+        .parent()
+        .unwrap();
+    let dra_host = gpu_operator::dra::DraConfig::new(kubelet_root, host.clone(), "node");
+    let dra = gpu_operator::dra::DraConfig::new(&kubelet_dir, host.clone(), "node");
+    assert_eq!(dra.dra_socket(), dra_host.dra_socket());
+    needed.push((
+        dra_host
+            .registration_socket()
+            .parent()
+            .unwrap()
+            .display()
+            .to_string(),
+        dra.registration_socket().parent().unwrap().to_path_buf(),
+        true,
+        "DRA registration socket",
+    ));
+    needed.push((
+        dra_host.plugin_dir().display().to_string(),
+        dra.plugin_dir(),
+        true,
+        "DRA socket and checkpoint",
+    ));
+    // CDI specs: written to CDI_DIR as a path of the container (not under the
+    // host root), for the runtime, which reads the host's /var/run/cdi.
+    needed.push((
+        gpu_operator::dra::DraConfig::DEFAULT_CDI_DIR.to_owned(),
+        PathBuf::from(env_value(&container, "CDI_DIR")),
+        true,
+        "CDI specs of prepared claims",
+    ));
 
     for (host_path, expected, writes, why) in &needed {
         let (mount, seen_at) = mounted_at(&mounts, host_path)
@@ -538,6 +574,11 @@ fn daemonset_mounts_exactly_the_host_paths_the_code_uses() {
         BTreeSet::from([
             gpu_operator::api::DEFAULT_TEST_RUNNER_LOGS,
             gpu_operator::plugin::PluginConfig::DEFAULT_DIR,
+            "/var/lib/kubelet/plugins_registry",
+            // gpu.amd.com's own directory, not the kubelet's plugins/ with
+            // other drivers' sockets.
+            "/var/lib/kubelet/plugins/gpu.amd.com",
+            gpu_operator::dra::DraConfig::DEFAULT_CDI_DIR,
         ])
     );
     // The test runner's logs may go only under /var/log/, which the logs
@@ -971,6 +1012,8 @@ const OPERATOR_NS: Scope = Scope::Namespace(NAMESPACE);
 /// to "default" (kube-runtime 5.0.0 src/events.rs:337).
 const NODE_EVENTS_NS: Scope = Scope::Namespace("default");
 const LEASE: &str = gpu_operator::cluster::lease::DEFAULT_LEASE_NAME;
+/// The DRA driver's name, which is also its DeviceClass's.
+const DRA_DRIVER: &str = gpu_operator::dra::DRIVER_NAME;
 
 /// What the code does in the API. Keep in step with deploy/10-rbac.yaml: the
 /// RBAC tests fail both when a need is not granted and when a grant is not
@@ -1039,6 +1082,27 @@ const NEEDS: &[Need] = &[
     // (src/metrics/access.rs). Both reviews are cluster-scoped.
     need("authentication.k8s.io", "tokenreviews", "create", Scope::Cluster),
     need("authorization.k8s.io", "subjectaccessreviews", "create", Scope::Cluster),
+    // DRA: each agent's kubelet plugin keeps its own node's ResourceSlices
+    // (publish_slices, src/dra/service.rs). list: SlicePublisher::list, by
+    // field selector spec.nodeName,spec.driver. patch, create: server-side
+    // apply in SlicePublisher::sync (create when the slice is new). delete:
+    // stale slices, and the node's all on teardown (delete). Any slice as far
+    // as RBAC goes; deploy/15-admission-policy.yaml keeps each agent to its
+    // own node's of driver gpu.amd.com (tests/admission_policy.rs).
+    need("resource.k8s.io", "resourceslices", "list", Scope::Cluster),
+    need("resource.k8s.io", "resourceslices", "create", Scope::Cluster),
+    need("resource.k8s.io", "resourceslices", "patch", Scope::Cluster),
+    need("resource.k8s.io", "resourceslices", "delete", Scope::Cluster),
+    // get: read_claim (src/dra/prepare.rs), each claim the kubelet asks the
+    // plugin to prepare, in the claim's namespace (any).
+    need("resource.k8s.io", "resourceclaims", "get", Scope::Cluster),
+    // The leader's DeviceClass gpu.amd.com (sync_device_class in
+    // src/cluster/reconcile.rs): read first, server-side apply (create when
+    // new), delete with the last DeviceConfig enabling DRA.
+    named("resource.k8s.io", "deviceclasses", "get",    Scope::Cluster, DRA_DRIVER),
+    need( "resource.k8s.io", "deviceclasses", "create", Scope::Cluster),
+    named("resource.k8s.io", "deviceclasses", "patch",  Scope::Cluster, DRA_DRIVER),
+    named("resource.k8s.io", "deviceclasses", "delete", Scope::Cluster, DRA_DRIVER),
     // Events: kube-runtime's Recorder creates, then patches a repeating series.
     // About DeviceConfigs (Context::event, src/cluster/reconcile.rs) in their
     // namespace; about Nodes (EventSink in src/events.rs, for the agent's
@@ -1739,12 +1803,15 @@ async fn agent_runs_with_the_daemonset_environment_within_its_rbac() {
         &gpu_operator::simulate::SimSpec::new("mi300x", None, None).unwrap(),
     )
     .unwrap();
+    let cdi_dir = dir.path().join("cdi");
     std::fs::create_dir_all(kubelet_dir.join("device-plugins")).unwrap();
     std::fs::create_dir_all(kubelet_dir.join("pod-resources")).unwrap();
+    std::fs::create_dir_all(&cdi_dir).unwrap();
     let kubelet = support::kubelet::TestKubelet::start(&kubelet_dir.join("device-plugins")).await;
     let paths: BTreeMap<&str, &Path> = BTreeMap::from([
         ("/host", host_root.as_path()),
         ("/var/lib/kubelet", kubelet_dir.as_path()),
+        ("/var/run/cdi", cdi_dir.as_path()),
     ]);
 
     // The environment the kubelet would give the container.
