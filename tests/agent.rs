@@ -19,6 +19,7 @@ use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use support::bundles;
 use support::cluster::{self, TestCluster};
+use support::dra_kubelet::DraKubelet;
 use support::kubelet::TestKubelet;
 use support::wait;
 use tokio_util::sync::CancellationToken;
@@ -89,6 +90,8 @@ impl Harness {
             node_name: NODE.into(),
             namespace: None,
             host: self.host.clone(),
+            cdi_dir: kubelet_dir.join("cdi"),
+            dra_device_taints: false,
             kubelet_dir,
             rescan_interval: Duration::from_millis(200),
             sampling: Default::default(),
@@ -1120,5 +1123,168 @@ async fn an_absent_device_plugin_section_runs_no_device_plugin_or_labeller() {
         h.labels().get("amd.com/gpu.family").map(String::as_str) == Some("AI")
     })
     .await;
+    h.stop().await;
+}
+
+/// The files in the DRA kubelet directories and the device plugin directory.
+fn kubelet_sockets(h: &Harness) -> (Vec<String>, bool, bool) {
+    let kubelet = h.kubelet.dir().parent().unwrap();
+    let dra = DraKubelet::new(kubelet);
+    (
+        plugin_sockets(h.kubelet.dir()),
+        dra.registration_socket().exists(),
+        dra.dra_socket().exists(),
+    )
+}
+
+fn dra_slices(h: &Harness) -> Vec<Value> {
+    h.cluster
+        .list("resource.k8s.io/v1", "ResourceSlice")
+        .into_iter()
+        .filter(|s| s["spec"]["nodeName"] == NODE)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_node_switches_between_the_device_plugin_and_dra_and_keeps_prepared_claims() {
+    let mut h = Harness::start("mi210", None, json!({})).await;
+    let dra = DraKubelet::new(h.kubelet.dir().parent().unwrap());
+    h.apply_device_config("gpus", json!({"devicePlugin": {}}))
+        .await;
+    h.kubelet.wait_for_registration("amd.com/gpu", 1).await;
+    assert!(dra_slices(&h).is_empty());
+
+    // To DRA: the device plugin's sockets go first, then DRA serves.
+    h.apply_device_config(
+        "gpus",
+        json!({"devicePlugin": {"enableDevicePlugin": false}, "draDriver": {"enable": true}}),
+    )
+    .await;
+    wait::eventually("the device plugin's sockets removed", || {
+        plugin_sockets(h.kubelet.dir()).is_empty()
+    })
+    .await;
+    let (info, _) = dra.register().await;
+    assert_eq!(info.name, "gpu.amd.com");
+    h.eventually("draDriver available, no device plugin", |h| {
+        h.status().is_some_and(|s| {
+            s.generation == Some(2)
+                && s.services.get(&ServiceName::DraDriver) == Some(&ServiceStatus::Running)
+                && !s.services.contains_key(&ServiceName::DevicePlugin)
+        })
+    })
+    .await;
+    let slices = dra_slices(&h);
+    assert_eq!(slices.len(), 1, "{slices:#?}");
+    let devices = slices[0]["spec"]["devices"].as_array().unwrap().clone();
+    assert_eq!(devices.len(), 4, "mi210: four GPUs");
+    assert_eq!(
+        plugin_sockets(h.kubelet.dir()),
+        Vec::<String>::new(),
+        "never both on one node"
+    );
+
+    // A claim prepared on DRA.
+    let device = devices[0]["name"].as_str().unwrap().to_owned();
+    let claims: Api<k8s_openapi::api::resource::v1::ResourceClaim> =
+        Api::namespaced(h.cluster.client(), cluster::NAMESPACE);
+    let claim = claims
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "c"},
+                "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.amd.com"}}]}}
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    claims
+        .patch_status(
+            "c",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"allocation": {"devices": {"results": [
+                {"request": "gpu", "driver": "gpu.amd.com", "pool": NODE, "device": device}
+            ]}}}})),
+        )
+        .await
+        .unwrap();
+    let uid = claim.metadata.uid.unwrap();
+    let answer = dra.prepare(&[(cluster::NAMESPACE, &uid, "c")]).await;
+    assert_eq!(answer.claims[&uid].error, "", "{answer:?}");
+    let spec_file = h
+        .kubelet
+        .dir()
+        .parent()
+        .unwrap()
+        .join("cdi")
+        .join(format!("k8s.gpu.amd.com-gpu_{uid}.json"));
+    assert!(spec_file.exists());
+
+    // Back to the device plugin: slices and DRA sockets go, the plugin
+    // registers again, and the prepared claim's spec stays for its containers.
+    h.apply_device_config(
+        "gpus",
+        json!({"devicePlugin": {"enableDevicePlugin": true}, "draDriver": {"enable": false}}),
+    )
+    .await;
+    h.kubelet.wait_for_registration("amd.com/gpu", 2).await;
+    h.eventually("slices removed", |h| dra_slices(h).is_empty())
+        .await;
+    let (_, reg, sock) = kubelet_sockets(&h);
+    assert!(!reg && !sock, "the DRA sockets are removed");
+    assert!(spec_file.exists(), "prepared claims are left alone");
+    h.eventually("the device plugin in status, no draDriver", |h| {
+        h.status().is_some_and(|s| {
+            s.generation == Some(3)
+                && s.services.contains_key(&ServiceName::DevicePlugin)
+                && !s.services.contains_key(&ServiceName::DraDriver)
+        })
+    })
+    .await;
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ecc_error_reaches_the_dra_health_stream_within_a_second_and_recovers() {
+    let mut h = Harness::start("mi210", None, json!({})).await;
+    let dra = DraKubelet::new(h.kubelet.dir().parent().unwrap());
+    h.apply_device_config("gpus", json!({"draDriver": {"enable": true}}))
+        .await;
+    dra.register().await;
+    let mut stream = dra.health_v1alpha1().await;
+    stream
+        .next_matching("four healthy GPUs", |d| {
+            d.len() == 4 && d.iter().all(|x| x.health == "HEALTHY")
+        })
+        .await;
+    let bdf = "0000:03:00.0";
+    let inventory = gpu_operator::device::discover(&h.host);
+    let gpu = inventory.gpus.iter().find(|g| g.bdf == bdf).unwrap();
+    let name = format!("gpu-{}-{}", gpu.card.unwrap(), gpu.render_minor.unwrap());
+
+    let injected = Instant::now();
+    simulate::set_ecc_counts(&h.host, bdf, "umc", 7, 0).unwrap();
+    let (devices, at) = stream
+        .next_matching("the GPU unhealthy", |d| {
+            d.iter()
+                .any(|x| x.device == name && x.health == "UNHEALTHY")
+        })
+        .await;
+    assert!(
+        at - injected < Duration::from_secs(1),
+        "UNHEALTHY after {:?}",
+        at - injected
+    );
+    let sick = devices.iter().find(|x| x.device == name).unwrap();
+    assert!(
+        sick.message.contains("ECC") || sick.message.contains("ecc"),
+        "{sick:?}"
+    );
+
+    simulate::set_ecc_counts(&h.host, bdf, "umc", 0, 0).unwrap();
+    stream
+        .next_matching("healthy again", |d| d.iter().all(|x| x.health == "HEALTHY"))
+        .await;
     h.stop().await;
 }

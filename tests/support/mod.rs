@@ -7,6 +7,7 @@
 
 pub mod bundles;
 pub mod cluster;
+pub mod dra_kubelet;
 pub mod hosts;
 pub mod http;
 pub mod kubelet;

@@ -1,0 +1,717 @@
+//! The DRA kubelet plugin end to end: a simulated host, the API emulator
+//! (ResourceSlices, ResourceClaims), and the kubelet's DRA side on unix
+//! sockets (`support::dra_kubelet`). The plugin runs as the agent runs it.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gpu_operator::device::Inventory;
+use gpu_operator::dra::{DraConfig, DraPlugin, DraStatus, Registration, Slices};
+use gpu_operator::plugin::{DeviceRef, HealthReport};
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kube::Api;
+use kube::api::{Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+use support::cluster::TestCluster;
+use support::dra_kubelet::DraKubelet;
+use support::hosts::SimHost;
+use support::wait;
+use tokio::sync::watch;
+
+const NODE: &str = "gpu-node-1";
+const NS: &str = "team-a";
+
+struct Rig {
+    cluster: TestCluster,
+    sim: SimHost,
+    dir: tempfile::TempDir,
+    kubelet: DraKubelet,
+    inventory: watch::Sender<Arc<Inventory>>,
+    health: watch::Sender<HealthReport>,
+    plugin: Option<DraPlugin>,
+    taints: bool,
+}
+
+impl Rig {
+    async fn start(profile: &str, gpus: Option<usize>, partition: Option<&str>) -> Self {
+        Self::start_with(profile, gpus, partition, false).await
+    }
+
+    async fn start_with(
+        profile: &str,
+        gpus: Option<usize>,
+        partition: Option<&str>,
+        taints: bool,
+    ) -> Self {
+        let cluster = TestCluster::with_nodes(&[(NODE, json!({}))]).await;
+        cluster
+            .create(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}))
+            .expect("namespace");
+        let sim = SimHost::with_gpus(profile, gpus, partition);
+        let dir = tempfile::tempdir().unwrap();
+        let kubelet = DraKubelet::new(&dir.path().join("kubelet"));
+        let (inventory, _) = watch::channel(Arc::new(sim.discover()));
+        let (health, _) = watch::channel(HealthReport::default());
+        let mut rig = Self {
+            cluster,
+            sim,
+            dir,
+            kubelet,
+            inventory,
+            health,
+            plugin: None,
+            taints,
+        };
+        rig.start_plugin();
+        rig
+    }
+
+    fn config(&self) -> DraConfig {
+        let mut config = DraConfig::new(self.kubelet_dir(), self.sim.host.clone(), NODE);
+        config.cdi_dir = self.cdi_dir();
+        config.device_taints = self.taints;
+        config
+    }
+
+    fn kubelet_dir(&self) -> PathBuf {
+        self.dir.path().join("kubelet")
+    }
+
+    fn cdi_dir(&self) -> PathBuf {
+        self.dir.path().join("cdi")
+    }
+
+    fn start_plugin(&mut self) {
+        self.plugin = Some(DraPlugin::start(
+            self.config(),
+            self.inventory.subscribe(),
+            self.health.subscribe(),
+            self.cluster.client(),
+        ));
+    }
+
+    async fn stop_plugin(&mut self) {
+        if let Some(plugin) = self.plugin.take() {
+            wait::within("the DRA plugin stops", plugin.stop()).await;
+        }
+    }
+
+    fn status(&self) -> watch::Receiver<DraStatus> {
+        self.plugin.as_ref().expect("running").status()
+    }
+
+    async fn wait_status(&self, what: &str, check: impl Fn(&DraStatus) -> bool) -> DraStatus {
+        let mut status = self.status();
+        let found = wait::within(what, status.wait_for(|s| check(s))).await;
+        found.expect("status channel open").clone()
+    }
+
+    fn slices(&self) -> Vec<Value> {
+        let mut slices: Vec<Value> = self
+            .cluster
+            .list("resource.k8s.io/v1", "ResourceSlice")
+            .into_iter()
+            .filter(|s| s["spec"]["nodeName"] == NODE)
+            .collect();
+        slices.sort_by_key(|s| {
+            s["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned()
+        });
+        slices
+    }
+
+    fn device_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .slices()
+            .iter()
+            .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
+            .filter_map(|d| d["name"].as_str().map(str::to_owned))
+            .collect();
+        names.sort();
+        names
+    }
+
+    fn pool_generation(&self) -> Option<i64> {
+        self.slices().first()?["spec"]["pool"]["generation"].as_i64()
+    }
+
+    fn rediscover(&self) {
+        self.inventory.send_replace(Arc::new(self.sim.discover()));
+    }
+
+    /// Creates claim `name` in [`NS`], allocated the devices `(pool, device)`
+    /// of driver `driver`; returns its UID.
+    async fn claim(&self, name: &str, driver: &str, devices: &[(&str, &str)]) -> String {
+        let api: Api<ResourceClaim> = Api::namespaced(self.cluster.client(), NS);
+        let claim: ResourceClaim = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.amd.com"}}]}}
+        }))
+        .unwrap();
+        let created = api
+            .create(&PostParams::default(), &claim)
+            .await
+            .expect("claim created");
+        let results: Vec<Value> = devices
+            .iter()
+            .map(|(pool, device)| {
+                json!({"request": "gpu", "driver": driver, "pool": pool, "device": device})
+            })
+            .collect();
+        api.patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"allocation": {"devices": {"results": results}}}})),
+        )
+        .await
+        .expect("claim allocated");
+        created.metadata.uid.expect("uid")
+    }
+}
+
+fn spec_file(cdi_dir: &Path, uid: &str) -> PathBuf {
+    cdi_dir.join(format!("k8s.gpu.amd.com-gpu_{uid}.json"))
+}
+
+/// The CDI validator `.ci/run` builds (`tools/cdi-validate`: the CDI
+/// reference implementation's reader), or `None` (after saying why) when the
+/// check should skip. Panics when it is absent and `REQUIRE_CDI_VALIDATE` is set.
+fn cdi_validator() -> Option<PathBuf> {
+    let binary = std::env::var_os("CDI_VALIDATE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("target/cdi-validate/debug/cdi-validate")
+        });
+    if binary.is_file() {
+        return Some(binary);
+    }
+    let required = std::env::var("REQUIRE_CDI_VALIDATE")
+        .is_ok_and(|v| !v.is_empty() && v != "0" && !v.eq_ignore_ascii_case("false"));
+    assert!(
+        !required,
+        "REQUIRE_CDI_VALIDATE is set but the CDI validator is not at {} (build it: cargo build \
+         --manifest-path tools/cdi-validate/Cargo.toml --target-dir target/cdi-validate)",
+        binary.display()
+    );
+    eprintln!(
+        "SKIPPED the CDI reference check: no validator at {}; set REQUIRE_CDI_VALIDATE=1 to make \
+         this a failure",
+        binary.display()
+    );
+    None
+}
+
+/// Checks a spec with the CDI reference implementation's reader (schema,
+/// kind, names, versions), and what it does not check: absolute paths.
+fn assert_valid_cdi(path: &Path) {
+    if let Some(validator) = cdi_validator() {
+        let out = std::process::Command::new(&validator)
+            .arg(path)
+            .output()
+            .expect("the CDI validator runs");
+        assert!(
+            out.status.success(),
+            "{} is not a valid CDI spec: {}{}",
+            path.display(),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let text: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let nodes = text["containerEdits"]["deviceNodes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .chain(
+            text["devices"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .flat_map(|d| d["containerEdits"]["deviceNodes"].as_array().unwrap()),
+        );
+    for node in nodes {
+        assert!(node["path"].as_str().unwrap().starts_with('/'), "{node}");
+    }
+}
+
+/// The reference check is only worth something if it can fail.
+#[test]
+fn the_cdi_validator_refuses_a_spec_the_reference_refuses() {
+    let Some(validator) = cdi_validator() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.json");
+    std::fs::write(
+        &bad,
+        r#"{"cdiVersion":"0.5.0","kind":"gpu","devices":[{"name":"x","containerEdits":{"deviceNodes":[{"path":"/dev/kfd"}]}}]}"#,
+    )
+    .unwrap();
+    let out = std::process::Command::new(validator)
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert!(
+        !out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registers_with_the_kubelet_and_publishes_mi300x_gpus_and_partitions() {
+    let mut rig = Rig::start("mi300x", None, None).await;
+    let (info, version) = rig.kubelet.register().await;
+    assert_eq!(info.name, "gpu.amd.com");
+    assert_eq!(
+        info.endpoint,
+        rig.kubelet.dra_socket().display().to_string()
+    );
+    assert_eq!(version, "v1.DRAPlugin", "{:?}", info.supported_versions);
+    assert!(
+        info.supported_versions
+            .contains(&"v1beta1.DRAPlugin".to_string())
+    );
+    let status = rig
+        .wait_status("registered and published", |s| {
+            s.registration == Registration::Registered
+                && matches!(s.slices, Slices::Published { devices: 8, .. })
+        })
+        .await;
+    assert_eq!(status.unavailable_reason(), None);
+
+    // SPX: eight whole GPUs in one slice of one pool named after the node.
+    let slices = rig.slices();
+    assert_eq!(slices.len(), 1, "{slices:#?}");
+    let spec = &slices[0]["spec"];
+    assert_eq!(spec["driver"], "gpu.amd.com");
+    assert_eq!(spec["pool"]["name"], NODE);
+    assert_eq!(spec["pool"]["resourceSliceCount"], 1);
+    let devices = spec["devices"].as_array().unwrap();
+    assert_eq!(devices.len(), 8);
+    let first = &devices[0];
+    assert!(
+        first["name"].as_str().unwrap().starts_with("gpu-"),
+        "{first}"
+    );
+    let attrs = &first["attributes"];
+    assert_eq!(attrs["type"]["string"], "amdgpu");
+    assert_eq!(attrs["family"]["string"], "AI");
+    assert_eq!(attrs["partitionProfile"]["string"], "spx_nps1");
+    assert!(
+        attrs["productName"]["string"]
+            .as_str()
+            .unwrap()
+            .contains("MI300X")
+    );
+    assert!(
+        attrs["deviceID"]["string"]
+            .as_str()
+            .unwrap()
+            .starts_with("0x")
+    );
+    assert!(attrs["driverVersion"]["version"].is_string(), "{attrs}");
+    assert!(attrs["cardIndex"]["int"].is_i64() && attrs["renderIndex"]["int"].is_i64());
+    assert!(attrs["resource.kubernetes.io/pciBusID"]["string"].is_string());
+    assert_eq!(
+        attrs["resource.kubernetes.io/pcieRoot"]["string"],
+        "pci0000:00"
+    );
+    let capacity = &first["capacity"];
+    assert_eq!(capacity["computeUnits"]["value"], "304");
+    assert!(
+        capacity["memory"]["value"]
+            .as_str()
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+            > 0
+    );
+    assert!(capacity["simdUnits"]["value"].is_string());
+    let owner = &slices[0]["metadata"]["ownerReferences"][0];
+    assert_eq!(owner["kind"], "Node");
+    assert_eq!(owner["name"], NODE);
+
+    // Nothing changed, nothing written: the same inventory fed again.
+    let before = rig.cluster.requests();
+    rig.rediscover();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let made = rig.cluster.requests().since(&before);
+    assert_eq!(
+        made.get("patch", "resourceslices.resource.k8s.io")
+            + made.get("create", "resourceslices.resource.k8s.io"),
+        0,
+        "{made}"
+    );
+
+    // Repartitioned to CPX/NPS4: 64 partitions, within 2 s, at a new generation.
+    let generation = rig.pool_generation().unwrap();
+    rig.sim.rewrite("mi300x", Some("cpx_nps4"));
+    let changed = Instant::now();
+    rig.rediscover();
+    rig.wait_status("64 partitions published", |s| {
+        matches!(s.slices, Slices::Published { devices: 64, .. })
+    })
+    .await;
+    let took = changed.elapsed();
+    assert!(took < Duration::from_secs(2), "slices moved after {took:?}");
+    assert_eq!(rig.device_names().len(), 64);
+    assert!(rig.pool_generation().unwrap() > generation);
+    let slices = rig.slices();
+    assert_eq!(slices.len(), 1);
+    for device in slices[0]["spec"]["devices"].as_array().unwrap() {
+        assert_eq!(device["attributes"]["type"]["string"], "amdgpu-partition");
+        assert_eq!(
+            device["attributes"]["partitionProfile"]["string"],
+            "cpx_nps4"
+        );
+    }
+
+    // Stopping removes the sockets and the slices.
+    rig.stop_plugin().await;
+    assert!(rig.slices().is_empty(), "{:#?}", rig.slices());
+    assert!(!rig.kubelet.registration_socket().exists());
+    assert!(!rig.kubelet.dra_socket().exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_registration_is_reported() {
+    let rig = Rig::start("mi210", None, None).await;
+    rig.kubelet.register().await;
+    rig.kubelet.refuse("version skew").await;
+    let status = rig
+        .wait_status("refused", |s| {
+            matches!(s.registration, Registration::Refused(_))
+        })
+        .await;
+    assert!(
+        status
+            .unavailable_reason()
+            .unwrap()
+            .contains("version skew"),
+        "{status:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_are_prepared_once_and_unprepared_idempotently() {
+    let mut rig = Rig::start("mi300x", None, None).await;
+    rig.kubelet.register().await;
+    rig.wait_status("published", |s| {
+        matches!(s.slices, Slices::Published { .. })
+    })
+    .await;
+    let names = rig.device_names();
+    let (one, two) = (names[0].clone(), names[1].clone());
+    let uid = rig
+        .claim("pair", "gpu.amd.com", &[(NODE, &one), (NODE, &two)])
+        .await;
+
+    let first = rig.kubelet.prepare(&[(NS, &uid, "pair")]).await;
+    let answer = &first.claims[&uid];
+    assert_eq!(answer.error, "", "{first:?}");
+    let mut got: Vec<&str> = answer
+        .devices
+        .iter()
+        .map(|d| d.device_name.as_str())
+        .collect();
+    got.sort();
+    assert_eq!(got, [one.as_str(), two.as_str()]);
+    for device in &answer.devices {
+        assert_eq!(device.pool_name, NODE);
+        assert_eq!(device.request_names, ["gpu"]);
+        assert_eq!(
+            device.cdi_device_ids,
+            [format!("k8s.gpu.amd.com/gpu={uid}-{}", device.device_name)]
+        );
+    }
+    let spec_path = spec_file(&rig.cdi_dir(), &uid);
+    assert_valid_cdi(&spec_path);
+    let spec: Value = serde_json::from_str(&std::fs::read_to_string(&spec_path).unwrap()).unwrap();
+    assert_eq!(spec["kind"], "k8s.gpu.amd.com/gpu");
+    // /dev/kfd once for the claim, with the numbers sysfs gives it.
+    let kfd = &spec["containerEdits"]["deviceNodes"][0];
+    assert_eq!(
+        (kfd["path"].as_str(), kfd["major"].as_u64()),
+        (Some("/dev/kfd"), Some(235))
+    );
+    let card_index: u64 = one.split('-').nth(1).unwrap().parse().unwrap();
+    let device = spec["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["name"] == format!("{uid}-{one}"))
+        .expect("the device's entry");
+    let card = &device["containerEdits"]["deviceNodes"][0];
+    assert_eq!(card["path"], format!("/dev/dri/card{card_index}"));
+    assert_eq!(
+        (card["major"].as_u64(), card["minor"].as_u64()),
+        (Some(226), Some(card_index))
+    );
+
+    // A second call: the same answer, and nothing written.
+    let written = std::fs::metadata(&spec_path).unwrap().modified().unwrap();
+    let checkpoint = rig
+        .kubelet_dir()
+        .join("plugins/gpu.amd.com/checkpoint.json");
+    let checkpoint_written = std::fs::metadata(&checkpoint).unwrap().modified().unwrap();
+    let again = rig.kubelet.prepare(&[(NS, &uid, "pair")]).await;
+    assert_eq!(again, first);
+    assert_eq!(
+        std::fs::metadata(&spec_path).unwrap().modified().unwrap(),
+        written
+    );
+    assert_eq!(
+        std::fs::metadata(&checkpoint).unwrap().modified().unwrap(),
+        checkpoint_written
+    );
+
+    // The v1beta1 service answers the same.
+    let beta = rig
+        .kubelet
+        .v1beta1()
+        .await
+        .node_prepare_resources(
+            gpu_operator::dra::api::dra_v1beta1::NodePrepareResourcesRequest {
+                claims: vec![gpu_operator::dra::api::dra_v1beta1::Claim {
+                    namespace: NS.into(),
+                    uid: uid.clone(),
+                    name: "pair".into(),
+                }],
+            },
+        )
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(beta.claims[&uid].devices.len(), 2);
+
+    // A restarted plugin still knows the claim (the checkpoint) and keeps its spec.
+    rig.stop_plugin().await;
+    assert!(
+        spec_path.exists(),
+        "a prepared claim's spec outlives the plugin"
+    );
+    rig.start_plugin();
+    rig.kubelet.register().await;
+    let after_restart = rig.kubelet.prepare(&[(NS, &uid, "pair")]).await;
+    assert_eq!(after_restart, first);
+
+    // Unprepare twice: the spec and the entry go, the second call is a no-op.
+    for _ in 0..2 {
+        let gone = rig.kubelet.unprepare(&[(NS, &uid, "pair")]).await;
+        assert_eq!(gone.claims[&uid].error, "", "{gone:?}");
+        assert!(!spec_path.exists());
+    }
+    let kept: Value = serde_json::from_str(&std::fs::read_to_string(&checkpoint).unwrap()).unwrap();
+    assert!(
+        kept["preparedClaims"].as_object().unwrap().is_empty(),
+        "{kept}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_claims_get_their_own_error_and_do_not_stop_the_others() {
+    let rig = Rig::start("mi300x", None, None).await;
+    rig.kubelet.register().await;
+    rig.wait_status("published", |s| {
+        matches!(s.slices, Slices::Published { .. })
+    })
+    .await;
+    let good_device = rig.device_names()[0].clone();
+    let good = rig
+        .claim("good", "gpu.amd.com", &[(NODE, &good_device)])
+        .await;
+    let elsewhere = rig
+        .claim("elsewhere", "gpu.amd.com", &[("other-node", "gpu-1-128")])
+        .await;
+    let unknown = rig
+        .claim("unknown", "gpu.amd.com", &[(NODE, "gpu-99-999")])
+        .await;
+    let foreign = rig
+        .claim("foreign", "net.example.com", &[(NODE, "eth0")])
+        .await;
+    let answer = rig
+        .kubelet
+        .prepare(&[
+            (NS, "no-such-uid", "missing"),
+            (NS, &elsewhere, "elsewhere"),
+            (NS, &good, "good"),
+            (NS, &unknown, "unknown"),
+            (NS, &foreign, "foreign"),
+            (NS, "stale-uid", "good"),
+        ])
+        .await;
+    let error = |uid: &str| answer.claims[uid].error.clone();
+    assert!(error("no-such-uid").contains("not found"), "{answer:?}");
+    assert!(error(&elsewhere).contains("pool other-node"), "{answer:?}");
+    assert!(error(&unknown).contains("gpu-99-999"), "{answer:?}");
+    assert!(
+        error(&foreign).contains("no gpu.amd.com device"),
+        "{answer:?}"
+    );
+    assert!(error("stale-uid").contains("UID"), "{answer:?}");
+    assert_eq!(error(&good), "");
+    assert_eq!(answer.claims[&good].devices.len(), 1);
+    assert!(spec_file(&rig.cdi_dir(), &good).exists());
+    for uid in [&elsewhere, &unknown, &foreign] {
+        assert!(!spec_file(&rig.cdi_dir(), uid).exists());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_between_the_cdi_write_and_the_checkpoint_leaves_nothing_unfixable() {
+    let mut rig = Rig::start("mi210", None, None).await;
+    rig.kubelet.register().await;
+    rig.wait_status("published", |s| {
+        matches!(s.slices, Slices::Published { .. })
+    })
+    .await;
+    let device = rig.device_names()[0].clone();
+    let uid = rig.claim("c", "gpu.amd.com", &[(NODE, &device)]).await;
+    rig.stop_plugin().await;
+
+    // What a crash after the spec write leaves: a spec (here half-written)
+    // that no checkpoint entry names, for a claim the kubelet got no answer for.
+    let spec_path = spec_file(&rig.cdi_dir(), &uid);
+    std::fs::create_dir_all(rig.cdi_dir()).unwrap();
+    std::fs::write(&spec_path, "{\"cdiVersion\": \"0.5").unwrap();
+    // Another vendor's spec in the same directory is not ours to touch.
+    let other = rig.cdi_dir().join("nvidia.com-gpu.json");
+    std::fs::write(&other, "{}").unwrap();
+
+    // The restarted plugin removes the orphan at start...
+    rig.start_plugin();
+    rig.kubelet.register().await;
+    rig.wait_status("published", |s| {
+        matches!(s.slices, Slices::Published { .. })
+    })
+    .await;
+    assert!(!spec_path.exists(), "the orphaned spec is removed");
+    assert!(other.exists());
+    // ...and the kubelet's retry prepares the claim whole.
+    let answer = rig.kubelet.prepare(&[(NS, &uid, "c")]).await;
+    assert_eq!(answer.claims[&uid].error, "");
+    assert_valid_cdi(&spec_path);
+
+    // A spec left half-written with no entry, found without a restart, is
+    // rewritten by the next call too.
+    rig.kubelet.unprepare(&[(NS, &uid, "c")]).await;
+    std::fs::write(&spec_path, "{\"cdiVersion\": \"0.5").unwrap();
+    let answer = rig.kubelet.prepare(&[(NS, &uid, "c")]).await;
+    assert_eq!(answer.claims[&uid].error, "");
+    assert_valid_cdi(&spec_path);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_reaches_the_stream_and_the_taint_within_a_second_and_recovers() {
+    let rig = Rig::start_with("mi300x", None, None, true).await;
+    rig.kubelet.register().await;
+    rig.wait_status("published", |s| {
+        matches!(s.slices, Slices::Published { devices: 8, .. })
+    })
+    .await;
+    for mut stream in [
+        rig.kubelet.health_v1alpha1().await,
+        rig.kubelet.health_v1().await,
+    ] {
+        let (first, _) = stream.next().await;
+        assert_eq!(first.len(), 8, "the first message lists every device");
+        assert!(
+            first
+                .iter()
+                .all(|d| d.health == "HEALTHY" && d.pool == NODE),
+            "{first:?}"
+        );
+    }
+    let mut stream = rig.kubelet.health_v1alpha1().await;
+    stream.next().await;
+
+    // The monitor reports one GPU unhealthy, as it does after an ECC error.
+    let inventory = rig.sim.discover();
+    let sick = &inventory.gpus[0];
+    let sick_name = format!("gpu-{}-{}", sick.card.unwrap(), sick.render_minor.unwrap());
+    let reported = Instant::now();
+    rig.health.send_replace(HealthReport {
+        unhealthy: BTreeMap::from([(
+            DeviceRef::gpu(sick.bdf.clone()),
+            "uncorrectable ECC: 7 on umc".to_string(),
+        )]),
+    });
+    let (devices, at) = stream
+        .next_matching("the GPU unhealthy", |d| {
+            d.iter()
+                .any(|x| x.device == sick_name && x.health == "UNHEALTHY")
+        })
+        .await;
+    assert!(
+        at - reported < Duration::from_secs(1),
+        "{:?}",
+        at - reported
+    );
+    let sick_entry = devices.iter().find(|d| d.device == sick_name).unwrap();
+    assert_eq!(sick_entry.message, "uncorrectable ECC: 7 on umc");
+    assert_eq!(devices.iter().filter(|d| d.health == "HEALTHY").count(), 7);
+    let tainted = |rig: &Rig| {
+        rig.slices().iter().any(|s| {
+            s["spec"]["devices"].as_array().unwrap().iter().any(|d| {
+                d["name"] == sick_name.as_str()
+                    && d["taints"][0]["key"] == "gpu.amd.com/unhealthy"
+                    && d["taints"][0]["effect"] == "NoSchedule"
+            })
+        })
+    };
+    wait::eventually_within(
+        "the taint",
+        Duration::from_secs(1),
+        || tainted(&rig),
+        || format!("{:#?}", rig.slices()),
+    )
+    .await;
+
+    // Recovery: healthy in the stream, the taint gone.
+    rig.health.send_replace(HealthReport::default());
+    stream
+        .next_matching("all healthy again", |d| {
+            d.iter().all(|x| x.health == "HEALTHY")
+        })
+        .await;
+    wait::eventually("the taint removed", || !tainted(&rig)).await;
+
+    // With nothing changing, messages still repeat (the kubelet marks a
+    // silent device Unknown after 30 s).
+    let (_, last) = stream.next().await;
+    let (_, next) = stream.next().await;
+    assert!(next - last <= Duration::from_secs(11), "{:?}", next - last);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_registration_socket_is_served_and_registered_again() {
+    // The kubelet's plugin watcher registers whatever appears in
+    // plugins_registry, so a socket someone removed must come back.
+    let rig = Rig::start("mi210", None, None).await;
+    rig.kubelet.register().await;
+    rig.wait_status("published", |s| {
+        matches!(s.slices, Slices::Published { .. })
+    })
+    .await;
+    std::fs::remove_file(rig.kubelet.registration_socket()).unwrap();
+    wait::eventually("the registration socket served again", || {
+        rig.kubelet.registration_socket().exists()
+    })
+    .await;
+    rig.wait_status("waiting for a new registration", |s| {
+        s.registration == Registration::Waiting
+    })
+    .await;
+    rig.kubelet.register().await;
+    rig.wait_status("registered again", |s| {
+        s.registration == Registration::Registered
+    })
+    .await;
+}
