@@ -45,6 +45,10 @@ const PROTOS: &[Proto] = &[
         out_dir: "dra-health-v1alpha1",
     },
     Proto {
+        file: "k8s.io/kubelet/dra-health/v1beta1/api.proto",
+        out_dir: "dra-health-v1beta1",
+    },
+    Proto {
         file: "k8s.io/kubelet/dra-health/v1/api.proto",
         out_dir: "dra-health-v1",
     },

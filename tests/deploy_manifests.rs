@@ -1083,13 +1083,15 @@ const NEEDS: &[Need] = &[
     need("authentication.k8s.io", "tokenreviews", "create", Scope::Cluster),
     need("authorization.k8s.io", "subjectaccessreviews", "create", Scope::Cluster),
     // DRA: each agent's kubelet plugin keeps its own node's ResourceSlices
-    // (publish_slices, src/dra/service.rs). list: SlicePublisher::list, by
-    // field selector spec.nodeName,spec.driver. patch, create: server-side
+    // (publish_slices, src/dra/service.rs). list, watch: the watch of the
+    // node's slices, by field selector spec.nodeName,spec.driver (and the
+    // list on stop before it first listed). patch, create: server-side
     // apply in SlicePublisher::sync (create when the slice is new). delete:
     // stale slices, and the node's all on teardown (delete). Any slice as far
     // as RBAC goes; deploy/15-admission-policy.yaml keeps each agent to its
     // own node's of driver gpu.amd.com (tests/admission_policy.rs).
     need("resource.k8s.io", "resourceslices", "list", Scope::Cluster),
+    need("resource.k8s.io", "resourceslices", "watch", Scope::Cluster),
     need("resource.k8s.io", "resourceslices", "create", Scope::Cluster),
     need("resource.k8s.io", "resourceslices", "patch", Scope::Cluster),
     need("resource.k8s.io", "resourceslices", "delete", Scope::Cluster),

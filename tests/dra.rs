@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use gpu_operator::device::Inventory;
 use gpu_operator::dra::{DraConfig, DraPlugin, DraStatus, Registration, Slices};
 use gpu_operator::plugin::{DeviceRef, HealthReport};
-use k8s_openapi::api::resource::v1::ResourceClaim;
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
@@ -338,14 +338,59 @@ async fn registers_with_the_kubelet_and_publishes_mi300x_gpus_and_partitions() {
     assert_eq!(owner["kind"], "Node");
     assert_eq!(owner["name"], NODE);
 
-    // Nothing changed, nothing written: the same inventory fed again.
+    // A change the slices do not carry (health, with taints off) is looked
+    // at and writes nothing: the publisher reports each look in the status.
     let before = rig.cluster.requests();
-    rig.rediscover();
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut looked = rig.status();
+    looked.borrow_and_update();
+    let inventory = rig.sim.discover();
+    rig.health.send_replace(HealthReport {
+        unhealthy: BTreeMap::from([(DeviceRef::gpu(inventory.gpus[0].bdf.clone()), "hot".into())]),
+    });
+    wait::within("the publisher looked", looked.changed())
+        .await
+        .unwrap();
     let made = rig.cluster.requests().since(&before);
     assert_eq!(
         made.get("patch", "resourceslices.resource.k8s.io")
-            + made.get("create", "resourceslices.resource.k8s.io"),
+            + made.get("create", "resourceslices.resource.k8s.io")
+            + made.get("delete", "resourceslices.resource.k8s.io"),
+        0,
+        "{made}"
+    );
+    rig.health.send_replace(HealthReport::default());
+
+    // Slices someone else deletes (a restarting kubelet wipes its node's)
+    // are written again at once, at a new generation.
+    let generation = rig.pool_generation().unwrap();
+    let slices: Api<ResourceSlice> = Api::all(rig.cluster.client());
+    for slice in rig.slices() {
+        slices
+            .delete(
+                slice["metadata"]["name"].as_str().unwrap(),
+                &Default::default(),
+            )
+            .await
+            .unwrap();
+    }
+    wait::eventually("the slices written again", || {
+        rig.device_names().len() == 8 && rig.pool_generation() > Some(generation)
+    })
+    .await;
+
+    // A plugin that ends without cleaning up (a crash) leaves its slices; the
+    // next one finds them as wanted, reports them published, writes nothing.
+    drop(rig.plugin.take());
+    let before = rig.cluster.requests();
+    rig.start_plugin();
+    rig.kubelet.register().await;
+    rig.wait_status("published after a restart", |s| {
+        matches!(s.slices, Slices::Published { devices: 8, .. })
+    })
+    .await;
+    let made = rig.cluster.requests().since(&before);
+    assert_eq!(
+        made.get("patch", "resourceslices.resource.k8s.io"),
         0,
         "{made}"
     );

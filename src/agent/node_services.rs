@@ -48,6 +48,9 @@ pub struct NodeServices {
     discovery: watch::Receiver<DiscoveryProgress>,
     /// Services the last `apply` wanted but held back until discovery.
     held_back: Vec<ServiceName>,
+    /// The last `apply` asked for DRA where it cannot run (no Kubernetes
+    /// API: standalone mode).
+    dra_unserved: bool,
     _forward: AbortOnDropHandle<()>,
     _forward_discovery: AbortOnDropHandle<()>,
 }
@@ -64,6 +67,9 @@ pub struct DiscoveryProgress {
 
 /// Why a held-back service is not available yet.
 pub const DISCOVERING: &str = "waiting for the first complete GPU discovery";
+
+/// Why DRA does not run in standalone mode.
+pub const DRA_UNSERVED: &str = "draDriver is enabled, but DRA needs a Kubernetes API server and scheduler: not served in standalone mode";
 
 /// The Kubernetes side of the node services.
 pub struct KubeSide {
@@ -178,6 +184,7 @@ impl NodeServices {
             test_results,
             discovery,
             held_back: Vec::new(),
+            dra_unserved: false,
             _forward: AbortOnDropHandle::new(forward),
             _forward_discovery: AbortOnDropHandle::new(forward_discovery),
         }
@@ -243,6 +250,14 @@ impl NodeServices {
             .into_iter()
             .filter_map(|(name, state)| annotation_state(&state).map(|s| (name, s)))
             .collect();
+        if self.dra_unserved {
+            states.insert(
+                ServiceName::DraDriver,
+                ServiceStatus::Unavailable {
+                    reason: DRA_UNSERVED.to_owned(),
+                },
+            );
+        }
         for name in &self.held_back {
             states.insert(
                 *name,

@@ -91,9 +91,10 @@ pub struct Context {
     pub upgrades: Upgrades,
     /// The Node cache has finished its first list (see [`Context::nodes_ready`]).
     nodes_listed: std::sync::atomic::AtomicBool,
-    /// Whether this term last made the DRA DeviceClass exist (`Some(true)`)
-    /// or not; `None` until it first looked. Spares a read per reconcile.
-    device_class: Mutex<Option<bool>>,
+    /// Whether this term last made the DRA DeviceClass exist (`true`) or
+    /// not, and when; `None` until it first looked. Spares a read per
+    /// reconcile.
+    device_class: Mutex<Option<(bool, Instant)>>,
 }
 
 #[derive(Debug, Default)]
@@ -632,62 +633,94 @@ async fn sync_service_monitor(
 }
 
 /// The DeviceClass `gpu.amd.com` exists while any DeviceConfig not being
-/// deleted enables DRA, and goes with the last one (only if it carries our
-/// label: a class a person made is theirs). Read first, so a reconcile that
-/// finds it as wanted writes nothing.
+/// deleted enables DRA, and goes with the last one. A class of that name that
+/// does not carry our label is someone else's (the reference chart ships
+/// one): it is left alone, neither taken over nor deleted. Read first, so a
+/// reconcile that finds it as wanted writes nothing; what a read found is
+/// remembered for [`DEVICE_CLASS_RECHECK`], so reconciles in between read
+/// nothing, and a class someone deleted or changed is put back after it.
+///
+/// Failures are logged, not returned: the class is cluster-wide, and one
+/// refused write must not hold up every DeviceConfig's reconcile.
 async fn sync_device_class(ctx: &Context) -> Result<(), Error> {
+    match try_sync_device_class(ctx).await {
+        Err(Error::NotLeader) => Err(Error::NotLeader),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot keep the DRA DeviceClass; will retry");
+            Ok(())
+        }
+        Ok(()) => Ok(()),
+    }
+}
+
+/// How long a DeviceClass check stays trusted.
+const DEVICE_CLASS_RECHECK: Duration = Duration::from_secs(300);
+
+async fn try_sync_device_class(ctx: &Context) -> Result<(), Error> {
     let wanted = ctx.configs.state().iter().any(|c| {
         c.metadata.deletion_timestamp.is_none() && c.spec.is_enabled(crate::api::Operand::DraDriver)
     });
-    let known = ctx.device_class.lock().ok().and_then(|k| *k);
-    if known == Some(wanted) {
+    let fresh = ctx
+        .device_class
+        .lock()
+        .ok()
+        .and_then(|k| *k)
+        .is_some_and(|(was_wanted, at)| {
+            was_wanted == wanted && at.elapsed() < DEVICE_CLASS_RECHECK
+        });
+    if fresh {
         return Ok(());
     }
     let classes: Api<DeviceClass> = Api::all(ctx.client.clone());
     let name = crate::dra::DRIVER_NAME;
     let done = || {
         if let Ok(mut k) = ctx.device_class.lock() {
-            *k = Some(wanted);
+            *k = Some((wanted, Instant::now()));
         }
     };
     let current = ctx
         .leader_write("reading DeviceClass", name, classes.get_opt(name))
         .await?;
+    let ours = current.as_ref().is_some_and(|c| {
+        c.labels()
+            .get(resources::DEVICE_CLASS_LABEL.0)
+            .is_some_and(|v| v == resources::DEVICE_CLASS_LABEL.1)
+    });
     match (wanted, current) {
-        (true, Some(current)) if resources::device_class_current(&current) => {
-            done();
-            Ok(())
+        (_, Some(_)) if !ours => {
+            tracing::info!(
+                class = name,
+                "a DeviceClass of that name exists without our label: left alone"
+            );
         }
+        (true, Some(current)) if resources::device_class_current(&current) => {}
         (true, _) => {
             let class = resources::device_class();
             let params = apply_params();
             let patch = Patch::Apply(&class);
             let write = classes.patch(name, &params, &patch);
-            ctx.leader_write("applying DeviceClass", name, write)
+            let applied = ctx
+                .leader_write("applying DeviceClass", name, write)
                 .await?;
+            if applied.spec.extended_resource_name.is_none() {
+                tracing::info!(
+                    class = name,
+                    "the API server dropped extendedResourceName (DRAExtendedResource is off before Kubernetes 1.36): pods asking for amd.com/gpu are not served by DRA"
+                );
+            }
             tracing::info!(class = name, "applied the DRA DeviceClass");
-            done();
-            Ok(())
         }
-        (false, Some(current))
-            if current
-                .labels()
-                .get(resources::DEVICE_CLASS_LABEL.0)
-                .is_some_and(|v| v == resources::DEVICE_CLASS_LABEL.1) =>
-        {
+        (false, Some(_)) => {
             delete_if_present(ctx, &classes, name).await?;
             tracing::info!(
                 class = name,
                 "no DeviceConfig enables DRA: removed the DRA DeviceClass"
             );
-            done();
-            Ok(())
         }
-        (false, _) => {
-            done();
-            Ok(())
-        }
+        (false, None) => {}
     }
+    done();
+    Ok(())
 }
 
 fn apply_params() -> PatchParams {

@@ -223,11 +223,13 @@ pub fn device_class() -> DeviceClass {
     }
 }
 
-/// Whether `current` is the class [`device_class`] makes, in what every API
-/// server keeps (older ones drop `extendedResourceName`).
+/// Whether `current` is the class [`device_class`] makes. An API server
+/// without DRAExtendedResource drops `extendedResourceName`; such a class is
+/// applied again at each recheck, in case the feature was turned on since.
 pub fn device_class_current(current: &DeviceClass) -> bool {
     let wanted = device_class();
     current.spec.selectors == wanted.spec.selectors
+        && current.spec.extended_resource_name == wanted.spec.extended_resource_name
         && current
             .labels()
             .get(DEVICE_CLASS_LABEL.0)

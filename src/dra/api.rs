@@ -36,6 +36,11 @@ pub mod health_v1alpha1 {
     include!(concat!(env!("OUT_DIR"), "/dra-health-v1alpha1/v1alpha1.rs"));
 }
 
+/// `v1beta1.DRAResourceHealth`.
+pub mod health_v1beta1 {
+    include!(concat!(env!("OUT_DIR"), "/dra-health-v1beta1/v1beta1.rs"));
+}
+
 /// `v1.DRAResourceHealth`, which newer kubelets prefer.
 pub mod health_v1 {
     include!(concat!(env!("OUT_DIR"), "/dra-health-v1/v1.rs"));
@@ -44,11 +49,13 @@ pub mod health_v1 {
 /// `PluginInfo.type` of a DRA plugin.
 pub const PLUGIN_TYPE: &str = "DRAPlugin";
 /// The services this plugin offers, as `PluginInfo.supported_versions` names
-/// them. The kubelet takes the first DRA version it knows, in this order, and
-/// the newest health version it knows of those listed.
+/// them. The kubelet picks the DRA and the health version it prefers among
+/// those listed; newest first here too, for kubelets that take the first
+/// they know.
 pub const SUPPORTED_VERSIONS: &[&str] = &[
     "v1.DRAPlugin",
     "v1beta1.DRAPlugin",
     "v1.DRAResourceHealth",
+    "v1beta1.DRAResourceHealth",
     "v1alpha1.DRAResourceHealth",
 ];

@@ -20,6 +20,10 @@ use crate::plugin::PluginDevice;
 pub const DRIVER_NAME: &str = "gpu.amd.com";
 /// The API's limit on devices in one ResourceSlice.
 pub const MAX_DEVICES_PER_SLICE: usize = 128;
+/// The API's lower limit for a slice in which any device has taints; slices
+/// are cut at it whenever taints are enabled, so that a device turning
+/// unhealthy never reshapes them.
+pub const MAX_DEVICES_PER_SLICE_WITH_TAINTS: usize = 64;
 /// The taint an unhealthy device carries (KEP-5055) when taints are enabled.
 pub const UNHEALTHY_TAINT_KEY: &str = "gpu.amd.com/unhealthy";
 /// `type` of a whole GPU.
@@ -281,7 +285,8 @@ fn quantity(value: u64) -> DeviceCapacity {
 pub type Unhealthy = BTreeMap<String, String>;
 
 /// The specs of the node's ResourceSlices: one pool named after the node, at
-/// most [`MAX_DEVICES_PER_SLICE`] devices per slice, all slices at
+/// most [`MAX_DEVICES_PER_SLICE`] devices per slice (with `taints`,
+/// [`MAX_DEVICES_PER_SLICE_WITH_TAINTS`]), all slices at
 /// `generation`. A node with no devices still publishes one empty slice, so
 /// that the scheduler sees the pool and knows it is empty rather than unknown.
 /// With `taints`, an unhealthy device carries [`UNHEALTHY_TAINT_KEY`]
@@ -293,10 +298,15 @@ pub fn slice_specs(
     taints: bool,
     generation: i64,
 ) -> Vec<ResourceSliceSpec> {
+    let per_slice = if taints {
+        MAX_DEVICES_PER_SLICE_WITH_TAINTS
+    } else {
+        MAX_DEVICES_PER_SLICE
+    };
     let chunks: Vec<&[DraDevice]> = if devices.is_empty() {
         vec![&[]]
     } else {
-        devices.chunks(MAX_DEVICES_PER_SLICE).collect()
+        devices.chunks(per_slice).collect()
     };
     let count = chunks.len() as i64;
     chunks
@@ -340,12 +350,18 @@ fn api_device(device: &DraDevice, unhealthy: Option<&String>, taints: bool) -> D
 
 /// Whether two slice specs publish the same thing. The pool generation is
 /// left out (it is ours to bump), and so is each taint's `timeAdded`, which
-/// the API server fills in.
+/// the API server fills in; quantities compare by value, since the server
+/// stores them in canonical form (`206158430208` comes back as `192Gi`).
 pub fn same_content(a: &ResourceSliceSpec, b: &ResourceSliceSpec) -> bool {
     let strip = |s: &ResourceSliceSpec| {
         let mut s = s.clone();
         s.pool.generation = 0;
         for device in s.devices.iter_mut().flatten() {
+            for capacity in device.capacity.iter_mut().flat_map(|c| c.values_mut()) {
+                if let Some(value) = quantity_value(&capacity.value.0) {
+                    capacity.value = Quantity(value.to_string());
+                }
+            }
             for taint in device.taints.iter_mut().flatten() {
                 taint.time_added = None;
             }
@@ -356,6 +372,35 @@ pub fn same_content(a: &ResourceSliceSpec, b: &ResourceSliceSpec) -> bool {
         s
     };
     strip(a) == strip(b)
+}
+
+/// The value of an integer quantity (`304`, `192Gi`, `1k`, `2e3`); `None`
+/// for fractions and anything else, which then compare as written.
+pub fn quantity_value(text: &str) -> Option<u128> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (digits, suffix) = text.split_at(split);
+    let number: u128 = digits.parse().ok()?;
+    let scale: u128 = match suffix {
+        "" => 1,
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        "Ti" => 1 << 40,
+        "Pi" => 1 << 50,
+        "Ei" => 1 << 60,
+        "k" => 1_000,
+        "M" => 1_000_000,
+        "G" => 1_000_000_000,
+        "T" => 1_000_000_000_000,
+        "P" => 1_000_000_000_000_000,
+        "E" => 1_000_000_000_000_000_000,
+        exp if exp.starts_with(['e', 'E']) => 10u128.checked_pow(exp[1..].parse().ok()?)?,
+        _ => return None,
+    };
+    number.checked_mul(scale)
 }
 
 /// The name of the node's `index`th slice: `<node>-gpu.amd.com-<index>`,
@@ -548,6 +593,42 @@ mod tests {
             &off[0],
             &slice_specs("n", &devices, &sick, false, 9)[0]
         ));
+    }
+
+    #[test]
+    fn quantities_compare_by_value_as_the_server_rewrites_them() {
+        assert_eq!(quantity_value("206158430208"), Some(192 << 30));
+        assert_eq!(quantity_value("192Gi"), Some(192 << 30));
+        assert_eq!(quantity_value("1k"), Some(1000));
+        assert_eq!(quantity_value("2e3"), Some(2000));
+        assert_eq!(quantity_value("0.5"), None);
+        let devices = devices_of(
+            &inventory(vec![gpu("0000:05:00.0", 1, 128)]),
+            &PcieRoots::new(),
+        );
+        let sent = slice_specs("n", &devices, &Unhealthy::new(), false, 1);
+        let mut stored = sent[0].clone();
+        for d in stored.devices.iter_mut().flatten() {
+            for c in d.capacity.iter_mut().flat_map(|c| c.values_mut()) {
+                if c.value.0 == (192u64 << 30).to_string() {
+                    c.value = Quantity("192Gi".into());
+                }
+            }
+        }
+        assert_ne!(stored, sent[0], "the canonical form differs as text");
+        assert!(same_content(&stored, &sent[0]));
+    }
+
+    #[test]
+    fn with_taints_on_slices_hold_at_most_64_devices() {
+        let gpus = (0..100u32)
+            .map(|i| gpu(&format!("0000:{:02x}:00.0", i), i, 128 + i))
+            .collect();
+        let devices = devices_of(&inventory(gpus), &PcieRoots::new());
+        let specs = slice_specs("n1", &devices, &Unhealthy::new(), true, 1);
+        assert_eq!(specs.len(), 2);
+        assert_eq!(specs[0].devices.as_ref().map(Vec::len), Some(64));
+        assert_eq!(specs[0].pool.resource_slice_count, 2);
     }
 
     #[test]

@@ -15,6 +15,7 @@
 //! specs; `server` speaks gRPC; [`service`] runs it all.
 
 pub mod api;
+mod calls;
 pub mod cdi;
 pub mod checkpoint;
 pub mod claims;

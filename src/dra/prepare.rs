@@ -3,8 +3,10 @@
 //! checkpoint.
 //!
 //! One claim's failure is that claim's error string; the others in the same
-//! request are still prepared. Calls are serialised (one lock over the
-//! checkpoint), which also makes a repeated call see the first one's result.
+//! request are still prepared. Claims are read from the API concurrently and
+//! outside any lock; the checkpoint is read, changed and written under one
+//! lock for the whole process, so two plugin instances (one stopping, one
+//! starting) never write over each other's entries.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -14,16 +16,18 @@ use std::time::Duration;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use tokio::sync::{Mutex, watch};
 
+use super::calls::with_retries;
 use super::cdi::{self, ClaimDevice, DeviceNode};
 use super::checkpoint::{Checkpoint, PreparedClaim, PreparedDevice};
-use super::claims::allocated_here;
+use super::claims::{Allocated, allocated_here};
 use super::health::Published;
 use crate::host::reader::BoundedReader;
 
-/// Bound on reading one claim from the API server.
-const CLAIM_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// Bound on reading one device number from sysfs.
 const HOST_READ_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Serialises every change of a checkpoint file in this process.
+static CHECKPOINT_LOCK: Mutex<()> = Mutex::const_new(());
 
 /// A claim the kubelet names.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -33,20 +37,20 @@ pub struct ClaimRef {
     pub name: String,
 }
 
-/// Reads a claim from the API server, bounded.
+/// The result of one claim: its devices, or why not.
+pub type Prepared = Result<Vec<PreparedDevice>, String>;
+
+/// Reads a claim from the API server (bounded, transient errors retried).
 async fn read_claim(
     client: &kube::Client,
     namespace: &str,
     name: &str,
 ) -> Result<ResourceClaim, String> {
     let api = kube::Api::<ResourceClaim>::namespaced(client.clone(), namespace);
-    match tokio::time::timeout(CLAIM_READ_TIMEOUT, api.get_opt(name)).await {
-        Err(_) => Err(format!(
-            "cannot read claim {namespace}/{name}: no answer within {CLAIM_READ_TIMEOUT:?}"
-        )),
-        Ok(Err(e)) => Err(format!("cannot read claim {namespace}/{name}: {e}")),
-        Ok(Ok(None)) => Err(format!("claim {namespace}/{name} not found")),
-        Ok(Ok(Some(claim))) => Ok(claim),
+    match with_retries(|| api.get_opt(name)).await {
+        Err(e) => Err(format!("cannot read claim {namespace}/{name}: {e}")),
+        Ok(None) => Err(format!("claim {namespace}/{name} not found")),
+        Ok(Some(claim)) => Ok(claim),
     }
 }
 
@@ -58,48 +62,141 @@ pub struct Preparer {
     pub(crate) client: kube::Client,
     pub(crate) reader: BoundedReader,
     pub(crate) published: watch::Receiver<Arc<Published>>,
-    pub(crate) checkpoint: Mutex<Checkpoint>,
 }
 
 impl Preparer {
+    /// The checkpoint as the file holds it now; must be called under
+    /// [`CHECKPOINT_LOCK`].
+    fn load(&self) -> Result<Checkpoint, String> {
+        Checkpoint::load(&self.checkpoint_path).map_err(|e| e.to_string())
+    }
+
     /// Prepares each claim; the answer is by claim UID.
-    pub async fn prepare(
-        &self,
-        claims: &[ClaimRef],
-    ) -> BTreeMap<String, Result<Vec<PreparedDevice>, String>> {
-        let mut checkpoint = self.checkpoint.lock().await;
-        let mut out = BTreeMap::new();
-        for claim in claims {
-            let result = self.prepare_one(&mut checkpoint, claim).await;
-            if let Err(e) = &result {
-                tracing::warn!(claim = %format!("{}/{}", claim.namespace, claim.name), uid = %claim.uid, error = %e, "cannot prepare claim");
+    pub async fn prepare(&self, claims: &[ClaimRef]) -> BTreeMap<String, Prepared> {
+        let mut out: BTreeMap<String, Prepared> = BTreeMap::new();
+        // Prepared before, and its spec still there: the same answer, nothing
+        // read or written.
+        {
+            let _lock = CHECKPOINT_LOCK.lock().await;
+            match self.load() {
+                Ok(checkpoint) => {
+                    for claim in claims {
+                        if let Some(done) = checkpoint.prepared_claims.get(&claim.uid)
+                            && cdi::spec_path(&self.cdi_dir, &claim.uid).exists()
+                        {
+                            out.insert(claim.uid.clone(), Ok(done.devices.clone()));
+                        }
+                    }
+                }
+                Err(e) => {
+                    for claim in claims {
+                        out.insert(claim.uid.clone(), Err(e.clone()));
+                    }
+                    return out;
+                }
             }
-            out.insert(claim.uid.clone(), result);
         }
+        let todo: Vec<&ClaimRef> = claims
+            .iter()
+            .filter(|c| !out.contains_key(&c.uid))
+            .collect();
+        if todo.is_empty() {
+            return out;
+        }
+        let objects = futures::future::join_all(
+            todo.iter()
+                .map(|c| read_claim(&self.client, &c.namespace, &c.name)),
+        )
+        .await;
+        let mut specs: Vec<(&ClaimRef, String, Vec<PreparedDevice>)> = Vec::new();
+        for (claim, object) in todo.iter().zip(objects) {
+            let result = match object.and_then(|o| allocated_here(&o, &claim.uid, &self.node)) {
+                Ok(allocated) => self.claim_spec(claim, &allocated).await,
+                Err(e) => Err(e),
+            };
+            match result {
+                Ok((spec, devices)) => specs.push((claim, spec, devices)),
+                Err(e) => {
+                    out.insert(claim.uid.clone(), Err(e));
+                }
+            }
+        }
+        if specs.is_empty() {
+            self.log(claims, &out);
+            return out;
+        }
+        let _lock = CHECKPOINT_LOCK.lock().await;
+        let mut checkpoint = match self.load() {
+            Ok(c) => c,
+            Err(e) => {
+                for (claim, ..) in &specs {
+                    out.insert(claim.uid.clone(), Err(e.clone()));
+                }
+                return out;
+            }
+        };
+        let mut written = Vec::new();
+        for (claim, spec, devices) in specs {
+            // The spec before its entry: see `checkpoint` for why.
+            let path = cdi::spec_path(&self.cdi_dir, &claim.uid);
+            if let Err(e) = cdi::write_spec(&path, &spec) {
+                out.insert(
+                    claim.uid.clone(),
+                    Err(format!("cannot write CDI spec {}: {e}", path.display())),
+                );
+                continue;
+            }
+            checkpoint.prepared_claims.insert(
+                claim.uid.clone(),
+                PreparedClaim {
+                    namespace: claim.namespace.clone(),
+                    name: claim.name.clone(),
+                    devices: devices.clone(),
+                },
+            );
+            written.push((claim.uid.clone(), devices));
+        }
+        let saved = checkpoint.save(&self.checkpoint_path).map_err(|e| {
+            format!(
+                "cannot write checkpoint {}: {e}",
+                self.checkpoint_path.display()
+            )
+        });
+        for (uid, devices) in written {
+            out.insert(uid, saved.clone().map(|()| devices));
+        }
+        self.log(claims, &out);
         out
     }
 
-    async fn prepare_one(
-        &self,
-        checkpoint: &mut Checkpoint,
-        claim: &ClaimRef,
-    ) -> Result<Vec<PreparedDevice>, String> {
-        let spec_path = cdi::spec_path(&self.cdi_dir, &claim.uid);
-        // Prepared before, and its spec is still there: the same answer, no write.
-        if let Some(done) = checkpoint.prepared_claims.get(&claim.uid)
-            && spec_path.exists()
-        {
-            return Ok(done.devices.clone());
+    fn log(&self, claims: &[ClaimRef], out: &BTreeMap<String, Prepared>) {
+        for claim in claims {
+            let name = format!("{}/{}", claim.namespace, claim.name);
+            match out.get(&claim.uid) {
+                Some(Ok(devices)) => {
+                    tracing::info!(claim = %name, uid = %claim.uid, devices = devices.len(), "prepared claim");
+                }
+                Some(Err(e)) => {
+                    tracing::warn!(claim = %name, uid = %claim.uid, error = %e, "cannot prepare claim");
+                }
+                None => {}
+            }
         }
-        let object = read_claim(&self.client, &claim.namespace, &claim.name).await?;
-        let allocated = allocated_here(&object, &claim.uid, &self.node)?;
+    }
+
+    /// The CDI spec and the answer for a claim's devices on this node.
+    async fn claim_spec(
+        &self,
+        claim: &ClaimRef,
+        allocated: &[Allocated],
+    ) -> Result<(String, Vec<PreparedDevice>), String> {
         let published = self.published.borrow().clone();
         let kfd = self
             .device_node("/dev/kfd", "/sys/class/kfd/kfd/dev")
             .await?;
         let mut devices = Vec::with_capacity(allocated.len());
         let mut answer = Vec::with_capacity(allocated.len());
-        for a in &allocated {
+        for a in allocated {
             let Some(device) = published.devices.iter().find(|d| d.name == a.device) else {
                 return Err(format!(
                     "device {} of claim {}/{} is not a device of this node",
@@ -125,54 +222,48 @@ impl Preparer {
                 cdi_device_ids: vec![cdi::cdi_device_id(&claim.uid, &device.name)],
             });
         }
-        let spec = cdi::claim_spec(&claim.uid, &kfd, &devices, &self.node);
-        cdi::write_spec(&spec_path, &spec)
-            .map_err(|e| format!("cannot write CDI spec {}: {e}", spec_path.display()))?;
-        checkpoint.prepared_claims.insert(
-            claim.uid.clone(),
-            PreparedClaim {
-                namespace: claim.namespace.clone(),
-                name: claim.name.clone(),
-                devices: answer.clone(),
-            },
-        );
-        if let Err(e) = checkpoint.save(&self.checkpoint_path) {
-            checkpoint.prepared_claims.remove(&claim.uid);
-            return Err(format!(
-                "cannot write checkpoint {}: {e}",
-                self.checkpoint_path.display()
-            ));
-        }
-        tracing::info!(claim = %format!("{}/{}", claim.namespace, claim.name), uid = %claim.uid, devices = answer.len(), "prepared claim");
-        Ok(answer)
+        Ok((
+            cdi::claim_spec(&claim.uid, &kfd, &devices, &self.node),
+            answer,
+        ))
     }
 
     /// Unprepares each claim: its checkpoint entry goes, then its spec. A claim
     /// never prepared (or already unprepared) succeeds.
     pub async fn unprepare(&self, claims: &[ClaimRef]) -> BTreeMap<String, Result<(), String>> {
-        let mut checkpoint = self.checkpoint.lock().await;
+        let _lock = CHECKPOINT_LOCK.lock().await;
         let mut out = BTreeMap::new();
+        let saved = match self.load() {
+            Ok(mut checkpoint) => {
+                let before = checkpoint.prepared_claims.len();
+                for claim in claims {
+                    checkpoint.prepared_claims.remove(&claim.uid);
+                }
+                if checkpoint.prepared_claims.len() == before {
+                    Ok(())
+                } else {
+                    checkpoint.save(&self.checkpoint_path).map_err(|e| {
+                        format!(
+                            "cannot write checkpoint {}: {e}",
+                            self.checkpoint_path.display()
+                        )
+                    })
+                }
+            }
+            Err(e) => Err(e),
+        };
         for claim in claims {
-            let mut result = Ok(());
-            if checkpoint.prepared_claims.remove(&claim.uid).is_some()
-                && let Err(e) = checkpoint.save(&self.checkpoint_path)
-            {
-                result = Err(format!(
-                    "cannot write checkpoint {}: {e}",
-                    self.checkpoint_path.display()
-                ));
-            }
             let spec_path = cdi::spec_path(&self.cdi_dir, &claim.uid);
-            if result.is_ok()
-                && let Err(e) = cdi::remove_spec(&spec_path)
-            {
-                result = Err(format!(
-                    "cannot remove CDI spec {}: {e}",
-                    spec_path.display()
-                ));
-            }
-            if result.is_ok() {
-                tracing::info!(claim = %format!("{}/{}", claim.namespace, claim.name), uid = %claim.uid, "unprepared claim");
+            let result = saved.clone().and_then(|()| {
+                cdi::remove_spec(&spec_path)
+                    .map_err(|e| format!("cannot remove CDI spec {}: {e}", spec_path.display()))
+            });
+            let name = format!("{}/{}", claim.namespace, claim.name);
+            match &result {
+                Ok(()) => tracing::info!(claim = %name, uid = %claim.uid, "unprepared claim"),
+                Err(e) => {
+                    tracing::warn!(claim = %name, uid = %claim.uid, error = %e, "cannot unprepare claim");
+                }
             }
             out.insert(claim.uid.clone(), result);
         }

@@ -15,7 +15,9 @@ use tonic::transport::Server;
 use tonic::transport::server::Router;
 use tonic::{Request, Response, Status};
 
-use super::api::{self, dra_v1, dra_v1beta1, health_v1, health_v1alpha1, registration};
+use super::api::{
+    self, dra_v1, dra_v1beta1, health_v1, health_v1alpha1, health_v1beta1, registration,
+};
 use super::health::{Published, message};
 use super::prepare::{ClaimRef, Preparer};
 use crate::plugin::Health;
@@ -109,6 +111,11 @@ pub(crate) fn dra_router(services: DraServices, stop: watch::Receiver<bool>) -> 
         ))
         .add_service(
             health_v1::dra_resource_health_server::DraResourceHealthServer::from_arc(
+                health.clone(),
+            ),
+        )
+        .add_service(
+            health_v1beta1::dra_resource_health_server::DraResourceHealthServer::from_arc(
                 health.clone(),
             ),
         )
@@ -280,4 +287,5 @@ macro_rules! health_version {
 }
 
 health_version!(health_v1);
+health_version!(health_v1beta1);
 health_version!(health_v1alpha1);

@@ -12,15 +12,18 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{ListParams, ObjectMeta};
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, ResourceExt};
-use tokio::sync::{Mutex, watch};
-use tokio::task::JoinHandle;
+use tokio::sync::watch;
+use tokio_util::task::AbortOnDropHandle;
 
-use super::checkpoint::{self, Checkpoint};
+use super::calls::{API_TIMEOUT, with_retries};
+use super::checkpoint::{self, Checkpoint, CheckpointError};
 use super::devices::{PcieRoots, devices_of, same_content, slice_name, slice_specs};
 use super::health::Published;
 use super::prepare::Preparer;
@@ -32,13 +35,13 @@ use crate::api::field_manager;
 use crate::device::Inventory;
 use crate::host::HostRoot;
 use crate::host::reader::BoundedReader;
-use crate::node_writer::{is_transient, retry_policy};
 use crate::plugin::{HealthReport, SocketServer, node_checks};
 
-/// Bound on the whole stop sequence, inside the agent's 5 s from SIGTERM.
-const STOP_BUDGET: Duration = Duration::from_secs(3);
-/// Bound on one API call of the slice publisher.
-const API_TIMEOUT: Duration = Duration::from_secs(10);
+/// Bound on the whole stop sequence: below the service slot's 3 s grace, so
+/// the slot never aborts a stop half done.
+const STOP_BUDGET: Duration = Duration::from_millis(2500);
+/// Bound on removing the slices when stopping.
+const REMOVE_BUDGET: Duration = Duration::from_millis(1500);
 /// Wait before trying a failed slice write again (unless a change comes first).
 const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(5);
 
@@ -144,7 +147,8 @@ pub struct DraPlugin {
     stop: watch::Sender<bool>,
     status: watch::Receiver<DraStatus>,
     published: watch::Receiver<Arc<Published>>,
-    task: JoinHandle<()>,
+    /// Aborted when dropped: a plugin dropped without `stop` serves nothing on.
+    task: AbortOnDropHandle<()>,
 }
 
 impl DraPlugin {
@@ -174,7 +178,7 @@ impl DraPlugin {
             stop,
             status,
             published,
-            task,
+            task: AbortOnDropHandle::new(task),
         }
     }
 
@@ -214,20 +218,26 @@ async fn run(
 ) {
     let reader = BoundedReader::new(config.host.clone(), 2);
     let checkpoint_path = config.plugin_dir().join(checkpoint::FILE_NAME);
-    let prepared = match Checkpoint::load(&checkpoint_path) {
-        Ok(c) => c,
-        Err(e) => {
-            // Kept aside for a person; the kubelet prepares its claims again.
-            tracing::error!(error = %e, "cannot read the DRA checkpoint; starting empty");
-            let aside = checkpoint_path.with_extension("json.unreadable");
-            let _ = std::fs::rename(&checkpoint_path, aside);
-            Checkpoint::default()
+    // Specs no entry names are removed, but only after a clean read: the
+    // kubelet never prepares again a claim it counts as prepared, so a spec
+    // must not go because the checkpoint could not be read.
+    match Checkpoint::load(&checkpoint_path) {
+        Ok(prepared) => {
+            for orphan in checkpoint::orphaned_specs(&config.cdi_dir, &prepared) {
+                tracing::info!(spec = %orphan.display(), "removing a CDI spec no prepared claim names");
+                if let Err(e) = cdi::remove_spec(&orphan) {
+                    tracing::warn!(spec = %orphan.display(), error = %e, "cannot remove CDI spec");
+                }
+            }
         }
-    };
-    for orphan in checkpoint::orphaned_specs(&config.cdi_dir, &prepared) {
-        tracing::info!(spec = %orphan.display(), "removing a CDI spec no prepared claim names");
-        if let Err(e) = cdi::remove_spec(&orphan) {
-            tracing::warn!(spec = %orphan.display(), error = %e, "cannot remove CDI spec");
+        Err(e @ CheckpointError::Corrupt { .. }) => {
+            // Kept aside for a person; new entries start a new file.
+            let aside = checkpoint_path.with_extension("json.unreadable");
+            tracing::error!(error = %e, aside = %aside.display(), "the DRA checkpoint is unreadable; kept aside, CDI specs left in place");
+            let _ = std::fs::rename(&checkpoint_path, aside);
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "cannot read the DRA checkpoint; CDI specs left in place");
         }
     }
     let preparer = Arc::new(Preparer {
@@ -237,7 +247,6 @@ async fn run(
         client: client.clone(),
         reader,
         published: published_tx.subscribe(),
-        checkpoint: Mutex::new(prepared),
     });
     let (registration_tx, mut registration) = watch::channel(Registration::Waiting);
     // Started once the first snapshot is made: the empty initial one would
@@ -278,13 +287,13 @@ async fn run(
             changed
         });
         if publisher.is_none() {
-            publisher = Some(tokio::spawn(publish_slices(
+            publisher = Some(AbortOnDropHandle::new(tokio::spawn(publish_slices(
                 config.clone(),
                 client.clone(),
                 published_tx.subscribe(),
                 status.clone(),
                 stop.clone(),
-            )));
+            ))));
         }
 
         // Both sockets, (re)bound when missing or replaced: the kubelet's
@@ -322,13 +331,18 @@ async fn run(
         }
     }
 
-    if let Some((r, d)) = sockets.take() {
-        r.shutdown().await;
-        d.shutdown().await;
-    }
-    if let Some(publisher) = publisher {
-        let _ = publisher.await;
-    }
+    // Sockets and slices go together, inside the stop budget.
+    let sockets = async {
+        if let Some((r, d)) = sockets.take() {
+            tokio::join!(r.shutdown(), d.shutdown());
+        }
+    };
+    let slices = async {
+        if let Some(publisher) = publisher {
+            let _ = publisher.await;
+        }
+    };
+    tokio::join!(sockets, slices);
     status.send_modify(|s| s.running = false);
 }
 
@@ -401,6 +415,12 @@ async fn pcie_roots(host: &HostRoot, bdfs: &[String]) -> PcieRoots {
 
 /// Keeps this node's ResourceSlices equal to the snapshot, and removes them
 /// when the plugin stops.
+///
+/// It watches the node's slices (field selector on node and driver), so that
+/// slices deleted or changed by someone else (a restarting kubelet wipes its
+/// node's, an administrator, the garbage collector) are written again at
+/// once, and compares against what the API holds, never against a cache of
+/// its own writes.
 async fn publish_slices(
     config: DraConfig,
     client: kube::Client,
@@ -409,41 +429,121 @@ async fn publish_slices(
     mut stop: watch::Receiver<bool>,
 ) {
     let api: Api<ResourceSlice> = Api::all(client.clone());
+    let selector = format!(
+        "spec.nodeName={},spec.driver={DRIVER_NAME}",
+        config.node_name
+    );
+    let mut events = watcher(api.clone(), watcher::Config::default().fields(&selector))
+        .default_backoff()
+        .boxed();
+    let mut observed = Observed::default();
     let mut slices = SlicePublisher {
-        api: api.clone(),
+        api,
         nodes: Api::all(client),
         config,
-        known: None,
         owner: None,
+        generation: 0,
     };
+    let mut dirty = true;
+    let mut failed = false;
     loop {
-        let snapshot = published.borrow_and_update().clone();
-        let failed;
-        match slices.sync(&snapshot).await {
-            Ok(Some((generation, devices))) => {
-                failed = false;
-                status.send_modify(|s| {
-                    s.slices = Slices::Published {
-                        generation,
-                        devices,
-                    }
-                });
-            }
-            Ok(None) => failed = false,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot publish the ResourceSlices; will retry");
-                status.send_modify(|s| s.slices = Slices::Failed(e));
-                failed = true;
+        if observed.ready && dirty {
+            dirty = false;
+            let snapshot = published.borrow_and_update().clone();
+            let synced = tokio::select! {
+                synced = slices.sync(&snapshot, &mut observed.slices) => synced,
+                _ = stop.wait_for(|s| *s) => break,
+            };
+            failed = false;
+            match synced {
+                Ok((generation, devices)) => {
+                    status.send_modify(|s| {
+                        s.slices = Slices::Published {
+                            generation,
+                            devices,
+                        }
+                    });
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot publish the ResourceSlices; will retry");
+                    status.send_modify(|s| s.slices = Slices::Failed(e));
+                    failed = true;
+                }
             }
         }
         tokio::select! {
             _ = stop.wait_for(|s| *s) => break,
-            changed = published.changed() => if changed.is_err() { break },
-            _ = tokio::time::sleep(RETRY_AFTER_FAILURE), if failed => {}
+            changed = published.changed() => {
+                if changed.is_err() {
+                    break;
+                }
+                dirty = true;
+            }
+            event = events.next() => match event {
+                Some(Ok(event)) => dirty |= observed.apply(event),
+                // The watcher backs off and lists again by itself.
+                Some(Err(e)) => tracing::debug!(error = %e, "ResourceSlice watch interrupted"),
+                None => break,
+            },
+            _ = tokio::time::sleep(RETRY_AFTER_FAILURE), if failed => dirty = true,
         }
     }
-    if let Err(e) = slices.remove_all().await {
-        tracing::warn!(error = %e, "cannot remove this node's ResourceSlices");
+    // One bounded try: the agent's stop budget is short, and a kubelet
+    // removes a gone driver's slices itself after 30 s.
+    match tokio::time::timeout(REMOVE_BUDGET, slices.remove_all(&observed)).await {
+        Ok(Ok(0)) => {}
+        Ok(Ok(removed)) => tracing::info!(slices = removed, "removed this node's ResourceSlices"),
+        Ok(Err(e)) => tracing::warn!(error = %e, "cannot remove this node's ResourceSlices"),
+        Err(_) => tracing::warn!("could not remove this node's ResourceSlices in time"),
+    }
+}
+
+/// This node's slices as the watch last showed them (and our own writes'
+/// answers), by name.
+#[derive(Default)]
+struct Observed {
+    slices: BTreeMap<String, ResourceSlice>,
+    /// The watch's first list has completed.
+    ready: bool,
+    /// A (re)list in progress.
+    listing: Option<BTreeMap<String, ResourceSlice>>,
+}
+
+impl Observed {
+    /// Takes in one watch event; true when the slices differ from before
+    /// (another resourceVersion), which calls for a comparison.
+    fn apply(&mut self, event: watcher::Event<ResourceSlice>) -> bool {
+        let version = |s: &ResourceSlice| s.metadata.resource_version.clone();
+        match event {
+            watcher::Event::Init => {
+                self.listing = Some(BTreeMap::new());
+                false
+            }
+            watcher::Event::InitApply(slice) => {
+                if let Some(listing) = self.listing.as_mut() {
+                    listing.insert(slice.name_any(), slice);
+                }
+                false
+            }
+            watcher::Event::InitDone => {
+                let listed = self.listing.take().unwrap_or_default();
+                let changed = !self.ready
+                    || listed.len() != self.slices.len()
+                    || listed
+                        .iter()
+                        .any(|(name, s)| self.slices.get(name).map(version) != Some(version(s)));
+                self.slices = listed;
+                self.ready = true;
+                changed
+            }
+            watcher::Event::Apply(slice) => {
+                let name = slice.name_any();
+                let changed = self.slices.get(&name).map(version) != Some(version(&slice));
+                self.slices.insert(name, slice);
+                changed
+            }
+            watcher::Event::Delete(slice) => self.slices.remove(&slice.name_any()).is_some(),
+        }
     }
 }
 
@@ -451,27 +551,22 @@ struct SlicePublisher {
     api: Api<ResourceSlice>,
     nodes: Api<Node>,
     config: DraConfig,
-    /// The slices in the API as last seen or written, by name.
-    known: Option<BTreeMap<String, ResourceSlice>>,
     owner: Option<OwnerReference>,
+    /// The highest pool generation seen or written: a pool rewritten after
+    /// its slices were deleted still moves forward.
+    generation: i64,
 }
 
 impl SlicePublisher {
-    /// This node's slices of our driver, as the API holds them.
-    async fn list(&self) -> Result<BTreeMap<String, ResourceSlice>, String> {
-        let params = ListParams::default().fields(&format!(
-            "spec.nodeName={},spec.driver={DRIVER_NAME}",
-            self.config.node_name
-        ));
-        let list = with_retries(|| self.api.list(&params))
-            .await
-            .map_err(|e| format!("cannot list ResourceSlices: {e}"))?;
-        Ok(list.items.into_iter().map(|s| (s.name_any(), s)).collect())
-    }
-
-    /// Writes what differs; returns the pool generation and device count when
-    /// it wrote, `None` when the API already held the snapshot's slices.
-    async fn sync(&mut self, snapshot: &Published) -> Result<Option<(i64, usize)>, String> {
+    /// Makes the API hold the snapshot's slices, writing only what differs,
+    /// at a new pool generation when anything does. `observed` is what the
+    /// API holds; it is updated with every answer. Returns the pool
+    /// generation and the device count now published.
+    async fn sync(
+        &mut self,
+        snapshot: &Published,
+        observed: &mut BTreeMap<String, ResourceSlice>,
+    ) -> Result<(i64, usize), String> {
         if self.owner.is_none() {
             // Slices die with their Node (garbage collection), as upstream
             // drivers set it up. Without the Node's UID they are still correct.
@@ -489,11 +584,8 @@ impl SlicePublisher {
                 });
             }
         }
-        let known = match self.known.take() {
-            Some(k) => k,
-            None => self.list().await?,
-        };
         let node = &self.config.node_name;
+        let devices = snapshot.devices.len();
         let desired = slice_specs(
             node,
             &snapshot.devices,
@@ -502,25 +594,26 @@ impl SlicePublisher {
             0,
         );
         let names: Vec<String> = (0..desired.len()).map(|i| slice_name(node, i)).collect();
-        let current_generation = known
+        let current_generation = observed
             .values()
             .map(|s| s.spec.pool.generation)
             .max()
             .unwrap_or(0);
-        let unchanged = known.len() == desired.len()
-            && names
-                .iter()
-                .zip(&desired)
-                .all(|(name, spec)| known.get(name).is_some_and(|s| same_content(&s.spec, spec)))
-            && known
+        let unchanged = observed.len() == desired.len()
+            && names.iter().zip(&desired).all(|(name, spec)| {
+                observed
+                    .get(name)
+                    .is_some_and(|s| same_content(&s.spec, spec))
+            })
+            && observed
                 .values()
                 .all(|s| s.spec.pool.generation == current_generation);
+        self.generation = self.generation.max(current_generation);
         if unchanged {
-            self.known = Some(known);
-            return Ok(None);
+            return Ok((current_generation, devices));
         }
-        let generation = current_generation + 1;
-        let mut written = BTreeMap::new();
+        let generation = current_generation.max(self.generation) + 1;
+        self.generation = generation;
         for (name, mut spec) in names.iter().zip(desired) {
             spec.pool.generation = generation;
             let slice = ResourceSlice {
@@ -533,70 +626,64 @@ impl SlicePublisher {
             };
             let params = field_manager::apply(field_manager::DRA);
             let patch = kube::api::Patch::Apply(&slice);
-            let applied = with_retries(|| self.api.patch(name, &params, &patch)).await;
-            match applied {
-                Ok(s) => {
-                    written.insert(name.clone(), s);
-                }
-                Err(e) => {
-                    // Unknown state: list again next time.
-                    return Err(format!("cannot apply ResourceSlice {name}: {e}"));
-                }
-            }
+            let applied = with_retries(|| self.api.patch(name, &params, &patch))
+                .await
+                .map_err(|e| format!("cannot apply ResourceSlice {name}: {e}"))?;
+            observed.insert(name.clone(), applied);
         }
-        for stale in known.keys().filter(|k| !written.contains_key(*k)) {
-            delete(&self.api, stale).await?;
+        let stale: Vec<String> = observed
+            .keys()
+            .filter(|k| !names.contains(k))
+            .cloned()
+            .collect();
+        for name in stale {
+            delete(&self.api, &name, true).await?;
+            observed.remove(&name);
         }
-        let devices = snapshot.devices.len();
         tracing::info!(
             generation,
             devices,
-            slices = written.len(),
+            slices = names.len(),
             "published ResourceSlices"
         );
-        self.known = Some(written);
-        Ok(Some((generation, devices)))
+        Ok((generation, devices))
     }
 
-    async fn remove_all(&mut self) -> Result<(), String> {
-        let known = match self.known.take() {
-            Some(k) if !k.is_empty() => k,
-            _ => self.list().await?,
+    /// Deletes the node's slices, once each, no retries; returns how many.
+    async fn remove_all(&self, observed: &Observed) -> Result<usize, String> {
+        let names: Vec<String> = if observed.ready {
+            observed.slices.keys().cloned().collect()
+        } else {
+            let params = ListParams::default().fields(&format!(
+                "spec.nodeName={},spec.driver={DRIVER_NAME}",
+                self.config.node_name
+            ));
+            self.api
+                .list(&params)
+                .await
+                .map_err(|e| format!("cannot list ResourceSlices: {e}"))?
+                .items
+                .iter()
+                .map(|s| s.name_any())
+                .collect()
         };
-        for name in known.keys() {
-            delete(&self.api, name).await?;
+        for name in &names {
+            delete(&self.api, name, false).await?;
         }
-        if !known.is_empty() {
-            tracing::info!(slices = known.len(), "removed this node's ResourceSlices");
-        }
-        Ok(())
+        Ok(names.len())
     }
 }
 
-async fn delete(api: &Api<ResourceSlice>, name: &str) -> Result<(), String> {
+async fn delete(api: &Api<ResourceSlice>, name: &str, retry: bool) -> Result<(), String> {
     let params = kube::api::DeleteParams::default();
-    match with_retries(|| api.delete(name, &params)).await {
+    let deleted = if retry {
+        with_retries(|| api.delete(name, &params)).await
+    } else {
+        api.delete(name, &params).await
+    };
+    match deleted {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
         Err(e) => Err(format!("cannot delete ResourceSlice {name}: {e}")),
     }
-}
-
-/// One API call under the Node writer's retry policy, each try bounded.
-async fn with_retries<T, F, Fut>(call: F) -> Result<T, kube::Error>
-where
-    F: Fn() -> Fut,
-    Fut: std::future::Future<Output = Result<T, kube::Error>>,
-{
-    use backon::Retryable;
-    let bounded = || async {
-        match tokio::time::timeout(API_TIMEOUT, call()).await {
-            Ok(result) => result,
-            Err(_) => Err(kube::Error::Service(Box::new(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                format!("no answer within {API_TIMEOUT:?}"),
-            )))),
-        }
-    };
-    bounded.retry(retry_policy()).when(is_transient).await
 }

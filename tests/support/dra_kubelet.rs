@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use gpu_operator::dra::api::registration::registration_client::RegistrationClient;
 use gpu_operator::dra::api::registration::{InfoRequest, PluginInfo, RegistrationStatus};
-use gpu_operator::dra::api::{dra_v1, dra_v1beta1, health_v1, health_v1alpha1};
+use gpu_operator::dra::api::{dra_v1, dra_v1beta1, health_v1, health_v1alpha1, health_v1beta1};
 use tonic::Streaming;
 use tonic::transport::{Channel, Endpoint};
 
@@ -155,6 +155,18 @@ impl DraKubelet {
         HealthStream::V1alpha1(stream)
     }
 
+    /// Opens the v1beta1 health stream.
+    pub async fn health_v1beta1(&self) -> HealthStream {
+        let stream = health_v1beta1::dra_resource_health_client::DraResourceHealthClient::new(
+            channel(&self.dra_socket()).await.expect("DRA socket"),
+        )
+        .node_watch_resources(health_v1beta1::NodeWatchResourcesRequest {})
+        .await
+        .expect("NodeWatchResources v1beta1")
+        .into_inner();
+        HealthStream::V1beta1(stream)
+    }
+
     /// Opens the v1 health stream (newer kubelets).
     pub async fn health_v1(&self) -> HealthStream {
         let stream = health_v1::dra_resource_health_client::DraResourceHealthClient::new(
@@ -196,6 +208,7 @@ pub struct DeviceHealth {
 /// A health stream in either version.
 pub enum HealthStream {
     V1alpha1(Streaming<health_v1alpha1::NodeWatchResourcesResponse>),
+    V1beta1(Streaming<health_v1beta1::NodeWatchResourcesResponse>),
     V1(Streaming<health_v1::NodeWatchResourcesResponse>),
 }
 
@@ -227,6 +240,7 @@ impl HealthStream {
         }
         let devices = match self {
             Self::V1alpha1(s) => read!(health_v1alpha1, s),
+            Self::V1beta1(s) => read!(health_v1beta1, s),
             Self::V1(s) => read!(health_v1, s),
         };
         (devices, Instant::now())
