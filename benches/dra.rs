@@ -1,0 +1,305 @@
+//! DRA plugin figures, against the API emulator, simulated hosts and the
+//! kubelet's DRA side on unix sockets (`tests/support/dra_kubelet.rs`):
+//! - `NodePrepareResources` latency for claims of 1 and of 8 GPUs, first call
+//!   (claim read from the API, CDI spec and checkpoint written), p50 and p99
+//!   (goal: p99 under 5 ms);
+//! - time from an injected uncorrectable ECC error (the simulated host's RAS
+//!   counter) to `UNHEALTHY` in the health stream, through the real agent and
+//!   health monitor (goal: under 1 s);
+//! - time from a repartition of the simulated host (spx <-> cpx_nps4) to the
+//!   node's ResourceSlices carrying the new devices, through the real agent
+//!   and discovery at its default rescan interval (goal: under 2 s);
+//! - RSS of the real `gpu-operator agent` process serving DRA for 64
+//!   partitions (mi300x cpx_nps4), after it settled (budget: 25 MiB).
+//!
+//! Run with `cargo bench --bench dra`. Prints figures; asserts nothing.
+
+#[path = "support/figures.rs"]
+mod figures;
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use figures::{percentile, rss_mib};
+use gpu_operator::agent::{self, AgentConfig};
+use gpu_operator::dra::{DraConfig, DraPlugin, Slices};
+use gpu_operator::host::HostRoot;
+use gpu_operator::plugin::HealthReport;
+use gpu_operator::simulate::{self, SimSpec};
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kube::Api;
+use kube::api::{Patch, PatchParams, PostParams};
+use kube_emulator::{Emulator, EmulatorConfig};
+use serde_json::{Value, json};
+use support::dra_kubelet::DraKubelet;
+use support::hosts::SimHost;
+use support::kubelet::TestKubelet;
+use tokio_util::sync::CancellationToken;
+
+const NODE: &str = "bench-node";
+const NS: &str = "kube-amd-gpu";
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let emulator = Emulator::start(EmulatorConfig::default())
+        .await
+        .expect("emulator");
+    for object in [
+        serde_json::to_value(gpu_operator::api::crd()).unwrap(),
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}),
+        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}),
+    ] {
+        emulator.create(object).unwrap();
+    }
+    prepare_latency(&emulator).await;
+    agent_figures(&emulator).await;
+    rss(&emulator).await;
+}
+
+/// Creates claim `name` allocated `devices` of this node; returns its UID.
+async fn claim(client: &kube::Client, name: &str, devices: &[String]) -> String {
+    let api: Api<ResourceClaim> = Api::namespaced(client.clone(), NS);
+    let object: ResourceClaim = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.amd.com"}}]}}
+    }))
+    .unwrap();
+    let created = api.create(&PostParams::default(), &object).await.unwrap();
+    let results: Vec<Value> = devices
+        .iter()
+        .map(|d| json!({"request": "gpu", "driver": "gpu.amd.com", "pool": NODE, "device": d}))
+        .collect();
+    api.patch_status(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"allocation": {"devices": {"results": results}}}})),
+    )
+    .await
+    .unwrap();
+    created.metadata.uid.unwrap()
+}
+
+async fn prepare_latency(emulator: &Emulator) {
+    let sim = SimHost::new("mi300x", None);
+    let dir = figures::scratch();
+    let kubelet_dir = dir.path().join("kubelet");
+    let mut config = DraConfig::new(&kubelet_dir, sim.host.clone(), NODE);
+    config.cdi_dir = dir.path().join("cdi");
+    let (_inventory_tx, inventory) = sim.feed();
+    let (_health_tx, health) = tokio::sync::watch::channel(HealthReport::default());
+    let plugin = DraPlugin::start(config, inventory, health, emulator.client());
+    let kubelet = DraKubelet::new(&kubelet_dir);
+    kubelet.register().await;
+    let mut status = plugin.status();
+    let _ = status
+        .wait_for(|s| matches!(s.slices, Slices::Published { devices: 8, .. }))
+        .await;
+    let devices: Vec<String> = plugin
+        .published()
+        .borrow()
+        .devices
+        .iter()
+        .map(|d| d.name.clone())
+        .collect();
+    let client = emulator.client();
+    for size in [1usize, 8] {
+        let runs = 200;
+        let mut samples = Vec::with_capacity(runs);
+        for i in 0..runs {
+            let name = format!("c{size}-{i}");
+            let uid = claim(&client, &name, &devices[..size]).await;
+            let started = Instant::now();
+            let answer = kubelet.prepare(&[(NS, &uid, &name)]).await;
+            samples.push(started.elapsed());
+            assert_eq!(answer.claims[&uid].error, "");
+            kubelet.unprepare(&[(NS, &uid, &name)]).await;
+        }
+        println!(
+            "NodePrepareResources, claim of {size} GPU(s), first call: p50 {:.2?} p99 {:.2?} (n={runs})",
+            percentile(&mut samples, 0.5),
+            percentile(&mut samples, 0.99)
+        );
+    }
+    plugin.stop().await;
+}
+
+fn slice_devices(emulator: &Emulator) -> usize {
+    emulator
+        .list("resource.k8s.io/v1", "ResourceSlice")
+        .iter()
+        .filter(|s| s["spec"]["nodeName"] == NODE)
+        .map(|s| s["spec"]["devices"].as_array().map_or(0, Vec::len))
+        .sum()
+}
+
+async fn wait_until(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// ECC to the health stream, and repartitions to the slices, through the
+/// real agent at its default intervals.
+async fn agent_figures(emulator: &Emulator) {
+    emulator
+        .create(
+            json!({"apiVersion": "amd.com/v1alpha1", "kind": "DeviceConfig",
+            "metadata": {"name": "gpus", "namespace": NS},
+            "spec": {"draDriver": {"enable": true}, "metricsExporter": {"port": 0}}}),
+        )
+        .unwrap();
+    let dir = figures::scratch();
+    let host = HostRoot::new(dir.path().join("host"));
+    simulate::write_host(&host, &SimSpec::new("mi300x", None, None).unwrap()).unwrap();
+    let kubelet_dir = dir.path().join("kubelet");
+    let shutdown = CancellationToken::new();
+    let config = AgentConfig {
+        node_name: NODE.into(),
+        namespace: None,
+        host: host.clone(),
+        kubelet_dir: kubelet_dir.clone(),
+        cdi_dir: dir.path().join("cdi"),
+        dra_device_taints: false,
+        // The agent's defaults: what a node runs.
+        rescan_interval: Duration::from_secs(1),
+        sampling: Default::default(),
+        metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
+        test_commands: None,
+        leader: None,
+        driver: support::bundles::no_modprobe(),
+    };
+    let task = tokio::spawn(agent::run(emulator.client(), config, shutdown.clone()));
+    let kubelet = DraKubelet::new(&kubelet_dir);
+    kubelet.register().await;
+    let mut stream = kubelet.health_v1alpha1().await;
+    stream
+        .next_matching("eight healthy", |d| {
+            d.len() == 8 && d.iter().all(|x| x.health == "HEALTHY")
+        })
+        .await;
+    let gpu = gpu_operator::device::discover(&host).gpus[0].clone();
+    let name = format!("gpu-{}-{}", gpu.card.unwrap(), gpu.render_minor.unwrap());
+    let runs = 20;
+    let mut to_unhealthy = Vec::with_capacity(runs);
+    for i in 0..runs as u64 {
+        let injected = Instant::now();
+        simulate::set_ecc_counts(&host, &gpu.bdf, "umc", i + 1, 0).unwrap();
+        let (_, at) = stream
+            .next_matching("unhealthy", |d| {
+                d.iter()
+                    .any(|x| x.device == name && x.health == "UNHEALTHY")
+            })
+            .await;
+        to_unhealthy.push(at - injected);
+        // Recovery: the counter back to zero, the device healthy again.
+        simulate::set_ecc_counts(&host, &gpu.bdf, "umc", 0, 0).unwrap();
+        stream
+            .next_matching("healthy", |d| d.iter().all(|x| x.health == "HEALTHY"))
+            .await;
+    }
+    println!(
+        "ECC error injected -> UNHEALTHY in the DRA health stream: p50 {:.0?} p99 {:.0?} max {:.0?} (n={runs})",
+        percentile(&mut to_unhealthy, 0.5),
+        percentile(&mut to_unhealthy, 0.99),
+        percentile(&mut to_unhealthy, 1.0)
+    );
+
+    wait_until("8 devices in the slices", || slice_devices(emulator) == 8).await;
+    let runs = 6;
+    let mut to_slices = Vec::with_capacity(runs);
+    for i in 0..runs {
+        let (partition, devices) = if i % 2 == 0 {
+            (Some("cpx_nps4"), 64)
+        } else {
+            (None, 8)
+        };
+        simulate::write_host(&host, &SimSpec::new("mi300x", None, partition).unwrap()).unwrap();
+        let written = Instant::now();
+        wait_until("the slices follow the repartition", || {
+            slice_devices(emulator) == devices
+        })
+        .await;
+        to_slices.push(written.elapsed());
+    }
+    println!(
+        "repartition (spx <-> cpx_nps4) -> ResourceSlices updated: p50 {:.2?} max {:.2?} (n={runs})",
+        percentile(&mut to_slices, 0.5),
+        percentile(&mut to_slices, 1.0)
+    );
+    shutdown.cancel();
+    let _ = task.await;
+}
+
+/// RSS of the real binary serving DRA for 64 partitions, and, for
+/// comparison on the same host, serving the device plugin instead.
+async fn rss(emulator: &Emulator) {
+    let dir = figures::scratch();
+    let host_dir = dir.path().join("host");
+    simulate::write_host(
+        &HostRoot::new(&host_dir),
+        &SimSpec::new("mi300x", None, Some("cpx_nps4")).unwrap(),
+    )
+    .unwrap();
+    let kubelet_dir = dir.path().join("kubelet");
+    std::fs::create_dir_all(kubelet_dir.join("device-plugins")).unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    emulator.write_kubeconfig(&kubeconfig).unwrap();
+    let configs: Api<gpu_operator::api::DeviceConfig> = Api::namespaced(emulator.client(), NS);
+    for dra in [false, true] {
+        let spec = if dra {
+            json!({"draDriver": {"enable": true}, "devicePlugin": null})
+        } else {
+            json!({"draDriver": null, "devicePlugin": {}})
+        };
+        configs
+            .patch(
+                "gpus",
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "spec": spec })),
+            )
+            .await
+            .unwrap();
+        let mut device_plugin_kubelet =
+            TestKubelet::start(&kubelet_dir.join("device-plugins")).await;
+        let mut child = Command::new(env!("CARGO_BIN_EXE_gpu-operator"))
+            .args(["agent", "--node-name", NODE, "--host-root"])
+            .arg(&host_dir)
+            .arg("--kubelet-dir")
+            .arg(&kubelet_dir)
+            .arg("--cdi-dir")
+            .arg(dir.path().join("cdi"))
+            .env("KUBECONFIG", &kubeconfig)
+            .env("RUST_LOG", "warn")
+            .env_remove("POD_NAMESPACE")
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start agent");
+        let what = if dra {
+            let kubelet = DraKubelet::new(&kubelet_dir);
+            kubelet.register().await;
+            wait_until("64 devices in the slices", || slice_devices(emulator) == 64).await;
+            let mut stream = kubelet.health_v1alpha1().await;
+            stream.next().await;
+            tokio::time::sleep(Duration::from_secs(15)).await;
+            "serving DRA (health stream open)"
+        } else {
+            device_plugin_kubelet
+                .wait_for_registration("amd.com/gpu", 1)
+                .await;
+            tokio::time::sleep(Duration::from_secs(15)).await;
+            "serving the device plugin instead (same host and DeviceConfig otherwise)"
+        };
+        let rss = rss_mib(child.id());
+        println!(
+            "RSS of `gpu-operator agent` on mi300x cpx_nps4 (64 partitions), {what}: {rss:.1} MiB"
+        );
+        let _ = child.kill();
+        let _ = child.wait();
+        device_plugin_kubelet.stop().await;
+    }
+}
