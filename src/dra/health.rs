@@ -8,7 +8,9 @@
 
 use std::collections::BTreeMap;
 
-use crate::plugin::{Health, HealthReport, health::NodeChecks, health::device_health};
+use crate::plugin::{
+    Health, HealthReport, PluginDevice, health::NodeChecks, health::device_health,
+};
 
 use super::devices::{DraDevice, Unhealthy};
 
@@ -24,17 +26,17 @@ pub struct Published {
 }
 
 impl Published {
-    pub fn new(devices: Vec<DraDevice>, checks: &NodeChecks, report: &HealthReport) -> Self {
-        let health = devices
+    /// Each device's health, by name: `devices` as the device plugin's rules
+    /// see them ([`DraDevice::as_plugin_device`], whose `id` is the name).
+    pub fn health_of(
+        devices: &[PluginDevice],
+        checks: &NodeChecks,
+        report: &HealthReport,
+    ) -> BTreeMap<String, Health> {
+        devices
             .iter()
-            .map(|d| {
-                (
-                    d.name.clone(),
-                    device_health(&d.as_plugin_device(), checks, report),
-                )
-            })
-            .collect();
-        Self { devices, health }
+            .map(|d| (d.id.clone(), device_health(d, checks, report)))
+            .collect()
     }
 
     /// The unhealthy devices with their reasons, for the slices' taints.

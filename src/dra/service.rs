@@ -24,7 +24,7 @@ use tokio_util::task::AbortOnDropHandle;
 
 use super::calls::{API_TIMEOUT, with_retries};
 use super::checkpoint::{self, Checkpoint, CheckpointError};
-use super::devices::{PcieRoots, devices_of, same_content, slice_name, slice_specs};
+use super::devices::{DraDevice, PcieRoots, devices_of, same_content, slice_name, slice_specs};
 use super::health::Published;
 use super::prepare::Preparer;
 use super::server::{
@@ -35,7 +35,7 @@ use crate::api::field_manager;
 use crate::device::Inventory;
 use crate::host::HostRoot;
 use crate::host::reader::BoundedReader;
-use crate::plugin::{HealthReport, SocketServer, node_checks};
+use crate::plugin::{HealthReport, PluginDevice, SocketServer, node_checks};
 
 /// Bound on the whole stop sequence: below the service slot's 3 s grace, so
 /// the slot never aborts a stop half done.
@@ -255,34 +255,39 @@ async fn run(
 
     let mut sockets: Option<(SocketServer, SocketServer)> = None;
     let mut roots: Option<(Vec<String>, PcieRoots)> = None;
+    // The devices of the inventory last seen, and the same as the device
+    // plugin's health rules take them: rebuilt only when the inventory
+    // changes, not on every presence check.
+    let mut seen: Option<Arc<Inventory>> = None;
+    let mut devices: Vec<DraDevice> = Vec::new();
+    let mut plugin_devices: Vec<PluginDevice> = Vec::new();
     let mut tick = tokio::time::interval(config.poll_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         // The snapshot: devices from the inventory, health from the device
         // plugin's rules over the host checks and the monitor's report.
         let inv = inventory.borrow_and_update().clone();
-        let bdfs: Vec<String> = inv.gpus.iter().map(|g| g.bdf.clone()).collect();
-        if roots.as_ref().is_none_or(|(known, _)| *known != bdfs) {
-            roots = Some((bdfs.clone(), pcie_roots(&config.host, &bdfs).await));
+        let rebuilt = seen.as_ref().is_none_or(|s| !Arc::ptr_eq(s, &inv));
+        if rebuilt {
+            let bdfs: Vec<String> = inv.gpus.iter().map(|g| g.bdf.clone()).collect();
+            if roots.as_ref().is_none_or(|(known, _)| *known != bdfs) {
+                let found = pcie_roots(&config.host, &bdfs).await;
+                roots = Some((bdfs, found));
+            }
+            devices = devices_of(&inv, roots.as_ref().map_or(&PcieRoots::new(), |(_, r)| r));
+            plugin_devices = devices.iter().map(DraDevice::as_plugin_device).collect();
+            seen = Some(inv.clone());
         }
-        let devices = devices_of(
-            &inv,
-            roots.as_ref().map(|(_, r)| r).unwrap_or(&PcieRoots::new()),
-        );
-        let checks = node_checks(
-            &config.host,
-            inv.driver.loaded,
-            devices
-                .iter()
-                .map(|d| d.as_plugin_device())
-                .collect::<Vec<_>>()
-                .iter(),
-        );
-        let next = Published::new(devices, &checks, &health.borrow_and_update());
+        let checks = node_checks(&config.host, inv.driver.loaded, plugin_devices.iter());
+        let health_now =
+            Published::health_of(&plugin_devices, &checks, &health.borrow_and_update());
         published_tx.send_if_modified(|current| {
-            let changed = **current != next;
+            let changed = current.health != health_now || (rebuilt && current.devices != devices);
             if changed {
-                *current = Arc::new(next);
+                *current = Arc::new(Published {
+                    devices: devices.clone(),
+                    health: health_now,
+                });
             }
             changed
         });
@@ -320,7 +325,7 @@ async fn run(
         }
 
         tokio::select! {
-            _ = stop.wait_for(|s| *s) => break,
+            _ = stop_requested(&mut stop) => break,
             _ = inventory.changed() => {}
             _ = health.changed() => {}
             _ = registration.changed() => {
@@ -344,6 +349,15 @@ async fn run(
     };
     tokio::join!(sockets, slices);
     status.send_modify(|s| s.running = false);
+}
+
+/// Resolves when `stop` asks the plugin to stop. A dropped [`DraPlugin`]
+/// (its sender gone) is not a request: its tasks are being aborted, and must
+/// not start the clean-up a stop does (removing the slices) on the way.
+async fn stop_requested(stop: &mut watch::Receiver<bool>) {
+    if stop.wait_for(|s| *s).await.is_err() {
+        std::future::pending::<()>().await;
+    }
 }
 
 fn bind(
@@ -452,7 +466,7 @@ async fn publish_slices(
             let snapshot = published.borrow_and_update().clone();
             let synced = tokio::select! {
                 synced = slices.sync(&snapshot, &mut observed.slices) => synced,
-                _ = stop.wait_for(|s| *s) => break,
+                _ = stop_requested(&mut stop) => break,
             };
             failed = false;
             match synced {
@@ -472,7 +486,7 @@ async fn publish_slices(
             }
         }
         tokio::select! {
-            _ = stop.wait_for(|s| *s) => break,
+            _ = stop_requested(&mut stop) => break,
             changed = published.changed() => {
                 if changed.is_err() {
                     break;
