@@ -139,17 +139,7 @@ async fn main() {
     let kubelet = TestKubelet::start(&kubelet_dir.join("device-plugins")).await;
     let kubeconfig = dir.path().join("kubeconfig");
     emulator.write_kubeconfig(&kubeconfig).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_gpu-operator"))
-        .args(["agent", "--node-name", NODE, "--host-root"])
-        .arg(&host_dir)
-        .arg("--kubelet-dir")
-        .arg(&kubelet_dir)
-        .env("KUBECONFIG", &kubeconfig)
-        .env("RUST_LOG", "warn")
-        .env_remove("POD_NAMESPACE")
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("start agent");
+    let mut child = figures::spawn_agent(NODE, &host_dir, &kubelet_dir, &kubeconfig, &[]);
     kubelet.wait_for_registration("amd.com/gpu", 1).await;
     tokio::time::sleep(Duration::from_secs(15)).await;
     let idle = rss_mib(child.id());

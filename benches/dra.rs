@@ -22,7 +22,6 @@ mod figures;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use figures::{percentile, rss_mib};
@@ -128,29 +127,18 @@ async fn prepare_latency(emulator: &Emulator) {
 
     // The plugin's own share of a repartition: the new inventory handed over
     // (discovery already done) until the API holds the new slices.
-    let runs = 6;
-    let mut to_slices = Vec::with_capacity(runs);
-    for i in 0..runs {
-        let (partition, devices) = if i % 2 == 0 {
-            (Some("cpx_nps4"), 64)
-        } else {
-            (None, 8)
-        };
-        sim.rewrite("mi300x", partition);
-        let discovered = std::sync::Arc::new(sim.discover());
-        let handed = Instant::now();
-        inventory_tx.send_replace(discovered);
-        wait_until("the slices follow the inventory", || {
-            slice_devices(emulator) == devices
-        })
-        .await;
-        to_slices.push(handed.elapsed());
-    }
-    println!(
-        "new inventory handed to the DRA plugin -> ResourceSlices updated (spx <-> cpx_nps4): p50 {:.1?} max {:.1?} (n={runs})",
-        percentile(&mut to_slices, 0.5),
-        percentile(&mut to_slices, 1.0)
-    );
+    time_repartitions(
+        emulator,
+        "new inventory handed to the DRA plugin -> ResourceSlices updated (spx <-> cpx_nps4)",
+        |partition| {
+            sim.rewrite("mi300x", partition);
+            let discovered = std::sync::Arc::new(sim.discover());
+            let handed = Instant::now();
+            inventory_tx.send_replace(discovered);
+            handed
+        },
+    )
+    .await;
     plugin.stop().await;
 }
 
@@ -161,6 +149,36 @@ fn slice_devices(emulator: &Emulator) -> usize {
         .filter(|s| s["spec"]["nodeName"] == NODE)
         .map(|s| s["spec"]["devices"].as_array().map_or(0, Vec::len))
         .sum()
+}
+
+/// Six repartitions, alternately to cpx_nps4 (64 devices) and back to spx
+/// (8): `repartition` makes each and says when its clock starts; the time is
+/// until the node's slices carry the new devices. Prints `what` with p50 and max.
+async fn time_repartitions(
+    emulator: &Emulator,
+    what: &str,
+    mut repartition: impl FnMut(Option<&'static str>) -> Instant,
+) {
+    let runs = 6;
+    let mut took = Vec::with_capacity(runs);
+    for i in 0..runs {
+        let (partition, devices) = if i % 2 == 0 {
+            (Some("cpx_nps4"), 64)
+        } else {
+            (None, 8)
+        };
+        let started = repartition(partition);
+        wait_until("the slices follow the repartition", || {
+            slice_devices(emulator) == devices
+        })
+        .await;
+        took.push(started.elapsed());
+    }
+    println!(
+        "{what}: p50 {:.2?} max {:.2?} (n={runs})",
+        percentile(&mut took, 0.5),
+        percentile(&mut took, 1.0)
+    );
 }
 
 async fn wait_until(what: &str, mut check: impl FnMut() -> bool) {
@@ -238,27 +256,15 @@ async fn agent_figures(emulator: &Emulator) {
     );
 
     wait_until("8 devices in the slices", || slice_devices(emulator) == 8).await;
-    let runs = 6;
-    let mut to_slices = Vec::with_capacity(runs);
-    for i in 0..runs {
-        let (partition, devices) = if i % 2 == 0 {
-            (Some("cpx_nps4"), 64)
-        } else {
-            (None, 8)
-        };
-        simulate::write_host(&host, &SimSpec::new("mi300x", None, partition).unwrap()).unwrap();
-        let written = Instant::now();
-        wait_until("the slices follow the repartition", || {
-            slice_devices(emulator) == devices
-        })
-        .await;
-        to_slices.push(written.elapsed());
-    }
-    println!(
-        "repartition (spx <-> cpx_nps4) -> ResourceSlices updated: p50 {:.2?} max {:.2?} (n={runs})",
-        percentile(&mut to_slices, 0.5),
-        percentile(&mut to_slices, 1.0)
-    );
+    time_repartitions(
+        emulator,
+        "repartition (spx <-> cpx_nps4) -> ResourceSlices updated",
+        |partition| {
+            simulate::write_host(&host, &SimSpec::new("mi300x", None, partition).unwrap()).unwrap();
+            Instant::now()
+        },
+    )
+    .await;
     shutdown.cancel();
     let _ = task.await;
 }
@@ -294,19 +300,14 @@ async fn rss(emulator: &Emulator) {
             .unwrap();
         let mut device_plugin_kubelet =
             TestKubelet::start(&kubelet_dir.join("device-plugins")).await;
-        let mut child = Command::new(env!("CARGO_BIN_EXE_gpu-operator"))
-            .args(["agent", "--node-name", NODE, "--host-root"])
-            .arg(&host_dir)
-            .arg("--kubelet-dir")
-            .arg(&kubelet_dir)
-            .arg("--cdi-dir")
-            .arg(dir.path().join("cdi"))
-            .env("KUBECONFIG", &kubeconfig)
-            .env("RUST_LOG", "warn")
-            .env_remove("POD_NAMESPACE")
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("start agent");
+        let cdi_dir = dir.path().join("cdi");
+        let mut child = figures::spawn_agent(
+            NODE,
+            &host_dir,
+            &kubelet_dir,
+            &kubeconfig,
+            &["--cdi-dir".as_ref(), cdi_dir.as_os_str()],
+        );
         let what = if dra {
             let kubelet = DraKubelet::new(&kubelet_dir);
             kubelet.register().await;

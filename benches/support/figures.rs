@@ -38,3 +38,27 @@ pub fn rss_mib(pid: u32) -> f64 {
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
         .map_or(f64::NAN, |kb| kb / 1024.0)
 }
+
+/// Starts the real `gpu-operator agent` binary for node `node` on the
+/// simulated host at `host_dir`, against the API server `kubeconfig` names,
+/// logging warnings only, with `extra` arguments; its stdout is discarded.
+pub fn spawn_agent(
+    node: &str,
+    host_dir: &std::path::Path,
+    kubelet_dir: &std::path::Path,
+    kubeconfig: &std::path::Path,
+    extra: &[&std::ffi::OsStr],
+) -> std::process::Child {
+    std::process::Command::new(env!("CARGO_BIN_EXE_gpu-operator"))
+        .args(["agent", "--node-name", node, "--host-root"])
+        .arg(host_dir)
+        .arg("--kubelet-dir")
+        .arg(kubelet_dir)
+        .args(extra)
+        .env("KUBECONFIG", kubeconfig)
+        .env("RUST_LOG", "warn")
+        .env_remove("POD_NAMESPACE")
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("start agent")
+}
