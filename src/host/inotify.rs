@@ -52,6 +52,12 @@ impl Event {
     pub fn about_the_directory(&self) -> bool {
         self.mask & (libc::IN_DELETE_SELF | libc::IN_MOVE_SELF | libc::IN_IGNORED) != 0
     }
+
+    /// An entry of the watched directory was deleted (not replaced by a
+    /// rename, which is `IN_MOVED_TO`).
+    pub fn entry_deleted(&self) -> bool {
+        self.mask & libc::IN_DELETE != 0
+    }
 }
 
 impl Inotify {

@@ -1052,7 +1052,14 @@ impl Replacements {
                 return;
             }
             let dirs = self.dirs.get(&event.wd).map(Vec::as_slice).unwrap_or(&[]);
-            if event.about_the_directory() {
+            // An entry deleted may be the start of the whole directory being
+            // removed, and the kernel reports the directory itself deleted
+            // only once nothing holds it open: another reader's kept file
+            // delays that for as long as it likes, while a new directory may
+            // already stand at the path. So the watch is dropped at once,
+            // with the kept files it vouched for; the next open there watches
+            // whatever directory is at the path then.
+            if event.about_the_directory() || event.entry_deleted() {
                 forget.extend(dirs.iter().map(|d| Forget::Under(d.clone())));
                 gone.push(event.wd);
             } else if let Some(name) = &event.name {
@@ -1219,6 +1226,31 @@ mod tests {
         assert_eq!(reader.read_attr("/sys/a", SHORT).await.unwrap(), "6");
         std::fs::write(dir.path().join("old/a"), "7\n").unwrap();
         assert_eq!(reader.read_attr("/sys/a", SHORT).await.unwrap(), "6");
+    }
+
+    #[tokio::test]
+    async fn a_kept_descriptor_follows_its_directory_replaced_while_another_holds_it() {
+        // Another reader (the health monitor's, say) keeps a file of the
+        // directory open: the removed directory lives on, and the kernel
+        // reports it deleted only once that file is closed. The watch on it
+        // must not be trusted for the new directory at the same path.
+        let (dir, host) = host();
+        host.write("/sys/d/a", "1\n").unwrap();
+        host.write("/sys/d/b", "b\n").unwrap();
+        let reader = BoundedReader::new(host.clone(), 2);
+        assert_eq!(reader.read_attr("/sys/d/a", SHORT).await.unwrap(), "1");
+        let mut held = Vec::new();
+        for value in ["2", "3", "4"] {
+            held.push(std::fs::File::open(dir.path().join("sys/d/b")).unwrap());
+            std::fs::remove_dir_all(dir.path().join("sys/d")).unwrap();
+            host.write("/sys/d/a", format!("{value}\n")).unwrap();
+            host.write("/sys/d/b", "b\n").unwrap();
+            assert_eq!(
+                reader.read_attr("/sys/d/a", SHORT).await.unwrap(),
+                value,
+                "the directory replaced for {value}"
+            );
+        }
     }
 
     #[tokio::test]
