@@ -83,6 +83,25 @@ impl HostError {
 pub type Result<T, E = HostError> = std::result::Result<T, E>;
 
 /// The root under which host paths are resolved.
+/// Where writes of kernel attributes go: the kernel itself on a real host
+/// ([`HostRoot::store_attr`]); the simulator's model of the driver on a
+/// simulated one, which answers as the kernel would. The one way this
+/// program changes a kernel setting through sysfs.
+pub trait AttrStore: Send + Sync + std::fmt::Debug {
+    /// Stores `value` in the attribute at `host_path`.
+    fn store(&self, host_path: &str, value: &str) -> Result<()>;
+}
+
+/// The real kernel's attributes under a host root.
+#[derive(Clone, Debug)]
+pub struct Sysfs(pub HostRoot);
+
+impl AttrStore for Sysfs {
+    fn store(&self, host_path: &str, value: &str) -> Result<()> {
+        self.0.store_attr(host_path, value)
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HostRoot {
     root: PathBuf,
@@ -295,6 +314,22 @@ impl HostRoot {
             fs::create_dir_all(parent).map_err(|e| HostError::io(parent, e))?;
         }
         fs::write(&path, contents).map_err(|e| HostError::io(&path, e))
+    }
+
+    /// Writes `value` to an existing kernel attribute in one `write`, as
+    /// `echo value > attr` does: the file is never created or truncated, and
+    /// the kernel's answer (`EINVAL` for a value it refuses, `EBUSY`) is the
+    /// error. May block as long as the driver takes to act on it; callers
+    /// bound it.
+    pub fn store_attr(&self, host_path: impl AsRef<Path>, value: &str) -> Result<()> {
+        use std::io::Write as _;
+        let path = self.path(host_path);
+        let mut file = fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .map_err(|e| HostError::io(&path, e))?;
+        file.write_all(value.as_bytes())
+            .map_err(|e| HostError::io(&path, e))
     }
 
     pub fn create_dir_all(&self, host_path: impl AsRef<Path>) -> Result<()> {

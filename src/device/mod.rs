@@ -18,6 +18,7 @@ pub mod bounded;
 pub mod fingerprint;
 pub mod kfd;
 pub mod model;
+pub mod modes;
 pub mod uevent;
 pub mod unbound;
 pub mod watch;

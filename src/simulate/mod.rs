@@ -32,6 +32,7 @@
 //! as a fixture (see `tests/architecture.rs`).
 
 pub mod gpu_metrics;
+pub mod kernel;
 mod profiles;
 
 use std::collections::BTreeMap;
@@ -41,6 +42,7 @@ use std::path::Path;
 pub use profiles::{Fabric, GpuModel, PROFILES, Profile, compute_mode_partitions};
 
 use crate::device::model::format_bdf;
+use crate::device::modes;
 use crate::host::{HostError, HostRoot};
 
 /// Marks a directory as written by the simulator; its presence lets a rewrite
@@ -188,12 +190,9 @@ fn parse_partition(profile: &'static Profile, value: &str) -> Result<(String, St
             model.memory_modes.join(", ").to_ascii_lowercase()
         )));
     }
-    let partitions = compute_mode_partitions(&compute).unwrap_or(1);
-    let domains = profiles::memory_mode_domains(&memory).unwrap_or(1);
-    // Each memory domain must be served by whole partitions, as the hardware requires.
-    if domains > partitions {
+    if !modes::compatible(&compute, &memory) {
         return Err(bad(format!(
-            "{memory} needs at least {domains} compute partitions; {compute} has {partitions}"
+            "the driver does not run {compute} with {memory}"
         )));
     }
     Ok((compute, memory))
@@ -223,7 +222,7 @@ pub fn write_host(host: &HostRoot, spec: &SimSpec) -> Result<SimSummary, SimErro
     }
     if spec.driver_loaded {
         write_driver(&mut w, &SimModule::default())?;
-        write_kfd(&mut w, spec, &layout)?;
+        write_kfd(&mut w, spec, &layout, 1)?;
     }
     Ok(SimSummary {
         gpus: layout.gpus.len(),
@@ -275,12 +274,96 @@ fn clear_gpu_tree(host: &HostRoot) -> Result<(), HostError> {
     ] {
         host.remove_all(path)?;
     }
+    remove_xcp_devices(host)
+}
+
+/// Removes the partition platform devices (`amdgpu_xcp_N`).
+fn remove_xcp_devices(host: &HostRoot) -> Result<(), HostError> {
     for entry in host.list_dir_or_empty("/sys/devices/platform")? {
         if entry.starts_with("amdgpu_xcp") {
             host.remove_all(format!("/sys/devices/platform/{entry}"))?;
         }
     }
     Ok(())
+}
+
+const KFD_TOPOLOGY: &str = "/sys/class/kfd/kfd/topology";
+
+/// Re-creates what a partition change replaces, as the driver does after it
+/// switched: every GPU's partition DRM nodes and platform devices, its
+/// partition modes, its `gpu_metrics` (which has a row per partition) and the
+/// KFD topology, with `generation_id` bumped. The PCI functions and what
+/// else they hold (RAS counts, telemetry, the module) stay as they are.
+pub(crate) fn rewrite_partitions(host: &HostRoot, spec: &SimSpec) -> Result<(), HostError> {
+    let layout = Layout::new(spec);
+    for entry in host.list_dir_or_empty("/sys/class/drm")? {
+        if entry.starts_with("card") || entry.starts_with("renderD") {
+            host.remove_all(format!("/sys/class/drm/{entry}"))?;
+        }
+    }
+    host.remove_all("/dev/dri")?;
+    remove_xcp_devices(host)?;
+    for gpu in &layout.gpus {
+        host.remove_all(format!("{}/drm", pci_dir(&gpu.bdf)))?;
+    }
+    let generation = host
+        .read_attr(format!("{KFD_TOPOLOGY}/generation_id"))
+        .ok()
+        .and_then(|g| g.parse::<u64>().ok())
+        .unwrap_or(0)
+        + 1;
+    host.remove_all(KFD_TOPOLOGY)?;
+    let mut w = Writer { host, files: 0 };
+    for gpu in &layout.gpus {
+        let dir = pci_dir(&gpu.bdf);
+        w.attrs(&dir, &partition_attrs(spec, gpu.index))?;
+        let partitions = gpu.nodes.len() as u32;
+        if let Some(blob) = gpu_metrics_blob(&spec.profile.model, gpu.index, partitions, 0) {
+            w.file(format!("{dir}/gpu_metrics"), blob)?;
+        }
+        write_drm_nodes(&mut w, spec, gpu)?;
+    }
+    write_kfd(&mut w, spec, &layout, generation)
+}
+
+/// The spec of the simulated host under `host` as its tree shows it now:
+/// the profile and GPU count the simulator recorded, each GPU's partition
+/// modes, whether the driver is bound, and the platform devices' spelling.
+pub fn spec_of(host: &HostRoot) -> Result<SimSpec, SimError> {
+    let marker = host.read_attr(MARKER)?;
+    let mut words = marker.split_whitespace();
+    let (Some(profile), Some(gpus)) = (words.next(), words.next()) else {
+        return Err(SimError::BadPartition {
+            value: marker.clone(),
+            reason: format!("{MARKER} does not name a profile and a GPU count"),
+        });
+    };
+    let gpus = gpus.parse().ok();
+    let mut spec = SimSpec::new(profile, gpus, None)?;
+    spec.driver_loaded = host.exists("/sys/module/amdgpu");
+    spec.xcp_dot_spelling = host
+        .list_dir_or_empty("/sys/devices/platform")?
+        .iter()
+        .any(|e| e.starts_with("amdgpu_xcp."));
+    if spec.partitionable() {
+        for gpu in Layout::new(&spec).gpus {
+            let dir = pci_dir(&gpu.bdf);
+            let compute = host.read_attr(format!("{dir}/current_compute_partition"));
+            let memory = host.read_attr(format!("{dir}/current_memory_partition"));
+            if let (Ok(compute), Ok(memory)) = (compute, memory) {
+                spec.gpu_partitions.insert(
+                    gpu.index,
+                    (compute.to_ascii_lowercase(), memory.to_ascii_lowercase()),
+                );
+            }
+        }
+    }
+    Ok(spec)
+}
+
+/// The PCI address of each GPU of `spec`, in index order.
+pub fn gpu_addresses(spec: &SimSpec) -> Vec<String> {
+    Layout::new(spec).gpus.into_iter().map(|g| g.bdf).collect()
 }
 
 /// Counts files as it writes them, for the summary.
@@ -483,17 +566,7 @@ fn write_pci_function(
     if let Some(number) = model.product_number {
         attrs.push(("product_number", number.to_owned()));
     }
-    if let Some((compute, memory)) = spec.modes(gpu.index) {
-        attrs.extend([
-            ("current_compute_partition", compute.to_ascii_uppercase()),
-            (
-                "available_compute_partition",
-                model.compute_modes.join(", "),
-            ),
-            ("current_memory_partition", memory.to_ascii_uppercase()),
-            ("available_memory_partition", model.memory_modes.join(", ")),
-        ]);
-    }
+    attrs.extend(partition_attrs(spec, gpu.index));
     w.attrs(&dir, &attrs)?;
     for (stem, _) in crate::device::FIRMWARE_ENGINES {
         w.file(
@@ -512,6 +585,30 @@ fn write_pci_function(
     w.link(&dir, &format!("/sys/bus/pci/drivers/amdgpu/{}", gpu.bdf))?;
     w.link("/sys/bus/pci/drivers/amdgpu", &format!("{dir}/driver"))?;
     write_telemetry(w, spec, gpu, &dir)?;
+    write_drm_nodes(w, spec, gpu)
+}
+
+/// A partitionable GPU's partition modes, current and available.
+fn partition_attrs(spec: &SimSpec, index: usize) -> Vec<(&'static str, String)> {
+    let model = &spec.profile.model;
+    match spec.modes(index) {
+        Some((compute, memory)) => vec![
+            ("current_compute_partition", compute.to_ascii_uppercase()),
+            (
+                "available_compute_partition",
+                model.compute_modes.join(", "),
+            ),
+            ("current_memory_partition", memory.to_ascii_uppercase()),
+            ("available_memory_partition", model.memory_modes.join(", ")),
+        ],
+        None => Vec::new(),
+    }
+}
+
+/// The DRM nodes of each of a GPU's partitions: the first on the PCI
+/// function, the others on driverless `amdgpu_xcp` platform devices.
+fn write_drm_nodes(w: &mut Writer<'_>, spec: &SimSpec, gpu: &GpuLayout) -> Result<(), HostError> {
+    let dir = pci_dir(&gpu.bdf);
     for node in &gpu.nodes {
         let node_dir = match node.xcp {
             None => dir.clone(),
@@ -1050,11 +1147,21 @@ fn write_driver(w: &mut Writer<'_>, module: &SimModule) -> Result<(), HostError>
     w.file("/dev/kfd", "")
 }
 
-fn write_kfd(w: &mut Writer<'_>, spec: &SimSpec, layout: &Layout) -> Result<(), HostError> {
+/// The KFD topology; `generation` is its `generation_id`, which the kernel
+/// bumps on every topology change.
+fn write_kfd(
+    w: &mut Writer<'_>,
+    spec: &SimSpec,
+    layout: &Layout,
+    generation: u64,
+) -> Result<(), HostError> {
     let profile = spec.profile;
     let model = &profile.model;
-    let topo = "/sys/class/kfd/kfd/topology";
-    w.file(format!("{topo}/generation_id"), "1\n")?;
+    w.file(
+        format!("{KFD_TOPOLOGY}/generation_id"),
+        format!("{generation}\n"),
+    )?;
+    let topo = KFD_TOPOLOGY;
     w.file(
         format!("{topo}/system_properties"),
         "platform_oem 0\nplatform_id 0\nplatform_rev 0\n",
@@ -1175,7 +1282,10 @@ mod tests {
         assert!(SimSpec::new("mi300x", None, Some("cpx_nps4")).is_ok());
         assert!(SimSpec::new("mi300x", None, Some("CPX_NPS1")).is_ok());
         let err = SimSpec::new("mi300x", None, Some("spx_nps4")).unwrap_err();
-        assert!(err.to_string().contains("nps4 needs at least 4"), "{err}");
+        assert!(
+            err.to_string().contains("does not run spx with nps4"),
+            "{err}"
+        );
         assert!(matches!(
             SimSpec::new("mi300x", None, Some("cpx")),
             Err(SimError::BadPartition { .. })

@@ -245,21 +245,7 @@ pub fn names() -> Vec<&'static str> {
     PROFILES.iter().map(|p| p.name).collect()
 }
 
-/// Number of partitions of a compute mode.
+/// Number of partitions of a compute mode (see [`crate::device::modes`]).
 pub fn compute_mode_partitions(mode: &str) -> Option<u32> {
-    match mode.to_ascii_lowercase().as_str() {
-        "spx" => Some(1),
-        "dpx" => Some(2),
-        "qpx" => Some(4),
-        "cpx" => Some(8),
-        _ => None,
-    }
-}
-
-/// Number of memory domains of a memory mode (`nps4` has four).
-pub fn memory_mode_domains(mode: &str) -> Option<u32> {
-    mode.to_ascii_lowercase()
-        .strip_prefix("nps")
-        .and_then(|n| n.parse().ok())
-        .filter(|n| [1, 2, 4, 8].contains(n))
+    crate::device::modes::compute_partitions(mode)
 }

@@ -162,3 +162,61 @@ fn single_gpu_capture_without_hive_or_gfx_version() {
     assert_eq!(gpus[0].primary().vram_bytes, Some(17163091968));
     assert_eq!(gpus[0].cu_count(), Some(64));
 }
+
+/// A simulated MI300X repartitioned to CPX the way the agent does it, by
+/// writing `current_compute_partition` of each GPU (the simulated driver
+/// answers), gives the KFD topology the real MI300X CPX machine has: the same
+/// GPUs, render minors, partition functions, CUs per partition, hive and
+/// links (its last partition, missing from the capture, aside).
+#[test]
+fn a_simulated_cpx_switch_matches_the_mi300x_cpx_capture() {
+    use gpu_operator::host::AttrStore;
+    use gpu_operator::simulate::{self, SimSpec, kernel::SimulatedKernel};
+
+    // In memory where there is /dev/shm: eight topology rewrites of 64
+    // nodes are slow to delete from a disk.
+    let dir = tempfile::tempdir_in("/dev/shm")
+        .or_else(|_| tempfile::tempdir())
+        .unwrap();
+    let host = HostRoot::new(dir.path());
+    let spec = SimSpec::new("mi300x", None, None).unwrap();
+    simulate::write_host(&host, &spec).unwrap();
+    let driver = SimulatedKernel::new(host.clone());
+    for bdf in simulate::gpu_addresses(&spec) {
+        driver
+            .store(
+                &format!("/sys/bus/pci/devices/{bdf}/current_compute_partition"),
+                "CPX\n",
+            )
+            .unwrap();
+    }
+    let simulated = kfd::read_topology(&host, kfd::TOPOLOGY_DIR);
+    let (_captured_dir, captured) = load("mi300x-cpx");
+    assert!(simulated.problems.is_empty(), "{:?}", simulated.problems);
+    let (sim_gpus, real_gpus) = (simulated.gpus(), captured.gpus());
+    assert_eq!(sim_gpus.len(), real_gpus.len());
+    for (sim, real) in sim_gpus.iter().zip(&real_gpus) {
+        assert_eq!(sim.bdf(), real.bdf());
+        // The capture lacks the last partition of its last GPU.
+        let shared = real.nodes.len();
+        assert_eq!(sim.nodes.len(), 8, "{}", sim.bdf());
+        assert_eq!(render_minors(sim)[..shared], render_minors(real)[..]);
+        let functions = |g: &kfd::KfdGpu<'_>| -> Vec<u64> {
+            g.nodes.iter().map(|n| n.props.location_id & 7).collect()
+        };
+        assert_eq!(functions(sim)[..shared], functions(real)[..]);
+        let cus = |g: &kfd::KfdGpu<'_>| g.cu_count().map(|c| c / g.nodes.len() as u64);
+        assert_eq!(cus(sim), cus(real), "CUs per partition of {}", sim.bdf());
+        let ids: BTreeSet<u64> = sim.nodes.iter().map(|n| n.props.unique_id).collect();
+        assert_eq!(ids.len(), 1, "partitions of one GPU share its unique_id");
+        let peers = |t: &KfdTopology, g: &kfd::KfdGpu<'_>| -> Vec<(String, LinkKind)> {
+            t.links_of(g)
+                .iter()
+                .map(|l| (l.to_bdf.clone(), l.kind))
+                .collect()
+        };
+        assert_eq!(peers(&simulated, sim), peers(&captured, real));
+    }
+    let hives: BTreeSet<u64> = sim_gpus.iter().map(|g| g.primary().props.hive_id).collect();
+    assert_eq!(hives.len(), 1);
+}
