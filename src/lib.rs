@@ -19,6 +19,7 @@ pub mod host;
 pub mod labeller;
 pub mod metrics;
 pub mod node_writer;
+pub mod partition;
 pub mod plugin;
 pub mod service;
 pub mod simulate;

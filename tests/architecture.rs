@@ -44,6 +44,9 @@ const LAYERS: &[&[&str]] = &[
     // Above the Node writer and events (its refusals become conditions and
     // Events), below the labeller and the agent that publish its report.
     &["driver"],
+    // GPU partitioning: profiles, the plan against the node, the sysfs
+    // writes. Above the driver (whose holder scan it uses).
+    &["partition"],
     // The kubelet device plugin: resource naming, device IDs, and the
     // HealthReport interface health sources feed.
     &["plugin"],

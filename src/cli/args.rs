@@ -106,6 +106,21 @@ pub(super) fn host_name() -> String {
         .unwrap_or_else(|| "localhost".into())
 }
 
+/// The text of `path`, refused when it is larger than `max` bytes.
+pub(super) fn read_capped(path: &std::path::Path, max: usize) -> Result<String, String> {
+    use std::io::Read as _;
+    let named = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
+    let file = std::fs::File::open(path).map_err(|e| named(&e))?;
+    let mut text = String::new();
+    file.take(max as u64 + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| named(&e))?;
+    if text.len() > max {
+        return Err(named(&format!("larger than {max} bytes")));
+    }
+    Ok(text)
+}
+
 pub(super) fn read_optional(path: Option<&PathBuf>) -> Result<Option<String>, String> {
     path.map(|p| std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display())))
         .transpose()

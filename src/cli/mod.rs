@@ -14,6 +14,7 @@ pub mod driver;
 pub mod leader;
 pub mod logging;
 pub mod output;
+pub mod partition;
 pub mod runtime;
 pub mod simulate;
 pub mod standalone;
@@ -29,6 +30,7 @@ use self::discover::DiscoverArgs;
 use self::driver::DriverArgs;
 use self::leader::LeaderArgs;
 use self::logging::LogFormat;
+use self::partition::PartitionArgs;
 use self::simulate::SimulateArgs;
 use self::standalone::StandaloneArgs;
 use self::upgrade::UpgradeArgs;
@@ -109,6 +111,13 @@ pub enum Command {
     /// the leader rolls upgrades across nodes (spec.driver.upgradePolicy;
     /// `gpu-operator upgrade status` shows where each node stands).
     Driver(DriverArgs),
+    /// GPU partitioning: each GPU's modes (`show`), and a partition profile
+    /// applied to this host (`apply`), as the reference's device config
+    /// manager's profiles describe them.
+    ///
+    /// On Kubernetes nodes, label the Node dcm.amd.com/gpu-config-profile=<name>
+    /// instead; see docs/partitioning.md.
+    Partition(PartitionArgs),
     /// Rolling driver upgrades across the cluster: `status` prints where
     /// each node stands, and what blocks it.
     Upgrade(UpgradeArgs),
@@ -145,6 +154,7 @@ pub fn main() -> ExitCode {
         Command::Check(args) => check::run(args),
         Command::Driver(args) => driver::run(args),
         Command::Upgrade(args) => upgrade::run(args),
+        Command::Partition(args) => partition::run(args),
         Command::Crd(args) => crate::api::cli::run_crd(args),
         Command::Validate(args) => crate::api::cli::run_validate(args),
     }

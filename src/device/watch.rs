@@ -102,9 +102,22 @@ pub struct ScanState {
     pub last_incomplete: Option<String>,
 }
 
+/// Asks a [`DeviceWatch`] for a full scan now: for whoever just changed the
+/// host itself (a partition switch) and need not wait for the next tick.
+#[derive(Clone, Debug)]
+pub struct Rescan(mpsc::Sender<()>);
+
+impl Rescan {
+    /// Asks for a scan; requests that come while one is queued are one.
+    pub fn request(&self) {
+        let _ = self.0.try_send(());
+    }
+}
+
 /// A running watch. Dropping it stops the watch.
 pub struct DeviceWatch {
     inventory: watch::Receiver<Arc<Inventory>>,
+    rescan: Rescan,
     events: broadcast::Sender<DeviceEvent>,
     state: watch::Receiver<ScanState>,
     task: JoinHandle<()>,
@@ -168,15 +181,21 @@ impl DeviceWatch {
                 events: events.clone(),
             },
             hint_rx,
-            hint_tx,
+            hint_tx.clone(),
             netlink,
         ));
         Self {
             inventory,
+            rescan: Rescan(hint_tx),
             events,
             state,
             task,
         }
+    }
+
+    /// A handle that asks for a full scan now, as a kernel event would.
+    pub fn rescan(&self) -> Rescan {
+        self.rescan.clone()
     }
 
     /// How far the watch has got; `changed()` wakes on every scan.

@@ -16,6 +16,7 @@ mod health_monitor;
 mod health_plugin;
 mod metrics_exporter;
 mod metrics_rbac;
+mod partition_cli;
 mod plugin_kubelet;
 mod plugin_lifecycle;
 mod simulate_cli;
