@@ -45,6 +45,7 @@ fn agent_status(generation: i64, uid: &str) -> String {
         driver_version: Some("6.12.12".into()),
         driver: None,
         driver_load: None,
+        partition: None,
         problems: vec![],
         since: "2026-11-30T00:00:00Z".into(),
     }

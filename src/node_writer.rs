@@ -68,6 +68,10 @@ pub enum Concern {
     /// The leader's driver upgrade of a node: its record, state label,
     /// cordon and taint.
     Upgrade,
+    /// The agent's partition change: the state label.
+    Partition,
+    /// The leader's part of a partition change: its record, cordon and taint.
+    PartitionLeader,
 }
 
 impl Concern {
@@ -79,6 +83,8 @@ impl Concern {
             Self::AgentStatus => field_manager::AGENT_STATUS,
             Self::Driver => field_manager::DRIVER,
             Self::Upgrade => field_manager::UPGRADE,
+            Self::Partition => field_manager::PARTITION,
+            Self::PartitionLeader => field_manager::PARTITION_LEADER,
         }
     }
 

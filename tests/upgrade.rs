@@ -451,29 +451,12 @@ async fn a_rolling_upgrade_keeps_to_its_limits_and_ends_with_every_node_upgraded
     fleet.stop_all().await;
 }
 
-/// A GPU pod on `node` owned by a ReplicaSet, running and ready as its
-/// kubelet would report it.
+/// A GPU pod on `node` owned by a ReplicaSet, running and ready.
 async fn gpu_pod(fleet: &Fleet, name: &str, node: &str, labels: Value) {
     fleet
         .cluster
-        .create(json!({
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": "ml", "labels": labels, "ownerReferences": [
-                {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": format!("{name}-rs"),
-                 "uid": format!("uid-{name}"), "controller": true}]},
-            "spec": {"nodeName": node, "containers": [{"name": "main", "image": "rocm/pytorch",
-                "resources": {"limits": {"amd.com/gpu": "1"}}}]},
-        }))
-        .expect("pod");
-    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(fleet.cluster.client(), "ml");
-    pods.patch_status(
-        name,
-        &kube::api::PatchParams::default(),
-        &kube::api::Patch::Merge(json!({"status": {"phase": "Running",
-            "conditions": [{"type": "Ready", "status": "True"}]}})),
-    )
-    .await
-    .expect("pod status");
+        .running_gpu_pod("ml", name, node, labels)
+        .await;
 }
 
 fn pod_exists(fleet: &Fleet, name: &str) -> bool {

@@ -17,6 +17,7 @@
 
 pub mod configmaps;
 pub mod node_services;
+pub mod partition;
 pub mod plan;
 pub mod select;
 pub mod services;
@@ -167,13 +168,32 @@ pub async fn run(
     );
     let mut plugin_status = services.plugin_status.clone();
     let mut discovery = services.discovery();
+    // Partition changes of this node (configManager), once the leader drained it.
+    let (partition_wanted, partition_wanted_rx) = watch::channel(None);
+    let (mut partition_report, _partition_task) = partition::spawn(
+        partition::Feeds {
+            node: node_rx.clone(),
+            inventory: inventory.clone(),
+            discovered: services.discovery(),
+            rescan: devices.rescan(),
+            writer: writer.clone(),
+            events: events.clone(),
+            store: crate::simulate::kernel::store_for(&config.host),
+            reader: crate::host::reader::BoundedReader::new(config.host.clone(), 2),
+            limits: crate::partition::Limits::default(),
+        },
+        partition_wanted_rx,
+        report_stop.clone(),
+    );
     let (mut metrics_config_error, _forward_config_error) =
         config_error_changes(services.exporter_status.clone());
     let mut state_changes = services.state_changes();
     let metrics_config = ConfigMapFollower::new(client.clone());
     let test_config = ConfigMapFollower::new(client.clone());
+    let partition_config = ConfigMapFollower::new(client.clone());
     let mut metrics_text = metrics_config.subscribe();
     let mut test_text = test_config.subscribe();
+    let mut partition_text = partition_config.subscribe();
     // The Secret and ConfigMap that metricsExporter.rbacConfig names.
     let access = configmaps::AccessFollower::new(client.clone());
     let mut access_material = access.subscribe();
@@ -187,6 +207,7 @@ pub async fn run(
         watches: watches.clone(),
         metrics_config,
         test_config,
+        partition_config,
         access,
         node_health: None,
         driver_condition_failed: false,
@@ -198,6 +219,7 @@ pub async fn run(
         configs_changed.borrow_and_update();
         metrics_text.borrow_and_update();
         test_text.borrow_and_update();
+        partition_text.borrow_and_update();
         access_material.borrow_and_update();
         discovery.borrow_and_update();
         for rx in &mut state_changes {
@@ -249,6 +271,16 @@ pub async fn run(
                 edges.apply_driver_condition(&intent).await;
             }
             let desired = edges.follow(&selection, &following, node.labels());
+            let wanted_partition = plan::partition_wanted(
+                &selection,
+                node.labels(),
+                edges.partition_config.text().as_deref(),
+            );
+            partition_wanted.send_if_modified(|current| {
+                let changed = *current != wanted_partition;
+                *current = wanted_partition;
+                changed
+            });
             let access_problems = desired
                 .metrics
                 .as_ref()
@@ -270,6 +302,7 @@ pub async fn run(
                     inventory: &inventory.borrow_and_update(),
                     driver: driver_report.borrow_and_update().as_ref(),
                     driver_load: load.as_ref(),
+                    partition: partition_report.borrow_and_update().as_ref(),
                     applied,
                     health_running: services.health.is_running(),
                     publishing_health: edges.node_health.is_some(),
@@ -291,6 +324,8 @@ pub async fn run(
             _ = metrics_config_error.changed() => {}
             _ = metrics_text.changed() => {}
             _ = test_text.changed() => {}
+            _ = partition_text.changed() => {}
+            _ = partition_report.changed() => {}
             _ = access_material.changed() => {}
             _ = discovery.changed() => {}
             _ = node_services::any_changed(&mut state_changes) => {}
@@ -434,6 +469,8 @@ struct Edges<'a> {
     watches: CancellationToken,
     metrics_config: ConfigMapFollower,
     test_config: ConfigMapFollower,
+    /// The ConfigMap of configManager's partition profiles.
+    partition_config: ConfigMapFollower,
     /// The Secret and ConfigMap that metricsExporter.rbacConfig names.
     access: configmaps::AccessFollower,
     /// The Node's AMDGPUUnhealthy condition, unhealthy labels and health
@@ -493,6 +530,8 @@ impl Edges<'_> {
         }
         self.metrics_config.follow(following.metrics_config.clone());
         self.test_config.follow(following.test_config.clone());
+        self.partition_config
+            .follow(following.partition_config.clone());
         self.access.follow(
             following
                 .access

@@ -124,6 +124,9 @@ pub struct Following {
     pub test_config: Option<ConfigMapRef>,
     /// The namespace and `metricsExporter.rbacConfig` whose objects to follow.
     pub access: Option<(String, KubeRbacConfig)>,
+    /// The ConfigMap of `configManager.config` (the reference's
+    /// `default-dcm-config` when it names none), while configManager is on.
+    pub partition_config: Option<ConfigMapRef>,
 }
 
 /// The operator-side driver-type label the reference writes on each Node a
@@ -231,7 +234,62 @@ pub fn follow(state: &mut LoopState, selection: &Selection) -> Following {
             .as_ref()
             .map(|c| (namespace.clone(), c.name.clone())),
         access: Some((namespace.clone(), spec.metrics_exporter.rbac_config.clone())),
+        partition_config: spec.config_manager.is_enabled().then(|| {
+            let named = spec
+                .config_manager
+                .config
+                .as_ref()
+                .map(|c| c.name.trim().to_owned())
+                .filter(|n| !n.is_empty());
+            (
+                namespace.clone(),
+                named.unwrap_or_else(|| crate::partition::profiles::DEFAULT_CONFIGMAP.to_owned()),
+            )
+        }),
     }
+}
+
+/// The partition profiles the selected DeviceConfig gives this node: `None`
+/// when configManager does not run here. The text is the followed
+/// ConfigMap's `config.json`; without one, the built-in profiles, unless
+/// `configManager.config` names a ConfigMap (then nothing is decided until
+/// it is seen: the leader reports a missing one in the DeviceConfig's
+/// status).
+pub fn partition_wanted(
+    selection: &Selection,
+    node_labels: &BTreeMap<String, String>,
+    text: Option<&str>,
+) -> Option<super::partition::Wanted> {
+    let Selection::One(selected) = selection else {
+        return None;
+    };
+    let spec = &selected.spec;
+    if !spec.runs_on(crate::api::semantics::Operand::ConfigManager, node_labels) {
+        return None;
+    }
+    let named = spec
+        .config_manager
+        .config
+        .as_ref()
+        .map(|c| c.name.trim())
+        .filter(|n| !n.is_empty());
+    let profiles = match (text, named) {
+        (Some(text), _) => Some(
+            crate::partition::ProfileSet::parse(text)
+                .map(std::sync::Arc::new)
+                .map_err(|e| {
+                    format!(
+                        "ConfigMap {}: {e}",
+                        named.unwrap_or(crate::partition::profiles::DEFAULT_CONFIGMAP)
+                    )
+                }),
+        ),
+        (None, None) => Some(Ok(std::sync::Arc::new(
+            crate::partition::ProfileSet::builtin(),
+        ))),
+        (None, Some(_)) => None,
+    };
+    Some(super::partition::Wanted { profiles })
 }
 
 /// What the agent's command line overrides in the services a DeviceConfig
@@ -298,6 +356,7 @@ pub struct Observed<'a> {
     pub driver: Option<&'a DriverReport>,
     /// What the driver manager did, when the DeviceConfig asks for a driver.
     pub driver_load: Option<&'a DriverLoad>,
+    pub partition: Option<&'a crate::api::agent_status::PartitionReport>,
     /// What applying the services stopped.
     pub applied: Applied,
     /// The health monitor runs.
@@ -396,6 +455,7 @@ pub fn report(state: &mut LoopState, observed: Observed<'_>) -> Report {
         Selection::None => None,
         selection => Some(AgentStatus {
             driver_load: observed.driver_load.cloned(),
+            partition: observed.partition.cloned(),
             ..build_status(
                 selection,
                 observed.services,
@@ -559,6 +619,7 @@ fn build_status(
         driver_version: inventory.driver.version.clone(),
         driver: driver.cloned(),
         driver_load: None,
+        partition: None,
         problems,
         since,
     }
@@ -1030,6 +1091,7 @@ mod tests {
                     inventory: &inventory,
                     driver: None,
                     driver_load: None,
+                    partition: None,
                     applied: self.applied,
                     health_running: self.health_running,
                     publishing_health: self.publishing_health,

@@ -165,10 +165,25 @@ pub struct AgentStatus {
     /// (`spec.driver.enable`); absent when it asks for none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub driver_load: Option<DriverLoad>,
+    /// Where the node's partition change stands, while the Node asks for a
+    /// profile (`dcm.amd.com/gpu-config-profile`) and configManager is on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition: Option<PartitionReport>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub problems: Vec<String>,
     #[serde(default)]
     pub since: String,
+}
+
+/// The agent's view of its node's partition change.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PartitionReport {
+    pub profile: String,
+    /// The state label's value: pending, draining, applying, success, failed.
+    pub state: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 /// The node services, by the name the annotation gives them.
@@ -411,6 +426,7 @@ mod tests {
             driver_version: Some("6.12.12".into()),
             driver: None,
             driver_load: None,
+            partition: None,
             problems: vec![],
             since: "2026-11-30T07:00:00Z".into(),
         }

@@ -42,6 +42,15 @@ pub const DRIVER: &str = "gpu-operator-driver";
 /// upgrade taint (guarded patches: `spec.taints` is an atomic list).
 pub const UPGRADE: &str = "gpu-operator-upgrade";
 
+/// The agent's partition changes: the `dcm.amd.com/gpu-config-profile-state`
+/// label of its own Node (server-side apply).
+pub const PARTITION: &str = "gpu-operator-partition";
+
+/// The cluster role's partition changes, on every Node it drains for one:
+/// the record annotation (server-side apply), the cordon and taint (guarded
+/// patches).
+pub const PARTITION_LEADER: &str = "gpu-operator-partition-leader";
+
 /// The DRA kubelet plugin: the agent's own node's ResourceSlices
 /// (server-side apply).
 pub const DRA: &str = "gpu-operator-dra";

@@ -767,8 +767,6 @@ const NOT_YET_VFIO: &str = "binding GPUs to vfio-pci for the passthrough driver 
                             built yet; the driver type only picks the node labels";
 const WHY_DRA_ARGUMENTS: &str = "flags of the reference DRA plugin binary; the agent's DRA plugin \
      takes its own flags (--cdi-dir, --dra-device-taints, --kubelet-dir)";
-const NOT_YET_PARTITIONING: &str =
-    "GPU partitioning is not built yet: the GPUs keep the partition mode they have";
 const NOT_YET_REMEDIATION: &str =
     "node remediation is not built yet: no node is drained, rebooted or retested";
 const WHY_TOLERATIONS: &str =
@@ -792,9 +790,6 @@ pub const NOT_ACTED_ON_YET: &[&str] = &[
     "spec.driver.vfioConfig",
     "spec.devicePlugin.devicePluginArguments.driver_type",
     "spec.testRunner.logsLocation.logsExportSecrets",
-    "spec.configManager.enable",
-    "spec.configManager.config",
-    "spec.configManager.selector",
     "spec.remediationWorkflow.enable",
     "spec.remediationWorkflow.config",
     "spec.remediationWorkflow.ttlForFailedWorkflows",
@@ -867,21 +862,6 @@ pub fn ignored_field_notes(spec: &DeviceConfigSpec) -> Vec<IgnoredField> {
         "exporting test logs to cloud storage is not built: logs stay under logsLocation.hostPath",
     );
     let cm = &spec.config_manager;
-    notes.not_yet(
-        "spec.configManager.enable",
-        cm.is_enabled(),
-        NOT_YET_PARTITIONING,
-    );
-    notes.not_yet(
-        "spec.configManager.config",
-        cm.config.is_some(),
-        NOT_YET_PARTITIONING,
-    );
-    notes.not_yet(
-        "spec.configManager.selector",
-        !cm.selector.is_empty(),
-        NOT_YET_PARTITIONING,
-    );
     let rw = &spec.remediation_workflow;
     let rw_default = RemediationWorkflowSpec::default();
     for (path, is_set) in [
@@ -1245,15 +1225,9 @@ mod tests {
             .filter(|n| n.not_yet)
             .map(|n| n.path.as_str())
             .collect();
-        // upgradePolicy (rolling upgrades) and draDriver (the DRA plugin)
-        // are acted on: not among them.
-        assert_eq!(
-            pending,
-            [
-                "spec.configManager.enable",
-                "spec.remediationWorkflow.enable"
-            ]
-        );
+        // upgradePolicy (rolling upgrades), draDriver (the DRA plugin) and
+        // configManager (partitioning) are acted on: not among them.
+        assert_eq!(pending, ["spec.remediationWorkflow.enable"]);
     }
 
     /// Every `not_yet` note is in [`NOT_ACTED_ON_YET`] and every entry there

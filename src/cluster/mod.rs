@@ -14,6 +14,7 @@
 
 pub mod drain;
 pub mod lease;
+pub mod partitioner;
 pub mod reconcile;
 pub mod resources;
 pub mod status;
@@ -104,8 +105,9 @@ impl Default for ClusterConfig {
     }
 }
 
-/// A hash of what in a Node matters to DeviceConfig status and driver
-/// upgrades: labels, the agent status annotation, the upgrade record,
+/// A hash of what in a Node matters to DeviceConfig status, driver
+/// upgrades and partition changes: labels, the agent status annotation, the
+/// upgrade and partition records,
 /// condition statuses (not their heartbeat times), `unschedulable` and the
 /// taints. Nodes whose hash did not change trigger no reconcile.
 pub fn node_relevance(node: &Node) -> u64 {
@@ -113,6 +115,9 @@ pub fn node_relevance(node: &Node) -> u64 {
     node.labels().hash(&mut hasher);
     node.annotations().get(STATUS_ANNOTATION).hash(&mut hasher);
     node.annotations().get(RECORD_ANNOTATION).hash(&mut hasher);
+    node.annotations()
+        .get(crate::partition::state::RECORD_ANNOTATION)
+        .hash(&mut hasher);
     let spec = node.spec.as_ref();
     spec.and_then(|s| s.unschedulable).hash(&mut hasher);
     for taint in spec.and_then(|s| s.taints.as_deref()).unwrap_or_default() {

@@ -235,7 +235,7 @@ pub async fn reconcile(dc: Arc<DeviceConfig>, ctx: Arc<Context>) -> Result<Actio
         .map(|n| NodeView::from_node(n))
         .collect();
     if dc.metadata.deletion_timestamp.is_some() {
-        return tear_down(&dc, &selected, &ctx).await;
+        return tear_down(&dc, &selected, &selected_nodes, &ctx).await;
     }
     ensure_finalizer(&dc, &ctx).await?;
 
@@ -264,6 +264,17 @@ pub async fn reconcile(dc: Arc<DeviceConfig>, ctx: Arc<Context>) -> Result<Actio
         // Nothing moves while the spec is invalid: no pod is evicted for it.
         ctx.upgrades.stop_drains(&key);
         None
+    };
+    // 5b. Partition changes (configManager), on the same terms; with
+    // configManager off, a node still under a change is released.
+    let partition_wake = if problems.validation.is_empty() {
+        super::partitioner::reconcile(&dc, &selected_nodes, &ctx).await?
+    } else {
+        None
+    };
+    let upgrade_wake = match (upgrade_wake, partition_wake) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
     };
     let settled = || upgrade_wake.map_or_else(Action::await_change, Action::requeue);
 
@@ -751,6 +762,7 @@ where
 async fn tear_down(
     dc: &DeviceConfig,
     selected: &[NodeView],
+    selected_nodes: &[Arc<Node>],
     ctx: &Context,
 ) -> Result<Action, Error> {
     if !dc.finalizers().iter().any(|f| f == FINALIZER) {
@@ -786,6 +798,8 @@ async fn tear_down(
     delete_owned(dc, ctx).await?;
     // The upgrade's drains, records, cordons, taints and counts go with it.
     upgrader::stop(&key, ctx).await?;
+    // So do a partition change's records, cordons and taints.
+    super::partitioner::release_all(selected_nodes, ctx).await?;
     let given_up: Vec<String> = waiting.iter().map(|n| n.name.clone()).collect();
     let remaining: Vec<String> = dc
         .finalizers()

@@ -238,7 +238,16 @@ pub fn desired_status(
         device_plugin: deployment(Operand::DevicePlugin, Some(ServiceName::DevicePlugin)),
         driver,
         metrics_exporter: deployment(Operand::MetricsExporter, Some(ServiceName::MetricsExporter)),
-        config_manager: deployment(Operand::ConfigManager, None),
+        // Available where the agent follows this config and its partition
+        // change, if the Node asks for one, has not failed.
+        config_manager: DeploymentStatus {
+            available_number: count(&|n| {
+                spec.runs_on(Operand::ConfigManager, &n.labels)
+                    && n.follows(&key, uid)
+                        .is_some_and(|a| a.partition.as_ref().is_none_or(|p| p.state != "failed"))
+            }),
+            ..deployment(Operand::ConfigManager, None)
+        },
         remediation_workflow: DeploymentStatus {
             nodes_matching_selector_number: matching,
             desired_number: if spec.remediation_workflow.is_enabled() {

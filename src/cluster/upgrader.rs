@@ -94,9 +94,17 @@ struct Written {
     confirmed: bool,
 }
 
+/// What a drain is for: one node is drained for one change at a time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Purpose {
+    Upgrade,
+    Partition,
+}
+
 /// A drain this leader runs for one node.
 struct RunningDrain {
     config: ConfigKey,
+    purpose: Purpose,
     progress: watch::Receiver<DrainProgress>,
     _task: AbortOnDropHandle<()>,
 }
@@ -178,10 +186,17 @@ impl Upgrades {
         }
     }
 
-    /// How `config`'s drain of `node` stands, if it runs one.
-    fn drain_outcome(&self, config: &ConfigKey, node: &str) -> Option<(DrainOutcome, Vec<String>)> {
+    /// How `config`'s drain of `node` for `purpose` stands, if it runs one.
+    pub(super) fn drain_outcome(
+        &self,
+        config: &ConfigKey,
+        purpose: Purpose,
+        node: &str,
+    ) -> Option<(DrainOutcome, Vec<String>)> {
         let drains = self.drains.lock().ok()?;
-        let drain = drains.get(node).filter(|d| d.config == *config)?;
+        let drain = drains
+            .get(node)
+            .filter(|d| d.config == *config && d.purpose == purpose)?;
         let progress = drain.progress.borrow().clone();
         Some(match progress {
             DrainProgress::Running(blocked) => (DrainOutcome::Running, blocked),
@@ -190,8 +205,15 @@ impl Upgrades {
         })
     }
 
-    /// Starts draining `node` unless a drain of it runs already.
-    fn start_drain(&self, ctx: &Context, dc: &DeviceConfig, node: &str, policy: DrainPolicy) {
+    /// Starts draining `node` for `purpose` unless a drain of it runs already.
+    pub(super) fn start_drain(
+        &self,
+        ctx: &Context,
+        dc: &DeviceConfig,
+        purpose: Purpose,
+        node: &str,
+        policy: DrainPolicy,
+    ) {
         let Ok(mut drains) = self.drains.lock() else {
             return;
         };
@@ -240,29 +262,34 @@ impl Upgrades {
             node.to_owned(),
             RunningDrain {
                 config: ConfigKey::of(dc),
+                purpose,
                 progress,
                 _task: AbortOnDropHandle::new(task),
             },
         );
     }
 
-    /// Stops and forgets the drains of `config` but those of `draining`.
-    fn prune_drains(&self, config: &ConfigKey, draining: &[String]) {
+    /// Stops and forgets the drains of `config` for `purpose` but those of
+    /// `draining`.
+    pub(super) fn prune_drains(&self, config: &ConfigKey, purpose: Purpose, draining: &[String]) {
         if let Ok(mut drains) = self.drains.lock() {
-            drains.retain(|node, d| d.config != *config || draining.contains(node));
+            drains.retain(|node, d| {
+                d.config != *config || d.purpose != purpose || draining.contains(node)
+            });
         }
     }
 
-    /// Stops the drain of `node`, if one runs.
-    fn stop_drain(&self, node: &str) {
+    /// Stops the drain of `node` for `purpose`, if one runs.
+    pub(super) fn stop_drain(&self, node: &str, purpose: Purpose) {
         if let Ok(mut drains) = self.drains.lock() {
-            drains.remove(node);
+            drains.retain(|n, d| n != node || d.purpose != purpose);
         }
     }
 
     /// Stops every drain of `config`: its upgrade stopped applying.
     pub fn stop_drains(&self, config: &ConfigKey) {
-        self.prune_drains(config, &[]);
+        self.prune_drains(config, Purpose::Upgrade, &[]);
+        self.prune_drains(config, Purpose::Partition, &[]);
     }
 }
 
@@ -525,12 +552,13 @@ pub async fn reconcile(
         .map(|node| {
             let name = node.name_any();
             let record = upgrades.record_of(node);
-            let drain = upgrades
-                .drain_outcome(&key, &name)
-                .map(|(outcome, blocked)| {
-                    blocked_by.insert(name.clone(), blocked);
-                    outcome
-                });
+            let drain =
+                upgrades
+                    .drain_outcome(&key, Purpose::Upgrade, &name)
+                    .map(|(outcome, blocked)| {
+                        blocked_by.insert(name.clone(), blocked);
+                        outcome
+                    });
             let facts = facts_of(node, &key, Some(target), record.as_ref(), drain, now);
             records.insert(name, record);
             facts
@@ -640,7 +668,7 @@ pub async fn reconcile(
         .filter(|(_, state)| **state == Some(UpgradeState::Started))
         .map(|(name, _)| (*name).to_owned())
         .collect();
-    upgrades.prune_drains(&key, &draining);
+    upgrades.prune_drains(&key, Purpose::Upgrade, &draining);
     crate::counters::set_upgrade_nodes(&key.to_string(), plan.counts.clone());
     if !released {
         wake = Some(wake.map_or(RETRY_AFTER, |w| w.min(RETRY_AFTER)));
@@ -652,7 +680,7 @@ pub async fn reconcile(
 /// or the DeviceConfig is deleted): its drains stop, every Node gives back
 /// what the upgrade holds, and its counts go.
 pub async fn stop(key: &ConfigKey, ctx: &Context) -> Result<(), Error> {
-    ctx.upgrades.stop_drains(key);
+    ctx.upgrades.prune_drains(key, Purpose::Upgrade, &[]);
     crate::counters::set_upgrade_nodes(&key.to_string(), BTreeMap::new());
     if release_all(key, &[], ctx).await? {
         Ok(())
@@ -742,9 +770,10 @@ async fn carry_out(
                     }
                 }
             }
-            Action::Drain => ctx
-                .upgrades
-                .start_drain(ctx, dc, &name, drain_policy.clone()),
+            Action::Drain => {
+                ctx.upgrades
+                    .start_drain(ctx, dc, Purpose::Upgrade, &name, drain_policy.clone())
+            }
             Action::Tell { .. } | Action::Release { .. } | Action::ForgetCordon => {}
         }
     }
@@ -781,7 +810,7 @@ const LEASE_MARGIN: Duration = Duration::from_secs(2);
 /// Runs one Node write while the lease is held, starting it only well
 /// before the lease's expiry and cutting it off before it. The outer error
 /// is leadership lost; the inner one the write's.
-async fn guarded<T>(
+pub(super) async fn guarded<T>(
     ctx: &Context,
     node: &str,
     write: impl Future<Output = Result<T, NodeWriteError>>,
@@ -803,7 +832,7 @@ async fn guarded<T>(
     })
 }
 
-fn node_error(node: &str, e: NodeWriteError) -> Error {
+pub(super) fn node_error(node: &str, e: NodeWriteError) -> Error {
     Error::Node {
         node: node.to_owned(),
         source: Box::new(e),
@@ -916,7 +945,7 @@ async fn release(key: &ConfigKey, name: &str, ctx: &Context) -> Result<(), Error
         ctx.upgrades.forget(name);
         return Ok(());
     };
-    ctx.upgrades.stop_drain(name);
+    ctx.upgrades.stop_drain(name, Purpose::Upgrade);
     let intent = CordonIntent {
         unschedulable: record.holds_cordon().then_some(false),
         taint: upgrade_taint(),
@@ -941,11 +970,23 @@ async fn release(key: &ConfigKey, name: &str, ctx: &Context) -> Result<(), Error
 
 /// Records an Event about `node` (a failure to record one is logged).
 async fn node_event(ctx: &Context, node: &Node, type_: EventType, reason: &str, note: String) {
+    node_event_for(ctx, node, "DriverUpgrade", type_, reason, note).await
+}
+
+/// Records an Event about `node` for `action` (a failure is logged).
+pub(super) async fn node_event_for(
+    ctx: &Context,
+    node: &Node,
+    action: &str,
+    type_: EventType,
+    reason: &str,
+    note: String,
+) {
     let event = Event {
         type_,
         reason: reason.to_owned(),
         note: Some(note),
-        action: "DriverUpgrade".to_owned(),
+        action: action.to_owned(),
         secondary: None,
     };
     let reference = node.object_ref(&());

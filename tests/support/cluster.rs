@@ -111,6 +111,32 @@ impl TestCluster {
             .filter(|h| !h.is_empty())
     }
 
+    /// A GPU pod (`amd.com/gpu: 1`) on `node`, owned by a ReplicaSet, and
+    /// running and ready as its kubelet would report it (a create starts
+    /// every pod Pending, as on a real API server).
+    pub async fn running_gpu_pod(&self, namespace: &str, name: &str, node: &str, labels: Value) {
+        self.emulator
+            .create(json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": name, "namespace": namespace, "labels": labels,
+                    "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                        "name": format!("{name}-rs"), "uid": format!("uid-{name}"), "controller": true}]},
+                "spec": {"nodeName": node, "containers": [{"name": "main", "image": "rocm/pytorch",
+                    "resources": {"limits": {"amd.com/gpu": "1"}}}]},
+            }))
+            .expect("pod");
+        let pods: Api<k8s_openapi::api::core::v1::Pod> =
+            Api::namespaced(self.emulator.client(), namespace);
+        pods.patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"phase": "Running",
+                "conditions": [{"type": "Ready", "status": "True"}]}})),
+        )
+        .await
+        .expect("pod status");
+    }
+
     pub async fn delete_device_config(&self, name: &str) {
         self.device_configs()
             .delete(name, &DeleteParams::default())
