@@ -42,6 +42,15 @@ struct Rig {
 
 impl Rig {
     async fn start(with_leader: bool) -> Self {
+        Self::start_with(
+            json!({"selector": {"gpu": "amd"}, "configManager": {"enable": true},
+                   "devicePlugin": {}}),
+            with_leader,
+        )
+        .await
+    }
+
+    async fn start_with(spec: Value, with_leader: bool) -> Self {
         let cluster = TestCluster::start().await;
         cluster.add_node(cluster::node(NODE, json!({"gpu": "amd"})));
         cluster
@@ -55,13 +64,7 @@ impl Rig {
         let plugins = dir.path().join("kubelet/device-plugins");
         std::fs::create_dir_all(&plugins).unwrap();
         let kubelet = TestKubelet::start(&plugins).await;
-        cluster
-            .apply_device_config(
-                "gpus",
-                json!({"selector": {"gpu": "amd"}, "configManager": {"enable": true},
-                       "devicePlugin": {}}),
-            )
-            .await;
+        cluster.apply_device_config("gpus", spec).await;
         let mut rig = Self {
             cluster,
             dir,
@@ -124,6 +127,14 @@ impl Rig {
         self.node()["metadata"]["labels"][key]
             .as_str()
             .map(str::to_owned)
+    }
+
+    fn problems(&self) -> Vec<String> {
+        self.node()["metadata"]["annotations"][STATUS_ANNOTATION]
+            .as_str()
+            .and_then(|t| AgentStatus::parse(t).ok())
+            .map(|s| s.problems)
+            .unwrap_or_default()
     }
 
     fn report_reason(&self) -> Option<String> {
@@ -407,5 +418,53 @@ async fn a_new_leader_resumes_after_the_drain_without_draining_again() {
     assert_eq!(rig.cluster.requests().get("create", "pods/eviction"), 1);
     assert!(rig.modes().iter().all(|m| m == "CPX"));
     first_stop.cancel();
+    rig.stop_agent().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_heterogeneous_profile_gives_mixed_resources_and_a_clear_problem_under_single() {
+    // Profiles of the reference's format in a ConfigMap of our own.
+    let profiles = r#"{"gpu-config-profiles": {"half": {"profiles": [
+        {"computePartition": "CPX", "memoryPartition": "NPS1", "numGPUsAssigned": 4},
+        {"computePartition": "SPX", "memoryPartition": "NPS1", "numGPUsAssigned": 4}]}}}"#;
+    let spec = |strategy: &str| {
+        json!({"selector": {"gpu": "amd"},
+               "configManager": {"enable": true, "config": {"name": "profiles"}},
+               "devicePlugin": {"devicePluginArguments": {"resource_naming_strategy": strategy}}})
+    };
+    let mut rig = Rig::start_with(spec("mixed"), true).await;
+    rig.cluster
+        .create(json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "profiles", "namespace": NS},
+            "data": {"config.json": profiles}}))
+        .unwrap();
+    rig.choose("half").await;
+    rig.eventually("half applied", |r| {
+        r.state().as_deref() == Some("success") && !r.has_record()
+    })
+    .await;
+    assert_eq!(
+        rig.modes(),
+        ["CPX", "CPX", "CPX", "CPX", "SPX", "SPX", "SPX", "SPX"]
+    );
+    for (resource, count) in [("amd.com/cpx_nps1", 32), ("amd.com/spx_nps1", 4)] {
+        let registered = rig.kubelet.wait_for_registration(resource, 1).await;
+        let mut devices = rig
+            .kubelet
+            .list_and_watch(&registered.request.endpoint)
+            .await;
+        devices.next_matching(resource, |d| d.len() == count).await;
+    }
+    // Under `single` the node cannot name its GPUs one way: the status says
+    // which layouts clash.
+    rig.cluster
+        .apply_device_config("gpus", spec("single"))
+        .await;
+    rig.eventually("a problem under single", |r| {
+        r.problems()
+            .iter()
+            .any(|p| p.contains("cpx_nps1") && p.contains("spx_nps1"))
+    })
+    .await;
     rig.stop_agent().await;
 }
