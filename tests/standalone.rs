@@ -530,3 +530,65 @@ fn standalone_loads_the_driver_its_config_asks_for_from_the_bundle_store() {
     );
     assert!(status.is_some_and(|s| s.success()));
 }
+
+/// `--partition-profile` applies the profile before the services start (the
+/// simulated driver answers the writes); a profile that does not fit is
+/// logged and the services start on the GPUs as they are.
+#[test]
+fn standalone_applies_a_partition_profile_before_it_serves() {
+    let dir = tempfile::tempdir_in("/dev/shm")
+        .or_else(|_| tempfile::tempdir())
+        .unwrap();
+    let host = gpu_operator::host::HostRoot::new(dir.path().join("host"));
+    gpu_operator::simulate::write_host(
+        &host,
+        &gpu_operator::simulate::SimSpec::new("mi300x", None, None).unwrap(),
+    )
+    .unwrap();
+    let modes = || {
+        gpu_operator::device::discover(&host)
+            .gpus
+            .iter()
+            .map(|g| g.compute_partition.clone().unwrap_or_default())
+            .collect::<Vec<_>>()
+    };
+    for (profile, expected, logged) in [
+        ("cpx_nps4_all", "cpx", "partition profile applied"),
+        ("dpx_nps2_all", "cpx", "partition profile not applied"),
+    ] {
+        let notify = dir.path().join(format!("notify-{profile}.sock"));
+        let systemd = UnixDatagram::bind(&notify).unwrap();
+        systemd
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        let mut child = bin()
+            .args(["standalone", "--metrics-bind", "127.0.0.1:0"])
+            .arg("--host-root")
+            .arg(host.root())
+            .args(["--partition-profile", profile, "--systemctl", "none"])
+            .arg("--events-file")
+            .arg(dir.path().join("events.jsonl"))
+            .env("NOTIFY_SOCKET", &notify)
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut buf = [0u8; 256];
+        let n = systemd.recv(&mut buf).expect("READY=1 from sd_notify");
+        assert!(String::from_utf8_lossy(&buf[..n]).contains("READY=1"));
+        // The change came before readiness.
+        assert!(
+            modes().iter().all(|m| m == expected),
+            "{profile}: {:?}",
+            modes()
+        );
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let output = child.wait_with_output().unwrap();
+        assert!(output.status.success());
+        let log = String::from_utf8_lossy(&output.stderr);
+        assert!(log.contains(logged), "{profile}: {log}");
+    }
+}

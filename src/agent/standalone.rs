@@ -356,7 +356,12 @@ pub async fn run_observed(
             },
             _ = ticker.tick(), if config.simulate.is_some() => {
                 tick += 1;
-                if let Some(spec) = &config.simulate
+                // As the tree is now: a partition change re-laid it out.
+                let now = config
+                    .simulate
+                    .as_ref()
+                    .map(|spec| simulate::spec_of(&config.host).unwrap_or_else(|_| spec.clone()));
+                if let Some(spec) = &now
                     && let Err(e) = simulate::advance_telemetry(&config.host, spec, tick)
                 {
                     tracing::warn!(error = %e, "cannot move simulated telemetry");

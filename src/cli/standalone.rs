@@ -66,6 +66,20 @@ pub struct StandaloneArgs {
     pub allow_test_command: Vec<PathBuf>,
     #[command(flatten)]
     pub driver: DriverLoadArgs,
+    /// A partition profile to apply before the services start, as
+    /// `gpu-operator partition apply` does (the GPU client systemd services
+    /// of the profile set stopped meanwhile, with --systemctl). A profile
+    /// that does not fit, or a change that fails, is logged and the services
+    /// start on the GPUs as they are.
+    #[arg(long, value_name = "NAME", env = "GPU_OPERATOR_PARTITION_PROFILE")]
+    pub partition_profile: Option<String>,
+    /// The partition profiles, a config.json in the reference's format;
+    /// without it the built-in profiles.
+    #[arg(long, value_name = "FILE", requires = "partition_profile")]
+    pub partition_config: Option<PathBuf>,
+    /// systemctl, for --partition-profile; "none" leaves services alone.
+    #[arg(long, value_name = "PATH", default_value = "/usr/bin/systemctl")]
+    pub systemctl: PathBuf,
 }
 
 pub fn run(args: StandaloneArgs) -> ExitCode {
@@ -115,6 +129,33 @@ pub fn run(args: StandaloneArgs) -> ExitCode {
             Err(message) => return fail(message, 2),
         },
     };
+    let partition = match &args.partition_profile {
+        None => None,
+        Some(name) => {
+            let set = match &args.partition_config {
+                None => crate::partition::ProfileSet::builtin(),
+                Some(path) => match super::args::read_capped(
+                    path,
+                    crate::partition::profiles::MAX_CONFIG_BYTES,
+                )
+                .and_then(|text| {
+                    crate::partition::ProfileSet::parse(&text)
+                        .map_err(|e| format!("{}: {e}", path.display()))
+                }) {
+                    Ok(set) => set,
+                    Err(e) => return fail(e, 2),
+                },
+            };
+            let local = crate::partition::local::LocalConfig {
+                store: simulate::kernel::store_for(&host),
+                host: host.clone(),
+                systemctl: (args.systemctl != std::path::Path::new("none"))
+                    .then(|| args.systemctl.clone()),
+                limits: crate::partition::Limits::default(),
+            };
+            Some((name.clone(), set, local))
+        }
+    };
     let events_file = args.events_file.unwrap_or_else(|| match &_sim_dir {
         Some(dir) => dir.path().join("events.jsonl"),
         None => PathBuf::from(crate::agent::standalone::DEFAULT_EVENTS_FILE),
@@ -137,6 +178,19 @@ pub fn run(args: StandaloneArgs) -> ExitCode {
     };
     let show_metrics = args.show_metrics;
     run_to_end(async move {
+        if let Some((name, set, local)) = partition {
+            match crate::partition::local::apply_profile(&local, &set, &name).await {
+                Ok(outcome) => tracing::info!(
+                    profile = %name,
+                    changed = outcome.changed.len(),
+                    partitions = outcome.partitions,
+                    "partition profile applied"
+                ),
+                Err(e) => {
+                    tracing::error!(profile = %name, error = %e, "partition profile not applied; starting on the GPUs as they are")
+                }
+            }
+        }
         let shutdown = shutdown_on_signals();
         let show_stop = shutdown.clone();
         let ready = move |started: crate::agent::standalone::Started| {
