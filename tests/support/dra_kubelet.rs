@@ -180,7 +180,8 @@ impl DraKubelet {
     }
 }
 
-fn v1_claim((namespace, uid, name): (&str, &str, &str)) -> dra_v1::Claim {
+/// A v1 claim reference of `(namespace, uid, name)`.
+pub fn v1_claim((namespace, uid, name): (&str, &str, &str)) -> dra_v1::Claim {
     dra_v1::Claim {
         namespace: namespace.into(),
         uid: uid.into(),
