@@ -561,7 +561,7 @@ fn standalone_applies_a_partition_profile_before_it_serves() {
         systemd
             .set_read_timeout(Some(Duration::from_secs(30)))
             .unwrap();
-        let mut child = bin()
+        let child = bin()
             .args(["standalone", "--metrics-bind", "127.0.0.1:0"])
             .arg("--host-root")
             .arg(host.root())

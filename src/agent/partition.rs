@@ -129,7 +129,7 @@ async fn run(
                 None => {}
                 Some(AgentStep::Clear) => {
                     shown = None;
-                    report.send_replace(None);
+                    report.send_if_modified(|r| r.take().is_some());
                     retry |= !write_state(&feeds, &node, None).await;
                 }
                 Some(AgentStep::Show(state, why)) => {
@@ -200,11 +200,17 @@ async fn show(
     state: State,
     why: Option<String>,
 ) -> bool {
-    report.send_replace(Some(PartitionReport {
+    let now_reported = Some(PartitionReport {
         profile: profile.to_owned(),
         state: state.as_str().to_owned(),
         reason: why.clone(),
-    }));
+    });
+    // Only a change wakes the agent's loop (which republishes its status).
+    report.send_if_modified(|r| {
+        let changed = *r != now_reported;
+        *r = now_reported.clone();
+        changed
+    });
     let written = write_state(feeds, node, Some(state)).await;
     let now = Some((profile.to_owned(), state));
     if written && *shown != now {
