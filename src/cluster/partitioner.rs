@@ -65,7 +65,16 @@ pub async fn reconcile(
             .as_ref()
             .and_then(|s| s.unschedulable)
             .unwrap_or(false);
-        let step = leader_step(label.as_deref(), state, record.as_ref(), cordoned);
+        let upgrading =
+            crate::api::driver_upgrade::UpgradeRecord::of_annotations(node.annotations())
+                .is_some_and(|u| u.state.is_in_progress() || u.state.is_failed());
+        let step = leader_step(
+            label.as_deref(),
+            state,
+            record.as_ref(),
+            cordoned,
+            upgrading,
+        );
         match step {
             LeaderStep::Nothing => {}
             LeaderStep::Start { .. }

@@ -160,15 +160,19 @@ pub enum LeaderStep {
 }
 
 /// The leader's next step, from the profile label, the agent's state, the
-/// leader's record and whether the node is cordoned.
+/// leader's record, whether the node is cordoned, and whether another change
+/// holds the node (a driver upgrade under way or failed): a partition
+/// change does not start then, and waits.
 pub fn leader_step(
     label: Option<&str>,
     state: Option<State>,
     record: Option<&Record>,
     cordoned: bool,
+    held_by_another_change: bool,
 ) -> LeaderStep {
     let Some(record) = record else {
         return match (label, state) {
+            (Some(_), Some(State::Pending)) if held_by_another_change => LeaderStep::Nothing,
             (Some(_), Some(State::Pending)) => LeaderStep::Start {
                 person_cordoned: cordoned,
             },
@@ -288,54 +292,65 @@ mod tests {
     fn the_leader_starts_drains_waits_and_releases_only_its_own_cordon() {
         use LeaderStep::*;
         let (cpx, pending) = (Some("cpx"), Some(State::Pending));
-        assert_eq!(leader_step(cpx, None, None, false), Nothing);
-        assert_eq!(leader_step(cpx, Some(State::Failed), None, false), Nothing);
+        assert_eq!(leader_step(cpx, None, None, false, false), Nothing);
         assert_eq!(
-            leader_step(cpx, pending, None, true),
+            leader_step(cpx, Some(State::Failed), None, false, false),
+            Nothing
+        );
+        // A driver upgrade holds the node: the change waits for it.
+        assert_eq!(leader_step(cpx, pending, None, false, true), Nothing);
+        assert_eq!(
+            leader_step(cpx, pending, None, true, false),
             Start {
                 person_cordoned: true
             }
         );
         let draining = record("cpx", Phase::Draining, false);
         assert_eq!(
-            leader_step(cpx, Some(State::Draining), Some(&draining), true),
+            leader_step(cpx, Some(State::Draining), Some(&draining), true, false),
             Drain
         );
         let drained = record("cpx", Phase::Drained, false);
         // A new leader finding the drain done waits for the agent: no
         // second drain.
         assert_eq!(
-            leader_step(cpx, Some(State::Applying), Some(&drained), true),
+            leader_step(cpx, Some(State::Applying), Some(&drained), true, false),
             Nothing
         );
         assert_eq!(
-            leader_step(cpx, Some(State::Success), Some(&drained), true),
+            leader_step(cpx, Some(State::Success), Some(&drained), true, false),
             Release { uncordon: true }
         );
         let persons = record("cpx", Phase::Drained, true);
         assert_eq!(
-            leader_step(cpx, Some(State::Success), Some(&persons), true),
+            leader_step(cpx, Some(State::Success), Some(&persons), true, false),
             Release { uncordon: false }
         );
         // A failure holds the node cordoned.
         assert_eq!(
-            leader_step(cpx, Some(State::Failed), Some(&drained), true),
+            leader_step(cpx, Some(State::Failed), Some(&drained), true, false),
             Nothing
         );
         // The label removed: released.
         assert_eq!(
-            leader_step(None, None, Some(&drained), true),
+            leader_step(None, None, Some(&drained), true, false),
             Release { uncordon: true }
         );
         // Another profile: started over once the agent checked it.
         assert_eq!(
-            leader_step(Some("qpx"), pending, Some(&persons), true),
+            leader_step(Some("qpx"), pending, Some(&persons), true, false),
             Start {
                 person_cordoned: true
             }
         );
         assert_eq!(
-            leader_step(Some("qpx"), Some(State::Failed), Some(&drained), true),
+            leader_step(
+                Some("qpx"),
+                Some(State::Failed),
+                Some(&drained),
+                true,
+                false
+            ),
             Nothing
         );
     }
