@@ -116,7 +116,7 @@ pub async fn run(
     let report_stop = CancellationToken::new();
     let _stop_report = report_stop.clone().drop_guard();
     // One small reader pool for the driver's own host reads: the report
-    // and the driver manager's holder scan.
+    // and the holder scans of the driver manager and of partition changes.
     let driver_reader = crate::host::reader::BoundedReader::new(config.host.clone(), 2);
     let mut driver_report = crate::driver::report::follow(
         driver_reader.clone(),
@@ -127,7 +127,7 @@ pub async fn run(
     // Loads the driver the selected DeviceConfig asks for, if any.
     let (driver_wanted, wanted_rx) = watch::channel(None);
     let mut driver_load = crate::driver::manager::spawn(
-        driver_reader,
+        driver_reader.clone(),
         config.driver.clone(),
         wanted_rx,
         driver_report.clone(),
@@ -179,7 +179,7 @@ pub async fn run(
             writer: writer.clone(),
             events: events.clone(),
             store: crate::simulate::kernel::store_for(&config.host),
-            reader: crate::host::reader::BoundedReader::new(config.host.clone(), 2),
+            reader: driver_reader.clone(),
             limits: crate::partition::Limits::default(),
         },
         partition_wanted_rx,
@@ -271,10 +271,12 @@ pub async fn run(
                 edges.apply_driver_condition(&intent).await;
             }
             let desired = edges.follow(&selection, &following, node.labels());
+            let profiles_text = partition_text.borrow().clone();
             let wanted_partition = plan::partition_wanted(
+                &mut state,
                 &selection,
                 node.labels(),
-                edges.partition_config.text().as_deref(),
+                profiles_text.as_ref(),
             );
             partition_wanted.send_if_modified(|current| {
                 let changed = *current != wanted_partition;

@@ -50,7 +50,12 @@ pub struct LoopState {
     driver_labels: Option<BTreeMap<String, String>>,
     /// What the driver manager did, as last recorded in an Event.
     driver_load: Option<DriverLoad>,
+    /// The partition profiles text last parsed, and what it gave: a pass
+    /// parses it again only when it changed.
+    partition_profiles: Option<(std::sync::Arc<str>, ParsedProfiles)>,
 }
+
+type ParsedProfiles = Result<std::sync::Arc<crate::partition::ProfileSet>, String>;
 
 impl LoopState {
     /// Whether the latest status write failed, so that the loop retries it
@@ -235,15 +240,9 @@ pub fn follow(state: &mut LoopState, selection: &Selection) -> Following {
             .map(|c| (namespace.clone(), c.name.clone())),
         access: Some((namespace.clone(), spec.metrics_exporter.rbac_config.clone())),
         partition_config: spec.config_manager.is_enabled().then(|| {
-            let named = spec
-                .config_manager
-                .config
-                .as_ref()
-                .map(|c| c.name.trim().to_owned())
-                .filter(|n| !n.is_empty());
             (
                 namespace.clone(),
-                named.unwrap_or_else(|| crate::partition::profiles::DEFAULT_CONFIGMAP.to_owned()),
+                spec.config_manager.config_map().to_owned(),
             )
         }),
     }
@@ -256,9 +255,10 @@ pub fn follow(state: &mut LoopState, selection: &Selection) -> Following {
 /// it is seen: the leader reports a missing one in the DeviceConfig's
 /// status).
 pub fn partition_wanted(
+    state: &mut LoopState,
     selection: &Selection,
     node_labels: &BTreeMap<String, String>,
-    text: Option<&str>,
+    text: Option<&std::sync::Arc<str>>,
 ) -> Option<super::partition::Wanted> {
     let Selection::One(selected) = selection else {
         return None;
@@ -267,23 +267,21 @@ pub fn partition_wanted(
     if !spec.runs_on(crate::api::semantics::Operand::ConfigManager, node_labels) {
         return None;
     }
-    let named = spec
-        .config_manager
-        .config
-        .as_ref()
-        .map(|c| c.name.trim())
-        .filter(|n| !n.is_empty());
-    let profiles = match (text, named) {
-        (Some(text), _) => Some(
-            crate::partition::ProfileSet::parse(text)
-                .map(std::sync::Arc::new)
-                .map_err(|e| {
-                    format!(
-                        "ConfigMap {}: {e}",
-                        named.unwrap_or(crate::partition::profiles::DEFAULT_CONFIGMAP)
-                    )
-                }),
-        ),
+    let cm = &spec.config_manager;
+    let profiles = match (text, cm.named_config()) {
+        (Some(text), _) => {
+            let parsed = match &state.partition_profiles {
+                Some((last, parsed)) if last == text => parsed.clone(),
+                _ => {
+                    let parsed = crate::partition::ProfileSet::parse(text)
+                        .map(std::sync::Arc::new)
+                        .map_err(|e| e.to_string());
+                    state.partition_profiles = Some((text.clone(), parsed.clone()));
+                    parsed
+                }
+            };
+            Some(parsed.map_err(|e| format!("ConfigMap {}: {e}", cm.config_map())))
+        }
         (None, None) => Some(Ok(std::sync::Arc::new(
             crate::partition::ProfileSet::builtin(),
         ))),

@@ -431,10 +431,28 @@ impl TestRunnerSpec {
     }
 }
 
+/// The ConfigMap of partition profiles when `configManager.config` names
+/// none, as in the reference.
+pub const DEFAULT_DCM_CONFIGMAP: &str = "default-dcm-config";
+
 impl ConfigManagerSpec {
     /// Whether device configuration is applied (off unless `enable: true`).
     pub fn is_enabled(&self) -> bool {
         self.enable.unwrap_or(false)
+    }
+
+    /// The ConfigMap `config` names, if it names one (blank names none).
+    pub fn named_config(&self) -> Option<&str> {
+        self.config
+            .as_ref()
+            .map(|c| c.name.trim())
+            .filter(|n| !n.is_empty())
+    }
+
+    /// The ConfigMap the profiles are read from: the one named, else
+    /// [`DEFAULT_DCM_CONFIGMAP`].
+    pub fn config_map(&self) -> &str {
+        self.named_config().unwrap_or(DEFAULT_DCM_CONFIGMAP)
     }
 }
 

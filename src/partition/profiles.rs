@@ -27,7 +27,7 @@ use serde_json::Value;
 
 /// The ConfigMap the reference creates when `spec.configManager.config` names
 /// none, and the key that holds the JSON.
-pub const DEFAULT_CONFIGMAP: &str = "default-dcm-config";
+pub use crate::api::semantics::DEFAULT_DCM_CONFIGMAP as DEFAULT_CONFIGMAP;
 pub const CONFIG_KEY: &str = "config.json";
 /// A file larger than this is refused (a ConfigMap holds at most 1 MiB).
 pub const MAX_CONFIG_BYTES: usize = 1024 * 1024;
