@@ -87,29 +87,60 @@ pub fn run(args: PartitionArgs) -> ExitCode {
     }
 }
 
+/// The profiles of a config.json (the built-in ones without a file), its
+/// warnings logged. Shared by `partition apply` and `standalone
+/// --partition-profile`.
+pub(super) fn load_profiles(path: Option<&std::path::Path>) -> Result<ProfileSet, String> {
+    let set = match path {
+        None => ProfileSet::builtin(),
+        Some(path) => {
+            let text =
+                super::args::read_capped(path, crate::partition::profiles::MAX_CONFIG_BYTES)?;
+            ProfileSet::parse(&text).map_err(|e| format!("{}: {e}", path.display()))?
+        }
+    };
+    for warning in &set.warnings {
+        tracing::warn!(%warning, "profile configuration");
+    }
+    Ok(set)
+}
+
+/// One GPU's modes, as `show` prints them (upper case, as the kernel spells
+/// them).
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ModesRow {
+    index: usize,
+    bdf: String,
+    product: Option<String>,
+    compute: String,
+    memory: String,
+    available_compute: Vec<String>,
+    available_memory: Vec<String>,
+    partitions: usize,
+}
+
 fn show(args: ShowArgs) -> ExitCode {
     let host = match args.host.open() {
         Ok(host) => host,
         Err(message) => return fail(message, 2),
     };
     let inventory = device::discover(&host);
-    let rows: Vec<serde_json::Value> = inventory
+    let upper = |m: &Option<String>| m.as_deref().unwrap_or("-").to_ascii_uppercase();
+    let list = |l: &[String]| l.iter().map(|m| m.to_ascii_uppercase()).collect();
+    let rows: Vec<ModesRow> = inventory
         .gpus
         .iter()
         .enumerate()
-        .map(|(index, gpu)| {
-            let upper = |m: &Option<String>| m.as_deref().unwrap_or("-").to_ascii_uppercase();
-            let list = |l: &[String]| l.iter().map(|m| m.to_ascii_uppercase()).collect::<Vec<_>>();
-            serde_json::json!({
-                "index": index,
-                "bdf": gpu.bdf,
-                "product": gpu.product_name,
-                "compute": upper(&gpu.compute_partition),
-                "memory": upper(&gpu.memory_partition),
-                "availableCompute": list(&gpu.available_compute_partitions),
-                "availableMemory": list(&gpu.available_memory_partitions),
-                "partitions": gpu.partitions.len().max(1),
-            })
+        .map(|(index, gpu)| ModesRow {
+            index,
+            bdf: gpu.bdf.clone(),
+            product: gpu.product_name.clone(),
+            compute: upper(&gpu.compute_partition),
+            memory: upper(&gpu.memory_partition),
+            available_compute: list(&gpu.available_compute_partitions),
+            available_memory: list(&gpu.available_memory_partitions),
+            partitions: gpu.partitions.len().max(1),
         })
         .collect();
     match args.output {
@@ -122,27 +153,20 @@ fn show(args: ShowArgs) -> ExitCode {
                 "{:<5} {:<13} {:<8} {:<7} {:<6} {:<20} {:<12}",
                 "GPU", "BDF", "COMPUTE", "MEMORY", "PARTS", "AVAILABLE COMPUTE", "AVAILABLE MEMORY"
             );
+            let join = |modes: &[String]| match modes {
+                [] => "-".to_owned(),
+                modes => modes.join(","),
+            };
             for row in &rows {
-                let join = |v: &serde_json::Value| {
-                    let modes: Vec<&str> = v
-                        .as_array()
-                        .map(|a| a.iter().filter_map(|m| m.as_str()).collect())
-                        .unwrap_or_default();
-                    if modes.is_empty() {
-                        "-".to_owned()
-                    } else {
-                        modes.join(",")
-                    }
-                };
                 println!(
                     "{:<5} {:<13} {:<8} {:<7} {:<6} {:<20} {:<12}",
-                    row["index"],
-                    row["bdf"].as_str().unwrap_or("-"),
-                    row["compute"].as_str().unwrap_or("-"),
-                    row["memory"].as_str().unwrap_or("-"),
-                    row["partitions"],
-                    join(&row["availableCompute"]),
-                    join(&row["availableMemory"]),
+                    row.index,
+                    row.bdf,
+                    row.compute,
+                    row.memory,
+                    row.partitions,
+                    join(&row.available_compute),
+                    join(&row.available_memory),
                 );
             }
         }
@@ -155,25 +179,10 @@ fn apply(args: ApplyArgs) -> ExitCode {
         Ok(host) => host,
         Err(message) => return fail(message, 2),
     };
-    let set = match &args.config {
-        None => ProfileSet::builtin(),
-        Some(path) => {
-            let text = match super::args::read_capped(
-                path,
-                crate::partition::profiles::MAX_CONFIG_BYTES,
-            ) {
-                Ok(text) => text,
-                Err(e) => return fail(e, 2),
-            };
-            match ProfileSet::parse(&text) {
-                Ok(set) => set,
-                Err(e) => return fail(format!("{}: {e}", path.display()), 2),
-            }
-        }
+    let set = match load_profiles(args.config.as_deref()) {
+        Ok(set) => set,
+        Err(e) => return fail(e, 2),
     };
-    for warning in &set.warnings {
-        tracing::warn!(%warning, "profile configuration");
-    }
     let config = LocalConfig {
         store: crate::simulate::kernel::store_for(&host),
         host,

@@ -132,19 +132,9 @@ pub fn run(args: StandaloneArgs) -> ExitCode {
     let partition = match &args.partition_profile {
         None => None,
         Some(name) => {
-            let set = match &args.partition_config {
-                None => crate::partition::ProfileSet::builtin(),
-                Some(path) => match super::args::read_capped(
-                    path,
-                    crate::partition::profiles::MAX_CONFIG_BYTES,
-                )
-                .and_then(|text| {
-                    crate::partition::ProfileSet::parse(&text)
-                        .map_err(|e| format!("{}: {e}", path.display()))
-                }) {
-                    Ok(set) => set,
-                    Err(e) => return fail(e, 2),
-                },
+            let set = match super::partition::load_profiles(args.partition_config.as_deref()) {
+                Ok(set) => set,
+                Err(e) => return fail(e, 2),
             };
             let local = crate::partition::local::LocalConfig {
                 store: simulate::kernel::store_for(&host),

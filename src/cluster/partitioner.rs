@@ -160,10 +160,8 @@ pub async fn reconcile(
                 }
             }
             LeaderStep::Release { uncordon } => {
-                ctx.upgrades.stop_drain(&name, Purpose::Partition);
                 let profile = record.map(|r| r.profile).unwrap_or_default();
-                cordon(ctx, &name, &profile, false, uncordon).await?;
-                write_record(ctx, node, None).await?;
+                release(ctx, node, &profile, uncordon).await?;
                 tracing::info!(node = %name, %profile, uncordoned = uncordon, "partition change: released the node");
                 node_event_for(
                     ctx,
@@ -202,13 +200,20 @@ pub async fn release_all(nodes: &[Arc<Node>], ctx: &Context) -> Result<(), Error
         else {
             continue;
         };
-        let name = node.name_any();
-        ctx.upgrades.stop_drain(&name, Purpose::Partition);
-        cordon(ctx, &name, &record.profile, false, !record.person_cordoned).await?;
-        write_record(ctx, node, None).await?;
-        tracing::info!(node = %name, profile = %record.profile, "the DeviceConfig is going: partition change released");
+        release(ctx, node, &record.profile, !record.person_cordoned).await?;
+        tracing::info!(node = %node.name_any(), profile = %record.profile, "the DeviceConfig is going: partition change released");
     }
     Ok(())
+}
+
+/// Stops the node's drain, lifts the taint and (with `uncordon`) the
+/// cordon, then drops the record: the record goes last, so that a leader
+/// that dies midway still finds whose cordon it is.
+async fn release(ctx: &Context, node: &Node, profile: &str, uncordon: bool) -> Result<(), Error> {
+    let name = node.name_any();
+    ctx.upgrades.stop_drain(&name, Purpose::Partition);
+    cordon(ctx, &name, profile, false, uncordon).await?;
+    write_record(ctx, node, None).await
 }
 
 /// A partition change drains with the defaults of `nodeDrainPolicy`: the

@@ -47,10 +47,10 @@ pub fn compatible(compute: &str, memory: &str) -> bool {
 
 /// Whether `mode` is in `available` (a GPU's `available_*_partition`
 /// entries), ignoring case.
-pub fn offered(available: &[String], mode: &str) -> bool {
+pub fn offered<S: AsRef<str>>(available: &[S], mode: &str) -> bool {
     available
         .iter()
-        .any(|m| m.eq_ignore_ascii_case(mode.trim()))
+        .any(|m| m.as_ref().eq_ignore_ascii_case(mode.trim()))
 }
 
 #[cfg(test)]

@@ -81,11 +81,10 @@ impl AttrStore for SimulatedKernel {
             return Err(errno(libc::ENOENT));
         };
         let model = &spec.profile.model;
-        let list = |modes: &[&str]| modes.iter().map(|m| m.to_string()).collect::<Vec<_>>();
         let wanted = value.trim().to_ascii_lowercase();
         let next = match attr {
             "current_compute_partition" => {
-                if !modes::offered(&list(model.compute_modes), &wanted)
+                if !modes::offered(model.compute_modes, &wanted)
                     || !modes::compatible(&wanted, &memory)
                 {
                     return Err(errno(libc::EINVAL));
@@ -93,7 +92,7 @@ impl AttrStore for SimulatedKernel {
                 (wanted, memory.clone())
             }
             "current_memory_partition" => {
-                if !modes::offered(&list(model.memory_modes), &wanted) {
+                if !modes::offered(model.memory_modes, &wanted) {
                     return Err(errno(libc::EINVAL));
                 }
                 let compute = if modes::compatible(&compute, &wanted) {
