@@ -35,15 +35,7 @@ fn gpu_pod(namespace: &str, name: &str, node: &str, owner: Option<&str>, labels:
 /// Reports the pod running and ready, as its kubelet would (a create
 /// starts every pod Pending, as on a real API server).
 async fn started(cluster: &TestCluster, namespace: &str, name: &str) {
-    let pods: Api<Pod> = Api::namespaced(cluster.client(), namespace);
-    pods.patch_status(
-        name,
-        &PatchParams::default(),
-        &Patch::Merge(json!({"status": {"phase": "Running",
-            "conditions": [{"type": "Ready", "status": "True"}]}})),
-    )
-    .await
-    .expect("the pod's status is written");
+    cluster.start_pod(namespace, name).await;
 }
 
 fn names(cluster: &TestCluster) -> BTreeSet<String> {

@@ -2,20 +2,7 @@
 //! simulated MI300X: `show` prints each GPU's modes, `apply` changes them (the
 //! simulated driver answers the writes) with the exit status its help states.
 
-use std::process::{Command, Output};
-
-const BIN: &str = env!("CARGO_BIN_EXE_gpu-operator");
-
-fn run(args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("run {BIN} {args:?}: {e}"))
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
+use super::simulate_cli::{run, text};
 
 #[test]
 fn show_and_apply_a_profile_on_a_simulated_host() {

@@ -7,14 +7,14 @@ use gpu_operator::host::HostRoot;
 
 const BIN: &str = env!("CARGO_BIN_EXE_gpu-operator");
 
-fn run(args: &[&str]) -> Output {
+pub(crate) fn run(args: &[&str]) -> Output {
     Command::new(BIN)
         .args(args)
         .output()
         .unwrap_or_else(|e| panic!("run {BIN} {args:?}: {e}"))
 }
 
-fn text(bytes: &[u8]) -> String {
+pub(crate) fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 

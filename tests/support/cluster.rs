@@ -125,6 +125,11 @@ impl TestCluster {
                     "resources": {"limits": {"amd.com/gpu": "1"}}}]},
             }))
             .expect("pod");
+        self.start_pod(namespace, name).await;
+    }
+
+    /// Reports the pod running and ready, as its kubelet would.
+    pub async fn start_pod(&self, namespace: &str, name: &str) {
         let pods: Api<k8s_openapi::api::core::v1::Pod> =
             Api::namespaced(self.emulator.client(), namespace);
         pods.patch_status(
@@ -134,7 +139,7 @@ impl TestCluster {
                 "conditions": [{"type": "Ready", "status": "True"}]}})),
         )
         .await
-        .expect("pod status");
+        .expect("the pod's status is written");
     }
 
     pub async fn delete_device_config(&self, name: &str) {
