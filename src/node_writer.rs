@@ -72,6 +72,8 @@ pub enum Concern {
     Partition,
     /// The leader's part of a partition change: its record, cordon and taint.
     PartitionLeader,
+    /// The leader's remediation of a node: its record, labels and taints.
+    Remediation,
 }
 
 impl Concern {
@@ -85,6 +87,7 @@ impl Concern {
             Self::Upgrade => field_manager::UPGRADE,
             Self::Partition => field_manager::PARTITION,
             Self::PartitionLeader => field_manager::PARTITION_LEADER,
+            Self::Remediation => field_manager::REMEDIATION,
         }
     }
 
@@ -182,15 +185,16 @@ pub enum NodeWriteError {
     },
 }
 
-/// What a concern wants of a Node's scheduling: its cordon, and one taint.
+/// What a concern wants of a Node's scheduling: its cordon, and its taints.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CordonIntent {
     /// `Some(true)` cordons, `Some(false)` uncordons, `None` leaves
     /// `spec.unschedulable` as it is (a person's cordon stays).
     pub unschedulable: Option<bool>,
-    /// The taint, told apart from others by its key and effect.
-    pub taint: Taint,
-    /// Whether the Node should carry it.
+    /// The concern's taints, each told apart from others by its key and
+    /// effect.
+    pub taints: Vec<Taint>,
+    /// Whether the Node should carry them.
     pub tainted: bool,
 }
 
@@ -205,16 +209,20 @@ const CONFLICT_TRIES: usize = 5;
 pub fn cordon_patch(node: &Node, intent: &CordonIntent) -> Option<json_patch::Patch> {
     let spec = node.spec.as_ref();
     let taints = spec.and_then(|s| s.taints.clone()).unwrap_or_default();
-    let same = |t: &Taint| t.key == intent.taint.key && t.effect == intent.taint.effect;
-    let mut wanted: Vec<Taint> = taints.iter().filter(|t| !same(t)).cloned().collect();
+    let same = |a: &Taint, b: &Taint| a.key == b.key && a.effect == b.effect;
+    let ours = |t: &Taint| intent.taints.iter().any(|w| same(w, t));
+    let mut wanted: Vec<Taint> = taints.iter().filter(|t| !ours(t)).cloned().collect();
     if intent.tainted {
-        wanted.push(intent.taint.clone());
+        wanted.extend(intent.taints.iter().cloned());
     }
-    let has_ours = taints.iter().any(|t| same(t) && *t == intent.taint);
     let taints_change = if intent.tainted {
-        !has_ours || taints.iter().filter(|t| same(t)).count() > 1
+        // Each of ours present once, as wanted.
+        intent.taints.iter().any(|w| {
+            let mut alike = taints.iter().filter(|t| same(w, t));
+            !matches!((alike.next(), alike.next()), (Some(t), None) if t == w)
+        })
     } else {
-        taints.iter().any(same)
+        taints.iter().any(ours)
     };
     let unschedulable = spec.and_then(|s| s.unschedulable).unwrap_or(false);
     let cordon_change = intent
@@ -380,6 +388,26 @@ impl NodeWriter {
         Ok(written)
     }
 
+    /// Removes label `key` if it still holds `value`: for a person's
+    /// request (a force-resume label) once it is acted on. Returns whether
+    /// it was removed; a label that changed or went meanwhile is left alone.
+    pub async fn remove_label_if(
+        &self,
+        concern: Concern,
+        key: &str,
+        value: &str,
+    ) -> Result<bool, NodeWriteError> {
+        let patch = guarded_removal("labels", key, value);
+        match self.send(concern, "label", Write::Json(patch)).await {
+            Ok(_) => Ok(true),
+            Err(NodeWriteError::Write {
+                source: kube::Error::Api(status),
+                ..
+            }) if status.code == 422 => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Removes annotation `key` if it still holds `value`: for requests
     /// someone else wrote (a test request) once they are handled. In the same
     /// patch, `receipt` (a key and a value unique to this handling) is set, so
@@ -407,7 +435,7 @@ impl NodeWriter {
         }
     }
 
-    /// Makes the Node's cordon and `intent.taint` what `intent` says, with
+    /// Makes the Node's cordon and `intent.taints` what `intent` says, with
     /// a guarded JSON Patch ([`cordon_patch`]); writes nothing when the Node
     /// already says it. When the Node changed between the read and the
     /// write, it reads and decides again, a few times.
@@ -730,24 +758,37 @@ pub fn status_apply_body(name: &str, intent: &StatusIntent) -> Value {
     body
 }
 
+/// A JSON Patch removing `metadata.<section>[key]` only while it still
+/// holds `value`.
+pub fn guarded_removal(section: &str, key: &str, value: &str) -> json_patch::Patch {
+    let path = format!(
+        "/metadata/{section}/{}",
+        key.replace('~', "~0").replace('/', "~1")
+    );
+    serde_json::from_value(json!([
+        {"op": "test", "path": path, "value": value},
+        {"op": "remove", "path": path},
+    ]))
+    .unwrap_or_else(|_| json_patch::Patch(Vec::new()))
+}
+
 /// A JSON Patch removing annotation `key` only while it still holds `value`.
 pub fn guarded_annotation_removal(
     key: &str,
     value: &str,
     (receipt_key, receipt): (&str, &str),
 ) -> json_patch::Patch {
-    let path = |key: &str| {
-        format!(
-            "/metadata/annotations/{}",
-            key.replace('~', "~0").replace('/', "~1")
-        )
-    };
-    serde_json::from_value(json!([
-        {"op": "test", "path": path(key), "value": value},
-        {"op": "remove", "path": path(key)},
-        {"op": "add", "path": path(receipt_key), "value": receipt},
-    ]))
-    .unwrap_or_else(|_| json_patch::Patch(Vec::new()))
+    let mut patch = guarded_removal("annotations", key, value);
+    let receipt_path = format!(
+        "/metadata/annotations/{}",
+        receipt_key.replace('~', "~0").replace('/', "~1")
+    );
+    if let Ok(add) =
+        serde_json::from_value(json!({"op": "add", "path": receipt_path, "value": receipt}))
+    {
+        patch.0.push(add);
+    }
+    patch
 }
 
 /// Keys of labels and annotations an entry set owns.

@@ -46,6 +46,9 @@ use super::DeviceConfig;
 
 pub const STATUS_ANNOTATION: &str = "amd.com/gpu-agent-status";
 pub const STATUS_VERSION: u32 = 1;
+/// The Node condition the agent's health monitor sets while a GPU is
+/// unhealthy (`True`), and that remediation maps by default.
+pub const HEALTH_CONDITION: &str = "AMDGPUUnhealthy";
 
 /// Which DeviceConfig: its namespace and name, typed, so that neither side
 /// splits a `"namespace/name"` string back apart. Written `namespace/name` in
@@ -169,6 +172,10 @@ pub struct AgentStatus {
     /// profile (`dcm.amd.com/gpu-config-profile`) and configManager is on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub partition: Option<PartitionReport>,
+    /// The answer to the leader's last remediation validation request of
+    /// this node (the record's `test` id).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remediation: Option<RemediationTestReport>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub problems: Vec<String>,
     #[serde(default)]
@@ -184,6 +191,18 @@ pub struct PartitionReport {
     pub state: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+}
+
+/// How the validation tests a remediation asked for ended.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RemediationTestReport {
+    /// The request's id, from the leader's remediation record.
+    pub id: String,
+    pub passed: bool,
+    /// What ran and how it ended, for the Event.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
 }
 
 /// The node services, by the name the annotation gives them.
@@ -427,6 +446,7 @@ mod tests {
             driver: None,
             driver_load: None,
             partition: None,
+            remediation: None,
             problems: vec![],
             since: "2026-11-30T07:00:00Z".into(),
         }

@@ -51,6 +51,12 @@ pub const PARTITION: &str = "gpu-operator-partition";
 /// patches).
 pub const PARTITION_LEADER: &str = "gpu-operator-partition-leader";
 
+/// The cluster role's remediations, on every Node it remediates: the record
+/// annotation and `nodeRemediationLabels` (server-side apply), the
+/// remediation taints (guarded patches), and the removal of the person's
+/// force-resume and abort labels once acted on (guarded patches).
+pub const REMEDIATION: &str = "gpu-operator-remediation";
+
 /// The DRA kubelet plugin: the agent's own node's ResourceSlices
 /// (server-side apply).
 pub const DRA: &str = "gpu-operator-dra";

@@ -247,7 +247,7 @@ async fn cordon(
         } else {
             uncordon.then_some(false)
         },
-        taint: taint(profile),
+        taints: vec![taint(profile)],
         tainted: on,
     };
     guarded(

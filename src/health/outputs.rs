@@ -19,8 +19,9 @@ use crate::events::{EventType, NodeEvent};
 use crate::node_writer::condition_at;
 use crate::plugin::{DeviceRef, HealthReport};
 
-/// Type of the Node condition.
-pub const CONDITION_TYPE: &str = "AMDGPUUnhealthy";
+/// Type of the Node condition (defined with the node-leader contract, which
+/// remediation reads it through).
+pub use crate::api::agent_status::HEALTH_CONDITION as CONDITION_TYPE;
 /// Condition reasons.
 pub const REASON_UNHEALTHY: &str = "GPUUnhealthy";
 pub const REASON_HEALTHY: &str = "AllGPUsHealthy";

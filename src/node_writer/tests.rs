@@ -453,7 +453,7 @@ fn cordon_and_taint_keep_everyone_elses_taints_and_are_guarded_by_the_version() 
     let node = scheduled(None, Some(vec![other.clone()]));
     let on = CordonIntent {
         unschedulable: Some(true),
-        taint: upgrade_taint(),
+        taints: vec![upgrade_taint()],
         tainted: true,
     };
     let patch = ops(cordon_patch(&node, &on).expect("a change"));
