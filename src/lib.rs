@@ -21,6 +21,7 @@ pub mod metrics;
 pub mod node_writer;
 pub mod partition;
 pub mod plugin;
+pub mod remediation;
 pub mod service;
 pub mod simulate;
 pub mod telemetry;

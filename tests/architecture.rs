@@ -47,6 +47,9 @@ const LAYERS: &[&[&str]] = &[
     // GPU partitioning: profiles, the plan against the node, the sysfs
     // writes. Above the driver (whose holder scan it uses).
     &["partition"],
+    // Node remediation's domain: the condition mapping, the Node record and
+    // the decisions (pure; the leader and the agent carry them out).
+    &["remediation"],
     // The kubelet device plugin: resource naming, device IDs, and the
     // HealthReport interface health sources feed.
     &["plugin"],

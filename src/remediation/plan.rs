@@ -1,0 +1,866 @@
+//! The remediation decisions, pure: [`node_step`] takes one node's facts
+//! and says what to do next with it; [`admit`] decides, across every
+//! selected node, which new runs may start (`maxParallelWorkflows`, the
+//! circuit breaker, force-resumed nodes first). The leader carries the
+//! [`Decision`]s out. Neither reads the clock: `now` is passed in.
+//!
+//! Per node, the steps of a run are (`Phase`):
+//! gate → quarantine + drain (`Draining`) → notify → a person, when the entry
+//! needs physical action (`AwaitingPerson`) → reboot (`Rebooting`, unless
+//! `skipRebootStep`) → validate (`Validating`, when the entry has a test
+//! profile) → confirm (`Confirming`: the condition False at
+//! [`Confirm::checks`] checks, [`Confirm::interval`] apart, within
+//! [`Confirm::within`]) → release. Any failure is `Failed`; the abort label
+//! makes it `Aborted`; a full recovery window makes it `Held`. In those three
+//! the node stays quarantined until a person removes the taint (then the
+//! labels go too), or sets the force-resume label (a new run starts,
+//! whatever the window and the breaker say).
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use k8s_openapi::jiff::Timestamp;
+
+use super::mapping::{Entry, Mapping};
+use super::record::{Attempt, Phase, Record, Run};
+use crate::api::syntax::CountOrPercent;
+
+/// Set to `true` by a person: start, resume or restart the node's run.
+pub const FORCE_RESUME_LABEL: &str = "operator.amd.com/gpu-force-resume-workflow";
+/// Set to `true` by a person: stop the node's run where it is.
+pub const ABORT_LABEL: &str = "operator.amd.com/gpu-abort-workflow";
+/// `true` on a Node or on the DeviceConfig: no new run starts there;
+/// running ones go on.
+pub const PAUSE_LABEL: &str = "operator.amd.com/gpu-remediation-paused";
+/// `true` on the DeviceConfig: decide and report (Events, status), write no
+/// Node.
+pub const DRY_RUN_LABEL: &str = "operator.amd.com/gpu-remediation-dry-run";
+/// DeviceConfig annotation: how many selected nodes may be quarantined
+/// within the breaker's window, a count or a percentage (default 20%).
+pub const BREAKER_ANNOTATION: &str = "operator.amd.com/gpu-remediation-max-quarantined";
+/// DeviceConfig annotation: the circuit breaker's window (default 1h).
+pub const BREAKER_WINDOW_ANNOTATION: &str = "operator.amd.com/gpu-remediation-breaker-window";
+/// The taint key when `nodeRemediationTaints` is empty; its value is the
+/// condition, its effect NoSchedule (the reference's).
+pub const DEFAULT_TAINT_KEY: &str = "amd-gpu-unhealthy";
+/// How long runs are remembered for the recovery policy (the reference's).
+pub const ATTEMPTS_KEPT: Duration = Duration::from_secs(72 * 3600);
+
+/// Event reasons. The first three are the reference's event names.
+pub const EVENT_REQUIRED: &str = "amd-gpu-remediation-required";
+pub const EVENT_FAILED: &str = "amd-gpu-remediation-failed";
+pub const EVENT_SUCCEEDED: &str = "amd-gpu-remediation-succeeded";
+pub const EVENT_STARTED: &str = "RemediationStarted";
+pub const EVENT_HELD: &str = "RemediationHeld";
+pub const EVENT_ABORTED: &str = "RemediationAborted";
+pub const EVENT_RELEASED: &str = "RemediationReleased";
+pub const EVENT_STEP: &str = "RemediationStep";
+pub const EVENT_DRY_RUN: &str = "RemediationDryRun";
+pub const EVENT_BREAKER: &str = "RemediationCircuitBreakerOpen";
+
+/// The confirmation after the tests: the reference's wait step (two checks a
+/// minute apart within 15 minutes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Confirm {
+    pub checks: u32,
+    pub interval: Duration,
+    pub within: Duration,
+}
+
+impl Default for Confirm {
+    fn default() -> Self {
+        Self {
+            checks: 2,
+            interval: Duration::from_secs(60),
+            within: Duration::from_secs(15 * 60),
+        }
+    }
+}
+
+/// The circuit breaker: at most `limit` of the selected nodes quarantined
+/// within `window`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Breaker {
+    pub limit: CountOrPercent,
+    pub window: Duration,
+}
+
+impl Default for Breaker {
+    fn default() -> Self {
+        Self {
+            limit: CountOrPercent::Percent(20),
+            window: Duration::from_secs(3600),
+        }
+    }
+}
+
+/// What the DeviceConfig asks, as the planner uses it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Policy {
+    pub auto_start: bool,
+    /// `maxParallelWorkflows`; `None` is no limit.
+    pub max_parallel: Option<u32>,
+    pub breaker: Breaker,
+    pub reboot_timeout: Duration,
+    pub confirm: Confirm,
+    /// A pause label on the DeviceConfig.
+    pub paused: bool,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Self {
+            auto_start: true,
+            max_parallel: None,
+            breaker: Breaker::default(),
+            reboot_timeout: Duration::from_secs(15 * 60),
+            confirm: Confirm::default(),
+            paused: false,
+        }
+    }
+}
+
+/// How the node's drain for remediation stands, in this leader's term.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DrainState {
+    Running,
+    Done,
+    Failed(String),
+}
+
+/// What the agent reported of a validation request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TestResult {
+    pub id: String,
+    pub passed: bool,
+    pub message: String,
+}
+
+/// One node, as the planner sees it.
+#[derive(Clone, Debug, Default)]
+pub struct NodeFacts {
+    pub name: String,
+    /// Condition types and whether each is `True`, in the Node's order.
+    pub conditions: Vec<(String, bool)>,
+    pub record: Record,
+    pub force_resume: bool,
+    pub abort: bool,
+    /// A pause label on the Node.
+    pub paused: bool,
+    /// The node carries the run's first taint (key and effect).
+    pub tainted: bool,
+    /// Another change holds the node ("a driver upgrade", ...).
+    pub busy: Option<&'static str>,
+    pub ready: bool,
+    pub boot_id: Option<String>,
+    pub test_result: Option<TestResult>,
+    /// `None`: no drain of this node runs in this term.
+    pub drain: Option<DrainState>,
+}
+
+impl NodeFacts {
+    fn condition_true(&self, condition: &str) -> bool {
+        self.conditions
+            .iter()
+            .any(|(type_, is_true)| type_ == condition && *is_true)
+    }
+}
+
+/// An Event to record about the node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Note {
+    pub warning: bool,
+    pub reason: &'static str,
+    pub message: String,
+}
+
+/// A run's end, for the metrics.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Outcome {
+    Started { condition: String },
+    Succeeded { condition: String, seconds: f64 },
+    Failed { condition: String },
+}
+
+/// What to do with the drain.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DrainOrder {
+    #[default]
+    Keep,
+    Start,
+    Stop,
+}
+
+/// What to do with one node now.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Decision {
+    /// The record to write, when it changes.
+    pub record: Option<Record>,
+    /// `Some(true)`: put the taints and labels on; `Some(false)`: lift them.
+    pub quarantine: Option<bool>,
+    pub drain: DrainOrder,
+    pub notes: Vec<Note>,
+    /// Person's labels handled now, to remove.
+    pub consume: Vec<&'static str>,
+    pub outcomes: Vec<Outcome>,
+    /// When to look at the node again, if nothing else changes.
+    pub wake: Option<Duration>,
+}
+
+/// A run that may start, subject to [`admit`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct Candidate {
+    pub node: String,
+    pub condition: String,
+    pub entry: Entry,
+    /// A person asked (force-resume): the breaker does not hold it.
+    pub forced: bool,
+}
+
+/// One node's next step.
+#[derive(Clone, Debug, PartialEq)]
+pub enum NodeStep {
+    Nothing,
+    /// A run may start, if [`admit`] lets it.
+    Candidate(Box<Candidate>),
+    /// A running or held run moves (or the record is pruned).
+    Act(Box<Decision>),
+    /// A mapped condition is True but no run starts, and why (for status
+    /// and dry-run Events; nothing is written).
+    Blocked {
+        condition: String,
+        why: String,
+    },
+}
+
+fn ts(text: &str) -> Option<Timestamp> {
+    text.parse().ok()
+}
+
+fn elapsed(since: &str, now: Timestamp) -> Duration {
+    ts(since)
+        .and_then(|s| Duration::try_from(now.duration_since(s)).ok())
+        .unwrap_or_default()
+}
+
+/// The run's name, as the reference names its workflows.
+pub fn run_name(node: &str, entry: &Entry, started: Timestamp) -> String {
+    let template = if entry.workflow_template.is_empty() {
+        "remediation"
+    } else {
+        &entry.workflow_template
+    };
+    format!("{node}-{template}-{}", started.as_second())
+}
+
+/// The attempts within `window` of `now` for `condition`.
+pub fn attempts_within(
+    record: &Record,
+    condition: Option<&str>,
+    window: Duration,
+    now: Timestamp,
+) -> usize {
+    record
+        .attempts
+        .iter()
+        .filter(|a| condition.is_none_or(|c| a.condition == c))
+        .filter(|a| elapsed(&a.started, now) < window)
+        .count()
+}
+
+/// The first condition of the node that is True and mapped.
+pub fn triggering<'a>(facts: &NodeFacts, mapping: &'a Mapping) -> Option<&'a Entry> {
+    facts
+        .conditions
+        .iter()
+        .filter(|(_, is_true)| *is_true)
+        .find_map(|(type_, _)| mapping.entry(type_))
+}
+
+/// The record with attempts older than [`ATTEMPTS_KEPT`] dropped.
+fn pruned(record: &Record, now: Timestamp) -> Record {
+    let mut record = record.clone();
+    record
+        .attempts
+        .retain(|a| elapsed(&a.started, now) < ATTEMPTS_KEPT);
+    record
+}
+
+/// A new run of `candidate`, as [`admit`] let it start: the record first,
+/// then the quarantine and the drain (or the wait for approval).
+pub fn start(
+    facts: &NodeFacts,
+    candidate: &Candidate,
+    policy: &Policy,
+    now: Timestamp,
+) -> Decision {
+    let mut record = pruned(&facts.record, now);
+    let approval = !policy.auto_start && !candidate.forced;
+    let run = Run {
+        condition: candidate.condition.clone(),
+        phase: if approval {
+            Phase::AwaitingApproval
+        } else {
+            Phase::Draining
+        },
+        started: now.to_string(),
+        since: now.to_string(),
+        entry: candidate.entry.clone(),
+        quarantined: !approval,
+        reboot_from: None,
+        test: None,
+        checks: 0,
+        last_check: None,
+        reason: None,
+    };
+    record.attempts.push(Attempt {
+        condition: candidate.condition.clone(),
+        started: now.to_string(),
+        name: run_name(&facts.name, &candidate.entry, now),
+    });
+    record.run = Some(run);
+    let template = &candidate.entry.workflow_template;
+    let message = if approval {
+        format!(
+            "{} is True: remediation (built-in steps{}) waits for a person to approve it: \
+             label the node {FORCE_RESUME_LABEL}=true",
+            candidate.condition,
+            named_template(template)
+        )
+    } else {
+        format!(
+            "{} is True: quarantined; draining the GPU pods (built-in steps{})",
+            candidate.condition,
+            named_template(template)
+        )
+    };
+    Decision {
+        record: Some(record),
+        quarantine: (!approval).then_some(true),
+        drain: if approval {
+            DrainOrder::Keep
+        } else {
+            DrainOrder::Start
+        },
+        notes: vec![Note {
+            warning: true,
+            reason: EVENT_STARTED,
+            message,
+        }],
+        consume: if candidate.forced && facts.force_resume {
+            vec![FORCE_RESUME_LABEL]
+        } else {
+            Vec::new()
+        },
+        outcomes: vec![Outcome::Started {
+            condition: candidate.condition.clone(),
+        }],
+        wake: None,
+    }
+}
+
+fn named_template(template: &str) -> String {
+    if template.is_empty() {
+        String::new()
+    } else {
+        format!(" in place of workflow template {template}")
+    }
+}
+
+/// The node's next step.
+pub fn node_step(
+    facts: &NodeFacts,
+    mapping: &Mapping,
+    policy: &Policy,
+    now: Timestamp,
+) -> NodeStep {
+    let Some(run) = &facts.record.run else {
+        return idle_step(facts, mapping, now);
+    };
+    let mut decision = Decision::default();
+    let mut record = pruned(&facts.record, now);
+    let mut next = run.clone();
+    let moved = |next: &mut Run, phase: Phase| {
+        next.phase = phase;
+        next.since = now.to_string();
+    };
+
+    // A person's abort stops any run that is not over.
+    if facts.abort && !run.phase.is_terminal() {
+        decision.consume.push(ABORT_LABEL);
+        decision.drain = DrainOrder::Stop;
+        if run.quarantined {
+            moved(&mut next, Phase::Aborted);
+            next.reason = Some("aborted by a person".into());
+            record.run = Some(next);
+        } else {
+            // Never quarantined (it awaited approval): nothing to keep.
+            record.run = None;
+        }
+        decision.notes.push(Note {
+            warning: true,
+            reason: EVENT_ABORTED,
+            message: format!(
+                "remediation of {} aborted at step {}{}",
+                run.condition,
+                run.phase.name(),
+                if run.quarantined {
+                    "; the node stays tainted until a person removes the taint"
+                } else {
+                    ""
+                }
+            ),
+        });
+        decision.outcomes.push(Outcome::Failed {
+            condition: run.condition.clone(),
+        });
+        decision.record = Some(record);
+        return NodeStep::Act(Box::new(decision));
+    }
+
+    let in_phase = elapsed(&run.since, now);
+    let fail = |decision: &mut Decision, record: &mut Record, mut next: Run, why: String| {
+        next.phase = Phase::Failed;
+        next.since = now.to_string();
+        next.reason = Some(why.clone());
+        let message = if next.entry.notify_test_failure_message.is_empty() {
+            format!(
+                "remediation of {} failed: {why}; the node stays tainted",
+                next.condition
+            )
+        } else {
+            format!(
+                "{} ({why}; the node stays tainted)",
+                next.entry.notify_test_failure_message
+            )
+        };
+        decision.notes.push(Note {
+            warning: true,
+            reason: EVENT_FAILED,
+            message,
+        });
+        decision.outcomes.push(Outcome::Failed {
+            condition: next.condition.clone(),
+        });
+        record.run = Some(next);
+    };
+
+    match run.phase {
+        Phase::AwaitingApproval => {
+            if facts.force_resume {
+                decision.consume.push(FORCE_RESUME_LABEL);
+                moved(&mut next, Phase::Draining);
+                next.quarantined = true;
+                decision.quarantine = Some(true);
+                decision.drain = DrainOrder::Start;
+                decision.notes.push(Note {
+                    warning: true,
+                    reason: EVENT_STEP,
+                    message: format!(
+                        "{}: approved; quarantined, draining the GPU pods",
+                        run.condition
+                    ),
+                });
+                record.run = Some(next);
+            } else if !facts.condition_true(&run.condition) {
+                // It cleared before anyone approved: nothing was done.
+                record.run = None;
+                decision.notes.push(Note {
+                    warning: false,
+                    reason: EVENT_RELEASED,
+                    message: format!(
+                        "{} cleared before the remediation was approved",
+                        run.condition
+                    ),
+                });
+            } else {
+                return NodeStep::Nothing;
+            }
+        }
+        Phase::Draining => {
+            if run.quarantined && !facts.tainted {
+                // Put back a quarantine a write did not land (or a leader
+                // died before it).
+                decision.quarantine = Some(true);
+            }
+            match &facts.drain {
+                None => decision.drain = DrainOrder::Start,
+                Some(DrainState::Running) => decision.wake = Some(Duration::from_secs(30)),
+                Some(DrainState::Failed(why)) => fail(
+                    &mut decision,
+                    &mut record,
+                    next,
+                    format!("the drain failed: {why}"),
+                ),
+                Some(DrainState::Done) => {
+                    decision.drain = DrainOrder::Stop;
+                    let mut message = format!("{}: the node's GPU pods are drained", run.condition);
+                    if !run.entry.notify_remediation_message.is_empty() {
+                        message = format!("{message}: {}", run.entry.notify_remediation_message);
+                    }
+                    if run.entry.physical_action_needed {
+                        message.push_str(&format!(
+                            "; physical action is needed: label the node {FORCE_RESUME_LABEL}=true once done"
+                        ));
+                    }
+                    decision.notes.push(Note {
+                        warning: true,
+                        reason: EVENT_REQUIRED,
+                        message,
+                    });
+                    if run.entry.physical_action_needed {
+                        moved(&mut next, Phase::AwaitingPerson);
+                        record.run = Some(next);
+                    } else {
+                        after_person(facts, &mut decision, &mut record, next, now);
+                    }
+                }
+            }
+        }
+        Phase::AwaitingPerson => {
+            if !facts.force_resume {
+                return NodeStep::Nothing;
+            }
+            decision.consume.push(FORCE_RESUME_LABEL);
+            after_person(facts, &mut decision, &mut record, next, now);
+        }
+        Phase::Rebooting => {
+            let back = facts.ready && facts.boot_id.is_some() && facts.boot_id != run.reboot_from;
+            if back {
+                decision.notes.push(Note {
+                    warning: false,
+                    reason: EVENT_STEP,
+                    message: format!("{}: the node rebooted and is Ready", run.condition),
+                });
+                validate(&mut decision, &mut record, next, now);
+            } else if in_phase >= policy.reboot_timeout {
+                fail(
+                    &mut decision,
+                    &mut record,
+                    next,
+                    format!(
+                        "the node did not come back Ready with a new boot id within {}s",
+                        policy.reboot_timeout.as_secs()
+                    ),
+                );
+            } else {
+                decision.wake = Some(policy.reboot_timeout - in_phase);
+                return NodeStep::Act(Box::new(decision));
+            }
+        }
+        Phase::Validating => {
+            let answered = facts
+                .test_result
+                .as_ref()
+                .filter(|r| Some(&r.id) == run.test.as_ref());
+            match answered {
+                Some(result) if result.passed => {
+                    decision.notes.push(Note {
+                        warning: false,
+                        reason: EVENT_STEP,
+                        message: format!("{}: the validation tests passed", run.condition),
+                    });
+                    moved(&mut next, Phase::Confirming);
+                    next.checks = 0;
+                    next.last_check = None;
+                    decision.wake = Some(policy.confirm.interval);
+                    record.run = Some(next);
+                }
+                Some(result) => {
+                    let why = format!("the validation tests failed: {}", result.message);
+                    fail(&mut decision, &mut record, next, why);
+                }
+                None => {
+                    let limit = run.entry.validation_limit();
+                    if in_phase >= limit {
+                        let why = format!(
+                            "the validation tests did not report within {}s",
+                            limit.as_secs()
+                        );
+                        fail(&mut decision, &mut record, next, why);
+                    } else {
+                        decision.wake = Some(limit - in_phase);
+                        return NodeStep::Act(Box::new(decision));
+                    }
+                }
+            }
+        }
+        Phase::Confirming => {
+            let confirm = policy.confirm;
+            let last = run.last_check.as_deref().unwrap_or(&run.since);
+            let since_last = elapsed(last, now);
+            if since_last < confirm.interval {
+                decision.wake = Some(confirm.interval - since_last);
+                return NodeStep::Act(Box::new(decision));
+            }
+            next.last_check = Some(now.to_string());
+            next.checks = if facts.condition_true(&run.condition) {
+                0
+            } else {
+                run.checks + 1
+            };
+            if next.checks >= confirm.checks {
+                let seconds = elapsed(&run.started, now).as_secs_f64();
+                decision.quarantine = Some(false);
+                decision.notes.push(Note {
+                    warning: false,
+                    reason: EVENT_SUCCEEDED,
+                    message: format!(
+                        "{} stayed False at {} checks: remediation succeeded; the taints and labels are lifted",
+                        run.condition, next.checks
+                    ),
+                });
+                decision.outcomes.push(Outcome::Succeeded {
+                    condition: run.condition.clone(),
+                    seconds,
+                });
+                record.run = None;
+            } else if in_phase + confirm.interval > confirm.within {
+                let why = format!(
+                    "{} did not stay False at {} checks {}s apart within {}s",
+                    run.condition,
+                    confirm.checks,
+                    confirm.interval.as_secs(),
+                    confirm.within.as_secs()
+                );
+                fail(&mut decision, &mut record, next, why);
+            } else {
+                decision.wake = Some(confirm.interval);
+                record.run = Some(next);
+            }
+        }
+        Phase::Failed | Phase::Aborted | Phase::Held => {
+            if facts.force_resume {
+                // A person asks for a new run: the window and the breaker
+                // do not hold it.
+                let entry = mapping
+                    .entry(&run.condition)
+                    .cloned()
+                    .unwrap_or_else(|| run.entry.clone());
+                return NodeStep::Candidate(Box::new(Candidate {
+                    node: facts.name.clone(),
+                    condition: run.condition.clone(),
+                    entry,
+                    forced: true,
+                }));
+            }
+            if run.quarantined && !facts.tainted {
+                // A person removed the taint: the node is theirs again.
+                decision.quarantine = Some(false);
+                decision.notes.push(Note {
+                    warning: false,
+                    reason: EVENT_RELEASED,
+                    message: format!(
+                        "a person removed the remediation taint: the {} run ({}) is closed and its labels lifted",
+                        run.condition,
+                        run.phase.name()
+                    ),
+                });
+                record.run = None;
+            } else {
+                return NodeStep::Nothing;
+            }
+        }
+    }
+    decision.record = Some(record);
+    NodeStep::Act(Box::new(decision))
+}
+
+/// After the drain (and a person, when needed): reboot, or straight to the
+/// tests when the entry skips the reboot.
+fn after_person(
+    facts: &NodeFacts,
+    decision: &mut Decision,
+    record: &mut Record,
+    mut next: Run,
+    now: Timestamp,
+) {
+    if next.entry.skip_reboot_step {
+        validate(decision, record, next, now);
+        return;
+    }
+    next.phase = Phase::Rebooting;
+    next.since = now.to_string();
+    next.reboot_from = facts.boot_id.clone();
+    decision.notes.push(Note {
+        warning: false,
+        reason: EVENT_STEP,
+        message: format!(
+            "{}: asking the node's agent to reboot (from boot {})",
+            next.condition,
+            facts.boot_id.as_deref().unwrap_or("unknown")
+        ),
+    });
+    record.run = Some(next);
+}
+
+/// Starts the validation, or skips to the confirmation when the entry has
+/// no test profile.
+fn validate(decision: &mut Decision, record: &mut Record, mut next: Run, now: Timestamp) {
+    next.since = now.to_string();
+    next.reboot_from = None;
+    if next.entry.validation_tests_profile.is_some() {
+        next.phase = Phase::Validating;
+        next.test = Some(format!("{}-{}", next.condition, now.as_millisecond()));
+        decision.notes.push(Note {
+            warning: false,
+            reason: EVENT_STEP,
+            message: format!("{}: running the validation tests", next.condition),
+        });
+    } else {
+        next.phase = Phase::Confirming;
+        next.checks = 0;
+        next.last_check = None;
+    }
+    record.run = Some(next);
+}
+
+/// A node with no run: a candidate when a mapped condition is True and the
+/// gates pass; a held run when the recovery window is full; the record
+/// pruned when old attempts fall out of it.
+fn idle_step(facts: &NodeFacts, mapping: &Mapping, now: Timestamp) -> NodeStep {
+    let Some(entry) = triggering(facts, mapping) else {
+        let pruned = pruned(&facts.record, now);
+        return if pruned != facts.record {
+            NodeStep::Act(Box::new(Decision {
+                record: Some(pruned),
+                ..Decision::default()
+            }))
+        } else {
+            NodeStep::Nothing
+        };
+    };
+    let condition = entry.node_condition.clone();
+    if let Some(busy) = facts.busy {
+        return NodeStep::Blocked {
+            condition,
+            why: format!("{busy} holds the node"),
+        };
+    }
+    if facts.paused && !facts.force_resume {
+        return NodeStep::Blocked {
+            condition,
+            why: format!("the node is labelled {PAUSE_LABEL}=true"),
+        };
+    }
+    let runs = attempts_within(&facts.record, Some(&condition), entry.window(), now);
+    if runs >= entry.max_runs() as usize && !facts.force_resume {
+        let mut record = pruned(&facts.record, now);
+        let why = format!(
+            "{condition} was remediated {runs} times within {}s (recoveryPolicy allows {}): \
+             a person must act; label the node {FORCE_RESUME_LABEL}=true to run again, or remove the taint",
+            entry.window().as_secs(),
+            entry.max_runs()
+        );
+        record.run = Some(Run {
+            condition: condition.clone(),
+            phase: Phase::Held,
+            started: now.to_string(),
+            since: now.to_string(),
+            entry: entry.clone(),
+            quarantined: true,
+            reboot_from: None,
+            test: None,
+            checks: 0,
+            last_check: None,
+            reason: Some(why.clone()),
+        });
+        return NodeStep::Act(Box::new(Decision {
+            record: Some(record),
+            quarantine: Some(true),
+            notes: vec![Note {
+                warning: true,
+                reason: EVENT_HELD,
+                message: why,
+            }],
+            ..Decision::default()
+        }));
+    }
+    NodeStep::Candidate(Box::new(Candidate {
+        node: facts.name.clone(),
+        condition,
+        entry: entry.clone(),
+        forced: facts.force_resume,
+    }))
+}
+
+/// Which candidates start now.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Admission {
+    pub start: Vec<Candidate>,
+    /// Held by `maxParallelWorkflows`.
+    pub waiting: Vec<Candidate>,
+    /// Held by the open circuit breaker, and its message.
+    pub breaker: Option<(Vec<Candidate>, String)>,
+    /// Held by the DeviceConfig's pause label.
+    pub paused: Vec<Candidate>,
+}
+
+/// Decides which candidates start: every candidate a person forced; the
+/// others only while the breaker holds (the nodes quarantined within its
+/// window, `recently_quarantined`, with all of them, stay within the limit:
+/// a burst that would pass it starts none) and within
+/// `maxParallelWorkflows` (`running` runs in progress now).
+pub fn admit(
+    mut candidates: Vec<Candidate>,
+    running: usize,
+    recently_quarantined: &BTreeSet<String>,
+    selected: usize,
+    policy: &Policy,
+) -> Admission {
+    candidates.sort_by(|a, b| b.forced.cmp(&a.forced).then(a.node.cmp(&b.node)));
+    let (forced, automatic): (Vec<_>, Vec<_>) = candidates.into_iter().partition(|c| c.forced);
+    let mut admission = Admission::default();
+    let mut running = running;
+    let limit = policy.breaker.limit.resolve(selected as u32) as usize;
+    // Nodes, not runs: a node that fails again counts once; a node a
+    // person forces counts too.
+    let quarantined = forced
+        .iter()
+        .chain(&automatic)
+        .filter(|c| !recently_quarantined.contains(&c.node))
+        .count()
+        + recently_quarantined.len();
+    let recently_quarantined = recently_quarantined.len();
+    let automatic = if policy.paused {
+        admission.paused = automatic;
+        Vec::new()
+    } else if !automatic.is_empty() && quarantined > limit {
+        let message = format!(
+            "remediation paused: {} node(s) to quarantine with {recently_quarantined} quarantined within {}s \
+             would pass the limit of {limit} of {selected} selected node(s); a person must act \
+             (label nodes {FORCE_RESUME_LABEL}=true to remediate them, or raise {BREAKER_ANNOTATION})",
+            automatic.len(),
+            policy.breaker.window.as_secs(),
+        );
+        admission.breaker = Some((automatic, message));
+        Vec::new()
+    } else {
+        automatic
+    };
+    for candidate in forced.into_iter().chain(automatic) {
+        let room = policy.max_parallel.is_none_or(|max| running < max as usize);
+        if room || candidate.forced {
+            running += 1;
+            admission.start.push(candidate);
+        } else {
+            admission.waiting.push(candidate);
+        }
+    }
+    admission
+}
+
+/// Whether a run counts against `maxParallelWorkflows`.
+pub fn is_running(record: &Record) -> bool {
+    record.run.as_ref().is_some_and(|r| !r.phase.is_terminal())
+}
+
+/// Whether the node counts against the breaker: quarantined now, or a run
+/// started within the window.
+pub fn recently_quarantined(record: &Record, window: Duration, now: Timestamp) -> bool {
+    record.run.as_ref().is_some_and(|r| r.quarantined)
+        || attempts_within(record, None, window, now) > 0
+}
+
+#[cfg(test)]
+mod tests;
