@@ -1,7 +1,8 @@
 //! Process-wide event counters that code in any module increments and the
 //! metrics exporter reads: reconciles and failed Kubernetes API requests;
 //! and, while this process leads, the driver upgrade's nodes per state and
-//! the time its steps took.
+//! the time its steps took, and the remediations it started, ended and
+//! their length.
 //!
 //! Counting is a relaxed atomic increment, so any code may count from anywhere
 //! without depending on the exporter:
@@ -26,6 +27,74 @@ static UPGRADE_NODES: Mutex<BTreeMap<String, BTreeMap<String, usize>>> =
     Mutex::new(BTreeMap::new());
 /// Per upgrade step: how many ended, and their seconds in all.
 static UPGRADE_STEPS: Mutex<BTreeMap<String, StepTotals>> = Mutex::new(BTreeMap::new());
+/// Remediations per (condition, result): started, succeeded, failed.
+static REMEDIATIONS: Mutex<BTreeMap<(String, String), u64>> = Mutex::new(BTreeMap::new());
+/// Seconds from a remediation's start to its release, of those that succeeded.
+static REMEDIATION_SECONDS: Mutex<Histogram> = Mutex::new(Histogram::new());
+
+/// Upper bounds of [`remediation_seconds`]'s buckets: a minute to 12 hours.
+pub const REMEDIATION_BUCKETS: [f64; 8] =
+    [60.0, 300.0, 900.0, 1800.0, 3600.0, 7200.0, 14400.0, 43200.0];
+
+/// A histogram over [`REMEDIATION_BUCKETS`]: per bucket the observations at
+/// or below its bound (cumulative, as Prometheus counts them).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Histogram {
+    pub buckets: [u64; REMEDIATION_BUCKETS.len()],
+    pub count: u64,
+    pub sum: f64,
+}
+
+impl Histogram {
+    pub const fn new() -> Self {
+        Self {
+            buckets: [0; REMEDIATION_BUCKETS.len()],
+            count: 0,
+            sum: 0.0,
+        }
+    }
+
+    pub fn observe(&mut self, value: f64) {
+        let value = value.max(0.0);
+        for (bucket, bound) in self.buckets.iter_mut().zip(REMEDIATION_BUCKETS) {
+            if value <= bound {
+                *bucket += 1;
+            }
+        }
+        self.count += 1;
+        self.sum += value;
+    }
+}
+
+impl Default for Histogram {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Counts one remediation of `condition` that `result` (started,
+/// succeeded, failed); a success's length goes in the histogram.
+pub fn record_remediation(condition: &str, result: &str, seconds: Option<f64>) {
+    if let Ok(mut all) = REMEDIATIONS.lock() {
+        *all.entry((condition.to_owned(), result.to_owned()))
+            .or_default() += 1;
+    }
+    if let Some(seconds) = seconds
+        && let Ok(mut histogram) = REMEDIATION_SECONDS.lock()
+    {
+        histogram.observe(seconds);
+    }
+}
+
+/// The counts of [`record_remediation`], per (condition, result).
+pub fn remediations() -> BTreeMap<(String, String), u64> {
+    REMEDIATIONS.lock().map(|r| r.clone()).unwrap_or_default()
+}
+
+/// The lengths of the remediations that succeeded.
+pub fn remediation_seconds() -> Histogram {
+    REMEDIATION_SECONDS.lock().map(|h| *h).unwrap_or_default()
+}
 
 /// How many upgrade steps of one kind ended, and how long they took in all.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]

@@ -16,6 +16,7 @@ pub mod drain;
 pub mod lease;
 pub mod partitioner;
 pub mod reconcile;
+pub mod remediator;
 pub mod resources;
 pub mod status;
 pub mod upgrade;
@@ -65,6 +66,9 @@ pub struct ClusterConfig {
     /// The time limits of each driver upgrade step (the drain's comes from
     /// the DeviceConfig's drain policy).
     pub upgrade_timeouts: upgrade::Timeouts,
+    /// The pace of remediation's confirmation (two checks a minute apart
+    /// within 15 minutes, as the reference's wait step).
+    pub remediation_confirm: crate::remediation::plan::Confirm,
     /// The client drains evict through: one that does not retry on its own,
     /// so that a PodDisruptionBudget's refusal reaches the drain at once
     /// (see [`drain::drain`]). `None` evicts through the main client, whose
@@ -100,6 +104,7 @@ impl Default for ClusterConfig {
             namespace: None,
             check_secret_references: false,
             upgrade_timeouts: upgrade::Timeouts::default(),
+            remediation_confirm: crate::remediation::plan::Confirm::default(),
             eviction_client: None,
         }
     }
@@ -117,6 +122,9 @@ pub fn node_relevance(node: &Node) -> u64 {
     node.annotations().get(RECORD_ANNOTATION).hash(&mut hasher);
     node.annotations()
         .get(crate::partition::state::RECORD_ANNOTATION)
+        .hash(&mut hasher);
+    node.annotations()
+        .get(crate::remediation::RECORD_ANNOTATION)
         .hash(&mut hasher);
     let spec = node.spec.as_ref();
     spec.and_then(|s| s.unschedulable).hash(&mut hasher);
@@ -335,6 +343,7 @@ pub async fn reconcile_until_cancelled(
     let (upgrades, drain_moved) = Upgrades::new(eviction_client, config.upgrade_timeouts);
     let mut context = Context::new(client, nodes, configs.clone(), guard, recorder);
     context.upgrades = upgrades;
+    context.remediations = remediator::Remediations::new(config.remediation_confirm);
     context.status_interval = config.status_interval;
     context.teardown_timeout = config.teardown_timeout;
     context.stats = stats;

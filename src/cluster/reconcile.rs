@@ -89,6 +89,8 @@ pub struct Context {
     pub check_secret_references: bool,
     /// This term's driver upgrades: running drains, records written.
     pub upgrades: Upgrades,
+    /// This term's remediation notices and pace.
+    pub remediations: super::remediator::Remediations,
     /// The Node cache has finished its first list (see [`Context::nodes_ready`]).
     nodes_listed: std::sync::atomic::AtomicBool,
     /// Whether this term last made the DRA DeviceClass exist (`true`) or
@@ -127,6 +129,7 @@ impl Context {
             owned_services: None,
             check_secret_references: false,
             upgrades,
+            remediations: super::remediator::Remediations::default(),
             nodes_listed: std::sync::atomic::AtomicBool::new(false),
             device_class: Mutex::new(None),
         }
@@ -190,6 +193,17 @@ impl Context {
             Ok(result) => result.map_err(kube_err(action, object.to_string())),
             Err(_) => Err(Error::NotLeader),
         }
+    }
+
+    /// Records an Event about `dc` (while leading).
+    pub(super) async fn dc_event(
+        &self,
+        dc: &DeviceConfig,
+        type_: EventType,
+        reason: &str,
+        note: String,
+    ) {
+        self.event(dc, type_, reason, note).await;
     }
 
     async fn event(&self, dc: &DeviceConfig, type_: EventType, reason: &str, note: String) {
@@ -272,10 +286,19 @@ pub async fn reconcile(dc: Arc<DeviceConfig>, ctx: Arc<Context>) -> Result<Actio
     } else {
         None
     };
-    let upgrade_wake = match (upgrade_wake, partition_wake) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
+    // 5c. Remediation of nodes whose mapped conditions are True; with
+    // remediation off, a node still quarantined is released.
+    let remediation_wake = if problems.validation.is_empty() {
+        let summary = super::remediator::reconcile(&dc, &selected_nodes, &ctx).await?;
+        problems.other.extend(summary.problems);
+        summary.wake
+    } else {
+        None
     };
+    let upgrade_wake = [upgrade_wake, partition_wake, remediation_wake]
+        .into_iter()
+        .flatten()
+        .min();
     let settled = || upgrade_wake.map_or_else(Action::await_change, Action::requeue);
 
     // 6. Status, written only when it changes and at most once per interval.
@@ -800,6 +823,8 @@ async fn tear_down(
     upgrader::stop(&key, ctx).await?;
     // So do a partition change's records, cordons and taints.
     super::partitioner::release_all(selected_nodes, ctx).await?;
+    // And a remediation's quarantine.
+    super::remediator::release_all(dc, selected_nodes, ctx).await?;
     let given_up: Vec<String> = waiting.iter().map(|n| n.name.clone()).collect();
     let remaining: Vec<String> = dc
         .finalizers()

@@ -39,6 +39,8 @@ pub struct NodeView {
     pub boot_id: String,
     /// The node's driver upgrade record, when it parses.
     pub upgrade: Option<UpgradeRecord>,
+    /// A remediation quarantines the node (its record's run).
+    pub quarantined: bool,
 }
 
 impl NodeView {
@@ -58,6 +60,9 @@ impl NodeView {
             kernel_version: info.map(|i| i.kernel_version.clone()).unwrap_or_default(),
             boot_id: info.map(|i| i.boot_id.clone()).unwrap_or_default(),
             upgrade: UpgradeRecord::of_annotations(node.annotations()),
+            quarantined: crate::remediation::Record::of_annotations(node.annotations())
+                .run
+                .is_some_and(|r| r.quarantined),
         }
     }
 
@@ -255,7 +260,12 @@ pub fn desired_status(
             } else {
                 0
             },
-            available_number: 0,
+            // Selected nodes no remediation quarantines: those pods may use.
+            available_number: if spec.remediation_workflow.is_enabled() {
+                count(&|n| !n.quarantined)
+            } else {
+                0
+            },
         },
         node_module_status,
         conditions,

@@ -99,6 +99,7 @@ struct Written {
 pub(super) enum Purpose {
     Upgrade,
     Partition,
+    Remediation,
 }
 
 /// A drain this leader runs for one node.
@@ -290,6 +291,7 @@ impl Upgrades {
     pub fn stop_drains(&self, config: &ConfigKey) {
         self.prune_drains(config, Purpose::Upgrade, &[]);
         self.prune_drains(config, Purpose::Partition, &[]);
+        self.prune_drains(config, Purpose::Remediation, &[]);
     }
 }
 
@@ -717,7 +719,7 @@ async fn carry_out(
         // a cordon nobody owns would keep the node out for good.
         let intent = CordonIntent {
             unschedulable: (!keep_cordon).then_some(false),
-            taint: upgrade_taint(),
+            taints: vec![upgrade_taint()],
             tainted: false,
         };
         if let Err(e) = guarded(ctx, &name, writer.set_cordon(Concern::Upgrade, &intent)).await? {
@@ -758,7 +760,7 @@ async fn carry_out(
             Action::Cordon { was_cordoned } => {
                 let intent = CordonIntent {
                     unschedulable: (!*was_cordoned).then_some(true),
-                    taint: upgrade_taint(),
+                    taints: vec![upgrade_taint()],
                     tainted: true,
                 };
                 match guarded(ctx, &name, writer.set_cordon(Concern::Upgrade, &intent)).await? {
@@ -948,7 +950,7 @@ async fn release(key: &ConfigKey, name: &str, ctx: &Context) -> Result<(), Error
     ctx.upgrades.stop_drain(name, Purpose::Upgrade);
     let intent = CordonIntent {
         unschedulable: record.holds_cordon().then_some(false),
-        taint: upgrade_taint(),
+        taints: vec![upgrade_taint()],
         tainted: false,
     };
     guarded(ctx, name, writer.set_cordon(Concern::Upgrade, &intent))

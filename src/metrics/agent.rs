@@ -325,6 +325,42 @@ pub fn upgrade_families(
     ]
 }
 
+/// The leader's remediations: runs started, succeeded and failed by
+/// condition, and how long the successful ones took from start to release.
+/// Pure.
+pub fn remediation_families(
+    counts: &std::collections::BTreeMap<(String, String), u64>,
+    seconds: &crate::counters::Histogram,
+) -> (Vec<Family>, Vec<super::render::HistogramFamily>) {
+    let family = Family {
+        name: "gpu_operator_remediations_total".to_owned(),
+        help: "Node remediations by the condition that started them and result (started, succeeded, failed), on the leader".to_owned(),
+        kind: Kind::Counter,
+        series: counts
+            .iter()
+            .map(|((condition, result), n)| Series {
+                labels: vec![
+                    ("condition".to_owned(), condition.clone()),
+                    ("result".to_owned(), result.clone()),
+                ],
+                value: *n as f64,
+            })
+            .collect(),
+    };
+    let histogram = super::render::HistogramFamily {
+        name: "gpu_operator_remediation_seconds".to_owned(),
+        help: "Seconds from a remediation's start (its condition seen True) to the node's release, of remediations that succeeded".to_owned(),
+        buckets: crate::counters::REMEDIATION_BUCKETS
+            .iter()
+            .copied()
+            .zip(seconds.buckets)
+            .collect(),
+        sum: seconds.sum,
+        count: seconds.count,
+    };
+    (vec![family], vec![histogram])
+}
+
 /// The test runner's results: runs by trigger, recipe and result, the last
 /// run of each trigger and recipe, the GPUs under test now and the queue.
 pub fn test_runner_families(stats: &TestRunnerStats) -> Vec<Family> {

@@ -359,12 +359,17 @@ impl server::Exposition for SampleExposition {
         if let Some(tests) = &self.tests {
             families.extend(agent::test_runner_families(&tests.borrow()));
         }
+        let (remediations, histograms) = agent::remediation_families(
+            &crate::counters::remediations(),
+            &crate::counters::remediation_seconds(),
+        );
+        families.extend(remediations);
         self.status.send_if_modified(|s| {
             let changed = s.series != series;
             s.series = series;
             changed
         });
-        Bytes::from(render::encode(families))
+        Bytes::from(render::encode_with_histograms(families, histograms))
     }
 
     fn json(&self) -> Bytes {

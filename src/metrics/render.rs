@@ -412,8 +412,24 @@ fn with_label(labels: &[(String, String)], name: &str, index: usize) -> Vec<(Str
 
 /// Encodes families in the Prometheus text format 0.0.4.
 pub fn encode(families: Vec<Family>) -> String {
+    encode_with_histograms(families, Vec::new())
+}
+
+/// One histogram family: cumulative buckets (upper bound, count), the sum
+/// and the count of its observations.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HistogramFamily {
+    pub name: String,
+    pub help: String,
+    pub buckets: Vec<(f64, u64)>,
+    pub sum: f64,
+    pub count: u64,
+}
+
+/// [`encode`], with histogram families after the others.
+pub fn encode_with_histograms(families: Vec<Family>, histograms: Vec<HistogramFamily>) -> String {
     let mut registry = Registry::default();
-    registry.register_collector(Box::new(Families(families)));
+    registry.register_collector(Box::new(Families(families, histograms)));
     let mut text = String::new();
     // Writing into a String cannot fail; an error would only come from a
     // malformed descriptor, and a partial exposition is still served.
@@ -427,7 +443,7 @@ pub fn encode(families: Vec<Family>) -> String {
 pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
 
 #[derive(Debug)]
-struct Families(Vec<Family>);
+struct Families(Vec<Family>, Vec<HistogramFamily>);
 
 impl Collector for Families {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
@@ -450,6 +466,20 @@ impl Collector for Families {
                     Kind::Gauge => encoder.encode_gauge(&series.value)?,
                 }
             }
+        }
+        for histogram in &self.1 {
+            let mut metric = encoder.encode_descriptor(
+                &histogram.name,
+                &histogram.help,
+                None,
+                MetricType::Histogram,
+            )?;
+            metric.encode_histogram::<NoLabelSet>(
+                histogram.sum,
+                histogram.count,
+                &histogram.buckets,
+                None,
+            )?;
         }
         Ok(())
     }

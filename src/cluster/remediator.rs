@@ -1,0 +1,729 @@
+//! The leader's part of node remediation (`spec.remediationWorkflow`): for
+//! each selected node, the facts [`crate::remediation::plan`] decides on (its
+//! conditions, the record, a person's labels, the drain this term runs, what
+//! its agent reported), the admission of new runs across the DeviceConfig,
+//! and the decisions carried out:
+//! - the record first, with `nodeRemediationLabels` in the same
+//!   server-side apply; then the taints; then the drain. On release the
+//!   taints go first and the record last, so a leader that dies midway still
+//!   finds whose taint it is;
+//! - the person's force-resume and abort labels removed once acted on;
+//! - Events on the Node (the reference's `amd-gpu-remediation-*` names) and,
+//!   when the circuit breaker opens, on the DeviceConfig;
+//! - the metrics counters.
+//!
+//! The reboot and the tests are the agent's: it reads the record
+//! (`agent::remediation`) and answers in its status. With the DeviceConfig
+//! labelled for a dry run, this module decides and reports, and writes no
+//! Node. Every write is checked against the lease. This module must not
+//! decide (the plan does) and writes Nodes only through
+//! [`crate::node_writer`].
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Taint};
+use k8s_openapi::jiff::Timestamp;
+use kube::runtime::events::EventType;
+use kube::{Api, ResourceExt};
+
+use super::drain::DrainPolicy;
+use super::reconcile::{Context, Error};
+use super::upgrade::DrainOutcome;
+use super::upgrader::{Purpose, guarded, node_error, node_event_for};
+use crate::api::agent_status::{AgentStatus, ConfigKey, STATUS_ANNOTATION};
+use crate::api::syntax::parse_count_or_percent;
+use crate::api::{DeviceConfig, DrainSpec, RemediationWorkflowSpec};
+use crate::node_writer::{Concern, CordonIntent, NodeIntent, NodeWriter};
+use crate::remediation::mapping::CONFIGMAP_KEY;
+use crate::remediation::plan::{
+    self, ABORT_LABEL, BREAKER_ANNOTATION, BREAKER_WINDOW_ANNOTATION, Breaker, Candidate, Confirm,
+    DEFAULT_TAINT_KEY, DRY_RUN_LABEL, Decision, DrainOrder, DrainState, EVENT_BREAKER,
+    EVENT_DRY_RUN, FORCE_RESUME_LABEL, NodeFacts, NodeStep, Outcome, PAUSE_LABEL, Policy,
+    TestResult,
+};
+use crate::remediation::{Mapping, RECORD_ANNOTATION, Record};
+
+/// What this leadership term remembers of remediation: the confirmation
+/// pace, and which notices it gave already (dry-run and breaker Events are
+/// given once per term and cause, not at every reconcile).
+#[derive(Debug, Default)]
+pub struct Remediations {
+    pub confirm: Confirm,
+    noticed: Mutex<HashSet<String>>,
+}
+
+impl Remediations {
+    pub fn new(confirm: Confirm) -> Self {
+        Self {
+            confirm,
+            noticed: Mutex::default(),
+        }
+    }
+
+    /// True the first time `key` is noticed in this term.
+    fn first_notice(&self, key: String) -> bool {
+        self.noticed
+            .lock()
+            .map(|mut n| n.insert(key))
+            .unwrap_or(false)
+    }
+
+    /// Forgets the notices starting with `prefix`: their cause went.
+    fn forget(&self, prefix: &str) {
+        if let Ok(mut noticed) = self.noticed.lock() {
+            noticed.retain(|k| !k.starts_with(prefix));
+        }
+    }
+}
+
+/// What remediation contributes to the DeviceConfig's status.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Summary {
+    /// Nodes with a run that is not over.
+    pub running: usize,
+    /// Nodes quarantined (running, failed, aborted or held).
+    pub quarantined: usize,
+    /// Why remediation cannot work as asked (an unreadable mapping).
+    pub problems: Vec<String>,
+    pub wake: Option<Duration>,
+}
+
+/// The policy the DeviceConfig asks for.
+pub fn policy_of(dc: &DeviceConfig, confirm: Confirm) -> Policy {
+    let rw = &dc.spec.remediation_workflow;
+    let default = Policy::default();
+    let annotations = dc.annotations();
+    let breaker = Breaker {
+        limit: annotations
+            .get(BREAKER_ANNOTATION)
+            .and_then(|v| parse_count_or_percent(&int_or_string(v)).ok())
+            .unwrap_or(default.breaker.limit),
+        window: annotations
+            .get(BREAKER_WINDOW_ANNOTATION)
+            .and_then(|v| crate::api::syntax::parse_duration(v).ok())
+            .unwrap_or(default.breaker.window),
+    };
+    Policy {
+        auto_start: rw.auto_start_workflow,
+        max_parallel: rw.parallel_limit(),
+        breaker,
+        reboot_timeout: rw.reboot_timeout().unwrap_or(default.reboot_timeout),
+        confirm,
+        paused: is_true(dc.labels(), PAUSE_LABEL),
+    }
+}
+
+fn int_or_string(text: &str) -> k8s_openapi::apimachinery::pkg::util::intstr::IntOrString {
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+    text.trim().parse::<i32>().map_or_else(
+        |_| IntOrString::String(text.trim().to_owned()),
+        IntOrString::Int,
+    )
+}
+
+fn is_true(labels: &BTreeMap<String, String>, key: &str) -> bool {
+    labels.get(key).is_some_and(|v| v == "true")
+}
+
+/// The taints of a run for `condition`: `nodeRemediationTaints`, else the
+/// reference's `amd-gpu-unhealthy=<condition>:NoSchedule`.
+pub fn taints_for(rw: &RemediationWorkflowSpec, condition: &str) -> Vec<Taint> {
+    if !rw.node_remediation_taints.is_empty() {
+        return rw.node_remediation_taints.clone();
+    }
+    vec![Taint {
+        key: DEFAULT_TAINT_KEY.to_owned(),
+        value: Some(condition.to_owned()),
+        effect: "NoSchedule".to_owned(),
+        ..Taint::default()
+    }]
+}
+
+/// The drain policy: `nodeDrainPolicy`, else what the reference uses when
+/// it is unset (force, 300 s, kube-system, cert-manager and the operator's
+/// namespace left alone).
+pub fn drain_policy(rw: &RemediationWorkflowSpec, operator_namespace: &str) -> DrainPolicy {
+    match &rw.node_drain_policy {
+        Some(spec) => DrainPolicy::of_drain(spec),
+        None => {
+            let mut policy = DrainPolicy::of_drain(&DrainSpec {
+                force: true,
+                timeout_seconds: 300,
+                ..DrainSpec::default()
+            });
+            policy.ignore_namespaces.extend(
+                ["kube-system", "cert-manager", operator_namespace]
+                    .into_iter()
+                    .filter(|n| !n.is_empty())
+                    .map(str::to_owned),
+            );
+            policy
+        }
+    }
+}
+
+/// The mapping the DeviceConfig names, or the built-in one.
+async fn mapping_of(dc: &DeviceConfig, ctx: &Context) -> Result<Mapping, String> {
+    let rw = &dc.spec.remediation_workflow;
+    let Some(name) = rw
+        .config
+        .as_ref()
+        .map(|c| c.name.as_str())
+        .filter(|n| !n.is_empty())
+    else {
+        return Ok(Mapping::builtin());
+    };
+    let namespace = dc.namespace().unwrap_or_default();
+    let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &namespace);
+    let Some(deadline) = ctx.guard.deadline() else {
+        return Err("not leading".into());
+    };
+    let read = tokio::time::timeout_at(deadline, api.get_opt(name)).await;
+    let map = match read {
+        Ok(Ok(Some(map))) => map,
+        Ok(Ok(None)) => {
+            return Err(format!(
+                "spec.remediationWorkflow.config: ConfigMap {namespace}/{name} does not exist; no node is remediated"
+            ));
+        }
+        Ok(Err(e)) => return Err(format!("cannot read ConfigMap {namespace}/{name}: {e}")),
+        Err(_) => return Err("not leading".into()),
+    };
+    let text = map
+        .data
+        .as_ref()
+        .and_then(|d| d.get(CONFIGMAP_KEY))
+        .ok_or_else(|| {
+            format!(
+                "ConfigMap {namespace}/{name} has no key {CONFIGMAP_KEY:?}; no node is remediated"
+            )
+        })?;
+    Mapping::parse(text)
+        .map_err(|why| format!("ConfigMap {namespace}/{name}: {why}; no node is remediated"))
+}
+
+/// The facts of `node` for the plan.
+fn facts_of(
+    node: &Node,
+    rw: &RemediationWorkflowSpec,
+    key: &ConfigKey,
+    ctx: &Context,
+) -> NodeFacts {
+    let name = node.name_any();
+    let record = Record::of_annotations(node.annotations());
+    let conditions: Vec<(String, bool)> = node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .map(|cs| {
+            cs.iter()
+                .map(|c| (c.type_.clone(), c.status == "True"))
+                .collect()
+        })
+        .unwrap_or_default();
+    let ready = conditions.iter().any(|(t, on)| t == "Ready" && *on);
+    let node_taints = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.clone())
+        .unwrap_or_default();
+    let tainted = record.run.as_ref().is_some_and(|run| {
+        taints_for(rw, &run.condition).first().is_some_and(|t| {
+            node_taints
+                .iter()
+                .any(|n| n.key == t.key && n.effect == t.effect)
+        })
+    });
+    let agent = node
+        .annotations()
+        .get(STATUS_ANNOTATION)
+        .and_then(|t| AgentStatus::parse(t).ok());
+    let boot_id = agent
+        .as_ref()
+        .and_then(|a| a.driver.as_ref())
+        .and_then(|d| d.boot_id.clone())
+        .or_else(|| {
+            node.status
+                .as_ref()
+                .and_then(|s| s.node_info.as_ref())
+                .map(|i| i.boot_id.clone())
+                .filter(|b| !b.is_empty())
+        });
+    let upgrading = crate::api::driver_upgrade::UpgradeRecord::of_annotations(node.annotations())
+        .is_some_and(|u| u.state.is_in_progress());
+    let partitioning = node
+        .annotations()
+        .contains_key(crate::partition::state::RECORD_ANNOTATION);
+    let drain = ctx
+        .upgrades
+        .drain_outcome(key, Purpose::Remediation, &name)
+        .map(|(outcome, _)| match outcome {
+            DrainOutcome::Running => DrainState::Running,
+            DrainOutcome::Done => DrainState::Done,
+            DrainOutcome::Failed(why) => DrainState::Failed(why),
+        });
+    NodeFacts {
+        conditions,
+        force_resume: is_true(node.labels(), FORCE_RESUME_LABEL),
+        abort: is_true(node.labels(), ABORT_LABEL),
+        paused: is_true(node.labels(), PAUSE_LABEL),
+        tainted,
+        busy: if upgrading {
+            Some("a driver upgrade")
+        } else if partitioning {
+            Some("a partition change")
+        } else {
+            None
+        },
+        ready,
+        boot_id,
+        test_result: agent.and_then(|a| a.remediation).map(|r| TestResult {
+            id: r.id,
+            passed: r.passed,
+            message: r.message,
+        }),
+        drain,
+        record,
+        name,
+    }
+}
+
+/// Decides and carries out every selected node's step.
+pub async fn reconcile(
+    dc: &DeviceConfig,
+    nodes: &[Arc<Node>],
+    ctx: &Context,
+) -> Result<Summary, Error> {
+    let key = ConfigKey::of(dc);
+    let rw = &dc.spec.remediation_workflow;
+    if !rw.is_enabled() {
+        ctx.upgrades.prune_drains(&key, Purpose::Remediation, &[]);
+        release_all(dc, nodes, ctx).await?;
+        return Ok(Summary::default());
+    }
+    let mapping = match mapping_of(dc, ctx).await {
+        Ok(mapping) => mapping,
+        Err(problem) => {
+            // Runs already going keep their own copy of their entry and go on.
+            tracing::warn!(deviceconfig = %key, %problem, "remediation mapping");
+            let mut summary = Box::pin(advance(dc, nodes, &Mapping::default(), ctx)).await?;
+            summary.problems.push(problem);
+            return Ok(summary);
+        }
+    };
+    advance(dc, nodes, &mapping, ctx).await
+}
+
+async fn advance(
+    dc: &DeviceConfig,
+    nodes: &[Arc<Node>],
+    mapping: &Mapping,
+    ctx: &Context,
+) -> Result<Summary, Error> {
+    let key = ConfigKey::of(dc);
+    let rw = &dc.spec.remediation_workflow;
+    let policy = policy_of(dc, ctx.remediations.confirm);
+    let dry_run = is_true(dc.labels(), DRY_RUN_LABEL);
+    let now = Timestamp::now();
+    let mut summary = Summary::default();
+    let mut candidates = Vec::new();
+    let mut acts = Vec::new();
+    let mut running = 0;
+    let mut recent = std::collections::BTreeSet::new();
+    let mut draining = Vec::new();
+    for node in nodes {
+        let facts = facts_of(node, rw, &key, ctx);
+        if plan::is_running(&facts.record) {
+            running += 1;
+        }
+        if facts.record.run.as_ref().is_some_and(|r| r.quarantined) {
+            summary.quarantined += 1;
+        }
+        if plan::recently_quarantined(&facts.record, policy.breaker.window, now) {
+            recent.insert(facts.name.clone());
+        }
+        if facts.drain.is_some() {
+            draining.push(facts.name.clone());
+        }
+        match plan::node_step(&facts, mapping, &policy, now) {
+            NodeStep::Nothing => {}
+            NodeStep::Candidate(candidate) => candidates.push((*candidate, facts, node.clone())),
+            NodeStep::Act(decision) => acts.push((*decision, facts, node.clone())),
+            NodeStep::Blocked { condition, why } => {
+                tracing::debug!(node = %facts.name, %condition, %why, "remediation blocked");
+                if dry_run
+                    && ctx
+                        .remediations
+                        .first_notice(format!("{key}/{}/blocked/{condition}", facts.name))
+                {
+                    node_event_for(
+                        ctx,
+                        node,
+                        "Remediation",
+                        EventType::Normal,
+                        EVENT_DRY_RUN,
+                        format!(
+                            "dry run: {condition} is True, but no remediation would start: {why}"
+                        ),
+                    )
+                    .await;
+                }
+            }
+        }
+    }
+    summary.running = running;
+
+    let admission = plan::admit(
+        candidates.iter().map(|(c, _, _)| c.clone()).collect(),
+        running,
+        &recent,
+        nodes.len(),
+        &policy,
+    );
+    let breaker_key = format!("{key}/breaker");
+    match &admission.breaker {
+        Some((held, message)) => {
+            tracing::warn!(deviceconfig = %key, held = held.len(), "{message}");
+            if ctx.remediations.first_notice(breaker_key.clone()) {
+                dc_event(ctx, dc, EventType::Warning, EVENT_BREAKER, message.clone()).await;
+            }
+        }
+        None => ctx.remediations.forget(&breaker_key),
+    }
+    for held in &admission.waiting {
+        tracing::info!(node = %held.node, condition = %held.condition, "remediation waits: maxParallelWorkflows runs are going");
+    }
+    for held in &admission.paused {
+        tracing::info!(node = %held.node, condition = %held.condition, "remediation paused by the DeviceConfig's {PAUSE_LABEL} label");
+    }
+
+    if dry_run {
+        for candidate in &admission.start {
+            let Some((_, _, node)) = candidates.iter().find(|(c, _, _)| c.node == candidate.node)
+            else {
+                continue;
+            };
+            if ctx.remediations.first_notice(format!(
+                "{key}/{}/start/{}",
+                candidate.node, candidate.condition
+            )) {
+                node_event_for(
+                    ctx,
+                    node,
+                    "Remediation",
+                    EventType::Normal,
+                    EVENT_DRY_RUN,
+                    would_do(rw, candidate),
+                )
+                .await;
+            }
+        }
+        for (decision, facts, _) in &acts {
+            if decision.record.is_some() {
+                tracing::info!(node = %facts.name, "dry run: a remediation step is due and is not taken");
+            }
+        }
+        return Ok(summary);
+    }
+
+    let operator_namespace = dc.namespace().unwrap_or_default();
+    let drains = drain_policy(rw, &operator_namespace);
+    for candidate in &admission.start {
+        let Some((_, facts, node)) = candidates.iter().find(|(c, _, _)| c.node == candidate.node)
+        else {
+            continue;
+        };
+        let decision = plan::start(facts, candidate, &policy, now);
+        carry_out(ctx, dc, node, facts, &decision, &drains).await?;
+        if decision.drain == DrainOrder::Start {
+            draining.push(facts.name.clone());
+        }
+        summary.running += 1;
+    }
+    for (decision, facts, node) in &acts {
+        carry_out(ctx, dc, node, facts, decision, &drains).await?;
+        match decision.drain {
+            DrainOrder::Start => draining.push(facts.name.clone()),
+            DrainOrder::Stop => draining.retain(|n| *n != facts.name),
+            DrainOrder::Keep => {}
+        }
+        if let Some(wake) = decision.wake {
+            summary.wake = Some(summary.wake.map_or(wake, |w: Duration| w.min(wake)));
+        }
+    }
+    ctx.upgrades
+        .prune_drains(&key, Purpose::Remediation, &draining);
+    if !draining.is_empty() {
+        // Drains report their end themselves; a slow look covers a lost wake-up.
+        let slow = Duration::from_secs(30);
+        summary.wake = Some(summary.wake.map_or(slow, |w| w.min(slow)));
+    }
+    Ok(summary)
+}
+
+/// What a dry run says a run would do.
+fn would_do(rw: &RemediationWorkflowSpec, candidate: &Candidate) -> String {
+    let entry = &candidate.entry;
+    let taints: Vec<String> = taints_for(rw, &candidate.condition)
+        .iter()
+        .map(|t| {
+            format!(
+                "{}={}:{}",
+                t.key,
+                t.value.as_deref().unwrap_or(""),
+                t.effect
+            )
+        })
+        .collect();
+    let mut steps = vec![
+        format!("taint {}", taints.join(", ")),
+        "drain the GPU pods".to_owned(),
+    ];
+    if entry.physical_action_needed {
+        steps.push("wait for a person".into());
+    }
+    if !entry.skip_reboot_step {
+        steps.push("reboot".into());
+    }
+    if let Some(profile) = &entry.validation_tests_profile {
+        steps.push(format!("run {} {}", profile.framework, profile.recipe));
+    }
+    steps.push("confirm the condition cleared and untaint".into());
+    format!(
+        "dry run: {} is True; remediation would {}",
+        candidate.condition,
+        steps.join(", then ")
+    )
+}
+
+/// Carries one decision out, in the order that keeps a new leader right.
+async fn carry_out(
+    ctx: &Context,
+    dc: &DeviceConfig,
+    node: &Node,
+    facts: &NodeFacts,
+    decision: &Decision,
+    drains: &DrainPolicy,
+) -> Result<(), Error> {
+    let name = node.name_any();
+    let rw = &dc.spec.remediation_workflow;
+    let record = decision.record.as_ref().unwrap_or(&facts.record);
+    // The run the taints are for: the new one, else the one that ends.
+    let condition = record
+        .run
+        .as_ref()
+        .or(facts.record.run.as_ref())
+        .map(|r| r.condition.clone())
+        .unwrap_or_default();
+    let taints = taints_for(rw, &condition);
+    match decision.quarantine {
+        Some(true) => {
+            if decision.record.is_some() {
+                write_record(ctx, node, record, rw).await?;
+            }
+            set_taints(ctx, &name, &taints, true).await?;
+        }
+        Some(false) => {
+            set_taints(ctx, &name, &taints, false).await?;
+            if decision.record.is_some() {
+                write_record(ctx, node, record, rw).await?;
+            }
+        }
+        None => {
+            if decision.record.is_some() {
+                write_record(ctx, node, record, rw).await?;
+            }
+        }
+    }
+    match decision.drain {
+        DrainOrder::Start => {
+            ctx.upgrades
+                .start_drain(ctx, dc, Purpose::Remediation, &name, drains.clone());
+        }
+        DrainOrder::Stop => ctx.upgrades.stop_drain(&name, Purpose::Remediation),
+        DrainOrder::Keep => {}
+    }
+    let writer = NodeWriter::new(Api::all(ctx.client.clone()), name.clone());
+    for label in &decision.consume {
+        guarded(
+            ctx,
+            &name,
+            writer.remove_label_if(Concern::Remediation, label, "true"),
+        )
+        .await?
+        .map_err(|e| node_error(&name, e))?;
+    }
+    for note in &decision.notes {
+        tracing::info!(node = %name, reason = note.reason, "{}", note.message);
+        let type_ = if note.warning {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        };
+        node_event_for(
+            ctx,
+            node,
+            "Remediation",
+            type_,
+            note.reason,
+            note.message.clone(),
+        )
+        .await;
+    }
+    for outcome in &decision.outcomes {
+        match outcome {
+            Outcome::Started { condition } => {
+                crate::counters::record_remediation(condition, "started", None)
+            }
+            Outcome::Succeeded { condition, seconds } => {
+                crate::counters::record_remediation(condition, "succeeded", Some(*seconds));
+            }
+            Outcome::Failed { condition } => {
+                crate::counters::record_remediation(condition, "failed", None)
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Releases every node of `nodes` a remediation quarantines: remediation
+/// was switched off, or the DeviceConfig is going. Attempts are kept.
+pub async fn release_all(
+    dc: &DeviceConfig,
+    nodes: &[Arc<Node>],
+    ctx: &Context,
+) -> Result<(), Error> {
+    let rw = &dc.spec.remediation_workflow;
+    for node in nodes {
+        let mut record = Record::of_annotations(node.annotations());
+        let Some(run) = record.run.take() else {
+            continue;
+        };
+        let name = node.name_any();
+        ctx.upgrades.stop_drain(&name, Purpose::Remediation);
+        if run.quarantined {
+            set_taints(ctx, &name, &taints_for(rw, &run.condition), false).await?;
+        }
+        write_record(ctx, node, &record, rw).await?;
+        tracing::info!(node = %name, condition = %run.condition, phase = run.phase.name(), "remediation is off for this node: released");
+    }
+    Ok(())
+}
+
+async fn set_taints(ctx: &Context, name: &str, taints: &[Taint], on: bool) -> Result<(), Error> {
+    let writer = NodeWriter::new(Api::all(ctx.client.clone()), name.to_owned());
+    let intent = CordonIntent {
+        unschedulable: None,
+        taints: taints.to_vec(),
+        tainted: on,
+    };
+    guarded(ctx, name, writer.set_cordon(Concern::Remediation, &intent))
+        .await?
+        .map_err(|e| node_error(name, e))?;
+    Ok(())
+}
+
+/// Makes the Node's record `record`, with `nodeRemediationLabels` while its
+/// run is quarantined: one server-side apply, so both go together.
+async fn write_record(
+    ctx: &Context,
+    node: &Node,
+    record: &Record,
+    rw: &RemediationWorkflowSpec,
+) -> Result<(), Error> {
+    let name = node.name_any();
+    let writer = NodeWriter::new(Api::all(ctx.client.clone()), name.clone());
+    let quarantined = record.run.as_ref().is_some_and(|r| r.quarantined);
+    let intent = NodeIntent {
+        annotations: record
+            .to_annotation()
+            .map(|text| BTreeMap::from([(RECORD_ANNOTATION.to_owned(), text)]))
+            .unwrap_or_default(),
+        labels: if quarantined {
+            rw.node_remediation_labels.clone()
+        } else {
+            BTreeMap::new()
+        },
+        ..NodeIntent::default()
+    };
+    // Read fresh: a removal needs the server's record of who owns what, and
+    // the cache may lag this term's own writes.
+    let fresh = guarded(ctx, &name, writer.read())
+        .await?
+        .map_err(|e| node_error(&name, e))?;
+    guarded(
+        ctx,
+        &name,
+        writer.apply_to(&fresh, Concern::Remediation, &intent),
+    )
+    .await?
+    .map_err(|e| node_error(&name, e))?;
+    Ok(())
+}
+
+async fn dc_event(ctx: &Context, dc: &DeviceConfig, type_: EventType, reason: &str, note: String) {
+    ctx.dc_event(dc, type_, reason, note).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_taint_names_the_condition_and_custom_ones_are_used_as_given() {
+        let mut rw = RemediationWorkflowSpec::default();
+        let t = taints_for(&rw, "AMDGPUUnhealthy");
+        assert_eq!(t[0].key, "amd-gpu-unhealthy");
+        assert_eq!(t[0].value.as_deref(), Some("AMDGPUUnhealthy"));
+        assert_eq!(t[0].effect, "NoSchedule");
+        rw.node_remediation_taints = vec![Taint {
+            key: "example.com/gpu".into(),
+            effect: "NoExecute".into(),
+            ..Taint::default()
+        }];
+        assert_eq!(taints_for(&rw, "X"), rw.node_remediation_taints);
+    }
+
+    #[test]
+    fn the_drain_without_a_policy_is_the_references() {
+        let rw = RemediationWorkflowSpec::default();
+        let p = drain_policy(&rw, "kube-amd-gpu");
+        assert!(p.force);
+        assert_eq!(p.timeout, Some(Duration::from_secs(300)));
+        for ns in ["kube-system", "cert-manager", "kube-amd-gpu"] {
+            assert!(p.ignore_namespaces.contains(ns), "{ns}");
+        }
+    }
+
+    #[test]
+    fn breaker_settings_come_from_the_deviceconfigs_annotations() {
+        let mut dc = DeviceConfig::new("gpus", Default::default());
+        let p = policy_of(&dc, Confirm::default());
+        assert_eq!(p.breaker, Breaker::default());
+        dc.metadata.annotations = Some(BTreeMap::from([
+            (BREAKER_ANNOTATION.to_owned(), "3".to_owned()),
+            (BREAKER_WINDOW_ANNOTATION.to_owned(), "10m".to_owned()),
+        ]));
+        dc.metadata.labels = Some(BTreeMap::from([(
+            PAUSE_LABEL.to_owned(),
+            "true".to_owned(),
+        )]));
+        let p = policy_of(&dc, Confirm::default());
+        assert_eq!(
+            p.breaker.limit,
+            crate::api::syntax::CountOrPercent::Count(3)
+        );
+        assert_eq!(p.breaker.window, Duration::from_secs(600));
+        assert!(p.paused);
+        dc.metadata.annotations = Some(BTreeMap::from([(
+            BREAKER_ANNOTATION.to_owned(),
+            "50%".to_owned(),
+        )]));
+        assert_eq!(
+            policy_of(&dc, Confirm::default()).breaker.limit,
+            crate::api::syntax::CountOrPercent::Percent(50)
+        );
+    }
+}
