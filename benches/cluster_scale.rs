@@ -46,6 +46,7 @@ fn agent_status(generation: i64, uid: &str) -> String {
         driver: None,
         driver_load: None,
         partition: None,
+        remediation: None,
         problems: vec![],
         since: "2026-11-30T00:00:00Z".into(),
     }

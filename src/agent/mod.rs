@@ -19,6 +19,7 @@ pub mod configmaps;
 pub mod node_services;
 pub mod partition;
 pub mod plan;
+pub mod remediation;
 pub mod select;
 pub mod services;
 pub mod standalone;
@@ -185,6 +186,27 @@ pub async fn run(
         partition_wanted_rx,
         report_stop.clone(),
     );
+    // What the leader's remediation record asks of this node: a reboot, the
+    // validation tests.
+    let (mut remediation_report, _remediation_task) = remediation::spawn(
+        remediation::Feeds {
+            node: node_rx.clone(),
+            driver: driver_report.clone(),
+            inventory: inventory.clone(),
+            events: events.clone(),
+            reboot: config.driver.reboot.clone(),
+            tests: crate::testrunner::TestRunnerConfig {
+                commands: config.test_commands.clone().unwrap_or_default(),
+                ..crate::testrunner::TestRunnerConfig::for_spec(
+                    &crate::api::TestRunnerSpec::default(),
+                    config.host.clone(),
+                    node_name.clone(),
+                    None,
+                )
+            },
+        },
+        report_stop.clone(),
+    );
     let (mut metrics_config_error, _forward_config_error) =
         config_error_changes(services.exporter_status.clone());
     let mut state_changes = services.state_changes();
@@ -305,6 +327,7 @@ pub async fn run(
                     driver: driver_report.borrow_and_update().as_ref(),
                     driver_load: load.as_ref(),
                     partition: partition_report.borrow_and_update().as_ref(),
+                    remediation: remediation_report.borrow_and_update().as_ref(),
                     applied,
                     health_running: services.health.is_running(),
                     publishing_health: edges.node_health.is_some(),
@@ -328,6 +351,7 @@ pub async fn run(
             _ = test_text.changed() => {}
             _ = partition_text.changed() => {}
             _ = partition_report.changed() => {}
+            _ = remediation_report.changed() => {}
             _ = access_material.changed() => {}
             _ = discovery.changed() => {}
             _ = node_services::any_changed(&mut state_changes) => {}

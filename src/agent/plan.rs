@@ -355,6 +355,8 @@ pub struct Observed<'a> {
     /// What the driver manager did, when the DeviceConfig asks for a driver.
     pub driver_load: Option<&'a DriverLoad>,
     pub partition: Option<&'a crate::api::agent_status::PartitionReport>,
+    /// The answer to the leader's last remediation validation request.
+    pub remediation: Option<&'a crate::api::agent_status::RemediationTestReport>,
     /// What applying the services stopped.
     pub applied: Applied,
     /// The health monitor runs.
@@ -454,6 +456,7 @@ pub fn report(state: &mut LoopState, observed: Observed<'_>) -> Report {
         selection => Some(AgentStatus {
             driver_load: observed.driver_load.cloned(),
             partition: observed.partition.cloned(),
+            remediation: observed.remediation.cloned(),
             ..build_status(
                 selection,
                 observed.services,
@@ -618,6 +621,7 @@ fn build_status(
         driver: driver.cloned(),
         driver_load: None,
         partition: None,
+        remediation: None,
         problems,
         since,
     }
@@ -1090,6 +1094,7 @@ mod tests {
                     driver: None,
                     driver_load: None,
                     partition: None,
+                    remediation: None,
                     applied: self.applied,
                     health_running: self.health_running,
                     publishing_health: self.publishing_health,

@@ -686,18 +686,8 @@ impl Checker {
 
     fn remediation(&mut self, rw: &RemediationWorkflowSpec) {
         const PATH: &str = "spec.remediationWorkflow";
-        let has_config = rw.config.as_ref().is_some_and(|c| !c.name.is_empty());
-        let has_image = rw
-            .config_map_image
-            .as_deref()
-            .is_some_and(|image| !image.is_empty());
-        if rw.is_enabled() && !has_config && !has_image {
-            self.push(
-                format!("{PATH}.enable"),
-                "remediation is enabled but neither config nor configMapImage is set; \
-                 name the ConfigMap that maps node conditions to workflows",
-            );
-        }
+        // Without `config`, the built-in mapping (the reference's former
+        // default ConfigMap) is used: no error.
         self.object_ref(&format!("{PATH}.config"), &rw.config);
         self.duration(
             &format!("{PATH}.ttlForFailedWorkflows"),
@@ -767,8 +757,10 @@ const NOT_YET_VFIO: &str = "binding GPUs to vfio-pci for the passthrough driver 
                             built yet; the driver type only picks the node labels";
 const WHY_DRA_ARGUMENTS: &str = "flags of the reference DRA plugin binary; the agent's DRA plugin \
      takes its own flags (--cdi-dir, --dra-device-taints, --kubelet-dir)";
-const NOT_YET_REMEDIATION: &str =
-    "node remediation is not built yet: no node is drained, rebooted or retested";
+const WHY_REMEDIATION_IMAGE: &str = "no image is pulled: the mapping is read from the ConfigMap \
+     remediationWorkflow.config names, else the built-in one (docs/remediation.md)";
+const WHY_REMEDIATION_TTL: &str = "there are no Argo workflows to delete: a failed remediation \
+     keeps its node tainted until a person removes the taint or asks for a new run";
 const WHY_TOLERATIONS: &str =
     "the gpu-operator DaemonSet's own tolerations decide where the agent runs";
 const WHY_DAEMONSET: &str =
@@ -790,16 +782,6 @@ pub const NOT_ACTED_ON_YET: &[&str] = &[
     "spec.driver.vfioConfig",
     "spec.devicePlugin.devicePluginArguments.driver_type",
     "spec.testRunner.logsLocation.logsExportSecrets",
-    "spec.remediationWorkflow.enable",
-    "spec.remediationWorkflow.config",
-    "spec.remediationWorkflow.ttlForFailedWorkflows",
-    "spec.remediationWorkflow.maxParallelWorkflows",
-    "spec.remediationWorkflow.nodeRemediationTaints",
-    "spec.remediationWorkflow.nodeRemediationLabels",
-    "spec.remediationWorkflow.nodeDrainPolicy",
-    "spec.remediationWorkflow.autoStartWorkflow",
-    "spec.remediationWorkflow.configMapImage",
-    "spec.remediationWorkflow.rebootTimeout",
 ];
 
 /// The set fields that have no effect in this design, with their paths (e.g.
@@ -864,44 +846,16 @@ pub fn ignored_field_notes(spec: &DeviceConfigSpec) -> Vec<IgnoredField> {
     let cm = &spec.config_manager;
     let rw = &spec.remediation_workflow;
     let rw_default = RemediationWorkflowSpec::default();
-    for (path, is_set) in [
-        ("spec.remediationWorkflow.enable", rw.is_enabled()),
-        ("spec.remediationWorkflow.config", rw.config.is_some()),
-        (
-            "spec.remediationWorkflow.ttlForFailedWorkflows",
-            rw.ttl_for_failed_workflows != rw_default.ttl_for_failed_workflows,
-        ),
-        (
-            "spec.remediationWorkflow.maxParallelWorkflows",
-            rw.max_parallel_workflows != rw_default.max_parallel_workflows,
-        ),
-        (
-            "spec.remediationWorkflow.nodeRemediationTaints",
-            !rw.node_remediation_taints.is_empty(),
-        ),
-        (
-            "spec.remediationWorkflow.nodeRemediationLabels",
-            !rw.node_remediation_labels.is_empty(),
-        ),
-        (
-            "spec.remediationWorkflow.nodeDrainPolicy",
-            rw.node_drain_policy.is_some(),
-        ),
-        (
-            "spec.remediationWorkflow.autoStartWorkflow",
-            rw.auto_start_workflow != rw_default.auto_start_workflow,
-        ),
-        (
-            "spec.remediationWorkflow.configMapImage",
-            rw.config_map_image.is_some(),
-        ),
-        (
-            "spec.remediationWorkflow.rebootTimeout",
-            rw.reboot_timeout != rw_default.reboot_timeout,
-        ),
-    ] {
-        notes.not_yet(path, is_set, NOT_YET_REMEDIATION);
-    }
+    notes.set(
+        "spec.remediationWorkflow.configMapImage",
+        rw.config_map_image.is_some(),
+        WHY_REMEDIATION_IMAGE,
+    );
+    notes.set(
+        "spec.remediationWorkflow.ttlForFailedWorkflows",
+        rw.ttl_for_failed_workflows != rw_default.ttl_for_failed_workflows,
+        WHY_REMEDIATION_TTL,
+    );
     notes.set("spec.driver.image", d.image.is_some(), WHY_DRIVER_IMAGE);
     notes.set(
         "spec.driver.useSourceImage",
@@ -1225,9 +1179,17 @@ mod tests {
             .filter(|n| n.not_yet)
             .map(|n| n.path.as_str())
             .collect();
-        // upgradePolicy (rolling upgrades), draDriver (the DRA plugin) and
-        // configManager (partitioning) are acted on: not among them.
-        assert_eq!(pending, ["spec.remediationWorkflow.enable"]);
+        // upgradePolicy (rolling upgrades), draDriver (the DRA plugin),
+        // configManager (partitioning) and remediationWorkflow are acted on.
+        assert!(pending.is_empty(), "{pending:?}");
+        spec.driver_mut().driver_type = "vf-passthrough".into();
+        let notes = ignored_field_notes(&spec);
+        assert!(
+            notes
+                .iter()
+                .any(|n| n.not_yet && n.path == "spec.driver.driverType"),
+            "a field not acted on yet is still noted"
+        );
     }
 
     /// Every `not_yet` note is in [`NOT_ACTED_ON_YET`] and every entry there
