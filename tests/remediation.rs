@@ -1,0 +1,966 @@
+//! Node remediation end to end, against the API emulator.
+//!
+//! With a real agent (a simulated MI210 host, the RVS stand-in, a reboot
+//! stand-in that gives the host a new boot id and the repaired GPU its clean
+//! RAS counters) and a real leader: an ECC error is injected into the
+//! simulated sysfs, and the whole workflow is followed on the Node as served
+//! (condition, record, taint, labels), in Events and in the emulator's
+//! request counts (evictions), never in the operator's own state.
+//!
+//! With a leader only, over Nodes whose conditions the test sets as Node
+//! Problem Detector would: the gates (maxParallelWorkflows, the circuit
+//! breaker, the recovery policy, pause, dry run) and a person's labels.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+#[path = "fixtures/testrunner/fake_rvs.rs"]
+mod fake_rvs;
+
+use gpu_operator::agent::{self, AgentConfig};
+use gpu_operator::api::DeviceConfig;
+use gpu_operator::cluster::lease::LeaseConfig;
+use gpu_operator::cluster::{ClusterConfig, ClusterRole, EvictionClient};
+use gpu_operator::host::HostRoot;
+use gpu_operator::remediation::RECORD_ANNOTATION;
+use gpu_operator::remediation::plan::Confirm;
+use gpu_operator::simulate::{self, SimSpec};
+use k8s_openapi::api::core::v1::{ConfigMap, Node};
+use kube::Api;
+use kube::api::{Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+use support::cluster::{self, NAMESPACE as NS, TestCluster};
+use support::wait;
+use tokio_util::sync::CancellationToken;
+
+/// A whole remediation, drain, reboot and tests included; generous for a
+/// loaded machine.
+const WORKFLOW: Duration = Duration::from_secs(60);
+const TAINT_KEY: &str = "amd-gpu-unhealthy";
+
+/// A mapping in the reference's format: our condition, tested with RVS.
+const MAPPING: &str = r#"
+- nodeCondition: AMDGPUUnhealthy
+  workflowTemplate: default-template
+  validationTestsProfile:
+    framework: RVS
+    recipe: gst_single
+    iterations: 1
+    stopOnFailure: true
+    timeoutSeconds: 30
+  notifyRemediationMessage: "the GPU reported ECC errors"
+  notifyTestFailureMessage: "call the vendor"
+- nodeCondition: AMDGPUHardwareAssertionHwa
+  workflowTemplate: default-template
+  skipRebootStep: true
+  recoveryPolicy:
+    maxAllowedRunsPerWindow: 3
+    windowSize: 1h
+- nodeCondition: AMDGPUXgmi
+  skipRebootStep: true
+  physicalActionNeeded: true
+  notifyRemediationMessage: "reseat the XGMI bridge"
+"#;
+
+async fn create_mapping(cluster: &TestCluster) {
+    let api: Api<ConfigMap> = Api::namespaced(cluster.client(), NS);
+    let map: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "remediation"}, "data": {"workflow": MAPPING}
+    }))
+    .unwrap();
+    api.create(&PostParams::default(), &map).await.unwrap();
+}
+
+fn leader_config(
+    cluster: &TestCluster,
+    who: &str,
+    confirm: Confirm,
+) -> (LeaseConfig, ClusterConfig) {
+    let mut lease = LeaseConfig::new(NS, who.to_owned());
+    lease.duration = Duration::from_secs(6);
+    lease.renew_every = Duration::from_secs(1);
+    (
+        lease,
+        ClusterConfig {
+            teardown_timeout: Duration::from_secs(5),
+            instance: who.to_owned(),
+            eviction_client: Some(EvictionClient(cluster.client_without_retries())),
+            remediation_confirm: confirm,
+            ..ClusterConfig::default()
+        },
+    )
+}
+
+/// A leader; dropping the token's guard or the role stops it.
+fn start_leader(
+    cluster: &TestCluster,
+    who: &str,
+    confirm: Confirm,
+) -> (CancellationToken, ClusterRole) {
+    let (lease, config) = leader_config(cluster, who, confirm);
+    let stop = CancellationToken::new();
+    let role = ClusterRole::start(cluster.client(), lease, config, stop.clone());
+    (stop, role)
+}
+
+fn fast_confirm() -> Confirm {
+    Confirm {
+        checks: 2,
+        interval: Duration::from_millis(300),
+        within: Duration::from_secs(30),
+    }
+}
+
+fn record_of(node: &Value) -> Value {
+    node["metadata"]["annotations"][RECORD_ANNOTATION]
+        .as_str()
+        .and_then(|t| serde_json::from_str(t).ok())
+        .unwrap_or(Value::Null)
+}
+
+fn phase_of(node: &Value) -> Option<String> {
+    record_of(node)["run"]["phase"].as_str().map(str::to_owned)
+}
+
+fn tainted(node: &Value) -> bool {
+    node["spec"]["taints"]
+        .as_array()
+        .is_some_and(|ts| ts.iter().any(|t| t["key"] == TAINT_KEY))
+}
+
+fn condition_is(node: &Value, type_: &str, status: &str) -> bool {
+    node["status"]["conditions"].as_array().is_some_and(|cs| {
+        cs.iter()
+            .any(|c| c["type"] == type_ && c["status"] == status)
+    })
+}
+
+fn events_with(cluster: &TestCluster, reason: &str) -> Vec<Value> {
+    cluster
+        .list("v1", "Event")
+        .into_iter()
+        .filter(|e| e["reason"] == reason)
+        .collect()
+}
+
+fn event_notes(cluster: &TestCluster, reason: &str) -> Vec<String> {
+    events_with(cluster, reason)
+        .iter()
+        .map(|e| {
+            e["message"]
+                .as_str()
+                .or(e["note"].as_str())
+                .unwrap_or_default()
+                .to_owned()
+        })
+        .collect()
+}
+
+/// Waits for an Event with `reason` whose message contains `text`: Events
+/// are recorded after the step's writes.
+async fn event_seen(cluster: &TestCluster, reason: &str, text: &str) {
+    wait::eventually_explained(
+        &format!("a {reason} Event saying {text:?}"),
+        || {
+            event_notes(cluster, reason)
+                .iter()
+                .any(|n| n.contains(text))
+        },
+        || format!("{:?}", event_notes(cluster, reason)),
+    )
+    .await;
+}
+
+/// Sets condition `type_` of `node` as another tool (Node Problem Detector)
+/// would: the Node's status, through the API.
+async fn set_condition(cluster: &TestCluster, node: &str, type_: &str, status: &str) {
+    let nodes: Api<Node> = Api::all(cluster.client());
+    let current = nodes.get_status(node).await.unwrap();
+    let mut conditions = current
+        .status
+        .and_then(|s| s.conditions)
+        .unwrap_or_default();
+    conditions.retain(|c| c.type_ != type_);
+    conditions.push(serde_json::from_value(json!({
+        "type": type_, "status": status, "reason": "Test", "message": "set by the test",
+        "lastHeartbeatTime": "2026-12-02T00:00:00Z", "lastTransitionTime": "2026-12-02T00:00:00Z"
+    })).unwrap());
+    nodes
+        .patch_status(
+            node,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"conditions": conditions}})),
+        )
+        .await
+        .unwrap();
+}
+
+async fn label_node(cluster: &TestCluster, node: &str, key: &str, value: Option<&str>) {
+    let nodes: Api<Node> = Api::all(cluster.client());
+    nodes
+        .patch(
+            node,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {key: value}}})),
+        )
+        .await
+        .unwrap();
+}
+
+async fn label_device_config(cluster: &TestCluster, labels: Value, annotations: Value) {
+    let api: Api<DeviceConfig> = cluster.device_configs();
+    api.patch(
+        "gpus",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": labels, "annotations": annotations}})),
+    )
+    .await
+    .unwrap();
+}
+
+// ---------------------------------------------------------------------------
+// With a real agent.
+
+const NODE: &str = "gpu-0";
+
+struct AgentRig {
+    cluster: TestCluster,
+    _dir: tempfile::TempDir,
+    host: HostRoot,
+    tools: PathBuf,
+    rvs: fake_rvs::FakeRvs,
+    bdf: String,
+    agent: Option<(
+        CancellationToken,
+        tokio::task::JoinHandle<Result<(), agent::AgentError>>,
+    )>,
+}
+
+impl AgentRig {
+    async fn start(rvs_modes: &[&str]) -> Self {
+        let cluster = TestCluster::start().await;
+        cluster.add_node(cluster::node(NODE, json!({"gpu": "amd"})));
+        cluster
+            .create(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ml"}}))
+            .unwrap();
+        let dir = tempfile::tempdir_in("/dev/shm")
+            .or_else(|_| tempfile::tempdir())
+            .unwrap();
+        let host = HostRoot::new(dir.path().join("host"));
+        simulate::write_host(&host, &SimSpec::new("mi210", Some(2), None).unwrap()).unwrap();
+        let bdf = gpu_operator::device::discover(&host).gpus[0].bdf.clone();
+        let tools = dir.path().join("tools");
+        std::fs::create_dir_all(&tools).unwrap();
+        write_reboot(&tools, &host, &bdf);
+        let rvs = fake_rvs::FakeRvs::new();
+        rvs.modes(rvs_modes);
+        create_mapping(&cluster).await;
+        cluster
+            .apply_device_config(
+                "gpus",
+                json!({"selector": {"gpu": "amd"}, "devicePlugin": {},
+                       "remediationWorkflow": {"enable": true, "config": {"name": "remediation"},
+                           "nodeRemediationLabels": {"example.com/remediating": "yes"},
+                           "nodeDrainPolicy": {"force": true, "timeoutSeconds": 30}}}),
+            )
+            .await;
+        let mut rig = Self {
+            cluster,
+            _dir: dir,
+            host,
+            tools,
+            rvs,
+            bdf,
+            agent: None,
+        };
+        rig.start_agent();
+        rig
+    }
+
+    fn start_agent(&mut self) {
+        let kubelet_dir = self._dir.path().join("kubelet");
+        std::fs::create_dir_all(kubelet_dir.join("device-plugins")).unwrap();
+        let mut driver = support::bundles::no_modprobe();
+        driver.reboot = Some(
+            gpu_operator::driver::reboot::RebootCommand::parse(
+                &self.tools.join("reboot").display().to_string(),
+            )
+            .unwrap(),
+        );
+        let config = AgentConfig {
+            node_name: NODE.into(),
+            namespace: None,
+            host: self.host.clone(),
+            cdi_dir: kubelet_dir.join("cdi"),
+            dra_device_taints: false,
+            kubelet_dir,
+            rescan_interval: Duration::from_millis(300),
+            sampling: Default::default(),
+            metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
+            test_commands: Some(self.rvs.commands()),
+            leader: None,
+            driver,
+        };
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(agent::run(self.cluster.client(), config, shutdown.clone()));
+        self.agent = Some((shutdown, task));
+    }
+
+    /// The host's reboot, as the agent lives it: once the stand-in ran, the
+    /// agent process goes and a new one starts (on the new boot).
+    async fn come_back_from_reboot(&mut self, reboots: usize) {
+        self.eventually("the reboot stand-in ran", |r| r.reboots() == reboots)
+            .await;
+        if let Some((shutdown, task)) = self.agent.take() {
+            shutdown.cancel();
+            let _ = wait::within("the agent stops", task).await;
+        }
+        self.start_agent();
+    }
+
+    fn node(&self) -> Value {
+        self.cluster.node(NODE)
+    }
+
+    fn reboots(&self) -> usize {
+        support::bundles::reboots(&self.tools)
+    }
+
+    async fn eventually(&self, what: &str, check: impl Fn(&Self) -> bool) {
+        wait::eventually_within(
+            what,
+            WORKFLOW,
+            || check(self),
+            || {
+                let node = self.node();
+                let logs: Vec<String> =
+                    std::fs::read_dir(self.host.path("/var/log/amd-test-runner"))
+                        .into_iter()
+                        .flatten()
+                        .flatten()
+                        .map(|e| {
+                            format!(
+                                "{}:\n{}",
+                                e.path().display(),
+                                std::fs::read_to_string(e.path()).unwrap_or_default()
+                            )
+                        })
+                        .collect();
+                format!(
+                    "record {}\ntaints {}\nconditions {}\nrvs calls {:?}\ntest logs {}",
+                    record_of(&node),
+                    node["spec"]["taints"],
+                    node["status"]["conditions"],
+                    self.rvs.invocations(),
+                    logs.join("\n")
+                )
+            },
+        )
+        .await
+    }
+
+    fn inject_ecc_error(&self) {
+        simulate::set_ecc_counts(&self.host, &self.bdf, "umc", 3, 0).unwrap();
+    }
+}
+
+/// The reboot stand-in: records the reboot, gives the host a new boot id and
+/// the GPU its counters of a fresh boot (the repair).
+fn write_reboot(tools: &Path, host: &HostRoot, bdf: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    let log = tools.join("reboot.log");
+    let boot_id = host.path("/proc/sys/kernel/random/boot_id");
+    let ras = host.path(format!("/sys/bus/pci/devices/{bdf}/ras/umc_err_count"));
+    // The log line goes last: a reboot counted is a reboot done.
+    let body = format!(
+        "#!/bin/sh\nn=$(cat '{log}' 2>/dev/null | wc -l)\n\
+         printf 'b007%08d-0000-4000-8000-000000000000\\n' \"$n\" > '{boot}.new' && mv '{boot}.new' '{boot}'\n\
+         printf 'ue: 0\\nce: 0\\n' > '{ras}.new' && mv '{ras}.new' '{ras}'\n\
+         echo reboot >> '{log}'\n",
+        log = log.display(),
+        boot = boot_id.display(),
+        ras = ras.display(),
+    );
+    let path = tools.join("reboot");
+    std::fs::write(&path, body).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ecc_error_is_remediated_end_to_end_taint_drain_reboot_test_confirm_untaint() {
+    let mut rig = AgentRig::start(&["pass"]).await;
+    let (_stop, _leader) = start_leader(&rig.cluster, "leader-a", fast_confirm());
+    rig.cluster
+        .running_gpu_pod("ml", "train", NODE, json!({}))
+        .await;
+    rig.eventually("the agent reports a boot id", |r| {
+        r.node()["metadata"]["annotations"]["amd.com/gpu-agent-status"]
+            .as_str()
+            .is_some_and(|s| s.contains("bootId"))
+    })
+    .await;
+    let boot_before = rig
+        .host
+        .read_string("/proc/sys/kernel/random/boot_id")
+        .unwrap();
+    let started = gpu_operator::counters::remediations();
+
+    // 1-2. The ECC error; the condition.
+    rig.inject_ecc_error();
+    rig.eventually("the AMDGPUUnhealthy condition", |r| {
+        condition_is(&r.node(), "AMDGPUUnhealthy", "True")
+    })
+    .await;
+    // 3. Quarantined: the taint names the condition, the labels are on.
+    rig.eventually("the taint", |r| tainted(&r.node())).await;
+    let node = rig.node();
+    let taint = node["spec"]["taints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["key"] == TAINT_KEY)
+        .unwrap()
+        .clone();
+    assert_eq!(taint["value"], "AMDGPUUnhealthy");
+    assert_eq!(taint["effect"], "NoSchedule");
+    assert_eq!(node["metadata"]["labels"]["example.com/remediating"], "yes");
+    assert_eq!(record_of(&node)["run"]["condition"], "AMDGPUUnhealthy");
+    // 4. Drained through the Eviction API.
+    rig.eventually("the GPU pod evicted", |r| {
+        r.cluster.get("v1", "Pod", "ml", "train").is_none()
+    })
+    .await;
+    // 5. Rebooted once: a new boot id.
+    rig.come_back_from_reboot(1).await;
+    assert_ne!(
+        rig.host
+            .read_string("/proc/sys/kernel/random/boot_id")
+            .unwrap(),
+        boot_before
+    );
+    // 6. The tests ran and passed; 7. the condition cleared; 8. untainted.
+    rig.eventually("released", |r| {
+        let node = r.node();
+        !tainted(&node) && phase_of(&node).is_none() && record_of(&node)["attempts"].is_array()
+    })
+    .await;
+    let node = rig.node();
+    assert!(condition_is(&node, "AMDGPUUnhealthy", "False"));
+    assert!(node["metadata"]["labels"]["example.com/remediating"].is_null());
+    assert_eq!(rig.reboots(), 1, "rebooted once");
+    assert_eq!(rig.cluster.requests().get("create", "pods/eviction"), 1);
+    let runs = rig.rvs.invocations();
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    assert!(runs[0].contains("trigger=MANUAL"), "{runs:?}");
+    assert_eq!(record_of(&node)["attempts"].as_array().unwrap().len(), 1);
+    // The Events, the reference's names among them, in the order of the steps.
+    for reason in [
+        "RemediationStarted",
+        "RemediationReboot",
+        "RemediationTestPassed",
+        "amd-gpu-remediation-succeeded",
+    ] {
+        event_seen(&rig.cluster, reason, "").await;
+    }
+    event_seen(
+        &rig.cluster,
+        "amd-gpu-remediation-required",
+        "the GPU reported ECC errors",
+    )
+    .await;
+    // Counted for the metrics.
+    let now = gpu_operator::counters::remediations();
+    let count = |m: &std::collections::BTreeMap<(String, String), u64>, r: &str| {
+        m.get(&("AMDGPUUnhealthy".to_owned(), r.to_owned()))
+            .copied()
+            .unwrap_or(0)
+    };
+    assert!(count(&now, "started") > count(&started, "started"));
+    assert!(count(&now, "succeeded") > count(&started, "succeeded"));
+    assert!(gpu_operator::counters::remediation_seconds().count >= 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_validation_test_keeps_the_node_tainted_with_the_entrys_message() {
+    let mut rig = AgentRig::start(&["fail"]).await;
+    let (_stop, _leader) = start_leader(&rig.cluster, "leader-a", fast_confirm());
+    rig.eventually("the agent reports", |r| {
+        r.node()["metadata"]["annotations"]["amd.com/gpu-agent-status"].is_string()
+    })
+    .await;
+    rig.inject_ecc_error();
+    rig.come_back_from_reboot(1).await;
+    rig.eventually("failed", |r| {
+        phase_of(&r.node()).as_deref() == Some("Failed")
+    })
+    .await;
+    let node = rig.node();
+    assert!(tainted(&node), "a failed node stays tainted");
+    assert_eq!(node["metadata"]["labels"]["example.com/remediating"], "yes");
+    event_seen(
+        &rig.cluster,
+        "amd-gpu-remediation-failed",
+        "call the vendor",
+    )
+    .await;
+    assert_eq!(rig.reboots(), 1);
+    // A person removes the taint: the run is closed and its labels go.
+    let nodes: Api<Node> = Api::all(rig.cluster.client());
+    nodes
+        .patch(
+            NODE,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"taints": null}})),
+        )
+        .await
+        .unwrap();
+    rig.eventually("closed by the person", |r| {
+        let node = r.node();
+        phase_of(&node).is_none() && node["metadata"]["labels"]["example.com/remediating"].is_null()
+    })
+    .await;
+    event_seen(
+        &rig.cluster,
+        "RemediationReleased",
+        "removed the remediation taint",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_leader_resumes_a_remediation_without_a_second_drain_or_reboot() {
+    let mut rig = AgentRig::start(&["pass"]).await;
+    rig.cluster
+        .running_gpu_pod("ml", "train", NODE, json!({}))
+        .await;
+    rig.eventually("the agent reports", |r| {
+        r.node()["metadata"]["annotations"]["amd.com/gpu-agent-status"].is_string()
+    })
+    .await;
+    // The confirmation is slow enough to kill the leader in it.
+    let slow = Confirm {
+        checks: 2,
+        interval: Duration::from_secs(2),
+        within: Duration::from_secs(30),
+    };
+    let (first_stop, first) = start_leader(&rig.cluster, "leader-a", slow);
+    rig.inject_ecc_error();
+    rig.come_back_from_reboot(1).await;
+    rig.eventually("rebooted and confirming", |r| {
+        r.reboots() == 1 && phase_of(&r.node()).as_deref() == Some("Confirming")
+    })
+    .await;
+    // The first leader dies without letting go; a pod lands on the node
+    // meanwhile (bound directly): a second drain would evict it.
+    drop(first);
+    rig.cluster
+        .running_gpu_pod("ml", "late", NODE, json!({}))
+        .await;
+    let (_second_stop, _second) = start_leader(&rig.cluster, "leader-b", slow);
+    wait::poll_until(
+        "the second leader takes over",
+        || rig.cluster.lease_holder(),
+        |h| h.as_deref() == Some("leader-b"),
+    )
+    .await;
+    rig.eventually("released by the new leader", |r| {
+        !tainted(&r.node()) && phase_of(&r.node()).is_none()
+    })
+    .await;
+    assert_eq!(rig.reboots(), 1, "not rebooted twice");
+    assert_eq!(rig.cluster.requests().get("create", "pods/eviction"), 1);
+    assert!(
+        rig.cluster.get("v1", "Pod", "ml", "late").is_some(),
+        "not drained twice"
+    );
+    assert_eq!(rig.rvs.invocations().len(), 1, "not tested twice");
+    first_stop.cancel();
+}
+
+// ---------------------------------------------------------------------------
+// With a leader only: Nodes whose conditions another tool sets.
+
+struct Fleet {
+    cluster: TestCluster,
+    names: Vec<String>,
+    leader: Option<(CancellationToken, ClusterRole)>,
+}
+
+impl Fleet {
+    /// `nodes` GPU nodes, the mapping, and a DeviceConfig with `remediation`
+    /// merged into its remediationWorkflow; no leader yet.
+    async fn new(nodes: usize, remediation: Value) -> Self {
+        let cluster = TestCluster::start().await;
+        let names: Vec<String> = (0..nodes).map(|i| format!("n{i}")).collect();
+        for name in &names {
+            cluster.add_node(cluster::node(name, json!({"gpu": "amd"})));
+        }
+        create_mapping(&cluster).await;
+        let mut rw = json!({"enable": true, "config": {"name": "remediation"}});
+        if let (Some(rw), Some(extra)) = (rw.as_object_mut(), remediation.as_object()) {
+            rw.extend(extra.clone());
+        }
+        cluster
+            .apply_device_config(
+                "gpus",
+                json!({"selector": {"gpu": "amd"}, "remediationWorkflow": rw}),
+            )
+            .await;
+        Self {
+            cluster,
+            names,
+            leader: None,
+        }
+    }
+
+    fn lead(&mut self) {
+        let confirm = Confirm {
+            checks: 2,
+            interval: Duration::from_millis(200),
+            within: Duration::from_secs(120),
+        };
+        self.leader = Some(start_leader(&self.cluster, "leader", confirm));
+    }
+
+    fn node(&self, name: &str) -> Value {
+        self.cluster.node(name)
+    }
+
+    fn tainted(&self) -> BTreeSet<String> {
+        self.names
+            .iter()
+            .filter(|n| tainted(&self.node(n)))
+            .cloned()
+            .collect()
+    }
+
+    async fn eventually(&self, what: &str, check: impl Fn(&Self) -> bool) {
+        wait::eventually_within(
+            what,
+            WORKFLOW,
+            || check(self),
+            || {
+                self.names
+                    .iter()
+                    .map(|n| {
+                        format!(
+                            "{n}: {} {}",
+                            record_of(&self.node(n)),
+                            self.node(n)["spec"]["taints"]
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            },
+        )
+        .await
+    }
+}
+
+const HWA: &str = "AMDGPUHardwareAssertionHwa";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_parallel_workflows_holds_across_five_failing_nodes() {
+    let mut fleet = Fleet::new(5, json!({"maxParallelWorkflows": 2})).await;
+    label_device_config(
+        &fleet.cluster,
+        json!({}),
+        json!({
+            "operator.amd.com/gpu-remediation-max-quarantined": "100%"
+        }),
+    )
+    .await;
+    fleet.lead();
+    for name in fleet.names.clone() {
+        set_condition(&fleet.cluster, &name, HWA, "True").await;
+    }
+    fleet
+        .eventually("two quarantined", |f| f.tainted().len() == 2)
+        .await;
+    let first = fleet.tainted();
+    assert_eq!(first, ["n0", "n1"].map(String::from).into());
+    // The others wait, and keep waiting while the two run.
+    for _ in 0..10 {
+        assert_eq!(fleet.tainted(), first);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // One repaired: released, and the next one starts; never more than two.
+    set_condition(&fleet.cluster, "n0", HWA, "False").await;
+    fleet
+        .eventually("n0 released and n2 started", |f| {
+            let t = f.tainted();
+            assert!(t.len() <= 2, "more than two at once: {t:?}");
+            !t.contains("n0") && t.contains("n2")
+        })
+        .await;
+    event_seen(
+        &fleet.cluster,
+        "amd-gpu-remediation-succeeded",
+        "stayed False",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_circuit_breaker_stops_three_of_ten_failing_at_once_and_a_person_can_force_one() {
+    let mut fleet = Fleet::new(10, json!({})).await;
+    for name in ["n3", "n5", "n7"] {
+        set_condition(&fleet.cluster, name, HWA, "True").await;
+    }
+    fleet.lead();
+    fleet
+        .eventually("the breaker Event on the DeviceConfig", |f| {
+            events_with(&f.cluster, "RemediationCircuitBreakerOpen")
+                .iter()
+                .any(|e| {
+                    e["involvedObject"]["kind"] == "DeviceConfig"
+                        || e["regarding"]["kind"] == "DeviceConfig"
+                })
+        })
+        .await;
+    let notes = event_notes(&fleet.cluster, "RemediationCircuitBreakerOpen");
+    assert!(
+        notes.iter().any(|n| n.contains("limit of 2 of 10")),
+        "{notes:?}"
+    );
+    assert!(fleet.tainted().is_empty(), "no node quarantined");
+    // A person forces one: it starts, and the label is consumed.
+    label_node(
+        &fleet.cluster,
+        "n5",
+        "operator.amd.com/gpu-force-resume-workflow",
+        Some("true"),
+    )
+    .await;
+    fleet
+        .eventually("n5 quarantined", |f| f.tainted().contains("n5"))
+        .await;
+    fleet
+        .eventually("the force-resume label consumed", |f| {
+            f.node("n5")["metadata"]["labels"]["operator.amd.com/gpu-force-resume-workflow"]
+                .is_null()
+        })
+        .await;
+    assert_eq!(fleet.tainted().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dry_run_reports_what_it_would_do_and_writes_no_node() {
+    let mut fleet = Fleet::new(3, json!({})).await;
+    label_device_config(
+        &fleet.cluster,
+        json!({"operator.amd.com/gpu-remediation-dry-run": "true"}),
+        json!({}),
+    )
+    .await;
+    set_condition(&fleet.cluster, "n1", HWA, "True").await;
+    let before = fleet.cluster.requests();
+    fleet.lead();
+    fleet
+        .eventually("the dry-run Event", |f| {
+            event_notes(&f.cluster, "RemediationDryRun")
+                .iter()
+                .any(|n| {
+                    n.contains("taint amd-gpu-unhealthy=AMDGPUHardwareAssertionHwa:NoSchedule")
+                })
+        })
+        .await;
+    // The leader wrote status and Events, and no Node.
+    let since = fleet.cluster.requests().since(&before);
+    for verb in ["patch", "update", "create", "delete"] {
+        assert_eq!(
+            since.get(verb, "nodes"),
+            0,
+            "{verb} nodes: {}",
+            since.to_json()
+        );
+        assert_eq!(since.get(verb, "nodes/status"), 0, "{verb} nodes/status");
+    }
+    assert!(record_of(&fleet.node("n1")).is_null());
+    // Off again: it runs.
+    label_device_config(
+        &fleet.cluster,
+        json!({"operator.amd.com/gpu-remediation-dry-run": null}),
+        json!({}),
+    )
+    .await;
+    fleet
+        .eventually("quarantined", |f| f.tainted().contains("n1"))
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pause_labels_hold_new_workflows_but_not_running_ones() {
+    let mut fleet = Fleet::new(3, json!({})).await;
+    label_device_config(
+        &fleet.cluster,
+        json!({}),
+        json!({
+            "operator.amd.com/gpu-remediation-max-quarantined": "100%"
+        }),
+    )
+    .await;
+    label_node(
+        &fleet.cluster,
+        "n0",
+        "operator.amd.com/gpu-remediation-paused",
+        Some("true"),
+    )
+    .await;
+    set_condition(&fleet.cluster, "n0", HWA, "True").await;
+    set_condition(&fleet.cluster, "n1", "AMDGPUXgmi", "True").await;
+    fleet.lead();
+    // n1 (not paused) starts and waits for a person in the XGMI entry.
+    fleet
+        .eventually("n1 waits for a person", |f| {
+            phase_of(&f.node("n1")).as_deref() == Some("AwaitingPerson")
+        })
+        .await;
+    assert!(
+        record_of(&fleet.node("n0")).is_null(),
+        "the paused node holds"
+    );
+    // The DeviceConfig paused: n2 fails and holds; n1 keeps going.
+    label_device_config(
+        &fleet.cluster,
+        json!({"operator.amd.com/gpu-remediation-paused": "true"}),
+        json!({}),
+    )
+    .await;
+    set_condition(&fleet.cluster, "n2", HWA, "True").await;
+    label_node(
+        &fleet.cluster,
+        "n1",
+        "operator.amd.com/gpu-force-resume-workflow",
+        Some("true"),
+    )
+    .await;
+    fleet
+        .eventually("n1 resumed by the person", |f| {
+            phase_of(&f.node("n1")).as_deref() == Some("Confirming")
+        })
+        .await;
+    assert!(
+        record_of(&fleet.node("n2")).is_null(),
+        "paused by the DeviceConfig"
+    );
+    assert!(
+        event_notes(&fleet.cluster, "amd-gpu-remediation-required")
+            .iter()
+            .any(|n| n.contains("reseat the XGMI bridge"))
+    );
+    // Unpaused: both start.
+    label_device_config(
+        &fleet.cluster,
+        json!({"operator.amd.com/gpu-remediation-paused": null}),
+        json!({}),
+    )
+    .await;
+    label_node(
+        &fleet.cluster,
+        "n0",
+        "operator.amd.com/gpu-remediation-paused",
+        None,
+    )
+    .await;
+    fleet
+        .eventually("n0 and n2 started", |f| {
+            let t = f.tainted();
+            t.contains("n0") && t.contains("n2")
+        })
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_recovery_policy_holds_the_fourth_run_in_the_window() {
+    let mut fleet = Fleet::new(1, json!({})).await;
+    fleet.lead();
+    for run in 1..=3 {
+        set_condition(&fleet.cluster, "n0", HWA, "True").await;
+        fleet
+            .eventually(&format!("run {run} started"), |f| {
+                record_of(&f.node("n0"))["attempts"]
+                    .as_array()
+                    .map(Vec::len)
+                    == Some(run)
+            })
+            .await;
+        set_condition(&fleet.cluster, "n0", HWA, "False").await;
+        fleet
+            .eventually(&format!("run {run} released"), |f| {
+                phase_of(&f.node("n0")).is_none() && !tainted(&f.node("n0"))
+            })
+            .await;
+    }
+    set_condition(&fleet.cluster, "n0", HWA, "True").await;
+    fleet
+        .eventually("the fourth held", |f| {
+            phase_of(&f.node("n0")).as_deref() == Some("Held")
+        })
+        .await;
+    fleet
+        .eventually("held tainted for a person", |f| tainted(&f.node("n0")))
+        .await;
+    assert_eq!(
+        record_of(&fleet.node("n0"))["attempts"]
+            .as_array()
+            .unwrap()
+            .len(),
+        3
+    );
+    event_seen(&fleet.cluster, "RemediationHeld", "a person must act").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_abort_label_stops_a_run_and_leaves_the_taint() {
+    let mut fleet = Fleet::new(1, json!({})).await;
+    fleet.lead();
+    set_condition(&fleet.cluster, "n0", "AMDGPUXgmi", "True").await;
+    fleet
+        .eventually("waiting for a person", |f| {
+            phase_of(&f.node("n0")).as_deref() == Some("AwaitingPerson")
+        })
+        .await;
+    label_node(
+        &fleet.cluster,
+        "n0",
+        "operator.amd.com/gpu-abort-workflow",
+        Some("true"),
+    )
+    .await;
+    fleet
+        .eventually("aborted, the label consumed", |f| {
+            let node = f.node("n0");
+            phase_of(&node).as_deref() == Some("Aborted")
+                && node["metadata"]["labels"]["operator.amd.com/gpu-abort-workflow"].is_null()
+        })
+        .await;
+    assert!(tainted(&fleet.node("n0")));
+    event_seen(&fleet.cluster, "RemediationAborted", "stays tainted").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn approval_waits_for_a_person_when_auto_start_is_off() {
+    let mut fleet = Fleet::new(1, json!({"autoStartWorkflow": false})).await;
+    fleet.lead();
+    set_condition(&fleet.cluster, "n0", HWA, "True").await;
+    fleet
+        .eventually("awaiting approval", |f| {
+            phase_of(&f.node("n0")).as_deref() == Some("AwaitingApproval")
+        })
+        .await;
+    assert!(!tainted(&fleet.node("n0")), "nothing done before approval");
+    label_node(
+        &fleet.cluster,
+        "n0",
+        "operator.amd.com/gpu-force-resume-workflow",
+        Some("true"),
+    )
+    .await;
+    fleet
+        .eventually("approved: quarantined", |f| tainted(&f.node("n0")))
+        .await;
+}
