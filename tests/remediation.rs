@@ -281,6 +281,12 @@ impl AgentRig {
     }
 
     fn start_agent(&mut self) {
+        self.start_agent_as(None);
+    }
+
+    /// Starts the agent; with `leader`, it campaigns for the Lease as that
+    /// identity.
+    fn start_agent_as(&mut self, leader: Option<&str>) {
         let kubelet_dir = self._dir.path().join("kubelet");
         std::fs::create_dir_all(kubelet_dir.join("device-plugins")).unwrap();
         let mut driver = support::bundles::no_modprobe();
@@ -301,7 +307,10 @@ impl AgentRig {
             sampling: Default::default(),
             metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
             test_commands: Some(self.rvs.commands()),
-            leader: None,
+            leader: leader.map(|who| {
+                let (lease, cluster) = leader_config(&self.cluster, who, fast_confirm());
+                gpu_operator::agent::LeaderConfig { lease, cluster }
+            }),
             driver,
         };
         let shutdown = CancellationToken::new();
@@ -578,6 +587,50 @@ async fn a_new_leader_resumes_a_remediation_without_a_second_drain_or_reboot() {
     );
     assert_eq!(rig.rvs.invocations().len(), 1, "not tested twice");
     first_stop.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_leaders_own_node_hands_the_lease_over_before_it_reboots() {
+    let mut rig = AgentRig::start(&["pass"]).await;
+    if let Some((shutdown, task)) = rig.agent.take() {
+        shutdown.cancel();
+        let _ = wait::within("the agent stops", task).await;
+    }
+    rig.start_agent_as(Some("agent-gpu-0"));
+    wait::poll_until(
+        "the node's agent leads",
+        || rig.cluster.lease_holder(),
+        |h| h.as_deref() == Some("agent-gpu-0"),
+    )
+    .await;
+    let (_stop, _standby) = start_leader(&rig.cluster, "leader-b", fast_confirm());
+    rig.inject_ecc_error();
+    rig.eventually("the reboot stand-in ran", |r| r.reboots() == 1)
+        .await;
+    // The stand-in ran after the agent let go of the Lease.
+    let holder = rig.cluster.lease_holder().await;
+    assert_ne!(
+        holder.as_deref(),
+        Some("agent-gpu-0"),
+        "still leading at the reboot"
+    );
+    wait::poll_until(
+        "the standby leads",
+        || rig.cluster.lease_holder(),
+        |h| h.as_deref() == Some("leader-b"),
+    )
+    .await;
+    // Back from the reboot; the standby finishes the remediation.
+    if let Some((shutdown, task)) = rig.agent.take() {
+        shutdown.cancel();
+        let _ = wait::within("the agent stops", task).await;
+    }
+    rig.start_agent_as(Some("agent-gpu-0"));
+    rig.eventually("released by the new leader", |r| {
+        !tainted(&r.node()) && phase_of(&r.node()).is_none()
+    })
+    .await;
+    assert_eq!(rig.reboots(), 1);
 }
 
 // ---------------------------------------------------------------------------

@@ -140,14 +140,22 @@ pub async fn run(
 
     // The cluster role runs beside node work and stops with it: on shutdown the
     // election releases the lease so that a standby takes over at once.
-    let leader = config.leader.clone().map(|leader| {
-        crate::cluster::ClusterRole::start(
-            client.clone(),
-            leader.lease,
-            leader.cluster,
-            shutdown.child_token(),
-        )
-    });
+    // Shared with the remediation task, which hands leadership over before
+    // it reboots this node.
+    let leader = Arc::new(tokio::sync::Mutex::new(config.leader.clone().map(
+        |leader| {
+            let stop = shutdown.child_token();
+            LeaderRole {
+                role: crate::cluster::ClusterRole::start(
+                    client.clone(),
+                    leader.lease,
+                    leader.cluster,
+                    stop.clone(),
+                ),
+                stop,
+            }
+        },
+    )));
 
     let watches = CancellationToken::new();
     let _stop_watches = watches.clone().drop_guard();
@@ -195,6 +203,7 @@ pub async fn run(
             inventory: inventory.clone(),
             events: events.clone(),
             reboot: config.driver.reboot.clone(),
+            leader: leader.clone(),
             tests: crate::testrunner::TestRunnerConfig {
                 commands: config.test_commands.clone().unwrap_or_default(),
                 ..crate::testrunner::TestRunnerConfig::for_spec(
@@ -361,13 +370,29 @@ pub async fn run(
     }
     tracing::info!("agent stopping");
     let release = async {
-        if let Some(role) = leader {
-            role.stop().await;
+        let role = leader.lock().await.take();
+        if let Some(role) = role {
+            role.step_down().await;
         }
     };
     tokio::join!(services.stop(), release);
     drop(devices);
     Ok(())
+}
+
+/// The agent's cluster role and what stops its campaign.
+pub struct LeaderRole {
+    role: crate::cluster::ClusterRole,
+    stop: CancellationToken,
+}
+
+impl LeaderRole {
+    /// Stops leading and campaigning, and releases the Lease, so that a
+    /// standby takes over at once.
+    pub async fn step_down(self) {
+        self.stop.cancel();
+        self.role.stop().await;
+    }
 }
 
 /// Watches the agent's own Node; `None` until it is seen, or after it is deleted.

@@ -3,7 +3,10 @@
 //! - `Rebooting` from the boot id the node runs: reboot, through the
 //!   agent's reboot command (`--reboot-command`, the same one driver
 //!   upgrades use), once per boot id; the new boot id in the agent's status
-//!   tells the leader it is back.
+//!   tells the leader it is back. When this agent leads, it first stops its
+//!   cluster role and releases the Lease, so that a standby takes over at
+//!   once rather than when the Lease expires: the leader's own node is
+//!   remediated like any other.
 //! - `Validating` with a request id not answered yet: run the entry's
 //!   `validationTestsProfile` on every GPU of the node, through the test
 //!   runner's own execution ([`crate::testrunner::execute::run_case`]: the
@@ -43,6 +46,8 @@ pub struct Feeds {
     pub reboot: Option<RebootCommand>,
     /// Where the test tools are and where logs go.
     pub tests: TestRunnerConfig,
+    /// The agent's cluster role, if it campaigns: stopped before a reboot.
+    pub leader: Arc<tokio::sync::Mutex<Option<super::LeaderRole>>>,
 }
 
 /// What the record asks of this node now. Pure.
@@ -152,6 +157,11 @@ async fn run(
 }
 
 async fn reboot_now(feeds: &Feeds, from: &str) {
+    let role = feeds.leader.lock().await.take();
+    if let Some(role) = role {
+        tracing::info!("handing the cluster role over before the reboot");
+        role.step_down().await;
+    }
     tracing::warn!(boot = %from, "rebooting the node: its remediation asks");
     feeds
         .events

@@ -86,7 +86,7 @@ pub struct AgentArgs {
     pub driver: DriverLoadArgs,
     /// The command that reboots this node when its driver upgrade asks for a
     /// reboot (driver.upgradePolicy.rebootRequired, or replacing the in-box
-    /// amdgpu), split at spaces, e.g. "nsenter --target 1 --all systemctl
+    /// amdgpu) or its remediation does, split at spaces, e.g. "nsenter --target 1 --all systemctl
     /// reboot". Default: this program's own `driver reboot-host`, which
     /// flushes file systems and runs the host's `systemctl reboot` in the
     /// host's mount namespace (needs hostPID and CAP_SYS_ADMIN in a pod).
@@ -94,6 +94,8 @@ pub struct AgentArgs {
     pub reboot_command: Option<crate::driver::reboot::RebootCommand>,
     #[command(flatten)]
     pub upgrade_timeouts: UpgradeTimeoutArgs,
+    #[command(flatten)]
+    pub remediation_confirm: super::args::RemediationConfirmArgs,
 }
 
 /// The reboot command: the one given, else this program's own.
@@ -137,6 +139,7 @@ pub fn run(args: AgentArgs) -> ExitCode {
                         instance: args.node_name.clone(),
                         check_secret_references: args.check_secret_references,
                         upgrade_timeouts: args.upgrade_timeouts.timeouts(),
+                        remediation_confirm: args.remediation_confirm.confirm(),
                         eviction_client: Some(eviction_client),
                         ..Default::default()
                     },

@@ -201,6 +201,31 @@ pub struct UpgradeTimeoutArgs {
     pub upgrade_timeout: Duration,
 }
 
+/// The pace of a remediation's last step, which the DeviceConfig has no
+/// field for: the node's condition must be False at two checks this far
+/// apart, within the window (the reference's wait step: a minute, 15
+/// minutes). Shared by `agent` and `leader`.
+#[derive(Args, Debug)]
+pub struct RemediationConfirmArgs {
+    /// Seconds between the checks that the remediated condition stays False.
+    #[arg(long, value_name = "SECONDS", default_value = "60", value_parser = positive_seconds)]
+    pub remediation_confirm_interval: Duration,
+    /// Seconds the condition has to stay False at two checks, after the
+    /// tests passed, before the remediation fails.
+    #[arg(long, value_name = "SECONDS", default_value = "900", value_parser = positive_seconds)]
+    pub remediation_confirm_within: Duration,
+}
+
+impl RemediationConfirmArgs {
+    pub(super) fn confirm(&self) -> crate::remediation::plan::Confirm {
+        crate::remediation::plan::Confirm {
+            interval: self.remediation_confirm_interval,
+            within: self.remediation_confirm_within,
+            ..crate::remediation::plan::Confirm::default()
+        }
+    }
+}
+
 impl UpgradeTimeoutArgs {
     pub(super) fn timeouts(&self) -> crate::cluster::upgrade::Timeouts {
         crate::cluster::upgrade::Timeouts {

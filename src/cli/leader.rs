@@ -22,6 +22,8 @@ pub struct LeaderArgs {
     pub identity: String,
     #[command(flatten)]
     pub upgrade_timeouts: UpgradeTimeoutArgs,
+    #[command(flatten)]
+    pub remediation_confirm: super::args::RemediationConfirmArgs,
 }
 
 pub fn run(args: LeaderArgs) -> ExitCode {
@@ -34,6 +36,7 @@ pub fn run(args: LeaderArgs) -> ExitCode {
         let config = crate::cluster::ClusterConfig {
             namespace: args.lease_namespace.clone(),
             upgrade_timeouts: args.upgrade_timeouts.timeouts(),
+            remediation_confirm: args.remediation_confirm.confirm(),
             eviction_client: Some(eviction_client),
             ..Default::default()
         };
