@@ -204,13 +204,9 @@ async fn mapping_of(dc: &DeviceConfig, ctx: &Context) -> Result<Mapping, String>
         .map_err(|why| format!("ConfigMap {namespace}/{name}: {why}; no node is remediated"))
 }
 
-/// The facts of `node` for the plan.
-fn facts_of(
-    node: &Node,
-    rw: &RemediationWorkflowSpec,
-    key: &ConfigKey,
-    ctx: &Context,
-) -> NodeFacts {
+/// The facts of `node` for the plan, given how this term's drain of it
+/// stands. Pure.
+pub fn facts_of(node: &Node, rw: &RemediationWorkflowSpec, drain: Option<DrainState>) -> NodeFacts {
     let name = node.name_any();
     let record = Record::of_annotations(node.annotations());
     let conditions: Vec<(String, bool)> = node
@@ -256,14 +252,6 @@ fn facts_of(
     let partitioning = node
         .annotations()
         .contains_key(crate::partition::state::RECORD_ANNOTATION);
-    let drain = ctx
-        .upgrades
-        .drain_outcome(key, Purpose::Remediation, &name)
-        .map(|(outcome, _)| match outcome {
-            DrainOutcome::Running => DrainState::Running,
-            DrainOutcome::Done => DrainState::Done,
-            DrainOutcome::Failed(why) => DrainState::Failed(why),
-        });
     NodeFacts {
         conditions,
         force_resume: is_true(node.labels(), FORCE_RESUME_LABEL),
@@ -288,6 +276,17 @@ fn facts_of(
         record,
         name,
     }
+}
+
+/// How this term's drain of `node` stands.
+fn drain_of(ctx: &Context, key: &ConfigKey, node: &str) -> Option<DrainState> {
+    ctx.upgrades
+        .drain_outcome(key, Purpose::Remediation, node)
+        .map(|(outcome, _)| match outcome {
+            DrainOutcome::Running => DrainState::Running,
+            DrainOutcome::Done => DrainState::Done,
+            DrainOutcome::Failed(why) => DrainState::Failed(why),
+        })
 }
 
 /// Decides and carries out every selected node's step.
@@ -334,7 +333,7 @@ async fn advance(
     let mut recent = std::collections::BTreeSet::new();
     let mut draining = Vec::new();
     for node in nodes {
-        let facts = facts_of(node, rw, &key, ctx);
+        let facts = facts_of(node, rw, drain_of(ctx, &key, &node.name_any()));
         if plan::is_running(&facts.record) {
             running += 1;
         }
