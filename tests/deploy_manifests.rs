@@ -1059,9 +1059,16 @@ const NEEDS: &[Need] = &[
     // ConfigMaps a DeviceConfig names: missing_references
     // (src/cluster/reconcile.rs) checks they exist; ConfigMapFollower
     // (src/agent/configmaps.rs) watches the exporter and test runner ones.
+    // The remediation mapping: mapping_of (src/cluster/remediator.rs).
     need("", "configmaps", "get", OPERATOR_NS),
     need("", "configmaps", "list", OPERATOR_NS),
     need("", "configmaps", "watch", OPERATOR_NS),
+    // The RemediationWorkflowStatus "default": sync_runs
+    // (src/cluster/remediator.rs) reads it, creates it when missing, and
+    // writes its status.
+    need( "amd.com", "remediationworkflowstatuses", "create", OPERATOR_NS),
+    named("amd.com", "remediationworkflowstatuses", "get", OPERATOR_NS, "default"),
+    named("amd.com", "remediationworkflowstatuses/status", "patch", OPERATOR_NS, "default"),
     // No Secrets: missing_references looks them up only with
     // --check-secret-references and deploy/optional/secret-references.yaml.
     // The metrics Service: server-side apply in apply_owned

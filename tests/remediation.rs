@@ -965,6 +965,32 @@ async fn the_recovery_policy_holds_the_fourth_run_in_the_window() {
         3
     );
     event_seen(&fleet.cluster, "RemediationHeld", "a person must act").await;
+    // The reference's RemediationWorkflowStatus lists the three runs.
+    let rwf = fleet
+        .cluster
+        .get(
+            "amd.com/v1alpha1",
+            "RemediationWorkflowStatus",
+            NS,
+            "default",
+        )
+        .expect("the RemediationWorkflowStatus default");
+    let runs = rwf["status"]["n0"][HWA]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(runs.len(), 3, "{rwf}");
+    assert!(
+        runs.iter().all(|r| {
+            r["name"]
+                .as_str()
+                .is_some_and(|n| n.starts_with("n0-default-template-"))
+                && r["startTime"]
+                    .as_str()
+                    .is_some_and(|t| t.ends_with(" UTC") && t.len() == 23)
+        }),
+        "{rwf}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -182,7 +182,7 @@ impl Context {
     /// backoff of up to minutes, and waits for as long as the server takes to
     /// answer; the deadline drops such a write once the lease has lapsed, since a
     /// standby may be leading by then.
-    async fn leader_write<T>(
+    pub(super) async fn leader_write<T>(
         &self,
         action: &'static str,
         object: &(impl std::fmt::Display + ?Sized),

@@ -19,7 +19,7 @@
 //! decide (the plan does) and writes Nodes only through
 //! [`crate::node_writer`].
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -33,6 +33,7 @@ use super::reconcile::{Context, Error};
 use super::upgrade::DrainOutcome;
 use super::upgrader::{Purpose, guarded, node_error, node_event_for};
 use crate::api::agent_status::{AgentStatus, ConfigKey, STATUS_ANNOTATION};
+use crate::api::remediation_status::{self, RunEntry, Runs};
 use crate::api::syntax::parse_count_or_percent;
 use crate::api::{DeviceConfig, DrainSpec, RemediationWorkflowSpec};
 use crate::node_writer::{Concern, CordonIntent, NodeIntent, NodeWriter};
@@ -52,13 +53,16 @@ use crate::remediation::{Mapping, RECORD_ANNOTATION, Record};
 pub struct Remediations {
     pub confirm: Confirm,
     noticed: Mutex<HashSet<String>>,
+    /// Per DeviceConfig, the runs this term last wrote to the namespace's
+    /// RemediationWorkflowStatus: unchanged runs cost no request.
+    written_runs: Mutex<HashMap<ConfigKey, Runs>>,
 }
 
 impl Remediations {
     pub fn new(confirm: Confirm) -> Self {
         Self {
             confirm,
-            noticed: Mutex::default(),
+            ..Self::default()
         }
     }
 
@@ -454,12 +458,109 @@ async fn advance(
     }
     ctx.upgrades
         .prune_drains(&key, Purpose::Remediation, &draining);
+    sync_runs(dc, nodes, ctx).await?;
     if !draining.is_empty() {
         // Drains report their end themselves; a slow look covers a lost wake-up.
         let slow = Duration::from_secs(30);
         summary.wake = Some(summary.wake.map_or(slow, |w| w.min(slow)));
     }
     Ok(summary)
+}
+
+/// The runs of `nodes`' records, as the RemediationWorkflowStatus lists
+/// them. Pure.
+pub fn runs_of(nodes: &[Arc<Node>]) -> Runs {
+    let mut runs = Runs::new();
+    for node in nodes {
+        let record = Record::of_annotations(node.annotations());
+        for attempt in &record.attempts {
+            runs.entry(node.name_any())
+                .or_default()
+                .entry(attempt.condition.clone())
+                .or_default()
+                .push(RunEntry {
+                    name: attempt.name.clone(),
+                    start_time: remediation_status::start_time(&attempt.started),
+                });
+        }
+    }
+    runs
+}
+
+/// Keeps the RemediationWorkflowStatus `default` of the DeviceConfig's
+/// namespace listing the runs of its selected nodes, leaving other nodes'
+/// entries (another DeviceConfig's) alone. Without the CRD installed, it
+/// warns once and remediation goes on.
+async fn sync_runs(dc: &DeviceConfig, nodes: &[Arc<Node>], ctx: &Context) -> Result<(), Error> {
+    use kube::api::{DynamicObject, PostParams};
+    let key = ConfigKey::of(dc);
+    let mine = runs_of(nodes);
+    let unchanged = ctx
+        .remediations
+        .written_runs
+        .lock()
+        .map(|w| w.get(&key) == Some(&mine))
+        .unwrap_or(false);
+    if unchanged {
+        return Ok(());
+    }
+    let namespace = dc.namespace().unwrap_or_default();
+    let resource = remediation_status::api_resource();
+    let api: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), &namespace, &resource);
+    let name = remediation_status::OBJECT_NAME;
+    let object = format!("{namespace}/remediationworkflowstatus/{name}");
+    let current = match ctx
+        .leader_write("reading", &object, api.get_opt(name))
+        .await?
+    {
+        Some(current) => current,
+        None => {
+            let new = DynamicObject::new(name, &resource).within(&namespace);
+            match ctx
+                .leader_write(
+                    "creating",
+                    &object,
+                    api.create(&PostParams::default(), &new),
+                )
+                .await
+            {
+                Ok(created) => created,
+                Err(error) => {
+                    if ctx.remediations.first_notice(format!("{key}/rwfstatus")) {
+                        tracing::warn!(%error, "cannot keep the RemediationWorkflowStatus (is deploy/crd/remediationworkflowstatuses.amd.com.yaml applied?); remediation goes on");
+                    }
+                    return Ok(());
+                }
+            }
+        }
+    };
+    let before: Runs = serde_json::from_value(current.data["status"].clone()).unwrap_or_default();
+    let mut status = before.clone();
+    for node in nodes {
+        status.remove(&node.name_any());
+    }
+    status.extend(mine.clone());
+    if status != before {
+        let patch: json_patch::Patch = serde_json::from_value(
+            serde_json::json!([{"op": "add", "path": "/status", "value": status}]),
+        )
+        .map_err(|e| Error::Kube {
+            action: "encoding the runs of",
+            object: object.clone(),
+            source: kube::Error::SerdeError(e),
+        })?;
+        let params = crate::api::field_manager::patch(crate::api::field_manager::REMEDIATION);
+        ctx.leader_write(
+            "writing the runs to",
+            &object,
+            api.patch_status(name, &params, &kube::api::Patch::Json::<()>(patch)),
+        )
+        .await?;
+    }
+    if let Ok(mut written) = ctx.remediations.written_runs.lock() {
+        written.insert(key, mine);
+    }
+    Ok(())
 }
 
 /// What a dry run says a run would do.

@@ -45,6 +45,12 @@ impl TestCluster {
             .create(serde_json::to_value(gpu_operator::api::crd()).unwrap())
             .expect("the DeviceConfig CRD installs");
         emulator
+            .create(
+                serde_json::to_value(gpu_operator::api::remediation_status::crd().unwrap())
+                    .unwrap(),
+            )
+            .expect("the RemediationWorkflowStatus CRD installs");
+        emulator
             .create(namespace)
             .expect("the namespace is created");
         Self { emulator }
