@@ -118,7 +118,10 @@ fn decision_times(count: usize, failing: usize) -> (f64, f64, f64) {
 }
 
 /// Every write, less `own` of the bench's.
-fn writes(emulator: &Emulator, before: &kube_emulator::RequestCounts) -> kube_emulator::RequestCounts {
+fn writes(
+    emulator: &Emulator,
+    before: &kube_emulator::RequestCounts,
+) -> kube_emulator::RequestCounts {
     emulator
         .requests()
         .since(before)
@@ -164,9 +167,14 @@ async fn wait_for(what: &str, mut ok: impl AsyncFnMut() -> bool) -> Duration {
 }
 
 fn phase(node: &Node) -> Option<String> {
-    Record::of_annotations(node.metadata.annotations.as_ref().unwrap_or(&Default::default()))
-        .run
-        .map(|r| r.phase.name().to_owned())
+    Record::of_annotations(
+        node.metadata
+            .annotations
+            .as_ref()
+            .unwrap_or(&Default::default()),
+    )
+    .run
+    .map(|r| r.phase.name().to_owned())
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -203,11 +211,13 @@ async fn main() {
             "data": {"workflow": MAPPING}}))
         .unwrap();
     emulator
-        .create(json!({"apiVersion": "amd.com/v1alpha1", "kind": "DeviceConfig",
+        .create(
+            json!({"apiVersion": "amd.com/v1alpha1", "kind": "DeviceConfig",
             "metadata": {"name": "fleet", "namespace": NS,
                 "annotations": {"operator.amd.com/gpu-remediation-max-quarantined": "10%"}},
             "spec": {"selector": {"feature.node.kubernetes.io/amd-gpu": "true"},
-                     "remediationWorkflow": {"enable": true, "config": {"name": "remediation"}}}}))
+                     "remediationWorkflow": {"enable": true, "config": {"name": "remediation"}}}}),
+        )
         .unwrap();
     let kubeconfig = tempfile::NamedTempFile::new().unwrap();
     emulator.write_kubeconfig(kubeconfig.path()).unwrap();
