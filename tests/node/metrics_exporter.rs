@@ -931,3 +931,37 @@ fn the_upgrade_families_pass_promtool() {
         &BTreeMap::new(),
     )));
 }
+
+/// The leader's remediation counters and histogram, as the endpoint serves
+/// them, pass promtool; the histogram's buckets are cumulative.
+#[tokio::test]
+async fn remediation_counts_and_durations_are_served_and_valid() {
+    gpu_operator::counters::record_remediation("AMDGPUXgmiMetricsTest", "started", None);
+    gpu_operator::counters::record_remediation("AMDGPUXgmiMetricsTest", "succeeded", Some(420.0));
+    let sim = simulated("mi210", None);
+    let running = start(&sim, config(&sim), None).await;
+    let text = running.scrape().await;
+    promtool_accepts(&text);
+    let started = series(&text, "gpu_operator_remediations_total")
+        .into_iter()
+        .find(|(l, _)| {
+            l.get("condition").map(String::as_str) == Some("AMDGPUXgmiMetricsTest")
+                && l.get("result").map(String::as_str) == Some("started")
+        });
+    assert_eq!(started.map(|(_, v)| v), Some(1.0), "{text}");
+    assert!(
+        text.contains("# TYPE gpu_operator_remediation_seconds histogram"),
+        "{text}"
+    );
+    // 420 s is above the 300 s bucket and within the 900 s one (other tests
+    // in this binary record none).
+    let bucket = |le: &str| {
+        series(&text, "gpu_operator_remediation_seconds_bucket")
+            .into_iter()
+            .find(|(l, _)| l.get("le").map(String::as_str) == Some(le))
+            .map(|(_, v)| v)
+    };
+    assert_eq!(bucket("300"), Some(0.0), "{text}");
+    assert_eq!(bucket("900"), Some(1.0), "{text}");
+    assert_eq!(bucket("+Inf"), Some(1.0), "{text}");
+}
