@@ -200,6 +200,11 @@ async fn main() {
         .create(serde_json::to_value(gpu_operator::api::crd()).unwrap())
         .unwrap();
     emulator
+        .create(
+            serde_json::to_value(gpu_operator::api::remediation_status::crd().unwrap()).unwrap(),
+        )
+        .unwrap();
+    emulator
         .create(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}))
         .unwrap();
     for i in 0..count {

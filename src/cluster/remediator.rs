@@ -56,7 +56,14 @@ pub struct Remediations {
     /// Per DeviceConfig, the runs this term last wrote to the namespace's
     /// RemediationWorkflowStatus: unchanged runs cost no request.
     written_runs: Mutex<HashMap<ConfigKey, Runs>>,
+    /// Per namespace, when to try creating the RemediationWorkflowStatus
+    /// again after a create failed (its CRD not installed, say).
+    create_again: Mutex<HashMap<String, std::time::Instant>>,
 }
+
+/// How long a failed create of the RemediationWorkflowStatus is not tried
+/// again: a missing CRD costs one request per namespace this often.
+const CREATE_AGAIN_AFTER: Duration = Duration::from_secs(300);
 
 impl Remediations {
     pub fn new(confirm: Confirm) -> Self {
@@ -505,6 +512,18 @@ async fn sync_runs(dc: &DeviceConfig, nodes: &[Arc<Node>], ctx: &Context) -> Res
         return Ok(());
     }
     let namespace = dc.namespace().unwrap_or_default();
+    let waiting = ctx
+        .remediations
+        .create_again
+        .lock()
+        .map(|c| {
+            c.get(&namespace)
+                .is_some_and(|at| std::time::Instant::now() < *at)
+        })
+        .unwrap_or(false);
+    if waiting {
+        return Ok(());
+    }
     let resource = remediation_status::api_resource();
     let api: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), &namespace, &resource);
     let name = remediation_status::OBJECT_NAME;
@@ -526,6 +545,12 @@ async fn sync_runs(dc: &DeviceConfig, nodes: &[Arc<Node>], ctx: &Context) -> Res
             {
                 Ok(created) => created,
                 Err(error) => {
+                    if let Ok(mut again) = ctx.remediations.create_again.lock() {
+                        again.insert(
+                            namespace.clone(),
+                            std::time::Instant::now() + CREATE_AGAIN_AFTER,
+                        );
+                    }
                     if ctx.remediations.first_notice(format!("{key}/rwfstatus")) {
                         tracing::warn!(%error, "cannot keep the RemediationWorkflowStatus (is deploy/crd/remediationworkflowstatuses.amd.com.yaml applied?); remediation goes on");
                     }

@@ -217,11 +217,10 @@ fn labels() {
 }
 
 #[test]
-fn remediation_needs_config_or_config_map_image() {
-    assert_problems(
-        "remediationWorkflow:\n  enable: true\n",
-        &["spec.remediationWorkflow.enable"],
-    );
+fn remediation_without_a_mapping_uses_the_builtin_one() {
+    // The reference refuses it (its ConfigMap lookup fails); here the
+    // built-in mapping (its former default ConfigMap) serves.
+    assert_valid("remediationWorkflow:\n  enable: true\n");
     assert_valid("remediationWorkflow:\n  enable: true\n  config:\n    name: workflows\n");
     assert_valid(
         "remediationWorkflow:\n  enable: true\n  configMapImage: docker.io/rocm/remediation:v1\n",
@@ -480,11 +479,22 @@ fn full_example_lists_its_ignored_fields() {
         "rolling upgrades act on upgradePolicy:\n{}",
         report.lines.join("\n")
     );
-    let path = "spec.remediationWorkflow.enable";
+    // Remediation is acted on: no remediationWorkflow field is "not acted
+    // on yet"; what it does not use is ignored, with why.
+    assert!(
+        !notes
+            .iter()
+            .any(|line| line.contains("note: spec.remediationWorkflow")
+                && line.contains("not acted on yet")),
+        "remediation is built:\n{}",
+        report.lines.join("\n")
+    );
+    // (ttlForFailedWorkflows is at its default there, so not noted.)
+    let path = "spec.remediationWorkflow.configMapImage";
     assert!(
         notes
             .iter()
-            .any(|line| line.contains(&format!("note: {path}: accepted, but not acted on yet"))),
+            .any(|line| line.contains(&format!("note: {path}: ignored in this design"))),
         "no note for {path} in:\n{}",
         report.lines.join("\n")
     );
