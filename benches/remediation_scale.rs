@@ -29,7 +29,7 @@ mod figures;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use figures::{rss_mib, summary};
+use figures::{cpu_seconds, rss_mib, summary};
 use gpu_operator::api::RemediationWorkflowSpec;
 use gpu_operator::cluster::remediator::facts_of;
 use gpu_operator::remediation::plan::{self, Policy};
@@ -127,22 +127,6 @@ fn writes(
         .since(before)
         .non_watch()
         .filter(|k| matches!(k.verb.as_str(), "create" | "update" | "patch" | "delete"))
-}
-
-/// utime + stime of `pid`, in seconds.
-fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|f| f.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    // SAFETY: sysconf only reads a system constant.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    (ticks(11) + ticks(12)) / hz.max(1.0)
 }
 
 async fn set_condition(nodes: &Api<Node>, name: &str, status: &str) {

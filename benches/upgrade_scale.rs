@@ -28,7 +28,7 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use figures::{rss_mib, summary};
+use figures::{cpu_seconds, rss_mib, summary};
 use futures::StreamExt;
 use gpu_operator::api::agent_status::{
     AgentStatus, ConfigKey, DriverReport, ModuleOrigin, STATUS_ANNOTATION, STATUS_VERSION,
@@ -111,24 +111,6 @@ async fn fleet_answers(client: kube::Client, answered: Arc<Mutex<HashSet<String>
                 .expect("the agent reports its driver");
         });
     }
-}
-
-/// utime + stime of `pid`, in seconds.
-fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // The fields after the command's closing parenthesis; utime and stime
-    // are the 14th and 15th of the whole line.
-    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|f| f.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    // SAFETY: sysconf only reads a system constant.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    (ticks(11) + ticks(12)) / hz.max(1.0)
 }
 
 /// Every write, less the fleet's own annotation writes (one per node).

@@ -323,11 +323,15 @@ impl AgentRig {
     async fn come_back_from_reboot(&mut self, reboots: usize) {
         self.eventually("the reboot stand-in ran", |r| r.reboots() == reboots)
             .await;
+        self.stop_agent().await;
+        self.start_agent();
+    }
+
+    async fn stop_agent(&mut self) {
         if let Some((shutdown, task)) = self.agent.take() {
             shutdown.cancel();
             let _ = wait::within("the agent stops", task).await;
         }
-        self.start_agent();
     }
 
     fn node(&self) -> Value {
@@ -592,10 +596,7 @@ async fn a_new_leader_resumes_a_remediation_without_a_second_drain_or_reboot() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_leaders_own_node_hands_the_lease_over_before_it_reboots() {
     let mut rig = AgentRig::start(&["pass"]).await;
-    if let Some((shutdown, task)) = rig.agent.take() {
-        shutdown.cancel();
-        let _ = wait::within("the agent stops", task).await;
-    }
+    rig.stop_agent().await;
     rig.start_agent_as(Some("agent-gpu-0"));
     wait::poll_until(
         "the node's agent leads",
@@ -621,10 +622,7 @@ async fn the_leaders_own_node_hands_the_lease_over_before_it_reboots() {
     )
     .await;
     // Back from the reboot; the standby finishes the remediation.
-    if let Some((shutdown, task)) = rig.agent.take() {
-        shutdown.cancel();
-        let _ = wait::within("the agent stops", task).await;
-    }
+    rig.stop_agent().await;
     rig.start_agent_as(Some("agent-gpu-0"));
     rig.eventually("released by the new leader", |r| {
         !tainted(&r.node()) && phase_of(&r.node()).is_none()

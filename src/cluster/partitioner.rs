@@ -270,17 +270,10 @@ async fn write_record(ctx: &Context, node: &Node, record: Option<&Record>) -> Re
             .unwrap_or_default(),
         ..NodeIntent::default()
     };
-    // Read fresh: the removal needs the server's record of who owns what,
-    // and the cache may lag this term's own writes.
-    let fresh = guarded(ctx, &name, writer.read())
+    // `apply` reads the Node fresh: the removal needs the server's record
+    // of who owns what, and the cache may lag this term's own writes.
+    guarded(ctx, &name, writer.apply(Concern::PartitionLeader, &intent))
         .await?
         .map_err(|e| node_error(&name, e))?;
-    guarded(
-        ctx,
-        &name,
-        writer.apply_to(&fresh, Concern::PartitionLeader, &intent),
-    )
-    .await?
-    .map_err(|e| node_error(&name, e))?;
     Ok(())
 }

@@ -773,18 +773,11 @@ async fn write_record(
         },
         ..NodeIntent::default()
     };
-    // Read fresh: a removal needs the server's record of who owns what, and
-    // the cache may lag this term's own writes.
-    let fresh = guarded(ctx, &name, writer.read())
+    // `apply` reads the Node fresh: a removal needs the server's record of
+    // who owns what, and the cache may lag this term's own writes.
+    guarded(ctx, &name, writer.apply(Concern::Remediation, &intent))
         .await?
         .map_err(|e| node_error(&name, e))?;
-    guarded(
-        ctx,
-        &name,
-        writer.apply_to(&fresh, Concern::Remediation, &intent),
-    )
-    .await?
-    .map_err(|e| node_error(&name, e))?;
     Ok(())
 }
 
