@@ -363,17 +363,11 @@ async fn advance(
             NodeStep::Act(decision) => acts.push((*decision, facts, node.clone())),
             NodeStep::Blocked { condition, why } => {
                 tracing::debug!(node = %facts.name, %condition, %why, "remediation blocked");
-                if dry_run
-                    && ctx
-                        .remediations
-                        .first_notice(format!("{key}/{}/blocked/{condition}", facts.name))
-                {
-                    node_event_for(
+                if dry_run {
+                    dry_run_event(
                         ctx,
                         node,
-                        "Remediation",
-                        EventType::Normal,
-                        EVENT_DRY_RUN,
+                        format!("{key}/{}/blocked/{condition}", facts.name),
                         format!(
                             "dry run: {condition} is True, but no remediation would start: {why}"
                         ),
@@ -415,20 +409,13 @@ async fn advance(
             else {
                 continue;
             };
-            if ctx.remediations.first_notice(format!(
-                "{key}/{}/start/{}",
-                candidate.node, candidate.condition
-            )) {
-                node_event_for(
-                    ctx,
-                    node,
-                    "Remediation",
-                    EventType::Normal,
-                    EVENT_DRY_RUN,
-                    would_do(rw, candidate),
-                )
-                .await;
-            }
+            dry_run_event(
+                ctx,
+                node,
+                format!("{key}/{}/start/{}", candidate.node, candidate.condition),
+                would_do(rw, candidate),
+            )
+            .await;
         }
         for (decision, facts, _) in &acts {
             if decision.record.is_some() {
@@ -586,6 +573,21 @@ async fn sync_runs(dc: &DeviceConfig, nodes: &[Arc<Node>], ctx: &Context) -> Res
         written.insert(key, mine);
     }
     Ok(())
+}
+
+/// A dry run's Event about `node`, once per term for `notice`.
+async fn dry_run_event(ctx: &Context, node: &Node, notice: String, message: String) {
+    if ctx.remediations.first_notice(notice) {
+        node_event_for(
+            ctx,
+            node,
+            "Remediation",
+            EventType::Normal,
+            EVENT_DRY_RUN,
+            message,
+        )
+        .await;
+    }
 }
 
 /// What a dry run says a run would do.
