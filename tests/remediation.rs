@@ -465,6 +465,28 @@ async fn an_ecc_error_is_remediated_end_to_end_taint_drain_reboot_test_confirm_u
     assert!(node["metadata"]["labels"]["example.com/remediating"].is_null());
     assert_eq!(rig.reboots(), 1, "rebooted once");
     assert_eq!(rig.cluster.requests().get("create", "pods/eviction"), 1);
+    // The emulator's write log, in order: the leader's record (with the
+    // labels) and taint, then the eviction, then its later steps.
+    let log = rig.cluster.writes();
+    let leader_writes: Vec<usize> = log
+        .iter()
+        .enumerate()
+        .filter(|(_, w)| {
+            w.resource == "nodes"
+                && w.name.as_deref() == Some(NODE)
+                && w.field_manager.as_deref() == Some("gpu-operator-remediation")
+        })
+        .map(|(i, _)| i)
+        .collect();
+    let eviction = log
+        .iter()
+        .position(|w| w.resource == "pods/eviction")
+        .expect("the eviction is logged");
+    assert!(
+        leader_writes.len() >= 7 && leader_writes[1] < eviction && eviction < leader_writes[2],
+        "record, taint, eviction, then reboot, tests, confirmation, untaint, release: {:?}",
+        log.iter().map(ToString::to_string).collect::<Vec<_>>()
+    );
     let runs = rig.rvs.invocations();
     assert_eq!(runs.len(), 1, "{runs:?}");
     assert!(runs[0].contains("trigger=MANUAL"), "{runs:?}");

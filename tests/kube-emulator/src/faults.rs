@@ -39,6 +39,35 @@ impl fmt::Display for RequestKey {
     }
 }
 
+/// One write request (create, update, patch, delete), in the order the
+/// server received it: what a test reads to check that steps happened in
+/// order. Reads and watches are only counted ([`RequestCounts`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LoggedWrite {
+    pub verb: String,
+    /// As in [`RequestKey::resource`]: `nodes`, `pods/eviction`, ...
+    pub resource: String,
+    pub namespace: Option<String>,
+    pub name: Option<String>,
+    /// The request's `fieldManager`, if it gave one.
+    pub field_manager: Option<String>,
+}
+
+impl fmt::Display for LoggedWrite {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}", self.verb, self.resource)?;
+        if let Some(ns) = &self.namespace {
+            write!(f, " {ns}/")?;
+        } else {
+            write!(f, " ")?;
+        }
+        write!(f, "{}", self.name.as_deref().unwrap_or(""))
+    }
+}
+
+/// How many writes [`LoggedWrite`]s the server keeps, oldest dropped first.
+pub const WRITE_LOG_LIMIT: usize = 100_000;
+
 /// A snapshot of request counts.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RequestCounts(pub BTreeMap<RequestKey, u64>);

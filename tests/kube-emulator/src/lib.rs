@@ -51,7 +51,7 @@ use serde_json::Value;
 use tokio::net::{TcpListener, TcpSocket};
 
 pub use error::ApiError;
-pub use faults::{Faults, RequestCounts, RequestKey};
+pub use faults::{Faults, LoggedWrite, RequestCounts, RequestKey};
 pub use reviews::Reviews;
 
 use server::{Running, Settings, Shared};
@@ -244,6 +244,13 @@ impl Emulator {
     /// A snapshot of the request counts so far (also served at `/debug/requests`).
     pub fn requests(&self) -> RequestCounts {
         self.shared.counts()
+    }
+
+    /// The write requests so far (create, update, patch, delete), in the
+    /// order received, with the object each names (for a create, the
+    /// collection: no name). Failed requests are logged too.
+    pub fn writes(&self) -> Vec<LoggedWrite> {
+        self.shared.writes()
     }
 
     /// Watches currently streaming.

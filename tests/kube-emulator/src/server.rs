@@ -54,6 +54,7 @@ pub(crate) struct Shared {
     store: Mutex<Store>,
     faults: Mutex<FaultState>,
     counts: Mutex<BTreeMap<RequestKey, u64>>,
+    writes: Mutex<std::collections::VecDeque<crate::faults::LoggedWrite>>,
     watch_drop: Mutex<CancellationToken>,
     open_watches: AtomicUsize,
     port: AtomicU16,
@@ -74,6 +75,7 @@ impl Shared {
             store: Mutex::new(Store::new(history_limit, tx)),
             faults: Mutex::new(FaultState::default()),
             counts: Mutex::new(BTreeMap::new()),
+            writes: Mutex::new(std::collections::VecDeque::new()),
             watch_drop: Mutex::new(CancellationToken::new()),
             open_watches: AtomicUsize::new(0),
             port: AtomicU16::new(0),
@@ -108,6 +110,19 @@ impl Shared {
 
     fn count(&self, key: &RequestKey) {
         *lock(&self.counts).entry(key.clone()).or_insert(0) += 1;
+    }
+
+    /// The write requests so far, oldest first.
+    pub fn writes(&self) -> Vec<crate::faults::LoggedWrite> {
+        lock(&self.writes).iter().cloned().collect()
+    }
+
+    fn log_write(&self, write: crate::faults::LoggedWrite) {
+        let mut writes = lock(&self.writes);
+        if writes.len() >= crate::faults::WRITE_LOG_LIMIT {
+            writes.pop_front();
+        }
+        writes.push_back(write);
     }
 }
 
@@ -383,6 +398,17 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
         },
     };
     shared.count(&key);
+    if let Some(rp) = &rp
+        && matches!(key.verb.as_str(), "create" | "update" | "patch" | "delete")
+    {
+        shared.log_write(crate::faults::LoggedWrite {
+            verb: key.verb.clone(),
+            resource: key.resource.clone(),
+            namespace: rp.namespace.clone(),
+            name: rp.name.clone(),
+            field_manager: params.get("fieldManager").map(str::to_owned),
+        });
+    }
     let (delay, failure) = {
         let mut f = shared.faults();
         (f.latency(&key), f.take_failure(&key))

@@ -265,3 +265,43 @@ async fn an_idle_reflector_makes_no_requests_but_its_watch() {
     );
     task.abort();
 }
+
+#[tokio::test]
+async fn writes_are_logged_in_order_with_their_object_and_field_manager() {
+    use kube::api::{DeleteParams, Patch, PatchParams};
+    let emu = start().await;
+    let cms: Api<ConfigMap> = Api::default_namespaced(emu.client());
+    let before = emu.writes().len();
+    cms.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({"metadata": {"name": "c"}})).unwrap(),
+    )
+    .await
+    .unwrap();
+    cms.get("c").await.unwrap();
+    cms.patch(
+        "c",
+        &PatchParams::apply("tester"),
+        &Patch::Apply(json!({"apiVersion": "v1", "kind": "ConfigMap", "data": {"k": "v"}})),
+    )
+    .await
+    .unwrap();
+    cms.delete("c", &DeleteParams::default()).await.unwrap();
+    let writes: Vec<String> = emu.writes()[before..]
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(
+        writes,
+        [
+            "create configmaps default/",
+            "patch configmaps default/c",
+            "delete configmaps default/c"
+        ],
+        "reads are not logged"
+    );
+    assert_eq!(
+        emu.writes()[before + 1].field_manager.as_deref(),
+        Some("tester")
+    );
+}
