@@ -653,6 +653,42 @@ async fn the_leaders_own_node_hands_the_lease_over_before_it_reboots() {
     assert_eq!(rig.reboots(), 1);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abort_stops_the_validation_tests_that_run() {
+    let mut rig = AgentRig::start(&["hang"]).await;
+    let (_stop, _leader) = start_leader(&rig.cluster, "leader-a", fast_confirm());
+    rig.eventually("the agent reports", |r| {
+        r.node()["metadata"]["annotations"]["amd.com/gpu-agent-status"].is_string()
+    })
+    .await;
+    rig.inject_ecc_error();
+    rig.come_back_from_reboot(1).await;
+    rig.eventually("validating", |r| {
+        phase_of(&r.node()).as_deref() == Some("Validating")
+    })
+    .await;
+    let test = rig.rvs.path().join("child.pid");
+    wait::eventually("the test runs", || test.exists()).await;
+    let pid: i32 = std::fs::read_to_string(&test)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    label_node(
+        &rig.cluster,
+        NODE,
+        "operator.amd.com/gpu-abort-workflow",
+        Some("true"),
+    )
+    .await;
+    rig.eventually("aborted", |r| {
+        phase_of(&r.node()).as_deref() == Some("Aborted")
+    })
+    .await;
+    wait::eventually("the hanging test killed", || fake_rvs::process_gone(pid)).await;
+    assert!(tainted(&rig.node()), "an aborted node stays tainted");
+}
+
 // ---------------------------------------------------------------------------
 // With a leader only: Nodes whose conditions another tool sets.
 

@@ -139,11 +139,14 @@ async fn run(
                 Asked::Validate { id, profile } => {
                     let answered = report.borrow().as_ref().is_some_and(|r| r.id == id);
                     if !answered {
-                        let result = validate(&feeds, &id, &profile, &stop).await;
-                        if stop.is_cancelled() {
-                            return;
+                        match validate_while_asked(&feeds, &id, &profile, &stop).await {
+                            Some(result) => {
+                                report.send_replace(Some(result));
+                            }
+                            None if stop.is_cancelled() => return,
+                            // The record stopped asking (an abort): no answer.
+                            None => {}
                         }
-                        report.send_replace(Some(result));
                     }
                 }
             }
@@ -152,6 +155,41 @@ async fn run(
             _ = stop.cancelled() => return,
             changed = feeds.node.changed() => if changed.is_err() { return },
             changed = feeds.driver.changed() => if changed.is_err() { return },
+        }
+    }
+}
+
+/// Runs the validation `id` asks for, and stops it when the record no
+/// longer asks for it (a person aborted the run, say) or the agent stops:
+/// then `None`.
+async fn validate_while_asked(
+    feeds: &Feeds,
+    id: &str,
+    profile: &ValidationTestsProfile,
+    stop: &CancellationToken,
+) -> Option<RemediationTestReport> {
+    let run_stop = stop.child_token();
+    let mut node = feeds.node.clone();
+    let validation = validate(feeds, id, profile, &run_stop);
+    tokio::pin!(validation);
+    loop {
+        tokio::select! {
+            result = &mut validation => {
+                return (!run_stop.is_cancelled()).then_some(result);
+            }
+            changed = node.changed(), if !run_stop.is_cancelled() => {
+                let still_asked = changed.is_ok()
+                    && node.borrow_and_update().as_ref().is_some_and(|n| {
+                        matches!(
+                            asked(&Record::of_annotations(n.annotations()), None),
+                            Asked::Validate { id: ref asked, .. } if asked == id
+                        )
+                    });
+                if !still_asked {
+                    tracing::info!(%id, "the remediation no longer asks for its tests: stopping them");
+                    run_stop.cancel();
+                }
+            }
         }
     }
 }
