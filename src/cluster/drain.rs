@@ -13,20 +13,29 @@
 //! the Eviction API (so budgets hold) or by deletion, per the policy, and
 //! reports what blocked it.
 //!
+//! [`Drains`] runs them: one task per node a leadership term drains, for a
+//! driver upgrade, a partition change or a remediation ([`Purpose`]), whose
+//! end wakes the reconciler.
+//!
 //! This module must not cordon or taint (the caller's step) and must not
 //! decide which node to drain.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::api::{DeleteParams, EvictParams, ListParams};
+use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Client};
 use serde::Serialize;
+use tokio::sync::{mpsc, watch};
+use tokio_util::task::AbortOnDropHandle;
 
 use super::lease::LeaderGuard;
-use crate::api::{DrainSpec, DriverUpgradePolicySpec, PodDeletionSpec};
+use crate::api::agent_status::ConfigKey;
+use crate::api::{DeviceConfig, DrainSpec, DriverUpgradePolicySpec, PodDeletionSpec};
 
 /// The DRA driver name whose claims mark a pod as a GPU pod.
 pub const DRA_DRIVER: &str = "gpu.amd.com";
@@ -537,6 +546,180 @@ fn budget_of(status: &kube::core::Status) -> Option<String> {
                 .and_then(|rest| rest.split_whitespace().next())
                 .map(str::to_owned)
         })
+}
+
+// ---------------------------------------------------------------------------
+// The runner: the drains one leadership term runs, one per node, for the
+// driver upgrades, partition changes and remediation alike.
+
+/// How a drain of a node stands.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub enum DrainOutcome {
+    Running,
+    Done,
+    Failed(String),
+}
+
+/// What a drain is for: one node is drained for one change at a time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Purpose {
+    Upgrade,
+    Partition,
+    Remediation,
+}
+
+/// A drain this leader runs for one node.
+struct RunningDrain {
+    config: ConfigKey,
+    purpose: Purpose,
+    progress: watch::Receiver<DrainProgress>,
+    _task: AbortOnDropHandle<()>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum DrainProgress {
+    /// Still going; what keeps the pods that are left, when it waits.
+    Running(Vec<String>),
+    Done,
+    Failed(String),
+}
+
+/// The drains of one leadership term, and how a drain that moves wakes the
+/// reconciler.
+pub struct Drains {
+    /// Evictions go through a client that does not retry (see [`drain`]).
+    eviction_client: Client,
+    trigger: mpsc::UnboundedSender<ObjectRef<DeviceConfig>>,
+    drains: Mutex<HashMap<String, RunningDrain>>,
+}
+
+impl Drains {
+    /// The drains of a new term, and the stream of DeviceConfigs to
+    /// reconcile because one of their drains moved.
+    pub fn new(
+        eviction_client: Client,
+    ) -> (
+        Self,
+        impl futures::Stream<Item = ObjectRef<DeviceConfig>> + use<>,
+    ) {
+        let (trigger, rx) = mpsc::unbounded_channel();
+        let drains = Self {
+            eviction_client,
+            trigger,
+            drains: Mutex::new(HashMap::new()),
+        };
+        (
+            drains,
+            tokio_stream::wrappers::UnboundedReceiverStream::new(rx),
+        )
+    }
+
+    /// How `config`'s drain of `node` for `purpose` stands, if it runs one.
+    pub fn outcome(
+        &self,
+        config: &ConfigKey,
+        purpose: Purpose,
+        node: &str,
+    ) -> Option<(DrainOutcome, Vec<String>)> {
+        let drains = self.drains.lock().ok()?;
+        let drain = drains
+            .get(node)
+            .filter(|d| d.config == *config && d.purpose == purpose)?;
+        let progress = drain.progress.borrow().clone();
+        Some(match progress {
+            DrainProgress::Running(blocked) => (DrainOutcome::Running, blocked),
+            DrainProgress::Done => (DrainOutcome::Done, Vec::new()),
+            DrainProgress::Failed(why) => (DrainOutcome::Failed(why), Vec::new()),
+        })
+    }
+
+    /// Starts draining `node` for `purpose` unless a drain of it runs already.
+    pub fn start(
+        &self,
+        guard: &LeaderGuard,
+        dc: &DeviceConfig,
+        purpose: Purpose,
+        node: &str,
+        policy: DrainPolicy,
+    ) {
+        let Ok(mut drains) = self.drains.lock() else {
+            return;
+        };
+        if drains.contains_key(node) {
+            return;
+        }
+        let (tx, progress) = watch::channel(DrainProgress::Running(Vec::new()));
+        let (client, guard, trigger) = (
+            self.eviction_client.clone(),
+            guard.clone(),
+            self.trigger.clone(),
+        );
+        let wake = ObjectRef::from_obj(dc);
+        let name = node.to_owned();
+        let task = tokio::spawn(async move {
+            tracing::info!(node = %name, "draining the node's GPU pods");
+            let on_wait = |blocked: &[Blocked]| {
+                let now: Vec<String> = blocked.iter().map(ToString::to_string).collect();
+                let changed = tx.send_if_modified(|p| {
+                    let differs = *p != DrainProgress::Running(now.clone());
+                    *p = DrainProgress::Running(now.clone());
+                    differs
+                });
+                if changed {
+                    let _ = trigger.send(wake.clone());
+                }
+            };
+            let ended = match drain(&client, &name, &policy, &guard, on_wait).await {
+                Ok(report) if report.succeeded() => DrainProgress::Done,
+                Ok(report) => DrainProgress::Failed(format!(
+                    "the drain gave up: {}",
+                    report
+                        .blocked
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                )),
+                Err(e) => DrainProgress::Failed(e.to_string()),
+            };
+            tracing::info!(node = %name, outcome = ?ended, "drain ended");
+            tx.send_replace(ended);
+            let _ = trigger.send(wake);
+        });
+        drains.insert(
+            node.to_owned(),
+            RunningDrain {
+                config: ConfigKey::of(dc),
+                purpose,
+                progress,
+                _task: AbortOnDropHandle::new(task),
+            },
+        );
+    }
+
+    /// Stops and forgets the drains of `config` for `purpose` but those of
+    /// `draining`.
+    pub fn prune(&self, config: &ConfigKey, purpose: Purpose, draining: &[String]) {
+        if let Ok(mut drains) = self.drains.lock() {
+            drains.retain(|node, d| {
+                d.config != *config || d.purpose != purpose || draining.contains(node)
+            });
+        }
+    }
+
+    /// Stops the drain of `node` for `purpose`, if one runs.
+    pub fn stop(&self, node: &str, purpose: Purpose) {
+        if let Ok(mut drains) = self.drains.lock() {
+            drains.retain(|n, d| n != node || d.purpose != purpose);
+        }
+    }
+
+    /// Stops every drain of `config`: its changes stopped applying.
+    pub fn stop_all(&self, config: &ConfigKey) {
+        self.prune(config, Purpose::Upgrade, &[]);
+        self.prune(config, Purpose::Partition, &[]);
+        self.prune(config, Purpose::Remediation, &[]);
+    }
 }
 
 #[cfg(test)]

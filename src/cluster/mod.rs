@@ -340,9 +340,10 @@ pub async fn reconcile_until_cancelled(
         .eviction_client
         .clone()
         .map_or_else(|| client.clone(), |c| c.0);
-    let (upgrades, drain_moved) = Upgrades::new(eviction_client, config.upgrade_timeouts);
+    let (drains, drain_moved) = drain::Drains::new(eviction_client);
     let mut context = Context::new(client, nodes, configs.clone(), guard, recorder);
-    context.upgrades = upgrades;
+    context.upgrades = Upgrades::new(config.upgrade_timeouts);
+    context.drains = drains;
     context.remediations = remediator::Remediations::new(config.remediation_confirm);
     context.status_interval = config.status_interval;
     context.teardown_timeout = config.teardown_timeout;

@@ -26,10 +26,11 @@ use k8s_openapi::api::core::v1::{Node, Taint};
 use kube::runtime::events::EventType;
 use kube::{Api, ResourceExt};
 
+use super::drain::DrainOutcome;
 use super::drain::DrainPolicy;
+use super::drain::Purpose;
 use super::reconcile::{Context, Error};
-use super::upgrade::DrainOutcome;
-use super::upgrader::{Purpose, guarded, node_error, node_event_for};
+use super::upgrader::{guarded, node_error, node_event_for};
 use crate::api::agent_status::ConfigKey;
 use crate::api::semantics::Operand;
 use crate::api::{DeviceConfig, DrainSpec};
@@ -79,8 +80,8 @@ pub async fn reconcile(
             LeaderStep::Nothing => {}
             LeaderStep::Start { .. }
                 if ctx
-                    .upgrades
-                    .drain_outcome(&key, Purpose::Partition, &name)
+                    .drains
+                    .outcome(&key, Purpose::Partition, &name)
                     .is_some() =>
             {
                 // Started already; the cache has not caught up with the record.
@@ -106,23 +107,18 @@ pub async fn reconcile(
                     format!("cordoned and draining the GPU pods for profile {profile}"),
                 )
                 .await;
-                ctx.upgrades
-                    .start_drain(ctx, dc, Purpose::Partition, &name, drain_policy());
+                ctx.drains
+                    .start(&ctx.guard, dc, Purpose::Partition, &name, drain_policy());
                 draining.push(name);
             }
             LeaderStep::Drain => {
                 let Some(record) = record else { continue };
-                match ctx.upgrades.drain_outcome(&key, Purpose::Partition, &name) {
+                match ctx.drains.outcome(&key, Purpose::Partition, &name) {
                     None => {
                         // A drain this term did not start (the last leader's):
                         // resumed, never restarted from scratch by a record.
-                        ctx.upgrades.start_drain(
-                            ctx,
-                            dc,
-                            Purpose::Partition,
-                            &name,
-                            drain_policy(),
-                        );
+                        ctx.drains
+                            .start(&ctx.guard, dc, Purpose::Partition, &name, drain_policy());
                         draining.push(name);
                     }
                     Some((DrainOutcome::Running, _)) => draining.push(name),
@@ -184,8 +180,7 @@ pub async fn reconcile(
             wake = Some(Duration::from_secs(30));
         }
     }
-    ctx.upgrades
-        .prune_drains(&key, Purpose::Partition, &draining);
+    ctx.drains.prune(&key, Purpose::Partition, &draining);
     Ok(wake)
 }
 
@@ -211,7 +206,7 @@ pub async fn release_all(nodes: &[Arc<Node>], ctx: &Context) -> Result<(), Error
 /// that dies midway still finds whose cordon it is.
 async fn release(ctx: &Context, node: &Node, profile: &str, uncordon: bool) -> Result<(), Error> {
     let name = node.name_any();
-    ctx.upgrades.stop_drain(&name, Purpose::Partition);
+    ctx.drains.stop(&name, Purpose::Partition);
     cordon(ctx, &name, profile, false, uncordon).await?;
     write_record(ctx, node, None).await
 }

@@ -87,8 +87,10 @@ pub struct Context {
     /// Look up the Secrets a DeviceConfig names too (see
     /// [`super::ClusterConfig::check_secret_references`]).
     pub check_secret_references: bool,
-    /// This term's driver upgrades: running drains, records written.
+    /// This term's driver upgrades: the records written.
     pub upgrades: Upgrades,
+    /// This term's drains, of upgrades, partition changes and remediation.
+    pub drains: super::drain::Drains,
     /// This term's remediation notices and pace.
     pub remediations: super::remediator::Remediations,
     /// The Node cache has finished its first list (see [`Context::nodes_ready`]).
@@ -115,7 +117,8 @@ impl Context {
     ) -> Self {
         // Without a caller's own (see `super::reconcile_until_cancelled`),
         // drains evict through the main client and wake nobody early.
-        let (upgrades, _) = Upgrades::new(client.clone(), Timeouts::default());
+        let (drains, _) = super::drain::Drains::new(client.clone());
+        let upgrades = Upgrades::new(Timeouts::default());
         Self {
             client,
             nodes,
@@ -129,6 +132,7 @@ impl Context {
             owned_services: None,
             check_secret_references: false,
             upgrades,
+            drains,
             remediations: super::remediator::Remediations::default(),
             nodes_listed: std::sync::atomic::AtomicBool::new(false),
             device_class: Mutex::new(None),
@@ -276,7 +280,7 @@ pub async fn reconcile(dc: Arc<DeviceConfig>, ctx: Arc<Context>) -> Result<Actio
         upgrader::reconcile(&dc, &selected_nodes, &ctx).await?
     } else {
         // Nothing moves while the spec is invalid: no pod is evicted for it.
-        ctx.upgrades.stop_drains(&key);
+        ctx.drains.stop_all(&key);
         None
     };
     // 5b. Partition changes (configManager), on the same terms; with
@@ -793,7 +797,7 @@ async fn tear_down(
     }
     let key = ConfigKey::of(dc);
     // A DeviceConfig being deleted evicts nothing more while it waits.
-    ctx.upgrades.stop_drains(&key);
+    ctx.drains.stop_all(&key);
     let since_deletion = dc
         .metadata
         .deletion_timestamp

@@ -28,10 +28,11 @@ use k8s_openapi::jiff::Timestamp;
 use kube::runtime::events::EventType;
 use kube::{Api, ResourceExt};
 
+use super::drain::DrainOutcome;
 use super::drain::DrainPolicy;
+use super::drain::Purpose;
 use super::reconcile::{Context, Error};
-use super::upgrade::DrainOutcome;
-use super::upgrader::{Purpose, guarded, node_error, node_event_for};
+use super::upgrader::{guarded, node_error, node_event_for};
 use crate::api::agent_status::{AgentStatus, ConfigKey, STATUS_ANNOTATION};
 use crate::api::remediation_status::{self, RunEntry, Runs};
 use crate::api::syntax::parse_count_or_percent;
@@ -291,8 +292,8 @@ pub fn facts_of(node: &Node, rw: &RemediationWorkflowSpec, drain: Option<DrainSt
 
 /// How this term's drain of `node` stands.
 fn drain_of(ctx: &Context, key: &ConfigKey, node: &str) -> Option<DrainState> {
-    ctx.upgrades
-        .drain_outcome(key, Purpose::Remediation, node)
+    ctx.drains
+        .outcome(key, Purpose::Remediation, node)
         .map(|(outcome, _)| match outcome {
             DrainOutcome::Running => DrainState::Running,
             DrainOutcome::Done => DrainState::Done,
@@ -309,7 +310,7 @@ pub async fn reconcile(
     let key = ConfigKey::of(dc);
     let rw = &dc.spec.remediation_workflow;
     if !rw.is_enabled() {
-        ctx.upgrades.prune_drains(&key, Purpose::Remediation, &[]);
+        ctx.drains.prune(&key, Purpose::Remediation, &[]);
         release_all(dc, nodes, ctx).await?;
         return Ok(Summary::default());
     }
@@ -450,8 +451,7 @@ async fn advance(
             summary.wake = Some(summary.wake.map_or(wake, |w: Duration| w.min(wake)));
         }
     }
-    ctx.upgrades
-        .prune_drains(&key, Purpose::Remediation, &draining);
+    ctx.drains.prune(&key, Purpose::Remediation, &draining);
     sync_runs(dc, nodes, ctx).await?;
     if !draining.is_empty() {
         // Drains report their end themselves; a slow look covers a lost wake-up.
@@ -666,10 +666,10 @@ async fn carry_out(
     }
     match decision.drain {
         DrainOrder::Start => {
-            ctx.upgrades
-                .start_drain(ctx, dc, Purpose::Remediation, &name, drains.clone());
+            ctx.drains
+                .start(&ctx.guard, dc, Purpose::Remediation, &name, drains.clone());
         }
-        DrainOrder::Stop => ctx.upgrades.stop_drain(&name, Purpose::Remediation),
+        DrainOrder::Stop => ctx.drains.stop(&name, Purpose::Remediation),
         DrainOrder::Keep => {}
     }
     let writer = NodeWriter::new(Api::all(ctx.client.clone()), name.clone());
@@ -729,7 +729,7 @@ pub async fn release_all(
             continue;
         };
         let name = node.name_any();
-        ctx.upgrades.stop_drain(&name, Purpose::Remediation);
+        ctx.drains.stop(&name, Purpose::Remediation);
         if run.quarantined {
             set_taints(ctx, &name, &taints_for(rw, &run.condition), false).await?;
         }

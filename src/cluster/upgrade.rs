@@ -147,13 +147,7 @@ impl Policy {
     }
 }
 
-/// How a drain the caller ran for the node ended.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub enum DrainOutcome {
-    Running,
-    Done,
-    Failed(String),
-}
+pub use super::drain::DrainOutcome;
 
 /// Everything the planner knows of one node.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]

@@ -46,12 +46,9 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Taint};
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::events::{Event, EventType};
-use kube::runtime::reflector::ObjectRef;
-use kube::{Api, Client, Resource, ResourceExt};
-use tokio::sync::{mpsc, watch};
-use tokio_util::task::AbortOnDropHandle;
+use kube::{Api, Resource, ResourceExt};
 
-use super::drain::{self, Blocked, DrainPolicy};
+use super::drain::{DrainPolicy, Purpose};
 use super::reconcile::{Context, Error};
 use super::upgrade::{self, Action, Decision, DrainOutcome, NodeFacts, Policy, Timeouts};
 use crate::api::agent_status::{
@@ -69,14 +66,9 @@ const CONCURRENT_NODES: usize = 16;
 /// When to look again after a write failed.
 const RETRY_AFTER: Duration = Duration::from_secs(5);
 
-/// The upgrade work of one leadership term: the drains it runs, the records
-/// it wrote, and how a drain that moves wakes the reconciler.
+/// The upgrade work of one leadership term: the records it wrote (its
+/// drains are [`super::drain::Drains`]).
 pub struct Upgrades {
-    /// Evictions go through a client that does not retry (see
-    /// [`drain::drain`]).
-    eviction_client: Client,
-    trigger: mpsc::UnboundedSender<ObjectRef<DeviceConfig>>,
-    drains: Mutex<HashMap<String, RunningDrain>>,
     /// Node → the record this term last wrote, or tried to.
     written: Mutex<HashMap<String, Written>>,
     pub timeouts: Timeouts,
@@ -94,52 +86,13 @@ struct Written {
     confirmed: bool,
 }
 
-/// What a drain is for: one node is drained for one change at a time.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Purpose {
-    Upgrade,
-    Partition,
-    Remediation,
-}
-
-/// A drain this leader runs for one node.
-struct RunningDrain {
-    config: ConfigKey,
-    purpose: Purpose,
-    progress: watch::Receiver<DrainProgress>,
-    _task: AbortOnDropHandle<()>,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-enum DrainProgress {
-    /// Still going; what keeps the pods that are left, when it waits.
-    Running(Vec<String>),
-    Done,
-    Failed(String),
-}
-
 impl Upgrades {
-    /// The upgrade state of a new term, and the stream of DeviceConfigs to
-    /// reconcile because one of their drains moved.
-    pub fn new(
-        eviction_client: Client,
-        timeouts: Timeouts,
-    ) -> (
-        Self,
-        impl futures::Stream<Item = ObjectRef<DeviceConfig>> + use<>,
-    ) {
-        let (trigger, rx) = mpsc::unbounded_channel();
-        let upgrades = Self {
-            eviction_client,
-            trigger,
-            drains: Mutex::new(HashMap::new()),
+    /// The upgrade state of a new term.
+    pub fn new(timeouts: Timeouts) -> Self {
+        Self {
             written: Mutex::new(HashMap::new()),
             timeouts,
-        };
-        (
-            upgrades,
-            tokio_stream::wrappers::UnboundedReceiverStream::new(rx),
-        )
+        }
     }
 
     fn written(&self, node: &str) -> Option<Written> {
@@ -185,113 +138,6 @@ impl Upgrades {
         if let Ok(mut written) = self.written.lock() {
             written.remove(node);
         }
-    }
-
-    /// How `config`'s drain of `node` for `purpose` stands, if it runs one.
-    pub(super) fn drain_outcome(
-        &self,
-        config: &ConfigKey,
-        purpose: Purpose,
-        node: &str,
-    ) -> Option<(DrainOutcome, Vec<String>)> {
-        let drains = self.drains.lock().ok()?;
-        let drain = drains
-            .get(node)
-            .filter(|d| d.config == *config && d.purpose == purpose)?;
-        let progress = drain.progress.borrow().clone();
-        Some(match progress {
-            DrainProgress::Running(blocked) => (DrainOutcome::Running, blocked),
-            DrainProgress::Done => (DrainOutcome::Done, Vec::new()),
-            DrainProgress::Failed(why) => (DrainOutcome::Failed(why), Vec::new()),
-        })
-    }
-
-    /// Starts draining `node` for `purpose` unless a drain of it runs already.
-    pub(super) fn start_drain(
-        &self,
-        ctx: &Context,
-        dc: &DeviceConfig,
-        purpose: Purpose,
-        node: &str,
-        policy: DrainPolicy,
-    ) {
-        let Ok(mut drains) = self.drains.lock() else {
-            return;
-        };
-        if drains.contains_key(node) {
-            return;
-        }
-        let (tx, progress) = watch::channel(DrainProgress::Running(Vec::new()));
-        let (client, guard, trigger) = (
-            self.eviction_client.clone(),
-            ctx.guard.clone(),
-            self.trigger.clone(),
-        );
-        let wake = ObjectRef::from_obj(dc);
-        let name = node.to_owned();
-        let task = tokio::spawn(async move {
-            tracing::info!(node = %name, "draining the node's GPU pods");
-            let on_wait = |blocked: &[Blocked]| {
-                let now: Vec<String> = blocked.iter().map(ToString::to_string).collect();
-                let changed = tx.send_if_modified(|p| {
-                    let differs = *p != DrainProgress::Running(now.clone());
-                    *p = DrainProgress::Running(now.clone());
-                    differs
-                });
-                if changed {
-                    let _ = trigger.send(wake.clone());
-                }
-            };
-            let ended = match drain::drain(&client, &name, &policy, &guard, on_wait).await {
-                Ok(report) if report.succeeded() => DrainProgress::Done,
-                Ok(report) => DrainProgress::Failed(format!(
-                    "the drain gave up: {}",
-                    report
-                        .blocked
-                        .iter()
-                        .map(ToString::to_string)
-                        .collect::<Vec<_>>()
-                        .join("; ")
-                )),
-                Err(e) => DrainProgress::Failed(e.to_string()),
-            };
-            tracing::info!(node = %name, outcome = ?ended, "drain ended");
-            tx.send_replace(ended);
-            let _ = trigger.send(wake);
-        });
-        drains.insert(
-            node.to_owned(),
-            RunningDrain {
-                config: ConfigKey::of(dc),
-                purpose,
-                progress,
-                _task: AbortOnDropHandle::new(task),
-            },
-        );
-    }
-
-    /// Stops and forgets the drains of `config` for `purpose` but those of
-    /// `draining`.
-    pub(super) fn prune_drains(&self, config: &ConfigKey, purpose: Purpose, draining: &[String]) {
-        if let Ok(mut drains) = self.drains.lock() {
-            drains.retain(|node, d| {
-                d.config != *config || d.purpose != purpose || draining.contains(node)
-            });
-        }
-    }
-
-    /// Stops the drain of `node` for `purpose`, if one runs.
-    pub(super) fn stop_drain(&self, node: &str, purpose: Purpose) {
-        if let Ok(mut drains) = self.drains.lock() {
-            drains.retain(|n, d| n != node || d.purpose != purpose);
-        }
-    }
-
-    /// Stops every drain of `config`: its upgrade stopped applying.
-    pub fn stop_drains(&self, config: &ConfigKey) {
-        self.prune_drains(config, Purpose::Upgrade, &[]);
-        self.prune_drains(config, Purpose::Partition, &[]);
-        self.prune_drains(config, Purpose::Remediation, &[]);
     }
 }
 
@@ -555,8 +401,8 @@ pub async fn reconcile(
             let name = node.name_any();
             let record = upgrades.record_of(node);
             let drain =
-                upgrades
-                    .drain_outcome(&key, Purpose::Upgrade, &name)
+                ctx.drains
+                    .outcome(&key, Purpose::Upgrade, &name)
                     .map(|(outcome, blocked)| {
                         blocked_by.insert(name.clone(), blocked);
                         outcome
@@ -670,7 +516,7 @@ pub async fn reconcile(
         .filter(|(_, state)| **state == Some(UpgradeState::Started))
         .map(|(name, _)| (*name).to_owned())
         .collect();
-    upgrades.prune_drains(&key, Purpose::Upgrade, &draining);
+    ctx.drains.prune(&key, Purpose::Upgrade, &draining);
     crate::counters::set_upgrade_nodes(&key.to_string(), plan.counts.clone());
     if !released {
         wake = Some(wake.map_or(RETRY_AFTER, |w| w.min(RETRY_AFTER)));
@@ -682,7 +528,7 @@ pub async fn reconcile(
 /// or the DeviceConfig is deleted): its drains stop, every Node gives back
 /// what the upgrade holds, and its counts go.
 pub async fn stop(key: &ConfigKey, ctx: &Context) -> Result<(), Error> {
-    ctx.upgrades.prune_drains(key, Purpose::Upgrade, &[]);
+    ctx.drains.prune(key, Purpose::Upgrade, &[]);
     crate::counters::set_upgrade_nodes(&key.to_string(), BTreeMap::new());
     if release_all(key, &[], ctx).await? {
         Ok(())
@@ -772,10 +618,13 @@ async fn carry_out(
                     }
                 }
             }
-            Action::Drain => {
-                ctx.upgrades
-                    .start_drain(ctx, dc, Purpose::Upgrade, &name, drain_policy.clone())
-            }
+            Action::Drain => ctx.drains.start(
+                &ctx.guard,
+                dc,
+                Purpose::Upgrade,
+                &name,
+                drain_policy.clone(),
+            ),
             Action::Tell { .. } | Action::Release { .. } | Action::ForgetCordon => {}
         }
     }
@@ -947,7 +796,7 @@ async fn release(key: &ConfigKey, name: &str, ctx: &Context) -> Result<(), Error
         ctx.upgrades.forget(name);
         return Ok(());
     };
-    ctx.upgrades.stop_drain(name, Purpose::Upgrade);
+    ctx.drains.stop(name, Purpose::Upgrade);
     let intent = CordonIntent {
         unschedulable: record.holds_cordon().then_some(false),
         taints: vec![upgrade_taint()],
