@@ -296,22 +296,14 @@ pub fn start(
 ) -> Decision {
     let mut record = pruned(&facts.record, now);
     let approval = !policy.auto_start && !candidate.forced;
+    let phase = if approval {
+        Phase::AwaitingApproval
+    } else {
+        Phase::Draining
+    };
     let run = Run {
         condition: candidate.condition.clone(),
-        phase: if approval {
-            Phase::AwaitingApproval
-        } else {
-            Phase::Draining
-        },
-        started: now.to_string(),
-        since: now.to_string(),
-        entry: candidate.entry.clone(),
-        quarantined: !approval,
-        reboot_from: None,
-        test: None,
-        checks: 0,
-        last_check: None,
-        reason: None,
+        ..Run::begin(&candidate.entry, phase, !approval, &now.to_string())
     };
     record.attempts.push(Attempt {
         condition: candidate.condition.clone(),
@@ -753,17 +745,8 @@ fn idle_step(facts: &NodeFacts, mapping: &Mapping, now: Timestamp) -> NodeStep {
             entry.max_runs()
         );
         record.run = Some(Run {
-            condition: condition.clone(),
-            phase: Phase::Held,
-            started: now.to_string(),
-            since: now.to_string(),
-            entry: entry.clone(),
-            quarantined: true,
-            reboot_from: None,
-            test: None,
-            checks: 0,
-            last_check: None,
             reason: Some(why.clone()),
+            ..Run::begin(entry, Phase::Held, true, &now.to_string())
         });
         return NodeStep::Act(Box::new(Decision {
             record: Some(record),

@@ -90,6 +90,25 @@ pub struct Run {
     pub reason: Option<String>,
 }
 
+impl Run {
+    /// A run of `entry` beginning at `now` (RFC 3339) in `phase`.
+    pub fn begin(entry: &Entry, phase: Phase, quarantined: bool, now: &str) -> Self {
+        Self {
+            condition: entry.node_condition.clone(),
+            phase,
+            started: now.to_owned(),
+            since: now.to_owned(),
+            entry: entry.clone(),
+            quarantined,
+            reboot_from: None,
+            test: None,
+            checks: 0,
+            last_check: None,
+            reason: None,
+        }
+    }
+}
+
 /// A run that started, for the recovery policy and the
 /// RemediationWorkflowStatus.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
