@@ -24,6 +24,14 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
+/// A command line given to this program (a flag's value): split at
+/// whitespace, no shell. `what` names it when it is empty.
+pub fn split_line(text: &str, what: &str) -> Result<(PathBuf, Vec<OsString>), String> {
+    let mut words = text.split_whitespace();
+    let program = words.next().ok_or_else(|| format!("{what} is empty"))?;
+    Ok((PathBuf::from(program), words.map(OsString::from).collect()))
+}
+
 /// What to run.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Invocation {

@@ -92,6 +92,14 @@ pub struct AgentArgs {
     /// host's mount namespace (needs hostPID and CAP_SYS_ADMIN in a pod).
     #[arg(long, value_name = "COMMAND", value_parser = crate::driver::reboot::RebootCommand::parse)]
     pub reboot_command: Option<crate::driver::reboot::RebootCommand>,
+    /// How one GPU is reset when its remediation's entry says
+    /// `gpuResetFirst`: `debugfs` reads amdgpu's
+    /// /sys/kernel/debug/dri/<GPU>/amdgpu_gpu_recover under --host-root
+    /// (debugfs must be mounted there); anything else is a command, split at
+    /// spaces, run with the GPU's PCI address as its last argument (e.g.
+    /// "amd-smi reset -G -g" wrapped in a script that maps the address).
+    #[arg(long, value_name = "debugfs|COMMAND", default_value = "debugfs", value_parser = crate::driver::gpu_reset::GpuReset::parse)]
+    pub gpu_reset: crate::driver::gpu_reset::GpuReset,
     #[command(flatten)]
     pub upgrade_timeouts: UpgradeTimeoutArgs,
     #[command(flatten)]
@@ -162,9 +170,12 @@ pub fn run(args: AgentArgs) -> ExitCode {
             dra_device_taints: args.dra_device_taints,
             rescan_interval: args.sampling.rescan_interval,
             sampling: args.sampling.sampling(),
-            driver: args
-                .driver
-                .manager_config(reboot_command(args.reboot_command)),
+            driver: crate::driver::manager::ManagerConfig {
+                gpu_reset: args.gpu_reset,
+                ..args
+                    .driver
+                    .manager_config(reboot_command(args.reboot_command))
+            },
         };
         match crate::agent::run(client, config, shutdown_on_signals()).await {
             Ok(()) => ExitCode::SUCCESS,

@@ -67,6 +67,9 @@ pub struct DrainPolicy {
     /// Termination grace period; `None` keeps each pod's own.
     pub grace_period_seconds: Option<u32>,
     pub ignore_namespaces: BTreeSet<String>,
+    /// Only these pods, when set: a GPU reset evicts just the pods that
+    /// hold the one faulty GPU.
+    pub only: Option<BTreeSet<PodKey>>,
 }
 
 impl DrainPolicy {
@@ -88,6 +91,7 @@ impl DrainPolicy {
             timeout: timeout(spec.timeout_seconds),
             grace_period_seconds: grace(spec.grace_period_seconds),
             ignore_namespaces: spec.ignore_namespaces.iter().cloned().collect(),
+            only: None,
         }
     }
 
@@ -98,6 +102,7 @@ impl DrainPolicy {
             timeout: timeout(spec.timeout_seconds),
             grace_period_seconds: grace(spec.grace_period_seconds),
             ignore_namespaces: BTreeSet::new(),
+            only: None,
         }
     }
 }
@@ -279,11 +284,18 @@ pub enum Next {
 }
 
 /// The pods the drain must remove: GPU pods that are not DaemonSet or mirror
-/// pods, not in an ignored namespace, and not finished.
+/// pods, not in an ignored namespace, not finished, and among
+/// [`DrainPolicy::only`] when it is set.
 pub fn to_drain<'a>(pods: &'a [PodFacts], policy: &DrainPolicy) -> Vec<&'a PodFacts> {
     pods.iter()
         .filter(|p| p.gpu.is_some() && !p.daemon_set && !p.mirror && !p.finished)
         .filter(|p| !policy.ignore_namespaces.contains(&p.namespace))
+        .filter(|p| {
+            policy
+                .only
+                .as_ref()
+                .is_none_or(|only| only.contains(&p.key()))
+        })
         .collect()
 }
 
@@ -806,6 +818,23 @@ mod tests {
         assert_eq!(
             next_step(&pods, &policy, &Refusals::new(), Duration::ZERO),
             Next::Done
+        );
+    }
+
+    #[test]
+    fn a_drain_limited_to_some_pods_removes_only_those() {
+        let mut policy = policy();
+        let pods = vec![gpu_pod("train", Some("Job")), gpu_pod("infer", Some("Job"))];
+        policy.only = Some(BTreeSet::from([("ml".to_owned(), "train".to_owned())]));
+        let Next::Remove(keys) = next_step(&pods, &policy, &Refusals::new(), Duration::ZERO) else {
+            panic!("the listed pod is to go");
+        };
+        assert_eq!(keys, [("ml".to_owned(), "train".to_owned())]);
+        policy.only = Some(BTreeSet::new());
+        assert_eq!(
+            next_step(&pods, &policy, &Refusals::new(), Duration::ZERO),
+            Next::Done,
+            "no pod on the GPU: nothing to drain"
         );
     }
 

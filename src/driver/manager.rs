@@ -120,6 +120,9 @@ pub struct ManagerConfig {
     /// How the node is rebooted when its upgrade asks; `None`: it is not
     /// (a reboot request then fails, `RebootFailed`).
     pub reboot: Option<RebootCommand>,
+    /// How one GPU is reset when its remediation asks (used by the agent's
+    /// remediation task, configured with the reboot).
+    pub gpu_reset: super::gpu_reset::GpuReset,
     /// How often a refused or failed load is looked at again.
     pub recheck: Duration,
 }
@@ -130,6 +133,7 @@ impl Default for ManagerConfig {
             store: DEFAULT_STORE.to_owned(),
             commands: LoadCommands::default(),
             reboot: None,
+            gpu_reset: super::gpu_reset::GpuReset::default(),
             recheck: Duration::from_secs(60),
         }
     }

@@ -8,7 +8,7 @@
 //! driver, keeps the amdgpu blacklist ([`blacklist`]), replaces an
 //! out-of-tree driver once nothing holds it ([`holders`]), follows the
 //! target of the node's rolling upgrade and reboots when it asks
-//! ([`reboot`]). Bundles come into the store from a directory configuration
+//! ([`reboot`]); one GPU is reset when its remediation asks ([`gpu_reset`]). Bundles come into the store from a directory configuration
 //! management fills, or ([`source`]) from the reference's precompiled driver
 //! images and from sha256-pinned tarballs (`driver import`, `driver fetch`).
 //! The cluster-wide upgrade is the leader's (`cluster::upgrade`).
@@ -21,6 +21,7 @@
 pub mod blacklist;
 pub mod bundle;
 pub mod condition;
+pub mod gpu_reset;
 pub mod holders;
 pub mod load;
 pub mod manager;

@@ -38,13 +38,10 @@ impl RebootCommand {
     /// A command line, split at whitespace (`nsenter --target 1 --all
     /// systemctl reboot`); an empty one is refused.
     pub fn parse(text: &str) -> Result<Self, String> {
-        let mut words = text.split_whitespace();
-        let program = words
-            .next()
-            .ok_or_else(|| "the reboot command is empty".to_owned())?;
+        let (program, args) = command::split_line(text, "the reboot command")?;
         Ok(Self {
-            program: PathBuf::from(program),
-            args: words.map(OsString::from).collect(),
+            program,
+            args,
             timeout: REBOOT_COMMAND_TIMEOUT,
         })
     }

@@ -15,20 +15,12 @@ use gpu_operator::agent::select::Sampling;
 use gpu_operator::device::{Inventory, discover};
 use gpu_operator::health::{HealthConfig, HealthMonitor};
 use gpu_operator::host::HostRoot;
-use gpu_operator::metrics::podresources::v1::pod_resources_lister_server::{
-    PodResourcesLister, PodResourcesListerServer,
-};
-use gpu_operator::metrics::podresources::v1::{
-    AllocatableResourcesRequest, AllocatableResourcesResponse, ContainerDevices,
-    ContainerResources, GetPodResourcesRequest, GetPodResourcesResponse, ListPodResourcesRequest,
-    ListPodResourcesResponse, PodResources,
-};
 use gpu_operator::metrics::{ExporterStatus, MetricsConfig, MetricsService};
 use gpu_operator::service::Slot;
 use gpu_operator::simulate::{self, SimSpec};
+use support::pod_resources::{FakeKubelet, pod, serve_kubelet};
 use support::wait::{self, WAIT};
 use tokio::sync::watch;
-use tonic::{Request, Response, Status};
 
 struct Sim {
     _dir: tempfile::TempDir,
@@ -306,6 +298,7 @@ async fn pod_uuid_and_extra_pod_labels_come_from_the_api_server() {
         &socket,
         FakeKubelet {
             pods: vec![pod("infer", "amd.com/gpu", &["0000:27:00.0"])],
+            ..FakeKubelet::default()
         },
     )
     .await;
@@ -541,72 +534,6 @@ async fn a_hung_file_costs_one_value_and_scrapes_still_answer() {
     running.slot.stop().await;
 }
 
-/// The kubelet's side of the PodResources API, answering `List` with a fixed
-/// allocation.
-struct FakeKubelet {
-    pods: Vec<PodResources>,
-}
-
-#[tonic::async_trait]
-impl PodResourcesLister for FakeKubelet {
-    async fn list(
-        &self,
-        _: Request<ListPodResourcesRequest>,
-    ) -> Result<Response<ListPodResourcesResponse>, Status> {
-        Ok(Response::new(ListPodResourcesResponse {
-            pod_resources: self.pods.clone(),
-        }))
-    }
-
-    async fn get_allocatable_resources(
-        &self,
-        _: Request<AllocatableResourcesRequest>,
-    ) -> Result<Response<AllocatableResourcesResponse>, Status> {
-        Err(Status::unimplemented("not needed"))
-    }
-
-    async fn get(
-        &self,
-        _: Request<GetPodResourcesRequest>,
-    ) -> Result<Response<GetPodResourcesResponse>, Status> {
-        Err(Status::unimplemented("not needed"))
-    }
-}
-
-fn pod(name: &str, resource: &str, ids: &[&str]) -> PodResources {
-    PodResources {
-        name: name.into(),
-        namespace: "ml".into(),
-        containers: vec![ContainerResources {
-            name: "main".into(),
-            devices: vec![ContainerDevices {
-                resource_name: resource.into(),
-                device_ids: ids.iter().map(|s| s.to_string()).collect(),
-                topology: None,
-            }],
-            ..ContainerResources::default()
-        }],
-    }
-}
-
-/// Serves `kubelet` on `socket` until the returned sender is dropped.
-async fn serve_kubelet(socket: &Path, kubelet: FakeKubelet) -> tokio::sync::oneshot::Sender<()> {
-    let listener = tokio::net::UnixListener::bind(socket).unwrap();
-    let incoming = futures::stream::unfold(listener, |listener| async move {
-        let accepted = listener.accept().await.map(|(stream, _)| stream);
-        Some((accepted, listener))
-    });
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(PodResourcesListerServer::new(kubelet))
-            .serve_with_incoming_shutdown(incoming, async {
-                let _ = stopped.await;
-            }),
-    );
-    stop
-}
-
 #[tokio::test]
 async fn pods_from_the_kubelet_label_their_gpus() {
     let sim = simulated("mi300x", Some("cpx_nps4"));
@@ -627,6 +554,7 @@ async fn pods_from_the_kubelet_label_their_gpus() {
                 pod("infer", "amd.com/gpu", &["0000:27:00.0"]),
                 pod("nic", "example.com/nic", &["0000:05:00.0"]),
             ],
+            ..FakeKubelet::default()
         },
     )
     .await;

@@ -11,6 +11,7 @@ pub mod dra_kubelet;
 pub mod hosts;
 pub mod http;
 pub mod kubelet;
+pub mod pod_resources;
 pub mod promtool;
 pub mod rig;
 pub mod wait;
