@@ -15,6 +15,7 @@ mod support;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 #[path = "fixtures/testrunner/fake_rvs.rs"]
@@ -24,7 +25,9 @@ use gpu_operator::agent::{self, AgentConfig};
 use gpu_operator::api::DeviceConfig;
 use gpu_operator::cluster::lease::LeaseConfig;
 use gpu_operator::cluster::{ClusterConfig, ClusterRole, EvictionClient};
+use gpu_operator::driver::gpu_reset::GpuReset;
 use gpu_operator::host::HostRoot;
+use gpu_operator::metrics::podresources::v1::PodResources;
 use gpu_operator::remediation::RECORD_ANNOTATION;
 use gpu_operator::remediation::plan::Confirm;
 use gpu_operator::simulate::{self, SimSpec};
@@ -33,6 +36,7 @@ use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use support::cluster::{self, NAMESPACE as NS, TestCluster};
+use support::pod_resources::{FakeKubelet, pod, serve_kubelet};
 use support::wait;
 use tokio_util::sync::CancellationToken;
 
@@ -65,10 +69,27 @@ const MAPPING: &str = r#"
   notifyRemediationMessage: "reseat the XGMI bridge"
 "#;
 
+/// Our condition, with the GPU reset first.
+const RESET_FIRST_MAPPING: &str = r#"
+- nodeCondition: AMDGPUUnhealthy
+  workflowTemplate: default-template
+  gpuResetFirst: true
+  validationTestsProfile:
+    framework: RVS
+    recipe: gst_single
+    iterations: 1
+    stopOnFailure: true
+    timeoutSeconds: 30
+"#;
+
 async fn create_mapping(cluster: &TestCluster) {
+    create_mapping_of(cluster, MAPPING).await;
+}
+
+async fn create_mapping_of(cluster: &TestCluster, mapping: &str) {
     let api: Api<ConfigMap> = Api::namespaced(cluster.client(), NS);
     let map: ConfigMap = serde_json::from_value(json!({
-        "metadata": {"name": "remediation"}, "data": {"workflow": MAPPING}
+        "metadata": {"name": "remediation"}, "data": {"workflow": mapping}
     }))
     .unwrap();
     api.create(&PostParams::default(), &map).await.unwrap();
@@ -233,6 +254,11 @@ struct AgentRig {
     tools: PathBuf,
     rvs: fake_rvs::FakeRvs,
     bdf: String,
+    /// The second GPU, the one that stays healthy.
+    other_bdf: String,
+    /// What the kubelet's PodResources `List` answers.
+    kubelet_pods: Arc<Mutex<Vec<PodResources>>>,
+    _kubelet: tokio::sync::oneshot::Sender<()>,
     agent: Option<(
         CancellationToken,
         tokio::task::JoinHandle<Result<(), agent::AgentError>>,
@@ -241,6 +267,10 @@ struct AgentRig {
 
 impl AgentRig {
     async fn start(rvs_modes: &[&str]) -> Self {
+        Self::start_with(rvs_modes, MAPPING, ResetStandIn::Repairs).await
+    }
+
+    async fn start_with(rvs_modes: &[&str], mapping: &str, reset: ResetStandIn) -> Self {
         let cluster = TestCluster::start().await;
         cluster.add_node(cluster::node(NODE, json!({"gpu": "amd"})));
         cluster
@@ -251,13 +281,24 @@ impl AgentRig {
             .unwrap();
         let host = HostRoot::new(dir.path().join("host"));
         simulate::write_host(&host, &SimSpec::new("mi210", Some(2), None).unwrap()).unwrap();
-        let bdf = gpu_operator::device::discover(&host).gpus[0].bdf.clone();
+        let gpus = gpu_operator::device::discover(&host).gpus;
+        let (bdf, other_bdf) = (gpus[0].bdf.clone(), gpus[1].bdf.clone());
         let tools = dir.path().join("tools");
         std::fs::create_dir_all(&tools).unwrap();
         write_reboot(&tools, &host, &bdf);
+        write_gpu_reset(&tools, &host, reset);
         let rvs = fake_rvs::FakeRvs::new();
         rvs.modes(rvs_modes);
-        create_mapping(&cluster).await;
+        create_mapping_of(&cluster, mapping).await;
+        let kubelet_pods = Arc::new(Mutex::new(Vec::new()));
+        let kubelet = serve_kubelet(
+            &dir.path().join("kubelet/pod-resources/kubelet.sock"),
+            FakeKubelet {
+                shared: Some(kubelet_pods.clone()),
+                ..FakeKubelet::default()
+            },
+        )
+        .await;
         cluster
             .apply_device_config(
                 "gpus",
@@ -274,6 +315,9 @@ impl AgentRig {
             tools,
             rvs,
             bdf,
+            other_bdf,
+            kubelet_pods,
+            _kubelet: kubelet,
             agent: None,
         };
         rig.start_agent();
@@ -296,6 +340,10 @@ impl AgentRig {
             )
             .unwrap(),
         );
+        driver.gpu_reset = GpuReset::Command {
+            program: self.tools.join("gpu-reset"),
+            args: Vec::new(),
+        };
         let config = AgentConfig {
             node_name: NODE.into(),
             namespace: None,
@@ -375,9 +423,73 @@ impl AgentRig {
         .await
     }
 
+    /// Waits until the agent published its status with the boot id.
+    async fn agent_reported_its_boot(&self) {
+        self.eventually("the agent reports a boot id", |r| {
+            r.node()["metadata"]["annotations"]["amd.com/gpu-agent-status"]
+                .as_str()
+                .is_some_and(|s| s.contains("bootId"))
+        })
+        .await;
+    }
+
     fn inject_ecc_error(&self) {
         simulate::set_ecc_counts(&self.host, &self.bdf, "umc", 3, 0).unwrap();
     }
+
+    /// Runs GPU pods `train` on the sick GPU and `other` on the healthy
+    /// one: in the API, and in the kubelet's PodResources answer.
+    async fn run_pods_on_both_gpus(&self) {
+        self.cluster
+            .running_gpu_pod("ml", "train", NODE, json!({}))
+            .await;
+        self.cluster
+            .running_gpu_pod("ml", "other", NODE, json!({}))
+            .await;
+        *self.kubelet_pods.lock().unwrap() = vec![
+            pod("train", "amd.com/gpu", &[&self.bdf]),
+            pod("other", "amd.com/gpu", &[&self.other_bdf]),
+        ];
+    }
+
+    /// The GPUs the reset stand-in was run for.
+    fn resets(&self) -> Vec<String> {
+        std::fs::read_to_string(self.tools.join("gpu-reset.log"))
+            .map(|t| t.lines().map(str::to_owned).collect())
+            .unwrap_or_default()
+    }
+}
+
+/// What the GPU reset stand-in does.
+#[derive(Clone, Copy)]
+enum ResetStandIn {
+    /// Gives the GPU it is called for clean RAS counters (the repair).
+    Repairs,
+    /// Fails, as a reset the driver refuses.
+    Fails,
+}
+
+/// The GPU reset stand-in: logs the PCI address it is given (its last
+/// argument), then repairs that GPU or fails.
+fn write_gpu_reset(tools: &Path, host: &HostRoot, reset: ResetStandIn) {
+    use std::os::unix::fs::PermissionsExt;
+    let log = tools.join("gpu-reset.log");
+    let devices = host.path("/sys/bus/pci/devices");
+    let act = match reset {
+        ResetStandIn::Repairs => format!(
+            "ras='{devices}'/\"$1\"/ras/umc_err_count\n\
+             printf 'ue: 0\\nce: 0\\n' > \"$ras.new\" && mv \"$ras.new\" \"$ras\"\n",
+            devices = devices.display()
+        ),
+        ResetStandIn::Fails => "echo 'amdgpu: GPU reset failed' >&2\nexit 1\n".to_owned(),
+    };
+    let body = format!(
+        "#!/bin/sh\necho \"$1\" >> '{log}'\n{act}",
+        log = log.display()
+    );
+    let path = tools.join("gpu-reset");
+    std::fs::write(&path, body).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
 }
 
 /// The reboot stand-in: records the reboot, gives the host a new boot id and
@@ -409,12 +521,7 @@ async fn an_ecc_error_is_remediated_end_to_end_taint_drain_reboot_test_confirm_u
     rig.cluster
         .running_gpu_pod("ml", "train", NODE, json!({}))
         .await;
-    rig.eventually("the agent reports a boot id", |r| {
-        r.node()["metadata"]["annotations"]["amd.com/gpu-agent-status"]
-            .as_str()
-            .is_some_and(|s| s.contains("bootId"))
-    })
-    .await;
+    rig.agent_reported_its_boot().await;
     let boot_before = rig
         .host
         .read_string("/proc/sys/kernel/random/boot_id")
@@ -516,6 +623,88 @@ async fn an_ecc_error_is_remediated_end_to_end_taint_drain_reboot_test_confirm_u
     assert!(count(&now, "started") > count(&started, "started"));
     assert!(count(&now, "succeeded") > count(&started, "succeeded"));
     assert!(gpu_operator::counters::remediation_seconds().count >= 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fault_on_one_gpu_is_reset_evicting_only_its_pods_and_tested_alone_without_a_reboot() {
+    let rig = AgentRig::start_with(&["pass"], RESET_FIRST_MAPPING, ResetStandIn::Repairs).await;
+    let (_stop, _leader) = start_leader(&rig.cluster, "leader-a", fast_confirm());
+    rig.run_pods_on_both_gpus().await;
+    rig.agent_reported_its_boot().await;
+
+    rig.inject_ecc_error();
+    rig.eventually("the AMDGPUUnhealthy condition", |r| {
+        condition_is(&r.node(), "AMDGPUUnhealthy", "True")
+    })
+    .await;
+    rig.eventually("the pod on the sick GPU evicted", |r| {
+        r.cluster.get("v1", "Pod", "ml", "train").is_none()
+    })
+    .await;
+    rig.eventually("released", |r| {
+        let node = r.node();
+        !tainted(&node) && phase_of(&node).is_none() && record_of(&node)["attempts"].is_array()
+    })
+    .await;
+    let node = rig.node();
+    assert!(condition_is(&node, "AMDGPUUnhealthy", "False"));
+    assert!(
+        rig.cluster.get("v1", "Pod", "ml", "other").is_some(),
+        "the pod on the healthy GPU stays"
+    );
+    assert_eq!(rig.cluster.requests().get("create", "pods/eviction"), 1);
+    assert_eq!(
+        rig.resets(),
+        std::slice::from_ref(&rig.bdf),
+        "the sick GPU reset once"
+    );
+    assert_eq!(rig.reboots(), 0, "no reboot");
+    let runs = rig.rvs.invocations();
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    assert!(runs[0].ends_with("gpus=0"), "the reset GPU alone: {runs:?}");
+    event_seen(&rig.cluster, "RemediationGpuReset", &rig.bdf).await;
+    event_seen(&rig.cluster, "RemediationStep", "confined to GPU").await;
+    event_seen(&rig.cluster, "amd-gpu-remediation-succeeded", "").await;
+    assert!(events_with(&rig.cluster, "RemediationEscalated").is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_gpu_reset_escalates_to_draining_and_rebooting_the_node() {
+    let mut rig = AgentRig::start_with(&["pass"], RESET_FIRST_MAPPING, ResetStandIn::Fails).await;
+    let (_stop, _leader) = start_leader(&rig.cluster, "leader-a", fast_confirm());
+    rig.run_pods_on_both_gpus().await;
+    rig.agent_reported_its_boot().await;
+
+    rig.inject_ecc_error();
+    rig.eventually("the reset tried", |r| !r.resets().is_empty())
+        .await;
+    // Escalated: the whole node is drained, then rebooted.
+    rig.eventually("every GPU pod evicted", |r| {
+        r.cluster.get("v1", "Pod", "ml", "other").is_none()
+            && r.cluster.get("v1", "Pod", "ml", "train").is_none()
+    })
+    .await;
+    event_seen(
+        &rig.cluster,
+        "RemediationEscalated",
+        "amdgpu: GPU reset failed",
+    )
+    .await;
+    rig.come_back_from_reboot(1).await;
+    rig.eventually("released", |r| {
+        let node = r.node();
+        !tainted(&node) && phase_of(&node).is_none()
+    })
+    .await;
+    assert_eq!(rig.resets().len(), 1, "one reset tried");
+    assert_eq!(rig.cluster.requests().get("create", "pods/eviction"), 2);
+    let runs = rig.rvs.invocations();
+    assert_eq!(
+        runs.len(),
+        1,
+        "the node's tests after the reboot only: {runs:?}"
+    );
+    assert!(runs[0].ends_with("gpus=0,1"), "every GPU: {runs:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

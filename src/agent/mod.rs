@@ -204,6 +204,10 @@ pub async fn run(
             events: events.clone(),
             reboot: config.driver.reboot.clone(),
             leader: leader.clone(),
+            health: services.health_snapshot.clone(),
+            pod_resources: crate::metrics::pod_resources_socket("", &config.kubelet_dir),
+            gpu_reset: config.driver.gpu_reset.clone(),
+            reader: driver_reader.clone(),
             tests: crate::testrunner::TestRunnerConfig {
                 commands: config.test_commands.clone().unwrap_or_default(),
                 ..crate::testrunner::TestRunnerConfig::for_spec(

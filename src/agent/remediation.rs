@@ -7,6 +7,13 @@
 //!   cluster role and releases the Lease, so that a standby takes over at
 //!   once rather than when the Lease expires: the leader's own node is
 //!   remediated like any other.
+//! - `IsolatingGpu` (`gpuResetFirst`): say which one GPU is at fault, from
+//!   the health monitor, and which pods hold it, from the kubelet's
+//!   PodResources API (device plugin devices and DRA claims alike); no
+//!   answer naming a GPU when none or several are unhealthy.
+//! - `ResettingGpu`: reset that GPU through the driver's recovery interface
+//!   ([`crate::driver::gpu_reset`]), then run the entry's
+//!   `validationTestsProfile` on that GPU only, and answer.
 //! - `Validating` with a request id not answered yet: run the entry's
 //!   `validationTestsProfile` on every GPU of the node, through the test
 //!   runner's own execution ([`crate::testrunner::execute::run_case`]: the
@@ -16,6 +23,8 @@
 //! This module must not write the Node or decide the remediation's steps:
 //! it only answers the record.
 
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Node;
@@ -27,8 +36,13 @@ use tokio_util::task::AbortOnDropHandle;
 
 use crate::api::agent_status::{DriverReport, RemediationTestReport};
 use crate::device::Inventory;
+use crate::driver::gpu_reset::{self, GpuReset};
 use crate::driver::reboot::{self, RebootCommand};
 use crate::events::{EventSink, NodeEvent};
+use crate::health::HealthSnapshot;
+use crate::host::reader::BoundedReader;
+use crate::metrics::podresources::v1::ListPodResourcesResponse;
+use crate::plugin::devices::RESOURCE_NAMESPACE;
 use crate::remediation::mapping::ValidationTestsProfile;
 use crate::remediation::{Phase, Record};
 use crate::testrunner::config::{Framework, TestCase, Trigger};
@@ -48,7 +62,17 @@ pub struct Feeds {
     pub tests: TestRunnerConfig,
     /// The agent's cluster role, if it campaigns: stopped before a reboot.
     pub leader: Arc<tokio::sync::Mutex<Option<super::LeaderRole>>>,
+    /// The health monitor's view: which GPU is at fault.
+    pub health: watch::Receiver<Arc<HealthSnapshot>>,
+    /// The kubelet's PodResources socket: which pods hold that GPU.
+    pub pod_resources: PathBuf,
+    /// How a GPU is reset, and the host reader a debugfs reset goes through.
+    pub gpu_reset: GpuReset,
+    pub reader: BoundedReader,
 }
+
+/// How long the kubelet may take to list pod resources.
+const POD_RESOURCES_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// What the record asks of this node now. Pure.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -61,6 +85,26 @@ pub enum Asked {
         id: String,
         profile: ValidationTestsProfile,
     },
+    IsolateGpu {
+        id: String,
+    },
+    ResetGpu {
+        id: String,
+        gpu: String,
+        profile: Option<ValidationTestsProfile>,
+    },
+}
+
+impl Asked {
+    /// The request's id, for the requests the agent answers.
+    pub fn id(&self) -> Option<&str> {
+        match self {
+            Self::Nothing | Self::Reboot { .. } => None,
+            Self::Validate { id, .. } | Self::IsolateGpu { id } | Self::ResetGpu { id, .. } => {
+                Some(id)
+            }
+        }
+    }
 }
 
 /// Reads the record's request, given the boot id the node runs.
@@ -73,6 +117,18 @@ pub fn asked(record: &Record, boot_id: Option<&str>) -> Asked {
             (Some(from), Some(boot)) if from == boot => Asked::Reboot { from: from.clone() },
             _ => Asked::Nothing,
         },
+        Phase::IsolatingGpu => match &run.test {
+            Some(id) => Asked::IsolateGpu { id: id.clone() },
+            None => Asked::Nothing,
+        },
+        Phase::ResettingGpu => match (&run.test, &run.gpu) {
+            (Some(id), Some(gpu)) => Asked::ResetGpu {
+                id: id.clone(),
+                gpu: gpu.clone(),
+                profile: run.entry.validation_tests_profile.clone(),
+            },
+            _ => Asked::Nothing,
+        },
         Phase::Validating => match (&run.test, &run.entry.validation_tests_profile) {
             (Some(id), Some(profile)) => Asked::Validate {
                 id: id.clone(),
@@ -82,6 +138,63 @@ pub fn asked(record: &Record, boot_id: Option<&str>) -> Asked {
         },
         _ => Asked::Nothing,
     }
+}
+
+/// The one GPU at fault, by PCI address; why there is none to reset
+/// otherwise. Pure.
+pub fn faulty_gpu(snapshot: &HealthSnapshot) -> Result<String, String> {
+    let unhealthy: Vec<&String> = snapshot.unhealthy().map(|(bdf, _)| bdf).collect();
+    match unhealthy.as_slice() {
+        [one] => Ok((*one).clone()),
+        [] => Err(
+            "the health monitor finds no GPU of the node unhealthy (the condition \
+                   may come from another detector, or health is not enabled)"
+                .to_owned(),
+        ),
+        many => Err(format!(
+            "{} GPUs are unhealthy ({}): the fault is not confined to one GPU",
+            many.len(),
+            many.iter()
+                .map(|b| b.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
+    }
+}
+
+/// The pods (`namespace/name`, sorted) that hold GPU `bdf` or one of its
+/// partitions: through the device plugin (`device_ids`: advertised id to
+/// GPU address) or through DRA (`dra_devices`: our driver's device name to
+/// GPU address). Pure.
+pub fn pods_holding(
+    response: &ListPodResourcesResponse,
+    device_ids: &BTreeMap<String, String>,
+    dra_devices: &BTreeMap<String, String>,
+    bdf: &str,
+) -> Vec<String> {
+    let prefix = format!("{RESOURCE_NAMESPACE}/");
+    let mut pods = BTreeSet::new();
+    for pod in &response.pod_resources {
+        let holds = pod.containers.iter().any(|container| {
+            let plugin = container
+                .devices
+                .iter()
+                .filter(|d| d.resource_name.starts_with(&prefix))
+                .flat_map(|d| &d.device_ids)
+                .any(|id| device_ids.get(id).is_some_and(|b| b == bdf));
+            let dra = container
+                .dynamic_resources
+                .iter()
+                .flat_map(|r| &r.claim_resources)
+                .filter(|c| c.driver_name == crate::dra::DRIVER_NAME)
+                .any(|c| dra_devices.get(&c.device_name).is_some_and(|b| b == bdf));
+            plugin || dra
+        });
+        if holds {
+            pods.insert(format!("{}/{}", pod.namespace, pod.name));
+        }
+    }
+    pods.into_iter().collect()
 }
 
 /// The test case a profile asks for. Pure.
@@ -136,10 +249,33 @@ async fn run(
                         reboot_now(&feeds, &from).await;
                     }
                 }
+                Asked::IsolateGpu { id } => {
+                    let answered = report.borrow().as_ref().is_some_and(|r| r.id == id);
+                    if !answered {
+                        let answer = isolate(&feeds, &id).await;
+                        report.send_replace(Some(answer));
+                    }
+                }
+                Asked::ResetGpu { id, gpu, profile } => {
+                    let answered = report.borrow().as_ref().is_some_and(|r| r.id == id);
+                    if !answered {
+                        let work = |run_stop| {
+                            reset_and_test(&feeds, &id, &gpu, profile.as_ref(), run_stop)
+                        };
+                        match while_asked(&feeds, &id, work, &stop).await {
+                            Some(result) => {
+                                report.send_replace(Some(result));
+                            }
+                            None if stop.is_cancelled() => return,
+                            None => {}
+                        }
+                    }
+                }
                 Asked::Validate { id, profile } => {
                     let answered = report.borrow().as_ref().is_some_and(|r| r.id == id);
                     if !answered {
-                        match validate_while_asked(&feeds, &id, &profile, &stop).await {
+                        let work = |run_stop| validate(&feeds, &id, &profile, None, run_stop);
+                        match while_asked(&feeds, &id, work, &stop).await {
                             Some(result) => {
                                 report.send_replace(Some(result));
                             }
@@ -159,31 +295,32 @@ async fn run(
     }
 }
 
-/// Runs the validation `id` asks for, and stops it when the record no
-/// longer asks for it (a person aborted the run, say) or the agent stops:
+/// Runs `work` (the tests `id` asks for), and stops it when the record no
+/// longer asks for `id` (a person aborted the run, say) or the agent stops:
 /// then `None`.
-async fn validate_while_asked(
+async fn while_asked<F, Fut>(
     feeds: &Feeds,
     id: &str,
-    profile: &ValidationTestsProfile,
+    work: F,
     stop: &CancellationToken,
-) -> Option<RemediationTestReport> {
+) -> Option<RemediationTestReport>
+where
+    F: FnOnce(CancellationToken) -> Fut,
+    Fut: std::future::Future<Output = RemediationTestReport>,
+{
     let run_stop = stop.child_token();
     let mut node = feeds.node.clone();
-    let validation = validate(feeds, id, profile, &run_stop);
-    tokio::pin!(validation);
+    let work = work(run_stop.clone());
+    tokio::pin!(work);
     loop {
         tokio::select! {
-            result = &mut validation => {
+            result = &mut work => {
                 return (!run_stop.is_cancelled()).then_some(result);
             }
             changed = node.changed(), if !run_stop.is_cancelled() => {
                 let still_asked = changed.is_ok()
                     && node.borrow_and_update().as_ref().is_some_and(|n| {
-                        matches!(
-                            asked(&Record::of_annotations(n.annotations()), None),
-                            Asked::Validate { id: ref asked, .. } if asked == id
-                        )
+                        asked(&Record::of_annotations(n.annotations()), None).id() == Some(id)
                     });
                 if !still_asked {
                     tracing::info!(%id, "the remediation no longer asks for its tests: stopping them");
@@ -191,6 +328,125 @@ async fn validate_while_asked(
                 }
             }
         }
+    }
+}
+
+/// Which GPU is at fault and which pods hold it.
+async fn isolate(feeds: &Feeds, id: &str) -> RemediationTestReport {
+    let answer = |passed: bool, message: String, gpu: Option<String>, pods: Vec<String>| {
+        RemediationTestReport {
+            id: id.to_owned(),
+            passed,
+            message,
+            gpu,
+            pods,
+        }
+    };
+    let snapshot = feeds.health.borrow().clone();
+    let bdf = match faulty_gpu(&snapshot) {
+        Ok(bdf) => bdf,
+        Err(why) => return answer(false, why, None, Vec::new()),
+    };
+    let listed = crate::metrics::pods::list(&feeds.pod_resources, POD_RESOURCES_TIMEOUT).await;
+    let response = match listed {
+        Ok(Some(response)) => response,
+        Ok(None) => ListPodResourcesResponse::default(),
+        // Not knowing who holds it, the reset could pull a GPU from under a
+        // pod: the whole node is drained instead.
+        Err(e) => {
+            return answer(
+                false,
+                format!("cannot tell which pods hold GPU {bdf}: {e}"),
+                None,
+                Vec::new(),
+            );
+        }
+    };
+    let inventory = feeds.inventory.borrow().clone();
+    let xcp = crate::plugin::devices::xcp_names_of(&inventory);
+    let device_ids: BTreeMap<String, String> =
+        crate::telemetry::devices::device_ids(&inventory, &xcp)
+            .into_iter()
+            .map(|(id, device)| (id, device.bdf))
+            .collect();
+    let dra_devices: BTreeMap<String, String> =
+        crate::dra::devices::devices_of(&inventory, &Default::default())
+            .into_iter()
+            .map(|d| (d.name, d.gpu_bdf))
+            .collect();
+    let pods = pods_holding(&response, &device_ids, &dra_devices, &bdf);
+    tracing::info!(%id, gpu = %bdf, ?pods, "the remediation's fault is confined to one GPU");
+    answer(
+        true,
+        format!(
+            "GPU {bdf} is the one unhealthy GPU; {} pod(s) hold it",
+            pods.len()
+        ),
+        Some(bdf),
+        pods,
+    )
+}
+
+/// Resets GPU `bdf`, then runs the profile's tests on it alone.
+async fn reset_and_test(
+    feeds: &Feeds,
+    id: &str,
+    bdf: &str,
+    profile: Option<&ValidationTestsProfile>,
+    stop: CancellationToken,
+) -> RemediationTestReport {
+    let failed = |message: String| RemediationTestReport {
+        id: id.to_owned(),
+        passed: false,
+        message,
+        ..RemediationTestReport::default()
+    };
+    let inventory = feeds.inventory.borrow().clone();
+    let Some(gpu) = inventory.gpus.iter().find(|g| g.bdf == bdf).cloned() else {
+        return failed(format!("GPU {bdf} is not on this node any more"));
+    };
+    feeds
+        .events
+        .record(NodeEvent::agent(
+            EventType::Warning,
+            "Remediation",
+            "RemediationGpuReset",
+            format!("resetting GPU {bdf} for its remediation"),
+        ))
+        .await;
+    let reset = tokio::select! {
+        reset = gpu_reset::reset(&feeds.gpu_reset, &feeds.reader, &gpu) => reset,
+        _ = stop.cancelled() => Err("cancelled".to_owned()),
+    };
+    let how = match reset {
+        Ok(how) => how,
+        Err(why) => {
+            let message = format!("cannot reset GPU {bdf}: {why}");
+            tracing::warn!(%id, "{message}");
+            feeds
+                .events
+                .record(NodeEvent::agent(
+                    EventType::Warning,
+                    "Remediation",
+                    "RemediationGpuResetFailed",
+                    message.clone(),
+                ))
+                .await;
+            return failed(message);
+        }
+    };
+    match profile {
+        Some(profile) => {
+            let mut report = validate(feeds, id, profile, Some(bdf), stop).await;
+            report.message = format!("{how}; {}", report.message);
+            report
+        }
+        None => RemediationTestReport {
+            id: id.to_owned(),
+            passed: true,
+            message: how,
+            ..RemediationTestReport::default()
+        },
     }
 }
 
@@ -224,11 +480,13 @@ async fn reboot_now(feeds: &Feeds, from: &str) {
     }
 }
 
+/// Runs the profile's tests on every GPU of the node, or on GPU `only`.
 async fn validate(
     feeds: &Feeds,
     id: &str,
     profile: &ValidationTestsProfile,
-    stop: &CancellationToken,
+    only: Option<&str>,
+    stop: CancellationToken,
 ) -> RemediationTestReport {
     let case = test_case(profile);
     let tests = &feeds.tests;
@@ -237,6 +495,7 @@ async fn validate(
             id: id.to_owned(),
             passed: false,
             message: why.clone(),
+            ..RemediationTestReport::default()
         };
     }
     let dir = tests.logs_dir.clone();
@@ -249,13 +508,17 @@ async fn validate(
                 "cannot create the test logs directory {}: {e}",
                 tests.logs_dir.display()
             ),
+            ..RemediationTestReport::default()
         };
     }
     let inventory = feeds.inventory.borrow().clone();
     let host = tests.host.clone();
-    let gpus = tokio::task::spawn_blocking(move || read_targets(&inventory, &host))
+    let mut gpus = tokio::task::spawn_blocking(move || read_targets(&inventory, &host))
         .await
         .unwrap_or_default();
+    if let Some(bdf) = only {
+        gpus.retain(|g| g.bdf == bdf);
+    }
     tracing::info!(%id, recipe = %case.recipe, framework = case.framework.name(), gpus = gpus.len(), "running the remediation's validation tests");
     let logs = Logs {
         dir: &tests.logs_dir,
@@ -268,7 +531,7 @@ async fn validate(
         false,
         &tests.commands,
         logs,
-        stop,
+        &stop,
     )
     .await;
     let passed = ran.outcome == Outcome::Passed && !gpus.is_empty();
@@ -305,6 +568,7 @@ async fn validate(
         id: id.to_owned(),
         passed,
         message,
+        ..RemediationTestReport::default()
     }
 }
 
@@ -334,6 +598,8 @@ mod tests {
                 quarantined: true,
                 reboot_from: Some("boot-1".into()),
                 test: Some("t-1".into()),
+                gpu: Some("0000:03:00.0".into()),
+                gpu_pods: Vec::new(),
                 checks: 0,
                 last_check: None,
                 reason: None,
@@ -378,5 +644,117 @@ mod tests {
         assert_eq!(case.iterations, 2);
         assert_eq!(case.timeout, std::time::Duration::from_secs(30));
         assert!(case.stop_on_failure);
+    }
+
+    #[test]
+    fn a_reset_is_asked_with_its_gpu_and_an_isolation_by_its_id() {
+        let reset = asked(&record(Phase::ResettingGpu), Some("boot-1"));
+        let Asked::ResetGpu { id, gpu, profile } = &reset else {
+            panic!("no reset asked: {reset:?}");
+        };
+        assert_eq!((id.as_str(), gpu.as_str()), ("t-1", "0000:03:00.0"));
+        assert!(profile.is_some());
+        assert_eq!(reset.id(), Some("t-1"));
+        assert_eq!(
+            asked(&record(Phase::IsolatingGpu), None),
+            Asked::IsolateGpu { id: "t-1".into() }
+        );
+    }
+
+    #[test]
+    fn only_one_unhealthy_gpu_is_a_fault_to_reset() {
+        use crate::health::GpuHealth;
+        let health = |healthy: bool| GpuHealth {
+            healthy,
+            reasons: Vec::new(),
+            gpu_ids: Vec::new(),
+        };
+        let mut snapshot = HealthSnapshot::default();
+        snapshot.gpus.insert("0000:03:00.0".into(), health(true));
+        assert!(faulty_gpu(&snapshot).unwrap_err().contains("no GPU"));
+        snapshot.gpus.insert("0000:04:00.0".into(), health(false));
+        assert_eq!(faulty_gpu(&snapshot).unwrap(), "0000:04:00.0");
+        snapshot.gpus.insert("0000:05:00.0".into(), health(false));
+        let why = faulty_gpu(&snapshot).unwrap_err();
+        assert!(
+            why.contains("2 GPUs") && why.contains("0000:05:00.0"),
+            "{why}"
+        );
+    }
+
+    #[test]
+    fn the_pods_on_a_gpu_are_found_through_the_plugin_and_dra() {
+        use crate::metrics::podresources::v1::{
+            ClaimResource, ContainerDevices, ContainerResources, DynamicResource, PodResources,
+        };
+        let pod =
+            |name: &str, devices: Vec<ContainerDevices>, dra: Vec<DynamicResource>| PodResources {
+                name: name.into(),
+                namespace: "ml".into(),
+                containers: vec![ContainerResources {
+                    name: "main".into(),
+                    devices,
+                    dynamic_resources: dra,
+                    ..ContainerResources::default()
+                }],
+            };
+        let plugin = |resource: &str, id: &str| ContainerDevices {
+            resource_name: resource.into(),
+            device_ids: vec![id.into()],
+            topology: None,
+        };
+        let claim = |driver: &str, device: &str| DynamicResource {
+            claim_name: "gpu".into(),
+            claim_namespace: "ml".into(),
+            claim_resources: vec![ClaimResource {
+                driver_name: driver.into(),
+                device_name: device.into(),
+                ..ClaimResource::default()
+            }],
+        };
+        let response = ListPodResourcesResponse {
+            pod_resources: vec![
+                pod(
+                    "on-gpu",
+                    vec![plugin("amd.com/gpu", "0000:03:00.0")],
+                    vec![],
+                ),
+                pod(
+                    "on-partition",
+                    vec![plugin("amd.com/cpx_nps1", "amdgpu_xcp_2")],
+                    vec![],
+                ),
+                pod(
+                    "elsewhere",
+                    vec![plugin("amd.com/gpu", "0000:04:00.0")],
+                    vec![],
+                ),
+                pod(
+                    "other-vendor",
+                    vec![plugin("example.com/gpu", "0000:03:00.0")],
+                    vec![],
+                ),
+                pod(
+                    "by-claim",
+                    vec![],
+                    vec![claim(crate::dra::DRIVER_NAME, "gpu-1-129")],
+                ),
+                pod(
+                    "foreign-claim",
+                    vec![],
+                    vec![claim("example.com", "gpu-1-129")],
+                ),
+            ],
+        };
+        let ids = BTreeMap::from([
+            ("0000:03:00.0".to_owned(), "0000:03:00.0".to_owned()),
+            ("amdgpu_xcp_2".to_owned(), "0000:03:00.0".to_owned()),
+            ("0000:04:00.0".to_owned(), "0000:04:00.0".to_owned()),
+        ]);
+        let dra = BTreeMap::from([("gpu-1-129".to_owned(), "0000:03:00.0".to_owned())]);
+        assert_eq!(
+            pods_holding(&response, &ids, &dra, "0000:03:00.0"),
+            ["ml/by-claim", "ml/on-gpu", "ml/on-partition"]
+        );
     }
 }

@@ -193,16 +193,26 @@ pub struct PartitionReport {
     pub reason: Option<String>,
 }
 
-/// How the validation tests a remediation asked for ended.
+/// The agent's answer to its remediation record's latest request: how the
+/// validation tests, or a GPU reset and that GPU's tests, ended; or which one
+/// GPU is at fault and the pods that hold it.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct RemediationTestReport {
     /// The request's id, from the leader's remediation record.
     pub id: String,
+    /// The tests passed (or the reset and its tests); for an isolation, one
+    /// GPU is at fault.
     pub passed: bool,
     /// What ran and how it ended, for the Event.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub message: String,
+    /// An isolation's faulty GPU (PCI address).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<String>,
+    /// An isolation's pods holding that GPU, `namespace/name`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pods: Vec<String>,
 }
 
 /// The node services, by the name the annotation gives them.

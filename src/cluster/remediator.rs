@@ -40,12 +40,11 @@ use crate::api::{DeviceConfig, DrainSpec, RemediationWorkflowSpec};
 use crate::node_writer::{Concern, CordonIntent, NodeIntent, NodeWriter};
 use crate::remediation::mapping::CONFIGMAP_KEY;
 use crate::remediation::plan::{
-    self, ABORT_LABEL, BREAKER_ANNOTATION, BREAKER_WINDOW_ANNOTATION, Breaker, Candidate, Confirm,
-    DEFAULT_TAINT_KEY, DRY_RUN_LABEL, Decision, DrainOrder, DrainState, EVENT_BREAKER,
+    self, ABORT_LABEL, Answer, BREAKER_ANNOTATION, BREAKER_WINDOW_ANNOTATION, Breaker, Candidate,
+    Confirm, DEFAULT_TAINT_KEY, DRY_RUN_LABEL, Decision, DrainOrder, DrainState, EVENT_BREAKER,
     EVENT_DRY_RUN, FORCE_RESUME_LABEL, NodeFacts, NodeStep, Outcome, PAUSE_LABEL, Policy,
-    TestResult,
 };
-use crate::remediation::{Mapping, RECORD_ANNOTATION, Record};
+use crate::remediation::{Mapping, Phase, RECORD_ANNOTATION, Record};
 
 /// What this leadership term remembers of remediation: the confirmation
 /// pace, and which notices it gave already (dry-run and breaker Events are
@@ -279,10 +278,12 @@ pub fn facts_of(node: &Node, rw: &RemediationWorkflowSpec, drain: Option<DrainSt
         },
         ready,
         boot_id,
-        test_result: agent.and_then(|a| a.remediation).map(|r| TestResult {
+        answer: agent.and_then(|a| a.remediation).map(|r| Answer {
             id: r.id,
             passed: r.passed,
             message: r.message,
+            gpu: r.gpu,
+            pods: r.pods,
         }),
         drain,
         record,
@@ -604,10 +605,15 @@ fn would_do(rw: &RemediationWorkflowSpec, candidate: &Candidate) -> String {
             )
         })
         .collect();
-    let mut steps = vec![
-        format!("taint {}", taints.join(", ")),
-        "drain the GPU pods".to_owned(),
-    ];
+    let mut steps = vec![format!("taint {}", taints.join(", "))];
+    if entry.gpu_reset_first {
+        steps.push(
+            "reset the faulty GPU after draining its pods, if the fault is confined to one GPU \
+             (else, or if that fails, go on)"
+                .to_owned(),
+        );
+    }
+    steps.push("drain the GPU pods".to_owned());
     if entry.physical_action_needed {
         steps.push("wait for a person".into());
     }
@@ -623,6 +629,26 @@ fn would_do(rw: &RemediationWorkflowSpec, candidate: &Candidate) -> String {
         candidate.condition,
         steps.join(", then ")
     )
+}
+
+/// The drain a run's step asks for: before a GPU reset only the pods the
+/// agent found on that GPU, else every GPU pod. Pure.
+pub fn drain_for(record: &Record, policy: &DrainPolicy) -> DrainPolicy {
+    let mut policy = policy.clone();
+    if let Some(run) = record
+        .run
+        .as_ref()
+        .filter(|r| r.phase == Phase::DrainingGpu)
+    {
+        policy.only = Some(
+            run.gpu_pods
+                .iter()
+                .filter_map(|pod| pod.split_once('/'))
+                .map(|(namespace, name)| (namespace.to_owned(), name.to_owned()))
+                .collect(),
+        );
+    }
+    policy
 }
 
 /// Carries one decision out, in the order that keeps a new leader right.
@@ -666,8 +692,9 @@ async fn carry_out(
     }
     match decision.drain {
         DrainOrder::Start => {
+            let policy = drain_for(record, drains);
             ctx.drains
-                .start(&ctx.guard, dc, Purpose::Remediation, &name, drains.clone());
+                .start(&ctx.guard, dc, Purpose::Remediation, &name, policy);
         }
         DrainOrder::Stop => ctx.drains.stop(&name, Purpose::Remediation),
         DrainOrder::Keep => {}
@@ -804,6 +831,34 @@ mod tests {
             ..Taint::default()
         }];
         assert_eq!(taints_for(&rw, "X"), rw.node_remediation_taints);
+    }
+
+    #[test]
+    fn before_a_gpu_reset_only_the_pods_on_that_gpu_are_drained() {
+        let everything = drain_policy(&RemediationWorkflowSpec::default(), "ops");
+        let mut run = crate::remediation::Run::begin(
+            &crate::remediation::Entry::default(),
+            Phase::DrainingGpu,
+            true,
+            "2026-12-02T00:00:00Z",
+        );
+        run.gpu_pods = vec!["ml/train".into(), "ml/infer".into()];
+        let mut record = Record {
+            run: Some(run),
+            attempts: Vec::new(),
+        };
+        let only = drain_for(&record, &everything).only.unwrap();
+        assert_eq!(
+            only,
+            [("ml", "infer"), ("ml", "train")]
+                .map(|(n, p)| (n.to_owned(), p.to_owned()))
+                .into_iter()
+                .collect()
+        );
+        if let Some(run) = record.run.as_mut() {
+            run.phase = Phase::Draining;
+        }
+        assert_eq!(drain_for(&record, &everything), everything);
     }
 
     #[test]

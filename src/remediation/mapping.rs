@@ -46,6 +46,12 @@ pub struct Entry {
     pub recovery_policy: Option<RecoveryPolicy>,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub skip_reboot_step: bool,
+    /// Our extension (the reference has no such key and ignores it): when
+    /// the fault is confined to one GPU, evict only the pods on that GPU,
+    /// reset it and test it alone before the whole-node steps; a reset that
+    /// fails, or a fault on several GPUs, goes on with them.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub gpu_reset_first: bool,
 }
 
 /// The test run that confirms a repair.
@@ -225,6 +231,7 @@ impl Mapping {
                         window_size: "15m".to_owned(),
                     }),
                     skip_reboot_step: false,
+                    gpu_reset_first: false,
                 }
             })
             .collect();
@@ -254,6 +261,7 @@ mod tests {
   skipRebootStep: true
 - nodeCondition: AMDGPUUnhealthy
   workflowTemplate: default-template
+  gpuResetFirst: true
 "#;
 
     #[test]
@@ -272,6 +280,7 @@ mod tests {
         let ours = mapping.entry("AMDGPUUnhealthy").unwrap();
         assert_eq!(ours.max_runs(), DEFAULT_MAX_RUNS);
         assert_eq!(ours.window(), Duration::from_secs(300 * 60));
+        assert!(ours.gpu_reset_first && !hwa.gpu_reset_first);
         assert!(mapping.entry("AMDGPUXgmi").is_none());
     }
 

@@ -5,7 +5,11 @@
 //! [`Decision`]s out. Neither reads the clock: `now` is passed in.
 //!
 //! Per node, the steps of a run are (`Phase`):
-//! gate → quarantine + drain (`Draining`) → notify → a person, when the entry
+//! gate → [GPU reset first, when the entry asks (`gpuResetFirst`):
+//! quarantine, the agent isolates the faulty GPU (`IsolatingGpu`), only its
+//! pods are drained (`DrainingGpu`), the agent resets it and tests it alone
+//! (`ResettingGpu`) → confirm; a fault on several GPUs or a failed reset
+//! escalates to the whole-node steps:] quarantine + drain (`Draining`) → notify → a person, when the entry
 //! needs physical action (`AwaitingPerson`) → reboot (`Rebooting`, unless
 //! `skipRebootStep`) → validate (`Validating`, when the entry has a test
 //! profile) → confirm (`Confirming`: the condition False at
@@ -57,6 +61,12 @@ pub const EVENT_RELEASED: &str = "RemediationReleased";
 pub const EVENT_STEP: &str = "RemediationStep";
 pub const EVENT_DRY_RUN: &str = "RemediationDryRun";
 pub const EVENT_BREAKER: &str = "RemediationCircuitBreakerOpen";
+pub const EVENT_ESCALATED: &str = "RemediationEscalated";
+/// How long the agent may take to say which GPU is at fault and which pods
+/// hold it (a status write and a kubelet query).
+pub const GPU_ISOLATION_LIMIT: Duration = Duration::from_secs(120);
+/// How long a GPU reset may take before the GPU's own tests start.
+pub const GPU_RESET_LIMIT: Duration = Duration::from_secs(300);
 
 /// The confirmation after the tests: the reference's wait step (two checks a
 /// minute apart within 15 minutes).
@@ -128,12 +138,17 @@ pub enum DrainState {
     Failed(String),
 }
 
-/// What the agent reported of a validation request.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TestResult {
+/// The agent's answer to the record's latest request (isolating the faulty
+/// GPU, resetting it, validating the node).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Answer {
     pub id: String,
+    /// The tests passed; for an isolation, one GPU is at fault.
     pub passed: bool,
     pub message: String,
+    /// An isolation's GPU (PCI address) and the pods that hold it.
+    pub gpu: Option<String>,
+    pub pods: Vec<String>,
 }
 
 /// One node, as the planner sees it.
@@ -153,7 +168,7 @@ pub struct NodeFacts {
     pub busy: Option<&'static str>,
     pub ready: bool,
     pub boot_id: Option<String>,
-    pub test_result: Option<TestResult>,
+    pub answer: Option<Answer>,
     /// `None`: no drain of this node runs in this term.
     pub drain: Option<DrainState>,
 }
@@ -296,15 +311,21 @@ pub fn start(
 ) -> Decision {
     let mut record = pruned(&facts.record, now);
     let approval = !policy.auto_start && !candidate.forced;
+    let reset_first = candidate.entry.gpu_reset_first;
     let phase = if approval {
         Phase::AwaitingApproval
+    } else if reset_first {
+        Phase::IsolatingGpu
     } else {
         Phase::Draining
     };
-    let run = Run {
+    let mut run = Run {
         condition: candidate.condition.clone(),
         ..Run::begin(&candidate.entry, phase, !approval, &now.to_string())
     };
+    if phase == Phase::IsolatingGpu {
+        run.test = Some(request_id("isolate", &run.condition, now));
+    }
     record.attempts.push(Attempt {
         condition: candidate.condition.clone(),
         started: now.to_string(),
@@ -319,6 +340,12 @@ pub fn start(
             candidate.condition,
             named_template(template)
         )
+    } else if reset_first {
+        format!(
+            "{} is True: quarantined; finding the faulty GPU to reset it first (built-in steps{})",
+            candidate.condition,
+            named_template(template)
+        )
     } else {
         format!(
             "{} is True: quarantined; draining the GPU pods (built-in steps{})",
@@ -329,10 +356,10 @@ pub fn start(
     Decision {
         record: Some(record),
         quarantine: (!approval).then_some(true),
-        drain: if approval {
-            DrainOrder::Keep
-        } else {
+        drain: if phase == Phase::Draining {
             DrainOrder::Start
+        } else {
+            DrainOrder::Keep
         },
         notes: vec![Note {
             warning: true,
@@ -349,6 +376,43 @@ pub fn start(
         }],
         wake: None,
     }
+}
+
+/// A request id for the agent: what is asked, of which run, when.
+fn request_id(what: &str, condition: &str, now: Timestamp) -> String {
+    format!("{what}-{condition}-{}", now.as_millisecond())
+}
+
+/// The GPU reset path gave up: on to the whole-node steps (drain every GPU
+/// pod, then reboot or a person).
+fn escalate(
+    decision: &mut Decision,
+    record: &mut Record,
+    mut next: Run,
+    why: &str,
+    now: Timestamp,
+) {
+    decision.notes.push(Note {
+        warning: true,
+        reason: EVENT_ESCALATED,
+        message: format!(
+            "{}: {why}; going on with the whole node: draining every GPU pod",
+            next.condition
+        ),
+    });
+    next.phase = Phase::Draining;
+    next.since = now.to_string();
+    next.test = None;
+    decision.drain = DrainOrder::Start;
+    record.run = Some(next);
+}
+
+/// The agent's answer to the run's current request, if it gave one.
+fn answer_to<'a>(facts: &'a NodeFacts, run: &Run) -> Option<&'a Answer> {
+    facts
+        .answer
+        .as_ref()
+        .filter(|a| Some(&a.id) == run.test.as_ref())
 }
 
 fn named_template(template: &str) -> String {
@@ -441,17 +505,21 @@ pub fn node_step(
         Phase::AwaitingApproval => {
             if facts.force_resume {
                 decision.consume.push(FORCE_RESUME_LABEL);
-                moved(&mut next, Phase::Draining);
                 next.quarantined = true;
                 decision.quarantine = Some(true);
-                decision.drain = DrainOrder::Start;
+                let step = if run.entry.gpu_reset_first {
+                    moved(&mut next, Phase::IsolatingGpu);
+                    next.test = Some(request_id("isolate", &run.condition, now));
+                    "finding the faulty GPU to reset it first"
+                } else {
+                    moved(&mut next, Phase::Draining);
+                    decision.drain = DrainOrder::Start;
+                    "draining the GPU pods"
+                };
                 decision.notes.push(Note {
                     warning: true,
                     reason: EVENT_STEP,
-                    message: format!(
-                        "{}: approved; quarantined, draining the GPU pods",
-                        run.condition
-                    ),
+                    message: format!("{}: approved; quarantined, {step}", run.condition),
                 });
                 record.run = Some(next);
             } else if !facts.condition_true(&run.condition) {
@@ -469,6 +537,120 @@ pub fn node_step(
                 return NodeStep::Nothing;
             }
         }
+        Phase::IsolatingGpu => {
+            if run.quarantined && !facts.tainted {
+                decision.quarantine = Some(true);
+            }
+            match answer_to(facts, run) {
+                Some(Answer {
+                    passed: true,
+                    gpu: Some(gpu),
+                    pods,
+                    ..
+                }) => {
+                    moved(&mut next, Phase::DrainingGpu);
+                    next.gpu = Some(gpu.clone());
+                    next.gpu_pods = pods.clone();
+                    next.test = None;
+                    decision.drain = DrainOrder::Start;
+                    decision.notes.push(Note {
+                        warning: true,
+                        reason: EVENT_STEP,
+                        message: format!(
+                            "{}: the fault is confined to GPU {gpu}; evicting only the pods that hold it ({})",
+                            run.condition,
+                            if pods.is_empty() {
+                                "none".to_owned()
+                            } else {
+                                pods.join(", ")
+                            }
+                        ),
+                    });
+                    record.run = Some(next);
+                }
+                Some(answer) => {
+                    let why = format!("no GPU reset: {}", answer.message);
+                    escalate(&mut decision, &mut record, next, &why, now);
+                }
+                None if in_phase >= GPU_ISOLATION_LIMIT => {
+                    let why = format!(
+                        "no GPU reset: the agent did not say which GPU is at fault within {}s",
+                        GPU_ISOLATION_LIMIT.as_secs()
+                    );
+                    escalate(&mut decision, &mut record, next, &why, now);
+                }
+                None => {
+                    // Waiting (a lost quarantine put back): no record write.
+                    decision.wake = Some(GPU_ISOLATION_LIMIT - in_phase);
+                    return NodeStep::Act(Box::new(decision));
+                }
+            }
+        }
+        Phase::DrainingGpu => {
+            if run.quarantined && !facts.tainted {
+                decision.quarantine = Some(true);
+            }
+            match &facts.drain {
+                None => decision.drain = DrainOrder::Start,
+                Some(DrainState::Running) => decision.wake = Some(Duration::from_secs(30)),
+                Some(DrainState::Failed(why)) => {
+                    let why = format!("the pods on the GPU could not be drained: {why}");
+                    escalate(&mut decision, &mut record, next, &why, now);
+                }
+                Some(DrainState::Done) => {
+                    decision.drain = DrainOrder::Stop;
+                    moved(&mut next, Phase::ResettingGpu);
+                    next.test = Some(request_id("reset", &run.condition, now));
+                    decision.notes.push(Note {
+                        warning: true,
+                        reason: EVENT_STEP,
+                        message: format!(
+                            "{}: the pods on GPU {} are drained; asking the node's agent to reset it and test it",
+                            run.condition,
+                            run.gpu.as_deref().unwrap_or("?")
+                        ),
+                    });
+                    record.run = Some(next);
+                }
+            }
+        }
+        Phase::ResettingGpu => match answer_to(facts, run) {
+            Some(answer) if answer.passed => {
+                decision.notes.push(Note {
+                    warning: false,
+                    reason: EVENT_STEP,
+                    message: format!(
+                        "{}: GPU {} was reset and passed its tests: {}",
+                        run.condition,
+                        run.gpu.as_deref().unwrap_or("?"),
+                        answer.message
+                    ),
+                });
+                moved(&mut next, Phase::Confirming);
+                next.test = None;
+                next.checks = 0;
+                next.last_check = None;
+                decision.wake = Some(policy.confirm.interval);
+                record.run = Some(next);
+            }
+            Some(answer) => {
+                let why = format!("the GPU reset did not repair it: {}", answer.message);
+                escalate(&mut decision, &mut record, next, &why, now);
+            }
+            None => {
+                let limit = GPU_RESET_LIMIT + run.entry.validation_limit();
+                if in_phase >= limit {
+                    let why = format!(
+                        "the GPU reset and its tests did not report within {}s",
+                        limit.as_secs()
+                    );
+                    escalate(&mut decision, &mut record, next, &why, now);
+                } else {
+                    decision.wake = Some(limit - in_phase);
+                    return NodeStep::Act(Box::new(decision));
+                }
+            }
+        },
         Phase::Draining => {
             if run.quarantined && !facts.tainted {
                 // Put back a quarantine a write did not land (or a leader
@@ -540,43 +722,37 @@ pub fn node_step(
                 return NodeStep::Act(Box::new(decision));
             }
         }
-        Phase::Validating => {
-            let answered = facts
-                .test_result
-                .as_ref()
-                .filter(|r| Some(&r.id) == run.test.as_ref());
-            match answered {
-                Some(result) if result.passed => {
-                    decision.notes.push(Note {
-                        warning: false,
-                        reason: EVENT_STEP,
-                        message: format!("{}: the validation tests passed", run.condition),
-                    });
-                    moved(&mut next, Phase::Confirming);
-                    next.checks = 0;
-                    next.last_check = None;
-                    decision.wake = Some(policy.confirm.interval);
-                    record.run = Some(next);
-                }
-                Some(result) => {
-                    let why = format!("the validation tests failed: {}", result.message);
+        Phase::Validating => match answer_to(facts, run) {
+            Some(result) if result.passed => {
+                decision.notes.push(Note {
+                    warning: false,
+                    reason: EVENT_STEP,
+                    message: format!("{}: the validation tests passed", run.condition),
+                });
+                moved(&mut next, Phase::Confirming);
+                next.checks = 0;
+                next.last_check = None;
+                decision.wake = Some(policy.confirm.interval);
+                record.run = Some(next);
+            }
+            Some(result) => {
+                let why = format!("the validation tests failed: {}", result.message);
+                fail(&mut decision, &mut record, next, why);
+            }
+            None => {
+                let limit = run.entry.validation_limit();
+                if in_phase >= limit {
+                    let why = format!(
+                        "the validation tests did not report within {}s",
+                        limit.as_secs()
+                    );
                     fail(&mut decision, &mut record, next, why);
-                }
-                None => {
-                    let limit = run.entry.validation_limit();
-                    if in_phase >= limit {
-                        let why = format!(
-                            "the validation tests did not report within {}s",
-                            limit.as_secs()
-                        );
-                        fail(&mut decision, &mut record, next, why);
-                    } else {
-                        decision.wake = Some(limit - in_phase);
-                        return NodeStep::Act(Box::new(decision));
-                    }
+                } else {
+                    decision.wake = Some(limit - in_phase);
+                    return NodeStep::Act(Box::new(decision));
                 }
             }
-        }
+        },
         Phase::Confirming => {
             let confirm = policy.confirm;
             let last = run.last_check.as_deref().unwrap_or(&run.since);
@@ -693,7 +869,7 @@ fn validate(decision: &mut Decision, record: &mut Record, mut next: Run, now: Ti
     next.reboot_from = None;
     if next.entry.validation_tests_profile.is_some() {
         next.phase = Phase::Validating;
-        next.test = Some(format!("{}-{}", next.condition, now.as_millisecond()));
+        next.test = Some(request_id("validate", &next.condition, now));
         decision.notes.push(Note {
             warning: false,
             reason: EVENT_STEP,

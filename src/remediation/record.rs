@@ -17,6 +17,14 @@ pub const RECORD_ANNOTATION: &str = "operator.amd.com/gpu-remediation";
 pub enum Phase {
     /// `autoStartWorkflow: false`: a person is to start it (force-resume).
     AwaitingApproval,
+    /// `gpuResetFirst`: the agent is asked (`test` is the request) which one
+    /// GPU is at fault and which pods hold it.
+    IsolatingGpu,
+    /// Quarantined; the pods holding the faulty GPU (`gpu_pods`) are being
+    /// evicted, the others stay.
+    DrainingGpu,
+    /// The agent resets the GPU and tests that GPU only (`test`).
+    ResettingGpu,
     /// Quarantined (taints, labels); its GPU pods are being drained.
     Draining,
     /// `physicalActionNeeded`: a person acts on the hardware, then sets the
@@ -46,6 +54,9 @@ impl Phase {
     pub fn name(self) -> &'static str {
         match self {
             Self::AwaitingApproval => "AwaitingApproval",
+            Self::IsolatingGpu => "IsolatingGpu",
+            Self::DrainingGpu => "DrainingGpu",
+            Self::ResettingGpu => "ResettingGpu",
             Self::Draining => "Draining",
             Self::AwaitingPerson => "AwaitingPerson",
             Self::Rebooting => "Rebooting",
@@ -77,9 +88,17 @@ pub struct Run {
     /// Asked to reboot while the node runs this boot id.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reboot_from: Option<String>,
-    /// The validation request the agent answers, by this id.
+    /// The request the agent answers (isolating, resetting, validating),
+    /// by this id.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub test: Option<String>,
+    /// The GPU reset path's GPU (PCI address), as the agent isolated it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<String>,
+    /// The pods (`namespace/name`) that held that GPU: the only ones evicted
+    /// before the reset.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpu_pods: Vec<String>,
     /// Consecutive checks that found the condition False.
     #[serde(default)]
     pub checks: u32,
@@ -102,6 +121,8 @@ impl Run {
             quarantined,
             reboot_from: None,
             test: None,
+            gpu: None,
+            gpu_pods: Vec::new(),
             checks: 0,
             last_check: None,
             reason: None,
@@ -175,6 +196,8 @@ mod tests {
                 quarantined: true,
                 reboot_from: Some("boot-1".into()),
                 test: None,
+                gpu: None,
+                gpu_pods: Vec::new(),
                 checks: 0,
                 last_check: None,
                 reason: None,

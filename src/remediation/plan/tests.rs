@@ -131,16 +131,18 @@ fn the_happy_path_goes_through_every_step_and_releases() {
     let test_id = n.record.run.as_ref().unwrap().test.clone().unwrap();
 
     // An answer to another request is not this one's.
-    n.test_result = Some(TestResult {
+    n.answer = Some(Answer {
         id: "older".into(),
         passed: true,
         message: String::new(),
+        ..Answer::default()
     });
     assert_eq!(act(node_step(&n, &m, &policy, at(70))).record, None);
-    n.test_result = Some(TestResult {
+    n.answer = Some(Answer {
         id: test_id,
         passed: true,
         message: String::new(),
+        ..Answer::default()
     });
     n = applied(n.clone(), &act(node_step(&n, &m, &policy, at(80))));
     assert_eq!(phase(&n), Some(Phase::Confirming));
@@ -198,10 +200,11 @@ fn a_failed_test_fails_the_run_with_the_entrys_message_and_keeps_the_taint() {
     run.entry.notify_test_failure_message = "call the vendor".into();
     run.phase = Phase::Validating;
     run.test = Some("t-1".into());
-    n.test_result = Some(TestResult {
+    n.answer = Some(Answer {
         id: "t-1".into(),
         passed: false,
         message: "gst_single failed on GPU 3".into(),
+        ..Answer::default()
     });
     let d = act(node_step(&n, &m, &policy, at(30)));
     let note = d.notes.iter().find(|e| e.reason == EVENT_FAILED).unwrap();
@@ -513,4 +516,138 @@ fn a_drain_this_term_did_not_start_is_resumed_and_a_lost_taint_put_back() {
     n.drain = Some(DrainState::Failed("pdb x blocks".into()));
     let d = act(node_step(&n, &m, &policy, at(5)));
     assert_eq!(phase(&applied(n, &d)), Some(Phase::Failed));
+}
+
+fn reset_first_mapping() -> Mapping {
+    let mut e = entry("AMDGPUUnhealthy");
+    e.gpu_reset_first = true;
+    Mapping { entries: vec![e] }
+}
+
+/// A run of the reset-first entry, started.
+fn reset_started(policy: &Policy) -> NodeFacts {
+    let facts = failing("n1");
+    let m = reset_first_mapping();
+    let candidate = candidate_of(node_step(&facts, &m, policy, at(0)));
+    let decision = start(&facts, &candidate, policy, at(0));
+    assert_eq!(decision.quarantine, Some(true), "quarantined first");
+    assert_eq!(decision.drain, DrainOrder::Keep, "no whole-node drain");
+    applied(facts, &decision)
+}
+
+fn answered(n: &mut NodeFacts, passed: bool, gpu: Option<&str>, pods: &[&str]) {
+    n.answer = Some(Answer {
+        id: n.record.run.as_ref().unwrap().test.clone().unwrap(),
+        passed,
+        message: "what the agent said".into(),
+        gpu: gpu.map(str::to_owned),
+        pods: pods.iter().map(|p| p.to_string()).collect(),
+    });
+}
+
+#[test]
+fn a_gpu_reset_drains_only_the_gpus_pods_resets_tests_and_confirms_without_a_reboot() {
+    let policy = Policy::default();
+    let m = reset_first_mapping();
+    let mut n = reset_started(&policy);
+    assert_eq!(phase(&n), Some(Phase::IsolatingGpu));
+    let isolate_id = n.record.run.as_ref().unwrap().test.clone().unwrap();
+    assert!(isolate_id.starts_with("isolate-"), "{isolate_id}");
+
+    // No answer yet: wait, no write.
+    let waiting = act(node_step(&n, &m, &policy, at(5)));
+    assert_eq!(waiting.record, None);
+    assert!(waiting.wake.is_some());
+
+    // The agent names the GPU and its pods: only those are drained.
+    answered(&mut n, true, Some("0000:03:00.0"), &["ml/train"]);
+    let d = act(node_step(&n, &m, &policy, at(10)));
+    assert_eq!(d.drain, DrainOrder::Start);
+    n = applied(n, &d);
+    let run = n.record.run.clone().unwrap();
+    assert_eq!(run.phase, Phase::DrainingGpu);
+    assert_eq!(run.gpu.as_deref(), Some("0000:03:00.0"));
+    assert_eq!(run.gpu_pods, ["ml/train"]);
+
+    // Drained: reset, a new request.
+    n.drain = Some(DrainState::Done);
+    let d = act(node_step(&n, &m, &policy, at(20)));
+    assert_eq!(d.drain, DrainOrder::Stop);
+    n = applied(n, &d);
+    assert_eq!(phase(&n), Some(Phase::ResettingGpu));
+    let reset_id = n.record.run.as_ref().unwrap().test.clone().unwrap();
+    assert_ne!(reset_id, isolate_id);
+    // The isolation's answer is not the reset's.
+    assert_eq!(act(node_step(&n, &m, &policy, at(25))).record, None);
+
+    // Reset and tested: confirm, no reboot ever asked.
+    answered(&mut n, true, None, &[]);
+    n.conditions = vec![("Ready".into(), true), ("AMDGPUUnhealthy".into(), false)];
+    n = applied(n.clone(), &act(node_step(&n, &m, &policy, at(30))));
+    assert_eq!(phase(&n), Some(Phase::Confirming));
+    assert_eq!(n.record.run.as_ref().unwrap().reboot_from, None);
+    n = applied(n.clone(), &act(node_step(&n, &m, &policy, at(91))));
+    let d = act(node_step(&n, &m, &policy, at(152)));
+    assert_eq!(d.quarantine, Some(false));
+    assert!(d.notes.iter().any(|e| e.reason == EVENT_SUCCEEDED));
+}
+
+#[test]
+fn a_fault_on_several_gpus_a_failed_reset_or_a_silent_agent_escalate_to_the_whole_node() {
+    let policy = Policy::default();
+    let m = reset_first_mapping();
+    let escalated = |d: &Decision| {
+        assert_eq!(d.drain, DrainOrder::Start, "the whole node is drained");
+        assert!(d.notes.iter().any(|e| e.reason == EVENT_ESCALATED), "{d:?}");
+        let run = d.record.as_ref().unwrap().run.as_ref().unwrap();
+        assert_eq!(run.phase, Phase::Draining);
+        assert!(run.entry.validation_tests_profile.is_some());
+    };
+
+    // Several GPUs at fault.
+    let mut n = reset_started(&policy);
+    answered(&mut n, false, None, &[]);
+    escalated(&act(node_step(&n, &m, &policy, at(10))));
+
+    // The agent never answers.
+    let n = reset_started(&policy);
+    escalated(&act(node_step(
+        &n,
+        &m,
+        &policy,
+        at(GPU_ISOLATION_LIMIT.as_secs() as i64),
+    )));
+
+    // The reset (or its tests) failed: then the reboot path follows the drain.
+    let mut n = reset_started(&policy);
+    answered(&mut n, true, Some("0000:03:00.0"), &[]);
+    n = applied(n.clone(), &act(node_step(&n, &m, &policy, at(10))));
+    n.drain = Some(DrainState::Done);
+    n = applied(n.clone(), &act(node_step(&n, &m, &policy, at(20))));
+    answered(&mut n, false, None, &[]);
+    let d = act(node_step(&n, &m, &policy, at(30)));
+    escalated(&d);
+    n = applied(n, &d);
+    n.drain = Some(DrainState::Done);
+    n = applied(n.clone(), &act(node_step(&n, &m, &policy, at(40))));
+    assert_eq!(phase(&n), Some(Phase::Rebooting));
+}
+
+#[test]
+fn an_approved_reset_first_run_isolates_the_gpu() {
+    let policy = Policy {
+        auto_start: false,
+        ..Policy::default()
+    };
+    let m = reset_first_mapping();
+    let facts = failing("n1");
+    let candidate = candidate_of(node_step(&facts, &m, &policy, at(0)));
+    let mut n = applied(facts.clone(), &start(&facts, &candidate, &policy, at(0)));
+    assert_eq!(phase(&n), Some(Phase::AwaitingApproval));
+    n.force_resume = true;
+    let d = act(node_step(&n, &m, &policy, at(5)));
+    assert_eq!(d.drain, DrainOrder::Keep);
+    n = applied(n, &d);
+    assert_eq!(phase(&n), Some(Phase::IsolatingGpu));
+    assert!(n.record.run.as_ref().unwrap().test.is_some());
 }
