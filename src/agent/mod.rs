@@ -318,6 +318,13 @@ pub async fn run(
                 *current = wanted_partition;
                 changed
             });
+            let node_label_problems: Vec<String> = match &selection {
+                Selection::One(selected) => select::sharing_for(&selected.spec, node.labels())
+                    .1
+                    .into_iter()
+                    .collect(),
+                _ => Vec::new(),
+            };
             let access_problems = desired
                 .metrics
                 .as_ref()
@@ -335,6 +342,7 @@ pub async fn run(
                     metrics_config_warnings: &config_verdict.warnings,
                     discovery: &discovery.borrow(),
                     access_problems: &access_problems,
+                    node_label_problems: &node_label_problems,
                     services: services.states(),
                     inventory: &inventory.borrow_and_update(),
                     driver: driver_report.borrow_and_update().as_ref(),

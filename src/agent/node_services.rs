@@ -418,7 +418,10 @@ mod tests {
     #[test]
     fn before_discovery_only_the_metrics_endpoint_runs_and_the_rest_is_named() {
         let desired = DesiredServices {
-            labeller: Some(LabellerConfig { kinds: Vec::new() }),
+            labeller: Some(LabellerConfig {
+                kinds: Vec::new(),
+                sharing: None,
+            }),
             metrics: Some(MetricsConfig::new(HostRoot::new("/h"), "n1")),
             ..DesiredServices::default()
         };

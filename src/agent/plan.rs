@@ -347,6 +347,8 @@ pub struct Observed<'a> {
     pub discovery: &'a DiscoveryProgress,
     /// What is wrong with the metrics endpoint's `rbacConfig`.
     pub access_problems: &'a [String],
+    /// Node labels a person set that cannot be used (a bad sharing count).
+    pub node_label_problems: &'a [String],
     /// Each service's state, as the annotation shows it.
     pub services: BTreeMap<ServiceName, ServiceStatus>,
     pub inventory: &'a Inventory,
@@ -430,6 +432,10 @@ pub fn report(state: &mut LoopState, observed: Observed<'_>) -> Report {
     found.extend(observed.access_problems.iter().map(|message| Problem {
         event_reason: Some("MetricsAccessProblem"),
         message: format!("metrics endpoint: {message}"),
+    }));
+    found.extend(observed.node_label_problems.iter().map(|message| Problem {
+        event_reason: Some("InvalidNodeLabel"),
+        message: message.clone(),
     }));
     let warnings = found
         .iter()
@@ -1089,6 +1095,7 @@ mod tests {
                     metrics_config_warnings: &self.metrics_config_warnings,
                     discovery: &self.discovery,
                     access_problems: &self.access_problems,
+                    node_label_problems: &[],
                     services: [(ServiceName::MetricsExporter, ServiceStatus::Running)].into(),
                     inventory: &inventory,
                     driver: None,

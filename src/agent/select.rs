@@ -60,6 +60,8 @@ pub fn select_config<'a>(
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LabellerConfig {
     pub kinds: Vec<NodeLabellerKind>,
+    /// The device plugin's sharing, when the plugin runs: the sharing labels.
+    pub sharing: Option<crate::api::TimeSlicing>,
 }
 
 /// The services a DeviceConfig asks for on this node, with their configuration.
@@ -134,6 +136,17 @@ pub fn idle_services(node: &NodeContext<'_>) -> DesiredServices {
     }
 }
 
+/// The time-slicing of this node: the DeviceConfig's arguments (unreadable
+/// ones read as their defaults; `validate` refuses them), with the count of
+/// the Node label `amd.com/gpu.sharing-replicas` when it has a valid one; and
+/// what is wrong with that label, if anything.
+pub fn sharing_for(
+    spec: &DeviceConfigSpec,
+    labels: &BTreeMap<String, String>,
+) -> (crate::api::TimeSlicing, Option<String>) {
+    spec.device_plugin().time_slicing().0.for_node(labels)
+}
+
 /// What to run for a selected spec. The device plugin socket directory is the
 /// spec's `kubeletSocketPath` when it differs from the default, else
 /// `<kubelet-dir>/device-plugins`, so that `--kubelet-dir` moves everything.
@@ -156,12 +169,16 @@ pub fn plan_services(spec: &DeviceConfigSpec, node: &NodeContext<'_>) -> Desired
             };
             // An unknown value is reported by validation; the reference falls back to single.
             let strategy = plugin_spec.resource_naming_strategy().unwrap_or_default();
-            PluginConfig::new(dir, strategy, node.host.clone())
+            PluginConfig {
+                sharing: sharing_for(spec, node.labels).0,
+                ..PluginConfig::new(dir, strategy, node.host.clone())
+            }
         });
     let labeller = spec
         .runs_on(Operand::NodeLabeller, node.labels)
         .then(|| LabellerConfig {
             kinds: crate::labeller::kinds_for(spec),
+            sharing: device_plugin.as_ref().map(|p| p.sharing),
         });
     let metrics_text = node.metrics_config.map(str::to_owned);
     // The health monitor always runs under a DeviceConfig (it feeds the device

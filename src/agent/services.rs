@@ -12,7 +12,7 @@ use super::select::LabellerConfig;
 use crate::api::agent_status::ServiceName;
 use crate::device::Inventory;
 use crate::dra::{DraConfig, DraPlugin};
-use crate::labeller::{desired_labels, label_intent};
+use crate::labeller::{add_sharing_labels, desired_labels, label_intent};
 use crate::node_writer::{Concern, NodeWriteError, NodeWriter, RETRY_AFTER_FAILURE};
 use crate::plugin::{DevicePluginService, HealthReport, PluginConfig, PluginStatus};
 use crate::service::{Readiness, Service, ServiceError, ServiceFuture};
@@ -45,8 +45,11 @@ impl Service for LabellerService {
             let mut inventory = self.inventory.clone();
             let mut node = self.node.clone();
             loop {
-                let kinds = config.borrow_and_update().kinds.clone();
-                let desired = desired_labels(&inventory.borrow_and_update(), &kinds);
+                let LabellerConfig { kinds, sharing } = config.borrow_and_update().clone();
+                let mut desired = desired_labels(&inventory.borrow_and_update(), &kinds);
+                if let Some(sharing) = &sharing {
+                    add_sharing_labels(&mut desired, sharing);
+                }
                 let watched = node.borrow_and_update().clone();
                 let mut failed = false;
                 match watched {

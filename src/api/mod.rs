@@ -33,8 +33,8 @@ pub mod yaml;
 pub use crd::{crd, crd_yaml};
 pub use enums::{DriverType, PullPolicy, ServiceType, TlsVersion, UpgradeState, UpgradeStrategy};
 pub use semantics::{
-    AbsentSection, NodeLabellerKind, Operand, ResourceNamingStrategy, selector_matches,
-    selects_node,
+    AbsentSection, NodeLabellerKind, Operand, ResourceNamingStrategy, TimeSlicing,
+    selector_matches, selects_node,
 };
 pub use types::*;
 pub use validate::{

@@ -23,8 +23,92 @@ use super::types::{
 pub const ARG_RESOURCE_NAMING_STRATEGY: &str = "resource_naming_strategy";
 /// `devicePluginArguments` key that tells the device plugin which driver type the node runs.
 pub const ARG_DRIVER_TYPE: &str = "driver_type";
-/// The `devicePluginArguments` keys the reference device plugin accepts.
-pub const KNOWN_DEVICE_PLUGIN_ARGUMENTS: &[&str] = &[ARG_RESOURCE_NAMING_STRATEGY, ARG_DRIVER_TYPE];
+/// `devicePluginArguments` keys of GPU sharing (ours; the reference CRD has
+/// no sharing field, and puts plugin options here).
+pub const ARG_TIME_SLICING_REPLICAS: &str = "time_slicing_replicas";
+pub const ARG_TIME_SLICING_RENAME: &str = "time_slicing_rename";
+pub const ARG_TIME_SLICING_FAIL_REQUESTS: &str = "time_slicing_fail_requests_greater_than_one";
+/// The `devicePluginArguments` keys accepted: the reference device plugin's,
+/// then ours.
+pub const KNOWN_DEVICE_PLUGIN_ARGUMENTS: &[&str] = &[
+    ARG_RESOURCE_NAMING_STRATEGY,
+    ARG_DRIVER_TYPE,
+    ARG_TIME_SLICING_REPLICAS,
+    ARG_TIME_SLICING_RENAME,
+    ARG_TIME_SLICING_FAIL_REQUESTS,
+];
+/// Node label a person sets to give one node its own replica count; it wins
+/// over `time_slicing_replicas`.
+pub const SHARING_REPLICAS_LABEL: &str = "amd.com/gpu.sharing-replicas";
+/// The most replicas a device may be advertised as.
+pub const MAX_REPLICAS: u32 = 64;
+
+/// Time-slicing: each GPU (or partition) advertised `replicas` times, so that
+/// that many containers can share it. Scheduling-level sharing: the GPU gives
+/// no memory isolation between them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TimeSlicing {
+    /// 1 is no sharing.
+    pub replicas: u32,
+    /// Advertise `amd.com/<name>.shared` instead of `amd.com/<name>`.
+    pub rename: bool,
+    /// Refuse a container asking for more than one replica.
+    pub fail_requests_greater_than_one: bool,
+}
+
+impl Default for TimeSlicing {
+    fn default() -> Self {
+        Self {
+            replicas: 1,
+            rename: false,
+            fail_requests_greater_than_one: false,
+        }
+    }
+}
+
+impl TimeSlicing {
+    pub fn is_shared(&self) -> bool {
+        self.replicas > 1
+    }
+
+    /// A replica count as written (argument or Node label): 1 to
+    /// [`MAX_REPLICAS`].
+    pub fn parse_replicas(text: &str) -> Result<u32, String> {
+        match text.trim().parse::<u32>() {
+            Ok(n) if (1..=MAX_REPLICAS).contains(&n) => Ok(n),
+            _ => Err(format!(
+                "{text:?} is not a replica count: an integer from 1 to {MAX_REPLICAS}"
+            )),
+        }
+    }
+
+    /// With the node's own replica count ([`SHARING_REPLICAS_LABEL`]), when
+    /// it has a valid one; an invalid one is returned as a problem and the
+    /// DeviceConfig's count stays.
+    pub fn for_node(self, labels: &BTreeMap<String, String>) -> (Self, Option<String>) {
+        match labels.get(SHARING_REPLICAS_LABEL) {
+            None => (self, None),
+            Some(text) => match Self::parse_replicas(text) {
+                Ok(replicas) => (Self { replicas, ..self }, None),
+                Err(why) => (
+                    self,
+                    Some(format!(
+                        "Node label {SHARING_REPLICAS_LABEL}: {why}; using {} from the DeviceConfig",
+                        self.replicas
+                    )),
+                ),
+            },
+        }
+    }
+}
+
+fn parse_flag(text: &str) -> Option<bool> {
+    match text {
+        "true" => Some(true),
+        "false" => Some(false),
+        _ => None,
+    }
+}
 
 /// How GPUs (and their partitions) are advertised to the kubelet.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -362,6 +446,37 @@ impl DevicePluginSpec {
         }
     }
 
+    /// The time-slicing the arguments ask for; each unreadable value is
+    /// reported and read as its default (`validate` refuses it).
+    pub fn time_slicing(&self) -> (TimeSlicing, Vec<(String, String)>) {
+        let mut sharing = TimeSlicing::default();
+        let mut problems = Vec::new();
+        let args = &self.device_plugin_arguments;
+        if let Some(text) = args.get(ARG_TIME_SLICING_REPLICAS) {
+            match TimeSlicing::parse_replicas(text) {
+                Ok(n) => sharing.replicas = n,
+                Err(why) => problems.push((ARG_TIME_SLICING_REPLICAS.to_owned(), why)),
+            }
+        }
+        for (key, flag) in [
+            (ARG_TIME_SLICING_RENAME, &mut sharing.rename),
+            (
+                ARG_TIME_SLICING_FAIL_REQUESTS,
+                &mut sharing.fail_requests_greater_than_one,
+            ),
+        ] {
+            if let Some(text) = args.get(key) {
+                match parse_flag(text) {
+                    Some(on) => *flag = on,
+                    None => {
+                        problems.push((key.to_owned(), format!("{text:?} is not true or false")))
+                    }
+                }
+            }
+        }
+        (sharing, problems)
+    }
+
     /// The label generators to run when the node labeller is enabled: the
     /// reference defaults plus every recognised entry of `nodeLabellerArguments`,
     /// sorted and without duplicates. Unrecognised entries are skipped
@@ -617,6 +732,48 @@ mod tests {
         dp.device_plugin_arguments
             .insert(ARG_RESOURCE_NAMING_STRATEGY.into(), "Mixed".into());
         assert_eq!(dp.resource_naming_strategy(), None);
+    }
+
+    #[test]
+    fn time_slicing_reads_its_arguments_and_a_node_label_overrides_the_count() {
+        let mut dp = DevicePluginSpec::default();
+        assert_eq!(dp.time_slicing(), (TimeSlicing::default(), Vec::new()));
+        for (key, value) in [
+            (ARG_TIME_SLICING_REPLICAS, "4"),
+            (ARG_TIME_SLICING_RENAME, "true"),
+            (ARG_TIME_SLICING_FAIL_REQUESTS, "true"),
+        ] {
+            dp.device_plugin_arguments.insert(key.into(), value.into());
+        }
+        let (sharing, problems) = dp.time_slicing();
+        assert!(problems.is_empty(), "{problems:?}");
+        assert_eq!(
+            sharing,
+            TimeSlicing {
+                replicas: 4,
+                rename: true,
+                fail_requests_greater_than_one: true
+            }
+        );
+        let labels = |v: &str| BTreeMap::from([(SHARING_REPLICAS_LABEL.to_owned(), v.to_owned())]);
+        assert_eq!(sharing.for_node(&labels("8")).0.replicas, 8);
+        assert_eq!(
+            sharing.for_node(&labels("1")).0.replicas,
+            1,
+            "1 turns it off"
+        );
+        let (kept, problem) = sharing.for_node(&labels("65"));
+        assert_eq!(kept.replicas, 4);
+        assert!(problem.unwrap().contains("from 1 to 64"));
+        for bad in ["0", "65", "-1", "two", ""] {
+            dp.device_plugin_arguments
+                .insert(ARG_TIME_SLICING_REPLICAS.into(), bad.into());
+            dp.device_plugin_arguments
+                .insert(ARG_TIME_SLICING_RENAME.into(), "yes".into());
+            let (sharing, problems) = dp.time_slicing();
+            assert_eq!(sharing.replicas, 1, "{bad:?}");
+            assert_eq!(problems.len(), 2, "{bad:?}: {problems:?}");
+        }
     }
 
     #[test]

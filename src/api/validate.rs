@@ -24,8 +24,9 @@ use regex::Regex;
 
 use super::enums::{PullPolicy, RELABEL_ACTIONS, TAINT_EFFECTS, UpgradeStrategy};
 use super::semantics::{
-    ARG_DRIVER_TYPE, ARG_RESOURCE_NAMING_STRATEGY, KNOWN_DEVICE_PLUGIN_ARGUMENTS, NodeLabellerKind,
-    Operand, ResourceNamingStrategy,
+    ARG_DRIVER_TYPE, ARG_RESOURCE_NAMING_STRATEGY, ARG_TIME_SLICING_FAIL_REQUESTS,
+    ARG_TIME_SLICING_RENAME, ARG_TIME_SLICING_REPLICAS, KNOWN_DEVICE_PLUGIN_ARGUMENTS,
+    NodeLabellerKind, Operand, ResourceNamingStrategy,
 };
 use super::syntax;
 use super::types::{
@@ -526,6 +527,9 @@ impl Checker {
                     self.one_of(&path, value, ResourceNamingStrategy::KNOWN)
                 }
                 ARG_DRIVER_TYPE => self.one_of(&path, value, DriverType::KNOWN),
+                ARG_TIME_SLICING_REPLICAS
+                | ARG_TIME_SLICING_RENAME
+                | ARG_TIME_SLICING_FAIL_REQUESTS => {}
                 _ => self.push(
                     "spec.devicePlugin.devicePluginArguments",
                     format!(
@@ -533,6 +537,14 @@ impl Checker {
                         KNOWN_DEVICE_PLUGIN_ARGUMENTS.join(", ")
                     ),
                 ),
+            }
+        }
+        if spec.is_enabled(Operand::DevicePlugin) {
+            for (key, why) in dp.time_slicing().1 {
+                self.push(
+                    format!("spec.devicePlugin.devicePluginArguments.{key}"),
+                    why,
+                );
             }
         }
         for (index, arg) in dp.node_labeller_arguments.iter().enumerate() {

@@ -42,6 +42,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::api::NodeLabellerKind as LabelKind;
+use crate::api::TimeSlicing;
 use crate::device::{Gpu, Inventory, NodeSize};
 use crate::node_writer::NodeIntent;
 
@@ -290,6 +291,43 @@ fn firmware_labels(inventory: &Inventory, labels: &mut BTreeMap<String, String>)
             format!("beta.amd.com/gpu.firmware.{suffix}"),
             count.to_string(),
         );
+    }
+}
+
+/// Labels of GPU sharing (NVIDIA's feature discovery writes the same three
+/// for its time-slicing, so selectors read alike).
+pub const REPLICAS_LABEL: &str = "amd.com/gpu.replicas";
+pub const SHARING_STRATEGY_LABEL: &str = "amd.com/gpu.sharing-strategy";
+/// Added to the product name of a node whose GPUs are shared under their
+/// own resource name, so that a selector can tell it from an exclusive one.
+pub const SHARED_PRODUCT_SUFFIX: &str = "-SHARED";
+const PRODUCT_NAME_LABELS: [&str; 2] =
+    ["amd.com/gpu.product-name", "beta.amd.com/gpu.product-name"];
+
+/// Adds the sharing labels to a node's `labels` (nothing on a node without
+/// GPU labels): `amd.com/gpu.replicas=N`, `amd.com/gpu.sharing-strategy` =
+/// `time-slicing` or `none`, and, when shared without renaming, the
+/// `-SHARED` product name. Pure.
+pub fn add_sharing_labels(labels: &mut BTreeMap<String, String>, sharing: &TimeSlicing) {
+    if labels.is_empty() {
+        return;
+    }
+    labels.insert(REPLICAS_LABEL.to_owned(), sharing.replicas.to_string());
+    let strategy = if sharing.is_shared() {
+        "time-slicing"
+    } else {
+        "none"
+    };
+    labels.insert(SHARING_STRATEGY_LABEL.to_owned(), strategy.to_owned());
+    if sharing.is_shared() && !sharing.rename {
+        for key in PRODUCT_NAME_LABELS {
+            if let Some(name) = labels.get_mut(key) {
+                let room = 63 - SHARED_PRODUCT_SUFFIX.len();
+                let kept: String = name.chars().take(room).collect();
+                let kept = kept.trim_end_matches(|c: char| !c.is_ascii_alphanumeric());
+                *name = format!("{kept}{SHARED_PRODUCT_SUFFIX}");
+            }
+        }
     }
 }
 

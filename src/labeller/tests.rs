@@ -445,3 +445,53 @@ fn labels_from_a_simulated_host() {
         Some("64")
     );
 }
+
+#[test]
+fn shared_gpus_are_labelled_with_replicas_strategy_and_a_shared_product_name() {
+    let inv = inventory(vec![mi300x(None), mi300x(None)]);
+    let mut labels = desired_labels(&inv, &all());
+    let product = labels["amd.com/gpu.product-name"].clone();
+    let mut exclusive = labels.clone();
+    add_sharing_labels(&mut exclusive, &TimeSlicing::default());
+    assert_eq!(exclusive[REPLICAS_LABEL], "1");
+    assert_eq!(exclusive[SHARING_STRATEGY_LABEL], "none");
+    assert_eq!(exclusive["amd.com/gpu.product-name"], product);
+    let sharing = TimeSlicing {
+        replicas: 4,
+        ..TimeSlicing::default()
+    };
+    add_sharing_labels(&mut labels, &sharing);
+    assert_eq!(labels[REPLICAS_LABEL], "4");
+    assert_eq!(labels[SHARING_STRATEGY_LABEL], "time-slicing");
+    assert_eq!(
+        labels["amd.com/gpu.product-name"],
+        format!("{product}-SHARED")
+    );
+    assert_eq!(
+        labels["beta.amd.com/gpu.product-name"],
+        format!("{product}-SHARED")
+    );
+    assert!(
+        labels.contains_key(&format!("beta.amd.com/gpu.product-name.{product}")),
+        "the counters keep the product's own name"
+    );
+    // Renamed, the resource name tells them apart: the product name stays.
+    let mut renamed = desired_labels(&inv, &all());
+    add_sharing_labels(
+        &mut renamed,
+        &TimeSlicing {
+            rename: true,
+            ..sharing
+        },
+    );
+    assert_eq!(renamed["amd.com/gpu.product-name"], product);
+    // At most 63 characters, still a valid value.
+    let mut long = BTreeMap::from([("amd.com/gpu.product-name".to_owned(), "A".repeat(62) + "_B")]);
+    add_sharing_labels(&mut long, &sharing);
+    let value = &long["amd.com/gpu.product-name"];
+    assert!(value.len() <= 63 && value.ends_with("A-SHARED"), "{value}");
+    // No GPU labels, no sharing labels.
+    let mut none = BTreeMap::new();
+    add_sharing_labels(&mut none, &sharing);
+    assert!(none.is_empty());
+}

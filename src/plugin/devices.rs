@@ -31,6 +31,11 @@
 //!   AMD's spelling.
 //!
 //! All IDs are at most 63 characters, as the kubelet requires.
+//!
+//! Sharing (time-slicing, [`shared_plan`]): each device is advertised
+//! `replicas` times as `<id>::<n>` (n from 0), with its parent's NUMA node,
+//! DRM nodes and so its health; with renaming, the resource is
+//! `amd.com/<name>.shared`. [`parent_id`] maps a replica back.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -44,6 +49,13 @@ pub const GPU_RESOURCE: &str = "gpu";
 /// How resources are named (`devicePluginArguments.resource_naming_strategy`);
 /// see the module documentation. The API owns the type and its parsing.
 pub use crate::api::ResourceNamingStrategy;
+/// Sharing (`devicePluginArguments.time_slicing_*`); the API owns it.
+pub use crate::api::TimeSlicing;
+
+/// Between a device's ID and its replica number in a replica's ID.
+pub const REPLICA_SEPARATOR: &str = "::";
+/// What renaming adds to a shared resource's name.
+pub const SHARED_SUFFIX: &str = ".shared";
 
 /// Host platform devices behind partitions: render minor → `amdgpu_xcp_N`.
 pub type XcpNames = BTreeMap<u32, String>;
@@ -135,6 +147,48 @@ pub fn resource_name(short: &str) -> String {
 /// File name of the plugin socket for a resource: `amd.com_<short>.sock`.
 pub fn socket_name(short: &str) -> String {
     format!("{RESOURCE_NAMESPACE}_{short}.sock")
+}
+
+/// The device a replica's ID names; any other ID is its own. Device IDs
+/// never contain [`REPLICA_SEPARATOR`] (PCI addresses, `amdgpu_xcp_N`,
+/// `<address>-pN`).
+pub fn parent_id(id: &str) -> &str {
+    id.split_once(REPLICA_SEPARATOR)
+        .map_or(id, |(parent, _)| parent)
+}
+
+/// `plan` as advertised with `sharing`: unchanged without sharing; else each
+/// device `replicas` times (replicas of one device next to each other) and,
+/// with renaming, every resource named `<short>.shared`. Pure.
+pub fn shared_plan(plan: &ResourcePlan, sharing: &TimeSlicing) -> ResourcePlan {
+    if !sharing.is_shared() {
+        return plan.clone();
+    }
+    let resources = plan
+        .resources
+        .iter()
+        .map(|(short, devices)| {
+            let name = if sharing.rename {
+                format!("{short}{SHARED_SUFFIX}")
+            } else {
+                short.clone()
+            };
+            let replicas = devices
+                .iter()
+                .flat_map(|device| {
+                    (0..sharing.replicas).map(move |n| PluginDevice {
+                        id: format!("{}{REPLICA_SEPARATOR}{n}", device.id),
+                        ..device.clone()
+                    })
+                })
+                .collect();
+            (name, replicas)
+        })
+        .collect();
+    ResourcePlan {
+        resources,
+        conflict: plan.conflict.clone(),
+    }
 }
 
 /// Decides resources and devices for an inventory. Pure.
@@ -327,9 +381,9 @@ pub(crate) mod tests {
         }
     }
 
-    #[test]
-    fn single_offers_every_partition_as_gpu() {
-        let gpus = (0..8)
+    /// An MI300X platform in CPX/NPS4: 8 GPUs of 8 partitions.
+    fn eight_cpx_nps4_gpus() -> Vec<Gpu> {
+        (0..8)
             .map(|i| {
                 partitioned_gpu(
                     &format!("0000:{:02x}:00.0", i + 1),
@@ -340,7 +394,12 @@ pub(crate) mod tests {
                     i * 8,
                 )
             })
-            .collect();
+            .collect()
+    }
+
+    #[test]
+    fn single_offers_every_partition_as_gpu() {
+        let gpus = eight_cpx_nps4_gpus();
         let plan = plan_resources(
             &inventory(gpus),
             ResourceNamingStrategy::Single,
@@ -468,6 +527,59 @@ pub(crate) mod tests {
         );
         let numa: Vec<_> = plan.resources["gpu"].iter().map(|d| d.numa_node).collect();
         assert_eq!(numa, [None, Some(3)]);
+    }
+
+    #[test]
+    fn replicas_are_numbered_under_their_device_and_renaming_adds_shared() {
+        let gpus = eight_cpx_nps4_gpus();
+        let plan = plan_resources(
+            &inventory(gpus),
+            ResourceNamingStrategy::Mixed,
+            &XcpNames::new(),
+        );
+        let off = TimeSlicing::default();
+        assert_eq!(shared_plan(&plan, &off), plan, "one replica is no sharing");
+        let sharing = TimeSlicing {
+            replicas: 8,
+            ..TimeSlicing::default()
+        };
+        let shared = shared_plan(&plan, &sharing);
+        let devices = &shared.resources["cpx_nps4"];
+        assert_eq!(devices.len(), 512);
+        let ids: BTreeSet<&str> = devices.iter().map(|d| d.id.as_str()).collect();
+        assert_eq!(ids.len(), 512, "unique");
+        assert!(devices.iter().all(|d| d.id.len() <= 63));
+        let parent = &plan.resources["cpx_nps4"][9];
+        for n in 0..8 {
+            let replica = &devices[9 * 8 + n];
+            assert_eq!(replica.id, format!("{}::{n}", parent.id));
+            assert_eq!(parent_id(&replica.id), parent.id);
+            assert_eq!(
+                (
+                    replica.gpu_bdf.as_str(),
+                    replica.partition,
+                    replica.dri_nodes()
+                ),
+                (
+                    parent.gpu_bdf.as_str(),
+                    parent.partition,
+                    parent.dri_nodes()
+                )
+            );
+        }
+        assert_eq!(parent_id("0000:05:00.0"), "0000:05:00.0");
+        let renamed = shared_plan(
+            &plan,
+            &TimeSlicing {
+                rename: true,
+                ..sharing
+            },
+        );
+        assert_eq!(
+            renamed.resources.keys().collect::<Vec<_>>(),
+            ["cpx_nps4.shared"]
+        );
+        assert_eq!(resource_name("gpu.shared"), "amd.com/gpu.shared");
     }
 
     #[test]

@@ -45,10 +45,11 @@ pub mod service;
 pub mod state;
 
 pub use devices::{
-    LayoutConflict, PluginDevice, ResourceNamingStrategy, ResourcePlan, plan_resources,
+    LayoutConflict, PluginDevice, ResourceNamingStrategy, ResourcePlan, TimeSlicing, parent_id,
+    plan_resources, shared_plan,
 };
 pub use health::{DeviceRef, Health, HealthReport};
-pub use preferred::{Topology, preferred_allocation};
+pub use preferred::{Topology, preferred_allocation, preferred_replicas};
 pub(crate) use probe::node_checks;
 pub(crate) use server::SocketServer;
 pub use server::{RegisterError, plugin_options};

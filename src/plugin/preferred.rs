@@ -12,6 +12,11 @@
 //!    different).
 //! 4. `must_include` devices are always in the answer, first.
 //!
+//! Replicas of shared devices ([`preferred_replicas`]) are spread first: one
+//! replica per device, the devices chosen by the rules above, so a container
+//! asking for four replicas gets four GPUs while four are free; only then are
+//! more replicas of the devices already chosen packed in.
+//!
 //! The search is greedy from each possible first GPU, keeping the best result;
 //! first GPUs that already belong to an earlier result are skipped, as they
 //! would mostly find the same set. That makes it a heuristic (a preference, which
@@ -22,7 +27,7 @@ use std::collections::{HashMap, HashSet};
 
 use crate::device::{Gpu, LinkKind};
 
-use super::devices::PluginDevice;
+use super::devices::{PluginDevice, parent_id};
 
 /// Link ranks: lower is closer.
 const RANK_XGMI: u8 = 0;
@@ -51,19 +56,24 @@ pub struct Topology {
 
 impl Topology {
     /// `devices` are the advertised devices; `gpus` supply links (and XGMI hive
-    /// membership, used when a link is missing).
+    /// membership, used when a link is missing). Replicas count as their
+    /// device: the topology knows devices, [`preferred_replicas`] replicas.
     pub fn new(devices: &[PluginDevice], gpus: &[Gpu]) -> Self {
         let mut index: HashMap<&str, usize> = HashMap::new();
         let mut numa = Vec::new();
         let mut device_map = HashMap::with_capacity(devices.len());
         let mut per_gpu: Vec<usize> = Vec::new();
         for device in devices {
+            let id = parent_id(&device.id);
+            if device_map.contains_key(id) {
+                continue;
+            }
             let g = *index.entry(device.gpu_bdf.as_str()).or_insert_with(|| {
                 numa.push(device.numa_node);
                 per_gpu.push(0);
                 numa.len() - 1
             });
-            device_map.insert(device.id.clone(), (g, per_gpu[g]));
+            device_map.insert(id.to_owned(), (g, per_gpu[g]));
             per_gpu[g] += 1;
         }
         let n = numa.len();
@@ -199,6 +209,88 @@ pub fn preferred_allocation(
         }
     }
     chosen.extend(unknown.into_iter().take(left).map(str::to_owned));
+    chosen
+}
+
+/// [`preferred_allocation`] for replicas of shared devices: `size` replicas
+/// out of `available`, `must_include` first; then one replica of each of the
+/// devices [`preferred_allocation`] picks among those with a free replica and
+/// none in `must_include`; then, while more are needed, further replicas of
+/// the devices already in the answer (packing), then of any other.
+pub fn preferred_replicas(
+    topology: &Topology,
+    available: &[String],
+    must_include: &[String],
+    size: usize,
+) -> Vec<String> {
+    let mut chosen: Vec<String> =
+        Vec::with_capacity(size.min(available.len() + must_include.len()));
+    let mut taken: HashSet<&str> = HashSet::new();
+    let mut used_parents: Vec<&str> = Vec::new();
+    for id in must_include {
+        if taken.insert(id) {
+            chosen.push(id.clone());
+            let parent = parent_id(id);
+            if !used_parents.contains(&parent) {
+                used_parents.push(parent);
+            }
+        }
+    }
+    if chosen.len() >= size {
+        return chosen;
+    }
+    // The free replicas of each device, in the order the kubelet gave them.
+    let mut free: HashMap<&str, Vec<&str>> = HashMap::new();
+    let mut parents: Vec<&str> = Vec::new();
+    for id in available {
+        if taken.contains(id.as_str()) {
+            continue;
+        }
+        let parent = parent_id(id);
+        let replicas = free.entry(parent).or_insert_with(|| {
+            parents.push(parent);
+            Vec::new()
+        });
+        if !replicas.contains(&id.as_str()) {
+            replicas.push(id);
+        }
+    }
+    let need = size - chosen.len();
+    let spread_over: Vec<String> = parents
+        .iter()
+        .filter(|p| !used_parents.contains(p))
+        .map(|p| (*p).to_owned())
+        .collect();
+    let used: Vec<String> = used_parents.iter().map(|p| (*p).to_owned()).collect();
+    let spread = need.min(spread_over.len());
+    let picked = preferred_allocation(topology, &spread_over, &used, used.len() + spread);
+    let mut take_one = |parent: &str, chosen: &mut Vec<String>| -> bool {
+        let Some(replicas) = free.get_mut(parent) else {
+            return false;
+        };
+        if replicas.is_empty() {
+            return false;
+        }
+        chosen.push(replicas.remove(0).to_owned());
+        true
+    };
+    let mut order: Vec<String> = used.clone();
+    for parent in picked.iter().skip(used.len()) {
+        if chosen.len() >= size {
+            break;
+        }
+        if take_one(parent, &mut chosen) {
+            order.push(parent.clone());
+        }
+    }
+    // Packing: more replicas of the devices in the answer, then the rest.
+    order.extend(parents.iter().map(|p| (*p).to_owned()));
+    for parent in &order {
+        while chosen.len() < size && take_one(parent, &mut chosen) {}
+        if chosen.len() >= size {
+            break;
+        }
+    }
     chosen
 }
 
@@ -360,6 +452,7 @@ mod tests {
     use super::*;
     use crate::device::Link;
     use proptest::prelude::*;
+    use std::collections::BTreeSet;
 
     /// GPU `g` has `parts` partitions with IDs `g<g>p<i>`.
     fn devices(layout: &[(usize, Option<i64>)]) -> Vec<PluginDevice> {
@@ -474,6 +567,63 @@ mod tests {
         assert_eq!(gpus_of(&got).len(), 2, "{got:?}");
     }
 
+    /// `devs` advertised `n` times each.
+    fn replicated(devs: &[PluginDevice], n: usize) -> Vec<PluginDevice> {
+        devs.iter()
+            .flat_map(|d| {
+                (0..n).map(move |r| PluginDevice {
+                    id: format!("{}::{r}", d.id),
+                    ..d.clone()
+                })
+            })
+            .collect()
+    }
+
+    fn parents_of(ids: &[String]) -> BTreeSet<&str> {
+        ids.iter().map(|id| parent_id(id)).collect()
+    }
+
+    #[test]
+    fn replicas_spread_over_devices_first_then_pack() {
+        let devs = devices(&[(1, Some(0)), (1, Some(0)), (1, Some(1)), (1, Some(1))]);
+        let shared = replicated(&devs, 4);
+        let topo = Topology::new(&shared, &gpus(4, &[]));
+        let ids = all_ids(&shared);
+        let got = preferred_replicas(&topo, &ids, &[], 2);
+        assert_eq!(
+            parents_of(&got),
+            BTreeSet::from(["g0p0", "g1p0"]),
+            "one NUMA node: {got:?}"
+        );
+        let got = preferred_replicas(&topo, &ids, &[], 4);
+        assert_eq!(parents_of(&got).len(), 4, "{got:?}");
+        // Six: every device once, then two more of devices already in it.
+        let got = preferred_replicas(&topo, &ids, &[], 6);
+        assert_eq!((got.len(), parents_of(&got).len()), (6, 4), "{got:?}");
+        // must_include counts its device as used: the rest go elsewhere.
+        let must = strings(&["g2p0::3"]);
+        let got = preferred_replicas(&topo, &ids, &must, 2);
+        assert_eq!(got[0], "g2p0::3");
+        assert_eq!(
+            parents_of(&got),
+            BTreeSet::from(["g2p0", "g3p0"]),
+            "same NUMA node: {got:?}"
+        );
+        // Only replicas of one device free: packed.
+        let one: Vec<String> = ids
+            .iter()
+            .filter(|id| id.starts_with("g1"))
+            .cloned()
+            .collect();
+        let got = preferred_replicas(&topo, &one, &[], 3);
+        assert_eq!(got, ["g1p0::0", "g1p0::1", "g1p0::2"]);
+        assert_eq!(
+            preferred_replicas(&topo, &one, &[], 9).len(),
+            4,
+            "what there is"
+        );
+    }
+
     #[test]
     fn xgmi_beats_pcie() {
         let devs = devices(&[(1, Some(0)), (1, Some(0)), (1, Some(0))]);
@@ -487,6 +637,15 @@ mod tests {
         assert_eq!(got, ["g0p0", "g2p0"]);
         let got = preferred_allocation(&topo, &all_ids(&devs), &strings(&["g2p0"]), 2);
         assert_eq!(got, ["g2p0", "g0p0"]);
+        // Replicas go to the linked GPUs too.
+        let shared = replicated(&devs, 2);
+        let topo = Topology::new(&shared, &gpus(3, &links));
+        let got = preferred_replicas(&topo, &all_ids(&shared), &[], 2);
+        assert_eq!(
+            parents_of(&got),
+            BTreeSet::from(["g0p0", "g2p0"]),
+            "{got:?}"
+        );
     }
 
     #[test]

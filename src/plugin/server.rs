@@ -2,7 +2,7 @@
 //! `Registration` call to the kubelet.
 //!
 //! This module owns sockets and RPCs. It must not decide anything: answers come
-//! from [`ResourceState`] and [`preferred_allocation`], and when to bind or
+//! from [`ResourceState`], and when to bind or
 //! register is the service's business.
 
 use std::io;
@@ -22,7 +22,6 @@ use tonic::{Request, Response, Status};
 
 use super::api::{self, v1beta1};
 use super::devices::{resource_name, socket_name};
-use super::preferred::preferred_allocation;
 use super::state::ResourceState;
 use v1beta1::device_plugin_server::{DevicePlugin, DevicePluginServer};
 use v1beta1::registration_client::RegistrationClient;
@@ -126,8 +125,7 @@ impl DevicePlugin for PluginService {
             .container_requests
             .iter()
             .map(|req| v1beta1::ContainerPreferredAllocationResponse {
-                device_i_ds: preferred_allocation(
-                    &state.topology,
+                device_i_ds: state.preferred(
                     &req.available_device_i_ds,
                     &req.must_include_device_i_ds,
                     usize::try_from(req.allocation_size).unwrap_or(0),

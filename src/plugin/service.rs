@@ -28,8 +28,8 @@ use crate::host::HostRoot;
 
 use super::api;
 use super::devices::{
-    LayoutConflict, PluginDevice, ResourceNamingStrategy, ResourcePlan, plan_resources,
-    resource_name, socket_name,
+    LayoutConflict, PluginDevice, ResourceNamingStrategy, ResourcePlan, TimeSlicing,
+    plan_resources, resource_name, shared_plan, socket_name,
 };
 use super::health::{HealthReport, NodeChecks, device_health};
 use super::preferred::Topology;
@@ -50,6 +50,8 @@ pub struct PluginConfig {
     /// `host`: the kubelet and the plugin talk through this directory directly.
     pub device_plugin_dir: PathBuf,
     pub strategy: ResourceNamingStrategy,
+    /// Time-slicing: replicas per device, renaming, the one-replica rule.
+    pub sharing: TimeSlicing,
     /// Where device nodes (`/dev/kfd`, `/dev/dri/...`) and sysfs are read.
     pub host: HostRoot,
     /// Period of the presence checks described in the module documentation.
@@ -69,6 +71,7 @@ impl PluginConfig {
         Self {
             device_plugin_dir: device_plugin_dir.into(),
             strategy,
+            sharing: TimeSlicing::default(),
             host,
             poll_interval: Self::DEFAULT_POLL_INTERVAL,
         }
@@ -219,7 +222,10 @@ struct Supervisor {
     config: PluginConfig,
     inventory: Arc<Inventory>,
     report: HealthReport,
+    /// The devices as advertised (replicas, when shared).
     plan: ResourcePlan,
+    /// The devices themselves: what the presence checks look at.
+    devices: ResourcePlan,
     checks: NodeChecks,
     servers: BTreeMap<String, ResourceHandle>,
     status: Arc<watch::Sender<PluginStatus>>,
@@ -235,6 +241,7 @@ impl Supervisor {
             inventory: Arc::default(),
             report: HealthReport::default(),
             plan: ResourcePlan::default(),
+            devices: ResourcePlan::default(),
             checks: NodeChecks::default(),
             servers: BTreeMap::new(),
             status,
@@ -315,14 +322,15 @@ impl Supervisor {
         self.checks = probe::node_checks(
             &self.config.host,
             self.inventory.driver.loaded,
-            self.plan.resources.values().flatten(),
+            self.devices.resources.values().flatten(),
         );
     }
 
     /// Recomputes resources and devices, then starts, updates and stops servers.
     async fn replan(&mut self) {
         let xcp = super::devices::xcp_names_of(&self.inventory);
-        self.plan = plan_resources(&self.inventory, self.config.strategy, &xcp);
+        self.devices = plan_resources(&self.inventory, self.config.strategy, &xcp);
+        self.plan = shared_plan(&self.devices, &self.config.sharing);
         if let Some(conflict) = &self.plan.conflict {
             tracing::warn!(%conflict, "partition layouts conflict");
         }
@@ -352,6 +360,7 @@ impl Supervisor {
                 &self.checks,
                 &self.report,
                 topology,
+                self.config.sharing,
             ));
             match self.servers.get(short) {
                 Some(handle) => {
@@ -380,6 +389,7 @@ impl Supervisor {
                     &self.checks,
                     &self.report,
                     current.topology.clone(),
+                    current.sharing,
                 );
                 if next.devices == current.devices {
                     return false;
@@ -486,6 +496,7 @@ fn build_state(
     checks: &NodeChecks,
     report: &HealthReport,
     topology: Arc<Topology>,
+    sharing: TimeSlicing,
 ) -> ResourceState {
     let advertised = devices
         .iter()
@@ -494,7 +505,7 @@ fn build_state(
             health: device_health(d, checks, report),
         })
         .collect();
-    ResourceState::new(short, advertised, topology)
+    ResourceState::new(short, advertised, topology).shared(sharing)
 }
 
 fn summarize(status: &PluginStatus) -> Option<String> {

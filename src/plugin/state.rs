@@ -9,9 +9,9 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use super::api::{self, v1beta1};
-use super::devices::{PluginDevice, resource_name};
+use super::devices::{PluginDevice, TimeSlicing, resource_name};
 use super::health::Health;
-use super::preferred::Topology;
+use super::preferred::{Topology, preferred_allocation, preferred_replicas};
 
 /// Always handed to containers: the single KFD compute interface of the host.
 pub const KFD_PATH: &str = "/dev/kfd";
@@ -30,6 +30,8 @@ pub struct ResourceState {
     pub short_name: String,
     pub devices: Vec<AdvertisedDevice>,
     pub topology: Arc<Topology>,
+    /// How the devices are shared (replicas, the one-replica rule).
+    pub sharing: TimeSlicing,
     index: HashMap<String, usize>,
 }
 
@@ -44,12 +46,19 @@ pub enum AllocateError {
         resource: String,
         reason: String,
     },
+    /// NVIDIA's plugin's wording, so that runbooks match.
+    #[error(
+        "request for '{resource}: {requested}' too large: maximum request size for shared resources is 1"
+    )]
+    SharedRequestTooLarge { resource: String, requested: usize },
 }
 
 impl From<AllocateError> for tonic::Status {
     fn from(e: AllocateError) -> Self {
         match e {
-            AllocateError::Unknown { .. } => tonic::Status::invalid_argument(e.to_string()),
+            AllocateError::Unknown { .. } | AllocateError::SharedRequestTooLarge { .. } => {
+                tonic::Status::invalid_argument(e.to_string())
+            }
             AllocateError::Unhealthy { .. } => tonic::Status::failed_precondition(e.to_string()),
         }
     }
@@ -70,7 +79,27 @@ impl ResourceState {
             short_name: short_name.into(),
             devices,
             topology,
+            sharing: TimeSlicing::default(),
             index,
+        }
+    }
+
+    /// The same, its devices shared as `sharing` says.
+    pub fn shared(self, sharing: TimeSlicing) -> Self {
+        Self { sharing, ..self }
+    }
+
+    /// The `GetPreferredAllocation` answer for one container.
+    pub fn preferred(
+        &self,
+        available: &[String],
+        must_include: &[String],
+        size: usize,
+    ) -> Vec<String> {
+        if self.sharing.is_shared() {
+            preferred_replicas(&self.topology, available, must_include, size)
+        } else {
+            preferred_allocation(&self.topology, available, must_include, size)
         }
     }
 
@@ -114,11 +143,20 @@ impl ResourceState {
     /// The answer for one container: `/dev/kfd` plus the DRM card and render
     /// node of every device, read-write, at the same path inside the container.
     /// Paths are host paths as the container runtime sees them, never mapped
-    /// under the agent's host root. Fails on the first unknown or unhealthy ID.
+    /// under the agent's host root. Fails on the first unknown or unhealthy ID,
+    /// and, when shared devices are given one replica per container at most,
+    /// on a request for more. Replicas of one device give its nodes once.
     pub fn allocate_container(
         &self,
         ids: &[String],
     ) -> Result<v1beta1::ContainerAllocateResponse, AllocateError> {
+        if self.sharing.is_shared() && self.sharing.fail_requests_greater_than_one && ids.len() > 1
+        {
+            return Err(AllocateError::SharedRequestTooLarge {
+                resource: self.resource_name(),
+                requested: ids.len(),
+            });
+        }
         let mut paths = vec![KFD_PATH.to_owned()];
         let mut seen = BTreeSet::from([KFD_PATH.to_owned()]);
         for id in ids {
@@ -219,6 +257,33 @@ mod tests {
             resp.devices
                 .iter()
                 .all(|d| d.permissions == "rw" && d.container_path == d.host_path)
+        );
+    }
+
+    #[test]
+    fn shared_devices_refuse_more_than_one_replica_only_when_asked() {
+        let sharing = TimeSlicing {
+            replicas: 2,
+            rename: false,
+            fail_requests_greater_than_one: true,
+        };
+        let s = state().shared(sharing);
+        let err = s.allocate_container(&["a".into(), "b".into()]).unwrap_err();
+        let status = tonic::Status::from(err);
+        assert_eq!(status.code(), tonic::Code::InvalidArgument);
+        assert_eq!(
+            status.message(),
+            "request for 'amd.com/gpu: 2' too large: maximum request size for shared resources is 1"
+        );
+        assert!(s.allocate_container(&["a".into()]).is_ok());
+        let lenient = state().shared(TimeSlicing {
+            fail_requests_greater_than_one: false,
+            ..sharing
+        });
+        assert!(
+            lenient
+                .allocate_container(&["a".into(), "b".into()])
+                .is_ok()
         );
     }
 

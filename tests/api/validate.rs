@@ -117,6 +117,29 @@ fn device_plugin_argument_keys_and_values() {
 }
 
 #[test]
+fn time_slicing_arguments_are_known_and_their_values_checked() {
+    assert_valid(
+        "devicePlugin:\n  devicePluginArguments:\n    time_slicing_replicas: \"4\"\n    time_slicing_rename: \"true\"\n    time_slicing_fail_requests_greater_than_one: \"false\"\n",
+    );
+    assert_valid("devicePlugin:\n  devicePluginArguments:\n    time_slicing_replicas: \"64\"\n");
+    for bad in ["0", "65", "four", "-2"] {
+        assert_problems(
+            &format!(
+                "devicePlugin:\n  devicePluginArguments:\n    time_slicing_replicas: \"{bad}\"\n"
+            ),
+            &["spec.devicePlugin.devicePluginArguments.time_slicing_replicas"],
+        );
+    }
+    assert_problems(
+        "devicePlugin:\n  devicePluginArguments:\n    time_slicing_rename: \"yes\"\n    time_slicing_fail_requests_greater_than_one: \"1\"\n",
+        &[
+            "spec.devicePlugin.devicePluginArguments.time_slicing_rename",
+            "spec.devicePlugin.devicePluginArguments.time_slicing_fail_requests_greater_than_one",
+        ],
+    );
+}
+
+#[test]
 fn node_labeller_arguments() {
     assert_problems(
         "devicePlugin:\n  nodeLabellerArguments:\n  - vram\n  - colour\n",

@@ -19,6 +19,7 @@ mod metrics_rbac;
 mod partition_cli;
 mod plugin_kubelet;
 mod plugin_lifecycle;
+mod plugin_sharing;
 mod simulate_cli;
 mod testrunner_runner;
 mod testrunner_service;
