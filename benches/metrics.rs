@@ -142,6 +142,7 @@ fn main() {
             health: Some(&health),
             config: &config,
             hostname: "bench",
+            shared_gpus: false,
         };
         let mut render_times = Vec::new();
         let mut size = 0;

@@ -400,6 +400,82 @@ async fn repartitioning_updates_devices_and_labels_without_restart() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sharing_follows_the_device_config_and_a_node_label_overrides_it_live() {
+    let mut h = Harness::start("mi300x", None, json!({})).await;
+    h.apply_device_config(
+        "gpus",
+        json!({"devicePlugin": {"devicePluginArguments": {"time_slicing_replicas": "2"}}}),
+    )
+    .await;
+    let registered = h.kubelet.wait_for_registration("amd.com/gpu", 1).await;
+    let mut devices = h.kubelet.list_and_watch(&registered.request.endpoint).await;
+    devices
+        .next_matching("16 replicas", |d| d.len() == 16)
+        .await;
+    h.eventually("the sharing labels", |h| {
+        let labels = h.labels();
+        labels.get("amd.com/gpu.replicas").map(String::as_str) == Some("2")
+            && labels
+                .get("amd.com/gpu.sharing-strategy")
+                .map(String::as_str)
+                == Some("time-slicing")
+            && labels
+                .get("amd.com/gpu.product-name")
+                .is_some_and(|p| p.ends_with("-SHARED"))
+    })
+    .await;
+
+    // The node's own count wins, live.
+    h.cluster
+        .label_node(NODE, "amd.com/gpu.sharing-replicas", Some("4"))
+        .await;
+    devices
+        .next_matching("32 replicas", |d| d.len() == 32)
+        .await;
+    h.eventually("replicas=4", |h| {
+        h.labels().get("amd.com/gpu.replicas").map(String::as_str) == Some("4")
+    })
+    .await;
+    // A count it cannot use is reported; the DeviceConfig's count serves.
+    h.cluster
+        .label_node(NODE, "amd.com/gpu.sharing-replicas", Some("100"))
+        .await;
+    devices
+        .next_matching("16 replicas again", |d| d.len() == 16)
+        .await;
+    h.eventually("the problem in the agent's status", |h| {
+        h.status().is_some_and(|s| {
+            s.problems
+                .iter()
+                .any(|p| p.contains("amd.com/gpu.sharing-replicas") && p.contains("from 1 to 64"))
+        })
+    })
+    .await;
+    // 1 on the node: no sharing there.
+    h.cluster
+        .label_node(NODE, "amd.com/gpu.sharing-replicas", Some("1"))
+        .await;
+    devices.next_matching("8 GPUs", |d| d.len() == 8).await;
+    h.eventually("sharing-strategy none", |h| {
+        let labels = h.labels();
+        labels
+            .get("amd.com/gpu.sharing-strategy")
+            .map(String::as_str)
+            == Some("none")
+            && labels
+                .get("amd.com/gpu.product-name")
+                .is_some_and(|p| !p.ends_with("-SHARED"))
+    })
+    .await;
+    assert_eq!(
+        h.kubelet.registrations().len(),
+        1,
+        "the replica count changes without re-registering"
+    );
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_agent_survives_api_errors() {
     let mut h = Harness::start("radeon-w7900", None, json!({})).await;
     let counted = || {

@@ -219,18 +219,6 @@ async fn set_condition(cluster: &TestCluster, node: &str, type_: &str, status: &
         .unwrap();
 }
 
-async fn label_node(cluster: &TestCluster, node: &str, key: &str, value: Option<&str>) {
-    let nodes: Api<Node> = Api::all(cluster.client());
-    nodes
-        .patch(
-            node,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"labels": {key: value}}})),
-        )
-        .await
-        .unwrap();
-}
-
 async fn label_device_config(cluster: &TestCluster, labels: Value, annotations: Value) {
     let api: Api<DeviceConfig> = cluster.device_configs();
     api.patch(
@@ -863,13 +851,9 @@ async fn an_abort_stops_the_validation_tests_that_run() {
         .trim()
         .parse()
         .unwrap();
-    label_node(
-        &rig.cluster,
-        NODE,
-        "operator.amd.com/gpu-abort-workflow",
-        Some("true"),
-    )
-    .await;
+    rig.cluster
+        .label_node(NODE, "operator.amd.com/gpu-abort-workflow", Some("true"))
+        .await;
     rig.eventually("aborted", |r| {
         phase_of(&r.node()).as_deref() == Some("Aborted")
     })
@@ -1026,13 +1010,14 @@ async fn the_circuit_breaker_stops_three_of_ten_failing_at_once_and_a_person_can
     );
     assert!(fleet.tainted().is_empty(), "no node quarantined");
     // A person forces one: it starts, and the label is consumed.
-    label_node(
-        &fleet.cluster,
-        "n5",
-        "operator.amd.com/gpu-force-resume-workflow",
-        Some("true"),
-    )
-    .await;
+    fleet
+        .cluster
+        .label_node(
+            "n5",
+            "operator.amd.com/gpu-force-resume-workflow",
+            Some("true"),
+        )
+        .await;
     fleet
         .eventually("n5 quarantined", |f| f.tainted().contains("n5"))
         .await;
@@ -1101,13 +1086,14 @@ async fn pause_labels_hold_new_workflows_but_not_running_ones() {
         }),
     )
     .await;
-    label_node(
-        &fleet.cluster,
-        "n0",
-        "operator.amd.com/gpu-remediation-paused",
-        Some("true"),
-    )
-    .await;
+    fleet
+        .cluster
+        .label_node(
+            "n0",
+            "operator.amd.com/gpu-remediation-paused",
+            Some("true"),
+        )
+        .await;
     set_condition(&fleet.cluster, "n0", HWA, "True").await;
     set_condition(&fleet.cluster, "n1", "AMDGPUXgmi", "True").await;
     fleet.lead();
@@ -1129,13 +1115,14 @@ async fn pause_labels_hold_new_workflows_but_not_running_ones() {
     )
     .await;
     set_condition(&fleet.cluster, "n2", HWA, "True").await;
-    label_node(
-        &fleet.cluster,
-        "n1",
-        "operator.amd.com/gpu-force-resume-workflow",
-        Some("true"),
-    )
-    .await;
+    fleet
+        .cluster
+        .label_node(
+            "n1",
+            "operator.amd.com/gpu-force-resume-workflow",
+            Some("true"),
+        )
+        .await;
     fleet
         .eventually("n1 resumed by the person", |f| {
             phase_of(&f.node("n1")).as_deref() == Some("Confirming")
@@ -1157,13 +1144,10 @@ async fn pause_labels_hold_new_workflows_but_not_running_ones() {
         json!({}),
     )
     .await;
-    label_node(
-        &fleet.cluster,
-        "n0",
-        "operator.amd.com/gpu-remediation-paused",
-        None,
-    )
-    .await;
+    fleet
+        .cluster
+        .label_node("n0", "operator.amd.com/gpu-remediation-paused", None)
+        .await;
     fleet
         .eventually("n0 and n2 started", |f| {
             let t = f.tainted();
@@ -1248,13 +1232,10 @@ async fn the_abort_label_stops_a_run_and_leaves_the_taint() {
             phase_of(&f.node("n0")).as_deref() == Some("AwaitingPerson")
         })
         .await;
-    label_node(
-        &fleet.cluster,
-        "n0",
-        "operator.amd.com/gpu-abort-workflow",
-        Some("true"),
-    )
-    .await;
+    fleet
+        .cluster
+        .label_node("n0", "operator.amd.com/gpu-abort-workflow", Some("true"))
+        .await;
     fleet
         .eventually("aborted, the label consumed", |f| {
             let node = f.node("n0");
@@ -1277,13 +1258,14 @@ async fn approval_waits_for_a_person_when_auto_start_is_off() {
         })
         .await;
     assert!(!tainted(&fleet.node("n0")), "nothing done before approval");
-    label_node(
-        &fleet.cluster,
-        "n0",
-        "operator.amd.com/gpu-force-resume-workflow",
-        Some("true"),
-    )
-    .await;
+    fleet
+        .cluster
+        .label_node(
+            "n0",
+            "operator.amd.com/gpu-force-resume-workflow",
+            Some("true"),
+        )
+        .await;
     fleet
         .eventually("approved: quarantined", |f| tainted(&f.node("n0")))
         .await;

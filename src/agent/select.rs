@@ -199,21 +199,26 @@ pub fn plan_services(spec: &DeviceConfigSpec, node: &NodeContext<'_>) -> Desired
     // `rbacConfig` as the spec says; the agent adds what it read of the Secret
     // and ConfigMap, and its API client ([`with_access_material`]). Without
     // them (standalone) a protected endpoint refuses /metrics.
-    let metrics = Some(node.sampling.metrics(MetricsConfig {
-        access: AccessPolicy::for_spec(
-            &spec.metrics_exporter.rbac_config,
-            "",
-            AccessMaterial::default(),
-            None,
-        ),
-        ..MetricsConfig::for_spec(
-            &spec.metrics_exporter,
-            node.host.clone(),
-            node.node_name,
-            node.kubelet_dir,
-            metrics_text,
-        )
-    }));
+    let metrics = Some(
+        node.sampling.metrics(MetricsConfig {
+            shared_gpus: device_plugin
+                .as_ref()
+                .is_some_and(|p| p.sharing.is_shared()),
+            access: AccessPolicy::for_spec(
+                &spec.metrics_exporter.rbac_config,
+                "",
+                AccessMaterial::default(),
+                None,
+            ),
+            ..MetricsConfig::for_spec(
+                &spec.metrics_exporter,
+                node.host.clone(),
+                node.node_name,
+                node.kubelet_dir,
+                metrics_text,
+            )
+        }),
+    );
     let test_runner = spec.runs_on(Operand::TestRunner, node.labels).then(|| {
         TestRunnerConfig::for_spec(
             &spec.test_runner,

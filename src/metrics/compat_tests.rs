@@ -260,6 +260,7 @@ async fn render_host(spec: SimSpec, config_text: &str, health: bool) -> Vec<supe
         health: snapshot.as_ref(),
         config: &config,
         hostname: "node-1",
+        shared_gpus: false,
     })
 }
 

@@ -57,13 +57,11 @@ use crate::device::watch::ScanState;
 use crate::health::HealthSnapshot;
 use crate::host::HostRoot;
 use crate::host::reader::BoundedReader;
-use crate::plugin::DeviceRef;
 use crate::service::{Readiness, Service, ServiceError, ServiceFuture};
 use crate::telemetry::config::{ExporterConfig, parse_config};
 use crate::telemetry::sample::{HostSample, Sampler, Scope};
 use crate::testrunner::stats::TestRunnerStats;
 use pod_metadata::PodMetadataWatch;
-use pods::PodRef;
 use render::RenderInput;
 use server::Published;
 
@@ -89,6 +87,9 @@ pub struct MetricsConfig {
     pub limits: server::ConnectionLimits,
     /// `rbacConfig`: who may read the metrics, and over what.
     pub access: access::AccessPolicy,
+    /// The device plugin shares the GPUs (time-slicing): `gpu_shared_pods`
+    /// is exported.
+    pub shared_gpus: bool,
 }
 
 impl MetricsConfig {
@@ -110,6 +111,7 @@ impl MetricsConfig {
             host,
             limits: server::ConnectionLimits::default(),
             access: access::AccessPolicy::default(),
+            shared_gpus: false,
         }
     }
 
@@ -288,7 +290,7 @@ impl ConfigState {
 struct Latest {
     inventory: Arc<Inventory>,
     sample: HostSample,
-    pods: BTreeMap<DeviceRef, PodRef>,
+    pods: pods::DevicePods,
     pod_errors: u64,
     pod_error: Option<String>,
 }
@@ -315,6 +317,7 @@ struct SampleExposition {
     config_reload_ok: bool,
     config_errors: u64,
     hostname: String,
+    shared_gpus: bool,
     /// For the reader's counters at render time.
     reader: BoundedReader,
     tests: Option<watch::Receiver<TestRunnerStats>>,
@@ -331,6 +334,7 @@ impl SampleExposition {
             health: self.health.as_deref(),
             config: &self.config,
             hostname: &self.hostname,
+            shared_gpus: self.shared_gpus,
         }
     }
 }
@@ -383,7 +387,7 @@ impl MetricsService {
         &self,
         latest: &Arc<Latest>,
         config: &ConfigState,
-        hostname: &str,
+        current: &MetricsConfig,
         reader: &BoundedReader,
     ) -> SampleExposition {
         SampleExposition {
@@ -392,7 +396,8 @@ impl MetricsService {
             config: config.config.clone(),
             config_reload_ok: config.error.is_none(),
             config_errors: config.errors,
-            hostname: hostname.to_owned(),
+            hostname: current.hostname.clone(),
+            shared_gpus: current.shared_gpus,
             reader: reader.clone(),
             tests: self.tests.clone(),
             status: self.status.clone(),
@@ -570,7 +575,7 @@ impl Service for MetricsService {
                 let published = Published::sample(self.exposition(
                     &latest,
                     &exporter_config,
-                    &current.hostname,
+                    &current,
                     sampler.reader(),
                 ));
                 if published_tx.borrow().served() {

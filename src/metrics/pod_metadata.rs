@@ -19,8 +19,6 @@ use kube::{Api, Client};
 use tokio::sync::watch;
 use tokio_util::task::AbortOnDropHandle;
 
-use super::pods::PodRef;
-
 /// What the API server says of one pod.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PodMeta {
@@ -101,8 +99,8 @@ fn entry(pod: &PartialObjectMeta<Pod>) -> Option<((String, String), PodMeta)> {
 
 /// Pure: each device's pod with its UID and labels filled in from `metadata`,
 /// where the API server knows the pod.
-pub fn enrich(pods: &mut BTreeMap<crate::plugin::DeviceRef, PodRef>, metadata: &PodMetadata) {
-    for pod in pods.values_mut() {
+pub fn enrich(pods: &mut super::pods::DevicePods, metadata: &PodMetadata) {
+    for pod in pods.values_mut().flatten() {
         if let Some(meta) = metadata.get(&(pod.namespace.clone(), pod.pod.clone())) {
             pod.uid = meta.uid.clone();
             pod.labels = meta.labels.clone();
@@ -113,6 +111,7 @@ pub fn enrich(pods: &mut BTreeMap<crate::plugin::DeviceRef, PodRef>, metadata: &
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::metrics::pods::PodRef;
     use crate::plugin::DeviceRef;
     use serde_json::json;
 
@@ -152,15 +151,15 @@ mod tests {
         bounded(watch.wait_for(|m| m.len() == 2)).await;
         let mut pods = BTreeMap::from([(
             DeviceRef::gpu("0000:05:00.0"),
-            PodRef {
+            vec![PodRef {
                 pod: "eval".into(),
                 namespace: "ml".into(),
                 container: "c".into(),
                 ..PodRef::default()
-            },
+            }],
         )]);
         enrich(&mut pods, &watch.current());
-        let eval = &pods[&DeviceRef::gpu("0000:05:00.0")];
+        let eval = &pods[&DeviceRef::gpu("0000:05:00.0")][0];
         assert_eq!(eval.labels["example.com/workload"], "w-eval");
         assert!(!eval.uid.is_empty() && eval.uid != train.uid);
 

@@ -3,7 +3,9 @@
 //!
 //! The kubelet reports devices by the IDs the device plugin advertised; they are
 //! matched against [`crate::telemetry::devices::device_ids`], so both sides use the device
-//! plugin's naming. Only `amd.com/*` resources are considered. A missing socket
+//! plugin's naming; a shared device's replicas (`<id>::<n>`) are their device,
+//! and every container holding one of them is the device's. Only `amd.com/*`
+//! resources are considered. A missing socket
 //! (no kubelet, standalone mode) means no pod labels, not an error. [`assign`] is
 //! pure; [`list`] does the I/O.
 
@@ -17,7 +19,7 @@ use tonic::transport::Endpoint;
 use super::podresources::v1::pod_resources_lister_client::PodResourcesListerClient;
 use super::podresources::v1::{ListPodResourcesRequest, ListPodResourcesResponse};
 use crate::plugin::DeviceRef;
-use crate::plugin::devices::RESOURCE_NAMESPACE;
+use crate::plugin::devices::{RESOURCE_NAMESPACE, parent_id};
 
 /// The container a device is allocated to.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -98,12 +100,16 @@ pub async fn list(
         })
 }
 
-/// The container holding each known device. Devices the kubelet reports that
-/// this host does not know (another vendor, a stale checkpoint) are skipped.
+/// The containers holding each device: one, or several sharing it.
+pub type DevicePods = BTreeMap<DeviceRef, Vec<PodRef>>;
+
+/// The containers holding each known device, in the kubelet's order, each
+/// once. Devices the kubelet reports that this host does not know (another
+/// vendor, a stale checkpoint) are skipped.
 pub fn assign(
     response: &ListPodResourcesResponse,
     ids: &BTreeMap<String, DeviceRef>,
-) -> BTreeMap<DeviceRef, PodRef> {
+) -> DevicePods {
     let prefix = format!("{RESOURCE_NAMESPACE}/");
     let mut out = BTreeMap::new();
     for pod in &response.pod_resources {
@@ -114,13 +120,17 @@ pub fn assign(
                 .filter(|d| d.resource_name.starts_with(&prefix))
             {
                 for id in &devices.device_ids {
-                    if let Some(device) = ids.get(id) {
-                        out.entry(device.clone()).or_insert_with(|| PodRef {
+                    if let Some(device) = ids.get(parent_id(id)) {
+                        let holder = PodRef {
                             pod: pod.name.clone(),
                             namespace: pod.namespace.clone(),
                             container: container.name.clone(),
                             ..PodRef::default()
-                        });
+                        };
+                        let holders: &mut Vec<PodRef> = out.entry(device.clone()).or_default();
+                        if !holders.contains(&holder) {
+                            holders.push(holder);
+                        }
                     }
                 }
             }
@@ -129,11 +139,12 @@ pub fn assign(
     out
 }
 
-/// The pod of a device: its own entry, or for a partition of a GPU allocated
-/// whole, the GPU's.
-pub fn pod_of<'a>(pods: &'a BTreeMap<DeviceRef, PodRef>, device: &DeviceRef) -> Option<&'a PodRef> {
+/// The pods of a device: its own entry, or for a partition of a GPU
+/// allocated whole, the GPU's; none when no container holds it.
+pub fn pods_of<'a>(pods: &'a DevicePods, device: &DeviceRef) -> &'a [PodRef] {
     pods.get(device)
         .or_else(|| pods.get(&DeviceRef::gpu(device.bdf.clone())))
+        .map_or(&[], Vec::as_slice)
 }
 
 #[cfg(test)]
@@ -197,19 +208,16 @@ mod tests {
         assert_eq!(
             pods,
             BTreeMap::from([
-                (DeviceRef::partition("0000:05:00.0", 0), train.clone()),
-                (DeviceRef::partition("0000:05:00.0", 4), train.clone()),
+                (DeviceRef::partition("0000:05:00.0", 0), vec![train.clone()]),
+                (DeviceRef::partition("0000:05:00.0", 4), vec![train.clone()]),
             ]),
             "the NIC resource and the unknown ID are not GPUs"
         );
         assert_eq!(
-            pod_of(&pods, &DeviceRef::partition("0000:05:00.0", 4)),
-            Some(&train)
+            pods_of(&pods, &DeviceRef::partition("0000:05:00.0", 4)),
+            [train]
         );
-        assert_eq!(
-            pod_of(&pods, &DeviceRef::partition("0000:05:00.0", 1)),
-            None
-        );
+        assert!(pods_of(&pods, &DeviceRef::partition("0000:05:00.0", 1)).is_empty());
     }
 
     #[test]
@@ -218,11 +226,50 @@ mod tests {
             pod: "p".into(),
             ..PodRef::default()
         };
-        let pods = BTreeMap::from([(DeviceRef::gpu("0000:05:00.0"), pod.clone())]);
+        let pods = BTreeMap::from([(DeviceRef::gpu("0000:05:00.0"), vec![pod.clone()])]);
         assert_eq!(
-            pod_of(&pods, &DeviceRef::partition("0000:05:00.0", 2)),
-            Some(&pod)
+            pods_of(&pods, &DeviceRef::partition("0000:05:00.0", 2)),
+            [pod]
         );
+    }
+
+    #[test]
+    fn replicas_of_a_shared_gpu_list_every_container_once() {
+        let holder = |pod: &str, container: &str, ids: &[&str]| PodResources {
+            name: pod.into(),
+            namespace: "ml".into(),
+            containers: vec![ContainerResources {
+                name: container.into(),
+                devices: vec![ContainerDevices {
+                    resource_name: "amd.com/gpu".into(),
+                    device_ids: ids.iter().map(|s| s.to_string()).collect(),
+                    topology: None,
+                }],
+                ..ContainerResources::default()
+            }],
+        };
+        let response = ListPodResourcesResponse {
+            pod_resources: vec![
+                holder("a", "main", &["0000:05:00.0::0", "0000:05:00.0::1"]),
+                holder("b", "main", &["0000:05:00.0::2"]),
+                holder("c", "main", &["0000:27:00.0::0"]),
+            ],
+        };
+        let ids = BTreeMap::from([
+            ("0000:05:00.0".to_owned(), DeviceRef::gpu("0000:05:00.0")),
+            ("0000:27:00.0".to_owned(), DeviceRef::gpu("0000:27:00.0")),
+        ]);
+        let pods = assign(&response, &ids);
+        let names: Vec<&str> = pods_of(&pods, &DeviceRef::gpu("0000:05:00.0"))
+            .iter()
+            .map(|p| p.pod.as_str())
+            .collect();
+        assert_eq!(
+            names,
+            ["a", "b"],
+            "two replicas in one container count once"
+        );
+        assert_eq!(pods_of(&pods, &DeviceRef::gpu("0000:27:00.0")).len(), 1);
     }
 
     #[tokio::test]

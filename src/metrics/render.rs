@@ -34,10 +34,9 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 use serde::Serialize;
 
-use super::pods::{PodRef, pod_of};
+use super::pods::{DevicePods, PodRef, pods_of};
 use crate::device::{Gpu, Inventory};
 use crate::health::HealthSnapshot;
-use crate::plugin::DeviceRef;
 use crate::telemetry::config::ExporterConfig;
 use crate::telemetry::devices::{LogicalGpu, logical_gpus};
 use crate::telemetry::fields::{
@@ -67,18 +66,25 @@ pub struct Series {
 pub struct RenderInput<'a> {
     pub inventory: &'a Inventory,
     pub sample: &'a HostSample,
-    pub pods: &'a BTreeMap<DeviceRef, PodRef>,
+    /// The containers holding each device: several when it is shared.
+    pub pods: &'a DevicePods,
     /// The health monitor's view; without one, `gpu_health` is not exported.
     pub health: Option<&'a HealthSnapshot>,
     pub config: &'a ExporterConfig,
     pub hostname: &'a str,
+    /// The GPUs are shared (time-slicing): `gpu_shared_pods` is exported.
+    pub shared_gpus: bool,
 }
 
-/// The labels of one logical GPU, sorted by name.
-fn gpu_labels(input: &RenderInput<'_>, gpu: &Gpu, logical: &LogicalGpu) -> Vec<(String, String)> {
-    let pod = pod_of(input.pods, &logical.device_ref())
-        .cloned()
-        .unwrap_or_default();
+/// The labels of one logical GPU as held by `pod` (the default: none),
+/// sorted by name.
+fn gpu_labels(
+    input: &RenderInput<'_>,
+    gpu: &Gpu,
+    logical: &LogicalGpu,
+    pod: &PodRef,
+) -> Vec<(String, String)> {
+    let pod = pod.clone();
     let text = |v: &Option<String>| v.clone().unwrap_or_default();
     let mut labels: BTreeMap<String, String> = BTreeMap::from([
         ("gpu_id".into(), logical.gpu_id.to_string()),
@@ -265,12 +271,24 @@ pub fn families(input: &RenderInput<'_>) -> Vec<Family> {
         }],
     );
 
-    // Labels of every logical GPU and, per physical GPU, of its primary one.
+    // Labels of every logical GPU and, per physical GPU, of its primary one:
+    // a GPU that several pods share has a label set (and so series) per pod,
+    // each naming its pod, as dashboards that filter on `pod` expect.
     let labelled: Vec<(&LogicalGpu, Vec<(String, String)>)> = logical
         .iter()
-        .filter_map(|l| {
-            let gpu = gpus.get(l.bdf.as_str())?;
-            Some((l, gpu_labels(input, gpu, l)))
+        .filter_map(|l| Some((l, *gpus.get(l.bdf.as_str())?)))
+        .flat_map(|(l, gpu)| {
+            let holders = pods_of(input.pods, &l.device_ref());
+            let none = [PodRef::default()];
+            let holders = if holders.is_empty() {
+                &none[..]
+            } else {
+                holders
+            };
+            holders
+                .iter()
+                .map(|pod| (l, gpu_labels(input, gpu, l, pod)))
+                .collect::<Vec<_>>()
         })
         .collect();
     let primaries: Vec<(&GpuReadings, &Vec<(String, String)>)> = labelled
@@ -278,6 +296,27 @@ pub fn families(input: &RenderInput<'_>) -> Vec<Family> {
         .filter(|(l, _)| l.is_primary())
         .filter_map(|(l, labels)| input.sample.gpus.get(&l.bdf).map(|r| (r, labels)))
         .collect();
+
+    // How many containers share each logical GPU, once per GPU; ours, so
+    // only where GPUs are shared (the default families stay the reference's).
+    let shared_pods = logical
+        .iter()
+        .filter(|_| input.shared_gpus)
+        .filter_map(|l| {
+            let gpu = gpus.get(l.bdf.as_str())?;
+            Some(Series {
+                labels: gpu_labels(input, gpu, l, &PodRef::default()),
+                value: pods_of(input.pods, &l.device_ref()).len() as f64,
+            })
+        })
+        .collect();
+    family(
+        "GPU_SHARED_PODS",
+        "gpu_shared_pods",
+        "Number of containers the kubelet gave this GPU (more than one when it is shared)",
+        Kind::Gauge,
+        shared_pods,
+    );
 
     if let Some(health) = input.health {
         let series = labelled
@@ -539,7 +578,7 @@ pub fn json_view<'a>(input: &RenderInput<'a>) -> JsonView<'a> {
                 memory_partition: gpu.memory_partition.as_deref(),
                 healthy: health.map(|h| h.healthy),
                 health_reasons: health.map(|h| h.reasons.clone()).unwrap_or_default(),
-                pod: pod_of(input.pods, &l.device_ref()),
+                pod: pods_of(input.pods, &l.device_ref()).first(),
                 readings: l
                     .is_primary()
                     .then(|| input.sample.gpus.get(&gpu.bdf))
@@ -569,6 +608,7 @@ mod tests {
     use super::*;
     use crate::device::Partition;
     use crate::health::GpuHealth;
+    use crate::plugin::DeviceRef;
     use crate::telemetry::config::parse_config;
     use crate::telemetry::sysfs::EccCount;
 
@@ -722,6 +762,7 @@ mod tests {
             health: None,
             config: &config,
             hostname: "node-1",
+            shared_gpus: false,
         };
         let families = families(&input);
         let hbm = family(&families, "gpu_hbm_temperature");
@@ -793,16 +834,80 @@ mod tests {
     }
 
     #[test]
+    fn a_shared_gpu_has_a_series_per_pod_and_counts_its_pods() {
+        let (inv, sample, health) = (inventory(), sample(), health());
+        let pod = |name: &str, namespace: &str| PodRef {
+            pod: name.into(),
+            namespace: namespace.into(),
+            container: "main".into(),
+            ..PodRef::default()
+        };
+        let pods = BTreeMap::from([(
+            DeviceRef::gpu("0000:27:00.0"),
+            vec![pod("a", "ml"), pod("b", "research")],
+        )]);
+        let config = ExporterConfig::default();
+        let input = RenderInput {
+            inventory: &inv,
+            sample: &sample,
+            pods: &pods,
+            health: Some(&health),
+            config: &config,
+            hostname: "n",
+            shared_gpus: true,
+        };
+        let families = families(&input);
+        let edge: Vec<(&str, &str, &str, f64)> = family(&families, "gpu_edge_temperature")
+            .series
+            .iter()
+            .map(|s| {
+                (
+                    label(s, "gpu_id"),
+                    label(s, "pod"),
+                    label(s, "namespace"),
+                    s.value,
+                )
+            })
+            .collect();
+        assert_eq!(
+            edge,
+            [
+                ("0", "", "", 40.0),
+                ("2", "a", "ml", 50.0),
+                ("2", "b", "research", 50.0)
+            ],
+            "each pod on its own series, with the GPU's value"
+        );
+        let shared: Vec<(&str, &str, f64)> = family(&families, "gpu_shared_pods")
+            .series
+            .iter()
+            .map(|s| (label(s, "gpu_id"), label(s, "pod"), s.value))
+            .collect();
+        assert_eq!(shared, [("0", "", 0.0), ("1", "", 0.0), ("2", "", 2.0)]);
+        assert_eq!(family(&families, "gpu_nodes_total").series[0].value, 3.0);
+        let exclusive = RenderInput {
+            shared_gpus: false,
+            ..input
+        };
+        assert!(
+            super::families(&exclusive)
+                .iter()
+                .all(|f| f.name != "gpu_shared_pods"),
+            "not exported where GPUs are not shared"
+        );
+    }
+
+    #[test]
     fn device_metrics_once_per_gpu_health_once_per_partition() {
         let (inv, sample, health) = (inventory(), sample(), health());
         let pods = BTreeMap::from([(
             DeviceRef::partition("0000:05:00.0", 1),
-            PodRef {
+            vec![PodRef {
                 pod: "train".into(),
                 namespace: "ml".into(),
                 container: "c".into(),
                 ..PodRef::default()
-            },
+            }],
         )]);
         let config = ExporterConfig::default();
         let input = RenderInput {
@@ -812,6 +917,7 @@ mod tests {
             health: Some(&health),
             config: &config,
             hostname: "node-1",
+            shared_gpus: false,
         };
         let families = families(&input);
         let edge = family(&families, "gpu_edge_temperature");
@@ -897,6 +1003,7 @@ mod tests {
             health: None,
             config: &config,
             hostname: "n",
+            shared_gpus: false,
         };
         let families = families(&input);
         let by_gpu = |name: &str| -> Vec<(String, f64)> {
@@ -934,6 +1041,7 @@ mod tests {
             health: Some(&health),
             config: &config,
             hostname: "n",
+            shared_gpus: false,
         };
         let families = families(&input);
         let mandatory = [
@@ -1007,6 +1115,7 @@ mod tests {
             health: None,
             config: &config,
             hostname: "n",
+            shared_gpus: false,
         };
         let families = families(&input);
         let edge = &family(&families, "gpu_edge_temperature").series[0];
@@ -1029,6 +1138,7 @@ mod tests {
             health: Some(&health()),
             config: &config,
             hostname: "n",
+            shared_gpus: false,
         };
         let families = families(&input);
         let pids: Vec<(&str, &str)> = family(&families, "gpu_health")
@@ -1044,13 +1154,13 @@ mod tests {
         let (inv, sample, health) = (inventory(), sample(), health());
         let pods = BTreeMap::from([(
             DeviceRef::partition("0000:05:00.0", 1),
-            PodRef {
+            vec![PodRef {
                 pod: "train".into(),
                 namespace: "ml".into(),
                 container: "c".into(),
                 uid: "6f1c-uid".into(),
                 labels: BTreeMap::from([("example.com/workload".into(), "w7".into())]),
-            },
+            }],
         )]);
         let config = parse_config(
             r#"{"GPUConfig": {"Labels": ["POD_UUID"],
@@ -1065,6 +1175,7 @@ mod tests {
             health: Some(&health),
             config: &config,
             hostname: "n",
+            shared_gpus: false,
         };
         let families = families(&input);
         let rows: Vec<(&str, &str, &str, &str)> = family(&families, "gpu_health")
@@ -1141,6 +1252,7 @@ mod tests {
             health: None,
             config: &config,
             hostname: "n",
+            shared_gpus: false,
         };
         let families = families(&input);
         let names: Vec<&str> = families.iter().map(|f| f.name.as_str()).collect();
@@ -1217,6 +1329,7 @@ mod tests {
             health: Some(&health),
             config: &config,
             hostname: "n",
+            shared_gpus: false,
         };
         let json = serde_json::to_value(json_view(&input)).unwrap();
         let gpus = json["gpus"].as_array().unwrap();

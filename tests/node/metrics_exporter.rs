@@ -614,6 +614,79 @@ async fn pods_from_the_kubelet_label_their_gpus() {
     health.stop().await;
 }
 
+/// Time-sliced GPUs: the kubelet reports replicas (`<id>::<n>`); every pod
+/// on a GPU gets its own series, and `gpu_shared_pods` counts them.
+#[tokio::test]
+async fn pods_sharing_a_gpu_each_get_its_series_and_are_counted() {
+    let sim = simulated("mi210", None);
+    let bdfs: Vec<String> = sim
+        .inventory
+        .borrow()
+        .gpus
+        .iter()
+        .map(|g| g.bdf.clone())
+        .collect();
+    let (first, second) = (bdfs[0].clone(), bdfs[1].clone());
+    let kubelet_dir = scratch();
+    let socket = kubelet_dir.path().join("kubelet.sock");
+    let mut research = pod("eval", "amd.com/gpu", &[&format!("{first}::1")]);
+    research.namespace = "research".into();
+    let _kubelet = serve_kubelet(
+        &socket,
+        FakeKubelet {
+            pods: vec![
+                pod(
+                    "train",
+                    "amd.com/gpu",
+                    &[&format!("{first}::0"), &format!("{first}::3")],
+                ),
+                research,
+                pod("infer", "amd.com/gpu", &[&format!("{second}::2")]),
+            ],
+            ..FakeKubelet::default()
+        },
+    )
+    .await;
+    let service = MetricsService::new(sim.inventory.subscribe(), None);
+    let mut status = service.status();
+    let mut slot = Slot::new(service);
+    slot.apply(Some(MetricsConfig {
+        pod_resources_socket: Some(socket),
+        shared_gpus: true,
+        ..config(&sim)
+    }))
+    .await;
+    let addr = tokio::time::timeout(WAIT, status.wait_for(|s| s.samples > 1))
+        .await
+        .unwrap()
+        .unwrap()
+        .listening
+        .unwrap();
+    let (_, text) = wait::poll_until(
+        "gpu_shared_pods of 2 on GPU 0",
+        || get(addr, "/metrics"),
+        |(_, text)| value_of(text, "gpu_shared_pods", "0") == Some(2.0),
+    )
+    .await;
+    promtool_accepts(&text);
+    assert_eq!(value_of(&text, "gpu_shared_pods", "1"), Some(1.0));
+    let mut on_first: Vec<(String, String)> = series(&text, "gpu_edge_temperature")
+        .into_iter()
+        .filter(|(l, _)| l["gpu_id"] == "0")
+        .map(|(l, _)| (l["namespace"].clone(), l["pod"].clone()))
+        .collect();
+    on_first.sort();
+    assert_eq!(
+        on_first,
+        [
+            ("ml".to_owned(), "train".to_owned()),
+            ("research".to_owned(), "eval".to_owned())
+        ],
+        "one series per pod, each with its own namespace"
+    );
+    slot.stop().await;
+}
+
 #[tokio::test]
 async fn a_bad_config_keeps_the_last_good_one() {
     let sim = simulated("mi210", None);

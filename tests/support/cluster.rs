@@ -148,6 +148,20 @@ impl TestCluster {
         .expect("the pod's status is written");
     }
 
+    /// Sets (or, with `None`, removes) a label of Node `node`, as a person
+    /// with kubectl would.
+    pub async fn label_node(&self, node: &str, key: &str, value: Option<&str>) {
+        let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(self.emulator.client());
+        nodes
+            .patch(
+                node,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"labels": {key: value}}})),
+            )
+            .await
+            .expect("the Node's label is written");
+    }
+
     pub async fn delete_device_config(&self, name: &str) {
         self.device_configs()
             .delete(name, &DeleteParams::default())
