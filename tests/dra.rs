@@ -11,13 +11,14 @@ use std::time::{Duration, Instant};
 
 use gpu_operator::device::Inventory;
 use gpu_operator::dra::{DraConfig, DraPlugin, DraStatus, Registration, Slices};
-use gpu_operator::plugin::{DeviceRef, HealthReport};
+use gpu_operator::plugin::{DeviceRef, HealthReport, TimeSlicing};
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use support::cluster::TestCluster;
 use support::dra_kubelet::DraKubelet;
+use support::dra_scheduler;
 use support::hosts::SimHost;
 use support::wait;
 use tokio::sync::watch;
@@ -34,6 +35,7 @@ struct Rig {
     health: watch::Sender<HealthReport>,
     plugin: Option<DraPlugin>,
     taints: bool,
+    sharing: TimeSlicing,
 }
 
 impl Rig {
@@ -46,6 +48,16 @@ impl Rig {
         gpus: Option<usize>,
         partition: Option<&str>,
         taints: bool,
+    ) -> Self {
+        Self::start_full(profile, gpus, partition, taints, TimeSlicing::default()).await
+    }
+
+    async fn start_full(
+        profile: &str,
+        gpus: Option<usize>,
+        partition: Option<&str>,
+        taints: bool,
+        sharing: TimeSlicing,
     ) -> Self {
         let cluster = TestCluster::with_nodes(&[(NODE, json!({}))]).await;
         cluster
@@ -65,6 +77,7 @@ impl Rig {
             health,
             plugin: None,
             taints,
+            sharing,
         };
         rig.start_plugin();
         rig
@@ -74,6 +87,7 @@ impl Rig {
         let mut config = DraConfig::new(self.kubelet_dir(), self.sim.host.clone(), NODE);
         config.cdi_dir = self.cdi_dir();
         config.device_taints = self.taints;
+        config.sharing = self.sharing;
         config
     }
 
@@ -558,6 +572,112 @@ async fn claims_are_prepared_once_and_unprepared_idempotently() {
         kept["preparedClaims"].as_object().unwrap().is_empty(),
         "{kept}"
     );
+}
+
+/// Time-slicing through DRA: devices published for several allocations with
+/// consumable capacity; two claims share one GPU by memory and are both
+/// prepared, each with its own CDI spec and its share in the checkpoint; a
+/// third that does not fit is not allocatable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_claims_share_a_gpu_by_memory_and_a_third_that_does_not_fit_is_not_allocatable() {
+    let sharing = TimeSlicing {
+        replicas: 4,
+        ..TimeSlicing::default()
+    };
+    let mut rig = Rig::start_full("mi300x", Some(1), None, false, sharing).await;
+    rig.kubelet.register().await;
+    rig.wait_status("published", |s| {
+        matches!(s.slices, Slices::Published { .. })
+    })
+    .await;
+    let slice_device = rig.slices()[0]["spec"]["devices"][0].clone();
+    let device = slice_device["name"].as_str().unwrap().to_owned();
+    assert_eq!(slice_device["allowMultipleAllocations"], true);
+    let memory = &slice_device["capacity"]["memory"];
+    let total = dra_scheduler::quantity(memory["value"].as_str().unwrap());
+    let gib: u128 = 1 << 30;
+    assert_eq!(
+        dra_scheduler::quantity(memory["requestPolicy"]["default"].as_str().unwrap()),
+        total / 4 / gib * gib,
+        "a quarter by default: {memory}"
+    );
+    assert_eq!(
+        dra_scheduler::quantity(
+            memory["requestPolicy"]["validRange"]["step"]
+                .as_str()
+                .unwrap()
+        ),
+        gib,
+        "in GiB steps"
+    );
+
+    // The scheduler's part: each claim asks for memory; what it consumes is
+    // judged against the published policy and the shares already taken.
+    let api: Api<ResourceClaim> = Api::namespaced(rig.cluster.client(), NS);
+    let half = format!("{}Gi", total / gib / 2);
+    let third = format!("{}Gi", total / gib / 3);
+    let mut shares: Vec<BTreeMap<String, String>> = Vec::new();
+    let mut uids = Vec::new();
+    for (name, asked) in [("train", half.as_str()), ("infer", third.as_str())] {
+        let claim: ResourceClaim = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": "gpu.amd.com", "capacity": {"requests": {"memory": asked}}}}]}}
+        }))
+        .unwrap();
+        let created = api
+            .create(&PostParams::default(), &claim)
+            .await
+            .expect("claim created");
+        let requests = BTreeMap::from([("memory", asked)]);
+        let consumed = dra_scheduler::fit(&slice_device, &requests, &shares).expect("it fits");
+        let share = format!("share-{name}");
+        api.patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(dra_scheduler::allocation(NODE, &device, &share, &consumed)),
+        )
+        .await
+        .expect("claim allocated");
+        shares.push(consumed);
+        uids.push((name, created.metadata.uid.expect("uid")));
+    }
+    // The third does not fit beside them.
+    let requests = BTreeMap::from([("memory", third.as_str())]);
+    let refused = dra_scheduler::fit(&slice_device, &requests, &shares).unwrap_err();
+    assert!(refused.starts_with("memory:"), "{refused}");
+
+    // Both shares prepared: a CDI spec each, the share in the answer and in
+    // the checkpoint.
+    let claims: Vec<(&str, &str, &str)> = uids.iter().map(|(n, u)| (NS, u.as_str(), *n)).collect();
+    let answer = rig.kubelet.prepare(&claims).await;
+    for (name, uid) in &uids {
+        let prepared = &answer.claims[uid];
+        assert_eq!(prepared.error, "", "{name}: {answer:?}");
+        assert_eq!(prepared.devices.len(), 1);
+        assert_eq!(prepared.devices[0].device_name, device);
+        assert_eq!(
+            prepared.devices[0].share_id.as_deref(),
+            Some(format!("share-{name}").as_str())
+        );
+        assert_valid_cdi(&spec_file(&rig.cdi_dir(), uid));
+    }
+    let checkpoint: Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            rig.kubelet_dir()
+                .join("plugins/gpu.amd.com/checkpoint.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let (_, train_uid) = &uids[0];
+    let recorded = &checkpoint["preparedClaims"][train_uid]["devices"][0];
+    assert_eq!(recorded["shareId"], "share-train");
+    assert_eq!(
+        dra_scheduler::quantity(recorded["consumedCapacity"]["memory"].as_str().unwrap()),
+        dra_scheduler::quantity(&half)
+    );
+    rig.stop_plugin().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

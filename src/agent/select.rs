@@ -157,7 +157,10 @@ pub fn plan_services(spec: &DeviceConfigSpec, node: &NodeContext<'_>) -> Desired
     // section that must be enabled on purpose.
     let dra = spec
         .runs_on(Operand::DraDriver, node.labels)
-        .then(|| DraConfig::new(node.kubelet_dir, node.host.clone(), node.node_name));
+        .then(|| DraConfig {
+            sharing: sharing_for(spec, node.labels).0,
+            ..DraConfig::new(node.kubelet_dir, node.host.clone(), node.node_name)
+        });
     let device_plugin =
         (dra.is_none() && spec.runs_on(Operand::DevicePlugin, node.labels)).then(|| {
             let dir = if plugin_spec.kubelet_socket_path.is_empty()

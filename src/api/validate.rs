@@ -539,7 +539,9 @@ impl Checker {
                 ),
             }
         }
-        if spec.is_enabled(Operand::DevicePlugin) {
+        // Sharing serves DRA too (consumable capacity), where the device
+        // plugin is off.
+        if spec.is_enabled(Operand::DevicePlugin) || spec.is_enabled(Operand::DraDriver) {
             for (key, why) in dp.time_slicing().1 {
                 self.push(
                     format!("spec.devicePlugin.devicePluginArguments.{key}"),

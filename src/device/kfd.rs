@@ -155,6 +155,7 @@ impl KfdNode {
                 .and_then(|c| u32::try_from(c).ok()),
             simd_count: u32::try_from(props.simd_count).ok(),
             vram_bytes: self.vram_bytes,
+            xcc_count: props.num_xcc.and_then(|n| u32::try_from(n).ok()),
         }
     }
 }
@@ -175,6 +176,11 @@ impl KfdGpu<'_> {
     pub fn cu_count(&self) -> Option<u64> {
         let per_cu = self.primary().props.simd_per_cu;
         (per_cu > 0).then(|| self.simd_count() / per_cu)
+    }
+
+    /// XCCs across the GPU's nodes; `None` when a node does not say.
+    pub fn xcc_count(&self) -> Option<u64> {
+        self.nodes.iter().map(|n| n.props.num_xcc).sum()
     }
 }
 

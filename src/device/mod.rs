@@ -492,6 +492,7 @@ fn join_kfd(
     }
     gpu.simd_count = u32::try_from(kfd_gpu.simd_count()).ok();
     gpu.cu_count = kfd_gpu.cu_count().and_then(|c| u32::try_from(c).ok());
+    gpu.xcc_count = kfd_gpu.xcc_count().and_then(|c| u32::try_from(c).ok());
     gpu.gfx_target_version = u32::try_from(props.gfx_target_version).ok();
     gpu.hive_id = (props.hive_id != 0).then_some(props.hive_id);
     if gpu.unique_id.is_none() && props.unique_id != 0 {

@@ -76,6 +76,9 @@ pub struct Gpu {
     /// Compute units across the whole GPU (all partitions).
     pub cu_count: Option<u32>,
     pub simd_count: Option<u32>,
+    /// Accelerator complex dies (XCCs) across the whole GPU: KFD's `num_xcc`.
+    #[serde(default)]
+    pub xcc_count: Option<u32>,
     /// e.g. 90402 for gfx942.
     pub gfx_target_version: Option<u32>,
     /// XGMI hive; GPUs with the same non-zero id are joined by XGMI. Decimal, as a
@@ -151,6 +154,9 @@ pub struct NodeSize {
     pub simd_count: Option<u32>,
     /// The node's framebuffer memory banks.
     pub vram_bytes: Option<u64>,
+    /// The node's XCCs (KFD's `num_xcc`).
+    #[serde(default)]
+    pub xcc_count: Option<u32>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]

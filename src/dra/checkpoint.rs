@@ -27,6 +27,13 @@ pub struct PreparedDevice {
     pub pool_name: String,
     pub device_name: String,
     pub cdi_device_ids: Vec<String>,
+    /// A shared device's share, as allocated (`shareID`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share_id: Option<String>,
+    /// What the share consumes of the device's capacity, as the scheduler
+    /// recorded it (`consumedCapacity`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub consumed_capacity: BTreeMap<String, String>,
 }
 
 /// A prepared claim.
@@ -126,6 +133,8 @@ mod tests {
                 pool_name: "n".into(),
                 device_name: "gpu-1-128".into(),
                 cdi_device_ids: vec!["k8s.gpu.amd.com/gpu=u-gpu-1-128".into()],
+                share_id: Some("7c0b0d0e-share".into()),
+                consumed_capacity: BTreeMap::from([("memory".into(), "8Gi".into())]),
             }],
         }
     }

@@ -8,11 +8,14 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 use super::DRIVER_NAME;
 
 /// One device of the claim allocated from this node's pool, with the claim's
-/// requests it serves.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// requests it serves; for a shared device, the share (its ID and what it
+/// consumes of the device's capacity, as the scheduler recorded it).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Allocated {
     pub device: String,
     pub request_names: Vec<String>,
+    pub share_id: Option<String>,
+    pub consumed_capacity: BTreeMap<String, String>,
 }
 
 /// The devices `claim` was allocated from `pool` (this node's), or why it
@@ -46,7 +49,8 @@ pub fn allocated_here(
             "claim {name} has no {DRIVER_NAME} device allocated"
         ));
     }
-    let mut by_device: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    // By device and share: two shares of one device are two allocations.
+    let mut by_device: BTreeMap<(&str, Option<&str>), Allocated> = BTreeMap::new();
     for result in &ours {
         if result.pool != pool {
             return Err(format!(
@@ -54,18 +58,24 @@ pub fn allocated_here(
                 result.device, result.pool
             ));
         }
-        let requests = by_device.entry(result.device.as_str()).or_default();
-        if !requests.contains(&result.request) {
-            requests.push(result.request.clone());
+        let share = result.share_id.as_deref();
+        let allocated = by_device
+            .entry((result.device.as_str(), share))
+            .or_insert_with(|| Allocated {
+                device: result.device.clone(),
+                share_id: share.map(str::to_owned),
+                ..Allocated::default()
+            });
+        if !allocated.request_names.contains(&result.request) {
+            allocated.request_names.push(result.request.clone());
+        }
+        for (capacity, amount) in result.consumed_capacity.iter().flatten() {
+            allocated
+                .consumed_capacity
+                .insert(capacity.clone(), amount.0.clone());
         }
     }
-    Ok(by_device
-        .into_iter()
-        .map(|(device, request_names)| Allocated {
-            device: device.to_owned(),
-            request_names,
-        })
-        .collect())
+    Ok(by_device.into_values().collect())
 }
 
 #[cfg(test)]
@@ -123,14 +133,49 @@ mod tests {
             vec![
                 Allocated {
                     device: "gpu-1-128".into(),
-                    request_names: vec!["a".into(), "b".into()]
+                    request_names: vec!["a".into(), "b".into()],
+                    ..Allocated::default()
                 },
                 Allocated {
                     device: "gpu-2-129".into(),
-                    request_names: vec!["a".into()]
+                    request_names: vec!["a".into()],
+                    ..Allocated::default()
                 },
             ]
         );
+    }
+
+    #[test]
+    fn two_shares_of_one_device_are_two_allocations_with_what_they_consume() {
+        use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+        let mut c = claim(
+            "u",
+            &[
+                ("small", DRIVER_NAME, "n1", "gpu-1-128"),
+                ("big", DRIVER_NAME, "n1", "gpu-1-128"),
+            ],
+        );
+        let results = c
+            .status
+            .as_mut()
+            .and_then(|s| s.allocation.as_mut())
+            .and_then(|a| a.devices.as_mut())
+            .and_then(|d| d.results.as_mut())
+            .unwrap();
+        for (result, (share, memory)) in results.iter_mut().zip([("s-1", "8Gi"), ("s-2", "64Gi")]) {
+            result.share_id = Some(share.into());
+            result.consumed_capacity = Some(BTreeMap::from([(
+                "memory".to_owned(),
+                Quantity(memory.into()),
+            )]));
+        }
+        let got = allocated_here(&c, "u", "n1").unwrap();
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert_eq!(got[0].share_id.as_deref(), Some("s-1"));
+        assert_eq!(got[0].request_names, ["small"]);
+        assert_eq!(got[0].consumed_capacity["memory"], "8Gi");
+        assert_eq!(got[1].share_id.as_deref(), Some("s-2"));
+        assert_eq!(got[1].consumed_capacity["memory"], "64Gi");
     }
 
     #[test]

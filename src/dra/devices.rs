@@ -3,18 +3,29 @@
 //! (ROCm/k8s-gpu-dra-driver) names and describes them, and the
 //! ResourceSlices that carry them.
 //!
+//! With sharing ([`TimeSlicing`] with more than one replica), every device
+//! allows multiple allocations (KEP-5075, consumable capacity) and each of its
+//! capacities carries a request policy ([`share_policy`]): a claim that asks
+//! for no capacity gets a 1/N share by default, `memory` goes in GiB steps,
+//! `computeUnits` and `simdUnits` in steps of one XCC.
+//!
 //! Pure: the inventory, device health and the few host facts discovery does
 //! not keep (each GPU's PCIe root) come in as plain data.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::resource::v1::{
-    Device, DeviceAttribute, DeviceCapacity, DeviceTaint, ResourcePool, ResourceSliceSpec,
+    CapacityRequestPolicy, CapacityRequestPolicyRange, Device, DeviceAttribute, DeviceCapacity,
+    DeviceTaint, ResourcePool, ResourceSliceSpec,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
+use crate::api::TimeSlicing;
 use crate::device::{Gpu, Inventory, family};
 use crate::plugin::PluginDevice;
+
+/// The step of shared `memory`: 1 GiB.
+pub const MEMORY_STEP: u64 = 1 << 30;
 
 /// The DRA driver name: the reference's, so DeviceClasses and claims carry over.
 pub const DRIVER_NAME: &str = "gpu.amd.com";
@@ -49,6 +60,8 @@ pub struct DraDevice {
     pub card: u32,
     pub render_minor: u32,
     pub numa_node: Option<i64>,
+    /// The device's XCCs, when KFD says: the step of shared compute.
+    pub xcc_count: Option<u32>,
     pub attributes: BTreeMap<String, DeviceAttribute>,
     pub capacity: BTreeMap<String, DeviceCapacity>,
 }
@@ -109,7 +122,7 @@ pub fn devices_of(inventory: &Inventory, roots: &PcieRoots) -> Vec<DraDevice> {
                 numa_node,
                 common,
                 TYPE_GPU,
-                (gpu.vram_bytes, gpu.cu_count, gpu.simd_count),
+                (gpu.vram_bytes, gpu.cu_count, gpu.simd_count, gpu.xcc_count),
             ));
             continue;
         }
@@ -126,6 +139,8 @@ pub fn devices_of(inventory: &Inventory, roots: &PcieRoots) -> Vec<DraDevice> {
                     .or(share(gpu.cu_count.map(u64::from)).map(|v| v as u32)),
                 size.simd_count
                     .or(share(gpu.simd_count.map(u64::from)).map(|v| v as u32)),
+                size.xcc_count
+                    .or(share(gpu.xcc_count.map(u64::from)).map(|v| v as u32)),
             );
             out.push(device(
                 gpu,
@@ -153,7 +168,7 @@ fn device(
     numa_node: Option<i64>,
     mut attributes: BTreeMap<String, DeviceAttribute>,
     kind: &str,
-    (memory, cus, simds): (Option<u64>, Option<u32>, Option<u32>),
+    (memory, cus, simds, xccs): (Option<u64>, Option<u32>, Option<u32>, Option<u32>),
 ) -> DraDevice {
     attributes.insert("type".into(), string(kind));
     attributes.insert("cardIndex".into(), int(i64::from(card)));
@@ -170,9 +185,65 @@ fn device(
         card,
         render_minor,
         numa_node,
+        xcc_count: xccs.filter(|x| *x > 0),
         attributes,
         capacity,
     }
+}
+
+/// How a capacity of `value` is shared `replicas` ways in steps of `step`:
+/// at least one step, at most the whole (in whole steps), one replica's
+/// share by default. `None` where the API cannot express it (an unknown, 0
+/// size; less than two steps, when a step of 1 is used instead, and a value
+/// of 1): that capacity then goes whole to each claim that does not ask
+/// for less. Pure.
+pub fn share_policy(value: u64, replicas: u32, step: u64) -> Option<CapacityRequestPolicy> {
+    // The API wants min + step within the value.
+    let step = if step >= 1 && value >= step.saturating_mul(2) {
+        step
+    } else {
+        1
+    };
+    if value < 2 {
+        return None;
+    }
+    let max = value / step * step;
+    let share = value / u64::from(replicas.max(1)) / step * step;
+    let default = share.clamp(step, max);
+    let q = |v: u64| Quantity(v.to_string());
+    Some(CapacityRequestPolicy {
+        default: Some(q(default)),
+        valid_range: Some(CapacityRequestPolicyRange {
+            min: q(step),
+            max: Some(q(max)),
+            step: Some(q(step)),
+        }),
+        valid_values: None,
+    })
+}
+
+/// The device's capacities, with request policies when it is shared.
+fn shared_capacity(device: &DraDevice, sharing: &TimeSlicing) -> BTreeMap<String, DeviceCapacity> {
+    let mut capacity = device.capacity.clone();
+    if !sharing.is_shared() {
+        return capacity;
+    }
+    for (name, entry) in &mut capacity {
+        let Some(value) = quantity_value(&entry.value.0).and_then(|v| u64::try_from(v).ok()) else {
+            continue;
+        };
+        let step = match name.as_str() {
+            "memory" => MEMORY_STEP,
+            // One XCC's worth, when the XCCs divide the units evenly.
+            _ => device
+                .xcc_count
+                .map(u64::from)
+                .filter(|x| value % x == 0)
+                .map_or(1, |x| value / x),
+        };
+        entry.request_policy = share_policy(value, sharing.replicas, step);
+    }
+    capacity
 }
 
 /// Attributes a GPU's devices share, whole or partitioned.
@@ -296,6 +367,7 @@ pub fn slice_specs(
     devices: &[DraDevice],
     unhealthy: &Unhealthy,
     taints: bool,
+    sharing: &TimeSlicing,
     generation: i64,
 ) -> Vec<ResourceSliceSpec> {
     let per_slice = if taints {
@@ -322,7 +394,7 @@ pub fn slice_specs(
             devices: Some(
                 chunk
                     .iter()
-                    .map(|d| api_device(d, unhealthy.get(&d.name), taints))
+                    .map(|d| api_device(d, unhealthy.get(&d.name), taints, sharing))
                     .collect(),
             ),
             ..ResourceSliceSpec::default()
@@ -330,7 +402,12 @@ pub fn slice_specs(
         .collect()
 }
 
-fn api_device(device: &DraDevice, unhealthy: Option<&String>, taints: bool) -> Device {
+fn api_device(
+    device: &DraDevice,
+    unhealthy: Option<&String>,
+    taints: bool,
+    sharing: &TimeSlicing,
+) -> Device {
     let taints = (taints && unhealthy.is_some()).then(|| {
         vec![DeviceTaint {
             key: UNHEALTHY_TAINT_KEY.to_owned(),
@@ -342,7 +419,8 @@ fn api_device(device: &DraDevice, unhealthy: Option<&String>, taints: bool) -> D
     Device {
         name: device.name.clone(),
         attributes: Some(device.attributes.clone()),
-        capacity: Some(device.capacity.clone()),
+        capacity: Some(shared_capacity(device, sharing)),
+        allow_multiple_allocations: sharing.is_shared().then_some(true),
         taints,
         ..Device::default()
     }
@@ -357,9 +435,21 @@ pub fn same_content(a: &ResourceSliceSpec, b: &ResourceSliceSpec) -> bool {
         let mut s = s.clone();
         s.pool.generation = 0;
         for device in s.devices.iter_mut().flatten() {
+            let canonical = |q: &mut Quantity| {
+                if let Some(value) = quantity_value(&q.0) {
+                    *q = Quantity(value.to_string());
+                }
+            };
             for capacity in device.capacity.iter_mut().flat_map(|c| c.values_mut()) {
-                if let Some(value) = quantity_value(&capacity.value.0) {
-                    capacity.value = Quantity(value.to_string());
+                canonical(&mut capacity.value);
+                if let Some(policy) = capacity.request_policy.as_mut() {
+                    policy.default.iter_mut().for_each(canonical);
+                    if let Some(range) = policy.valid_range.as_mut() {
+                        canonical(&mut range.min);
+                        range.max.iter_mut().for_each(canonical);
+                        range.step.iter_mut().for_each(canonical);
+                    }
+                    policy.valid_values.iter_mut().flatten().for_each(canonical);
                 }
             }
             for taint in device.taints.iter_mut().flatten() {
@@ -515,6 +605,7 @@ mod tests {
                 cu_count: Some(38),
                 simd_count: Some(152),
                 vram_bytes: Some(24 << 30),
+                xcc_count: Some(1),
             };
             8
         ];
@@ -558,7 +649,14 @@ mod tests {
             gpus.push(gpu(&format!("0000:{:02x}:00.0", i), i, 128 + i));
         }
         let devices = devices_of(&inventory(gpus), &PcieRoots::new());
-        let specs = slice_specs("n1", &devices, &Unhealthy::new(), false, 7);
+        let specs = slice_specs(
+            "n1",
+            &devices,
+            &Unhealthy::new(),
+            false,
+            &TimeSlicing::default(),
+            7,
+        );
         assert_eq!(specs.len(), 2);
         assert_eq!(specs[0].devices.as_ref().map(Vec::len), Some(128));
         assert_eq!(specs[1].devices.as_ref().map(Vec::len), Some(2));
@@ -569,7 +667,14 @@ mod tests {
             assert_eq!(s.driver, DRIVER_NAME);
             assert_eq!(s.node_name.as_deref(), Some("n1"));
         }
-        let empty = slice_specs("n1", &[], &Unhealthy::new(), false, 1);
+        let empty = slice_specs(
+            "n1",
+            &[],
+            &Unhealthy::new(),
+            false,
+            &TimeSlicing::default(),
+            1,
+        );
         assert_eq!(empty.len(), 1);
         assert_eq!(empty[0].devices.as_ref().map(Vec::len), Some(0));
     }
@@ -581,17 +686,24 @@ mod tests {
             &PcieRoots::new(),
         );
         let sick = Unhealthy::from([("gpu-1-128".to_string(), "ECC".to_string())]);
-        let on = slice_specs("n", &devices, &sick, true, 1);
+        let on = slice_specs("n", &devices, &sick, true, &TimeSlicing::default(), 1);
         let taint = &on[0].devices.as_ref().unwrap()[0].taints.as_ref().unwrap()[0];
         assert_eq!(taint.key, UNHEALTHY_TAINT_KEY);
         assert_eq!(taint.effect, "NoSchedule");
-        let off = slice_specs("n", &devices, &sick, false, 1);
+        let off = slice_specs("n", &devices, &sick, false, &TimeSlicing::default(), 1);
         assert!(off[0].devices.as_ref().unwrap()[0].taints.is_none());
-        let healthy = slice_specs("n", &devices, &Unhealthy::new(), true, 1);
+        let healthy = slice_specs(
+            "n",
+            &devices,
+            &Unhealthy::new(),
+            true,
+            &TimeSlicing::default(),
+            1,
+        );
         assert!(!same_content(&on[0], &healthy[0]));
         assert!(same_content(
             &off[0],
-            &slice_specs("n", &devices, &sick, false, 9)[0]
+            &slice_specs("n", &devices, &sick, false, &TimeSlicing::default(), 9)[0]
         ));
     }
 
@@ -606,7 +718,14 @@ mod tests {
             &inventory(vec![gpu("0000:05:00.0", 1, 128)]),
             &PcieRoots::new(),
         );
-        let sent = slice_specs("n", &devices, &Unhealthy::new(), false, 1);
+        let sent = slice_specs(
+            "n",
+            &devices,
+            &Unhealthy::new(),
+            false,
+            &TimeSlicing::default(),
+            1,
+        );
         let mut stored = sent[0].clone();
         for d in stored.devices.iter_mut().flatten() {
             for c in d.capacity.iter_mut().flat_map(|c| c.values_mut()) {
@@ -625,7 +744,14 @@ mod tests {
             .map(|i| gpu(&format!("0000:{:02x}:00.0", i), i, 128 + i))
             .collect();
         let devices = devices_of(&inventory(gpus), &PcieRoots::new());
-        let specs = slice_specs("n1", &devices, &Unhealthy::new(), true, 1);
+        let specs = slice_specs(
+            "n1",
+            &devices,
+            &Unhealthy::new(),
+            true,
+            &TimeSlicing::default(),
+            1,
+        );
         assert_eq!(specs.len(), 2);
         assert_eq!(specs[0].devices.as_ref().map(Vec::len), Some(64));
         assert_eq!(specs[0].pool.resource_slice_count, 2);
@@ -639,5 +765,125 @@ mod tests {
         assert!(name.len() <= 253, "{}", name.len());
         assert!(name.ends_with("-gpu.amd.com-3"));
         assert_ne!(slice_name(&long, 3), slice_name(&"a".repeat(252), 3));
+    }
+
+    #[test]
+    fn shares_default_to_one_replica_in_whole_steps_within_the_device() {
+        let policy = |value: u64, replicas: u32, step: u64| {
+            let p = share_policy(value, replicas, step)?;
+            let range = p.valid_range.unwrap();
+            let n = |q: Option<Quantity>| q.map(|q| q.0.parse::<u64>().unwrap());
+            Some((
+                n(p.default),
+                n(Some(range.min)),
+                n(range.max),
+                n(range.step),
+            ))
+        };
+        let gib = MEMORY_STEP;
+        // 192 GiB shared 4 ways: 48 GiB each by default, in GiB steps.
+        assert_eq!(
+            policy(192 * gib, 4, gib),
+            Some((Some(48 * gib), Some(gib), Some(192 * gib), Some(gib)))
+        );
+        // 191.5 GiB: whole GiB only, so at most 191.
+        assert_eq!(
+            policy(191 * gib + gib / 2, 1, gib).unwrap().2,
+            Some(191 * gib)
+        );
+        // 304 CUs in 8 XCCs of 38, 3 ways: 76 (two XCCs) by default.
+        assert_eq!(
+            policy(304, 3, 38),
+            Some((Some(76), Some(38), Some(304), Some(38)))
+        );
+        // More replicas than steps: one step each.
+        assert_eq!(policy(304, 64, 38).unwrap().0, Some(38));
+        // One XCC's 38 CUs cannot be cut in XCCs: single units.
+        assert_eq!(
+            policy(38, 2, 38),
+            Some((Some(19), Some(1), Some(38), Some(1)))
+        );
+        // Nothing to share.
+        assert_eq!(policy(0, 4, 1), None);
+        assert_eq!(policy(1, 4, 1), None);
+    }
+
+    #[test]
+    fn shared_devices_allow_multiple_allocations_with_a_policy_on_every_capacity() {
+        let mut g = gpu("0000:03:00.0", 1, 128);
+        g.vram_bytes = Some(192 << 30);
+        g.cu_count = Some(304);
+        g.simd_count = Some(1216);
+        g.xcc_count = Some(8);
+        let devices = devices_of(&inventory(vec![g]), &PcieRoots::new());
+        let sharing = TimeSlicing {
+            replicas: 4,
+            ..TimeSlicing::default()
+        };
+        let specs = slice_specs("n", &devices, &Unhealthy::new(), false, &sharing, 1);
+        let device = &specs[0].devices.as_ref().unwrap()[0];
+        assert_eq!(device.allow_multiple_allocations, Some(true));
+        let capacity = device.capacity.as_ref().unwrap();
+        let default = |name: &str| {
+            capacity[name]
+                .request_policy
+                .as_ref()
+                .unwrap()
+                .default
+                .clone()
+                .unwrap()
+                .0
+        };
+        assert_eq!(default("memory"), (48u64 << 30).to_string());
+        assert_eq!(default("computeUnits"), "76");
+        assert_eq!(default("simdUnits"), "304");
+        let step = |name: &str| {
+            capacity[name]
+                .request_policy
+                .as_ref()
+                .unwrap()
+                .valid_range
+                .as_ref()
+                .unwrap()
+                .step
+                .clone()
+                .unwrap()
+                .0
+        };
+        assert_eq!(step("computeUnits"), "38", "one XCC");
+        assert_eq!(step("simdUnits"), "152");
+        // Exclusive: as before.
+        let exclusive = slice_specs(
+            "n",
+            &devices,
+            &Unhealthy::new(),
+            false,
+            &TimeSlicing::default(),
+            1,
+        );
+        let device = &exclusive[0].devices.as_ref().unwrap()[0];
+        assert_eq!(device.allow_multiple_allocations, None);
+        assert!(
+            device
+                .capacity
+                .as_ref()
+                .unwrap()
+                .values()
+                .all(|c| c.request_policy.is_none())
+        );
+        // The server's canonical quantities compare equal.
+        let mut canonical = specs[0].clone();
+        for d in canonical.devices.iter_mut().flatten() {
+            for c in d.capacity.iter_mut().flat_map(|c| c.values_mut()) {
+                if let Some(p) = c.request_policy.as_mut()
+                    && p.default
+                        .as_ref()
+                        .is_some_and(|q| q.0 == (48u64 << 30).to_string())
+                {
+                    p.default = Some(Quantity("48Gi".into()));
+                }
+            }
+        }
+        assert!(same_content(&canonical, &specs[0]));
     }
 }

@@ -220,6 +220,8 @@ impl Preparer {
                 pool_name: self.node.clone(),
                 device_name: device.name.clone(),
                 cdi_device_ids: vec![cdi::cdi_device_id(&claim.uid, &device.name)],
+                share_id: a.share_id.clone(),
+                consumed_capacity: a.consumed_capacity.clone(),
             });
         }
         Ok((

@@ -18,6 +18,7 @@ use tonic::{Request, Response, Status};
 use super::api::{
     self, dra_v1, dra_v1beta1, health_v1, health_v1alpha1, health_v1beta1, registration,
 };
+use super::checkpoint::PreparedDevice;
 use super::health::{Published, message};
 use super::prepare::{ClaimRef, Preparer};
 use crate::plugin::Health;
@@ -144,12 +145,11 @@ macro_rules! claim_refs {
     };
 }
 
-/// v1 and v1beta1 differ only in their package (and v1's optional
-/// `share_id`, which exclusive devices leave unset), so one body serves both.
+/// v1 and v1beta1 differ only in their package and in v1's optional
+/// `share_id` (set for a shared device's share): one body serves both, with
+/// the answer's device built per version.
 macro_rules! dra_plugin_version {
-    ($v:ident) => {
-        // `..Default::default()` fills v1's `share_id`; v1beta1 has no field left.
-        #[allow(clippy::needless_update)]
+    ($v:ident, $answer:expr) => {
         #[tonic::async_trait]
         impl $v::dra_plugin_server::DraPlugin for DraPlugin {
             async fn node_prepare_resources(
@@ -163,16 +163,7 @@ macro_rules! dra_plugin_version {
                     .map(|(uid, result)| {
                         let response = match result {
                             Ok(devices) => $v::NodePrepareResourceResponse {
-                                devices: devices
-                                    .into_iter()
-                                    .map(|d| $v::Device {
-                                        request_names: d.request_names,
-                                        pool_name: d.pool_name,
-                                        device_name: d.device_name,
-                                        cdi_device_ids: d.cdi_device_ids,
-                                        ..Default::default()
-                                    })
-                                    .collect(),
+                                devices: devices.into_iter().map($answer).collect(),
                                 error: String::new(),
                             },
                             Err(error) => $v::NodePrepareResourceResponse {
@@ -205,8 +196,20 @@ macro_rules! dra_plugin_version {
     };
 }
 
-dra_plugin_version!(dra_v1);
-dra_plugin_version!(dra_v1beta1);
+dra_plugin_version!(dra_v1, |d: PreparedDevice| dra_v1::Device {
+    request_names: d.request_names,
+    pool_name: d.pool_name,
+    device_name: d.device_name,
+    cdi_device_ids: d.cdi_device_ids,
+    share_id: d.share_id,
+});
+// v1beta1 has no share ID: a kubelet that speaks only v1beta1 predates sharing.
+dra_plugin_version!(dra_v1beta1, |d: PreparedDevice| dra_v1beta1::Device {
+    request_names: d.request_names,
+    pool_name: d.pool_name,
+    device_name: d.device_name,
+    cdi_device_ids: d.cdi_device_ids,
+});
 
 struct HealthStreams {
     pool: String,

@@ -59,6 +59,10 @@ pub struct DraConfig {
     /// Taint unhealthy devices in the slices (KEP-5055; needs the
     /// DRADeviceTaints feature, beta and on by default from 1.36).
     pub device_taints: bool,
+    /// Sharing: with more than one replica, devices allow multiple
+    /// allocations with consumable capacity (KEP-5075; the
+    /// DRAConsumableCapacity feature, beta and on by default from 1.36).
+    pub sharing: crate::api::TimeSlicing,
     pub poll_interval: Duration,
     pub health_resend: Duration,
 }
@@ -75,6 +79,7 @@ impl DraConfig {
             host,
             node_name: node_name.to_owned(),
             device_taints: false,
+            sharing: crate::api::TimeSlicing::default(),
             poll_interval: Self::DEFAULT_POLL_INTERVAL,
             health_resend: Self::DEFAULT_HEALTH_RESEND,
         }
@@ -605,6 +610,7 @@ impl SlicePublisher {
             &snapshot.devices,
             &snapshot.unhealthy(),
             self.config.device_taints,
+            &self.config.sharing,
             0,
         );
         let names: Vec<String> = (0..desired.len()).map(|i| slice_name(node, i)).collect();

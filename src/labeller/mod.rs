@@ -184,6 +184,7 @@ pub fn devices(gpu: &Gpu) -> Vec<NodeSize> {
             cu_count: gpu.cu_count,
             simd_count: gpu.simd_count,
             vram_bytes: gpu.vram_bytes,
+            xcc_count: gpu.xcc_count,
         }];
     };
     let partitions_found = gpu.compute_partition.is_some()

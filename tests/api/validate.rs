@@ -130,6 +130,11 @@ fn time_slicing_arguments_are_known_and_their_values_checked() {
             &["spec.devicePlugin.devicePluginArguments.time_slicing_replicas"],
         );
     }
+    // DRA shares by the same count, with the device plugin off.
+    assert_problems(
+        "draDriver:\n  enable: true\ndevicePlugin:\n  enableDevicePlugin: false\n  devicePluginArguments:\n    time_slicing_replicas: \"0\"\n",
+        &["spec.devicePlugin.devicePluginArguments.time_slicing_replicas"],
+    );
     assert_problems(
         "devicePlugin:\n  devicePluginArguments:\n    time_slicing_rename: \"yes\"\n    time_slicing_fail_requests_greater_than_one: \"1\"\n",
         &[

@@ -8,6 +8,7 @@
 pub mod bundles;
 pub mod cluster;
 pub mod dra_kubelet;
+pub mod dra_scheduler;
 pub mod hosts;
 pub mod http;
 pub mod kubelet;
