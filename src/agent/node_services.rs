@@ -40,6 +40,9 @@ pub struct NodeServices {
     /// What the metrics endpoints serve, for in-process readers.
     pub metrics_published: watch::Receiver<Arc<Published>>,
     pub health_snapshot: watch::Receiver<Arc<HealthSnapshot>>,
+    /// The GPU locks the test runner takes before each test case; whoever
+    /// else runs tests on the node's GPUs takes them too.
+    pub gpu_locks: crate::testrunner::exclusive::GpuLocks,
     transitions: broadcast::Sender<HealthTransition>,
     /// Each finished test case, for standalone mode's event log (kept only to
     /// subscribe from).
@@ -152,6 +155,7 @@ impl NodeServices {
         );
         let test_stats = test_runner.stats();
         let test_results = test_runner.results();
+        let gpu_locks = test_runner.gpu_locks();
         let mut exporter = MetricsService::new(inventory.clone(), Some(health_snapshot.clone()))
             .with_test_stats(test_stats)
             .with_discovery(scan.clone());
@@ -180,6 +184,7 @@ impl NodeServices {
             exporter_status,
             metrics_published,
             health_snapshot,
+            gpu_locks,
             transitions,
             test_results,
             discovery,

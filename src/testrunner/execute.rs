@@ -180,6 +180,14 @@ impl CaseReport {
             cancelled: false,
         }
     }
+
+    /// A case cancelled while it waited for its GPUs: nothing ran.
+    pub fn cancelled_before_start(trigger: Trigger, case: &TestCase) -> Self {
+        Self {
+            cancelled: true,
+            ..Self::nothing_tested(trigger, case, "cancelled before its GPUs were free")
+        }
+    }
 }
 
 /// Runs `case` on `gpus` (naming them on the command line when `pass_ids`),

@@ -36,6 +36,7 @@
 pub mod command;
 pub mod config;
 pub mod decide;
+pub mod exclusive;
 pub mod execute;
 pub mod gpus;
 pub mod kube;

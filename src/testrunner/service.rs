@@ -31,6 +31,7 @@ use super::decide::{
     TEST_REQUEST_ANNOTATION, manual_request, periodic_request, pre_start_request, select_gpus,
     unhealthy_request,
 };
+use super::exclusive::GpuLocks;
 use super::execute::{CaseReport, LogLimits, Logs, run_case};
 use super::gpus::{TargetGpu, read_targets};
 use super::kube::{CONFIG_ERROR_REASON, Kube, node_event};
@@ -53,6 +54,8 @@ pub struct TestRunnerService {
     stats: watch::Sender<TestRunnerStats>,
     results: broadcast::Sender<LastRun>,
     pre_start_done: AtomicBool,
+    /// The node's GPU locks, shared with whoever else runs tests.
+    locks: GpuLocks,
 }
 
 impl TestRunnerService {
@@ -77,7 +80,15 @@ impl TestRunnerService {
             stats: watch::Sender::new(TestRunnerStats::default()),
             results: broadcast::Sender::new(RESULTS_BACKLOG),
             pre_start_done: AtomicBool::new(false),
+            locks: GpuLocks::default(),
         }
+    }
+
+    /// The GPU locks this runner takes before each test case: whoever else
+    /// runs tests on the node's GPUs (a remediation's validation) takes them
+    /// too.
+    pub fn gpu_locks(&self) -> GpuLocks {
+        self.locks.clone()
     }
 
     /// The runner's figures for the metrics exporter; changes on every run
@@ -106,6 +117,7 @@ struct RunContext {
     events: Option<EventSink>,
     stats: watch::Sender<TestRunnerStats>,
     results: broadcast::Sender<LastRun>,
+    locks: GpuLocks,
 }
 
 /// A finished run, for the loop's bookkeeping.
@@ -358,6 +370,7 @@ impl TestRunnerService {
             events: self.events.clone(),
             stats: self.stats.clone(),
             results: self.results.clone(),
+            locks: self.locks.clone(),
         }))
     }
 
@@ -435,19 +448,27 @@ async fn execute(
                 {
                     tracing::warn!(error = %e, "cannot set the test running labels");
                 }
-                let report = run_case(
-                    trigger,
-                    case,
-                    &selection.gpus,
-                    selection.pass_ids,
-                    &ctx.commands,
-                    Logs {
-                        dir: &ctx.logs_dir,
-                        limits: &ctx.log_limits,
-                    },
-                    &cancel,
-                )
-                .await;
+                let bdfs = selection.gpus.iter().map(|g| g.bdf.as_str());
+                let report = tokio::select! {
+                    held = ctx.locks.hold(bdfs) => {
+                        let report = run_case(
+                            trigger,
+                            case,
+                            &selection.gpus,
+                            selection.pass_ids,
+                            &ctx.commands,
+                            Logs {
+                                dir: &ctx.logs_dir,
+                                limits: &ctx.log_limits,
+                            },
+                            &cancel,
+                        )
+                        .await;
+                        drop(held);
+                        report
+                    }
+                    _ = cancel.cancelled() => CaseReport::cancelled_before_start(trigger, case),
+                };
                 if let Some(kube) = &ctx.kube
                     && let Err(e) = kube.set_running(&keys, false).await
                 {
