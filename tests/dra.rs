@@ -647,6 +647,69 @@ async fn two_claims_share_a_gpu_by_memory_and_a_third_that_does_not_fit_is_not_a
     let refused = dra_scheduler::fit(&slice_device, &requests, &shares).unwrap_err();
     assert!(refused.starts_with("memory:"), "{refused}");
 
+    // One claim with two small shares of the device (two requests): what
+    // fits beside the first two.
+    let small = "8Gi";
+    let mut results = Vec::new();
+    for request in ["a", "b"] {
+        let requests = BTreeMap::from([("memory", small)]);
+        let consumed =
+            dra_scheduler::fit(&slice_device, &requests, &shares).expect("a small share fits");
+        shares.push(consumed.clone());
+        results.push(json!({"request": request, "driver": "gpu.amd.com", "pool": NODE,
+            "device": device, "shareID": format!("share-pair-{request}"), "consumedCapacity": consumed}));
+    }
+    let requests: Vec<Value> = ["a", "b"]
+        .iter()
+        .map(|r| {
+            json!({"name": r, "exactly": {"deviceClassName": "gpu.amd.com",
+                "capacity": {"requests": {"memory": small}}}})
+        })
+        .collect();
+    let pair: ResourceClaim = serde_json::from_value(json!({
+        "metadata": {"name": "pair"},
+        "spec": {"devices": {"requests": requests}}
+    }))
+    .unwrap();
+    let pair_uid = api
+        .create(&PostParams::default(), &pair)
+        .await
+        .expect("claim created")
+        .metadata
+        .uid
+        .expect("uid");
+    api.patch_status(
+        "pair",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"allocation": {"devices": {"results": results}}}})),
+    )
+    .await
+    .expect("claim allocated");
+    let answer = rig.kubelet.prepare(&[(NS, &pair_uid, "pair")]).await;
+    let prepared = &answer.claims[&pair_uid];
+    assert_eq!(prepared.error, "", "{answer:?}");
+    let mut share_ids: Vec<&str> = prepared
+        .devices
+        .iter()
+        .filter_map(|d| d.share_id.as_deref())
+        .collect();
+    share_ids.sort();
+    assert_eq!(
+        share_ids,
+        ["share-pair-a", "share-pair-b"],
+        "an answer for each share"
+    );
+    assert_valid_cdi(&spec_file(&rig.cdi_dir(), &pair_uid));
+    let spec: Value = serde_json::from_str(
+        &std::fs::read_to_string(spec_file(&rig.cdi_dir(), &pair_uid)).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        spec["devices"].as_array().unwrap().len(),
+        1,
+        "one CDI device for the two shares"
+    );
+
     // Both shares prepared: a CDI spec each, the share in the answer and in
     // the checkpoint.
     let claims: Vec<(&str, &str, &str)> = uids.iter().map(|(n, u)| (NS, u.as_str(), *n)).collect();

@@ -82,6 +82,17 @@ const RESET_FIRST_MAPPING: &str = r#"
     timeoutSeconds: 30
 "#;
 
+/// Our condition, tested without a reboot first.
+const NO_REBOOT_MAPPING: &str = r#"
+- nodeCondition: AMDGPUUnhealthy
+  skipRebootStep: true
+  validationTestsProfile:
+    framework: RVS
+    recipe: gst_single
+    iterations: 1
+    timeoutSeconds: 30
+"#;
+
 async fn create_mapping(cluster: &TestCluster) {
     create_mapping_of(cluster, MAPPING).await;
 }
@@ -283,6 +294,7 @@ impl AgentRig {
             &dir.path().join("kubelet/pod-resources/kubelet.sock"),
             FakeKubelet {
                 shared: Some(kubelet_pods.clone()),
+                client: Some(cluster.client()),
                 ..FakeKubelet::default()
             },
         )
@@ -693,6 +705,93 @@ async fn a_failed_gpu_reset_escalates_to_draining_and_rebooting_the_node() {
         "the node's tests after the reboot only: {runs:?}"
     );
     assert!(runs[0].ends_with("gpus=0,1"), "every GPU: {runs:?}");
+}
+
+/// The test runner's own test of an unhealthy GPU and the remediation's
+/// validation never run on one GPU at once: the validation waits for the
+/// runner's test (here one that hangs until its 3 s limit) to end.
+/// A pod the drain leaves (a DaemonSet's) still holds the sick GPU: no
+/// reset under it; the run goes on with the node's steps.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_gpu_reset_while_a_pod_the_drain_leaves_still_holds_the_gpu() {
+    let mut rig = AgentRig::start_with(&["pass"], RESET_FIRST_MAPPING, ResetStandIn::Repairs).await;
+    let (_stop, _leader) = start_leader(&rig.cluster, "leader-a", fast_confirm());
+    rig.cluster
+        .create(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "monitor", "namespace": "ml",
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet",
+                    "name": "monitor", "uid": "uid-monitor", "controller": true}]},
+            "spec": {"nodeName": NODE, "containers": [{"name": "main", "image": "probe",
+                "resources": {"limits": {"amd.com/gpu": "1"}}}]},
+        }))
+        .unwrap();
+    rig.cluster.start_pod("ml", "monitor").await;
+    *rig.kubelet_pods.lock().unwrap() = vec![pod("monitor", "amd.com/gpu", &[&rig.bdf])];
+    rig.agent_reported_its_boot().await;
+
+    rig.inject_ecc_error();
+    event_seen(&rig.cluster, "RemediationEscalated", "still hold GPU").await;
+    rig.come_back_from_reboot(1).await;
+    rig.eventually("released", |r| {
+        let node = r.node();
+        !tainted(&node) && phase_of(&node).is_none()
+    })
+    .await;
+    assert!(rig.resets().is_empty(), "no reset: {:?}", rig.resets());
+    assert!(
+        rig.cluster.get("v1", "Pod", "ml", "monitor").is_some(),
+        "drains leave DaemonSet pods"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_validation_waits_for_the_test_runners_test_on_the_same_gpu() {
+    let rig =
+        AgentRig::start_with(&["hang", "pass"], NO_REBOOT_MAPPING, ResetStandIn::Repairs).await;
+    let (_stop, _leader) = start_leader(&rig.cluster, "leader-a", fast_confirm());
+    let config = fake_rvs::config_json(
+        "AUTO_UNHEALTHY_GPU_WATCH",
+        r#"{"Recipe":"gst_single","TimeoutSeconds":3}"#,
+    );
+    let api: Api<ConfigMap> = Api::namespaced(rig.cluster.client(), NS);
+    let map: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "gpu-tests"}, "data": {"config.json": config}
+    }))
+    .unwrap();
+    api.create(&PostParams::default(), &map).await.unwrap();
+    rig.cluster
+        .apply_device_config(
+            "gpus",
+            json!({"selector": {"gpu": "amd"}, "devicePlugin": {},
+                   "testRunner": {"enable": true, "config": {"name": "gpu-tests"}},
+                   "remediationWorkflow": {"enable": true, "config": {"name": "remediation"},
+                       "nodeDrainPolicy": {"force": true, "timeoutSeconds": 30}}}),
+        )
+        .await;
+    rig.agent_reported_its_boot().await;
+
+    rig.inject_ecc_error();
+    // The runner's test of the sick GPU starts, and hangs.
+    let hanging = tokio::task::block_in_place(|| rig.rvs.wait_for_pid("grandchild.pid"));
+    rig.eventually("the validation started", |r| {
+        r.rvs
+            .invocations()
+            .iter()
+            .any(|i| i.contains("trigger=MANUAL"))
+    })
+    .await;
+    assert!(
+        fake_rvs::process_gone(hanging),
+        "the validation started while the runner's test still ran: {:?}",
+        rig.rvs.invocations()
+    );
+    let calls = rig.rvs.invocations();
+    assert!(
+        calls[0].contains("trigger=AUTO_UNHEALTHY_GPU_WATCH"),
+        "{calls:?}"
+    );
+    assert!(calls[1].contains("trigger=MANUAL"), "{calls:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -195,7 +195,12 @@ pub async fn run(
         report_stop.clone(),
     );
     // What the leader's remediation record asks of this node: a reboot, the
-    // validation tests.
+    // validation tests, a GPU reset. It asks the kubelet which pods hold a
+    // GPU where the metrics exporter does (the DeviceConfig may move it).
+    let (pod_resources, pod_resources_rx) = watch::channel(crate::metrics::pod_resources_socket(
+        "",
+        &config.kubelet_dir,
+    ));
     let (mut remediation_report, _remediation_task) = remediation::spawn(
         remediation::Feeds {
             node: node_rx.clone(),
@@ -205,9 +210,10 @@ pub async fn run(
             reboot: config.driver.reboot.clone(),
             leader: leader.clone(),
             health: services.health_snapshot.clone(),
-            pod_resources: crate::metrics::pod_resources_socket("", &config.kubelet_dir),
+            pod_resources: pod_resources_rx,
             gpu_reset: config.driver.gpu_reset.clone(),
             reader: driver_reader.clone(),
+            gpu_locks: services.gpu_locks.clone(),
             tests: crate::testrunner::TestRunnerConfig {
                 commands: config.test_commands.clone().unwrap_or_default(),
                 ..crate::testrunner::TestRunnerConfig::for_spec(
@@ -325,6 +331,17 @@ pub async fn run(
                     .collect(),
                 _ => Vec::new(),
             };
+            if let Some(socket) = desired
+                .metrics
+                .as_ref()
+                .and_then(|m| m.pod_resources_socket.clone())
+            {
+                pod_resources.send_if_modified(|current| {
+                    let changed = *current != socket;
+                    *current = socket;
+                    changed
+                });
+            }
             let access_problems = desired
                 .metrics
                 .as_ref()

@@ -42,11 +42,12 @@ use crate::events::{EventSink, NodeEvent};
 use crate::health::HealthSnapshot;
 use crate::host::reader::BoundedReader;
 use crate::metrics::podresources::v1::ListPodResourcesResponse;
-use crate::plugin::devices::RESOURCE_NAMESPACE;
+use crate::plugin::devices::{RESOURCE_NAMESPACE, parent_id};
 use crate::remediation::mapping::ValidationTestsProfile;
 use crate::remediation::{Phase, Record};
 use crate::testrunner::config::{Framework, TestCase, Trigger};
-use crate::testrunner::execute::{Logs, run_case};
+use crate::testrunner::exclusive::GpuLocks;
+use crate::testrunner::execute::{CaseReport, Logs, run_case};
 use crate::testrunner::gpus::read_targets;
 use crate::testrunner::{Outcome, TestRunnerConfig};
 
@@ -64,11 +65,16 @@ pub struct Feeds {
     pub leader: Arc<tokio::sync::Mutex<Option<super::LeaderRole>>>,
     /// The health monitor's view: which GPU is at fault.
     pub health: watch::Receiver<Arc<HealthSnapshot>>,
-    /// The kubelet's PodResources socket: which pods hold that GPU.
-    pub pod_resources: PathBuf,
+    /// The kubelet's PodResources socket (the metrics exporter's, as the
+    /// DeviceConfig sets it): which pods hold that GPU.
+    pub pod_resources: watch::Receiver<PathBuf>,
     /// How a GPU is reset, and the host reader a debugfs reset goes through.
     pub gpu_reset: GpuReset,
     pub reader: BoundedReader,
+    /// The node's GPU locks, which the test runner takes too: a validation
+    /// waits for a test the runner has going on its GPUs, and the other way
+    /// round.
+    pub gpu_locks: GpuLocks,
 }
 
 /// How long the kubelet may take to list pod resources.
@@ -164,8 +170,8 @@ pub fn faulty_gpu(snapshot: &HealthSnapshot) -> Result<String, String> {
 
 /// The pods (`namespace/name`, sorted) that hold GPU `bdf` or one of its
 /// partitions: through the device plugin (`device_ids`: advertised id to
-/// GPU address) or through DRA (`dra_devices`: our driver's device name to
-/// GPU address). Pure.
+/// GPU address; a shared device's replicas are their device) or through DRA
+/// (`dra_devices`: our driver's device name to GPU address). Pure.
 pub fn pods_holding(
     response: &ListPodResourcesResponse,
     device_ids: &BTreeMap<String, String>,
@@ -181,7 +187,7 @@ pub fn pods_holding(
                 .iter()
                 .filter(|d| d.resource_name.starts_with(&prefix))
                 .flat_map(|d| &d.device_ids)
-                .any(|id| device_ids.get(id).is_some_and(|b| b == bdf));
+                .any(|id| device_ids.get(parent_id(id)).is_some_and(|b| b == bdf));
             let dra = container
                 .dynamic_resources
                 .iter()
@@ -347,20 +353,37 @@ async fn isolate(feeds: &Feeds, id: &str) -> RemediationTestReport {
         Ok(bdf) => bdf,
         Err(why) => return answer(false, why, None, Vec::new()),
     };
-    let listed = crate::metrics::pods::list(&feeds.pod_resources, POD_RESOURCES_TIMEOUT).await;
-    let response = match listed {
+    let pods = match holders(feeds, &bdf).await {
+        Ok(pods) => pods,
+        Err(why) => return answer(false, why, None, Vec::new()),
+    };
+    tracing::info!(%id, gpu = %bdf, ?pods, "the remediation's fault is confined to one GPU");
+    answer(
+        true,
+        format!(
+            "GPU {bdf} is the one unhealthy GPU; {} pod(s) hold it",
+            pods.len()
+        ),
+        Some(bdf),
+        pods,
+    )
+}
+
+/// The pods that hold GPU `bdf`, as the kubelet says. Not knowing (no
+/// PodResources socket, the kubelet not answering) is an error: a reset
+/// could pull the GPU from under a pod, so the whole node is drained
+/// instead.
+async fn holders(feeds: &Feeds, bdf: &str) -> Result<Vec<String>, String> {
+    let socket = feeds.pod_resources.borrow().clone();
+    let response = match crate::metrics::pods::list(&socket, POD_RESOURCES_TIMEOUT).await {
         Ok(Some(response)) => response,
-        Ok(None) => ListPodResourcesResponse::default(),
-        // Not knowing who holds it, the reset could pull a GPU from under a
-        // pod: the whole node is drained instead.
-        Err(e) => {
-            return answer(
-                false,
-                format!("cannot tell which pods hold GPU {bdf}: {e}"),
-                None,
-                Vec::new(),
-            );
+        Ok(None) => {
+            return Err(format!(
+                "cannot tell which pods hold GPU {bdf}: no kubelet PodResources socket at {}",
+                socket.display()
+            ));
         }
+        Err(e) => return Err(format!("cannot tell which pods hold GPU {bdf}: {e}")),
     };
     let inventory = feeds.inventory.borrow().clone();
     let xcp = crate::plugin::devices::xcp_names_of(&inventory);
@@ -374,17 +397,7 @@ async fn isolate(feeds: &Feeds, id: &str) -> RemediationTestReport {
             .into_iter()
             .map(|d| (d.name, d.gpu_bdf))
             .collect();
-    let pods = pods_holding(&response, &device_ids, &dra_devices, &bdf);
-    tracing::info!(%id, gpu = %bdf, ?pods, "the remediation's fault is confined to one GPU");
-    answer(
-        true,
-        format!(
-            "GPU {bdf} is the one unhealthy GPU; {} pod(s) hold it",
-            pods.len()
-        ),
-        Some(bdf),
-        pods,
-    )
+    Ok(pods_holding(&response, &device_ids, &dra_devices, bdf))
 }
 
 /// Resets GPU `bdf`, then runs the profile's tests on it alone.
@@ -405,6 +418,19 @@ async fn reset_and_test(
     let Some(gpu) = inventory.gpus.iter().find(|g| g.bdf == bdf).cloned() else {
         return failed(format!("GPU {bdf} is not on this node any more"));
     };
+    // The drain evicted the pods found when the fault was isolated; one that
+    // came since (it tolerates the quarantine), or that the drain leaves (a
+    // DaemonSet's), still holds the GPU: no reset under it.
+    match holders(feeds, bdf).await {
+        Ok(pods) if pods.is_empty() => {}
+        Ok(pods) => {
+            return failed(format!(
+                "pods still hold GPU {bdf} ({}): no reset under them",
+                pods.join(", ")
+            ));
+        }
+        Err(why) => return failed(why),
+    }
     feeds
         .events
         .record(NodeEvent::agent(
@@ -524,16 +550,23 @@ async fn validate(
         dir: &tests.logs_dir,
         limits: &tests.log_limits,
     };
-    let ran = run_case(
-        Trigger::Manual,
-        &case,
-        &gpus,
-        false,
-        &tests.commands,
-        logs,
-        &stop,
-    )
-    .await;
+    let ran = tokio::select! {
+        held = feeds.gpu_locks.hold(gpus.iter().map(|g| g.bdf.as_str())) => {
+            let ran = run_case(
+                Trigger::Manual,
+                &case,
+                &gpus,
+                false,
+                &tests.commands,
+                logs,
+                &stop,
+            )
+            .await;
+            drop(held);
+            ran
+        }
+        _ = stop.cancelled() => CaseReport::cancelled_before_start(Trigger::Manual, &case),
+    };
     let passed = ran.outcome == Outcome::Passed && !gpus.is_empty();
     let message = if gpus.is_empty() {
         "no GPU to test".to_owned()
@@ -720,6 +753,11 @@ mod tests {
                     vec![],
                 ),
                 pod(
+                    "on-a-share",
+                    vec![plugin("amd.com/gpu", "0000:03:00.0::3")],
+                    vec![],
+                ),
+                pod(
                     "on-partition",
                     vec![plugin("amd.com/cpx_nps1", "amdgpu_xcp_2")],
                     vec![],
@@ -754,7 +792,12 @@ mod tests {
         let dra = BTreeMap::from([("gpu-1-129".to_owned(), "0000:03:00.0".to_owned())]);
         assert_eq!(
             pods_holding(&response, &ids, &dra, "0000:03:00.0"),
-            ["ml/by-claim", "ml/on-gpu", "ml/on-partition"]
+            [
+                "ml/by-claim",
+                "ml/on-a-share",
+                "ml/on-gpu",
+                "ml/on-partition"
+            ]
         );
     }
 }

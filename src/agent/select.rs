@@ -60,7 +60,8 @@ pub fn select_config<'a>(
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LabellerConfig {
     pub kinds: Vec<NodeLabellerKind>,
-    /// The device plugin's sharing, when the plugin runs: the sharing labels.
+    /// The sharing of the device plugin or the DRA plugin, whichever runs:
+    /// the sharing labels.
     pub sharing: Option<crate::api::TimeSlicing>,
 }
 
@@ -181,7 +182,10 @@ pub fn plan_services(spec: &DeviceConfigSpec, node: &NodeContext<'_>) -> Desired
         .runs_on(Operand::NodeLabeller, node.labels)
         .then(|| LabellerConfig {
             kinds: crate::labeller::kinds_for(spec),
-            sharing: device_plugin.as_ref().map(|p| p.sharing),
+            sharing: device_plugin
+                .as_ref()
+                .map(|p| p.sharing)
+                .or(dra.as_ref().map(|d| d.sharing)),
         });
     let metrics_text = node.metrics_config.map(str::to_owned);
     // The health monitor always runs under a DeviceConfig (it feeds the device

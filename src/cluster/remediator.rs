@@ -692,6 +692,10 @@ async fn carry_out(
     }
     match decision.drain {
         DrainOrder::Start => {
+            // The plan starts a drain only when it wants a fresh one: a
+            // drain this term ran before (the GPU's pods, a failed run's)
+            // must not stand in for it.
+            ctx.drains.stop(&name, Purpose::Remediation);
             let policy = drain_for(record, drains);
             ctx.drains
                 .start(&ctx.guard, dc, Purpose::Remediation, &name, policy);

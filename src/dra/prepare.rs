@@ -203,18 +203,23 @@ impl Preparer {
                     a.device, claim.namespace, claim.name
                 ));
             };
+            // Two shares of one device in one claim: one CDI device (a spec
+            // naming a device twice is refused), an answer for each share.
+            let listed = devices.iter().any(|d: &ClaimDevice| d.name == device.name);
             let mut nodes = Vec::with_capacity(2);
-            for path in device.dri_nodes() {
+            for path in device.dri_nodes().into_iter().filter(|_| !listed) {
                 let name = path.trim_start_matches("/dev/dri/");
                 nodes.push(
                     self.device_node(&path, &format!("/sys/class/drm/{name}/dev"))
                         .await?,
                 );
             }
-            devices.push(ClaimDevice {
-                name: device.name.clone(),
-                nodes,
-            });
+            if !listed {
+                devices.push(ClaimDevice {
+                    name: device.name.clone(),
+                    nodes,
+                });
+            }
             answer.push(PreparedDevice {
                 request_names: a.request_names.clone(),
                 pool_name: self.node.clone(),

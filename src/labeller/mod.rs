@@ -326,7 +326,13 @@ pub fn add_sharing_labels(labels: &mut BTreeMap<String, String>, sharing: &TimeS
                 let room = 63 - SHARED_PRODUCT_SUFFIX.len();
                 let kept: String = name.chars().take(room).collect();
                 let kept = kept.trim_end_matches(|c: char| !c.is_ascii_alphanumeric());
-                *name = format!("{kept}{SHARED_PRODUCT_SUFFIX}");
+                // A value must start with an alphanumeric: a name with
+                // none left is just "SHARED".
+                *name = if kept.is_empty() {
+                    SHARED_PRODUCT_SUFFIX.trim_start_matches('-').to_owned()
+                } else {
+                    format!("{kept}{SHARED_PRODUCT_SUFFIX}")
+                };
             }
         }
     }

@@ -490,6 +490,9 @@ fn shared_gpus_are_labelled_with_replicas_strategy_and_a_shared_product_name() {
     add_sharing_labels(&mut long, &sharing);
     let value = &long["amd.com/gpu.product-name"];
     assert!(value.len() <= 63 && value.ends_with("A-SHARED"), "{value}");
+    let mut odd = BTreeMap::from([("amd.com/gpu.product-name".to_owned(), "_".to_owned())]);
+    add_sharing_labels(&mut odd, &sharing);
+    assert_eq!(odd["amd.com/gpu.product-name"], "SHARED");
     // No GPU labels, no sharing labels.
     let mut none = BTreeMap::new();
     add_sharing_labels(&mut none, &sharing);

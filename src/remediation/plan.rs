@@ -403,6 +403,9 @@ fn escalate(
     next.phase = Phase::Draining;
     next.since = now.to_string();
     next.test = None;
+    // Off the reset path for good: a later failure fails the run.
+    next.gpu = None;
+    next.gpu_pods.clear();
     decision.drain = DrainOrder::Start;
     record.run = Some(next);
 }
@@ -476,6 +479,8 @@ pub fn node_step(
 
     let in_phase = elapsed(&run.since, now);
     let fail = |decision: &mut Decision, record: &mut Record, mut next: Run, why: String| {
+        // A failed drain's entry goes too: a run started later drains anew.
+        decision.drain = DrainOrder::Stop;
         next.phase = Phase::Failed;
         next.since = now.to_string();
         next.reason = Some(why.clone());
@@ -791,7 +796,15 @@ pub fn node_step(
                     confirm.interval.as_secs(),
                     confirm.within.as_secs()
                 );
-                fail(&mut decision, &mut record, next, why);
+                if run.gpu.is_some() {
+                    // The reset did not repair it: on to the node's steps.
+                    next.checks = 0;
+                    next.last_check = None;
+                    let why = format!("the GPU reset did not repair it: {why}");
+                    escalate(&mut decision, &mut record, next, &why, now);
+                } else {
+                    fail(&mut decision, &mut record, next, why);
+                }
             } else {
                 decision.wake = Some(confirm.interval);
                 record.run = Some(next);

@@ -1,5 +1,7 @@
 //! The kubelet's side of the PodResources API on a unix socket, answering
-//! `List` with an allocation the test sets (and may change while it runs).
+//! `List` with an allocation the test sets (and may change while it runs),
+//! and, given an API client, only with pods the API server still has, as a
+//! kubelet stops reporting a pod once it is gone.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -20,6 +22,8 @@ pub struct FakeKubelet {
     pub pods: Vec<PodResources>,
     /// When set, `List` answers from here instead (a test changes it).
     pub shared: Option<Arc<Mutex<Vec<PodResources>>>>,
+    /// When set, pods the API server no longer has are left out.
+    pub client: Option<kube::Client>,
 }
 
 #[tonic::async_trait]
@@ -28,10 +32,21 @@ impl PodResourcesLister for FakeKubelet {
         &self,
         _: Request<ListPodResourcesRequest>,
     ) -> Result<Response<ListPodResourcesResponse>, Status> {
-        let pods = match &self.shared {
+        let mut pods = match &self.shared {
             Some(shared) => shared.lock().unwrap().clone(),
             None => self.pods.clone(),
         };
+        if let Some(client) = &self.client {
+            let mut alive = Vec::with_capacity(pods.len());
+            for pod in pods {
+                let api: kube::Api<k8s_openapi::api::core::v1::Pod> =
+                    kube::Api::namespaced(client.clone(), &pod.namespace);
+                if api.get_opt(&pod.name).await.ok().flatten().is_some() {
+                    alive.push(pod);
+                }
+            }
+            pods = alive;
+        }
         Ok(Response::new(ListPodResourcesResponse {
             pod_resources: pods,
         }))

@@ -651,3 +651,34 @@ fn an_approved_reset_first_run_isolates_the_gpu() {
     assert_eq!(phase(&n), Some(Phase::IsolatingGpu));
     assert!(n.record.run.as_ref().unwrap().test.is_some());
 }
+
+#[test]
+fn a_reset_whose_condition_comes_back_escalates_once_then_fails() {
+    let policy = Policy::default();
+    let m = reset_first_mapping();
+    let mut n = reset_started(&policy);
+    answered(&mut n, true, Some("0000:03:00.0"), &[]);
+    n = applied(n.clone(), &act(node_step(&n, &m, &policy, at(10))));
+    n.drain = Some(DrainState::Done);
+    n = applied(n.clone(), &act(node_step(&n, &m, &policy, at(20))));
+    answered(&mut n, true, None, &[]);
+    n = applied(n.clone(), &act(node_step(&n, &m, &policy, at(30))));
+    assert_eq!(phase(&n), Some(Phase::Confirming));
+    // The condition stays True past the confirmation's window: the reset did
+    // not repair it, so the node's steps follow.
+    let late = at(30 + policy.confirm.within.as_secs() as i64);
+    let d = act(node_step(&n, &m, &policy, late));
+    assert_eq!(d.drain, DrainOrder::Start);
+    assert!(d.notes.iter().any(|e| e.reason == EVENT_ESCALATED), "{d:?}");
+    n = applied(n, &d);
+    let run = n.record.run.clone().unwrap();
+    assert_eq!((run.phase, run.gpu), (Phase::Draining, None));
+    // A drain that fails now fails the run, and its entry goes.
+    n.drain = Some(DrainState::Failed("a budget".into()));
+    let d = act(node_step(&n, &m, &policy, at(5000)));
+    assert_eq!(d.drain, DrainOrder::Stop);
+    assert_eq!(
+        d.record.as_ref().unwrap().run.as_ref().unwrap().phase,
+        Phase::Failed
+    );
+}
