@@ -34,7 +34,7 @@ use super::{DRIVER_NAME, cdi};
 use crate::api::field_manager;
 use crate::device::Inventory;
 use crate::host::HostRoot;
-use crate::host::reader::BoundedReader;
+use crate::host::reader::{Answer, BoundedReader, Op};
 use crate::plugin::{HealthReport, PluginDevice, SocketServer, node_checks};
 
 /// Bound on the whole stop sequence: below the service slot's 3 s grace, so
@@ -250,7 +250,7 @@ async fn run(
         cdi_dir: config.cdi_dir.clone(),
         checkpoint_path,
         client: client.clone(),
-        reader,
+        reader: reader.clone(),
         published: published_tx.subscribe(),
     });
     let (registration_tx, mut registration) = watch::channel(Registration::Waiting);
@@ -276,7 +276,7 @@ async fn run(
         if rebuilt {
             let bdfs: Vec<String> = inv.gpus.iter().map(|g| g.bdf.clone()).collect();
             if roots.as_ref().is_none_or(|(known, _)| *known != bdfs) {
-                let found = pcie_roots(&config.host, &bdfs).await;
+                let found = pcie_roots(&reader, &bdfs).await;
                 roots = Some((bdfs, found));
             }
             devices = devices_of(&inv, roots.as_ref().map_or(&PcieRoots::new(), |(_, r)| r));
@@ -402,34 +402,44 @@ fn bind(
 }
 
 /// Each GPU's PCIe root complex (`pci0000:00`), the first component of its
-/// device path under `/sys/devices`. Read off the runtime's workers (a symlink
-/// read, bounded by a timeout); a GPU whose root cannot be read goes without
-/// the attribute.
-async fn pcie_roots(host: &HostRoot, bdfs: &[String]) -> PcieRoots {
-    let host = host.clone();
-    let bdfs = bdfs.to_vec();
-    let read = tokio::task::spawn_blocking(move || {
-        bdfs.into_iter()
-            .filter_map(|bdf| {
-                let target = host.read_link(format!("/sys/bus/pci/devices/{bdf}")).ok()?;
-                // `/sys/devices/pci0000:00/0000:00:01.1/.../<bdf>`
-                let root = target
-                    .split('/')
-                    .skip_while(|part| *part != "devices")
-                    .nth(1)
-                    .filter(|part| part.starts_with("pci"))?
-                    .to_owned();
-                Some((bdf, root))
-            })
-            .collect()
-    });
-    match tokio::time::timeout(Duration::from_secs(2), read).await {
-        Ok(Ok(roots)) => roots,
-        _ => {
-            tracing::warn!("cannot read the GPUs' PCIe roots in time; publishing without them");
-            PcieRoots::new()
+/// device path under `/sys/devices`: one batch of link reads through the
+/// plugin's bounded host reader; a GPU whose root cannot be read (in time)
+/// goes without the attribute.
+async fn pcie_roots(reader: &BoundedReader, bdfs: &[String]) -> PcieRoots {
+    let requests: Vec<(Op, String)> = bdfs
+        .iter()
+        .map(|bdf| (Op::Link, format!("/sys/bus/pci/devices/{bdf}")))
+        .collect();
+    let answers = reader.batch(requests, PCIE_ROOT_TIMEOUT).await;
+    let mut roots = PcieRoots::new();
+    for (bdf, answer) in bdfs.iter().zip(answers) {
+        match answer {
+            Ok(Answer::Text(target)) => {
+                if let Some(root) = pcie_root_of(&target) {
+                    roots.insert(bdf.clone(), root);
+                }
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(gpu = %bdf, error = %e, "cannot read the GPU's PCIe root; publishing it without");
+            }
         }
     }
+    roots
+}
+
+/// How long reading one GPU's PCI device link may take.
+const PCIE_ROOT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The PCIe root complex (`pci0000:00`) in a PCI device's sysfs path
+/// (`/sys/devices/pci0000:00/0000:00:01.1/.../<bdf>`). Pure.
+pub fn pcie_root_of(target: &str) -> Option<String> {
+    target
+        .split('/')
+        .skip_while(|part| *part != "devices")
+        .nth(1)
+        .filter(|part| part.starts_with("pci"))
+        .map(str::to_owned)
 }
 
 /// Keeps this node's ResourceSlices equal to the snapshot, and removes them
@@ -705,5 +715,25 @@ async fn delete(api: &Api<ResourceSlice>, name: &str, retry: bool) -> Result<(),
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
         Err(e) => Err(format!("cannot delete ResourceSlice {name}: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pcie_root_is_the_first_part_of_the_device_path() {
+        assert_eq!(
+            pcie_root_of("/sys/devices/pci0000:00/0000:00:01.1/0000:01:00.0/0000:03:00.0")
+                .as_deref(),
+            Some("pci0000:00")
+        );
+        assert_eq!(
+            pcie_root_of("../../../devices/pci0000:c0/0000:c0:01.1/0000:c3:00.0").as_deref(),
+            Some("pci0000:c0")
+        );
+        assert_eq!(pcie_root_of("/sys/devices/platform/amdgpu_xcp_0"), None);
+        assert_eq!(pcie_root_of("nonsense"), None);
     }
 }
