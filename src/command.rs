@@ -97,6 +97,25 @@ pub struct Finished {
     pub stderr: Vec<u8>,
 }
 
+impl Finished {
+    /// Why the command did not succeed, for a message: its exit status and
+    /// what it kept of its error output, the time limit it ran into
+    /// (`timeout`, as it was run with), a cancellation, or why it could not
+    /// start; `None` when it exited 0.
+    pub fn failure(&self, timeout: Duration) -> Option<String> {
+        match &self.end {
+            End::Exited { success: true, .. } => None,
+            End::Exited { status, .. } => Some(format!(
+                "{status}: {}",
+                String::from_utf8_lossy(&self.stderr).trim()
+            )),
+            End::TimedOut => Some(format!("did not finish within {timeout:?}")),
+            End::Cancelled => Some("cancelled".to_owned()),
+            End::NotStarted(why) => Some(why.clone()),
+        }
+    }
+}
+
 /// How long the output relays may run on after the process group is gone: a
 /// process that left the group may still hold the pipes.
 const RELAY_GRACE: Duration = Duration::from_secs(2);
@@ -418,5 +437,42 @@ mod tests {
         )
         .await;
         assert_eq!(done.end, End::TimedOut);
+    }
+
+    #[test]
+    fn a_failure_says_how_the_command_ended() {
+        let finished = |end: End, stderr: &str| Finished {
+            end,
+            stdout: Vec::new(),
+            stderr: stderr.as_bytes().to_vec(),
+        };
+        let limit = Duration::from_secs(60);
+        let ok = End::Exited {
+            success: true,
+            status: "exit status: 0".into(),
+        };
+        assert_eq!(finished(ok, "noise").failure(limit), None);
+        let failed = End::Exited {
+            success: false,
+            status: "exit status: 1".into(),
+        };
+        assert_eq!(
+            finished(failed, " no such GPU\n").failure(limit).as_deref(),
+            Some("exit status: 1: no such GPU")
+        );
+        assert_eq!(
+            finished(End::TimedOut, "").failure(limit).as_deref(),
+            Some("did not finish within 60s")
+        );
+        assert_eq!(
+            finished(End::Cancelled, "").failure(limit).as_deref(),
+            Some("cancelled")
+        );
+        assert_eq!(
+            finished(End::NotStarted("cannot start x".into()), "")
+                .failure(limit)
+                .as_deref(),
+            Some("cannot start x")
+        );
     }
 }

@@ -19,7 +19,7 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::command::{self, End, Invocation, Sink};
+use crate::command::{self, Invocation, Sink};
 use crate::device::Gpu;
 use crate::host::reader::BoundedReader;
 
@@ -103,15 +103,9 @@ pub async fn reset(method: &GpuReset, reader: &BoundedReader, gpu: &Gpu) -> Resu
             )
             .await;
             let name = program.display();
-            match done.end {
-                End::Exited { success: true, .. } => Ok(format!("reset by {name}")),
-                End::Exited { status, .. } => Err(format!(
-                    "{name}: {status}: {}",
-                    String::from_utf8_lossy(&done.stderr).trim()
-                )),
-                End::TimedOut => Err(format!("{name}: did not finish within {RESET_TIMEOUT:?}")),
-                End::Cancelled => Err(format!("{name}: cancelled")),
-                End::NotStarted(why) => Err(format!("{name}: {why}")),
+            match done.failure(RESET_TIMEOUT) {
+                None => Ok(format!("reset by {name}")),
+                Some(why) => Err(format!("{name}: {why}")),
             }
         }
     }

@@ -18,7 +18,7 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::command::{self, End, Invocation, Sink};
+use crate::command::{self, Invocation, Sink};
 
 /// How long the reboot command may take: `systemctl reboot` returns once
 /// systemd has queued the reboot.
@@ -82,22 +82,12 @@ pub async fn reboot(command: Option<&RebootCommand>) -> Result<(), RebootError> 
         None,
     )
     .await;
-    let failed = |why: String| RebootError::Failed {
-        program: command.program.display().to_string(),
-        why,
-    };
-    match done.end {
-        End::Exited { success: true, .. } => Ok(()),
-        End::Exited { status, .. } => Err(failed(format!(
-            "{status}: {}",
-            String::from_utf8_lossy(&done.stderr).trim()
-        ))),
-        End::TimedOut => Err(failed(format!(
-            "did not finish within {:?}",
-            command.timeout
-        ))),
-        End::Cancelled => Err(failed("cancelled".to_owned())),
-        End::NotStarted(why) => Err(failed(why)),
+    match done.failure(command.timeout) {
+        None => Ok(()),
+        Some(why) => Err(RebootError::Failed {
+            program: command.program.display().to_string(),
+            why,
+        }),
     }
 }
 
