@@ -42,7 +42,7 @@ use crate::events::{EventSink, NodeEvent};
 use crate::health::HealthSnapshot;
 use crate::host::reader::BoundedReader;
 use crate::metrics::podresources::v1::ListPodResourcesResponse;
-use crate::plugin::devices::{RESOURCE_NAMESPACE, parent_id};
+use crate::plugin::DeviceRef;
 use crate::remediation::mapping::ValidationTestsProfile;
 use crate::remediation::{Phase, Record};
 use crate::testrunner::config::{Framework, TestCase, Trigger};
@@ -169,34 +169,31 @@ pub fn faulty_gpu(snapshot: &HealthSnapshot) -> Result<String, String> {
 }
 
 /// The pods (`namespace/name`, sorted) that hold GPU `bdf` or one of its
-/// partitions: through the device plugin (`device_ids`: advertised id to
-/// GPU address; a shared device's replicas are their device) or through DRA
+/// partitions: through the device plugin, as the metrics exporter assigns
+/// them ([`crate::metrics::pods::assign`]: `device_ids` are the advertised
+/// IDs; a shared device's replicas are their device), or through DRA
 /// (`dra_devices`: our driver's device name to GPU address). Pure.
 pub fn pods_holding(
     response: &ListPodResourcesResponse,
-    device_ids: &BTreeMap<String, String>,
+    device_ids: &BTreeMap<String, DeviceRef>,
     dra_devices: &BTreeMap<String, String>,
     bdf: &str,
 ) -> Vec<String> {
-    let prefix = format!("{RESOURCE_NAMESPACE}/");
-    let mut pods = BTreeSet::new();
+    let mut pods: BTreeSet<String> = crate::metrics::pods::assign(response, device_ids)
+        .iter()
+        .filter(|(device, _)| device.bdf == bdf)
+        .flat_map(|(_, holders)| holders)
+        .map(|holder| format!("{}/{}", holder.namespace, holder.pod))
+        .collect();
     for pod in &response.pod_resources {
-        let holds = pod.containers.iter().any(|container| {
-            let plugin = container
-                .devices
-                .iter()
-                .filter(|d| d.resource_name.starts_with(&prefix))
-                .flat_map(|d| &d.device_ids)
-                .any(|id| device_ids.get(parent_id(id)).is_some_and(|b| b == bdf));
-            let dra = container
-                .dynamic_resources
-                .iter()
-                .flat_map(|r| &r.claim_resources)
-                .filter(|c| c.driver_name == crate::dra::DRIVER_NAME)
-                .any(|c| dra_devices.get(&c.device_name).is_some_and(|b| b == bdf));
-            plugin || dra
-        });
-        if holds {
+        let by_claim = pod
+            .containers
+            .iter()
+            .flat_map(|c| &c.dynamic_resources)
+            .flat_map(|r| &r.claim_resources)
+            .filter(|c| c.driver_name == crate::dra::DRIVER_NAME)
+            .any(|c| dra_devices.get(&c.device_name).is_some_and(|b| b == bdf));
+        if by_claim {
             pods.insert(format!("{}/{}", pod.namespace, pod.name));
         }
     }
@@ -387,11 +384,7 @@ async fn holders(feeds: &Feeds, bdf: &str) -> Result<Vec<String>, String> {
     };
     let inventory = feeds.inventory.borrow().clone();
     let xcp = crate::plugin::devices::xcp_names_of(&inventory);
-    let device_ids: BTreeMap<String, String> =
-        crate::telemetry::devices::device_ids(&inventory, &xcp)
-            .into_iter()
-            .map(|(id, device)| (id, device.bdf))
-            .collect();
+    let device_ids = crate::telemetry::devices::device_ids(&inventory, &xcp);
     let dra_devices: BTreeMap<String, String> =
         crate::dra::devices::devices_of(&inventory, &Default::default())
             .into_iter()
@@ -785,9 +778,15 @@ mod tests {
             ],
         };
         let ids = BTreeMap::from([
-            ("0000:03:00.0".to_owned(), "0000:03:00.0".to_owned()),
-            ("amdgpu_xcp_2".to_owned(), "0000:03:00.0".to_owned()),
-            ("0000:04:00.0".to_owned(), "0000:04:00.0".to_owned()),
+            (
+                "0000:03:00.0".to_owned(),
+                DeviceRef::partition("0000:03:00.0", 0),
+            ),
+            (
+                "amdgpu_xcp_2".to_owned(),
+                DeviceRef::partition("0000:03:00.0", 2),
+            ),
+            ("0000:04:00.0".to_owned(), DeviceRef::gpu("0000:04:00.0")),
         ]);
         let dra = BTreeMap::from([("gpu-1-129".to_owned(), "0000:03:00.0".to_owned())]);
         assert_eq!(
