@@ -605,30 +605,23 @@ mod tests {
     use crate::remediation::record::Run;
 
     fn record(phase: Phase) -> Record {
+        let entry = Entry {
+            node_condition: "AMDGPUUnhealthy".into(),
+            validation_tests_profile: Some(ValidationTestsProfile {
+                framework: "rvs".into(),
+                recipe: "gst_single".into(),
+                iterations: 2,
+                stop_on_failure: true,
+                timeout_seconds: 30,
+            }),
+            ..Entry::default()
+        };
         Record {
             run: Some(Run {
-                condition: "AMDGPUUnhealthy".into(),
-                phase,
-                started: String::new(),
-                since: String::new(),
-                entry: Entry {
-                    validation_tests_profile: Some(ValidationTestsProfile {
-                        framework: "rvs".into(),
-                        recipe: "gst_single".into(),
-                        iterations: 2,
-                        stop_on_failure: true,
-                        timeout_seconds: 30,
-                    }),
-                    ..Entry::default()
-                },
-                quarantined: true,
                 reboot_from: Some("boot-1".into()),
                 test: Some("t-1".into()),
                 gpu: Some("0000:03:00.0".into()),
-                gpu_pods: Vec::new(),
-                checks: 0,
-                last_check: None,
-                reason: None,
+                ..Run::begin(&entry, phase, true, "")
             }),
             attempts: Vec::new(),
         }

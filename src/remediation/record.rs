@@ -185,22 +185,17 @@ mod tests {
     fn a_record_round_trips_and_an_empty_one_is_no_annotation() {
         let record = Record {
             run: Some(Run {
-                condition: "AMDGPUUnhealthy".into(),
-                phase: Phase::Rebooting,
-                started: "2026-12-02T10:00:00Z".into(),
                 since: "2026-12-02T10:01:00Z".into(),
-                entry: Entry {
-                    node_condition: "AMDGPUUnhealthy".into(),
-                    ..Entry::default()
-                },
-                quarantined: true,
                 reboot_from: Some("boot-1".into()),
-                test: None,
-                gpu: None,
-                gpu_pods: Vec::new(),
-                checks: 0,
-                last_check: None,
-                reason: None,
+                ..Run::begin(
+                    &Entry {
+                        node_condition: "AMDGPUUnhealthy".into(),
+                        ..Entry::default()
+                    },
+                    Phase::Rebooting,
+                    true,
+                    "2026-12-02T10:00:00Z",
+                )
             }),
             attempts: vec![Attempt {
                 condition: "AMDGPUUnhealthy".into(),
