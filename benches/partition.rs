@@ -29,8 +29,6 @@ use gpu_operator::cluster::{ClusterConfig, EvictionClient};
 use gpu_operator::host::{AttrStore, HostRoot};
 use gpu_operator::partition::{PROFILE_LABEL, STATE_LABEL};
 use gpu_operator::simulate::{self, SimSpec, kernel::SimulatedKernel};
-use kube::Api;
-use kube::api::{Patch, PatchParams};
 use serde_json::json;
 use support::cluster::{self, NAMESPACE as NS, TestCluster};
 use support::kubelet::TestKubelet;
@@ -86,7 +84,6 @@ async fn main() {
     let registered = kubelet.wait_for_registration("amd.com/gpu", 1).await;
     let mut devices = kubelet.list_and_watch(&registered.request.endpoint).await;
     devices.next_matching("eight GPUs", |d| d.len() == 8).await;
-    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(cluster.client());
     let state = || {
         let node = cluster.node(NODE);
         (
@@ -110,14 +107,7 @@ async fn main() {
         };
         let before = cluster.requests();
         let started = Instant::now();
-        nodes
-            .patch(
-                NODE,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"metadata": {"labels": {PROFILE_LABEL: profile}}})),
-            )
-            .await
-            .unwrap();
+        cluster.label_node(NODE, PROFILE_LABEL, Some(profile)).await;
         devices
             .next_matching("the new partitions", |d| d.len() == count)
             .await;
