@@ -1014,6 +1014,67 @@ async fn the_agent_loads_only_a_verified_bundle_and_names_each_refusal() {
     h.stop().await;
 }
 
+/// `kernelModuleConfig.loadArgs` reach `modprobe` only when kmod would read
+/// every word as a reporting option: abbreviations of `--config` and
+/// `--dirname` (the review's `--conf=`, `--di=`) are refused with the entries
+/// named on the status, and nothing runs; allowed spellings are passed as
+/// they are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abbreviated_modprobe_options_never_reach_modprobe() {
+    let kernel = simulate::SIM_KERNEL_RELEASE;
+    let spec = SimSpec::new("mi300x", Some(1), None).unwrap();
+    let mut h = Harness::start_prepared(spec, cluster::node(NODE, json!({})), |host| {
+        simulate::unload_module(host).unwrap();
+        bundles::write_bundle(host, LOADABLE_VERSION, kernel, true);
+    })
+    .await;
+    let module_config = |load_args: Value| {
+        json!({"driver": {"enable": true, "version": LOADABLE_VERSION,
+            "kernelModuleConfig": {"loadArgs": load_args, "parameters": ["ras_enable=1"]}}})
+    };
+    h.apply_device_config(
+        "gpus",
+        module_config(json!([
+            "-v",
+            "--conf=/tmp/x/evil.conf",
+            "--di=/tmp/x/unverified"
+        ])),
+    )
+    .await;
+    h.eventually("the module configuration is refused", |h| {
+        h.status().and_then(|s| s.driver_load).is_some_and(|l| {
+            l.reason == "ModuleConfigInvalid"
+                && l.message.contains("loadArgs[1]")
+                && l.message.contains("--conf means --config")
+                && l.message.contains("loadArgs[2]")
+                && l.message.contains("--di means --dirname")
+        })
+    })
+    .await;
+    assert!(
+        bundles::modprobe_runs(&h.tools()).is_empty(),
+        "nothing runs with a refused option"
+    );
+    h.apply_device_config("gpus", module_config(json!(["-vq", "--verb"])))
+        .await;
+    h.eventually("the driver is loaded", |h| {
+        h.status()
+            .and_then(|s| s.driver)
+            .is_some_and(|d| d.version.as_deref() == Some(LOADABLE_VERSION))
+    })
+    .await;
+    let bundle = bundles::bundle_dir(LOADABLE_VERSION, kernel);
+    assert_eq!(
+        bundles::modprobe_runs(&h.tools()),
+        [format!(
+            "--dirname {} -vq --verb amdgpu ras_enable=1",
+            h.host.path(&bundle).display()
+        )],
+        "only the allowed options, once"
+    );
+    h.stop().await;
+}
+
 /// An out-of-tree amdgpu of another version is replaced only once nothing
 /// holds it: a process in a pod with `/dev/kfd` open is named on the
 /// condition and nothing is unloaded; once it is gone, the agent unloads the

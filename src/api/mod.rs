@@ -22,6 +22,7 @@ pub mod crd;
 pub mod driver_upgrade;
 pub mod enums;
 pub mod field_manager;
+pub mod modprobe;
 pub mod remediation_status;
 pub mod semantics;
 pub mod syntax;

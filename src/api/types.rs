@@ -239,13 +239,20 @@ pub struct VfioConfigSpec {
 #[serde(rename_all = "camelCase", default)]
 pub struct KernelModuleConfigSpec {
     /// Arguments to `modprobe` when loading: `modprobe ${loadArgs} amdgpu ${parameters}`.
+    /// Only options that change what modprobe reports: `-v`/`--verbose`,
+    /// `-q`/`--quiet`, `-s`/`--syslog` (abbreviations as modprobe reads them).
+    /// The module directory, configuration and forcing are the agent's.
     #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[schemars(inner(regex(pattern = super::modprobe::LOAD_ARG_PATTERN)))]
     pub load_args: Vec<String>,
-    /// Arguments to `modprobe -r` when unloading.
+    /// Arguments to `modprobe -r` when unloading: those of `loadArgs`, and
+    /// `--wait=MSEC`. Unloading is never forced.
     #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[schemars(inner(regex(pattern = super::modprobe::UNLOAD_ARG_PATTERN)))]
     pub unload_args: Vec<String>,
-    /// Module parameters passed when loading.
+    /// Module parameters passed when loading, each `name` or `name=value`.
     #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[schemars(inner(regex(pattern = super::modprobe::PARAMETER_PATTERN)))]
     pub parameters: Vec<String>,
 }
 

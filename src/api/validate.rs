@@ -477,6 +477,17 @@ impl Checker {
             "spec.driver.imageSign.certSecret",
             &driver.image_sign.cert_secret,
         );
+        let modules = &driver.kernel_module_config;
+        for (at, entry, why) in super::modprobe::module_config_problems(
+            &modules.load_args,
+            &modules.unload_args,
+            &modules.parameters,
+        ) {
+            self.push(
+                format!("spec.driver.kernelModuleConfig.{at}"),
+                format!("{entry:?}: {why}"),
+            );
+        }
     }
 
     fn driver_upgrade(&mut self, path: &str, policy: &DriverUpgradePolicySpec) {
@@ -1267,6 +1278,32 @@ mod tests {
             vec![
                 r#"spec.driver.upgradePolicy.maxUnavailableNodes: "130%" is not a percentage between 0% and 100%"#
             ]
+        );
+    }
+
+    #[test]
+    fn module_arguments_are_judged_as_modprobe_reads_them() {
+        let mut spec = DeviceConfigSpec::default();
+        let modules = &mut spec.driver_mut().kernel_module_config;
+        modules.load_args = vec!["-v".into(), "--config=/x".into(), "--di=/x".into()];
+        modules.unload_args = vec!["--force".into()];
+        modules.parameters = vec!["ras_enable=1".into(), "-x".into()];
+        let problems = validate(&spec);
+        assert_eq!(
+            paths(&problems),
+            vec![
+                "spec.driver.kernelModuleConfig.loadArgs[1]",
+                "spec.driver.kernelModuleConfig.loadArgs[2]",
+                "spec.driver.kernelModuleConfig.unloadArgs[0]",
+                "spec.driver.kernelModuleConfig.parameters[1]",
+            ]
+        );
+        assert!(
+            problems[1]
+                .message
+                .contains("\"--di=/x\": --di means --dirname"),
+            "{}",
+            problems[1].message
         );
     }
 

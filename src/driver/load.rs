@@ -30,38 +30,6 @@ pub const MAX_FIRMWARE_PATH: usize = 255;
 /// every GPU, which takes tens of seconds.
 pub const MODPROBE_TIMEOUT: Duration = Duration::from_secs(300);
 
-/// `modprobe` options that would defeat the bundle or force a mismatched
-/// module in: another module directory or config, removal, forcing.
-const REFUSED_LOAD_ARGS: &[&str] = &[
-    "-d",
-    "--dirname",
-    "-C",
-    "--config",
-    "-r",
-    "--remove",
-    "-f",
-    "--force",
-    "--force-vermagic",
-    "--force-modversion",
-    "-S",
-    "--set-version",
-    "-i",
-    "--ignore-install",
-    "-n",
-    "--dry-run",
-];
-
-/// The `modprobe -r` options `unloadArgs` may use.
-const ALLOWED_UNLOAD_ARGS: &[&str] = &[
-    "-v",
-    "--verbose",
-    "-q",
-    "--quiet",
-    "-s",
-    "--syslog",
-    "--wait",
-];
-
 /// What to do about the driver on this node.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(tag = "action", rename_all = "camelCase")]
@@ -87,57 +55,22 @@ pub enum LoadDecision {
 }
 
 /// Why `loadArgs`, `unloadArgs` or `parameters` cannot be used, if they
-/// cannot. Pure.
+/// cannot: every refused entry, by field and index, as `validate` reports
+/// them (the one rule is [`crate::api::modprobe`]). Pure.
 pub fn module_config_problem(config: &KernelModuleConfigSpec) -> Option<String> {
-    for arg in &config.unload_args {
-        // Unloading never forces and keeps modprobe's own configuration:
-        // only options that change how it waits or reports are taken.
-        let option = arg.split_once('=').map_or(arg.as_str(), |(o, _)| o);
-        if !ALLOWED_UNLOAD_ARGS.contains(&option) {
-            return Some(format!(
-                "unloadArgs {arg:?}: not allowed (unloading never forces; allowed: {})",
-                ALLOWED_UNLOAD_ARGS.join(" ")
-            ));
-        }
+    let problems = crate::api::modprobe::module_config_problems(
+        &config.load_args,
+        &config.unload_args,
+        &config.parameters,
+    );
+    if problems.is_empty() {
+        return None;
     }
-    for arg in &config.load_args {
-        let option = arg.split_once('=').map_or(arg.as_str(), |(o, _)| o);
-        let short_cluster = arg.starts_with('-') && !arg.starts_with("--") && arg.len() > 2;
-        let refused = REFUSED_LOAD_ARGS.contains(&option)
-            || (short_cluster
-                && arg[1..]
-                    .chars()
-                    .any(|c| REFUSED_LOAD_ARGS.contains(&format!("-{c}").as_str())));
-        if refused {
-            return Some(format!(
-                "loadArgs {arg:?}: not allowed (the module directory, removal and forcing are the agent's)"
-            ));
-        }
-        if !arg.starts_with('-') {
-            return Some(format!(
-                "loadArgs {arg:?}: not an option; module parameters go in parameters"
-            ));
-        }
-    }
-    for parameter in &config.parameters {
-        let name = parameter
-            .split_once('=')
-            .map_or(parameter.as_str(), |(n, _)| n);
-        // A leading `-` would make modprobe read it as an option.
-        let valid = name
-            .chars()
-            .next()
-            .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_')
-            && name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.');
-        if !valid {
-            return Some(format!(
-                "parameters {parameter:?}: expected name or name=value"
-            ));
-        }
-    }
-    None
+    let described: Vec<String> = problems
+        .into_iter()
+        .map(|(at, entry, why)| format!("kernelModuleConfig.{at} {entry:?}: {why}"))
+        .collect();
+    Some(described.join("; "))
 }
 
 /// [`LoadDecision::Nothing`] when the driver asked for already runs: an
