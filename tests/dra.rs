@@ -114,6 +114,18 @@ impl Rig {
         }
     }
 
+    /// Stops the plugin, starts it again, and waits until it registered
+    /// and published.
+    async fn restart_plugin(&mut self) {
+        self.stop_plugin().await;
+        self.start_plugin();
+        self.kubelet.register().await;
+        self.wait_status("published", |s| {
+            matches!(s.slices, Slices::Published { .. })
+        })
+        .await;
+    }
+
     fn status(&self) -> watch::Receiver<DraStatus> {
         self.plugin.as_ref().expect("running").status()
     }
@@ -834,6 +846,90 @@ async fn a_crash_between_the_cdi_write_and_the_checkpoint_leaves_nothing_unfixab
     let answer = rig.kubelet.prepare(&[(NS, &uid, "c")]).await;
     assert_eq!(answer.claims[&uid].error, "");
     assert_valid_cdi(&spec_path);
+}
+
+/// A checkpoint that cannot be read keeps every CDI spec there then, not for
+/// one restart but for every one after it, until the kubelet unprepares the
+/// claim: a container of a prepared claim may start again at any time. Orphan
+/// removal still works for specs that appear later without an entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupt_checkpoint_keeps_every_cdi_spec_through_repeated_restarts() {
+    let mut rig = Rig::start("mi210", None, None).await;
+    rig.kubelet.register().await;
+    rig.wait_status("published", |s| {
+        matches!(s.slices, Slices::Published { .. })
+    })
+    .await;
+    let devices = rig.device_names();
+    let a = rig.claim("a", "gpu.amd.com", &[(NODE, &devices[0])]).await;
+    let b = rig.claim("b", "gpu.amd.com", &[(NODE, &devices[1])]).await;
+    for (uid, name) in [(&a, "a"), (&b, "b")] {
+        let answer = rig.kubelet.prepare(&[(NS, uid, name)]).await;
+        assert_eq!(answer.claims[uid].error, "", "{name}");
+    }
+    let checkpoint = rig
+        .kubelet_dir()
+        .join("plugins/gpu.amd.com/checkpoint.json");
+    rig.stop_plugin().await;
+    std::fs::write(&checkpoint, "{\"version\": 1, \"preparedClaims\": {\"trunc").unwrap();
+    rig.start_plugin();
+    rig.kubelet.register().await;
+    rig.wait_status("published", |s| {
+        matches!(s.slices, Slices::Published { .. })
+    })
+    .await;
+    let aside = checkpoint.with_extension("json.unreadable");
+    assert!(
+        std::fs::read_to_string(&aside).unwrap().contains("\"trunc"),
+        "the unreadable checkpoint is kept for a person"
+    );
+    for uid in [&a, &b] {
+        assert!(
+            spec_file(&rig.cdi_dir(), uid).exists(),
+            "first start: {uid}"
+        );
+    }
+    // A new claim after it, and a spec a crash left without an entry.
+    let c = rig.claim("c", "gpu.amd.com", &[(NODE, &devices[0])]).await;
+    assert_eq!(
+        rig.kubelet.prepare(&[(NS, &c, "c")]).await.claims[&c].error,
+        ""
+    );
+    let crashed = spec_file(&rig.cdi_dir(), "0c0c0c0c-0000-4000-8000-00000000dead");
+    std::fs::write(&crashed, "{\"cdiVersion\": \"0.5").unwrap();
+    for start in 2..=3 {
+        rig.restart_plugin().await;
+        for uid in [&a, &b, &c] {
+            assert!(
+                spec_file(&rig.cdi_dir(), uid).exists(),
+                "start {start}: {uid} lost"
+            );
+            assert_valid_cdi(&spec_file(&rig.cdi_dir(), uid));
+        }
+        assert!(
+            !crashed.exists(),
+            "start {start}: the crash's orphan is removed"
+        );
+    }
+    // The kubelet unprepares a kept claim: its spec goes, and it is no
+    // longer kept.
+    let answer = rig.kubelet.unprepare(&[(NS, &a, "a")]).await;
+    assert_eq!(answer.claims[&a].error, "");
+    assert!(!spec_file(&rig.cdi_dir(), &a).exists());
+    let kept: Value = serde_json::from_str(&std::fs::read_to_string(&checkpoint).unwrap()).unwrap();
+    assert_eq!(kept["keptSpecs"], json!([b.clone()]), "{kept:#}");
+    // A UID that is not one names no path: refused, nothing removed.
+    let answer = rig.kubelet.unprepare(&[(NS, "../../b", "x")]).await;
+    assert!(
+        answer.claims["../../b"].error.contains("not a UID"),
+        "{answer:?}"
+    );
+    assert!(spec_file(&rig.cdi_dir(), &b).exists());
+    rig.restart_plugin().await;
+    assert!(
+        spec_file(&rig.cdi_dir(), &b).exists(),
+        "after unprepare and a restart"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

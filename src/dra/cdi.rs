@@ -91,8 +91,27 @@ pub fn cdi_device_id(claim_uid: &str, device: &str) -> String {
 }
 
 /// The spec file of a claim, named as the CDI library names transient specs.
-pub fn spec_path(cdi_dir: &Path, claim_uid: &str) -> PathBuf {
-    cdi_dir.join(format!("k8s.gpu.amd.com-gpu_{claim_uid}.json"))
+///
+/// The UID comes from the kubelet's request: one that could name another
+/// directory (`..`, `/`) or is not a UID at all is refused, so that nothing
+/// outside `cdi_dir` is ever written or removed.
+pub fn spec_path(cdi_dir: &Path, claim_uid: &str) -> Result<PathBuf, String> {
+    claim_uid_problem(claim_uid).map_or_else(
+        || Ok(cdi_dir.join(format!("k8s.gpu.amd.com-gpu_{claim_uid}.json"))),
+        Err,
+    )
+}
+
+/// The longest claim UID taken: API server UIDs are 36-character UUIDs.
+const MAX_CLAIM_UID: usize = 128;
+
+/// Why `uid` is not a claim UID, if it is not: letters, digits and `-`
+/// only (the API server's UIDs are UUIDs), at most [`MAX_CLAIM_UID`].
+pub fn claim_uid_problem(uid: &str) -> Option<String> {
+    let valid = !uid.is_empty()
+        && uid.len() <= MAX_CLAIM_UID
+        && uid.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
+    (!valid).then(|| format!("claim UID {uid:?} is not a UID (letters, digits and -)"))
 }
 
 /// The claim uid of one of our spec files, from its file name.
@@ -219,9 +238,21 @@ mod tests {
     }
 
     #[test]
+    fn a_claim_uid_that_could_leave_the_cdi_directory_has_no_spec_path() {
+        let dir = Path::new("/var/run/cdi");
+        assert_eq!(
+            spec_path(dir, "7c0b0d0e-1a2b-4c3d-8e9f-000000000001"),
+            Ok(dir.join("k8s.gpu.amd.com-gpu_7c0b0d0e-1a2b-4c3d-8e9f-000000000001.json"))
+        );
+        for bad in ["", "../etc", "a/b", "..", "a.b", "u\0", &"a".repeat(129)] {
+            assert!(spec_path(dir, bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
     fn writing_the_same_spec_twice_writes_once_and_removal_is_idempotent() {
         let dir = tempfile::tempdir().unwrap();
-        let path = spec_path(dir.path(), "uid-1");
+        let path = spec_path(dir.path(), "uid-1").unwrap();
         assert!(write_spec(&path, &spec()).unwrap());
         assert!(!write_spec(&path, &spec()).unwrap());
         assert_eq!(

@@ -6,6 +6,14 @@
 //! got no answer, calls prepare again and it is rewritten, and a spec no entry
 //! names is removed when the plugin starts ([`orphaned_specs`]). On
 //! unprepare the entry goes first, then the spec, for the same reason.
+//!
+//! A checkpoint that cannot be read is never taken as empty: the kubelet
+//! does not prepare again a claim it counts as prepared, so its spec must
+//! stay while a container may still start with it. [`set_aside`] keeps the
+//! unreadable file for a person and writes a new checkpoint that names every
+//! spec present then as kept ([`Checkpoint::kept_specs`]): no start removes
+//! those as orphans, however often the agent restarts, until the kubelet
+//! unprepares each claim or a person deletes the spec.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
@@ -18,6 +26,12 @@ use super::cdi;
 /// File name inside the plugin directory.
 pub const FILE_NAME: &str = "checkpoint.json";
 const VERSION: u32 = 1;
+/// A checkpoint larger than this is not read: each prepared claim takes well
+/// under a KiB, and a node has at most a few hundred.
+pub const MAX_BYTES: u64 = 16 * 1024 * 1024;
+/// What an unreadable checkpoint is renamed to (`.1`, `.2`, … when one is
+/// there already).
+pub const SET_ASIDE_SUFFIX: &str = "unreadable";
 
 /// One device of a prepared claim, as answered to the kubelet.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -51,6 +65,11 @@ pub struct PreparedClaim {
 pub struct Checkpoint {
     pub version: u32,
     pub prepared_claims: BTreeMap<String, PreparedClaim>,
+    /// Claim UIDs whose specs were on the host when an unreadable
+    /// checkpoint was set aside: what they hold is not known, so they are
+    /// never orphans; unpreparing the claim removes it from here.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub kept_specs: BTreeSet<String>,
 }
 
 /// Why the file could not be read.
@@ -65,20 +84,27 @@ pub enum CheckpointError {
 impl Checkpoint {
     /// Reads the file; a missing file is an empty checkpoint.
     pub fn load(path: &Path) -> Result<Self, CheckpointError> {
-        let bytes = match std::fs::read(path) {
-            Ok(bytes) => bytes,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Self::default()),
-            Err(source) => {
-                return Err(CheckpointError::Io {
-                    path: path.into(),
-                    source,
-                });
-            }
+        use std::io::Read;
+        let io_error = |source| CheckpointError::Io {
+            path: path.into(),
+            source,
         };
+        let file = match std::fs::File::open(path) {
+            Ok(file) => file,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Self::default()),
+            Err(source) => return Err(io_error(source)),
+        };
+        let mut bytes = Vec::new();
+        file.take(MAX_BYTES + 1)
+            .read_to_end(&mut bytes)
+            .map_err(io_error)?;
         let corrupt = |why: String| CheckpointError::Corrupt {
             path: path.into(),
             why,
         };
+        if bytes.len() as u64 > MAX_BYTES {
+            return Err(corrupt(format!("larger than {MAX_BYTES} bytes")));
+        }
         let checkpoint: Self =
             serde_json::from_slice(&bytes).map_err(|e| corrupt(e.to_string()))?;
         if checkpoint.version > VERSION {
@@ -99,25 +125,58 @@ impl Checkpoint {
     }
 }
 
-/// Our spec files in `cdi_dir` that no prepared claim names: left by a crash
-/// between a spec write and its checkpoint entry, or by a lost checkpoint.
+/// Our spec files in `cdi_dir` that neither a prepared claim nor the kept
+/// set names: left by a crash between a spec write and its checkpoint entry.
 pub fn orphaned_specs(cdi_dir: &Path, checkpoint: &Checkpoint) -> Vec<PathBuf> {
+    our_specs(cdi_dir)
+        .into_iter()
+        .filter(|(uid, _)| {
+            !checkpoint.prepared_claims.contains_key(uid) && !checkpoint.kept_specs.contains(uid)
+        })
+        .map(|(_, path)| path)
+        .collect()
+}
+
+/// Our spec files in `cdi_dir`, by claim UID.
+fn our_specs(cdi_dir: &Path) -> Vec<(String, PathBuf)> {
     let Ok(entries) = std::fs::read_dir(cdi_dir) else {
         return Vec::new();
     };
-    let known: BTreeSet<&str> = checkpoint
-        .prepared_claims
-        .keys()
-        .map(String::as_str)
-        .collect();
     entries
         .filter_map(Result::ok)
         .filter_map(|e| {
             let name = e.file_name().into_string().ok()?;
             let uid = cdi::claim_of_spec_file(&name)?;
-            (!known.contains(uid)).then(|| e.path())
+            Some((uid.to_owned(), e.path()))
         })
         .collect()
+}
+
+/// Sets an unreadable checkpoint at `path` aside: keeps it under a name of
+/// its own beside it (returned), and replaces it with a checkpoint that
+/// keeps every spec in `cdi_dir` (and the kept set of none). If any step
+/// fails the unreadable file stays where it is, so that the next start finds
+/// it unreadable again and still removes nothing.
+pub fn set_aside(path: &Path, cdi_dir: &Path) -> io::Result<PathBuf> {
+    let aside = (0..1000)
+        .map(|n| {
+            let suffix = if n == 0 {
+                SET_ASIDE_SUFFIX.to_owned()
+            } else {
+                format!("{SET_ASIDE_SUFFIX}.{n}")
+            };
+            path.with_extension(format!("json.{suffix}"))
+        })
+        .find(|p| !p.exists())
+        .ok_or_else(|| io::Error::other("1000 unreadable checkpoints are kept already"))?;
+    // A second name for the same file: the checkpoint is never missing.
+    std::fs::hard_link(path, &aside)?;
+    let kept = Checkpoint {
+        kept_specs: our_specs(cdi_dir).into_iter().map(|(uid, _)| uid).collect(),
+        ..Checkpoint::default()
+    };
+    kept.save(path)?;
+    Ok(aside)
 }
 
 #[cfg(test)]
@@ -164,14 +223,49 @@ mod tests {
     #[test]
     fn specs_without_an_entry_are_orphans() {
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(cdi::spec_path(dir.path(), "kept"), "{}").unwrap();
-        std::fs::write(cdi::spec_path(dir.path(), "lost"), "{}").unwrap();
+        let spec = |uid: &str| cdi::spec_path(dir.path(), uid).unwrap();
+        for uid in ["prepared", "lost", "kept"] {
+            std::fs::write(spec(uid), "{}").unwrap();
+        }
         std::fs::write(dir.path().join("other-vendor.json"), "{}").unwrap();
         let mut c = Checkpoint::default();
-        c.prepared_claims.insert("kept".into(), claim());
-        assert_eq!(
-            orphaned_specs(dir.path(), &c),
-            vec![cdi::spec_path(dir.path(), "lost")]
-        );
+        c.prepared_claims.insert("prepared".into(), claim());
+        c.kept_specs.insert("kept".into());
+        assert_eq!(orphaned_specs(dir.path(), &c), vec![spec("lost")]);
+    }
+
+    #[test]
+    fn an_oversized_checkpoint_is_not_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(FILE_NAME);
+        let file = std::fs::File::create(&path).unwrap();
+        file.set_len(MAX_BYTES + 1).unwrap();
+        let e = Checkpoint::load(&path).unwrap_err();
+        assert!(matches!(e, CheckpointError::Corrupt { .. }), "{e}");
+        assert!(e.to_string().contains("larger than"), "{e}");
+    }
+
+    #[test]
+    fn setting_aside_keeps_the_file_and_every_spec_through_later_starts() {
+        let dir = tempfile::tempdir().unwrap();
+        let cdi_dir = dir.path().join("cdi");
+        std::fs::create_dir(&cdi_dir).unwrap();
+        let path = dir.path().join(FILE_NAME);
+        std::fs::write(&path, "{not json").unwrap();
+        for uid in ["a", "b"] {
+            std::fs::write(cdi::spec_path(&cdi_dir, uid).unwrap(), "{}").unwrap();
+        }
+        let aside = set_aside(&path, &cdi_dir).unwrap();
+        assert_eq!(std::fs::read_to_string(&aside).unwrap(), "{not json");
+        let now = Checkpoint::load(&path).unwrap();
+        assert!(now.prepared_claims.is_empty());
+        assert_eq!(now.kept_specs, BTreeSet::from(["a".into(), "b".into()]));
+        // The next start reads the new file cleanly and finds no orphan.
+        assert!(orphaned_specs(&cdi_dir, &now).is_empty());
+        // Unreadable again: the first one set aside stays, beside the next.
+        std::fs::write(&path, "{again").unwrap();
+        let second = set_aside(&path, &cdi_dir).unwrap();
+        assert_ne!(second, aside);
+        assert_eq!(std::fs::read_to_string(&aside).unwrap(), "{not json");
     }
 }

@@ -82,7 +82,8 @@ impl Preparer {
                 Ok(checkpoint) => {
                     for claim in claims {
                         if let Some(done) = checkpoint.prepared_claims.get(&claim.uid)
-                            && cdi::spec_path(&self.cdi_dir, &claim.uid).exists()
+                            && cdi::spec_path(&self.cdi_dir, &claim.uid)
+                                .is_ok_and(|path| path.exists())
                         {
                             out.insert(claim.uid.clone(), Ok(done.devices.clone()));
                         }
@@ -138,7 +139,13 @@ impl Preparer {
         let mut written = Vec::new();
         for (claim, spec, devices) in specs {
             // The spec before its entry: see `checkpoint` for why.
-            let path = cdi::spec_path(&self.cdi_dir, &claim.uid);
+            let path = match cdi::spec_path(&self.cdi_dir, &claim.uid) {
+                Ok(path) => path,
+                Err(e) => {
+                    out.insert(claim.uid.clone(), Err(e));
+                    continue;
+                }
+            };
             if let Err(e) = cdi::write_spec(&path, &spec) {
                 out.insert(
                     claim.uid.clone(),
@@ -146,6 +153,7 @@ impl Preparer {
                 );
                 continue;
             }
+            checkpoint.kept_specs.remove(&claim.uid);
             checkpoint.prepared_claims.insert(
                 claim.uid.clone(),
                 PreparedClaim {
@@ -238,15 +246,26 @@ impl Preparer {
     /// Unprepares each claim: its checkpoint entry goes, then its spec. A claim
     /// never prepared (or already unprepared) succeeds.
     pub async fn unprepare(&self, claims: &[ClaimRef]) -> BTreeMap<String, Result<(), String>> {
-        let _lock = CHECKPOINT_LOCK.lock().await;
         let mut out = BTreeMap::new();
+        // A UID that is not one names no spec of ours: refused before any
+        // path is made of it, as prepare refuses it.
+        let (claims, refused): (Vec<&ClaimRef>, Vec<&ClaimRef>) = claims
+            .iter()
+            .partition(|c| cdi::claim_uid_problem(&c.uid).is_none());
+        for claim in refused {
+            let why = cdi::claim_uid_problem(&claim.uid).unwrap_or_default();
+            tracing::warn!(claim = %format!("{}/{}", claim.namespace, claim.name), error = %why, "cannot unprepare claim");
+            out.insert(claim.uid.clone(), Err(why));
+        }
+        let _lock = CHECKPOINT_LOCK.lock().await;
         let saved = match self.load() {
             Ok(mut checkpoint) => {
-                let before = checkpoint.prepared_claims.len();
-                for claim in claims {
-                    checkpoint.prepared_claims.remove(&claim.uid);
+                let mut changed = false;
+                for claim in &claims {
+                    changed |= checkpoint.prepared_claims.remove(&claim.uid).is_some();
+                    changed |= checkpoint.kept_specs.remove(&claim.uid);
                 }
-                if checkpoint.prepared_claims.len() == before {
+                if !changed {
                     Ok(())
                 } else {
                     checkpoint.save(&self.checkpoint_path).map_err(|e| {
@@ -260,8 +279,8 @@ impl Preparer {
             Err(e) => Err(e),
         };
         for claim in claims {
-            let spec_path = cdi::spec_path(&self.cdi_dir, &claim.uid);
             let result = saved.clone().and_then(|()| {
+                let spec_path = cdi::spec_path(&self.cdi_dir, &claim.uid)?;
                 cdi::remove_spec(&spec_path)
                     .map_err(|e| format!("cannot remove CDI spec {}: {e}", spec_path.display()))
             });

@@ -236,10 +236,15 @@ async fn run(
             }
         }
         Err(e @ CheckpointError::Corrupt { .. }) => {
-            // Kept aside for a person; new entries start a new file.
-            let aside = checkpoint_path.with_extension("json.unreadable");
-            tracing::error!(error = %e, aside = %aside.display(), "the DRA checkpoint is unreadable; kept aside, CDI specs left in place");
-            let _ = std::fs::rename(&checkpoint_path, aside);
+            // Kept for a person; the new file keeps every spec there now.
+            match checkpoint::set_aside(&checkpoint_path, &config.cdi_dir) {
+                Ok(aside) => {
+                    tracing::error!(error = %e, aside = %aside.display(), "the DRA checkpoint is unreadable; kept aside, every CDI spec there now is kept until its claim is unprepared")
+                }
+                Err(why) => {
+                    tracing::error!(error = %e, %why, "the DRA checkpoint is unreadable and cannot be set aside; CDI specs left in place, claims cannot be prepared")
+                }
+            }
         }
         Err(e) => {
             tracing::error!(error = %e, "cannot read the DRA checkpoint; CDI specs left in place");
