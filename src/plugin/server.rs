@@ -165,6 +165,35 @@ impl DevicePlugin for PluginService {
     }
 }
 
+/// Binds a unix socket at `path` that is owner-only from the moment it is
+/// there: whoever can connect can ask for devices, and the kubelet connects
+/// as root. A socket's mode comes from the process's umask at bind time, and
+/// changing the umask would change it for every thread. So the socket is
+/// bound in a new directory of mode 0700 beside `path`, which nobody else
+/// can enter, given its mode there, and renamed over `path` (replacing a
+/// stale socket left by an earlier run) in one step.
+fn bind_private(path: &Path) -> io::Result<UnixListener> {
+    let parent = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let context = |what: &str, e: io::Error| {
+        io::Error::new(e.kind(), format!("{what} for {}: {e}", path.display()))
+    };
+    // tempfile makes the directory with mode 0700, whatever the umask.
+    let private = tempfile::Builder::new()
+        .prefix(".bind-")
+        .tempdir_in(parent)
+        .map_err(|e| context("cannot make a private directory", e))?;
+    // A short name: the whole path must fit sockaddr_un.
+    let staged = private.path().join("s");
+    let listener = UnixListener::bind(&staged).map_err(|e| context("cannot bind", e))?;
+    std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(SOCKET_MODE))
+        .map_err(|e| context(&format!("cannot set mode {SOCKET_MODE:o}"), e))?;
+    std::fs::rename(&staged, path).map_err(|e| context("cannot move the socket into place", e))?;
+    Ok(listener)
+}
+
 /// A gRPC server running on its own unix socket: the device plugin's, and the
 /// DRA plugin's registration and service sockets.
 pub(crate) struct SocketServer {
@@ -195,23 +224,7 @@ impl SocketServer {
         what: &'static str,
         build: impl FnOnce(watch::Receiver<bool>) -> Router,
     ) -> io::Result<Self> {
-        match std::fs::remove_file(path) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
-            _ => {}
-        }
-        let listener = UnixListener::bind(path)?;
-        // The socket's mode comes from the umask at bind time; whoever can
-        // connect can ask for devices. Owner only, whatever the umask: the
-        // kubelet connects as root.
-        if let Err(e) = std::fs::set_permissions(path, std::fs::Permissions::from_mode(SOCKET_MODE))
-        {
-            drop(listener);
-            let _ = std::fs::remove_file(path);
-            return Err(io::Error::new(
-                e.kind(),
-                format!("cannot set mode {SOCKET_MODE:o} on {}: {e}", path.display()),
-            ));
-        }
+        let listener = bind_private(path)?;
         let id = file_id(path);
         let (stop, stop_rx) = watch::channel(false);
         let router = build(stop_rx.clone());
@@ -373,6 +386,14 @@ mod tests {
             let server = SocketServer::bind(&path, rx).unwrap();
             let mode = std::fs::symlink_metadata(&path).unwrap().mode() & 0o7777;
             assert_eq!(mode, SOCKET_MODE, "socket mode {mode:o}");
+            // It serves at its path, and the private directory it was bound
+            // in is gone.
+            let names: Vec<_> = std::fs::read_dir(dir.path())
+                .unwrap()
+                .map(|e| e.unwrap().file_name())
+                .collect();
+            assert_eq!(names, [std::ffi::OsString::from("amd.com_gpu.sock")]);
+            std::os::unix::net::UnixStream::connect(&path).expect("connects at the path");
             assert!(server.is_intact());
             server.shutdown().await;
         });
