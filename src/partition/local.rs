@@ -158,7 +158,8 @@ fn partitions(inventory: &Inventory) -> usize {
 }
 
 async fn is_active(systemctl: &std::path::Path, unit: &str) -> bool {
-    let run = invoke(systemctl, &["is-active", "--quiet", unit]).await;
+    // `--`: a unit name is never read as an option.
+    let run = invoke(systemctl, &["is-active", "--quiet", "--", unit]).await;
     matches!(run.end, End::Exited { success: true, .. })
 }
 
@@ -167,7 +168,7 @@ async fn systemctl_run(
     verb: &str,
     unit: &str,
 ) -> Result<(), LocalError> {
-    let run = invoke(systemctl, &[verb, unit]).await;
+    let run = invoke(systemctl, &[verb, "--", unit]).await;
     match run.end {
         End::Exited { success: true, .. } => Ok(()),
         other => Err(LocalError::Service {
@@ -219,7 +220,7 @@ mod tests {
             &path,
             format!(
                 "#!/bin/sh\necho \"$@\" >> {}\n\
-                 if [ \"$1\" = is-active ]; then [ \"$3\" = gpuagent.service ]; exit $?; fi\nexit 0\n",
+                 if [ \"$1\" = is-active ]; then [ \"$4\" = gpuagent.service ]; exit $?; fi\nexit 0\n",
                 log.display()
             ),
         )
@@ -246,10 +247,10 @@ mod tests {
         let calls = std::fs::read_to_string(&log).unwrap();
         assert_eq!(
             calls,
-            "is-active --quiet amd-metrics-exporter.service\n\
-             is-active --quiet gpuagent.service\n\
-             stop gpuagent.service\n\
-             start gpuagent.service\n"
+            "is-active --quiet -- amd-metrics-exporter.service\n\
+             is-active --quiet -- gpuagent.service\n\
+             stop -- gpuagent.service\n\
+             start -- gpuagent.service\n"
         );
         // Again: nothing to do, nothing stopped.
         let again = apply_profile(&config, &set, "cpx_nps4_all").await.unwrap();

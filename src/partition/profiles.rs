@@ -124,14 +124,8 @@ impl ProfileSet {
                         {
                             let path = format!("gpuClientSystemdServices.names[{i}]");
                             let name = string(name, &path)?;
-                            if name.is_empty() || name.contains(['/', ' ']) {
-                                return Err(invalid(&path, "is not a unit name"));
-                            }
-                            out.systemd_services.push(if name.contains('.') {
-                                name.to_owned()
-                            } else {
-                                format!("{name}.service")
-                            });
+                            let unit = service_unit(name).map_err(|why| invalid(&path, &why))?;
+                            out.systemd_services.push(unit);
                         }
                     }
                 }
@@ -141,6 +135,43 @@ impl ProfileSet {
         out.warnings = warnings;
         Ok(out)
     }
+}
+
+/// systemd's longest unit name (`UNIT_NAME_MAX` is 256 with the NUL).
+const MAX_UNIT_NAME: usize = 255;
+
+/// The service unit `name` names, with `.service` appended where it was left
+/// out, or why it names none: systemd's unit name characters (letters,
+/// digits, `:`, `-`, `_`, `.`, `\`, and `@` of a template instance), not
+/// starting with `-` or `.` (which `systemctl` would read as an option or
+/// that no unit has), and of type service only: the GPU's clients are
+/// services, and stopping a target, mount or socket would stop far more.
+pub fn service_unit(name: &str) -> Result<String, String> {
+    let unit = if name.ends_with(".service") {
+        name.to_owned()
+    } else if name.contains('.') {
+        return Err(format!(
+            "{name:?} is not a service unit (only .service units are stopped)"
+        ));
+    } else {
+        format!("{name}.service")
+    };
+    let stem = unit.trim_end_matches(".service");
+    let valid_chars = stem
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, ':' | '-' | '_' | '.' | '\\' | '@'));
+    if stem.is_empty()
+        || stem.starts_with(['-', '.', '@'])
+        || !valid_chars
+        || stem.matches('@').count() > 1
+        || unit.len() > MAX_UNIT_NAME
+    {
+        return Err(format!(
+            "{name:?} is not a systemd unit name (letters, digits, : - _ . \\ and one @; \
+             not starting with - or .; at most {MAX_UNIT_NAME} characters)"
+        ));
+    }
+    Ok(unit)
 }
 
 fn parse_profile(
@@ -348,7 +379,11 @@ mod tests {
             ),
             (
                 r#"{"gpuClientSystemdServices": {"names": ["../x"]}}"#,
-                "names[0]: is not a unit name",
+                "names[0]: \"../x\" is not a service unit",
+            ),
+            (
+                r#"{"gpuClientSystemdServices": {"names": ["gpuagent", "-H.service"]}}"#,
+                "names[1]: \"-H.service\" is not a systemd unit name",
             ),
         ] {
             let err = ProfileSet::parse(text).unwrap_err().to_string();
@@ -359,5 +394,40 @@ mod tests {
             ProfileSet::parse(&huge),
             Err(ProfileError::TooLarge(MAX_CONFIG_BYTES + 1))
         );
+    }
+
+    #[test]
+    fn only_service_units_that_systemctl_cannot_read_as_options_are_taken() {
+        for (name, unit) in [
+            ("gpuagent", "gpuagent.service"),
+            (
+                "amd-metrics-exporter.service",
+                "amd-metrics-exporter.service",
+            ),
+            ("getty@tty1.service", "getty@tty1.service"),
+            ("a:b_c\\x2d", "a:b_c\\x2d.service"),
+            ("a.b.service", "a.b.service"),
+        ] {
+            assert_eq!(service_unit(name).as_deref(), Ok(unit), "{name}");
+        }
+        let long = format!("{}.service", "a".repeat(MAX_UNIT_NAME));
+        for bad in [
+            "-H.service",
+            "--user",
+            "--user.service",
+            "-H",
+            "",
+            ".service",
+            "@x.service",
+            "a b",
+            "a/b",
+            "kubelet.target",
+            "x.mount",
+            "a@b@c",
+            "é",
+            long.as_str(),
+        ] {
+            assert!(service_unit(bad).is_err(), "{bad:?} was taken");
+        }
     }
 }
