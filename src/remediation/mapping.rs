@@ -124,13 +124,21 @@ impl Mapping {
     /// Reads the `workflow` key's text. Errors name the entry and what is
     /// wrong; nothing of a mapping with an error is used.
     pub fn parse(text: &str) -> Result<Self, String> {
-        let entries: Vec<Entry> = serde_saphyr::from_str(text)
+        let mut entries: Vec<Entry> = serde_saphyr::from_str(text)
             .map_err(|e| format!("the remediation mapping is not a list of entries: {e}"))?;
         let mut seen = std::collections::BTreeSet::new();
-        for (index, entry) in entries.iter().enumerate() {
-            let name = entry.node_condition.trim();
+        for (index, entry) in entries.iter_mut().enumerate() {
+            // One form for the duplicate check and every lookup: a condition
+            // type has no surrounding space, so " A " means A.
+            entry.node_condition = entry.node_condition.trim().to_owned();
+            let name = entry.node_condition.as_str();
             if name.is_empty() {
                 return Err(format!("entry {index} has no nodeCondition"));
+            }
+            if name.contains(char::is_whitespace) || name.chars().any(char::is_control) {
+                return Err(format!(
+                    "entry {index}: nodeCondition {name:?} is not a condition type (no spaces)"
+                ));
             }
             if !seen.insert(name.to_owned()) {
                 return Err(format!("nodeCondition {name:?} is mapped twice"));
@@ -302,10 +310,26 @@ mod tests {
                 "not RVS, AGFHC or COMMAND",
             ),
             ("nodeCondition: A\n", "not a list"),
+            (
+                "- nodeCondition: A\n- nodeCondition: ' A '\n",
+                "mapped twice",
+            ),
+            ("- nodeCondition: 'A B'\n", "not a condition type"),
         ] {
             let error = Mapping::parse(text).unwrap_err();
             assert!(error.contains(wanted), "{text:?}: {error}");
         }
+    }
+
+    #[test]
+    fn a_condition_with_surrounding_space_is_found_by_its_type() {
+        let mapping =
+            Mapping::parse("- nodeCondition: '  AMDGPUXgmi '\n  skipRebootStep: true\n").unwrap();
+        let entry = mapping
+            .entry("AMDGPUXgmi")
+            .expect("found by the trimmed type");
+        assert_eq!(entry.node_condition, "AMDGPUXgmi");
+        assert!(entry.skip_reboot_step);
     }
 
     #[test]
