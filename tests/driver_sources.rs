@@ -657,6 +657,47 @@ fn a_wrong_sha256_is_refused_and_leaves_nothing() {
     assert!(root.store_names().is_empty(), "{:?}", root.store_names());
 }
 
+/// A fetch stops before it fills the disk: the free-space margin is checked
+/// before the tarball is written, and the bound on what the work holds at
+/// once while it unpacks; either way it exits 2 with BundleStoreFull and
+/// leaves nothing in the store.
+#[test]
+fn a_fetch_without_room_stops_with_the_store_full_and_leaves_nothing() {
+    let root = Root::new();
+    let tarball = bundle_tarball(Packing::Gzip, true);
+    root.host.write("/srv/bundle.tar.gz", &tarball).unwrap();
+    let sum = sha256(&tarball);
+    let fetch = |extra: &[&str]| {
+        let mut args = vec![
+            "fetch",
+            "--source",
+            "/srv/bundle.tar.gz",
+            "--sha256",
+            &sum,
+            "--bundle-dir",
+            STORE,
+        ];
+        args.extend_from_slice(extra);
+        root.driver(&args)
+    };
+    // A margin no disk has.
+    let (code, stdout, stderr) = fetch(&["--min-free", "1000000000000"]);
+    assert_eq!(code, 2, "{stdout}{stderr}");
+    assert!(
+        stdout.contains("BundleStoreFull") || stderr.contains("BundleStoreFull"),
+        "{stdout}{stderr}"
+    );
+    assert!(
+        stdout.contains("must stay free") || stderr.contains("must stay free"),
+        "{stdout}{stderr}"
+    );
+    assert!(root.store_names().is_empty(), "{:?}", root.store_names());
+    // With room, the same fetch succeeds.
+    let (code, stdout, stderr) = fetch(&[]);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert_eq!(root.store_names().len(), 1, "{:?}", root.store_names());
+}
+
 #[test]
 fn unsafe_tarball_entries_are_refused_and_leave_nothing() {
     let root = Root::new();

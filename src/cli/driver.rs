@@ -107,10 +107,11 @@ pub enum DriverCommand {
     /// with the system's root certificates; at most 5 redirects). The tarball
     /// (.tar, .tar.gz/.tgz, .tar.xz or .tar.zst, told by its content) holds
     /// one bundle: manifest.json at its top, or in a single top-level
-    /// directory. It is downloaded into the store while hashed (at most 4
+    /// directory. It is downloaded into the store while hashed (at most 2
     /// GiB), its sha256 checked before anything is unpacked, then unpacked
     /// with only regular files and directories (no absolute path, no `..`,
-    /// no link or device; at most 4 GiB and 40,000 entries), verified
+    /// no link or device; at most 2 GiB and 40,000 entries; within
+    /// --max-disk and --min-free), verified
     /// against its own manifest for the kernel that manifest names, and
     /// renamed to <bundle-dir>/<version>-<kernel>/. source.json at the
     /// bundle's top records where it came from and its sha256: a tarball of
@@ -119,7 +120,8 @@ pub enum DriverCommand {
     /// Exit status: 0 fetched, or fetched before; 1 refused, with the reason
     /// (ChecksumMismatch, UnsafeTarball, a bundle that does not verify,
     /// BundleExists unless --replace); 2 a bad argument, a source that cannot
-    /// be read or downloaded, or a store that cannot be written.
+    /// be read or downloaded, or a store that cannot be written or has no
+    /// room (BundleStoreFull).
     Fetch(DriverFetchArgs),
 }
 
@@ -198,6 +200,16 @@ pub struct DriverFetchArgs {
     /// Seconds the whole download may take, redirects included.
     #[arg(long, value_name = "SECONDS", default_value_t = 1800, value_parser = clap::value_parser!(u64).range(1..))]
     pub timeout: u64,
+    /// The most the fetch may hold in the store at once (the tarball, its
+    /// decompressed copy and the unpacked files; each copy goes once the
+    /// next is made), in MiB.
+    #[arg(long, value_name = "MIB", default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_disk: u64,
+    /// Free space the fetch leaves on the store's filesystem, in MiB:
+    /// checked before each step and while writing; the fetch stops with
+    /// BundleStoreFull (exit 2), leaving nothing, rather than fill the disk.
+    #[arg(long, value_name = "MIB", default_value_t = 1024)]
+    pub min_free: u64,
     #[arg(long, short, value_enum, default_value_t = OutputFormat::Table)]
     pub output: OutputFormat,
 }
@@ -449,6 +461,8 @@ fn run_fetch(args: DriverFetchArgs) -> ExitCode {
     let options = source::FetchOptions {
         limits: source::FetchLimits {
             timeout: std::time::Duration::from_secs(args.timeout),
+            max_total_bytes: args.max_disk.saturating_mul(1 << 20),
+            min_free_bytes: args.min_free.saturating_mul(1 << 20),
             ..source::FetchLimits::default()
         },
         signature_required: args.signatures == NewBundleSignatures::Required,

@@ -10,7 +10,8 @@
 //! target of the node's rolling upgrade and reboots when it asks
 //! ([`reboot`]); one GPU is reset when its remediation asks ([`gpu_reset`]). Bundles come into the store from a directory configuration
 //! management fills, or ([`source`]) from the reference's precompiled driver
-//! images and from sha256-pinned tarballs (`driver import`, `driver fetch`).
+//! images and from sha256-pinned tarballs (`driver import`, `driver fetch`),
+//! within a bound on the disk a fetch takes ([`space`]).
 //! The cluster-wide upgrade is the leader's (`cluster::upgrade`).
 //!
 //! This module must not write the Node or decide cluster-wide: the agent
@@ -29,5 +30,6 @@ pub mod preflight;
 pub mod reboot;
 pub mod report;
 pub mod source;
+pub mod space;
 
 pub use report::{DriverReport, ModuleOrigin, SecureBoot, read_report};

@@ -26,6 +26,7 @@
 
 use std::io::{self, BufRead, Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -34,6 +35,7 @@ use super::bundle::{
     self, Expected, MANIFEST, MAX_FILE_BYTES, MAX_FILES, MAX_MODULES_DEP_BYTES, Manifest, Refusal,
     Verified, is_plain_name, is_sha256_hex, path_problem,
 };
+use super::space::DiskBudget;
 use crate::host::{HostError, HostRoot};
 
 /// Where a driver image keeps its modules: `<this>/<kernel>/`.
@@ -97,6 +99,10 @@ pub enum SourceError {
     /// The store cannot be written.
     #[error("{0}")]
     Store(String),
+    /// The fetch would hold more on disk than it may, or leave less free
+    /// than it must ([`super::space`]).
+    #[error("not enough room for the fetch: {0}")]
+    NoSpace(String),
 }
 
 impl SourceError {
@@ -108,6 +114,7 @@ impl SourceError {
             SourceError::Invalid(_) => "BundleSourceInvalid",
             SourceError::Unavailable(_) => "BundleSourceUnavailable",
             SourceError::Store(_) => "BundleStoreUnwritable",
+            SourceError::NoSpace(_) => "BundleStoreFull",
         }
     }
 
@@ -120,6 +127,16 @@ impl SourceError {
 
 fn store_error(e: impl std::fmt::Display) -> SourceError {
     SourceError::Store(e.to_string())
+}
+
+/// A write into the work directory failed: out of room by the fetch's disk
+/// budget, or the store cannot be written.
+fn write_error(path: &Path, e: io::Error) -> SourceError {
+    if e.kind() == io::ErrorKind::StorageFull {
+        SourceError::NoSpace(e.to_string())
+    } else {
+        store_error(format!("{}: {e}", path.display()))
+    }
 }
 
 /// `<dir>/<relative>` for host paths.
@@ -768,6 +785,14 @@ pub struct FetchLimits {
     pub max_tarball_bytes: u64,
     /// The files it unpacks to, added up.
     pub max_unpacked_bytes: u64,
+    /// What the work directory may hold at once: the tarball, its
+    /// decompressed copy and the unpacked files together. The compressed
+    /// tarball goes once it is decompressed, the decompressed copy once it is
+    /// unpacked.
+    pub max_total_bytes: u64,
+    /// Free space the fetch must leave on the store's filesystem, checked
+    /// before each stage and while writing.
+    pub min_free_bytes: u64,
     /// Its entries, directories included.
     pub max_entries: usize,
     pub connect_timeout: Duration,
@@ -779,8 +804,12 @@ pub struct FetchLimits {
 impl Default for FetchLimits {
     fn default() -> Self {
         Self {
-            max_tarball_bytes: 4 << 30,
-            max_unpacked_bytes: 4 << 30,
+            // A bundle is amdgpu's modules for one kernel and its firmware:
+            // well under 1 GiB.
+            max_tarball_bytes: 2 << 30,
+            max_unpacked_bytes: 2 << 30,
+            max_total_bytes: 4 << 30,
+            min_free_bytes: 1 << 30,
             // The files a bundle may list, and as many directories.
             max_entries: 2 * MAX_FILES,
             connect_timeout: Duration::from_secs(30),
@@ -945,16 +974,22 @@ pub async fn fetch_tarball(
     })
     .await?;
     let tarball = work.path.join("tarball");
+    let budget = Arc::new(DiskBudget::new(
+        &work.path,
+        options.limits.max_total_bytes,
+        options.limits.min_free_bytes,
+    ));
     let (actual, size) = match &location {
-        Location::Url(uri) => download(uri, &tarball, &options.limits).await?,
+        Location::Url(uri) => download(uri, &tarball, &options.limits, &budget).await?,
         Location::Path(path) => {
-            let (h, path, to, max) = (
+            let (h, path, to, max, b) = (
                 host.clone(),
                 path.clone(),
                 tarball.clone(),
                 options.limits.max_tarball_bytes,
+                budget.clone(),
             );
-            blocking(move || copy_hashing(&h, &path, &to, max)).await?
+            blocking(move || copy_hashing(&h, &path, &to, max, &b)).await?
         }
     };
     if actual != sha256 {
@@ -973,7 +1008,7 @@ pub async fn fetch_tarball(
     tracing::debug!(source = %shown, bytes = size, "tarball checksum matches");
 
     let (h, s, options) = (host.clone(), store.to_owned(), options.clone());
-    blocking(move || unpack_and_place(&h, &s, work, &shown, &sha256, &options)).await
+    blocking(move || unpack_and_place(&h, &s, work, &shown, &sha256, &options, &budget)).await
 }
 
 /// Runs blocking file work off the async threads.
@@ -992,6 +1027,7 @@ fn copy_hashing(
     from: &str,
     to: &Path,
     max: u64,
+    budget: &DiskBudget,
 ) -> Result<(String, u64), SourceError> {
     let meta = std::fs::metadata(host.path(from))
         .map_err(|e| SourceError::Unavailable(format!("{from}: {e}")))?;
@@ -1001,6 +1037,9 @@ fn copy_hashing(
     if meta.len() > max {
         return Err(too_big(from, max));
     }
+    budget
+        .check_room(meta.len())
+        .map_err(|e| write_error(to, e))?;
     let mut input = host.open_capped(from, max).map_err(unavailable)?;
     let mut output =
         std::fs::File::create_new(to).map_err(|e| store_error(format!("{}: {e}", to.display())))?;
@@ -1016,6 +1055,7 @@ fn copy_hashing(
             Err(e) => return Err(SourceError::Unavailable(format!("{from}: {e}"))),
         };
         context.update(&buf[..n]);
+        budget.charge(n as u64).map_err(|e| write_error(to, e))?;
         output
             .write_all(&buf[..n])
             .map_err(|e| store_error(format!("{}: {e}", to.display())))?;
@@ -1040,6 +1080,7 @@ fn unpack_and_place(
     shown: &str,
     sha256: &str,
     options: &FetchOptions,
+    budget: &DiskBudget,
 ) -> Result<Placed, SourceError> {
     let unpacked = work.path.join("unpacked");
     std::fs::create_dir(&unpacked)
@@ -1050,6 +1091,7 @@ fn unpack_and_place(
         &unpacked,
         shown,
         &options.limits,
+        budget,
     )?;
     let root = bundle_root(&unpacked).map_err(|why| Refusal::ManifestInvalid {
         dir: shown.to_owned(),
@@ -1191,13 +1233,14 @@ pub fn entry_path(raw: &[u8]) -> Result<Vec<String>, String> {
 
 /// A writer that fails past `max` bytes: a decompressed stream may be
 /// much bigger than what was downloaded.
-struct CappedWriter<W> {
+struct CappedWriter<'a, W> {
     inner: W,
     written: u64,
     max: u64,
+    budget: &'a DiskBudget,
 }
 
-impl<W: Write> Write for CappedWriter<W> {
+impl<W: Write> Write for CappedWriter<'_, W> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         self.written += buf.len() as u64;
         if self.written > self.max {
@@ -1206,6 +1249,7 @@ impl<W: Write> Write for CappedWriter<W> {
                 format!("decompresses to more than {} bytes", self.max),
             ));
         }
+        self.budget.charge(buf.len() as u64)?;
         self.inner.write(buf)
     }
 
@@ -1217,12 +1261,16 @@ impl<W: Write> Write for CappedWriter<W> {
 /// Unpacks `tarball` into `into` (an empty directory of ours). A compressed
 /// tarball is first decompressed to `scratch`, capped, so that the tar
 /// reader sees a plain file. `shown` names the tarball in refusals.
+/// Each work file goes as soon as the next stage has read it, so that the
+/// work holds at most two stages at once; `budget` is charged as they are
+/// written and credited as they go.
 fn unpack(
     tarball: &Path,
     scratch: &Path,
     into: &Path,
     shown: &str,
     limits: &FetchLimits,
+    budget: &DiskBudget,
 ) -> Result<(), SourceError> {
     let open = |path: &Path| {
         std::fs::File::open(path).map_err(|e| store_error(format!("{}: {e}", path.display())))
@@ -1243,10 +1291,36 @@ fn unpack(
             scratch,
             limits.max_unpacked_bytes.saturating_add(overhead),
             shown,
+            budget,
         )?;
+        remove_work_file(tarball, budget)?;
         scratch.to_path_buf()
     };
-    unpack_tar(io::BufReader::new(open(&plain)?), into, shown, limits)
+    // The tar's own size bounds what its files add up to.
+    let tar_size = std::fs::metadata(&plain)
+        .map_err(|e| store_error(format!("{}: {e}", plain.display())))?
+        .len();
+    budget
+        .check_room(tar_size.min(limits.max_unpacked_bytes))
+        .map_err(|e| write_error(into, e))?;
+    unpack_tar(
+        io::BufReader::new(open(&plain)?),
+        into,
+        shown,
+        limits,
+        budget,
+    )?;
+    remove_work_file(&plain, budget)
+}
+
+/// Removes a work file the next stage has read, and credits the budget.
+fn remove_work_file(path: &Path, budget: &DiskBudget) -> Result<(), SourceError> {
+    let size = std::fs::metadata(path)
+        .map_err(|e| store_error(format!("{}: {e}", path.display())))?
+        .len();
+    std::fs::remove_file(path).map_err(|e| store_error(format!("{}: {e}", path.display())))?;
+    budget.release(size);
+    Ok(())
 }
 
 fn read_up_to(file: &mut std::fs::File, buf: &mut [u8]) -> io::Result<usize> {
@@ -1268,6 +1342,7 @@ fn decompress(
     to: &Path,
     max: u64,
     shown: &str,
+    budget: &DiskBudget,
 ) -> Result<(), SourceError> {
     let file =
         std::fs::File::create_new(to).map_err(|e| store_error(format!("{}: {e}", to.display())))?;
@@ -1275,6 +1350,7 @@ fn decompress(
         inner: io::BufWriter::new(file),
         written: 0,
         max,
+        budget,
     };
     let mut input = io::BufReader::new(input);
     let done: Result<(), io::Error> = match compression {
@@ -1292,6 +1368,9 @@ fn decompress(
     let done = done.and_then(|()| out.flush());
     match done {
         Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::StorageFull => {
+            Err(SourceError::NoSpace(e.to_string()))
+        }
         Err(e) if e.kind() == io::ErrorKind::FileTooLarge => {
             Err(SourceError::Refused(Refusal::UnsafeTarball {
                 tarball: shown.to_owned(),
@@ -1354,6 +1433,7 @@ fn unpack_tar(
     into: &Path,
     shown: &str,
     limits: &FetchLimits,
+    budget: &DiskBudget,
 ) -> Result<(), SourceError> {
     let mut archive = tar::Archive::new(input);
     let entries = archive
@@ -1468,6 +1548,7 @@ fn unpack_tar(
                         format!("unpacks to more than {} bytes", limits.max_unpacked_bytes),
                     ));
                 }
+                budget.charge(size).map_err(|e| write_error(&path, e))?;
                 write_entry(&mut entry, &path, size).map_err(|e| match e.kind() {
                     io::ErrorKind::AlreadyExists => refuse("appears twice".into()),
                     io::ErrorKind::NotADirectory => refuse("its parent is a file".into()),
@@ -1564,6 +1645,7 @@ async fn download(
     url: &hyper::Uri,
     to: &Path,
     limits: &FetchLimits,
+    budget: &DiskBudget,
 ) -> Result<(String, u64), SourceError> {
     let shown = redact(&url.to_string());
     let client = http_client(limits)?;
@@ -1606,7 +1688,19 @@ async fn download(
             if declared.is_some_and(|n| n > limits.max_tarball_bytes) {
                 return Err(too_big(&here, limits.max_tarball_bytes));
             }
-            return save_body(response.into_body(), to, limits.max_tarball_bytes, &here).await;
+            if let Some(declared) = declared {
+                budget
+                    .check_room(declared)
+                    .map_err(|e| write_error(to, e))?;
+            }
+            return save_body(
+                response.into_body(),
+                to,
+                limits.max_tarball_bytes,
+                &here,
+                budget,
+            )
+            .await;
         }
         Err(SourceError::Unavailable(format!(
             "GET {shown}: more than {} redirects",
@@ -1629,16 +1723,17 @@ async fn save_body(
     to: &Path,
     max: u64,
     shown: &str,
+    budget: &DiskBudget,
 ) -> Result<(String, u64), SourceError> {
     use http_body_util::BodyExt;
     use tokio::io::AsyncWriteExt;
-    let write_error = |e: io::Error| store_error(format!("{}: {e}", to.display()));
+    let file_error = |e: io::Error| store_error(format!("{}: {e}", to.display()));
     let mut file = tokio::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .open(to)
         .await
-        .map_err(write_error)?;
+        .map_err(file_error)?;
     let mut context = ring::digest::Context::new(&ring::digest::SHA256);
     let mut size = 0u64;
     while let Some(frame) = body.frame().await {
@@ -1651,10 +1746,13 @@ async fn save_body(
         if size > max {
             return Err(too_big(shown, max));
         }
+        budget
+            .charge(data.len() as u64)
+            .map_err(|e| write_error(to, e))?;
         context.update(&data);
-        file.write_all(&data).await.map_err(write_error)?;
+        file.write_all(&data).await.map_err(file_error)?;
     }
-    file.flush().await.map_err(write_error)?;
+    file.flush().await.map_err(file_error)?;
     Ok((hex(context.finish().as_ref()), size))
 }
 
@@ -1878,7 +1976,8 @@ kernel/drivers/net/ethernet/intel/e1000e/e1000e.ko.zst:
         limits: &FetchLimits,
     ) -> (tempfile::TempDir, Result<(), SourceError>) {
         let dir = tempfile::tempdir().unwrap();
-        let result = unpack_tar(tar, dir.path(), "t.tar", limits);
+        let unlimited = DiskBudget::new(dir.path(), u64::MAX, 0);
+        let result = unpack_tar(tar, dir.path(), "t.tar", limits, &unlimited);
         (dir, result)
     }
 
@@ -1947,17 +2046,70 @@ kernel/drivers/net/ethernet/intel/e1000e/e1000e.ko.zst:
             max_entries: 1,
             ..FetchLimits::default()
         };
+        let unlimited = DiskBudget::new(dir.path(), u64::MAX, 0);
         let result = unpack(
             &tarball,
             &dir.path().join("scratch"),
             &into,
             "bomb",
             &limits,
+            &unlimited,
         );
         let why = refused_reason(result);
         assert!(
             why.starts_with("UnsafeTarball") && why.contains("decompresses to more than"),
             "{why}"
         );
+    }
+
+    /// A gzipped tarball of one 64 KiB file in `dir`, and its path.
+    fn gzipped_tarball(dir: &Path) -> PathBuf {
+        let tar = tar_of(&[("bundle/big.bin", &[7u8; 64 * 1024])]);
+        let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        encoder.write_all(&tar).unwrap();
+        let tarball = dir.join("tarball");
+        std::fs::write(&tarball, encoder.finish().unwrap()).unwrap();
+        tarball
+    }
+
+    #[test]
+    fn each_work_file_goes_once_read_so_the_work_holds_two_stages_at_most() {
+        let dir = tempfile::tempdir().unwrap();
+        let tarball = gzipped_tarball(dir.path());
+        let compressed = std::fs::metadata(&tarball).unwrap().len();
+        let into = dir.path().join("into");
+        std::fs::create_dir(&into).unwrap();
+        // Room for the decompressed tar (64 KiB and its headers) and the
+        // unpacked file, not for all three stages.
+        let budget = DiskBudget::new(dir.path(), 2 * 64 * 1024 + 4096, 0);
+        budget.charge(compressed).unwrap();
+        let scratch = dir.path().join("scratch");
+        let limits = FetchLimits::default();
+        unpack(&tarball, &scratch, &into, "t", &limits, &budget).unwrap();
+        assert!(!tarball.exists() && !scratch.exists(), "work files removed");
+        assert_eq!(budget.used(), 64 * 1024, "only the unpacked file is held");
+        assert!(into.join("bundle/big.bin").is_file());
+    }
+
+    #[test]
+    fn a_fetch_that_would_not_fit_stops_with_the_store_full() {
+        let dir = tempfile::tempdir().unwrap();
+        let tarball = gzipped_tarball(dir.path());
+        let into = dir.path().join("into");
+        std::fs::create_dir(&into).unwrap();
+        let tight = DiskBudget::new(dir.path(), 100 * 1024, 0);
+        let result = unpack(
+            &tarball,
+            &dir.path().join("scratch"),
+            &into,
+            "t",
+            &FetchLimits::default(),
+            &tight,
+        );
+        let Err(SourceError::NoSpace(why)) = result else {
+            panic!("expected NoSpace: {result:?}");
+        };
+        assert!(why.contains("on disk at once"), "{why}");
+        assert_eq!(SourceError::NoSpace(why).reason(), "BundleStoreFull");
     }
 }
