@@ -849,6 +849,103 @@ async fn the_driver_type_label_follows_driver_enable_not_the_labeller() {
     h.stop().await;
 }
 
+/// An agent that restarts decides nothing before it has listed the
+/// DeviceConfigs: with the list slow (as on a busy API server), 20 restarts
+/// in a row never remove, even for a moment, the agent's driver label, its
+/// `AMDGPUDriverReady` condition or its status annotation. Every version of
+/// the Node is watched, not sampled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarts_never_remove_the_agents_own_label_condition_or_status() {
+    use futures::StreamExt;
+    use kube::runtime::watcher;
+    let mut h = Harness::start("mi300x", None, json!({})).await;
+    let loaded = simulate::SimModule::default()
+        .version
+        .expect("the simulated driver has a version");
+    h.apply_device_config(
+        "gpus",
+        json!({"driver": {"enable": true, "version": loaded}}),
+    )
+    .await;
+    let label = format!("gpu.operator.amd.com/{}.gpus.driver", cluster::NAMESPACE);
+    let missing = move |node: &Value| -> Vec<&'static str> {
+        let mut missing = Vec::new();
+        if node["metadata"]["labels"][&label].is_null() {
+            missing.push("driver label");
+        }
+        if node["metadata"]["annotations"][STATUS_ANNOTATION].is_null() {
+            missing.push("status annotation");
+        }
+        let condition = node["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["type"] == "AMDGPUDriverReady" && c["status"] == "True");
+        if !condition {
+            missing.push("AMDGPUDriverReady=True");
+        }
+        missing
+    };
+    h.eventually("label, condition and status written", |h| {
+        missing(&h.node()).is_empty()
+    })
+    .await;
+    // Every version of the Node from now on.
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(h.cluster.client());
+    let (seen_tx, mut seen) = tokio::sync::mpsc::unbounded_channel::<Value>();
+    let recorder = tokio::spawn(async move {
+        let config = watcher::Config::default().fields(&format!("metadata.name={NODE}"));
+        let mut events = watcher::watcher(nodes, config).boxed();
+        while let Some(event) = events.next().await {
+            if let Ok(watcher::Event::Apply(node) | watcher::Event::InitApply(node)) = event {
+                let _ = seen_tx.send(serde_json::to_value(node).unwrap_or_default());
+            }
+        }
+    });
+    // The list the review's race lost: slow, so that a start that decided
+    // before it would do so every time.
+    h.cluster
+        .faults()
+        .add_latency("list", "deviceconfigs.amd.com", Duration::from_millis(300));
+    let kubelet_dir = h._dir.path().join("kubelet");
+    for restart in 1..=20 {
+        h.stop().await;
+        let before = h.cluster.requests();
+        h.shutdown = CancellationToken::new();
+        h.spawn_agent(kubelet_dir.clone());
+        // Listed: the watch that follows the list has started.
+        h.eventually(&format!("restart {restart}: DeviceConfigs listed"), |h| {
+            h.cluster
+                .requests()
+                .since(&before)
+                .get("watch", "deviceconfigs.amd.com")
+                > 0
+        })
+        .await;
+    }
+    // A mark written after the last restart: once the recorder has it, it
+    // has every version before it.
+    h.cluster.label_node(NODE, "test-mark", Some("done")).await;
+    let mut versions = 0;
+    loop {
+        let node = wait::within("the recorder sees the mark", seen.recv())
+            .await
+            .expect("the recorder runs");
+        versions += 1;
+        let gone = missing(&node);
+        assert!(
+            gone.is_empty(),
+            "version {versions} of the Node lacks {gone:?}: {:#}",
+            node["metadata"]
+        );
+        if node["metadata"]["labels"]["test-mark"] == "done" {
+            break;
+        }
+    }
+    recorder.abort();
+    h.stop().await;
+}
+
 /// `AMDGPUDriverReady` says what runs against what the DeviceConfig asks
 /// for, written by the agent's driver concern, and goes with the DeviceConfig.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -266,7 +266,13 @@ pub async fn run(
         for rx in &mut state_changes {
             rx.borrow_and_update();
         }
-        if let Some(node) = node {
+        // Nothing is decided about selection before the first full list of
+        // DeviceConfigs: an empty store then means "not known yet", not "no
+        // DeviceConfig selects this node", and deciding on it would remove
+        // the agent's own label, condition and status for a moment on every
+        // restart.
+        let configs_listed = *configs_changed.borrow() > 0;
+        if let Some(node) = node.filter(|_| configs_listed) {
             // One pass over the node's desired state: the agent's reconcile.
             crate::counters::record_reconcile();
             let selection = select_config(node.labels(), configs.state().iter().map(Arc::as_ref));
@@ -459,7 +465,9 @@ fn spawn_node_watch(
     rx
 }
 
-/// Reflects DeviceConfigs into a store; the counter changes on every event.
+/// Reflects DeviceConfigs into a store; the counter changes on every event
+/// after the initial list, and first when that list is complete
+/// (`InitDone`): 0 means not listed yet.
 fn spawn_config_reflector(
     client: &Client,
     namespace: Option<&str>,
