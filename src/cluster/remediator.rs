@@ -33,7 +33,7 @@ use super::drain::DrainPolicy;
 use super::drain::Purpose;
 use super::reconcile::{Context, Error};
 use super::upgrader::{guarded, node_error, node_event_for};
-use crate::api::agent_status::{AgentStatus, ConfigKey, STATUS_ANNOTATION};
+use crate::api::agent_status::{AgentStatus, ConfigKey, DriverLoadState, STATUS_ANNOTATION};
 use crate::api::remediation_status::{self, RunEntry, Runs};
 use crate::api::syntax::parse_count_or_percent;
 use crate::api::{DeviceConfig, DrainSpec, RemediationWorkflowSpec};
@@ -278,6 +278,7 @@ pub fn facts_of(node: &Node, rw: &RemediationWorkflowSpec, drain: Option<DrainSt
         },
         ready,
         boot_id,
+        driver_pending: driver_pending(agent.as_ref()),
         answer: agent.and_then(|a| a.remediation).map(|r| Answer {
             id: r.id,
             passed: r.passed,
@@ -288,6 +289,29 @@ pub fn facts_of(node: &Node, rw: &RemediationWorkflowSpec, drain: Option<DrainSt
         drain,
         record,
         name,
+    }
+}
+
+/// What the agent has not reported yet before the node's GPUs can be
+/// tested, from its status: its driver report (whose boot id is the one the
+/// facts take), amdgpu loaded in it, and, when the DeviceConfig manages the
+/// driver, its own load done. `None`: ready. Pure.
+pub fn driver_pending(agent: Option<&AgentStatus>) -> Option<String> {
+    let Some(agent) = agent else {
+        return Some("the node's agent has reported nothing".to_owned());
+    };
+    let Some(report) = &agent.driver else {
+        return Some("the node's agent has not reported the driver yet".to_owned());
+    };
+    if !report.loaded {
+        return Some("amdgpu is not loaded yet".to_owned());
+    }
+    match &agent.driver_load {
+        Some(load) if load.state != DriverLoadState::Loaded => Some(format!(
+            "the agent's driver load is {:?} ({}: {})",
+            load.state, load.reason, load.message
+        )),
+        _ => None,
     }
 }
 
@@ -821,6 +845,53 @@ async fn dc_event(ctx: &Context, dc: &DeviceConfig, type_: EventType, reason: &s
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_driver_is_pending_until_the_agent_reports_it_loaded_for_its_boot() {
+        use crate::api::agent_status::{DriverLoad, DriverReport};
+        assert!(driver_pending(None).is_some());
+        let mut agent = AgentStatus::default();
+        assert!(
+            driver_pending(Some(&agent))
+                .unwrap_or_default()
+                .contains("not reported")
+        );
+        agent.driver = Some(DriverReport {
+            loaded: false,
+            boot_id: Some("boot-2".into()),
+            ..DriverReport::default()
+        });
+        assert!(
+            driver_pending(Some(&agent))
+                .unwrap_or_default()
+                .contains("not loaded")
+        );
+        if let Some(driver) = agent.driver.as_mut() {
+            driver.loaded = true;
+        }
+        // Loaded, and the DeviceConfig manages no driver: ready.
+        assert_eq!(driver_pending(Some(&agent)), None);
+        // A managed driver still loading (a report of a load decided before
+        // the module appeared): pending.
+        agent.driver_load = Some(DriverLoad {
+            state: DriverLoadState::Loading,
+            reason: "DriverLoading".into(),
+            message: "loading amdgpu 6.14.1".into(),
+            bundle: None,
+            version: None,
+            asked: None,
+            told_at: None,
+        });
+        assert!(
+            driver_pending(Some(&agent))
+                .unwrap_or_default()
+                .contains("DriverLoading")
+        );
+        if let Some(load) = agent.driver_load.as_mut() {
+            load.state = DriverLoadState::Loaded;
+        }
+        assert_eq!(driver_pending(Some(&agent)), None);
+    }
 
     #[test]
     fn default_taint_names_the_condition_and_custom_ones_are_used_as_given() {

@@ -168,6 +168,10 @@ pub struct NodeFacts {
     pub busy: Option<&'static str>,
     pub ready: bool,
     pub boot_id: Option<String>,
+    /// What the node's agent has not yet reported for the boot it runs,
+    /// before its GPUs can be tested: amdgpu loaded (the driver the
+    /// DeviceConfig manages, when it does). `None`: nothing is pending.
+    pub driver_pending: Option<String>,
     pub answer: Option<Answer>,
     /// `None`: no drain of this node runs in this term.
     pub drain: Option<DrainState>,
@@ -705,23 +709,30 @@ pub fn node_step(
         }
         Phase::Rebooting => {
             let back = facts.ready && facts.boot_id.is_some() && facts.boot_id != run.reboot_from;
-            if back {
+            // Tests on a node whose driver is not loaded yet find no GPU and
+            // fail: validation waits for the driver of this boot.
+            if back && facts.driver_pending.is_none() {
                 decision.notes.push(Note {
                     warning: false,
                     reason: EVENT_STEP,
-                    message: format!("{}: the node rebooted and is Ready", run.condition),
+                    message: format!(
+                        "{}: the node rebooted, is Ready and its driver is loaded",
+                        run.condition
+                    ),
                 });
                 validate(&mut decision, &mut record, next, now);
             } else if in_phase >= policy.reboot_timeout {
-                fail(
-                    &mut decision,
-                    &mut record,
-                    next,
-                    format!(
+                let why = match (&facts.driver_pending, back) {
+                    (Some(pending), true) => format!(
+                        "the node rebooted, but its driver was not ready within {}s: {pending}",
+                        policy.reboot_timeout.as_secs()
+                    ),
+                    _ => format!(
                         "the node did not come back Ready with a new boot id within {}s",
                         policy.reboot_timeout.as_secs()
                     ),
-                );
+                };
+                fail(&mut decision, &mut record, next, why);
             } else {
                 decision.wake = Some(policy.reboot_timeout - in_phase);
                 return NodeStep::Act(Box::new(decision));

@@ -222,6 +222,43 @@ fn a_failed_test_fails_the_run_with_the_entrys_message_and_keeps_the_taint() {
 }
 
 #[test]
+fn validation_waits_for_the_driver_of_the_new_boot() {
+    let policy = Policy::default();
+    let m = mapping();
+    let mut n = started("n1", &policy, at(0));
+    n.record.run.as_mut().unwrap().phase = Phase::Rebooting;
+    n.record.run.as_mut().unwrap().reboot_from = Some("boot-1".into());
+    // Back and Ready, but amdgpu is still loading: no test yet.
+    n.boot_id = Some("boot-2".into());
+    n.driver_pending = Some("amdgpu is not loaded yet".into());
+    let waiting = act(node_step(&n, &m, &policy, at(30)));
+    assert_eq!(waiting.record, None, "{waiting:?}");
+    assert!(waiting.wake.is_some());
+    // Loaded: the tests start.
+    n.driver_pending = None;
+    let started = applied(n.clone(), &act(node_step(&n, &m, &policy, at(31))));
+    assert_eq!(phase(&started), Some(Phase::Validating));
+    // A driver that never loads fails the run at the reboot timeout, naming
+    // the driver, not the GPUs.
+    n.driver_pending = Some("amdgpu is not loaded yet".into());
+    let limit = policy.reboot_timeout.as_secs() as i64;
+    let failed = applied(n.clone(), &act(node_step(&n, &m, &policy, at(limit))));
+    assert_eq!(phase(&failed), Some(Phase::Failed));
+    let message = failed
+        .record
+        .run
+        .as_ref()
+        .unwrap()
+        .reason
+        .clone()
+        .unwrap_or_default();
+    assert!(
+        message.contains("driver was not ready") && message.contains("amdgpu is not loaded"),
+        "{message}"
+    );
+}
+
+#[test]
 fn timeouts_fail_the_reboot_and_the_tests() {
     let policy = Policy::default();
     let m = mapping();
