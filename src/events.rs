@@ -8,10 +8,10 @@
 //!
 //! - [`EventSink::kubernetes`]: Events about the agent's Node, in `default`
 //!   (the namespace the API server takes Events about cluster-scoped objects
-//!   in). The agent's own go through kube-runtime's `Recorder`
-//!   (`events.k8s.io`, reportingController `gpu-operator`, a repeat patches
-//!   the series); labelled ones ([`Origin::Labelled`], the test runner's, which
-//!   the `Recorder` cannot label) are created as core/v1 Events.
+//!   in). The agent's own go through [`SeriesRecorder`] (`events.k8s.io`,
+//!   reportingController `gpu-operator`, a repeat patches the series);
+//!   labelled ones ([`Origin::Labelled`], the test runner's, which the
+//!   recorder cannot label) are created as core/v1 Events.
 //! - [`EventSink::file`]: one JSON object per line appended to a file
 //!   (`time`, `type`, `reason`, `note`, `object`), for standalone mode.
 //! - [`EventSink::log`]: the log only.
@@ -32,7 +32,7 @@ use std::sync::{Arc, Mutex};
 use k8s_openapi::api::core::v1::{Event as CoreEvent, EventSource, Node, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
-use kube::runtime::events::{Event as KubeEvent, Recorder, Reporter};
+pub use kube::runtime::events::{Event as KubeEvent, Reporter};
 use kube::{Api, Client};
 use tokio::sync::watch;
 
@@ -132,7 +132,7 @@ enum To {
 }
 
 struct Kubernetes {
-    recorder: Recorder,
+    recorder: SeriesRecorder,
     events: Api<CoreEvent>,
     /// The agent's Node as watched, for its uid.
     watched: watch::Receiver<Option<Arc<Node>>>,
@@ -152,7 +152,7 @@ impl EventSink {
         watched: watch::Receiver<Option<Arc<Node>>>,
     ) -> Self {
         let node = node_name.into();
-        let recorder = Recorder::new(
+        let recorder = SeriesRecorder::new(
             client.clone(),
             Reporter {
                 controller: CONTROLLER.into(),
@@ -261,6 +261,167 @@ impl EventSink {
     }
 }
 
+/// How long a series is continued: a repeat after this starts a new Event
+/// (kube-runtime's `Recorder` keeps its cache as long).
+const SERIES_TTL: std::time::Duration = std::time::Duration::from_secs(6 * 60);
+/// At most this many series are remembered; past it the oldest go.
+const MAX_SERIES: usize = 1024;
+
+/// What makes two Events one series: the same object, type, reason and
+/// action, and the same note. kube-runtime's `Recorder` leaves the note
+/// out, so a series kept its first note while later ones said otherwise
+/// (`PartitionApplied (x2) … cpx_nps4_all` after the node went back to
+/// `default`; `GPUUnhealthy (x40) GPU 0` for eight GPUs). The Events API
+/// counts a series of the same happening; another note is another one.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct SeriesKey {
+    regarding: (
+        Option<String>,
+        Option<String>,
+        Option<String>,
+        Option<String>,
+    ),
+    type_: &'static str,
+    reason: String,
+    action: String,
+    note: Option<String>,
+}
+
+/// The Event a series last wrote, and when.
+struct SeriesEntry {
+    name: String,
+    namespace: String,
+    count: i32,
+    last: Timestamp,
+}
+
+/// Records `events.k8s.io/v1` Events about objects, each repeat of the same
+/// Event (same object, type, reason, action and note) patching the count
+/// of one series. The one recorder of this crate, for the agent's Events
+/// and the leader's alike.
+#[derive(Clone)]
+pub struct SeriesRecorder {
+    client: Client,
+    reporter: Reporter,
+    series: Arc<tokio::sync::Mutex<std::collections::HashMap<SeriesKey, SeriesEntry>>>,
+}
+
+impl SeriesRecorder {
+    pub fn new(client: Client, reporter: Reporter) -> Self {
+        Self {
+            client,
+            reporter,
+            series: Arc::default(),
+        }
+    }
+
+    /// Creates the Event, or patches its series when the same one was
+    /// recorded within [`SERIES_TTL`]. The Event goes in `regarding`'s
+    /// namespace (`default` for cluster-scoped objects).
+    pub async fn publish(
+        &self,
+        event: &KubeEvent,
+        regarding: &ObjectReference,
+    ) -> Result<(), kube::Error> {
+        use k8s_openapi::api::events::v1::{Event as ApiEvent, EventSeries};
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+        let type_ = match event.type_ {
+            EventType::Normal => "Normal",
+            EventType::Warning => "Warning",
+        };
+        let key = SeriesKey {
+            regarding: (
+                regarding.kind.clone(),
+                regarding.namespace.clone(),
+                regarding.name.clone(),
+                regarding.uid.clone(),
+            ),
+            type_,
+            reason: event.reason.clone(),
+            action: event.action.clone(),
+            note: event.note.clone(),
+        };
+        let now = Timestamp::now();
+        // Held across the write: one series is never created twice.
+        let mut series = self.series.lock().await;
+        series.retain(|_, entry| within_ttl(entry.last, now));
+        if series.len() >= MAX_SERIES
+            && let Some(oldest) = series
+                .iter()
+                .min_by_key(|(_, entry)| entry.last)
+                .map(|(key, _)| key.clone())
+        {
+            series.remove(&oldest);
+        }
+        if let Some(entry) = series.get_mut(&key) {
+            let count = entry.count.saturating_add(1);
+            let api: Api<ApiEvent> = Api::namespaced(self.client.clone(), &entry.namespace);
+            let patch = serde_json::json!({
+                "series": EventSeries { count, last_observed_time: MicroTime(now) },
+            });
+            api.patch(
+                &entry.name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&patch),
+            )
+            .await?;
+            entry.count = count;
+            entry.last = now;
+            return Ok(());
+        }
+        let namespace = regarding
+            .namespace
+            .clone()
+            .unwrap_or_else(|| NODE_EVENT_NAMESPACE.to_owned());
+        let name = format!(
+            "{}.{:x}",
+            regarding
+                .name
+                .as_deref()
+                .unwrap_or(&self.reporter.controller),
+            now.as_nanosecond()
+        );
+        let made = ApiEvent {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                namespace: Some(namespace.clone()),
+                ..ObjectMeta::default()
+            },
+            action: Some(event.action.clone()),
+            reason: Some(event.reason.clone()),
+            note: event.note.clone(),
+            type_: Some(type_.to_owned()),
+            event_time: Some(MicroTime(now)),
+            regarding: Some(regarding.clone()),
+            related: event.secondary.clone(),
+            reporting_controller: Some(self.reporter.controller.clone()),
+            reporting_instance: Some(
+                self.reporter
+                    .instance
+                    .clone()
+                    .unwrap_or_else(|| self.reporter.controller.clone()),
+            ),
+            ..ApiEvent::default()
+        };
+        let api: Api<ApiEvent> = Api::namespaced(self.client.clone(), &namespace);
+        api.create(&kube::api::PostParams::default(), &made).await?;
+        series.insert(
+            key,
+            SeriesEntry {
+                name,
+                namespace,
+                count: 1,
+                last: now,
+            },
+        );
+        Ok(())
+    }
+}
+
+fn within_ttl(last: Timestamp, now: Timestamp) -> bool {
+    now.duration_since(last).unsigned_abs() < SERIES_TTL
+}
+
 /// The Node `name` as an Event's `regarding`.
 fn node_reference(name: &str, uid: Option<&str>) -> ObjectReference {
     ObjectReference {
@@ -319,6 +480,102 @@ pub fn core_event(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Two partition profiles, one after the other and back: each note is a
+    /// series of its own, and the count is the one of its note, as the API
+    /// and `kubectl describe node` show them.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_series_is_one_note_repeated_not_one_reason() {
+        let emu = kube_emulator::Emulator::start(kube_emulator::EmulatorConfig::default())
+            .await
+            .expect("emulator starts");
+        let node = emu
+            .create(serde_json::json!({"apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": "gpu-node-1"}}))
+            .expect("node");
+        // The Events carry the Node's uid, as the agent's watch gives it
+        // (kubectl describe selects Events by it).
+        let node: Node = serde_json::from_value(node).expect("a Node");
+        let (_tx, watched) = watch::channel(Some(Arc::new(node)));
+        let sink = EventSink::kubernetes(emu.client(), "gpu-node-1", watched);
+        let applied = |profile: &str| {
+            NodeEvent::agent(
+                EventType::Normal,
+                "Partition",
+                "PartitionApplied",
+                format!("profile {profile} applied"),
+            )
+        };
+        for profile in ["cpx_nps4_all", "default", "cpx_nps4_all"] {
+            sink.record(applied(profile)).await;
+        }
+        let events = emu.list("v1", "Event");
+        let mut seen: Vec<(String, i64)> = events
+            .iter()
+            .filter(|e| e["reason"] == "PartitionApplied")
+            .map(|e| {
+                (
+                    e["message"].as_str().unwrap_or_default().to_owned(),
+                    // As kubectl reads a core Event: its series, else its count.
+                    e["series"]["count"]
+                        .as_i64()
+                        .or(e["count"].as_i64())
+                        .unwrap_or(1),
+                )
+            })
+            .collect();
+        seen.sort();
+        assert_eq!(
+            seen,
+            [
+                ("profile cpx_nps4_all applied".to_owned(), 2),
+                ("profile default applied".to_owned(), 1)
+            ],
+            "{events:#?}"
+        );
+        // kubectl, where it is installed, shows the same.
+        let kubectl = std::env::var_os("KUBECTL")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| "/usr/bin/kubectl".into());
+        if !kubectl.exists() {
+            assert!(
+                std::env::var_os("REQUIRE_KUBECTL").is_none(),
+                "REQUIRE_KUBECTL is set but {} does not exist",
+                kubectl.display()
+            );
+            return;
+        }
+        let out = tokio::process::Command::new(&kubectl)
+            .arg("--kubeconfig")
+            .arg(emu.kubeconfig_path())
+            .args(["describe", "node", "gpu-node-1"])
+            .output()
+            .await
+            .expect("kubectl runs");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let lines: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains("PartitionApplied"))
+            .collect();
+        assert_eq!(lines.len(), 2, "{text}");
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.contains("(x2 over") && l.contains("cpx_nps4_all")),
+            "{text}"
+        );
+        assert!(
+            lines
+                .iter()
+                .any(|l| !l.contains("(x2") && l.contains("profile default")),
+            "{text}"
+        );
+    }
 
     #[test]
     fn a_line_of_the_events_file_names_the_gpu_or_else_the_node() {

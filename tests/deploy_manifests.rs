@@ -1008,8 +1008,8 @@ const fn named(
 }
 
 const OPERATOR_NS: Scope = Scope::Namespace(NAMESPACE);
-/// kube-runtime's Recorder writes Events about cluster-scoped objects (Nodes)
-/// to "default" (kube-runtime 5.0.0 src/events.rs:337).
+/// SeriesRecorder (src/events.rs) writes Events about cluster-scoped objects (Nodes)
+/// to "default" (NODE_EVENT_NAMESPACE).
 const NODE_EVENTS_NS: Scope = Scope::Namespace("default");
 const LEASE: &str = gpu_operator::cluster::lease::DEFAULT_LEASE_NAME;
 /// The DRA driver's name, which is also its DeviceClass's.
@@ -1112,7 +1112,7 @@ const NEEDS: &[Need] = &[
     need( "resource.k8s.io", "deviceclasses", "create", Scope::Cluster),
     named("resource.k8s.io", "deviceclasses", "patch",  Scope::Cluster, DRA_DRIVER),
     named("resource.k8s.io", "deviceclasses", "delete", Scope::Cluster, DRA_DRIVER),
-    // Events: kube-runtime's Recorder creates, then patches a repeating series.
+    // Events: SeriesRecorder (src/events.rs) creates, then patches a repeating series.
     // About DeviceConfigs (Context::event, src/cluster/reconcile.rs) in their
     // namespace; about Nodes (EventSink in src/events.rs, for the agent's
     // warnings and publish_node_health in src/health/node.rs) in "default".

@@ -3,9 +3,9 @@
 //! create, replace) names one of these, through [`patch`], [`post`] or
 //! [`apply`], so that the server can tell the concerns apart.
 //!
-//! Not covered, because they are not ours to set: Events sent through
-//! kube-runtime's `Recorder` (it builds its own request parameters; the server
-//! records the client's user agent), and TokenReview / SubjectAccessReview
+//! Not covered: Events sent through `crate::events::SeriesRecorder` (an
+//! Event is written by one recorder only, and the server records the
+//! client's user agent), and TokenReview / SubjectAccessReview
 //! creations, which are questions to the server and store nothing.
 //!
 //! Plain data: this module must not talk to the API itself.

@@ -28,10 +28,10 @@ use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::events::{Reporter, SeriesRecorder};
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{Node, Service};
 use kube::runtime::controller::{self, Controller};
-use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
@@ -312,7 +312,7 @@ pub async fn reconcile_until_cancelled(
     )
     .with_config(controller::Config::default().debounce(Duration::from_millis(200)));
     let configs = controller.store();
-    let recorder = Recorder::new(
+    let recorder = SeriesRecorder::new(
         client.clone(),
         Reporter {
             controller: "gpu-operator".into(),

@@ -8,12 +8,13 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::events::SeriesRecorder;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Secret, Service};
 use k8s_openapi::api::resource::v1::DeviceClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams};
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
@@ -73,7 +74,7 @@ pub struct Context {
     pub nodes: Store<Node>,
     pub configs: Store<DeviceConfig>,
     pub guard: LeaderGuard,
-    pub recorder: Recorder,
+    pub recorder: SeriesRecorder,
     /// Minimum time between two status writes of one DeviceConfig.
     pub status_interval: Duration,
     /// How long deletion waits for agents on NotReady nodes to tear down.
@@ -113,7 +114,7 @@ impl Context {
         nodes: Store<Node>,
         configs: Store<DeviceConfig>,
         guard: LeaderGuard,
-        recorder: Recorder,
+        recorder: SeriesRecorder,
     ) -> Self {
         // Without a caller's own (see `super::reconcile_until_cancelled`),
         // drains evict through the main client and wake nobody early.
@@ -947,9 +948,9 @@ mod tests {
         let client = emu.client();
         let (nodes, _) = kube::runtime::reflector::store::<Node>();
         let (configs, _) = kube::runtime::reflector::store::<DeviceConfig>();
-        let recorder = Recorder::new(
+        let recorder = SeriesRecorder::new(
             client.clone(),
-            kube::runtime::events::Reporter {
+            crate::events::Reporter {
                 controller: "test".into(),
                 instance: None,
             },

@@ -2,7 +2,7 @@
 //! the running-state Node labels, and removing a handled test request.
 //!
 //! Results are core/v1 Events because the reference labels them
-//! (`testrunner.amd.com/...`), which kube-runtime's `Recorder` cannot do: they
+//! (`testrunner.amd.com/...`), which the `events.k8s.io` recorder does not do: they
 //! are [`Origin::Labelled`] Events ([`node_event`]), which the agent's
 //! [`crate::events::EventSink`] creates. They are about the Node, so they live
 //! in the `default` namespace: the API server accepts Events about
