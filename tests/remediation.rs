@@ -1108,6 +1108,20 @@ async fn the_circuit_breaker_stops_three_of_ten_failing_at_once_and_a_person_can
         "{notes:?}"
     );
     assert!(fleet.tainted().is_empty(), "no node quarantined");
+    // Each held node says so on itself.
+    for name in ["n3", "n5", "n7"] {
+        fleet
+            .eventually(&format!("{name} says it is held"), |f| {
+                events_with(&f.cluster, "RemediationHeld").iter().any(|e| {
+                    (e["involvedObject"]["name"] == name || e["regarding"]["name"] == name)
+                        && e["message"]
+                            .as_str()
+                            .or(e["note"].as_str())
+                            .is_some_and(|m| m.contains("the circuit breaker holds it"))
+                })
+            })
+            .await;
+    }
     // A person forces one: it starts, and the label is consumed.
     fleet
         .cluster
@@ -1127,6 +1141,50 @@ async fn the_circuit_breaker_stops_three_of_ten_failing_at_once_and_a_person_can
         })
         .await;
     assert_eq!(fleet.tainted().len(), 1);
+}
+
+/// On three nodes the default limit (20 %, rounded up) is one node at a
+/// time: a node remediated and released does not hold the next for the
+/// breaker's hour, while a node still quarantined does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_three_nodes_a_healed_node_does_not_hold_the_next_one() {
+    let mut fleet = Fleet::new(3, json!({})).await;
+    fleet.lead();
+    set_condition(&fleet.cluster, "n0", HWA, "True").await;
+    fleet
+        .eventually("n0 quarantined", |f| f.tainted().contains("n0"))
+        .await;
+    set_condition(&fleet.cluster, "n0", HWA, "False").await;
+    fleet
+        .eventually("n0 released", |f| {
+            phase_of(&f.node("n0")).is_none() && !tainted(&f.node("n0"))
+        })
+        .await;
+    set_condition(&fleet.cluster, "n1", HWA, "True").await;
+    fleet
+        .eventually("n1 quarantined after n0 healed", |f| {
+            f.tainted().contains("n1")
+        })
+        .await;
+    // n1 is quarantined now: n2 waits, and its Node says why.
+    set_condition(&fleet.cluster, "n2", HWA, "True").await;
+    fleet
+        .eventually("n2 held by the breaker, on the Node", |f| {
+            events_with(&f.cluster, "RemediationHeld").iter().any(|e| {
+                (e["involvedObject"]["name"] == "n2" || e["regarding"]["name"] == "n2")
+                    && e["message"]
+                        .as_str()
+                        .or(e["note"].as_str())
+                        .is_some_and(|m| m.contains("circuit breaker"))
+            })
+        })
+        .await;
+    assert!(!fleet.tainted().contains("n2"));
+    let notes = event_notes(&fleet.cluster, "RemediationCircuitBreakerOpen");
+    assert!(
+        notes.iter().any(|n| n.contains("limit of 1 of 3")),
+        "{notes:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

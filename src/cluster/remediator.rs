@@ -42,7 +42,8 @@ use crate::remediation::mapping::CONFIGMAP_KEY;
 use crate::remediation::plan::{
     self, ABORT_LABEL, Answer, BREAKER_ANNOTATION, BREAKER_WINDOW_ANNOTATION, Breaker, Candidate,
     Confirm, DEFAULT_TAINT_KEY, DRY_RUN_LABEL, Decision, DrainOrder, DrainState, EVENT_BREAKER,
-    EVENT_DRY_RUN, FORCE_RESUME_LABEL, NodeFacts, NodeStep, Outcome, PAUSE_LABEL, Policy,
+    EVENT_DRY_RUN, EVENT_HELD, FORCE_RESUME_LABEL, NodeFacts, NodeStep, Outcome, PAUSE_LABEL,
+    Policy,
 };
 use crate::remediation::{Mapping, Phase, RECORD_ANNOTATION, Record};
 
@@ -422,11 +423,64 @@ async fn advance(
         }
         None => ctx.remediations.forget(&breaker_key),
     }
-    for held in &admission.waiting {
-        tracing::info!(node = %held.node, condition = %held.condition, "remediation waits: maxParallelWorkflows runs are going");
+    // Each node held says so on itself, once per hold: whoever reads the
+    // Node (kubectl describe) sees why no run starts there.
+    let mut held: Vec<(&Candidate, &'static str, String)> = Vec::new();
+    if let Some((candidates, _)) = &admission.breaker {
+        for c in candidates {
+            let why = format!(
+                "{}: no run starts yet: the circuit breaker holds it (too many nodes of the \
+                 DeviceConfig quarantined within {}s; label the node {FORCE_RESUME_LABEL}=true \
+                 to remediate it, or raise {BREAKER_ANNOTATION})",
+                c.condition,
+                policy.breaker.window.as_secs()
+            );
+            held.push((c, "breaker", why));
+        }
     }
-    for held in &admission.paused {
-        tracing::info!(node = %held.node, condition = %held.condition, "remediation paused by the DeviceConfig's {PAUSE_LABEL} label");
+    for c in &admission.waiting {
+        let why = format!(
+            "{}: no run starts yet: maxParallelWorkflows runs are going",
+            c.condition
+        );
+        held.push((c, "parallel", why));
+    }
+    for c in &admission.paused {
+        let why = format!(
+            "{}: no run starts: the DeviceConfig carries {PAUSE_LABEL}=true",
+            c.condition
+        );
+        held.push((c, "paused", why));
+    }
+    for (candidate, kind, why) in &held {
+        tracing::info!(node = %candidate.node, condition = %candidate.condition, "remediation held: {why}");
+        let notice = format!("{key}/{}/held/{kind}", candidate.node);
+        if !dry_run
+            && ctx.remediations.first_notice(notice)
+            && let Some((_, _, node)) = candidates.iter().find(|(c, _, _)| c.node == candidate.node)
+        {
+            node_event_for(
+                ctx,
+                node,
+                "Remediation",
+                EventType::Warning,
+                EVENT_HELD,
+                why.clone(),
+            )
+            .await;
+        }
+    }
+    // A node no longer held may be told again the next time it is.
+    for (candidate, _, _) in &candidates {
+        for kind in ["breaker", "parallel", "paused"] {
+            if !held
+                .iter()
+                .any(|(c, k, _)| c.node == candidate.node && *k == kind)
+            {
+                ctx.remediations
+                    .forget(&format!("{key}/{}/held/{kind}", candidate.node));
+            }
+        }
     }
 
     if dry_run {

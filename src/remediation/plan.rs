@@ -334,6 +334,7 @@ pub fn start(
         condition: candidate.condition.clone(),
         started: now.to_string(),
         name: run_name(&facts.name, &candidate.entry, now),
+        healed: false,
     });
     record.run = Some(run);
     let template = &candidate.entry.workflow_template;
@@ -798,6 +799,14 @@ pub fn node_step(
                     condition: run.condition.clone(),
                     seconds,
                 });
+                if let Some(attempt) = record
+                    .attempts
+                    .iter_mut()
+                    .rev()
+                    .find(|a| a.condition == run.condition)
+                {
+                    attempt.healed = true;
+                }
                 record.run = None;
             } else if in_phase + confirm.interval > confirm.within {
                 let why = format!(
@@ -1010,9 +1019,10 @@ pub fn admit(
         Vec::new()
     } else if !automatic.is_empty() && quarantined > limit {
         let message = format!(
-            "remediation paused: {} node(s) to quarantine with {recently_quarantined} quarantined within {}s \
-             would pass the limit of {limit} of {selected} selected node(s); a person must act \
-             (label nodes {FORCE_RESUME_LABEL}=true to remediate them, or raise {BREAKER_ANNOTATION})",
+            "circuit breaker open: {} node(s) to quarantine with {recently_quarantined} quarantined \
+             and not healed within {}s would pass the limit of {limit} of {selected} selected \
+             node(s); no new run starts until a person acts (label nodes \
+             {FORCE_RESUME_LABEL}=true to remediate them, or raise {BREAKER_ANNOTATION})",
             automatic.len(),
             policy.breaker.window.as_secs(),
         );
@@ -1039,10 +1049,15 @@ pub fn is_running(record: &Record) -> bool {
 }
 
 /// Whether the node counts against the breaker: quarantined now, or a run
-/// started within the window.
+/// started within the window that did not heal it (failed, held, aborted).
+/// A node remediated and released is healthy again: on a small cluster it
+/// would otherwise hold the next node for the whole window.
 pub fn recently_quarantined(record: &Record, window: Duration, now: Timestamp) -> bool {
     record.run.as_ref().is_some_and(|r| r.quarantined)
-        || attempts_within(record, None, window, now) > 0
+        || record
+            .attempts
+            .iter()
+            .any(|a| !a.healed && elapsed(&a.started, now) < window)
 }
 
 #[cfg(test)]

@@ -141,6 +141,11 @@ pub struct Attempt {
     /// The run's name: `<node>-<workflowTemplate>-<start>`, as the
     /// reference names its workflows.
     pub name: String,
+    /// It ended in success (confirmed and released): it still counts for
+    /// the recovery policy, not for the circuit breaker, which guards
+    /// against quarantining too many nodes at once.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub healed: bool,
 }
 
 /// The whole annotation.
@@ -201,6 +206,7 @@ mod tests {
                 condition: "AMDGPUUnhealthy".into(),
                 started: "2026-12-02T10:00:00Z".into(),
                 name: "n1-default-template-20261202100000".into(),
+                healed: false,
             }],
         };
         let text = record.to_annotation().unwrap();

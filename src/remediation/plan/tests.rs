@@ -332,6 +332,7 @@ fn the_recovery_policy_holds_the_run_past_the_window_until_a_person_forces_one()
             condition: "AMDGPUHardwareAssertionHwa".into(),
             started: at(t).to_string(),
             name: format!("a{i}"),
+            healed: false,
         });
     }
     // Two runs in the hour: the third is held, tainted, with an Event.
@@ -372,6 +373,7 @@ fn attempts_older_than_72_hours_are_pruned() {
         condition: "AMDGPUUnhealthy".into(),
         started: at(0).to_string(),
         name: "old".into(),
+        healed: false,
     });
     assert_eq!(
         node_step(&n, &mapping(), &policy, at(71 * 3600)),
@@ -718,4 +720,39 @@ fn a_reset_whose_condition_comes_back_escalates_once_then_fails() {
         d.record.as_ref().unwrap().run.as_ref().unwrap().phase,
         Phase::Failed
     );
+}
+
+#[test]
+fn only_runs_that_did_not_heal_count_for_the_breaker() {
+    let policy = Policy::default();
+    let window = policy.breaker.window;
+    let mut n = started("n1", &policy, at(0));
+    assert!(recently_quarantined(&n.record, window, at(10)), "quarantined now");
+    // Confirmed and released: the attempt is kept for the recovery policy,
+    // marked healed, and no longer counts for the breaker.
+    n.record.run = None;
+    n.record.attempts[0].healed = false;
+    assert!(recently_quarantined(&n.record, window, at(20)), "a failed run counts");
+    n.record.attempts[0].healed = true;
+    assert!(!recently_quarantined(&n.record, window, at(20)));
+    assert_eq!(attempts_within(&n.record, None, window, at(20)), 1);
+    // The default 20 % of a small cluster is one node, never none.
+    for selected in 1..=5 {
+        assert_eq!(policy.breaker.limit.resolve(selected), 1, "{selected} nodes");
+    }
+}
+
+#[test]
+fn a_confirmed_run_marks_its_attempt_healed() {
+    let policy = Policy::default();
+    let m = mapping();
+    let mut n = started("n1", &policy, at(0));
+    let run = n.record.run.as_mut().unwrap();
+    run.phase = Phase::Confirming;
+    run.checks = policy.confirm.checks - 1;
+    n.conditions = vec![("Ready".into(), true), ("AMDGPUUnhealthy".into(), false)];
+    let later = at(policy.confirm.interval.as_secs() as i64 + 100);
+    let done = applied(n.clone(), &act(node_step(&n, &m, &policy, later)));
+    assert!(done.record.run.is_none(), "released");
+    assert!(done.record.attempts[0].healed);
 }

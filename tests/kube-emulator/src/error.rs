@@ -222,7 +222,11 @@ impl ApiError {
                 .causes
                 .iter()
                 .map(|c| {
-                    let mut m = json!({"reason": c.reason, "message": c.message});
+                    // A cause without a reason (an admission policy's) has none.
+                    let mut m = json!({"message": c.message});
+                    if !c.reason.is_empty() {
+                        m["reason"] = json!(c.reason);
+                    }
                     if let Some(f) = &c.field {
                         m["field"] = json!(f);
                     }

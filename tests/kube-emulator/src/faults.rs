@@ -51,6 +51,9 @@ pub struct LoggedWrite {
     pub name: Option<String>,
     /// The request's `fieldManager`, if it gave one.
     pub field_manager: Option<String>,
+    /// Who sent it: the username of its bearer token (`system:admin` without
+    /// one, see `Emulator::client_as`).
+    pub user: String,
 }
 
 impl fmt::Display for LoggedWrite {

@@ -4,8 +4,10 @@
 //! test uses an unmodified `kube::Client` (or `kubectl`). Objects are stored generically as
 //! JSON; resourceVersions, watches (with bookmarks, resume and `410 Gone`), finalizers,
 //! generation, status subresources, patches (merge, JSON, strategic, server-side apply),
-//! CRDs and pod eviction behave like the real server's. Tests can inject faults (failures,
-//! latency, dropped watches, compaction, restarts) and read how many requests were made.
+//! CRDs and pod eviction behave like the real server's, and ValidatingAdmissionPolicies judge
+//! every write (see [`admission`]), for clients of any identity ([`Emulator::client_as`]).
+//! Tests can inject faults (failures, latency, dropped watches, compaction, restarts) and read
+//! how many requests were made.
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
@@ -27,6 +29,7 @@
 //! This crate is test-only: the production crate may depend on it only as a dev-dependency.
 //! What it does not emulate is listed in its README.
 
+pub mod admission;
 mod error;
 mod faults;
 mod fields;
@@ -50,9 +53,10 @@ use std::time::Duration;
 use serde_json::Value;
 use tokio::net::{TcpListener, TcpSocket};
 
+pub use admission::Verdict;
 pub use error::ApiError;
 pub use faults::{Faults, LoggedWrite, RequestCounts, RequestKey};
-pub use reviews::Reviews;
+pub use reviews::{Reviews, UserInfo};
 
 use server::{Running, Settings, Shared};
 use store::WriteCtx;
@@ -206,6 +210,47 @@ impl Emulator {
         kube::Client::try_from(c).expect("kube builds plain HTTP clients")
     }
 
+    /// A kube client configuration whose requests the emulator attributes to
+    /// `user` (in `system:authenticated`): it sends a bearer token registered
+    /// for that user (the same token for the same user every time). Admission
+    /// policies see the user as `request.userInfo`; nothing else is
+    /// authorized differently.
+    pub fn config_as(&self, user: &UserInfo) -> kube::Config {
+        let mut config = self.config();
+        let token = self.shared.reviews.token_for(user);
+        // AuthInfo's token is a secrecy::SecretString; its Deserialize builds one.
+        if let Ok(auth) = serde_json::from_value(serde_json::json!({ "token": token })) {
+            config.auth_info = auth;
+        }
+        config
+    }
+
+    /// A client built from [`Emulator::config_as`].
+    ///
+    /// # Panics
+    /// As [`Emulator::client`].
+    pub fn client_as(&self, user: &UserInfo) -> kube::Client {
+        kube::Client::try_from(self.config_as(user)).expect("kube builds plain HTTP clients")
+    }
+
+    /// [`Emulator::kubeconfig_yaml`] with the token of [`Emulator::config_as`]:
+    /// for a process that should run as `user`.
+    pub fn kubeconfig_yaml_as(&self, user: &UserInfo) -> String {
+        let token = self.shared.reviews.token_for(user);
+        self.kubeconfig_yaml()
+            .replace("  user: {}\n", &format!("  user:\n    token: {token}\n"))
+    }
+
+    /// Writes [`Emulator::kubeconfig_yaml_as`] to `path`.
+    pub fn write_kubeconfig_as(&self, path: &Path, user: &UserInfo) -> Result<(), StartError> {
+        std::fs::write(path, self.kubeconfig_yaml_as(user)).map_err(|source| {
+            StartError::Kubeconfig {
+                path: path.to_path_buf(),
+                source,
+            }
+        })
+    }
+
     /// The kubeconfig written at start (valid across restarts: the port stays).
     pub fn kubeconfig_path(&self) -> &Path {
         &self.kubeconfig
@@ -324,6 +369,8 @@ impl Emulator {
             dry_run: false,
             // A seeded object with a field its kind does not know is a test's mistake.
             validation: validation::FieldCheck::new(validation::Directive::Strict),
+            // Seeding is not a request: no policy judges it.
+            caller: None,
         };
         self.shared
             .store()

@@ -1,22 +1,30 @@
-//! TokenReview (`authentication.k8s.io/v1`) and SubjectAccessReview
-//! (`authorization.k8s.io/v1`) creates, answered from what the test registered
-//! through [`Reviews`]: bearer tokens and the users they stand for, and grants
-//! of a verb on a non-resource path (or a resource) to users or groups.
+//! Who a request is from, and TokenReview (`authentication.k8s.io/v1`) and
+//! SubjectAccessReview (`authorization.k8s.io/v1`) creates, answered from what
+//! the test registered through [`Reviews`]: bearer tokens and the users
+//! ([`UserInfo`]) they stand for, and grants of a verb on a non-resource path
+//! (or a resource) to users or groups.
 //!
-//! Owns: the answers to those two creates. Reviews are never stored, as on the
-//! real server; they are counted like any request (`create
+//! Owns: the token registry (one for both: a token a TokenReview
+//! authenticates is also the identity the server gives a request sending it),
+//! the default identity of a request without a known token (an
+//! administrator), and the answers to those two creates. Reviews are never
+//! stored, as on the real server; they are counted like any request (`create
 //! tokenreviews.authentication.k8s.io`, `create
 //! subjectaccessreviews.authorization.k8s.io`).
 //!
 //! Must not: enforce anything on other requests (the emulator authorizes
-//! nothing), or read the RBAC objects it stores.
+//! nothing: admission policies are the `admission` module's), or read the
+//! RBAC objects it stores.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde_json::{Value, json};
 
 use crate::faults::RequestKey;
+
+/// The tokens [`Reviews::token_for`] hands out start with this.
+const ISSUED_PREFIX: &str = "kube-emulator-token-";
 
 /// Which review a request creates.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -37,11 +45,84 @@ pub(crate) fn kind(key: &RequestKey) -> Option<Review> {
     }
 }
 
-#[derive(Clone, Debug)]
-struct User {
-    name: String,
-    uid: String,
-    groups: Vec<String>,
+/// The user a request is attributed to, as the API server's authenticator
+/// hands it to admission (`request.userInfo` of an AdmissionRequest).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct UserInfo {
+    pub username: String,
+    /// Empty: none (left out of `userInfo`).
+    pub uid: String,
+    pub groups: Vec<String>,
+    /// E.g. `authentication.kubernetes.io/node-name: [gpu-node-2]`, as a pod's
+    /// bound ServiceAccount token carries it.
+    pub extra: BTreeMap<String, Vec<String>>,
+}
+
+/// The group every authenticated user is in.
+const AUTHENTICATED: &str = "system:authenticated";
+
+impl UserInfo {
+    /// A user with these groups (and no uid or extra).
+    pub fn new(username: &str, groups: &[&str]) -> Self {
+        Self {
+            username: username.to_owned(),
+            groups: groups.iter().map(|g| g.to_string()).collect(),
+            ..Self::default()
+        }
+    }
+
+    /// What a request without a (known) token is: an administrator, which no
+    /// policy scoped to a ServiceAccount matches.
+    pub fn admin() -> Self {
+        Self::new("system:admin", &["system:masters", AUTHENTICATED])
+    }
+
+    /// ServiceAccount `namespace/name` as the API server names it
+    /// (`system:serviceaccount:<ns>:<name>`, groups `system:serviceaccounts`,
+    /// `system:serviceaccounts:<ns>`, `system:authenticated`).
+    pub fn service_account(namespace: &str, name: &str) -> Self {
+        Self::new(
+            &format!("system:serviceaccount:{namespace}:{name}"),
+            &[
+                "system:serviceaccounts",
+                &format!("system:serviceaccounts:{namespace}"),
+                AUTHENTICATED,
+            ],
+        )
+    }
+
+    /// Adds (replaces) one `extra` entry.
+    pub fn with_extra(mut self, key: &str, values: &[&str]) -> Self {
+        self.extra.insert(
+            key.to_owned(),
+            values.iter().map(|v| v.to_string()).collect(),
+        );
+        self
+    }
+
+    pub fn with_uid(mut self, uid: &str) -> Self {
+        self.uid = uid.to_owned();
+        self
+    }
+
+    /// `userInfo` as an AdmissionRequest (and a TokenReview's status) carries
+    /// it: empty fields are left out, as the API server's JSON omits them.
+    pub fn to_json(&self) -> Value {
+        let mut m = serde_json::Map::new();
+        if !self.username.is_empty() {
+            m.insert("username".into(), json!(self.username));
+        }
+        if !self.uid.is_empty() {
+            m.insert("uid".into(), json!(self.uid));
+        }
+        if !self.groups.is_empty() {
+            m.insert("groups".into(), json!(self.groups));
+        }
+        if !self.extra.is_empty() {
+            m.insert("extra".into(), json!(self.extra));
+        }
+        Value::Object(m)
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -56,8 +137,10 @@ struct Grant {
 
 #[derive(Default)]
 struct State {
-    tokens: HashMap<String, User>,
+    tokens: HashMap<String, UserInfo>,
     grants: Vec<Grant>,
+    /// Tokens handed out by [`Reviews::token_for`], numbered.
+    issued: u64,
 }
 
 /// The registry a test fills; cheap to clone, shared with the server.
@@ -70,18 +153,63 @@ impl Reviews {
     }
 
     /// A TokenReview of `token` authenticates it as `user` in `groups`
-    /// (plus `system:authenticated`). Unknown tokens are not authenticated.
+    /// (plus `system:authenticated`), and a request sending it as a bearer
+    /// token is that user. Unknown tokens are not authenticated.
     pub fn add_token(&self, token: &str, user: &str, groups: &[&str]) {
         let mut groups: Vec<String> = groups.iter().map(|g| g.to_string()).collect();
-        groups.push("system:authenticated".into());
+        groups.push(AUTHENTICATED.into());
         self.state().tokens.insert(
             token.to_owned(),
-            User {
-                name: user.to_owned(),
+            UserInfo {
+                username: user.to_owned(),
                 uid: format!("uid-{user}"),
                 groups,
+                extra: BTreeMap::new(),
             },
         );
+    }
+
+    /// Registers `user` under `token` as given, but in `system:authenticated`
+    /// (the API server adds that group to every authenticated user).
+    pub fn add_user_token(&self, token: &str, user: &UserInfo) {
+        let mut user = user.clone();
+        if !user.groups.iter().any(|g| g == AUTHENTICATED) {
+            user.groups.push(AUTHENTICATED.into());
+        }
+        self.state().tokens.insert(token.to_owned(), user);
+    }
+
+    /// A token for `user`: the one registered for that same identity before,
+    /// or a new one.
+    pub fn token_for(&self, user: &UserInfo) -> String {
+        let mut with_group = user.clone();
+        if !with_group.groups.iter().any(|g| g == AUTHENTICATED) {
+            with_group.groups.push(AUTHENTICATED.into());
+        }
+        let mut state = self.state();
+        if let Some((token, _)) = state
+            .tokens
+            .iter()
+            .filter(|(t, _)| t.starts_with(ISSUED_PREFIX))
+            .find(|(_, u)| **u == with_group)
+        {
+            return token.clone();
+        }
+        state.issued += 1;
+        let token = format!("{ISSUED_PREFIX}{}", state.issued);
+        state.tokens.insert(token.clone(), with_group);
+        token
+    }
+
+    /// Who a request with these headers is: the user of its bearer token, or
+    /// (no token, an unknown one) an administrator.
+    pub(crate) fn user_for(&self, headers: &http::HeaderMap) -> UserInfo {
+        headers
+            .get(http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .and_then(|token| self.state().tokens.get(token.trim()).cloned())
+            .unwrap_or_else(UserInfo::admin)
     }
 
     /// SubjectAccessReviews allow `user` to `verb` the non-resource `path`
@@ -103,10 +231,11 @@ impl Reviews {
         });
     }
 
-    /// Forgets every token and grant.
+    /// Forgets every token and grant, except the tokens of clients handed
+    /// out by `Emulator::client_as` (those clients keep their identity).
     pub fn clear(&self) {
         let mut state = self.state();
-        state.tokens.clear();
+        state.tokens.retain(|t, _| t.starts_with(ISSUED_PREFIX));
         state.grants.clear();
     }
 
@@ -136,7 +265,7 @@ impl Reviews {
         match self.state().tokens.get(token) {
             Some(user) => json!({
                 "authenticated": true,
-                "user": {"username": user.name, "uid": user.uid, "groups": user.groups},
+                "user": user.to_json(),
             }),
             None => json!({"authenticated": false, "error": "invalid bearer token"}),
         }

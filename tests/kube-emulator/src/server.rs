@@ -25,6 +25,7 @@ use tokio::sync::{broadcast, mpsc};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
 
+use crate::admission::Caller;
 use crate::error::ApiError;
 use crate::faults::{FaultState, RequestCounts, RequestKey};
 use crate::fields::Scope;
@@ -398,6 +399,7 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
         },
     };
     shared.count(&key);
+    let user = shared.reviews.user_for(req.headers());
     if let Some(rp) = &rp
         && matches!(key.verb.as_str(), "create" | "update" | "patch" | "delete")
     {
@@ -407,6 +409,7 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
             namespace: rp.namespace.clone(),
             name: rp.name.clone(),
             field_manager: params.get("fieldManager").map(str::to_owned),
+            user: user.username.clone(),
         });
     }
     let (delay, failure) = {
@@ -436,7 +439,7 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
         return json_response(code, &answer);
     }
     match rp {
-        Some(rp) => handle_resource(&shared, req, rp, params).await,
+        Some(rp) => handle_resource(&shared, req, rp, params, user).await,
         None => handle_nonresource(&shared, req.method(), &segments),
     }
 }
@@ -652,6 +655,7 @@ async fn handle_resource(
     req: Request<Incoming>,
     rp: ResPath,
     params: Params,
+    user: crate::reviews::UserInfo,
 ) -> Response<Body> {
     let rt = {
         let store = shared.store();
@@ -692,10 +696,20 @@ async fn handle_resource(
             Ok(v) => v,
             Err(e) => return error_response(&e),
         };
+    let dry_run = params.get("dryRun") == Some("All");
+    let caller = Caller {
+        user,
+        dry_run,
+        field_manager: params.get("fieldManager").map(str::to_owned),
+        field_validation: params.get("fieldValidation").map(str::to_owned),
+        delete_options: Value::Null,
+        collection: verb == "deletecollection",
+    };
     let ctx = WriteCtx {
         manager: manager_for(&params, &headers),
-        dry_run: params.get("dryRun") == Some("All"),
+        dry_run,
         validation,
+        caller: Some(caller),
     };
     let name = rp.name.clone().unwrap_or_default();
     let result: Result<(u16, Value), ApiError> = match verb {
@@ -718,9 +732,13 @@ async fn handle_resource(
             .map(|v| (200, v)),
         "create" if rp.sub.as_deref() == Some("eviction") => parse_object(&body, &content_type)
             .and_then(|b| {
-                shared
-                    .store()
-                    .evict(ns.unwrap_or_default(), &name, &b, ctx.dry_run)
+                shared.store().evict(
+                    ns.unwrap_or_default(),
+                    &name,
+                    &b,
+                    ctx.dry_run,
+                    ctx.caller.as_ref(),
+                )
             })
             .map(|v| (201, v)),
         "create" if rp.name.is_some() => Err(ApiError::method_not_allowed(
@@ -762,7 +780,11 @@ async fn handle_resource(
             } else {
                 serde_json::from_slice(&body).unwrap_or(Value::Null)
             };
-            let opts = DeleteOpts::from_body(&b, ctx.dry_run);
+            let mut opts = DeleteOpts::from_body(&b, ctx.dry_run);
+            opts.caller = ctx.caller.clone().map(|c| Caller {
+                delete_options: b.clone(),
+                ..c
+            });
             shared
                 .store()
                 .delete(&rt, version, ns, &name, &opts)
@@ -770,7 +792,11 @@ async fn handle_resource(
         }
         "deletecollection" => list_opts(&params).and_then(|o| {
             let b: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-            let opts = DeleteOpts::from_body(&b, ctx.dry_run);
+            let mut opts = DeleteOpts::from_body(&b, ctx.dry_run);
+            opts.caller = ctx.caller.clone().map(|c| Caller {
+                delete_options: b.clone(),
+                ..c
+            });
             shared
                 .store()
                 .delete_collection(&rt, version, ns, &o, &opts)

@@ -14,6 +14,7 @@ use base64::Engine as _;
 use serde_json::{Map, Value, json};
 use tokio::sync::broadcast;
 
+use crate::admission::{self, Caller, Operation as Op, Param, Target, Verdict};
 use crate::error::{ApiError, ApiResult, Cause, Qualified};
 use crate::fields::{self, ManagerKey, Operation, Ownership, Scope};
 use crate::patch;
@@ -75,6 +76,10 @@ pub struct WriteCtx {
     pub dry_run: bool,
     /// The write's `fieldValidation` directive, and where its warnings go.
     pub validation: FieldCheck,
+    /// The request's user and options, for admission; `None` for the
+    /// emulator's own writes (seeding, the well-known namespaces), which no
+    /// policy judges.
+    pub caller: Option<Caller>,
 }
 
 /// The `DeleteOptions` fields the emulator honours.
@@ -83,6 +88,9 @@ pub struct DeleteOpts {
     pub uid: Option<String>,
     pub resource_version: Option<String>,
     pub dry_run: bool,
+    /// As [`WriteCtx::caller`]: `None` for the emulator's own deletions
+    /// (namespace contents, the pod an eviction removes).
+    pub caller: Option<Caller>,
 }
 
 impl DeleteOpts {
@@ -97,6 +105,7 @@ impl DeleteOpts {
             uid: s("/preconditions/uid"),
             resource_version: s("/preconditions/resourceVersion"),
             dry_run: dry_run || body_dry,
+            caller: None,
         }
     }
 }
@@ -388,6 +397,7 @@ impl Store {
             manager: "kube-apiserver".into(),
             dry_run: false,
             validation: FieldCheck::new(Directive::Strict),
+            caller: None,
         };
         for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
             let body = json!({"metadata": {"name": ns}});
@@ -639,9 +649,6 @@ impl Store {
             ));
         }
         let key = Self::key(rt, namespace.as_deref(), &name);
-        if self.objects.contains_key(&key) {
-            return Err(ApiError::already_exists(q(rt), &name));
-        }
 
         // Kind-specific defaults and validation.
         let is_core = rt.group.is_empty();
@@ -741,6 +748,23 @@ impl Store {
         }
         if !owners.0.is_empty() {
             meta_mut(&mut body).insert("managedFields".into(), owners.render());
+        }
+        // Admission sees the object as it would be stored, and comes before
+        // the storage's own refusal of a second object of the name.
+        let target = Target {
+            name: &given_name,
+            namespace: namespace.as_deref().unwrap_or_default(),
+            ..Self::target(rt, version, Scope::Main, Op::Create)
+        };
+        self.admit(
+            ctx.caller.as_ref(),
+            &target,
+            Some((rt, version)),
+            Some(&body),
+            None,
+        )?;
+        if self.objects.contains_key(&key) {
+            return Err(ApiError::already_exists(q(rt), &name));
         }
         if ctx.dry_run {
             return Ok(Self::output(rt, version, &body));
@@ -1175,6 +1199,26 @@ impl Store {
         all.extend(fields::owned_leaves(&new, rt, Scope::Status));
         owners.prune(&all);
 
+        // Admission judges every update, one that changes nothing too.
+        {
+            let mut admitted = new.clone();
+            if !owners.0.is_empty() {
+                meta_mut(&mut admitted).insert("managedFields".into(), owners.render());
+            }
+            let target = Target {
+                name: &key.name,
+                namespace: &key.namespace,
+                ..Self::target(rt, version, scope, Op::Update)
+            };
+            self.admit(
+                ctx.caller.as_ref(),
+                &target,
+                Some((rt, version)),
+                Some(&admitted),
+                Some(&old.value),
+            )?;
+        }
+
         // A write that changes nothing is not a write: no new revision, no event.
         if content_view(&new) == content_view(&old.value) && owners == old.owners {
             return Ok(Self::output(rt, version, &old.value));
@@ -1255,6 +1299,18 @@ impl Store {
                 "namespaces \"{name}\" is forbidden: this namespace may not be deleted"
             )));
         }
+        let target = Target {
+            name,
+            namespace: &key.namespace,
+            ..Self::target(rt, version, Scope::Main, Op::Delete)
+        };
+        self.admit(
+            opts.caller.as_ref(),
+            &target,
+            Some((rt, version)),
+            None,
+            Some(&old.value),
+        )?;
         if !finalizers(&old.value).is_empty() || is_namespace {
             if meta(&old.value).is_some_and(|m| m.contains_key("deletionTimestamp")) {
                 return Ok(Self::output(rt, version, &old.value));
@@ -1583,6 +1639,10 @@ impl Store {
             let item_ns = meta_str(&item, "namespace").map(str::to_string);
             let one = DeleteOpts {
                 dry_run: del.dry_run,
+                caller: del.caller.clone().map(|c| Caller {
+                    collection: true,
+                    ..c
+                }),
                 ..Default::default()
             };
             match self.delete(rt, version, item_ns.as_deref(), &name, &one) {
@@ -1685,7 +1745,18 @@ impl Store {
     }
 
     /// `POST pods/<name>/eviction`: deletes the pod unless a PodDisruptionBudget forbids it.
-    pub fn evict(&mut self, ns: &str, name: &str, body: &Value, dry_run: bool) -> ApiResult<Value> {
+    ///
+    /// Admission judges it as a CREATE of `pods/eviction` (kind `policy/v1`
+    /// Eviction) before the pod is looked up; the deletion that follows is
+    /// not judged again, as on the real server.
+    pub fn evict(
+        &mut self,
+        ns: &str,
+        name: &str,
+        body: &Value,
+        dry_run: bool,
+        caller: Option<&Caller>,
+    ) -> ApiResult<Value> {
         let pods = self.types[&(String::new(), "pods".to_string())].clone();
         if let Some(n) = meta_str(body, "name")
             && n != name
@@ -1694,6 +1765,15 @@ impl Store {
                 "name in URL does not match name in Eviction object: {name} != {n}"
             )));
         }
+        let target = Target {
+            kind: ("policy", "v1", "Eviction"),
+            resource: ("", "v1", "pods"),
+            sub_resource: "eviction",
+            name,
+            namespace: ns,
+            operation: Op::Create,
+        };
+        self.admit(caller, &target, None, Some(body), None)?;
         let pod = self.get(&pods, "v1", Some(ns), name)?;
         let del = DeleteOpts::from_body(body.get("deleteOptions").unwrap_or(&Value::Null), dry_run);
         let phase = pod
@@ -1712,6 +1792,267 @@ impl Store {
             "status": "Success",
             "code": 201,
         }))
+    }
+
+    /// What a write of `rt` at `version` is to, for admission (name and
+    /// namespace still to be filled in).
+    fn target<'a>(
+        rt: &'a ResourceType,
+        version: &'a str,
+        scope: Scope,
+        operation: Op,
+    ) -> Target<'a> {
+        Target {
+            kind: (&rt.group, version, &rt.kind),
+            resource: (&rt.group, version, &rt.plural),
+            sub_resource: match scope {
+                Scope::Main => "",
+                Scope::Status => "status",
+            },
+            name: "",
+            namespace: "",
+            operation,
+        }
+    }
+
+    /// Judges one write by every ValidatingAdmissionPolicy and each of its
+    /// bindings (by name), as the API server's policy plugin does; the first
+    /// refusal is the answer. `object` and `old` are stored objects when
+    /// `served` names their type (they are judged as served at that
+    /// version), else as given. No caller: the emulator's own write.
+    fn admit(
+        &self,
+        caller: Option<&Caller>,
+        target: &Target<'_>,
+        served: Option<(&ResourceType, &str)>,
+        object: Option<&Value>,
+        old: Option<&Value>,
+    ) -> ApiResult<()> {
+        let Some(caller) = caller else {
+            return Ok(());
+        };
+        let bound = self.bound_policies();
+        if bound.is_empty() {
+            return Ok(());
+        }
+        let convert = |v: Option<&Value>| {
+            v.map(|v| match served {
+                Some((rt, version)) => Self::output(rt, version, v),
+                None => v.clone(),
+            })
+        };
+        let object = convert(object);
+        let old = convert(old);
+        let mut target = target.clone();
+        // The API server gives a Namespace's requests (other than its
+        // create) the namespace of its own name.
+        if target.kind == ("", "v1", "Namespace") && target.operation != Op::Create {
+            target.namespace = target.name;
+        }
+        let request = target.request(caller, object.as_ref(), old.as_ref());
+        let namespace = self.namespace_object(target.namespace);
+        for (policy, bindings) in &bound {
+            for binding in bindings {
+                let lookup = self.param_for(policy, binding, target.namespace);
+                let param = match &lookup {
+                    Ok(Some(v)) => Param::Found(v),
+                    Ok(None) => Param::Missing,
+                    Err(e) => Param::Error(e),
+                };
+                let inputs = admission::Inputs {
+                    request: &request,
+                    namespace: namespace.as_ref(),
+                    param,
+                };
+                if let Verdict::Denied {
+                    code,
+                    reason,
+                    message,
+                    ..
+                } = admission::evaluate(policy, binding, &inputs)
+                {
+                    return Err(Self::denial(
+                        &request,
+                        object.as_ref(),
+                        code,
+                        &reason,
+                        message,
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Every policy with the bindings that name it, by name; objects that do
+    /// not decode as their type are skipped.
+    fn bound_policies(
+        &self,
+    ) -> Vec<(
+        k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy,
+        Vec<k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding>,
+    )> {
+        const GROUP: &str = "admissionregistration.k8s.io";
+        let of = |resource: &'static str| {
+            let start = ObjKey {
+                group: GROUP.into(),
+                resource: resource.into(),
+                namespace: String::new(),
+                name: String::new(),
+            };
+            self.objects
+                .range(start..)
+                .take_while(move |(k, _)| k.group == GROUP && k.resource == resource)
+                .map(|(k, s)| (k.name.clone(), s.value.clone()))
+        };
+        let mut bindings = Vec::new();
+        for (name, v) in of("validatingadmissionpolicybindings") {
+            match serde_json::from_value::<
+                k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding,
+            >(v)
+            {
+                Ok(b) => bindings.push(b),
+                Err(e) => tracing::warn!("ValidatingAdmissionPolicyBinding {name} skipped: {e}"),
+            }
+        }
+        if bindings.is_empty() {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        for (name, v) in of("validatingadmissionpolicies") {
+            let policy = match serde_json::from_value::<
+                k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy,
+            >(v)
+            {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::warn!("ValidatingAdmissionPolicy {name} skipped: {e}");
+                    continue;
+                }
+            };
+            let mine: Vec<_> = bindings
+                .iter()
+                .filter(|b| {
+                    b.spec.as_ref().and_then(|s| s.policy_name.as_deref()) == Some(name.as_str())
+                })
+                .cloned()
+                .collect();
+            if !mine.is_empty() {
+                out.push((policy, mine));
+            }
+        }
+        out
+    }
+
+    /// The param `binding` names for a request in `request_ns`: the object
+    /// as its `paramKind` version serves it, `None` if it does not exist (or
+    /// none is needed), or why the binding cannot name one.
+    fn param_for(
+        &self,
+        policy: &k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy,
+        binding: &k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding,
+        request_ns: &str,
+    ) -> Result<Option<Value>, String> {
+        let kind = policy.spec.as_ref().and_then(|s| s.param_kind.as_ref());
+        let param_ref = binding.spec.as_ref().and_then(|s| s.param_ref.as_ref());
+        let (Some(kind), Some(param_ref)) = (kind, param_ref) else {
+            return Ok(None);
+        };
+        let api_version = kind.api_version.as_deref().unwrap_or_default();
+        let kind = kind.kind.as_deref().unwrap_or_default();
+        let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+        let Some(rt) = self
+            .types
+            .values()
+            .find(|t| t.group == group && t.kind == kind && t.serves(version))
+        else {
+            return Err(format!(
+                "paramKind kind `{api_version}, Kind={kind}` not known"
+            ));
+        };
+        let Some(name) = param_ref.name.as_deref().filter(|n| !n.is_empty()) else {
+            return Err("paramRef.selector is not supported by kube-emulator".into());
+        };
+        let given = param_ref.namespace.as_deref().filter(|n| !n.is_empty());
+        let namespace = match (rt.namespaced, given) {
+            (true, Some(n)) => n,
+            (true, None) if !request_ns.is_empty() => request_ns,
+            (true, None) => {
+                return Err("cannot use namespaced paramRef in policy binding that matches                             cluster-scoped resources"
+                    .into());
+            }
+            (false, Some(_)) => {
+                return Err(
+                    "paramRef.namespace must not be provided for a cluster-scoped `paramKind`"
+                        .into(),
+                );
+            }
+            (false, None) => "",
+        };
+        Ok(self.get(rt, version, Some(namespace), name).ok())
+    }
+
+    /// The Namespace object `name`, if there is one.
+    fn namespace_object(&self, name: &str) -> Option<Value> {
+        if name.is_empty() {
+            return None;
+        }
+        let key = ObjKey {
+            group: String::new(),
+            resource: "namespaces".into(),
+            namespace: String::new(),
+            name: name.to_string(),
+        };
+        self.objects.get(&key).map(|s| s.value.clone())
+    }
+
+    /// A policy's refusal as the API server answers it: a Forbidden error on
+    /// the object, with the policy's code and reason, and its message as the
+    /// one cause.
+    fn denial(
+        request: &Value,
+        object: Option<&Value>,
+        code: u16,
+        reason: &str,
+        message: String,
+    ) -> ApiError {
+        let group = request
+            .pointer("/resource/group")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let resource = request
+            .pointer("/resource/resource")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let from_object = |field: &str| {
+            object
+                .and_then(|o| meta_str(o, field))
+                .filter(|n| !n.is_empty())
+        };
+        let name = request
+            .get("name")
+            .and_then(Value::as_str)
+            .filter(|n| !n.is_empty())
+            .or_else(|| from_object("name"))
+            .or_else(|| from_object("generateName"))
+            .unwrap_or("Unknown");
+        let q = Qualified { group, resource };
+        let mut e = ApiError::new(
+            code,
+            reason,
+            format!("{q} \"{name}\" is forbidden: {message}"),
+        );
+        e.details.name = Some(name.to_owned());
+        if !group.is_empty() {
+            e.details.group = Some(group.to_owned());
+        }
+        e.details.kind = Some(resource.to_owned());
+        e.details.causes.push(Cause {
+            reason: String::new(),
+            message,
+            field: None,
+        });
+        e
     }
 
     fn check_disruption_budget(&self, ns: &str, pod: &Value) -> ApiResult<()> {
@@ -1939,6 +2280,7 @@ mod tests {
 
     fn ctx(m: &str) -> WriteCtx {
         WriteCtx {
+            caller: None,
             manager: m.into(),
             dry_run: false,
             validation: FieldCheck::new(Directive::Strict),
