@@ -480,6 +480,17 @@ async fn status_writes_and_evictions_are_judged_as_their_subresources() {
     pods.delete("p", &DeleteParams::default()).await.unwrap();
 }
 
+async fn set_failure_policy(policies: &Api<ValidatingAdmissionPolicy>, to: &str) {
+    policies
+        .patch(
+            "typo",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"failurePolicy": to}})),
+        )
+        .await
+        .unwrap();
+}
+
 #[tokio::test]
 async fn an_expression_error_fails_closed_unless_the_policy_ignores_it() {
     let emu = common::start().await;
@@ -519,14 +530,7 @@ async fn an_expression_error_fails_closed_unless_the_policy_ignores_it() {
     assert!(emu.get("v1", "ConfigMap", "default", "a").is_none());
     // The policies themselves are never judged: it can be fixed, or ignored.
     let policies: Api<ValidatingAdmissionPolicy> = Api::all(emu.client());
-    policies
-        .patch(
-            "typo",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"failurePolicy": "Ignore"}})),
-        )
-        .await
-        .unwrap();
+    set_failure_policy(&policies, "Ignore").await;
     cms.create(
         &PostParams::default(),
         &config_map("a", json!({}), json!({})),
@@ -535,14 +539,7 @@ async fn an_expression_error_fails_closed_unless_the_policy_ignores_it() {
     .unwrap();
     // A binding without Deny refuses nothing either.
     let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(emu.client());
-    policies
-        .patch(
-            "typo",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"failurePolicy": "Fail"}})),
-        )
-        .await
-        .unwrap();
+    set_failure_policy(&policies, "Fail").await;
     assert_eq!(
         api_error(
             cms.create(
