@@ -3,22 +3,25 @@
 //! Two ValidatingAdmissionPolicies. The first lets only the pod holding the
 //! leader Lease write Nodes other than its own, Services and the DeviceClass
 //! (gpu.amd.com only), and evict or delete Pods. The second keeps every agent
-//! to its own node's ResourceSlices of driver gpu.amd.com. Their CEL
-//! expressions are evaluated here with a CEL interpreter, the way the API
-//! server applies them: a request in the policy's `matchConstraints` whose
-//! `matchConditions` are all true is matched; a matched request is allowed
-//! when every validation is true (with the policy's `variables`, and the
-//! Lease as `params` for the first), and denied otherwise (or, for the first,
-//! when the Lease is missing: `parameterNotFoundAction: Deny`). The requests
-//! are AdmissionReviews as the API server sends them, in
+//! to its own node's ResourceSlices of driver gpu.amd.com. They are judged
+//! by the kube-emulator's evaluator (`kube_emulator::admission::judge`, the
+//! one the emulator applies to every write), the way the API server applies
+//! them: a request in the policy's `matchConstraints` has its params
+//! collected first (the first policy's Lease: when it is missing,
+//! `parameterNotFoundAction: Deny` refuses the request, before any match
+//! condition); then a request whose `matchConditions` are all true is
+//! matched, and allowed when every validation is true (with the policy's
+//! `variables`, and the Lease as `params`), denied otherwise. The requests are
+//! AdmissionReviews as the API server sends them, in
 //! tests/fixtures/admission/.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use k8s_openapi::api::admissionregistration::v1::{
-    NamedRuleWithOperations, ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
+use kube_emulator::admission::{self, Verdict};
 use serde_json::Value;
 
 const POLICY_FILE: &str = "deploy/15-admission-policy.yaml";
@@ -82,121 +85,28 @@ enum Decision {
     Denied,
 }
 
-/// Whether `rule` covers the request (group, version, resource[/subresource],
-/// operation), as `matchConstraints.resourceRules` are matched.
-fn rule_covers(rule: &NamedRuleWithOperations, request: &Value) -> bool {
-    let has = |list: &Option<Vec<String>>, value: &str| {
-        list.as_ref()
-            .is_some_and(|l| l.iter().any(|v| v == "*" || v == value))
-    };
-    let resource = &request["resource"];
-    let mut name = resource["resource"].as_str().unwrap_or("").to_owned();
-    if let Some(sub) = request["subResource"].as_str().filter(|s| !s.is_empty()) {
-        name = format!("{name}/{sub}");
-    }
-    has(&rule.api_groups, resource["group"].as_str().unwrap_or(""))
-        && has(
-            &rule.api_versions,
-            resource["version"].as_str().unwrap_or(""),
-        )
-        && has(&rule.resources, &name)
-        && has(
-            &rule.operations,
-            request["operation"].as_str().unwrap_or(""),
-        )
-}
-
-fn value(json: &Value) -> cel::Value {
-    cel::to_value(json).expect("JSON converts to a CEL value")
-}
-
-/// Evaluates one expression over `vars` and the policy's `variables` computed
-/// so far; an error is a failure of the test (the policy's expressions guard
-/// every optional field).
-fn eval_value(
-    expression: &str,
-    vars: &[(&str, &Value)],
-    variables: &HashMap<String, cel::Value>,
-) -> cel::Value {
-    let program = cel::Program::compile(expression)
-        .unwrap_or_else(|e| panic!("CEL does not compile: {expression}\n{e}"));
-    let mut context = cel::Context::default();
-    for (name, json) in vars {
-        context.add_variable_from_value(*name, value(json));
-    }
-    context.add_variable_from_value("variables", variables.clone());
-    program
-        .execute(&context)
-        .unwrap_or_else(|e| panic!("{expression}\n  failed: {e:?}"))
-}
-
-/// Evaluates one boolean expression.
-fn eval(
-    expression: &str,
-    vars: &[(&str, &Value)],
-    variables: &HashMap<String, cel::Value>,
-) -> bool {
-    match eval_value(expression, vars, variables) {
-        cel::Value::Bool(b) => b,
-        other => panic!("{expression}\n  evaluated to {other:?}, not a bool"),
-    }
-}
-
-/// The policy's decision on `review` with `lease` (None: the Lease does not
-/// exist). A policy without a `paramKind` takes no params: `lease` is unused.
-fn decide(policy: &ValidatingAdmissionPolicy, review: &Value, lease: Option<&Value>) -> Decision {
-    let spec = policy.spec.as_ref().unwrap();
-    let request = &review["request"];
-    let rules = spec
-        .match_constraints
-        .as_ref()
-        .and_then(|m| m.resource_rules.clone())
-        .unwrap_or_default();
-    if !rules.iter().any(|r| rule_covers(r, request)) {
-        return Decision::NotMatched;
-    }
-    let object = request.get("object").cloned().unwrap_or(Value::Null);
-    let old_object = request.get("oldObject").cloned().unwrap_or(Value::Null);
-    // Match conditions see the request and objects, not the params.
-    let vars = [
-        ("request", request),
-        ("object", &object),
-        ("oldObject", &old_object),
-    ];
-    let none = HashMap::new();
-    for condition in spec.match_conditions.iter().flatten() {
-        if !eval(&condition.expression, &vars, &none) {
-            return Decision::NotMatched;
-        }
-    }
-    let params = match (&spec.param_kind, lease) {
-        (None, _) => Value::Null,
-        (Some(_), Some(lease)) => lease.clone(),
-        // parameterNotFoundAction: Deny (checked in the binding test).
-        (Some(_), None) => return Decision::Denied,
-    };
-    let vars = [
-        ("request", request),
-        ("object", &object),
-        ("oldObject", &old_object),
-        ("params", &params),
-    ];
-    // Variables in order, each seeing those before it (the API server
-    // evaluates them lazily; none of these can fail).
-    let mut variables = HashMap::new();
-    for variable in spec.variables.iter().flatten() {
-        let v = eval_value(&variable.expression, &vars, &variables);
-        variables.insert(variable.name.clone(), v);
-    }
-    let all = spec
-        .validations
-        .iter()
-        .flatten()
-        .all(|v| eval(&v.expression, &vars, &variables));
-    if all {
-        Decision::Allowed
-    } else {
-        Decision::Denied
+/// The decision of `policy` through `binding` on `review` with `lease`
+/// (None: the Lease does not exist; a policy without a `paramKind` takes no
+/// params: `lease` is unused), by the emulator's evaluator, the one that
+/// judges the agents' writes in the emulator. An expression that fails to
+/// compile or evaluate is a failure of the test, not a denial: the policies'
+/// expressions guard every optional field, and a broken one must not pass
+/// for a refusal.
+fn decide(
+    policy: &ValidatingAdmissionPolicy,
+    binding: &ValidatingAdmissionPolicyBinding,
+    review: &Value,
+    lease: Option<&Value>,
+) -> Decision {
+    match admission::judge(&review["request"], policy, binding, lease) {
+        Verdict::NotMatched => Decision::NotMatched,
+        Verdict::Allowed => Decision::Allowed,
+        Verdict::Denied {
+            expression_error: true,
+            message,
+            ..
+        } => panic!("an expression errs: {message}"),
+        Verdict::Denied { .. } => Decision::Denied,
     }
 }
 
@@ -261,8 +171,12 @@ fn cases() -> Vec<(&'static str, Option<&'static str>, Decision)> {
         ),
         ("leader-creates-service.json", None, Denied),
         ("leader-applies-the-device-class.json", None, Denied),
-        // Own-node writes do not depend on the Lease.
-        ("non-leader-patches-its-own-node.json", None, NotMatched),
+        // Own-node writes depend on the Lease too: the API server collects
+        // the params before it evaluates any match condition, so without a
+        // Lease every write the rules cover is refused, the caller's own
+        // Node's included (and so are other users', the kubelet's and
+        // administrators': parameterNotFoundAction applies to all).
+        ("non-leader-patches-its-own-node.json", None, Denied),
     ]
 }
 
@@ -308,11 +222,11 @@ fn slice_cases() -> Vec<(&'static str, Decision)> {
 
 #[test]
 fn only_the_lease_holder_writes_other_nodes_and_services() {
-    let (policy, _) = policy(LEADER_POLICY);
+    let (policy, binding) = policy(LEADER_POLICY);
     let mut failures = Vec::new();
     for (review, lease, expected) in cases() {
         let lease_doc = lease.map(fixture);
-        let got = decide(&policy, &fixture(review), lease_doc.as_ref());
+        let got = decide(&policy, &binding, &fixture(review), lease_doc.as_ref());
         if got != expected {
             failures.push(format!(
                 "{review} with {}: {got:?}, expected {expected:?}",
@@ -325,10 +239,10 @@ fn only_the_lease_holder_writes_other_nodes_and_services() {
 
 #[test]
 fn each_agent_writes_only_its_own_nodes_resource_slices() {
-    let (policy, _) = policy(SLICES_POLICY);
+    let (policy, binding) = policy(SLICES_POLICY);
     let mut failures = Vec::new();
     for (review, expected) in slice_cases() {
-        let got = decide(&policy, &fixture(review), None);
+        let got = decide(&policy, &binding, &fixture(review), None);
         if got != expected {
             failures.push(format!("{review}: {got:?}, expected {expected:?}"));
         }
@@ -340,12 +254,12 @@ fn each_agent_writes_only_its_own_nodes_resource_slices() {
 fn each_policy_leaves_the_others_requests_alone() {
     // What the API server decides is every matching policy's verdict; each
     // fixture is judged above by one policy, and the other must not match it.
-    let (leader, _) = policy(LEADER_POLICY);
-    let (slices, _) = policy(SLICES_POLICY);
+    let (leader, leader_binding) = policy(LEADER_POLICY);
+    let (slices, slices_binding) = policy(SLICES_POLICY);
     let lease = fixture("lease.json");
     for (review, _, _) in cases() {
         assert_eq!(
-            decide(&slices, &fixture(review), None),
+            decide(&slices, &slices_binding, &fixture(review), None),
             Decision::NotMatched,
             "{review}: the slices policy"
         );
@@ -354,7 +268,7 @@ fn each_policy_leaves_the_others_requests_alone() {
         // With or without a Lease: slices are node work, never the leader's.
         for l in [Some(&lease), None] {
             assert_eq!(
-                decide(&leader, &fixture(review), l),
+                decide(&leader, &leader_binding, &fixture(review), l),
                 Decision::NotMatched,
                 "{review}: the leader-only policy"
             );
@@ -553,5 +467,21 @@ fn the_policies_and_fixtures_spell_the_driver_as_the_code_does() {
     assert_eq!(
         review["request"]["options"]["fieldManager"],
         gpu_operator::api::field_manager::DRA
+    );
+}
+
+#[test]
+#[should_panic(expected = "an expression errs")]
+fn an_expression_that_errs_fails_these_tests() {
+    // The evaluator denies on an error (failurePolicy: Fail); `decide` must
+    // not count that as the policy's refusal.
+    let (mut policy, binding) = policy(LEADER_POLICY);
+    let validations = policy.spec.as_mut().unwrap().validations.as_mut().unwrap();
+    validations[0].expression = "params.spec.noSuchField == 'x'".into();
+    decide(
+        &policy,
+        &binding,
+        &fixture("leader-creates-service.json"),
+        Some(&fixture("lease.json")),
     );
 }
