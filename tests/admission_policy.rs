@@ -7,9 +7,10 @@
 //! by the kube-emulator's evaluator (`kube_emulator::admission::judge`, the
 //! one the emulator applies to every write), the way the API server applies
 //! them: a request in the policy's `matchConstraints` has its params
-//! collected first (the first policy's Lease: when it is missing,
-//! `parameterNotFoundAction: Deny` refuses the request, before any match
-//! condition); then a request whose `matchConditions` are all true is
+//! collected first (the first policy's Lease, which the file creates: were
+//! it missing, `parameterNotFoundAction: Allow` lets the request through
+//! rather than refuse every user's, before any match condition); then a
+//! request whose `matchConditions` are all true is
 //! matched, and allowed when every validation is true (with the policy's
 //! `variables`, and the Lease as `params`), denied otherwise. The requests are
 //! AdmissionReviews as the API server sends them, in
@@ -47,7 +48,11 @@ fn fixture(name: &str) -> Value {
 fn policies() -> Vec<(ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding)> {
     let text = std::fs::read_to_string(repo().join(POLICY_FILE)).unwrap();
     let docs: Vec<Value> = serde_saphyr::from_multiple(&text).unwrap();
-    let docs: Vec<Value> = docs.into_iter().filter(|d| !d.is_null()).collect();
+    // The Lease the first policy reads comes first (the_file_creates_the_lease_it_reads).
+    let docs: Vec<Value> = docs
+        .into_iter()
+        .filter(|d| !d.is_null() && d["kind"] != "Lease")
+        .collect();
     assert_eq!(
         docs.len(),
         4,
@@ -158,7 +163,47 @@ fn cases() -> Vec<(&'static str, Option<&'static str>, Decision)> {
             NotMatched,
         ),
         ("admin-creates-a-device-class.json", lease, NotMatched),
-        // Nobody leads: a released Lease, or none at all.
+        // DeviceConfigs: the leader writes status and its own finalizer,
+        // and nothing else; a non-leader writes nothing; an administrator
+        // is not matched.
+        ("leader-patches-deviceconfig-status.json", lease, Allowed),
+        ("leader-adds-its-finalizer.json", lease, Allowed),
+        ("leader-removes-its-finalizer.json", lease, Allowed),
+        ("leader-patches-deviceconfig-spec.json", lease, Denied),
+        ("leader-changes-spec-through-status.json", lease, Denied),
+        ("leader-labels-a-deviceconfig.json", lease, Denied),
+        ("leader-annotates-a-deviceconfig.json", lease, Denied),
+        ("leader-adds-an-owner-reference.json", lease, Denied),
+        ("leader-removes-another-finalizer.json", lease, Denied),
+        ("leader-deletes-a-deviceconfig.json", lease, Denied),
+        ("non-leader-patches-deviceconfig-spec.json", lease, Denied),
+        ("non-leader-patches-deviceconfig-status.json", lease, Denied),
+        ("non-leader-adds-the-finalizer.json", lease, Denied),
+        ("non-leader-removes-the-finalizer.json", lease, Denied),
+        ("admin-patches-deviceconfig-spec.json", lease, NotMatched),
+        // The RemediationWorkflowStatus is the leader's.
+        (
+            "leader-creates-remediation-workflow-status.json",
+            lease,
+            Allowed,
+        ),
+        (
+            "leader-patches-remediation-workflow-status.json",
+            lease,
+            Allowed,
+        ),
+        (
+            "non-leader-creates-remediation-workflow-status.json",
+            lease,
+            Denied,
+        ),
+        (
+            "non-leader-patches-remediation-workflow-status.json",
+            lease,
+            Denied,
+        ),
+        // Nobody leads: a released Lease (as the file creates it, held by
+        // nobody) refuses the leader's rights to every agent.
         (
             "leader-patches-another-node.json",
             Some("lease-released.json"),
@@ -169,14 +214,20 @@ fn cases() -> Vec<(&'static str, Option<&'static str>, Decision)> {
             Some("lease-released.json"),
             Denied,
         ),
-        ("leader-creates-service.json", None, Denied),
-        ("leader-applies-the-device-class.json", None, Denied),
-        // Own-node writes depend on the Lease too: the API server collects
-        // the params before it evaluates any match condition, so without a
-        // Lease every write the rules cover is refused, the caller's own
-        // Node's included (and so are other users', the kubelet's and
-        // administrators': parameterNotFoundAction applies to all).
-        ("non-leader-patches-its-own-node.json", None, Denied),
+        (
+            "non-leader-patches-deviceconfig-status.json",
+            Some("lease-released.json"),
+            Denied,
+        ),
+        // No Lease at all (a person deleted it; agents cannot): the API
+        // server collects the params before it evaluates any match
+        // condition, so parameterNotFoundAction applies to every user.
+        // Allow keeps the kubelets' and administrators' writes going; the
+        // gap lasts until the next election creates the Lease.
+        ("leader-creates-service.json", None, Allowed),
+        ("non-leader-patches-another-node.json", None, Allowed),
+        ("kubelet-patches-node-status.json", None, Allowed),
+        ("admin-patches-a-node.json", None, Allowed),
     ]
 }
 
@@ -350,7 +401,43 @@ fn the_leaders_identity_is_the_node_and_pod_the_token_names() {
 }
 
 #[test]
-fn the_binding_uses_the_leader_lease_and_denies_without_it() {
+fn the_file_creates_the_lease_it_reads_held_by_nobody() {
+    let text = std::fs::read_to_string(repo().join(POLICY_FILE)).unwrap();
+    let docs: Vec<Value> = serde_saphyr::from_multiple(&text).unwrap();
+    let docs: Vec<&Value> = docs.iter().filter(|d| !d.is_null()).collect();
+    // First, so that it exists before the policy that reads it is bound.
+    assert_eq!(docs[0]["kind"], "Lease", "{POLICY_FILE}: the Lease first");
+    let lease: k8s_openapi::api::coordination::v1::Lease =
+        serde_json::from_value(docs[0].clone()).unwrap();
+    assert_eq!(
+        lease.metadata.name.as_deref(),
+        Some(gpu_operator::cluster::lease::DEFAULT_LEASE_NAME)
+    );
+    assert_eq!(lease.metadata.namespace.as_deref(), Some("kube-amd-gpu"));
+    assert!(
+        lease
+            .spec
+            .as_ref()
+            .is_none_or(|s| s.holder_identity.is_none()),
+        "held by nobody until an election"
+    );
+    // As the file creates it, it refuses the leader's rights to every agent.
+    let (policy, binding) = policy(LEADER_POLICY);
+    let as_created = serde_json::to_value(&lease).unwrap();
+    for review in [
+        "leader-patches-another-node.json",
+        "leader-patches-deviceconfig-status.json",
+    ] {
+        assert_eq!(
+            decide(&policy, &binding, &fixture(review), Some(&as_created)),
+            Decision::Denied,
+            "{review}"
+        );
+    }
+}
+
+#[test]
+fn the_binding_uses_the_leader_lease_and_allows_without_it() {
     let (policy, binding) = policy(LEADER_POLICY);
     let spec = policy.spec.as_ref().unwrap();
     let param = spec.param_kind.as_ref().unwrap();
@@ -371,7 +458,7 @@ fn the_binding_uses_the_leader_lease_and_denies_without_it() {
     assert_eq!(param_ref.namespace.as_deref(), Some("kube-amd-gpu"));
     assert_eq!(
         param_ref.parameter_not_found_action.as_deref(),
-        Some("Deny")
+        Some("Allow")
     );
     // The DaemonSet's agents run as the user the policy is scoped to.
     let conditions: BTreeMap<String, String> = spec
@@ -484,4 +571,74 @@ fn an_expression_that_errs_fails_these_tests() {
         &fixture("leader-creates-service.json"),
         Some(&fixture("lease.json")),
     );
+}
+
+/// The writes only the leader makes, as RBAC grants them to every agent
+/// (group, resource, verb). Each must be granted by deploy/10-rbac.yaml (so
+/// that this list follows it) and matched by the leader-only policy, so
+/// that an agent that does not lead cannot use it.
+const LEADER_WRITES: &[(&str, &str, &str)] = &[
+    ("", "nodes", "patch"),
+    ("", "nodes/status", "patch"),
+    ("", "services", "create"),
+    ("", "services", "patch"),
+    ("", "services", "delete"),
+    ("monitoring.coreos.com", "servicemonitors", "create"),
+    ("monitoring.coreos.com", "servicemonitors", "patch"),
+    ("monitoring.coreos.com", "servicemonitors", "delete"),
+    ("amd.com", "deviceconfigs", "patch"),
+    ("amd.com", "deviceconfigs/status", "patch"),
+    ("amd.com", "remediationworkflowstatuses", "create"),
+    ("amd.com", "remediationworkflowstatuses/status", "patch"),
+    ("resource.k8s.io", "deviceclasses", "create"),
+    ("resource.k8s.io", "deviceclasses", "patch"),
+    ("resource.k8s.io", "deviceclasses", "delete"),
+];
+
+#[test]
+fn every_write_only_the_leader_makes_is_granted_and_narrowed_to_the_lease_holder() {
+    let text = std::fs::read_to_string(repo().join("deploy/10-rbac.yaml")).unwrap();
+    let docs: Vec<Value> = serde_saphyr::from_multiple(&text).unwrap();
+    let rules: Vec<&Value> = docs
+        .iter()
+        .filter(|d| d["kind"] == "ClusterRole" || d["kind"] == "Role")
+        .flat_map(|d| d["rules"].as_array().into_iter().flatten())
+        .collect();
+    let listed = |rule: &Value, field: &str, value: &str| {
+        rule[field]
+            .as_array()
+            .is_some_and(|l| l.iter().any(|v| v == value || v == "*"))
+    };
+    let (policy, _) = policy(LEADER_POLICY);
+    let constraints = policy
+        .spec
+        .as_ref()
+        .and_then(|s| s.match_constraints.as_ref())
+        .and_then(|m| m.resource_rules.clone())
+        .unwrap_or_default();
+    for (group, resource, verb) in LEADER_WRITES {
+        assert!(
+            rules.iter().any(|r| listed(r, "apiGroups", group)
+                && listed(r, "resources", resource)
+                && listed(r, "verbs", verb)),
+            "{group}/{resource} {verb}: not granted by deploy/10-rbac.yaml (stale list?)"
+        );
+        // A patch is an UPDATE to admission (or a CREATE when an apply
+        // makes the object).
+        let operation = match *verb {
+            "create" => "CREATE",
+            "delete" => "DELETE",
+            _ => "UPDATE",
+        };
+        let has = |list: &Option<Vec<String>>, value: &str| {
+            list.as_ref()
+                .is_some_and(|l| l.iter().any(|v| v == value || v == "*"))
+        };
+        assert!(
+            constraints.iter().any(|rule| has(&rule.api_groups, group)
+                && has(&rule.resources, resource)
+                && has(&rule.operations, operation)),
+            "{group}/{resource} {operation}: every agent may, and the leader-only policy does not match it"
+        );
+    }
 }

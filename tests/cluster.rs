@@ -130,7 +130,38 @@ impl Fleet {
 
     /// As [`Fleet::start`], but the nodes in `no_kubelet` have no kubelet (yet).
     async fn start_without_kubelet_on(node_labels: &[Value], no_kubelet: &[usize]) -> Self {
+        Self::build(node_labels, no_kubelet, false).await
+    }
+
+    /// As [`Fleet::start`], with deploy/15-admission-policy.yaml in force and
+    /// each agent sending its own pod's token: the operator's ServiceAccount,
+    /// its node and pod named in the token, as the kubelet mints it.
+    async fn start_under_the_admission_policy(node_labels: &[Value]) -> Self {
+        Self::build(node_labels, &[], true).await
+    }
+
+    /// The identity of member `i`'s pod (its current incarnation).
+    fn agent_user(&self, i: usize) -> kube_emulator::UserInfo {
+        let member = &self.members[i];
+        let pod = format!("pod-{i}-{}", member.restarts.saturating_sub(1));
+        kube_emulator::UserInfo::service_account(NS, "gpu-operator")
+            .with_extra("authentication.kubernetes.io/node-name", &[&member.name])
+            .with_extra("authentication.kubernetes.io/pod-name", &[&pod])
+    }
+
+    async fn build(node_labels: &[Value], no_kubelet: &[usize], under_policy: bool) -> Self {
         let cluster = TestCluster::start().await;
+        if under_policy {
+            let text = std::fs::read_to_string(
+                std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                    .join("deploy/15-admission-policy.yaml"),
+            )
+            .unwrap();
+            let docs: Vec<Value> = serde_saphyr::from_multiple(&text).unwrap();
+            for doc in docs.into_iter().filter(|d| !d.is_null()) {
+                cluster.create(doc).expect("the policy file applies");
+            }
+        }
         let mut members = Vec::new();
         for (i, labels) in node_labels.iter().enumerate() {
             let name = format!("node-{i}");
@@ -157,7 +188,14 @@ impl Fleet {
         }
         let mut fleet = Self { cluster, members };
         for i in 0..fleet.members.len() {
-            fleet.spawn(i, None);
+            let client = under_policy.then(|| {
+                // The identity spawn gives the pod: pod-<i>-<restarts>.
+                fleet.members[i].restarts += 1;
+                let user = fleet.agent_user(i);
+                fleet.members[i].restarts -= 1;
+                fleet.cluster.client_as(&user)
+            });
+            fleet.spawn(i, client);
         }
         fleet
     }
@@ -308,6 +346,138 @@ fn condition<'a>(status: &'a Value, type_: &str) -> &'a Value {
         .as_array()
         .and_then(|cs| cs.iter().find(|c| c["type"] == type_))
         .unwrap_or(&Value::Null)
+}
+
+/// deploy/15-admission-policy.yaml in force, the API server's way (the
+/// emulator judges every write): the real leader, sending its pod's token,
+/// adds its finalizer and writes the DeviceConfig's status; the other
+/// agent's writes to the DeviceConfig, its spec, status or finalizer, are
+/// refused, and so is any change of spec or labels by the leader itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_the_admission_policy_only_the_leader_writes_device_config_status_and_finalizer() {
+    let labels = [json!({"gpu": "yes"}), json!({"gpu": "yes"})];
+    let mut fleet = Fleet::start_under_the_admission_policy(&labels).await;
+    let (leader, _) = fleet.wait_holder(None).await;
+    fleet
+        .apply(
+            "gpus",
+            json!({"selector": {"gpu": "yes"}, "devicePlugin": {},
+                   "driver": {"enable": false, "version": "6.4.1"}}),
+        )
+        .await;
+    fleet
+        .eventually(
+            "the leader's status and finalizer, under the policy",
+            async |f| {
+                let s = f.status_of("gpus").await;
+                let dc = f.configs().get("gpus").await.unwrap();
+                condition(&s, "Ready")["status"] == "True"
+                    && s["observedGeneration"] == 1
+                    && dc
+                        .metadata
+                        .finalizers
+                        .unwrap_or_default()
+                        .contains(&FINALIZER.to_string())
+            },
+        )
+        .await;
+    let leading = fleet.index_of(&leader);
+    let other = 1 - leading;
+    let as_agent = |i: usize| -> Api<DeviceConfig> {
+        Api::namespaced(fleet.cluster.client_as(&fleet.agent_user(i)), NS)
+    };
+    let refused = |result: Result<DeviceConfig, kube::Error>, what: &str| match result {
+        Err(kube::Error::Api(status)) => {
+            assert_eq!(status.code, 403, "{what}: {status:?}");
+            assert!(
+                status
+                    .message
+                    .contains("ValidatingAdmissionPolicy 'gpu-operator-leader-only'"),
+                "{what}: {}",
+                status.message
+            );
+        }
+        other => panic!("{what}: not refused: {other:?}"),
+    };
+    let merge = |v: Value| Patch::Merge(v);
+    let params = PatchParams::default();
+    let not_leading = as_agent(other);
+    refused(
+        not_leading
+            .patch(
+                "gpus",
+                &params,
+                &merge(json!({"spec": {"driver": {"version": "9.9.9"}}})),
+            )
+            .await,
+        "a non-leader's spec change",
+    );
+    refused(
+        not_leading
+            .patch_status(
+                "gpus",
+                &params,
+                &merge(json!({"status": {"observedGeneration": 9}})),
+            )
+            .await,
+        "a non-leader's status write",
+    );
+    refused(
+        not_leading
+            .patch(
+                "gpus",
+                &params,
+                &merge(json!({"metadata": {"finalizers": null}})),
+            )
+            .await,
+        "a non-leader's finalizer removal",
+    );
+    let leading_api = as_agent(leading);
+    refused(
+        leading_api
+            .patch(
+                "gpus",
+                &params,
+                &merge(json!({"spec": {"driver": {"version": "9.9.9"}}})),
+            )
+            .await,
+        "the leader's spec change",
+    );
+    refused(
+        leading_api
+            .patch(
+                "gpus",
+                &params,
+                &merge(json!({"metadata": {"labels": {"x": "y"}}})),
+            )
+            .await,
+        "the leader's label",
+    );
+    // Nothing of it landed; an administrator's change still does.
+    let dc = fleet.configs().get("gpus").await.unwrap();
+    assert_eq!(dc.spec.driver().version.as_deref(), Some("6.4.1"));
+    assert!(
+        dc.metadata
+            .finalizers
+            .unwrap_or_default()
+            .contains(&FINALIZER.to_string())
+    );
+    fleet
+        .configs()
+        .patch(
+            "gpus",
+            &params,
+            &merge(json!({"spec": {"driver": {"version": "6.4.2"}}})),
+        )
+        .await
+        .expect("an administrator is not matched");
+    fleet
+        .eventually(
+            "the leader reconciles the administrator's change",
+            async |f| f.status_of("gpus").await["observedGeneration"] == 2,
+        )
+        .await;
+    fleet.stop_all().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

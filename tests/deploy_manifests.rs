@@ -193,6 +193,9 @@ fn every_manifest_is_a_known_kind_and_round_trips() {
                 drop(typed::<ValidatingAdmissionPolicyBinding>(m))
             }
             "NetworkPolicy" => drop(typed::<NetworkPolicy>(m)),
+            // The leader Lease the admission policy reads, held by nobody
+            // (checked in tests/admission_policy.rs).
+            "Lease" => drop(typed::<k8s_openapi::api::coordination::v1::Lease>(m)),
             // Checked with the DeviceConfig rules in its own test.
             "DeviceConfig" => {}
             other => panic!("{}: kind {other:?} has no check here; add one", m.file),
@@ -1044,7 +1047,8 @@ const NEEDS: &[Need] = &[
     need("amd.com", "deviceconfigs", "list", Scope::Cluster),
     need("amd.com", "deviceconfigs", "watch", Scope::Cluster),
     // patch: patch_finalizers (src/cluster/reconcile.rs), on whatever the
-    // Controller sees.
+    // Controller sees; deploy/15-admission-policy.yaml narrows it to the
+    // Lease holder's own finalizer (tests/admission_policy.rs).
     need("amd.com", "deviceconfigs", "patch", Scope::Cluster),
     // Status: reconcile (src/cluster/reconcile.rs).
     need("amd.com", "deviceconfigs/status", "patch", Scope::Cluster),
