@@ -504,6 +504,15 @@ async fn a_budget_that_blocks_the_drain_fails_that_node_by_name_and_the_others_f
     let mut spec = rolling(1, json!(2), false, TO);
     spec["driver"]["upgradePolicy"]["nodeDrainPolicy"] = json!({"timeoutSeconds": 3});
     fleet.apply(spec).await;
+    // While gpu-0 drains, the next node waits, and its record says for
+    // which limit (what `upgrade status` shows under BLOCKED BY).
+    fleet
+        .eventually("gpu-1 says why it is not picked", ROLLOUT, |f| {
+            f.node("gpu-1")["metadata"]["annotations"]["operator.amd.com/gpu-driver-upgrade"]
+                .as_str()
+                .is_some_and(|r| r.contains("maxParallelUpgrades allows 1"))
+        })
+        .await;
     fleet
         .eventually("gpu-0 failed, the others done", ROLLOUT, |f| {
             f.state("gpu-0").as_deref() == Some("Drain-Failed")

@@ -92,6 +92,24 @@ async fn status(args: UpgradeStatusArgs) -> ExitCode {
             "{}",
             serde_json::to_string_pretty(&rows).unwrap_or_default()
         ),
+        OutputFormat::Table if rows.is_empty() => {
+            let managing = configs
+                .iter()
+                .filter(|dc| dc.spec.is_enabled(crate::api::Operand::Driver))
+                .count();
+            if managing == 0 {
+                println!(
+                    "no DeviceConfig{} manages the driver (spec.driver.enable): there is no \
+                     driver upgrade to show",
+                    args.namespace
+                        .as_deref()
+                        .map(|ns| format!(" in {ns}"))
+                        .unwrap_or_default()
+                );
+            } else {
+                println!("{managing} DeviceConfig(s) manage the driver, and they select no node");
+            }
+        }
         OutputFormat::Table => {
             for dc in &configs {
                 if let Some(line) = summary_line(dc, &rows) {

@@ -425,7 +425,26 @@ pub fn plan(target: &str, policy: &Policy, nodes: &[NodeFacts]) -> Plan {
                     if node.reason.as_deref() != Some(reason.as_str()) {
                         decision.reason = Some(reason);
                     }
-                } else if pickable && parallel_ok && (counted || unavailable < unavailable_cap) {
+                } else if pickable && !(parallel_ok && (counted || unavailable < unavailable_cap)) {
+                    // It waits for room: say which limit holds it, in
+                    // words that do not change with the count, so that the
+                    // record is written once per wait.
+                    let reason = if parallel_ok {
+                        format!(
+                            "not picked yet: maxUnavailableNodes allows {unavailable_cap} node(s) \
+                             unavailable at once, and that many are"
+                        )
+                    } else {
+                        format!(
+                            "not picked yet: maxParallelUpgrades allows {} upgrade(s) at once, \
+                             and that many are under way",
+                            policy.max_parallel
+                        )
+                    };
+                    if node.reason.as_deref() != Some(reason.as_str()) {
+                        decision.reason = Some(reason);
+                    }
+                } else if pickable {
                     if let Some(why) = cannot_replace(policy, node) {
                         // Failed before anything is done to it: a person acts.
                         state = Some(UpgradeState::Failed);
@@ -635,6 +654,23 @@ mod tests {
             .collect()
     }
 
+    /// The nodes whose state changes.
+    fn moved(plan: &Plan) -> Vec<(String, Option<UpgradeState>)> {
+        states(plan)
+            .into_iter()
+            .filter(|(_, s)| s.is_some())
+            .collect()
+    }
+
+    /// The nodes that wait to be picked, and the reason each gives.
+    fn waiting_reasons(plan: &Plan) -> Vec<(String, String)> {
+        plan.decisions
+            .iter()
+            .filter(|d| d.state.is_none())
+            .filter_map(|d| Some((d.node.clone(), d.reason.clone()?)))
+            .collect()
+    }
+
     #[test]
     fn max_unavailable_reads_counts_and_rounds_percentages_up() {
         let parse = |v: IntOrString| MaxUnavailable::parse(&v);
@@ -683,8 +719,20 @@ mod tests {
             })
             .collect();
         let second = plan(TARGET, &p, &waiting);
+        // The others wait, and their records say for which limit.
+        let waits = waiting_reasons(&second);
         assert_eq!(
-            states(&second),
+            waits.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(),
+            ["n3", "n4", "n5"]
+        );
+        assert!(
+            waits
+                .iter()
+                .all(|(_, why)| why.contains("maxParallelUpgrades allows 2")),
+            "{waits:?}"
+        );
+        assert_eq!(
+            moved(&second),
             [
                 ("n1".into(), Some(UpgradeState::Started)),
                 ("n2".into(), Some(UpgradeState::Started)),
@@ -706,7 +754,24 @@ mod tests {
         busy[1].holds_cordon = true;
         busy[1].cordoned_before = Some(false);
         let third = plan(TARGET, &policy(0, MaxUnavailable::Count(3)), &busy);
-        assert_eq!(states(&third), [("n3".into(), Some(UpgradeState::Started))]);
+        assert_eq!(moved(&third), [("n3".into(), Some(UpgradeState::Started))]);
+        let waits = waiting_reasons(&third);
+        assert!(
+            !waits.is_empty()
+                && waits
+                    .iter()
+                    .all(|(_, why)| why.contains("maxUnavailableNodes allows 3")),
+            "{waits:?}"
+        );
+        // A wait already recorded is not written again.
+        let mut recorded = busy.clone();
+        for node in &mut recorded {
+            if let Some((_, why)) = waits.iter().find(|(n, _)| *n == node.name) {
+                node.reason = Some(why.clone());
+            }
+        }
+        let again = plan(TARGET, &policy(0, MaxUnavailable::Count(3)), &recorded);
+        assert!(waiting_reasons(&again).is_empty(), "{:?}", again.decisions);
         // A failed node that still takes pods (it failed before anything was
         // done to it) does not count.
         busy[1].unschedulable = false;
@@ -714,7 +779,7 @@ mod tests {
         busy[1].cordoned_before = None;
         let fourth = plan(TARGET, &policy(0, MaxUnavailable::Count(3)), &busy);
         assert_eq!(
-            states(&fourth),
+            moved(&fourth),
             [
                 ("n3".into(), Some(UpgradeState::Started)),
                 ("n4".into(), Some(UpgradeState::Started)),

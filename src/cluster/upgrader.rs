@@ -902,10 +902,14 @@ pub fn progress_of(dc: &DeviceConfig, nodes: &[Node], now: Timestamp) -> Vec<Nod
                     .and_then(|r| r.target.clone())
                     .or_else(|| target.clone()),
                 for_seconds: record.as_ref().map(|_| facts.in_state.as_secs()),
-                // What blocks a step under way, or why it failed; a retry's
-                // reason is history.
+                // What blocks a step under way, why it failed, or why a node
+                // waits to be picked; a retry's reason is history.
                 blocked_by: record
-                    .filter(|r| r.state.is_in_progress() || r.state.is_failed())
+                    .filter(|r| {
+                        r.state.is_in_progress()
+                            || r.state.is_failed()
+                            || r.state == UpgradeState::NotStarted
+                    })
                     .and_then(|r| r.reason),
                 held,
             }
@@ -936,6 +940,45 @@ mod tests {
             "version": version, "origin": origin, "bootId": boot,
             "secureBoot": "NotUefi"}})
         .to_string()
+    }
+
+    #[test]
+    fn progress_says_why_a_waiting_node_is_not_picked_and_drops_history() {
+        let dc: DeviceConfig = serde_json::from_value(json!({
+            "apiVersion": "amd.com/v1alpha1", "kind": "DeviceConfig",
+            "metadata": {"name": "default", "namespace": "kube-amd-gpu"},
+            "spec": {"driver": {"enable": true, "version": "6.4.1"}}
+        }))
+        .expect("a DeviceConfig");
+        let with_record = |name: &str, state: UpgradeState, reason: &str| {
+            let mut record = UpgradeRecord::new(key(), state, "2026-12-02T08:09:00Z");
+            record.reason = Some(reason.into());
+            node(json!({
+                "metadata": {"name": name,
+                    "annotations": {RECORD_ANNOTATION: record.to_json()}},
+                "status": {"conditions": [{"type": "Ready", "status": "True"}]}
+            }))
+        };
+        let nodes = [
+            with_record(
+                "a",
+                UpgradeState::NotStarted,
+                "not picked yet: maxParallelUpgrades allows 1 upgrade(s) at once, and that many are under way",
+            ),
+            with_record("b", UpgradeState::Complete, "runs driver 6.4.1"),
+        ];
+        let rows = progress_of(&dc, &nodes, NOW.parse().unwrap());
+        assert!(
+            rows[0]
+                .blocked_by
+                .as_deref()
+                .is_some_and(|b| b.contains("maxParallelUpgrades")),
+            "{rows:?}"
+        );
+        assert_eq!(
+            rows[1].blocked_by, None,
+            "a finished node's reason is history"
+        );
     }
 
     #[test]

@@ -727,18 +727,28 @@ fn only_runs_that_did_not_heal_count_for_the_breaker() {
     let policy = Policy::default();
     let window = policy.breaker.window;
     let mut n = started("n1", &policy, at(0));
-    assert!(recently_quarantined(&n.record, window, at(10)), "quarantined now");
+    assert!(
+        recently_quarantined(&n.record, window, at(10)),
+        "quarantined now"
+    );
     // Confirmed and released: the attempt is kept for the recovery policy,
     // marked healed, and no longer counts for the breaker.
     n.record.run = None;
     n.record.attempts[0].healed = false;
-    assert!(recently_quarantined(&n.record, window, at(20)), "a failed run counts");
+    assert!(
+        recently_quarantined(&n.record, window, at(20)),
+        "a failed run counts"
+    );
     n.record.attempts[0].healed = true;
     assert!(!recently_quarantined(&n.record, window, at(20)));
     assert_eq!(attempts_within(&n.record, None, window, at(20)), 1);
     // The default 20 % of a small cluster is one node, never none.
     for selected in 1..=5 {
-        assert_eq!(policy.breaker.limit.resolve(selected), 1, "{selected} nodes");
+        assert_eq!(
+            policy.breaker.limit.resolve(selected),
+            1,
+            "{selected} nodes"
+        );
     }
 }
 
