@@ -264,6 +264,9 @@ pub fn parameter_problem(parameter: &str) -> Option<String> {
     None
 }
 
+/// The rule one field's entries are judged by.
+type EntryRule = fn(&str) -> Option<String>;
+
 /// Every entry of `loadArgs`, `unloadArgs` and `parameters` that cannot be
 /// used, as (field and index, the entry, why): for example
 /// (`loadArgs[0]`, `--conf=/x`, `--conf means --config, which is not allowed…`).
@@ -272,7 +275,7 @@ pub fn module_config_problems(
     unload_args: &[String],
     parameters: &[String],
 ) -> Vec<(String, String, String)> {
-    let fields: [(&str, &[String], fn(&str) -> Option<String>); 3] = [
+    let fields: [(&str, &[String], EntryRule); 3] = [
         ("loadArgs", load_args, load_arg_problem),
         ("unloadArgs", unload_args, unload_arg_problem),
         ("parameters", parameters, parameter_problem),

@@ -56,7 +56,8 @@ pub fn free_bytes(path: &Path) -> io::Result<u64> {
     }
     // SAFETY: statvfs returned 0, so it filled `stat`.
     let stat = unsafe { stat.assume_init() };
-    Ok(u64::from(stat.f_bavail).saturating_mul(u64::from(stat.f_frsize)))
+    // Both are 64-bit on the Linux targets this builds for.
+    Ok(stat.f_bavail.saturating_mul(stat.f_frsize))
 }
 
 /// What one fetch holds on disk, and its limits. Shared by the stages of one
