@@ -82,6 +82,30 @@ const RESET_FIRST_MAPPING: &str = r#"
     timeoutSeconds: 30
 "#;
 
+/// Our condition, validated with AGFHC, which the rig's agent does not have
+/// (its `--agfhc` path is missing), as the built-in mapping's entry is.
+const AGFHC_MAPPING: &str = r#"
+- nodeCondition: AMDGPUUnhealthy
+  workflowTemplate: default-template
+  validationTestsProfile:
+    framework: AGFHC
+    recipe: all_lvl4
+    iterations: 1
+    timeoutSeconds: 30
+"#;
+
+/// Our condition, validated by a COMMAND program (`{program}` is replaced).
+const COMMAND_MAPPING: &str = r#"
+- nodeCondition: AMDGPUUnhealthy
+  workflowTemplate: default-template
+  validationTestsProfile:
+    framework: COMMAND
+    recipe: burn-in
+    iterations: 1
+    timeoutSeconds: 30
+    command: ["{program}", "--minutes", "1"]
+"#;
+
 /// Our condition, tested without a reboot first.
 const NO_REBOOT_MAPPING: &str = r#"
 - nodeCondition: AMDGPUUnhealthy
@@ -257,6 +281,8 @@ struct AgentRig {
     other_bdf: String,
     /// What the kubelet's PodResources `List` answers.
     kubelet_pods: Arc<Mutex<Vec<PodResources>>>,
+    /// The agent's `--allow-test-command` entries.
+    allowed: Vec<PathBuf>,
     _kubelet: tokio::sync::oneshot::Sender<()>,
     agent: Option<(
         CancellationToken,
@@ -317,6 +343,7 @@ impl AgentRig {
             bdf,
             other_bdf,
             kubelet_pods,
+            allowed: Vec::new(),
             _kubelet: kubelet,
             agent: None,
         };
@@ -354,7 +381,12 @@ impl AgentRig {
             rescan_interval: Duration::from_millis(300),
             sampling: Default::default(),
             metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
-            test_commands: Some(self.rvs.commands()),
+            test_commands: Some(gpu_operator::testrunner::Commands {
+                allowed: gpu_operator::testrunner::AllowedCommands::from_flags(
+                    self.allowed.clone(),
+                ),
+                ..self.rvs.commands()
+            }),
             leader: leader.map(|who| {
                 let (lease, cluster) = leader_config(&self.cluster, who, fast_confirm());
                 gpu_operator::agent::LeaderConfig { lease, cluster }
@@ -792,6 +824,81 @@ async fn a_validation_waits_for_the_test_runners_test_on_the_same_gpu() {
         "{calls:?}"
     );
     assert!(calls[1].contains("trigger=MANUAL"), "{calls:?}");
+}
+
+/// The validation tool is not in the agent's pod (as AGFHC is not in its
+/// image): the tests did not run, which says nothing about the GPUs. The
+/// run goes on to the confirmation by the node's own health checks and is
+/// released, not failed; the Events name the tool and the agent's flag.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_validation_tool_that_cannot_start_is_not_a_gpu_failure() {
+    let mut rig = AgentRig::start_with(&["pass"], AGFHC_MAPPING, ResetStandIn::Repairs).await;
+    let (_stop, _leader) = start_leader(&rig.cluster, "leader-a", fast_confirm());
+    rig.agent_reported_its_boot().await;
+    rig.inject_ecc_error();
+    rig.eventually("the taint", |r| tainted(&r.node())).await;
+    rig.come_back_from_reboot(1).await;
+    rig.eventually("released without validation", |r| {
+        let node = r.node();
+        phase_of(&node).is_none() && !tainted(&node)
+    })
+    .await;
+    event_seen(&rig.cluster, "RemediationTestNotRun", "--agfhc").await;
+    event_seen(
+        &rig.cluster,
+        "RemediationValidationNotRun",
+        "judged by its health checks alone",
+    )
+    .await;
+    event_seen(
+        &rig.cluster,
+        "amd-gpu-remediation-succeeded",
+        "stayed False",
+    )
+    .await;
+    assert!(
+        events_with(&rig.cluster, "amd-gpu-remediation-failed").is_empty(),
+        "no failure: nothing was tested"
+    );
+    assert!(rig.rvs.invocations().is_empty(), "RVS was not asked");
+}
+
+/// A COMMAND profile names its program in the mapping (our `command` key),
+/// and runs it once the agent allows it (`--allow-test-command`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_profile_runs_its_program() {
+    use std::os::unix::fs::PermissionsExt;
+    let tools = tempfile::tempdir().unwrap();
+    let log = tools.path().join("burn-in.log");
+    let program = tools.path().join("burn-in");
+    std::fs::write(
+        &program,
+        format!(
+            "#!/bin/sh\necho \"$@ gpus=$GPU_TEST_GPUS\" >> '{}'\n",
+            log.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mapping = COMMAND_MAPPING.replace("{program}", &program.display().to_string());
+    let mut rig = AgentRig::start_with(&["pass"], &mapping, ResetStandIn::Repairs).await;
+    rig.allowed = vec![tools.path().to_path_buf()];
+    rig.stop_agent().await;
+    rig.start_agent();
+    let (_stop, _leader) = start_leader(&rig.cluster, "leader-a", fast_confirm());
+    rig.agent_reported_its_boot().await;
+    rig.inject_ecc_error();
+    rig.eventually("the taint", |r| tainted(&r.node())).await;
+    rig.come_back_from_reboot(1).await;
+    rig.eventually("released after the program passed", |r| {
+        let node = r.node();
+        phase_of(&node).is_none() && !tainted(&node)
+    })
+    .await;
+    let ran = std::fs::read_to_string(&log).unwrap_or_default();
+    assert_eq!(ran.lines().count(), 1, "{ran}");
+    assert!(ran.starts_with("--minutes 1 gpus="), "{ran}");
+    event_seen(&rig.cluster, "RemediationTestPassed", "COMMAND burn-in").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -45,6 +45,7 @@ use crate::metrics::podresources::v1::ListPodResourcesResponse;
 use crate::plugin::DeviceRef;
 use crate::remediation::mapping::ValidationTestsProfile;
 use crate::remediation::{Phase, Record};
+use crate::testrunner::command::{tool_flag, tool_unavailable};
 use crate::testrunner::config::{Framework, TestCase, Trigger};
 use crate::testrunner::exclusive::GpuLocks;
 use crate::testrunner::execute::{CaseReport, Logs, run_case};
@@ -208,6 +209,7 @@ pub fn test_case(profile: &ValidationTestsProfile) -> TestCase {
         case.iterations = profile.iterations;
     }
     case.stop_on_failure = profile.stop_on_failure;
+    case.command = profile.command.clone();
     if profile.timeout_seconds > 0 {
         case.timeout = std::time::Duration::from_secs(profile.timeout_seconds);
     }
@@ -343,6 +345,7 @@ async fn isolate(feeds: &Feeds, id: &str) -> RemediationTestReport {
             message,
             gpu,
             pods,
+            not_run: None,
         }
     };
     let snapshot = feeds.health.borrow().clone();
@@ -509,6 +512,36 @@ async fn validate(
 ) -> RemediationTestReport {
     let case = test_case(profile);
     let tests = &feeds.tests;
+    // A tool that cannot start tested nothing: its own answer, naming the
+    // tool and the agent's flag, never a verdict on the GPUs.
+    if let Some((program, why)) = tool_unavailable(&case, &tests.commands) {
+        let message = format!(
+            "{} {} not run: the {} test tool {} cannot be used: {why} (give the agent {} \
+             and the tool in its pod: deploy/README.md, GPU validation tools)",
+            case.framework.name(),
+            case.recipe,
+            case.framework.name(),
+            program.display(),
+            tool_flag(case.framework),
+        );
+        tracing::warn!(%id, "{message}");
+        feeds
+            .events
+            .record(NodeEvent::agent(
+                EventType::Warning,
+                "Remediation",
+                "RemediationTestNotRun",
+                message.clone(),
+            ))
+            .await;
+        return RemediationTestReport {
+            id: id.to_owned(),
+            passed: false,
+            message: message.clone(),
+            not_run: Some(message),
+            ..RemediationTestReport::default()
+        };
+    }
     if let Some(why) = &tests.logs_refused {
         return RemediationTestReport {
             id: id.to_owned(),
@@ -560,9 +593,16 @@ async fn validate(
         }
         _ = stop.cancelled() => CaseReport::cancelled_before_start(Trigger::Manual, &case),
     };
-    let passed = ran.outcome == Outcome::Passed && !gpus.is_empty();
+    let passed = ran.outcome == Outcome::Passed && !gpus.is_empty() && !ran.cancelled;
     let message = if gpus.is_empty() {
         "no GPU to test".to_owned()
+    } else if ran.cancelled {
+        format!(
+            "{} {} on {} GPU(s) stopped before its end: the remediation was aborted",
+            case.framework.name(),
+            case.recipe,
+            gpus.len()
+        )
     } else {
         format!(
             "{} {} on {} GPU(s): {:?} ({})",
@@ -584,6 +624,8 @@ async fn validate(
             "Remediation",
             if passed {
                 "RemediationTestPassed"
+            } else if ran.cancelled {
+                "RemediationTestAborted"
             } else {
                 "RemediationTestFailed"
             },
@@ -613,6 +655,7 @@ mod tests {
                 iterations: 2,
                 stop_on_failure: true,
                 timeout_seconds: 30,
+                ..ValidationTestsProfile::default()
             }),
             ..Entry::default()
         };

@@ -72,8 +72,9 @@ pub struct StandaloneConfig {
     pub sampling: super::select::Sampling,
     /// Move a simulated host's telemetry over time (demos).
     pub simulate: Option<SimSpec>,
-    /// Which programs COMMAND tests may start (`--allow-test-command`).
-    pub test_commands: crate::testrunner::AllowedCommands,
+    /// Where the test tools are (`--rvs`, `--agfhc`, …) and which programs
+    /// COMMAND tests may start (`--allow-test-command`).
+    pub test_commands: crate::testrunner::Commands,
     /// The driver bundle store and the commands that load from it, for a
     /// spec with `driver.enable`.
     pub driver: crate::driver::manager::ManagerConfig,
@@ -239,7 +240,7 @@ pub async fn run_observed(
         metrics.listen = listen;
     }
     if let Some(tests) = desired.test_runner.as_mut() {
-        tests.commands.allowed = config.test_commands.clone();
+        tests.commands = config.test_commands.clone();
     }
     let mut transitions = services.transitions();
     let mut plugin_status = services.plugin_status.clone();

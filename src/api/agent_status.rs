@@ -213,6 +213,11 @@ pub struct RemediationTestReport {
     /// An isolation's pods holding that GPU, `namespace/name`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pods: Vec<String>,
+    /// The tests did not run because their tool cannot be started here (or
+    /// a COMMAND program is not allowed): why, naming the tool and the
+    /// agent's flag. Not a verdict on the GPUs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_run: Option<String>,
 }
 
 /// The node services, by the name the annotation gives them.

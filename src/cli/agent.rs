@@ -77,6 +77,8 @@ pub struct AgentArgs {
     /// RVS and AGFHC recipes need no entry.
     #[arg(long = "allow-test-command", value_name = "DIR_OR_PATH")]
     pub allow_test_command: Vec<PathBuf>,
+    #[command(flatten)]
+    pub test_tools: super::args::TestToolArgs,
     /// As leader, also report Secrets a DeviceConfig names that do not exist.
     /// Needs the optional Role deploy/optional/secret-references.yaml: by
     /// default the agents may not read Secrets.
@@ -158,10 +160,9 @@ pub fn run(args: AgentArgs) -> ExitCode {
         let config = crate::agent::AgentConfig {
             leader,
             metrics_listen: args.metrics_bind,
-            test_commands: Some(crate::testrunner::Commands {
-                allowed: crate::testrunner::AllowedCommands::from_flags(args.allow_test_command),
-                ..Default::default()
-            }),
+            test_commands: Some(args.test_tools.commands(
+                crate::testrunner::AllowedCommands::from_flags(args.allow_test_command),
+            )),
             node_name: args.node_name,
             namespace: args.namespace,
             host,

@@ -239,8 +239,48 @@ impl UpgradeTimeoutArgs {
     }
 }
 
+/// Where the GPU validation tools are in the agent's filesystem (its
+/// container, or the host for standalone). The defaults are the reference's
+/// test runner image's; the agent's image carries neither tool:
+/// deploy/README.md ("GPU validation tools") says how a pod gets them.
+#[derive(Args, Debug, Clone)]
+pub struct TestToolArgs {
+    /// The rvs binary, for RVS test recipes and remediation profiles.
+    #[arg(long, value_name = "PATH", default_value = crate::testrunner::command::DEFAULT_RVS)]
+    pub rvs: PathBuf,
+    /// Directory of RVS recipe files (<recipe>.conf, per model <MODEL>/<recipe>.conf).
+    #[arg(
+        long,
+        value_name = "DIR",
+        default_value = crate::testrunner::command::DEFAULT_RVS_CONF_DIR
+    )]
+    pub rvs_conf_dir: PathBuf,
+    /// The agfhc binary, for AGFHC test recipes and remediation profiles
+    /// (the built-in remediation mapping validates with AGFHC).
+    #[arg(long, value_name = "PATH", default_value = crate::testrunner::command::DEFAULT_AGFHC)]
+    pub agfhc: PathBuf,
+}
+
+impl TestToolArgs {
+    /// The test runner's commands with these tools and `allowed` COMMAND programs.
+    pub fn commands(
+        &self,
+        allowed: crate::testrunner::AllowedCommands,
+    ) -> crate::testrunner::Commands {
+        crate::testrunner::Commands {
+            rvs: self.rvs.clone(),
+            rvs_conf_dir: self.rvs_conf_dir.clone(),
+            agfhc: self.agfhc.clone(),
+            allowed,
+            ..crate::testrunner::Commands::default()
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+
     use clap::Parser as _;
 
     use super::*;
@@ -304,6 +344,54 @@ mod tests {
         for bad in ["0", "-3", "1e30", "nan"] {
             let parsed = Cli::try_parse_from(["gpu-operator", "check", "--timeout", bad]);
             assert!(parsed.is_err(), "--timeout {bad} is refused");
+        }
+    }
+
+    #[test]
+    fn test_tool_flags_default_to_the_reference_paths_in_both_modes() {
+        let defaults = crate::testrunner::Commands::default();
+        for mode in ["agent", "standalone"] {
+            let base: &[&str] = match mode {
+                "agent" => &["gpu-operator", "agent", "--node-name", "n"],
+                _ => &["gpu-operator", "standalone"],
+            };
+            let cli = Cli::try_parse_from(base).unwrap();
+            let tools = match cli.command {
+                Command::Agent(args) => args.test_tools,
+                Command::Standalone(args) => args.test_tools,
+                _ => panic!("{mode} parses as {mode}"),
+            };
+            let commands = tools.commands(crate::testrunner::AllowedCommands::None);
+            assert_eq!(commands, defaults, "{mode}");
+            let flags = [
+                "--rvs",
+                "/usr/local/bin/rvs",
+                "--rvs-conf-dir",
+                "/etc/rvs",
+                "--agfhc",
+                "/srv/agfhc/agfhc",
+            ];
+            let cli = Cli::try_parse_from(base.iter().chain(&flags)).unwrap();
+            let tools = match cli.command {
+                Command::Agent(args) => args.test_tools,
+                Command::Standalone(args) => args.test_tools,
+                _ => panic!("{mode} parses as {mode}"),
+            };
+            let commands = tools.commands(crate::testrunner::AllowedCommands::None);
+            assert_eq!(
+                (
+                    commands.rvs.as_path(),
+                    commands.rvs_conf_dir.as_path(),
+                    commands.agfhc.as_path()
+                ),
+                (
+                    Path::new("/usr/local/bin/rvs"),
+                    Path::new("/etc/rvs"),
+                    Path::new("/srv/agfhc/agfhc")
+                ),
+                "{mode}"
+            );
+            assert_eq!(commands.rvs_results_dir, defaults.rvs_results_dir);
         }
     }
 }

@@ -65,6 +65,8 @@ pub struct StandaloneArgs {
     #[arg(long = "allow-test-command", value_name = "DIR_OR_PATH")]
     pub allow_test_command: Vec<PathBuf>,
     #[command(flatten)]
+    pub test_tools: super::args::TestToolArgs,
+    #[command(flatten)]
     pub driver: DriverLoadArgs,
     /// A partition profile to apply before the services start, as
     /// `gpu-operator partition apply` does (the GPU client systemd services
@@ -150,22 +152,25 @@ pub fn run(args: StandaloneArgs) -> ExitCode {
         Some(dir) => dir.path().join("events.jsonl"),
         None => PathBuf::from(crate::agent::standalone::DEFAULT_EVENTS_FILE),
     });
-    let config = crate::agent::standalone::StandaloneConfig {
-        host,
-        spec,
-        node_name: args.node_name.unwrap_or_else(host_name),
-        kubelet_dir: args.kubelet_dir,
-        events_file: Some(events_file),
-        metrics_listen: args.metrics_bind,
-        metrics_config,
-        test_config,
-        rescan_interval: args.sampling.rescan_interval,
-        sampling: args.sampling.sampling(),
-        simulate,
-        test_commands: crate::testrunner::AllowedCommands::from_flags(args.allow_test_command),
-        // No leader asks a standalone host to reboot.
-        driver: args.driver.manager_config(None),
-    };
+    let config =
+        crate::agent::standalone::StandaloneConfig {
+            host,
+            spec,
+            node_name: args.node_name.unwrap_or_else(host_name),
+            kubelet_dir: args.kubelet_dir,
+            events_file: Some(events_file),
+            metrics_listen: args.metrics_bind,
+            metrics_config,
+            test_config,
+            rescan_interval: args.sampling.rescan_interval,
+            sampling: args.sampling.sampling(),
+            simulate,
+            test_commands: args.test_tools.commands(
+                crate::testrunner::AllowedCommands::from_flags(args.allow_test_command),
+            ),
+            // No leader asks a standalone host to reboot.
+            driver: args.driver.manager_config(None),
+        };
     let show_metrics = args.show_metrics;
     run_to_end(async move {
         if let Some((name, set, local)) = partition {

@@ -286,6 +286,7 @@ pub fn facts_of(node: &Node, rw: &RemediationWorkflowSpec, drain: Option<DrainSt
             message: r.message,
             gpu: r.gpu,
             pods: r.pods,
+            not_run: r.not_run,
         }),
         drain,
         record,

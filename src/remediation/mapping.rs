@@ -63,6 +63,11 @@ pub struct ValidationTestsProfile {
     pub iterations: u32,
     pub stop_on_failure: bool,
     pub timeout_seconds: u64,
+    /// Our extension, for `framework: COMMAND` only: the program (an
+    /// absolute path, which the agent's `--allow-test-command` must allow)
+    /// and its arguments. The reference's mapping has no such key.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub command: Vec<String>,
 }
 
 /// How many runs one node may have for one condition within a window.
@@ -74,6 +79,37 @@ pub struct RecoveryPolicy {
     /// A Go duration; unset means the default, "300m".
     #[serde(skip_serializing_if = "String::is_empty")]
     pub window_size: String,
+}
+
+/// Why a validation profile can never run, if so: an unknown framework, a
+/// COMMAND without its program (or with one that is not an absolute path,
+/// which the agent's allow-list cannot vouch for), or a program given to
+/// another framework. Pure.
+pub fn profile_problem(profile: &ValidationTestsProfile) -> Option<String> {
+    let framework = profile.framework.to_ascii_uppercase();
+    if !framework.is_empty() && !["RVS", "AGFHC", "COMMAND"].contains(&framework.as_str()) {
+        return Some(format!(
+            "framework {:?} is not RVS, AGFHC or COMMAND",
+            profile.framework
+        ));
+    }
+    match (framework.as_str(), profile.command.first()) {
+        ("COMMAND", None) => Some(
+            "command: a COMMAND profile names its program and arguments \
+             (command: [/opt/tools/gpu-burn, \"60\"])"
+                .to_owned(),
+        ),
+        ("COMMAND", Some(program)) if !program.starts_with('/') => Some(format!(
+            "command: the program {program:?} must be an absolute path (the agent's \
+             --allow-test-command allows paths, not names looked up in PATH)"
+        )),
+        ("COMMAND", Some(_)) => None,
+        (_, Some(_)) => Some(format!(
+            "command is for framework COMMAND only, not {:?}",
+            profile.framework
+        )),
+        (_, None) => None,
+    }
 }
 
 impl Entry {
@@ -154,16 +190,12 @@ impl Mapping {
                         .map_err(|why| format!("{name}: recoveryPolicy.windowSize {why}"))?;
                 }
             }
-            if let Some(profile) = &entry.validation_tests_profile
-                && !profile.framework.is_empty()
-                && !["RVS", "AGFHC", "COMMAND"]
-                    .iter()
-                    .any(|f| f.eq_ignore_ascii_case(&profile.framework))
+            if let Some(why) = entry
+                .validation_tests_profile
+                .as_ref()
+                .and_then(profile_problem)
             {
-                return Err(format!(
-                    "{name}: validationTestsProfile.framework {:?} is not RVS, AGFHC or COMMAND",
-                    profile.framework
-                ));
+                return Err(format!("{name}: validationTestsProfile.{why}"));
             }
         }
         Ok(Self { entries })
@@ -216,6 +248,7 @@ impl Mapping {
                         iterations: 1,
                         stop_on_failure: true,
                         timeout_seconds: DEFAULT_TEST_TIMEOUT_SECONDS,
+                        command: Vec::new(),
                     }),
                     physical_action_needed: *physical,
                     notify_remediation_message: if ours {
@@ -315,10 +348,38 @@ mod tests {
                 "mapped twice",
             ),
             ("- nodeCondition: 'A B'\n", "not a condition type"),
+            (
+                "- nodeCondition: A\n  validationTestsProfile: {framework: COMMAND, recipe: r}\n",
+                "A: validationTestsProfile.command: a COMMAND profile names its program",
+            ),
+            (
+                "- nodeCondition: A\n  validationTestsProfile: {framework: command, command: [burn]}\n",
+                "must be an absolute path",
+            ),
+            (
+                "- nodeCondition: A\n  validationTestsProfile: {framework: RVS, command: [/bin/true]}\n",
+                "command is for framework COMMAND only",
+            ),
         ] {
             let error = Mapping::parse(text).unwrap_err();
             assert!(error.contains(wanted), "{text:?}: {error}");
         }
+    }
+
+    #[test]
+    fn a_command_profile_carries_its_program() {
+        let mapping = Mapping::parse(
+            "- nodeCondition: A\n  validationTestsProfile:\n    framework: COMMAND\n    \
+             recipe: burn\n    command: [/opt/tools/burn, \"60\"]\n",
+        )
+        .unwrap();
+        let profile = mapping
+            .entry("A")
+            .and_then(|e| e.validation_tests_profile.clone());
+        assert_eq!(
+            profile.map(|p| p.command),
+            Some(vec!["/opt/tools/burn".to_owned(), "60".to_owned()])
+        );
     }
 
     #[test]

@@ -62,6 +62,7 @@ pub const EVENT_STEP: &str = "RemediationStep";
 pub const EVENT_DRY_RUN: &str = "RemediationDryRun";
 pub const EVENT_BREAKER: &str = "RemediationCircuitBreakerOpen";
 pub const EVENT_ESCALATED: &str = "RemediationEscalated";
+pub const EVENT_VALIDATION_NOT_RUN: &str = "RemediationValidationNotRun";
 /// How long the agent may take to say which GPU is at fault and which pods
 /// hold it (a status write and a kubelet query).
 pub const GPU_ISOLATION_LIMIT: Duration = Duration::from_secs(120);
@@ -149,6 +150,9 @@ pub struct Answer {
     /// An isolation's GPU (PCI address) and the pods that hold it.
     pub gpu: Option<String>,
     pub pods: Vec<String>,
+    /// The tests did not run: their tool cannot be started on the node (why,
+    /// naming it and the agent's flag). Not a verdict on the GPUs.
+    pub not_run: Option<String>,
 }
 
 /// One node, as the planner sees it.
@@ -625,6 +629,15 @@ pub fn node_step(
             }
         }
         Phase::ResettingGpu => match answer_to(facts, run) {
+            Some(answer) if answer.not_run.is_some() => {
+                tested_nothing(&mut decision, run, answer);
+                moved(&mut next, Phase::Confirming);
+                next.test = None;
+                next.checks = 0;
+                next.last_check = None;
+                decision.wake = Some(policy.confirm.interval);
+                record.run = Some(next);
+            }
             Some(answer) if answer.passed => {
                 decision.notes.push(Note {
                     warning: false,
@@ -740,6 +753,14 @@ pub fn node_step(
             }
         }
         Phase::Validating => match answer_to(facts, run) {
+            Some(result) if result.not_run.is_some() => {
+                tested_nothing(&mut decision, run, result);
+                moved(&mut next, Phase::Confirming);
+                next.checks = 0;
+                next.last_check = None;
+                decision.wake = Some(policy.confirm.interval);
+                record.run = Some(next);
+            }
             Some(result) if result.passed => {
                 decision.notes.push(Note {
                     warning: false,
@@ -893,6 +914,22 @@ fn after_person(
         ),
     });
     record.run = Some(next);
+}
+
+/// The tests could not run (their tool cannot start on the node): not a
+/// verdict on the GPUs, so the run goes on to the confirmation (the node's
+/// own health checks, the condition staying False), with a Warning that
+/// names the tool and the agent's flag.
+fn tested_nothing(decision: &mut Decision, run: &Run, answer: &Answer) {
+    decision.notes.push(Note {
+        warning: true,
+        reason: EVENT_VALIDATION_NOT_RUN,
+        message: format!(
+            "{}: {}; the node is judged by its health checks alone (the condition must stay False)",
+            run.condition,
+            answer.not_run.as_deref().unwrap_or("the tests did not run")
+        ),
+    });
 }
 
 /// Starts the validation, or skips to the confirmation when the entry has

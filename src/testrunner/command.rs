@@ -31,6 +31,11 @@ use super::report::{ActionResult, SuitesResult};
 /// Upper bound on a result file: real ones are a few KiB.
 const MAX_RESULT_BYTES: u64 = 16 * 1024 * 1024;
 
+/// The reference test runner image's tool paths: the agent's defaults.
+pub const DEFAULT_RVS: &str = "/opt/rocm/bin/rvs";
+pub const DEFAULT_RVS_CONF_DIR: &str = "/opt/rocm/share/rocm-validation-suite/conf";
+pub const DEFAULT_AGFHC: &str = "/opt/amd/agfhc/agfhc";
+
 /// Where the test tools live.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Commands {
@@ -123,10 +128,10 @@ impl Default for Commands {
     /// The locations in the reference's test runner image.
     fn default() -> Self {
         Self {
-            rvs: "/opt/rocm/bin/rvs".into(),
-            rvs_conf_dir: "/opt/rocm/share/rocm-validation-suite/conf".into(),
+            rvs: DEFAULT_RVS.into(),
+            rvs_conf_dir: DEFAULT_RVS_CONF_DIR.into(),
             rvs_results_dir: "/var/tmp".into(),
-            agfhc: "/opt/amd/agfhc/agfhc".into(),
+            agfhc: DEFAULT_AGFHC.into(),
             agfhc_results_dir: "/var/tmp".into(),
             allowed: AllowedCommands::None,
         }
@@ -172,6 +177,33 @@ pub fn refused_commands(tests: &TestConfig, node: &str, commands: &Commands) -> 
     refused.sort();
     refused.dedup();
     refused
+}
+
+/// The program `case` would start and why it cannot be, if it cannot: the
+/// tool is missing or not executable, or (COMMAND) the program is not
+/// allowed. A bare COMMAND name is looked up in PATH when it starts, and is
+/// judged then. Told apart from a failing GPU before anything runs.
+pub fn tool_unavailable(case: &TestCase, commands: &Commands) -> Option<(PathBuf, String)> {
+    let program = command_line(case, commands, Path::new(""), &[]).program;
+    if case.framework == crate::testrunner::Framework::Command
+        && let Err(why) = commands.allowed.permit(&program)
+    {
+        return Some((program, why));
+    }
+    if !program.to_string_lossy().contains('/') {
+        return None;
+    }
+    unstartable(&program).map(|why| (program, why))
+}
+
+/// The flag of `gpu-operator agent` that points at `framework`'s tool (or,
+/// for COMMAND, allows its program).
+pub fn tool_flag(framework: crate::testrunner::Framework) -> &'static str {
+    match framework {
+        crate::testrunner::Framework::Rvs => "--rvs",
+        crate::testrunner::Framework::Agfhc => "--agfhc",
+        crate::testrunner::Framework::Command => "--allow-test-command",
+    }
 }
 
 /// Why `program` cannot be started, if it cannot: it is missing, not a file,

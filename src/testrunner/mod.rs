@@ -45,7 +45,7 @@ pub mod report;
 pub mod service;
 pub mod stats;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
@@ -251,15 +251,8 @@ pub async fn check(
         allowed: AllowedCommands::Any,
         ..options.commands.clone()
     };
-    // A missing tool is told apart from a failing GPU before anything runs. A
-    // bare COMMAND name is found in PATH when it starts.
-    let program = command::command_line(&case, &commands, Path::new(""), &[]).program;
-    if let Some(why) = program
-        .to_string_lossy()
-        .contains('/')
-        .then(|| command::unstartable(&program))
-        .flatten()
-    {
+    // A missing tool is told apart from a failing GPU before anything runs.
+    if let Some((program, why)) = command::tool_unavailable(&case, &commands) {
         return Err(TestRunnerError::ToolUnavailable {
             framework: case.framework,
             program,

@@ -15,6 +15,7 @@ fn entry(condition: &str) -> Entry {
             iterations: 1,
             stop_on_failure: true,
             timeout_seconds: 600,
+            ..ValidationTestsProfile::default()
         }),
         ..Entry::default()
     }
@@ -581,6 +582,7 @@ fn answered(n: &mut NodeFacts, passed: bool, gpu: Option<&str>, pods: &[&str]) {
         message: "what the agent said".into(),
         gpu: gpu.map(str::to_owned),
         pods: pods.iter().map(|p| p.to_string()).collect(),
+        not_run: None,
     });
 }
 
@@ -765,4 +767,32 @@ fn a_confirmed_run_marks_its_attempt_healed() {
     let done = applied(n.clone(), &act(node_step(&n, &m, &policy, later)));
     assert!(done.record.run.is_none(), "released");
     assert!(done.record.attempts[0].healed);
+}
+
+#[test]
+fn tests_that_could_not_run_go_on_to_the_confirmation_not_to_a_failure() {
+    let policy = Policy::default();
+    let m = mapping();
+    let mut n = started("n1", &policy, at(0));
+    let run = n.record.run.as_mut().unwrap();
+    run.phase = Phase::Validating;
+    run.test = Some("validate-1".into());
+    n.answer = Some(Answer {
+        id: "validate-1".into(),
+        passed: false,
+        message: "AGFHC all_lvl4 not run".into(),
+        not_run: Some(
+            "the AGFHC test tool /opt/amd/agfhc/agfhc cannot be used (give the agent --agfhc)"
+                .into(),
+        ),
+        ..Answer::default()
+    });
+    let d = act(node_step(&n, &m, &policy, at(10)));
+    let note = d
+        .notes
+        .iter()
+        .find(|e| e.reason == EVENT_VALIDATION_NOT_RUN)
+        .expect("a note naming the tool");
+    assert!(note.warning && note.message.contains("--agfhc"), "{note:?}");
+    assert_eq!(phase(&applied(n, &d)), Some(Phase::Confirming));
 }
