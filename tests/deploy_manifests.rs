@@ -684,24 +684,117 @@ fn check_driver_management_rights(ds: &DaemonSet) {
 
 #[tokio::test]
 async fn the_driver_management_patch_grants_what_loading_and_rebooting_need() {
+    let patched = patched_daemonset(DRIVER_PATCH).await;
+    check_driver_management_rights(&patched);
+}
+
+/// Applies the strategic merge patch `file` of deploy/patches/ to the
+/// shipped DaemonSet, in the emulator, as `kubectl patch --patch-file` does.
+async fn patched_daemonset(file: &str) -> DaemonSet {
     let emu = Emulator::start(EmulatorConfig::default()).await.unwrap();
     emu.create(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}))
         .unwrap();
     let all = manifests();
     emu.create(the(&all, "DaemonSet").doc.clone()).unwrap();
-    let text = std::fs::read_to_string(repo().join(DRIVER_PATCH)).unwrap();
+    let text = std::fs::read_to_string(repo().join(file)).unwrap();
     let patch: Value = serde_saphyr::from_str(&text).expect("the patch is YAML");
-    // As `kubectl patch --patch-file` sends it: a strategic merge patch.
     let daemonsets: Api<DaemonSet> = Api::namespaced(emu.client(), NAMESPACE);
-    let patched = daemonsets
+    daemonsets
         .patch(
             "gpu-operator",
             &kube::api::PatchParams::default(),
             &kube::api::Patch::Strategic(patch),
         )
         .await
-        .expect("the patch applies");
-    check_driver_management_rights(&patched);
+        .expect("the patch applies")
+}
+
+/// The GPU tests patch gives the agent what RVS and AGFHC need, at the
+/// paths the agent's tool flags default to: the tools (read-only), the
+/// device nodes, a writable place for results; and the pod stays valid
+/// (privileged goes with allowPrivilegeEscalation, which the API server
+/// requires) with its own mounts unchanged.
+#[tokio::test]
+async fn the_gpu_tests_patch_gives_the_tools_and_the_devices_the_tests_need() {
+    let patched = patched_daemonset("deploy/patches/gpu-tests.yaml").await;
+    let pod = patched
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.clone())
+        .expect("pod template spec");
+    let container = pod.containers[0].clone();
+    let sc = container.security_context.clone().expect("securityContext");
+    assert_eq!(
+        sc.privileged,
+        Some(true),
+        "tests open /dev/kfd and /dev/dri"
+    );
+    assert_eq!(
+        sc.allow_privilege_escalation,
+        Some(true),
+        "the API server refuses privileged without it"
+    );
+    assert_eq!(sc.read_only_root_filesystem, Some(true));
+    let mounts = host_mounts(&pod, &container);
+    let defaults = gpu_operator::testrunner::Commands::default();
+    for (host_path, writes, why) in [
+        (
+            defaults.rvs.to_str().unwrap(),
+            false,
+            "the rvs binary (--rvs)",
+        ),
+        (
+            &*format!("{}/gst_single.conf", defaults.rvs_conf_dir.display()),
+            false,
+            "RVS recipes (--rvs-conf-dir)",
+        ),
+        (defaults.agfhc.to_str().unwrap(), false, "AGFHC (--agfhc)"),
+        ("/dev/kfd", true, "the GPUs' compute device node"),
+        ("/dev/dri/renderD128", true, "a GPU's render node"),
+    ] {
+        // The tools open these at their own paths (the agent's /host/dev
+        // view of /dev stays as it was).
+        let mount = mounts
+            .iter()
+            .filter(|m| Path::new(host_path).starts_with(&m.host_path))
+            .find(|m| {
+                let rest = Path::new(host_path).strip_prefix(&m.host_path).unwrap();
+                Path::new(&m.mount_path).join(rest) == Path::new(host_path)
+            })
+            .unwrap_or_else(|| {
+                panic!("{host_path} ({why}) is not mounted at {host_path}: {mounts:?}")
+            });
+        assert_eq!(
+            !mount.read_only, writes,
+            "{host_path} ({why}) writable: {writes}"
+        );
+    }
+    // Results go to /var/tmp, which is writable on the read-only root.
+    let results = container
+        .volume_mounts
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .find(|m| Path::new(&defaults.rvs_results_dir).starts_with(&m.mount_path))
+        .expect("a mount for the results directory");
+    assert_ne!(results.read_only, Some(true));
+    assert!(
+        pod.volumes
+            .unwrap_or_default()
+            .iter()
+            .any(|v| v.name == results.name && v.empty_dir.is_some()),
+        "results go to an emptyDir, not the host"
+    );
+    let (_, base_pod, base_container) = daemonset();
+    for base in host_mounts(&base_pod, &base_container) {
+        assert!(
+            mounts
+                .iter()
+                .any(|m| m.mount_path == base.mount_path && m.read_only == base.read_only),
+            "{} lost or changed by the patch",
+            base.mount_path
+        );
+    }
 }
 
 #[test]
