@@ -657,6 +657,47 @@ fn a_wrong_sha256_is_refused_and_leaves_nothing() {
     assert!(root.store_names().is_empty(), "{:?}", root.store_names());
 }
 
+/// An import is bounded as a fetch is: the files it would copy, added up,
+/// against `--max-disk`, and the free-space margin, both before anything is
+/// written; either way it exits 2 with BundleStoreFull naming the bound,
+/// and the store holds no bundle, whole or partial, nor a work directory.
+#[test]
+fn an_import_over_its_disk_bound_is_refused_and_leaves_nothing() {
+    let root = Root::new();
+    write_image_copy(&root.host);
+    // 2 MiB and a byte of firmware: over a 1 MiB bound, within 3 MiB.
+    root.host
+        .write(
+            format!("{STAGING}/firmwareDir/updates/amdgpu/big.bin"),
+            vec![0u8; (2 << 20) + 1],
+        )
+        .unwrap();
+    let import = |extra: &[&'static str]| {
+        let mut args = import_args();
+        args.extend_from_slice(extra);
+        root.driver(&args)
+    };
+    let (code, stdout, stderr) = import(&["--max-disk", "1"]);
+    let said = format!("{stdout}{stderr}");
+    assert_eq!(code, 2, "{said}");
+    assert!(said.contains("BundleStoreFull"), "{said}");
+    assert!(said.contains("more than the 1048576 allowed"), "{said}");
+    assert!(root.store_names().is_empty(), "{:?}", root.store_names());
+    // A margin no disk has.
+    let (code, stdout, stderr) = import(&["--min-free", "1000000000000"]);
+    let said = format!("{stdout}{stderr}");
+    assert_eq!(code, 2, "{said}");
+    assert!(
+        said.contains("BundleStoreFull") && said.contains("must stay free"),
+        "{said}"
+    );
+    assert!(root.store_names().is_empty(), "{:?}", root.store_names());
+    // With room, the same import succeeds.
+    let (code, stdout, stderr) = import(&["--max-disk", "3"]);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert_eq!(root.store_names(), [format!("{VERSION}-{KERNEL}")]);
+}
+
 /// A fetch stops before it fills the disk: the free-space margin is checked
 /// before the tarball is written, and the bound on what the work holds at
 /// once while it unpacks; either way it exits 2 with BundleStoreFull and

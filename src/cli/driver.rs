@@ -91,15 +91,19 @@ pub enum DriverCommand {
     /// with the firmware, and manifest.json; then verifies it as `check` does.
     /// The bundle is built beside the store's bundles under a name starting
     /// with `.` and renamed into place once it verifies. Symbolic links in
-    /// the copy are followed only within --from.
+    /// the copy are followed only within --from. It copies at most 512 MiB a
+    /// file, 20,000 files and --max-disk in all, and leaves --min-free free
+    /// on the store's filesystem; a refused or failed import leaves nothing
+    /// in the store.
     ///
     /// Exit status: 0 imported, or the same bundle was there already; 1
     /// refused, with the reason (a module modules.dep names is missing:
     /// DependencyMissing; a link out of --from: PathEscapesBundle; another
     /// bundle at that name: BundleExists, unless --replace; ...); 2 a bad
     /// argument or tag, a --from without opt/lib/modules/<kernel>/ or
-    /// firmwareDir/updates/amdgpu/, or a directory that cannot be read or
-    /// written.
+    /// firmwareDir/updates/amdgpu/, a directory that cannot be read or
+    /// written, or a store without room for the bundle within --max-disk and
+    /// --min-free (BundleStoreFull).
     Import(DriverImportArgs),
     /// Put the bundle a tarball holds into the store, once its sha256 matches.
     ///
@@ -170,6 +174,17 @@ pub struct DriverImportArgs {
     /// still starts (it then says BundleMissingForKernel).
     #[arg(long)]
     pub missing_ok: bool,
+    /// The most the bundle's copied files may take in the store, added up,
+    /// in MiB (as much as a fetched bundle may unpack to). Checked before
+    /// anything is copied and while copying.
+    #[arg(long, value_name = "MIB", default_value_t = 2048, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_disk: u64,
+    /// Free space the import leaves on the store's filesystem, in MiB:
+    /// checked before anything is copied and while copying; the import stops
+    /// with BundleStoreFull (exit 2), leaving nothing, rather than fill the
+    /// disk.
+    #[arg(long, value_name = "MIB", default_value_t = 1024)]
+    pub min_free: u64,
     #[arg(long, short, value_enum, default_value_t = OutputFormat::Table)]
     pub output: OutputFormat,
 }
@@ -432,6 +447,8 @@ fn run_import(args: DriverImportArgs) -> ExitCode {
         tag: args.image_tag,
         signature_required: args.signatures == NewBundleSignatures::Required,
         replace: args.replace,
+        max_total_bytes: args.max_disk.saturating_mul(1 << 20),
+        min_free_bytes: args.min_free.saturating_mul(1 << 20),
     };
     let result = source::import_image(&host, &store, &import);
     source_answer(result, args.output, "imported")

@@ -8,10 +8,15 @@
 //!   container left in a staging directory (`opt/lib/modules/<kernel>/`,
 //!   `firmwareDir/updates/amdgpu/`) and keeps the `modules.*` index files,
 //!   amdgpu with the modules it needs per `modules.dep` (not the image's
-//!   whole kernel tree) and amdgpu's firmware;
+//!   whole kernel tree) and amdgpu's firmware, with caps on each file's size,
+//!   the count and the total;
 //! - [`fetch_tarball`] and [`ensure_fetched`] check a tarball's sha256
 //!   before anything in it is unpacked, and unpack only regular files and
 //!   directories, with caps on size and count.
+//!
+//! Both write within one [`DiskBudget`]: a bound on what the work holds in
+//! the store and a margin of free space left on its filesystem, checked
+//! before writing and as bytes are written.
 //!
 //! Every new bundle is built in a directory of the store whose name starts
 //! with `.` (which [`bundle::find`] skips), written a manifest for
@@ -53,6 +58,8 @@ const FETCH_PREFIX: &str = ".fetch-";
 const MAX_EXTENSION_BYTES: u64 = 64 * 1024;
 /// How deep a firmware tree may go (a link to a parent would loop).
 const MAX_TREE_DEPTH: usize = 16;
+/// Where a bundle keeps amdgpu's firmware.
+const FIRMWARE_DIR: &str = "firmware/amdgpu";
 
 /// A bundle from a source, and what happened in the store.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -99,9 +106,9 @@ pub enum SourceError {
     /// The store cannot be written.
     #[error("{0}")]
     Store(String),
-    /// The fetch would hold more on disk than it may, or leave less free
-    /// than it must ([`super::space`]).
-    #[error("not enough room for the fetch: {0}")]
+    /// The fetch or import would hold more on disk than it may, or leave
+    /// less free than it must ([`super::space`]).
+    #[error("not enough room in the bundle store: {0}")]
     NoSpace(String),
 }
 
@@ -129,8 +136,8 @@ fn store_error(e: impl std::fmt::Display) -> SourceError {
     SourceError::Store(e.to_string())
 }
 
-/// A write into the work directory failed: out of room by the fetch's disk
-/// budget, or the store cannot be written.
+/// A write into the work directory failed: out of room by the fetch's or
+/// import's disk budget, or the store cannot be written.
 fn write_error(path: &Path, e: io::Error) -> SourceError {
     if e.kind() == io::ErrorKind::StorageFull {
         SourceError::NoSpace(e.to_string())
@@ -326,11 +333,19 @@ pub struct ImageImport {
     pub signature_required: bool,
     /// Replace a different bundle already at the bundle's name.
     pub replace: bool,
+    /// The most the bundle's copied files may take in the store, added up.
+    pub max_total_bytes: u64,
+    /// Free space the import must leave on the store's filesystem.
+    pub min_free_bytes: u64,
 }
 
 /// Turns the staging copy of a driver image into the bundle
-/// `<store>/<version>-<kernel>` (see the module doc). Blocking: it copies
-/// and hashes tens of MiB, so async callers run it on `spawn_blocking`.
+/// `<store>/<version>-<kernel>` (see the module doc). Every file to copy is
+/// found and sized first, and the total checked against the budget before
+/// anything is written; the copies are charged to it as they are written,
+/// so a file that grows meanwhile or a disk that fills stops the import too.
+/// Blocking: it copies and hashes tens of MiB, so async callers run it on
+/// `spawn_blocking`.
 pub fn import_image(
     host: &HostRoot,
     store: &str,
@@ -342,24 +357,32 @@ pub fn import_image(
     let (modules, firmware) = image_directories(host, staging, kernel)?;
     let closure = image_closure(host, staging, &modules, kernel)?;
 
-    host.create_dir_all(store).map_err(store_error)?;
-    let work = WorkDir::new(host, store, IMPORT_PREFIX)?;
-    copy_modules(
+    let mut files = module_files(
         host,
         staging,
         &modules,
         &closure,
-        &work.path.join(format!("lib/modules/{kernel}")),
+        &format!("lib/modules/{kernel}"),
     )?;
-    let mut copied = 0;
-    copy_tree(
-        host,
-        staging,
-        &firmware,
-        &work.path.join("firmware/amdgpu"),
-        0,
-        &mut copied,
-    )?;
+    firmware_files(host, staging, &firmware, FIRMWARE_DIR, 0, &mut files)?;
+
+    host.create_dir_all(store).map_err(store_error)?;
+    let budget = DiskBudget::new(
+        host.path(store),
+        import.max_total_bytes,
+        import.min_free_bytes,
+    );
+    let total = files
+        .iter()
+        .fold(0u64, |sum, file| sum.saturating_add(file.size));
+    budget
+        .check_room(total)
+        .map_err(|e| write_error(&host.path(store), e))?;
+    // From here, any error drops `work`, which removes what was copied.
+    let work = WorkDir::new(host, store, IMPORT_PREFIX)?;
+    for file in &files {
+        copy_file(host, &file.from, &work.path.join(&file.to), &budget)?;
+    }
 
     let manifest = bundle::write_manifest(host, &work.host_path, &import.version, kernel)?;
     let expected = Expected {
@@ -451,21 +474,40 @@ fn image_closure(
     Ok(amdgpu_closure(&String::from_utf8_lossy(&text), kernel).map_err(missing)?)
 }
 
-/// Copies the `modules.*` index files and the modules of `closure` (amdgpu
-/// first) from the image's `modules` directory to `to`.
-fn copy_modules(
+/// One file an import copies: from a host path of the staging copy to a
+/// path relative to the bundle, and its size when it was looked at.
+struct ImportFile {
+    from: String,
+    to: String,
+    size: u64,
+}
+
+impl ImportFile {
+    /// `from` (already checked to resolve within the staging copy), sized.
+    fn new(host: &HostRoot, from: String, to: String) -> Result<Self, SourceError> {
+        let size = std::fs::metadata(host.path(&from))
+            .map_err(|e| SourceError::Unavailable(format!("{}: {e}", host.path(&from).display())))?
+            .len();
+        Ok(Self { from, to, size })
+    }
+}
+
+/// The `modules.*` index files and the modules of `closure` (amdgpu first)
+/// in the image's `modules` directory, to go under `to` in the bundle.
+fn module_files(
     host: &HostRoot,
     staging: &str,
     modules: &str,
     closure: &[String],
-    to: &Path,
-) -> Result<(), SourceError> {
+    to: &str,
+) -> Result<Vec<ImportFile>, SourceError> {
+    let mut files = Vec::new();
     for name in host.list_dir(modules).map_err(unavailable)? {
         if name.starts_with("modules.") {
             let from = join(modules, &name);
             within_staging(host, staging, &from)?;
             if host.path(&from).is_file() {
-                copy_file(host, &from, &to.join(&name))?;
+                files.push(ImportFile::new(host, from, join(to, &name))?);
             }
         }
     }
@@ -486,9 +528,9 @@ fn copy_modules(
             }));
         }
         within_staging(host, staging, &from)?;
-        copy_file(host, &from, &to.join(module))?;
+        files.push(ImportFile::new(host, from, join(to, module))?);
     }
-    Ok(())
+    Ok(files)
 }
 
 fn unavailable(e: HostError) -> SourceError {
@@ -510,8 +552,14 @@ fn within_staging(host: &HostRoot, staging: &str, path: &str) -> Result<(), Sour
 }
 
 /// Copies the host file `from` (capped) to `to`, a new file in a work
-/// directory, creating its parents. Returns its size.
-fn copy_file(host: &HostRoot, from: &str, to: &Path) -> Result<u64, SourceError> {
+/// directory, creating its parents, each chunk charged to `budget` before
+/// it is written.
+fn copy_file(
+    host: &HostRoot,
+    from: &str,
+    to: &Path,
+    budget: &DiskBudget,
+) -> Result<(), SourceError> {
     let mut input = host
         .open_capped(from, MAX_FILE_BYTES)
         .map_err(unavailable)?;
@@ -522,10 +570,9 @@ fn copy_file(host: &HostRoot, from: &str, to: &Path) -> Result<u64, SourceError>
     let mut output =
         std::fs::File::create_new(to).map_err(|e| store_error(format!("{}: {e}", to.display())))?;
     let mut buf = vec![0u8; 64 * 1024];
-    let mut size = 0u64;
     loop {
         let n = match input.read(&mut buf) {
-            Ok(0) => return Ok(size),
+            Ok(0) => return Ok(()),
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => {
@@ -535,23 +582,24 @@ fn copy_file(host: &HostRoot, from: &str, to: &Path) -> Result<u64, SourceError>
                 )));
             }
         };
+        budget.charge(n as u64).map_err(|e| write_error(to, e))?;
         output
             .write_all(&buf[..n])
             .map_err(|e| store_error(format!("{}: {e}", to.display())))?;
-        size += n as u64;
     }
 }
 
-/// Copies the files under the host directory `from` to `to`, following
-/// symbolic links that stay in `staging` (firmware trees link one file
-/// name to another) and refusing those that leave it.
-fn copy_tree(
+/// The files under the host directory `from`, to go under `to` in the
+/// bundle, added to `files`: symbolic links that stay in `staging` are
+/// followed (firmware trees link one file name to another), those that
+/// leave it refused.
+fn firmware_files(
     host: &HostRoot,
     staging: &str,
     from: &str,
-    to: &Path,
+    to: &str,
     depth: usize,
-    copied: &mut usize,
+    files: &mut Vec<ImportFile>,
 ) -> Result<(), SourceError> {
     within_staging(host, staging, from)?;
     if depth > MAX_TREE_DEPTH {
@@ -559,7 +607,6 @@ fn copy_tree(
             "{from}: more than {MAX_TREE_DEPTH} directories deep (a link loop?)"
         )));
     }
-    std::fs::create_dir_all(to).map_err(|e| store_error(format!("{}: {e}", to.display())))?;
     for name in host.list_dir(from).map_err(unavailable)? {
         let path = join(from, &name);
         within_staging(host, staging, &path)?;
@@ -567,15 +614,19 @@ fn copy_tree(
             SourceError::Unavailable(format!("{}: {e}", host.path(&path).display()))
         })?;
         if meta.is_dir() {
-            copy_tree(host, staging, &path, &to.join(&name), depth + 1, copied)?;
+            firmware_files(host, staging, &path, &join(to, &name), depth + 1, files)?;
         } else if meta.is_file() {
-            *copied += 1;
-            if *copied > MAX_FILES {
+            // The module files are in `files` too; the cap is on the bundle.
+            if files.len() >= MAX_FILES {
                 return Err(SourceError::Invalid(format!(
                     "{from}: more than {MAX_FILES} files"
                 )));
             }
-            copy_file(host, &path, &to.join(&name))?;
+            files.push(ImportFile {
+                from: path,
+                to: join(to, &name),
+                size: meta.len(),
+            });
         } else {
             return Err(SourceError::Invalid(format!(
                 "{path}: neither a file nor a directory"
@@ -2109,7 +2160,27 @@ kernel/drivers/net/ethernet/intel/e1000e/e1000e.ko.zst:
         let Err(SourceError::NoSpace(why)) = result else {
             panic!("expected NoSpace: {result:?}");
         };
-        assert!(why.contains("on disk at once"), "{why}");
+        assert!(why.contains("more than the 102400"), "{why}");
         assert_eq!(SourceError::NoSpace(why).reason(), "BundleStoreFull");
+    }
+
+    /// The import's check before copying sizes each file when it looks; a
+    /// file that grows afterwards is still stopped by the charge as it is
+    /// copied, before more than the bound is written.
+    #[test]
+    fn an_import_copy_stops_at_the_budget_as_it_writes() {
+        let dir = tempfile::tempdir().unwrap();
+        let host = HostRoot::new(dir.path());
+        host.write("/staging/fw.bin", vec![7u8; 200 * 1024])
+            .unwrap();
+        let tight = DiskBudget::new(dir.path(), 100 * 1024, 0);
+        let to = dir.path().join("work/fw.bin");
+        let result = copy_file(&host, "/staging/fw.bin", &to, &tight);
+        let Err(SourceError::NoSpace(why)) = result else {
+            panic!("expected NoSpace: {result:?}");
+        };
+        assert!(why.contains("102400 bytes allowed"), "{why}");
+        let written = std::fs::metadata(&to).unwrap().len();
+        assert!(written <= 100 * 1024, "{written} bytes written");
     }
 }

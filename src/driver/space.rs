@@ -1,13 +1,14 @@
-//! How much disk one bundle fetch may take while it works: a bound on what
-//! its work directory holds at once (tarball, decompressed scratch and
-//! unpacked files together) and a margin of free space it must leave on the
-//! store's filesystem, so that a fetch never fills the node's disk.
+//! How much disk one bundle fetch or import may take while it works: a bound
+//! on what its work directory holds at once (a fetch's tarball, decompressed
+//! scratch and unpacked files together; an import's copied files) and a
+//! margin of free space it must leave on the store's filesystem, so that
+//! neither ever fills the node's disk.
 //!
 //! [`DiskBudget`] is charged as bytes are written and credited as work files
 //! are removed; it checks the filesystem's free space before each stage that
 //! knows its size, and again every [`CHECK_EVERY`] bytes written. The rule
 //! itself ([`room_problem`]) is pure. This module must not write or remove
-//! files: the fetch does, and tells it.
+//! files: the fetch or import does, and tells it.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -29,7 +30,7 @@ pub fn room_problem(
     let total = used.saturating_add(wanted);
     if total > max_total {
         return Some(format!(
-            "the fetch would hold {total} bytes on disk at once, more than the {max_total} allowed"
+            "the work directory would hold {total} bytes at once, more than the {max_total} allowed"
         ));
     }
     if free < wanted.saturating_add(min_free) {
@@ -60,8 +61,9 @@ pub fn free_bytes(path: &Path) -> io::Result<u64> {
     Ok(stat.f_bavail.saturating_mul(stat.f_frsize))
 }
 
-/// What one fetch holds on disk, and its limits. Shared by the stages of one
-/// fetch (download, decompression, unpacking); cheap to charge.
+/// What one fetch or import holds on disk, and its limits. Shared by the
+/// stages of one fetch (download, decompression, unpacking) or the copies of
+/// one import; cheap to charge.
 #[derive(Debug)]
 pub struct DiskBudget {
     /// A directory on the store's filesystem.
@@ -101,12 +103,13 @@ impl DiskBudget {
 
     /// `n` more bytes were written. Fails (`StorageFull`) once the work
     /// holds more than the total, or free space has fallen under the
-    /// margin; the writer stops there, and the fetch removes its work.
+    /// margin; the writer stops there, and the fetch or import removes its
+    /// work.
     pub fn charge(&self, n: u64) -> io::Result<()> {
         let used = self.used.fetch_add(n, Ordering::Relaxed).saturating_add(n);
         if used > self.max_total {
             return Err(no_space(format!(
-                "the fetch would hold more than the {} bytes allowed on disk at once",
+                "the work directory would hold more than the {} bytes allowed at once",
                 self.max_total
             )));
         }
