@@ -95,8 +95,12 @@ pub const LOAD_ARG_PATTERN: &str =
 pub const UNLOAD_ARG_PATTERN: &str = r"^(-[qsv]+|-[qsv]*w[0-9]+|--(verb(o(se?)?)?|q(u(i(et?)?)?)?|sy(s(l(og?)?)?)?|w(a(it?)?)?=[0-9]+))$";
 /// The CRD's pattern for each `parameters` entry: `name` or `name=value`, the
 /// name not starting with `-` (modprobe would read it as an option), the
-/// value without control characters.
-pub const PARAMETER_PATTERN: &str = r"^[A-Za-z0-9_][A-Za-z0-9_.-]*(=[^[:cntrl:]]*)?$";
+/// value without control characters: those `char::is_control` refuses, the
+/// ASCII ones (`[:cntrl:]`) and the C1 controls U+0080 to U+009F, which
+/// `[:cntrl:]` does not cover. `\x{hhhh}` because it names the code point in
+/// both Go's RE2 (the API server) and the `regex` crate (our test); RE2 has
+/// no `\u`.
+pub const PARAMETER_PATTERN: &str = r"^[A-Za-z0-9_][A-Za-z0-9_.-]*(=[^[:cntrl:]\x{80}-\x{9F}]*)?$";
 
 /// One option as `getopt_long` resolves a word.
 struct Resolved<'a> {
@@ -440,7 +444,17 @@ mod tests {
         ] {
             assert_eq!(parameter_problem(ok), None, "{ok}");
         }
-        for bad in ["-x", "--config=/x", "a b=1", "=1", "", "x=1\n", "x=\u{7f}"] {
+        for bad in [
+            "-x",
+            "--config=/x",
+            "a b=1",
+            "=1",
+            "",
+            "x=1\n",
+            "x=\u{7f}",
+            "x=\u{80}",
+            "x=a\u{9f}b",
+        ] {
             assert!(parameter_problem(bad).is_some(), "{bad:?}");
         }
     }
@@ -502,10 +516,30 @@ mod tests {
             "x=a b",
             "_x",
             ".x",
+            // The C1 controls, which `[:cntrl:]` alone lets through, and the
+            // characters just outside them.
+            "x=\u{80}",
+            "x=a\u{85}b",
+            "x=\u{9f}",
+            "x=\u{7e}",
+            "x=\u{a0}",
+            "x=é",
         ] {
             assert_eq!(
                 parameter.is_match(word),
                 parameter_problem(word).is_none(),
+                "parameters {word:?}"
+            );
+        }
+        // Every value of one character up to U+00FF and a few beyond (a line
+        // separator, a format character, an emoji): the pattern and the rule
+        // agree on each, controls and all.
+        let beyond = ['\u{2028}', '\u{200b}', '\u{feff}', '\u{1f600}'];
+        for c in ('\0'..='\u{ff}').chain(beyond) {
+            let word = format!("x={c}");
+            assert_eq!(
+                parameter.is_match(&word),
+                parameter_problem(&word).is_none(),
                 "parameters {word:?}"
             );
         }
