@@ -377,6 +377,95 @@ mod tests {
         }
     }
 
+    /// What kmod's `modprobe` makes of a word, for [`kmods_reading_decides_each_spelling`].
+    #[derive(Debug)]
+    enum Kmod {
+        /// It means this long option, one of the reporting ones: allowed.
+        Allows,
+        /// It means this long option (for a cluster, the one not allowed).
+        Means(&'static str),
+        /// `getopt_long` refuses it as ambiguous: the prefix is shared by
+        /// options of different meanings.
+        Ambiguous,
+    }
+
+    /// Spellings and what kmod reads them as, written out by hand from kmod's
+    /// option table (`cmdopts` and `cmdopts_s` in `tools/modprobe.c`, kmod
+    /// 84fa569b2eb3) and glibc's `getopt_long` rules (an exact name wins; a
+    /// prefix of several entries is ambiguous unless they have the same
+    /// `has_arg`, `flag` and `val`; short options cluster, and one that takes
+    /// a value takes the rest of the word). Independent of [`resolve_long`]
+    /// and [`LONG_OPTIONS`], so that a resolver wrong in the same way as a
+    /// table derived from it still fails here.
+    #[test]
+    fn kmods_reading_decides_each_spelling() {
+        use Kmod::{Allows, Ambiguous, Means};
+        let table: &[(&str, Kmod)] = &[
+            // No other long option starts with `c` (`show-config` starts
+            // with `s`), so even `--c` is `--config` to getopt_long, not
+            // ambiguous.
+            ("--conf=/x", Means("config")),
+            ("--con=/x", Means("config")),
+            ("--c=/x", Means("config")),
+            ("--config=/x", Means("config")),
+            // `--d` is ambiguous (dirname, dry-run, dump-modversions); from
+            // `--di` on it is dirname.
+            ("--di=/x", Means("dirname")),
+            ("--dir=/x", Means("dirname")),
+            ("--dirname=/x", Means("dirname")),
+            ("--d=/x", Ambiguous),
+            // ignore-install and ignore-remove are both `no_argument, 0, 'i'`:
+            // a prefix of both, `--ignore-`, is not ambiguous either.
+            ("--ignore-i", Means("ignore-install")),
+            ("--ignore-inst", Means("ignore-install")),
+            ("--ignore-", Means("ignore-install")),
+            ("--set=1", Means("set-version")),
+            ("--set-v=1", Means("set-version")),
+            // remove-dependencies (7) and remove-holders (5) differ in `val`.
+            ("--remove-", Ambiguous),
+            // An exact name wins over the longer names it starts.
+            ("--remove", Means("remove")),
+            ("--show", Means("show")),
+            ("--force", Means("force")),
+            ("--fo", Ambiguous),
+            ("--s", Ambiguous),
+            ("--v", Ambiguous),
+            ("--ver", Ambiguous),
+            // Short options, alone and clustered; C, d, S and w take a value.
+            ("-C/x", Means("config")),
+            ("-d/x", Means("dirname")),
+            ("-vC/x", Means("config")),
+            ("-qd/x", Means("dirname")),
+            ("-i", Means("ignore-install")),
+            ("-S1", Means("set-version")),
+            ("-f", Means("force")),
+            ("-vf", Means("force")),
+            // The reporting options, in every form.
+            ("-v", Allows),
+            ("-q", Allows),
+            ("-s", Allows),
+            ("-vq", Allows),
+            ("-vvq", Allows),
+            ("--verb", Allows),
+            ("--verbo", Allows),
+            ("--verbose", Allows),
+            ("--q", Allows),
+            ("--qui", Allows),
+            ("--quiet", Allows),
+            ("--sy", Allows),
+            ("--syslog", Allows),
+        ];
+        for (word, kmod) in table {
+            let problem = load_arg_problem(word);
+            match (kmod, &problem) {
+                (Allows, None) => {}
+                (Means(long), Some(why)) if why.contains(&format!("means --{long},")) => {}
+                (Ambiguous, Some(why)) if why.contains("is ambiguous") => {}
+                _ => panic!("{word}: kmod reads it as {kmod:?}, the rule says {problem:?}"),
+            }
+        }
+    }
+
     #[test]
     fn refusals_name_the_entry_and_what_kmod_reads() {
         let why = load_arg_problem("--conf=/x").unwrap_or_default();
