@@ -610,6 +610,82 @@ async fn heterogeneous_layouts_warn_with_single_and_split_with_mixed() {
     h.stop().await;
 }
 
+/// After a boot into a node whose managed amdgpu is not loaded yet (as
+/// after a driver upgrade's reboot), the pre-start check waits for the
+/// driver: it runs once, after `modprobe`, and passes. Started at once, it
+/// would test a node with no GPU and fail (the stand-in fails every GPU
+/// while `/sys/module/amdgpu` is missing, as real rvs finds none).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pre_start_check_waits_for_the_driver_the_device_config_manages() {
+    let rvs = fake_rvs::FakeRvs::new();
+    rvs.modes(&["pass"]);
+    let spec = SimSpec::new("mi210", Some(2), None).unwrap();
+    let mut h = Harness::start_prepared(spec, cluster::node(NODE, json!({})), |host| {
+        simulate::unload_module(host).unwrap();
+    })
+    .await;
+    rvs.needs(&h.host.path("/sys/module/amdgpu"));
+    h.shutdown.cancel();
+    let _ = h.agent.take().unwrap().await;
+    h.shutdown = CancellationToken::new();
+    let kubelet_dir = h.kubelet.dir().parent().unwrap().to_path_buf();
+    h.spawn_agent_with(kubelet_dir, Some(rvs.commands()));
+    let config = fake_rvs::config_json("PRE_START_JOB_CHECK", r#"{"Recipe":"gst_single"}"#);
+    let api: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(h.cluster.client(), cluster::NAMESPACE);
+    let cm: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "gpu-tests"}, "data": {"config.json": config}
+    }))
+    .unwrap();
+    api.create(&PostParams::default(), &cm).await.unwrap();
+    // No bundle in the store yet: the driver cannot load, and the check
+    // must not run meanwhile.
+    h.apply_device_config(
+        "gpus",
+        json!({"driver": {"enable": true, "version": LOADABLE_VERSION},
+               "testRunner": {"enable": true, "config": {"name": "gpu-tests"}}}),
+    )
+    .await;
+    h.eventually("the driver refused for want of a bundle", |h| {
+        h.driver_ready_is("False", "BundleMissingForKernel", &[])
+    })
+    .await;
+    h.eventually("the test runner says it waits for the driver", |h| {
+        h.status().is_some_and(|s| {
+            s.services
+                .get(&gpu_operator::api::agent_status::ServiceName::TestRunner)
+                .and_then(|t| t.unavailable_reason())
+                .is_some_and(|why| {
+                    why.contains("tests wait") && why.contains("BundleMissingForKernel")
+                })
+        })
+    })
+    .await;
+    assert!(
+        rvs.invocations().is_empty(),
+        "no test before the driver: {:?}",
+        rvs.invocations()
+    );
+    bundles::write_bundle(
+        &h.host,
+        LOADABLE_VERSION,
+        simulate::SIM_KERNEL_RELEASE,
+        true,
+    );
+    h.eventually("the pre-start check passed", |h| {
+        h.cluster.list("v1", "Event").iter().any(|e| {
+            e["reason"] == "TestPassed"
+                && e["metadata"]["labels"]["testrunner.amd.com/trigger"] == "pre_start_job_check"
+        })
+    })
+    .await;
+    assert_eq!(bundles::modprobe_runs(&h.tools()).len(), 1, "loaded once");
+    let runs = rvs.invocations();
+    assert_eq!(runs.len(), 1, "the check ran once: {runs:?}");
+    assert!(runs[0].contains("trigger=PRE_START_JOB_CHECK"), "{runs:?}");
+    h.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ecc_error_marks_the_gpu_unhealthy_everywhere_and_triggers_the_test() {
     let rvs = fake_rvs::FakeRvs::new();

@@ -290,6 +290,53 @@ async fn cpx_nps4_is_applied_drain_safe_and_every_service_follows_then_back_to_d
     rig.stop_agent().await;
 }
 
+/// The node's own partition change is not a GPU fault: while the modes are
+/// written the GPUs' files go and come back, and the health monitor holds
+/// its verdicts, so no GPU is reported unhealthy on the Node or in an Event,
+/// there and back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_nodes_own_partition_change_is_no_health_fault() {
+    let mut rig = Rig::start(true).await;
+    let history = rig.cluster.record_nodes();
+    rig.eventually("the health condition published", |r| {
+        r.node()["status"]["conditions"]
+            .as_array()
+            .is_some_and(|cs| cs.iter().any(|c| c["type"] == "AMDGPUUnhealthy"))
+    })
+    .await;
+    for profile in ["cpx_nps4_all", "default"] {
+        rig.choose(profile).await;
+        rig.eventually(&format!("{profile} applied and the node released"), |r| {
+            r.state().as_deref() == Some("success")
+                && !r.cordoned()
+                && !r.has_record()
+                && r.reasons()
+                    .iter()
+                    .filter(|x| *x == "PartitionReleased")
+                    .count()
+                    >= if profile == "default" { 2 } else { 1 }
+        })
+        .await;
+    }
+    let unhealthy: Vec<Value> = history
+        .versions()
+        .iter()
+        .filter_map(|n| {
+            let n = serde_json::to_value(n).unwrap();
+            n["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|c| c["type"] == "AMDGPUUnhealthy" && c["status"] == "True")
+                .cloned()
+        })
+        .collect();
+    assert!(unhealthy.is_empty(), "{unhealthy:#?}");
+    let reasons = rig.reasons();
+    assert!(!reasons.iter().any(|r| r == "GPUUnhealthy"), "{reasons:?}");
+    rig.stop_agent().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_invalid_profile_is_rejected_before_any_drain() {
     let mut rig = Rig::start(true).await;

@@ -44,6 +44,8 @@ use tokio_util::sync::CancellationToken;
 /// loaded machine.
 const WORKFLOW: Duration = Duration::from_secs(60);
 const TAINT_KEY: &str = "amd-gpu-unhealthy";
+/// The driver a managed-driver rig's DeviceConfig asks for.
+const DRIVER_VERSION: &str = "6.14.1";
 
 /// A mapping in the reference's format: our condition, tested with RVS.
 const MAPPING: &str = r#"
@@ -181,6 +183,16 @@ fn phase_of(node: &Value) -> Option<String> {
     record_of(node)["run"]["phase"].as_str().map(str::to_owned)
 }
 
+/// The reason of the Node's `AMDGPUDriverReady` condition.
+fn driver_reason(node: &Value) -> Option<String> {
+    node["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == "AMDGPUDriverReady")
+        .and_then(|c| c["reason"].as_str())
+        .map(str::to_owned)
+}
+
 fn tainted(node: &Value) -> bool {
     node["spec"]["taints"]
         .as_array()
@@ -283,6 +295,10 @@ struct AgentRig {
     kubelet_pods: Arc<Mutex<Vec<PodResources>>>,
     /// The agent's `--allow-test-command` entries.
     allowed: Vec<PathBuf>,
+    /// The DeviceConfig manages the driver ([`AgentRig::manage_driver`]):
+    /// the agent loads it with a `modprobe` stand-in, and a reboot comes
+    /// back without amdgpu, as a node whose in-box driver is blacklisted.
+    managed_driver: bool,
     _kubelet: tokio::sync::oneshot::Sender<()>,
     agent: Option<(
         CancellationToken,
@@ -310,7 +326,7 @@ impl AgentRig {
         let (bdf, other_bdf) = (gpus[0].bdf.clone(), gpus[1].bdf.clone());
         let tools = dir.path().join("tools");
         std::fs::create_dir_all(&tools).unwrap();
-        write_reboot(&tools, &host, &bdf);
+        write_reboot(&tools, &host, &bdf, false);
         write_gpu_reset(&tools, &host, reset);
         let rvs = fake_rvs::FakeRvs::new();
         rvs.modes(rvs_modes);
@@ -344,6 +360,7 @@ impl AgentRig {
             other_bdf,
             kubelet_pods,
             allowed: Vec::new(),
+            managed_driver: false,
             _kubelet: kubelet,
             agent: None,
         };
@@ -360,7 +377,18 @@ impl AgentRig {
     fn start_agent_as(&mut self, leader: Option<&str>) {
         let kubelet_dir = self._dir.path().join("kubelet");
         std::fs::create_dir_all(kubelet_dir.join("device-plugins")).unwrap();
-        let mut driver = support::bundles::no_modprobe();
+        let mut driver = if self.managed_driver {
+            let mut driver = gpu_operator::driver::manager::ManagerConfig {
+                store: support::bundles::STORE.into(),
+                recheck: Duration::from_millis(200),
+                ..Default::default()
+            };
+            driver.commands.modprobe =
+                support::bundles::modprobe_recorder(&self.tools, self.host.root(), DRIVER_VERSION);
+            driver
+        } else {
+            support::bundles::no_modprobe()
+        };
         driver.reboot = Some(
             gpu_operator::driver::reboot::RebootCommand::parse(
                 &self.tools.join("reboot").display().to_string(),
@@ -396,6 +424,46 @@ impl AgentRig {
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(agent::run(self.cluster.client(), config, shutdown.clone()));
         self.agent = Some((shutdown, task));
+    }
+
+    /// Has the DeviceConfig manage the driver: a signed bundle in the
+    /// node's store, amdgpu not loaded until the agent loads it, and every
+    /// reboot coming back without it. The validation stand-in then fails
+    /// every GPU while amdgpu is not loaded, as real tools find no GPU.
+    async fn manage_driver(&mut self) {
+        self.stop_agent().await;
+        simulate::unload_module(&self.host).unwrap();
+        support::bundles::write_bundle(
+            &self.host,
+            DRIVER_VERSION,
+            simulate::SIM_KERNEL_RELEASE,
+            true,
+        );
+        write_reboot(&self.tools, &self.host, &self.bdf, true);
+        self.rvs.needs(&self.host.path("/sys/module/amdgpu"));
+        self.managed_driver = true;
+        self.cluster
+            .apply_device_config(
+                "gpus",
+                json!({"driver": {"enable": true, "version": DRIVER_VERSION}}),
+            )
+            .await;
+        self.start_agent();
+        // The condition said DriverLoaded of the in-box driver before: wait
+        // for the bundle's version loaded by the agent.
+        self.eventually("the agent loaded the driver", |r| {
+            let node = r.node();
+            driver_reason(&node).as_deref() == Some("DriverLoaded")
+                && node["metadata"]["annotations"]["amd.com/gpu-agent-status"]
+                    .as_str()
+                    .and_then(|s| serde_json::from_str::<Value>(s).ok())
+                    .is_some_and(|s| s["driver"]["version"] == DRIVER_VERSION)
+        })
+        .await;
+    }
+
+    fn modprobe_runs(&self) -> Vec<String> {
+        support::bundles::modprobe_runs(&self.tools)
     }
 
     /// The host's reboot, as the agent lives it: once the stand-in ran, the
@@ -525,18 +593,24 @@ fn write_gpu_reset(tools: &Path, host: &HostRoot, reset: ResetStandIn) {
 }
 
 /// The reboot stand-in: records the reboot, gives the host a new boot id and
-/// the GPU its counters of a fresh boot (the repair).
-fn write_reboot(tools: &Path, host: &HostRoot, bdf: &str) {
+/// the GPU its counters of a fresh boot (the repair); with `unload`, the
+/// host comes back without amdgpu (blacklisted, for the agent to load).
+fn write_reboot(tools: &Path, host: &HostRoot, bdf: &str, unload: bool) {
     use std::os::unix::fs::PermissionsExt;
     let log = tools.join("reboot.log");
     let boot_id = host.path("/proc/sys/kernel/random/boot_id");
     let ras = host.path(format!("/sys/bus/pci/devices/{bdf}/ras/umc_err_count"));
+    let module = if unload {
+        format!("rm -rf '{}'\n", host.path("/sys/module/amdgpu").display())
+    } else {
+        String::new()
+    };
     // The log line goes last: a reboot counted is a reboot done.
     let body = format!(
         "#!/bin/sh\nn=$(cat '{log}' 2>/dev/null | wc -l)\n\
          printf 'b007%08d-0000-4000-8000-000000000000\\n' \"$n\" > '{boot}.new' && mv '{boot}.new' '{boot}'\n\
          printf 'ue: 0\\nce: 0\\n' > '{ras}.new' && mv '{ras}.new' '{ras}'\n\
-         echo reboot >> '{log}'\n",
+         {module}echo reboot >> '{log}'\n",
         log = log.display(),
         boot = boot_id.display(),
         ras = ras.display(),
@@ -824,6 +898,79 @@ async fn a_validation_waits_for_the_test_runners_test_on_the_same_gpu() {
         "{calls:?}"
     );
     assert!(calls[1].contains("trigger=MANUAL"), "{calls:?}");
+}
+
+/// With the driver managed, a remediation reboot comes back without
+/// amdgpu: the validation starts only once the agent reports its own load
+/// done for the new boot (the tests stand-in fails every GPU before), the
+/// agent runs `modprobe` once for that boot, and `AMDGPUDriverReady` goes
+/// from loading to loaded without falling back to not loaded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_reboot_validation_waits_for_the_managed_driver_loaded_once() {
+    let mut rig = AgentRig::start(&["pass"]).await;
+    rig.manage_driver().await;
+    assert_eq!(rig.modprobe_runs().len(), 1, "{:?}", rig.modprobe_runs());
+    let history = rig.cluster.record_nodes();
+    let (_stop, _leader) = start_leader(&rig.cluster, "leader-a", fast_confirm());
+    rig.agent_reported_its_boot().await;
+    rig.inject_ecc_error();
+    rig.eventually("the taint", |r| tainted(&r.node())).await;
+    rig.come_back_from_reboot(1).await;
+    rig.eventually("released after the tests passed", |r| {
+        let node = r.node();
+        phase_of(&node).is_none() && !tainted(&node)
+    })
+    .await;
+    event_seen(&rig.cluster, "RemediationTestPassed", "gst_single").await;
+    assert!(events_with(&rig.cluster, "amd-gpu-remediation-failed").is_empty());
+    assert_eq!(
+        rig.modprobe_runs().len(),
+        2,
+        "once per boot: {:?}",
+        rig.modprobe_runs()
+    );
+    let versions: Vec<Value> = history
+        .versions()
+        .iter()
+        .filter(|n| n.metadata.name.as_deref() == Some(NODE))
+        .map(|n| serde_json::to_value(n).unwrap())
+        .collect();
+    // The leader's Validating comes after the agent reported the driver
+    // loaded for the boot after the reboot.
+    let booted = rig
+        .host
+        .read_string("/proc/sys/kernel/random/boot_id")
+        .unwrap();
+    let loaded_for_new_boot = versions.iter().position(|n| {
+        n["metadata"]["annotations"]["amd.com/gpu-agent-status"]
+            .as_str()
+            .and_then(|s| serde_json::from_str::<Value>(s).ok())
+            .is_some_and(|status| {
+                status["driver"]["bootId"].as_str() == Some(booted.trim())
+                    && status["driver"]["loaded"] == true
+                    && status["driverLoad"]["state"] == "loaded"
+            })
+    });
+    let validating = versions
+        .iter()
+        .position(|n| phase_of(n).as_deref() == Some("Validating"));
+    assert!(
+        matches!((loaded_for_new_boot, validating), (Some(l), Some(v)) if l < v),
+        "driver loaded at {loaded_for_new_boot:?}, validation at {validating:?}"
+    );
+    // The condition's reasons, each change once: never back to not loaded
+    // once the load started.
+    let mut reasons: Vec<String> = versions.iter().filter_map(driver_reason).collect();
+    reasons.dedup();
+    let after_load = reasons
+        .iter()
+        .skip_while(|r| r.as_str() != "DriverLoading")
+        .collect::<Vec<_>>();
+    assert!(
+        !after_load.iter().any(|r| r.as_str() == "DriverNotLoaded"),
+        "{reasons:?}"
+    );
+    assert_eq!(reasons.last().map(String::as_str), Some("DriverLoaded"));
 }
 
 /// The validation tool is not in the agent's pod (as AGFHC is not in its

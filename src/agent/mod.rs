@@ -292,7 +292,7 @@ pub async fn run(
             };
             driver_wanted.send_if_modified(|current| {
                 let changed = *current != wanted;
-                *current = wanted;
+                *current = wanted.clone();
                 changed
             });
             let load = driver_load.borrow_and_update().clone();
@@ -311,13 +311,22 @@ pub async fn run(
                 &selection,
                 driver_report.borrow().as_ref(),
                 load.as_ref(),
+                wanted.as_ref(),
                 &node,
                 &now,
             );
             if let Some(intent) = condition {
                 edges.apply_driver_condition(&intent).await;
             }
-            let desired = edges.follow(&selection, &following, node.labels());
+            let mut desired = edges.follow(&selection, &following, node.labels());
+            plan::hold_for_node_work(
+                &mut desired,
+                plan::NodeWork {
+                    driver: driver_report.borrow().as_ref(),
+                    load: load.as_ref(),
+                    partition: partition_report.borrow().as_ref(),
+                },
+            );
             let profiles_text = partition_text.borrow().clone();
             let wanted_partition = plan::partition_wanted(
                 &mut state,

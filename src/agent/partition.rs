@@ -211,10 +211,12 @@ async fn show(
         *r = now_reported.clone();
         changed
     });
+    let news = is_news(shown.as_ref(), node.labels(), profile, state);
     let written = write_state(feeds, node, Some(state)).await;
-    let now = Some((profile.to_owned(), state));
-    if written && *shown != now {
-        *shown = now;
+    if written {
+        *shown = Some((profile.to_owned(), state));
+    }
+    if written && news {
         let event = match state {
             State::Failed => Some((
                 EventType::Warning,
@@ -244,6 +246,25 @@ async fn show(
     written
 }
 
+/// Whether showing `state` of `profile` is news for an Event: not when this
+/// process showed it last, nor, in a process that has shown nothing yet,
+/// when the Node already shows it (the agent announced it before it
+/// restarted). Pure.
+pub fn is_news(
+    shown: Option<&(String, State)>,
+    node_labels: &BTreeMap<String, String>,
+    profile: &str,
+    state: State,
+) -> bool {
+    match shown {
+        Some((p, s)) => !(p == profile && *s == state),
+        None => {
+            node_labels.get(PROFILE_LABEL).map(String::as_str) != Some(profile)
+                || node_labels.get(STATE_LABEL).map(String::as_str) != Some(state.as_str())
+        }
+    }
+}
+
 /// Makes the Node's state label `state` (none: removed). False on failure.
 async fn write_state(feeds: &Feeds, node: &Node, state: Option<State>) -> bool {
     let intent = NodeIntent {
@@ -262,5 +283,45 @@ async fn write_state(feeds: &Feeds, node: &Node, state: Option<State>) -> bool {
             tracing::warn!(error = %e, "cannot write the partition state label; will retry");
             false
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_restarted_agent_does_not_announce_what_the_node_already_shows() {
+        let labels = |profile: &str, state: &str| {
+            BTreeMap::from([
+                (PROFILE_LABEL.to_owned(), profile.to_owned()),
+                (STATE_LABEL.to_owned(), state.to_owned()),
+            ])
+        };
+        let on_node = labels("cpx_nps4_all", "success");
+        // Fresh process, the Node says it already: no Event again.
+        assert!(!is_news(None, &on_node, "cpx_nps4_all", State::Success));
+        // Fresh process, the Node says another state or profile: news.
+        assert!(is_news(None, &on_node, "cpx_nps4_all", State::Applying));
+        assert!(is_news(
+            None,
+            &labels("default", "success"),
+            "cpx_nps4_all",
+            State::Success
+        ));
+        // This process showed it: not news; another state is.
+        let shown = ("cpx_nps4_all".to_owned(), State::Applying);
+        assert!(!is_news(
+            Some(&shown),
+            &on_node,
+            "cpx_nps4_all",
+            State::Applying
+        ));
+        assert!(is_news(
+            Some(&shown),
+            &on_node,
+            "cpx_nps4_all",
+            State::Success
+        ));
     }
 }

@@ -30,6 +30,7 @@ use crate::api::agent_status::{
 };
 use crate::device::Inventory;
 use crate::driver::condition::{CONDITION_TYPE, driver_condition};
+use crate::driver::manager::DriverWanted;
 use crate::events::EventType;
 use crate::node_writer::{StatusIntent, condition_to_apply, find_condition};
 use crate::plugin::PluginStatus;
@@ -172,16 +173,30 @@ pub fn driver_labels(
 /// the driver report read, the condition ([`driver_condition`], from the report
 /// and what the driver manager did, `load`; keeping the
 /// Node's times when it says the same); with none selecting it, an empty
-/// intent that removes it, if there. Under a conflict nothing changes. Pure.
+/// intent that removes it, if there. Under a conflict nothing changes.
+///
+/// While the manager's last answer (`load`) answers an earlier ask than
+/// what is asked of it now (`wanted`: a new `driver.version`, a new upgrade
+/// record), nothing changes either: judging the new ask by the old answer
+/// would write `DriverVersionMismatch` for the moment the manager takes to
+/// answer, and move `lastTransitionTime` twice. Pure.
 pub fn driver_condition_intent(
     selection: &Selection,
     report: Option<&DriverReport>,
     load: Option<&DriverLoad>,
+    wanted: Option<&DriverWanted>,
     node: &k8s_openapi::api::core::v1::Node,
     now: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
 ) -> Option<StatusIntent> {
     let on_node = find_condition(node, CONDITION_TYPE);
+    let answers_an_earlier_ask = match (load, wanted) {
+        (Some(load), Some(wanted)) => {
+            load.asked != wanted.version || load.told_at != wanted.told_at
+        }
+        _ => false,
+    };
     match (selection, report) {
+        (Selection::One(_), Some(_)) if answers_an_earlier_ask => None,
         (Selection::One(selected), Some(report)) => {
             let desired = driver_condition(report, selected.spec.driver(), load, now);
             let condition = condition_to_apply(node, desired);
@@ -288,6 +303,40 @@ pub fn partition_wanted(
         (None, Some(_)) => None,
     };
     Some(super::partition::Wanted { profiles })
+}
+
+/// What the node is doing to its own GPUs, which the services must not
+/// take for a fault.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NodeWork<'a> {
+    /// The driver report and the driver manager's last outcome.
+    pub driver: Option<&'a DriverReport>,
+    pub load: Option<&'a DriverLoad>,
+    /// The node's partition change, as the agent's partition task reports it.
+    pub partition: Option<&'a crate::api::agent_status::PartitionReport>,
+}
+
+/// Holds what would misread the node's own work: the test runner's tests
+/// while the GPUs cannot be tested yet
+/// ([`crate::driver::condition::gpus_pending`]), and the health monitor's
+/// verdicts while a partition change is being written (its GPUs' files go
+/// and come back). Returns whether that changed `desired`. Pure.
+pub fn hold_for_node_work(desired: &mut DesiredServices, work: NodeWork<'_>) -> bool {
+    let mut changed = false;
+    if let Some(tests) = desired.test_runner.as_mut() {
+        let pending = crate::driver::condition::gpus_pending(work.driver, work.load);
+        changed |= tests.gpus_pending != pending;
+        tests.gpus_pending = pending;
+    }
+    if let Some(health) = desired.health.as_mut() {
+        let hold = work
+            .partition
+            .filter(|p| p.state == crate::partition::state::State::Applying.as_str())
+            .map(|p| format!("the node is writing partition profile {}", p.profile));
+        changed |= health.hold != hold;
+        health.hold = hold;
+    }
+    changed
 }
 
 /// What the agent's command line overrides in the services a DeviceConfig
@@ -786,10 +835,10 @@ mod tests {
         let mut node = Node::default();
         // Nothing until the report is read.
         assert_eq!(
-            driver_condition_intent(&selection, None, None, &node, &now),
+            driver_condition_intent(&selection, None, None, None, &node, &now),
             None
         );
-        let intent = driver_condition_intent(&selection, Some(&report), None, &node, &now)
+        let intent = driver_condition_intent(&selection, Some(&report), None, None, &node, &now)
             .expect("a first condition");
         assert_eq!(intent.conditions[0].type_, CONDITION_TYPE);
         assert_eq!(intent.conditions[0].status, "True");
@@ -799,7 +848,7 @@ mod tests {
         });
         let later = Time(k8s_openapi::jiff::Timestamp::from_second(1_800_000_100).unwrap());
         assert_eq!(
-            driver_condition_intent(&selection, Some(&report), None, &node, &later),
+            driver_condition_intent(&selection, Some(&report), None, None, &node, &later),
             None,
             "the Node says it already: no write for a heartbeat"
         );
@@ -809,22 +858,199 @@ mod tests {
             ..report.clone()
         };
         let intent =
-            driver_condition_intent(&selection, Some(&unloaded), None, &node, &later).unwrap();
+            driver_condition_intent(&selection, Some(&unloaded), None, None, &node, &later)
+                .unwrap();
         assert_eq!(intent.conditions[0].status, "False");
         assert_eq!(
-            driver_condition_intent(&Selection::None, Some(&report), None, &node, &later),
+            driver_condition_intent(&Selection::None, Some(&report), None, None, &node, &later),
             Some(StatusIntent::default()),
             "deselected: removed"
         );
         let conflict = Selection::Conflict(vec!["a/x".into(), "b/y".into()]);
         assert_eq!(
-            driver_condition_intent(&conflict, Some(&unloaded), None, &node, &later),
+            driver_condition_intent(&conflict, Some(&unloaded), None, None, &node, &later),
             None
         );
         assert_eq!(
-            driver_condition_intent(&Selection::None, None, None, &Node::default(), &later),
+            driver_condition_intent(&Selection::None, None, None, None, &Node::default(), &later),
             None
         );
+    }
+
+    #[test]
+    fn a_new_driver_version_is_not_judged_by_the_answer_to_the_old_one() {
+        use crate::api::agent_status::ModuleOrigin;
+        use crate::api::{DriverSpec, DriverUpgradePolicySpec};
+        use k8s_openapi::api::core::v1::{Node, NodeStatus};
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        let now = Time(k8s_openapi::jiff::Timestamp::from_second(1_800_000_000).unwrap());
+        let report = DriverReport {
+            loaded: true,
+            origin: ModuleOrigin::OutOfTree,
+            version: Some("6.12.12".into()),
+            kernel_release: Some("6.8.0".into()),
+            ..DriverReport::default()
+        };
+        let spec_of = |version: &str| {
+            let driver = DriverSpec {
+                enable: true,
+                version: Some(version.into()),
+                upgrade_policy: Some(DriverUpgradePolicySpec {
+                    enable: Some(true),
+                    ..DriverUpgradePolicySpec::default()
+                }),
+                ..DriverSpec::default()
+            };
+            DeviceConfigSpec {
+                driver: Some(driver),
+                ..DeviceConfigSpec::default()
+            }
+        };
+        let key = ConfigKey {
+            namespace: "ns".into(),
+            name: "gpus".into(),
+        };
+        let wanted_of = |spec: &DeviceConfigSpec| DriverWanted::for_node(spec.driver(), &key, None);
+        let old = spec_of("6.12.12");
+        let running = DriverLoad {
+            state: DriverLoadState::Loaded,
+            reason: crate::driver::manager::RUNNING.into(),
+            message: "amdgpu 6.12.12 runs".into(),
+            bundle: None,
+            version: Some("6.12.12".into()),
+            asked: Some("6.12.12".into()),
+            told_at: None,
+        };
+        let intent = driver_condition_intent(
+            &one("ns", "gpus", old.clone()),
+            Some(&report),
+            Some(&running),
+            wanted_of(&old).as_ref(),
+            &Node::default(),
+            &now,
+        )
+        .expect("the first condition");
+        assert_eq!(intent.conditions[0].status, "True");
+        let node = Node {
+            status: Some(NodeStatus {
+                conditions: Some(intent.conditions.clone()),
+                ..NodeStatus::default()
+            }),
+            ..Node::default()
+        };
+        // driver.version moves on: until the manager answers the new ask,
+        // the Node keeps what it says (no DriverVersionMismatch blip).
+        let new = spec_of("6.14.1");
+        assert_eq!(
+            driver_condition_intent(
+                &one("ns", "gpus", new.clone()),
+                Some(&report),
+                Some(&running),
+                wanted_of(&new).as_ref(),
+                &node,
+                &now,
+            ),
+            None
+        );
+        // The manager's answer to the new ask: the upgrade is pending.
+        let pending = DriverLoad {
+            reason: crate::driver::condition::UPGRADE_PENDING.into(),
+            asked: Some("6.14.1".into()),
+            ..running.clone()
+        };
+        let intent = driver_condition_intent(
+            &one("ns", "gpus", new.clone()),
+            Some(&report),
+            Some(&pending),
+            wanted_of(&new).as_ref(),
+            &node,
+            &now,
+        )
+        .expect("the answer to the new ask");
+        assert_eq!(
+            (
+                intent.conditions[0].status.as_str(),
+                intent.conditions[0].reason.as_deref()
+            ),
+            ("True", Some("UpgradePending"))
+        );
+    }
+
+    #[test]
+    fn tests_wait_for_the_driver_and_health_waits_for_a_partition_being_written() {
+        use crate::api::agent_status::PartitionReport;
+        let mut desired = DesiredServices {
+            test_runner: Some(crate::testrunner::TestRunnerConfig::new(
+                crate::host::HostRoot::new("/nonexistent"),
+                "n",
+                "/var/log/amd-test-runner",
+            )),
+            health: Some(crate::health::HealthConfig::new(
+                crate::host::HostRoot::new("/nonexistent"),
+            )),
+            ..DesiredServices::default()
+        };
+        let unloaded = DriverReport::default();
+        assert!(hold_for_node_work(
+            &mut desired,
+            NodeWork {
+                driver: Some(&unloaded),
+                ..NodeWork::default()
+            }
+        ));
+        let pending = desired
+            .test_runner
+            .as_ref()
+            .and_then(|t| t.gpus_pending.clone());
+        assert!(pending.is_some_and(|p| p.contains("not loaded")));
+        let loaded = DriverReport {
+            loaded: true,
+            ..DriverReport::default()
+        };
+        let applying = PartitionReport {
+            profile: "cpx_nps4_all".into(),
+            state: "applying".into(),
+            reason: None,
+        };
+        assert!(hold_for_node_work(
+            &mut desired,
+            NodeWork {
+                driver: Some(&loaded),
+                load: None,
+                partition: Some(&applying),
+            }
+        ));
+        assert_eq!(
+            desired
+                .test_runner
+                .as_ref()
+                .and_then(|t| t.gpus_pending.clone()),
+            None
+        );
+        let hold = desired.health.as_ref().and_then(|h| h.hold.clone());
+        assert!(hold.is_some_and(|h| h.contains("cpx_nps4_all")));
+        // Unchanged: no change reported.
+        assert!(!hold_for_node_work(
+            &mut desired,
+            NodeWork {
+                driver: Some(&loaded),
+                load: None,
+                partition: Some(&applying),
+            }
+        ));
+        let done = PartitionReport {
+            state: "success".into(),
+            ..applying
+        };
+        assert!(hold_for_node_work(
+            &mut desired,
+            NodeWork {
+                driver: Some(&loaded),
+                load: None,
+                partition: Some(&done),
+            }
+        ));
+        assert_eq!(desired.health.as_ref().and_then(|h| h.hold.clone()), None);
     }
 
     fn one(namespace: &str, name: &str, spec: DeviceConfigSpec) -> Selection {

@@ -206,6 +206,8 @@ pub async fn run_observed(
     let (_driver_wanted, wanted_rx) = tokio::sync::watch::channel(
         crate::driver::manager::DriverWanted::from_spec(config.spec.driver()),
     );
+    let mut report_rx = driver_report.clone();
+    let mut report_open = true;
     let mut driver_load = crate::driver::manager::spawn(
         driver_reader,
         config.driver.clone(),
@@ -242,6 +244,14 @@ pub async fn run_observed(
     if let Some(tests) = desired.test_runner.as_mut() {
         tests.commands = config.test_commands.clone();
     }
+    super::plan::hold_for_node_work(
+        &mut desired,
+        super::plan::NodeWork {
+            driver: report_rx.borrow_and_update().as_ref(),
+            load: driver_load.borrow().as_ref(),
+            partition: None,
+        },
+    );
     let mut transitions = services.transitions();
     let mut plugin_status = services.plugin_status.clone();
     let mut test_results = services.test_results();
@@ -343,6 +353,33 @@ pub async fn run_observed(
                     super::plan::driver_load_event(&mut driver_events, load.as_ref())
                 {
                     events.record(NodeEvent::agent(type_, action, reason, note)).await;
+                }
+                let report = report_rx.borrow().clone();
+                let work = super::plan::NodeWork {
+                    driver: report.as_ref(),
+                    load: load.as_ref(),
+                    partition: None,
+                };
+                if super::plan::hold_for_node_work(&mut desired, work) && progress.discovered
+                {
+                    services.apply(desired.clone()).await;
+                }
+            }
+            changed = report_rx.changed(), if report_open => {
+                if changed.is_err() {
+                    report_open = false;
+                    continue;
+                }
+                let report = report_rx.borrow_and_update().clone();
+                let load = driver_load.borrow().clone();
+                let work = super::plan::NodeWork {
+                    driver: report.as_ref(),
+                    load: load.as_ref(),
+                    partition: None,
+                };
+                if super::plan::hold_for_node_work(&mut desired, work) && progress.discovered
+                {
+                    services.apply(desired.clone()).await;
                 }
             }
             result = test_results.recv(), if results_open => match result {

@@ -33,10 +33,11 @@ use super::drain::DrainPolicy;
 use super::drain::Purpose;
 use super::reconcile::{Context, Error};
 use super::upgrader::{guarded, node_error, node_event_for};
-use crate::api::agent_status::{AgentStatus, ConfigKey, DriverLoadState, STATUS_ANNOTATION};
+use crate::api::agent_status::{AgentStatus, ConfigKey, STATUS_ANNOTATION};
 use crate::api::remediation_status::{self, RunEntry, Runs};
 use crate::api::syntax::parse_count_or_percent;
 use crate::api::{DeviceConfig, DrainSpec, RemediationWorkflowSpec};
+use crate::driver::condition::gpus_pending;
 use crate::node_writer::{Concern, CordonIntent, NodeIntent, NodeWriter};
 use crate::remediation::mapping::CONFIGMAP_KEY;
 use crate::remediation::plan::{
@@ -295,26 +296,14 @@ pub fn facts_of(node: &Node, rw: &RemediationWorkflowSpec, drain: Option<DrainSt
 }
 
 /// What the agent has not reported yet before the node's GPUs can be
-/// tested, from its status: its driver report (whose boot id is the one the
-/// facts take), amdgpu loaded in it, and, when the DeviceConfig manages the
-/// driver, its own load done. `None`: ready. Pure.
+/// tested, from its status ([`gpus_pending`]: its driver report, whose boot
+/// id is the one the facts take, amdgpu loaded in it, and, when the
+/// DeviceConfig manages the driver, its own load done). `None`: ready. Pure.
 pub fn driver_pending(agent: Option<&AgentStatus>) -> Option<String> {
     let Some(agent) = agent else {
         return Some("the node's agent has reported nothing".to_owned());
     };
-    let Some(report) = &agent.driver else {
-        return Some("the node's agent has not reported the driver yet".to_owned());
-    };
-    if !report.loaded {
-        return Some("amdgpu is not loaded yet".to_owned());
-    }
-    match &agent.driver_load {
-        Some(load) if load.state != DriverLoadState::Loaded => Some(format!(
-            "the agent's driver load is {:?} ({}: {})",
-            load.state, load.reason, load.message
-        )),
-        _ => None,
-    }
+    gpus_pending(agent.driver.as_ref(), agent.driver_load.as_ref())
 }
 
 /// How this term's drain of `node` stands.
@@ -903,7 +892,7 @@ mod tests {
 
     #[test]
     fn the_driver_is_pending_until_the_agent_reports_it_loaded_for_its_boot() {
-        use crate::api::agent_status::{DriverLoad, DriverReport};
+        use crate::api::agent_status::{DriverLoad, DriverLoadState, DriverReport};
         assert!(driver_pending(None).is_some());
         let mut agent = AgentStatus::default();
         assert!(

@@ -25,10 +25,38 @@ pub const REASON_LOADED: &str = "DriverLoaded";
 pub const REASON_NOT_LOADED: &str = "DriverNotLoaded";
 /// Loaded, but not the version `spec.driver.version` asks for.
 pub const REASON_VERSION_MISMATCH: &str = "DriverVersionMismatch";
+/// The driver manager's reason for a load it did itself (the manager's
+/// [`DriverLoadState::Loaded`] outcome).
+pub const LOADED_HERE: &str = "DriverLoaded";
+/// The manager's reason while it unloads or loads, and the condition's
+/// while the kernel does not show yet a module the manager just loaded.
+pub const REASON_LOADING: &str = "DriverLoading";
 /// A working amdgpu of another version runs while the leader's rolling
 /// upgrade has not reached this node (the driver manager's outcome, and
 /// the condition's reason then).
 pub const UPGRADE_PENDING: &str = "UpgradePending";
+
+/// What must still happen before the node's GPUs can be tested, if
+/// anything: the driver report read (for the boot the node runs), amdgpu
+/// loaded in it, and the driver manager's own load (`load`, when the
+/// DeviceConfig manages the driver) done. Tests started earlier find no
+/// GPU and fail, blaming the GPUs. The one rule for the test runner's
+/// triggers and the leader's remediation validation. Pure.
+pub fn gpus_pending(report: Option<&DriverReport>, load: Option<&DriverLoad>) -> Option<String> {
+    let Some(report) = report else {
+        return Some("the driver is not reported yet".to_owned());
+    };
+    if let Some(load) = load.filter(|l| l.state != DriverLoadState::Loaded) {
+        return Some(format!(
+            "the driver load is {:?} ({}: {})",
+            load.state, load.reason, load.message
+        ));
+    }
+    if !report.loaded {
+        return Some("amdgpu is not loaded yet".to_owned());
+    }
+    None
+}
 
 /// The condition for `report` under the DeviceConfig's `driver` section and
 /// what the driver manager last did (`load`), with its times set to `now`.
@@ -57,6 +85,17 @@ pub fn driver_condition(
     if let Some(load) = load.filter(|l| spec.enable && l.reason == UPGRADE_PENDING) {
         let message = format!("{} (kernel {kernel})", load.message);
         return condition_at(CONDITION_TYPE, "True", UPGRADE_PENDING, message, now);
+    }
+    // The manager's `modprobe` returned, and the report (read by discovery,
+    // which runs on its own pace) does not show the module yet: still
+    // loading, not "not loaded", which would flap the condition on every
+    // load.
+    if let Some(load) = load.filter(|l| spec.enable && l.reason == LOADED_HERE && !report.loaded) {
+        let message = format!(
+            "{}; waiting for the kernel to show the module (kernel {kernel})",
+            load.message
+        );
+        return condition_at(CONDITION_TYPE, "False", REASON_LOADING, message, now);
     }
     let (status, reason, message) = match (report.loaded, wanted) {
         (false, None) => (
@@ -206,5 +245,37 @@ mod tests {
         };
         let c = driver_condition(&rocm, &spec(true, Some("6.12.12")), Some(&loaded), &now());
         assert_eq!(said(&c).0, "True");
+    }
+
+    #[test]
+    fn a_load_the_kernel_does_not_show_yet_is_loading_not_unloaded() {
+        let none = report(ModuleOrigin::NotLoaded, None);
+        let loaded_here = DriverLoad {
+            state: DriverLoadState::Loaded,
+            reason: LOADED_HERE.into(),
+            message: "loaded amdgpu 6.14.1 from /var/lib/gpu-operator/drivers/b".into(),
+            bundle: None,
+            version: Some("6.14.1".into()),
+            asked: Some("6.14.1".into()),
+            told_at: None,
+        };
+        let c = driver_condition(
+            &none,
+            &spec(true, Some("6.14.1")),
+            Some(&loaded_here),
+            &now(),
+        );
+        let (status, reason, message) = said(&c);
+        assert_eq!((status, reason), ("False", REASON_LOADING));
+        assert!(message.contains("waiting for the kernel"), "{message}");
+        // Once the report shows it: ready.
+        let rocm = report(ModuleOrigin::OutOfTree, Some("6.14.1"));
+        let c = driver_condition(
+            &rocm,
+            &spec(true, Some("6.14.1")),
+            Some(&loaded_here),
+            &now(),
+        );
+        assert_eq!(said(&c).1, REASON_LOADED);
     }
 }

@@ -36,7 +36,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::blacklist::{self, Blacklisted};
 use super::bundle::{Expected, Refusal, Verified};
-use super::condition::UPGRADE_PENDING;
+use super::condition::{REASON_LOADING, UPGRADE_PENDING};
 use super::holders;
 use super::load::{self, LoadCommands, LoadDecision};
 use super::preflight::{self, DEFAULT_STORE};
@@ -141,7 +141,7 @@ impl Default for ManagerConfig {
 
 /// The reason of a [`DriverLoadState::Loaded`] outcome when this manager
 /// loaded the driver, and when it found it running.
-pub const LOADED_HERE: &str = "DriverLoaded";
+pub use super::condition::LOADED_HERE;
 pub const RUNNING: &str = "DriverRunning";
 /// The reasons of a reboot asked for, and of one that could not be asked.
 pub const REBOOT_REQUESTED: &str = "RebootRequested";
@@ -270,17 +270,22 @@ pub fn spawn(
                 loaded_here = None;
             }
             let look_again = match (&asked, &seen) {
-                (Some(_), Some(seen)) => {
-                    asked_changed
-                        || recheck_due
-                        || acts_on_report(last.as_ref(), loaded_here.as_deref(), seen)
-                }
+                (Some(asked), Some(seen)) => looks_again(
+                    Trigger {
+                        asked_changed,
+                        recheck_due,
+                    },
+                    last.as_ref(),
+                    loaded_here.as_deref(),
+                    asked,
+                    seen,
+                ),
                 _ => true,
             };
             if look_again {
                 let outcome = match (&asked, &seen) {
                     (Some(asked), Some(seen)) => {
-                        let mut outcome = act(
+                        let done = act(
                             &host,
                             &reader,
                             &config,
@@ -291,8 +296,7 @@ pub fn spawn(
                             &cancel,
                         )
                         .await;
-                        outcome.asked = asked.version.clone();
-                        outcome.told_at = asked.told_at.clone();
+                        let outcome = answering(asked, done);
                         let ours = outcome.state == DriverLoadState::Loaded
                             && outcome.reason == LOADED_HERE;
                         loaded_here = outcome.version.clone().filter(|_| ours);
@@ -315,11 +319,69 @@ pub fn spawn(
                     asked_changed = true;
                 }
                 changed = report.changed() => if changed.is_err() { return },
-                _ = tokio::time::sleep(config.recheck), if !settled => recheck_due = true,
+                _ = tokio::time::sleep(recheck_after(&config, loaded_here.is_some())), if !settled => recheck_due = true,
             }
         }
     });
     rx
+}
+
+/// How long a load this manager did may go unseen by the report before it
+/// is looked at again. Discovery, not `modprobe`, says what is loaded, on
+/// its own pace (udev, the rescan); looking again sooner would run
+/// `modprobe` a second time for a module that is there.
+pub const OWN_LOAD_GRACE: Duration = Duration::from_secs(30);
+
+/// When to look again while not settled: after [`ManagerConfig::recheck`],
+/// or, while the report does not show this manager's own load yet, after
+/// [`OWN_LOAD_GRACE`] at the least. Pure.
+pub fn recheck_after(config: &ManagerConfig, awaiting_own_load: bool) -> Duration {
+    if awaiting_own_load {
+        config.recheck.max(OWN_LOAD_GRACE)
+    } else {
+        config.recheck
+    }
+}
+
+/// What woke the manager, besides a change of the report.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Trigger {
+    /// What is asked for changed (the DeviceConfig, the upgrade record).
+    pub asked_changed: bool,
+    /// The recheck of a refused or failed load, or of a load the report has
+    /// not shown within [`ManagerConfig::recheck`], is due.
+    pub recheck_due: bool,
+}
+
+/// Whether to look again (decide, and maybe run `modprobe`) now. Pure.
+///
+/// Not while the report does not show yet the version this manager just
+/// loaded (`loaded_here`) and what is asked still is that version: a report
+/// read before the load says "not loaded", and acting on it would run
+/// `modprobe` a second time. A change of what is asked for (the leader
+/// rewriting the node's upgrade record after its reboot, a DeviceConfig
+/// edit that keeps the version) does not make that report any newer. A
+/// change of the version asked, a reboot asked for, or the recheck do look
+/// again.
+pub fn looks_again(
+    trigger: Trigger,
+    last: Option<&DriverLoad>,
+    loaded_here: Option<&str>,
+    asked: &DriverWanted,
+    report: &DriverReport,
+) -> bool {
+    let awaiting_own_load = loaded_here.is_some_and(|v| {
+        report.version.as_deref() != Some(v)
+            && asked.version.as_deref().is_none_or(|wanted| wanted == v)
+            && !reboot_due(asked, report)
+    });
+    if trigger.recheck_due {
+        return true;
+    }
+    if awaiting_own_load {
+        return false;
+    }
+    trigger.asked_changed || acts_on_report(last, loaded_here, report)
 }
 
 /// Whether a change of the report alone is reason to look again, after
@@ -551,11 +613,14 @@ async fn act(
         let message = format!("unloading amdgpu {running} to load {}", bundle.version);
         publish(
             tx,
-            Some(about(
-                DriverLoadState::Loading,
-                "DriverUnloading",
-                message,
-                &bundle,
+            Some(answering(
+                wanted,
+                about(
+                    DriverLoadState::Loading,
+                    "DriverUnloading",
+                    message,
+                    &bundle,
+                ),
             )),
         );
         let unloaded = tokio::select! {
@@ -577,11 +642,9 @@ async fn act(
     let message = format!("loading amdgpu {} from {}", bundle.version, bundle.dir);
     publish(
         tx,
-        Some(about(
-            DriverLoadState::Loading,
-            "DriverLoading",
-            message,
-            &bundle,
+        Some(answering(
+            wanted,
+            about(DriverLoadState::Loading, REASON_LOADING, message, &bundle),
         )),
     );
     let loaded = tokio::select! {
@@ -603,6 +666,17 @@ async fn act(
             format!("loading {}: {e}", bundle.dir),
             Some(&bundle.dir),
         ),
+    }
+}
+
+/// `outcome` as the answer to `wanted`: what was asked and when it was
+/// told, so that the agent can tell an answer to the current ask from one
+/// to an earlier ask.
+fn answering(wanted: &DriverWanted, outcome: DriverLoad) -> DriverLoad {
+    DriverLoad {
+        asked: wanted.version.clone(),
+        told_at: wanted.told_at.clone(),
+        ..outcome
     }
 }
 
@@ -700,6 +774,91 @@ mod tests {
             Some(&loaded),
             Some("6.14.1"),
             &report("6.14.1")
+        ));
+    }
+
+    #[test]
+    fn a_new_ask_does_not_load_again_while_the_report_lags_behind_the_load() {
+        let not_loaded = DriverReport {
+            loaded: false,
+            boot_id: Some("boot-2".into()),
+            ..DriverReport::default()
+        };
+        let loaded = DriverLoad {
+            state: DriverLoadState::Loaded,
+            reason: LOADED_HERE.into(),
+            message: "loaded".into(),
+            bundle: None,
+            version: Some("6.14.1".into()),
+            asked: Some("6.14.1".into()),
+            told_at: Some("t1".into()),
+        };
+        let asked = |version: Option<&str>, told_at: &str| DriverWanted {
+            driver_type: DriverType::Container,
+            version: version.map(str::to_owned),
+            blacklist: None,
+            module: KernelModuleConfigSpec::default(),
+            replace: true,
+            reboot_from: None,
+            told_at: Some(told_at.into()),
+        };
+        let changed = Trigger {
+            asked_changed: true,
+            recheck_due: false,
+        };
+        // The leader rewrote the record after the reboot: same version.
+        assert!(!looks_again(
+            changed,
+            Some(&loaded),
+            Some("6.14.1"),
+            &asked(Some("6.14.1"), "t2"),
+            &not_loaded
+        ));
+        // Any bundle asked for: the one just loaded is it.
+        assert!(!looks_again(
+            changed,
+            Some(&loaded),
+            Some("6.14.1"),
+            &asked(None, "t2"),
+            &not_loaded
+        ));
+        // Another version asked for: look again.
+        assert!(looks_again(
+            changed,
+            Some(&loaded),
+            Some("6.14.1"),
+            &asked(Some("6.15.0"), "t2"),
+            &not_loaded
+        ));
+        // A reboot asked for from this boot: look again.
+        let mut reboot = asked(Some("6.14.1"), "t2");
+        reboot.reboot_from = Some("boot-2".into());
+        assert!(looks_again(
+            changed,
+            Some(&loaded),
+            Some("6.14.1"),
+            &reboot,
+            &not_loaded
+        ));
+        // The recheck looks again even so: a report that never shows the
+        // load is not waited for forever.
+        assert!(looks_again(
+            Trigger {
+                asked_changed: false,
+                recheck_due: true
+            },
+            Some(&loaded),
+            Some("6.14.1"),
+            &asked(Some("6.14.1"), "t1"),
+            &not_loaded
+        ));
+        // Nothing loaded here: a new ask is looked at.
+        assert!(looks_again(
+            changed,
+            None,
+            None,
+            &asked(Some("6.14.1"), "t2"),
+            &not_loaded
         ));
     }
 

@@ -52,6 +52,12 @@ pub struct HealthConfig {
     pub exporter_config: Option<String>,
     /// Check that PCIe links run at full width and speed.
     pub check_pcie_link: bool,
+    /// Why verdicts are held, if they are: the node's own partition change
+    /// is being written, during which the GPUs' files and device nodes go
+    /// and come back on purpose. No sample is taken and the last verdicts
+    /// stand; when the hold ends, the GPUs the node has then are the new
+    /// baseline for "missing".
+    pub hold: Option<String>,
 }
 
 impl HealthConfig {
@@ -70,6 +76,7 @@ impl HealthConfig {
             damping: Damping::default(),
             exporter_config: None,
             check_pcie_link: true,
+            hold: None,
         }
     }
 }
@@ -99,6 +106,16 @@ impl MonitorState {
     /// damping has not decided yet.
     pub fn confirming(&self) -> bool {
         self.trackers.values().any(Tracker::confirming)
+    }
+
+    /// Takes the GPUs `inventory` has as the baseline for "missing", after
+    /// a change of layout the node made on purpose (a partition change):
+    /// GPUs gone with it are forgotten, not reported missing.
+    pub fn rebaseline(&mut self, inventory: &Inventory) {
+        let now: BTreeSet<String> = inventory.gpus.iter().map(|g| g.bdf.clone()).collect();
+        self.trackers.retain(|bdf, _| now.contains(bdf));
+        self.ids.retain(|bdf, _| now.contains(bdf));
+        self.seen = now;
     }
 
     /// Feeds one sample. Returns the new snapshot and the GPUs that changed state.
@@ -325,6 +342,13 @@ impl Service for HealthMonitor {
                         if next_applied.1 != applied.1 {
                             next_sample = tokio::time::Instant::now();
                         }
+                        if current.hold.is_some() && next.hold.is_none() {
+                            // The layout the hold covered is the node's now.
+                            state.rebaseline(&self.inventory.borrow());
+                            next_sample = tokio::time::Instant::now();
+                        } else if let (None, Some(why)) = (&current.hold, &next.hold) {
+                            tracing::info!("health verdicts held: {why}");
+                        }
                         applied = next_applied;
                         current = next;
                         continue;
@@ -332,6 +356,10 @@ impl Service for HealthMonitor {
                     _ = tokio::time::sleep_until(next_sample) => {}
                 }
                 let started = tokio::time::Instant::now();
+                if current.hold.is_some() {
+                    next_sample = started + applied.1;
+                    continue;
+                }
                 let inventory = self.inventory.borrow().clone();
                 // Device nodes and /dev/kfd are watched rather than stat'ed
                 // every sample (see `nodes`).
@@ -364,6 +392,32 @@ impl Service for HealthMonitor {
 mod tests {
     use super::*;
     use crate::device::Gpu;
+
+    #[test]
+    fn after_a_layout_change_the_gpus_gone_with_it_are_not_missing() {
+        use crate::telemetry::sample::HostSample;
+        let both = inventory(&["0000:05:00.0", "0000:27:00.0"]);
+        let one = inventory(&["0000:05:00.0"]);
+        let (thresholds, damping) = (Thresholds::default(), Damping::default());
+        let mut state = MonitorState::default();
+        state.step(&both, &HostSample::default(), &thresholds, &damping);
+        // Without a rebaseline the GPU gone counts as missing.
+        let mut plain = state.clone();
+        for _ in 0..3 {
+            plain.step(&one, &HostSample::default(), &thresholds, &damping);
+        }
+        assert!(
+            plain.snapshot().gpus.values().any(|g| !g.healthy),
+            "{:?}",
+            plain.snapshot()
+        );
+        state.rebaseline(&one);
+        for _ in 0..3 {
+            state.step(&one, &HostSample::default(), &thresholds, &damping);
+        }
+        let snapshot = state.snapshot();
+        assert!(!snapshot.gpus.contains_key("0000:27:00.0"), "{snapshot:?}");
+    }
 
     #[test]
     fn the_exporter_configs_polling_rate_sets_the_time_between_samples() {

@@ -91,6 +91,12 @@ pub struct TestRunnerConfig {
     /// ([`crate::api::validate::logs_host_path_problem`]); the service then
     /// does not start, and says why.
     pub logs_refused: Option<String>,
+    /// Why the node's GPUs cannot be tested yet, if so (amdgpu not loaded
+    /// for this boot, the driver manager's load not done:
+    /// [`crate::driver::condition::gpus_pending`], set by the agent). Tests
+    /// that come meanwhile (the pre-start check after a reboot, a request)
+    /// wait in the queue instead of failing on a node with no GPU.
+    pub gpus_pending: Option<String>,
 }
 
 impl TestRunnerConfig {
@@ -103,6 +109,7 @@ impl TestRunnerConfig {
             host,
             log_limits: LogLimits::default(),
             logs_refused: None,
+            gpus_pending: None,
         }
     }
 

@@ -180,6 +180,9 @@ impl Service for TestRunnerService {
                     &current.node_name,
                     &current.commands,
                 ));
+                if let Some(why) = &current.gpus_pending {
+                    problems.push(format!("tests wait until the GPUs can be tested: {why}"));
+                }
                 if problems.is_empty() {
                     readiness.available();
                 } else {
@@ -199,16 +202,22 @@ impl Service for TestRunnerService {
             let mut node_open = true;
             let mut inventory_open = true;
             let mut failure = None;
+            // Why queued tests last waited, so that the wait is logged once.
+            let mut held_for: Option<String> = None;
 
-            if !self.pre_start_done.swap(true, Ordering::SeqCst)
-                && let Some(request) = pre_start_request(&tests, &current.node_name)
-            {
-                scheduler.submit(request);
-            }
             let mut period = periodic_interval(&tests, &current.node_name);
             let mut next_periodic = period.map(|p| Instant::now() + p);
 
             loop {
+                // Once per agent process, with the first configuration that
+                // has a pre-start check: the DeviceConfig's ConfigMap often
+                // arrives after the service started on the built-in one.
+                if !self.pre_start_done.load(Ordering::SeqCst)
+                    && let Some(request) = pre_start_request(&tests, &current.node_name)
+                {
+                    self.pre_start_done.store(true, Ordering::SeqCst);
+                    scheduler.submit(request);
+                }
                 let node_copy = node.borrow_and_update().clone();
                 if let Some(n) = &node_copy {
                     let annotation = n.annotations().get(TEST_REQUEST_ANNOTATION);
@@ -240,7 +249,23 @@ impl Service for TestRunnerService {
                     Vec::new()
                 };
                 let bdfs = targets.iter().map(|t| t.bdf.clone()).collect();
-                for start in scheduler.start_ready(&bdfs) {
+                let starts = match &current.gpus_pending {
+                    None => scheduler.start_ready(&bdfs),
+                    Some(why) => {
+                        if scheduler.queued() > 0 && held_for.as_ref() != Some(why) {
+                            tracing::info!(
+                                queued = scheduler.queued(),
+                                "tests wait until the GPUs can be tested: {why}"
+                            );
+                        }
+                        Vec::new()
+                    }
+                };
+                held_for = current
+                    .gpus_pending
+                    .clone()
+                    .filter(|_| scheduler.queued() > 0);
+                for start in starts {
                     runs.spawn(execute(
                         ctx.clone(),
                         start,

@@ -162,6 +162,30 @@ impl TestCluster {
             .expect("the Node's label is written");
     }
 
+    /// Records every version of every Node the API serves from now on, in
+    /// order, until the returned task is dropped or aborted: what a person
+    /// watching `kubectl get nodes -w` would have seen.
+    pub fn record_nodes(&self) -> NodeHistory {
+        use futures::StreamExt;
+        use kube::runtime::{WatchStreamExt, watcher};
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let into = seen.clone();
+        let nodes = Api::<k8s_openapi::api::core::v1::Node>::all(self.client());
+        let task = tokio::spawn(async move {
+            let mut events = watcher::watcher(nodes, watcher::Config::default())
+                .default_backoff()
+                .boxed();
+            while let Some(event) = events.next().await {
+                if let Ok(watcher::Event::Apply(node) | watcher::Event::InitApply(node)) = event
+                    && let Ok(mut seen) = into.lock()
+                {
+                    seen.push(node);
+                }
+            }
+        });
+        NodeHistory { seen, task }
+    }
+
     pub async fn delete_device_config(&self, name: &str) {
         self.device_configs()
             .delete(name, &DeleteParams::default())
@@ -177,4 +201,36 @@ pub fn node(name: &str, labels: Value) -> Value {
         "metadata": {"name": name, "labels": labels},
         "status": {"conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]}
     })
+}
+
+/// Every version of the Nodes, in the order the API served them
+/// ([`TestCluster::record_nodes`]). Stops recording when dropped.
+pub struct NodeHistory {
+    seen: std::sync::Arc<std::sync::Mutex<Vec<k8s_openapi::api::core::v1::Node>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl NodeHistory {
+    /// The versions recorded so far.
+    pub fn versions(&self) -> Vec<k8s_openapi::api::core::v1::Node> {
+        self.seen.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    /// Stops recording.
+    pub fn abort(&self) {
+        self.task.abort();
+    }
+
+    /// The shared list itself, for a test that reads it while it grows.
+    pub fn shared(
+        &self,
+    ) -> std::sync::Arc<std::sync::Mutex<Vec<k8s_openapi::api::core::v1::Node>>> {
+        self.seen.clone()
+    }
+}
+
+impl Drop for NodeHistory {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }
