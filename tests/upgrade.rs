@@ -13,7 +13,6 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::StreamExt;
 use gpu_operator::agent::{self, AgentConfig, LeaderConfig};
 use gpu_operator::api::agent_status::{AgentStatus, STATUS_ANNOTATION};
 use gpu_operator::api::driver_upgrade::{RETRY_VALUE, STATE_LABEL, TAINT_KEY};
@@ -25,7 +24,6 @@ use gpu_operator::simulate::{self, SIM_KERNEL_RELEASE, SimModule, SimSpec};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
-use kube::runtime::watcher;
 use serde_json::{Value, json};
 use support::bundles;
 use support::cluster::{self, NAMESPACE as NS, TestCluster};
@@ -87,7 +85,7 @@ struct Fleet {
     setup: Setup,
     /// Every Node as the API served it, in order, from before the upgrade.
     history: Arc<Mutex<Vec<Node>>>,
-    _watch: tokio::task::JoinHandle<()>,
+    _watch: cluster::NodeHistory,
 }
 
 impl Fleet {
@@ -121,8 +119,8 @@ impl Fleet {
                 task: None,
             });
         }
-        let history = Arc::new(Mutex::new(Vec::new()));
-        let watch = tokio::spawn(record_nodes(cluster.client(), history.clone()));
+        let watch = cluster.record_nodes();
+        let history = watch.shared();
         let mut fleet = Self {
             cluster,
             members,
@@ -317,18 +315,6 @@ fn node_unavailable(node: &Node) -> bool {
 /// Keeps every Node the API serves through a watch, in order. With the
 /// watcher's backoff: once the emulator is gone at the end of a test, a
 /// watch retried at once never yields, and the test's runtime never stops.
-async fn record_nodes(client: kube::Client, history: Arc<Mutex<Vec<Node>>>) {
-    use kube::runtime::WatchStreamExt;
-    let mut events = watcher::watcher(Api::<Node>::all(client), watcher::Config::default())
-        .default_backoff()
-        .boxed();
-    while let Some(event) = events.next().await {
-        if let Ok(watcher::Event::Apply(node) | watcher::Event::InitApply(node)) = event {
-            history.lock().unwrap().push(node);
-        }
-    }
-}
-
 fn rolling(max_parallel: i64, max_unavailable: Value, reboot: bool, version: &str) -> Value {
     json!({"driver": {"enable": true, "version": version, "upgradePolicy": {
         "enable": true, "maxParallelUpgrades": max_parallel,
@@ -576,6 +562,22 @@ async fn a_budget_that_blocks_the_drain_fails_that_node_by_name_and_the_others_f
         })
         .await;
     assert!(!pod_exists(&fleet, "train"));
+    // The retry is an Event of its own: a person reading the node's Events
+    // sees the upgrade start again, not only the first start.
+    wait::eventually("a DriverUpgradeStarted Event for the retry", || {
+        fleet
+            .cluster
+            .list("events.k8s.io/v1", "Event")
+            .iter()
+            .any(|e| {
+                e["reason"] == "DriverUpgradeStarted"
+                    && e["regarding"]["name"] == "gpu-0"
+                    && e["note"]
+                        .as_str()
+                        .is_some_and(|n| n.contains("started again after"))
+            })
+    })
+    .await;
     // The drains asked the API for nothing but what
     // deploy/optional/driver-upgrades.yaml and the base RBAC grant.
     let pod_calls: Vec<String> = fleet

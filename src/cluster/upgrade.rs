@@ -355,6 +355,13 @@ pub fn plan(target: &str, policy: &Policy, nodes: &[NodeFacts]) -> Plan {
             decision.reason = Some("retry asked for by the upgrade-required label".into());
         }
         match state.clone() {
+            // Through an upgrade to this target, its driver gone for now (a
+            // remediation's reboot, a person's): the agent loads the target
+            // its record tells on its own, at boot. Nothing to install,
+            // pick or drain; the node's AMDGPUDriverReady says how the load
+            // goes.
+            Some(UpgradeState::Complete | UpgradeState::InstallComplete)
+                if node.reported && !node.loaded && node.told.as_deref() == Some(target) => {}
             // No amdgpu loaded at all: an install, without the policy and
             // without a drain (nothing can use the GPUs), as in the
             // reference. Also a node already through an upgrade whose
@@ -1217,6 +1224,22 @@ mod tests {
             step.decisions[0].actions[..],
             [Action::Tell { reboot: false, .. }]
         ));
+        // Gone after a reboot for another reason (a remediation), the
+        // target already told: the agent loads it by itself; the node is
+        // neither relabelled Install-In-Progress nor counted as upgrading.
+        let mut rebooted = node("rebooted", Some(UpgradeState::Complete), "x");
+        rebooted.loaded = false;
+        rebooted.version = None;
+        rebooted.told = Some(TARGET.into());
+        let step = plan(TARGET, &p, &[rebooted]);
+        assert!(
+            step.decisions
+                .iter()
+                .all(|d| d.state.is_none() && d.actions.is_empty()),
+            "{:?}",
+            step.decisions
+        );
+        assert_eq!(step.counts.get("Upgrade-Complete"), Some(&1));
     }
 
     #[test]

@@ -319,8 +319,14 @@ pub fn state_event(
             EventType::Normal,
             "DriverUpgradeStarted",
             format!(
-                "driver upgrade started from {}: the node is cordoned and tainted \
+                "driver upgrade {} from {}: the node is cordoned and tainted \
                  {TAINT_KEY}; its GPU pods are being drained",
+                match from {
+                    Some(failed) if failed.is_failed() => {
+                        format!("started again after {} (retry asked for)", failed.as_str())
+                    }
+                    _ => "started".to_owned(),
+                },
                 record.from.as_deref().unwrap_or("no driver")
             ),
         )),
@@ -600,7 +606,7 @@ async fn carry_out(
             tracing::info!(node = %name, deviceconfig = %key, from = ?facts.state.as_ref().map(UpgradeState::as_str), to = record.state.as_str(), reason = ?record.reason, "driver upgrade state");
         }
     }
-    let mut cordoned_now = false;
+    let (mut cordoned_now, mut cordon_held) = (false, false);
     for action in &decision.actions {
         match action {
             Action::Cordon { was_cordoned } => {
@@ -610,7 +616,7 @@ async fn carry_out(
                     tainted: true,
                 };
                 match guarded(ctx, &name, writer.set_cordon(Concern::Upgrade, &intent)).await? {
-                    Ok(written) => cordoned_now = written.applied,
+                    Ok(written) => (cordoned_now, cordon_held) = (written.applied, true),
                     Err(e) => {
                         // The planner gives up after its cordon timeout.
                         tracing::warn!(node = %name, error = %e, "cannot cordon the node yet");
@@ -629,10 +635,13 @@ async fn carry_out(
         }
     }
     // The Event once what it tells has happened: the start when the cordon
-    // takes (on the pass it does, the first try or a later one), every
-    // other one with its state.
+    // takes (on the pass it does, the first try or a later one), or, on a
+    // retry of a failed node still cordoned, when the cordon is confirmed
+    // in the pass that starts it again; every other one with its state.
     let event = if record.state == UpgradeState::Started {
-        cordoned_now.then(|| state_event(facts.state.as_ref(), &record.state, &record))
+        let entered = facts.state.as_ref() != Some(&UpgradeState::Started);
+        (cordoned_now || (cordon_held && entered))
+            .then(|| state_event(facts.state.as_ref(), &record.state, &record))
     } else {
         (facts.state.as_ref() != Some(&record.state))
             .then(|| state_event(facts.state.as_ref(), &record.state, &record))
@@ -1160,6 +1169,14 @@ mod tests {
         );
         assert!(
             matches!(start, Some((EventType::Normal, "DriverUpgradeStarted", ref n)) if n.contains("6.3.0"))
+        );
+        // A retry is a new start, with a note of its own (a series of its
+        // own, not a count on the first start's).
+        let again = state_event(Some(&UpgradeState::Failed), &UpgradeState::Started, &record);
+        assert!(
+            matches!(again, Some((EventType::Normal, "DriverUpgradeStarted", ref n))
+                if n.contains("started again after Upgrade-Failed") && n.contains("6.3.0")),
+            "{again:?}"
         );
         assert_eq!(
             state_event(
