@@ -99,10 +99,14 @@ pub fn desired_status(
     let matching = selected.len() as i32;
     let count =
         |pred: &dyn Fn(&NodeView) -> bool| selected.iter().filter(|n| pred(n)).count() as i32;
+    // A NotReady node's annotation is the last its agent could write: its
+    // services are not counted as available on its word.
     let service_running = |node: &NodeView, service: ServiceName| {
-        node.follows(&key, uid)
-            .and_then(|a| a.services.get(&service))
-            .is_some_and(|s| s.is_available())
+        node.ready
+            && node
+                .follows(&key, uid)
+                .and_then(|a| a.services.get(&service))
+                .is_some_and(|s| s.is_available())
     };
     let deployment = |operand: Operand, service: Option<ServiceName>| DeploymentStatus {
         nodes_matching_selector_number: matching,
@@ -122,8 +126,9 @@ pub fn desired_status(
             desired_number: matching,
             // Available where the agent follows this config and sees it loaded.
             available_number: count(&|n| {
-                n.follows(&key, uid)
-                    .is_some_and(|a| a.driver_version.is_some() || a.gpus > 0)
+                n.ready
+                    && n.follows(&key, uid)
+                        .is_some_and(|a| a.driver_version.is_some() || a.gpus > 0)
             }),
         }
     } else {
@@ -248,6 +253,7 @@ pub fn desired_status(
         config_manager: DeploymentStatus {
             available_number: count(&|n| {
                 spec.runs_on(Operand::ConfigManager, &n.labels)
+                    && n.ready
                     && n.follows(&key, uid)
                         .is_some_and(|a| a.partition.as_ref().is_none_or(|p| p.state != "failed"))
             }),
@@ -453,6 +459,20 @@ mod tests {
 
     fn cond<'a>(status: &'a DeviceConfigStatus, type_: &str) -> &'a Condition {
         status.conditions.iter().find(|c| c.type_ == type_).unwrap()
+    }
+
+    #[test]
+    fn a_node_that_is_not_ready_is_not_counted_available_on_its_last_word() {
+        let mut gone = node("b", Some(2), true);
+        gone.ready = false;
+        let nodes = [node("a", Some(2), true), gone];
+        let status = desired_status(&dc(2), &nodes, &Problems::default(), None, &now());
+        assert_eq!(status.device_plugin.desired_number, 2);
+        assert_eq!(status.device_plugin.available_number, 1);
+        assert_eq!(status.driver.available_number, 1);
+        let ready = cond(&status, CONDITION_READY);
+        assert_eq!(ready.status, "False");
+        assert!(ready.message.contains("not Ready"), "{}", ready.message);
     }
 
     #[test]
