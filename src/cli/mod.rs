@@ -69,6 +69,7 @@ pub enum Command {
     /// Every other subcommand reads the result exactly as it reads a real host:
     /// pass the directory as --host-root. Writing again into the same directory
     /// replaces the simulated GPUs, which is how to repartition or hot-add.
+    #[command(after_long_help = simulate::FAULTS_HELP)]
     Simulate(SimulateArgs),
     /// Run the node agent (normally as a DaemonSet pod on every GPU node).
     ///

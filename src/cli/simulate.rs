@@ -12,6 +12,34 @@ use super::output::fail;
 use crate::host::HostRoot;
 use crate::simulate;
 
+/// How to make a simulated host misbehave, for `simulate --help`: the files
+/// are the kernel's, so a fault is a file written the way the kernel would
+/// change it.
+pub const FAULTS_HELP: &str = "\
+Faults, injected into the written tree (DIR is --out, BDF a GPU's PCI address
+as `discover --host-root DIR` lists it, e.g. 0000:05:00.0):
+
+  ECC errors: write the block's RAS counters, as amdgpu reports them, in one
+  rename (a reader never sees half a file):
+    printf 'ue: 3\nce: 0\n' > DIR/sys/bus/pci/devices/BDF/ras/umc_err_count.new
+    mv DIR/sys/bus/pci/devices/BDF/ras/umc_err_count.new \\
+       DIR/sys/bus/pci/devices/BDF/ras/umc_err_count
+  Any block the GPU has works (ls DIR/sys/bus/pci/devices/BDF/ras). An
+  uncorrectable count above 0 makes the health monitor mark the GPU unhealthy
+  within about a second; 0 again makes it healthy.
+
+  A hung file: replace an attribute with a FIFO that nobody writes, so that
+  open() blocks as a stuck sysfs read does:
+    rm DIR/sys/bus/pci/devices/BDF/current_link_speed
+    mkfifo DIR/sys/bus/pci/devices/BDF/current_link_speed
+  Readers give up at their deadline and report the file as unreadable. To
+  release them, open the FIFO for writing (echo x > FILE) and write the file
+  back.
+
+  A driver unloaded: rm -r DIR/sys/module/amdgpu (or --no-driver for a host
+  with no KFD or DRM nodes either).
+";
+
 #[derive(Args, Debug)]
 pub struct SimulateArgs {
     /// Machine to simulate: mi300x, mi250x, mi210, radeon-w7900 or mi300x-vf.
@@ -83,5 +111,28 @@ pub fn run(args: SimulateArgs) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => fail(e, 1),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The files the help tells a person to change are where a simulated
+    /// host has them.
+    #[test]
+    fn the_faults_help_names_files_a_simulated_host_has() {
+        let dir = tempfile::tempdir().unwrap();
+        let host = HostRoot::new(dir.path());
+        let spec = simulate::SimSpec::new("mi210", Some(1), None).unwrap();
+        simulate::write_host(&host, &spec).unwrap();
+        let bdf = crate::device::discover(&host).gpus[0].bdf.clone();
+        for file in ["ras/umc_err_count", "current_link_speed"] {
+            assert!(FAULTS_HELP.contains(&format!("BDF/{file}")), "{file}");
+            let path = format!("/sys/bus/pci/devices/{bdf}/{file}");
+            assert!(host.path(&path).is_file(), "{path}");
+        }
+        assert!(FAULTS_HELP.contains("DIR/sys/module/amdgpu"));
+        assert!(host.path("/sys/module/amdgpu").is_dir());
     }
 }
