@@ -19,7 +19,12 @@
 //!   default interval by one thread through kept descriptors, with no
 //!   hand-off at all. No design that reads the same files at the same rate costs less.
 //!
-//! `AGENT_BENCH=idle` runs only the standalone idle-CPU figures.
+//! - `gpu-operator detect` (the NFD-free node labeller, on every node) on a
+//!   node without a GPU and on a simulated MI300X: its RSS and idle CPU once
+//!   it has labelled the Node.
+//!
+//! `AGENT_BENCH=idle` runs only the standalone idle-CPU figures,
+//! `AGENT_BENCH=detect` only the detect figures.
 //!
 //! Run with `cargo bench --bench agent`. Prints figures; asserts nothing.
 
@@ -53,6 +58,10 @@ const SETTLE: Duration = Duration::from_secs(5);
 async fn main() {
     if std::env::var("AGENT_BENCH").as_deref() == Ok("idle") {
         standalone_idle_cpu();
+        return;
+    }
+    if std::env::var("AGENT_BENCH").as_deref() == Ok("detect") {
+        detect_idle().await;
         return;
     }
     let emulator = Emulator::start(EmulatorConfig::default())
@@ -272,33 +281,92 @@ fn read_floor(devices: &std::path::Path) -> (usize, IdleCpu) {
     (count, cpu)
 }
 
-fn standalone_idle(scratch: &std::path::Path, host_args: &[std::ffi::OsString]) -> IdleCpu {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_gpu-operator"))
-        .arg("standalone")
-        .args(host_args)
-        .args(["--metrics-bind", "127.0.0.1:0", "--kubelet-dir"])
-        .arg(scratch.join("no-kubelet"))
-        .arg("--events-file")
-        .arg(scratch.join("events.jsonl"))
-        .env("TMPDIR", scratch)
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start standalone");
-    // The first log line is the evidence that the process is up.
-    let stderr = child.stderr.take().expect("stderr piped");
-    let mut lines = std::io::BufReader::new(stderr).lines();
-    if !matches!(lines.next(), Some(Ok(_))) {
-        panic!("standalone exited before logging anything");
+/// `gpu-operator detect` against the emulator, on a node without a GPU and
+/// on a simulated MI300X: RSS and idle CPU once its label write is done (its
+/// log line says so).
+async fn detect_idle() {
+    let emulator = Emulator::start(EmulatorConfig::default())
+        .await
+        .expect("emulator");
+    for (node, profile) in [("no-gpu", None), ("mi300x", Some("mi300x"))] {
+        emulator
+            .create(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}}))
+            .unwrap();
+        let scratch = figures::scratch();
+        let host = HostRoot::new(scratch.path().join("host"));
+        std::fs::create_dir_all(host.root()).unwrap();
+        if let Some(profile) = profile {
+            simulate::write_host(&host, &SimSpec::new(profile, None, None).unwrap()).unwrap();
+        }
+        let kubeconfig = emulator.kubeconfig_path().to_path_buf();
+        let root = host.root().to_path_buf();
+        let (rss, cpu) = tokio::task::spawn_blocking(move || {
+            let mut child = spawn_until_logged(
+                Command::new(env!("CARGO_BIN_EXE_gpu-operator"))
+                    .args(["detect", "--node-name", node, "--host-root"])
+                    .arg(&root)
+                    .env("KUBECONFIG", &kubeconfig),
+                // Its one log line: the labels are on the Node.
+                |line| line.contains("node labels"),
+            );
+            std::thread::sleep(SETTLE);
+            let rss = rss_mib(child.id());
+            let cpu = idle_cpu(child.id(), IDLE_WINDOW);
+            let _ = child.kill();
+            let _ = child.wait();
+            (rss, cpu)
+        })
+        .await
+        .expect("detect measured");
+        println!(
+            "`gpu-operator detect` on a node {}: RSS {rss:.1} MiB, idle CPU {}",
+            if profile.is_some() {
+                "with a simulated MI300X"
+            } else {
+                "without a GPU"
+            },
+            cpu.describe()
+        );
     }
-    // Keep draining stderr so the child never blocks on a full pipe.
-    std::thread::spawn(move || for _ in lines {});
+}
+
+fn standalone_idle(scratch: &std::path::Path, host_args: &[std::ffi::OsString]) -> IdleCpu {
+    let mut child = spawn_until_logged(
+        Command::new(env!("CARGO_BIN_EXE_gpu-operator"))
+            .arg("standalone")
+            .args(host_args)
+            .args(["--metrics-bind", "127.0.0.1:0", "--kubelet-dir"])
+            .arg(scratch.join("no-kubelet"))
+            .arg("--events-file")
+            .arg(scratch.join("events.jsonl"))
+            .env("TMPDIR", scratch),
+        // The first log line is the evidence that the process is up.
+        |_| true,
+    );
     std::thread::sleep(SETTLE);
     let cpu = idle_cpu(child.id(), IDLE_WINDOW);
     let _ = child.kill();
     let _ = child.wait();
     cpu
+}
+
+/// Starts `command` logging at info level to a pipe, and returns once a
+/// line `wanted` says so has come (panicking if it exits first); the rest
+/// of its log is drained so that it never blocks on a full pipe.
+fn spawn_until_logged(command: &mut Command, wanted: impl Fn(&str) -> bool) -> std::process::Child {
+    let mut child = command
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start gpu-operator");
+    let stderr = child.stderr.take().expect("stderr piped");
+    let mut lines = std::io::BufReader::new(stderr).lines();
+    if !lines.by_ref().any(|l| l.is_ok_and(|l| wanted(&l))) {
+        panic!("gpu-operator exited before logging what the bench waits for");
+    }
+    std::thread::spawn(move || for _ in lines {});
+    child
 }
 
 /// CPU time a process used over a window: to the nanosecond from its

@@ -10,6 +10,7 @@ pub mod cli;
 pub mod cluster;
 pub mod command;
 pub mod counters;
+pub mod detect;
 pub mod device;
 pub mod dra;
 pub mod driver;

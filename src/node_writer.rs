@@ -74,6 +74,9 @@ pub enum Concern {
     PartitionLeader,
     /// The leader's remediation of a node: its record, labels and taints.
     Remediation,
+    /// `gpu-operator detect`: the NFD labels of the node's AMD GPUs, where
+    /// Node Feature Discovery is not installed.
+    Detect,
 }
 
 impl Concern {
@@ -88,6 +91,7 @@ impl Concern {
             Self::Partition => field_manager::PARTITION,
             Self::PartitionLeader => field_manager::PARTITION_LEADER,
             Self::Remediation => field_manager::REMEDIATION,
+            Self::Detect => field_manager::DETECT,
         }
     }
 

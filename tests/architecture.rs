@@ -40,6 +40,9 @@ const LAYERS: &[&[&str]] = &[
     // writer of Nodes that every concern (and the leader's upgrades) writes
     // through, and the one sink every Event about the node goes through.
     &["service", "node_writer", "events"],
+    // GPU nodes found without NFD: the PCI ids and the node's own labels,
+    // through the Node writer.
+    &["detect"],
     // The node side of the driver lifecycle: what is loaded, bundles, loading.
     // Above the Node writer and events (its refusals become conditions and
     // Events), below the labeller and the agent that publish its report.

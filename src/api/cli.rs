@@ -14,12 +14,33 @@ use clap::Args;
 use super::validate::{document_problems, ignored_field_notes};
 use super::yaml::{DocumentKind, field_lines, line_of, parse_documents};
 
-/// Print the DeviceConfig CustomResourceDefinition as YAML.
+/// Print the DeviceConfig CustomResourceDefinition as YAML, or apply both
+/// of this operator's CRDs to the cluster.
 ///
 /// The output is the same as deploy/crd/deviceconfigs.amd.com.yaml; apply it with
 /// `gpu-operator crd | kubectl apply -f -`.
 #[derive(Args, Debug, Clone, Default)]
-pub struct CrdArgs {}
+pub struct CrdArgs {
+    /// Apply the DeviceConfig and RemediationWorkflowStatus CRDs to the
+    /// cluster (KUBECONFIG or the in-cluster service account) with
+    /// server-side apply, instead of printing: the Helm chart's pre-upgrade
+    /// hook, since Helm never upgrades the CRDs in a chart's crds/.
+    #[arg(long)]
+    pub apply: bool,
+    /// With --apply: first refuse (exit 3, naming the nodes) while a
+    /// DeviceConfig in --namespace has a node whose driver upgrade is pending
+    /// or in progress, as the reference's pre-upgrade check does.
+    #[arg(long, requires = "apply")]
+    pub refuse_while_upgrading: bool,
+    /// The namespace whose DeviceConfigs --refuse-while-upgrading reads.
+    #[arg(
+        long,
+        value_name = "NS",
+        env = "POD_NAMESPACE",
+        default_value = "kube-amd-gpu"
+    )]
+    pub namespace: String,
+}
 
 /// Runs `gpu-operator crd`.
 pub fn run_crd(_args: CrdArgs) -> ExitCode {

@@ -51,6 +51,11 @@ pub const PARTITION: &str = "gpu-operator-partition";
 /// patches).
 pub const PARTITION_LEADER: &str = "gpu-operator-partition-leader";
 
+/// `gpu-operator detect`: the `feature.node.kubernetes.io/amd-gpu` (and
+/// `amd-vgpu`, per-model) labels of its own Node, where NFD is not installed
+/// (server-side apply).
+pub const DETECT: &str = "gpu-operator-detect";
+
 /// The cluster role's remediations, on every Node it remediates: the record
 /// annotation and `nodeRemediationLabels` (server-side apply), the
 /// remediation taints (guarded patches), and the removal of the person's
@@ -64,6 +69,11 @@ pub const DRA: &str = "gpu-operator-dra";
 /// The cluster role: the Lease, DeviceConfig status and finalizer, and the
 /// metrics Service and ServiceMonitor it owns (server-side apply).
 pub const LEADER: &str = "gpu-operator-leader";
+
+/// `gpu-operator crd --apply` and `gpu-operator uninstall` (the Helm
+/// chart's hooks): the CRDs (server-side apply); DeviceConfig deletions,
+/// which the server does not attribute.
+pub const INSTALL: &str = "gpu-operator-install";
 
 /// Parameters of a patch by `manager`.
 pub fn patch(manager: &str) -> PatchParams {
@@ -103,6 +113,8 @@ mod tests {
             UPGRADE,
             DRA,
             LEADER,
+            DETECT,
+            INSTALL,
         ] {
             assert_eq!(patch(manager).field_manager.as_deref(), Some(manager));
             assert_eq!(post(manager).field_manager.as_deref(), Some(manager));

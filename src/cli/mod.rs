@@ -9,8 +9,10 @@
 pub mod agent;
 pub mod args;
 pub mod check;
+pub mod detect;
 pub mod discover;
 pub mod driver;
+pub mod install;
 pub mod leader;
 pub mod logging;
 pub mod output;
@@ -128,11 +130,22 @@ pub enum Command {
     /// for debugging and benchmarks: with --lease-namespace it campaigns like an
     /// agent does; without, it leads unconditionally (do not run it beside agents).
     Leader(LeaderArgs),
-    /// Print the DeviceConfig CustomResourceDefinition as YAML.
+    /// Print the DeviceConfig CustomResourceDefinition as YAML, or (--apply)
+    /// apply both of the operator's CRDs to the cluster.
     ///
     /// The output is the same as deploy/crd/deviceconfigs.amd.com.yaml; apply it
-    /// with `gpu-operator crd | kubectl apply -f -`.
+    /// with `gpu-operator crd | kubectl apply -f -`. With --apply the binary
+    /// applies the DeviceConfig and RemediationWorkflowStatus CRDs itself
+    /// (server-side), as the Helm chart's pre-upgrade hook does; with
+    /// --refuse-while-upgrading it first refuses (exit 3) while a driver
+    /// upgrade is pending or in progress.
     Crd(crate::api::cli::CrdArgs),
+    /// Delete this namespace's DeviceConfigs and wait until the leader has
+    /// cleaned every Node of them (the Helm chart's pre-delete hook).
+    Uninstall(install::UninstallArgs),
+    /// Label this Node as Node Feature Discovery would for its AMD GPUs, for
+    /// clusters without NFD (the Helm chart's gpu-operator-detect DaemonSet).
+    Detect(detect::DetectArgs),
     /// Check DeviceConfig YAML files without a cluster.
     ///
     /// Each file may hold several documents; documents of other kinds are skipped.
@@ -156,7 +169,10 @@ pub fn main() -> ExitCode {
         Command::Driver(args) => driver::run(args),
         Command::Upgrade(args) => upgrade::run(args),
         Command::Partition(args) => partition::run(args),
+        Command::Crd(args) if args.apply => install::run_apply(args),
         Command::Crd(args) => crate::api::cli::run_crd(args),
+        Command::Uninstall(args) => install::run_uninstall(args),
+        Command::Detect(args) => detect::run(args),
         Command::Validate(args) => crate::api::cli::run_validate(args),
     }
 }

@@ -40,17 +40,42 @@ impl std::fmt::Display for UnboundGpu {
     }
 }
 
-/// The AMD GPU functions under `/sys/bus/pci/devices` not bound to amdgpu.
+/// An AMD GPU function on the PCI bus (display controller or processing
+/// accelerator, vendor 0x1002), whatever drives it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PciGpuFunction {
+    pub bdf: String,
+    /// PCI device id.
+    pub device_id: Option<u16>,
+    /// The driver bound, if any.
+    pub driver: Option<String>,
+}
+
+/// The AMD GPU functions under `/sys/bus/pci/devices`, bound or not.
 /// Unreadable entries (hung ones included: reads are bounded as discovery's
-/// are) are skipped: this is a hint, not an inventory.
-pub fn unbound_amd_gpus(host: &HostRoot) -> Vec<UnboundGpu> {
+/// are) are skipped.
+pub fn amd_gpu_functions(host: &HostRoot) -> Vec<PciGpuFunction> {
     let reader = BoundedReader::new(host.clone(), BoundedReader::DEFAULT_MAX_THREADS);
-    super::bounded::run_bounded(&reader, super::Limits::default(), |h| unbound_with(h))
+    super::bounded::run_bounded(&reader, super::Limits::default(), |h| functions_with(h))
         .map(|(gpus, _)| gpus)
         .unwrap_or_default()
 }
 
-fn unbound_with(host: &dyn HostRead) -> Vec<UnboundGpu> {
+/// The AMD GPU functions under `/sys/bus/pci/devices` not bound to amdgpu:
+/// a hint, not an inventory.
+pub fn unbound_amd_gpus(host: &HostRoot) -> Vec<UnboundGpu> {
+    amd_gpu_functions(host)
+        .into_iter()
+        .filter(|f| f.driver.as_deref() != Some("amdgpu"))
+        .map(|f| UnboundGpu {
+            device_id: f.device_id.map(|id| format!("{id:#06x}")),
+            bdf: f.bdf,
+            driver: f.driver,
+        })
+        .collect()
+}
+
+fn functions_with(host: &dyn HostRead) -> Vec<PciGpuFunction> {
     let Ok(names) = host.list_dir(PCI_DEVICES) else {
         return Vec::new();
     };
@@ -72,18 +97,11 @@ fn unbound_with(host: &dyn HostRead) -> Vec<UnboundGpu> {
             if !GPU_CLASSES.contains(&(class >> 16)) {
                 return None;
             }
-            let driver = bound_driver(host, &dir);
-            if driver.as_deref() == Some("amdgpu") {
-                return None;
-            }
-            let device_id = host
-                .read_optional_attr(&format!("{dir}/device"))
-                .ok()
-                .flatten();
-            Some(UnboundGpu {
+            let device_id = hex(format!("{dir}/device")).and_then(|id| u16::try_from(id).ok());
+            Some(PciGpuFunction {
+                driver: bound_driver(host, &dir),
                 bdf,
                 device_id,
-                driver,
             })
         })
         .collect()

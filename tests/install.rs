@@ -1,0 +1,360 @@
+//! The commands an install's life runs against the cluster, as the real
+//! binary runs them (the Helm chart's hooks and its detect DaemonSet):
+//! `crd --apply`, `uninstall` and `detect`, against the API emulator, with
+//! an agent that leads where a leader is needed.
+
+mod support;
+
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use gpu_operator::agent::{self, AgentConfig, LeaderConfig};
+use gpu_operator::cluster::ClusterConfig;
+use gpu_operator::cluster::lease::LeaseConfig;
+use gpu_operator::host::HostRoot;
+use gpu_operator::simulate::{self, SimSpec};
+use kube::Api;
+use kube::api::{Patch, PatchParams};
+use kube_emulator::{Emulator, EmulatorConfig};
+use serde_json::{Value, json};
+use support::cluster::{self, NAMESPACE, TestCluster};
+use support::wait;
+use tokio_util::sync::CancellationToken;
+
+/// Runs the real binary with `args` against the emulator; off the runtime,
+/// since the emulator serves on it.
+async fn gpu_operator(kubeconfig: &std::path::Path, args: &[&str]) -> Output {
+    let (kubeconfig, args) = (
+        kubeconfig.to_path_buf(),
+        args.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
+    );
+    tokio::task::spawn_blocking(move || {
+        Command::new(env!("CARGO_BIN_EXE_gpu-operator"))
+            .args(&args)
+            .env("KUBECONFIG", kubeconfig)
+            .env_remove("POD_NAMESPACE")
+            .env("RUST_LOG", "warn")
+            .output()
+            .expect("gpu-operator runs")
+    })
+    .await
+    .expect("the command's thread")
+}
+
+fn said(out: &Output) -> String {
+    format!(
+        "exit {:?}\nstdout: {}\nstderr: {}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crd_apply_installs_and_upgrades_the_crds_and_refuses_during_a_driver_upgrade() {
+    let emu = Emulator::start(EmulatorConfig::default()).await.unwrap();
+    let kubeconfig = emu.kubeconfig_path().to_path_buf();
+    let crds = || {
+        [
+            "deviceconfigs.amd.com",
+            "remediationworkflowstatuses.amd.com",
+        ]
+        .map(|name| {
+            emu.get(
+                "apiextensions.k8s.io/v1",
+                "CustomResourceDefinition",
+                "",
+                name,
+            )
+            .is_some()
+        })
+    };
+    assert_eq!(crds(), [false, false]);
+    // No CRD yet: nothing can be upgrading, and both get installed.
+    let out = gpu_operator(&kubeconfig, &["crd", "--apply", "--refuse-while-upgrading"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", said(&out));
+    assert_eq!(crds(), [true, true]);
+    // The CRD as this binary defines it, whoever wrote it before.
+    let served = emu
+        .get(
+            "apiextensions.k8s.io/v1",
+            "CustomResourceDefinition",
+            "",
+            "deviceconfigs.amd.com",
+        )
+        .unwrap();
+    assert_eq!(
+        served["spec"]["versions"],
+        serde_json::to_value(gpu_operator::api::crd()).unwrap()["spec"]["versions"]
+    );
+    // Again: nothing changes, no error.
+    let out = gpu_operator(&kubeconfig, &["crd", "--apply"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", said(&out));
+    // A node in the middle of a driver upgrade: refused, naming it.
+    emu.create(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}))
+        .unwrap();
+    emu.create(
+        json!({"apiVersion": "amd.com/v1alpha1", "kind": "DeviceConfig",
+        "metadata": {"name": "gpus", "namespace": NAMESPACE}, "spec": {}}),
+    )
+    .unwrap();
+    let configs: Api<gpu_operator::api::DeviceConfig> = Api::namespaced(emu.client(), NAMESPACE);
+    configs
+        .patch_status(
+            "gpus",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"nodeModuleStatus": {
+                "gpu-0": {"status": "Upgrade-In-Progress"},
+                "gpu-1": {"status": "Upgrade-Complete"}}}})),
+        )
+        .await
+        .unwrap();
+    let out = gpu_operator(
+        &kubeconfig,
+        &[
+            "crd",
+            "--apply",
+            "--refuse-while-upgrading",
+            "--namespace",
+            NAMESPACE,
+        ],
+    )
+    .await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{}", said(&out));
+    assert!(
+        stderr.contains("gpu-0 (Upgrade-In-Progress)") && !stderr.contains("gpu-1"),
+        "{stderr}"
+    );
+    // Without the check, the CRDs are applied all the same.
+    let out = gpu_operator(&kubeconfig, &["crd", "--apply", "--namespace", NAMESPACE]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", said(&out));
+}
+
+/// The agent on a simulated host, leading.
+fn start_agent(
+    cluster: &TestCluster,
+    dir: &std::path::Path,
+    stop: CancellationToken,
+) -> tokio::task::JoinHandle<Result<(), agent::AgentError>> {
+    let host = HostRoot::new(dir.join("host"));
+    simulate::write_host(&host, &SimSpec::new("mi210", Some(1), None).unwrap()).unwrap();
+    let kubelet_dir = dir.join("kubelet");
+    std::fs::create_dir_all(kubelet_dir.join("device-plugins")).unwrap();
+    let mut lease = LeaseConfig::new(NAMESPACE, "gpu-0".to_owned());
+    lease.duration = Duration::from_secs(6);
+    lease.renew_every = Duration::from_secs(1);
+    let config = AgentConfig {
+        node_name: "gpu-0".into(),
+        namespace: None,
+        host,
+        cdi_dir: kubelet_dir.join("cdi"),
+        dra_device_taints: false,
+        kubelet_dir,
+        rescan_interval: Duration::from_millis(300),
+        sampling: Default::default(),
+        metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
+        test_commands: None,
+        leader: Some(LeaderConfig {
+            lease,
+            cluster: ClusterConfig {
+                teardown_timeout: Duration::from_secs(10),
+                instance: "gpu-0".to_owned(),
+                ..ClusterConfig::default()
+            },
+        }),
+        driver: support::bundles::no_modprobe(),
+    };
+    tokio::spawn(agent::run(cluster.client(), config, stop))
+}
+
+/// Whether `node` carries anything of ours: a label or annotation under the
+/// operator's prefixes, or one of its conditions.
+fn ours_on(node: &Value) -> Vec<String> {
+    let keys = |section: &str| {
+        node["metadata"][section]
+            .as_object()
+            .map(|m| m.keys().cloned().collect::<Vec<_>>())
+            .unwrap_or_default()
+    };
+    let mut found: Vec<String> = keys("labels")
+        .into_iter()
+        .chain(keys("annotations"))
+        .filter(|k| k.contains("amd.com") || k.starts_with("metricsexporter.amd.com"))
+        .collect();
+    found.extend(
+        node["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|c| c["type"].as_str())
+            .filter(|t| t.starts_with("AMDGPU"))
+            .map(str::to_owned),
+    );
+    found
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uninstall_deletes_the_device_configs_once_the_leader_has_cleaned_the_nodes() {
+    let cluster = TestCluster::start().await;
+    cluster.add_node(cluster::node("gpu-0", json!({"gpu": "amd"})));
+    cluster
+        .apply_device_config(
+            "gpus",
+            json!({"selector": {"gpu": "amd"}, "devicePlugin": {}, "metricsExporter": {"enable": true, "port": 0},
+                   "testRunner": {"enable": true}}),
+        )
+        .await;
+    let dir = tempfile::tempdir().unwrap();
+    let stop = CancellationToken::new();
+    let agent = start_agent(&cluster, dir.path(), stop.clone());
+    wait::eventually(
+        "the agent follows the DeviceConfig and the leader holds it",
+        || {
+            let node = cluster.node("gpu-0");
+            let dc = cluster.get("amd.com/v1alpha1", "DeviceConfig", NAMESPACE, "gpus");
+            node["metadata"]["annotations"]["amd.com/gpu-agent-status"]
+                .as_str()
+                .is_some_and(|s| s.contains("kube-amd-gpu/gpus"))
+                && dc.is_some_and(|dc| {
+                    dc["metadata"]["finalizers"]
+                        .as_array()
+                        .is_some_and(|f| !f.is_empty())
+                })
+        },
+    )
+    .await;
+    assert!(!ours_on(&cluster.node("gpu-0")).is_empty());
+    let out = gpu_operator(
+        cluster.kubeconfig_path(),
+        &["uninstall", "--namespace", NAMESPACE, "--timeout", "60s"],
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(0), "{}", said(&out));
+    assert!(
+        cluster
+            .get("amd.com/v1alpha1", "DeviceConfig", NAMESPACE, "gpus")
+            .is_none()
+    );
+    // Gone only once the node was clean: nothing of ours is left on it.
+    assert_eq!(ours_on(&cluster.node("gpu-0")), Vec::<String>::new());
+    stop.cancel();
+    let _ = wait::within("the agent stops", agent).await;
+
+    // With nobody to lift the finalizer: it says so at its timeout.
+    cluster
+        .create(
+            json!({"apiVersion": "amd.com/v1alpha1", "kind": "DeviceConfig",
+            "metadata": {"name": "stuck", "namespace": NAMESPACE,
+                         "finalizers": [gpu_operator::cluster::reconcile::FINALIZER]},
+            "spec": {}}),
+        )
+        .unwrap();
+    let out = gpu_operator(
+        cluster.kubeconfig_path(),
+        &["uninstall", "--namespace", NAMESPACE, "--timeout", "2s"],
+    )
+    .await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{}", said(&out));
+    assert!(
+        stderr.contains("stuck") && stderr.contains("leader"),
+        "{stderr}"
+    );
+    // A cluster without the CRD has nothing to uninstall.
+    let empty = Emulator::start(EmulatorConfig::default()).await.unwrap();
+    let out = gpu_operator(empty.kubeconfig_path(), &["uninstall"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", said(&out));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn detect_labels_the_nodes_with_amd_gpus_and_only_them() {
+    let cluster = TestCluster::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut children = Vec::new();
+    for (node, profile) in [
+        ("gpu", Some("mi300x")),
+        ("vgpu", Some("mi300x-vf")),
+        ("cpu", None),
+    ] {
+        cluster.add_node(cluster::node(node, json!({})));
+        let host = HostRoot::new(dir.path().join(node));
+        std::fs::create_dir_all(host.root()).unwrap();
+        if let Some(profile) = profile {
+            let mut spec = SimSpec::new(profile, Some(2), None).unwrap();
+            // A fresh node: no amdgpu loaded yet.
+            spec.driver_loaded = false;
+            simulate::write_host(&host, &spec).unwrap();
+        }
+        let mut child = Command::new(env!("CARGO_BIN_EXE_gpu-operator"))
+            .args(["detect", "--node-name", node, "--host-root"])
+            .arg(host.root())
+            .env("KUBECONFIG", cluster.kubeconfig_path())
+            .env("RUST_LOG", "info")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Its log, as it comes: the evidence that it has looked.
+        let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let (into, stderr) = (log.clone(), child.stderr.take().unwrap());
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(stderr)
+                .lines()
+                .map_while(Result::ok)
+            {
+                if let Ok(mut log) = into.lock() {
+                    log.push_str(&line);
+                    log.push('\n');
+                }
+            }
+        });
+        children.push((node, child, log));
+    }
+    let labels = |node: &str| cluster.node(node)["metadata"]["labels"].clone();
+    wait::eventually("the GPU nodes labelled", || {
+        labels("gpu")["feature.node.kubernetes.io/amd-gpu"] == "true"
+            && labels("vgpu")["feature.node.kubernetes.io/amd-vgpu"] == "true"
+    })
+    .await;
+    assert_eq!(
+        labels("gpu")["feature.node.kubernetes.io/amd-gpu-mi300x"],
+        "true"
+    );
+    assert!(labels("vgpu")["feature.node.kubernetes.io/amd-gpu"].is_null());
+    // Under its own field manager, as every concern's Node writes are.
+    let managers: Vec<String> = cluster.node("gpu")["metadata"]["managedFields"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|m| m["manager"].as_str().map(str::to_owned))
+        .collect();
+    assert!(
+        managers.contains(&"gpu-operator-detect".to_owned()),
+        "{managers:?}"
+    );
+    // Every detect has looked at its node (its one log line); the node
+    // without a GPU got nothing.
+    wait::eventually("every detect has looked", || {
+        children
+            .iter()
+            .all(|(_, _, log)| log.lock().is_ok_and(|l| l.contains("node labels")))
+    })
+    .await;
+    for (node, mut child, log) in children {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let status = tokio::task::spawn_blocking(move || child.wait().unwrap())
+            .await
+            .unwrap();
+        assert_eq!(status.code(), Some(0), "{node}: {}", log.lock().unwrap());
+    }
+    let cpu = labels("cpu");
+    assert!(
+        cpu.as_object().is_none_or(|l| !l
+            .keys()
+            .any(|k| k.contains("amd-gpu") || k.contains("amd-vgpu"))),
+        "{cpu}"
+    );
+}
