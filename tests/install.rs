@@ -225,6 +225,21 @@ async fn uninstall_deletes_the_device_configs_once_the_leader_has_cleaned_the_no
     )
     .await;
     assert!(!ours_on(&cluster.node("gpu-0")).is_empty());
+    // The label detect keeps, and one NFD keeps on another node.
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(cluster.client());
+    cluster.add_node(cluster::node("nfd-0", json!({})));
+    for (node, manager) in [("gpu-0", "gpu-operator-detect"), ("nfd-0", "nfd-master")] {
+        nodes
+            .patch(
+                node,
+                &PatchParams::apply(manager).force(),
+                &Patch::Apply(json!({"apiVersion": "v1", "kind": "Node",
+                    "metadata": {"name": node,
+                                 "labels": {"feature.node.kubernetes.io/amd-gpu": "true"}}})),
+            )
+            .await
+            .unwrap();
+    }
     let out = gpu_operator(
         cluster.kubeconfig_path(),
         &["uninstall", "--namespace", NAMESPACE, "--timeout", "60s"],
@@ -236,8 +251,14 @@ async fn uninstall_deletes_the_device_configs_once_the_leader_has_cleaned_the_no
             .get("amd.com/v1alpha1", "DeviceConfig", NAMESPACE, "gpus")
             .is_none()
     );
-    // Gone only once the node was clean: nothing of ours is left on it.
+    // Gone only once the node was clean: nothing of ours is left on it,
+    // detect's label included; NFD's stays.
     assert_eq!(ours_on(&cluster.node("gpu-0")), Vec::<String>::new());
+    let gpu_label = |node: &str| {
+        cluster.node(node)["metadata"]["labels"]["feature.node.kubernetes.io/amd-gpu"].clone()
+    };
+    assert!(gpu_label("gpu-0").is_null(), "{}", cluster.node("gpu-0"));
+    assert_eq!(gpu_label("nfd-0"), "true");
     stop.cancel();
     let _ = wait::within("the agent stops", agent).await;
 

@@ -10,8 +10,9 @@
 //!   a new agent must not take over a node half-way through an upgrade.
 //! - `uninstall` (pre-delete): deletes the namespace's DeviceConfigs and
 //!   waits until they are gone, that is until the leader's finalizer has
-//!   taken every label, taint and annotation of ours off the Nodes. Helm
-//!   deletes the agents only after.
+//!   taken every label, taint and annotation of ours off the Nodes; then
+//!   removes the GPU node labels `detect` set. Helm deletes the agents only
+//!   after.
 //!
 //! It owns these two commands' arguments, their exit codes and what they
 //! print; which node states block an upgrade is [`upgrades_in_progress`],
@@ -39,9 +40,10 @@ pub const REFUSED: u8 = 3;
 /// The leader holds a finalizer on each DeviceConfig until every node it
 /// selected is clean again (labels, taints, annotations, the metrics
 /// Service); this waits for that, so that the agents are removed only
-/// after. Run before deleting the agent DaemonSet: the Helm chart's
-/// pre-delete hook does. A cluster without the DeviceConfig CRD has
-/// nothing to delete.
+/// after. Then it removes the labels `gpu-operator detect` set
+/// (feature.node.kubernetes.io/amd-gpu and its kin, where NFD did not).
+/// Run before deleting the agent DaemonSet: the Helm chart's pre-delete
+/// hook does. A cluster without the DeviceConfig CRD has nothing to delete.
 ///
 /// Exit status: 0 every DeviceConfig is gone, 1 some are still there at
 /// --timeout (named; is the leader running?), 2 the cluster cannot be read
@@ -190,7 +192,15 @@ async fn uninstall(args: UninstallArgs) -> ExitCode {
         };
         if left.is_empty() {
             println!("every DeviceConfig in {} is gone", args.namespace);
-            return ExitCode::SUCCESS;
+            return match release_detect_labels(&configs).await {
+                Ok(nodes) => {
+                    if nodes > 0 {
+                        println!("removed the GPU node labels `detect` set from {nodes} Node(s)");
+                    }
+                    ExitCode::SUCCESS
+                }
+                Err(message) => fail(message, 2),
+            };
         }
         if tokio::time::Instant::now() >= deadline {
             return fail(
@@ -207,6 +217,40 @@ async fn uninstall(args: UninstallArgs) -> ExitCode {
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+}
+
+/// Removes the labels `gpu-operator detect` keeps (its field manager's)
+/// from every Node that has them: they are the operator's, not NFD's, and
+/// go with it. Returns how many Nodes had some. The detect pods still run
+/// until Helm deletes their DaemonSet, and look again only after their
+/// recheck interval (10 minutes by default).
+async fn release_detect_labels(configs: &Api<DeviceConfig>) -> Result<usize, String> {
+    use k8s_openapi::api::core::v1::Node;
+    let nodes: Api<Node> = Api::all(configs.clone().into_client());
+    let list = nodes
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| format!("cannot list Nodes: {e}"))?;
+    let mut released = 0;
+    for node in list.items.iter().filter(|n| {
+        n.metadata
+            .managed_fields
+            .iter()
+            .flatten()
+            .any(|e| e.manager.as_deref() == Some(field_manager::DETECT))
+    }) {
+        let writer = crate::node_writer::NodeWriter::new(nodes.clone(), node.name_any());
+        writer
+            .apply_to(
+                node,
+                crate::node_writer::Concern::Detect,
+                &crate::node_writer::NodeIntent::default(),
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        released += 1;
+    }
+    Ok(released)
 }
 
 #[cfg(test)]
