@@ -10,6 +10,7 @@ pub mod cluster;
 pub mod dra_kubelet;
 pub mod dra_scheduler;
 pub mod hosts;
+pub mod jobs;
 pub mod http;
 pub mod kubelet;
 pub mod pod_resources;

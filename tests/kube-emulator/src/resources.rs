@@ -316,6 +316,13 @@ pub fn builtin_types() -> Vec<ResourceType> {
             true,
             &["netpol"],
         ),
+        // Stored and served; no controller runs them (a test that needs one
+        // plays it: Helm's hooks are Jobs it waits on).
+        R::builtin("batch", "v1", "jobs", "Job", true, &[])
+            .with_status()
+            .with_generation()
+            .with_categories(&["all"])
+            .with_fields(&["status.successful"]),
         R::builtin("apps", "v1", "daemonsets", "DaemonSet", true, &["ds"])
             .with_status()
             .with_generation()
