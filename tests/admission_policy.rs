@@ -1,9 +1,11 @@
 //! deploy/15-admission-policy.yaml against recorded admission requests.
 //!
-//! Two ValidatingAdmissionPolicies. The first lets only the pod holding the
+//! Three ValidatingAdmissionPolicies. The first lets only the pod holding the
 //! leader Lease write Nodes other than its own, Services and the DeviceClass
 //! (gpu.amd.com only), and evict or delete Pods. The second keeps every agent
-//! to its own node's ResourceSlices of driver gpu.amd.com. They are judged
+//! to its own node's ResourceSlices of driver gpu.amd.com. The third keeps
+//! node detection (deploy/optional/node-detection.yaml) to its own Node's
+//! two labels. They are judged
 //! by the kube-emulator's evaluator (`kube_emulator::admission::judge`, the
 //! one the emulator applies to every write), the way the API server applies
 //! them: a request in the policy's `matchConstraints` has its params
@@ -30,8 +32,17 @@ const POLICY_FILE: &str = "deploy/15-admission-policy.yaml";
 const LEADER_POLICY: &str = "gpu-operator-leader-only";
 /// Each agent writes its own node's ResourceSlices only.
 const SLICES_POLICY: &str = "gpu-operator-own-node-resourceslices";
+/// Node detection sets or removes its own Node's two labels only.
+const DETECT_POLICY: &str = "gpu-operator-detect-own-node-labels";
 /// The operator's ServiceAccount, as the API server names it.
 const AGENT_USER: &str = "system:serviceaccount:kube-amd-gpu:gpu-operator";
+/// Node detection's ServiceAccount (deploy/optional/node-detection.yaml).
+const DETECT_USER: &str = "system:serviceaccount:kube-amd-gpu:gpu-operator-detect";
+/// The labels node detection writes, which the agent DaemonSet selects.
+const DETECTED_LABELS: [&str; 2] = [
+    "feature.node.kubernetes.io/amd-gpu",
+    "feature.node.kubernetes.io/amd-vgpu",
+];
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -55,8 +66,8 @@ fn policies() -> Vec<(ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBindin
         .collect();
     assert_eq!(
         docs.len(),
-        4,
-        "{POLICY_FILE}: two policies, each with its binding"
+        6,
+        "{POLICY_FILE}: three policies, each with its binding"
     );
     docs.chunks(2)
         .map(|pair| {
@@ -271,6 +282,34 @@ fn slice_cases() -> Vec<(&'static str, Decision)> {
     ]
 }
 
+/// The node detection fixtures and the detect policy's decision. The caller
+/// is gpu-operator-detect on gpu-node-2 unless the name says otherwise.
+fn detect_cases() -> Vec<(&'static str, Decision)> {
+    use Decision::*;
+    vec![
+        // Its own Node: either label set to "true", or removed.
+        ("detect-labels-its-own-node.json", Allowed),
+        ("detect-labels-its-own-node-vgpu.json", Allowed),
+        ("detect-removes-its-own-label.json", Allowed),
+        // Another Node, even with the right label.
+        ("detect-labels-another-node.json", Denied),
+        // Any other label, set or removed, or another value.
+        ("detect-sets-another-label.json", Denied),
+        ("detect-removes-another-label.json", Denied),
+        ("detect-sets-its-label-to-false.json", Denied),
+        // Nothing else of its own Node.
+        ("detect-taints-its-own-node.json", Denied),
+        ("detect-annotates-its-own-node.json", Denied),
+        ("detect-patches-its-own-node-status.json", Denied),
+        ("detect-deletes-its-own-node.json", Denied),
+        // A token without the node claim proves no node.
+        (
+            "detect-token-without-node-claims-labels-a-node.json",
+            Denied,
+        ),
+    ]
+}
+
 #[test]
 fn only_the_lease_holder_writes_other_nodes_and_services() {
     let (policy, binding) = policy(LEADER_POLICY);
@@ -302,17 +341,36 @@ fn each_agent_writes_only_its_own_nodes_resource_slices() {
 }
 
 #[test]
+fn node_detection_writes_only_its_own_nodes_two_labels() {
+    let (policy, binding) = policy(DETECT_POLICY);
+    let mut failures = Vec::new();
+    for (review, expected) in detect_cases() {
+        let got = decide(&policy, &binding, &fixture(review), None);
+        if got != expected {
+            failures.push(format!("{review}: {got:?}, expected {expected:?}"));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
 fn each_policy_leaves_the_others_requests_alone() {
     // What the API server decides is every matching policy's verdict; each
-    // fixture is judged above by one policy, and the other must not match it.
+    // fixture is judged above by one policy, and the others must not match it.
     let (leader, leader_binding) = policy(LEADER_POLICY);
     let (slices, slices_binding) = policy(SLICES_POLICY);
+    let (detect, detect_binding) = policy(DETECT_POLICY);
     let lease = fixture("lease.json");
     for (review, _, _) in cases() {
         assert_eq!(
             decide(&slices, &slices_binding, &fixture(review), None),
             Decision::NotMatched,
             "{review}: the slices policy"
+        );
+        assert_eq!(
+            decide(&detect, &detect_binding, &fixture(review), None),
+            Decision::NotMatched,
+            "{review}: the node detection policy"
         );
     }
     for (review, _) in slice_cases() {
@@ -324,6 +382,26 @@ fn each_policy_leaves_the_others_requests_alone() {
                 "{review}: the leader-only policy"
             );
         }
+        assert_eq!(
+            decide(&detect, &detect_binding, &fixture(review), None),
+            Decision::NotMatched,
+            "{review}: the node detection policy"
+        );
+    }
+    for (review, _) in detect_cases() {
+        // Node detection is not the agents' ServiceAccount: neither of their
+        // policies applies. (Without a Lease the leader-only policy allows
+        // every Node write before its match conditions, as for any user.)
+        assert_eq!(
+            decide(&leader, &leader_binding, &fixture(review), Some(&lease)),
+            Decision::NotMatched,
+            "{review}: the leader-only policy"
+        );
+        assert_eq!(
+            decide(&slices, &slices_binding, &fixture(review), None),
+            Decision::NotMatched,
+            "{review}: the slices policy"
+        );
     }
 }
 
@@ -334,6 +412,7 @@ fn every_fixture_is_judged_and_is_what_the_api_server_sends() {
         .flat_map(|(r, l, _)| [Some(*r), *l])
         .flatten()
         .chain(slice_cases().iter().map(|(r, _)| *r))
+        .chain(detect_cases().iter().map(|(r, _)| *r))
         .collect();
     let dir = repo().join("tests/fixtures/admission");
     let mut files: Vec<String> = std::fs::read_dir(&dir)
@@ -362,8 +441,11 @@ fn every_fixture_is_judged_and_is_what_the_api_server_sends() {
             assert!(!request[field].is_null(), "{file}: request.{field}");
         }
         assert!(request["userInfo"]["username"].is_string(), "{file}");
-        // The agents' tokens carry one node and one pod name, or none.
-        if request["userInfo"]["username"] == AGENT_USER {
+        // The agents' and node detection's tokens carry one node and one
+        // pod name, or none.
+        if request["userInfo"]["username"] == AGENT_USER
+            || request["userInfo"]["username"] == DETECT_USER
+        {
             let extra = request["userInfo"]["extra"].as_object().unwrap();
             for key in [
                 "authentication.kubernetes.io/node-name",
@@ -513,6 +595,74 @@ fn the_slices_policy_is_bound_for_every_agent_without_params() {
         operations,
         ["CREATE", "UPDATE", "DELETE"].map(str::to_owned).into()
     );
+}
+
+#[test]
+fn the_detect_policy_is_node_detections_and_guards_the_labels_the_agents_select() {
+    let (policy, binding) = policy(DETECT_POLICY);
+    let spec = policy.spec.as_ref().unwrap();
+    assert!(spec.param_kind.is_none(), "node work: no Lease");
+    assert_eq!(spec.failure_policy.as_deref(), Some("Fail"));
+    let binding = binding.spec.unwrap();
+    assert_eq!(
+        binding.policy_name.as_deref(),
+        policy.metadata.name.as_deref()
+    );
+    assert_eq!(binding.validation_actions, Some(vec!["Deny".to_owned()]));
+    assert!(binding.param_ref.is_none());
+    assert!(binding.match_resources.is_none());
+    let conditions: Vec<String> = spec
+        .match_conditions
+        .iter()
+        .flatten()
+        .map(|c| c.expression.clone())
+        .collect();
+    assert!(
+        conditions.len() == 1 && conditions[0].contains(&format!("'{DETECT_USER}'")),
+        "{conditions:?}"
+    );
+    // The ServiceAccount deploy/optional/node-detection.yaml runs its pods as.
+    let text = std::fs::read_to_string(repo().join("deploy/optional/node-detection.yaml")).unwrap();
+    let docs: Vec<Value> = serde_saphyr::from_multiple(&text).unwrap();
+    let daemonset = docs
+        .iter()
+        .find(|d| d["kind"] == "DaemonSet")
+        .expect("node detection's DaemonSet");
+    let account = &daemonset["spec"]["template"]["spec"]["serviceAccountName"];
+    let namespace = &daemonset["metadata"]["namespace"];
+    assert_eq!(
+        format!(
+            "system:serviceaccount:{}:{}",
+            namespace.as_str().unwrap(),
+            account.as_str().unwrap()
+        ),
+        DETECT_USER
+    );
+    // The labels it may write are those the agent DaemonSet selects on.
+    let text = std::fs::read_to_string(repo().join("deploy/20-daemonset.yaml")).unwrap();
+    let agents: Value = serde_saphyr::from_str(&text).unwrap();
+    let terms = agents["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
+        ["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        .as_array()
+        .unwrap();
+    let selected: Vec<&str> = terms
+        .iter()
+        .flat_map(|t| t["matchExpressions"].as_array().unwrap())
+        .map(|e| e["key"].as_str().unwrap())
+        .collect();
+    assert_eq!(selected, DETECTED_LABELS);
+    let variables: BTreeMap<String, String> = spec
+        .variables
+        .iter()
+        .flatten()
+        .map(|v| (v.name.clone(), v.expression.clone()))
+        .collect();
+    for label in DETECTED_LABELS {
+        assert!(
+            variables["detected"].contains(&format!("'{label}'")),
+            "{variables:?}"
+        );
+    }
 }
 
 #[test]
