@@ -4,10 +4,13 @@
 //! Static checks parse every manifest into its k8s-openapi type and hold it to
 //! what the code needs: the environment the CLI reads, the host paths discovery
 //! reads, the metrics port, and RBAC rules that are exactly the table below of
-//! API calls the code makes (with file:line references). Two end-to-end checks
-//! run against the API emulator: `kubectl apply` of deploy/ as deploy/README.md
-//! says, and the real binary started with the DaemonSet's arguments and
-//! environment, whose every API request must be allowed by the RBAC.
+//! API calls the code makes (with file:line references). The kustomize base
+//! (deploy/Kustomization) must build exactly the plain manifests, and the
+//! example overlay (overlays/example) valid objects. End-to-end checks run
+//! against the API emulator: `kubectl apply -f` and `kubectl apply -k` of
+//! deploy/ as deploy/README.md says, and the real binary started with the
+//! DaemonSet's arguments and environment, whose every API request must be
+//! allowed by the RBAC.
 //!
 //! `.ci/check-manifests` covers the rest: kubernetes-validate, yamllint and
 //! systemd-analyze.
@@ -1861,6 +1864,245 @@ async fn kubectl_applies_deploy_as_documented() {
         emu.list("apiextensions.k8s.io/v1", "CustomResourceDefinition")
             .is_empty()
     );
+}
+
+// ---------------------------------------------------------------------------
+// The kustomize base (deploy/Kustomization) and the example overlay
+
+/// The kustomize base, named so that `kubectl apply -f deploy/` skips it.
+const KUSTOMIZATION: &str = "deploy/Kustomization";
+const OVERLAY: &str = "overlays/example";
+
+/// Every document of the CRD files, in the order `kubectl apply -f
+/// deploy/crd/` applies them.
+fn crd_documents() -> Vec<Value> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(repo().join("deploy/crd"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    files.sort();
+    files
+        .iter()
+        .flat_map(|f| {
+            let docs: Vec<Value> =
+                serde_saphyr::from_multiple(&std::fs::read_to_string(f).unwrap()).unwrap();
+            docs
+        })
+        .filter(|d| !d.is_null())
+        .collect()
+}
+
+/// `kubectl kustomize DIR` (no server needed): its objects, in order.
+fn kustomize(dir: &str) -> Vec<Value> {
+    let out = std::process::Command::new(kubectl_path())
+        .args(["kustomize", dir])
+        .current_dir(repo())
+        .output()
+        .expect("kubectl runs");
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        out.status.success(),
+        "kubectl kustomize {dir}:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let docs: Vec<Value> = serde_saphyr::from_multiple(&stdout).unwrap();
+    docs.into_iter().filter(|d| !d.is_null()).collect()
+}
+
+#[test]
+fn kustomize_base_is_what_kubectl_apply_applies() {
+    // It lists every file the two `kubectl apply -f` steps apply, CRDs first.
+    let text = std::fs::read_to_string(repo().join(KUSTOMIZATION)).unwrap();
+    let kustomization: Value = serde_saphyr::from_str(&text).unwrap();
+    let listed: Vec<&str> = kustomization["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r.as_str().unwrap())
+        .collect();
+    let mut files: Vec<String> = Vec::new();
+    for dir in ["deploy/crd", "deploy"] {
+        let mut names: Vec<String> = std::fs::read_dir(repo().join(dir))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| {
+                p.extension()
+                    .is_some_and(|e| e == "yaml" || e == "yml" || e == "json")
+            })
+            .map(|p| {
+                p.strip_prefix(repo().join("deploy"))
+                    .unwrap()
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .collect();
+        names.sort();
+        files.extend(names);
+    }
+    assert_eq!(listed, files, "{KUSTOMIZATION}: resources");
+    // Kept in that order: kustomize sorts by kind unless told not to.
+    assert_eq!(kustomization["sortOptions"]["order"], "fifo");
+
+    if !kubectl_present("kustomize_base_is_what_kubectl_apply_applies") {
+        return;
+    }
+    let built = kustomize("deploy/");
+    let mut expected = crd_documents();
+    expected.extend(manifests().into_iter().map(|m| m.doc));
+    assert_eq!(built.len(), expected.len(), "kubectl kustomize deploy/");
+    for (got, want) in built.iter().zip(&expected) {
+        assert_eq!(
+            got, want,
+            "kubectl kustomize deploy/ differs from the plain manifests at {} {}",
+            want["kind"], want["metadata"]["name"]
+        );
+    }
+}
+
+#[test]
+fn kustomize_overlay_example_builds_valid_objects() {
+    if !kubectl_present("kustomize_overlay_example_builds_valid_objects") {
+        return;
+    }
+    let built = kustomize(OVERLAY);
+    let base = kustomize("deploy/");
+    assert_eq!(built.len(), base.len(), "the base's objects, changed");
+    let mut configs = String::new();
+    for doc in &built {
+        let m = Manifest {
+            file: OVERLAY.into(),
+            doc: doc.clone(),
+        };
+        match m.kind() {
+            "DaemonSet" => {
+                let ds: DaemonSet = typed(&m);
+                let pod = ds.spec.unwrap().template.spec.unwrap();
+                // The image from the example's registry, pinned by digest.
+                let image = pod.containers[0].image.clone().unwrap();
+                let (name, digest) = image.split_once('@').expect("pinned by digest");
+                assert_eq!(name, "registry.example.com/gpu-operator");
+                let hex = digest.strip_prefix("sha256:").unwrap();
+                assert!(hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()));
+                assert_eq!(
+                    pod.image_pull_secrets.unwrap()[0].name,
+                    "registry-example-com"
+                );
+            }
+            "DeviceConfig" => {
+                // DRA instead of the device plugin.
+                assert_eq!(doc["spec"]["draDriver"]["enable"], true);
+                assert_eq!(doc["spec"]["devicePlugin"]["enableDevicePlugin"], false);
+                configs.push_str("---\n");
+                configs.push_str(&serde_json::to_string(doc).unwrap());
+                configs.push('\n');
+            }
+            "CustomResourceDefinition" => {}
+            // Everything else is the base's, unchanged.
+            _ => assert!(base.contains(doc), "{} {} changed", m.kind(), m.name()),
+        }
+    }
+    assert!(!configs.is_empty(), "the overlay keeps a DeviceConfig");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("deviceconfig.yaml");
+    std::fs::write(&path, configs).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gpu-operator"))
+        .arg("validate")
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "gpu-operator validate of the overlay's DeviceConfig:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // kubernetes-validate (.ci/check-manifests runs it on every rendering
+    // too) where it is installed.
+    let builtin: Vec<String> = built
+        .iter()
+        .filter(|d| d["kind"] != "DeviceConfig")
+        .map(|d| serde_json::to_string(d).unwrap())
+        .collect();
+    let path = dir.path().join("builtin.yaml");
+    std::fs::write(&path, format!("---\n{}\n", builtin.join("\n---\n"))).unwrap();
+    match std::process::Command::new("kubernetes-validate")
+        .args(["--strict", "--quiet", "--kubernetes-version", "1.34.0"])
+        .arg(&path)
+        .output()
+    {
+        Ok(out) => assert!(
+            out.status.success(),
+            "kubernetes-validate --strict of {OVERLAY}:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+        Err(e) => println!("kubernetes-validate did not run ({e}): {OVERLAY} not validated by it"),
+    }
+}
+
+/// deploy/README.md's kustomize install: on a fresh cluster the first
+/// `kubectl apply -k deploy/` applies everything but the DeviceConfig, whose
+/// kind kubectl cannot map before its CRD is served; after `kubectl wait`
+/// the second applies it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_applies_the_kustomize_base_as_documented() {
+    if !kubectl_present("kubectl_applies_the_kustomize_base_as_documented") {
+        return;
+    }
+    let emu = Emulator::start(EmulatorConfig::default()).await.unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let (ok, out, err) = kubectl(&emu, home.path(), &["apply", "-k", "deploy/"]).await;
+    // kubectl validates (or, with --validate=false, maps) each object against
+    // what the server served when it started: the DeviceConfig's kind was not
+    // served yet. The emulator establishes a CRD at once, so this is no race.
+    assert!(!ok, "the first apply -k on a fresh cluster: {out}{err}");
+    assert!(
+        emu.get("amd.com/v1alpha1", "DeviceConfig", NAMESPACE, "default")
+            .is_none(),
+        "{out}{err}"
+    );
+    for m in manifests().iter().filter(|m| m.kind() != "DeviceConfig") {
+        let api_version = m.doc["apiVersion"].as_str().unwrap();
+        assert!(
+            emu.get(api_version, m.kind(), m.namespace().unwrap_or(""), m.name())
+                .is_some(),
+            "{} {} was applied by the first run:\n{out}{err}",
+            m.kind(),
+            m.name()
+        );
+    }
+    let (ok, out, err) = kubectl(
+        &emu,
+        home.path(),
+        &[
+            "wait",
+            "--for",
+            "condition=established",
+            "--timeout=60s",
+            "crd/deviceconfigs.amd.com",
+        ],
+    )
+    .await;
+    assert!(ok, "kubectl wait: {out}{err}");
+    let (ok, out, err) = kubectl(&emu, home.path(), &["apply", "-k", "deploy/"]).await;
+    assert!(ok, "the second apply -k:\n{out}{err}");
+    for m in manifests() {
+        let api_version = m.doc["apiVersion"].as_str().unwrap();
+        assert!(
+            emu.get(api_version, m.kind(), m.namespace().unwrap_or(""), m.name())
+                .is_some(),
+            "{} {} from {} was not applied",
+            m.kind(),
+            m.name(),
+            m.file
+        );
+    }
+    // And the plain path, over it, changes nothing.
+    let before = emu.resource_version();
+    let (ok, out, err) = kubectl(&emu, home.path(), &["apply", "-f", "deploy/"]).await;
+    assert!(ok, "kubectl apply -f deploy/ after -k:\n{out}{err}");
+    assert_eq!(emu.resource_version(), before, "{out}");
 }
 
 const NODE: &str = "gpu-node-1";
