@@ -87,6 +87,17 @@ fn overlaps(a: &FieldPath, b: &FieldPath) -> bool {
     is_prefix(a, b) || is_prefix(b, a)
 }
 
+/// Whether an applied empty map at `applied` merges over another manager's
+/// field `owned` below it rather than contending with it: applying
+/// `spec: {}` leaves the fields others set in `spec` as they are, so the
+/// real server sees no conflict there (Helm applies a Lease with `spec: {}`
+/// that the leader's fields then fill).
+fn merges_over(value: &Value, applied: &FieldPath, owned: &FieldPath) -> bool {
+    value.as_object().is_some_and(Map::is_empty)
+        && owned.len() > applied.len()
+        && is_prefix(applied, owned)
+}
+
 fn key_element(item: &Value, keys: &[String]) -> Option<String> {
     let mut m = Map::new();
     for k in keys {
@@ -267,7 +278,7 @@ impl Ownership {
         let mut out: Vec<Conflict> = Vec::new();
         for (q, val) in applied {
             for (owner, p) in self.overlapping_owners(applier, q) {
-                if owner.scope != applier.scope {
+                if owner.scope != applier.scope || merges_over(val, q, p) {
                     continue;
                 }
                 // A live map under an applied scalar has no leaf at `q`, so it differs too.
@@ -318,7 +329,11 @@ impl Ownership {
         if force {
             for (k, e) in self.0.iter_mut() {
                 if *k != applier && k.scope == applier.scope {
-                    e.fields.retain(|p| !applied.keys().any(|q| overlaps(p, q)));
+                    e.fields.retain(|p| {
+                        !applied
+                            .iter()
+                            .any(|(q, val)| overlaps(p, q) && !merges_over(val, q, p))
+                    });
                 }
             }
         }
@@ -443,6 +458,48 @@ mod tests {
             operation: op,
             scope: Scope::Main,
         }
+    }
+
+    #[test]
+    fn an_applied_empty_map_does_not_contend_with_fields_others_set_in_it() {
+        let rt = lease_type();
+        let helm = json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": "l"}, "spec": {}});
+        let live = json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": "l"}, "spec": {"holderIdentity": "a"}});
+        let mut own = Ownership::default();
+        let applied = owned_leaves(&helm, &rt, Scope::Main);
+        own.record_apply(key("helm", Operation::Apply), &applied, false, "v1", "t");
+        let leader = owned_leaves(&live, &rt, Scope::Main);
+        own.record_update(
+            key("leader", Operation::Update),
+            &applied,
+            &leader,
+            "v1",
+            "t",
+        );
+        let live_leaves = owned_leaves(&live, &rt, Scope::Main);
+        assert_eq!(
+            own.apply_conflicts(&key("helm", Operation::Apply), &applied, &live_leaves),
+            vec![]
+        );
+        // Forced, it takes nothing from the leader either.
+        own.record_apply(key("helm", Operation::Apply), &applied, true, "v1", "t");
+        assert!(
+            own.0[&key("leader", Operation::Update)]
+                .fields
+                .iter()
+                .any(|p| dotted(p) == ".spec.holderIdentity")
+        );
+        // A value applied there does contend.
+        let taker = json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": "l"}, "spec": {"holderIdentity": "b"}});
+        let taken = owned_leaves(&taker, &rt, Scope::Main);
+        assert_eq!(
+            own.apply_conflicts(&key("helm", Operation::Apply), &taken, &live_leaves)
+                .len(),
+            1
+        );
     }
 
     #[test]
