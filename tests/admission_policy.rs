@@ -38,11 +38,15 @@ const DETECT_POLICY: &str = "gpu-operator-detect-own-node-labels";
 const AGENT_USER: &str = "system:serviceaccount:kube-amd-gpu:gpu-operator";
 /// Node detection's ServiceAccount (deploy/optional/node-detection.yaml).
 const DETECT_USER: &str = "system:serviceaccount:kube-amd-gpu:gpu-operator-detect";
-/// The labels node detection writes, which the agent DaemonSet selects.
-const DETECTED_LABELS: [&str; 2] = [
-    "feature.node.kubernetes.io/amd-gpu",
-    "feature.node.kubernetes.io/amd-vgpu",
-];
+/// The labels node detection writes (the agent DaemonSet selects the
+/// first two), as `gpu-operator detect` defines them.
+fn detected_labels() -> Vec<&'static str> {
+    use gpu_operator::detect::{GPU_LABEL, MODEL_LABELS, VGPU_LABEL};
+    [GPU_LABEL, VGPU_LABEL]
+        .into_iter()
+        .chain(MODEL_LABELS.iter().map(|(_, label)| *label))
+        .collect()
+}
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -290,6 +294,7 @@ fn detect_cases() -> Vec<(&'static str, Decision)> {
         // Its own Node: either label set to "true", or removed.
         ("detect-labels-its-own-node.json", Allowed),
         ("detect-labels-its-own-node-vgpu.json", Allowed),
+        ("detect-labels-its-own-node-model.json", Allowed),
         ("detect-removes-its-own-label.json", Allowed),
         // Another Node, even with the right label.
         ("detect-labels-another-node.json", Denied),
@@ -650,19 +655,20 @@ fn the_detect_policy_is_node_detections_and_guards_the_labels_the_agents_select(
         .flat_map(|t| t["matchExpressions"].as_array().unwrap())
         .map(|e| e["key"].as_str().unwrap())
         .collect();
-    assert_eq!(selected, DETECTED_LABELS);
+    assert_eq!(selected, detected_labels()[..2]);
+    // And the policy's list is exactly what `detect` writes.
     let variables: BTreeMap<String, String> = spec
         .variables
         .iter()
         .flatten()
         .map(|v| (v.name.clone(), v.expression.clone()))
         .collect();
-    for label in DETECTED_LABELS {
-        assert!(
-            variables["detected"].contains(&format!("'{label}'")),
-            "{variables:?}"
-        );
-    }
+    let listed: Vec<&str> = variables["detected"]
+        .split('\'')
+        .skip(1)
+        .step_by(2)
+        .collect();
+    assert_eq!(listed, detected_labels(), "{variables:?}");
 }
 
 #[test]
