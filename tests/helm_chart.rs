@@ -17,9 +17,13 @@
 //! (set by .ci/run) turns the skip into a failure, and then also requires
 //! kubernetes-validate.
 
+mod support;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+use support::helm::helm_present;
 
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
@@ -73,7 +77,7 @@ const COPIES: [(&str, &str); 7] = [
     ),
 ];
 /// The hook objects (kind, name) of a default rendering.
-const HOOK_OBJECTS: [(&str, &str); 10] = [
+const HOOK_OBJECTS: [(&str, &str); 12] = [
     ("ServiceAccount", "gpu-operator-upgrade-crd"),
     ("ClusterRole", "gpu-operator-upgrade-crd"),
     ("ClusterRoleBinding", "gpu-operator-upgrade-crd"),
@@ -83,6 +87,8 @@ const HOOK_OBJECTS: [(&str, &str); 10] = [
     ("ServiceAccount", "gpu-operator-uninstall"),
     ("Role", "gpu-operator-uninstall"),
     ("RoleBinding", "gpu-operator-uninstall"),
+    ("ClusterRole", "gpu-operator-uninstall"),
+    ("ClusterRoleBinding", "gpu-operator-uninstall"),
     ("Job", "gpu-operator-uninstall"),
 ];
 /// AMD's chart's 21 top-level keys that do nothing here.
@@ -108,47 +114,10 @@ fn required() -> bool {
     std::env::var_os("REQUIRE_HELM").is_some()
 }
 
-/// $HELM, else `helm` on PATH.
-fn helm_path() -> Option<PathBuf> {
-    if let Some(path) = std::env::var_os("HELM") {
-        return Some(PathBuf::from(path));
-    }
-    std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
-        .map(|dir| dir.join("helm"))
-        .find(|p| p.is_file())
-}
-
-/// The helm binary, or None after saying why the test is skipped.
-fn helm_present(test: &str) -> Option<PathBuf> {
-    match helm_path().filter(|p| p.is_file()) {
-        Some(path) => Some(path),
-        None => {
-            // .ci/run installs helm and sets this, so that a missing helm
-            // fails the run instead of skipping the chart's checks unseen.
-            assert!(
-                !required(),
-                "{test}: REQUIRE_HELM is set but there is no helm ($HELM, or on PATH)"
-            );
-            println!("SKIPPED {test}: no helm ($HELM, or on PATH); the chart was not rendered");
-            None
-        }
-    }
-}
-
 /// Runs helm with its own empty home (no repositories, no cluster).
 fn helm(helm: &Path, args: &[&str]) -> std::process::Output {
     let home = tempfile::tempdir().unwrap();
-    Command::new(helm)
-        .args(args)
-        .current_dir(repo())
-        .env_clear()
-        .env("HOME", home.path())
-        .env("HELM_CACHE_HOME", home.path().join("cache"))
-        .env("HELM_CONFIG_HOME", home.path().join("config"))
-        .env("HELM_DATA_HOME", home.path().join("data"))
-        .env("KUBECONFIG", home.path().join("no-kubeconfig"))
-        .output()
-        .expect("helm runs")
+    support::helm::helm_with(helm, &home.path().join("no-kubeconfig"), args)
 }
 
 /// `helm template` of the chart in `namespace`: every object, in order.
@@ -708,9 +677,11 @@ fn amds_default_values_install_unchanged_and_the_notes_name_what_is_ignored() {
         json!({"key": "amd.com/gpu", "operator": "Exists"})
     );
     assert_eq!(tolerations.len(), 3, "and the two of the values file");
-    // NFD is said to run there: the rule, and no node detection.
-    assert!(find(&rendered, "NodeFeatureRule", "amd-gpu-label-nfd-rule").is_some());
-    assert!(find(&rendered, "DaemonSet", "gpu-operator-detect").is_none());
+    // NFD is said to run there, but `helm template` has no cluster that
+    // serves its kind: node detection, and no rule that would fail the
+    // install.
+    assert!(find(&rendered, "NodeFeatureRule", "amd-gpu-label-nfd-rule").is_none());
+    assert!(find(&rendered, "DaemonSet", "gpu-operator-detect").is_some());
     // Its partition profiles are installed where the agents read them.
     let dcm = the(&rendered, "ConfigMap", "default-dcm-config");
     let profiles =
@@ -810,31 +781,32 @@ fn nodes_are_found_by_nfd_or_by_node_detection() {
         return;
     };
     let nfd_api = "--api-versions=nfd.k8s-sigs.io/v1alpha1/NodeFeatureRule";
-    // (args, NodeFeatureRule rendered, node detection rendered)
+    // (args, NodeFeatureRule rendered, node detection rendered). What the
+    // cluster serves decides, not node-feature-discovery.enabled: this
+    // chart installs no NFD, and a rule on a cluster without it fails the
+    // install, while no detection there would leave the GPU nodes agentless.
     for (args, rule, detect) in [
         // No NFD: node detection, and no rule a cluster without NFD refuses.
         (vec![], false, true),
         (vec!["--set=nodeDetection.enabled=false"], false, false),
-        // NFD runs (said so): its rule, and no second labeller.
+        // NFD said to run, but the cluster does not serve its kind (AMD's
+        // values on a cluster without NFD): detection, no rule.
         (
             vec!["--set=node-feature-discovery.enabled=true"],
+            false,
+            true,
+        ),
+        // The cluster serves NodeFeatureRules: the rule, no second labeller.
+        (vec![nfd_api], true, false),
+        (
+            vec![nfd_api, "--set=node-feature-discovery.enabled=true"],
             true,
             false,
         ),
-        (
-            vec![
-                "--set=node-feature-discovery.enabled=true",
-                "--set=installdefaultNFDRule=false",
-            ],
-            false,
-            false,
-        ),
-        // The cluster serves NodeFeatureRules: the rule too.
-        (vec![nfd_api], true, true),
         (
             vec![nfd_api, "--set=installdefaultNFDRule=false"],
             false,
-            true,
+            false,
         ),
     ] {
         let rendered = template(&helm_bin, &args);
@@ -897,6 +869,23 @@ fn check_nfd_rule(rule: &Value) {
             .collect()
     };
     assert!(ids("amd-gpu").is_disjoint(&ids("amd-vgpu")));
+    // NFD's rule and `gpu-operator detect` label the same devices.
+    let hex = |table: &[(u16, &str)]| -> BTreeSet<String> {
+        table.iter().map(|(id, _)| format!("{id:04x}")).collect()
+    };
+    use gpu_operator::detect::{GPU_DEVICE_IDS, MODEL_LABELS, VF_DEVICE_IDS};
+    assert_eq!(ids("amd-gpu"), hex(GPU_DEVICE_IDS));
+    assert_eq!(ids("amd-vgpu"), hex(VF_DEVICE_IDS));
+    for (id, label) in MODEL_LABELS {
+        let rule = rules
+            .values()
+            .find(|r| r["labels"].get(*label).is_some())
+            .unwrap_or_else(|| panic!("no rule sets {label}"));
+        assert_eq!(
+            rule["matchFeatures"][0]["matchExpressions"]["device"]["value"],
+            json!([format!("{id:04x}")])
+        );
+    }
 }
 
 /// Node detection: every Linux node, unprivileged, its own ServiceAccount
@@ -924,7 +913,7 @@ fn check_node_detection(rendered: &[Value]) {
     assert_eq!(env["GPU_OPERATOR_HOST_ROOT"]["value"], "/host");
     assert_eq!(
         container["resources"],
-        json!({"requests": {"cpu": "5m", "memory": "8Mi"}, "limits": {"memory": "32Mi"}})
+        json!({"requests": {"cpu": "5m", "memory": "16Mi"}, "limits": {"memory": "32Mi"}})
     );
     let security = &container["securityContext"];
     assert_eq!(security["privileged"], false);
@@ -1051,6 +1040,15 @@ fn the_hooks_run_the_operators_image_with_the_least_rbac() {
         the(&rendered, "Role", "gpu-operator-uninstall")["rules"],
         json!([{"apiGroups": ["amd.com"], "resources": ["deviceconfigs"],
                 "verbs": ["list", "watch", "get", "delete"]}])
+    );
+    // Then the labels `detect` set go: Nodes listed and patched, no more.
+    assert_eq!(
+        the(&rendered, "ClusterRole", "gpu-operator-uninstall")["rules"],
+        json!([{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "patch"]}])
+    );
+    assert_eq!(
+        the(&rendered, "ClusterRoleBinding", "gpu-operator-uninstall")["subjects"],
+        json!([{"kind": "ServiceAccount", "name": "gpu-operator-uninstall", "namespace": NAMESPACE}])
     );
     // upgradeCRD=false: no pre-upgrade hook at all.
     let rendered = template(&helm_bin, &["--set=upgradeCRD=false"]);

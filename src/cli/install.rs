@@ -199,7 +199,17 @@ async fn uninstall(args: UninstallArgs) -> ExitCode {
                     }
                     ExitCode::SUCCESS
                 }
-                Err(message) => fail(message, 2),
+                // The DeviceConfigs are gone, which is what the agents'
+                // removal waits for: a person can remove the labels later.
+                Err(message) => {
+                    eprintln!(
+                        "warning: {message}; remove them by hand: kubectl label nodes --all \
+                         {}- {}-",
+                        crate::detect::GPU_LABEL,
+                        crate::detect::VGPU_LABEL
+                    );
+                    ExitCode::SUCCESS
+                }
             };
         }
         if tokio::time::Instant::now() >= deadline {

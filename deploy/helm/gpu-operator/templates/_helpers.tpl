@@ -199,3 +199,13 @@ where "" can be a value. Lists are kept as written.
 {{- end -}}
 {{- toYaml $out -}}
 {{- end }}
+
+{{/*
+"true" when the cluster runs node-feature-discovery (it serves
+NodeFeatureRules), else "false". Decides between NFD's rule and node
+detection; `helm template` without a cluster says so with
+--api-versions nfd.k8s-sigs.io/v1alpha1/NodeFeatureRule.
+*/}}
+{{- define "gpu-operator.nfdServed" -}}
+{{- .Capabilities.APIVersions.Has "nfd.k8s-sigs.io/v1alpha1/NodeFeatureRule" -}}
+{{- end }}
