@@ -156,7 +156,9 @@ fn summary_line(dc: &DeviceConfig, rows: &[NodeProgress]) -> Option<String> {
             },
             p.reboot_required
         ),
-        _ => "by hand (upgradePolicy.enable is not true)".to_owned(),
+        _ => "no rolling upgrade (upgradePolicy.enable is not true: each agent loads \
+              driver.version itself, as soon as nothing holds the running driver)"
+            .to_owned(),
     };
     let counted: Vec<String> = counts.iter().map(|(s, n)| format!("{n} {s}")).collect();
     Some(format!(

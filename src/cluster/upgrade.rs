@@ -355,13 +355,13 @@ pub fn plan(target: &str, policy: &Policy, nodes: &[NodeFacts]) -> Plan {
             decision.reason = Some("retry asked for by the upgrade-required label".into());
         }
         match state.clone() {
-            // Through an upgrade to this target, its driver gone for now (a
-            // remediation's reboot, a person's): the agent loads the target
-            // its record tells on its own, at boot. Nothing to install,
-            // pick or drain; the node's AMDGPUDriverReady says how the load
-            // goes.
+            // Through an upgrade or install, its driver gone for now (a
+            // remediation's reboot, a person's): with no amdgpu loaded the
+            // agent loads driver.version by itself, no drain needed (a
+            // first install needs none either). Nothing to relabel, pick or
+            // drain; the node's AMDGPUDriverReady says how the load goes.
             Some(UpgradeState::Complete | UpgradeState::InstallComplete)
-                if node.reported && !node.loaded && node.told.as_deref() == Some(target) => {}
+                if node.reported && !node.loaded => {}
             // No amdgpu loaded at all: an install, without the policy and
             // without a drain (nothing can use the GPUs), as in the
             // reference. Also a node already through an upgrade whose
@@ -439,12 +439,13 @@ pub fn plan(target: &str, policy: &Policy, nodes: &[NodeFacts]) -> Plan {
                     let reason = if parallel_ok {
                         format!(
                             "not picked yet: maxUnavailableNodes allows {unavailable_cap} node(s) \
-                             unavailable at once, and that many are"
+                             unavailable at once, and {unavailable_cap} already are (cordoned, \
+                             not Ready or being upgraded)"
                         )
                     } else {
                         format!(
-                            "not picked yet: maxParallelUpgrades allows {} upgrade(s) at once, \
-                             and that many are under way",
+                            "not picked yet: maxParallelUpgrades allows {0} upgrade(s) at once, \
+                             and {0} are under way",
                             policy.max_parallel
                         )
                     };
@@ -1210,28 +1211,19 @@ mod tests {
             [("new".into(), Some(UpgradeState::InstallInProgress))]
         );
         assert_eq!(step.counts.get("Upgrade-Complete"), Some(&1));
-        // A node through an earlier upgrade whose driver is gone (an
-        // unrelated reboot) is installed again, not drained.
+        // A node through an earlier upgrade whose driver is gone after a
+        // reboot for another reason (a remediation, a person), whether or
+        // not its record still names the target: its agent loads
+        // driver.version by itself; the node is neither relabelled
+        // Install-In-Progress nor counted as upgrading, nor drained.
         let mut gone = node("gone", Some(UpgradeState::Complete), "x");
         gone.loaded = false;
         gone.version = None;
-        let step = plan(TARGET, &p, &[gone]);
-        assert_eq!(
-            step.decisions[0].state,
-            Some(UpgradeState::InstallInProgress)
-        );
-        assert!(matches!(
-            step.decisions[0].actions[..],
-            [Action::Tell { reboot: false, .. }]
-        ));
-        // Gone after a reboot for another reason (a remediation), the
-        // target already told: the agent loads it by itself; the node is
-        // neither relabelled Install-In-Progress nor counted as upgrading.
-        let mut rebooted = node("rebooted", Some(UpgradeState::Complete), "x");
+        let mut rebooted = node("rebooted", Some(UpgradeState::InstallComplete), "x");
         rebooted.loaded = false;
         rebooted.version = None;
         rebooted.told = Some(TARGET.into());
-        let step = plan(TARGET, &p, &[rebooted]);
+        let step = plan(TARGET, &p, &[gone, rebooted]);
         assert!(
             step.decisions
                 .iter()
@@ -1240,6 +1232,7 @@ mod tests {
             step.decisions
         );
         assert_eq!(step.counts.get("Upgrade-Complete"), Some(&1));
+        assert_eq!(step.counts.get("Install-Complete"), Some(&1));
     }
 
     #[test]

@@ -266,7 +266,9 @@ pub fn next_record(
             }
             UpgradeState::NotStarted => {
                 // A retry, or a new target: nothing of the last run counts,
-                // but a cordon the upgrade still holds stays its own.
+                // but a cordon the upgrade still holds stays its own. It
+                // goes from what runs now, not from where the last run began.
+                record.from = facts.version.clone();
                 record.started = None;
                 record.target = None;
                 record.reboot_from = None;
@@ -312,14 +314,14 @@ pub fn state_event(
     from: Option<&UpgradeState>,
     to: &UpgradeState,
     record: &UpgradeRecord,
+    target: &str,
 ) -> Option<(EventType, &'static str, String)> {
-    let target = record.target.as_deref().unwrap_or("the target");
     match to {
         UpgradeState::Started => Some((
             EventType::Normal,
             "DriverUpgradeStarted",
             format!(
-                "driver upgrade {} from {}: the node is cordoned and tainted \
+                "driver upgrade to {target} {} from {}: the node is cordoned and tainted \
                  {TAINT_KEY}; its GPU pods are being drained",
                 match from {
                     Some(failed) if failed.is_failed() => {
@@ -333,7 +335,7 @@ pub fn state_event(
         UpgradeState::InstallInProgress => Some((
             EventType::Normal,
             "DriverInstallStarted",
-            "no amdgpu loaded: installing the driver".to_owned(),
+            format!("no amdgpu loaded: installing driver {target}"),
         )),
         UpgradeState::Complete | UpgradeState::InstallComplete
             if from.is_some_and(UpgradeState::is_in_progress) =>
@@ -341,7 +343,12 @@ pub fn state_event(
             Some((
                 EventType::Normal,
                 "DriverUpgradeComplete",
-                format!("{} done", to.as_str()),
+                match (to, record.from.as_deref()) {
+                    (UpgradeState::Complete, Some(was)) => {
+                        format!("{}: driver {target} runs, upgraded from {was}", to.as_str())
+                    }
+                    _ => format!("{}: driver {target} runs", to.as_str()),
+                },
             ))
         }
         s if s.is_failed() => Some((
@@ -559,6 +566,9 @@ async fn carry_out(
     ctx: &Context,
 ) -> Result<(), Error> {
     let name = node.name_any();
+    // Only a DeviceConfig that rolls upgrades gets here; its version names
+    // the target in the Events.
+    let target = target_of(dc).unwrap_or("driver.version");
     let writer = NodeWriter::new(Api::all(ctx.client.clone()), name.clone());
     let current = ctx.upgrades.record_of(node);
     let mut record = next_record(key, current.as_ref(), facts, decision, now);
@@ -641,10 +651,10 @@ async fn carry_out(
     let event = if record.state == UpgradeState::Started {
         let entered = facts.state.as_ref() != Some(&UpgradeState::Started);
         (cordoned_now || (cordon_held && entered))
-            .then(|| state_event(facts.state.as_ref(), &record.state, &record))
+            .then(|| state_event(facts.state.as_ref(), &record.state, &record, target))
     } else {
         (facts.state.as_ref() != Some(&record.state))
-            .then(|| state_event(facts.state.as_ref(), &record.state, &record))
+            .then(|| state_event(facts.state.as_ref(), &record.state, &record, target))
     };
     if let Some(Some((type_, reason, note))) = event {
         node_event(ctx, node, type_, reason, note).await;
@@ -972,7 +982,7 @@ mod tests {
             with_record(
                 "a",
                 UpgradeState::NotStarted,
-                "not picked yet: maxParallelUpgrades allows 1 upgrade(s) at once, and that many are under way",
+                "not picked yet: maxParallelUpgrades allows 1 upgrade(s) at once, and 1 are under way",
             ),
             with_record("b", UpgradeState::Complete, "runs driver 6.4.1"),
         ];
@@ -1144,9 +1154,15 @@ mod tests {
             actions: vec![],
             reason: Some("retry".into()),
         };
-        let retried = next_record(&key(), Some(&failed), &facts, &retry, "t4");
+        let now_runs = NodeFacts {
+            version: Some("6.3.1".into()),
+            ..facts.clone()
+        };
+        let retried = next_record(&key(), Some(&failed), &now_runs, &retry, "t4");
         assert_eq!(retried.cordoned_before, Some(false));
-        assert_eq!((retried.target, retried.started), (None, None));
+        assert_eq!((&retried.target, &retried.started), (&None, &None));
+        // Waiting to be picked, it goes from what runs now.
+        assert_eq!(retried.from.as_deref(), Some("6.3.1"));
         let done = Decision {
             node: "gpu-1".into(),
             state: Some(UpgradeState::Complete),
@@ -1166,13 +1182,19 @@ mod tests {
             Some(&UpgradeState::NotStarted),
             &UpgradeState::Started,
             &record,
+            "6.4.1",
         );
         assert!(
             matches!(start, Some((EventType::Normal, "DriverUpgradeStarted", ref n)) if n.contains("6.3.0"))
         );
         // A retry is a new start, with a note of its own (a series of its
         // own, not a count on the first start's).
-        let again = state_event(Some(&UpgradeState::Failed), &UpgradeState::Started, &record);
+        let again = state_event(
+            Some(&UpgradeState::Failed),
+            &UpgradeState::Started,
+            &record,
+            "6.4.1",
+        );
         assert!(
             matches!(again, Some((EventType::Normal, "DriverUpgradeStarted", ref n))
                 if n.contains("started again after Upgrade-Failed") && n.contains("6.3.0")),
@@ -1182,32 +1204,50 @@ mod tests {
             state_event(
                 Some(&UpgradeState::Started),
                 &UpgradeState::InProgress,
-                &record
+                &record,
+                "6.4.1"
             ),
             None
         );
-        assert_eq!(state_event(None, &UpgradeState::NotStarted, &record), None);
+        assert_eq!(
+            state_event(None, &UpgradeState::NotStarted, &record, "6.4.1"),
+            None
+        );
         record.reason = Some("the PodDisruptionBudget train-pdb refuses its eviction".into());
         let failed = state_event(
             Some(&UpgradeState::Started),
             &UpgradeState::DrainFailed,
             &record,
+            "6.4.1",
         )
         .expect("a failure is an Event");
         assert_eq!(
             (failed.0, failed.1),
             (EventType::Warning, "DriverUpgradeFailed")
         );
-        assert!(failed.2.contains("train-pdb") && failed.2.contains(RETRY_VALUE));
         assert!(
-            state_event(
-                Some(&UpgradeState::InProgress),
-                &UpgradeState::Complete,
-                &record
-            )
-            .is_some()
+            failed.2.contains("train-pdb")
+                && failed.2.contains(RETRY_VALUE)
+                && failed.2.contains("to 6.4.1"),
+            "{}",
+            failed.2
+        );
+        let done = state_event(
+            Some(&UpgradeState::InProgress),
+            &UpgradeState::Complete,
+            &record,
+            "6.4.1",
+        )
+        .expect("the end of an upgrade is an Event");
+        assert!(
+            done.2.contains("driver 6.4.1 runs, upgraded from 6.3.0"),
+            "{}",
+            done.2
         );
         // Found complete with no upgrade run: no news.
-        assert_eq!(state_event(None, &UpgradeState::Complete, &record), None);
+        assert_eq!(
+            state_event(None, &UpgradeState::Complete, &record, "6.4.1"),
+            None
+        );
     }
 }
