@@ -603,6 +603,14 @@ async fn validate(
             case.recipe,
             gpus.len()
         )
+    } else if let Some(why) = ran.missing_results(&tests.commands) {
+        format!(
+            "{} {} on {} GPU(s): {:?}: {why}",
+            case.framework.name(),
+            case.recipe,
+            gpus.len(),
+            ran.outcome,
+        )
     } else {
         format!(
             "{} {} on {} GPU(s): {:?} ({})",

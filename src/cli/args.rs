@@ -255,10 +255,17 @@ pub struct TestToolArgs {
         default_value = crate::testrunner::command::DEFAULT_RVS_CONF_DIR
     )]
     pub rvs_conf_dir: PathBuf,
+    /// Where rvs writes its JSON results (the directory of the path it
+    /// prints); results named elsewhere are not read.
+    #[arg(long, value_name = "DIR", default_value = crate::testrunner::command::DEFAULT_RESULTS_DIR)]
+    pub rvs_results_dir: PathBuf,
     /// The agfhc binary, for AGFHC test recipes and remediation profiles
     /// (the built-in remediation mapping validates with AGFHC).
     #[arg(long, value_name = "PATH", default_value = crate::testrunner::command::DEFAULT_AGFHC)]
     pub agfhc: PathBuf,
+    /// Where agfhc writes its result directories (its -o).
+    #[arg(long, value_name = "DIR", default_value = crate::testrunner::command::DEFAULT_RESULTS_DIR)]
+    pub agfhc_results_dir: PathBuf,
 }
 
 impl TestToolArgs {
@@ -270,9 +277,10 @@ impl TestToolArgs {
         crate::testrunner::Commands {
             rvs: self.rvs.clone(),
             rvs_conf_dir: self.rvs_conf_dir.clone(),
+            rvs_results_dir: self.rvs_results_dir.clone(),
             agfhc: self.agfhc.clone(),
+            agfhc_results_dir: self.agfhc_results_dir.clone(),
             allowed,
-            ..crate::testrunner::Commands::default()
         }
     }
 }

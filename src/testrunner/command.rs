@@ -35,6 +35,8 @@ const MAX_RESULT_BYTES: u64 = 16 * 1024 * 1024;
 pub const DEFAULT_RVS: &str = "/opt/rocm/bin/rvs";
 pub const DEFAULT_RVS_CONF_DIR: &str = "/opt/rocm/share/rocm-validation-suite/conf";
 pub const DEFAULT_AGFHC: &str = "/opt/amd/agfhc/agfhc";
+/// Where both tools write their results by default.
+pub const DEFAULT_RESULTS_DIR: &str = "/var/tmp";
 
 /// Where the test tools live.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -130,9 +132,9 @@ impl Default for Commands {
         Self {
             rvs: DEFAULT_RVS.into(),
             rvs_conf_dir: DEFAULT_RVS_CONF_DIR.into(),
-            rvs_results_dir: "/var/tmp".into(),
+            rvs_results_dir: DEFAULT_RESULTS_DIR.into(),
             agfhc: DEFAULT_AGFHC.into(),
-            agfhc_results_dir: "/var/tmp".into(),
+            agfhc_results_dir: DEFAULT_RESULTS_DIR.into(),
             allowed: AllowedCommands::None,
         }
     }
@@ -495,7 +497,7 @@ mod tests {
         Commands {
             rvs: "/x/rvs".into(),
             rvs_conf_dir: "/x/conf".into(),
-            rvs_results_dir: "/var/tmp".into(),
+            rvs_results_dir: DEFAULT_RESULTS_DIR.into(),
             agfhc: "/x/agfhc".into(),
             agfhc_results_dir: "/var/tmp/agfhc".into(),
             allowed: AllowedCommands::None,

@@ -137,6 +137,36 @@ pub struct CaseReport {
 }
 
 impl CaseReport {
+    /// Why the case failed without a verdict of the tool's, if so: it ran
+    /// to its end, and no iteration's output named a result file where the
+    /// results are read from. Says where they were looked for, and the flag
+    /// that moves it (a tool that writes elsewhere fails every GPU
+    /// otherwise, with no hint that the GPUs were never judged).
+    pub fn missing_results(&self, commands: &super::Commands) -> Option<String> {
+        let dir = match self.case.framework {
+            super::Framework::Rvs => (&commands.rvs_results_dir, "--rvs-results-dir"),
+            super::Framework::Agfhc => (&commands.agfhc_results_dir, "--agfhc-results-dir"),
+            super::Framework::Command => return None,
+        };
+        let only_missing = !self.iterations.is_empty()
+            && self.iterations.iter().all(|i| {
+                i.status == super::report::IterationStatus::Completed
+                    && !i.suites_result.is_empty()
+                    && i.suites_result.values().all(|actions| {
+                        actions.len() == 1 && actions.contains_key(super::report::NO_RESULT_ACTION)
+                    })
+            });
+        (only_missing && !self.cancelled && self.outcome != Outcome::Passed).then(|| {
+            format!(
+                "{} ran, but its output named no result file under {} (its results are \
+                 read from there: the agent's {})",
+                self.case.framework.name(),
+                dir.0.display(),
+                dir.1
+            )
+        })
+    }
+
     /// The reference's Event message: the iterations as JSON.
     pub fn message(&self) -> String {
         event_message(&self.iterations)
@@ -516,6 +546,70 @@ mod tests {
             "{}",
             ran.command
         );
+    }
+
+    /// An rvs that writes its results where the agent does not read them
+    /// fails with a reason that says so, and names the flag: not a silent
+    /// failure of every GPU.
+    #[tokio::test]
+    async fn results_written_where_they_are_not_read_are_named_as_missing() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let (elsewhere, read_from) = (dir.path().join("elsewhere"), dir.path().join("results"));
+        std::fs::create_dir_all(&elsewhere).unwrap();
+        std::fs::create_dir_all(dir.path().join("conf")).unwrap();
+        std::fs::write(dir.path().join("conf/gst_single.conf"), "actions: []\n").unwrap();
+        let rvs = dir.path().join("rvs");
+        std::fs::write(
+            &rvs,
+            format!(
+                "#!/bin/sh\nf='{}/gst_single_1.json'\n\
+                 echo '{{\"gst\":{{\"a\":[{{\"gpu_index\":\"0\",\"pass\":\"true\"}}]}}}}' > \"$f\"\n\
+                 echo \"[RESULT] results written to $f\"\n",
+                elsewhere.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&rvs, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let commands = |results: &Path| Commands {
+            rvs: rvs.clone(),
+            rvs_conf_dir: dir.path().join("conf"),
+            rvs_results_dir: results.to_path_buf(),
+            ..Commands::default()
+        };
+        let logs = dir.path().join("logs");
+        std::fs::create_dir_all(&logs).unwrap();
+        let run = |commands: Commands| {
+            let logs = logs.clone();
+            async move {
+                run_case(
+                    Trigger::Manual,
+                    &TestCase::new("gst_single"),
+                    &one_gpu(),
+                    false,
+                    &commands,
+                    Logs {
+                        dir: &logs,
+                        limits: &LogLimits::default(),
+                    },
+                    &CancellationToken::new(),
+                )
+                .await
+            }
+        };
+        let missed = commands(&read_from);
+        let report = run(missed.clone()).await;
+        assert_eq!(report.outcome, Outcome::Failed);
+        let why = report.missing_results(&missed).expect("named as missing");
+        assert!(
+            why.contains(&read_from.display().to_string()) && why.contains("--rvs-results-dir"),
+            "{why}"
+        );
+        // Read from where they are: passed, nothing missing.
+        let found = commands(&elsewhere);
+        let report = run(found.clone()).await;
+        assert_eq!(report.outcome, Outcome::Passed, "{}", report.message());
+        assert_eq!(report.missing_results(&found), None);
     }
 
     #[tokio::test]
