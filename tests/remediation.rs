@@ -1181,6 +1181,15 @@ async fn the_leaders_own_node_hands_the_lease_over_before_it_reboots() {
     })
     .await;
     assert_eq!(rig.reboots(), 1);
+    // The leader's Events of the steps its own node's agent acts on were
+    // written before the agent let go of the Lease, not lost with it.
+    event_seen(
+        &rig.cluster,
+        "amd-gpu-remediation-required",
+        "the GPU reported ECC errors",
+    )
+    .await;
+    event_seen(&rig.cluster, "RemediationStep", "reboot").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -739,6 +739,27 @@ async fn carry_out(
         .map(|r| r.condition.clone())
         .unwrap_or_default();
     let taints = taints_for(rw, &condition);
+    // The step's Events first: the record below is what the node's agent
+    // acts on, and when this leader runs on that node its agent hands the
+    // Lease over at once before a reboot, after which no Event of this
+    // leader's would be written.
+    for note in &decision.notes {
+        tracing::info!(node = %name, reason = note.reason, "{}", note.message);
+        let type_ = if note.warning {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        };
+        node_event_for(
+            ctx,
+            node,
+            "Remediation",
+            type_,
+            note.reason,
+            note.message.clone(),
+        )
+        .await;
+    }
     match decision.quarantine {
         Some(true) => {
             if decision.record.is_some() {
@@ -780,23 +801,6 @@ async fn carry_out(
         )
         .await?
         .map_err(|e| node_error(&name, e))?;
-    }
-    for note in &decision.notes {
-        tracing::info!(node = %name, reason = note.reason, "{}", note.message);
-        let type_ = if note.warning {
-            EventType::Warning
-        } else {
-            EventType::Normal
-        };
-        node_event_for(
-            ctx,
-            node,
-            "Remediation",
-            type_,
-            note.reason,
-            note.message.clone(),
-        )
-        .await;
     }
     for outcome in &decision.outcomes {
         match outcome {
