@@ -476,6 +476,24 @@ pub fn report(state: &mut LoopState, observed: Observed<'_>) -> Report {
         observed.plugin,
         observed.metrics_config_error,
     );
+    // While the node writes a partition profile, its GPUs pass through
+    // mixed layouts on purpose: no Warning Event for each of them (the
+    // status still says what the plugin sees).
+    if let Some(partition) = observed
+        .partition
+        .filter(|p| p.state == crate::partition::state::State::Applying.as_str())
+    {
+        for problem in found
+            .iter_mut()
+            .filter(|p| p.event_reason == Some("PartitionLayoutConflict"))
+        {
+            problem.event_reason = None;
+            problem.message = format!(
+                "{} (while partition profile {} is being written)",
+                problem.message, partition.profile
+            );
+        }
+    }
     found.extend(config_warnings_problem(observed.metrics_config_warnings));
     found.extend(discovery_problem(observed.discovery));
     found.extend(observed.access_problems.iter().map(|message| Problem {
@@ -1285,6 +1303,7 @@ mod tests {
         metrics_config_warnings: Vec<String>,
         discovery: DiscoveryProgress,
         access_problems: Vec<String>,
+        partition: Option<crate::api::agent_status::PartitionReport>,
         applied: Applied,
         health_running: bool,
         publishing_health: bool,
@@ -1303,6 +1322,7 @@ mod tests {
                     last_incomplete: None,
                 },
                 access_problems: Vec::new(),
+                partition: None,
                 applied: Applied::default(),
                 health_running: false,
                 publishing_health: false,
@@ -1326,7 +1346,7 @@ mod tests {
                     inventory: &inventory,
                     driver: None,
                     driver_load: None,
-                    partition: None,
+                    partition: self.partition.as_ref(),
                     remediation: None,
                     applied: self.applied,
                     health_running: self.health_running,
@@ -1335,6 +1355,48 @@ mod tests {
                 },
             )
         }
+    }
+
+    #[test]
+    fn mixed_layouts_while_the_node_writes_a_profile_are_no_warning() {
+        let layout = LayoutConflict {
+            profiles: [
+                ("cpx_nps4".to_owned(), vec!["0000:05:00.0".to_owned()]),
+                ("spx_nps1".to_owned(), vec!["0000:27:00.0".to_owned()]),
+            ]
+            .into(),
+        };
+        let mut pass = Pass::new(one("ns", "a", DeviceConfigSpec::default()));
+        pass.plugin = PluginStatus {
+            error: Some(layout.to_string()),
+            conflict: Some(layout),
+            ..PluginStatus::default()
+        };
+        pass.partition = Some(crate::api::agent_status::PartitionReport {
+            profile: "cpx_nps4_all".into(),
+            state: "applying".into(),
+            reason: None,
+        });
+        let mut state = LoopState::default();
+        let report = pass.report(&mut state, "t1");
+        assert!(report.warnings.is_empty(), "{:?}", report.warnings);
+        let said = report
+            .status
+            .and_then(|s| s.status)
+            .map(|s| s.problems)
+            .unwrap_or_default();
+        assert!(
+            said.iter()
+                .any(|p| p.contains("while partition profile cpx_nps4_all is being written")),
+            "{said:?}"
+        );
+        // The same layout once the change is over: a Warning.
+        pass.partition = None;
+        let report = pass.report(&mut state, "t2");
+        assert_eq!(
+            report.warnings.iter().map(|w| w.reason).collect::<Vec<_>>(),
+            ["PartitionLayoutConflict"]
+        );
     }
 
     /// Each row is one pass on the same state: what it saw, and which Events,
