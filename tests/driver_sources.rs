@@ -847,6 +847,22 @@ fn fetch_arguments_and_sources_that_cannot_be_read_exit_2() {
             root.store_names()
         );
     }
+    // A missing file is named with where it was looked for: under the host
+    // root, which the host path alone does not say.
+    let (_, _, stderr) = root.driver(&[
+        "fetch",
+        "--source",
+        "/srv/missing.tar.gz",
+        "--sha256",
+        &sha,
+        "--bundle-dir",
+        STORE,
+    ]);
+    let looked_at = root.host.path("/srv/missing.tar.gz");
+    assert!(
+        stderr.contains(&format!("looked for at {}", looked_at.display())),
+        "{stderr}"
+    );
     for command in ["fetch", "import"] {
         let help = Command::new(env!("CARGO_BIN_EXE_gpu-operator"))
             .args(["driver", command, "--help"])

@@ -193,9 +193,10 @@ pub struct DriverImportArgs {
 pub struct DriverFetchArgs {
     #[command(flatten)]
     pub host: HostRootArg,
-    /// The tarball: a file (a host path, resolved under --host-root; a
-    /// relative path is taken from the current directory first) or an
-    /// http:// or https:// URL.
+    /// The tarball: a file or an http:// or https:// URL. A file is a host
+    /// path: a relative one is made absolute against the current directory,
+    /// and the result is looked for under --host-root (so with --host-root
+    /// DIR, `--source x.tar.gz` run in /tmp reads DIR/tmp/x.tar.gz).
     #[arg(long, value_name = "PATH|URL")]
     pub source: String,
     /// The tarball's sha256, 64 hexadecimal digits (as `sha256sum` prints it).

@@ -1080,10 +1080,22 @@ fn copy_hashing(
     max: u64,
     budget: &DiskBudget,
 ) -> Result<(String, u64), SourceError> {
-    let meta = std::fs::metadata(host.path(from))
-        .map_err(|e| SourceError::Unavailable(format!("{from}: {e}")))?;
+    // Named as the host path and where it was looked for: under a host
+    // root other than / they differ, and the first alone names a file that
+    // may well exist.
+    let looked_at = host.path(from);
+    let named = if looked_at.as_path() == Path::new(from) {
+        from.to_owned()
+    } else {
+        format!(
+            "{from} (the host path, looked for at {})",
+            looked_at.display()
+        )
+    };
+    let meta = std::fs::metadata(&looked_at)
+        .map_err(|e| SourceError::Unavailable(format!("{named}: {e}")))?;
     if !meta.is_file() {
-        return Err(SourceError::Unavailable(format!("{from}: not a file")));
+        return Err(SourceError::Unavailable(format!("{named}: not a file")));
     }
     if meta.len() > max {
         return Err(too_big(from, max));
