@@ -45,17 +45,16 @@ fn mi300x(partition: &str) -> SimSpec {
     SimSpec::new("mi300x", None, Some(partition)).expect("valid simulation")
 }
 
-/// Rows every simulated MI300X node has whatever its layout.
+/// Rows every simulated MI300X node has whatever its layout (the counters of
+/// family and product name follow its devices: [`with_identity_of`]).
 const MI300X_IDENTITY: &[(&str, &str)] = &[
     ("amd.com/gpu.device-id", "74a1"),
     ("beta.amd.com/gpu.device-id", "74a1"),
     ("beta.amd.com/gpu.device-id.74a1", "8"),
     ("amd.com/gpu.family", "AI"),
     ("beta.amd.com/gpu.family", "AI"),
-    ("beta.amd.com/gpu.family.AI", "8"),
     ("amd.com/gpu.product-name", "AMD_Instinct_MI300X"),
     ("beta.amd.com/gpu.product-name", "AMD_Instinct_MI300X"),
-    ("beta.amd.com/gpu.product-name.AMD_Instinct_MI300X", "8"),
     ("amd.com/gpu.driver-version", "6.12.12"),
     ("amd.com/gpu.compute-partitioning-supported", "true"),
     ("amd.com/gpu.memory-partitioning-supported", "true"),
@@ -75,7 +74,22 @@ const WHOLE_MI300X_SIZES: &[(&str, &str)] = &[
 ];
 
 fn with_identity(rows: &[(&str, &str)]) -> BTreeMap<String, String> {
+    with_identity_of(8, rows)
+}
+
+/// The identity rows where the reference counts `devices` devices for
+/// `family` and `product-name` (libdrm on each device's card: partitions
+/// included), and eight GPUs for `device-id` (sysfs only).
+fn with_identity_of(devices: usize, rows: &[(&str, &str)]) -> BTreeMap<String, String> {
     let mut expected = table(MI300X_IDENTITY);
+    let counted = devices.to_string();
+    expected.extend(table(&[
+        ("beta.amd.com/gpu.family.AI", counted.as_str()),
+        (
+            "beta.amd.com/gpu.product-name.AMD_Instinct_MI300X",
+            counted.as_str(),
+        ),
+    ]));
     expected.extend(table(rows));
     expected
 }
@@ -94,23 +108,28 @@ fn spx_mi300x_node() {
     );
 }
 
-/// Issue 13's example: every partition is a device, sized by its KFD node.
+/// Issue 13's example: every partition is a device, sized by its KFD node,
+/// and counted by family and product name (the reference's libdrm reads on
+/// each partition's card); the device id stays one per GPU.
 #[test]
 fn cpx_nps4_mi300x_node() {
     assert_eq!(
         simulated(&mi300x("cpx_nps4")),
-        with_identity(&[
-            ("amd.com/gpu.cu-count", "38"),
-            ("beta.amd.com/gpu.cu-count", "38"),
-            ("beta.amd.com/gpu.cu-count.38", "64"),
-            ("amd.com/gpu.simd-count", "152"),
-            ("beta.amd.com/gpu.simd-count", "152"),
-            ("beta.amd.com/gpu.simd-count.152", "64"),
-            ("amd.com/gpu.vram", "24G"),
-            ("beta.amd.com/gpu.vram", "24G"),
-            ("beta.amd.com/gpu.vram.24G", "64"),
-            ("amd.com/gpu.compute-memory-partition", "cpx_nps4"),
-        ])
+        with_identity_of(
+            64,
+            &[
+                ("amd.com/gpu.cu-count", "38"),
+                ("beta.amd.com/gpu.cu-count", "38"),
+                ("beta.amd.com/gpu.cu-count.38", "64"),
+                ("amd.com/gpu.simd-count", "152"),
+                ("beta.amd.com/gpu.simd-count", "152"),
+                ("beta.amd.com/gpu.simd-count.152", "64"),
+                ("amd.com/gpu.vram", "24G"),
+                ("beta.amd.com/gpu.vram", "24G"),
+                ("beta.amd.com/gpu.vram.24G", "64"),
+                ("amd.com/gpu.compute-memory-partition", "cpx_nps4"),
+            ]
+        )
     );
 }
 
@@ -149,20 +168,23 @@ fn heterogeneous_partitions_mi300x_node() {
     }
     assert_eq!(
         simulated(&spec),
-        with_identity(&[
-            ("amd.com/gpu.cu-count.38", "16"),
-            ("amd.com/gpu.cu-count.304", "6"),
-            ("beta.amd.com/gpu.cu-count.38", "16"),
-            ("beta.amd.com/gpu.cu-count.304", "6"),
-            ("amd.com/gpu.simd-count.152", "16"),
-            ("amd.com/gpu.simd-count.1216", "6"),
-            ("beta.amd.com/gpu.simd-count.152", "16"),
-            ("beta.amd.com/gpu.simd-count.1216", "6"),
-            ("amd.com/gpu.vram.24G", "16"),
-            ("amd.com/gpu.vram.192G", "6"),
-            ("beta.amd.com/gpu.vram.24G", "16"),
-            ("beta.amd.com/gpu.vram.192G", "6"),
-        ])
+        with_identity_of(
+            22,
+            &[
+                ("amd.com/gpu.cu-count.38", "16"),
+                ("amd.com/gpu.cu-count.304", "6"),
+                ("beta.amd.com/gpu.cu-count.38", "16"),
+                ("beta.amd.com/gpu.cu-count.304", "6"),
+                ("amd.com/gpu.simd-count.152", "16"),
+                ("amd.com/gpu.simd-count.1216", "6"),
+                ("beta.amd.com/gpu.simd-count.152", "16"),
+                ("beta.amd.com/gpu.simd-count.1216", "6"),
+                ("amd.com/gpu.vram.24G", "16"),
+                ("amd.com/gpu.vram.192G", "6"),
+                ("beta.amd.com/gpu.vram.24G", "16"),
+                ("beta.amd.com/gpu.vram.192G", "6"),
+            ]
+        )
     );
 }
 

@@ -19,9 +19,12 @@
 //! What is counted is the reference's device: each PCI function bound to
 //! amdgpu, plus each partition's `amdgpu_xcp_*` platform device ([`devices`]).
 //! `cu-count`, `simd-count` and `vram` come from the device's own KFD node
-//! (matched by render minor), so a CPX MI300X is 64 devices of 38 CUs. The
-//! other kinds are read from the PCI device (sysfs, libdrm), which a
-//! partition's platform device is not: they count one per GPU.
+//! (matched by render minor), so a CPX MI300X is 64 devices of 38 CUs.
+//! `family` and `product-name` the reference reads through libdrm on each
+//! device's own card node (product-name from sysfs first, which a partition's
+//! card has not, then libdrm): one per device too, the GPU's value. Only
+//! `device-id` is read from sysfs alone (`device/device`, which a partition's
+//! platform device has not): it counts one per GPU.
 //!
 //! Single-value labels: `driver-version` and `driver-src-version` (no `beta.`
 //! twin), `compute-memory-partition` (only when the GPUs that report a layout
@@ -217,12 +220,21 @@ fn count_values(inventory: &Inventory, kind: LabelKind) -> BTreeMap<String, usiz
             LabelKind::Vram | LabelKind::CuCount | LabelKind::SimdCount => {
                 values.extend(devices(gpu).iter().map(|size| size_value(size, kind)));
             }
-            // From the PCI device: partitions' platform devices have none.
+            // Through libdrm on each device's card node: one per device,
+            // the GPU's value.
             LabelKind::Family => {
-                values.push(gpu.gfx_target_version.and_then(family).map(str::to_owned));
+                let value = gpu.gfx_target_version.and_then(family).map(str::to_owned);
+                values.extend(std::iter::repeat_n(value, devices(gpu).len()));
             }
+            LabelKind::ProductName => {
+                values.extend(std::iter::repeat_n(
+                    gpu.product_name.clone(),
+                    devices(gpu).len(),
+                ));
+            }
+            // From the PCI device's sysfs only: partitions' platform devices
+            // have none.
             LabelKind::DeviceId => values.push(Some(format!("{:x}", gpu.device_id))),
-            LabelKind::ProductName => values.push(gpu.product_name.clone()),
             _ => {}
         }
     }

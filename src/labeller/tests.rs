@@ -419,8 +419,16 @@ fn labels_from_a_simulated_host() {
     let spec = crate::simulate::SimSpec::new("mi300x", None, Some("cpx_nps4")).unwrap();
     crate::simulate::write_host(&host, &spec).unwrap();
     let labels = desired_labels(&crate::device::discover(&host), &all());
+    // Counted per device, partitions included, as the reference's libdrm
+    // reads on each card count them; the device id per GPU.
     assert_eq!(
         labels.get("beta.amd.com/gpu.family.AI").map(String::as_str),
+        Some("64")
+    );
+    assert_eq!(
+        labels
+            .get("beta.amd.com/gpu.device-id.74a1")
+            .map(String::as_str),
         Some("8")
     );
     assert_eq!(
