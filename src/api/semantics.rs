@@ -348,6 +348,18 @@ impl DeviceConfigSpec {
                           a present section)",
             });
         }
+        if self.remediation_workflow.is_enabled()
+            && self
+                .remediation_workflow
+                .config
+                .as_ref()
+                .is_none_or(|c| c.name.is_empty())
+        {
+            absent.push(AbsentSection {
+                path: "spec.remediationWorkflow.config",
+                meaning: BUILTIN_MAPPING_NOTE,
+            });
+        }
         if self.device_plugin.is_none() {
             absent.push(AbsentSection {
                 path: "spec.devicePlugin",
@@ -360,6 +372,13 @@ impl DeviceConfigSpec {
         absent
     }
 }
+
+/// What remediation does without a mapping ConfigMap. The count is the
+/// built-in mapping's (`remediation::mapping::Mapping::builtin`, whose test
+/// keeps the two the same).
+pub const BUILTIN_MAPPING_NOTE: &str = "the built-in mapping (24 conditions) is used: the \
+     reference's operator does not remediate without a mapping, this one does \
+     (docs/remediation.md); configMapImage, if set, is not acted on";
 
 /// A section left out of a spec, and what that means.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1230,6 +1230,15 @@ pub const REASON_ERROR: &str = "Error";
 /// Condition reason: some selected nodes do not serve what the DeviceConfig
 /// enables (the message says which and why).
 pub const REASON_NODES_NOT_SERVING: &str = "NodesNotServing";
+/// Condition type (ours): which remediation mapping is in force, while
+/// remediation is enabled: the reference's operator does not remediate
+/// without a mapping, ours uses its built-in one, and says so here.
+pub const CONDITION_REMEDIATION_MAPPING: &str = "RemediationMapping";
+/// Its reasons: the built-in mapping, the ConfigMap `config` names, or none
+/// (the ConfigMap cannot be read: the Error condition says why).
+pub const REASON_BUILTIN_MAPPING: &str = "BuiltInMapping";
+pub const REASON_CONFIGMAP_MAPPING: &str = "ConfigMapMapping";
+pub const REASON_NO_MAPPING: &str = "MappingUnreadable";
 
 /// Observed state of a DeviceConfig.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]

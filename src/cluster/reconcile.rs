@@ -261,7 +261,7 @@ pub async fn reconcile(dc: Arc<DeviceConfig>, ctx: Arc<Context>) -> Result<Actio
     // 1. Validate, including what needs the cluster.
     let mut problems = Problems {
         validation: validate(&dc.spec).iter().map(ToString::to_string).collect(),
-        other: Vec::new(),
+        ..Problems::default()
     };
     problems
         .validation
@@ -296,6 +296,7 @@ pub async fn reconcile(dc: Arc<DeviceConfig>, ctx: Arc<Context>) -> Result<Actio
     let remediation_wake = if problems.validation.is_empty() {
         let summary = super::remediator::reconcile(&dc, &selected_nodes, &ctx).await?;
         problems.other.extend(summary.problems);
+        problems.remediation_mapping = summary.mapping;
         summary.wake
     } else {
         None

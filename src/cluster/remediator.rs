@@ -100,6 +100,9 @@ pub struct Summary {
     pub quarantined: usize,
     /// Why remediation cannot work as asked (an unreadable mapping).
     pub problems: Vec<String>,
+    /// The mapping in force (the status condition's reason and message),
+    /// while remediation is enabled.
+    pub mapping: Option<(&'static str, String)>,
     pub wake: Option<Duration>,
 }
 
@@ -336,11 +339,58 @@ pub async fn reconcile(
             // Runs already going keep their own copy of their entry and go on.
             tracing::warn!(deviceconfig = %key, %problem, "remediation mapping");
             let mut summary = Box::pin(advance(dc, nodes, &Mapping::default(), ctx)).await?;
+            summary.mapping = Some((
+                crate::api::REASON_NO_MAPPING,
+                format!("no mapping in force, no new run starts: {problem}"),
+            ));
             summary.problems.push(problem);
             return Ok(summary);
         }
     };
-    advance(dc, nodes, &mapping, ctx).await
+    let mut summary = advance(dc, nodes, &mapping, ctx).await?;
+    summary.mapping = Some(mapping_in_force(dc, &mapping));
+    Ok(summary)
+}
+
+/// What the status says of the mapping in force: the ConfigMap `config`
+/// names, or the built-in one (the reference does not remediate without a
+/// mapping; ours does, and says so), and that `configMapImage` is not acted
+/// on. Pure.
+pub fn mapping_in_force(dc: &DeviceConfig, mapping: &Mapping) -> (&'static str, String) {
+    let rw = &dc.spec.remediation_workflow;
+    let image = rw
+        .config_map_image
+        .as_deref()
+        .map(|image| {
+            format!(
+                "; configMapImage {image} is not acted on: no image is pulled, this mapping is \
+                 used instead"
+            )
+        })
+        .unwrap_or_default();
+    match rw
+        .config
+        .as_ref()
+        .map(|c| c.name.as_str())
+        .filter(|n| !n.is_empty())
+    {
+        Some(name) => (
+            crate::api::REASON_CONFIGMAP_MAPPING,
+            format!(
+                "ConfigMap {}/{name} ({} conditions){image}",
+                dc.namespace().unwrap_or_default(),
+                mapping.entries.len()
+            ),
+        ),
+        None => (
+            crate::api::REASON_BUILTIN_MAPPING,
+            format!(
+                "built-in mapping ({} conditions): spec.remediationWorkflow.config names no \
+                 ConfigMap{image}",
+                mapping.entries.len()
+            ),
+        ),
+    }
 }
 
 async fn advance(
@@ -939,6 +989,34 @@ mod tests {
             load.state = DriverLoadState::Loaded;
         }
         assert_eq!(driver_pending(Some(&agent)), None);
+    }
+
+    #[test]
+    fn the_mapping_in_force_is_named_and_a_config_map_image_said_to_be_unused() {
+        let mut dc = DeviceConfig::new("gpus", Default::default());
+        dc.metadata.namespace = Some("kube-amd-gpu".into());
+        let builtin = Mapping::builtin();
+        let (reason, message) = mapping_in_force(&dc, &builtin);
+        assert_eq!(reason, "BuiltInMapping");
+        assert!(
+            message.starts_with(&format!(
+                "built-in mapping ({} conditions)",
+                builtin.entries.len()
+            )),
+            "{message}"
+        );
+        dc.spec.remediation_workflow.config_map_image = Some("rocm/remediation:v1".into());
+        dc.spec.remediation_workflow.config = Some(crate::api::LocalObjectRef {
+            name: "mine".into(),
+        });
+        let mine = Mapping::parse("- nodeCondition: A\n").unwrap();
+        let (reason, message) = mapping_in_force(&dc, &mine);
+        assert_eq!(reason, "ConfigMapMapping");
+        assert!(
+            message.contains("ConfigMap kube-amd-gpu/mine (1 conditions)")
+                && message.contains("configMapImage rocm/remediation:v1 is not acted on"),
+            "{message}"
+        );
     }
 
     #[test]

@@ -18,9 +18,10 @@ use crate::api::agent_status::ConfigKey;
 use crate::api::agent_status::{AgentStatus, DriverReport, STATUS_ANNOTATION, ServiceName};
 use crate::api::driver_upgrade::UpgradeRecord;
 use crate::api::{
-    CONDITION_ERROR, CONDITION_READY, DeploymentStatus, DeviceConfig, DeviceConfigStatus,
-    ModuleStatus, Operand, REASON_ERROR, REASON_NO_MATCHING_NODES, REASON_NODES_NOT_SERVING,
-    REASON_OPERATOR_READY, REASON_VALIDATION_ERROR, UpgradeSummary,
+    CONDITION_ERROR, CONDITION_READY, CONDITION_REMEDIATION_MAPPING, DeploymentStatus,
+    DeviceConfig, DeviceConfigStatus, ModuleStatus, Operand, REASON_ERROR, REASON_NO_MAPPING,
+    REASON_NO_MATCHING_NODES, REASON_NODES_NOT_SERVING, REASON_OPERATOR_READY,
+    REASON_VALIDATION_ERROR, UpgradeSummary,
 };
 
 /// How many nodes the Ready message names before it only counts the rest.
@@ -80,6 +81,9 @@ impl NodeView {
 pub struct Problems {
     pub validation: Vec<String>,
     pub other: Vec<String>,
+    /// Not a problem: the remediation mapping in force while remediation is
+    /// enabled (reason, message), said by its own condition.
+    pub remediation_mapping: Option<(&'static str, String)>,
 }
 
 /// The status to write. `previous` provides condition transition times and the
@@ -237,10 +241,24 @@ pub fn desired_status(
         )
     };
     let previous_conditions = previous.map(|p| p.conditions.as_slice()).unwrap_or(&[]);
-    let conditions = vec![
+    let mut conditions = vec![
         condition(CONDITION_READY, ready, generation, previous_conditions, now),
         condition(CONDITION_ERROR, error, generation, previous_conditions, now),
     ];
+    if let Some((reason, message)) = &problems.remediation_mapping {
+        let status = if *reason == REASON_NO_MAPPING {
+            "False"
+        } else {
+            "True"
+        };
+        conditions.push(condition(
+            CONDITION_REMEDIATION_MAPPING,
+            (status, reason, message.clone()),
+            generation,
+            previous_conditions,
+            now,
+        ));
+    }
 
     let driver_upgrade = upgrade_summary(dc, selected);
     DeviceConfigStatus {
@@ -631,10 +649,38 @@ mod tests {
     }
 
     #[test]
+    fn the_remediation_mapping_in_force_has_a_condition_of_its_own() {
+        let nodes = [node("a", Some(2), true)];
+        let quiet = desired_status(&dc(2), &nodes, &Problems::default(), None, &now());
+        assert!(
+            quiet
+                .conditions
+                .iter()
+                .all(|c| c.type_ != CONDITION_REMEDIATION_MAPPING),
+            "none while remediation is off"
+        );
+        let problems = Problems {
+            remediation_mapping: Some((
+                crate::api::REASON_BUILTIN_MAPPING,
+                "built-in mapping (24 conditions)".into(),
+            )),
+            ..Problems::default()
+        };
+        let status = desired_status(&dc(2), &nodes, &problems, None, &now());
+        let mapping = cond(&status, CONDITION_REMEDIATION_MAPPING);
+        assert_eq!(
+            (mapping.status.as_str(), mapping.reason.as_str()),
+            ("True", "BuiltInMapping")
+        );
+        assert!(mapping.message.contains("24 conditions"));
+        assert_eq!(cond(&status, "Ready").status, "True", "not a problem");
+    }
+
+    #[test]
     fn validation_errors_and_no_matching_nodes() {
         let problems = Problems {
             validation: vec!["spec.x: bad".into()],
-            other: vec![],
+            ..Problems::default()
         };
         let status = desired_status(&dc(1), &[], &problems, None, &now());
         assert_eq!(cond(&status, "Ready").status, "False");

@@ -367,6 +367,16 @@ mod tests {
     }
 
     #[test]
+    fn the_notes_count_the_builtin_mappings_conditions() {
+        let count = format!("({} conditions)", Mapping::builtin().entries.len());
+        assert!(
+            crate::api::semantics::BUILTIN_MAPPING_NOTE.contains(&count),
+            "{count}: {}",
+            crate::api::semantics::BUILTIN_MAPPING_NOTE
+        );
+    }
+
+    #[test]
     fn a_command_profile_carries_its_program() {
         let mapping = Mapping::parse(
             "- nodeCondition: A\n  validationTestsProfile:\n    framework: COMMAND\n    \
