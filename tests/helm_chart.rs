@@ -676,7 +676,11 @@ fn amds_default_values_install_unchanged_and_the_notes_name_what_is_ignored() {
         tolerations[0],
         json!({"key": "amd.com/gpu", "operator": "Exists"})
     );
-    assert_eq!(tolerations.len(), 3, "and the two of the values file");
+    assert_eq!(
+        tolerations[1]["key"], "amd-dcm",
+        "the reference's partition taint, which the agent must outlast"
+    );
+    assert_eq!(tolerations.len(), 4, "and the two of the values file");
     // NFD is said to run there, but `helm template` has no cluster that
     // serves its kind: node detection, and no rule that would fail the
     // install.
@@ -1141,6 +1145,7 @@ fn controller_manager_values_reach_the_agent_daemonset() {
     assert_eq!(
         pod["tolerations"],
         json!([{"key": "amd.com/gpu", "operator": "Exists"},
+               {"key": "amd-dcm", "operator": "Equal", "value": "up", "effect": "NoExecute"},
                {"key": "dedicated", "operator": "Exists"}])
     );
     assert_eq!(pod["nodeSelector"], json!({"pool": "gpu"}));

@@ -304,7 +304,23 @@ async fn the_nodes_own_partition_change_is_no_health_fault() {
             .is_some_and(|cs| cs.iter().any(|c| c["type"] == "AMDGPUUnhealthy"))
     })
     .await;
+    let dcm_tainted = |n: &k8s_openapi::api::core::v1::Node| {
+        n.spec
+            .as_ref()
+            .and_then(|s| s.taints.as_ref())
+            .is_some_and(|ts| {
+                ts.iter()
+                    .any(|t| t.key == "amd-dcm" && t.effect == "NoExecute")
+            })
+    };
     for profile in ["cpx_nps4_all", "default"] {
+        if profile == "default" {
+            // A person's amd-dcm taint, as the reference's runbook has them
+            // set it before a change: it is theirs, and stays.
+            rig.patch_node(json!({"spec": {"taints": [
+                {"key": "amd-dcm", "value": "up", "effect": "NoExecute"}]}}))
+                .await;
+        }
         rig.choose(profile).await;
         rig.eventually(&format!("{profile} applied and the node released"), |r| {
             r.state().as_deref() == Some("success")
@@ -317,6 +333,17 @@ async fn the_nodes_own_partition_change_is_no_health_fault() {
                     >= if profile == "default" { 2 } else { 1 }
         })
         .await;
+        if profile == "cpx_nps4_all" {
+            // The reference's taint was on during the change (the leader
+            // puts it there once its drain is done) and went with the rest.
+            assert!(
+                history.versions().iter().any(dcm_tainted),
+                "amd-dcm=up:NoExecute during the change"
+            );
+            let node: k8s_openapi::api::core::v1::Node =
+                serde_json::from_value(rig.node()).unwrap();
+            assert!(!dcm_tainted(&node), "lifted at the release");
+        }
     }
     let unhealthy: Vec<Value> = history
         .versions()
@@ -332,6 +359,8 @@ async fn the_nodes_own_partition_change_is_no_health_fault() {
         })
         .collect();
     assert!(unhealthy.is_empty(), "{unhealthy:#?}");
+    let node: k8s_openapi::api::core::v1::Node = serde_json::from_value(rig.node()).unwrap();
+    assert!(dcm_tainted(&node), "the person's amd-dcm taint stays");
     // Nor a layout conflict for each mixed layout it passes through.
     let reasons = rig.reasons();
     assert!(

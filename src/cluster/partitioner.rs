@@ -36,7 +36,8 @@ use crate::api::semantics::Operand;
 use crate::api::{DeviceConfig, DrainSpec};
 use crate::node_writer::{Concern, CordonIntent, NodeIntent, NodeWriter};
 use crate::partition::state::{
-    LeaderStep, Phase, RECORD_ANNOTATION, Record, State, TAINT_KEY, leader_step,
+    LeaderStep, Phase, RECORD_ANNOTATION, REFERENCE_TAINT_KEY, REFERENCE_TAINT_VALUE, Record,
+    State, TAINT_KEY, leader_step,
 };
 use crate::partition::{PROFILE_LABEL, STATE_LABEL};
 
@@ -94,6 +95,7 @@ pub async fn reconcile(
                     phase: Phase::Draining,
                     person_cordoned,
                     reason: None,
+                    reference_taint: false,
                 };
                 write_record(ctx, node, Some(&record)).await?;
                 cordon(ctx, &name, &profile, true, true).await?;
@@ -123,11 +125,19 @@ pub async fn reconcile(
                     }
                     Some((DrainOutcome::Running, _)) => draining.push(name),
                     Some((DrainOutcome::Done, _)) => {
+                        // The reference's taint too, once the GPU pods are
+                        // gone by the drain; unless it is there already
+                        // (a person's), which stays theirs.
+                        let reference_taint = record.reference_taint || !has_reference_taint(node);
                         let done = Record {
                             phase: Phase::Drained,
+                            reference_taint,
                             ..record
                         };
                         write_record(ctx, node, Some(&done)).await?;
+                        if reference_taint {
+                            set_reference_taint(ctx, &name, true).await?;
+                        }
                         // Kept until the cache shows the record: a stale
                         // copy must not start the drain again.
                         draining.push(name.clone());
@@ -156,7 +166,11 @@ pub async fn reconcile(
                 }
             }
             LeaderStep::Release { uncordon } => {
+                let reference_taint = record.as_ref().is_some_and(|r| r.reference_taint);
                 let profile = record.map(|r| r.profile).unwrap_or_default();
+                if reference_taint {
+                    set_reference_taint(ctx, &name, false).await?;
+                }
                 release(ctx, node, &profile, uncordon).await?;
                 tracing::info!(node = %name, %profile, uncordoned = uncordon, "partition change: released the node");
                 node_event_for(
@@ -195,6 +209,9 @@ pub async fn release_all(nodes: &[Arc<Node>], ctx: &Context) -> Result<(), Error
         else {
             continue;
         };
+        if record.reference_taint {
+            set_reference_taint(ctx, &node.name_any(), false).await?;
+        }
         release(ctx, node, &record.profile, !record.person_cordoned).await?;
         tracing::info!(node = %node.name_any(), profile = %record.profile, "the DeviceConfig is going: partition change released");
     }
@@ -224,6 +241,47 @@ fn taint(profile: &str) -> Taint {
         effect: "NoSchedule".to_owned(),
         ..Taint::default()
     }
+}
+
+/// The reference's `amd-dcm=up:NoExecute`
+/// ([`crate::partition::state::REFERENCE_TAINT_KEY`]).
+fn reference_taint() -> Taint {
+    Taint {
+        key: REFERENCE_TAINT_KEY.to_owned(),
+        value: Some(REFERENCE_TAINT_VALUE.to_owned()),
+        effect: "NoExecute".to_owned(),
+        ..Taint::default()
+    }
+}
+
+/// Whether the node carries the reference's taint already.
+fn has_reference_taint(node: &Node) -> bool {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|ts| {
+            ts.iter()
+                .any(|t| t.key == REFERENCE_TAINT_KEY && t.effect == "NoExecute")
+        })
+}
+
+/// Puts the reference's taint on (`on`) or lifts it; the cordon stays as
+/// it is.
+async fn set_reference_taint(ctx: &Context, name: &str, on: bool) -> Result<(), Error> {
+    let writer = NodeWriter::new(Api::all(ctx.client.clone()), name.to_owned());
+    let intent = CordonIntent {
+        unschedulable: None,
+        taints: vec![reference_taint()],
+        tainted: on,
+    };
+    guarded(
+        ctx,
+        name,
+        writer.set_cordon(Concern::PartitionLeader, &intent),
+    )
+    .await?
+    .map_err(|e| node_error(name, e))?;
+    Ok(())
 }
 
 /// Cordons and taints (`on`), or lifts the taint and, with `uncordon`, the

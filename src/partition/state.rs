@@ -29,6 +29,14 @@ use super::plan::Plan;
 pub const RECORD_ANNOTATION: &str = "dcm.amd.com/gpu-config-profile-drain";
 /// The taint the leader puts on the node while it changes (with its cordon).
 pub const TAINT_KEY: &str = "dcm.amd.com/gpu-config-profile-change";
+/// The reference's taint of a node being repartitioned (`amd-dcm=up`,
+/// NoExecute), which its runbooks have people tolerate in kube-system and
+/// its operands tolerate. The leader adds it once its own drain is done (so
+/// that the drain, not the taint, moves the GPU pods, respecting their
+/// budgets) and lifts it with the rest; a node that already carries it (a
+/// person's, as the reference's docs have them set it) is left as it is.
+pub const REFERENCE_TAINT_KEY: &str = "amd-dcm";
+pub const REFERENCE_TAINT_VALUE: &str = "up";
 
 /// The agent's state label values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -84,6 +92,10 @@ pub struct Record {
     pub person_cordoned: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// The leader put the reference's `amd-dcm` taint on (it was not there
+    /// before): it lifts it at the release, and only then.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub reference_taint: bool,
 }
 
 impl Record {
@@ -229,6 +241,7 @@ mod tests {
             phase,
             person_cordoned: person,
             reason: (phase == Phase::Failed).then(|| "a budget refused".into()),
+            reference_taint: false,
         }
     }
 
