@@ -196,6 +196,8 @@ fn every_manifest_is_a_known_kind_and_round_trips() {
                 drop(typed::<ValidatingAdmissionPolicyBinding>(m))
             }
             "NetworkPolicy" => drop(typed::<NetworkPolicy>(m)),
+            // Its profiles are checked against the built-in ones in their own test.
+            "ConfigMap" => drop(typed::<k8s_openapi::api::core::v1::ConfigMap>(m)),
             // The leader Lease the admission policy reads, held by nobody
             // (checked in tests/admission_policy.rs).
             "Lease" => drop(typed::<k8s_openapi::api::coordination::v1::Lease>(m)),
@@ -797,6 +799,35 @@ async fn the_gpu_tests_patch_gives_the_tools_and_the_devices_the_tests_need() {
             "{} lost or changed by the patch",
             base.mount_path
         );
+    }
+}
+
+/// The reference's default-dcm-config ships with the manifests, with the
+/// profiles the agents use when it is absent: one set of profiles.
+#[test]
+fn the_default_dcm_config_holds_the_built_in_profiles() {
+    let all = manifests();
+    let cm = all
+        .iter()
+        .find(|m| m.doc["kind"] == "ConfigMap" && m.doc["metadata"]["name"] == "default-dcm-config")
+        .expect("deploy/27-default-dcm-config.yaml");
+    assert_eq!(
+        cm.doc["metadata"]["name"],
+        gpu_operator::partition::profiles::DEFAULT_CONFIGMAP
+    );
+    let text = cm.doc["data"]["config.json"].as_str().unwrap();
+    let shipped = gpu_operator::partition::ProfileSet::parse(text).unwrap();
+    assert_eq!(shipped, gpu_operator::partition::ProfileSet::builtin());
+    // The reference's six, the heterogeneous example among them.
+    for name in [
+        "default",
+        "cpx_nps1_all",
+        "cpx_nps4_all",
+        "dpx_nps2_all",
+        "qpx_nps1_all",
+        "heterogeneous_example",
+    ] {
+        assert!(shipped.profiles.contains_key(name), "{name}");
     }
 }
 

@@ -52,8 +52,12 @@ const HELM_LABELS: [&str; 4] = [
     "app.kubernetes.io/version",
 ];
 /// The chart's copies of deploy/ (chart path, deploy/ path).
-const COPIES: [(&str, &str); 7] = [
+const COPIES: [(&str, &str); 8] = [
     ("files/10-rbac.yaml", "deploy/10-rbac.yaml"),
+    (
+        "files/27-default-dcm-config.yaml",
+        "deploy/27-default-dcm-config.yaml",
+    ),
     (
         "files/15-admission-policy.yaml",
         "deploy/15-admission-policy.yaml",
@@ -411,6 +415,7 @@ fn default_rendering_is_what_deploy_applies() {
         "deploy/15-admission-policy.yaml",
         "deploy/20-daemonset.yaml",
         "deploy/25-networkpolicy.yaml",
+        "deploy/27-default-dcm-config.yaml",
         "deploy/optional/node-detection.yaml",
     ] {
         expected.extend(file_docs(file).into_iter().map(|d| (file.to_owned(), d)));

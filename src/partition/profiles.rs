@@ -40,7 +40,11 @@ pub const BUILTIN_JSON: &str = r#"{
     "cpx_nps1_all": {"profiles": [{"computePartition": "CPX", "memoryPartition": "NPS1"}]},
     "cpx_nps4_all": {"profiles": [{"computePartition": "CPX", "memoryPartition": "NPS4"}]},
     "dpx_nps2_all": {"profiles": [{"computePartition": "DPX", "memoryPartition": "NPS2"}]},
-    "qpx_nps1_all": {"profiles": [{"computePartition": "QPX", "memoryPartition": "NPS1"}]}
+    "qpx_nps1_all": {"profiles": [{"computePartition": "QPX", "memoryPartition": "NPS1"}]},
+    "heterogeneous_example": {"profiles": [
+      {"computePartition": "CPX", "memoryPartition": "NPS1", "numGPUsAssigned": 2},
+      {"computePartition": "SPX", "memoryPartition": "NPS1"}
+    ]}
   },
   "gpuClientSystemdServices": {"names": ["amd-metrics-exporter", "gpuagent"]}
 }
@@ -307,6 +311,7 @@ mod tests {
                 "cpx_nps4_all",
                 "default",
                 "dpx_nps2_all",
+                "heterogeneous_example",
                 "qpx_nps1_all"
             ]
         );
