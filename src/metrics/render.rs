@@ -116,10 +116,7 @@ fn gpu_labels(
     ]);
     let optional = &input.config.labels;
     if optional.contains("GPU_UUID") {
-        labels.insert(
-            "gpu_uuid".into(),
-            gpu_uuid(gpu, logical).unwrap_or_default(),
-        );
+        labels.insert("gpu_uuid".into(), logical.uuid(gpu).unwrap_or_default());
     }
     if optional.contains("CARD_SERIES") {
         // amd-smi's board product name.
@@ -205,28 +202,6 @@ fn deployment_mode(gpu: &Gpu) -> &'static str {
     } else {
         "baremetal"
     }
-}
-
-/// `gpu_uuid` as amd-smi builds it, which the reference exports: a version-1
-/// UUID layout holding the unique ID (`u`), the PCI device ID and a function
-/// byte: `{u[63:56]}{fn}{device}-0000-1000-80{u[55:48]}-{u[47:0]}`. The
-/// function byte is 0xff for a whole GPU (the reference's documented
-/// `51ff74a1-0000-1000-802e-2769a3f6a69e`); amd-smi puts the partition index
-/// there on partitions, which keeps their UUIDs apart.
-fn gpu_uuid(gpu: &Gpu, logical: &LogicalGpu) -> Option<String> {
-    let id = gpu.unique_id?;
-    let function = if logical.partitioned {
-        (logical.partition & 0xff) as u8
-    } else {
-        0xff
-    };
-    Some(format!(
-        "{:02x}{function:02x}{:04x}-0000-1000-80{:02x}-{:012x}",
-        id >> 56,
-        gpu.device_id,
-        (id >> 48) & 0xff,
-        id & 0xffff_ffff_ffff,
-    ))
 }
 
 /// Builds every family the configuration enables. Families without series are
@@ -1198,40 +1173,6 @@ mod tests {
                 ("2", "", "", "")
             ]
         );
-    }
-
-    #[test]
-    fn gpu_uuid_is_amd_smi_s_layout() {
-        let gpu = Gpu {
-            device_id: 0x74a1,
-            unique_id: Some(0x512e_2769_a3f6_a69e),
-            ..Gpu::default()
-        };
-        let whole = LogicalGpu {
-            gpu_id: 0,
-            bdf: String::new(),
-            partition: 0,
-            partitioned: false,
-        };
-        // The example in the reference's documentation.
-        assert_eq!(
-            gpu_uuid(&gpu, &whole).as_deref(),
-            Some("51ff74a1-0000-1000-802e-2769a3f6a69e")
-        );
-        let third = LogicalGpu {
-            partition: 3,
-            partitioned: true,
-            ..whole.clone()
-        };
-        assert_eq!(
-            gpu_uuid(&gpu, &third).as_deref(),
-            Some("510374a1-0000-1000-802e-2769a3f6a69e")
-        );
-        let no_id = Gpu {
-            unique_id: None,
-            ..gpu
-        };
-        assert_eq!(gpu_uuid(&no_id, &whole), None);
     }
 
     #[test]

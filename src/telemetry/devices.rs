@@ -41,6 +41,30 @@ impl LogicalGpu {
             DeviceRef::gpu(self.bdf.clone())
         }
     }
+
+    /// Its UUID as amd-smi builds it, which the reference exports
+    /// (`gpu_uuid`) and its health socket sends: a version-1 UUID layout
+    /// holding `gpu`'s unique ID (`u`), its PCI device ID and a function
+    /// byte: `{u[63:56]}{fn}{device}-0000-1000-80{u[55:48]}-{u[47:0]}`. The
+    /// function byte is 0xff for a whole GPU (the reference's documented
+    /// `51ff74a1-0000-1000-802e-2769a3f6a69e`); amd-smi puts the partition
+    /// index there on partitions, which keeps their UUIDs apart. `None`
+    /// without a unique ID.
+    pub fn uuid(&self, gpu: &Gpu) -> Option<String> {
+        let id = gpu.unique_id?;
+        let function = if self.partitioned {
+            (self.partition & 0xff) as u8
+        } else {
+            0xff
+        };
+        Some(format!(
+            "{:02x}{function:02x}{:04x}-0000-1000-80{:02x}-{:012x}",
+            id >> 56,
+            gpu.device_id,
+            (id >> 48) & 0xff,
+            id & 0xffff_ffff_ffff,
+        ))
+    }
 }
 
 /// The logical GPUs of an inventory, numbered.
@@ -134,6 +158,40 @@ mod tests {
                 (3, "0000:27:00.0", 0, false),
             ]
         );
+    }
+
+    #[test]
+    fn uuid_is_amd_smi_s_layout() {
+        let gpu = Gpu {
+            device_id: 0x74a1,
+            unique_id: Some(0x512e_2769_a3f6_a69e),
+            ..Gpu::default()
+        };
+        let whole = LogicalGpu {
+            gpu_id: 0,
+            bdf: String::new(),
+            partition: 0,
+            partitioned: false,
+        };
+        // The example in the reference's documentation.
+        assert_eq!(
+            whole.uuid(&gpu).as_deref(),
+            Some("51ff74a1-0000-1000-802e-2769a3f6a69e")
+        );
+        let third = LogicalGpu {
+            partition: 3,
+            partitioned: true,
+            ..whole.clone()
+        };
+        assert_eq!(
+            third.uuid(&gpu).as_deref(),
+            Some("510374a1-0000-1000-802e-2769a3f6a69e")
+        );
+        let no_id = Gpu {
+            unique_id: None,
+            ..gpu
+        };
+        assert_eq!(whole.uuid(&no_id), None);
     }
 
     #[test]
