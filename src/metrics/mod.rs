@@ -182,6 +182,8 @@ pub struct MetricsService {
     status: watch::Sender<ExporterStatus>,
     /// What the endpoints serve, for in-process readers too.
     published: watch::Sender<Arc<Published>>,
+    /// Which pod holds which device, as of the latest sample.
+    pods: watch::Sender<Arc<pods::DevicePods>>,
     /// The API server, for pod UIDs and labels (`POD_UUID`,
     /// `ExtraPodLabels`); `None` in standalone mode.
     kube: Option<kube::Client>,
@@ -201,6 +203,7 @@ impl MetricsService {
             discovery: None,
             status: watch::Sender::new(ExporterStatus::default()),
             published: watch::Sender::new(Arc::new(Published::default())),
+            pods: watch::Sender::new(Arc::new(pods::DevicePods::new())),
             kube: None,
         }
     }
@@ -235,6 +238,15 @@ impl MetricsService {
     /// needs neither a socket nor the endpoint's access control.
     pub fn published(&self) -> watch::Receiver<Arc<Published>> {
         self.published.subscribe()
+    }
+
+    /// Which pod holds which device, from the kubelet's PodResources API as
+    /// of the latest sample (empty without a PodResources socket; the last
+    /// known pods while the kubelet cannot be asked). For readers that name
+    /// a GPU's workloads elsewhere (the health socket), so that the kubelet
+    /// is asked once per sample, not once per reader.
+    pub fn pods(&self) -> watch::Receiver<Arc<pods::DevicePods>> {
+        self.pods.subscribe()
     }
 
     fn discovered(&self) -> bool {
@@ -570,6 +582,13 @@ impl Service for MetricsService {
                         self.sample(&mut sampler, &current, &latest, pod_metadata.as_ref())
                             .await,
                     );
+                    self.pods.send_if_modified(|current| {
+                        let changed = **current != latest.pods;
+                        if changed {
+                            *current = Arc::new(latest.pods.clone());
+                        }
+                        changed
+                    });
                     sampled = true;
                 }
                 let published = Published::sample(self.exposition(
