@@ -52,6 +52,11 @@ const PROTOS: &[Proto] = &[
         file: "k8s.io/kubelet/dra-health/v1/api.proto",
         out_dir: "dra-health-v1",
     },
+    // The health socket of AMD's device-metrics-exporter (src/metricssvc/).
+    Proto {
+        file: "metricssvc/metricssvc.proto",
+        out_dir: "metricssvc",
+    },
 ];
 
 fn main() -> io::Result<()> {

@@ -19,6 +19,7 @@ pub mod health;
 pub mod host;
 pub mod labeller;
 pub mod metrics;
+pub mod metricssvc;
 pub mod node_writer;
 pub mod partition;
 pub mod plugin;

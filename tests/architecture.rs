@@ -66,6 +66,9 @@ const LAYERS: &[&[&str]] = &[
     &["health", "labeller", "testrunner"],
     // The exporter: shows the inventory, health, and test results.
     &["metrics"],
+    // The reference exporter's health socket: health's verdicts with the
+    // exporter's pod association, for AMD's own device plugin.
+    &["metricssvc"],
     // The Lease-elected cluster role.
     &["cluster"],
     // The node agent, which runs all of the above.

@@ -232,6 +232,9 @@ pub enum ServiceName {
     HealthMonitor,
     MetricsExporter,
     TestRunner,
+    /// The reference exporter's health socket, for AMD's device plugin
+    /// (`src/metricssvc/`).
+    HealthSocket,
     /// A name this build does not know: written by a newer agent during a
     /// rolling upgrade. Read, never written, and counted as nothing.
     #[serde(other)]
@@ -239,13 +242,14 @@ pub enum ServiceName {
 }
 
 impl ServiceName {
-    pub const ALL: [ServiceName; 6] = [
+    pub const ALL: [ServiceName; 7] = [
         Self::DevicePlugin,
         Self::DraDriver,
         Self::Labeller,
         Self::HealthMonitor,
         Self::MetricsExporter,
         Self::TestRunner,
+        Self::HealthSocket,
     ];
 
     /// The annotation's (and the logs') name: `devicePlugin`, `metricsExporter`...
@@ -257,6 +261,7 @@ impl ServiceName {
             Self::HealthMonitor => "healthMonitor",
             Self::MetricsExporter => "metricsExporter",
             Self::TestRunner => "testRunner",
+            Self::HealthSocket => "healthSocket",
             Self::Unknown => "unknown",
         }
     }
