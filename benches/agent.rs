@@ -108,6 +108,7 @@ async fn main() {
             kubelet_dir: dir.path().join("kubelet"),
             cdi_dir: dir.path().join("cdi"),
             dra_device_taints: false,
+            health_socket: None,
             rescan_interval: Duration::from_secs(5),
             sampling: Default::default(),
             metrics_listen: Some("127.0.0.1:0".parse().unwrap()),

@@ -231,6 +231,7 @@ async fn agent_figures(emulator: &Emulator) {
         kubelet_dir: kubelet_dir.clone(),
         cdi_dir: dir.path().join("cdi"),
         dra_device_taints: false,
+        health_socket: None,
         // The agent's defaults: what a node runs.
         rescan_interval: Duration::from_secs(1),
         sampling: Default::default(),

@@ -63,6 +63,7 @@ async fn main() {
         host: host.clone(),
         cdi_dir: kubelet_dir.join("cdi"),
         dra_device_taints: false,
+        health_socket: None,
         kubelet_dir,
         // The agent's defaults: what a node runs.
         rescan_interval: Duration::from_secs(1),

@@ -21,6 +21,8 @@ use support::bundles;
 use support::cluster::{self, TestCluster};
 use support::dra_kubelet::DraKubelet;
 use support::kubelet::TestKubelet;
+use support::metricssvc;
+use support::pod_resources::{FakeKubelet, pod, serve_kubelet};
 use support::wait;
 use tokio_util::sync::CancellationToken;
 
@@ -92,6 +94,7 @@ impl Harness {
             host: self.host.clone(),
             cdi_dir: kubelet_dir.join("cdi"),
             dra_device_taints: false,
+            health_socket: Some(gpu_operator::metricssvc::DEFAULT_SOCKET.into()),
             kubelet_dir,
             rescan_interval: Duration::from_millis(200),
             sampling: Default::default(),
@@ -1597,4 +1600,133 @@ async fn an_ecc_error_reaches_the_dra_health_stream_within_a_second_and_recovers
         .next_matching("healthy again", |d| d.iter().all(|x| x.health == "HEALTHY"))
         .await;
     h.stop().await;
+}
+
+/// AMD's device plugin takes GPU health from the reference exporter's gRPC
+/// socket (`List`, matching each entry's `Device` to its device IDs). The
+/// agent serves it from its health monitor: a client compiled from our copy
+/// of the wire contract fails plainly while there is no socket, then reads
+/// the monitor's verdicts, the device plugin's IDs and the pods holding each
+/// GPU, sees an ECC error within the monitor's interval and its
+/// confirmation, and the recovery; the socket goes with the agent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reference_exporters_health_socket_follows_the_health_monitor() {
+    let mut h = Harness::start("mi210", None, json!({})).await;
+    let socket = h.host.path(gpu_operator::metricssvc::DEFAULT_SOCKET);
+    let bdf = "0000:03:00.0";
+    let kubelet_dir = h.kubelet.dir().parent().unwrap().to_path_buf();
+    let _pods = serve_kubelet(
+        &kubelet_dir.join("pod-resources/kubelet.sock"),
+        FakeKubelet {
+            pods: vec![pod("train", "amd.com/gpu", &[bdf])],
+            ..FakeKubelet::default()
+        },
+    )
+    .await;
+
+    // No DeviceConfig selects the node: no health monitor, no socket.
+    let absent = metricssvc::list(&socket).await.unwrap_err();
+    assert!(absent.starts_with("connect:"), "{absent}");
+
+    h.apply_device_config("gpus", json!({"devicePlugin": {}}))
+        .await;
+    let registered = h.kubelet.wait_for_registration("amd.com/gpu", 1).await;
+    let mut devices = h.kubelet.list_and_watch(&registered.request.endpoint).await;
+    let advertised = devices
+        .next_matching("four devices", |d| d.len() == 4)
+        .await;
+    let states = wait::poll_until(
+        "four healthy GPUs on the socket, the pod on the first",
+        || metricssvc::list(&socket),
+        |r| {
+            r.as_ref().is_ok_and(|s| {
+                s.len() == 4
+                    && s.iter().all(|g| g.health == "healthy")
+                    && !s[0].associated_workload.is_empty()
+            })
+        },
+    )
+    .await
+    .unwrap();
+    let mode = std::os::unix::fs::MetadataExt::mode(&std::fs::symlink_metadata(&socket).unwrap());
+    assert_eq!(mode & 0o7777, 0o600, "socket mode {mode:o}");
+    // IDs are the GPU indexes (gpu_id); Device is the device plugin's ID.
+    let ids: Vec<&str> = states.iter().map(|s| s.id.as_str()).collect();
+    assert_eq!(ids, ["0", "1", "2", "3"]);
+    let mut devices_on_socket: Vec<&str> = states.iter().map(|s| s.device.as_str()).collect();
+    let mut plugin_ids: Vec<&str> = advertised.iter().map(|d| d.id.as_str()).collect();
+    devices_on_socket.sort_unstable();
+    plugin_ids.sort_unstable();
+    assert_eq!(devices_on_socket, plugin_ids);
+    assert_eq!(states[0].device, bdf);
+    let uuids: std::collections::BTreeSet<&str> = states.iter().map(|s| s.uuid.as_str()).collect();
+    assert!(uuids.len() == 4 && !uuids.contains(""), "{states:?}");
+    assert_eq!(
+        states[0].associated_workload,
+        ["pod : train, namespace : ml, container: main"]
+    );
+    assert!(states[1..].iter().all(|s| s.associated_workload.is_empty()));
+    let got = metricssvc::get(&socket, &["2", "7"]).await.unwrap();
+    assert_eq!(
+        metricssvc::health_by_id(&got),
+        [("2".into(), "healthy".into())]
+    );
+
+    // An ECC error: unhealthy on the socket within the monitor's 0.5 s
+    // interval and 0.1 s confirmation (the socket answers from the
+    // monitor's snapshot at each call).
+    let injected = Instant::now();
+    simulate::set_ecc_counts(&h.host, bdf, "umc", 1, 0).unwrap();
+    let states = wait::poll_until(
+        "the GPU unhealthy on the socket",
+        || metricssvc::list(&socket),
+        |r| {
+            r.as_ref()
+                .is_ok_and(|s| s.iter().any(|g| g.health == "unhealthy"))
+        },
+    )
+    .await
+    .unwrap();
+    let took = injected.elapsed();
+    assert!(took < Duration::from_secs(1), "unhealthy after {took:?}");
+    assert_eq!(
+        metricssvc::health_by_id(&states),
+        [
+            ("0".into(), "unhealthy".into()),
+            ("1".into(), "healthy".into()),
+            ("2".into(), "healthy".into()),
+            ("3".into(), "healthy".into()),
+        ]
+    );
+    let got = metricssvc::get(&socket, &["0"]).await.unwrap();
+    assert_eq!(got[0].health, "unhealthy");
+    // The device plugin agrees: one monitor behind both.
+    devices
+        .next_matching("the GPU unhealthy in the device plugin", |d| {
+            support::kubelet::health_of(d, bdf) == Some("Unhealthy")
+        })
+        .await;
+
+    simulate::set_ecc_counts(&h.host, bdf, "umc", 0, 0).unwrap();
+    wait::poll_until(
+        "every GPU healthy again on the socket",
+        || metricssvc::list(&socket),
+        |r| {
+            r.as_ref()
+                .is_ok_and(|s| s.len() == 4 && s.iter().all(|g| g.health == "healthy"))
+        },
+    )
+    .await
+    .unwrap();
+    h.eventually("the health socket in the status", |h| {
+        h.status().is_some_and(|s| {
+            s.services.get(&ServiceName::HealthSocket) == Some(&ServiceStatus::Running)
+        })
+    })
+    .await;
+
+    h.stop().await;
+    assert!(!socket.exists(), "the socket is removed on stop");
+    let gone = metricssvc::list(&socket).await.unwrap_err();
+    assert!(gone.starts_with("connect:"), "{gone}");
 }

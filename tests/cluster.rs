@@ -220,6 +220,7 @@ impl Fleet {
             kubelet_dir: member.kubelet_dir.clone(),
             cdi_dir: member.kubelet_dir.join("cdi"),
             dra_device_taints: false,
+            health_socket: None,
             rescan_interval: Duration::from_millis(500),
             sampling: Default::default(),
             metrics_listen: Some("127.0.0.1:0".parse().unwrap()),

@@ -85,6 +85,7 @@ impl Rig {
             host: self.host.clone(),
             cdi_dir: kubelet_dir.join("cdi"),
             dra_device_taints: false,
+            health_socket: None,
             kubelet_dir,
             rescan_interval: Duration::from_millis(500),
             sampling: Default::default(),

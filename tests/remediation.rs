@@ -405,6 +405,7 @@ impl AgentRig {
             host: self.host.clone(),
             cdi_dir: kubelet_dir.join("cdi"),
             dra_device_taints: false,
+            health_socket: None,
             kubelet_dir,
             rescan_interval: Duration::from_millis(300),
             sampling: Default::default(),

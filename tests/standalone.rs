@@ -592,3 +592,174 @@ fn standalone_applies_a_partition_profile_before_it_serves() {
         assert!(log.contains(logged), "{profile}: {log}");
     }
 }
+
+/// Standalone mode serves the reference exporter's health socket too (AMD's
+/// device plugin and test runner read it on bare metal as well), at its host
+/// path under the host root, owner-only even under umask 0. A client
+/// compiled from our copy of the wire contract fails plainly before the
+/// socket is there, then lists every partition under its GPU index with the
+/// ID AMD's device plugin gives it (its PCI address, or its `amdgpu_xcp_N`
+/// platform device), follows an ECC error and its recovery, and finds no
+/// workloads (no kubelet). `SetError` is not implemented.
+#[test]
+fn standalone_serves_the_reference_exporters_health_socket() {
+    use std::os::unix::fs::MetadataExt;
+    use std::os::unix::process::CommandExt;
+
+    let dir = tempfile::tempdir().unwrap();
+    let host = HostRoot::new(dir.path().join("host"));
+    simulate::write_host(
+        &host,
+        &SimSpec::new("mi300x", Some(2), Some("cpx_nps4")).unwrap(),
+    )
+    .unwrap();
+    let socket = host.path(gpu_operator::metricssvc::DEFAULT_SOCKET);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let absent = rt.block_on(support::metricssvc::list(&socket)).unwrap_err();
+    assert!(absent.starts_with("connect:"), "{absent}");
+
+    let mut command = bin();
+    command
+        .args(["standalone", "--metrics-bind", "127.0.0.1:0", "--host-root"])
+        .arg(host.root())
+        .arg("--kubelet-dir")
+        .arg(dir.path().join("no-kubelet"))
+        .arg("--events-file")
+        .arg(dir.path().join("events.jsonl"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    // SAFETY: umask(2) in the child between fork and exec; it cannot fail.
+    // Under umask 0 a socket bound in place would be open to everyone.
+    unsafe {
+        command.pre_exec(|| {
+            libc::umask(0);
+            Ok(())
+        });
+    }
+    let mut child = KillOnPanic(command.spawn().unwrap());
+    let states = rt
+        .block_on(wait::poll_until(
+            "16 healthy GPUs on the health socket",
+            || support::metricssvc::list(&socket),
+            |r| {
+                r.as_ref()
+                    .is_ok_and(|s| s.len() == 16 && s.iter().all(|g| g.health == "healthy"))
+            },
+        ))
+        .unwrap();
+    let mode = std::fs::symlink_metadata(&socket).unwrap().mode() & 0o7777;
+    assert_eq!(mode, 0o600, "socket mode {mode:o}");
+    let dir_mode = std::fs::metadata(socket.parent().unwrap()).unwrap().mode() & 0o7777;
+    assert_eq!(
+        dir_mode, 0o755,
+        "its directory, made under umask 0: {dir_mode:o}"
+    );
+
+    // The device IDs AMD's device plugin finds on this host: the PCI
+    // functions amdgpu drives, and the partitions' platform devices.
+    let listed = |path: &str, keep: &dyn Fn(&str) -> bool| -> Vec<String> {
+        std::fs::read_dir(host.path(path))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| keep(n))
+            .collect()
+    };
+    let mut plugin_ids = listed("/sys/module/amdgpu/drivers/pci:amdgpu", &|n| {
+        n.len() > 5 && n.as_bytes()[4] == b':'
+    });
+    plugin_ids.extend(listed("/sys/devices/platform", &|n| {
+        n.starts_with("amdgpu_xcp_")
+    }));
+    plugin_ids.sort();
+    let mut on_socket: Vec<String> = states.iter().map(|s| s.device.clone()).collect();
+    on_socket.sort();
+    assert_eq!(on_socket, plugin_ids);
+    let ids: Vec<String> = states.iter().map(|s| s.id.clone()).collect();
+    let want: Vec<String> = (0..16).map(|i| i.to_string()).collect();
+    assert_eq!(ids, want);
+    let uuids: std::collections::BTreeSet<&str> = states.iter().map(|s| s.uuid.as_str()).collect();
+    assert!(uuids.len() == 16 && !uuids.contains(""), "{states:?}");
+    assert!(states.iter().all(|s| s.associated_workload.is_empty()));
+
+    let set_error = rt.block_on(async {
+        let mut client = support::metricssvc::connect(&socket).await.unwrap();
+        client
+            .set_error(support::metricssvc::metricssvc::GpuErrorRequest {
+                id: "0".into(),
+                fields: vec!["GPU_ECC_UNCORRECT_UMC".into()],
+                counts: vec![1],
+            })
+            .await
+    });
+    assert_eq!(set_error.unwrap_err().code(), tonic::Code::Unimplemented);
+
+    // The second GPU (partitions 8-15) turns unhealthy, all of it, and recovers.
+    let mut bdfs: Vec<String> = gpu_operator::device::discover(&host)
+        .gpus
+        .into_iter()
+        .map(|g| g.bdf)
+        .collect();
+    bdfs.sort();
+    let second = bdfs[1].clone();
+    simulate::set_ecc_counts(&host, &second, "umc", 2, 0).unwrap();
+    let unhealthy = |s: &[support::metricssvc::GpuState]| -> Vec<String> {
+        s.iter()
+            .filter(|g| g.health == "unhealthy")
+            .map(|g| g.id.clone())
+            .collect()
+    };
+    let states = rt
+        .block_on(wait::poll_until(
+            "the second GPU's partitions unhealthy",
+            || support::metricssvc::list(&socket),
+            |r| r.as_ref().is_ok_and(|s| !unhealthy(s).is_empty()),
+        ))
+        .unwrap();
+    let want: Vec<String> = (8..16).map(|i| i.to_string()).collect();
+    assert_eq!(unhealthy(&states), want);
+    let got = rt
+        .block_on(support::metricssvc::get(&socket, &["9", "3"]))
+        .unwrap();
+    assert_eq!(
+        support::metricssvc::health_by_id(&got),
+        [
+            ("9".into(), "unhealthy".into()),
+            ("3".into(), "healthy".into())
+        ]
+    );
+    simulate::set_ecc_counts(&host, &second, "umc", 0, 0).unwrap();
+    rt.block_on(wait::poll_until(
+        "every GPU healthy again",
+        || support::metricssvc::list(&socket),
+        |r| {
+            r.as_ref()
+                .is_ok_and(|s| s.len() == 16 && unhealthy(s).is_empty())
+        },
+    ))
+    .unwrap();
+
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(child.0.id() as i32, libc::SIGTERM) };
+    let status = wait::poll_until_blocking(
+        "the standalone services stop",
+        || child.0.try_wait().unwrap(),
+        Option::is_some,
+    );
+    assert!(status.is_some_and(|s| s.success()));
+    assert!(!socket.exists(), "the socket is removed on stop");
+}
+
+/// Kills the child when the test fails before it stops it.
+struct KillOnPanic(std::process::Child);
+
+impl Drop for KillOnPanic {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}

@@ -77,6 +77,9 @@ pub struct AgentConfig {
     pub cdi_dir: PathBuf,
     /// Taint unhealthy devices in the DRA ResourceSlices.
     pub dra_device_taints: bool,
+    /// The host path of the reference exporter's health socket
+    /// ([`crate::metricssvc::DEFAULT_SOCKET`]); `None` serves none.
+    pub health_socket: Option<PathBuf>,
 }
 
 /// How this agent takes part in leader election.
@@ -644,6 +647,7 @@ impl Edges<'_> {
             host: &self.config.host,
             metrics_config: metrics_text.as_deref(),
             test_config: test_text.as_deref(),
+            health_socket: self.config.health_socket.as_deref(),
         };
         let overrides = plan::Overrides {
             metrics_listen: self.config.metrics_listen,

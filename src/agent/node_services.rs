@@ -1,8 +1,10 @@
 //! The set of node services, one slot each, shared by the Kubernetes agent and
 //! standalone mode: device plugin, node labeller (Kubernetes only), health
-//! monitor, metrics exporter and test runner. It wires their feeds together —
-//! health into the device plugin and the exporter, unhealthy transitions into
-//! the test runner — so that the two modes cannot drift apart.
+//! monitor, metrics exporter, the reference exporter's health socket and test
+//! runner. It wires their feeds together — health into the device plugin, the
+//! exporter and the health socket, the exporter's pods into the health
+//! socket, unhealthy transitions into the test runner — so that the two
+//! modes cannot drift apart.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -20,6 +22,7 @@ use crate::events::EventSink;
 use crate::health::{HealthMonitor, HealthSnapshot, HealthTransition};
 use crate::metrics::server::Published;
 use crate::metrics::{ExporterStatus, MetricsService};
+use crate::metricssvc::HealthSocket;
 use crate::node_writer::NodeWriter;
 use crate::plugin::PluginStatus;
 use crate::service::{ServiceState, Slot, SlotChange};
@@ -34,6 +37,8 @@ pub struct NodeServices {
     pub dra: Option<Slot<DraService>>,
     pub health: Slot<HealthMonitor>,
     pub metrics: Slot<MetricsService>,
+    /// The reference exporter's health socket, for AMD's device plugin.
+    pub health_socket: Slot<HealthSocket>,
     pub test_runner: Slot<TestRunnerService>,
     pub plugin_status: watch::Receiver<PluginStatus>,
     pub exporter_status: watch::Receiver<ExporterStatus>,
@@ -166,6 +171,8 @@ impl NodeServices {
         let forward_discovery = tokio::spawn(forward_progress(scan, discovery_tx));
         let exporter_status = exporter.status();
         let metrics_published = exporter.published();
+        let health_socket =
+            HealthSocket::new(inventory.clone(), health_snapshot.clone(), exporter.pods());
         let labeller = nodes.map(|writer| {
             Slot::new(LabellerService {
                 writer,
@@ -179,6 +186,7 @@ impl NodeServices {
             labeller,
             health: Slot::new(monitor),
             metrics: Slot::new(exporter),
+            health_socket: Slot::new(health_socket),
             test_runner: Slot::new(test_runner),
             plugin_status,
             exporter_status,
@@ -233,6 +241,7 @@ impl NodeServices {
         }
         applied.health_stopped = self.health.apply(desired.health).await == SlotChange::Stopped;
         self.metrics.apply(desired.metrics).await;
+        self.health_socket.apply(desired.health_socket).await;
         self.test_runner.apply(desired.test_runner).await;
         applied
     }
@@ -243,6 +252,7 @@ impl NodeServices {
             (ServiceName::DevicePlugin, self.plugin.state()),
             (ServiceName::HealthMonitor, self.health.state()),
             (ServiceName::MetricsExporter, self.metrics.state()),
+            (ServiceName::HealthSocket, self.health_socket.state()),
             (ServiceName::TestRunner, self.test_runner.state()),
         ];
         if let Some(labeller) = &self.labeller {
@@ -280,6 +290,7 @@ impl NodeServices {
             self.plugin.subscribe(),
             self.health.subscribe(),
             self.metrics.subscribe(),
+            self.health_socket.subscribe(),
             self.test_runner.subscribe(),
         ];
         if let Some(labeller) = &self.labeller {
@@ -308,6 +319,7 @@ impl NodeServices {
             dra,
             self.health.stop(),
             self.metrics.stop(),
+            self.health_socket.stop(),
             self.test_runner.stop(),
             labeller
         );
@@ -344,6 +356,7 @@ pub fn hold_back_until_discovered(
         (ServiceName::DraDriver, desired.dra.is_some()),
         (ServiceName::Labeller, desired.labeller.is_some()),
         (ServiceName::HealthMonitor, desired.health.is_some()),
+        (ServiceName::HealthSocket, desired.health_socket.is_some()),
         (ServiceName::TestRunner, desired.test_runner.is_some()),
     ]
     .into_iter()

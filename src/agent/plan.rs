@@ -1152,6 +1152,7 @@ mod tests {
             host: &host,
             metrics_config: None,
             test_config: None,
+            health_socket: None,
         };
         let listen: SocketAddr = "127.0.0.1:9".parse().unwrap();
         let overrides = Overrides {
@@ -1186,6 +1187,7 @@ mod tests {
             host: &host,
             metrics_config: None,
             test_config: None,
+            health_socket: None,
         };
         let spec_of = |yaml: &str| {
             let mut docs = crate::api::parse_specs(yaml).expect("parses");

@@ -11,6 +11,7 @@ use crate::dra::DraConfig;
 use crate::health::{Damping, HealthConfig};
 use crate::metrics::MetricsConfig;
 use crate::metrics::access::{AccessMaterial, AccessPolicy, ReviewClient};
+use crate::metricssvc::HealthSocketConfig;
 use crate::plugin::PluginConfig;
 use crate::testrunner::TestRunnerConfig;
 
@@ -75,6 +76,8 @@ pub struct DesiredServices {
     pub health: Option<HealthConfig>,
     pub metrics: Option<MetricsConfig>,
     pub test_runner: Option<TestRunnerConfig>,
+    /// The reference exporter's health socket; wherever the health monitor runs.
+    pub health_socket: Option<HealthSocketConfig>,
 }
 
 /// Node facts the service plan depends on besides the spec.
@@ -89,6 +92,9 @@ pub struct NodeContext<'a> {
     pub metrics_config: Option<&'a str>,
     /// `config.json` of the ConfigMap in `testRunner.config`.
     pub test_config: Option<&'a str>,
+    /// The host path of the reference exporter's health socket
+    /// (`--health-socket`); `None` serves none (`--no-health-socket`).
+    pub health_socket: Option<&'a Path>,
 }
 
 /// How often the node's GPUs are sampled and how health is damped. These come
@@ -201,6 +207,14 @@ pub fn plan_services(spec: &DeviceConfigSpec, node: &NodeContext<'_>) -> Desired
         damping: node.sampling.damping,
         ..HealthConfig::new(node.host.clone())
     });
+    // The socket shows the monitor's verdicts: no monitor, no socket (AMD's
+    // device plugin then keeps its own checks). Its path is a host path.
+    let health_socket = health
+        .as_ref()
+        .and(node.health_socket)
+        .map(|path| HealthSocketConfig {
+            socket: node.host.path(path),
+        });
     // The endpoint runs even when metricsExporter is disabled: it serves the
     // probes. `enable` decides whether the cluster gets a Service for it.
     // `rbacConfig` as the spec says; the agent adds what it read of the Secret
@@ -241,6 +255,7 @@ pub fn plan_services(spec: &DeviceConfigSpec, node: &NodeContext<'_>) -> Desired
         health,
         metrics,
         test_runner,
+        health_socket,
     }
 }
 
@@ -349,6 +364,7 @@ mod tests {
             host: &host,
             metrics_config: None,
             test_config: None,
+            health_socket: Some(Path::new(crate::metricssvc::DEFAULT_SOCKET)),
         };
         let mut spec = DeviceConfigSpec::default();
         let desired = plan_services(&spec, &node);
@@ -372,6 +388,18 @@ mod tests {
             desired.test_runner.is_none(),
             "the test runner is off by default"
         );
+        assert_eq!(
+            desired.health_socket.map(|s| s.socket),
+            Some(PathBuf::from(
+                "/h/var/lib/amd-metrics-exporter/amdgpu_device_metrics_exporter_grpc.socket"
+            )),
+            "the health socket runs with the monitor, at its host path under the host root"
+        );
+        let no_socket = NodeContext {
+            health_socket: None,
+            ..node.clone()
+        };
+        assert_eq!(plan_services(&spec, &no_socket).health_socket, None);
         assert_eq!(
             (desired.device_plugin, desired.labeller),
             (None, None),
@@ -412,8 +440,10 @@ mod tests {
             desired.health.is_none(),
             "the exporter config switched health off"
         );
+        assert!(desired.health_socket.is_none(), "and with it the socket");
         let idle = idle_services(&node);
         assert!(idle.device_plugin.is_none() && idle.health.is_none());
+        assert!(idle.health_socket.is_none());
         assert_eq!(
             idle.metrics.map(|m| m.interval),
             Some(sampling.metrics_interval)

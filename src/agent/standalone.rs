@@ -78,6 +78,9 @@ pub struct StandaloneConfig {
     /// The driver bundle store and the commands that load from it, for a
     /// spec with `driver.enable`.
     pub driver: crate::driver::manager::ManagerConfig,
+    /// The host path of the reference exporter's health socket
+    /// ([`crate::metricssvc::DEFAULT_SOCKET`]); `None` serves none.
+    pub health_socket: Option<PathBuf>,
 }
 
 /// The spec standalone mode uses without a config file: the metrics exporter
@@ -230,6 +233,7 @@ pub async fn run_observed(
             host: &config.host,
             metrics_config: config.metrics_config.as_deref(),
             test_config: config.test_config.as_deref(),
+            health_socket: config.health_socket.as_deref(),
         },
     );
     if let Some(plugin) = &desired.device_plugin

@@ -51,6 +51,8 @@ pub struct AgentArgs {
     pub namespace: Option<String>,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub health_socket: super::args::HealthSocketArgs,
     /// Namespace of the leader-election Lease (normally the agent's own, from the
     /// downward API). Without it the agent does node work only and never leads.
     #[arg(long, value_name = "NS", env = "POD_NAMESPACE")]
@@ -169,6 +171,7 @@ pub fn run(args: AgentArgs) -> ExitCode {
             kubelet_dir: args.kubelet_dir,
             cdi_dir: args.cdi_dir,
             dra_device_taints: args.dra_device_taints,
+            health_socket: args.health_socket.path(),
             rescan_interval: args.sampling.rescan_interval,
             sampling: args.sampling.sampling(),
             driver: crate::driver::manager::ManagerConfig {

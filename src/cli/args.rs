@@ -88,6 +88,29 @@ impl SamplingArgs {
     }
 }
 
+/// The reference exporter's health socket, which AMD's device plugin reads
+/// GPU health from. Shared by `agent` and `standalone`.
+#[derive(Args, Debug)]
+pub struct HealthSocketArgs {
+    /// Serve the health monitor's verdicts on this socket, as AMD's
+    /// device-metrics-exporter does (gRPC `metricssvc.MetricsService`, mode
+    /// 0600), wherever the health monitor runs. A host path: under --host-root.
+    #[arg(long, value_name = "HOST_PATH", default_value = crate::metricssvc::DEFAULT_SOCKET)]
+    pub health_socket: PathBuf,
+    /// Do not serve the health socket (say, AMD's device-metrics-exporter
+    /// serves it on this node). A socket another process serves is never
+    /// taken over anyway.
+    #[arg(long)]
+    pub no_health_socket: bool,
+}
+
+impl HealthSocketArgs {
+    /// The socket's host path; `None` with --no-health-socket.
+    pub(super) fn path(&self) -> Option<PathBuf> {
+        (!self.no_health_socket).then(|| self.health_socket.clone())
+    }
+}
+
 /// A positive, finite number of seconds (fractions allowed), as clap parses
 /// a flag value.
 pub(super) fn positive_seconds(text: &str) -> Result<Duration, String> {

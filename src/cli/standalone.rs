@@ -58,6 +58,8 @@ pub struct StandaloneArgs {
     pub show_metrics: bool,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub health_socket: super::args::HealthSocketArgs,
     /// Let COMMAND tests of the test runner start this program, or any program
     /// under this directory (repeatable). Without it COMMAND tests are refused:
     /// the programs are named by a ConfigMap and would run as root on the node.
@@ -170,6 +172,7 @@ pub fn run(args: StandaloneArgs) -> ExitCode {
             ),
             // No leader asks a standalone host to reboot.
             driver: args.driver.manager_config(None),
+            health_socket: args.health_socket.path(),
         };
     let show_metrics = args.show_metrics;
     run_to_end(async move {

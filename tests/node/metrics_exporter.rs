@@ -842,6 +842,7 @@ async fn standalone_mode_runs_discovery_health_and_metrics_without_kubernetes() 
         simulate: Some(spec),
         test_commands: Default::default(),
         driver: support::bundles::no_modprobe(),
+        health_socket: None,
     };
     let (listening, addr) = tokio::sync::oneshot::channel();
     let cancel = tokio_util::sync::CancellationToken::new();

@@ -194,6 +194,7 @@ impl Harness {
             host,
             cdi_dir: kubelet_dir.join("cdi"),
             dra_device_taints: false,
+            health_socket: None,
             kubelet_dir,
             rescan_interval: Duration::from_millis(200),
             sampling: Default::default(),

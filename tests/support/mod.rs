@@ -14,6 +14,7 @@ pub mod hosts;
 pub mod http;
 pub mod jobs;
 pub mod kubelet;
+pub mod metricssvc;
 pub mod pod_resources;
 pub mod promtool;
 pub mod rig;
