@@ -467,6 +467,18 @@ fn daemonset_mounts_exactly_the_host_paths_the_code_uses() {
         true,
         "test runner logs",
     ));
+    // The reference exporter's health socket (src/metricssvc/), which AMD's
+    // device plugin dials on the host: a host path, so under the host root;
+    // the agent creates the socket in its directory.
+    let health_socket = Path::new(gpu_operator::metricssvc::DEFAULT_SOCKET)
+        .parent()
+        .unwrap();
+    needed.push((
+        health_socket.display().to_string(),
+        host.path(health_socket),
+        true,
+        "the reference exporter's health socket",
+    ));
     // The kubelet's directories, at their default host paths, found through
     // KUBELET_DIR the way the agent derives them (src/agent/select.rs,
     // src/metrics/mod.rs pod_resources_socket).
@@ -587,6 +599,7 @@ fn daemonset_mounts_exactly_the_host_paths_the_code_uses() {
             // other drivers' sockets.
             "/var/lib/kubelet/plugins/gpu.amd.com",
             gpu_operator::dra::DraConfig::DEFAULT_CDI_DIR,
+            "/var/lib/amd-metrics-exporter",
         ])
     );
     // The test runner's logs may go only under /var/log/, which the logs
@@ -1660,6 +1673,17 @@ fn systemd_unit_runs_standalone_and_keeps_what_the_work_needs() {
             needed.display()
         );
     }
+    // The health socket's directory (src/metricssvc/) is the unit's state
+    // directory, made writable under ProtectSystem=strict.
+    let state = get("StateDirectory").expect("StateDirectory");
+    let health_socket = Path::new(gpu_operator::metricssvc::DEFAULT_SOCKET);
+    assert!(
+        state
+            .split_whitespace()
+            .any(|d| health_socket.parent() == Some(&Path::new("/var/lib").join(d))),
+        "{} is not in the unit's StateDirectory= ({state})",
+        health_socket.display()
+    );
     // sd_notify (unix), metrics (inet), the udev monitor (netlink).
     let families = get("RestrictAddressFamilies").expect("RestrictAddressFamilies");
     for family in ["AF_UNIX", "AF_INET", "AF_INET6", "AF_NETLINK"] {
