@@ -170,7 +170,7 @@ impl Service for HealthSocket {
                 if occupied {
                     readiness.unavailable(format!(
                         "{} is served by another process (AMD's device-metrics-exporter?); \
-                         serving it once that one is gone",
+                         serving it once that one is gone (--no-health-socket: never)",
                         current.socket.display()
                     ));
                 } else if health.borrow_and_update().gpus.is_empty() {
