@@ -25,6 +25,7 @@ use gpu_operator::host::HostRoot;
 use gpu_operator::simulate::{self, SimSpec};
 use kube_emulator::{Emulator, EmulatorConfig};
 use serde_json::{Value, json};
+use support::cluster::ours_on;
 use support::helm::{helm_present, helm_with};
 use support::wait;
 use tokio_util::sync::CancellationToken;
@@ -68,41 +69,6 @@ fn affinity_selects(terms: &Value, labels: &Value) -> bool {
                 }
             })
     })
-}
-
-/// Anything of ours on `node`: labels and annotations under the
-/// operator's prefixes or detect's, and the AMDGPU conditions.
-fn ours_on(node: &Value) -> Vec<String> {
-    let keys = |section: &str| {
-        node["metadata"][section]
-            .as_object()
-            .map(|m| m.keys().cloned().collect::<Vec<_>>())
-            .unwrap_or_default()
-    };
-    let mut found: Vec<String> = keys("labels")
-        .into_iter()
-        .chain(keys("annotations"))
-        .filter(|k| k.contains("amd.com") || k.contains("feature.node.kubernetes.io/amd-"))
-        .collect();
-    found.extend(
-        node["status"]["conditions"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|c| c["type"].as_str())
-            .filter(|t| t.starts_with("AMDGPU"))
-            .map(str::to_owned),
-    );
-    found.extend(
-        node["spec"]["taints"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|t| t["key"].as_str())
-            .filter(|k| k.contains("amd"))
-            .map(str::to_owned),
-    );
-    found
 }
 
 /// The DaemonSet controller's part for node detection: `gpu-operator

@@ -16,8 +16,8 @@ use gpu_operator::simulate::{self, SimSpec};
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 use kube_emulator::{Emulator, EmulatorConfig};
-use serde_json::{Value, json};
-use support::cluster::{self, NAMESPACE, TestCluster};
+use serde_json::json;
+use support::cluster::{self, NAMESPACE, TestCluster, ours_on};
 use support::wait;
 use tokio_util::sync::CancellationToken;
 
@@ -167,32 +167,6 @@ fn start_agent(
         driver: support::bundles::no_modprobe(),
     };
     tokio::spawn(agent::run(cluster.client(), config, stop))
-}
-
-/// Whether `node` carries anything of ours: a label or annotation under the
-/// operator's prefixes, or one of its conditions.
-fn ours_on(node: &Value) -> Vec<String> {
-    let keys = |section: &str| {
-        node["metadata"][section]
-            .as_object()
-            .map(|m| m.keys().cloned().collect::<Vec<_>>())
-            .unwrap_or_default()
-    };
-    let mut found: Vec<String> = keys("labels")
-        .into_iter()
-        .chain(keys("annotations"))
-        .filter(|k| k.contains("amd.com") || k.starts_with("metricsexporter.amd.com"))
-        .collect();
-    found.extend(
-        node["status"]["conditions"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|c| c["type"].as_str())
-            .filter(|t| t.starts_with("AMDGPU"))
-            .map(str::to_owned),
-    );
-    found
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

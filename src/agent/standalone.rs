@@ -20,7 +20,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::node_services::{DiscoveryProgress, NodeServices};
-use super::select::{NodeContext, plan_services};
+use super::select::{DesiredServices, NodeContext, plan_services};
 use crate::api::{DeviceConfigSpec, parse_specs, validate};
 use crate::device::watch::{DeviceWatch, WatchConfig};
 use crate::events::{EventSink, EventType, NodeEvent};
@@ -248,13 +248,10 @@ pub async fn run_observed(
     if let Some(tests) = desired.test_runner.as_mut() {
         tests.commands = config.test_commands.clone();
     }
-    super::plan::hold_for_node_work(
+    hold_tests(
         &mut desired,
-        super::plan::NodeWork {
-            driver: report_rx.borrow_and_update().as_ref(),
-            load: driver_load.borrow().as_ref(),
-            partition: None,
-        },
+        report_rx.borrow_and_update().as_ref(),
+        driver_load.borrow().as_ref(),
     );
     let mut transitions = services.transitions();
     let mut plugin_status = services.plugin_status.clone();
@@ -359,13 +356,7 @@ pub async fn run_observed(
                     events.record(NodeEvent::agent(type_, action, reason, note)).await;
                 }
                 let report = report_rx.borrow().clone();
-                let work = super::plan::NodeWork {
-                    driver: report.as_ref(),
-                    load: load.as_ref(),
-                    partition: None,
-                };
-                if super::plan::hold_for_node_work(&mut desired, work) && progress.discovered
-                {
+                if hold_tests(&mut desired, report.as_ref(), load.as_ref()) && progress.discovered {
                     services.apply(desired.clone()).await;
                 }
             }
@@ -376,13 +367,7 @@ pub async fn run_observed(
                 }
                 let report = report_rx.borrow_and_update().clone();
                 let load = driver_load.borrow().clone();
-                let work = super::plan::NodeWork {
-                    driver: report.as_ref(),
-                    load: load.as_ref(),
-                    partition: None,
-                };
-                if super::plan::hold_for_node_work(&mut desired, work) && progress.discovered
-                {
+                if hold_tests(&mut desired, report.as_ref(), load.as_ref()) && progress.discovered {
                     services.apply(desired.clone()).await;
                 }
             }
@@ -448,6 +433,24 @@ fn discovery_events(
 
 /// The events file's note on a finished test case (its full result is in the
 /// test runner's log directory).
+/// Holds the tests while the driver is not ready for them (standalone has
+/// no partition changes of its own to hold anything else for). Whether
+/// `desired` changed.
+fn hold_tests(
+    desired: &mut DesiredServices,
+    report: Option<&crate::api::agent_status::DriverReport>,
+    load: Option<&crate::api::agent_status::DriverLoad>,
+) -> bool {
+    super::plan::hold_for_node_work(
+        desired,
+        super::plan::NodeWork {
+            driver: report,
+            load,
+            partition: None,
+        },
+    )
+}
+
 fn result_note(run: &LastRun) -> String {
     format!(
         "{} test {} on GPUs {:?}: {} after {:.1} s (details in the test runner's log directory)",

@@ -629,26 +629,21 @@ pub fn node_step(
             }
         }
         Phase::ResettingGpu => match answer_to(facts, run) {
-            Some(answer) if answer.not_run.is_some() => {
-                tested_nothing(&mut decision, run, answer);
-                moved(&mut next, Phase::Confirming);
-                next.test = None;
-                next.checks = 0;
-                next.last_check = None;
-                decision.wake = Some(policy.confirm.interval);
-                record.run = Some(next);
-            }
-            Some(answer) if answer.passed => {
-                decision.notes.push(Note {
-                    warning: false,
-                    reason: EVENT_STEP,
-                    message: format!(
-                        "{}: GPU {} was reset and passed its tests: {}",
-                        run.condition,
-                        run.gpu.as_deref().unwrap_or("?"),
-                        answer.message
-                    ),
-                });
+            Some(answer) if answer.not_run.is_some() || answer.passed => {
+                if answer.not_run.is_some() {
+                    tested_nothing(&mut decision, run, answer);
+                } else {
+                    decision.notes.push(Note {
+                        warning: false,
+                        reason: EVENT_STEP,
+                        message: format!(
+                            "{}: GPU {} was reset and passed its tests: {}",
+                            run.condition,
+                            run.gpu.as_deref().unwrap_or("?"),
+                            answer.message
+                        ),
+                    });
+                }
                 moved(&mut next, Phase::Confirming);
                 next.test = None;
                 next.checks = 0;

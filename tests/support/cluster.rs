@@ -234,3 +234,43 @@ impl Drop for NodeHistory {
         self.task.abort();
     }
 }
+
+/// Anything of the operator's on `node`: labels and annotations under its
+/// prefixes or node detection's, its AMDGPU conditions and its taints. What
+/// an uninstall must leave nothing of.
+pub fn ours_on(node: &Value) -> Vec<String> {
+    let keys = |section: &str| {
+        node["metadata"][section]
+            .as_object()
+            .map(|m| m.keys().cloned().collect::<Vec<_>>())
+            .unwrap_or_default()
+    };
+    let mut found: Vec<String> = keys("labels")
+        .into_iter()
+        .chain(keys("annotations"))
+        .filter(|k| {
+            k.contains("amd.com")
+                || k.starts_with("metricsexporter.amd.com")
+                || k.contains("feature.node.kubernetes.io/amd-")
+        })
+        .collect();
+    found.extend(
+        node["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|c| c["type"].as_str())
+            .filter(|t| t.starts_with("AMDGPU"))
+            .map(str::to_owned),
+    );
+    found.extend(
+        node["spec"]["taints"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|t| t["key"].as_str())
+            .filter(|k| k.contains("amd"))
+            .map(str::to_owned),
+    );
+    found
+}
