@@ -90,6 +90,14 @@ pub type Result<T, E = HostError> = std::result::Result<T, E>;
 pub trait AttrStore: Send + Sync + std::fmt::Debug {
     /// Stores `value` in the attribute at `host_path`.
     fn store(&self, host_path: &str, value: &str) -> Result<()>;
+
+    /// Makes the stores so far take effect where this store defers their
+    /// consequences: the simulated driver lays a host's partitions out once
+    /// per batch of mode writes, not once per write. The kernel's own
+    /// attributes take effect as they are written: nothing to do.
+    fn settle(&self) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// The real kernel's attributes under a host root.

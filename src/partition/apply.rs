@@ -108,7 +108,8 @@ pub async fn write_plan(
         return Err(ApplyError::Held(found.describe()));
     }
     let mut written = Vec::new();
-    for change in plan.changes() {
+    let mut failed = None;
+    'gpus: for change in plan.changes() {
         let dir = format!("/sys/bus/pci/devices/{}", change.bdf);
         let mut writes = Vec::new();
         if change.memory_changes() {
@@ -119,11 +120,39 @@ pub async fn write_plan(
         }
         for (path, value) in writes {
             tracing::info!(gpu = %change.bdf, %path, %value, "writing partition mode");
-            store_bounded(&store, &path, value, limits.write).await?;
+            if let Err(e) = store_bounded(&store, &path, value, limits.write).await {
+                failed = Some(e);
+                break 'gpus;
+            }
             written.push(path);
         }
     }
-    Ok(written)
+    // What was written takes effect, a failed change's part too: the
+    // layout must be what the modes say (a no-op for the kernel's sysfs).
+    if !written.is_empty() {
+        let settled = settle_bounded(&store, limits.write).await;
+        if failed.is_none() {
+            settled?;
+        }
+    }
+    failed.map_or(Ok(written), Err)
+}
+
+/// [`AttrStore::settle`] off the runtime, within `limit`.
+async fn settle_bounded(store: &Arc<dyn AttrStore>, limit: Duration) -> Result<(), ApplyError> {
+    let store = store.clone();
+    let work = tokio::task::spawn_blocking(move || store.settle());
+    let failed = |error: String| ApplyError::Write {
+        path: "the partition layout".to_owned(),
+        value: "the modes written".to_owned(),
+        error,
+    };
+    match tokio::time::timeout(limit, work).await {
+        Ok(Ok(Ok(()))) => Ok(()),
+        Ok(Ok(Err(e))) => Err(failed(e.to_string())),
+        Ok(Err(join)) => Err(failed(join.to_string())),
+        Err(_) => Err(failed(format!("did not finish within {limit:?}"))),
+    }
 }
 
 async fn store_bounded(

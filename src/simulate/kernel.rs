@@ -8,7 +8,11 @@
 //! - The mode the GPU already has is accepted and changes nothing.
 //! - A new compute mode re-creates the GPU's partitions: their DRM nodes,
 //!   platform devices and KFD topology nodes (the whole topology, with
-//!   `generation_id` bumped).
+//!   `generation_id` bumped). Here that happens when the writer settles
+//!   ([`AttrStore::settle`]), once for the modes written since, rather than
+//!   once per write: a profile writes up to two modes per GPU, and laying out
+//!   a 64-partition topology sixteen times took most of a minute on a disk.
+//!   A reader waiting for the new partitions sees the same end.
 //! - A new memory mode takes effect at once, as it does with a driver
 //!   reload (ROCm 6's amd-smi reloads the driver itself); a compute mode it
 //!   no longer runs with becomes the one with most partitions that it does,
@@ -22,11 +26,11 @@
 //! hive's memory mode is set per GPU here, not per hive.
 //!
 //! This module owns those semantics only; it writes through the simulator's
-//! layout ([`super::rewrite_partitions`]).
+//! layout ([`super::set_modes`], [`super::settle_partitions`]).
 
 use std::io;
 
-use super::{SimError, SimSpec, gpu_addresses, rewrite_partitions, spec_of};
+use super::{SimError, SimSpec, gpu_addresses, set_modes, settle_partitions, spec_of};
 use crate::device::modes;
 use crate::host::{AttrStore, HostError, HostRoot, Result};
 
@@ -121,7 +125,21 @@ impl AttrStore for SimulatedKernel {
         }
         let mut spec: SimSpec = spec;
         spec.gpu_partitions.insert(index, next);
-        rewrite_partitions(&self.host, &spec)
+        set_modes(&self.host, &spec, index)
+    }
+
+    /// Lays the partitions out for the modes written since the last time:
+    /// once per batch, where the driver re-lays them per write (readers
+    /// that wait for the new partitions see the same end; the work on a
+    /// disk is a fraction).
+    fn settle(&self) -> Result<()> {
+        settle_partitions(&self.host).map_err(|e| match e {
+            SimError::Host(e) => e,
+            other => HostError::Io {
+                path: self.host.root().to_path_buf(),
+                source: io::Error::other(other.to_string()),
+            },
+        })
     }
 }
 
@@ -155,6 +173,7 @@ mod tests {
         kernel
             .store(&attr(&bdfs[2], "current_compute_partition"), "CPX\n")
             .unwrap();
+        kernel.settle().unwrap();
         let after = discover(&host);
         assert!(after.warnings.is_empty(), "{:?}", after.warnings);
         let gpu = after.gpus.iter().find(|g| g.bdf == bdfs[2]).unwrap();
@@ -187,8 +206,106 @@ mod tests {
                 "spx",
             )
             .unwrap();
+        kernel.settle().unwrap();
         let back = discover(&host);
         assert_eq!(back.gpus, before.gpus, "back as it was");
+    }
+
+    /// Every file and link under the host root, with its contents (or
+    /// target), but the KFD topology, which the kernel rebuilds whole on any
+    /// change, and the simulator's own bookkeeping under `/sys/.gpu-operator-*`.
+    fn tree(host: &HostRoot) -> std::collections::BTreeMap<String, Vec<u8>> {
+        let mut out = std::collections::BTreeMap::new();
+        let mut stack = vec![host.root().to_path_buf()];
+        while let Some(dir) = stack.pop() {
+            for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+                let path = entry.path();
+                let rel = format!("/{}", path.strip_prefix(host.root()).unwrap().display());
+                if rel.starts_with("/sys/class/kfd") || rel.starts_with("/sys/.gpu-operator") {
+                    continue;
+                }
+                let kind = entry.file_type().unwrap();
+                if kind.is_symlink() {
+                    let target = std::fs::read_link(&path).unwrap();
+                    out.insert(rel, target.display().to_string().into_bytes());
+                } else if kind.is_dir() {
+                    stack.push(path);
+                } else {
+                    out.insert(rel, std::fs::read(&path).unwrap());
+                }
+            }
+        }
+        out
+    }
+
+    /// A mode write changes that GPU's files only: its attributes and
+    /// gpu_metrics, its partitions' DRM nodes and platform devices; nothing
+    /// of the other GPUs (the KFD topology aside, renumbered whole as the
+    /// kernel does).
+    #[test]
+    fn a_partition_write_changes_that_gpus_files_only() {
+        let (_dir, host, bdfs) = mi300x();
+        let kernel = SimulatedKernel::new(host.clone());
+        let before = tree(&host);
+        kernel
+            .store(&attr(&bdfs[2], "current_compute_partition"), "CPX")
+            .unwrap();
+        kernel.settle().unwrap();
+        let after = tree(&host);
+        let changed: Vec<&String> = before
+            .keys()
+            .chain(after.keys())
+            .filter(|k| before.get(*k) != after.get(*k))
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        assert!(!changed.is_empty());
+        // What belongs to the GPU: its own directory, and the DRM nodes and
+        // platform devices its partitions have after the write.
+        let gpu = discover(&host)
+            .gpus
+            .into_iter()
+            .find(|g| g.bdf == bdfs[2])
+            .unwrap();
+        let minors: Vec<String> = gpu
+            .partitions
+            .iter()
+            .flat_map(|p| {
+                [p.card, p.render_minor]
+                    .into_iter()
+                    .flatten()
+                    .map(|m| m.to_string())
+            })
+            .collect();
+        let platforms: Vec<&str> = gpu
+            .partitions
+            .iter()
+            .filter_map(|p| p.platform_device.as_deref())
+            .collect();
+        let its_own = |path: &str| {
+            path.contains(&bdfs[2])
+                || platforms.iter().any(|d| path.contains(&format!("/{d}")))
+                || minors.iter().any(|m| {
+                    path.ends_with(&format!("/card{m}"))
+                        || path.ends_with(&format!("/renderD{m}"))
+                        || path.contains(&format!("/card{m}/"))
+                        || path.contains(&format!("/renderD{m}/"))
+                })
+        };
+        let others: Vec<&&String> = changed.iter().filter(|p| !its_own(p)).collect();
+        assert!(
+            others.is_empty(),
+            "changed beyond GPU {}: {others:#?}",
+            bdfs[2]
+        );
+        for other in &bdfs {
+            if other != &bdfs[2] {
+                assert!(
+                    !changed.iter().any(|p| p.contains(other.as_str())),
+                    "{other} changed"
+                );
+            }
+        }
     }
 
     #[test]
@@ -212,6 +329,7 @@ mod tests {
         kernel
             .store(&attr(&bdfs[0], "current_memory_partition"), "NPS4")
             .unwrap();
+        kernel.settle().unwrap();
         let err = kernel
             .store(&attr(&bdfs[0], "current_compute_partition"), "SPX")
             .unwrap_err();
@@ -235,6 +353,7 @@ mod tests {
         kernel
             .store(&attr(&bdfs[1], "current_memory_partition"), "nps4")
             .unwrap();
+        kernel.settle().unwrap();
         let gpu = discover(&host)
             .gpus
             .into_iter()
@@ -250,6 +369,7 @@ mod tests {
         kernel
             .store(&attr(&bdfs[1], "current_memory_partition"), "NPS4")
             .unwrap();
+        kernel.settle().unwrap();
         assert_eq!(
             host.read_attr("/sys/class/kfd/kfd/topology/generation_id")
                 .unwrap(),
@@ -265,6 +385,7 @@ mod tests {
         kernel
             .store(&attr(&bdfs[0], "current_compute_partition"), "CPX")
             .unwrap();
+        kernel.settle().unwrap();
         let umc = host
             .read_string(format!(
                 "/sys/bus/pci/devices/{}/ras/umc_err_count",

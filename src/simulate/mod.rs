@@ -210,7 +210,7 @@ pub struct SimSummary {
 pub fn write_host(host: &HostRoot, spec: &SimSpec) -> Result<SimSummary, SimError> {
     check_target(host.root())?;
     clear_gpu_tree(host)?;
-    let mut w = Writer { host, files: 0 };
+    let mut w = Writer::new(host);
     w.file(
         MARKER,
         format!("{} {} gpus\n", spec.profile.name, spec.gpus),
@@ -222,8 +222,9 @@ pub fn write_host(host: &HostRoot, spec: &SimSpec) -> Result<SimSummary, SimErro
     }
     if spec.driver_loaded {
         write_driver(&mut w, &SimModule::default())?;
-        write_kfd(&mut w, spec, &layout, 1)?;
+        write_kfd(&mut w, spec, &layout, 1, KFD_TOPOLOGY)?;
     }
+    w.file(LAYOUT_MARKER, layout_key(spec))?;
     Ok(SimSummary {
         gpus: layout.gpus.len(),
         partitions: layout.gpus.iter().map(|g| g.nodes.len()).sum::<usize>(),
@@ -289,6 +290,53 @@ fn remove_xcp_devices(host: &HostRoot) -> Result<(), HostError> {
 
 const KFD_TOPOLOGY: &str = "/sys/class/kfd/kfd/topology";
 
+/// The partition modes the tree's partitions are laid out for, written with
+/// them: a mode write the simulated driver took is laid out once the writer
+/// settles ([`settle_partitions`]). Under `/sys`, which nothing lists.
+const LAYOUT_MARKER: &str = "/sys/.gpu-operator-simulate-layout";
+/// Where a new KFD topology is written before it replaces the live one in
+/// one rename, and where the old one goes to be removed.
+const KFD_NEXT: &str = "/sys/.gpu-operator-simulate-kfd-next";
+const KFD_TRASH: &str = "/sys/.gpu-operator-simulate-kfd-trash";
+
+/// Every GPU's partition modes, as [`LAYOUT_MARKER`] records them.
+fn layout_key(spec: &SimSpec) -> String {
+    let modes: Vec<String> = (0..gpu_addresses(spec).len())
+        .map(|i| {
+            spec.modes(i)
+                .map(|(c, m)| format!("{c}_{m}"))
+                .unwrap_or_else(|| "-".to_owned())
+        })
+        .collect();
+    format!("{}\n", modes.join(" "))
+}
+
+/// Records a mode write the simulated driver took: the GPU's
+/// `current_*_partition` attributes. Its partitions follow when the writer
+/// settles ([`settle_partitions`]).
+pub(crate) fn set_modes(host: &HostRoot, spec: &SimSpec, index: usize) -> Result<(), HostError> {
+    let mut w = Writer::new(host);
+    let dir = pci_dir(&gpu_addresses(spec)[index]);
+    for (name, value) in partition_attrs(spec, index) {
+        if name.starts_with("current_") {
+            w.file(format!("{dir}/{name}"), format!("{value}\n"))?;
+        }
+    }
+    Ok(())
+}
+
+/// Lays the partitions out for the modes the GPUs' attributes say, when the
+/// tree is not laid out for them yet: once per batch of mode writes, as a
+/// reader waiting for the new partitions sees it.
+pub(crate) fn settle_partitions(host: &HostRoot) -> Result<(), SimError> {
+    let spec = spec_of(host)?;
+    if host.read_string(LAYOUT_MARKER).ok().as_deref() == Some(layout_key(&spec).as_str()) {
+        return Ok(());
+    }
+    rewrite_partitions(host, &spec)?;
+    Ok(())
+}
+
 /// Re-creates what a partition change replaces, as the driver does after it
 /// switched: every GPU's partition DRM nodes and platform devices, its
 /// partition modes, its `gpu_metrics` (which has a row per partition) and the
@@ -312,8 +360,7 @@ pub(crate) fn rewrite_partitions(host: &HostRoot, spec: &SimSpec) -> Result<(), 
         .and_then(|g| g.parse::<u64>().ok())
         .unwrap_or(0)
         + 1;
-    host.remove_all(KFD_TOPOLOGY)?;
-    let mut w = Writer { host, files: 0 };
+    let mut w = Writer::new(host);
     for gpu in &layout.gpus {
         let dir = pci_dir(&gpu.bdf);
         w.attrs(&dir, &partition_attrs(spec, gpu.index))?;
@@ -323,7 +370,49 @@ pub(crate) fn rewrite_partitions(host: &HostRoot, spec: &SimSpec) -> Result<(), 
         }
         write_drm_nodes(&mut w, spec, gpu)?;
     }
-    write_kfd(&mut w, spec, &layout, generation)
+    replace_kfd(host, spec, &layout, generation)?;
+    w.file(LAYOUT_MARKER, layout_key(spec))
+}
+
+/// Replaces the live KFD topology with one for `layout`, as the driver
+/// re-creates it: written whole where no reader looks, then put in place
+/// with one rename, so that a reader sees the old topology or the new one.
+/// The old tree is removed on a thread of its own (a topology of 64
+/// partitions is thousands of files: on a disk, the removal is what costs),
+/// and whatever an earlier process left of one before the next replacement.
+fn replace_kfd(
+    host: &HostRoot,
+    spec: &SimSpec,
+    layout: &Layout,
+    generation: u64,
+) -> Result<(), HostError> {
+    host.remove_all(KFD_NEXT)?;
+    let next = format!("{KFD_NEXT}/topology");
+    let mut staged = Writer {
+        fresh: true,
+        ..Writer::new(host)
+    };
+    write_kfd(&mut staged, spec, layout, generation, &next)?;
+    let trash = format!("{KFD_TRASH}/{}-{generation}", std::process::id());
+    host.create_dir_all(KFD_TRASH)?;
+    if host.exists(KFD_TOPOLOGY) {
+        host.rename(KFD_TOPOLOGY, &trash)?;
+    }
+    host.create_dir_all("/sys/class/kfd/kfd")?;
+    host.rename(&next, KFD_TOPOLOGY)?;
+    let trash_dir = host.path(KFD_TRASH);
+    // Detached: the tree is out of every reader's way already, and a process
+    // that ends first leaves the rest to the next replacement.
+    std::thread::spawn(move || {
+        for entry in std::fs::read_dir(&trash_dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    });
+    Ok(())
 }
 
 /// The spec of the simulated host under `host` as its tree shows it now:
@@ -370,15 +459,30 @@ pub fn gpu_addresses(spec: &SimSpec) -> Vec<String> {
 struct Writer<'a> {
     host: &'a HostRoot,
     files: usize,
+    /// Writes into a tree no reader sees yet (a staged KFD topology): each
+    /// file written as it is, without the staging and rename that keeps a
+    /// live file whole.
+    fresh: bool,
 }
 
-impl Writer<'_> {
+impl<'a> Writer<'a> {
+    fn new(host: &'a HostRoot) -> Self {
+        Self {
+            host,
+            files: 0,
+            fresh: false,
+        }
+    }
+
     fn file(
         &mut self,
         path: impl AsRef<Path>,
         contents: impl AsRef<[u8]>,
     ) -> Result<(), HostError> {
         self.files += 1;
+        if self.fresh {
+            return self.host.write(path, contents);
+        }
         write_atomic(self.host, path, contents)
     }
 
@@ -1154,14 +1258,11 @@ fn write_kfd(
     spec: &SimSpec,
     layout: &Layout,
     generation: u64,
+    topo: &str,
 ) -> Result<(), HostError> {
     let profile = spec.profile;
     let model = &profile.model;
-    w.file(
-        format!("{KFD_TOPOLOGY}/generation_id"),
-        format!("{generation}\n"),
-    )?;
-    let topo = KFD_TOPOLOGY;
+    w.file(format!("{topo}/generation_id"), format!("{generation}\n"))?;
     w.file(
         format!("{topo}/system_properties"),
         "platform_oem 0\nplatform_id 0\nplatform_rev 0\n",
