@@ -35,7 +35,16 @@ fn missing(gpu: &GpuReadings, scope: Scope) -> Vec<&'static str> {
         ),
         ("pcie speed", gpu.pcie.speed_gts.is_some()),
         ("pcie width", gpu.pcie.width.is_some()),
-        ("ecc blocks", gpu.ecc.len() == simulate::RAS_BLOCKS.len()),
+        (
+            "ecc blocks",
+            gpu.ecc.len()
+                == SimSpec::new("mi300x", None, None)
+                    .unwrap()
+                    .profile
+                    .model
+                    .ras_blocks
+                    .len(),
+        ),
     ];
     if scope == Scope::Full {
         checks.extend([

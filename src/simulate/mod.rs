@@ -790,12 +790,27 @@ fn write_telemetry(
             ("pcie_replay_count", "0".into()),
         ],
     )?;
-    for block in RAS_BLOCKS {
-        let deferred = (model.ras_deferred && block == "umc").then_some(0);
+    for block in model.ras_blocks {
         w.file(
             format!("{dir}/ras/{block}_err_count"),
-            ras_counts(0, 0, deferred),
+            ras_counts(0, 0, deferred_line(block)),
         )?;
+    }
+    let clocks = &model.clocks;
+    let tables = [
+        ("pp_dpm_mclk", Some(clocks.mclk)),
+        ("pp_dpm_socclk", Some(clocks.socclk)),
+        ("pp_dpm_fclk", Some(clocks.fclk)),
+        ("pp_dpm_vclk", Some(clocks.vclk)),
+        ("pp_dpm_dclk", Some(clocks.dclk)),
+        ("pp_dpm_vclk1", clocks.vclk1),
+        ("pp_dpm_dclk1", clocks.dclk1),
+    ];
+    for (file, table) in tables {
+        if let Some(table) = table {
+            let text = dpm_text(table.levels_mhz, table.current);
+            w.file(format!("{dir}/{file}"), format!("{text}\n"))?;
+        }
     }
     // The hwmon class device, linked from /sys/class/hwmon as the kernel does;
     // its attributes are amdgpu's (millidegrees, microwatts, hertz).
@@ -840,16 +855,22 @@ fn write_telemetry(
 /// The simulated power cap (microwatts), above the highest simulated draw.
 const POWER_CAP_UW: u64 = 750_000_000;
 
-/// RAS blocks with an `<block>_err_count` file.
-pub const RAS_BLOCKS: [&str; 7] = [
-    "umc",
-    "sdma",
-    "gfx",
-    "mmhub",
-    "pcie_bif",
-    "hdp",
-    "xgmi_wafl",
-];
+/// Whether a RAS block's file has the `de:` line: `amdgpu_ras_sysfs_read`
+/// writes deferred errors for UMC only, on every ASIC.
+fn deferred_line(block: &str) -> Option<u64> {
+    (block == "umc").then_some(0)
+}
+
+/// A `pp_dpm_*` file's text: `N: <MHz>Mhz`, one level a line, the current
+/// one marked `*`.
+fn dpm_text(levels_mhz: &[u64], current: usize) -> String {
+    levels_mhz
+        .iter()
+        .enumerate()
+        .map(|(i, mhz)| format!("{i}: {mhz}Mhz{}", if i == current { " *" } else { "" }))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
 
 /// The load wave every moving value follows: 0 to 1, per GPU and tick.
 fn load(index: usize, tick: u64) -> f64 {
@@ -865,9 +886,6 @@ fn edge_millidegrees(load: f64) -> u64 {
 fn power_microwatts(load: f64) -> u64 {
     140_000_000 + (load * 550_000_000.0) as u64
 }
-
-/// The `pp_dpm_sclk` levels (MHz) and the current one.
-const SCLK_MHZ: [u64; 3] = [500, 1500, 2100];
 
 fn sclk_level(load: f64) -> usize {
     ((load * 2.99) as usize).min(2)
@@ -886,7 +904,12 @@ fn gpu_metrics_blob(model: &GpuModel, index: usize, partitions: u32, tick: u64) 
     let load = load(index, tick);
     let edge = edge_millidegrees(load) / 1000;
     let watts = power_microwatts(load) / 1_000_000;
-    let sclk = SCLK_MHZ[sclk_level(load)];
+    let clocks = &model.clocks;
+    let sclk = clocks.sclk_mhz[sclk_level(load)];
+    let (uclk, socclk) = (clocks.mclk.current_mhz(), clocks.socclk.current_mhz());
+    let (vclk, dclk) = (clocks.vclk.current_mhz(), clocks.dclk.current_mhz());
+    let vclk1 = clocks.vclk1.map_or(vclk, |t| t.current_mhz());
+    let dclk1 = clocks.dclk1.map_or(dclk, |t| t.current_mhz());
     let busy = (load * 100.0).round() as u64;
     let instinct = model.gfx_target_version < 100000;
     // Link speed in 0.1 GT/s, from "32.0 GT/s PCIe".
@@ -916,16 +939,12 @@ fn gpu_metrics_blob(model: &GpuModel, index: usize, partitions: u32, tick: u64) 
             "system_clock_counter" => tick * 1_000_000_000 + 1,
             "firmware_timestamp" => tick * 100_000_000 + 1,
             "average_gfxclk_frequency" | "current_gfxclk" => sclk,
-            "average_socclk_frequency" | "current_socclk" => 1143,
-            "average_uclk_frequency" | "current_uclk" => 1300,
-            "average_vclk0_frequency"
-            | "average_vclk1_frequency"
-            | "current_vclk0"
-            | "current_vclk1" => 1000,
-            "average_dclk0_frequency"
-            | "average_dclk1_frequency"
-            | "current_dclk0"
-            | "current_dclk1" => 800,
+            "average_socclk_frequency" | "current_socclk" => socclk,
+            "average_uclk_frequency" | "current_uclk" => uclk,
+            "average_vclk0_frequency" | "current_vclk0" => vclk,
+            "average_vclk1_frequency" | "current_vclk1" => vclk1,
+            "average_dclk0_frequency" | "current_dclk0" => dclk,
+            "average_dclk1_frequency" | "current_dclk1" => dclk1,
             "throttle_status" | "indep_throttle_status" | "gfxclk_lock_status" => 0,
             // Instinct parts are passively cooled: no fan.
             "current_fan_speed" if !instinct => 1500 + (load * 1000.0) as u64,
@@ -935,9 +954,11 @@ fn gpu_metrics_blob(model: &GpuModel, index: usize, partitions: u32, tick: u64) 
             "xgmi_link_speed" if instinct => 32,
             "gfx_activity_acc" => tick * 50,
             "mem_activity_acc" => tick * 30,
-            "voltage_soc" => 900,
-            "voltage_gfx" => 800 + (load * 200.0) as u64,
-            "voltage_mem" => 1200,
+            // Navi SMUs report the rails' voltages; aldebaran and MI300
+            // leave them unset.
+            "voltage_soc" if !instinct => 900,
+            "voltage_gfx" if !instinct => 800 + (load * 200.0) as u64,
+            "voltage_mem" if !instinct => 1200,
             "mem_max_bandwidth" => 5300,
             "accumulation_counter" => tick * 100 + 1,
             "prochot_residency_acc" | "vr_thm_residency_acc" | "hbm_thm_residency_acc" => 0,
@@ -990,13 +1011,9 @@ fn dynamic_telemetry(model: &GpuModel, index: usize, tick: u64) -> Vec<(String, 
     let edge = edge_millidegrees(load);
     let power = power_microwatts(load);
     let level = sclk_level(load);
-    let sclk_mhz = SCLK_MHZ[level];
-    let sclk = SCLK_MHZ
-        .iter()
-        .enumerate()
-        .map(|(i, mhz)| format!("{i}: {mhz}Mhz{}", if i == level { " *" } else { "" }))
-        .collect::<Vec<_>>()
-        .join("\n");
+    let sclk_levels = model.clocks.sclk_mhz;
+    let sclk_mhz = sclk_levels[level];
+    let sclk = dpm_text(&sclk_levels, level);
     let hwmon = format!("hwmon/hwmon{index}");
     vec![
         (
@@ -1014,7 +1031,6 @@ fn dynamic_telemetry(model: &GpuModel, index: usize, tick: u64) -> Vec<(String, 
             ((16u64 << 20) + (load * (1u64 << 30) as f64) as u64).to_string(),
         ),
         ("pp_dpm_sclk".into(), sclk),
-        ("pp_dpm_mclk".into(), "0: 900Mhz\n1: 1300Mhz *".into()),
         (
             format!("{hwmon}/freq1_input"),
             (sclk_mhz * 1_000_000).to_string(),
@@ -1076,12 +1092,17 @@ pub fn set_ecc_counts_with_deferred(
     block: &str,
     [uncorrectable, correctable, deferred]: [u64; 3],
 ) -> Result<(), SimError> {
-    let text = ras_counts(uncorrectable, correctable, Some(deferred));
-    write_atomic(host, ras_path(bdf, block), text)?;
-    Ok(())
+    write_ras(
+        host,
+        bdf,
+        block,
+        Some(deferred),
+        [uncorrectable, correctable],
+    )
 }
 
-/// Sets a GPU's RAS error counters for one block, as the kernel reports them.
+/// Sets a GPU's RAS error counters for one block, as the kernel reports them
+/// (UMC's with `de: 0`).
 pub fn set_ecc_counts(
     host: &HostRoot,
     bdf: &str,
@@ -1089,13 +1110,56 @@ pub fn set_ecc_counts(
     uncorrectable: u64,
     correctable: u64,
 ) -> Result<(), SimError> {
-    let text = ras_counts(uncorrectable, correctable, None);
-    write_atomic(host, ras_path(bdf, block), text)?;
+    write_ras(
+        host,
+        bdf,
+        block,
+        deferred_line(block),
+        [uncorrectable, correctable],
+    )
+}
+
+fn write_ras(
+    host: &HostRoot,
+    bdf: &str,
+    block: &str,
+    deferred: Option<u64>,
+    [uncorrectable, correctable]: [u64; 2],
+) -> Result<(), SimError> {
+    let path = format!("{}/ras/{block}_err_count", pci_dir(bdf));
+    write_atomic(host, path, ras_counts(uncorrectable, correctable, deferred))?;
     Ok(())
 }
 
-fn ras_path(bdf: &str, block: &str) -> String {
-    format!("{}/ras/{block}_err_count", pci_dir(bdf))
+/// KFD's view of one process, as `kfd_process.c` lays it out under
+/// `/sys/class/kfd/kfd/proc/<pid>`: a queue on each of `nodes` (KFD
+/// topology node ids) and, per node, `stats_<gpu_id>/cu_occupancy` (the
+/// compute units its waves occupy now) and `evicted_ms`.
+pub fn add_kfd_process(host: &HostRoot, pid: u32, nodes: &[(u32, u32)]) -> Result<(), SimError> {
+    let proc = format!("/sys/class/kfd/kfd/proc/{pid}");
+    write_atomic(
+        host,
+        format!("{proc}/pasid"),
+        format!("{}\n", 32768 + pid % 32768),
+    )?;
+    for (queue, (node, cu_occupancy)) in nodes.iter().enumerate() {
+        let gpu_id = host.read_attr(format!("{KFD_TOPOLOGY}/nodes/{node}/gpu_id"))?;
+        write_atomic(
+            host,
+            format!("{proc}/queues/{queue}/gpuid"),
+            format!("{gpu_id}\n"),
+        )?;
+        write_atomic(host, format!("{proc}/queues/{queue}/size"), "1048576\n")?;
+        let stats = format!("{proc}/stats_{gpu_id}");
+        write_atomic(
+            host,
+            format!("{stats}/cu_occupancy"),
+            format!("{cu_occupancy}\n"),
+        )?;
+        write_atomic(host, format!("{stats}/evicted_ms"), "0\n")?;
+        write_atomic(host, format!("{proc}/vram_{gpu_id}"), "0\n")?;
+    }
+    Ok(())
 }
 
 /// `ras/<block>_err_count` as `amdgpu_ras.c` writes it: `ue:` and `ce:`,
@@ -1307,7 +1371,7 @@ fn write_kfd(
                 ("unique_id", gpu.unique_id),
                 ("num_xcc", u64::from(8 / per_gpu.min(8))),
                 ("local_mem_size", 0),
-                ("max_engine_clk_fcompute", 2100),
+                ("max_engine_clk_fcompute", model.clocks.sclk_mhz[2]),
             ] {
                 let _ = writeln!(props, "{key} {value}");
             }
@@ -1320,8 +1384,9 @@ fn write_kfd(
             w.file(
                 format!("{dir}/mem_banks/0/properties"),
                 format!(
-                    "heap_type 1\nsize_in_bytes {}\nflags 0\nwidth 8192\nmem_clk_max 1300\n",
-                    model.vram_bytes / u64::from(per_gpu)
+                    "heap_type 1\nsize_in_bytes {}\nflags 0\nwidth 8192\nmem_clk_max {}\n",
+                    model.vram_bytes / u64::from(per_gpu),
+                    model.clocks.mclk.levels_mhz.last().copied().unwrap_or(0),
                 ),
             )?;
             for (kind, list) in [("io_links", io_links), ("p2p_links", p2p_links)] {
@@ -1377,6 +1442,80 @@ fn links(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What a real board of each model has: its RAS blocks' files, the DPM
+    /// clock tables, and a part number the reference's dashboards select.
+    #[test]
+    fn boards_have_their_ras_blocks_clock_tables_and_part_numbers() {
+        for (profile, bus, part, blocks) in [
+            ("mi300x", "05", "102-G30211-00", profiles::MI300_RAS_BLOCKS),
+            ("mi210", "03", "102-D67305-00", profiles::MI200_RAS_BLOCKS),
+            ("mi250x", "c1", "102-D65200-0A", profiles::MI200_RAS_BLOCKS),
+        ] {
+            let dir = tempfile::tempdir().unwrap();
+            let host = HostRoot::new(dir.path());
+            write_host(&host, &SimSpec::new(profile, Some(1), None).unwrap()).unwrap();
+            let dev = format!("/sys/devices/pci0000:00/0000:{bus}:00.0");
+            assert_eq!(
+                host.read_attr(format!("{dev}/product_number")).unwrap(),
+                part
+            );
+            let mut written: Vec<String> = host
+                .list_dir_or_empty(format!("{dev}/ras"))
+                .unwrap()
+                .into_iter()
+                .filter_map(|f| f.strip_suffix("_err_count").map(str::to_owned))
+                .collect();
+            written.sort();
+            let mut expected: Vec<&str> = blocks.to_vec();
+            expected.sort();
+            assert_eq!(written, expected, "{profile}");
+            for file in [
+                "pp_dpm_sclk",
+                "pp_dpm_mclk",
+                "pp_dpm_socclk",
+                "pp_dpm_fclk",
+                "pp_dpm_vclk",
+                "pp_dpm_dclk",
+            ] {
+                let text = host.read_string(format!("{dev}/{file}")).unwrap();
+                assert_eq!(text.matches('*').count(), 1, "{profile} {file}: {text}");
+            }
+        }
+        // The dashboards' MI300 and MI200 lists.
+        assert!(
+            "102-G30211-00|102-G30211-0C|102-G30211-4C|102-G30212-0C|102-G30213-00"
+                .split('|')
+                .any(|p| Some(p) == profiles::find("mi300x").unwrap().model.product_number)
+        );
+        assert!(
+            "102-D65208-0C|102-D67305-00|102-D65209-0C"
+                .split('|')
+                .any(|p| Some(p) == profiles::find("mi210").unwrap().model.product_number)
+        );
+    }
+
+    #[test]
+    fn a_kfd_process_is_laid_out_as_the_kernel_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let host = HostRoot::new(dir.path());
+        write_host(&host, &SimSpec::new("mi210", Some(2), None).unwrap()).unwrap();
+        let node = 3;
+        let gpu_id = host
+            .read_attr(format!("{KFD_TOPOLOGY}/nodes/{node}/gpu_id"))
+            .unwrap();
+        add_kfd_process(&host, 4242, &[(node, 26)]).unwrap();
+        let proc = "/sys/class/kfd/kfd/proc/4242";
+        assert_eq!(
+            host.read_attr(format!("{proc}/queues/0/gpuid")).unwrap(),
+            gpu_id
+        );
+        assert_eq!(
+            host.read_attr(format!("{proc}/stats_{gpu_id}/cu_occupancy"))
+                .unwrap(),
+            "26"
+        );
+    }
 
     #[test]
     fn partition_strings_are_checked() {
@@ -1628,7 +1767,14 @@ mod tests {
         assert_eq!(
             host.read_string("/sys/devices/pci0000:00/0000:03:00.0/ras/umc_err_count")
                 .unwrap(),
-            "ue: 2\nce: 5\n"
+            "ue: 2\nce: 5\nde: 0\n",
+            "UMC's file has the deferred line"
+        );
+        set_ecc_counts(&host, "0000:03:00.0", "gfx", 1, 0).unwrap();
+        assert_eq!(
+            host.read_string("/sys/devices/pci0000:00/0000:03:00.0/ras/gfx_err_count")
+                .unwrap(),
+            "ue: 1\nce: 0\n"
         );
         let file = "/sys/devices/pci0000:00/0000:03:00.0/current_link_speed";
         hang_file(&host, file).unwrap();

@@ -13,7 +13,9 @@ pub struct GpuModel {
     /// `None` for SR-IOV virtual functions, which have no `product_name` file.
     pub product_name: Option<&'static str>,
     /// The board's part number (`product_number`), read from the same FRU
-    /// EEPROM as `product_name`, with `manufacturer` beside it; made up here.
+    /// EEPROM as `product_name`, with `manufacturer` beside it: one a real
+    /// board of the model carries where we know it (AMD's Grafana dashboards
+    /// select boards by these numbers), else made up.
     pub product_number: Option<&'static str>,
     pub gfx_target_version: u32,
     pub cu_count: u32,
@@ -32,11 +34,130 @@ pub struct GpuModel {
     /// for this part writes; `None` where the file is absent (an SR-IOV
     /// guest has no access to the SMU).
     pub gpu_metrics: Option<(u8, u8)>,
-    /// The kernel collects this part's RAS errors through ACA, and UMC's
-    /// `ras/umc_err_count` has a third line, `de:` (deferred errors), as
-    /// `amdgpu_ras.c` writes it for MI300.
-    pub ras_deferred: bool,
+    /// The RAS blocks with a `ras/<name>_err_count` file: those the kernel
+    /// registers for this ASIC's IP blocks (see [`MI300_RAS_BLOCKS`],
+    /// [`MI200_RAS_BLOCKS`]).
+    pub ras_blocks: &'static [&'static str],
+    /// The `pp_dpm_*` clock tables.
+    pub clocks: Clocks,
 }
+
+/// One `pp_dpm_<clock>` file: its levels (MHz, ascending) and the current one.
+#[derive(Clone, Copy, Debug)]
+pub struct DpmTable {
+    pub levels_mhz: &'static [u64],
+    pub current: usize,
+}
+
+impl DpmTable {
+    pub fn current_mhz(&self) -> u64 {
+        self.levels_mhz[self.current]
+    }
+}
+
+/// A model's DPM clock tables. `pp_dpm_sclk` moves with the load (its
+/// current level is the simulated load's); the others stay where they are.
+#[derive(Clone, Copy, Debug)]
+pub struct Clocks {
+    /// GFX clock levels: the minimum, a middle level and the maximum, as
+    /// fine-grained DPM parts (MI200, MI300) print them.
+    pub sclk_mhz: [u64; 3],
+    pub mclk: DpmTable,
+    pub socclk: DpmTable,
+    pub fclk: DpmTable,
+    pub vclk: DpmTable,
+    pub dclk: DpmTable,
+    /// The second VCN's clocks (`pp_dpm_vclk1`, `pp_dpm_dclk1`), on parts
+    /// with two VCN instances of their own clock (Navi3x).
+    pub vclk1: Option<DpmTable>,
+    pub dclk1: Option<DpmTable>,
+}
+
+/// RAS blocks of GC 9.4.3 (MI300): each IP block that registers one with
+/// `amdgpu_ras_register_ras_block` there (`gfx_v9_4_3`, `sdma_v4_4_2`,
+/// `mmhub_v1_8`, `umc_v12_0`, `hdp_v4_0` through `gmc_v9_0`, XGMI, and
+/// `vcn_v4_0_3`/`jpeg_v4_0_3`), and `pcie_bif` from `nbio_v7_9_ras`, which
+/// `amdgpu_ras_init` sets for NBIO 7.9 on a dGPU. The sysfs file is named
+/// after the block (`amdgpu_ras_sysfs_create`: `<name>_err_count`). Blocks
+/// of `ras_block_string[]` that no IP of this ASIC registers (athub, df, smn,
+/// sem, mp0, mp1, fuse, mca, ih, mpio) have no file.
+pub const MI300_RAS_BLOCKS: &[&str] = &[
+    "umc",
+    "sdma",
+    "gfx",
+    "mmhub",
+    "pcie_bif",
+    "hdp",
+    "xgmi_wafl",
+    "vcn",
+    "jpeg",
+];
+
+/// RAS blocks of aldebaran (MI200: MI210, MI250X): as GC 9.4.3's with
+/// `pcie_bif` from `nbio_v7_4_ras`, VCN/JPEG from `vcn_v2_6`/`jpeg_v2_6`
+/// (`amdgpu_ras_check_supported` enables both for VCN 2.6.0), and the three
+/// MCA banks `gmc_v9_0` registers for UMC 6.7 (`mca_v3_0`), which
+/// `amdgpu_mca.c` names `mca.mp0`, `mca.mp1` and `mca.mpio`.
+pub const MI200_RAS_BLOCKS: &[&str] = &[
+    "umc",
+    "sdma",
+    "gfx",
+    "mmhub",
+    "pcie_bif",
+    "hdp",
+    "xgmi_wafl",
+    "mca.mp0",
+    "mca.mp1",
+    "mca.mpio",
+    "vcn",
+    "jpeg",
+];
+
+const fn dpm(levels_mhz: &'static [u64], current: usize) -> DpmTable {
+    DpmTable {
+        levels_mhz,
+        current,
+    }
+}
+
+/// MI300X: GFX 500 to 2100 MHz (KFD's `max_engine_clk_fcompute`), HBM3
+/// 900 to 1300 MHz (rocm-smi's `--showmclkrange` on MI300); the SoC, fabric
+/// and video tables are illustrative.
+const MI300_CLOCKS: Clocks = Clocks {
+    sclk_mhz: [500, 1500, 2100],
+    mclk: dpm(&[900, 1100, 1200, 1300], 3),
+    socclk: dpm(&[500, 1143, 1200], 1),
+    fclk: dpm(&[1200, 1400, 1600, 1900], 3),
+    vclk: dpm(&[914, 1000, 1333], 1),
+    dclk: dpm(&[711, 800, 1143], 1),
+    vclk1: None,
+    dclk1: None,
+};
+
+/// MI200: GFX 500 to 1700 MHz and HBM2e 400 to 1600 MHz, as rocm-smi shows
+/// an MI250X's valid ranges; the others illustrative.
+const MI200_CLOCKS: Clocks = Clocks {
+    sclk_mhz: [500, 1300, 1700],
+    mclk: dpm(&[400, 700, 1200, 1600], 3),
+    socclk: dpm(&[500, 1000, 1143], 2),
+    fclk: dpm(&[400, 800, 1200, 1600], 3),
+    vclk: dpm(&[400, 1000, 1300], 1),
+    dclk: dpm(&[400, 800, 1133], 1),
+    vclk1: None,
+    dclk1: None,
+};
+
+/// Navi31 (illustrative): two VCNs with clocks of their own.
+const NAVI31_CLOCKS: Clocks = Clocks {
+    sclk_mhz: [500, 1500, 2500],
+    mclk: dpm(&[96, 456, 772, 1124], 3),
+    socclk: dpm(&[500, 1143, 1200], 1),
+    fclk: dpm(&[500, 1400, 1900], 2),
+    vclk: dpm(&[500, 1000, 1500], 1),
+    dclk: dpm(&[500, 800, 1100], 1),
+    vclk1: Some(dpm(&[500, 1000, 1500], 1)),
+    dclk1: Some(dpm(&[500, 800, 1100], 1)),
+};
 
 /// How the GPUs of a host are joined.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -70,7 +191,9 @@ const MI300X: GpuModel = GpuModel {
     revision: 0x00,
     subsystem_device: 0x74a1,
     product_name: Some("AMD Instinct MI300X"),
-    product_number: Some("102-G30200-0A"),
+    // An MI300X OAM board (amd-smi's model number), one of the MI300 part
+    // numbers the reference's dashboards select by `card_model`.
+    product_number: Some("102-G30211-00"),
     gfx_target_version: 90402,
     cu_count: 304,
     simd_per_cu: 4,
@@ -90,7 +213,8 @@ const MI300X: GpuModel = GpuModel {
     // smu_v13_0_6 writes v1.8 since the below-host-limit counters (after v1.4
     // to v1.7 on earlier kernels).
     gpu_metrics: Some((1, 8)),
-    ras_deferred: true,
+    ras_blocks: MI300_RAS_BLOCKS,
+    clocks: MI300_CLOCKS,
 };
 
 impl GpuModel {
@@ -139,7 +263,8 @@ pub const PROFILES: &[Profile] = &[
             firmware: &[("mec", 95), ("sdma", 9), ("rlc", 17), ("smc", 0x0044_3800)],
             // aldebaran (SMU 13.0.2) writes v1.3.
             gpu_metrics: Some((1, 3)),
-            ras_deferred: false,
+            ras_blocks: MI200_RAS_BLOCKS,
+            clocks: MI200_CLOCKS,
         },
         default_gpus: 8,
         max_gpus: 8,
@@ -156,7 +281,9 @@ pub const PROFILES: &[Profile] = &[
             revision: 0x02,
             subsystem_device: 0x0c34,
             product_name: Some("AMD Instinct MI210"),
-            product_number: Some("102-D67300-0A"),
+            // The MI210 board number of the reference dashboards' MI200 list
+            // (`102-D65208-0C|102-D67305-00|102-D65209-0C`).
+            product_number: Some("102-D67305-00"),
             gfx_target_version: 90010,
             cu_count: 104,
             simd_per_cu: 4,
@@ -168,7 +295,8 @@ pub const PROFILES: &[Profile] = &[
             max_link_width: 16,
             firmware: &[("mec", 92), ("sdma", 9), ("rlc", 17), ("smc", 0x0044_3b00)],
             gpu_metrics: Some((1, 3)),
-            ras_deferred: false,
+            ras_blocks: MI200_RAS_BLOCKS,
+            clocks: MI200_CLOCKS,
         },
         default_gpus: 4,
         max_gpus: 8,
@@ -205,7 +333,18 @@ pub const PROFILES: &[Profile] = &[
             ],
             // Navi31's SMU 13.0.0 writes v1.3.
             gpu_metrics: Some((1, 3)),
-            ras_deferred: false,
+            // Not checked against the kernel for Navi31: the blocks the
+            // simulator has always written.
+            ras_blocks: &[
+                "umc",
+                "sdma",
+                "gfx",
+                "mmhub",
+                "pcie_bif",
+                "hdp",
+                "xgmi_wafl",
+            ],
+            clocks: NAVI31_CLOCKS,
         },
         default_gpus: 1,
         max_gpus: 4,

@@ -169,7 +169,7 @@ async fn mi300x_scrape_is_valid_and_has_one_series_per_gpu() {
     assert!((35.0..=65.0).contains(value), "{value}");
     for (key, expected) in [
         // The board's part number, as amd-smi's model number.
-        ("card_model", "102-G30200-0A"),
+        ("card_model", "102-G30211-00"),
         ("deployment_mode", "baremetal"),
         ("job_id", ""),
         ("hostname", "node-1"),
@@ -478,7 +478,7 @@ async fn values_change_when_telemetry_moves() {
 
 #[tokio::test]
 async fn deferred_ecc_errors_are_exported_where_the_kernel_reports_them() {
-    // MI300 kernels add `de:` to UMC's counts; MI210's do not.
+    // Kernels add `de:` to UMC's counts (every ASIC); older ones did not.
     let sim = simulated("mi300x", None);
     let mut running = start(&sim, config(&sim), None).await;
     let before = running.scrape().await;
@@ -494,11 +494,15 @@ async fn deferred_ecc_errors_are_exported_where_the_kernel_reports_them() {
     assert_eq!(value_of(&after, "gpu_ecc_deferred_umc", "1"), Some(0.0));
 
     let older = simulated("mi210", None);
+    // The file as kernels before the `de:` line wrote it.
+    let umc = "/sys/bus/pci/devices/0000:03:00.0/ras/umc_err_count";
+    simulate::write_atomic(&older.host, umc, "ue: 0\nce: 2\n").unwrap();
     let running = start(&older, config(&older), None).await;
     let text = running.scrape().await;
-    assert!(!series(&text, "gpu_ecc_correct_umc").is_empty());
-    assert!(series(&text, "gpu_ecc_deferred_umc").is_empty());
-    assert!(series(&text, "gpu_ecc_deferred_total").is_empty());
+    assert_eq!(value_of(&text, "gpu_ecc_correct_umc", "0"), Some(2.0));
+    assert_eq!(value_of(&text, "gpu_ecc_deferred_umc", "0"), None);
+    assert_eq!(value_of(&text, "gpu_ecc_deferred_total", "0"), None);
+    assert_eq!(value_of(&text, "gpu_ecc_deferred_umc", "1"), Some(0.0));
 }
 
 #[tokio::test]
