@@ -50,6 +50,7 @@ const FAMILIES: &[&str] = &[
     "gpu_ecc_uncorrect_total",
     "gpu_ecc_deferred_total",
     "pcie_bandwidth",
+    "pcie_bidirectional_bandwidth",
     "pcie_recovery_count",
     "pcie_replay_rollover_count",
     "pcie_nack_sent_count",
@@ -61,6 +62,8 @@ const FAMILIES: &[&str] = &[
     "gpu_violation_socket_thermal_residency_accumulated",
     "gpu_violation_vr_thermal_residency_accumulated",
     "gpu_violation_hbm_thermal_residency_accumulated",
+    "gpu_xgmi_link_rx",
+    "gpu_xgmi_link_tx",
     "gpu_gfx_busy_instantaneous",
     "gpu_vcn_busy_instantaneous",
     "gpu_jpeg_busy_instantaneous",
@@ -69,8 +72,10 @@ const FAMILIES: &[&str] = &[
     "gpu_violation_low_utilization_accumulated",
     "gpu_violation_gfx_clock_below_host_limit_total_accumulated",
     "gpu_clock",
-    // The RAS blocks the simulator writes, correctable, uncorrectable, then
-    // deferred (UMC only: the `de:` line MI300 kernels write).
+    "gpu_min_clock",
+    "gpu_max_clock",
+    // The RAS blocks an MI300X has, correctable, uncorrectable, then
+    // deferred (UMC only: the `de:` line the kernel writes for UMC).
     "gpu_ecc_correct_sdma",
     "gpu_ecc_correct_gfx",
     "gpu_ecc_correct_mmhub",
@@ -78,6 +83,8 @@ const FAMILIES: &[&str] = &[
     "gpu_ecc_correct_hdp",
     "gpu_ecc_correct_xgmi_wafl",
     "gpu_ecc_correct_umc",
+    "gpu_ecc_correct_vcn",
+    "gpu_ecc_correct_jpeg",
     "gpu_ecc_uncorrect_sdma",
     "gpu_ecc_uncorrect_gfx",
     "gpu_ecc_uncorrect_mmhub",
@@ -85,6 +92,8 @@ const FAMILIES: &[&str] = &[
     "gpu_ecc_uncorrect_hdp",
     "gpu_ecc_uncorrect_xgmi_wafl",
     "gpu_ecc_uncorrect_umc",
+    "gpu_ecc_uncorrect_vcn",
+    "gpu_ecc_uncorrect_jpeg",
     "gpu_ecc_deferred_umc",
 ];
 
@@ -275,7 +284,8 @@ fn label_names(family: &super::render::Family) -> BTreeSet<&str> {
 /// Per-family labels the reference adds to the GPU labels.
 fn own_labels(name: &str) -> &'static [&'static str] {
     match name {
-        "gpu_clock" => &["clock_index", "clock_type"],
+        "gpu_clock" | "gpu_min_clock" | "gpu_max_clock" => &["clock_index", "clock_type"],
+        "gpu_xgmi_link_rx" | "gpu_xgmi_link_tx" => &["link_index"],
         n if n.ends_with("_instantaneous") || n.starts_with("gpu_violation_gfx_") => &["xcc_index"],
         "gpu_violation_low_utilization_accumulated" => &["xcc_index"],
         _ => &[],

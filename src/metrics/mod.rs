@@ -556,7 +556,10 @@ impl Service for MetricsService {
                 let did_sample = resample || !sampled;
                 if did_sample {
                     let config = &exporter_config.config;
-                    sampler.set_processes(config.labels.contains("KFD_PROCESS_ID"));
+                    sampler.set_processes(
+                        config.labels.contains("KFD_PROCESS_ID")
+                            || config.exports("GPU_PROCESS_CU_OCCUPANCY"),
+                    );
                     let wants_pod_metadata = current.pod_resources_socket.is_some()
                         && (config.labels.contains("POD_UUID")
                             || !config.extra_pod_labels.is_empty());

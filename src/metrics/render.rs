@@ -135,12 +135,7 @@ fn gpu_labels(
     if optional.contains("KFD_PROCESS_ID") {
         // The pids with queues on this partition's KFD node, ascending,
         // comma-separated, as the reference joins them.
-        let node = gpu
-            .partitions
-            .iter()
-            .find(|p| p.id == logical.partition)
-            .and_then(|p| p.kfd_node)
-            .or(gpu.kfd_node);
+        let node = kfd_node(gpu, logical.partition);
         let pids: Vec<String> = node
             .and_then(|n| input.sample.kfd_processes.get(&n))
             .map(|pids| pids.iter().map(u32::to_string).collect())
@@ -160,6 +155,16 @@ fn gpu_labels(
         labels.entry(name.clone()).or_insert_with(|| value.clone());
     }
     labels.into_iter().collect()
+}
+
+/// The KFD topology node of a GPU's partition (the GPU's own when it is not
+/// partitioned).
+fn kfd_node(gpu: &Gpu, partition: u32) -> Option<u32> {
+    gpu.partitions
+        .iter()
+        .find(|p| p.id == partition)
+        .and_then(|p| p.kfd_node)
+        .or(gpu.kfd_node)
 }
 
 /// `card_model` as the reference fills it: amd-smi's board model number
@@ -356,13 +361,28 @@ pub fn families(input: &RenderInput<'_>) -> Vec<Family> {
     // clock_type values are the reference exporter's (lower case since its
     // v1.4.2), which its dashboards filter on. clock_index numbers the clocks of one GPU in the
     // order `fields::clocks` lists them, as the reference numbers its list.
-    let mut clocks = Vec::new();
+    // `gpu_min_clock` and `gpu_max_clock` carry the same labels: each
+    // clock's DPM table range, where the kernel writes one.
+    let (mut clocks, mut min_clocks, mut max_clocks) = (Vec::new(), Vec::new(), Vec::new());
     for (r, labels) in &primaries {
-        for (index, (clock_type, mhz)) in clocks_of(r).into_iter().enumerate() {
+        for (index, clock) in clocks_of(r).into_iter().enumerate() {
             let mut labels = with_label(labels, "clock_index", index);
-            labels.push(("clock_type".into(), clock_type.into()));
+            labels.push(("clock_type".into(), clock.clock_type.into()));
             labels.sort();
-            clocks.push(Series { labels, value: mhz });
+            if let Some(range) = clock.range {
+                min_clocks.push(Series {
+                    labels: labels.clone(),
+                    value: range.min_mhz,
+                });
+                max_clocks.push(Series {
+                    labels: labels.clone(),
+                    value: range.max_mhz,
+                });
+            }
+            clocks.push(Series {
+                labels,
+                value: clock.mhz,
+            });
         }
     }
     family(
@@ -371,6 +391,60 @@ pub fn families(input: &RenderInput<'_>) -> Vec<Family> {
         "Current clock frequency in MHz, by clock type",
         Kind::Gauge,
         clocks,
+    );
+    family(
+        "GPU_MIN_CLOCK",
+        "gpu_min_clock",
+        "Lowest DPM level of each clock in MHz, by clock type",
+        Kind::Gauge,
+        min_clocks,
+    );
+    family(
+        "GPU_MAX_CLOCK",
+        "gpu_max_clock",
+        "Highest DPM level of each clock in MHz, by clock type",
+        Kind::Gauge,
+        max_clocks,
+    );
+
+    // Each KFD process's compute-unit occupancy on the logical GPU it has
+    // queues on, in percent of that GPU's (or partition's) CUs, as rocm-smi
+    // converts KFD's CU count: `cu_occupancy * 100 / cu_count`, rounded down.
+    let mut occupancy = Vec::new();
+    for (l, labels) in &labelled {
+        let Some(gpu) = gpus.get(l.bdf.as_str()) else {
+            continue;
+        };
+        let node = kfd_node(gpu, l.partition);
+        let cus = gpu
+            .cu_count
+            .map(|cus| cus / (gpu.partitions.len().max(1) as u32))
+            .filter(|cus| *cus > 0);
+        let (Some(node), Some(cus)) = (node, cus) else {
+            continue;
+        };
+        for (pid, occupied) in input
+            .sample
+            .kfd_cu_occupancy
+            .get(&node)
+            .into_iter()
+            .flatten()
+        {
+            let mut labels = labels.clone();
+            labels.push(("process_id".into(), pid.to_string()));
+            labels.sort();
+            occupancy.push(Series {
+                labels,
+                value: f64::from(occupied.saturating_mul(100) / cus),
+            });
+        }
+    }
+    family(
+        "GPU_PROCESS_CU_OCCUPANCY",
+        "gpu_process_cu_occupancy",
+        "Compute Unit occupancy for a process in percent",
+        Kind::Gauge,
+        occupancy,
     );
 
     // Per-block ECC counts, for blocks the reference names.
@@ -391,13 +465,29 @@ pub fn families(input: &RenderInput<'_>) -> Vec<Family> {
         ("UNCORRECT", "uncorrect", "Uncorrectable", |c| Some(c.ue)),
         ("DEFERRED", "deferred", "Deferred", |c| c.de),
     ] {
-        for &(sysfs, suffix) in ECC_BLOCKS.iter().filter(|(s, _)| blocks.contains(s)) {
+        // Each suffix once, in the reference's order, over every sysfs
+        // name the kernel gives its block (MP0 is `mca.mp0` on MI200).
+        let mut suffixes: Vec<&str> = Vec::new();
+        for &(_, suffix) in ECC_BLOCKS {
+            let present = ECC_BLOCKS
+                .iter()
+                .any(|(sysfs, s)| *s == suffix && blocks.contains(sysfs));
+            if present && !suffixes.contains(&suffix) {
+                suffixes.push(suffix);
+            }
+        }
+        for suffix in suffixes {
             let series = primaries
                 .iter()
                 .filter_map(|(r, labels)| {
-                    r.ecc.get(sysfs).and_then(pick).map(|count| Series {
+                    let counts: Vec<u64> = ECC_BLOCKS
+                        .iter()
+                        .filter(|(_, s)| *s == suffix)
+                        .filter_map(|(sysfs, _)| r.ecc.get(*sysfs).and_then(pick))
+                        .collect();
+                    (!counts.is_empty()).then(|| Series {
                         labels: (*labels).clone(),
-                        value: count as f64,
+                        value: counts.iter().sum::<u64>() as f64,
                     })
                 })
                 .collect();
@@ -682,6 +772,20 @@ mod tests {
         h
     }
 
+    /// The families of `sample` with the default config, no pods and no
+    /// health monitor.
+    fn render_default(inventory: &Inventory, sample: &HostSample) -> Vec<Family> {
+        families(&RenderInput {
+            inventory,
+            sample,
+            pods: &BTreeMap::new(),
+            health: None,
+            config: &ExporterConfig::default(),
+            hostname: "n",
+            shared_gpus: false,
+        })
+    }
+
     fn family<'a>(families: &'a [Family], name: &str) -> &'a Family {
         families
             .iter()
@@ -696,6 +800,107 @@ mod tests {
             .find(|(k, _)| k == name)
             .map(|(_, v)| v.as_str())
             .unwrap_or_else(|| panic!("no label {name}"))
+    }
+
+    /// The families a host gives through sysfs and the table besides the
+    /// first set: clock ranges, XGMI links, the PCIe accumulator, voltages,
+    /// per-process CU occupancy, and MI200's MCA-named RAS blocks.
+    #[test]
+    fn clock_ranges_links_voltages_and_process_occupancy() {
+        use crate::telemetry::gpu_metrics::GpuMetrics;
+        use crate::telemetry::sysfs::{ClockRange, Dpm};
+        let mut inv = inventory();
+        inv.gpus[1].cu_count = Some(304);
+        let mut sample = sample();
+        let range = |min_mhz, max_mhz| ClockRange { min_mhz, max_mhz };
+        let r = sample.gpus.get_mut("0000:05:00.0").unwrap();
+        r.gpu_metrics = Some(GpuMetrics {
+            current_gfxclk: vec![Some(2100), Some(2000)],
+            current_uclk: Some(1300),
+            current_vclk0: vec![Some(1000)],
+            xgmi_read_data_acc: vec![Some(0), Some(700), None],
+            xgmi_write_data_acc: vec![Some(0), Some(900), None],
+            pcie_bandwidth_acc: Some(42),
+            voltage_gfx: Some(0),
+            voltage_soc: Some(900),
+            ..GpuMetrics::default()
+        });
+        r.clock_ranges = BTreeMap::from([
+            (Dpm::Sclk, range(500.0, 2100.0)),
+            (Dpm::Mclk, range(900.0, 1300.0)),
+        ]);
+        r.ecc.insert(
+            "mca.mp0".into(),
+            EccCount {
+                ue: 2,
+                ce: 1,
+                de: None,
+            },
+        );
+        // Partition 1 of the partitioned GPU is KFD node 3: 304 / 2 = 152 CUs.
+        sample.kfd_cu_occupancy = BTreeMap::from([(3, BTreeMap::from([(17, 38), (4242, 0)]))]);
+        let families = render_default(&inv, &sample);
+        let by = |name: &str, index: &str| -> Vec<(String, f64)> {
+            family(&families, name)
+                .series
+                .iter()
+                .filter(|s| label(s, "gpu_id") == "0")
+                .map(|s| (label(s, index).to_owned(), s.value))
+                .collect()
+        };
+        // The video clock has no table range here: no min or max series.
+        assert_eq!(
+            by("gpu_min_clock", "clock_index"),
+            [
+                ("0".into(), 500.0),
+                ("1".into(), 500.0),
+                ("2".into(), 900.0)
+            ]
+        );
+        assert_eq!(
+            by("gpu_max_clock", "clock_index"),
+            [
+                ("0".into(), 2100.0),
+                ("1".into(), 2100.0),
+                ("2".into(), 1300.0)
+            ]
+        );
+        let types: Vec<&str> = family(&families, "gpu_max_clock")
+            .series
+            .iter()
+            .map(|s| label(s, "clock_type"))
+            .collect();
+        assert_eq!(types, ["system", "system", "memory"]);
+        assert_eq!(
+            by("gpu_xgmi_link_rx", "link_index"),
+            [("0".into(), 0.0), ("1".into(), 700.0)]
+        );
+        assert_eq!(
+            by("gpu_xgmi_link_tx", "link_index"),
+            [("0".into(), 0.0), ("1".into(), 900.0)]
+        );
+        let device = |name: &str| -> Vec<(String, f64)> {
+            family(&families, name)
+                .series
+                .iter()
+                .map(|s| (label(s, "gpu_id").to_owned(), s.value))
+                .collect()
+        };
+        assert_eq!(device("pcie_bidirectional_bandwidth"), [("0".into(), 42.0)]);
+        assert_eq!(device("gpu_voltage"), [("0".into(), 900.0)]);
+        assert!(
+            !families.iter().any(|f| f.name == "gpu_gfx_voltage"),
+            "a rail reading 0 is not reported"
+        );
+        // MP0 counted under the reference's name, whatever the kernel calls it.
+        assert_eq!(device("gpu_ecc_uncorrect_mp0"), [("0".into(), 2.0)]);
+        assert!(!families.iter().any(|f| f.name.contains("mca")));
+        let occupancy: Vec<(&str, &str, f64)> = family(&families, "gpu_process_cu_occupancy")
+            .series
+            .iter()
+            .map(|s| (label(s, "gpu_id"), label(s, "process_id"), s.value))
+            .collect();
+        assert_eq!(occupancy, [("1", "17", 25.0), ("1", "4242", 0.0)]);
     }
 
     #[test]

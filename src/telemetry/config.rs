@@ -354,22 +354,31 @@ pub fn parse_config(text: &str) -> Result<ExporterConfig, ConfigError> {
             }
             continue;
         }
-        let block = upper
+        // Every sysfs spelling of the block (MI200's `mca.mp0` is MP0).
+        let blocks: Vec<&str> = upper
             .strip_prefix("GPU_ECC_UNCORRECT_")
             .map(str::to_ascii_lowercase)
-            .and_then(|suffix| ECC_BLOCKS.iter().find(|(_, s)| *s == suffix))
-            .map(|(sysfs, _)| *sysfs);
-        match (block, value.as_u64()) {
-            (Some(block), Some(limit)) => {
-                config
-                    .health_thresholds
-                    .ecc_uncorrectable
-                    .insert(block.to_owned(), limit);
+            .map(|suffix| {
+                ECC_BLOCKS
+                    .iter()
+                    .filter(|(_, s)| *s == suffix)
+                    .map(|(sysfs, _)| *sysfs)
+                    .collect()
+            })
+            .unwrap_or_default();
+        match (blocks.is_empty(), value.as_u64()) {
+            (false, Some(limit)) => {
+                for block in blocks {
+                    config
+                        .health_thresholds
+                        .ecc_uncorrectable
+                        .insert(block.to_owned(), limit);
+                }
             }
-            (Some(_), None) => warnings.push(format!(
+            (false, None) => warnings.push(format!(
                 "health threshold {key}: {value} is not a non-negative integer; ignored"
             )),
-            (None, _) => warnings.push(format!("unknown health threshold {key}; ignored")),
+            (true, _) => warnings.push(format!("unknown health threshold {key}; ignored")),
         }
     }
     if gpu.selector.is_some_and(|s| !s.trim().is_empty()) {
@@ -521,10 +530,11 @@ mod tests {
             "CommonConfig": {"MetricsFieldPrefix": "amd_", "HealthService": {"Enable": false},
                              "Logging": {"Level": "info"}},
             "GPUConfig": {
-                "Fields": ["gpu_edge_temperature", "GPU_HEALTH", "GPU_VOLTAGE"],
+                "Fields": ["gpu_edge_temperature", "GPU_HEALTH", "GPU_AFID_ERRORS"],
                 "Labels": ["GPU_ID", "VBIOS_VERSION", "JOB_ID", "NOT_A_LABEL"],
                 "CustomLabels": {"CLUSTER_NAME": "lab", "POD": "x", "bad-name": "y"},
                 "HealthThresholds": {"GPU_ECC_UNCORRECT_UMC": 4, "GPU_ECC_UNCORRECT_BIF": 1,
+                                     "GPU_ECC_UNCORRECT_MP0": 2,
                                      "GPU_JUNCTION_TEMPERATURE": 95.5,
                                      "GPU_ECC_UNCORRECT_NOPE": 1},
                 "ProfilerMetrics": {"all": false}
@@ -545,11 +555,14 @@ mod tests {
         assert_eq!(config.health_thresholds.ecc_threshold("umc"), 4);
         assert_eq!(config.health_thresholds.ecc_threshold("pcie_bif"), 1);
         assert_eq!(config.health_thresholds.ecc_threshold("gfx"), 0);
+        // MP0 under both of the kernel's names for it.
+        assert_eq!(config.health_thresholds.ecc_threshold("mp0"), 2);
+        assert_eq!(config.health_thresholds.ecc_threshold("mca.mp0"), 2);
         assert_eq!(config.health_thresholds.junction_critical_c, Some(95.5));
         assert_warns(
             &config,
             &[
-                "GPU_VOLTAGE",
+                "GPU_AFID_ERRORS",
                 "NOT_A_LABEL",
                 "POD",
                 "bad-name",

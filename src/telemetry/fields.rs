@@ -12,7 +12,7 @@ use serde::Serialize;
 
 use super::gpu_metrics::GpuMetrics;
 use super::sample::GpuReadings;
-use super::sysfs::bytes_to_mib;
+use super::sysfs::{ClockRange, Dpm, bytes_to_mib};
 
 /// How a family is declared. The reference declares every GPU family a
 /// gauge; counters are for the agent's own families.
@@ -23,7 +23,10 @@ pub enum Kind {
 }
 
 /// RAS blocks: the sysfs name (`ras/<name>_err_count`) and the suffix of the
-/// reference's per-block metrics (`gpu_ecc_uncorrect_<suffix>`).
+/// reference's per-block metrics (`gpu_ecc_uncorrect_<suffix>`). MI200's
+/// MP0, MP1 and MPIO errors are collected from MCA banks, and the kernel
+/// names their blocks `mca.mp0`, `mca.mp1` and `mca.mpio`; they count as the
+/// reference's MP0, MP1 and MPIO (a host has one spelling or the other).
 pub const ECC_BLOCKS: &[(&str, &str)] = &[
     ("sdma", "sdma"),
     ("gfx", "gfx"),
@@ -44,6 +47,9 @@ pub const ECC_BLOCKS: &[(&str, &str)] = &[
     ("jpeg", "jpeg"),
     ("ih", "ih"),
     ("mpio", "mpio"),
+    ("mca.mp0", "mp0"),
+    ("mca.mp1", "mp1"),
+    ("mca.mpio", "mpio"),
 ];
 
 /// The reference's metric suffix of a sysfs RAS block, if it has one.
@@ -69,6 +75,12 @@ pub struct DeviceField {
 
 fn mib(v: Option<u64>) -> Option<f64> {
     v.map(bytes_to_mib)
+}
+
+/// A table value that reads 0 where the firmware does not report it (the
+/// rail voltages): no value, as the reference marks a zero unsupported.
+fn nonzero(v: Option<f64>) -> Option<f64> {
+    v.filter(|v| *v != 0.0)
 }
 
 /// A value from the GPU's `gpu_metrics` table.
@@ -238,6 +250,14 @@ pub const DEVICE_FIELDS: &[DeviceField] = &[
         value: |r| table64(r, |g| g.pcie_bandwidth_inst),
     },
     DeviceField {
+        field: "PCIE_BIDIRECTIONAL_BANDWIDTH",
+        name: "pcie_bidirectional_bandwidth",
+        help: "Accumulated bandwidth on PCIe link in GB/sec",
+        // The table's `pcie_bandwidth_acc`, which the kernel documents as
+        // "PCIE accumulated bandwidth (GB/sec)", both directions.
+        value: |r| table64(r, |g| g.pcie_bandwidth_acc),
+    },
+    DeviceField {
         field: "PCIE_RECOVERY_COUNT",
         name: "pcie_recovery_count",
         help: "Total number of PCIe recoveries",
@@ -266,6 +286,27 @@ pub const DEVICE_FIELDS: &[DeviceField] = &[
         name: "gpu_mma_activity",
         help: "Average multimedia (MM) engine usage in percent (0-100)",
         value: |r| table(r, |g| g.average_mm_activity),
+    },
+    // The rails' voltages, which Navi SMUs write in the v1.3 table and
+    // Instinct SMUs leave unset (the reference lists them as deprecated on
+    // every Instinct platform).
+    DeviceField {
+        field: "GPU_VOLTAGE",
+        name: "gpu_voltage",
+        help: "Current SoC voltage in mV",
+        value: |r| nonzero(table(r, |g| g.voltage_soc)),
+    },
+    DeviceField {
+        field: "GPU_GFX_VOLTAGE",
+        name: "gpu_gfx_voltage",
+        help: "Current gfx voltage in mV",
+        value: |r| nonzero(table(r, |g| g.voltage_gfx)),
+    },
+    DeviceField {
+        field: "GPU_MEMORY_VOLTAGE",
+        name: "gpu_memory_voltage",
+        help: "Current memory voltage in mV",
+        value: |r| nonzero(table(r, |g| g.voltage_mem)),
     },
     DeviceField {
         field: "GPU_VRAM_MAX_BANDWIDTH",
@@ -375,7 +416,7 @@ pub struct IndexedField {
     pub field: &'static str,
     pub name: &'static str,
     pub help: &'static str,
-    /// `hbm_index`, `vcn_index`, `jpeg_index`, `xcc_index`.
+    /// `hbm_index`, `vcn_index`, `jpeg_index`, `xcc_index`, `link_index`.
     pub label: &'static str,
     pub scope: Scope,
     /// The values by index, for a partition (0 for device-level fields);
@@ -456,6 +497,25 @@ pub const INDEXED_FIELDS: &[IndexedField] = &[
         label: "jpeg_index",
         scope: Scope::Device,
         values: |r, _| device(r, |g| list(&g.jpeg_activity)),
+    },
+    // Each XGMI link's accumulated traffic, in KB, from the table's
+    // `xgmi_read_data_acc`/`xgmi_write_data_acc` (MI300's v1.4 and later;
+    // MI200's v1.3 has no such members).
+    IndexedField {
+        field: "GPU_XGMI_LINK_RX",
+        name: "gpu_xgmi_link_rx",
+        help: "Accumulated XGMI Link Data Read in KB",
+        label: "link_index",
+        scope: Scope::Device,
+        values: |r, _| device(r, |g| list64(&g.xgmi_read_data_acc)),
+    },
+    IndexedField {
+        field: "GPU_XGMI_LINK_TX",
+        name: "gpu_xgmi_link_tx",
+        help: "Accumulated XGMI Link Data Write in KB",
+        label: "link_index",
+        scope: Scope::Device,
+        values: |r, _| device(r, |g| list64(&g.xgmi_write_data_acc)),
     },
     IndexedField {
         field: "GPU_GFX_BUSY_INSTANTANEOUS",
@@ -567,33 +627,80 @@ pub const CLOCK_VIDEO: &str = "video";
 pub const CLOCK_DATA: &str = "data";
 pub const CLOCK_SOC: &str = "soc";
 
-/// A GPU's current clocks (type, MHz), in `clock_index` order: from the
-/// `gpu_metrics` table when there is one (every XCC's GFX clock, memory,
-/// then each VCN's video and data clocks and each SoC clock), else the
-/// current `pp_dpm_sclk` and `pp_dpm_mclk` levels.
-pub fn clocks(r: &GpuReadings) -> Vec<(&'static str, f64)> {
+/// One of a GPU's clocks: its `clock_type`, current frequency, and the
+/// lowest and highest level of the DPM table it runs on.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Clock {
+    pub clock_type: &'static str,
+    pub mhz: f64,
+    pub range: Option<ClockRange>,
+}
+
+/// A GPU's current clocks in `clock_index` order: from the `gpu_metrics`
+/// table when there is one (every XCC's GFX clock, memory, then each VCN's
+/// video and data clocks and each SoC clock), else the current
+/// `pp_dpm_sclk` and `pp_dpm_mclk` levels. Each carries the range of its
+/// `pp_dpm_*` table (every XCC runs on `pp_dpm_sclk`, every VCN but a second
+/// one with clocks of its own on `pp_dpm_vclk`/`pp_dpm_dclk`), which is
+/// what the reference's `gpu_min_clock` and `gpu_max_clock` report.
+pub fn clocks(r: &GpuReadings) -> Vec<Clock> {
+    let clock = |clock_type, mhz: f64, dpm: Dpm| Clock {
+        clock_type,
+        mhz,
+        range: r.clock_ranges.get(&dpm).copied(),
+    };
     let Some(g) = r.gpu_metrics.as_ref() else {
-        return [(CLOCK_SYSTEM, r.sclk_mhz), (CLOCK_MEMORY, r.mclk_mhz)]
-            .into_iter()
-            .filter_map(|(t, v)| Some((t, v?)))
-            .collect();
+        return [
+            (CLOCK_SYSTEM, r.sclk_mhz, Dpm::Sclk),
+            (CLOCK_MEMORY, r.mclk_mhz, Dpm::Mclk),
+        ]
+        .into_iter()
+        .filter_map(|(t, v, dpm)| Some(clock(t, v?, dpm)))
+        .collect();
     };
     let mut out = Vec::new();
-    let mut push = |ty: &'static str, values: &[Option<u16>]| {
-        out.extend(values.iter().flatten().map(|v| (ty, f64::from(*v))));
+    let mut push = |ty: &'static str, values: &[Option<u16>], dpm: Dpm| {
+        out.extend(
+            values
+                .iter()
+                .flatten()
+                .map(|v| clock(ty, f64::from(*v), dpm)),
+        );
     };
-    push(CLOCK_SYSTEM, &g.current_gfxclk);
-    push(CLOCK_MEMORY, &[g.current_uclk]);
-    push(CLOCK_VIDEO, &g.current_vclk0);
-    push(CLOCK_VIDEO, &[g.current_vclk1]);
-    push(CLOCK_DATA, &g.current_dclk0);
-    push(CLOCK_DATA, &[g.current_dclk1]);
-    push(CLOCK_SOC, &g.current_socclk);
+    let own_or = |own: Dpm, shared: Dpm| {
+        if r.clock_ranges.contains_key(&own) {
+            own
+        } else {
+            shared
+        }
+    };
+    push(CLOCK_SYSTEM, &g.current_gfxclk, Dpm::Sclk);
+    push(CLOCK_MEMORY, &[g.current_uclk], Dpm::Mclk);
+    push(CLOCK_VIDEO, &g.current_vclk0, Dpm::Vclk);
+    push(
+        CLOCK_VIDEO,
+        &[g.current_vclk1],
+        own_or(Dpm::Vclk1, Dpm::Vclk),
+    );
+    push(CLOCK_DATA, &g.current_dclk0, Dpm::Dclk);
+    push(
+        CLOCK_DATA,
+        &[g.current_dclk1],
+        own_or(Dpm::Dclk1, Dpm::Dclk),
+    );
+    push(CLOCK_SOC, &g.current_socclk, Dpm::Socclk);
     out
 }
 
 /// Fields exported besides [`DEVICE_FIELDS`] and the per-block ECC fields.
-pub const OTHER_FIELDS: &[&str] = &["GPU_NODES_TOTAL", "GPU_HEALTH", "GPU_CLOCK"];
+pub const OTHER_FIELDS: &[&str] = &[
+    "GPU_NODES_TOTAL",
+    "GPU_HEALTH",
+    "GPU_CLOCK",
+    "GPU_MIN_CLOCK",
+    "GPU_MAX_CLOCK",
+    "GPU_PROCESS_CU_OCCUPANCY",
+];
 
 /// Whether this implementation exports a config field name (upper case).
 pub fn is_known_field(field: &str) -> bool {
@@ -623,7 +730,11 @@ mod tests {
         assert!(is_known_field("GPU_HEALTH"));
         assert!(is_known_field("GPU_GFX_BUSY_INSTANTANEOUS"));
         assert!(is_known_field("PCIE_NACK_SENT_COUNT"));
-        assert!(!is_known_field("GPU_VOLTAGE"));
+        assert!(is_known_field("GPU_MIN_CLOCK"));
+        assert!(is_known_field("GPU_XGMI_LINK_TX"));
+        assert!(is_known_field("GPU_ECC_UNCORRECT_MPIO"));
+        // CPER records, which amd-smi reads from the kernel's CPER ring.
+        assert!(!is_known_field("GPU_AFID_ERRORS"));
     }
 
     #[test]

@@ -14,8 +14,8 @@ use serde::Serialize;
 
 use super::gpu_metrics::{self, GpuMetrics, ViolationPercentages};
 use super::sysfs::{
-    self, EccCount, Sensor, device_dir, driver_link, parse_dpm, parse_link_speed, parse_link_width,
-    parse_millidegrees, parse_ras_count, parse_temp_label, parse_u64,
+    self, ClockRange, Dpm, EccCount, Sensor, device_dir, driver_link, parse_dpm, parse_link_speed,
+    parse_link_width, parse_millidegrees, parse_ras_count, parse_temp_label, parse_u64,
 };
 use crate::device::{Gpu, Inventory};
 use crate::host::reader::{Answer, BoundedReader, Op, ReadError, Requests};
@@ -94,6 +94,8 @@ pub struct GpuReadings {
     pub sclk_mhz: Option<f64>,
     /// Current `pp_dpm_mclk` level, MHz.
     pub mclk_mhz: Option<f64>,
+    /// The lowest and highest level of each `pp_dpm_*` clock table.
+    pub clock_ranges: BTreeMap<Dpm, ClockRange>,
     pub pcie: Pcie,
     /// RAS blocks (sysfs names: `umc`, `pcie_bif`, ...) whose counts could be read.
     pub ecc: BTreeMap<String, EccCount>,
@@ -131,6 +133,11 @@ pub struct HostSample {
     /// only when the sampler is asked to ([`Sampler::set_processes`]).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub kfd_processes: BTreeMap<u32, Vec<u32>>,
+    /// KFD topology node → pid → the compute units that process's waves
+    /// occupy on it now (`stats_<gpu_id>/cu_occupancy`), for the processes
+    /// of [`Self::kfd_processes`] whose kernel has the file.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub kfd_cu_occupancy: BTreeMap<u32, BTreeMap<u32, u32>>,
 }
 
 impl Default for HostSample {
@@ -141,6 +148,7 @@ impl Default for HostSample {
             kfd_present: None,
             gpus: BTreeMap::new(),
             kfd_processes: BTreeMap::new(),
+            kfd_cu_occupancy: BTreeMap::new(),
         }
     }
 }
@@ -174,6 +182,8 @@ pub enum Field {
     GttUsed,
     Sclk,
     Mclk,
+    /// A DPM clock table read for its range only (the SoC and video clocks).
+    Dpm(Dpm),
     LinkSpeed,
     LinkWidth,
     MaxLinkSpeed,
@@ -198,7 +208,7 @@ impl Field {
     fn is_static(&self) -> bool {
         matches!(
             self,
-            Field::MaxLinkSpeed | Field::MaxLinkWidth | Field::JunctionCrit
+            Field::MaxLinkSpeed | Field::MaxLinkWidth | Field::JunctionCrit | Field::Dpm(_)
         )
     }
 }
@@ -285,6 +295,9 @@ pub fn plan_reads(gpu: &Gpu, files: &GpuFiles, scope: Scope) -> Vec<(Field, Stri
         (Field::ReplayCount, attr("pcie_replay_count")),
         (Field::GpuMetrics, attr("gpu_metrics")),
     ]);
+    for dpm in RANGE_ONLY_CLOCKS {
+        reads.push((Field::Dpm(dpm), attr(dpm.file())));
+    }
     for sensor in [Sensor::Edge, Sensor::Memory] {
         if let Some(path) = files.temps.get(&sensor) {
             reads.push((Field::Temp(sensor), path.clone()));
@@ -299,6 +312,11 @@ pub fn plan_reads(gpu: &Gpu, files: &GpuFiles, scope: Scope) -> Vec<(Field, Stri
     }
     reads
 }
+
+/// DPM clock tables read only for their lowest and highest levels, which do
+/// not change while the GPU is bound (the GFX and memory clocks' tables are
+/// read every sample for their current level).
+const RANGE_ONLY_CLOCKS: [Dpm; 5] = [Dpm::Socclk, Dpm::Vclk, Dpm::Vclk1, Dpm::Dclk, Dpm::Dclk1];
 
 /// DRM nodes a GPU's containers get: the GPU's own and every partition's.
 pub fn device_nodes(gpu: &Gpu) -> Vec<String> {
@@ -371,8 +389,24 @@ fn apply(r: &mut GpuReadings, field: &Field, text: &str) -> Result<(), sysfs::Pa
         Field::VisVramUsed => r.memory.vis_vram_used = Some(num("a size in bytes")?),
         Field::GttTotal => r.memory.gtt_total = Some(num("a size in bytes")?),
         Field::GttUsed => r.memory.gtt_used = Some(num("a size in bytes")?),
-        Field::Sclk => r.sclk_mhz = parse_dpm(text)?.current_mhz(),
-        Field::Mclk => r.mclk_mhz = parse_dpm(text)?.current_mhz(),
+        Field::Sclk | Field::Mclk | Field::Dpm(_) => {
+            let levels = parse_dpm(text)?;
+            let dpm = match field {
+                Field::Sclk => {
+                    r.sclk_mhz = levels.current_mhz();
+                    Dpm::Sclk
+                }
+                Field::Mclk => {
+                    r.mclk_mhz = levels.current_mhz();
+                    Dpm::Mclk
+                }
+                Field::Dpm(dpm) => *dpm,
+                _ => return Ok(()),
+            };
+            if let Some(range) = levels.range() {
+                r.clock_ranges.insert(dpm, range);
+            }
+        }
         Field::LinkSpeed => r.pcie.speed_gts = parse_link_speed(text)?,
         Field::MaxLinkSpeed => r.pcie.max_speed_gts = parse_link_speed(text)?,
         Field::LinkWidth => r.pcie.width = parse_link_width(text)?,
@@ -607,6 +641,8 @@ impl Sampler {
                 self.statics
                     .get(&gpu.bdf)
                     .filter(|s| started.saturating_duration_since(s.read_at) < STATICS_TTL)
+                    // A health sample reads no clock tables.
+                    .filter(|s| s.full || scope != Scope::Full)
                     .cloned()
             })
             .collect();
@@ -716,10 +752,13 @@ impl Sampler {
                 }
             }
         }
-        let kfd_processes = if self.processes && scope == Scope::Full {
+        let KfdProcesses {
+            by_node: kfd_processes,
+            cu_occupancy: kfd_cu_occupancy,
+        } = if self.processes && scope == Scope::Full {
             kfd_processes(&self.reader, inventory, self.timeout).await
         } else {
-            BTreeMap::new()
+            KfdProcesses::default()
         };
         let mut gpus = BTreeMap::new();
         for ((gpu, answers), statics) in inventory.gpus.iter().zip(per_gpu).zip(cached) {
@@ -738,8 +777,10 @@ impl Sampler {
                         .iter()
                         .any(|e| static_paths.iter().any(|p| e.starts_with(p.as_str()))) =>
                 {
-                    self.statics
-                        .insert(gpu.bdf.clone(), Statics::of(&r, started));
+                    self.statics.insert(
+                        gpu.bdf.clone(),
+                        Statics::of(&r, started, scope == Scope::Full),
+                    );
                 }
                 None => {}
             }
@@ -768,6 +809,7 @@ impl Sampler {
             kfd_present,
             gpus,
             kfd_processes,
+            kfd_cu_occupancy,
         }
     }
 }
@@ -801,14 +843,23 @@ fn listing_failed(e: &ReadError, path: &str) -> ReadError {
 const KFD_PROC: &str = "/sys/class/kfd/kfd/proc";
 const KFD_NODES: &str = "/sys/class/kfd/kfd/topology/nodes";
 
-/// KFD node → the pids with a queue on it: three rounds of reads (the
-/// process list and every GPU node's `gpu_id`; each process's queues; each
-/// queue's `gpuid`). What cannot be read is left out.
+/// What [`kfd_processes`] found: the pids with a queue on each KFD node, and
+/// the compute units each occupies there.
+#[derive(Debug, Default)]
+struct KfdProcesses {
+    by_node: BTreeMap<u32, Vec<u32>>,
+    cu_occupancy: BTreeMap<u32, BTreeMap<u32, u32>>,
+}
+
+/// KFD node → the pids with a queue on it, and their CU occupancy: four
+/// rounds of reads (the process list and every GPU node's `gpu_id`; each
+/// process's queues; each queue's `gpuid`; each (process, GPU) pair's
+/// `stats_<gpu_id>/cu_occupancy`). What cannot be read is left out.
 async fn kfd_processes(
     reader: &BoundedReader,
     inventory: &Inventory,
     timeout: Duration,
-) -> BTreeMap<u32, Vec<u32>> {
+) -> KfdProcesses {
     let nodes: Vec<u32> = inventory
         .gpus
         .iter()
@@ -840,7 +891,7 @@ async fn kfd_processes(
         })
         .collect();
     if pids.is_empty() || node_ids.is_empty() {
-        return BTreeMap::new();
+        return KfdProcesses::default();
     }
     let lists = reader
         .batch(
@@ -879,7 +930,44 @@ async fn kfd_processes(
             _ => None,
         })
         .collect();
-    processes_by_node(&node_ids, &used)
+    let by_node = processes_by_node(&node_ids, &used);
+    // One read per (process, node) pair: the occupancy of the GPUs each
+    // process has queues on.
+    let pairs: Vec<(u32, u32, u64)> = by_node
+        .iter()
+        .flat_map(|(node, pids)| {
+            let gpu_id = node_ids.iter().find(|(n, _)| n == node).map(|(_, id)| *id);
+            pids.iter()
+                .filter_map(move |pid| Some((*node, *pid, gpu_id?)))
+        })
+        .collect();
+    let answers = reader
+        .batch(
+            pairs
+                .iter()
+                .map(|(_, pid, gpu_id)| {
+                    (
+                        Op::Read,
+                        format!("{KFD_PROC}/{pid}/stats_{gpu_id}/cu_occupancy"),
+                    )
+                })
+                .collect::<Requests>(),
+            timeout,
+        )
+        .await;
+    let mut cu_occupancy: BTreeMap<u32, BTreeMap<u32, u32>> = BTreeMap::new();
+    for ((node, pid, _), answer) in pairs.into_iter().zip(answers) {
+        if let Ok(Answer::Text(t)) = answer
+            && let Ok(cus) = parse_u64(&t, "a CU count")
+        {
+            let cus = u32::try_from(cus).unwrap_or(u32::MAX);
+            cu_occupancy.entry(node).or_default().insert(pid, cus);
+        }
+    }
+    KfdProcesses {
+        by_node,
+        cu_occupancy,
+    }
 }
 
 /// Pure: (KFD node, its `gpu_id`) and (pid, a queue's `gpuid`) → node →
@@ -907,15 +995,23 @@ struct Statics {
     max_speed_gts: Option<f64>,
     max_width: Option<u32>,
     junction_crit_c: Option<f64>,
+    clock_ranges: Vec<(Dpm, ClockRange)>,
+    /// Read by a [`Scope::Full`] sample, which also reads the clock tables.
+    full: bool,
     read_at: Instant,
 }
 
 impl Statics {
-    fn of(r: &GpuReadings, read_at: Instant) -> Self {
+    fn of(r: &GpuReadings, read_at: Instant, full: bool) -> Self {
         Self {
             max_speed_gts: r.pcie.max_speed_gts,
             max_width: r.pcie.max_width,
             junction_crit_c: r.temperature.junction_crit_c,
+            clock_ranges: RANGE_ONLY_CLOCKS
+                .iter()
+                .filter_map(|d| Some((*d, *r.clock_ranges.get(d)?)))
+                .collect(),
+            full,
             read_at,
         }
     }
@@ -924,6 +1020,7 @@ impl Statics {
         r.pcie.max_speed_gts = self.max_speed_gts;
         r.pcie.max_width = self.max_width;
         r.temperature.junction_crit_c = self.junction_crit_c;
+        r.clock_ranges.extend(self.clock_ranges.iter().copied());
     }
 }
 
@@ -1303,6 +1400,23 @@ mod tests {
         sampler.set_processes(true);
         let sample = sampler.sample(&inventory, Scope::Full).await;
         assert_eq!(sample.kfd_processes, BTreeMap::from([(node, vec![4242])]));
+        // This kernel has no `cu_occupancy` file: no occupancy.
+        assert!(sample.kfd_cu_occupancy.is_empty());
+        // A third with waves on 13 CUs of the first GPU, and 0 on the second.
+        let first = inventory.gpus[0].kfd_node.expect("a KFD node");
+        crate::simulate::add_kfd_process(&host, 555, &[(first, 13), (node, 0)]).unwrap();
+        let sample = sampler.sample(&inventory, Scope::Full).await;
+        assert_eq!(
+            sample.kfd_processes,
+            BTreeMap::from([(first, vec![555]), (node, vec![555, 4242])])
+        );
+        assert_eq!(
+            sample.kfd_cu_occupancy,
+            BTreeMap::from([
+                (first, BTreeMap::from([(555, 13)])),
+                (node, BTreeMap::from([(555, 0)]))
+            ])
+        );
         assert!(
             sampler
                 .sample(&inventory, Scope::Health)

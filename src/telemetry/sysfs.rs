@@ -47,11 +47,68 @@ pub struct DpmLevels {
     pub levels_mhz: Vec<f64>,
     /// Index into `levels_mhz` of the level marked `*`, if any.
     pub current: Option<usize>,
+    /// Index of the deep-sleep level (`S: 19Mhz`), where the ASIC has one.
+    pub deep_sleep: Option<usize>,
 }
 
 impl DpmLevels {
     pub fn current_mhz(&self) -> Option<f64> {
         self.current.and_then(|i| self.levels_mhz.get(i).copied())
+    }
+
+    /// The lowest and highest operating levels (the deep-sleep level left
+    /// out), as rocm-smi's "valid range" shows them.
+    pub fn range(&self) -> Option<ClockRange> {
+        let operating = self
+            .levels_mhz
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| Some(*i) != self.deep_sleep)
+            .map(|(_, mhz)| *mhz);
+        let (min, max) = operating.fold(None, |acc: Option<(f64, f64)>, mhz| {
+            Some(acc.map_or((mhz, mhz), |(lo, hi)| (lo.min(mhz), hi.max(mhz))))
+        })?;
+        Some(ClockRange {
+            min_mhz: min,
+            max_mhz: max,
+        })
+    }
+}
+
+/// The lowest and highest level of a DPM clock, MHz.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct ClockRange {
+    pub min_mhz: f64,
+    pub max_mhz: f64,
+}
+
+/// The DPM clock tables amdgpu writes as `pp_dpm_<name>`: the GFX clock,
+/// memory, SoC, and each VCN instance's video and decoder clocks (the
+/// second instance's where it has clocks of its own, Navi3x).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Dpm {
+    Sclk,
+    Mclk,
+    Socclk,
+    Vclk,
+    Vclk1,
+    Dclk,
+    Dclk1,
+}
+
+impl Dpm {
+    /// The attribute's file name in the GPU's sysfs directory.
+    pub fn file(self) -> &'static str {
+        match self {
+            Dpm::Sclk => "pp_dpm_sclk",
+            Dpm::Mclk => "pp_dpm_mclk",
+            Dpm::Socclk => "pp_dpm_socclk",
+            Dpm::Vclk => "pp_dpm_vclk",
+            Dpm::Vclk1 => "pp_dpm_vclk1",
+            Dpm::Dclk => "pp_dpm_dclk",
+            Dpm::Dclk1 => "pp_dpm_dclk1",
+        }
     }
 }
 
@@ -61,10 +118,14 @@ pub fn parse_dpm(text: &str) -> Result<DpmLevels, ParseError> {
     let mut levels = DpmLevels {
         levels_mhz: Vec::new(),
         current: None,
+        deep_sleep: None,
     };
     for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
         let bad = || ParseError::new("a DPM clock level", line);
-        let (_, rest) = line.split_once(':').ok_or_else(bad)?;
+        let (label, rest) = line.split_once(':').ok_or_else(bad)?;
+        if label.trim() == "S" {
+            levels.deep_sleep = Some(levels.levels_mhz.len());
+        }
         let rest = rest.trim();
         let (freq, marked) = match rest.strip_suffix('*') {
             Some(freq) => (freq.trim(), true),
@@ -200,6 +261,27 @@ mod tests {
         assert_eq!(levels.levels_mhz, [19.0, 900.0, 1300.0]);
         // No level marked: levels but no current value.
         assert_eq!(parse_dpm("0: 900Mhz\n").unwrap().current_mhz(), None);
+    }
+
+    #[test]
+    fn dpm_range_is_the_operating_levels() {
+        let range = |text: &str| {
+            parse_dpm(text)
+                .unwrap()
+                .range()
+                .map(|r| (r.min_mhz, r.max_mhz))
+        };
+        assert_eq!(
+            range("0: 500Mhz\n1: 1420Mhz *\n2: 2100Mhz\n"),
+            Some((500.0, 2100.0))
+        );
+        // The deep-sleep level is no operating level.
+        assert_eq!(
+            range("S: 19Mhz *\n0: 900Mhz\n1: 1300Mhz\n"),
+            Some((900.0, 1300.0))
+        );
+        assert_eq!(range("0: 1300Mhz *\n"), Some((1300.0, 1300.0)));
+        assert_eq!(range("S: 19Mhz *\n"), None);
     }
 
     #[test]
