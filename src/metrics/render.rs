@@ -903,6 +903,58 @@ mod tests {
         assert_eq!(occupancy, [("1", "17", 25.0), ("1", "4242", 0.0)]);
     }
 
+    /// The reference documents the per-XCC violation percentages as the
+    /// primary partition's only, where the accumulated counters they come
+    /// from are on every partition.
+    #[test]
+    fn per_xcc_violation_percentages_are_the_primary_partitions_only() {
+        use crate::telemetry::gpu_metrics::{
+            GpuMetrics, ViolationPercentages, XcpMetrics, XcpViolationPercentages,
+        };
+        let inv = inventory();
+        let mut sample = sample();
+        let r = sample.gpus.get_mut("0000:05:00.0").unwrap();
+        let xcp = |acc| XcpMetrics {
+            gfx_low_utilization_acc: vec![Some(acc)],
+            ..XcpMetrics::default()
+        };
+        r.gpu_metrics = Some(GpuMetrics {
+            xcp: vec![xcp(5), xcp(6)],
+            ..GpuMetrics::default()
+        });
+        let pct = |v| XcpViolationPercentages {
+            low_utilization: vec![Some(v)],
+            ..XcpViolationPercentages::default()
+        };
+        r.violations = Some(ViolationPercentages {
+            xcp: vec![pct(25.0), pct(50.0)],
+            ..ViolationPercentages::default()
+        });
+        let families = render_default(&inv, &sample);
+        let of = |name: &str| -> Vec<(String, String, f64)> {
+            family(&families, name)
+                .series
+                .iter()
+                .map(|s| {
+                    (
+                        label(s, "gpu_partition_id").to_owned(),
+                        label(s, "xcc_index").to_owned(),
+                        s.value,
+                    )
+                })
+                .collect()
+        };
+        assert_eq!(
+            of("gpu_violation_low_utilization_accumulated"),
+            [("0".into(), "0".into(), 5.0), ("1".into(), "0".into(), 6.0)]
+        );
+        assert_eq!(
+            of("gpu_violation_low_utilization_percentage"),
+            [("0".into(), "0".into(), 25.0)],
+            "partition 0 only, from its own XCP entry"
+        );
+    }
+
     #[test]
     fn gpu_metrics_families_per_index_and_per_partition() {
         use crate::telemetry::gpu_metrics::{GpuMetrics, XcpMetrics};

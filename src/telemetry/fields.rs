@@ -404,7 +404,8 @@ pub const ZERO_ON_OTHER_PARTITIONS: &[&str] = &[
 /// Which series an [`IndexedField`] has.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Scope {
-    /// Device-level: on the primary partition of each physical GPU.
+    /// Device-level: on the primary partition of each physical GPU (for
+    /// the per-XCP fields, from the primary partition's own entry).
     Device,
     /// One set per partition (logical GPU), from its XCP's entry of the table.
     Partition,
@@ -582,12 +583,16 @@ pub const INDEXED_FIELDS: &[IndexedField] = &[
         scope: Scope::Partition,
         values: |r, p| xcp(r, p, |x| list64(&x.gfx_below_host_limit_total_acc)),
     },
+    // The percentages are the primary partition's only, from its own XCP
+    // entry: the reference documents them "applicable for primary partition
+    // (partition_id=0); suppressed for all other partitions", where the
+    // accumulated counters above are "emitted for all partitions".
     IndexedField {
         field: "GPU_VIOLATION_GFX_CLOCK_BELOW_HOST_LIMIT_POWER_PERCENTAGE",
         name: "gpu_violation_gfx_clock_below_host_limit_power_percentage",
         help: "GFX clock below host limit (power) since the previous sample, percent",
         label: "xcc_index",
-        scope: Scope::Partition,
+        scope: Scope::Device,
         values: |r, p| xcp_pct(r, p, |x| &x.below_host_limit_power),
     },
     IndexedField {
@@ -595,7 +600,7 @@ pub const INDEXED_FIELDS: &[IndexedField] = &[
         name: "gpu_violation_gfx_clock_below_host_limit_thermal_percentage",
         help: "GFX clock below host limit (thermal) since the previous sample, percent",
         label: "xcc_index",
-        scope: Scope::Partition,
+        scope: Scope::Device,
         values: |r, p| xcp_pct(r, p, |x| &x.below_host_limit_thermal),
     },
     IndexedField {
@@ -603,7 +608,7 @@ pub const INDEXED_FIELDS: &[IndexedField] = &[
         name: "gpu_violation_low_utilization_percentage",
         help: "GFX low utilization since the previous sample, percent",
         label: "xcc_index",
-        scope: Scope::Partition,
+        scope: Scope::Device,
         values: |r, p| xcp_pct(r, p, |x| &x.low_utilization),
     },
     IndexedField {
@@ -611,7 +616,7 @@ pub const INDEXED_FIELDS: &[IndexedField] = &[
         name: "gpu_violation_gfx_clock_below_host_limit_total_percentage",
         help: "GFX clock below host limit (all causes) since the previous sample, percent",
         label: "xcc_index",
-        scope: Scope::Partition,
+        scope: Scope::Device,
         values: |r, p| xcp_pct(r, p, |x| &x.below_host_limit_total),
     },
 ];
