@@ -220,7 +220,7 @@ const DASHBOARD_EXCLUSIONS: &[(&str, &str)] = &[
 
 /// The families that have at least one series: a panel needs a sample, not
 /// only a `# TYPE` line.
-fn names_with_series(families: &[super::render::Family]) -> BTreeSet<&str> {
+pub(super) fn names_with_series(families: &[super::render::Family]) -> BTreeSet<&str> {
     families
         .iter()
         .filter(|f| !f.series.is_empty())

@@ -38,6 +38,8 @@ pub mod podresources;
 pub mod pods;
 pub mod render;
 pub mod server;
+#[cfg(test)]
+mod support_matrix_tests;
 
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};
