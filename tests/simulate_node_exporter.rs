@@ -21,34 +21,16 @@ use gpu_operator::host::reader::BoundedReader;
 use gpu_operator::simulate::{self, SimSpec};
 use gpu_operator::telemetry::sample::{HostSample, Sampler, Scope};
 use support::hosts::SimHost;
+use support::tools::Tool;
 use support::wait;
 
-const DEFAULT_BINARY: &str = "/usr/bin/prometheus-node-exporter";
-
-/// The node exporter binary, or `None` (after saying why) when the tests should
-/// skip. Panics when it is absent and `REQUIRE_NODE_EXPORTER` is set.
-fn node_exporter() -> Option<PathBuf> {
-    let binary = std::env::var_os("NODE_EXPORTER")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(DEFAULT_BINARY));
-    if binary.is_file() {
-        return Some(binary);
-    }
-    let required = std::env::var("REQUIRE_NODE_EXPORTER")
-        .is_ok_and(|v| !v.is_empty() && v != "0" && !v.eq_ignore_ascii_case("false"));
-    assert!(
-        !required,
-        "REQUIRE_NODE_EXPORTER is set but the node exporter is not at {} \
-         (install Debian's prometheus-node-exporter, or set NODE_EXPORTER)",
-        binary.display()
-    );
-    eprintln!(
-        "SKIPPED: the node exporter is not at {} (install Debian's prometheus-node-exporter, \
-         or set NODE_EXPORTER); set REQUIRE_NODE_EXPORTER=1 to make this a failure",
-        binary.display()
-    );
-    None
-}
+const NODE_EXPORTER: Tool = Tool {
+    what: "the node exporter",
+    path_var: "NODE_EXPORTER",
+    default: "/usr/bin/prometheus-node-exporter",
+    require_var: "REQUIRE_NODE_EXPORTER",
+    install: "install Debian's prometheus-node-exporter",
+};
 
 /// A running node exporter; killed (and reaped) on drop.
 struct Exporter {
@@ -414,7 +396,7 @@ fn hwmon_temperature(metrics: &Metrics, chip: &str, label: &str) -> Option<f64> 
 
 #[test]
 fn node_exporter_reports_every_card_of_an_eight_gpu_mi210_host() {
-    let Some(binary) = node_exporter() else {
+    let Some(binary) = NODE_EXPORTER.find() else {
         return;
     };
     let host = simulated("mi210", Some(8), None);
@@ -426,7 +408,7 @@ fn node_exporter_reports_every_card_of_an_eight_gpu_mi210_host() {
 
 #[test]
 fn node_exporter_reads_an_mi300x_host() {
-    let Some(binary) = node_exporter() else {
+    let Some(binary) = NODE_EXPORTER.find() else {
         return;
     };
     // Two MI300X GPUs: card0 and card8 (each GPU reserves eight DRM minors).
@@ -440,7 +422,7 @@ fn node_exporter_reads_an_mi300x_host() {
 
 #[test]
 fn node_exporter_reads_a_partitioned_mi300x_host() {
-    let Some(binary) = node_exporter() else {
+    let Some(binary) = NODE_EXPORTER.find() else {
         return;
     };
     // CPX: cards 1-7 belong to partitions on driverless platform devices, which
@@ -455,7 +437,7 @@ fn node_exporter_reads_a_partitioned_mi300x_host() {
 
 #[test]
 fn node_exporter_reads_every_hwmon_of_an_eight_gpu_mi300x_host() {
-    let Some(binary) = node_exporter() else {
+    let Some(binary) = NODE_EXPORTER.find() else {
         return;
     };
     // Cards card16..card56 are outside the drm collector's one-digit glob

@@ -18,4 +18,5 @@ pub mod metricssvc;
 pub mod pod_resources;
 pub mod promtool;
 pub mod rig;
+pub mod tools;
 pub mod wait;
