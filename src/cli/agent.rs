@@ -46,8 +46,15 @@ pub struct AgentArgs {
     /// 1.36); without it the API server drops the taints.
     #[arg(long)]
     pub dra_device_taints: bool,
-    /// Watch DeviceConfigs in this namespace only; all namespaces when unset.
-    #[arg(long, value_name = "NS", env = "WATCH_NAMESPACE")]
+    /// Follow DeviceConfigs in this namespace only, as leader too; by
+    /// default those of every namespace. Restricting needs the RBAC to
+    /// match (deploy/README.md: "DeviceConfigs in one namespace only").
+    #[arg(
+        long = "watch-namespace",
+        visible_alias = "namespace",
+        value_name = "NS",
+        env = "WATCH_NAMESPACE"
+    )]
     pub namespace: Option<String>,
     #[command(flatten)]
     pub sampling: SamplingArgs,
@@ -149,6 +156,7 @@ pub fn run(args: AgentArgs) -> ExitCode {
                     lease,
                     cluster: crate::cluster::ClusterConfig {
                         instance: args.node_name.clone(),
+                        watch_namespace: args.namespace.clone(),
                         check_secret_references: args.check_secret_references,
                         upgrade_timeouts: args.upgrade_timeouts.timeouts(),
                         remediation_confirm: args.remediation_confirm.confirm(),

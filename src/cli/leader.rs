@@ -17,6 +17,10 @@ pub struct LeaderArgs {
     /// Namespace of the leader-election Lease; without it, lead unconditionally.
     #[arg(long, value_name = "NS", env = "POD_NAMESPACE")]
     pub lease_namespace: Option<String>,
+    /// Follow DeviceConfigs in this namespace only; by default those of
+    /// every namespace.
+    #[arg(long, value_name = "NS", env = "WATCH_NAMESPACE")]
+    pub watch_namespace: Option<String>,
     /// Identity in the Lease.
     #[arg(long, value_name = "ID", default_value = "standalone-leader")]
     pub identity: String,
@@ -35,6 +39,7 @@ pub fn run(args: LeaderArgs) -> ExitCode {
         let shutdown = shutdown_on_signals();
         let config = crate::cluster::ClusterConfig {
             namespace: args.lease_namespace.clone(),
+            watch_namespace: args.watch_namespace.clone(),
             upgrade_timeouts: args.upgrade_timeouts.timeouts(),
             remediation_confirm: args.remediation_confirm.confirm(),
             eviction_client: Some(eviction_client),

@@ -54,11 +54,17 @@ pub struct ClusterConfig {
     pub teardown_timeout: Duration,
     /// Identity shown on Events.
     pub instance: String,
-    /// The operator's namespace, where owned Services are watched so that a
-    /// deleted or edited one is put back at once. `None` watches every
-    /// namespace, which needs cluster-wide list/watch on Services. Owned objects
-    /// elsewhere are still repaired, at the DeviceConfig's next reconcile.
+    /// The operator's namespace, where the agents run: the metrics Service
+    /// (and ServiceMonitor) of every DeviceConfig lives there, since a
+    /// Service selects pods of its own namespace only, and is watched there
+    /// so that a deleted or edited one is put back at once; remediation's
+    /// default drain leaves its pods alone. `None` (a leader without a
+    /// Lease) takes each DeviceConfig's own namespace for it and watches
+    /// owned Services in every namespace.
     pub namespace: Option<String>,
+    /// The one namespace whose DeviceConfigs are followed (`--watch-namespace`,
+    /// the agents' too); `None`, the default, follows every namespace.
+    pub watch_namespace: Option<String>,
     /// Also report Secrets the DeviceConfig names that do not exist. Needs the
     /// optional Role in deploy/optional/ (the agents hold no right on Secrets
     /// by default); off, a missing Secret is reported where it is consumed.
@@ -102,6 +108,7 @@ impl Default for ClusterConfig {
             teardown_timeout: Duration::from_secs(300),
             instance: "gpu-operator".into(),
             namespace: None,
+            watch_namespace: None,
             check_secret_references: false,
             upgrade_timeouts: upgrade::Timeouts::default(),
             remediation_confirm: crate::remediation::plan::Confirm::default(),
@@ -306,11 +313,12 @@ pub async fn reconcile_until_cancelled(
     .default_backoff();
     let node_events = relevant_node_changes(node_events);
 
-    let controller = Controller::new(
-        Api::<DeviceConfig>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .with_config(controller::Config::default().debounce(Duration::from_millis(200)));
+    let device_configs: Api<DeviceConfig> = match &config.watch_namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    let controller = Controller::new(device_configs, watcher::Config::default())
+        .with_config(controller::Config::default().debounce(Duration::from_millis(200)));
     let configs = controller.store();
     let recorder = SeriesRecorder::new(
         client.clone(),
@@ -349,10 +357,16 @@ pub async fn reconcile_until_cancelled(
     context.teardown_timeout = config.teardown_timeout;
     context.stats = stats;
     context.owned_services = Some((services, config.namespace.clone()));
+    context.operator_namespace = config.namespace.clone();
     context.check_secret_references = config.check_secret_references;
     let mapper_configs = configs.clone();
     controller
-        .owns_stream(service_events)
+        // Each owned Service back to its DeviceConfig: by owner reference, or
+        // for a DeviceConfig elsewhere than the agents' namespace (no owner
+        // reference crosses namespaces) by its annotation.
+        .watches_stream(service_events, |service: Service| {
+            resources::owner_of(&service.metadata)
+        })
         // A drain that ended, or is stuck on something new, moves its upgrade.
         .reconcile_on(drain_moved)
         .watches_stream(node_events, move |_node: Node| {

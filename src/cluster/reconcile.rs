@@ -85,6 +85,10 @@ pub struct Context {
     /// The owned Services the leader watches, and the namespace watched (`None`:
     /// all). Outside it, nothing is known and deletes are simply sent.
     pub owned_services: Option<(Store<Service>, Option<String>)>,
+    /// The agents' namespace, where the metrics Service and ServiceMonitor
+    /// of every DeviceConfig are kept (see [`resources::owned_namespace`]);
+    /// `None`: each DeviceConfig's own.
+    pub operator_namespace: Option<String>,
     /// Look up the Secrets a DeviceConfig names too (see
     /// [`super::ClusterConfig::check_secret_references`]).
     pub check_secret_references: bool,
@@ -131,6 +135,7 @@ impl Context {
             last_status_write: Mutex::new(HashMap::new()),
             stats: Arc::default(),
             owned_services: None,
+            operator_namespace: None,
             check_secret_references: false,
             upgrades,
             drains,
@@ -538,13 +543,13 @@ async fn missing_references(dc: &DeviceConfig, ctx: &Context) -> Result<Vec<Stri
                 "{}: {} {name:?} does not exist",
                 reference.path, reference.kind
             )),
-            // The RBAC in deploy/ covers the operator's namespace only (and
-            // Secrets only with the optional Role). Retrying cannot help;
-            // saying so in the status can.
+            // The RBAC in deploy/ may cover some namespaces only (restricted
+            // to one, deploy/README.md), and Secrets only with the optional
+            // Role. Retrying cannot help; saying so in the status can.
             Err(kube::Error::Api(status)) if status.code == 403 => missing.push(format!(
                 "{}: {} {name:?} cannot be read in namespace {ns:?}: the operator may read \
-                 ConfigMaps only in its own namespace, and Secrets only with the optional \
-                 Role of deploy/optional/ (deploy/10-rbac.yaml)",
+                 ConfigMaps only where ClusterRole gpu-operator-deviceconfigs is bound, and \
+                 Secrets only with the optional Role of deploy/optional/ (deploy/10-rbac.yaml)",
                 reference.path, reference.kind
             )),
             Err(e) => {
@@ -592,8 +597,9 @@ fn conflicts(
 /// the DRA DeviceClass.
 async fn apply_owned(dc: &DeviceConfig, ctx: &Context) -> Result<(), Error> {
     sync_device_class(ctx).await?;
-    sync_service(dc, ctx, metrics_service(dc)).await?;
-    let wanted = service_monitor(dc);
+    let agents = ctx.operator_namespace.as_deref();
+    sync_service(dc, ctx, metrics_service(dc, agents)).await?;
+    let wanted = service_monitor(dc, agents);
     if wanted.is_none() && !dc.spec.metrics_exporter.wants_service_monitor() && dc.status.is_none()
     {
         // Nothing to create and nothing we could have created before.
@@ -617,8 +623,9 @@ async fn sync_service(
     ctx: &Context,
     wanted: Option<Service>,
 ) -> Result<(), Error> {
-    let name = resources::metrics_service_name(dc);
-    let namespace = dc.namespace().unwrap_or_default();
+    let agents = ctx.operator_namespace.as_deref();
+    let name = resources::metrics_service_name(dc, agents);
+    let namespace = resources::owned_namespace(dc, agents);
     let services: Api<Service> = Api::namespaced(ctx.client.clone(), &namespace);
     match wanted {
         Some(service) => {
@@ -653,10 +660,11 @@ async fn sync_service_monitor(
         }
         return Ok(());
     }
-    let name = resources::metrics_service_name(dc);
+    let agents = ctx.operator_namespace.as_deref();
+    let name = resources::metrics_service_name(dc, agents);
     let monitors: Api<DynamicObject> = Api::namespaced_with(
         ctx.client.clone(),
-        &dc.namespace().unwrap_or_default(),
+        &resources::owned_namespace(dc, agents),
         &resource,
     );
     match wanted {

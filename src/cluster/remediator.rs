@@ -545,7 +545,12 @@ async fn advance(
         return Ok(summary);
     }
 
-    let operator_namespace = dc.namespace().unwrap_or_default();
+    // The agents' namespace, whatever the DeviceConfig's (which may hold
+    // workloads of its own).
+    let operator_namespace = ctx
+        .operator_namespace
+        .clone()
+        .unwrap_or_else(|| dc.namespace().unwrap_or_default());
     let drains = drain_policy(rw, &operator_namespace);
     for candidate in &admission.start {
         let Some((_, facts, node)) = candidates.iter().find(|(c, _, _)| c.node == candidate.node)
