@@ -1,8 +1,11 @@
 //! deploy/15-admission-policy.yaml against recorded admission requests.
 //!
 //! Three ValidatingAdmissionPolicies. The first lets only the pod holding the
-//! leader Lease write Nodes other than its own, Services and the DeviceClass
-//! (gpu.amd.com only), and evict or delete Pods. The second keeps every agent
+//! leader Lease write Nodes other than its own, its metrics Services and
+//! ServiceMonitors (beside the agents), the DeviceClass (gpu.amd.com only),
+//! DeviceConfig status and finalizer, the RemediationWorkflowStatus and
+//! Events outside "default" (about DeviceConfigs only), in any namespace,
+//! and evict or delete Pods. The second keeps every agent
 //! to its own node's ResourceSlices of driver gpu.amd.com. The third keeps
 //! node detection (deploy/optional/node-detection.yaml) to its own Node's
 //! two labels. They are judged
@@ -214,6 +217,126 @@ fn cases() -> Vec<(&'static str, Option<&'static str>, Decision)> {
         ),
         (
             "non-leader-patches-remediation-workflow-status.json",
+            lease,
+            Denied,
+        ),
+        // DeviceConfigs in other namespaces are followed too (10-rbac.yaml
+        // grants their rights in every namespace): the same rules hold
+        // there.
+        (
+            "leader-patches-deviceconfig-status-in-another-namespace.json",
+            lease,
+            Allowed,
+        ),
+        (
+            "leader-adds-its-finalizer-in-another-namespace.json",
+            lease,
+            Allowed,
+        ),
+        (
+            "leader-removes-its-finalizer-in-another-namespace.json",
+            lease,
+            Allowed,
+        ),
+        (
+            "leader-patches-deviceconfig-spec-in-another-namespace.json",
+            lease,
+            Denied,
+        ),
+        (
+            "non-leader-patches-deviceconfig-status-in-another-namespace.json",
+            lease,
+            Denied,
+        ),
+        (
+            "non-leader-adds-the-finalizer-in-another-namespace.json",
+            lease,
+            Denied,
+        ),
+        (
+            "non-leader-removes-the-finalizer-in-another-namespace.json",
+            lease,
+            Denied,
+        ),
+        (
+            "leader-creates-remediation-workflow-status-in-another-namespace.json",
+            lease,
+            Allowed,
+        ),
+        (
+            "non-leader-creates-remediation-workflow-status-in-another-namespace.json",
+            lease,
+            Denied,
+        ),
+        // RBAC cannot limit create to a name: the policy keeps it to "default".
+        (
+            "leader-creates-another-remediation-workflow-status.json",
+            lease,
+            Denied,
+        ),
+        // Events outside "default": the leader's, about a DeviceConfig of
+        // the Event's namespace, and nothing else.
+        (
+            "leader-records-a-deviceconfig-event-in-another-namespace.json",
+            lease,
+            Allowed,
+        ),
+        (
+            "leader-repeats-a-deviceconfig-event-in-another-namespace.json",
+            lease,
+            Allowed,
+        ),
+        (
+            "non-leader-records-a-deviceconfig-event-in-another-namespace.json",
+            lease,
+            Denied,
+        ),
+        (
+            "leader-records-an-event-about-a-pod-in-another-namespace.json",
+            lease,
+            Denied,
+        ),
+        (
+            "leader-records-an-event-in-another-namespace-than-its-deviceconfigs.json",
+            lease,
+            Denied,
+        ),
+        // Events about Nodes, in "default", are every agent's node work.
+        ("non-leader-records-a-node-event.json", lease, NotMatched),
+        // The metrics Services and ServiceMonitors the leader owns, for
+        // DeviceConfigs anywhere, are kept beside the agents; even the
+        // leader writes no other Service.
+        (
+            "leader-applies-the-service-of-a-deviceconfig-elsewhere.json",
+            lease,
+            Allowed,
+        ),
+        (
+            "leader-creates-service-in-another-namespace.json",
+            lease,
+            Denied,
+        ),
+        (
+            "leader-creates-service-selecting-other-pods.json",
+            lease,
+            Denied,
+        ),
+        (
+            "leader-creates-service-with-external-ips.json",
+            lease,
+            Denied,
+        ),
+        ("leader-creates-load-balancer-service.json", lease, Denied),
+        (
+            "leader-takes-over-someone-elses-service.json",
+            lease,
+            Denied,
+        ),
+        ("leader-deletes-someone-elses-service.json", lease, Denied),
+        ("leader-creates-service-monitor.json", lease, Allowed),
+        ("non-leader-creates-service-monitor.json", lease, Denied),
+        (
+            "leader-deletes-someone-elses-service-monitor.json",
             lease,
             Denied,
         ),
@@ -729,6 +852,75 @@ fn an_expression_that_errs_fails_these_tests() {
     );
 }
 
+/// The metrics Service and ServiceMonitor the leader really writes
+/// (`metrics_service`, `service_monitor` in src/cluster/resources.rs), for a
+/// DeviceConfig beside the agents and for one in another namespace, pass
+/// the policy's rules on them when the Lease holder applies them, and are
+/// refused to another agent: the policy and the code agree on the label,
+/// selector and namespace.
+#[test]
+fn the_services_the_leader_writes_pass_the_policy() {
+    use gpu_operator::cluster::resources::{metrics_service, service_monitor};
+    let (policy, binding) = policy(LEADER_POLICY);
+    let lease = fixture("lease.json");
+    let agents = lease["metadata"]["namespace"].as_str().unwrap().to_owned();
+    let leader = fixture("leader-creates-service.json")["request"]["userInfo"].clone();
+    let other = fixture("non-leader-creates-service.json")["request"]["userInfo"].clone();
+    let review = |user: &Value, resource: &str, group: &str, object: Value| {
+        serde_json::json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": "u", "operation": "CREATE", "userInfo": user,
+                "name": object["metadata"]["name"], "namespace": object["metadata"]["namespace"],
+                "kind": {"group": group, "version": "v1", "kind": object["kind"]},
+                "resource": {"group": group, "version": "v1", "resource": resource},
+                "object": object, "oldObject": null}})
+    };
+    for namespace in [agents.as_str(), "team-a"] {
+        let dc: gpu_operator::api::DeviceConfig = serde_json::from_value(serde_json::json!({
+            "apiVersion": "amd.com/v1alpha1", "kind": "DeviceConfig",
+            "metadata": {"name": "gpus", "namespace": namespace, "uid": "u1"},
+            "spec": {"metricsExporter": {"enable": true, "serviceType": "NodePort",
+                "prometheus": {"serviceMonitor": {"enable": true,
+                    // A user's label of the same key does not take the mark off.
+                    "labels": {"app.kubernetes.io/name": "mine", "release": "prom"}}}}}
+        }))
+        .unwrap();
+        let mut service =
+            serde_json::to_value(metrics_service(&dc, Some(&agents)).unwrap()).unwrap();
+        service["apiVersion"] = "v1".into();
+        service["kind"] = "Service".into();
+        let mut monitor =
+            serde_json::to_value(service_monitor(&dc, Some(&agents)).unwrap()).unwrap();
+        monitor["apiVersion"] = "monitoring.coreos.com/v1".into();
+        monitor["kind"] = "ServiceMonitor".into();
+        for (resource, group, object) in [
+            ("services", "", service),
+            ("servicemonitors", "monitoring.coreos.com", monitor),
+        ] {
+            assert_eq!(object["metadata"]["namespace"], agents.as_str(), "{object}");
+            assert_eq!(
+                decide(
+                    &policy,
+                    &binding,
+                    &review(&leader, resource, group, object.clone()),
+                    Some(&lease)
+                ),
+                Decision::Allowed,
+                "the leader's {resource} for {namespace}/gpus: {object}"
+            );
+            assert_eq!(
+                decide(
+                    &policy,
+                    &binding,
+                    &review(&other, resource, group, object.clone()),
+                    Some(&lease)
+                ),
+                Decision::Denied,
+                "another agent's {resource} for {namespace}/gpus"
+            );
+        }
+    }
+}
+
 /// The writes only the leader makes, as RBAC grants them to every agent
 /// (group, resource, verb). Each must be granted by deploy/10-rbac.yaml (so
 /// that this list follows it) and matched by the leader-only policy, so
@@ -749,6 +941,10 @@ const LEADER_WRITES: &[(&str, &str, &str)] = &[
     ("resource.k8s.io", "deviceclasses", "create"),
     ("resource.k8s.io", "deviceclasses", "patch"),
     ("resource.k8s.io", "deviceclasses", "delete"),
+    // Everywhere but "default" (Events about Nodes); only Events about
+    // DeviceConfigs there.
+    ("events.k8s.io", "events", "create"),
+    ("events.k8s.io", "events", "patch"),
 ];
 
 #[test]

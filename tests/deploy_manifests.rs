@@ -298,10 +298,11 @@ fn daemonset_environment_is_what_the_cli_reads() {
         field_ref(&container, "POD_NAMESPACE").as_deref(),
         Some("metadata.namespace")
     );
-    // DeviceConfigs outside the pod's namespace are not followed (see 10-rbac.yaml).
-    assert_eq!(
-        field_ref(&container, "WATCH_NAMESPACE").as_deref(),
-        Some("metadata.namespace")
+    // DeviceConfigs are followed in every namespace (10-rbac.yaml binds
+    // gpu-operator-deviceconfigs cluster-wide): no WATCH_NAMESPACE.
+    assert!(
+        !env_map(&container).contains_key("WATCH_NAMESPACE"),
+        "the DaemonSet restricts the agents to one namespace, and 10-rbac.yaml grants every namespace"
     );
     assert_eq!(env_value(&container, "GPU_OPERATOR_HOST_ROOT"), "/host");
 
@@ -1182,8 +1183,11 @@ const NEEDS: &[Need] = &[
     // POD_UUID and ExtraPodLabels.
     need("", "pods", "list", Scope::Cluster),
     need("", "pods", "watch", Scope::Cluster),
-    // DeviceConfigs. list, watch: spawn_config_reflector (src/agent/mod.rs);
-    // the leader's Controller in reconcile_until_cancelled, all namespaces.
+    // DeviceConfigs, in every namespace (ClusterRole
+    // gpu-operator-deviceconfigs, bound cluster-wide; WATCH_NAMESPACE
+    // narrows both the code and that binding to one). list, watch:
+    // spawn_config_reflector (src/agent/mod.rs); the leader's Controller in
+    // reconcile_until_cancelled (src/cluster/mod.rs).
     need("amd.com", "deviceconfigs", "list", Scope::Cluster),
     need("amd.com", "deviceconfigs", "watch", Scope::Cluster),
     // patch: patch_finalizers (src/cluster/reconcile.rs), on whatever the
@@ -1200,24 +1204,27 @@ const NEEDS: &[Need] = &[
     named("coordination.k8s.io", "leases", "list",   OPERATOR_NS, LEASE),
     named("coordination.k8s.io", "leases", "watch",  OPERATOR_NS, LEASE),
     named("coordination.k8s.io", "leases", "update", OPERATOR_NS, LEASE),
-    // ConfigMaps a DeviceConfig names: missing_references
-    // (src/cluster/reconcile.rs) checks they exist; ConfigMapFollower
-    // (src/agent/configmaps.rs) watches the exporter and test runner ones.
-    // The remediation mapping: mapping_of (src/cluster/remediator.rs).
-    need("", "configmaps", "get", OPERATOR_NS),
-    need("", "configmaps", "list", OPERATOR_NS),
-    need("", "configmaps", "watch", OPERATOR_NS),
-    // The RemediationWorkflowStatus "default": sync_runs
-    // (src/cluster/remediator.rs) reads it, creates it when missing, and
-    // writes its status.
-    need( "amd.com", "remediationworkflowstatuses", "create", OPERATOR_NS),
-    named("amd.com", "remediationworkflowstatuses", "get", OPERATOR_NS, "default"),
-    named("amd.com", "remediationworkflowstatuses/status", "patch", OPERATOR_NS, "default"),
+    // ConfigMaps a DeviceConfig names, in its namespace (any):
+    // missing_references (src/cluster/reconcile.rs) checks they exist;
+    // ConfigMapFollower (src/agent/configmaps.rs) watches the exporter, test
+    // runner and partition ones. The remediation mapping: mapping_of
+    // (src/cluster/remediator.rs).
+    need("", "configmaps", "get", Scope::Cluster),
+    need("", "configmaps", "list", Scope::Cluster),
+    need("", "configmaps", "watch", Scope::Cluster),
+    // The RemediationWorkflowStatus "default" of the DeviceConfig's
+    // namespace (any): sync_runs (src/cluster/remediator.rs) reads it,
+    // creates it when missing, and writes its status.
+    need( "amd.com", "remediationworkflowstatuses", "create", Scope::Cluster),
+    named("amd.com", "remediationworkflowstatuses", "get", Scope::Cluster, "default"),
+    named("amd.com", "remediationworkflowstatuses/status", "patch", Scope::Cluster, "default"),
     // No Secrets: missing_references looks them up only with
     // --check-secret-references and deploy/optional/secret-references.yaml.
-    // The metrics Service: server-side apply in apply_owned
-    // (src/cluster/reconcile.rs; authorized as patch, and as create when the
-    // object is new); delete in apply_owned and tear_down.
+    // The metrics Service of every DeviceConfig, wherever it lives, is kept
+    // in the agents' namespace (owned_namespace, src/cluster/resources.rs):
+    // server-side apply in apply_owned (src/cluster/reconcile.rs; authorized
+    // as patch, and as create when the object is new); delete in apply_owned
+    // and tear_down.
     need("", "services", "create", OPERATOR_NS),
     need("", "services", "patch", OPERATOR_NS),
     need("", "services", "delete", OPERATOR_NS),
@@ -1258,10 +1265,10 @@ const NEEDS: &[Need] = &[
     named("resource.k8s.io", "deviceclasses", "delete", Scope::Cluster, DRA_DRIVER),
     // Events: SeriesRecorder (src/events.rs) creates, then patches a repeating series.
     // About DeviceConfigs (Context::event, src/cluster/reconcile.rs) in their
-    // namespace; about Nodes (EventSink in src/events.rs, for the agent's
+    // namespace (any); about Nodes (EventSink in src/events.rs, for the agent's
     // warnings and publish_node_health in src/health/node.rs) in "default".
-    need("events.k8s.io", "events", "create", OPERATOR_NS),
-    need("events.k8s.io", "events", "patch", OPERATOR_NS),
+    need("events.k8s.io", "events", "create", Scope::Cluster),
+    need("events.k8s.io", "events", "patch", Scope::Cluster),
     need("events.k8s.io", "events", "create", NODE_EVENTS_NS),
     need("events.k8s.io", "events", "patch", NODE_EVENTS_NS),
     // Test results: labelled core/v1 Events about the Node, in "default"
@@ -1522,6 +1529,77 @@ fn rbac_grants_nothing_the_code_does_not_need() {
     }
 }
 
+/// The rights that follow DeviceConfigs into their namespace: what the
+/// agents and the leader do in each namespace whose DeviceConfigs they
+/// follow. All of them, and nothing else, are in ClusterRole
+/// gpu-operator-deviceconfigs, so that following one namespace only
+/// (deploy/README.md: WATCH_NAMESPACE, and a RoleBinding of that
+/// ClusterRole there instead of its ClusterRoleBinding) keeps every call
+/// there and grants none elsewhere.
+const DEVICE_CONFIG_NAMESPACE_RESOURCES: &[(&str, &str)] = &[
+    ("amd.com", "deviceconfigs"),
+    ("amd.com", "deviceconfigs/status"),
+    ("", "configmaps"),
+    ("amd.com", "remediationworkflowstatuses"),
+    ("amd.com", "remediationworkflowstatuses/status"),
+    ("events.k8s.io", "events"),
+];
+
+#[test]
+fn following_one_namespace_only_keeps_every_call_there_and_grants_none_elsewhere() {
+    const ROLE: &str = "ClusterRole gpu-operator-deviceconfigs";
+    let follows = |n: &Need| {
+        DEVICE_CONFIG_NAMESPACE_RESOURCES.contains(&(n.group, n.resource))
+            && n.scope == Scope::Cluster
+    };
+    let needs: Vec<&Need> = NEEDS.iter().filter(|n| follows(n)).collect();
+    assert!(needs.len() >= 10, "{needs:?}");
+    // The default: every namespace, through the ClusterRoleBinding.
+    let all = grants();
+    assert!(
+        all.iter().any(|g| g.from == ROLE && g.namespace.is_none()),
+        "deploy/10-rbac.yaml binds {ROLE} cluster-wide by default"
+    );
+    // The role holds these rights and no other: nothing cluster-scoped,
+    // which a RoleBinding could not grant.
+    for g in all.iter().filter(|g| g.from == ROLE) {
+        for group in g.rule.api_groups.iter().flatten() {
+            for resource in g.rule.resources.iter().flatten() {
+                assert!(
+                    DEVICE_CONFIG_NAMESPACE_RESOURCES
+                        .contains(&(group.as_str(), resource.as_str())),
+                    "{ROLE} grants {group}/{resource}, which does not follow DeviceConfigs"
+                );
+            }
+        }
+    }
+    // Bound in team-a alone: every such call is allowed there, none in team-b.
+    let one: Vec<Grant> = all
+        .into_iter()
+        .map(|mut g| {
+            if g.from == ROLE {
+                g.namespace = Some("team-a".into());
+            }
+            g
+        })
+        .collect();
+    for need in needs {
+        let there = Need {
+            scope: Scope::Namespace("team-a"),
+            ..*need
+        };
+        let elsewhere = Need {
+            scope: Scope::Namespace("team-b"),
+            ..*need
+        };
+        assert!(allowed(&one, &there), "not allowed in team-a: {need:?}");
+        assert!(
+            !allowed(&one, &elsewhere),
+            "still allowed in team-b by another rule: {need:?}"
+        );
+    }
+}
+
 // ---------------------------------------------------------------------------
 // DeviceConfigs: the one installed with deploy/, and the standalone config
 
@@ -1553,7 +1631,7 @@ fn deployed_device_config_is_valid_and_selects_the_agents_nodes() {
     assert_eq!(
         config.metadata.namespace.as_deref(),
         Some(NAMESPACE),
-        "agents only follow DeviceConfigs in their own namespace (WATCH_NAMESPACE)"
+        "the installed DeviceConfig lives beside the agents, as the reference's does"
     );
     // Nothing to install: driver management needs privileges the DaemonSet
     // does not have yet.

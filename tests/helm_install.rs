@@ -108,7 +108,8 @@ fn start_agent(
     lease.renew_every = Duration::from_secs(1);
     let config = AgentConfig {
         node_name: node.into(),
-        namespace: Some(NAMESPACE.into()),
+        // As the chart's DaemonSet: DeviceConfigs of every namespace.
+        namespace: None,
         host,
         cdi_dir: kubelet_dir.join("cdi"),
         dra_device_taints: false,

@@ -23,7 +23,7 @@ agent() { # start node $1's agent as the DaemonSet would (env), with the stand-i
   mkdir -p "$WALK/kubelet/gpu-node-$n/device-plugins" "/var/tmp/gpu-walk-rvs-$n"
   # fake-rvs.sh must announce its results under /var/tmp, where the agent reads rvs results.
   NODE_NAME=gpu-node-$n POD_NAME=gpu-operator-pod$n POD_NAMESPACE=kube-amd-gpu \
-  WATCH_NAMESPACE=kube-amd-gpu GPU_OPERATOR_HOST_ROOT=$WALK/hosts/gpu-node-$n \
+  GPU_OPERATOR_HOST_ROOT=$WALK/hosts/gpu-node-$n \
   KUBELET_DIR=$WALK/kubelet/gpu-node-$n FAKE_RVS_DIR=/var/tmp/gpu-walk-rvs-$n \
   nohup "$BIN/gpu-operator" agent --metrics-bind 127.0.0.1:500$n --modprobe "$T/modprobe" \
     --reboot-command "$T/reboot" --rvs "$REPO/tests/fixtures/testrunner/fake-rvs.sh" \
