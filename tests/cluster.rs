@@ -18,7 +18,7 @@ use gpu_operator::host::HostRoot;
 use gpu_operator::simulate::{self, SimSpec};
 use gpu_operator::testrunner::Commands;
 use kube::api::{DeleteParams, Patch, PatchParams};
-use kube::{Api, Client};
+use kube::{Api, Client, ResourceExt};
 use kube_emulator::Emulator;
 use serde_json::{Value, json};
 use support::cluster::{self, NAMESPACE as NS, TestCluster};
@@ -477,6 +477,266 @@ async fn under_the_admission_policy_only_the_leader_writes_device_config_status_
             "the leader reconciles the administrator's change",
             async |f| f.status_of("gpus").await["observedGeneration"] == 2,
         )
+        .await;
+    fleet.stop_all().await;
+}
+
+/// DeviceConfigs in any namespace (the reference's operator watches them
+/// all), under deploy/15-admission-policy.yaml with each agent's own token:
+/// a DeviceConfig in team-a is followed by the agent of the node it selects
+/// (its status annotation names team-a/gpus); the leader writes its status
+/// and finalizer and its Events in team-a, and keeps its metrics Service
+/// beside the agents; another agent may write none of it. A DeviceConfig in
+/// team-b that selects the same node is a conflict: both DeviceConfigs'
+/// status and the node's agent name the other by namespace/name, and the
+/// node runs nothing until it is resolved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn device_configs_in_other_namespaces_are_followed_and_conflict_across_namespaces() {
+    use gpu_operator::api::agent_status::STATUS_ANNOTATION;
+    let labels = [
+        json!({"gpu": "yes", "team": "a"}),
+        json!({"gpu": "yes", "team": "b"}),
+    ];
+    let mut fleet = Fleet::start_under_the_admission_policy(&labels).await;
+    for team in ["team-a", "team-b"] {
+        fleet
+            .cluster
+            .create(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": team}}))
+            .unwrap();
+    }
+    let (leader, _) = fleet.wait_holder(None).await;
+    let leading = fleet.index_of(&leader);
+    let in_ns = |ns: &str| -> Api<DeviceConfig> { Api::namespaced(fleet.cluster.client(), ns) };
+    let status_in = async |ns: &str, name: &str| -> Value {
+        in_ns(ns)
+            .get_opt(name)
+            .await
+            .unwrap()
+            .map(|dc| serde_json::to_value(dc.status).unwrap())
+            .unwrap_or(Value::Null)
+    };
+    let agent_status = |node: &str| -> Value {
+        fleet.cluster.node(node)["metadata"]["annotations"][STATUS_ANNOTATION]
+            .as_str()
+            .and_then(|text| serde_json::from_str(text).ok())
+            .unwrap_or(Value::Null)
+    };
+    fleet
+        .cluster
+        .apply_device_config_in(
+            "team-a",
+            "gpus",
+            json!({"selector": {"team": "a"}, "devicePlugin": {},
+                   "metricsExporter": {"enable": true}}),
+        )
+        .await;
+
+    // Followed: the selected node's agent serves it, the leader reports it.
+    fleet
+        .eventually("team-a/gpus followed on node-0 and Ready", async |_| {
+            let s = status_in("team-a", "gpus").await;
+            condition(&s, "Ready")["status"] == "True"
+                && s["observedGeneration"] == 1
+                && s["devicePlugin"]["nodesMatchingSelectorNumber"] == 1
+                && agent_status("node-0")["deviceConfig"] == "team-a/gpus"
+        })
+        .await;
+    assert!(
+        agent_status("node-1")["deviceConfig"].is_null(),
+        "node-1 is not selected: {}",
+        agent_status("node-1")
+    );
+    let dc = in_ns("team-a").get("gpus").await.unwrap();
+    assert!(
+        dc.finalizers().contains(&FINALIZER.to_string()),
+        "the leader's finalizer in team-a"
+    );
+    // Its metrics Service is kept where the agents it selects are.
+    let service_name = gpu_operator::cluster::resources::metrics_service_name(&dc, Some(NS));
+    let service = fleet
+        .cluster
+        .get("v1", "Service", NS, &service_name)
+        .expect("the metrics Service of team-a/gpus beside the agents");
+    assert_eq!(
+        service["metadata"]["annotations"]["amd.com/deviceconfig"],
+        "team-a/gpus"
+    );
+    assert_eq!(
+        service["spec"]["selector"]["app.kubernetes.io/name"],
+        "gpu-operator"
+    );
+    assert!(
+        fleet
+            .cluster
+            .list("v1", "Service")
+            .iter()
+            .all(|s| s["metadata"]["namespace"] == NS),
+        "no Service outside the agents' namespace"
+    );
+    // No owner reference crosses namespaces; the annotation brings one
+    // deleted by hand back to its DeviceConfig, which puts it back. Nothing
+    // else may be left to trigger a reconcile: wait until node-0's agent has
+    // nothing more to report, the leader has counted it, and nobody has
+    // written anything but the Lease for longer than the leader's status
+    // interval (a throttled status write would reconcile again).
+    fleet
+        .eventually("node-0's last report counted", async |_| {
+            let agent = agent_status("node-0");
+            let services = agent["services"].as_object().cloned().unwrap_or_default();
+            let status = status_in("team-a", "gpus").await;
+            services.contains_key("metricsExporter")
+                && services.values().all(|v| v["state"] == "Running")
+                && status["devicePlugin"]["availableNumber"] == 1
+                && status["metricsExporter"]["availableNumber"] == 1
+        })
+        .await;
+    let writes = || {
+        fleet
+            .cluster
+            .requests()
+            .non_watch()
+            .filter(|k| {
+                !["get", "list"].contains(&k.verb.as_str()) && !k.resource.starts_with("leases")
+            })
+            .total()
+    };
+    let mut quiet = false;
+    for _ in 0..20 {
+        let before = writes();
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        if writes() == before {
+            quiet = true;
+            break;
+        }
+    }
+    assert!(quiet, "the cluster never settled");
+    let first_uid = service["metadata"]["uid"].clone();
+    let services: Api<k8s_openapi::api::core::v1::Service> =
+        Api::namespaced(fleet.cluster.client(), NS);
+    services
+        .delete(&service_name, &DeleteParams::default())
+        .await
+        .unwrap();
+    fleet
+        .eventually("the deleted Service of team-a/gpus put back", async |f| {
+            f.cluster
+                .get("v1", "Service", NS, &service_name)
+                .is_some_and(|s| s["metadata"]["uid"] != first_uid)
+        })
+        .await;
+    // Its Events, in its namespace.
+    fleet
+        .eventually("the Ready Event in team-a", async |f| {
+            f.cluster.list("events.k8s.io/v1", "Event").iter().any(|e| {
+                e["metadata"]["namespace"] == "team-a"
+                    && e["regarding"]["name"] == "gpus"
+                    && e["reason"] == "Ready"
+            })
+        })
+        .await;
+    // Another agent may not write its status or finalizer there.
+    let other = 1 - leading;
+    let not_leading: Api<DeviceConfig> =
+        Api::namespaced(fleet.cluster.client_as(&fleet.agent_user(other)), "team-a");
+    let params = PatchParams::default();
+    for (what, result) in [
+        (
+            "status",
+            not_leading
+                .patch_status(
+                    "gpus",
+                    &params,
+                    &Patch::Merge(json!({"status": {"observedGeneration": 9}})),
+                )
+                .await,
+        ),
+        (
+            "finalizer",
+            not_leading
+                .patch(
+                    "gpus",
+                    &params,
+                    &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+                )
+                .await,
+        ),
+    ] {
+        match result {
+            Err(kube::Error::Api(status)) => assert!(
+                status.code == 403
+                    && status
+                        .message
+                        .contains("ValidatingAdmissionPolicy 'gpu-operator-leader-only'"),
+                "{what}: {status:?}"
+            ),
+            other => panic!("a non-leader's {what} write in team-a was not refused: {other:?}"),
+        }
+    }
+
+    // team-b/wide selects both nodes, node-0 too: a conflict across namespaces.
+    fleet
+        .cluster
+        .apply_device_config_in("team-b", "wide", json!({"selector": {"gpu": "yes"}}))
+        .await;
+    let error_of = async |ns: &str, name: &str| -> String {
+        condition(&status_in(ns, name).await, "Error")["message"]
+            .as_str()
+            .unwrap_or("")
+            .to_owned()
+    };
+    fleet
+        .eventually(
+            "the conflict in both DeviceConfigs and on node-0",
+            async |_| {
+                let a = error_of("team-a", "gpus").await;
+                let b = error_of("team-b", "wide").await;
+                let problems = agent_status("node-0")["problems"].to_string();
+                a.contains("node node-0 is also selected by team-b/wide")
+                    && b.contains("node node-0 is also selected by team-a/gpus")
+                    && !b.contains("node-1")
+                    && problems
+                        .contains("DeviceConfigs team-a/gpus, team-b/wide all select this node")
+            },
+        )
+        .await;
+    let a = status_in("team-a", "gpus").await;
+    assert_eq!(condition(&a, "Ready")["status"], "False", "{a:#}");
+    assert!(
+        agent_status("node-0")["deviceConfig"].is_null(),
+        "node-0 follows neither while they conflict: {}",
+        agent_status("node-0")
+    );
+    // node-1 is team-b/wide's alone.
+    fleet
+        .eventually("node-1 follows team-b/wide", async |_| {
+            agent_status("node-1")["deviceConfig"] == "team-b/wide"
+        })
+        .await;
+
+    // Resolved: team-b/wide no longer takes node-0, and team-a/gpus is Ready again.
+    fleet
+        .cluster
+        .apply_device_config_in("team-b", "wide", json!({"selector": {"team": "b"}}))
+        .await;
+    fleet
+        .eventually("the conflict resolved", async |_| {
+            condition(&status_in("team-a", "gpus").await, "Ready")["status"] == "True"
+                && agent_status("node-0")["deviceConfig"] == "team-a/gpus"
+                && error_of("team-b", "wide").await.is_empty()
+        })
+        .await;
+
+    // Deleted: torn down, its Service removed, its finalizer lifted.
+    in_ns("team-a")
+        .delete("gpus", &DeleteParams::default())
+        .await
+        .unwrap();
+    fleet
+        .eventually("team-a/gpus torn down and gone", async |f| {
+            in_ns("team-a").get_opt("gpus").await.unwrap().is_none()
+                && f.cluster.get("v1", "Service", NS, &service_name).is_none()
+                && agent_status("node-0")["deviceConfig"].is_null()
+        })
         .await;
     fleet.stop_all().await;
 }

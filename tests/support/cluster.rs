@@ -84,7 +84,12 @@ impl TestCluster {
     /// Creates the DeviceConfig `name` in [`NAMESPACE`], or merges `spec` into
     /// the existing one, through the API as an administrator would.
     pub async fn apply_device_config(&self, name: &str, spec: Value) {
-        let api = self.device_configs();
+        self.apply_device_config_in(NAMESPACE, name, spec).await;
+    }
+
+    /// As [`TestCluster::apply_device_config`], in `namespace` (which must exist).
+    pub async fn apply_device_config_in(&self, namespace: &str, name: &str, spec: Value) {
+        let api: Api<DeviceConfig> = Api::namespaced(self.emulator.client(), namespace);
         if api.get_opt(name).await.unwrap().is_some() {
             api.patch(
                 name,
@@ -96,7 +101,7 @@ impl TestCluster {
         } else {
             let object: DeviceConfig = serde_json::from_value(json!({
                 "apiVersion": "amd.com/v1alpha1", "kind": "DeviceConfig",
-                "metadata": {"name": name, "namespace": NAMESPACE},
+                "metadata": {"name": name, "namespace": namespace},
                 "spec": spec,
             }))
             .unwrap();
