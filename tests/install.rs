@@ -50,6 +50,19 @@ fn said(out: &Output) -> String {
     )
 }
 
+/// Writes the driver upgrade states of DeviceConfig "gpus" in `configs`'
+/// namespace, as the leader would.
+async fn set_upgrade_states(configs: &Api<gpu_operator::api::DeviceConfig>, states: Value) {
+    configs
+        .patch_status(
+            "gpus",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"nodeModuleStatus": states}})),
+        )
+        .await
+        .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crd_apply_installs_and_upgrades_the_crds_and_refuses_during_a_driver_upgrade() {
     let emu = Emulator::start(EmulatorConfig::default()).await.unwrap();
@@ -99,16 +112,12 @@ async fn crd_apply_installs_and_upgrades_the_crds_and_refuses_during_a_driver_up
     )
     .unwrap();
     let configs: Api<gpu_operator::api::DeviceConfig> = Api::namespaced(emu.client(), NAMESPACE);
-    configs
-        .patch_status(
-            "gpus",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"nodeModuleStatus": {
-                "gpu-0": {"status": "Upgrade-In-Progress"},
-                "gpu-1": {"status": "Upgrade-Complete"}}}})),
-        )
-        .await
-        .unwrap();
+    set_upgrade_states(
+        &configs,
+        json!({"gpu-0": {"status": "Upgrade-In-Progress"},
+               "gpu-1": {"status": "Upgrade-Complete"}}),
+    )
+    .await;
     let out = gpu_operator(
         &kubeconfig,
         &[
@@ -129,6 +138,39 @@ async fn crd_apply_installs_and_upgrades_the_crds_and_refuses_during_a_driver_up
     // Without the check, the CRDs are applied all the same.
     let out = gpu_operator(&kubeconfig, &["crd", "--apply", "--namespace", NAMESPACE]).await;
     assert_eq!(out.status.code(), Some(0), "{}", said(&out));
+    // A DeviceConfig in another namespace is followed too: with
+    // --all-namespaces (the chart's hook) its upgrade refuses as well.
+    set_upgrade_states(&configs, json!({"gpu-0": {"status": "Upgrade-Complete"}})).await;
+    emu.create(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-a"}}))
+        .unwrap();
+    emu.create(
+        json!({"apiVersion": "amd.com/v1alpha1", "kind": "DeviceConfig",
+        "metadata": {"name": "gpus", "namespace": "team-a"}, "spec": {}}),
+    )
+    .unwrap();
+    let elsewhere: Api<gpu_operator::api::DeviceConfig> = Api::namespaced(emu.client(), "team-a");
+    set_upgrade_states(&elsewhere, json!({"gpu-7": {"status": "Upgrade-Started"}})).await;
+    let refuse = [
+        "crd",
+        "--apply",
+        "--refuse-while-upgrading",
+        "--namespace",
+        NAMESPACE,
+    ];
+    let out = gpu_operator(&kubeconfig, &refuse).await;
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "its own namespace only: {}",
+        said(&out)
+    );
+    let out = gpu_operator(&kubeconfig, &[&refuse[..], &["--all-namespaces"]].concat()).await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{}", said(&out));
+    assert!(
+        stderr.contains("team-a/gpus: gpu-7 (Upgrade-Started)"),
+        "{stderr}"
+    );
 }
 
 /// The agent on a simulated host, leading.
@@ -180,6 +222,18 @@ async fn uninstall_deletes_the_device_configs_once_the_leader_has_cleaned_the_no
                    "testRunner": {"enable": true}}),
         )
         .await;
+    // Another namespace's DeviceConfig (selecting no node), which the
+    // leader follows and holds just the same.
+    cluster
+        .create(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-a"}}))
+        .unwrap();
+    cluster
+        .apply_device_config_in(
+            "team-a",
+            "spare",
+            json!({"selector": {"gpu": "none"}, "metricsExporter": {"enable": true}}),
+        )
+        .await;
     let dir = tempfile::tempdir().unwrap();
     let stop = CancellationToken::new();
     let agent = start_agent(&cluster, dir.path(), stop.clone());
@@ -187,15 +241,20 @@ async fn uninstall_deletes_the_device_configs_once_the_leader_has_cleaned_the_no
         "the agent follows the DeviceConfig and the leader holds it",
         || {
             let node = cluster.node("gpu-0");
-            let dc = cluster.get("amd.com/v1alpha1", "DeviceConfig", NAMESPACE, "gpus");
+            let held = |ns: &str, name: &str| {
+                cluster
+                    .get("amd.com/v1alpha1", "DeviceConfig", ns, name)
+                    .is_some_and(|dc| {
+                        dc["metadata"]["finalizers"]
+                            .as_array()
+                            .is_some_and(|f| !f.is_empty())
+                    })
+            };
             node["metadata"]["annotations"]["amd.com/gpu-agent-status"]
                 .as_str()
                 .is_some_and(|s| s.contains("kube-amd-gpu/gpus"))
-                && dc.is_some_and(|dc| {
-                    dc["metadata"]["finalizers"]
-                        .as_array()
-                        .is_some_and(|f| !f.is_empty())
-                })
+                && held(NAMESPACE, "gpus")
+                && held("team-a", "spare")
         },
     )
     .await;
@@ -215,16 +274,34 @@ async fn uninstall_deletes_the_device_configs_once_the_leader_has_cleaned_the_no
             .await
             .unwrap();
     }
+    // As the chart's hook runs it: every namespace.
     let out = gpu_operator(
         cluster.kubeconfig_path(),
-        &["uninstall", "--namespace", NAMESPACE, "--timeout", "60s"],
+        &[
+            "uninstall",
+            "--namespace",
+            NAMESPACE,
+            "--all-namespaces",
+            "--timeout",
+            "60s",
+        ],
     )
     .await;
     assert_eq!(out.status.code(), Some(0), "{}", said(&out));
+    for (ns, name) in [(NAMESPACE, "gpus"), ("team-a", "spare")] {
+        assert!(
+            cluster
+                .get("amd.com/v1alpha1", "DeviceConfig", ns, name)
+                .is_none(),
+            "{ns}/{name} is still there: {}",
+            said(&out)
+        );
+    }
+    // The Service of each, beside the agents, went with it.
     assert!(
-        cluster
-            .get("amd.com/v1alpha1", "DeviceConfig", NAMESPACE, "gpus")
-            .is_none()
+        cluster.list("v1", "Service").is_empty(),
+        "{:?}",
+        cluster.list("v1", "Service")
     );
     // Gone only once the node was clean: nothing of ours is left on it,
     // detect's label included; NFD's stays.
@@ -237,11 +314,13 @@ async fn uninstall_deletes_the_device_configs_once_the_leader_has_cleaned_the_no
     stop.cancel();
     let _ = wait::within("the agent stops", agent).await;
 
-    // With nobody to lift the finalizer: it says so at its timeout.
+    // With nobody to lift the finalizer: it says so at its timeout, naming
+    // the DeviceConfig by namespace/name; one namespace only without
+    // --all-namespaces.
     cluster
         .create(
             json!({"apiVersion": "amd.com/v1alpha1", "kind": "DeviceConfig",
-            "metadata": {"name": "stuck", "namespace": NAMESPACE,
+            "metadata": {"name": "stuck", "namespace": "team-a",
                          "finalizers": [gpu_operator::cluster::reconcile::FINALIZER]},
             "spec": {}}),
         )
@@ -251,10 +330,16 @@ async fn uninstall_deletes_the_device_configs_once_the_leader_has_cleaned_the_no
         &["uninstall", "--namespace", NAMESPACE, "--timeout", "2s"],
     )
     .await;
+    assert_eq!(out.status.code(), Some(0), "{}", said(&out));
+    let out = gpu_operator(
+        cluster.kubeconfig_path(),
+        &["uninstall", "-A", "--timeout", "2s"],
+    )
+    .await;
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{}", said(&out));
     assert!(
-        stderr.contains("stuck") && stderr.contains("leader"),
+        stderr.contains("team-a/stuck") && stderr.contains("leader"),
         "{stderr}"
     );
     // A cluster without the CRD has nothing to uninstall.

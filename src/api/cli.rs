@@ -28,8 +28,9 @@ pub struct CrdArgs {
     #[arg(long)]
     pub apply: bool,
     /// With --apply: first refuse (exit 3, naming the nodes) while a
-    /// DeviceConfig in --namespace has a node whose driver upgrade is pending
-    /// or in progress, as the reference's pre-upgrade check does.
+    /// DeviceConfig in --namespace (every namespace with --all-namespaces)
+    /// has a node whose driver upgrade is pending or in progress, as the
+    /// reference's pre-upgrade check does.
     #[arg(long, requires = "apply")]
     pub refuse_while_upgrading: bool,
     /// The namespace whose DeviceConfigs --refuse-while-upgrading reads.
@@ -40,6 +41,11 @@ pub struct CrdArgs {
         default_value = "kube-amd-gpu"
     )]
     pub namespace: String,
+    /// --refuse-while-upgrading reads the DeviceConfigs of every namespace,
+    /// whatever --namespace says (the agents follow them all unless
+    /// restricted to one).
+    #[arg(long, short = 'A', requires = "refuse_while_upgrading")]
+    pub all_namespaces: bool,
 }
 
 /// Runs `gpu-operator crd`.

@@ -8,7 +8,8 @@
 //!   it first refuses while a DeviceConfig has a node whose driver upgrade
 //!   is pending or in progress, as the reference's pre-upgrade check does:
 //!   a new agent must not take over a node half-way through an upgrade.
-//! - `uninstall` (pre-delete): deletes the namespace's DeviceConfigs and
+//! - `uninstall` (pre-delete): deletes the DeviceConfigs (of every
+//!   namespace with `--all-namespaces`, as the agents follow them all) and
 //!   waits until they are gone, that is until the leader's finalizer has
 //!   taken every label, taint and annotation of ours off the Nodes; then
 //!   removes the GPU node labels `detect` set. Helm deletes the agents only
@@ -35,7 +36,8 @@ use crate::api::{DeviceConfig, UpgradeState};
 /// Exit status of `crd --apply --refuse-while-upgrading` when it refuses.
 pub const REFUSED: u8 = 3;
 
-/// Delete this namespace's DeviceConfigs and wait until they are gone.
+/// Delete the DeviceConfigs of a namespace, or of every namespace, and wait
+/// until they are gone.
 ///
 /// The leader holds a finalizer on each DeviceConfig until every node it
 /// selected is clean again (labels, taints, annotations, the metrics
@@ -59,6 +61,12 @@ pub struct UninstallArgs {
         default_value = "kube-amd-gpu"
     )]
     pub namespace: String,
+    /// The DeviceConfigs of every namespace, whatever --namespace says: the
+    /// agents follow them all unless restricted to one (WATCH_NAMESPACE),
+    /// and one left behind would keep the leader's finalizer with no leader
+    /// to lift it. The reference's pre-delete hook deletes them all too.
+    #[arg(long, short = 'A')]
+    pub all_namespaces: bool,
     /// How long to wait for the DeviceConfigs to go, e.g. 300s or 5m.
     #[arg(long, value_name = "DURATION", default_value = "300s", value_parser = duration)]
     pub timeout: Duration,
@@ -103,7 +111,11 @@ async fn apply_crds(args: crate::api::cli::CrdArgs) -> ExitCode {
         Err(message) => return fail(message, 2),
     };
     if args.refuse_while_upgrading {
-        let configs: Api<DeviceConfig> = Api::namespaced(client.clone(), &args.namespace);
+        let configs: Api<DeviceConfig> = if args.all_namespaces {
+            Api::all(client.clone())
+        } else {
+            Api::namespaced(client.clone(), &args.namespace)
+        };
         match configs.list(&ListParams::default()).await {
             Ok(list) => {
                 let busy = upgrades_in_progress(&list.items);
@@ -160,8 +172,17 @@ async fn uninstall(args: UninstallArgs) -> ExitCode {
         Ok(client) => client,
         Err(message) => return fail(message, 2),
     };
-    let configs: Api<DeviceConfig> = Api::namespaced(client, &args.namespace);
-    let names = |list: &[DeviceConfig]| list.iter().map(|dc| dc.name_any()).collect::<Vec<_>>();
+    let (configs, scope): (Api<DeviceConfig>, String) = if args.all_namespaces {
+        (Api::all(client.clone()), "every namespace".to_owned())
+    } else {
+        (
+            Api::namespaced(client.clone(), &args.namespace),
+            args.namespace.clone(),
+        )
+    };
+    let key =
+        |dc: &DeviceConfig| format!("{}/{}", dc.namespace().unwrap_or_default(), dc.name_any());
+    let names = |list: &[DeviceConfig]| list.iter().map(key).collect::<Vec<_>>();
     let present = match configs.list(&ListParams::default()).await {
         Ok(list) => list.items,
         Err(kube::Error::Api(status)) if status.code == 404 => {
@@ -172,10 +193,12 @@ async fn uninstall(args: UninstallArgs) -> ExitCode {
     };
     for dc in &present {
         let name = dc.name_any();
-        match configs.delete(&name, &DeleteParams::default()).await {
-            Ok(_) => println!("deleting DeviceConfig {}/{name}", args.namespace),
+        let own: Api<DeviceConfig> =
+            Api::namespaced(client.clone(), &dc.namespace().unwrap_or_default());
+        match own.delete(&name, &DeleteParams::default()).await {
+            Ok(_) => println!("deleting DeviceConfig {}", key(dc)),
             Err(kube::Error::Api(status)) if status.code == 404 => {}
-            Err(e) => return fail(format!("cannot delete DeviceConfig {name}: {e}"), 2),
+            Err(e) => return fail(format!("cannot delete DeviceConfig {}: {e}", key(dc)), 2),
         }
     }
     // Polled: a handful of objects, for minutes at most, and a watch would
@@ -191,7 +214,7 @@ async fn uninstall(args: UninstallArgs) -> ExitCode {
             }
         };
         if left.is_empty() {
-            println!("every DeviceConfig in {} is gone", args.namespace);
+            println!("every DeviceConfig in {scope} is gone");
             return match release_detect_labels(&configs).await {
                 Ok(nodes) => {
                     if nodes > 0 {
