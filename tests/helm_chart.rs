@@ -80,17 +80,15 @@ const COPIES: [(&str, &str); 8] = [
         "deploy/crd/remediationworkflowstatuses.amd.com.yaml",
     ),
 ];
-/// The hook objects (kind, name) of a default rendering.
-const HOOK_OBJECTS: [(&str, &str); 12] = [
+/// The hook objects (kind, name) of a default rendering. Their rights on
+/// DeviceConfigs are cluster-wide (the agents follow every namespace's);
+/// with watchNamespace a Role and RoleBinding there hold them instead.
+const HOOK_OBJECTS: [(&str, &str); 8] = [
     ("ServiceAccount", "gpu-operator-upgrade-crd"),
     ("ClusterRole", "gpu-operator-upgrade-crd"),
     ("ClusterRoleBinding", "gpu-operator-upgrade-crd"),
-    ("Role", "gpu-operator-upgrade-crd"),
-    ("RoleBinding", "gpu-operator-upgrade-crd"),
     ("Job", "gpu-operator-upgrade-crd"),
     ("ServiceAccount", "gpu-operator-uninstall"),
-    ("Role", "gpu-operator-uninstall"),
-    ("RoleBinding", "gpu-operator-uninstall"),
     ("ClusterRole", "gpu-operator-uninstall"),
     ("ClusterRoleBinding", "gpu-operator-uninstall"),
     ("Job", "gpu-operator-uninstall"),
@@ -523,10 +521,121 @@ fn another_namespace_moves_every_namespaced_object_and_the_policies_with_it() {
             "uninstall",
             "--namespace",
             "gpu-system",
+            "--all-namespaces",
             "--timeout",
             "300s"
         ])
     );
+}
+
+#[test]
+fn watch_namespace_follows_device_configs_there_only() {
+    let Some(helm_bin) = helm_present("watch_namespace_follows_device_configs_there_only") else {
+        return;
+    };
+    // The default: every namespace, as deploy/ binds it.
+    let rendered = template(&helm_bin, &[]);
+    let binding = the(
+        &rendered,
+        "ClusterRoleBinding",
+        "gpu-operator-deviceconfigs",
+    );
+    assert_eq!(binding["roleRef"]["name"], "gpu-operator-deviceconfigs");
+    let agent = &pod_spec(the(&rendered, "DaemonSet", "gpu-operator"))["containers"][0];
+    assert!(
+        agent["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|e| e["name"] != "WATCH_NAMESPACE"),
+        "{agent}"
+    );
+    // One namespace: the agents are told, and the rights that follow
+    // DeviceConfigs are bound there alone; the hooks read and delete
+    // DeviceConfigs there only.
+    let rendered = template(&helm_bin, &["--set=watchNamespace=team-a"]);
+    assert!(
+        find(
+            &rendered,
+            "ClusterRoleBinding",
+            "gpu-operator-deviceconfigs"
+        )
+        .is_none()
+    );
+    let binding = the(&rendered, "RoleBinding", "gpu-operator-deviceconfigs");
+    assert_eq!(binding["metadata"]["namespace"], "team-a");
+    assert_eq!(
+        binding["roleRef"],
+        json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+               "name": "gpu-operator-deviceconfigs"})
+    );
+    assert_eq!(
+        binding["subjects"],
+        json!([{"kind": "ServiceAccount", "name": "gpu-operator", "namespace": NAMESPACE}])
+    );
+    let agent = &pod_spec(the(&rendered, "DaemonSet", "gpu-operator"))["containers"][0];
+    assert!(
+        agent["env"]
+            .as_array()
+            .unwrap()
+            .contains(&json!({"name": "WATCH_NAMESPACE", "value": "team-a"})),
+        "{agent}"
+    );
+    for (hook, args) in [
+        (
+            "gpu-operator-upgrade-crd",
+            json!([
+                "crd",
+                "--apply",
+                "--refuse-while-upgrading",
+                "--namespace",
+                "team-a"
+            ]),
+        ),
+        (
+            "gpu-operator-uninstall",
+            json!(["uninstall", "--namespace", "team-a", "--timeout", "300s"]),
+        ),
+    ] {
+        assert_eq!(
+            pod_spec(the(&rendered, "Job", hook))["containers"][0]["args"],
+            args
+        );
+        let role = the(&rendered, "Role", hook);
+        assert_eq!(role["metadata"]["namespace"], "team-a");
+        assert_eq!(role["rules"][0]["resources"], json!(["deviceconfigs"]));
+        let binding = the(&rendered, "RoleBinding", hook);
+        assert_eq!(binding["metadata"]["namespace"], "team-a");
+        assert_eq!(
+            binding["subjects"],
+            json!([{"kind": "ServiceAccount", "name": hook, "namespace": NAMESPACE}])
+        );
+        // No right on DeviceConfigs elsewhere.
+        let cluster_rules = &the(&rendered, "ClusterRole", hook)["rules"];
+        assert!(
+            cluster_rules
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|r| r["apiGroups"] != json!(["amd.com"])),
+            "{hook}: {cluster_rules}"
+        );
+    }
+    // The DeviceConfig the chart installs is where it is followed.
+    assert_eq!(
+        the(&rendered, "DeviceConfig", "default")["metadata"]["namespace"],
+        "team-a"
+    );
+    let notes = notes(&helm_bin, &["--set=watchNamespace=team-a"]);
+    assert!(
+        notes.contains("follow DeviceConfigs in namespace team-a only"),
+        "{notes}"
+    );
+    assert!(!notes.contains("do nothing here"), "{notes}");
+    check_rendering("watchNamespace=team-a", &rendered);
+    // Not a namespace name: the schema says so.
+    let error = template_error(&helm_bin, &["--set=watchNamespace=Team_A"]);
+    assert!(error.contains("watchNamespace"), "{error}");
 }
 
 // ---------------------------------------------------------------------------
@@ -972,12 +1081,24 @@ fn the_hooks_run_the_operators_image_with_the_least_rbac() {
         (
             "gpu-operator-upgrade-crd",
             "pre-upgrade",
-            json!(["crd", "--apply", "--refuse-while-upgrading"]),
+            json!([
+                "crd",
+                "--apply",
+                "--refuse-while-upgrading",
+                "--all-namespaces"
+            ]),
         ),
         (
             "gpu-operator-uninstall",
             "pre-delete",
-            json!(["uninstall", "--namespace", NAMESPACE, "--timeout", "300s"]),
+            json!([
+                "uninstall",
+                "--namespace",
+                NAMESPACE,
+                "--all-namespaces",
+                "--timeout",
+                "300s"
+            ]),
         ),
     ] {
         for doc in rendered.iter().filter(|d| name(d) == hook) {
@@ -1000,7 +1121,8 @@ fn the_hooks_run_the_operators_image_with_the_least_rbac() {
                 .unwrap()
         };
         assert!(weight("Job") > weight("ServiceAccount"));
-        assert!(weight("Job") > weight("Role"));
+        assert!(weight("Job") > weight("ClusterRole"));
+        assert!(weight("Job") > weight("ClusterRoleBinding"));
         assert_eq!(job["spec"]["backoffLimit"], 0);
         let pod = pod_spec(job);
         assert_eq!(pod["serviceAccountName"], hook);
@@ -1009,7 +1131,7 @@ fn the_hooks_run_the_operators_image_with_the_least_rbac() {
         assert_eq!(pod["containers"][0]["args"], args);
         assert!(pod["containers"][0].get("command").is_none());
         assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
-        let binding = the(&rendered, "RoleBinding", hook);
+        let binding = the(&rendered, "ClusterRoleBinding", hook);
         assert_eq!(binding["roleRef"]["name"], hook);
         assert_eq!(
             binding["subjects"],
@@ -1024,7 +1146,9 @@ fn the_hooks_run_the_operators_image_with_the_least_rbac() {
              "verbs": ["create"]},
             {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
              "resourceNames": ["deviceconfigs.amd.com", "remediationworkflowstatuses.amd.com"],
-             "verbs": ["get", "patch"]}
+             "verbs": ["get", "patch"]},
+            // The DeviceConfigs of every namespace, which the agents follow.
+            {"apiGroups": ["amd.com"], "resources": ["deviceconfigs"], "verbs": ["get", "list"]}
         ])
     );
     // The two CRDs the hook applies are the chart's.
@@ -1041,19 +1165,13 @@ fn the_hooks_run_the_operators_image_with_the_least_rbac() {
         upgrade_binding["roleRef"]["name"],
         "gpu-operator-upgrade-crd"
     );
-    assert_eq!(
-        the(&rendered, "Role", "gpu-operator-upgrade-crd")["rules"],
-        json!([{"apiGroups": ["amd.com"], "resources": ["deviceconfigs"], "verbs": ["get", "list"]}])
-    );
-    assert_eq!(
-        the(&rendered, "Role", "gpu-operator-uninstall")["rules"],
-        json!([{"apiGroups": ["amd.com"], "resources": ["deviceconfigs"],
-                "verbs": ["list", "watch", "get", "delete"]}])
-    );
-    // Then the labels `detect` set go: Nodes listed and patched, no more.
+    // Every DeviceConfig goes first (every namespace's), then the labels
+    // `detect` set: Nodes listed and patched, no more.
     assert_eq!(
         the(&rendered, "ClusterRole", "gpu-operator-uninstall")["rules"],
-        json!([{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "patch"]}])
+        json!([{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "patch"]},
+               {"apiGroups": ["amd.com"], "resources": ["deviceconfigs"],
+                "verbs": ["list", "watch", "get", "delete"]}])
     );
     assert_eq!(
         the(&rendered, "ClusterRoleBinding", "gpu-operator-uninstall")["subjects"],

@@ -279,7 +279,13 @@ async fn helm_install_upgrade_and_uninstall_leave_nothing_of_ours_on_any_node() 
     let ran = jobs.runs();
     assert!(
         ran.iter().any(|r| r.name == "gpu-operator-upgrade-crd"
-            && r.args == ["crd", "--apply", "--refuse-while-upgrading"]
+            && r.args
+                == [
+                    "crd",
+                    "--apply",
+                    "--refuse-while-upgrading",
+                    "--all-namespaces"
+                ]
             && r.code == Some(0)),
         "{ran:?}"
     );
