@@ -16,7 +16,7 @@ use gpu_operator::simulate::{self, SimSpec};
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 use kube_emulator::{Emulator, EmulatorConfig};
-use serde_json::json;
+use serde_json::{Value, json};
 use support::cluster::{self, NAMESPACE, TestCluster, ours_on};
 use support::wait;
 use tokio_util::sync::CancellationToken;
