@@ -14,6 +14,7 @@
 
 pub mod drain;
 pub mod lease;
+pub mod node_cache;
 pub mod partitioner;
 pub mod reconcile;
 pub mod remediator;
@@ -298,17 +299,10 @@ pub async fn reconcile_until_cancelled(
     let (nodes, node_writer) = reflector::store::<Node>();
     let node_events = reflector::reflector(
         node_writer,
-        watcher::watcher(Api::<Node>::all(client.clone()), watcher::Config::default()).modify(
-            |node| {
-                // The leader keeps thousands of Nodes in memory: drop what it never reads.
-                node.managed_fields_mut().clear();
-                if let Some(status) = node.status.as_mut() {
-                    status.images = None;
-                    status.volumes_attached = None;
-                    status.volumes_in_use = None;
-                }
-            },
-        ),
+        // The leader keeps every Node of the cluster in memory: only what its
+        // decisions read (see `node_cache`).
+        watcher::watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
+            .modify(node_cache::keep_decided),
     )
     .default_backoff();
     let node_events = relevant_node_changes(node_events);

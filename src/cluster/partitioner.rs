@@ -41,6 +41,50 @@ use crate::partition::state::{
 };
 use crate::partition::{PROFILE_LABEL, STATE_LABEL};
 
+/// What the partitioner reads of one Node, and the step it decides on. Pure.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PartitionFacts {
+    /// The profile label, where `dc` runs the config manager.
+    pub label: Option<String>,
+    pub record: Option<Record>,
+    /// The node carries the reference's `amd-dcm=up:NoExecute` taint.
+    pub reference_tainted: bool,
+    pub step: LeaderStep,
+}
+
+/// The facts of `node` under `dc`, and its step. Pure.
+pub fn facts_of(dc: &DeviceConfig, node: &Node) -> PartitionFacts {
+    let runs = dc.spec.runs_on(Operand::ConfigManager, node.labels());
+    let label = runs
+        .then(|| node.labels().get(PROFILE_LABEL).cloned())
+        .flatten();
+    let state = node.labels().get(STATE_LABEL).and_then(|s| State::parse(s));
+    let record = node
+        .annotations()
+        .get(RECORD_ANNOTATION)
+        .and_then(|r| Record::parse(r));
+    let cordoned = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.unschedulable)
+        .unwrap_or(false);
+    let upgrading = crate::api::driver_upgrade::UpgradeRecord::of_annotations(node.annotations())
+        .is_some_and(|u| u.state.is_in_progress() || u.state.is_failed());
+    let step = leader_step(
+        label.as_deref(),
+        state,
+        record.as_ref(),
+        cordoned,
+        upgrading,
+    );
+    PartitionFacts {
+        label,
+        record,
+        reference_tainted: has_reference_taint(node),
+        step,
+    }
+}
+
 /// Carries out each selected node's step. Returns when to look again (a
 /// running drain wakes the reconciler itself when it ends).
 pub async fn reconcile(
@@ -53,30 +97,12 @@ pub async fn reconcile(
     let mut wake = None;
     for node in nodes {
         let name = node.name_any();
-        let runs = dc.spec.runs_on(Operand::ConfigManager, node.labels());
-        let label = runs
-            .then(|| node.labels().get(PROFILE_LABEL).cloned())
-            .flatten();
-        let state = node.labels().get(STATE_LABEL).and_then(|s| State::parse(s));
-        let record = node
-            .annotations()
-            .get(RECORD_ANNOTATION)
-            .and_then(|r| Record::parse(r));
-        let cordoned = node
-            .spec
-            .as_ref()
-            .and_then(|s| s.unschedulable)
-            .unwrap_or(false);
-        let upgrading =
-            crate::api::driver_upgrade::UpgradeRecord::of_annotations(node.annotations())
-                .is_some_and(|u| u.state.is_in_progress() || u.state.is_failed());
-        let step = leader_step(
-            label.as_deref(),
-            state,
-            record.as_ref(),
-            cordoned,
-            upgrading,
-        );
+        let PartitionFacts {
+            label,
+            record,
+            reference_tainted,
+            step,
+        } = facts_of(dc, node);
         match step {
             LeaderStep::Nothing => {}
             LeaderStep::Start { .. }
@@ -128,7 +154,7 @@ pub async fn reconcile(
                         // The reference's taint too, once the GPU pods are
                         // gone by the drain; unless it is there already
                         // (a person's), which stays theirs.
-                        let reference_taint = record.reference_taint || !has_reference_taint(node);
+                        let reference_taint = record.reference_taint || !reference_tainted;
                         let done = Record {
                             phase: Phase::Drained,
                             reference_taint,

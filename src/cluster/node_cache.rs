@@ -1,0 +1,154 @@
+//! What the leader keeps of each Node in its cache, and why.
+//!
+//! The leader caches every Node of the cluster (130,000 in the largest ones),
+//! and a Node as a kubelet writes it is 10-30 KB of JSON: mostly
+//! `status.images`, `managedFields`, capacity, addresses and `nodeInfo`. No
+//! decision of the leader reads those, so [`keep_decided`] rebuilds each
+//! watched Node from an allow-list before it enters the cache: a field a
+//! kubelet or Kubernetes adds later is dropped too, not kept by default.
+//!
+//! Kept, and who reads it:
+//! - `metadata.name`, `uid`, `resourceVersion`: the cache's key, and the
+//!   object Events about a Node refer to.
+//! - `metadata.labels`, all of them: DeviceConfig selectors, the partition
+//!   profile and state labels, the upgrade state label and the remediation
+//!   request labels.
+//! - `metadata.annotations`, only [`KEPT_ANNOTATIONS`]: the agent's status,
+//!   the upgrade, partition and remediation records. Other writers'
+//!   annotations (CNI, CSI, kubeadm) are never read.
+//! - `metadata.managedFields`, only who owns which label and which kept
+//!   annotation: the upgrade record is written by
+//!   [`crate::node_writer::NodeWriter::apply_to`] deciding on the cached
+//!   Node, and [`crate::node_writer::plan_metadata`] reads that ownership.
+//!   Everything else in those entries (the kubelet's status fields, times)
+//!   is dropped.
+//! - `spec.unschedulable`, `spec.taints`: cordons and the taints of
+//!   upgrades, partition changes and remediation.
+//! - `status.conditions`: `type`, `status`, `reason` and `message`, for
+//!   readiness and remediation's mapped conditions; their heartbeat and
+//!   transition times are read by nobody (and a heartbeat would only churn).
+//! - `status.nodeInfo.bootID` and `kernelVersion`: a reboot ends an upgrade
+//!   or remediation step, and the status reports the kernel.
+//!
+//! `tests/leader_node_cache.rs` runs the leader's decisions over a kubelet's
+//! full Node and over what this module keeps of it, and fails when they
+//! differ: a decision that starts reading a dropped field must add it here.
+
+use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeSpec, NodeStatus, NodeSystemInfo};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry, ObjectMeta};
+use serde_json::{Map, Value};
+
+/// The Node annotations some leader decision reads.
+pub const KEPT_ANNOTATIONS: [&str; 4] = [
+    crate::api::agent_status::STATUS_ANNOTATION,
+    crate::api::driver_upgrade::RECORD_ANNOTATION,
+    crate::partition::state::RECORD_ANNOTATION,
+    crate::remediation::RECORD_ANNOTATION,
+];
+
+/// Replaces `node` with what the leader's decisions read of it (see the
+/// module docs); for the Node reflector's `modify` step.
+pub fn keep_decided(node: &mut Node) {
+    let full = std::mem::take(node);
+    *node = kept_of(full);
+}
+
+/// What the leader keeps of `node`.
+pub fn kept_of(node: Node) -> Node {
+    let meta = node.metadata;
+    let annotations = meta
+        .annotations
+        .map(|all| {
+            all.into_iter()
+                .filter(|(k, _)| KEPT_ANNOTATIONS.contains(&k.as_str()))
+                .collect::<std::collections::BTreeMap<_, _>>()
+        })
+        .filter(|kept| !kept.is_empty());
+    let managed_fields = meta.managed_fields.map(|entries| {
+        entries
+            .into_iter()
+            .filter_map(metadata_ownership)
+            .collect::<Vec<_>>()
+    });
+    let spec = node
+        .spec
+        .map(|s| NodeSpec {
+            unschedulable: s.unschedulable,
+            taints: s.taints,
+            ..NodeSpec::default()
+        })
+        .filter(|s| s.unschedulable.is_some() || s.taints.is_some());
+    let status = node.status.map(|s| NodeStatus {
+        conditions: s.conditions.map(|cs| {
+            cs.into_iter()
+                .map(|c| NodeCondition {
+                    type_: c.type_,
+                    status: c.status,
+                    reason: c.reason,
+                    message: c.message,
+                    ..NodeCondition::default()
+                })
+                .collect()
+        }),
+        node_info: s.node_info.map(|i| NodeSystemInfo {
+            boot_id: i.boot_id,
+            kernel_version: i.kernel_version,
+            ..NodeSystemInfo::default()
+        }),
+        ..NodeStatus::default()
+    });
+    Node {
+        metadata: ObjectMeta {
+            name: meta.name,
+            uid: meta.uid,
+            resource_version: meta.resource_version,
+            labels: meta.labels,
+            annotations,
+            managed_fields: managed_fields.filter(|m| !m.is_empty()),
+            ..ObjectMeta::default()
+        },
+        spec,
+        status,
+    }
+}
+
+/// The part of one managedFields entry that says which labels and kept
+/// annotations its manager owns; `None` when it owns none.
+fn metadata_ownership(entry: ManagedFieldsEntry) -> Option<ManagedFieldsEntry> {
+    let fields = entry.fields_v1?.0;
+    let metadata = fields.get("f:metadata")?.as_object()?;
+    let mut kept = Map::new();
+    if let Some(labels) = metadata.get("f:labels").filter(|l| is_non_empty(l)) {
+        kept.insert("f:labels".into(), labels.clone());
+    }
+    if let Some(annotations) = metadata.get("f:annotations").and_then(Value::as_object) {
+        let ours: Map<String, Value> = annotations
+            .iter()
+            .filter(|(k, _)| {
+                k.strip_prefix("f:")
+                    .is_some_and(|key| KEPT_ANNOTATIONS.contains(&key))
+            })
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        if !ours.is_empty() {
+            kept.insert("f:annotations".into(), Value::Object(ours));
+        }
+    }
+    if kept.is_empty() {
+        return None;
+    }
+    let mut root = Map::new();
+    root.insert("f:metadata".into(), Value::Object(kept));
+    Some(ManagedFieldsEntry {
+        manager: entry.manager,
+        operation: entry.operation,
+        subresource: entry.subresource,
+        fields_type: entry.fields_type,
+        fields_v1: Some(FieldsV1(Value::Object(root))),
+        ..ManagedFieldsEntry::default()
+    })
+}
+
+fn is_non_empty(v: &Value) -> bool {
+    v.as_object().is_some_and(|m| !m.is_empty())
+}
