@@ -399,6 +399,66 @@ impl Ownership {
         self.0.retain(|_, e| !e.fields.is_empty());
     }
 
+    /// The ownership a `metadata.managedFields` list states, as [`Ownership::render`]
+    /// writes it; `None` when it is not such a list (the server then ignores it).
+    pub fn parse(managed_fields: &Value) -> Option<Ownership> {
+        fn leaves(tree: &Map<String, Value>, at: &mut FieldPath, out: &mut BTreeSet<FieldPath>) {
+            for (element, child) in tree {
+                // Ownership is of leaves: "." stands for the item itself
+                // only where nothing inside it is listed.
+                if element == "." {
+                    if tree.len() == 1 {
+                        out.insert(at.clone());
+                    }
+                    continue;
+                }
+                at.push(element.clone());
+                match child.as_object() {
+                    Some(m) if !m.is_empty() => leaves(m, at, out),
+                    _ => {
+                        out.insert(at.clone());
+                    }
+                }
+                at.pop();
+            }
+        }
+        let mut owners = Ownership::default();
+        for entry in managed_fields.as_array()? {
+            let operation = match entry.get("operation")?.as_str()? {
+                "Apply" => Operation::Apply,
+                "Update" => Operation::Update,
+                _ => return None,
+            };
+            let scope = match entry.get("subresource").and_then(Value::as_str) {
+                None | Some("") => Scope::Main,
+                Some("status") => Scope::Status,
+                Some(_) => return None,
+            };
+            let mut fields = BTreeSet::new();
+            leaves(
+                entry.get("fieldsV1")?.as_object()?,
+                &mut Vec::new(),
+                &mut fields,
+            );
+            let key = ManagerKey {
+                manager: entry.get("manager")?.as_str()?.to_owned(),
+                operation,
+                scope,
+            };
+            let text = |k: &str| entry.get(k).and_then(Value::as_str).unwrap_or_default();
+            owners.0.insert(
+                key,
+                ManagedEntry {
+                    fields,
+                    api_version: text("apiVersion").to_owned(),
+                    time: text("time").to_owned(),
+                },
+            );
+        }
+        owners.0.retain(|_, e| !e.fields.is_empty());
+        (!owners.0.is_empty()).then_some(owners)
+    }
+
     /// `metadata.managedFields`.
     pub fn render(&self) -> Value {
         let entries: Vec<Value> = self
@@ -595,6 +655,34 @@ mod tests {
         let mut obj = json!({"metadata": {"labels": {"x": "1", "y": "2"}}});
         assert!(remove_path(&mut obj, &gone[0]));
         assert_eq!(obj["metadata"]["labels"], json!({"x": "1"}));
+    }
+
+    #[test]
+    fn managed_fields_parse_back_to_the_ownership_they_render() {
+        let rt = builtin_types()
+            .into_iter()
+            .find(|t| t.plural == "nodes")
+            .unwrap();
+        let mut own = Ownership::default();
+        let status = json!({"status": {"conditions": [{"type": "Ready", "status": "True"}]}});
+        own.record_apply(
+            key("kubelet", Operation::Apply),
+            &owned_leaves(&status, &rt, Scope::Status),
+            false,
+            "v1",
+            "t",
+        );
+        let labels = json!({"metadata": {"labels": {"a": "b", "c": "d"}}});
+        own.record_update(
+            key("agent", Operation::Update),
+            &BTreeMap::new(),
+            &owned_leaves(&labels, &rt, Scope::Main),
+            "v1",
+            "t",
+        );
+        assert_eq!(Ownership::parse(&own.render()), Some(own));
+        assert_eq!(Ownership::parse(&json!("not a list")), None);
+        assert_eq!(Ownership::parse(&json!([])), None);
     }
 
     #[test]

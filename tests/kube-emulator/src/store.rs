@@ -696,6 +696,14 @@ impl Store {
 
         let now = now();
         let uid = self.rng.uid();
+        // As the real server does, a create that states its managedFields
+        // (a restore, or a fixture of what other writers did) keeps them.
+        let stated_owners = match apply_owner {
+            None => body
+                .pointer("/metadata/managedFields")
+                .and_then(Ownership::parse),
+            Some(_) => None,
+        };
         {
             let m = meta_mut(&mut body);
             m.insert("name".into(), json!(name));
@@ -726,12 +734,13 @@ impl Store {
 
         let mut owners = Ownership::default();
         let api_version = rt.api_version(version);
-        match apply_owner {
-            Some((key, force)) => {
+        match (apply_owner, stated_owners) {
+            (Some((key, force)), _) => {
                 let leaves = fields::owned_leaves(&body, rt, key.scope);
                 owners.record_apply(key, &leaves, force, &api_version, &now);
             }
-            None => {
+            (None, Some(stated)) => owners = stated,
+            (None, None) => {
                 let leaves = fields::owned_leaves(&body, rt, Scope::Main);
                 owners.record_update(
                     ManagerKey {
