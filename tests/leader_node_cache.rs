@@ -122,6 +122,15 @@ fn fleet() -> Vec<Value> {
             "fieldsV1": {"f:metadata": {
                 "f:annotations": {format!("f:{}", driver_upgrade::RECORD_ANNOTATION): {}},
                 "f:labels": {format!("f:{}", driver_upgrade::STATE_LABEL): {}}}}}));
+    // A person set the state label too (to retry, say): theirs as well as ours.
+    upgrading["metadata"]["managedFields"]
+        .as_array_mut()
+        .expect("managedFields")
+        .push(
+            json!({"manager": "kubectl-label", "operation": "Update", "apiVersion": "v1",
+            "time": SINCE, "fieldsType": "FieldsV1", "fieldsV1": {"f:metadata": {
+                "f:labels": {format!("f:{}", driver_upgrade::STATE_LABEL): {}}}}}),
+        );
     nodes.push(upgrading);
     // Changing partition profile: its drain recorded, the reference's taint on.
     let mut partitioning = with_uid(kubelet_node(3, Some(&agent_status("boot-3"))), 3);

@@ -16,12 +16,14 @@
 //! - `metadata.annotations`, only [`KEPT_ANNOTATIONS`]: the agent's status,
 //!   the upgrade, partition and remediation records. Other writers'
 //!   annotations (CNI, CSI, kubeadm) are never read.
-//! - `metadata.managedFields`, only who owns which label and which kept
-//!   annotation: the upgrade record is written by
+//! - `metadata.managedFields`, only who owns the labels and kept annotations
+//!   that one of the operator's field managers (`gpu-operator-*`) owns: the
+//!   upgrade record is written by
 //!   [`crate::node_writer::NodeWriter::apply_to`] deciding on the cached
-//!   Node, and [`crate::node_writer::plan_metadata`] reads that ownership.
-//!   Everything else in those entries (the kubelet's status fields, times)
-//!   is dropped.
+//!   Node, and [`crate::node_writer::plan_metadata`] reads which of those
+//!   keys are ours and whether another manager owns them too; it asks about
+//!   no other key. Everything else in those entries (the kubelet's and
+//!   NFD's labels, status fields, times) is dropped.
 //! - `spec.unschedulable`, `spec.taints`: cordons and the taints of
 //!   upgrades, partition changes and remediation.
 //! - `status.conditions`: `type`, `status`, `reason` and `message`, for
@@ -36,6 +38,8 @@
 
 use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeSpec, NodeStatus, NodeSystemInfo};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry, ObjectMeta};
+use std::collections::BTreeSet;
+
 use serde_json::{Map, Value};
 
 /// The Node annotations some leader decision reads.
@@ -65,9 +69,10 @@ pub fn kept_of(node: Node) -> Node {
         })
         .filter(|kept| !kept.is_empty());
     let managed_fields = meta.managed_fields.map(|entries| {
+        let ours = keys_owned_by_us(&entries);
         entries
             .into_iter()
-            .filter_map(metadata_ownership)
+            .filter_map(|e| metadata_ownership(e, &ours))
             .collect::<Vec<_>>()
     });
     let spec = node
@@ -112,26 +117,55 @@ pub fn kept_of(node: Node) -> Node {
     }
 }
 
-/// The part of one managedFields entry that says which labels and kept
-/// annotations its manager owns; `None` when it owns none.
-fn metadata_ownership(entry: ManagedFieldsEntry) -> Option<ManagedFieldsEntry> {
+/// The prefix of every field manager of the operator (`api::field_manager`).
+const OUR_MANAGERS: &str = "gpu-operator";
+
+/// The `f:metadata` keys (`f:labels/f:<key>`, `f:annotations/f:<key>`) that
+/// an entry of one of our field managers owns.
+fn keys_owned_by_us(entries: &[ManagedFieldsEntry]) -> BTreeSet<(&'static str, String)> {
+    let mut ours = BTreeSet::new();
+    for entry in entries.iter().filter(|e| {
+        e.manager
+            .as_deref()
+            .is_some_and(|m| m.starts_with(OUR_MANAGERS))
+    }) {
+        let Some(metadata) = entry.fields_v1.as_ref().and_then(|f| f.0.get("f:metadata")) else {
+            continue;
+        };
+        for set in ["f:labels", "f:annotations"] {
+            if let Some(keys) = metadata.get(set).and_then(Value::as_object) {
+                ours.extend(keys.keys().map(|k| (set, k.clone())));
+            }
+        }
+    }
+    ours
+}
+
+/// The part of one managedFields entry that says which of `ours` (labels,
+/// kept annotations) its manager owns; `None` when it owns none.
+fn metadata_ownership(
+    entry: ManagedFieldsEntry,
+    ours: &BTreeSet<(&'static str, String)>,
+) -> Option<ManagedFieldsEntry> {
     let fields = entry.fields_v1?.0;
     let metadata = fields.get("f:metadata")?.as_object()?;
     let mut kept = Map::new();
-    if let Some(labels) = metadata.get("f:labels").filter(|l| is_non_empty(l)) {
-        kept.insert("f:labels".into(), labels.clone());
-    }
-    if let Some(annotations) = metadata.get("f:annotations").and_then(Value::as_object) {
-        let ours: Map<String, Value> = annotations
+    for set in ["f:labels", "f:annotations"] {
+        let Some(keys) = metadata.get(set).and_then(Value::as_object) else {
+            continue;
+        };
+        let owned: Map<String, Value> = keys
             .iter()
+            .filter(|(k, _)| ours.contains(&(set, (*k).clone())))
             .filter(|(k, _)| {
-                k.strip_prefix("f:")
-                    .is_some_and(|key| KEPT_ANNOTATIONS.contains(&key))
+                set == "f:labels"
+                    || k.strip_prefix("f:")
+                        .is_some_and(|key| KEPT_ANNOTATIONS.contains(&key))
             })
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
-        if !ours.is_empty() {
-            kept.insert("f:annotations".into(), Value::Object(ours));
+        if !owned.is_empty() {
+            kept.insert(set.into(), Value::Object(owned));
         }
     }
     if kept.is_empty() {
@@ -147,8 +181,4 @@ fn metadata_ownership(entry: ManagedFieldsEntry) -> Option<ManagedFieldsEntry> {
         fields_v1: Some(FieldsV1(Value::Object(root))),
         ..ManagedFieldsEntry::default()
     })
-}
-
-fn is_non_empty(v: &Value) -> bool {
-    v.as_object().is_some_and(|m| !m.is_empty())
 }
