@@ -1448,30 +1448,40 @@ impl Store {
         self.remove_now(&key, s.value);
     }
 
-    /// Objects of one resource as they were at revision `at`, rebuilt from the history.
-    fn snapshot(&self, rt: &ResourceType, at: u64) -> BTreeMap<ObjKey, Value> {
-        let mut m: BTreeMap<ObjKey, Value> = self
-            .objects
-            .iter()
-            .filter(|(k, _)| k.group == rt.storage_group() && k.resource == rt.storage_resource())
-            .map(|(k, s)| (k.clone(), s.value.clone()))
-            .collect();
+    /// Objects of one resource as they were at revision `at`, rebuilt from the history, in
+    /// key order. Borrowed: a page of a list of 100,000 Nodes copies its own items only.
+    fn snapshot(&self, rt: &ResourceType, at: u64) -> Vec<(&ObjKey, &Value)> {
+        let (group, resource) = (rt.storage_group(), rt.storage_resource());
+        // Each object changed after `at`, as it was then (None: it did not exist). The
+        // oldest change after `at` says, so later ones are overwritten walking back.
+        let mut then: BTreeMap<&ObjKey, Option<&Value>> = BTreeMap::new();
         for rec in self.history.iter().rev().take_while(|r| r.rv > at) {
-            if rec.key.group != rt.storage_group() || rec.key.resource != rt.storage_resource() {
-                continue;
-            }
-            match rec.etype {
-                EventType::Added => {
-                    m.remove(&rec.key);
-                }
-                EventType::Modified | EventType::Deleted => {
-                    if let Some(p) = &rec.prev {
-                        m.insert(rec.key.clone(), p.clone());
-                    }
-                }
+            if rec.key.group == group && rec.key.resource == resource {
+                let before = match rec.etype {
+                    EventType::Added => None,
+                    EventType::Modified | EventType::Deleted => rec.prev.as_ref(),
+                };
+                then.insert(&rec.key, before);
             }
         }
-        m
+        let first = ObjKey {
+            group: group.to_string(),
+            resource: resource.to_string(),
+            namespace: String::new(),
+            name: String::new(),
+        };
+        let mut objects: Vec<(&ObjKey, &Value)> = self
+            .objects
+            .range(first..)
+            .take_while(|(k, _)| k.group == group && k.resource == resource)
+            .filter(|(k, _)| !then.contains_key(k))
+            .map(|(k, s)| (k, &s.value))
+            .collect();
+        if !then.is_empty() {
+            objects.extend(then.into_iter().filter_map(|(k, v)| Some((k, v?))));
+            objects.sort_by(|a, b| a.0.cmp(b.0));
+        }
+        objects
     }
 
     fn check_fields(rt: &ResourceType, field: &FieldSelector) -> ApiResult<()> {
@@ -1586,7 +1596,7 @@ impl Store {
         };
         let position = |k: &ObjKey| format!("{}/{}", k.namespace, k.name);
         let matching: Vec<(&ObjKey, &Value)> = snap
-            .iter()
+            .into_iter()
             .filter(|(k, v)| {
                 ns.is_none_or(|n| k.namespace == n)
                     && start_after
