@@ -346,6 +346,18 @@ async fn registers_with_the_kubelet_and_publishes_mi300x_gpus_and_partitions() {
     assert!(attrs["cardIndex"]["int"].is_i64() && attrs["renderIndex"]["int"].is_i64());
     assert!(attrs["resource.kubernetes.io/pciBusID"]["string"].is_string());
     assert_eq!(
+        attrs["pciAddr"]["string"], attrs["resource.kubernetes.io/pciBusID"]["string"],
+        "{attrs}"
+    );
+    assert!(
+        attrs["resource.kubernetes.io/numaNode"]["int"].is_i64(),
+        "{attrs}"
+    );
+    assert_eq!(
+        attrs["resource.kubernetes.io/numaNode"]["int"], attrs["numaNode"]["int"],
+        "{attrs}"
+    );
+    assert_eq!(
         attrs["resource.kubernetes.io/pcieRoot"]["string"],
         "pci0000:00"
     );

@@ -45,6 +45,14 @@ pub const TYPE_PARTITION: &str = "amdgpu-partition";
 /// drivers' claims match across drivers.
 pub const PCI_BUS_ID: &str = "resource.kubernetes.io/pciBusID";
 pub const PCIE_ROOT: &str = "resource.kubernetes.io/pcieRoot";
+/// The standard NUMA node attribute (KEP-6072, GA in 1.37), an int, which
+/// claims match against CPU, memory and NIC drivers' devices.
+pub const NUMA_NODE: &str = "resource.kubernetes.io/numaNode";
+/// The driver version exactly as amdgpu reports it (`6.19.14.31400000`),
+/// beside `driverVersion`, which must be a semantic version.
+pub const DRIVER_VERSION_RAW: &str = "driverVersionRaw";
+/// The API's limit on a string or version attribute's length.
+pub const MAX_ATTRIBUTE_VALUE_LENGTH: usize = 64;
 
 /// One device as published: a whole GPU, or one partition of a GPU in a
 /// compute mode other than SPX.
@@ -171,6 +179,16 @@ fn device(
     (memory, cus, simds, xccs): (Option<u64>, Option<u32>, Option<u32>, Option<u32>),
 ) -> DraDevice {
     attributes.insert("type".into(), string(kind));
+    // The reference's own names for the PCI address: a partition names its GPU's.
+    if partition.is_some() {
+        attributes.insert("parentPciAddr".into(), string(&gpu.bdf));
+        attributes.insert(
+            "parentDeviceID".into(),
+            string(&format!("0x{:04x}", gpu.device_id)),
+        );
+    } else {
+        attributes.insert("pciAddr".into(), string(&gpu.bdf));
+    }
     attributes.insert("cardIndex".into(), int(i64::from(card)));
     attributes.insert("renderIndex".into(), int(i64::from(render_minor)));
     let mut capacity = BTreeMap::new();
@@ -265,8 +283,14 @@ fn common_attributes(
         "deviceID".into(),
         string(&format!("0x{:04x}", gpu.device_id)),
     );
-    if let Some(semver) = inventory.driver.version.as_deref().and_then(semver_of) {
-        a.insert("driverVersion".into(), version_attr(semver));
+    if let Some(raw) = inventory.driver.version.as_deref().map(str::trim) {
+        if let Some(semver) = semver_of(raw) {
+            a.insert("driverVersion".into(), version_attr(semver));
+        }
+        // A longer string would cost the whole slice; the semver still says it.
+        if !raw.is_empty() && raw.len() <= MAX_ATTRIBUTE_VALUE_LENGTH {
+            a.insert(DRIVER_VERSION_RAW.into(), string(raw));
+        }
     }
     if let Some(src) = inventory.driver.srcversion.as_deref()
         && !src.is_empty()
@@ -283,6 +307,7 @@ fn common_attributes(
     }
     if let Some(numa) = gpu.numa_node.filter(|n| *n >= 0) {
         a.insert("numaNode".into(), int(i64::from(numa)));
+        a.insert(NUMA_NODE.into(), int(i64::from(numa)));
     }
     a.insert(PCI_BUS_ID.into(), string(&gpu.bdf));
     if let Some(root) = roots.get(&gpu.bdf) {
@@ -580,6 +605,12 @@ mod tests {
         assert_eq!(attr(d, "cardIndex").int, Some(1));
         assert_eq!(attr(d, "renderIndex").int, Some(128));
         assert_eq!(attr(d, "numaNode").int, Some(0));
+        assert_eq!(attr(d, NUMA_NODE).int, Some(0));
+        assert_eq!(
+            attr(d, DRIVER_VERSION_RAW).string.as_deref(),
+            Some("6.12.12")
+        );
+        assert_eq!(attr(d, "pciAddr").string.as_deref(), Some("0000:05:00.0"));
         assert_eq!(attr(d, PCI_BUS_ID).string.as_deref(), Some("0000:05:00.0"));
         assert_eq!(attr(d, PCIE_ROOT).string.as_deref(), Some("pci0000:00"));
         assert_eq!(d.capacity["memory"].value.0, (192u64 << 30).to_string());
@@ -618,11 +649,51 @@ mod tests {
                 Some("cpx_nps4")
             );
             assert_eq!(attr(d, PCI_BUS_ID).string.as_deref(), Some("0000:05:00.0"));
+            assert_eq!(
+                attr(d, "parentPciAddr").string.as_deref(),
+                Some("0000:05:00.0")
+            );
+            assert_eq!(attr(d, "parentDeviceID").string.as_deref(), Some("0x74a1"));
+            assert!(!d.attributes.contains_key("pciAddr"));
+            assert_eq!(attr(d, NUMA_NODE).int, Some(0));
             assert_eq!(d.capacity["computeUnits"].value.0, "38");
             assert_eq!(d.capacity["memory"].value.0, (24u64 << 30).to_string());
             assert!(!d.attributes.contains_key(PCIE_ROOT), "no root known");
         }
         assert_eq!(devices[0].partition, Some(0));
+    }
+
+    #[test]
+    fn amds_four_part_driver_version_is_a_semver_and_kept_raw_beside_it() {
+        // ROCm/gpu-operator#609: published as a version, it cost the whole slice.
+        let mut inv = inventory(vec![gpu("0000:05:00.0", 1, 128)]);
+        inv.driver.version = Some("6.19.14.31400000".into());
+        let devices = devices_of(&inv, &PcieRoots::new());
+        let d = &devices[0];
+        assert_eq!(attr(d, "driverVersion").version.as_deref(), Some("6.19.14"));
+        assert_eq!(
+            attr(d, DRIVER_VERSION_RAW).string.as_deref(),
+            Some("6.19.14.31400000")
+        );
+        let specs = slice_specs(
+            "n1",
+            &devices,
+            &Unhealthy::new(),
+            true,
+            &TimeSlicing::default(),
+            1,
+        );
+        let slice =
+            serde_json::json!({"metadata": {"name": slice_name("n1", 0)}, "spec": specs[0]});
+        assert_eq!(kube_emulator::resource_slice::validate(&slice), vec![]);
+
+        inv.driver.version = Some(format!("6.19.14-{}", "x".repeat(70)));
+        let d = &devices_of(&inv, &PcieRoots::new())[0];
+        assert!(
+            !d.attributes.contains_key(DRIVER_VERSION_RAW),
+            "too long to publish"
+        );
+        assert_eq!(attr(d, "driverVersion").version.as_deref(), Some("6.19.14"));
     }
 
     #[test]

@@ -36,7 +36,7 @@ mod fields;
 mod openapi;
 mod patch;
 mod protobuf;
-mod resource_slice;
+pub mod resource_slice;
 mod resources;
 mod reviews;
 mod selector;
