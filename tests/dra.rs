@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use gpu_operator::device::Inventory;
 use gpu_operator::dra::{DraConfig, DraPlugin, DraStatus, Registration, Slices};
+use gpu_operator::events::EventSink;
 use gpu_operator::plugin::{DeviceRef, HealthReport, TimeSlicing};
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube::Api;
@@ -105,6 +106,7 @@ impl Rig {
             self.inventory.subscribe(),
             self.health.subscribe(),
             self.cluster.client(),
+            EventSink::kubernetes(self.cluster.client(), NODE, watch::channel(None).1),
         ));
     }
 
@@ -165,6 +167,16 @@ impl Rig {
 
     fn pool_generation(&self) -> Option<i64> {
         self.slices().first()?["spec"]["pool"]["generation"].as_i64()
+    }
+
+    /// The notes of this node's Events of `reason`.
+    fn event_notes(&self, reason: &str) -> Vec<String> {
+        self.cluster
+            .list("events.k8s.io/v1", "Event")
+            .into_iter()
+            .filter(|e| e["reason"] == reason && e["regarding"]["name"] == NODE)
+            .filter_map(|e| e["note"].as_str().map(str::to_owned))
+            .collect()
     }
 
     fn rediscover(&self) {
@@ -480,6 +492,104 @@ async fn a_refused_registration_is_reported() {
             .contains("version skew"),
         "{status:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_registration_is_an_event() {
+    let rig = Rig::start("mi210", None, None).await;
+    rig.kubelet.register().await;
+    rig.kubelet.refuse("version skew").await;
+    wait::eventually("a DRARegistrationRefused Event", || {
+        rig.event_notes("DRARegistrationRefused")
+            .iter()
+            .any(|n| n.contains("version skew"))
+    })
+    .await;
+}
+
+/// A slice the API server refuses is not "published": the status names the
+/// field and the server's message, an Event says the same, and the same
+/// content is not sent again; new content is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_slice_is_a_problem_and_an_event_and_is_retried_only_on_new_content() {
+    let rig = Rig::start("mi300x", Some(2), None).await;
+    rig.kubelet.register().await;
+    rig.wait_status("published", |s| {
+        matches!(s.slices, Slices::Published { .. })
+    })
+    .await;
+    let generation = rig.pool_generation();
+
+    // An amdgpu srcversion the API cannot hold (over 64 bytes).
+    let mut hostile = rig.sim.discover();
+    hostile.driver.srcversion = Some("F".repeat(70));
+    rig.inventory.send_replace(Arc::new(hostile.clone()));
+    let status = rig
+        .wait_status("rejected", |s| matches!(s.slices, Slices::Rejected { .. }))
+        .await;
+    let reason = status.unavailable_reason().expect("a problem");
+    assert!(
+        reason.contains(&format!("ResourceSlice {NODE}-gpu.amd.com-0"))
+            && reason.contains("spec.devices[0].attributes[driverSrcVersion].string")
+            && reason.contains("may not be more than 64 bytes"),
+        "{reason}"
+    );
+    wait::eventually("a ResourceSliceRejected Event", || {
+        rig.event_notes("ResourceSliceRejected")
+            .iter()
+            .any(|n| n.contains("attributes[driverSrcVersion]"))
+    })
+    .await;
+    assert_eq!(rig.pool_generation(), generation, "the old slices stay");
+
+    // The same content again (a health re-check, a watch event) writes nothing.
+    let before = rig.cluster.requests();
+    rig.inventory.send_replace(Arc::new(hostile));
+    rig.health.send_replace(HealthReport::default());
+    // Someone else touching the slice makes the plugin compare again.
+    let slices: Api<ResourceSlice> = Api::all(rig.cluster.client());
+    slices
+        .patch(
+            &format!("{NODE}-gpu.amd.com-0"),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"touched": "yes"}}})),
+        )
+        .await
+        .expect("slice labelled");
+    rig.cluster.faults().drop_watches();
+    let watched = rig.cluster.requests();
+    wait::eventually("the slice watch is back", || {
+        rig.cluster.requests().since(&watched).watches() > 0
+    })
+    .await;
+    // A claim that nothing happens needs a window: one past the 5 s after
+    // which a failed write is tried again, which a refusal must not be.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let writes = rig.cluster.requests().since(&before);
+    assert_eq!(
+        writes.get("patch", "resourceslices.resource.k8s.io"),
+        1,
+        "only the label; {}",
+        writes.to_json()
+    );
+    assert_eq!(
+        rig.event_notes("ResourceSliceRejected").len(),
+        1,
+        "{}",
+        writes.to_json()
+    );
+    assert!(matches!(
+        rig.status().borrow().slices,
+        Slices::Rejected { .. }
+    ));
+
+    // New content is written, and published again.
+    rig.rediscover();
+    rig.wait_status("published again", |s| {
+        matches!(s.slices, Slices::Published { .. })
+    })
+    .await;
+    assert_eq!(rig.status().borrow().unavailable_reason(), None);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -137,6 +137,7 @@ impl NodeServices {
                 inventory: inventory.clone(),
                 health: monitor.report(),
                 client: k.client.clone(),
+                events: k.events.clone(),
             })
         });
         let (client, nodes, node, events) = match kube {

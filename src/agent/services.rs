@@ -12,6 +12,7 @@ use super::select::LabellerConfig;
 use crate::api::agent_status::ServiceName;
 use crate::device::Inventory;
 use crate::dra::{DraConfig, DraPlugin};
+use crate::events::EventSink;
 use crate::labeller::{add_sharing_labels, desired_labels, label_intent};
 use crate::node_writer::{Concern, NodeWriteError, NodeWriter, RETRY_AFTER_FAILURE};
 use crate::plugin::{DevicePluginService, HealthReport, PluginConfig, PluginStatus};
@@ -162,6 +163,8 @@ pub struct DraService {
     pub inventory: watch::Receiver<Arc<Inventory>>,
     pub health: watch::Receiver<HealthReport>,
     pub client: kube::Client,
+    /// Where a refused slice or registration is recorded.
+    pub events: EventSink,
 }
 
 impl Service for DraService {
@@ -186,6 +189,7 @@ impl Service for DraService {
                 self.inventory.clone(),
                 self.health.clone(),
                 self.client.clone(),
+                self.events.clone(),
             );
             let mut status = plugin.status();
             let result = loop {
@@ -209,6 +213,7 @@ impl Service for DraService {
                             self.inventory.clone(),
                             self.health.clone(),
                             self.client.clone(),
+                            self.events.clone(),
                         );
                         status = plugin.status();
                     }

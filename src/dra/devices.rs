@@ -317,14 +317,22 @@ fn common_attributes(
 }
 
 /// The product name as the reference publishes it: spaces become `_`,
-/// parentheses go, and the attribute's 64-character limit holds.
+/// parentheses go, and the attribute's limit of 64 bytes (not characters: a
+/// `™` is three) holds.
 fn product_name(raw: &str) -> String {
-    raw.trim()
+    let mut out = String::new();
+    for c in raw
+        .trim()
         .chars()
         .filter(|c| !matches!(c, '(' | ')'))
         .map(|c| if c == ' ' { '_' } else { c })
-        .take(64)
-        .collect()
+    {
+        if out.len() + c.len_utf8() > MAX_ATTRIBUTE_VALUE_LENGTH {
+            break;
+        }
+        out.push(c);
+    }
+    out
 }
 
 /// A semantic version (2.0.0) from an amdgpu version string, which the API
@@ -694,6 +702,18 @@ mod tests {
             "too long to publish"
         );
         assert_eq!(attr(d, "driverVersion").version.as_deref(), Some("6.19.14"));
+    }
+
+    #[test]
+    fn a_long_product_name_is_cut_at_64_bytes_not_characters() {
+        let name = product_name(&format!("AMD Instinct™ {}", "X".repeat(80)));
+        assert!(
+            name.len() <= MAX_ATTRIBUTE_VALUE_LENGTH,
+            "{} bytes",
+            name.len()
+        );
+        assert!(name.starts_with("AMD_Instinct™_X"), "{name}");
+        assert_eq!(name.len(), MAX_ATTRIBUTE_VALUE_LENGTH);
     }
 
     #[test]

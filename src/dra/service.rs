@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::api::resource::v1::ResourceSlice;
+use k8s_openapi::api::resource::v1::{ResourceSlice, ResourceSliceSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{ListParams, ObjectMeta};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -33,6 +33,7 @@ use super::server::{
 use super::{DRIVER_NAME, cdi};
 use crate::api::field_manager;
 use crate::device::Inventory;
+use crate::events::{EventSink, EventType, NodeEvent, Origin};
 use crate::host::HostRoot;
 use crate::host::reader::{Answer, BoundedReader, Op};
 use crate::plugin::{HealthReport, PluginDevice, SocketServer, node_checks};
@@ -109,10 +110,13 @@ pub enum Slices {
     #[default]
     Pending,
     /// The API holds what the snapshot says, at this pool generation.
-    Published {
-        generation: i64,
-        devices: usize,
-    },
+    Published { generation: i64, devices: usize },
+    /// The API server refused a slice for what it says (422 Invalid, 400):
+    /// `problem` is each field with the server's message. The same content is
+    /// not written again; a change of content is.
+    Rejected { slice: String, problem: String },
+    /// A write failed for another reason (unreachable, forbidden, a server
+    /// error); tried again after [`RETRY_AFTER_FAILURE`].
     Failed(String),
 }
 
@@ -141,6 +145,9 @@ impl DraStatus {
                 Some("waiting for the kubelet to register the DRA plugin".into())
             }
             (_, Slices::Pending) => Some("publishing ResourceSlices".into()),
+            (_, Slices::Rejected { slice, problem }) => Some(format!(
+                "the API server refused ResourceSlice {slice}: {problem}"
+            )),
             (_, Slices::Failed(e)) => Some(format!("cannot publish ResourceSlices: {e}")),
             (Registration::Registered, Slices::Published { .. }) => None,
         }
@@ -157,12 +164,14 @@ pub struct DraPlugin {
 }
 
 impl DraPlugin {
-    /// Starts serving. `client` reads claims and writes this node's slices.
+    /// Starts serving. `client` reads claims and writes this node's slices;
+    /// a refused slice or registration is recorded in `events`.
     pub fn start(
         config: DraConfig,
         inventory: watch::Receiver<Arc<Inventory>>,
         health: watch::Receiver<HealthReport>,
         client: kube::Client,
+        events: EventSink,
     ) -> Self {
         let (stop, stop_rx) = watch::channel(false);
         let (status_tx, status) = watch::channel(DraStatus {
@@ -175,6 +184,7 @@ impl DraPlugin {
             inventory,
             health,
             client,
+            events,
             published_tx,
             status_tx,
             stop_rx,
@@ -217,6 +227,7 @@ async fn run(
     mut inventory: watch::Receiver<Arc<Inventory>>,
     mut health: watch::Receiver<HealthReport>,
     client: kube::Client,
+    events: EventSink,
     published_tx: watch::Sender<Arc<Published>>,
     status: watch::Sender<DraStatus>,
     mut stop: watch::Receiver<bool>,
@@ -305,6 +316,7 @@ async fn run(
             publisher = Some(AbortOnDropHandle::new(tokio::spawn(publish_slices(
                 config.clone(),
                 client.clone(),
+                events.clone(),
                 published_tx.subscribe(),
                 status.clone(),
                 stop.clone(),
@@ -340,6 +352,17 @@ async fn run(
             _ = health.changed() => {}
             _ = registration.changed() => {
                 let now = registration.borrow_and_update().clone();
+                let before = status.borrow().registration.clone();
+                if let Registration::Refused(why) = &now
+                    && before != now
+                {
+                    events
+                        .record(warning(
+                            REGISTRATION_REFUSED,
+                            format!("the kubelet refused the DRA plugin {DRIVER_NAME}: {why}"),
+                        ))
+                        .await;
+                }
                 status.send_modify(|s| s.registration = now);
             }
             _ = tick.tick() => {}
@@ -458,6 +481,7 @@ pub fn pcie_root_of(target: &str) -> Option<String> {
 async fn publish_slices(
     config: DraConfig,
     client: kube::Client,
+    sink: EventSink,
     mut published: watch::Receiver<Arc<Published>>,
     status: watch::Sender<DraStatus>,
     mut stop: watch::Receiver<bool>,
@@ -477,6 +501,7 @@ async fn publish_slices(
         config,
         owner: None,
         generation: 0,
+        refused: None,
     };
     let mut dirty = true;
     let mut failed = false;
@@ -498,7 +523,15 @@ async fn publish_slices(
                         }
                     });
                 }
-                Err(e) => {
+                // Still the content the server refused: nothing was written.
+                Err(SyncError::StillRefused) => {}
+                Err(SyncError::Rejected { slice, problem }) => {
+                    let note = format!("the API server refused ResourceSlice {slice}: {problem}");
+                    tracing::warn!("{note}; written again when its content changes");
+                    sink.record(warning(SLICE_REJECTED, note)).await;
+                    status.send_modify(|s| s.slices = Slices::Rejected { slice, problem });
+                }
+                Err(SyncError::Failed(e)) => {
                     tracing::warn!(error = %e, "cannot publish the ResourceSlices; will retry");
                     status.send_modify(|s| s.slices = Slices::Failed(e));
                     failed = true;
@@ -589,6 +622,66 @@ struct SlicePublisher {
     /// The highest pool generation seen or written: a pool rewritten after
     /// its slices were deleted still moves forward.
     generation: i64,
+    /// The slices (generation 0) whose writing the server refused: not
+    /// written again until what they say changes.
+    refused: Option<Vec<ResourceSliceSpec>>,
+}
+
+/// Why a sync did not publish.
+#[derive(Debug)]
+enum SyncError {
+    /// The server refused this slice for its content.
+    Rejected {
+        slice: String,
+        problem: String,
+    },
+    /// The content is what the server refused before; nothing was written.
+    StillRefused,
+    Failed(String),
+}
+
+/// `reason` of the Warning Event for a refused slice.
+pub const SLICE_REJECTED: &str = "ResourceSliceRejected";
+/// `reason` of the Warning Event for a refused kubelet registration.
+pub const REGISTRATION_REFUSED: &str = "DRARegistrationRefused";
+
+fn warning(reason: &str, note: String) -> NodeEvent {
+    NodeEvent {
+        type_: EventType::Warning,
+        reason: reason.to_owned(),
+        note: Some(note),
+        about: None,
+        origin: Origin::Agent {
+            action: "PublishResourceSlices",
+        },
+    }
+}
+
+/// What the server said of a write it refused for the object's content
+/// (`422 Invalid`, `400 BadRequest`): each cause as `field: message`, or its
+/// message when it lists none. `None` for every other failure, which a retry
+/// may cure. Pure.
+pub fn content_refusal(error: &kube::Error) -> Option<String> {
+    let kube::Error::Api(status) = error else {
+        return None;
+    };
+    if !matches!(status.code, 400 | 422) {
+        return None;
+    }
+    let causes: Vec<String> = status
+        .details
+        .iter()
+        .flat_map(|d| d.causes.iter())
+        .map(|c| match c.field.as_str() {
+            "" => c.message.clone(),
+            field => format!("{field}: {}", c.message),
+        })
+        .collect();
+    Some(if causes.is_empty() {
+        status.message.clone()
+    } else {
+        causes.join("; ")
+    })
 }
 
 impl SlicePublisher {
@@ -600,7 +693,7 @@ impl SlicePublisher {
         &mut self,
         snapshot: &Published,
         observed: &mut BTreeMap<String, ResourceSlice>,
-    ) -> Result<(i64, usize), String> {
+    ) -> Result<(i64, usize), SyncError> {
         if self.owner.is_none() {
             // Slices die with their Node (garbage collection), as upstream
             // drivers set it up. Without the Node's UID they are still correct.
@@ -645,8 +738,20 @@ impl SlicePublisher {
                 .all(|s| s.spec.pool.generation == current_generation);
         self.generation = self.generation.max(current_generation);
         if unchanged {
+            self.refused = None;
             return Ok((current_generation, devices));
         }
+        if self.refused.as_ref().is_some_and(|refused| {
+            refused.len() == desired.len()
+                && refused
+                    .iter()
+                    .zip(&desired)
+                    .all(|(a, b)| same_content(a, b))
+        }) {
+            return Err(SyncError::StillRefused);
+        }
+        self.refused = None;
+        let wanted = desired.clone();
         let generation = current_generation.max(self.generation) + 1;
         self.generation = generation;
         for (name, mut spec) in names.iter().zip(desired) {
@@ -661,9 +766,23 @@ impl SlicePublisher {
             };
             let params = field_manager::apply(field_manager::DRA);
             let patch = kube::api::Patch::Apply(&slice);
-            let applied = with_retries(|| self.api.patch(name, &params, &patch))
-                .await
-                .map_err(|e| format!("cannot apply ResourceSlice {name}: {e}"))?;
+            let applied = match with_retries(|| self.api.patch(name, &params, &patch)).await {
+                Ok(applied) => applied,
+                Err(e) => {
+                    return Err(match content_refusal(&e) {
+                        Some(problem) => {
+                            self.refused = Some(wanted);
+                            SyncError::Rejected {
+                                slice: name.clone(),
+                                problem,
+                            }
+                        }
+                        None => {
+                            SyncError::Failed(format!("cannot apply ResourceSlice {name}: {e}"))
+                        }
+                    });
+                }
+            };
             observed.insert(name.clone(), applied);
         }
         let stale: Vec<String> = observed
@@ -672,7 +791,9 @@ impl SlicePublisher {
             .cloned()
             .collect();
         for name in stale {
-            delete(&self.api, &name, true).await?;
+            delete(&self.api, &name, true)
+                .await
+                .map_err(SyncError::Failed)?;
             observed.remove(&name);
         }
         tracing::info!(
@@ -726,6 +847,46 @@ async fn delete(api: &Api<ResourceSlice>, name: &str, retry: bool) -> Result<(),
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn api_error(code: u16, causes: &[(&str, &str)]) -> kube::Error {
+        let status: kube::core::Status = serde_json::from_value(serde_json::json!({
+            "status": "Failure", "code": code, "reason": "Invalid",
+            "message": "ResourceSlice \"n-gpu.amd.com-0\" is invalid",
+            "details": {"causes": causes.iter().map(|(f, m)| serde_json::json!({
+                "reason": "FieldValueInvalid", "field": f, "message": m})).collect::<Vec<_>>()}
+        }))
+        .expect("a Status");
+        kube::Error::Api(Box::new(status))
+    }
+
+    #[test]
+    fn only_a_refusal_of_the_content_is_one() {
+        let refused = api_error(
+            422,
+            &[
+                (
+                    "spec.devices[0].attributes[driverVersion].version",
+                    "Invalid value: \"6.19.14.31400000\"",
+                ),
+                ("", "no field"),
+            ],
+        );
+        assert_eq!(
+            content_refusal(&refused).as_deref(),
+            Some(
+                "spec.devices[0].attributes[driverVersion].version: Invalid value: \"6.19.14.31400000\"; no field"
+            )
+        );
+        assert_eq!(
+            content_refusal(&api_error(400, &[])).as_deref(),
+            Some("ResourceSlice \"n-gpu.amd.com-0\" is invalid")
+        );
+        for code in [403, 404, 409, 429, 500, 503] {
+            assert_eq!(content_refusal(&api_error(code, &[])), None, "{code}");
+        }
+        let io = kube::Error::Service(Box::new(std::io::Error::other("refused")));
+        assert_eq!(content_refusal(&io), None);
+    }
 
     #[test]
     fn the_pcie_root_is_the_first_part_of_the_device_path() {
