@@ -716,6 +716,127 @@ mod tests {
         assert_eq!(name.len(), MAX_ATTRIBUTE_VALUE_LENGTH);
     }
 
+    /// An MI300X-like GPU `index` in `compute`/`memory` mode, its partitions
+    /// numbered after the GPUs' own DRM nodes.
+    fn gpu_in(index: u32, compute: &str, memory: &str) -> Gpu {
+        let count = match compute {
+            "spx" => 1,
+            "dpx" => 2,
+            "qpx" => 4,
+            _ => 8,
+        };
+        let mut g = gpu(
+            &format!("0000:{:02x}:00.0", 0x10 + index),
+            1 + index * 8,
+            128 + index * 8,
+        );
+        g.numa_node = Some((index / 4) as i32);
+        g.compute_partition = Some(compute.into());
+        g.memory_partition = Some(memory.into());
+        g.available_compute_partitions = ["spx", "dpx", "qpx", "cpx"].map(String::from).to_vec();
+        if count > 1 {
+            g.partitions = (0..count)
+                .map(|i| Partition {
+                    id: i,
+                    card: Some(1 + index * 8 + i),
+                    render_minor: Some(128 + index * 8 + i),
+                    ..Partition::default()
+                })
+                .collect();
+        }
+        g
+    }
+
+    /// Issue 34: the published slices pass the 1.37 API server's validation
+    /// at 8 GPUs in every layout, and in all of them mixed, with the worst
+    /// case of everything on: every device tainted, shared with request
+    /// policies, and AMD's four-part driver version.
+    #[test]
+    fn slices_pass_the_servers_validation_at_8_gpus_in_every_layout() {
+        let roots: PcieRoots = (0..8)
+            .map(|i| {
+                (
+                    format!("0000:{:02x}:00.0", 0x10 + i),
+                    format!("pci0000:{:02x}", i * 0x20),
+                )
+            })
+            .collect();
+        let mut layouts: Vec<Vec<(&str, &str)>> = [
+            ("spx", "nps1"),
+            ("dpx", "nps1"),
+            ("qpx", "nps1"),
+            ("cpx", "nps1"),
+            ("qpx", "nps4"),
+            ("cpx", "nps4"),
+        ]
+        .into_iter()
+        .map(|l| vec![l; 8])
+        .collect();
+        layouts.push(
+            [
+                ("spx", "nps1"),
+                ("dpx", "nps1"),
+                ("qpx", "nps1"),
+                ("cpx", "nps1"),
+            ]
+            .into_iter()
+            .cycle()
+            .take(8)
+            .collect(),
+        );
+        for layout in layouts {
+            let gpus: Vec<Gpu> = layout
+                .iter()
+                .enumerate()
+                .map(|(i, (c, m))| gpu_in(i as u32, c, m))
+                .collect();
+            let mut inv = inventory(gpus);
+            inv.driver.version = Some("6.19.14.31400000".into());
+            inv.driver.srcversion = Some("0123456789ABCDEF01234567".into());
+            let devices = devices_of(&inv, &roots);
+            let expected: usize = layout
+                .iter()
+                .map(|(c, _)| match *c {
+                    "spx" => 1,
+                    "dpx" => 2,
+                    "qpx" => 4,
+                    _ => 8,
+                })
+                .sum();
+            assert_eq!(devices.len(), expected, "{layout:?}");
+            let sick: Unhealthy = devices
+                .iter()
+                .map(|d| (d.name.clone(), "ECC".to_string()))
+                .collect();
+            let sharing = TimeSlicing {
+                replicas: 4,
+                ..TimeSlicing::default()
+            };
+            for (unhealthy, taints, sharing) in [
+                (&sick, true, sharing.clone()),
+                (&Unhealthy::new(), false, TimeSlicing::default()),
+            ] {
+                let specs = slice_specs("gpu-node-1", &devices, unhealthy, taints, &sharing, 3);
+                let published: usize = specs
+                    .iter()
+                    .map(|s| s.devices.as_ref().map_or(0, Vec::len))
+                    .sum();
+                assert_eq!(published, expected);
+                for (i, spec) in specs.iter().enumerate() {
+                    let slice = serde_json::json!({
+                        "metadata": {"name": slice_name("gpu-node-1", i)},
+                        "spec": spec,
+                    });
+                    assert_eq!(
+                        kube_emulator::resource_slice::validate(&slice),
+                        vec![],
+                        "{layout:?} taints {taints}, slice {i}"
+                    );
+                }
+            }
+        }
+    }
+
     #[test]
     fn a_gpu_without_drm_nodes_is_left_out() {
         let mut g = gpu("0000:05:00.0", 1, 128);
