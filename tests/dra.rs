@@ -41,7 +41,7 @@ struct Rig {
 
 impl Rig {
     async fn start(profile: &str, gpus: Option<usize>, partition: Option<&str>) -> Self {
-        Self::start_with(profile, gpus, partition, false).await
+        Self::start_with(profile, gpus, partition, true).await
     }
 
     async fn start_with(

@@ -41,10 +41,17 @@ pub struct AgentArgs {
     )]
     pub cdi_dir: PathBuf,
     /// Taint unhealthy GPUs in the DRA ResourceSlices (`gpu.amd.com/unhealthy`,
-    /// NoSchedule), so the scheduler allocates them to no new claim. Needs the
-    /// DRADeviceTaints feature gate (beta and on by default from Kubernetes
-    /// 1.36); without it the API server drops the taints.
-    #[arg(long)]
+    /// NoSchedule), so the scheduler allocates them to no new claim; on by
+    /// default (device taints are GA in Kubernetes 1.37, beta and on by
+    /// default from 1.36; an API server without them drops the taints).
+    /// `--dra-device-taints=false` turns them off.
+    #[arg(
+        long,
+        default_value_t = true,
+        num_args = 0..=1,
+        default_missing_value = "true",
+        action = clap::ArgAction::Set
+    )]
     pub dra_device_taints: bool,
     /// Follow DeviceConfigs in this namespace only, as leader too; by
     /// default those of every namespace. Restricting needs the RBAC to

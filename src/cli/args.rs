@@ -318,6 +318,24 @@ mod tests {
     use crate::cli::{Cli, Command};
 
     #[test]
+    fn dra_device_taints_are_on_unless_turned_off() {
+        let taints = |extra: &[&str]| {
+            let mut argv = vec!["gpu-operator", "agent", "--node-name", "n"];
+            argv.extend_from_slice(extra);
+            match Cli::try_parse_from(argv).map(|c| c.command) {
+                Ok(Command::Agent(args)) => Ok(args.dra_device_taints),
+                Ok(_) => panic!("agent parses as agent"),
+                Err(e) => Err(e.kind()),
+            }
+        };
+        assert_eq!(taints(&[]), Ok(true));
+        assert_eq!(taints(&["--dra-device-taints"]), Ok(true));
+        assert_eq!(taints(&["--dra-device-taints=true"]), Ok(true));
+        assert_eq!(taints(&["--dra-device-taints=false"]), Ok(false));
+        assert!(taints(&["--dra-device-taints=maybe"]).is_err());
+    }
+
+    #[test]
     fn sampling_flags_default_parse_and_refuse_nonsense() {
         let cli = Cli::try_parse_from(["gpu-operator", "standalone"]).unwrap();
         let Command::Standalone(args) = cli.command else {

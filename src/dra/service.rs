@@ -57,8 +57,8 @@ pub struct DraConfig {
     pub cdi_dir: PathBuf,
     pub host: HostRoot,
     pub node_name: String,
-    /// Taint unhealthy devices in the slices (KEP-5055; needs the
-    /// DRADeviceTaints feature, beta and on by default from 1.36).
+    /// Taint unhealthy devices in the slices (KEP-5055; GA in 1.37, beta and
+    /// on by default from 1.36). On unless `--dra-device-taints=false`.
     pub device_taints: bool,
     /// Sharing: with more than one replica, devices allow multiple
     /// allocations with consumable capacity (KEP-5075; the
@@ -79,7 +79,7 @@ impl DraConfig {
             cdi_dir: PathBuf::from(Self::DEFAULT_CDI_DIR),
             host,
             node_name: node_name.to_owned(),
-            device_taints: false,
+            device_taints: true,
             sharing: crate::api::TimeSlicing::default(),
             poll_interval: Self::DEFAULT_POLL_INTERVAL,
             health_resend: Self::DEFAULT_HEALTH_RESEND,
