@@ -93,7 +93,13 @@ async fn prepare_latency(emulator: &Emulator) {
     config.cdi_dir = dir.path().join("cdi");
     let (inventory_tx, inventory) = sim.feed();
     let (_health_tx, health) = tokio::sync::watch::channel(HealthReport::default());
-    let plugin = DraPlugin::start(config, inventory, health, emulator.client());
+    let plugin = DraPlugin::start(
+        config,
+        inventory,
+        health,
+        emulator.client(),
+        gpu_operator::events::EventSink::log(NODE),
+    );
     let kubelet = DraKubelet::new(&kubelet_dir);
     kubelet.register().await;
     let mut status = plugin.status();

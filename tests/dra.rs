@@ -304,7 +304,9 @@ fn the_cdi_validator_refuses_a_spec_the_reference_refuses() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn registers_with_the_kubelet_and_publishes_mi300x_gpus_and_partitions() {
-    let mut rig = Rig::start("mi300x", None, None).await;
+    // Taints off (--dra-device-taints=false): a health change then changes
+    // nothing the slices carry, which this test checks writes nothing.
+    let mut rig = Rig::start_with("mi300x", None, None, false).await;
     let (info, version) = rig.kubelet.register().await;
     assert_eq!(info.name, "gpu.amd.com");
     assert_eq!(

@@ -813,7 +813,7 @@ mod tests {
                 ..TimeSlicing::default()
             };
             for (unhealthy, taints, sharing) in [
-                (&sick, true, sharing.clone()),
+                (&sick, true, sharing),
                 (&Unhealthy::new(), false, TimeSlicing::default()),
             ] {
                 let specs = slice_specs("gpu-node-1", &devices, unhealthy, taints, &sharing, 3);
