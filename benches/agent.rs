@@ -8,7 +8,7 @@
 //!   DeviceConfig running (goal: under 25 MiB);
 //! - idle CPU of that agent, and of `gpu-operator standalone --simulate mi300x
 //!   --partition cpx_nps4` at the default intervals (goal: under 0.2 % of a
-//!   core), from the child's threads' `/proc/<pid>/task/*/schedstat` over 30 s
+//!   core), from the child's threads' `/proc/<pid>/task/*/schedstat` over 60 s
 //!   (and, coarser, its utime+stime).
 //!
 //!   The same with `--host-root` on a tree simulated once (no moving telemetry:
@@ -51,7 +51,7 @@ use tokio_util::sync::CancellationToken;
 const NODE: &str = "bench-node";
 
 /// How long idle CPU is measured, after the process settled.
-const IDLE_WINDOW: Duration = Duration::from_secs(30);
+const IDLE_WINDOW: Duration = Duration::from_secs(60);
 const SETTLE: Duration = Duration::from_secs(5);
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -372,7 +372,7 @@ fn spawn_until_logged(command: &mut Command, wanted: impl Fn(&str) -> bool) -> s
 
 /// CPU time a process used over a window: to the nanosecond from its
 /// threads' scheduler statistics, and from utime+stime in clock ticks
-/// (coarse: one tick in 30 s is 0.03 %, but it counts threads that exited).
+/// (coarse: one tick in 60 s is 0.017 %, but it counts threads that exited).
 struct IdleCpu {
     cpu: Duration,
     ticks: Option<Duration>,

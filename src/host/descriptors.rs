@@ -67,9 +67,13 @@ pub fn raise_nofile_limit() -> io::Result<(u64, u64)> {
 pub const KEPT_SHARE_DIVISOR: u64 = 16;
 
 /// And never more than this many per reader: enough for every attribute the
-/// health monitor polls on a full node (8 GPUs × 11 files, with room for
-/// partitions), far below what any soft limit allows.
-pub const MAX_KEPT_PER_READER: usize = 256;
+/// exporter samples on a full node (MI300X in CPX/NPS4: 8 GPUs and 64
+/// partitions, about 600 files each sample), far below what any soft limit
+/// allows. A reader whose working set is larger than its cap keeps almost
+/// nothing useful: its files are read in the same order each sample, so the
+/// least recently read one, which is closed to make room, is always the next
+/// one wanted. At 256 the exporter so opened every file afresh each sample.
+pub const MAX_KEPT_PER_READER: usize = 1024;
 
 /// How many attribute descriptors one reader may keep open at `soft_limit`.
 pub fn kept_descriptor_cap(soft_limit: u64) -> usize {
@@ -110,8 +114,9 @@ mod tests {
     }
 
     #[test]
-    fn readers_keep_a_sixteenth_of_the_limit_at_most_256() {
-        assert_eq!(kept_descriptor_cap(1 << 20), 256);
+    fn readers_keep_a_sixteenth_of_the_limit_at_most_1024() {
+        assert_eq!(kept_descriptor_cap(1 << 20), 1024);
+        assert_eq!(kept_descriptor_cap(8192), 512);
         assert_eq!(kept_descriptor_cap(1024), 64);
         assert_eq!(kept_descriptor_cap(256), 16);
         assert_eq!(kept_descriptor_cap(8), 0);
