@@ -14,9 +14,15 @@
 //! device plugin, the first metrics are served, labels are written) and when it
 //! stops doing so, and why.
 //!
+//! Beside the services run their followers ([`Followers`]): tasks that keep a
+//! feed current and are not restarted, but whose end is reported; and a loop
+//! waiting on many feeds waits on [`Wakes`], so that a feed that closed wakes
+//! it once, not forever.
+//!
 //! This module owns the service kernel every node service is written against:
-//! the [`Service`] trait, [`Slot`], [`Readiness`], [`ServiceState`] and the
-//! process-wide restart counter ([`SERVICE_RESTARTS`]). It sits low in the
+//! the [`Service`] trait, [`Slot`], [`Readiness`], [`ServiceState`],
+//! [`Followers`], [`Wakes`] and the process-wide restart counter
+//! ([`SERVICE_RESTARTS`]). It sits low in the
 //! module order so that the services (`health`, `metrics`, `testrunner`, ...)
 //! can implement it without importing the agent that runs them. It must not
 //! know any particular service, nor talk to the host or the Kubernetes API.
@@ -321,11 +327,7 @@ async fn supervise<S: Service>(
             Ok(result) => result,
             Err(panic) => Err(ServiceError::new(format!(
                 "panicked: {}",
-                panic
-                    .downcast_ref::<&str>()
-                    .copied()
-                    .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
-                    .unwrap_or("unknown cause")
+                panic_message(panic.as_ref())
             ))),
         };
         // The run is over: nothing it left behind may report for it any more.
@@ -355,6 +357,268 @@ async fn supervise<S: Service>(
         tokio::select! {
             _ = tokio::time::sleep(delay) => {}
             _ = cancel.cancelled() => return,
+        }
+    }
+}
+
+/// What a caught panic said.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("unknown cause")
+}
+
+/// A follower that ended while the node side still needed it, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FollowerEnd {
+    pub name: &'static str,
+    pub reason: String,
+}
+
+impl Display for FollowerEnd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "follower {} ended: {}; what it fed stays as last seen until the agent restarts",
+            self.name, self.reason
+        )
+    }
+}
+
+/// Why a follower's end is reported.
+const STOPPED_ON_ITS_OWN: &str = "it stopped on its own";
+const ENDED_BY_HAND: &str = "it was ended by hand";
+const FEED_CLOSED: &str = "its feed closed";
+
+/// The node side's followers: the long-running tasks that keep a feed
+/// current (a watch on the Node or on DeviceConfigs, the driver report, the
+/// partition and remediation tasks, ...). Unlike a [`Slot`]'s service, a
+/// follower is not restarted: it owns the sending side of what it feeds, so a
+/// new run could not feed the same receivers. Instead its end, unless asked
+/// for ([`Followers::stopping`]), is logged and published
+/// ([`Followers::ended`]) with its reason, so that the agent's status names
+/// it; and a loop that waits on what it fed uses [`Wakes`], which never
+/// wakes on a closed feed again.
+#[derive(Clone)]
+pub struct Followers {
+    inner: Arc<FollowersInner>,
+}
+
+struct FollowersInner {
+    ended: watch::Sender<Vec<FollowerEnd>>,
+    /// Each running follower's own end, by name, with the id of its run.
+    running: std::sync::Mutex<std::collections::BTreeMap<&'static str, (u64, CancellationToken)>>,
+    next_run: AtomicU64,
+    stopping: CancellationToken,
+}
+
+impl Default for Followers {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Followers {
+    pub fn new() -> Self {
+        Self {
+            inner: Arc::new(FollowersInner {
+                ended: watch::Sender::new(Vec::new()),
+                running: Default::default(),
+                next_run: AtomicU64::new(0),
+                stopping: CancellationToken::new(),
+            }),
+        }
+    }
+
+    /// The token the followers stop on. Once it fires, their ends are
+    /// expected and no longer reported.
+    pub fn stopping(&self) -> CancellationToken {
+        self.inner.stopping.clone()
+    }
+
+    /// The followers that ended unasked, in the order they did (one entry a
+    /// name). Never closes while this handle lives.
+    pub fn ended(&self) -> watch::Receiver<Vec<FollowerEnd>> {
+        self.inner.ended.subscribe()
+    }
+
+    /// The names of the followers running now.
+    pub fn running(&self) -> Vec<&'static str> {
+        self.inner.lock().keys().copied().collect()
+    }
+
+    /// Ends the follower `name` as a failure would: its task is dropped, so
+    /// what it fed closes. For tests and diagnosis. False when no follower
+    /// of that name runs.
+    pub fn end(&self, name: &str) -> bool {
+        match self.inner.lock().get(name) {
+            Some((_, end)) => {
+                end.cancel();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Records that the feed `name` closed, for a feed whose task is not a
+    /// follower here (or before its follower's own report, which then
+    /// replaces this one).
+    pub fn feed_closed(&self, name: &'static str) {
+        if self.inner.stopping.is_cancelled() {
+            return;
+        }
+        self.inner.ended.send_if_modified(|ended| {
+            if ended.iter().any(|e| e.name == name) {
+                return false;
+            }
+            tracing::warn!(follower = name, "{FEED_CLOSED}");
+            ended.push(FollowerEnd {
+                name,
+                reason: FEED_CLOSED.to_owned(),
+            });
+            true
+        });
+    }
+
+    /// Runs `task` as the follower `name`; dropping the handle aborts it
+    /// quietly (a follower replaced by another).
+    pub fn spawn<F>(&self, name: &'static str, task: F) -> tokio_util::task::AbortOnDropHandle<()>
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let run = self.inner.next_run.fetch_add(1, Ordering::Relaxed);
+        let end = CancellationToken::new();
+        self.inner.lock().insert(name, (run, end.clone()));
+        let registered = Registered {
+            inner: Arc::downgrade(&self.inner),
+            name,
+            run,
+        };
+        let handle = tokio::spawn(async move {
+            let reason = tokio::select! {
+                caught = AssertUnwindSafe(task).catch_unwind() => match caught {
+                    Ok(()) => STOPPED_ON_ITS_OWN.to_owned(),
+                    Err(panic) => format!("it panicked: {}", panic_message(panic.as_ref())),
+                },
+                _ = end.cancelled() => ENDED_BY_HAND.to_owned(),
+            };
+            // The task, and with it what it fed, is gone by now.
+            registered.finished(reason);
+        });
+        tokio_util::task::AbortOnDropHandle::new(handle)
+    }
+}
+
+impl FollowersInner {
+    fn lock(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::BTreeMap<&'static str, (u64, CancellationToken)>>
+    {
+        self.running
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// One follower run's entry among the running; gone with the run, however
+/// it ends.
+struct Registered {
+    inner: std::sync::Weak<FollowersInner>,
+    name: &'static str,
+    run: u64,
+}
+
+impl Registered {
+    fn finished(self, reason: String) {
+        let Some(inner) = self.inner.upgrade() else {
+            return;
+        };
+        self.unregister(&inner);
+        if inner.stopping.is_cancelled() {
+            tracing::debug!(follower = self.name, "stopped");
+            return;
+        }
+        tracing::warn!(follower = self.name, %reason, "follower ended; what it fed stays as last seen");
+        let end = FollowerEnd {
+            name: self.name,
+            reason,
+        };
+        inner.ended.send_modify(
+            |ended| match ended.iter_mut().find(|e| e.name == end.name) {
+                Some(earlier) => *earlier = end,
+                None => ended.push(end),
+            },
+        );
+    }
+}
+
+impl Registered {
+    /// Takes this run off the running (not a later run of the same name).
+    fn unregister(&self, inner: &FollowersInner) {
+        let mut running = inner.lock();
+        if running
+            .get(self.name)
+            .is_some_and(|(run, _)| *run == self.run)
+        {
+            running.remove(self.name);
+        }
+    }
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        if let Some(inner) = self.inner.upgrade() {
+            self.unregister(&inner);
+        }
+    }
+}
+
+/// What woke a loop waiting on [`Wakes`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wake {
+    Changed(&'static str),
+    /// The feed closed: it wakes the loop this once and never again.
+    Closed(&'static str),
+}
+
+/// One wait over many `watch` feeds, each named. A closed feed (its sender
+/// dropped, as when the task that fed it ended) wakes the loop once, as
+/// [`Wake::Closed`], and is then dropped: unlike a bare `changed()` arm in a
+/// `select!`, which returns at once forever and makes its loop spin.
+#[derive(Default)]
+pub struct Wakes {
+    feeds: futures::stream::SelectAll<futures::stream::BoxStream<'static, Wake>>,
+}
+
+impl Wakes {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Wakes on each change of `feed` after now.
+    pub fn watch<T: Send + Sync + 'static>(
+        &mut self,
+        name: &'static str,
+        feed: watch::Receiver<T>,
+    ) {
+        let changes = futures::stream::unfold(Some(feed), move |feed| async move {
+            let mut feed = feed?;
+            match feed.changed().await {
+                Ok(()) => Some((Wake::Changed(name), Some(feed))),
+                Err(_) => Some((Wake::Closed(name), None)),
+            }
+        });
+        self.feeds.push(Box::pin(changes));
+    }
+
+    /// The next change of any feed. Cancel-safe; waits forever once every
+    /// feed is closed.
+    pub async fn next(&mut self) -> Wake {
+        match futures::StreamExt::next(&mut self.feeds).await {
+            Some(wake) => wake,
+            None => std::future::pending().await,
         }
     }
 }
@@ -528,5 +792,102 @@ mod tests {
         let started = Instant::now();
         slot.stop().await;
         assert!(started.elapsed() < STOP_GRACE);
+    }
+
+    #[tokio::test]
+    async fn a_closed_feed_wakes_once_and_never_again() {
+        let (tx, rx) = watch::channel(0u32);
+        let (other_tx, other_rx) = watch::channel(0u32);
+        let mut wakes = Wakes::new();
+        wakes.watch("one", rx);
+        wakes.watch("other", other_rx);
+        tx.send_replace(1);
+        assert_eq!(wakes.next().await, Wake::Changed("one"));
+        drop(tx);
+        assert_eq!(wakes.next().await, Wake::Closed("one"));
+        // Nothing else to say: the closed feed does not wake the loop again.
+        let idle = tokio::time::timeout(Duration::from_millis(50), wakes.next()).await;
+        assert!(idle.is_err(), "woke on a closed feed: {idle:?}");
+        other_tx.send_replace(1);
+        assert_eq!(wakes.next().await, Wake::Changed("other"));
+        drop(other_tx);
+        assert_eq!(wakes.next().await, Wake::Closed("other"));
+        let idle = tokio::time::timeout(Duration::from_millis(50), wakes.next()).await;
+        assert!(idle.is_err(), "all feeds closed, yet woke: {idle:?}");
+    }
+
+    async fn ended(followers: &Followers, count: usize) -> Vec<FollowerEnd> {
+        let mut rx = followers.ended();
+        tokio::time::timeout(Duration::from_secs(5), rx.wait_for(|e| e.len() >= count))
+            .await
+            .expect("ends reported in time")
+            .expect("followers alive")
+            .clone()
+    }
+
+    #[tokio::test]
+    async fn a_follower_that_ends_unasked_is_named_with_why() {
+        let followers = Followers::new();
+        let (tx, mut fed) = watch::channel(0u32);
+        let _feeding = followers.spawn("feeder", async move {
+            let _tx = tx;
+            std::future::pending::<()>().await
+        });
+        let _returns = followers.spawn("returns", async {});
+        let _panics = followers.spawn("panics", async { panic!("boom") });
+        let ends = ended(&followers, 2).await;
+        assert_eq!(followers.running(), ["feeder"]);
+        assert!(followers.end("feeder"));
+        assert!(!followers.end("feeder-typo"));
+        assert!(fed.changed().await.is_err(), "what the follower fed closes");
+        followers.feed_closed("feeder");
+        let mut all = ended(&followers, 3).await;
+        all.sort_by_key(|e| e.name);
+        assert_eq!(
+            all,
+            [
+                FollowerEnd {
+                    name: "feeder",
+                    reason: ENDED_BY_HAND.into()
+                },
+                FollowerEnd {
+                    name: "panics",
+                    reason: "it panicked: boom".into()
+                },
+                FollowerEnd {
+                    name: "returns",
+                    reason: STOPPED_ON_ITS_OWN.into()
+                },
+            ],
+            "first two seen: {ends:?}"
+        );
+        assert!(followers.running().is_empty());
+        assert!(
+            all[0]
+                .to_string()
+                .contains("follower feeder ended: it was ended by hand")
+        );
+        // A feed that closes with no follower's report behind it is named too.
+        followers.feed_closed("device-watch");
+        assert_eq!(ended(&followers, 4).await[3].reason, FEED_CLOSED);
+    }
+
+    #[tokio::test]
+    async fn ends_once_stopping_and_aborted_followers_are_not_reported() {
+        let followers = Followers::new();
+        let stop = followers.stopping();
+        let replaced = followers.spawn("replaced", std::future::pending());
+        let _stops = followers.spawn("stops", async move { stop.cancelled().await });
+        drop(replaced);
+        followers.stopping().cancel();
+        followers.feed_closed("stops");
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while !followers.running().is_empty() {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("both gone");
+        assert!(followers.ended().borrow().is_empty());
     }
 }
