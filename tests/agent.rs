@@ -13,6 +13,7 @@ use gpu_operator::agent::{self, AgentConfig};
 use gpu_operator::api::agent_status::{AgentStatus, STATUS_ANNOTATION, ServiceName, ServiceStatus};
 use gpu_operator::host::HostRoot;
 use gpu_operator::labeller::OWNED_ANNOTATION;
+use gpu_operator::service::Followers;
 use gpu_operator::simulate::{self, SimSpec};
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
@@ -37,6 +38,8 @@ struct Harness {
     kubelet: TestKubelet,
     shutdown: CancellationToken,
     agent: Option<tokio::task::JoinHandle<Result<(), agent::AgentError>>>,
+    /// The running agent's followers.
+    followers: Followers,
 }
 
 impl Harness {
@@ -67,6 +70,7 @@ impl Harness {
             kubelet,
             shutdown: CancellationToken::new(),
             agent: None,
+            followers: Followers::new(),
         };
         harness.spawn_agent(kubelet_dir);
         harness
@@ -105,7 +109,12 @@ impl Harness {
         };
         let client = self.cluster.client();
         let shutdown = self.shutdown.clone();
-        self.agent = Some(tokio::spawn(agent::run(client, config, shutdown)));
+        // A new agent's followers: a stopped agent's are stopping for good.
+        self.followers = Followers::new();
+        let followers = self.followers.clone();
+        self.agent = Some(tokio::spawn(agent::run_with_followers(
+            client, config, shutdown, followers,
+        )));
     }
 
     /// Whether the Node's `AMDGPUDriverReady` has `status` and `reason`, and
@@ -1729,4 +1738,136 @@ async fn the_reference_exporters_health_socket_follows_the_health_monitor() {
     assert!(!socket.exists(), "the socket is removed on stop");
     let gone = metricssvc::list(&socket).await.unwrap_err();
     assert!(gone.starts_with("connect:"), "{gone}");
+}
+
+/// The CPU time the threads in `threads` have had, from their
+/// `/proc/self/task/<tid>/schedstat` (its first field, in nanoseconds), for
+/// those alive now.
+fn cpu_time_of(threads: &std::sync::Mutex<Vec<String>>) -> BTreeMap<String, Duration> {
+    let threads = threads.lock().unwrap().clone();
+    threads
+        .into_iter()
+        .filter_map(|tid| {
+            let text = std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat")).ok()?;
+            let nanos: u64 = text.split_whitespace().next()?.parse().ok()?;
+            Some((tid, Duration::from_nanos(nanos)))
+        })
+        .collect()
+}
+
+/// The share of one core that `threads` used over `period`.
+async fn cpu_share(threads: &std::sync::Mutex<Vec<String>>, period: Duration) -> f64 {
+    let before = cpu_time_of(threads);
+    tokio::time::sleep(period).await;
+    let after = cpu_time_of(threads);
+    let used: Duration = after
+        .iter()
+        .filter_map(|(tid, t)| Some(t.saturating_sub(*before.get(tid)?)))
+        .sum();
+    used.as_secs_f64() / period.as_secs_f64()
+}
+
+/// Each follower the agent runs, ended in turn as a failure would end it,
+/// is named in the status's problems; and the agent does not spin on the
+/// feed it left closed. Measured on this test's own runtime threads (the
+/// agent, the emulator and the kubelet), so that other tests running in
+/// this process do not count.
+#[test]
+fn each_follower_that_ends_is_named_and_the_agent_does_not_spin() {
+    let threads = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let record = threads.clone();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .on_thread_start(move || {
+            // `/proc/thread-self` is `<pid>/task/<tid>`.
+            if let Ok(link) = std::fs::read_link("/proc/thread-self")
+                && let Some(tid) = link.file_name()
+            {
+                record
+                    .lock()
+                    .unwrap()
+                    .push(tid.to_string_lossy().into_owned());
+            }
+        })
+        .build()
+        .unwrap();
+    runtime.block_on(async move {
+        let mut h = Harness::start("mi300x", None, json!({})).await;
+        h.apply_device_config(
+            "gpus",
+            json!({
+                "devicePlugin": {},
+                "metricsExporter": {"enable": true, "config": {"name": "metrics"},
+                    "rbacConfig": {"enable": true, "secret": {"name": "tls"},
+                        "clientCAConfigMap": {"name": "client-ca"}}},
+                "testRunner": {"enable": true, "config": {"name": "gpu-tests"}},
+                "configManager": {"enable": true}
+            }),
+        )
+        .await;
+        h.eventually("the status of a running agent", |h| {
+            h.status().is_some_and(|s| {
+                s.device_config.is_some()
+                    && s.services.get(&ServiceName::DevicePlugin) == Some(&ServiceStatus::Running)
+            })
+        })
+        .await;
+        let mut followers = h.followers.running();
+        for name in [
+            "metrics-config-map",
+            "test-config-map",
+            "partition-config-map",
+            "metrics-access-secret",
+            "metrics-access-client-ca",
+            "node-watch",
+            "device-config-watch",
+        ] {
+            assert!(followers.contains(&name), "{name} runs: {followers:?}");
+        }
+        // The DeviceConfig watch last: without it the agent stops.
+        followers.retain(|name| *name != "device-config-watch");
+        let idle = cpu_share(&threads, Duration::from_secs(5)).await;
+        for name in &followers {
+            // One ended by the end of another (the driver manager without
+            // the driver report) has said so already.
+            h.followers.end(name);
+            let said = format!("follower {name} ended");
+            h.eventually(&format!("the status names {name}"), |h| {
+                h.status()
+                    .is_some_and(|s| s.problems.iter().any(|p| p.starts_with(&said)))
+            })
+            .await;
+        }
+        let ended = cpu_share(&threads, Duration::from_secs(5)).await;
+        println!(
+            "CPU of the test's threads over 5 s: {:.1} % of a core with every follower running, \
+             {:.1} % with {} followers ended",
+            idle * 100.0,
+            ended * 100.0,
+            followers.len()
+        );
+        assert!(
+            ended < 0.2,
+            "the agent spins once its followers ended: {:.0} % of a core",
+            ended * 100.0
+        );
+        // Last, the DeviceConfig watch: the agent cannot go on without it.
+        assert!(h.followers.end("device-config-watch"));
+        let result = wait::within("the agent stops", h.agent.take().unwrap())
+            .await
+            .expect("agent task did not panic");
+        assert!(
+            matches!(result, Err(agent::AgentError::WatchEnded)),
+            "{result:?}"
+        );
+        assert!(
+            h.followers
+                .ended()
+                .borrow()
+                .iter()
+                .any(|e| e.name == "device-config-watch"),
+            "the DeviceConfig watch's end is recorded"
+        );
+    });
 }

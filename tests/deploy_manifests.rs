@@ -1266,7 +1266,7 @@ const NEEDS: &[Need] = &[
     // Events: SeriesRecorder (src/events.rs) creates, then patches a repeating series.
     // About DeviceConfigs (Context::event, src/cluster/reconcile.rs) in their
     // namespace (any); about Nodes (EventSink in src/events.rs, for the agent's
-    // warnings and publish_node_health in src/health/node.rs) in "default".
+    // warnings and NodeHealthPublisher in src/health/node.rs) in "default".
     need("events.k8s.io", "events", "create", Scope::Cluster),
     need("events.k8s.io", "events", "patch", Scope::Cluster),
     need("events.k8s.io", "events", "create", NODE_EVENTS_NS),

@@ -17,6 +17,7 @@ use tokio_util::task::AbortOnDropHandle;
 
 use crate::api::KubeRbacConfig;
 use crate::metrics::access::{self, AccessMaterial, Fetched, TlsPair};
+use crate::service::Followers;
 
 /// The key the reference reads from these ConfigMaps.
 pub const CONFIG_KEY: &str = "config.json";
@@ -24,18 +25,23 @@ pub const CONFIG_KEY: &str = "config.json";
 /// `namespace/name` of the ConfigMap to follow.
 pub type ConfigMapRef = (String, String);
 
-/// Holds at most one watch; [`ConfigMapFollower::follow`] switches it.
+/// Holds at most one watch; [`ConfigMapFollower::follow`] switches it. The
+/// watch runs as the follower `name` of `followers`, which reports its end.
 pub struct ConfigMapFollower {
     client: Client,
+    followers: Followers,
+    name: &'static str,
     current: Option<ConfigMapRef>,
     text: watch::Sender<Option<Arc<str>>>,
     task: Option<AbortOnDropHandle<()>>,
 }
 
 impl ConfigMapFollower {
-    pub fn new(client: Client) -> Self {
+    pub fn new(client: Client, followers: Followers, name: &'static str) -> Self {
         Self {
             client,
+            followers,
+            name,
             current: None,
             text: watch::Sender::new(None),
             task: None,
@@ -67,7 +73,7 @@ impl ConfigMapFollower {
         let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), &namespace);
         let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
         let tx = self.text.clone();
-        let task = tokio::spawn(async move {
+        let task = self.followers.spawn(self.name, async move {
             let mut events = watcher::watcher(api, config).default_backoff().boxed();
             while let Some(event) = events.next().await {
                 match event {
@@ -93,7 +99,7 @@ impl ConfigMapFollower {
                 }
             }
         });
-        self.task = Some(AbortOnDropHandle::new(task));
+        self.task = Some(task);
     }
 }
 
@@ -104,18 +110,24 @@ impl ConfigMapFollower {
 /// `rbacConfig` is off.
 pub struct AccessFollower {
     client: Client,
+    followers: Followers,
     current: Option<AccessTarget>,
     material: watch::Sender<AccessMaterial>,
     tasks: Vec<AbortOnDropHandle<()>>,
 }
 
+/// The followers' names of the two watches.
+const ACCESS_SECRET: &str = "metrics-access-secret";
+const ACCESS_CLIENT_CA: &str = "metrics-access-client-ca";
+
 /// Namespace, Secret name and ConfigMap name followed.
 type AccessTarget = (String, Option<String>, Option<String>);
 
 impl AccessFollower {
-    pub fn new(client: Client) -> Self {
+    pub fn new(client: Client, followers: Followers) -> Self {
         Self {
             client,
+            followers,
             current: None,
             material: watch::Sender::new(AccessMaterial::default()),
             tasks: Vec::new(),
@@ -163,6 +175,7 @@ impl AccessFollower {
         };
         if let Some(name) = secret {
             self.tasks.push(follow_one(
+                (&self.followers, ACCESS_SECRET),
                 Api::<Secret>::namespaced(self.client.clone(), &namespace),
                 name,
                 self.material.clone(),
@@ -172,6 +185,7 @@ impl AccessFollower {
         }
         if let Some(name) = client_ca {
             self.tasks.push(follow_one(
+                (&self.followers, ACCESS_CLIENT_CA),
                 Api::<ConfigMap>::namespaced(self.client.clone(), &namespace),
                 name,
                 self.material.clone(),
@@ -207,6 +221,7 @@ fn client_ca_text(cm: &ConfigMap) -> Result<Arc<str>, String> {
 /// An API error (e.g. forbidden) shows while nothing was read; once the object
 /// was seen, a transient watch error keeps what was read.
 fn follow_one<K, T>(
+    (followers, follower): (&Followers, &'static str),
     api: Api<K>,
     name: String,
     tx: watch::Sender<AccessMaterial>,
@@ -227,7 +242,7 @@ where
             changed
         });
     };
-    let task = tokio::spawn(async move {
+    followers.spawn(follower, async move {
         let mut events = watcher::watcher(api, config).default_backoff().boxed();
         let mut seen = false;
         let mut read = false;
@@ -257,6 +272,5 @@ where
                 }
             }
         }
-    });
-    AbortOnDropHandle::new(task)
+    })
 }

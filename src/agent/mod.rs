@@ -10,6 +10,11 @@
 //! the status annotation if, and only if, it changed. An idle agent therefore
 //! makes no request besides its watches.
 //!
+//! The tasks that keep those feeds current are followers
+//! ([`crate::service::Followers`]): one that ends unasked is named in the
+//! status's problems and the log, and the loop waits on all its feeds at
+//! once through [`Wakes`], so that a feed that closed never wakes it again.
+//!
 //! This module owns the node's side of the contract with the cluster: which
 //! DeviceConfig it follows, the status annotation, GPU labels and the Events it
 //! records on its Node. It must not write DeviceConfig status: that is the
@@ -37,6 +42,7 @@ use kube::runtime::watcher::{self, Event as WatchEvent};
 use kube::{Api, Client, ResourceExt};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
 
 use crate::api::DeviceConfig;
 use crate::api::agent_status::STATUS_ANNOTATION;
@@ -47,6 +53,7 @@ use crate::host::HostRoot;
 use crate::node_writer::{
     Concern, NodeIntent, NodeWriteError, NodeWriter, RETRY_AFTER_FAILURE, StatusIntent,
 };
+use crate::service::{Followers, Slot, Wake, Wakes};
 use configmaps::ConfigMapFollower;
 use node_services::NodeServices;
 use select::{DesiredServices, NodeContext, Selection, select_config};
@@ -95,12 +102,43 @@ pub enum AgentError {
     WatchEnded,
 }
 
+/// The followers' names, as the status and the log name one that ended.
+const NODE_WATCH: &str = "node-watch";
+const DEVICE_CONFIG_WATCH: &str = "device-config-watch";
+const DRIVER_REPORT: &str = "driver-report";
+const DRIVER_MANAGER: &str = "driver-manager";
+const METRICS_CONFIG_VERDICT: &str = "metrics-config-verdict";
+const METRICS_CONFIG_MAP: &str = "metrics-config-map";
+const TEST_CONFIG_MAP: &str = "test-config-map";
+const PARTITION_CONFIG_MAP: &str = "partition-config-map";
+/// The discovery watch's task (not a follower here: the device watch owns it).
+const DEVICE_WATCH: &str = "device-watch";
+/// Feeds whose senders the agent itself holds: they close only with it.
+const SERVICE_STATES: &str = "service-states";
+const PLUGIN_STATUS: &str = "device-plugin-status";
+const METRICS_ACCESS: &str = "metrics-access";
+const FOLLOWER_ENDS: &str = "follower-ends";
+
+/// How long a failed write of the Node's GPU health waits before the next.
+const HEALTH_RETRY: Duration = Duration::from_secs(5);
+
 /// Runs the agent until `shutdown` fires, then stops every service (removing
 /// their sockets) and returns.
 pub async fn run(
     client: Client,
     config: AgentConfig,
     shutdown: CancellationToken,
+) -> Result<(), AgentError> {
+    run_with_followers(client, config, shutdown, Followers::new()).await
+}
+
+/// As [`run`], with the agent's followers run under `followers`, whose
+/// ends its caller can read too (and a test can cause).
+pub async fn run_with_followers(
+    client: Client,
+    config: AgentConfig,
+    shutdown: CancellationToken,
+    followers: Followers,
 ) -> Result<(), AgentError> {
     let node_name = config.node_name.clone();
     tracing::info!(node = %node_name, namespace = ?config.namespace, host_root = %config.host.root().display(), "agent starting");
@@ -114,29 +152,32 @@ pub async fn run(
             ..WatchConfig::default()
         },
     );
-    let mut inventory = devices.inventory();
+    let inventory = devices.inventory();
+    // Every follower stops with the agent; ends after that are expected.
+    let report_stop = followers.stopping();
+    let _stop_report = report_stop.clone().drop_guard();
     // What driver and kernel the node runs, for the status, whatever the
     // DeviceConfig says about drivers.
-    let report_stop = CancellationToken::new();
-    let _stop_report = report_stop.clone().drop_guard();
     // One small reader pool for the driver's own host reads: the report
     // and the holder scans of the driver manager and of partition changes.
     let driver_reader = crate::host::reader::BoundedReader::new(config.host.clone(), 2);
-    let mut driver_report = crate::driver::report::follow(
+    let (driver_report, report_task) = crate::driver::report::follow(
         driver_reader.clone(),
         inventory.clone(),
         devices.state(),
         report_stop.clone(),
     );
+    let _driver_report = followers.spawn(DRIVER_REPORT, report_task);
     // Loads the driver the selected DeviceConfig asks for, if any.
     let (driver_wanted, wanted_rx) = watch::channel(None);
-    let mut driver_load = crate::driver::manager::spawn(
+    let (driver_load, manager_task) = crate::driver::manager::follow(
         driver_reader.clone(),
         config.driver.clone(),
         wanted_rx,
         driver_report.clone(),
         report_stop.clone(),
     );
+    let _driver_manager = followers.spawn(DRIVER_MANAGER, manager_task);
     let nodes: Api<Node> = Api::all(client.clone());
     // Every write to this agent's own Node goes through it.
     let writer = NodeWriter::new(nodes.clone(), node_name.clone());
@@ -160,11 +201,9 @@ pub async fn run(
         },
     )));
 
-    let watches = CancellationToken::new();
-    let _stop_watches = watches.clone().drop_guard();
-    let mut node_rx = spawn_node_watch(nodes.clone(), &node_name, watches.clone());
-    let (configs, mut configs_changed) =
-        spawn_config_reflector(&client, config.namespace.as_deref(), watches.clone());
+    let (node_rx, _node_watch) = spawn_node_watch(nodes.clone(), &node_name, &followers);
+    let (configs, configs_changed, _config_watch) =
+        spawn_config_reflector(&client, config.namespace.as_deref(), &followers);
 
     // Every Event about this Node goes through it.
     let events = EventSink::kubernetes(client.clone(), node_name.clone(), node_rx.clone());
@@ -178,11 +217,11 @@ pub async fn run(
             events: events.clone(),
         }),
     );
-    let mut plugin_status = services.plugin_status.clone();
-    let mut discovery = services.discovery();
+    let plugin_status = services.plugin_status.clone();
+    let discovery = services.discovery();
     // Partition changes of this node (configManager), once the leader drained it.
     let (partition_wanted, partition_wanted_rx) = watch::channel(None);
-    let (mut partition_report, _partition_task) = partition::spawn(
+    let (partition_report, _partition_task) = partition::spawn(
         partition::Feeds {
             node: node_rx.clone(),
             inventory: inventory.clone(),
@@ -195,6 +234,7 @@ pub async fn run(
             limits: crate::partition::Limits::default(),
         },
         partition_wanted_rx,
+        &followers,
         report_stop.clone(),
     );
     // What the leader's remediation record asks of this node: a reboot, the
@@ -204,7 +244,7 @@ pub async fn run(
         "",
         &config.kubelet_dir,
     ));
-    let (mut remediation_report, _remediation_task) = remediation::spawn(
+    let (remediation_report, _remediation_task) = remediation::spawn(
         remediation::Feeds {
             node: node_rx.clone(),
             driver: driver_report.clone(),
@@ -227,20 +267,50 @@ pub async fn run(
                 )
             },
         },
+        &followers,
         report_stop.clone(),
     );
-    let (mut metrics_config_error, _forward_config_error) =
-        config_error_changes(services.exporter_status.clone());
-    let mut state_changes = services.state_changes();
-    let metrics_config = ConfigMapFollower::new(client.clone());
-    let test_config = ConfigMapFollower::new(client.clone());
-    let partition_config = ConfigMapFollower::new(client.clone());
-    let mut metrics_text = metrics_config.subscribe();
-    let mut test_text = test_config.subscribe();
-    let mut partition_text = partition_config.subscribe();
+    let (metrics_config_error, _forward_config_error) =
+        config_error_changes(services.exporter_status.clone(), &followers);
+    let metrics_config =
+        ConfigMapFollower::new(client.clone(), followers.clone(), METRICS_CONFIG_MAP);
+    let test_config = ConfigMapFollower::new(client.clone(), followers.clone(), TEST_CONFIG_MAP);
+    let partition_config =
+        ConfigMapFollower::new(client.clone(), followers.clone(), PARTITION_CONFIG_MAP);
+    let partition_text = partition_config.subscribe();
     // The Secret and ConfigMap that metricsExporter.rbacConfig names.
-    let access = configmaps::AccessFollower::new(client.clone());
-    let mut access_material = access.subscribe();
+    let access = configmaps::AccessFollower::new(client.clone(), followers.clone());
+    let ended = followers.ended();
+
+    // One wait for every trigger of a pass; a feed that closed (its
+    // follower ended) wakes it once, to say so, and never again.
+    let mut wakes = Wakes::new();
+    wakes.watch(NODE_WATCH, node_rx.clone());
+    wakes.watch(DEVICE_CONFIG_WATCH, configs_changed.clone());
+    wakes.watch(DEVICE_WATCH, inventory.clone());
+    wakes.watch(DEVICE_WATCH, discovery.clone());
+    wakes.watch(DRIVER_REPORT, driver_report.clone());
+    wakes.watch(DRIVER_MANAGER, driver_load.clone());
+    wakes.watch(PLUGIN_STATUS, plugin_status.clone());
+    wakes.watch(METRICS_CONFIG_VERDICT, metrics_config_error.clone());
+    wakes.watch(METRICS_CONFIG_MAP, metrics_config.subscribe());
+    wakes.watch(TEST_CONFIG_MAP, test_config.subscribe());
+    wakes.watch(PARTITION_CONFIG_MAP, partition_text.clone());
+    wakes.watch(partition::FOLLOWER, partition_report.clone());
+    wakes.watch(remediation::FOLLOWER, remediation_report.clone());
+    wakes.watch(METRICS_ACCESS, access.subscribe());
+    wakes.watch(FOLLOWER_ENDS, ended.clone());
+    for states in services.state_changes() {
+        wakes.watch(SERVICE_STATES, states);
+    }
+    let node_health = Slot::new(crate::health::NodeHealthPublisher {
+        writer: writer.clone(),
+        node: node_rx.clone(),
+        snapshots: services.health_snapshot.clone(),
+        transitions: services.transitions(),
+        events: events.clone(),
+    });
+    wakes.watch(SERVICE_STATES, node_health.subscribe());
 
     let mut edges = Edges {
         client: client.clone(),
@@ -248,27 +318,17 @@ pub async fn run(
         nodes,
         writer,
         events,
-        watches: watches.clone(),
         metrics_config,
         test_config,
         partition_config,
         access,
-        node_health: None,
+        node_health,
         driver_condition_failed: false,
     };
     let mut state = plan::LoopState::default();
 
     loop {
-        let node = node_rx.borrow_and_update().clone();
-        configs_changed.borrow_and_update();
-        metrics_text.borrow_and_update();
-        test_text.borrow_and_update();
-        partition_text.borrow_and_update();
-        access_material.borrow_and_update();
-        discovery.borrow_and_update();
-        for rx in &mut state_changes {
-            rx.borrow_and_update();
-        }
+        let node = node_rx.borrow().clone();
         // Nothing is decided about selection before the first full list of
         // DeviceConfigs: an empty store then means "not known yet", not "no
         // DeviceConfig selects this node", and deciding on it would remove
@@ -298,7 +358,7 @@ pub async fn run(
                 *current = wanted.clone();
                 changed
             });
-            let load = driver_load.borrow_and_update().clone();
+            let load = driver_load.borrow().clone();
             if let Some((type_, action, reason, note)) =
                 plan::driver_load_event(&mut state, load.as_ref())
             {
@@ -366,51 +426,48 @@ pub async fn run(
                 .map(|m| crate::metrics::access::problems(&m.access))
                 .unwrap_or_default();
             let applied = services.apply(desired).await;
-            let config_verdict = metrics_config_error.borrow_and_update().clone();
+            let config_verdict = metrics_config_error.borrow().clone();
+            let followers_ended: Vec<String> =
+                ended.borrow().iter().map(ToString::to_string).collect();
             let report = plan::report(
                 &mut state,
                 plan::Observed {
                     selection: &selection,
                     annotated: node.annotations().contains_key(STATUS_ANNOTATION),
-                    plugin: &plugin_status.borrow_and_update(),
+                    plugin: &plugin_status.borrow(),
                     metrics_config_error: config_verdict.error.as_deref(),
                     metrics_config_warnings: &config_verdict.warnings,
                     discovery: &discovery.borrow(),
                     access_problems: &access_problems,
                     node_label_problems: &node_label_problems,
                     services: services.states(),
-                    inventory: &inventory.borrow_and_update(),
-                    driver: driver_report.borrow_and_update().as_ref(),
+                    inventory: &inventory.borrow(),
+                    driver: driver_report.borrow().as_ref(),
                     driver_load: load.as_ref(),
-                    partition: partition_report.borrow_and_update().as_ref(),
-                    remediation: remediation_report.borrow_and_update().as_ref(),
+                    partition: partition_report.borrow().as_ref(),
+                    remediation: remediation_report.borrow().as_ref(),
                     applied,
                     health_running: services.health.is_running(),
-                    publishing_health: edges.node_health.is_some(),
+                    publishing_health: edges.node_health.is_running(),
+                    followers_ended: &followers_ended,
                     now: k8s_openapi::jiff::Timestamp::now().to_string(),
                 },
             );
-            if let Some((update, written)) = edges.carry_out(report, &node, &services).await {
+            if let Some((update, written)) = edges.carry_out(report, &node).await {
                 state.status_written(update, written);
             }
         }
         tokio::select! {
             _ = shutdown.cancelled() => break,
-            _ = node_rx.changed() => {}
-            changed = configs_changed.changed() => if changed.is_err() { return Err(AgentError::WatchEnded) },
-            _ = inventory.changed() => {}
-            _ = driver_report.changed() => {}
-            _ = driver_load.changed() => {}
-            _ = plugin_status.changed() => {}
-            _ = metrics_config_error.changed() => {}
-            _ = metrics_text.changed() => {}
-            _ = test_text.changed() => {}
-            _ = partition_text.changed() => {}
-            _ = partition_report.changed() => {}
-            _ = remediation_report.changed() => {}
-            _ = access_material.changed() => {}
-            _ = discovery.changed() => {}
-            _ = node_services::any_changed(&mut state_changes) => {}
+            wake = wakes.next() => match wake {
+                Wake::Changed(_) => {}
+                // Without DeviceConfigs the agent cannot decide anything.
+                Wake::Closed(DEVICE_CONFIG_WATCH) => {
+                    followers.feed_closed(DEVICE_CONFIG_WATCH);
+                    return Err(AgentError::WatchEnded);
+                }
+                Wake::Closed(feed) => followers.feed_closed(feed),
+            },
             // A failed status write is retried without waiting for another change.
             _ = tokio::time::sleep(RETRY_AFTER_FAILURE), if state.status_write_failed() || edges.driver_condition_failed => {}
         }
@@ -422,7 +479,7 @@ pub async fn run(
             role.step_down().await;
         }
     };
-    tokio::join!(services.stop(), release);
+    tokio::join!(services.stop(), edges.node_health.stop(), release);
     drop(devices);
     Ok(())
 }
@@ -442,16 +499,18 @@ impl LeaderRole {
     }
 }
 
-/// Watches the agent's own Node; `None` until it is seen, or after it is deleted.
+/// Watches the agent's own Node, as one of `followers`; `None` until it is
+/// seen, or after it is deleted.
 fn spawn_node_watch(
     nodes: Api<Node>,
     name: &str,
-    stop: CancellationToken,
-) -> watch::Receiver<Option<Arc<Node>>> {
+    followers: &Followers,
+) -> (watch::Receiver<Option<Arc<Node>>>, AbortOnDropHandle<()>) {
     let (tx, rx) = watch::channel(None);
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
     let name = name.to_owned();
-    tokio::spawn(async move {
+    let stop = followers.stopping();
+    let task = followers.spawn(NODE_WATCH, async move {
         let mut events = watcher::watcher(nodes, config).default_backoff().boxed();
         loop {
             let event = tokio::select! {
@@ -474,24 +533,29 @@ fn spawn_node_watch(
             }
         }
     });
-    rx
+    (rx, task)
 }
 
 /// Reflects DeviceConfigs into a store; the counter changes on every event
 /// after the initial list, and first when that list is complete
-/// (`InitDone`): 0 means not listed yet.
+/// (`InitDone`): 0 means not listed yet. Runs as one of `followers`.
 fn spawn_config_reflector(
     client: &Client,
     namespace: Option<&str>,
-    stop: CancellationToken,
-) -> (Store<DeviceConfig>, watch::Receiver<u64>) {
+    followers: &Followers,
+) -> (
+    Store<DeviceConfig>,
+    watch::Receiver<u64>,
+    AbortOnDropHandle<()>,
+) {
     let api: Api<DeviceConfig> = match namespace {
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
     };
     let (store, writer) = reflector::store();
     let (tx, rx) = watch::channel(0u64);
-    tokio::spawn(async move {
+    let stop = followers.stopping();
+    let task = followers.spawn(DEVICE_CONFIG_WATCH, async move {
         let mut events =
             reflector::reflector(writer, watcher::watcher(api, watcher::Config::default()))
                 .default_backoff()
@@ -512,24 +576,22 @@ fn spawn_config_reflector(
             }
         }
     });
-    (store, rx)
+    (store, rx, task)
 }
 
 /// The exporter's verdict on its config (why it was rejected, and the
 /// values and keys it ignored), changing only when it does (the exporter's
-/// status itself changes with every sample).
+/// status itself changes with every sample). Runs as one of `followers`.
 fn config_error_changes(
     mut exporter: watch::Receiver<crate::metrics::ExporterStatus>,
-) -> (
-    watch::Receiver<ConfigVerdict>,
-    tokio_util::task::AbortOnDropHandle<()>,
-) {
+    followers: &Followers,
+) -> (watch::Receiver<ConfigVerdict>, AbortOnDropHandle<()>) {
     let verdict = |status: &crate::metrics::ExporterStatus| ConfigVerdict {
         error: status.config_error.clone(),
         warnings: status.config_warnings.clone(),
     };
     let (tx, rx) = watch::channel(verdict(&exporter.borrow()));
-    let task = tokio::spawn(async move {
+    let task = followers.spawn(METRICS_CONFIG_VERDICT, async move {
         while exporter.changed().await.is_ok() {
             let now = verdict(&exporter.borrow_and_update());
             tx.send_if_modified(|current| {
@@ -539,7 +601,7 @@ fn config_error_changes(
             });
         }
     });
-    (rx, tokio_util::task::AbortOnDropHandle::new(task))
+    (rx, task)
 }
 
 /// What the exporter made of its config.
@@ -549,15 +611,6 @@ struct ConfigVerdict {
     warnings: Vec<String>,
 }
 
-/// The task that keeps the Node's GPU health in line with the monitor.
-struct HealthPublisher {
-    stop: CancellationToken,
-    task: tokio_util::task::AbortOnDropHandle<()>,
-}
-
-/// How long a stopping health publisher may take to finish a write.
-const PUBLISHER_STOP: Duration = Duration::from_secs(10);
-
 /// The agent's I/O for one pass: the followers, the Node's writers and the
 /// Event sink, which carry out what [`plan`] decided.
 struct Edges<'a> {
@@ -566,7 +619,6 @@ struct Edges<'a> {
     nodes: Api<Node>,
     writer: NodeWriter,
     events: EventSink,
-    watches: CancellationToken,
     metrics_config: ConfigMapFollower,
     test_config: ConfigMapFollower,
     /// The ConfigMap of configManager's partition profiles.
@@ -575,7 +627,7 @@ struct Edges<'a> {
     access: configmaps::AccessFollower,
     /// The Node's AMDGPUUnhealthy condition, unhealthy labels and health
     /// Events follow the health monitor while it runs.
-    node_health: Option<HealthPublisher>,
+    node_health: Slot<crate::health::NodeHealthPublisher>,
     /// The last write of the AMDGPUDriverReady condition failed.
     driver_condition_failed: bool,
 }
@@ -674,7 +726,6 @@ impl Edges<'_> {
         &mut self,
         report: plan::Report,
         node: &Node,
-        services: &NodeServices,
     ) -> Option<(plan::StatusUpdate, bool)> {
         if report.remove_labels {
             // Disabled or deselected: remove the labels the labeller wrote.
@@ -685,35 +736,13 @@ impl Edges<'_> {
         match report.health {
             plan::HealthPublishing::Keep => {}
             plan::HealthPublishing::Start => {
-                let stop = self.watches.child_token();
-                let task = tokio::spawn(crate::health::publish_node_health(
-                    self.nodes.clone(),
-                    self.config.node_name.clone(),
-                    services.health_snapshot.clone(),
-                    services.transitions(),
-                    self.events.clone(),
-                    Duration::from_secs(5),
-                    stop.clone(),
-                ));
-                self.node_health = Some(HealthPublisher {
-                    stop,
-                    task: tokio_util::task::AbortOnDropHandle::new(task),
-                });
+                self.node_health.apply(Some(HEALTH_RETRY)).await;
             }
             plan::HealthPublishing::StopAndClear => {
-                // Stopped, and its last write finished, before the removal:
-                // a write still in flight would put the condition back.
-                if let Some(publisher) = self.node_health.take() {
-                    publisher.stop.cancel();
-                    if tokio::time::timeout(PUBLISHER_STOP, publisher.task)
-                        .await
-                        .is_err()
-                    {
-                        tracing::warn!(
-                            "the GPU health publisher did not stop in time; removing its condition anyway"
-                        );
-                    }
-                }
+                // Stopped, and its last write finished (or aborted), before
+                // the removal: a write still in flight would put the
+                // condition back.
+                self.node_health.apply(None).await;
                 if let Err(e) =
                     crate::health::remove_node_health(&self.nodes, &self.config.node_name).await
                 {

@@ -418,15 +418,6 @@ async fn forward_unhealthy(
     }
 }
 
-/// Waits until any of `changes` changes (all of them closed: waits forever).
-pub async fn any_changed(changes: &mut [watch::Receiver<ServiceState>]) {
-    let waits = changes.iter_mut().map(|rx| Box::pin(rx.changed()));
-    let (result, _, _) = futures::future::select_all(waits).await;
-    if result.is_err() {
-        std::future::pending::<()>().await;
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

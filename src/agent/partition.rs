@@ -34,6 +34,7 @@ use crate::host::reader::BoundedReader;
 use crate::node_writer::{Concern, NodeIntent, NodeWriter, RETRY_AFTER_FAILURE};
 use crate::partition::state::{AgentStep, Record, State, agent_step};
 use crate::partition::{Limits, PROFILE_LABEL, ProfileSet, STATE_LABEL, apply, plan};
+use crate::service::Followers;
 
 /// What the selected DeviceConfig asks of partitioning on this node.
 #[derive(Clone, Debug, PartialEq)]
@@ -57,18 +58,23 @@ pub struct Feeds {
     pub limits: Limits,
 }
 
-/// Starts the task; it ends when `wanted`'s sender is dropped or `stop` fires.
+/// The follower's name.
+pub const FOLLOWER: &str = "partition";
+
+/// Starts the task, as one of `followers`; it ends when `wanted`'s sender is
+/// dropped or `stop` fires.
 pub fn spawn(
     feeds: Feeds,
     wanted: watch::Receiver<Option<Wanted>>,
+    followers: &Followers,
     stop: CancellationToken,
 ) -> (
     watch::Receiver<Option<PartitionReport>>,
     AbortOnDropHandle<()>,
 ) {
     let (report_tx, report) = watch::channel(None);
-    let task = tokio::spawn(run(feeds, wanted, report_tx, stop));
-    (report, AbortOnDropHandle::new(task))
+    let task = followers.spawn(FOLLOWER, run(feeds, wanted, report_tx, stop));
+    (report, task)
 }
 
 async fn run(
@@ -80,6 +86,9 @@ async fn run(
     // The failure of the last change, by profile.
     let mut failed: Option<(String, String)> = None;
     let mut shown: Option<(String, State)> = None;
+    // A feed whose sender is gone (its follower ended) is not waited on
+    // again: its `changed()` would return at once, forever.
+    let (mut node_open, mut inventory_open, mut discovered_open) = (true, true, true);
     loop {
         let node = feeds.node.borrow_and_update().clone();
         let setting = wanted.borrow_and_update().clone();
@@ -181,9 +190,9 @@ async fn run(
         tokio::select! {
             _ = stop.cancelled() => return,
             changed = wanted.changed() => if changed.is_err() { return },
-            _ = feeds.node.changed() => {}
-            _ = feeds.inventory.changed() => {}
-            _ = feeds.discovered.changed() => {}
+            changed = feeds.node.changed(), if node_open => node_open = changed.is_ok(),
+            changed = feeds.inventory.changed(), if inventory_open => inventory_open = changed.is_ok(),
+            changed = feeds.discovered.changed(), if discovered_open => discovered_open = changed.is_ok(),
             _ = tokio::time::sleep(RETRY_AFTER_FAILURE), if retry => {}
         }
     }

@@ -414,6 +414,8 @@ pub struct Observed<'a> {
     pub health_running: bool,
     /// The Node's health is being published.
     pub publishing_health: bool,
+    /// The followers that ended unasked, in words.
+    pub followers_ended: &'a [String],
     /// The time now, for the status's `since`.
     pub now: String,
 }
@@ -502,6 +504,10 @@ pub fn report(state: &mut LoopState, observed: Observed<'_>) -> Report {
     }));
     found.extend(observed.node_label_problems.iter().map(|message| Problem {
         event_reason: Some("InvalidNodeLabel"),
+        message: message.clone(),
+    }));
+    found.extend(observed.followers_ended.iter().map(|message| Problem {
+        event_reason: Some("FollowerEnded"),
         message: message.clone(),
     }));
     let warnings = found
@@ -1353,6 +1359,7 @@ mod tests {
                     applied: self.applied,
                     health_running: self.health_running,
                     publishing_health: self.publishing_health,
+                    followers_ended: &[],
                     now: now.into(),
                 },
             )

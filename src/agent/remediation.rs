@@ -45,6 +45,7 @@ use crate::metrics::podresources::v1::ListPodResourcesResponse;
 use crate::plugin::DeviceRef;
 use crate::remediation::mapping::ValidationTestsProfile;
 use crate::remediation::{Phase, Record};
+use crate::service::Followers;
 use crate::testrunner::command::{tool_flag, tool_unavailable};
 use crate::testrunner::config::{Framework, TestCase, Trigger};
 use crate::testrunner::exclusive::GpuLocks;
@@ -216,18 +217,23 @@ pub fn test_case(profile: &ValidationTestsProfile) -> TestCase {
     case
 }
 
-/// Starts the task; it ends when `stop` fires. The receiver carries the
-/// answer to the latest validation request.
+/// The follower's name.
+pub const FOLLOWER: &str = "remediation";
+
+/// Starts the task, as one of `followers`; it ends when `stop` fires (or
+/// the Node or driver feed closes). The receiver carries the answer to the
+/// latest validation request.
 pub fn spawn(
     feeds: Feeds,
+    followers: &Followers,
     stop: CancellationToken,
 ) -> (
     watch::Receiver<Option<RemediationTestReport>>,
     AbortOnDropHandle<()>,
 ) {
     let (report_tx, report_rx) = watch::channel(None);
-    let task = tokio::spawn(run(feeds, report_tx, stop));
-    (report_rx, AbortOnDropHandle::new(task))
+    let task = followers.spawn(FOLLOWER, run(feeds, report_tx, stop));
+    (report_rx, task)
 }
 
 async fn run(

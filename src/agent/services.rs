@@ -45,6 +45,9 @@ impl Service for LabellerService {
         Box::pin(async move {
             let mut inventory = self.inventory.clone();
             let mut node = self.node.clone();
+            // A feed whose follower ended is not waited on again: its
+            // `changed()` would return at once, forever.
+            let (mut inventory_open, mut node_open) = (true, true);
             loop {
                 let LabellerConfig { kinds, sharing } = config.borrow_and_update().clone();
                 let mut desired = desired_labels(&inventory.borrow_and_update(), &kinds);
@@ -77,8 +80,8 @@ impl Service for LabellerService {
                 }
                 tokio::select! {
                     _ = cancel.cancelled() => return Ok(()),
-                    _ = inventory.changed() => {}
-                    _ = node.changed() => {}
+                    changed = inventory.changed(), if inventory_open => inventory_open = changed.is_ok(),
+                    changed = node.changed(), if node_open => node_open = changed.is_ok(),
                     _ = config.changed() => {}
                     _ = tokio::time::sleep(RETRY_AFTER_FAILURE), if failed => {}
                 }

@@ -21,13 +21,14 @@ use tokio_util::sync::CancellationToken;
 
 use super::node_services::{DiscoveryProgress, NodeServices};
 use super::select::{DesiredServices, NodeContext, plan_services};
+use super::{DRIVER_MANAGER, DRIVER_REPORT};
 use crate::api::{DeviceConfigSpec, parse_specs, validate};
 use crate::device::watch::{DeviceWatch, WatchConfig};
 use crate::events::{EventSink, EventType, NodeEvent};
 use crate::health::outputs::transition_event;
 use crate::host::HostRoot;
 use crate::metrics::server::Published;
-use crate::service::ServiceState;
+use crate::service::{Followers, ServiceState};
 use crate::simulate::{self, SimSpec};
 use crate::testrunner::report::Outcome;
 use crate::testrunner::stats::LastRun;
@@ -196,28 +197,33 @@ pub async fn run_observed(
     );
     let mut services = NodeServices::new(devices.inventory(), devices.state(), None);
     // The driver: reported, and loaded when the spec asks (as by hand:
-    // there is no leader to roll upgrades).
-    let driver_stop = CancellationToken::new();
+    // there is no leader to roll upgrades). Its two tasks are followers:
+    // one that ends unasked is logged and recorded as an Event.
+    let followers = Followers::new();
+    let driver_stop = followers.stopping();
     let _stop_driver = driver_stop.clone().drop_guard();
     let driver_reader = crate::host::reader::BoundedReader::new(config.host.clone(), 2);
-    let driver_report = crate::driver::report::follow(
+    let (driver_report, report_task) = crate::driver::report::follow(
         driver_reader.clone(),
         devices.inventory(),
         devices.state(),
         driver_stop.clone(),
     );
+    let _driver_report = followers.spawn(DRIVER_REPORT, report_task);
     let (_driver_wanted, wanted_rx) = tokio::sync::watch::channel(
         crate::driver::manager::DriverWanted::from_spec(config.spec.driver()),
     );
     let mut report_rx = driver_report.clone();
     let mut report_open = true;
-    let mut driver_load = crate::driver::manager::spawn(
+    let (mut driver_load, manager_task) = crate::driver::manager::follow(
         driver_reader,
         config.driver.clone(),
         wanted_rx,
         driver_report,
         driver_stop.clone(),
     );
+    let _driver_manager = followers.spawn(DRIVER_MANAGER, manager_task);
+    let mut ended = followers.ended();
     let mut driver_events = super::plan::LoopState::default();
     let mut driver_open = true;
     let mut discovery = services.discovery();
@@ -255,6 +261,8 @@ pub async fn run_observed(
     );
     let mut transitions = services.transitions();
     let mut plugin_status = services.plugin_status.clone();
+    let mut plugin_open = true;
+    let mut reported_ends = 0;
     let mut test_results = services.test_results();
     let mut results_open = true;
     let mut progress = discovery.borrow_and_update().clone();
@@ -317,8 +325,9 @@ pub async fn run_observed(
                 Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
                 Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
             },
-            changed = plugin_status.changed() => {
+            changed = plugin_status.changed(), if plugin_open => {
                 if changed.is_err() {
+                    plugin_open = false;
                     continue;
                 }
                 let conflict = plugin_status.borrow_and_update().conflict.clone();
@@ -370,6 +379,14 @@ pub async fn run_observed(
                 if hold_tests(&mut desired, report.as_ref(), load.as_ref()) && progress.discovered {
                     services.apply(desired.clone()).await;
                 }
+            }
+            // `ended`'s sender lives in `followers`: it never closes here.
+            _ = ended.changed() => {
+                let ends = ended.borrow_and_update().clone();
+                for end in ends.iter().skip(reported_ends) {
+                    events.record(event(true, "Standalone", "FollowerEnded", end.to_string())).await;
+                }
+                reported_ends = ends.len();
             }
             result = test_results.recv(), if results_open => match result {
                 Ok(run) => {

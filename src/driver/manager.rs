@@ -240,16 +240,21 @@ async fn look(
 /// Follows `wanted` and `report` until `cancel` fires, on the host
 /// `reader` reads, loading when a
 /// verified bundle is there and nothing is loaded. Publishes the outcome;
-/// `None` while nothing is asked for or the report is not read yet.
-pub fn spawn(
+/// `None` while nothing is asked for or the report is not read yet. Returns
+/// the outcome and the task that follows, for the caller to run (and
+/// supervise).
+pub fn follow(
     reader: BoundedReader,
     config: ManagerConfig,
     mut wanted: watch::Receiver<Option<DriverWanted>>,
     mut report: watch::Receiver<Option<DriverReport>>,
     cancel: CancellationToken,
-) -> watch::Receiver<Option<DriverLoad>> {
+) -> (
+    watch::Receiver<Option<DriverLoad>>,
+    impl Future<Output = ()> + Send + 'static,
+) {
     let (tx, rx) = watch::channel(None);
-    tokio::spawn(async move {
+    let task = async move {
         // The reader serves the holder scan; verification and the blacklist
         // read the host through its root, off the runtime.
         let host = reader.host().clone();
@@ -322,8 +327,8 @@ pub fn spawn(
                 _ = tokio::time::sleep(recheck_after(&config, loaded_here.is_some())), if !settled => recheck_due = true,
             }
         }
-    });
-    rx
+    };
+    (rx, task)
 }
 
 /// How long a load this manager did may go unseen by the report before it

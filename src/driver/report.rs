@@ -164,15 +164,19 @@ pub async fn read_report(reader: &BoundedReader, driver: &DriverState) -> Driver
 /// module changes (a driver loaded, unloaded or replaced). The kernel and
 /// boot id change only across a reboot, which restarts the agent. Published
 /// without `refcnt`, which moves with every process that opens a GPU and
-/// would rewrite the status for nothing. Stops with `cancel`.
+/// would rewrite the status for nothing. Stops with `cancel`. Returns the
+/// report and the task that keeps it, for the caller to run (and supervise).
 pub fn follow(
     reader: BoundedReader,
     mut inventory: watch::Receiver<Arc<Inventory>>,
     mut scans: watch::Receiver<ScanState>,
     cancel: CancellationToken,
-) -> watch::Receiver<Option<DriverReport>> {
+) -> (
+    watch::Receiver<Option<DriverReport>>,
+    impl Future<Output = ()> + Send + 'static,
+) {
     let (tx, rx) = watch::channel(None);
-    tokio::spawn(async move {
+    let task = async move {
         let mut last: Option<DriverState> = None;
         loop {
             let driver = inventory.borrow_and_update().driver.clone();
@@ -189,8 +193,8 @@ pub fn follow(
                 changed = scans.changed() => if changed.is_err() { break },
             }
         }
-    });
-    rx
+    };
+    (rx, task)
 }
 
 /// The kernel's files, read in one batch.
@@ -406,7 +410,8 @@ mod tests {
         let (scans_tx, scans_rx) = watch::channel(ScanState::default());
         let cancel = CancellationToken::new();
         let reader = BoundedReader::new(host.clone(), 2);
-        let mut reports = follow(reader, inventory_rx, scans_rx, cancel.clone());
+        let (mut reports, task) = follow(reader, inventory_rx, scans_rx, cancel.clone());
+        let _task = tokio_util::task::AbortOnDropHandle::new(tokio::spawn(task));
         const WAIT: Duration = Duration::from_secs(10);
 
         // Before a scan has seen the host, nothing is reported.

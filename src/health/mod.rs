@@ -46,7 +46,8 @@ pub use checks::Thresholds;
 pub use damping::Damping;
 pub use monitor::{HealthConfig, HealthMonitor, MonitorState, check_once};
 pub use node::{
-    NodeHealthError, NodeHealthWrite, apply_node_health, publish_node_health, remove_node_health,
+    NODE_HEALTH_PUBLISHER, NodeHealthError, NodeHealthPublisher, NodeHealthWrite,
+    apply_node_health, apply_node_health_to, remove_node_health,
 };
 
 pub use crate::plugin::HealthReport;

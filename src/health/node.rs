@@ -6,7 +6,10 @@
 //! monitor's own field manager: the condition is applied to the `status`
 //! subresource by type, so the kubelet's own conditions are never touched, and
 //! the labels are the monitor's alone (the reference exporter's labels of the
-//! same form are handed over). The decisions are [`super::outputs`]'s.
+//! same form are handed over). The decisions are [`super::outputs`]'s. The
+//! agent runs [`NodeHealthPublisher`] as a supervised service beside the
+//! monitor; it decides on the agent's watched Node, so that a snapshot costs
+//! no read.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,6 +26,7 @@ use crate::events::EventSink;
 use crate::node_writer::{
     Concern, NodeIntent, NodeWriteError, NodeWriter, StatusIntent, Written, condition_to_apply,
 };
+use crate::service::{Readiness, Service, ServiceFuture};
 
 #[derive(Debug, thiserror::Error)]
 #[error(transparent)]
@@ -44,12 +48,24 @@ pub async fn apply_node_health(
 ) -> Result<NodeHealthWrite, NodeHealthError> {
     let writer = NodeWriter::new(nodes.clone(), node_name);
     let node = writer.read().await?;
+    apply_node_health_to(&writer, &node, snapshot).await
+}
+
+/// As [`apply_node_health`], decided on `node` as watched (no read): a copy
+/// that predates a write only repeats an apply, and the next copy corrects
+/// a decision made on a stale one.
+pub async fn apply_node_health_to(
+    writer: &NodeWriter,
+    node: &Node,
+    snapshot: &HealthSnapshot,
+) -> Result<NodeHealthWrite, NodeHealthError> {
+    let node_name = writer.name();
     let now = Time(k8s_openapi::jiff::Timestamp::now());
     // A condition that says the same keeps its times: no write for a heartbeat.
-    let condition = condition_to_apply(&node, node_condition(snapshot, &now));
+    let condition = condition_to_apply(node, node_condition(snapshot, &now));
     let status = writer
         .apply_status_to(
-            &node,
+            node,
             Concern::Health,
             &StatusIntent {
                 conditions: vec![condition.clone()],
@@ -60,7 +76,7 @@ pub async fn apply_node_health(
         tracing::info!(node = %node_name, status = %condition.status, "updated the AMDGPUUnhealthy condition");
     }
     let labels = writer
-        .apply_to(&node, Concern::Health, &label_intent(&node, snapshot))
+        .apply_to(node, Concern::Health, &label_intent(node, snapshot))
         .await?;
     if labels != Written::default() {
         tracing::info!(node = %node_name, "updated the GPU health labels");
@@ -109,46 +125,96 @@ pub async fn remove_node_health(nodes: &Api<Node>, node_name: &str) -> Result<()
     Ok(())
 }
 
-/// Keeps the Node in line with the monitor until `cancel` fires: applies each
-/// new snapshot (retrying failed writes every `retry`), and records an Event
-/// for each transition in `events`. For the agent to spawn next to the
-/// [`super::HealthMonitor`].
-pub async fn publish_node_health(
-    nodes: Api<Node>,
-    node_name: String,
-    mut snapshots: watch::Receiver<Arc<HealthSnapshot>>,
-    mut transitions: broadcast::Receiver<HealthTransition>,
-    events: EventSink,
-    retry: Duration,
-    cancel: CancellationToken,
-) {
-    let mut pending = true;
-    loop {
-        if pending {
-            let snapshot = snapshots.borrow_and_update().clone();
-            match apply_node_health(&nodes, &node_name, &snapshot).await {
-                Ok(_) => pending = false,
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot write GPU health to the Node; will retry")
+/// Keeps the Node's `AMDGPUUnhealthy` condition and health labels in line
+/// with the monitor, deciding on the agent's watched Node (no read per
+/// snapshot), and records an Event for each transition. The config is how
+/// long a failed write waits before it is tried again.
+pub struct NodeHealthPublisher {
+    pub writer: NodeWriter,
+    /// The agent's own Node as watched.
+    pub node: watch::Receiver<Option<Arc<Node>>>,
+    pub snapshots: watch::Receiver<Arc<HealthSnapshot>>,
+    /// Kept only to subscribe from, once a run.
+    pub transitions: broadcast::Receiver<HealthTransition>,
+    pub events: EventSink,
+}
+
+/// The publisher's name in logs.
+pub const NODE_HEALTH_PUBLISHER: &str = "node-health-publisher";
+
+impl Service for NodeHealthPublisher {
+    type Config = Duration;
+
+    fn name(&self) -> &'static str {
+        NODE_HEALTH_PUBLISHER
+    }
+
+    /// Available once the Node shows the latest snapshot. Looks again at
+    /// each snapshot and each change of the watched Node (which writes only
+    /// where the Node differs); a failed write is tried again after the
+    /// configured delay.
+    fn run(
+        self: Arc<Self>,
+        mut retry: watch::Receiver<Duration>,
+        cancel: CancellationToken,
+        readiness: Readiness,
+    ) -> ServiceFuture {
+        Box::pin(async move {
+            let mut snapshots = self.snapshots.clone();
+            let mut node = self.node.clone();
+            let mut transitions = self.transitions.resubscribe();
+            // A Node feed that closed (its follower ended) keeps its last
+            // copy and is not waited on again.
+            let mut node_open = true;
+            let mut pending = true;
+            loop {
+                let mut failed = false;
+                if pending {
+                    let snapshot = snapshots.borrow_and_update().clone();
+                    let watched = node.borrow_and_update().clone();
+                    match watched {
+                        Some(current) => {
+                            match apply_node_health_to(&self.writer, &current, &snapshot).await {
+                                Ok(_) => {
+                                    pending = false;
+                                    readiness.available();
+                                }
+                                Err(e) => {
+                                    tracing::warn!(error = %e, "cannot write GPU health to the Node; will retry");
+                                    readiness.unavailable(format!(
+                                        "cannot write GPU health to the Node: {e}"
+                                    ));
+                                    failed = true;
+                                }
+                            }
+                        }
+                        None => readiness.unavailable("waiting to see this agent's Node"),
+                    }
+                }
+                let delay = *retry.borrow_and_update();
+                tokio::select! {
+                    _ = cancel.cancelled() => return Ok(()),
+                    changed = snapshots.changed() => {
+                        if changed.is_err() {
+                            return Ok(());
+                        }
+                        pending = true;
+                    }
+                    changed = node.changed(), if node_open => {
+                        node_open = changed.is_ok();
+                        pending = true;
+                    }
+                    changed = retry.changed() => if changed.is_err() { return Ok(()) },
+                    t = transitions.recv() => match t {
+                        Ok(t) => self.events.record(transition_event(&t)).await,
+                        Err(broadcast::error::RecvError::Lagged(n)) => {
+                            tracing::warn!(missed = n, "GPU health Events dropped: too many transitions at once");
+                        }
+                        Err(broadcast::error::RecvError::Closed) => return Ok(()),
+                    },
+                    _ = tokio::time::sleep(delay), if failed => {}
                 }
             }
-        }
-        tokio::select! {
-            _ = cancel.cancelled() => return,
-            changed = snapshots.changed() => {
-                if changed.is_err() {
-                    return;
-                }
-                pending = true;
-            }
-            t = transitions.recv() => match t {
-                Ok(t) => events.record(transition_event(&t)).await,
-                Err(broadcast::error::RecvError::Lagged(n)) => {
-                    tracing::warn!(missed = n, "GPU health Events dropped: too many transitions at once");
-                }
-                Err(broadcast::error::RecvError::Closed) => return,
-            },
-            _ = tokio::time::sleep(retry), if pending => {}
-        }
+        })
     }
 }

@@ -15,10 +15,11 @@ use gpu_operator::health::outputs::{
     CONDITION_TYPE, EVENT_UNHEALTHY, REASON_HEALTHY, REASON_UNHEALTHY,
 };
 use gpu_operator::health::{
-    GpuHealth, HealthConfig, HealthMonitor, HealthSnapshot, HealthTransition, apply_node_health,
-    publish_node_health,
+    GpuHealth, HealthConfig, HealthMonitor, HealthSnapshot, HealthTransition, NodeHealthPublisher,
+    apply_node_health,
 };
 use gpu_operator::host::HostRoot;
+use gpu_operator::node_writer::NodeWriter;
 use gpu_operator::plugin::{DeviceRef, HealthReport};
 use gpu_operator::service::Slot;
 use gpu_operator::simulate::{self, SimSpec};
@@ -28,7 +29,6 @@ use serde_json::json;
 use support::cluster::TestCluster;
 use support::wait::{self, WAIT};
 use tokio::sync::{broadcast, watch};
-use tokio_util::sync::CancellationToken;
 
 const GPU: &str = "0000:27:00.0";
 
@@ -400,17 +400,15 @@ async fn the_publisher_follows_the_monitor_and_records_events() {
     let emulator = cluster_with_node("gpu-2").await;
     let client = emulator.client();
     let mut rig = start("mi300x", None, None).await;
-    let cancel = CancellationToken::new();
     let events = EventSink::kubernetes(client.clone(), "gpu-2", watch::channel(None).1);
-    let publisher = tokio::spawn(publish_node_health(
-        Api::all(client),
-        "gpu-2".into(),
-        rig.snapshot.clone(),
-        rig.transitions.resubscribe(),
+    let mut publisher = Slot::new(NodeHealthPublisher {
+        writer: NodeWriter::new(Api::all(client), "gpu-2"),
+        node: emulator.watch_node("gpu-2"),
+        snapshots: rig.snapshot.clone(),
+        transitions: rig.transitions.resubscribe(),
         events,
-        Duration::from_millis(200),
-        cancel.clone(),
-    ));
+    });
+    publisher.apply(Some(Duration::from_millis(200))).await;
     let node_condition = |status: &'static str| {
         let emulator = &emulator;
         async move {
@@ -440,6 +438,5 @@ async fn the_publisher_follows_the_monitor_and_records_events() {
     )
     .await;
     rig.until_gpu(GPU, false).await;
-    cancel.cancel();
-    publisher.await.unwrap();
+    publisher.stop().await;
 }

@@ -12,7 +12,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fake_rvs::{FakeRvs, config_json, kfd_ids, logs_in, sim_host, wait_gone};
-use futures::StreamExt;
 use gpu_operator::device::Inventory;
 use gpu_operator::events::EventSink;
 use gpu_operator::host::HostRoot;
@@ -21,10 +20,8 @@ use gpu_operator::testrunner::{
     GpuUnhealthy, Outcome, TestRunnerConfig, TestRunnerService, TestRunnerStats, Trigger,
 };
 use k8s_openapi::api::core::v1::Node;
+use kube::Api;
 use kube::api::{Patch, PatchParams};
-use kube::runtime::WatchStreamExt;
-use kube::runtime::watcher;
-use kube::{Api, Client};
 use serde_json::{Value, json};
 use support::cluster::TestCluster;
 use support::wait;
@@ -32,28 +29,6 @@ use tokio::sync::{mpsc, watch};
 
 const NODE: &str = "gpu-node-1";
 const REQUEST: &str = "amd.com/gpu-test-request";
-
-/// The agent's watch of its own Node, as the agent keeps it.
-fn node_watch(client: Client) -> watch::Receiver<Option<Arc<Node>>> {
-    let (tx, rx) = watch::channel(None);
-    let api: Api<Node> = Api::all(client);
-    let config = watcher::Config::default().fields(&format!("metadata.name={NODE}"));
-    tokio::spawn(async move {
-        let mut events = watcher::watcher(api, config).default_backoff().boxed();
-        while let Some(event) = events.next().await {
-            match event {
-                Ok(watcher::Event::Apply(n) | watcher::Event::InitApply(n)) => {
-                    tx.send_replace(Some(Arc::new(n)));
-                }
-                Ok(watcher::Event::Delete(_)) => {
-                    tx.send_replace(None);
-                }
-                _ => {}
-            }
-        }
-    });
-    rx
-}
 
 struct Harness {
     cluster: TestCluster,
@@ -82,7 +57,7 @@ impl Harness {
         let (inventory_tx, inventory_rx) = watch::channel(Arc::new(inventory));
         let (unhealthy, unhealthy_rx) = mpsc::channel(16);
         let client = cluster.client();
-        let node = node_watch(client.clone());
+        let node = cluster.watch_node(NODE);
         let events = EventSink::kubernetes(client.clone(), NODE, node.clone());
         let service =
             TestRunnerService::new(Some(client), Some(events), inventory_rx, node, unhealthy_rx);

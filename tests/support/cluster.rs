@@ -191,6 +191,36 @@ impl TestCluster {
         NodeHistory { seen, task }
     }
 
+    /// The Node `name` as an agent watches its own Node: `None` until it is
+    /// seen, or after it is deleted. Ends when the returned feed is dropped.
+    pub fn watch_node(
+        &self,
+        name: &str,
+    ) -> tokio::sync::watch::Receiver<Option<std::sync::Arc<k8s_openapi::api::core::v1::Node>>>
+    {
+        use futures::StreamExt;
+        use kube::runtime::{WatchStreamExt, watcher};
+        let (tx, rx) = tokio::sync::watch::channel(None);
+        let api = Api::<k8s_openapi::api::core::v1::Node>::all(self.client());
+        let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+        tokio::spawn(async move {
+            let mut events = watcher::watcher(api, config).default_backoff().boxed();
+            while let Some(event) = events.next().await {
+                let node = match event {
+                    Ok(watcher::Event::Apply(n) | watcher::Event::InitApply(n)) => {
+                        Some(std::sync::Arc::new(n))
+                    }
+                    Ok(watcher::Event::Delete(_)) => None,
+                    _ => continue,
+                };
+                if tx.send(node).is_err() {
+                    return;
+                }
+            }
+        });
+        rx
+    }
+
     pub async fn delete_device_config(&self, name: &str) {
         self.device_configs()
             .delete(name, &DeleteParams::default())
