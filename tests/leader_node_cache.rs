@@ -287,17 +287,13 @@ fn the_cache_keeps_exactly_the_listed_fields() {
     for annotation in KEPT_ANNOTATIONS {
         expected.insert(format!("metadata.annotations.{annotation}"));
     }
-    // The fixture's only managedFields entry that owns a kept annotation
-    // is the agent status's and the upgrade's; the partition and
-    // remediation records are owned by no entry there.
-    for annotation in [
-        gpu_operator::api::agent_status::STATUS_ANNOTATION,
-        driver_upgrade::RECORD_ANNOTATION,
-    ] {
-        expected.insert(format!(
-            "metadata.managedFields[].fieldsV1.f:metadata.f:annotations.f:{annotation}"
-        ));
-    }
+    // Ownership is kept of what the leader's upgrade writer owns only: its
+    // record and state label. The agent's status annotation is owned in
+    // the fixture too, and dropped.
+    expected.insert(format!(
+        "metadata.managedFields[].fieldsV1.f:metadata.f:annotations.f:{}",
+        driver_upgrade::RECORD_ANNOTATION
+    ));
     let mut kept = BTreeSet::new();
     let mut full = BTreeSet::new();
     for value in fleet() {
@@ -329,6 +325,14 @@ fn the_cache_keeps_exactly_the_listed_fields() {
     ] {
         assert!(full.contains(dropped), "the fixture lacks {dropped}");
     }
+    let agent_owns_status = format!(
+        "metadata.managedFields[].fieldsV1.f:metadata.f:annotations.f:{}",
+        gpu_operator::api::agent_status::STATUS_ANNOTATION
+    );
+    assert!(
+        full.contains(&agent_owns_status),
+        "the fixture lacks {agent_owns_status}"
+    );
     // apiVersion and kind are the type's, not stored per object.
     kept.retain(|p| p != "apiVersion" && p != "kind");
     assert_eq!(

@@ -17,13 +17,16 @@
 //!   the upgrade, partition and remediation records. Other writers'
 //!   annotations (CNI, CSI, kubeadm) are never read.
 //! - `metadata.managedFields`, only who owns the labels and kept annotations
-//!   that one of the operator's field managers (`gpu-operator-*`) owns: the
-//!   upgrade record is written by
-//!   [`crate::node_writer::NodeWriter::apply_to`] deciding on the cached
-//!   Node, and [`crate::node_writer::plan_metadata`] reads which of those
-//!   keys are ours and whether another manager owns them too; it asks about
-//!   no other key. Everything else in those entries (the kubelet's and
-//!   NFD's labels, status fields, times) is dropped.
+//!   that an entry of [`LEADER_WRITERS`] owns: the leader writes Node
+//!   metadata through one concern alone, the upgrade
+//!   ([`crate::node_writer::NodeWriter::apply_to`] deciding on the cached
+//!   Node), and [`crate::node_writer::plan_metadata`] reads which keys that
+//!   concern's manager owns and whether another manager owns them too; it
+//!   asks about no other key. Everything else (the kubelet's, NFD's and the
+//!   agent's ownership, status fields, times) is dropped, so a Node no
+//!   upgrade has touched keeps no managedFields at all: each kept entry is a
+//!   few nested JSON maps, ~3 KB of heap, twice the rest of the Node's
+//!   metadata (`tests/leader_node_memory.rs`).
 //! - `spec.unschedulable`, `spec.taints`: cordons and the taints of
 //!   upgrades, partition changes and remediation.
 //! - `status.conditions`: `type`, `status`, `reason` and `message`, for
@@ -70,10 +73,16 @@ pub fn kept_of(node: Node) -> Node {
         .filter(|kept| !kept.is_empty());
     let managed_fields = meta.managed_fields.map(|entries| {
         let ours = keys_owned_by_us(&entries);
-        entries
+        if ours.is_empty() {
+            return Vec::new();
+        }
+        let mut kept: Vec<_> = entries
             .into_iter()
             .filter_map(|e| metadata_ownership(e, &ours))
-            .collect::<Vec<_>>()
+            .collect();
+        // Collected in place, it still has room for all the kubelet's entries.
+        kept.shrink_to_fit();
+        kept
     });
     let spec = node
         .spec
@@ -117,17 +126,20 @@ pub fn kept_of(node: Node) -> Node {
     }
 }
 
-/// The prefix of every field manager of the operator (`api::field_manager`).
-const OUR_MANAGERS: &str = "gpu-operator";
+/// The field managers the leader writes Node metadata as, deciding on the
+/// cached Node (`cluster::upgrader`, `Concern::Upgrade`). A leader decision
+/// that writes through another concern must add its manager here, and its
+/// `plan_metadata` to the decisions of `tests/leader_node_cache.rs`.
+pub const LEADER_WRITERS: [&str; 1] = [crate::api::field_manager::UPGRADE];
 
 /// The `f:metadata` keys (`f:labels/f:<key>`, `f:annotations/f:<key>`) that
-/// an entry of one of our field managers owns.
+/// an entry of one of [`LEADER_WRITERS`] owns.
 fn keys_owned_by_us(entries: &[ManagedFieldsEntry]) -> BTreeSet<(&'static str, String)> {
     let mut ours = BTreeSet::new();
     for entry in entries.iter().filter(|e| {
         e.manager
             .as_deref()
-            .is_some_and(|m| m.starts_with(OUR_MANAGERS))
+            .is_some_and(|m| LEADER_WRITERS.contains(&m))
     }) {
         let Some(metadata) = entry.fields_v1.as_ref().and_then(|f| f.0.get("f:metadata")) else {
             continue;
