@@ -205,6 +205,11 @@ fn every_decision_on_a_kept_node_is_the_one_on_the_full_node() {
     for full in fleet() {
         let full = node(&full);
         let kept = kept_of(full.clone());
+        // The reconciler views cached Nodes sharing their labels.
+        assert_eq!(
+            NodeView::from_cached(&std::sync::Arc::new(kept.clone())),
+            NodeView::from_node(&kept)
+        );
         assert_eq!(
             decisions(&dc, &kept),
             decisions(&dc, &full),

@@ -254,10 +254,7 @@ pub async fn reconcile(dc: Arc<DeviceConfig>, ctx: Arc<Context>) -> Result<Actio
         .into_iter()
         .filter(|n| dc.spec.selects(n.labels()))
         .collect();
-    let selected: Vec<NodeView> = selected_nodes
-        .iter()
-        .map(|n| NodeView::from_node(n))
-        .collect();
+    let selected: Vec<NodeView> = selected_nodes.iter().map(NodeView::from_cached).collect();
     if dc.metadata.deletion_timestamp.is_some() {
         return tear_down(&dc, &selected, &selected_nodes, &ctx).await;
     }
