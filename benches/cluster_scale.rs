@@ -28,9 +28,7 @@ use std::time::{Duration, Instant};
 
 use futures::{StreamExt, stream};
 use gpu_operator::api::DeviceConfig;
-use gpu_operator::api::agent_status::{
-    AgentStatus, ConfigKey, STATUS_ANNOTATION, STATUS_VERSION, ServiceName, ServiceStatus,
-};
+use gpu_operator::api::agent_status::STATUS_ANNOTATION;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
@@ -41,23 +39,7 @@ use serde_json::json;
 const NS: &str = "kube-amd-gpu";
 
 fn agent_status(generation: i64, uid: &str) -> String {
-    AgentStatus {
-        v: STATUS_VERSION,
-        device_config: Some(ConfigKey::new(NS, "fleet")),
-        uid: Some(uid.to_owned()),
-        generation: Some(generation),
-        services: [(ServiceName::DevicePlugin, ServiceStatus::Running)].into(),
-        resources: [("amd.com/gpu".to_string(), 8)].into(),
-        gpus: 8,
-        driver_version: Some("6.12.12".into()),
-        driver: None,
-        driver_load: None,
-        partition: None,
-        remediation: None,
-        problems: vec![],
-        since: "2026-11-30T00:00:00Z".into(),
-    }
-    .to_json()
+    kubelet_node::fleet_agent_status(NS, generation, uid)
 }
 
 /// The whole fleet reports `generation` at once (32 writers in parallel),
@@ -165,7 +147,19 @@ async fn main() {
     println!("fleet: {count} nodes");
     let before = emulator.requests();
     let started = Instant::now();
-    let mut leader = Command::new(env!("CARGO_BIN_EXE_gpu-operator"))
+    // LEADER_PROFILER="heaptrack -o /tmp/leader" runs the leader under a
+    // profiler (its RSS is then the profiler's process's).
+    let profiler = std::env::var("LEADER_PROFILER").unwrap_or_default();
+    let mut command = profiler.split_whitespace();
+    let mut leader = match command.next() {
+        Some(program) => {
+            let mut c = Command::new(program);
+            c.args(command).arg(env!("CARGO_BIN_EXE_gpu-operator"));
+            c
+        }
+        None => Command::new(env!("CARGO_BIN_EXE_gpu-operator")),
+    };
+    let mut leader = leader
         .arg("leader")
         .env("KUBECONFIG", kubeconfig.path())
         .env("RUST_LOG", "warn")
@@ -236,6 +230,16 @@ async fn main() {
         rss_mib(leader.id()) * 1024.0 / count.max(1) as f64,
         rss_mib(std::process::id())
     );
+    if !profiler.is_empty() {
+        // The profiler writes its report once the leader itself (its
+        // child) has stopped.
+        let children = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", leader.id()))
+            .unwrap_or_default();
+        for child in children.split_whitespace() {
+            let _ = Command::new("kill").args(["-TERM", child]).status();
+        }
+        let _ = leader.wait();
+    }
     let _ = leader.kill();
     let _ = leader.wait();
 }

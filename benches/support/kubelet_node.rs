@@ -7,12 +7,33 @@
 //! every bench and test that needs a realistic Node.
 #![allow(dead_code)]
 
-use gpu_operator::api::agent_status::STATUS_ANNOTATION;
+use gpu_operator::api::agent_status::{
+    AgentStatus, ConfigKey, STATUS_ANNOTATION, STATUS_VERSION, ServiceName, ServiceStatus,
+};
 use gpu_operator::api::field_manager;
 use serde_json::{Map, Value, json};
 
 /// The label every bench's DeviceConfig selects.
 pub const GPU_LABEL: &str = "feature.node.kubernetes.io/amd-gpu";
+
+/// The status annotation of an agent serving the device plugin of
+/// DeviceConfig `namespace/fleet` (uid `uid`) at `generation`, as the
+/// simulated fleets of the benches report it.
+pub fn fleet_agent_status(namespace: &str, generation: i64, uid: &str) -> String {
+    AgentStatus {
+        v: STATUS_VERSION,
+        device_config: Some(ConfigKey::new(namespace, "fleet")),
+        uid: Some(uid.to_owned()),
+        generation: Some(generation),
+        services: [(ServiceName::DevicePlugin, ServiceStatus::Running)].into(),
+        resources: [("amd.com/gpu".to_string(), 8)].into(),
+        gpus: 8,
+        driver_version: Some("6.12.12".into()),
+        since: "2026-11-30T00:00:00Z".into(),
+        ..AgentStatus::default()
+    }
+    .to_json()
+}
 
 /// The name of the `index`th Node.
 pub fn node_name(index: usize) -> String {
