@@ -25,6 +25,8 @@
 
 #[path = "support/figures.rs"]
 mod figures;
+#[path = "support/kubelet_node.rs"]
+mod kubelet_node;
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -44,14 +46,15 @@ const NS: &str = "kube-amd-gpu";
 const CONDITION: &str = "AMDGPUHardwareAssertionHwa";
 const MAPPING: &str = "- nodeCondition: AMDGPUHardwareAssertionHwa\n  workflowTemplate: default-template\n  skipRebootStep: true\n";
 
+/// The `i`th Node as a kubelet, NFD and the agent write it
+/// (`support/kubelet_node.rs`), with remediation's mapped condition.
 fn node(i: usize, failing: bool) -> Value {
-    json!({"apiVersion": "v1", "kind": "Node",
-        "metadata": {"name": format!("gpu-{i:05}"),
-            "labels": {"feature.node.kubernetes.io/amd-gpu": "true"}},
-        "spec": {},
-        "status": {"conditions": [
-            {"type": "Ready", "status": "True"},
-            {"type": CONDITION, "status": if failing { "True" } else { "False" }}]}})
+    let mut node = kubelet_node::kubelet_node(i, None);
+    if let Some(conditions) = node["status"]["conditions"].as_array_mut() {
+        conditions
+            .push(json!({"type": CONDITION, "status": if failing { "True" } else { "False" }}));
+    }
+    node
 }
 
 fn failing_nodes(count: usize, failing: usize) -> Vec<String> {

@@ -22,6 +22,8 @@
 
 #[path = "support/figures.rs"]
 mod figures;
+#[path = "support/kubelet_node.rs"]
+mod kubelet_node;
 
 use std::collections::HashSet;
 use std::process::{Command, Stdio};
@@ -70,13 +72,10 @@ fn agent_status(version: &str, boot: &str) -> String {
     .to_json()
 }
 
+/// The `i`th Node as a kubelet, NFD and the agent write it
+/// (`support/kubelet_node.rs`), its agent reporting the driver `FROM`.
 fn node(i: usize) -> serde_json::Value {
-    json!({"apiVersion": "v1", "kind": "Node",
-        "metadata": {"name": format!("gpu-{i:05}"),
-            "labels": {"feature.node.kubernetes.io/amd-gpu": "true"},
-            "annotations": {STATUS_ANNOTATION: agent_status(FROM, &format!("boot-{i}"))}},
-        "spec": {},
-        "status": {"conditions": [{"type": "Ready", "status": "True"}]}})
+    kubelet_node::kubelet_node(i, Some(&agent_status(FROM, &format!("boot-{i}"))))
 }
 
 /// The simulated agents: each node whose record names a target reports it
