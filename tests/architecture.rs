@@ -18,7 +18,7 @@
 //! The checker is plain text processing (no `syn`), tested on fabricated
 //! sources below, so that it keeps failing on an upward import.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::fmt;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -83,6 +83,15 @@ const TEST_FIXTURES: &[&str] = &["simulate"];
 /// Upward edges that are known and due to go: `(from, to, why)`. Each must
 /// still occur (a stale entry fails), so the list only shrinks.
 const KNOWN_UPWARD: &[(&str, &str, &str)] = &[];
+
+/// Loops between files of one module that are known and due to go, each as
+/// [`file_loops`] reports it without the member list: `(loop, why)`. Each
+/// must still occur (a stale entry fails), so the list only shrinks.
+const KNOWN_LOOPS: &[(&str, &str)] = &[(
+    "cluster/partitioner.rs:32 -> cluster/reconcile.rs:295 -> cluster/partitioner.rs",
+    "reconcile.rs calls the executors and defines the Context and Error they \
+     import back (issue 37, item 1)",
+)];
 
 /// One reference from a file to another top-level module.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -322,32 +331,72 @@ fn tokens(code: &str) -> Vec<(usize, Token)> {
     out
 }
 
-/// The top-level modules named by a `use` group starting at `tokens[at]`
-/// (just after `{`), and the index after its closing `}`.
-fn group_heads(tokens: &[(usize, Token)], at: usize) -> (Vec<(usize, String)>, usize) {
-    let mut heads = Vec::new();
-    let mut depth = 1;
-    let mut expect_head = true;
+/// The paths a path starting at `tokens[at]` names, each from the crate
+/// root (`prefix` is where it starts), and the index after it. A path is
+/// read as far as its module-like segments go (`a::b::C`); a `use` group
+/// (`a::{b, c::{d, e}}`) names one path per item, on the item's line.
+fn read_path(
+    tokens: &[(usize, Token)],
+    at: usize,
+    mut prefix: Vec<String>,
+    line: usize,
+) -> (Vec<(usize, Vec<String>)>, usize) {
     let mut i = at;
-    while i < tokens.len() && depth > 0 {
-        match &tokens[i].1 {
-            Token::Punct('{') => {
-                depth += 1;
-                expect_head = false;
-            }
-            Token::Punct('}') => depth -= 1,
-            Token::Punct(',') if depth == 1 => expect_head = true,
-            Token::Ident(word) if depth == 1 && expect_head => {
-                if word != "self" && word != "*" {
-                    heads.push((tokens[i].0, word.clone()));
+    loop {
+        match tokens.get(i).map(|t| &t.1) {
+            Some(Token::Ident(word)) if word != "as" => {
+                prefix.push(word.clone());
+                i += 1;
+                if tokens.get(i).map(|t| &t.1) == Some(&Token::Path) {
+                    i += 1;
+                } else {
+                    break;
                 }
-                expect_head = false;
             }
-            _ => {}
+            Some(Token::Punct('{')) => return use_group(tokens, i + 1, &prefix),
+            _ => break,
         }
-        i += 1;
     }
-    (heads, i)
+    (vec![(line, prefix)], i)
+}
+
+/// The paths a `use` group starting at `tokens[at]` (just after `{`) names
+/// under `prefix`, and the index after its closing `}`.
+fn use_group(
+    tokens: &[(usize, Token)],
+    at: usize,
+    prefix: &[String],
+) -> (Vec<(usize, Vec<String>)>, usize) {
+    let mut paths = Vec::new();
+    let mut i = at;
+    while let Some((line, token)) = tokens.get(i) {
+        match token {
+            Token::Punct('}') => return (paths, i + 1),
+            Token::Punct(',') => i += 1,
+            Token::Ident(word) if word == "self" => {
+                paths.push((*line, prefix.to_vec()));
+                i += 1;
+            }
+            Token::Punct('*') => {
+                paths.push((*line, prefix.to_vec()));
+                i += 1;
+            }
+            Token::Ident(_) | Token::Punct('{') => {
+                let (found, after) = read_path(tokens, i, prefix.to_vec(), *line);
+                paths.extend(found);
+                i = after;
+                // An `as` rename, up to the item's end.
+                while let Some((_, t)) = tokens.get(i) {
+                    if matches!(t, Token::Punct(',' | '}')) {
+                        break;
+                    }
+                    i += 1;
+                }
+            }
+            _ => i += 1,
+        }
+    }
+    (paths, i)
 }
 
 struct Frame {
@@ -356,9 +405,19 @@ struct Frame {
     test: bool,
 }
 
-/// The references from one source file (path relative to `src/`) to
-/// top-level modules, its own included.
-fn edges(relative: &str, source: &str) -> Vec<Edge> {
+/// One path in a file's code that may name an item of the crate, from the
+/// crate root: `crate::a::b`, a `super::` or `self::` path, or a relative
+/// path (`child::item`, which names a child module when one exists; other
+/// relative paths, `kube::Api` say, land in the file's own module).
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Reference {
+    line: usize,
+    path: Vec<String>,
+    test: bool,
+}
+
+/// The paths of one source file (path relative to `src/`).
+fn references(relative: &str, source: &str) -> Vec<Reference> {
     let file_path = module_path(relative);
     let file_is_test = relative.ends_with("/tests.rs") || relative == "tests.rs";
     let toks = tokens(&strip(source));
@@ -369,6 +428,22 @@ fn edges(relative: &str, source: &str) -> Vec<Edge> {
     while i < toks.len() {
         let (line, token) = &toks[i];
         let in_test = file_is_test || pending_test || frames.iter().any(|f| f.test);
+        let here = || -> Vec<String> {
+            let mut here = file_path.clone();
+            here.extend(frames.iter().filter_map(|f| f.module.clone()));
+            here
+        };
+        let path_follows = toks.get(i + 1).map(|t| &t.1) == Some(&Token::Path);
+        let starts_path = i == 0 || toks[i - 1].1 != Token::Path;
+        let mut push = |found: Vec<(usize, Vec<String>)>| {
+            out.extend(found.into_iter().filter(|(_, path)| !path.is_empty()).map(
+                |(line, path)| Reference {
+                    line,
+                    path,
+                    test: in_test,
+                },
+            ));
+        };
         match token {
             Token::Ident(word) if word == "#cfg_test" || word == "#test" => {
                 pending_test = true;
@@ -399,77 +474,62 @@ fn edges(relative: &str, source: &str) -> Vec<Edge> {
                 pending_test = false;
                 i += 1;
             }
-            Token::Ident(word)
-                if word == "crate" && toks.get(i + 1).map(|t| &t.1) == Some(&Token::Path) =>
-            {
-                i += 2;
-                match toks.get(i).map(|t| &t.1) {
-                    Some(Token::Ident(head)) => {
-                        out.push(Edge {
-                            line: *line,
-                            to: head.clone(),
-                            test: in_test,
-                        });
-                        i += 1;
-                    }
-                    Some(Token::Punct('{')) => {
-                        let (heads, after) = group_heads(&toks, i + 1);
-                        for (l, head) in heads {
-                            out.push(Edge {
-                                line: l,
-                                to: head,
-                                test: in_test,
-                            });
-                        }
-                        i = after;
-                    }
-                    _ => {}
-                }
+            Token::Ident(word) if word == "crate" && path_follows => {
+                let (found, after) = read_path(&toks, i + 2, Vec::new(), *line);
+                push(found);
+                i = after.max(i + 2);
             }
-            Token::Ident(word) if word == "super" => {
+            Token::Ident(word) if word == "self" && path_follows && starts_path => {
+                let (found, after) = read_path(&toks, i + 2, here(), *line);
+                push(found);
+                i = after.max(i + 2);
+            }
+            Token::Ident(word) if word == "super" && path_follows => {
                 // Where the chain of `super::` lands.
-                let mut here: Vec<String> = file_path.clone();
-                here.extend(frames.iter().filter_map(|f| f.module.clone()));
+                let mut landed = here();
                 let mut j = i;
                 while matches!(toks.get(j).map(|t| &t.1), Some(Token::Ident(w)) if w == "super")
                     && toks.get(j + 1).map(|t| &t.1) == Some(&Token::Path)
                 {
-                    here.pop();
+                    landed.pop();
                     j += 2;
                 }
-                if let Some(top) = here.first() {
-                    out.push(Edge {
-                        line: *line,
-                        to: top.clone(),
-                        test: in_test,
-                    });
-                } else {
-                    match toks.get(j).map(|t| &t.1) {
-                        Some(Token::Ident(head)) => out.push(Edge {
-                            line: *line,
-                            to: head.clone(),
-                            test: in_test,
-                        }),
-                        Some(Token::Punct('{')) => {
-                            let (heads, after) = group_heads(&toks, j + 1);
-                            for (l, head) in heads {
-                                out.push(Edge {
-                                    line: l,
-                                    to: head,
-                                    test: in_test,
-                                });
-                            }
-                            j = after;
-                        }
-                        _ => {}
-                    }
-                }
-                i = j.max(i + 1);
+                let (found, after) = read_path(&toks, j, landed, *line);
+                push(found);
+                i = after.max(j);
+            }
+            Token::Ident(word)
+                if path_follows
+                    && starts_path
+                    && !matches!(word.as_str(), "crate" | "super" | "self" | "Self") =>
+            {
+                let (found, after) = read_path(&toks, i, here(), *line);
+                push(found);
+                i = after.max(i + 1);
             }
             _ => i += 1,
         }
     }
     out
+}
+
+/// The references from one source file (path relative to `src/`) to
+/// top-level modules, its own included.
+fn edges(relative: &str, source: &str) -> Vec<Edge> {
+    references(relative, source)
+        .into_iter()
+        .map(|r| Edge {
+            line: r.line,
+            to: r.path[0].clone(),
+            test: r.test,
+        })
+        .fold(Vec::new(), |mut edges, edge| {
+            // One per group item; `a::{b, c}` is one use of `a`.
+            if edges.last() != Some(&edge) {
+                edges.push(edge);
+            }
+            edges
+        })
 }
 
 fn layer_of(module: &str) -> Option<usize> {
@@ -534,6 +594,106 @@ fn check(files: &[(String, String)]) -> (Vec<Violation>, BTreeSet<(String, Strin
     (violations, known_seen)
 }
 
+/// The import loops between files of one top-level module: each as
+/// `a.rs:LINE -> b.rs:LINE -> a.rs` (the line of each file's use of the
+/// next), the shortest through the loop's first file in name order, one per
+/// set of files that reach each other. A file's use of another file is a
+/// path that lands in it (see [`references`]); test code counts too, and a
+/// file's test module using the file itself does not. A file's use of its
+/// parent files (`super::Item` from `mod.rs`'s child) does not count: the
+/// parent is the module's face, and only declares the child.
+fn file_loops(files: &[(String, String)]) -> Vec<String> {
+    let modules: Vec<Vec<String>> = files.iter().map(|(r, _)| module_path(r)).collect();
+    let index: HashMap<&[String], usize> = modules
+        .iter()
+        .enumerate()
+        .map(|(i, m)| (m.as_slice(), i))
+        .collect();
+    // File → the files it uses, with the line of its first use of each.
+    let mut uses: Vec<BTreeMap<usize, usize>> = vec![BTreeMap::new(); files.len()];
+    for (i, (relative, source)) in files.iter().enumerate() {
+        let Some(top) = modules[i].first() else {
+            continue;
+        };
+        for reference in references(relative, source) {
+            let path = &reference.path;
+            let target = (1..=path.len())
+                .rev()
+                .find_map(|k| index.get(&path[..k]).copied());
+            // A file may use what its parent files define (a module's
+            // face); the parent only declares it.
+            if let Some(j) = target
+                && j != i
+                && modules[j].first() == Some(top)
+                && !modules[i].starts_with(&modules[j])
+            {
+                uses[i].entry(j).or_insert(reference.line);
+            }
+        }
+    }
+    let reach = |from: usize| -> BTreeSet<usize> {
+        let mut seen = BTreeSet::new();
+        let mut queue: VecDeque<usize> = uses[from].keys().copied().collect();
+        while let Some(f) = queue.pop_front() {
+            if seen.insert(f) {
+                queue.extend(uses[f].keys().copied());
+            }
+        }
+        seen
+    };
+    let reaches: Vec<BTreeSet<usize>> = (0..files.len()).map(reach).collect();
+    let mut reported = vec![false; files.len()];
+    let mut loops = Vec::new();
+    for first in 0..files.len() {
+        if reported[first] || !reaches[first].contains(&first) {
+            continue;
+        }
+        for (other, reported) in reported.iter_mut().enumerate() {
+            if reaches[first].contains(&other) && reaches[other].contains(&first) {
+                *reported = true;
+            }
+        }
+        // The shortest way back to `first`, breadth first.
+        let mut came_from: HashMap<usize, usize> = HashMap::new();
+        let mut queue = VecDeque::from([first]);
+        'search: while let Some(f) = queue.pop_front() {
+            for &next in uses[f].keys() {
+                if next == first {
+                    came_from.insert(first, f);
+                    break 'search;
+                }
+                if let std::collections::hash_map::Entry::Vacant(e) = came_from.entry(next) {
+                    e.insert(f);
+                    queue.push_back(next);
+                }
+            }
+        }
+        let mut chain = vec![first];
+        let mut at = came_from[&first];
+        while at != first {
+            chain.push(at);
+            at = came_from[&at];
+        }
+        chain[1..].reverse();
+        chain.push(first);
+        let text: Vec<String> = chain
+            .windows(2)
+            .map(|pair| format!("{}:{}", files[pair[0]].0, uses[pair[0]][&pair[1]]))
+            .chain(std::iter::once(files[first].0.clone()))
+            .collect();
+        let members: Vec<&str> = (0..files.len())
+            .filter(|&f| reaches[first].contains(&f) && reaches[f].contains(&first))
+            .map(|f| files[f].0.as_str())
+            .collect();
+        loops.push(format!(
+            "{} (all in the loop: {})",
+            text.join(" -> "),
+            members.join(", ")
+        ));
+    }
+    loops
+}
+
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     let Ok(entries) = fs::read_dir(dir) else {
         return;
@@ -589,6 +749,24 @@ fn src_follows_the_module_order() {
             "{from} -> {to} is listed in KNOWN_UPWARD ({why}) but no longer occurs: remove it"
         );
     }
+}
+
+#[test]
+fn src_has_no_import_loop_inside_a_module() {
+    let mut loops = file_loops(&crate_sources());
+    for (known, why) in KNOWN_LOOPS {
+        let before = loops.len();
+        loops.retain(|l| !l.starts_with(&format!("{known} (")));
+        assert!(
+            loops.len() < before,
+            "{known} is listed in KNOWN_LOOPS ({why}) but no longer occurs: remove it"
+        );
+    }
+    assert!(
+        loops.is_empty(),
+        "files of one module that import each other, round in a loop (move what they share into a file below both):\n{}",
+        loops.join("\n")
+    );
 }
 
 #[test]
@@ -761,5 +939,104 @@ fn an_unplaced_module_fails() {
     assert_eq!(
         violations_in("health/mod.rs", "use crate::newthing::X;\n"),
         ["1:health -> newthing"]
+    );
+}
+
+fn loops_in(files: &[(&str, &str)]) -> Vec<String> {
+    let files: Vec<(String, String)> = files
+        .iter()
+        .map(|(path, text)| (path.to_string(), text.to_string()))
+        .collect();
+    file_loops(&files)
+}
+
+#[test]
+fn two_files_of_one_module_that_use_each_other_are_a_loop() {
+    let reconcile = "use super::lease::LeaderGuard;\nuse super::upgrader::{self, Upgrades};\n";
+    let upgrader = "use std::sync::Arc;\n\nuse super::reconcile::{Context, Error};\n";
+    let lease = "pub struct LeaderGuard;\n";
+    assert_eq!(
+        loops_in(&[
+            ("cluster/lease.rs", lease),
+            ("cluster/reconcile.rs", reconcile),
+            ("cluster/upgrader.rs", upgrader),
+        ]),
+        [
+            "cluster/reconcile.rs:2 -> cluster/upgrader.rs:3 -> cluster/reconcile.rs \
+          (all in the loop: cluster/reconcile.rs, cluster/upgrader.rs)"
+        ]
+    );
+    // Inline `crate::` paths and longer loops count as much.
+    let a = "fn f() {\n    crate::cluster::b::g();\n}\n";
+    let b = "use crate::cluster::{\n    c::{self, H},\n};\n";
+    let c = "fn h() {\n    super::a::f();\n}\n";
+    assert_eq!(
+        loops_in(&[
+            ("cluster/a.rs", a),
+            ("cluster/b.rs", b),
+            ("cluster/c.rs", c)
+        ]),
+        [
+            "cluster/a.rs:2 -> cluster/b.rs:2 -> cluster/c.rs:2 -> cluster/a.rs \
+          (all in the loop: cluster/a.rs, cluster/b.rs, cluster/c.rs)"
+        ]
+    );
+}
+
+#[test]
+fn a_child_may_use_its_parent_and_loops_among_children_count() {
+    // `mod.rs` names its children without a prefix; a child using what its
+    // parent defines is no loop.
+    let parent = "pub mod upgrader;\nuse upgrader::Upgrades;\npub struct Context;\n";
+    let child = "use super::Context;\n";
+    assert_eq!(
+        loops_in(&[("cluster/mod.rs", parent), ("cluster/upgrader.rs", child)]),
+        Vec::<String>::new()
+    );
+    // Children of a non-`mod.rs` parent, one reached through `self::`.
+    let parent = "mod tests;\npub mod plan;\nfn f() {\n    self::plan::g();\n}\n";
+    let plan = "use super::Writer;\n\nuse super::apply::h;\n";
+    let apply = "fn h() {\n    crate::writer::plan::g();\n}\n";
+    assert_eq!(
+        loops_in(&[
+            ("writer.rs", parent),
+            ("writer/apply.rs", apply),
+            ("writer/plan.rs", plan),
+        ]),
+        ["writer/apply.rs:2 -> writer/plan.rs:3 -> writer/apply.rs \
+          (all in the loop: writer/apply.rs, writer/plan.rs)"]
+    );
+}
+
+#[test]
+fn a_tree_of_files_test_modules_and_other_modules_loops_are_not_this_check_s() {
+    let context = "use super::lease::LeaderGuard;\npub struct Context;\n";
+    let upgrader = "use super::context::{Context, Error};\n\n#[cfg(test)]\nmod tests {\n    use super::*;\n}\n";
+    let reconcile = "use super::context::Context;\nuse super::upgrader;\nuse kube::Api;\n";
+    let parent = "mod context;\nmod upgrader;\nmod reconcile;\nuse reconcile::reconcile;\nfn f() {\n    kube::Api::all();\n}\n";
+    // A `tests.rs` file uses its parent, which only declares it.
+    let tests = "use super::*;\n";
+    assert_eq!(
+        loops_in(&[
+            ("cluster/context.rs", context),
+            ("cluster/lease.rs", "pub struct LeaderGuard;\n"),
+            ("cluster/mod.rs", parent),
+            ("cluster/reconcile.rs", reconcile),
+            (
+                "cluster/upgrader.rs",
+                "mod tests;\nuse super::context::Context;\n"
+            ),
+            ("cluster/upgrader/tests.rs", tests),
+            ("cluster/other.rs", upgrader),
+        ]),
+        Vec::<String>::new()
+    );
+    // Modules that use each other are the layer check's, not this one's.
+    assert_eq!(
+        loops_in(&[
+            ("health/a.rs", "use crate::metrics::b;\n"),
+            ("metrics/b.rs", "use crate::health::a;\n"),
+        ]),
+        Vec::<String>::new()
     );
 }
