@@ -1040,3 +1040,61 @@ fn a_tree_of_files_test_modules_and_other_modules_loops_are_not_this_check_s() {
         Vec::<String>::new()
     );
 }
+
+/// The modules the README's module table lists, in its order: the first
+/// cell of each row naming `src/…` (`src/host.rs`, `src/host/` is `host`).
+fn readme_table_modules(readme: &str) -> Vec<String> {
+    readme
+        .lines()
+        .skip_while(|l| !l.starts_with("| module | owns |"))
+        .take_while(|l| l.starts_with('|'))
+        .filter_map(|l| l.strip_prefix("| `src/"))
+        .map(|rest| {
+            rest.split(|c: char| !(c.is_alphanumeric() || c == '_'))
+                .next()
+                .unwrap_or_default()
+                .to_owned()
+        })
+        .collect()
+}
+
+/// How `table` (see [`readme_table_modules`]) disagrees with [`LAYERS`]:
+/// `None` when it lists every module once, lowest first.
+fn table_disagreement(table: &[String]) -> Option<String> {
+    let layers: Vec<&str> = LAYERS.iter().flat_map(|l| l.iter().copied()).collect();
+    (table != layers).then(|| {
+        format!("the README's module table lists {table:?}; LAYERS, lowest first, is {layers:?}")
+    })
+}
+
+#[test]
+fn the_readme_table_lists_the_modules_in_layers_order() {
+    let readme = fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
+        .expect("README.md");
+    let table = readme_table_modules(&readme);
+    assert!(table.len() > 10, "found only {table:?}");
+    if let Some(disagreement) = table_disagreement(&table) {
+        panic!("{disagreement}");
+    }
+}
+
+#[test]
+fn a_readme_table_out_of_order_or_missing_a_module_disagrees() {
+    let row = |m: &str| format!("| `src/{m}/` | x |\n");
+    let table = |modules: &[&str]| -> String {
+        let rows: String = modules.iter().map(|m| row(m)).collect();
+        format!(
+            "text\n\n| module | owns |\n|---|---|\n{rows}| `deploy/` | y |\n\n| module | owns |\n"
+        )
+    };
+    let all: Vec<&str> = LAYERS.iter().flat_map(|l| l.iter().copied()).collect();
+    let mut host_rs = table(&all);
+    host_rs = host_rs.replace("| `src/host/` |", "| `src/host.rs`, `src/host/` |");
+    assert_eq!(readme_table_modules(&host_rs), all);
+    assert_eq!(table_disagreement(&readme_table_modules(&host_rs)), None);
+    let mut swapped = all.clone();
+    swapped.swap(0, 1);
+    assert!(table_disagreement(&readme_table_modules(&table(&swapped))).is_some());
+    let missing: Vec<&str> = all.iter().copied().filter(|m| *m != "command").collect();
+    assert!(table_disagreement(&readme_table_modules(&table(&missing))).is_some());
+}
