@@ -1,9 +1,14 @@
-//! The scheduler's side of DRA consumable capacity (KEP-5075), for tests:
+//! The scheduler's side of DRA, for tests. Consumable capacity (KEP-5075):
 //! what a request consumes of a shared device under the device's request
 //! policy, whether it fits beside the shares already allocated, and the
-//! allocation the scheduler writes into the claim's status. Written from the
-//! API's documentation of `CapacityRequestPolicy` and `consumedCapacity`, not
-//! from the plugin's code: it judges the slices the plugin published.
+//! allocation the scheduler writes into the claim's status. Device classes:
+//! which published devices a class's CEL selectors select, that a
+//! `NoSchedule` taint keeps a device from new claims (KEP-5055), and the
+//! claim the scheduler makes for a pod's extended resource served by a
+//! class's `extendedResourceName` (KEP-5004). Written from the API's
+//! documentation (`CapacityRequestPolicy`, `consumedCapacity`,
+//! `CELDeviceSelector`, `DeviceTaint`, `DeviceClassSpec`), not from the
+//! plugin's or the leader's code: it judges what they published.
 
 use std::collections::BTreeMap;
 
@@ -110,4 +115,177 @@ pub fn allocation(
         "request": "gpu", "driver": "gpu.amd.com", "pool": pool, "device": device,
         "shareID": share_id, "consumedCapacity": consumed,
     }]}}}})
+}
+
+/// The `device` variable a class's CEL selector sees for `device`, a device
+/// of a slice of `driver`, as `CELDeviceSelector` documents it: `driver`,
+/// `attributes` by domain (a name without a domain is in the driver's),
+/// each as its plain value, and `capacity` likewise.
+pub fn cel_device(driver: &str, device: &Value) -> Value {
+    let mut attributes: BTreeMap<String, serde_json::Map<String, Value>> = BTreeMap::new();
+    for (name, attribute) in device["attributes"].as_object().into_iter().flatten() {
+        let (domain, id) = name.rsplit_once('/').unwrap_or((driver, name.as_str()));
+        let value = ["string", "int", "bool", "version"]
+            .iter()
+            .find_map(|kind| attribute.get(*kind).cloned())
+            .expect("an attribute has a value");
+        attributes
+            .entry(domain.to_owned())
+            .or_default()
+            .insert(id.to_owned(), value);
+    }
+    let capacity: serde_json::Map<String, Value> = device["capacity"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(name, c)| (name.clone(), c["value"].clone()))
+        .collect();
+    json!({"driver": driver, "attributes": attributes, "capacity": {driver: capacity}})
+}
+
+/// Whether every CEL selector of `class` selects `device` (a device of a
+/// slice of `driver`). A selector that does not evaluate to a bool is an
+/// error, as the API documents: it fails the allocation, it does not skip
+/// the device.
+pub fn selects(class: &Value, driver: &str, device: &Value) -> Result<bool, String> {
+    let variable = cel::to_value(cel_device(driver, device)).map_err(|e| e.to_string())?;
+    for selector in class["spec"]["selectors"].as_array().into_iter().flatten() {
+        let expression = selector["cel"]["expression"]
+            .as_str()
+            .ok_or("a selector without a CEL expression")?;
+        let program = cel::Program::compile(expression).map_err(|e| e.to_string())?;
+        let mut context = cel::Context::default();
+        context.add_variable_from_value("device", variable.clone());
+        match program.execute(&context) {
+            Ok(cel::Value::Bool(true)) => {}
+            Ok(cel::Value::Bool(false)) => return Ok(false),
+            Ok(other) => return Err(format!("{expression}: {other:?} is not a bool")),
+            Err(e) => return Err(format!("{expression}: {e}")),
+        }
+    }
+    Ok(true)
+}
+
+/// Whether a taint keeps `device` from new claims: any `NoSchedule` or
+/// `NoExecute` taint (the claims here tolerate none).
+pub fn tainted(device: &Value) -> bool {
+    device["taints"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|t| t["effect"] == "NoSchedule" || t["effect"] == "NoExecute")
+}
+
+/// Allocates `count` devices for a request of `class` from the published
+/// `slices`, skipping tainted devices and the `taken` ones: `(pool, device)`
+/// of each, in the slices' order, or why the request cannot be met.
+pub fn allocate(
+    slices: &[Value],
+    class: &Value,
+    count: usize,
+    taken: &[String],
+) -> Result<Vec<(String, String)>, String> {
+    let mut chosen = Vec::new();
+    for slice in slices {
+        let driver = slice["spec"]["driver"].as_str().expect("a slice's driver");
+        let pool = slice["spec"]["pool"]["name"].as_str().expect("a pool name");
+        for device in slice["spec"]["devices"].as_array().into_iter().flatten() {
+            let name = device["name"].as_str().expect("a device name");
+            if chosen.len() == count || taken.iter().any(|t| t == name) || tainted(device) {
+                continue;
+            }
+            if selects(class, driver, device)? {
+                chosen.push((pool.to_owned(), name.to_owned()));
+            }
+        }
+    }
+    if chosen.len() < count {
+        return Err(format!(
+            "{} of {count} devices of class {} are free and untainted",
+            chosen.len(),
+            class["metadata"]["name"]
+        ));
+    }
+    Ok(chosen)
+}
+
+/// KEP-5004: the class serving extended resource `resource`, of `classes`:
+/// the one with that `extendedResourceName` created last (ties: the name
+/// first in order), as `DeviceClassSpec` documents.
+pub fn class_serving<'a>(classes: &'a [Value], resource: &str) -> Option<&'a Value> {
+    classes
+        .iter()
+        .filter(|c| c["spec"]["extendedResourceName"] == resource)
+        .max_by(|a, b| {
+            let created = |c: &Value| {
+                c["metadata"]["creationTimestamp"]
+                    .as_str()
+                    .map(str::to_owned)
+            };
+            let name = |c: &Value| c["metadata"]["name"].as_str().map(str::to_owned);
+            created(a)
+                .cmp(&created(b))
+                .then_with(|| name(b).cmp(&name(a)))
+        })
+}
+
+/// The annotation on the claim the scheduler makes for a pod's extended
+/// resources (KEP-5004).
+pub const EXTENDED_RESOURCE_CLAIM_ANNOTATION: &str =
+    "resource.kubernetes.io/extended-resource-claim";
+
+/// KEP-5004: the special ResourceClaim the scheduler creates for `pod`'s
+/// `count` of `resource` in its first container, served by `class`, and the
+/// pod status that maps the container's request to it. The claim is named
+/// `<pod>-extended-resources-<suffix>`, owned by the pod, and its one request
+/// is `container-0-request-0`.
+pub fn extended_resource_claim(
+    pod: &Value,
+    class: &str,
+    resource: &str,
+    count: usize,
+) -> (Value, Value) {
+    let pod_name = pod["metadata"]["name"].as_str().expect("a pod name");
+    let name = format!("{pod_name}-extended-resources-x7k2p");
+    let request = "container-0-request-0";
+    let container = pod["spec"]["containers"][0]["name"]
+        .as_str()
+        .expect("a container");
+    let claim = json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {
+            "name": name,
+            "namespace": pod["metadata"]["namespace"],
+            "annotations": {EXTENDED_RESOURCE_CLAIM_ANNOTATION: "true"},
+            "ownerReferences": [{
+                "apiVersion": "v1", "kind": "Pod", "name": pod_name,
+                "uid": pod["metadata"]["uid"], "controller": true,
+            }],
+        },
+        "spec": {"devices": {"requests": [{"name": request, "exactly": {
+            "deviceClassName": class, "allocationMode": "ExactCount", "count": count,
+        }}]}},
+    });
+    let status = json!({"status": {"extendedResourceClaimStatus": {
+        "resourceClaimName": name,
+        "requestMappings": [{"containerName": container, "resourceName": resource, "requestName": request}],
+    }}});
+    (claim, status)
+}
+
+/// The allocation the scheduler writes for `request` of class `class`: the
+/// `devices`, `(pool, device)` of driver gpu.amd.com, and the pod it is
+/// reserved for.
+pub fn allocation_of(request: &str, devices: &[(String, String)], pod: &Value) -> Value {
+    let results: Vec<Value> = devices
+        .iter()
+        .map(|(pool, device)| {
+            json!({"request": request, "driver": "gpu.amd.com", "pool": pool, "device": device})
+        })
+        .collect();
+    json!({"status": {
+        "allocation": {"devices": {"results": results}},
+        "reservedFor": [{"resource": "pods", "name": pod["metadata"]["name"], "uid": pod["metadata"]["uid"]}],
+    }})
 }

@@ -1,0 +1,333 @@
+//! Extended resources served through DRA (KEP-5004), end to end: the real
+//! agent, leading, with DRA and device taints on, on a simulated host; the
+//! API emulator; the kubelet's DRA side (`support::dra_kubelet`) and a
+//! scheduler stand-in that reads the published DeviceClasses and slices as
+//! the API documents them (`support::dra_scheduler`).
+//!
+//! - A pod asking for `amd.com/gpu` gets its GPU through the class's
+//!   `extendedResourceName`; the kubelet does not report device health to
+//!   such a pod (kubernetes/kubernetes#139939), so the fault must reach it
+//!   through the device's taint and the Node condition, and both clear on
+//!   recovery.
+
+mod support;
+
+use std::time::Duration;
+
+use gpu_operator::agent::{self, AgentConfig, AgentError, LeaderConfig};
+use gpu_operator::cluster::ClusterConfig;
+use gpu_operator::cluster::lease::LeaseConfig;
+use gpu_operator::host::HostRoot;
+use gpu_operator::simulate::{self, SimSpec};
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::api::{Patch, PatchParams};
+use serde_json::{Value, json};
+use support::cluster::{self, NAMESPACE as NS, TestCluster};
+use support::dra_kubelet::DraKubelet;
+use support::dra_scheduler;
+use support::wait;
+use tokio_util::sync::CancellationToken;
+
+const NODE: &str = "gpu-node-1";
+
+/// One node whose agent also leads: the DeviceClasses are its leader's.
+struct Node {
+    cluster: TestCluster,
+    _dir: tempfile::TempDir,
+    host: HostRoot,
+    kubelet: DraKubelet,
+    shutdown: CancellationToken,
+    agent: Option<tokio::task::JoinHandle<Result<(), AgentError>>>,
+}
+
+impl Node {
+    /// The agent on a host of `spec`, its DeviceConfig enabling DRA, the
+    /// plugin registered with the kubelet and its slices published.
+    async fn start(spec: SimSpec) -> Self {
+        let cluster = TestCluster::start().await;
+        cluster.add_node(cluster::node(NODE, json!({})));
+        let dir = tempfile::tempdir().unwrap();
+        let host = HostRoot::new(dir.path().join("host"));
+        simulate::write_host(&host, &spec).unwrap();
+        let kubelet_dir = dir.path().join("kubelet");
+        std::fs::create_dir_all(kubelet_dir.join("device-plugins")).unwrap();
+        let config = AgentConfig {
+            node_name: NODE.into(),
+            namespace: None,
+            host: host.clone(),
+            cdi_dir: kubelet_dir.join("cdi"),
+            kubelet_dir: kubelet_dir.clone(),
+            // The default of `--dra-device-taints`.
+            dra_device_taints: true,
+            health_socket: None,
+            rescan_interval: Duration::from_millis(200),
+            sampling: Default::default(),
+            metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
+            test_commands: None,
+            leader: Some(LeaderConfig {
+                lease: LeaseConfig::new(NS, format!("{NODE}/pod-0")),
+                cluster: ClusterConfig {
+                    instance: NODE.into(),
+                    ..ClusterConfig::default()
+                },
+            }),
+            driver: support::bundles::no_modprobe(),
+        };
+        let shutdown = CancellationToken::new();
+        let agent = tokio::spawn(agent::run(cluster.client(), config, shutdown.clone()));
+        cluster
+            .apply_device_config("gpus", json!({"draDriver": {"enable": true}}))
+            .await;
+        let kubelet = DraKubelet::new(&kubelet_dir);
+        kubelet.register().await;
+        let node = Self {
+            cluster,
+            _dir: dir,
+            host,
+            kubelet,
+            shutdown,
+            agent: Some(agent),
+        };
+        node.eventually("the slices published", |n| !n.devices().is_empty())
+            .await;
+        node
+    }
+
+    /// This node's ResourceSlices.
+    fn slices(&self) -> Vec<Value> {
+        self.cluster
+            .list("resource.k8s.io/v1", "ResourceSlice")
+            .into_iter()
+            .filter(|s| s["spec"]["nodeName"] == NODE)
+            .collect()
+    }
+
+    /// Every published device of this node.
+    fn devices(&self) -> Vec<Value> {
+        self.slices()
+            .iter()
+            .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
+            .collect()
+    }
+
+    fn device(&self, name: &str) -> Value {
+        self.devices()
+            .into_iter()
+            .find(|d| d["name"] == name)
+            .unwrap_or_else(|| panic!("device {name} is not published"))
+    }
+
+    fn classes(&self) -> Vec<Value> {
+        self.cluster.list("resource.k8s.io/v1", "DeviceClass")
+    }
+
+    /// The Node's condition of `type_`, or null.
+    fn condition(&self, type_: &str) -> Value {
+        self.cluster.node(NODE)["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["type"] == type_)
+            .cloned()
+            .unwrap_or(Value::Null)
+    }
+
+    async fn eventually(&self, what: &str, check: impl Fn(&Self) -> bool) {
+        wait::eventually_explained(
+            what,
+            || check(self),
+            || {
+                format!(
+                    "slices: {:#}\nclasses: {:#?}\nnode conditions: {:#}",
+                    json!(self.slices()),
+                    self.classes(),
+                    self.cluster.node(NODE)["status"]["conditions"]
+                )
+            },
+        )
+        .await
+    }
+
+    /// Creates pod `name` on this node asking for `count` of extended
+    /// resource `resource` in its one container, as a manifest written for
+    /// the device plugin asks.
+    fn pod(&self, name: &str, resource: &str, count: usize) -> Value {
+        self.cluster
+            .create(json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": name, "namespace": NS},
+                "spec": {"nodeName": NODE, "containers": [{
+                    "name": "main", "image": "rocm/pytorch",
+                    "resources": {"limits": {resource: count.to_string()}},
+                }]},
+            }))
+            .expect("pod created")
+    }
+
+    /// Plays the scheduler for `pod`'s `count` of `resource`: the class
+    /// serving it, the special claim, its allocation (untainted devices the
+    /// class selects) and the pod's status; then the kubelet prepares the
+    /// claim. Returns the claim and the devices allocated.
+    async fn schedule(&self, pod: &Value, resource: &str, count: usize) -> (Value, Vec<String>) {
+        let classes = self.classes();
+        let class = dra_scheduler::class_serving(&classes, resource)
+            .unwrap_or_else(|| panic!("no DeviceClass serves {resource}: {classes:#?}"));
+        let class_name = class["metadata"]["name"].as_str().unwrap();
+        let (claim, pod_status) =
+            dra_scheduler::extended_resource_claim(pod, class_name, resource, count);
+        let claim = self
+            .cluster
+            .create(claim)
+            .expect("the special claim created");
+        let devices = dra_scheduler::allocate(&self.slices(), class, count, &[])
+            .expect("the class has devices for the pod");
+        let name = claim["metadata"]["name"].as_str().unwrap();
+        let claims: Api<k8s_openapi::api::resource::v1::ResourceClaim> =
+            Api::namespaced(self.cluster.client(), NS);
+        let request = &claim["spec"]["devices"]["requests"][0]["name"];
+        claims
+            .patch_status(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(dra_scheduler::allocation_of(
+                    request.as_str().unwrap(),
+                    &devices,
+                    pod,
+                )),
+            )
+            .await
+            .expect("the claim allocated");
+        let pods: Api<Pod> = Api::namespaced(self.cluster.client(), NS);
+        pods.patch_status(
+            pod["metadata"]["name"].as_str().unwrap(),
+            &PatchParams::default(),
+            &Patch::Merge(pod_status),
+        )
+        .await
+        .expect("the pod's extended resource claim status");
+        let uid = claim["metadata"]["uid"].as_str().unwrap();
+        let answer = self.kubelet.prepare(&[(NS, uid, name)]).await;
+        assert_eq!(answer.claims[uid].error, "", "{answer:?}");
+        (claim, devices.into_iter().map(|(_, d)| d).collect())
+    }
+
+    /// What a person can follow from `pod`: its status names the special
+    /// claim, the claim names the device, the device's slice carries its
+    /// taints. The taint keys on each device the pod holds.
+    fn taints_seen_from(&self, pod: &str) -> Vec<Vec<String>> {
+        let pod = self.cluster.get("v1", "Pod", NS, pod).expect("the pod");
+        let claim_name = pod["status"]["extendedResourceClaimStatus"]["resourceClaimName"]
+            .as_str()
+            .expect("the pod names its extended resource claim")
+            .to_owned();
+        let claim = self
+            .cluster
+            .get("resource.k8s.io/v1", "ResourceClaim", NS, &claim_name)
+            .expect("the claim");
+        claim["status"]["allocation"]["devices"]["results"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|r| {
+                let device = self.device(r["device"].as_str().unwrap());
+                device["taints"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|t| {
+                        format!(
+                            "{}:{}",
+                            t["key"].as_str().unwrap(),
+                            t["effect"].as_str().unwrap()
+                        )
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    async fn stop(&mut self) {
+        self.shutdown.cancel();
+        if let Some(agent) = self.agent.take() {
+            wait::within("the agent stops", agent)
+                .await
+                .expect("no panic")
+                .expect("a clean stop");
+        }
+    }
+}
+
+/// kubernetes/kubernetes#139939: a pod whose `amd.com/gpu` is served by DRA
+/// through the class's `extendedResourceName` gets no device health from
+/// the kubelet. The fault reaches it through the taint on the device it
+/// holds and through the Node condition; the scheduler gives the sick GPU
+/// to no new pod; recovery clears both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gpu_fault_reaches_a_pod_served_through_the_extended_resource_and_clears() {
+    let mut node = Node::start(SimSpec::new("mi210", Some(2), None).unwrap()).await;
+    node.eventually("the leader's class serves amd.com/gpu", |n| {
+        dra_scheduler::class_serving(&n.classes(), "amd.com/gpu").is_some()
+    })
+    .await;
+
+    let pod = node.pod("trainer", "amd.com/gpu", 1);
+    let (claim, held) = node.schedule(&pod, "amd.com/gpu", 1).await;
+    assert_eq!(
+        claim["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"],
+        "gpu.amd.com"
+    );
+    assert_eq!(node.taints_seen_from("trainer"), vec![Vec::<String>::new()]);
+    assert!(
+        node.condition("AMDGPUUnhealthy").is_null()
+            || node.condition("AMDGPUUnhealthy")["status"] == "False",
+        "{:#}",
+        node.condition("AMDGPUUnhealthy")
+    );
+
+    // An uncorrectable ECC error on the GPU the pod holds.
+    let held_device = node.device(&held[0]);
+    let bdf = held_device["attributes"]["resource.kubernetes.io/pciBusID"]["string"]
+        .as_str()
+        .expect("the device's PCI address")
+        .to_owned();
+    simulate::set_ecc_counts(&node.host, &bdf, "umc", 7, 0).unwrap();
+    node.eventually("the pod's device tainted", |n| {
+        n.taints_seen_from("trainer") == vec![vec!["gpu.amd.com/unhealthy:NoSchedule".to_owned()]]
+    })
+    .await;
+    node.eventually("the Node condition names the GPU", |n| {
+        let c = n.condition("AMDGPUUnhealthy");
+        c["status"] == "True" && c["message"].as_str().is_some_and(|m| m.contains(&bdf))
+    })
+    .await;
+    // The other GPU stays untainted, and a new pod gets only that one.
+    let untainted: Vec<String> = node
+        .devices()
+        .iter()
+        .filter(|d| !dra_scheduler::tainted(d))
+        .filter_map(|d| d["name"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(untainted.len(), 1, "{untainted:?}");
+    assert_ne!(untainted[0], held[0]);
+    let classes = node.classes();
+    let class = dra_scheduler::class_serving(&classes, "amd.com/gpu").unwrap();
+    let refused = dra_scheduler::allocate(&node.slices(), class, 2, &[]).unwrap_err();
+    assert!(refused.contains("1 of 2"), "{refused}");
+    assert_eq!(
+        dra_scheduler::allocate(&node.slices(), class, 1, &[]).unwrap(),
+        vec![(NODE.to_owned(), untainted[0].clone())]
+    );
+
+    // Recovery: the taint and the condition clear.
+    simulate::set_ecc_counts(&node.host, &bdf, "umc", 0, 0).unwrap();
+    node.eventually("the taint removed", |n| {
+        n.taints_seen_from("trainer") == vec![Vec::<String>::new()]
+    })
+    .await;
+    node.eventually("the condition cleared", |n| {
+        n.condition("AMDGPUUnhealthy")["status"] == "False"
+    })
+    .await;
+    node.stop().await;
+}
