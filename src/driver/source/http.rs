@@ -7,8 +7,8 @@
 use std::io;
 use std::path::Path;
 
+use super::location::{FetchLimits, redact, resolve_redirect, too_big};
 use super::names::hex;
-use super::tarball::{FetchLimits, redact, resolve_redirect, too_big};
 use super::{SourceError, store_error, write_error};
 use crate::driver::space::DiskBudget;
 

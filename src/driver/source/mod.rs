@@ -43,18 +43,17 @@
 
 mod http;
 mod image;
+mod location;
 mod names;
 mod store;
 mod tarball;
 mod unpack;
 
 pub use image::{IMAGE_FIRMWARE, IMAGE_MODULES, ImageImport, amdgpu_closure, import_image};
+pub use location::{FetchLimits, Location, parse_location, redact, resolve_redirect};
 pub use names::{ImageTag, bundle_name, parse_image_tag, parse_sha256};
 pub use store::{already_fetched, read_marker};
-pub use tarball::{
-    FetchLimits, FetchOptions, Location, Outcome, TarballSource, ensure_fetched, fetch_tarball,
-    parse_location, redact, resolve_redirect,
-};
+pub use tarball::{FetchOptions, Outcome, TarballSource, ensure_fetched, fetch_tarball};
 pub use unpack::{Compression, EntryKind, entry_kind, entry_path};
 
 use std::io;

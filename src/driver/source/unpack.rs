@@ -8,7 +8,7 @@
 use std::io::{self, BufRead, Read, Write};
 use std::path::Path;
 
-use super::tarball::FetchLimits;
+use super::location::FetchLimits;
 use super::{SourceError, store_error, write_error};
 use crate::driver::bundle::{MAX_FILE_BYTES, Refusal};
 use crate::driver::space::DiskBudget;
