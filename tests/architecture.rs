@@ -85,13 +85,11 @@ const TEST_FIXTURES: &[&str] = &["simulate"];
 const KNOWN_UPWARD: &[(&str, &str, &str)] = &[];
 
 /// Loops between files of one module that are known and due to go, each as
-/// [`file_loops`] reports it without the member list: `(loop, why)`. Each
-/// must still occur (a stale entry fails), so the list only shrinks.
-const KNOWN_LOOPS: &[(&str, &str)] = &[(
-    "cluster/partitioner.rs:32 -> cluster/reconcile.rs:295 -> cluster/partitioner.rs",
-    "reconcile.rs calls the executors and defines the Context and Error they \
-     import back (issue 37, item 1)",
-)];
+/// [`file_loops`] reports it without the member list and without line
+/// numbers (`cluster/a.rs -> cluster/b.rs -> cluster/a.rs`), so that an edit
+/// elsewhere in a file does not stale it: `(loop, why)`. Each must still
+/// occur (a stale entry fails), so the list only shrinks.
+const KNOWN_LOOPS: &[(&str, &str)] = &[];
 
 /// One reference from a file to another top-level module.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -751,12 +749,37 @@ fn src_follows_the_module_order() {
     }
 }
 
+/// A loop as [`file_loops`] reports it, with `:line` after each file dropped.
+fn without_line_numbers(reported: &str) -> String {
+    reported
+        .split(" -> ")
+        .map(|step| match step.split_once(".rs:") {
+            Some((file, rest)) => {
+                let tail = rest.trim_start_matches(|c: char| c.is_ascii_digit());
+                format!("{file}.rs{tail}")
+            }
+            None => step.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join(" -> ")
+}
+
+#[test]
+fn known_loops_are_matched_without_line_numbers() {
+    assert_eq!(
+        without_line_numbers(
+            "cluster/partitioner.rs:32 -> cluster/reconcile.rs:295 -> cluster/partitioner.rs (all in the loop: a, b)"
+        ),
+        "cluster/partitioner.rs -> cluster/reconcile.rs -> cluster/partitioner.rs (all in the loop: a, b)"
+    );
+}
+
 #[test]
 fn src_has_no_import_loop_inside_a_module() {
     let mut loops = file_loops(&crate_sources());
     for (known, why) in KNOWN_LOOPS {
         let before = loops.len();
-        loops.retain(|l| !l.starts_with(&format!("{known} (")));
+        loops.retain(|l| !without_line_numbers(l).starts_with(&format!("{known} (")));
         assert!(
             loops.len() < before,
             "{known} is listed in KNOWN_LOOPS ({why}) but no longer occurs: remove it"

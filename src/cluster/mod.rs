@@ -12,6 +12,7 @@
 //! This module must not do node work: the agent on each node does that, and the
 //! leader only reads what agents report.
 
+pub mod context;
 pub mod drain;
 pub mod lease;
 pub mod node_cache;
@@ -20,6 +21,7 @@ pub mod reconcile;
 pub mod remediator;
 pub mod resources;
 pub mod status;
+pub mod term;
 pub mod upgrade;
 pub mod upgrader;
 
@@ -42,9 +44,10 @@ use tokio_util::sync::CancellationToken;
 use crate::api::DeviceConfig;
 use crate::api::agent_status::STATUS_ANNOTATION;
 use crate::api::driver_upgrade::RECORD_ANNOTATION;
+use context::{Context, Stats};
 use lease::LeaderGuard;
-use reconcile::{Context, Stats, error_policy};
-use upgrader::Upgrades;
+use reconcile::error_policy;
+use term::{Remediations, Upgrades};
 
 /// Tunables of the leader's reconciler.
 #[derive(Clone, Debug)]
@@ -346,7 +349,7 @@ pub async fn reconcile_until_cancelled(
     let mut context = Context::new(client, nodes, configs.clone(), guard, recorder);
     context.upgrades = Upgrades::new(config.upgrade_timeouts);
     context.drains = drains;
-    context.remediations = remediator::Remediations::new(config.remediation_confirm);
+    context.remediations = Remediations::new(config.remediation_confirm);
     context.status_interval = config.status_interval;
     context.teardown_timeout = config.teardown_timeout;
     context.stats = stats;

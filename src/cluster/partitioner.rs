@@ -23,18 +23,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Taint};
+use kube::ResourceExt;
 use kube::runtime::events::EventType;
-use kube::{Api, ResourceExt};
 
+use super::context::{Context, Error, guarded, node_error, node_event_for};
 use super::drain::DrainOutcome;
 use super::drain::DrainPolicy;
 use super::drain::Purpose;
-use super::reconcile::{Context, Error};
-use super::upgrader::{guarded, node_error, node_event_for};
 use crate::api::agent_status::ConfigKey;
 use crate::api::semantics::Operand;
 use crate::api::{DeviceConfig, DrainSpec};
-use crate::node_writer::{Concern, CordonIntent, NodeIntent, NodeWriter};
+use crate::node_writer::{Concern, CordonIntent, NodeIntent};
 use crate::partition::state::{
     LeaderStep, Phase, RECORD_ANNOTATION, REFERENCE_TAINT_KEY, REFERENCE_TAINT_VALUE, Record,
     State, TAINT_KEY, leader_step,
@@ -294,7 +293,7 @@ fn has_reference_taint(node: &Node) -> bool {
 /// Puts the reference's taint on (`on`) or lifts it; the cordon stays as
 /// it is.
 async fn set_reference_taint(ctx: &Context, name: &str, on: bool) -> Result<(), Error> {
-    let writer = NodeWriter::new(Api::all(ctx.client.clone()), name.to_owned());
+    let writer = ctx.node_writer(name);
     let intent = CordonIntent {
         unschedulable: None,
         taints: vec![reference_taint()],
@@ -319,7 +318,7 @@ async fn cordon(
     on: bool,
     uncordon: bool,
 ) -> Result<(), Error> {
-    let writer = NodeWriter::new(Api::all(ctx.client.clone()), name.to_owned());
+    let writer = ctx.node_writer(name);
     let intent = CordonIntent {
         unschedulable: if on {
             Some(true)
@@ -342,7 +341,7 @@ async fn cordon(
 /// Makes the Node's record `record` (none: removed).
 async fn write_record(ctx: &Context, node: &Node, record: Option<&Record>) -> Result<(), Error> {
     let name = node.name_any();
-    let writer = NodeWriter::new(Api::all(ctx.client.clone()), name.clone());
+    let writer = ctx.node_writer(&name);
     let intent = NodeIntent {
         annotations: record
             .map(|r| BTreeMap::from([(RECORD_ANNOTATION.to_owned(), r.to_json())]))

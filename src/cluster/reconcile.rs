@@ -4,238 +4,32 @@
 //! `resources` and `upgrade`; this file and `upgrader` do the I/O, and every
 //! write first asks the [`LeaderGuard`] whether the lease is still held.
 
-use std::collections::{BTreeSet, HashMap};
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::time::Duration;
 
-use crate::events::SeriesRecorder;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Secret, Service};
 use k8s_openapi::api::resource::v1::DeviceClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams};
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType};
-use kube::runtime::reflector::{ObjectRef, Store};
-use kube::{Api, Client, Resource, ResourceExt};
+use kube::runtime::events::EventType;
+use kube::runtime::reflector::Store;
+use kube::{Api, ResourceExt};
 use serde_json::json;
 use tokio::time::Instant;
 
+use super::context::{Context, Error, kube_err};
+#[cfg(test)]
 use super::lease::LeaderGuard;
 use super::resources::{self, metrics_service, service_monitor};
 use super::status::{NodeView, Problems, desired_status, status_changed};
-use super::upgrade::Timeouts;
-use super::upgrader::{self, Upgrades};
+use super::upgrader;
 use crate::api::agent_status::ConfigKey;
 use crate::api::field_manager;
 use crate::api::{DeviceConfig, Operand, validate};
 
 pub const FINALIZER: &str = "amd.node.kubernetes.io/deviceconfig-finalizer";
-/// How long a reconcile waits for the Node cache's first list before it
-/// tries again later.
-const NODES_LISTED_WITHIN: Duration = Duration::from_secs(10);
-
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("not the leader any more; write skipped")]
-    NotLeader,
-    /// The lease is held but close to its expiry: a write started now might
-    /// land after a successor took over. Tried again after the renewal.
-    #[error("the lease is about to be renewed; write postponed")]
-    LeaseRenewalDue,
-    #[error("{action} {object}: {source}")]
-    Kube {
-        action: &'static str,
-        object: String,
-        #[source]
-        source: kube::Error,
-    },
-    #[error("driver upgrade of node {node}: {source}")]
-    Node {
-        node: String,
-        #[source]
-        source: Box<crate::node_writer::NodeWriteError>,
-    },
-    #[error("{config}: a node could not be released from its driver upgrade yet")]
-    Release { config: String },
-}
-
-fn kube_err(action: &'static str, object: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
-    let object = object.into();
-    move |source| Error::Kube {
-        action,
-        object,
-        source,
-    }
-}
-
-/// Everything a reconcile needs besides the DeviceConfig itself.
-pub struct Context {
-    pub client: Client,
-    pub nodes: Store<Node>,
-    pub configs: Store<DeviceConfig>,
-    pub guard: LeaderGuard,
-    pub recorder: SeriesRecorder,
-    /// Minimum time between two status writes of one DeviceConfig.
-    pub status_interval: Duration,
-    /// How long deletion waits for agents on NotReady nodes to tear down.
-    pub teardown_timeout: Duration,
-    last_status_write: Mutex<HashMap<ConfigKey, Instant>>,
-    /// Counts reconciles and writes, for tests, benchmarks and metrics.
-    pub stats: Arc<Stats>,
-    /// The owned Services the leader watches, and the namespace watched (`None`:
-    /// all). Outside it, nothing is known and deletes are simply sent.
-    pub owned_services: Option<(Store<Service>, Option<String>)>,
-    /// The agents' namespace, where the metrics Service and ServiceMonitor
-    /// of every DeviceConfig are kept (see [`resources::owned_namespace`]);
-    /// `None`: each DeviceConfig's own.
-    pub operator_namespace: Option<String>,
-    /// Look up the Secrets a DeviceConfig names too (see
-    /// [`super::ClusterConfig::check_secret_references`]).
-    pub check_secret_references: bool,
-    /// This term's driver upgrades: the records written.
-    pub upgrades: Upgrades,
-    /// This term's drains, of upgrades, partition changes and remediation.
-    pub drains: super::drain::Drains,
-    /// This term's remediation notices and pace.
-    pub remediations: super::remediator::Remediations,
-    /// The Node cache has finished its first list (see [`Context::nodes_ready`]).
-    nodes_listed: std::sync::atomic::AtomicBool,
-    /// Whether this term last made the DRA DeviceClass exist (`true`) or
-    /// not, and when; `None` until it first looked. Spares a read per
-    /// reconcile.
-    device_class: Mutex<Option<(bool, Instant)>>,
-}
-
-#[derive(Debug, Default)]
-pub struct Stats {
-    pub reconciles: std::sync::atomic::AtomicU64,
-    pub status_writes: std::sync::atomic::AtomicU64,
-}
-
-impl Context {
-    pub fn new(
-        client: Client,
-        nodes: Store<Node>,
-        configs: Store<DeviceConfig>,
-        guard: LeaderGuard,
-        recorder: SeriesRecorder,
-    ) -> Self {
-        // Without a caller's own (see `super::reconcile_until_cancelled`),
-        // drains evict through the main client and wake nobody early.
-        let (drains, _) = super::drain::Drains::new(client.clone());
-        let upgrades = Upgrades::new(Timeouts::default());
-        Self {
-            client,
-            nodes,
-            configs,
-            guard,
-            recorder,
-            status_interval: Duration::from_secs(1),
-            teardown_timeout: Duration::from_secs(300),
-            last_status_write: Mutex::new(HashMap::new()),
-            stats: Arc::default(),
-            owned_services: None,
-            operator_namespace: None,
-            check_secret_references: false,
-            upgrades,
-            drains,
-            remediations: super::remediator::Remediations::default(),
-            nodes_listed: std::sync::atomic::AtomicBool::new(false),
-            device_class: Mutex::new(None),
-        }
-    }
-
-    /// True when the owned-Service cache covers `namespace`, has finished its
-    /// first list, and holds no Service `name` there.
-    async fn service_known_absent(&self, namespace: &str, name: &str) -> bool {
-        let Some((store, watched)) = &self.owned_services else {
-            return false;
-        };
-        if watched.as_deref().is_some_and(|w| w != namespace) {
-            return false;
-        }
-        let ready = tokio::time::timeout(Duration::from_secs(5), store.wait_until_ready()).await;
-        matches!(ready, Ok(Ok(()))) && store.get(&ObjectRef::new(name).within(namespace)).is_none()
-    }
-
-    /// Waits (a bounded while) for the Node cache's first list; false when
-    /// it has not come. Until then the cache holds only some Nodes, or none:
-    /// status would count too few, teardown would wait for too few agents,
-    /// and an upgrade would take every node it does not see for one that
-    /// left.
-    async fn wait_for_nodes(&self) -> bool {
-        if self.nodes_ready() {
-            return true;
-        }
-        let listed = tokio::time::timeout(NODES_LISTED_WITHIN, self.nodes.wait_until_ready()).await;
-        let ready = matches!(listed, Ok(Ok(())));
-        self.nodes_listed
-            .store(ready, std::sync::atomic::Ordering::Relaxed);
-        ready
-    }
-
-    /// The Node cache has finished its first list.
-    pub fn nodes_ready(&self) -> bool {
-        self.nodes_listed.load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    fn check_leader(&self) -> Result<(), Error> {
-        if self.guard.is_held() {
-            Ok(())
-        } else {
-            Err(Error::NotLeader)
-        }
-    }
-
-    /// Sends one leader write: only while the lease is held, and never past its
-    /// local expiry. kube's client retries 429, 503 and 504 on its own, with
-    /// backoff of up to minutes, and waits for as long as the server takes to
-    /// answer; the deadline drops such a write once the lease has lapsed, since a
-    /// standby may be leading by then.
-    pub(super) async fn leader_write<T>(
-        &self,
-        action: &'static str,
-        object: &(impl std::fmt::Display + ?Sized),
-        write: impl Future<Output = Result<T, kube::Error>>,
-    ) -> Result<T, Error> {
-        let deadline = self.guard.deadline().ok_or(Error::NotLeader)?;
-        match tokio::time::timeout_at(deadline, write).await {
-            Ok(result) => result.map_err(kube_err(action, object.to_string())),
-            Err(_) => Err(Error::NotLeader),
-        }
-    }
-
-    /// Records an Event about `dc` (while leading).
-    pub(super) async fn dc_event(
-        &self,
-        dc: &DeviceConfig,
-        type_: EventType,
-        reason: &str,
-        note: String,
-    ) {
-        self.event(dc, type_, reason, note).await;
-    }
-
-    async fn event(&self, dc: &DeviceConfig, type_: EventType, reason: &str, note: String) {
-        let event = Event {
-            type_,
-            reason: reason.into(),
-            note: Some(note),
-            action: "Reconcile".into(),
-            secondary: None,
-        };
-        let reference = dc.object_ref(&());
-        let publish = self.recorder.publish(&event, &reference);
-        match self
-            .leader_write("recording an Event about", &ConfigKey::of(dc), publish)
-            .await
-        {
-            Ok(()) => {}
-            Err(Error::NotLeader) => tracing::debug!("Event dropped: not leading any more"),
-            Err(e) => tracing::warn!(error = %e, "cannot record Event"),
-        }
-    }
-}
 
 /// Reconciles one DeviceConfig.
 pub async fn reconcile(dc: Arc<DeviceConfig>, ctx: Arc<Context>) -> Result<Action, Error> {
@@ -863,6 +657,7 @@ async fn tear_down(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::events::SeriesRecorder;
 
     fn status(ready: &str, reason: &str, message: &str) -> crate::api::DeviceConfigStatus {
         serde_json::from_value(json!({"conditions": [{

@@ -19,8 +19,8 @@
 //! decide (the plan does) and writes Nodes only through
 //! [`crate::node_writer`].
 
-use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Taint};
@@ -28,17 +28,17 @@ use k8s_openapi::jiff::Timestamp;
 use kube::runtime::events::EventType;
 use kube::{Api, ResourceExt};
 
+use super::context::{Context, Error, guarded, node_error, node_event_for};
 use super::drain::DrainOutcome;
 use super::drain::DrainPolicy;
 use super::drain::Purpose;
-use super::reconcile::{Context, Error};
-use super::upgrader::{guarded, node_error, node_event_for};
+use super::term::CREATE_AGAIN_AFTER;
 use crate::api::agent_status::{AgentStatus, ConfigKey, STATUS_ANNOTATION};
 use crate::api::remediation_status::{self, RunEntry, Runs};
 use crate::api::syntax::parse_count_or_percent;
 use crate::api::{DeviceConfig, DrainSpec, RemediationWorkflowSpec};
 use crate::driver::condition::gpus_pending;
-use crate::node_writer::{Concern, CordonIntent, NodeIntent, NodeWriter};
+use crate::node_writer::{Concern, CordonIntent, NodeIntent};
 use crate::remediation::mapping::CONFIGMAP_KEY;
 use crate::remediation::plan::{
     self, ABORT_LABEL, Answer, BREAKER_ANNOTATION, BREAKER_WINDOW_ANNOTATION, Breaker, Candidate,
@@ -47,49 +47,6 @@ use crate::remediation::plan::{
     Policy,
 };
 use crate::remediation::{Mapping, Phase, RECORD_ANNOTATION, Record};
-
-/// What this leadership term remembers of remediation: the confirmation
-/// pace, and which notices it gave already (dry-run and breaker Events are
-/// given once per term and cause, not at every reconcile).
-#[derive(Debug, Default)]
-pub struct Remediations {
-    pub confirm: Confirm,
-    noticed: Mutex<HashSet<String>>,
-    /// Per DeviceConfig, the runs this term last wrote to the namespace's
-    /// RemediationWorkflowStatus: unchanged runs cost no request.
-    written_runs: Mutex<HashMap<ConfigKey, Runs>>,
-    /// Per namespace, when to try creating the RemediationWorkflowStatus
-    /// again after a create failed (its CRD not installed, say).
-    create_again: Mutex<HashMap<String, std::time::Instant>>,
-}
-
-/// How long a failed create of the RemediationWorkflowStatus is not tried
-/// again: a missing CRD costs one request per namespace this often.
-const CREATE_AGAIN_AFTER: Duration = Duration::from_secs(300);
-
-impl Remediations {
-    pub fn new(confirm: Confirm) -> Self {
-        Self {
-            confirm,
-            ..Self::default()
-        }
-    }
-
-    /// True the first time `key` is noticed in this term.
-    fn first_notice(&self, key: String) -> bool {
-        self.noticed
-            .lock()
-            .map(|mut n| n.insert(key))
-            .unwrap_or(false)
-    }
-
-    /// Forgets the notices starting with `prefix`: their cause went.
-    fn forget(&self, prefix: &str) {
-        if let Ok(mut noticed) = self.noticed.lock() {
-            noticed.retain(|k| !k.starts_with(prefix));
-        }
-    }
-}
 
 /// What remediation contributes to the DeviceConfig's status.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -847,7 +804,7 @@ async fn carry_out(
         DrainOrder::Stop => ctx.drains.stop(&name, Purpose::Remediation),
         DrainOrder::Keep => {}
     }
-    let writer = NodeWriter::new(Api::all(ctx.client.clone()), name.clone());
+    let writer = ctx.node_writer(&name);
     for label in &decision.consume {
         guarded(
             ctx,
@@ -898,7 +855,7 @@ pub async fn release_all(
 }
 
 async fn set_taints(ctx: &Context, name: &str, taints: &[Taint], on: bool) -> Result<(), Error> {
-    let writer = NodeWriter::new(Api::all(ctx.client.clone()), name.to_owned());
+    let writer = ctx.node_writer(name);
     let intent = CordonIntent {
         unschedulable: None,
         taints: taints.to_vec(),
@@ -919,7 +876,7 @@ async fn write_record(
     rw: &RemediationWorkflowSpec,
 ) -> Result<(), Error> {
     let name = node.name_any();
-    let writer = NodeWriter::new(Api::all(ctx.client.clone()), name.clone());
+    let writer = ctx.node_writer(&name);
     let quarantined = record.run.as_ref().is_some_and(|r| r.quarantined);
     let intent = NodeIntent {
         annotations: record

@@ -39,18 +39,18 @@
 //! through [`crate::node_writer`], each write checked against the lease.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Taint};
 use k8s_openapi::jiff::Timestamp;
-use kube::runtime::events::{Event, EventType};
-use kube::{Api, Resource, ResourceExt};
+use kube::ResourceExt;
+use kube::runtime::events::EventType;
 
+use super::context::{Context, Error, guarded, node_error, node_event_for};
 use super::drain::{DrainPolicy, Purpose};
-use super::reconcile::{Context, Error};
-use super::upgrade::{self, Action, Decision, DrainOutcome, NodeFacts, Policy, Timeouts};
+use super::upgrade::{self, Action, Decision, DrainOutcome, NodeFacts, Policy};
 use crate::api::agent_status::{
     AgentStatus, ConfigKey, DriverLoadState, ModuleOrigin, STATUS_ANNOTATION,
 };
@@ -65,81 +65,6 @@ use crate::node_writer::{Concern, CordonIntent, NodeIntent, NodeWriteError, Node
 const CONCURRENT_NODES: usize = 16;
 /// When to look again after a write failed.
 const RETRY_AFTER: Duration = Duration::from_secs(5);
-
-/// The upgrade work of one leadership term: the records it wrote (its
-/// drains are [`super::drain::Drains`]).
-pub struct Upgrades {
-    /// Node → the record this term last wrote, or tried to.
-    written: Mutex<HashMap<String, Written>>,
-    pub timeouts: Timeouts,
-}
-
-/// A record this term wrote, or tried to write.
-#[derive(Clone, Debug)]
-struct Written {
-    /// `None`: removed.
-    record: Option<UpgradeRecord>,
-    /// The API server said it took the write. An unconfirmed write (no
-    /// answer, a dropped connection) may have landed: it counts as written
-    /// for deciding, so that a node maybe picked counts as busy, and is sent
-    /// again.
-    confirmed: bool,
-}
-
-impl Upgrades {
-    /// The upgrade state of a new term.
-    pub fn new(timeouts: Timeouts) -> Self {
-        Self {
-            written: Mutex::new(HashMap::new()),
-            timeouts,
-        }
-    }
-
-    fn written(&self, node: &str) -> Option<Written> {
-        self.written.lock().ok().and_then(|w| w.get(node).cloned())
-    }
-
-    /// The record to decide on for `node`: the one this term wrote (or
-    /// tried to) last, else the Node's own.
-    fn record_of(&self, node: &Node) -> Option<UpgradeRecord> {
-        match self.written(&node.name_any()) {
-            Some(written) => written.record,
-            None => UpgradeRecord::of_annotations(node.annotations()),
-        }
-    }
-
-    /// Whether `record` must be written to `node`: it is not what the
-    /// decision started from, or a write of it was not confirmed.
-    fn needs_write(
-        &self,
-        node: &str,
-        current: Option<&UpgradeRecord>,
-        record: &UpgradeRecord,
-    ) -> bool {
-        current != Some(record)
-            || self
-                .written(node)
-                .is_some_and(|w| !w.confirmed && w.record.as_ref() == Some(record))
-    }
-
-    fn remember(&self, node: &str, record: Option<UpgradeRecord>, confirmed: bool) {
-        if let Ok(mut written) = self.written.lock() {
-            written.insert(node.to_owned(), Written { record, confirmed });
-        }
-    }
-
-    /// A write to `node` got no answer and is to be sent again.
-    fn unconfirmed(&self, node: &str) -> bool {
-        self.written(node).is_some_and(|w| !w.confirmed)
-    }
-
-    /// Forgets what this term wrote to `node`: its Node is read again.
-    fn forget(&self, node: &str) {
-        if let Ok(mut written) = self.written.lock() {
-            written.remove(node);
-        }
-    }
-}
 
 /// The upgrade taint, as the reference writes it.
 pub fn upgrade_taint() -> Taint {
@@ -569,7 +494,7 @@ async fn carry_out(
     // Only a DeviceConfig that rolls upgrades gets here; its version names
     // the target in the Events.
     let target = target_of(dc).unwrap_or("driver.version");
-    let writer = NodeWriter::new(Api::all(ctx.client.clone()), name.clone());
+    let writer = ctx.node_writer(&name);
     let current = ctx.upgrades.record_of(node);
     let mut record = next_record(key, current.as_ref(), facts, decision, now);
     let releasing = decision.actions.iter().find_map(|a| match a {
@@ -672,43 +597,6 @@ fn refused_for_good(e: &NodeWriteError) -> bool {
     )
 }
 
-/// How long before the lease's expiry no upgrade write is started: one that
-/// is already sent is cut off at the expiry, but a write the server received
-/// may still land after it, when a successor may already lead.
-const LEASE_MARGIN: Duration = Duration::from_secs(2);
-
-/// Runs one Node write while the lease is held, starting it only well
-/// before the lease's expiry and cutting it off before it. The outer error
-/// is leadership lost; the inner one the write's.
-pub(super) async fn guarded<T>(
-    ctx: &Context,
-    node: &str,
-    write: impl Future<Output = Result<T, NodeWriteError>>,
-) -> Result<Result<T, NodeWriteError>, Error> {
-    let deadline = ctx.guard.deadline().ok_or(Error::NotLeader)?;
-    let cutoff = deadline
-        .checked_sub(LEASE_MARGIN)
-        .filter(|c| *c > tokio::time::Instant::now())
-        .ok_or(Error::LeaseRenewalDue)?;
-    tracing::trace!(node, "upgrade write");
-    tokio::time::timeout_at(cutoff, write).await.map_err(|_| {
-        // Cut off, but the lease may well have been renewed meanwhile: try
-        // again soon rather than wait for another change.
-        if ctx.guard.is_held() {
-            Error::LeaseRenewalDue
-        } else {
-            Error::NotLeader
-        }
-    })
-}
-
-pub(super) fn node_error(node: &str, e: NodeWriteError) -> Error {
-    Error::Node {
-        node: node.to_owned(),
-        source: Box::new(e),
-    }
-}
-
 /// Whether a failed write may still have been applied: no answer came (a
 /// transport error), as opposed to a refusal.
 fn maybe_applied(e: &NodeWriteError) -> bool {
@@ -805,7 +693,7 @@ pub async fn release_all(
 
 /// [`release_all`] for one node.
 async fn release(key: &ConfigKey, name: &str, ctx: &Context) -> Result<(), Error> {
-    let writer = NodeWriter::new(Api::all(ctx.client.clone()), name.to_owned());
+    let writer = ctx.node_writer(name);
     let fresh = guarded(ctx, name, writer.read())
         .await?
         .map_err(|e| node_error(name, e))?;
@@ -841,33 +729,6 @@ async fn release(key: &ConfigKey, name: &str, ctx: &Context) -> Result<(), Error
 /// Records an Event about `node` (a failure to record one is logged).
 async fn node_event(ctx: &Context, node: &Node, type_: EventType, reason: &str, note: String) {
     node_event_for(ctx, node, "DriverUpgrade", type_, reason, note).await
-}
-
-/// Records an Event about `node` for `action` (a failure is logged).
-pub(super) async fn node_event_for(
-    ctx: &Context,
-    node: &Node,
-    action: &str,
-    type_: EventType,
-    reason: &str,
-    note: String,
-) {
-    let event = Event {
-        type_,
-        reason: reason.to_owned(),
-        note: Some(note),
-        action: action.to_owned(),
-        secondary: None,
-    };
-    let reference = node.object_ref(&());
-    let Some(deadline) = ctx.guard.deadline() else {
-        return;
-    };
-    match tokio::time::timeout_at(deadline, ctx.recorder.publish(&event, &reference)).await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => tracing::warn!(node = %node.name_any(), error = %e, "cannot record Event"),
-        Err(_) => tracing::debug!("Event dropped: not leading any more"),
-    }
 }
 
 /// One node's upgrade as a person reads it (`gpu-operator upgrade status`).
