@@ -684,6 +684,12 @@ fn build_status(
         Selection::One(s) => (Some(s.key.clone()), s.uid.clone(), s.generation),
         _ => (None, None, None),
     };
+    // The leader's per-layout DeviceClasses serve these through DRA.
+    let layouts = if services.contains_key(&ServiceName::DraDriver) {
+        crate::plugin::layouts_of(inventory)
+    } else {
+        Vec::new()
+    };
     AgentStatus {
         v: STATUS_VERSION,
         device_config,
@@ -695,6 +701,7 @@ fn build_status(
             .iter()
             .map(|r| (r.name.clone(), r.devices))
             .collect(),
+        layouts,
         gpus: inventory.gpus.len(),
         driver_version: inventory.driver.version.clone(),
         driver: driver.cloned(),

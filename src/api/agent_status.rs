@@ -28,6 +28,8 @@
 //!   `Restarting` with `error` and `restarts`: it failed and waits to be
 //!   restarted. `Finished`: it ended on its own. A disabled service is absent.
 //! - `resources`: device plugin resources and their device counts.
+//! - `layouts`: with DRA, the partition layouts of the node's GPUs
+//!   (`["cpx_nps4"]`), for the leader's per-layout DeviceClasses.
 //! - `driver`: the amdgpu module and kernel the node runs ([`DriverReport`]),
 //!   reported whatever `spec.driver` says.
 //! - `problems`: what needs a person (conflicting DeviceConfigs, a partition layout
@@ -156,6 +158,12 @@ pub struct AgentStatus {
     pub services: BTreeMap<ServiceName, ServiceStatus>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub resources: BTreeMap<String, usize>,
+    /// While the node runs DRA: the partition layouts of its GPUs
+    /// (`cpx_nps4`...), as the device plugin's `mixed` strategy names its
+    /// resources; the leader keeps a DeviceClass for each layout present on
+    /// some node. Empty (and absent) otherwise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub layouts: Vec<String>,
     pub gpus: usize,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub driver_version: Option<String>,
@@ -461,6 +469,7 @@ mod tests {
             generation: Some(2),
             services: [(ServiceName::DevicePlugin, ServiceStatus::Running)].into(),
             resources: [("amd.com/gpu".to_string(), 8)].into(),
+            layouts: vec![],
             gpus: 8,
             driver_version: Some("6.12.12".into()),
             driver: None,

@@ -235,6 +235,15 @@ pub fn plan_resources(
     plan
 }
 
+/// The partition layouts of the inventory's GPUs, each once and sorted, as
+/// the `mixed` strategy names its resources after them (`cpx_nps4` for
+/// `amd.com/cpx_nps4`). GPUs without a layout (no partition support, or an
+/// unreadable mode) add none. Pure.
+pub fn layouts_of(inventory: &Inventory) -> Vec<String> {
+    let layouts: BTreeSet<String> = inventory.gpus.iter().filter_map(layout).collect();
+    layouts.into_iter().collect()
+}
+
 /// The partition layout a GPU counts under, or `None` when it has none (no
 /// partition support, or the current mode could not be read).
 fn layout(gpu: &Gpu) -> Option<String> {
@@ -457,6 +466,29 @@ pub(crate) mod tests {
         assert_eq!(plan.resources["cpx_nps4"].len(), 8);
         assert_eq!(ids(&plan.resources["spx_nps1"]), ["0000:15:00.0"]);
         assert_eq!(ids(&plan.resources["gpu"]), ["0000:75:00.0"]);
+    }
+
+    #[test]
+    fn layouts_are_the_mixed_strategy_s_resource_names() {
+        let mut unreadable = partitioned_gpu("0000:25:00.0", 0, "spx", "nps1", 1, 9);
+        unreadable.memory_partition = None;
+        let inv = inventory(vec![
+            partitioned_gpu("0000:05:00.0", 0, "cpx", "nps4", 8, 0),
+            partitioned_gpu("0000:15:00.0", 0, "SPX", "NPS1", 1, 8),
+            partitioned_gpu("0000:35:00.0", 0, "cpx", "nps4", 8, 10),
+            unreadable,
+            whole_gpu("0000:75:00.0", 1, 18),
+        ]);
+        assert_eq!(layouts_of(&inv), ["cpx_nps4", "spx_nps1"]);
+        let plan = plan_resources(&inv, ResourceNamingStrategy::Mixed, &XcpNames::new());
+        let mut named: Vec<&String> = plan
+            .resources
+            .keys()
+            .filter(|k| *k != GPU_RESOURCE)
+            .collect();
+        named.sort();
+        assert_eq!(named, layouts_of(&inv).iter().collect::<Vec<_>>());
+        assert!(layouts_of(&inventory(vec![whole_gpu("0000:75:00.0", 1, 9)])).is_empty());
     }
 
     #[test]

@@ -45,8 +45,8 @@ pub mod service;
 pub mod state;
 
 pub use devices::{
-    LayoutConflict, PluginDevice, ResourceNamingStrategy, ResourcePlan, TimeSlicing, parent_id,
-    plan_resources, shared_plan,
+    LayoutConflict, PluginDevice, ResourceNamingStrategy, ResourcePlan, TimeSlicing, layouts_of,
+    parent_id, plan_resources, shared_plan,
 };
 pub use health::{DeviceRef, Health, HealthReport};
 pub use preferred::{Topology, preferred_allocation, preferred_replicas};
