@@ -2,7 +2,8 @@
 //!
 //! Three ValidatingAdmissionPolicies. The first lets only the pod holding the
 //! leader Lease write Nodes other than its own, its metrics Services and
-//! ServiceMonitors (beside the agents), the DeviceClass (gpu.amd.com only),
+//! ServiceMonitors (beside the agents), the DeviceClasses (gpu.amd.com and
+//! the partition layouts' only),
 //! DeviceConfig status and finalizer, the RemediationWorkflowStatus and
 //! Events outside "default" (about DeviceConfigs only), in any namespace,
 //! and evict or delete Pods. The second keeps every agent
@@ -28,7 +29,7 @@ use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
 use kube_emulator::admission::{self, Verdict};
-use serde_json::Value;
+use serde_json::{Value, json};
 
 const POLICY_FILE: &str = "deploy/15-admission-policy.yaml";
 /// Only the Lease holder uses the leader's rights.
@@ -146,10 +147,17 @@ fn cases() -> Vec<(&'static str, Option<&'static str>, Decision)> {
         // The drains of rolling driver upgrades.
         ("leader-evicts-a-pod.json", lease, Allowed),
         ("leader-deletes-a-pod.json", lease, Allowed),
-        // The DRA DeviceClass, and no other.
+        // The DRA DeviceClasses (gpu.amd.com and those of the partition
+        // layouts), and no other.
         ("leader-applies-the-device-class.json", lease, Allowed),
         ("leader-deletes-the-device-class.json", lease, Allowed),
         ("leader-creates-another-device-class.json", lease, Denied),
+        ("leader-applies-a-layout-device-class.json", lease, Allowed),
+        (
+            "leader-creates-an-unknown-layout-device-class.json",
+            lease,
+            Denied,
+        ),
         // A non-leader agent (gpu-node-2/gpu-operator-4kq9z).
         ("non-leader-patches-another-node.json", lease, Denied),
         ("non-leader-patches-another-node-status.json", lease, Denied),
@@ -165,6 +173,11 @@ fn cases() -> Vec<(&'static str, Option<&'static str>, Decision)> {
         ("non-leader-deletes-a-pod.json", lease, Denied),
         ("non-leader-applies-the-device-class.json", lease, Denied),
         ("non-leader-deletes-the-device-class.json", lease, Denied),
+        (
+            "non-leader-applies-a-layout-device-class.json",
+            lease,
+            Denied,
+        ),
         // A token without node and pod claims cannot prove anything: refused.
         (
             "token-without-node-claims-patches-a-node.json",
@@ -453,6 +466,38 @@ fn only_the_lease_holder_writes_other_nodes_and_services() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Every DeviceClass the leader may make (gpu.amd.com and each layout's,
+/// `LAYOUT_CLASS_NAMES`) passes the policy, and a name off that list does
+/// not, whatever the class says.
+#[test]
+fn the_leader_writes_exactly_the_device_classes_it_may_make() {
+    let (policy, binding) = policy(LEADER_POLICY);
+    let lease = fixture("lease.json");
+    let review = fixture("leader-applies-a-layout-device-class.json");
+    let judged = |name: &str| {
+        let mut review = review.clone();
+        review["request"]["name"] = json!(name);
+        review["request"]["object"]["metadata"]["name"] = json!(name);
+        decide(&policy, &binding, &review, Some(&lease))
+    };
+    let ours = gpu_operator::cluster::device_classes::LAYOUT_CLASS_NAMES
+        .iter()
+        .copied()
+        .chain([gpu_operator::dra::DRIVER_NAME]);
+    for name in ours {
+        assert_eq!(judged(name), Decision::Allowed, "{name}");
+    }
+    for name in [
+        "cpx-nps3.gpu.amd.com",
+        "cpx_nps4.gpu.amd.com",
+        "cpx-nps4.gpu.amd.com.evil",
+        "x.cpx-nps4.gpu.amd.com",
+        "fast.example.com",
+    ] {
+        assert_eq!(judged(name), Decision::Denied, "{name}");
+    }
 }
 
 #[test]

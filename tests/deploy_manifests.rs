@@ -1110,7 +1110,7 @@ enum Scope {
 }
 
 /// One API call the code makes.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 struct Need {
     group: &'static str,
     resource: &'static str,
@@ -1256,10 +1256,12 @@ const NEEDS: &[Need] = &[
     // get: read_claim (src/dra/prepare.rs), each claim the kubelet asks the
     // plugin to prepare, in the claim's namespace (any).
     need("resource.k8s.io", "resourceclaims", "get", Scope::Cluster),
-    // The leader's DeviceClass gpu.amd.com (sync_device_class in
-    // src/cluster/reconcile.rs): read first, server-side apply (create when
-    // new), delete with the last DeviceConfig enabling DRA.
-    named("resource.k8s.io", "deviceclasses", "get",    Scope::Cluster, DRA_DRIVER),
+    // The leader's DeviceClasses (sync_device_class in
+    // src/cluster/reconcile.rs): all listed first, each server-side applied
+    // (create when new), deleted with the last DeviceConfig enabling DRA or
+    // the last node of its layout. gpu.amd.com here, each layout's in
+    // needs().
+    need( "resource.k8s.io", "deviceclasses", "list",   Scope::Cluster),
     need( "resource.k8s.io", "deviceclasses", "create", Scope::Cluster),
     named("resource.k8s.io", "deviceclasses", "patch",  Scope::Cluster, DRA_DRIVER),
     named("resource.k8s.io", "deviceclasses", "delete", Scope::Cluster, DRA_DRIVER),
@@ -1275,6 +1277,25 @@ const NEEDS: &[Need] = &[
     // (EventSink::record, src/events.rs; made in src/testrunner/kube.rs).
     need("", "events", "create", NODE_EVENTS_NS),
 ];
+
+/// [`NEEDS`], and the patch and delete of each per-layout DeviceClass the
+/// leader may make (`LAYOUT_CLASS_NAMES`, src/cluster/device_classes.rs).
+fn needs() -> Vec<Need> {
+    let layouts = gpu_operator::cluster::device_classes::LAYOUT_CLASS_NAMES
+        .iter()
+        .flat_map(|&name| {
+            ["patch", "delete"].map(|verb| {
+                named(
+                    "resource.k8s.io",
+                    "deviceclasses",
+                    verb,
+                    Scope::Cluster,
+                    name,
+                )
+            })
+        });
+    NEEDS.iter().cloned().chain(layouts).collect()
+}
 
 /// A rule in force for the agent's ServiceAccount, and where: `None` for
 /// cluster-wide (a ClusterRoleBinding), else the RoleBinding's namespace.
@@ -1468,7 +1489,8 @@ fn the_driver_upgrades_role_grants_exactly_what_drains_need() {
 #[test]
 fn rbac_grants_every_call_the_code_makes() {
     let grants = grants();
-    let missing: Vec<&Need> = NEEDS.iter().filter(|n| !allowed(&grants, n)).collect();
+    let needs = needs();
+    let missing: Vec<&Need> = needs.iter().filter(|n| !allowed(&grants, n)).collect();
     assert!(
         missing.is_empty(),
         "deploy/10-rbac.yaml does not allow: {missing:#?}"
@@ -1477,6 +1499,7 @@ fn rbac_grants_every_call_the_code_makes() {
 
 #[test]
 fn rbac_grants_nothing_the_code_does_not_need() {
+    let needs = needs();
     for g in grants() {
         let r = &g.rule;
         let names = r.resource_names.clone().unwrap_or_default();
@@ -1493,7 +1516,7 @@ fn rbac_grants_nothing_the_code_does_not_need() {
                         "{}: no wildcards",
                         g.from
                     );
-                    let serves: Vec<&Need> = NEEDS
+                    let serves: Vec<&Need> = needs
                         .iter()
                         .filter(|n| n.group == group && n.resource == resource && n.verb == verb)
                         .filter(|n| match (&g.namespace, n.scope) {
@@ -1552,7 +1575,8 @@ fn following_one_namespace_only_keeps_every_call_there_and_grants_none_elsewhere
         DEVICE_CONFIG_NAMESPACE_RESOURCES.contains(&(n.group, n.resource))
             && n.scope == Scope::Cluster
     };
-    let needs: Vec<&Need> = NEEDS.iter().filter(|n| follows(n)).collect();
+    let all = needs();
+    let needs: Vec<&Need> = all.iter().filter(|n| follows(n)).collect();
     assert!(needs.len() >= 10, "{needs:?}");
     // The default: every namespace, through the ClusterRoleBinding.
     let all = grants();
@@ -2412,6 +2436,7 @@ async fn agent_runs_with_the_daemonset_environment_within_its_rbac() {
 
     // Every API request it made is in the table of needs, and allowed.
     let grants = grants();
+    let needs = needs();
     let mut made = Vec::new();
     for (key, count) in emu.requests().0 {
         if key.resource.starts_with('/') {
@@ -2421,7 +2446,7 @@ async fn agent_runs_with_the_daemonset_environment_within_its_rbac() {
             continue; // the test's own request, not the agent's
         }
         let (group, resource) = group_resource(&key.resource);
-        let known = NEEDS
+        let known = needs
             .iter()
             .filter(|n| n.group == group && n.resource == resource && n.verb == key.verb)
             .collect::<Vec<_>>();

@@ -9,6 +9,10 @@
 //!   such a pod (kubernetes/kubernetes#139939), so the fault must reach it
 //!   through the device's taint and the Node condition, and both clear on
 //!   recovery.
+//! - A pod written for the device plugin's `mixed` strategy, asking for
+//!   `amd.com/cpx_nps4`, gets a CPX partition through the class the leader
+//!   keeps for that layout while a node has it, and the class goes when no
+//!   node has the layout any more.
 
 mod support;
 
@@ -329,5 +333,85 @@ async fn a_gpu_fault_reaches_a_pod_served_through_the_extended_resource_and_clea
         n.condition("AMDGPUUnhealthy")["status"] == "False"
     })
     .await;
+    node.stop().await;
+}
+
+/// Issue 34 item 6: for each partition layout a DRA node has, the leader
+/// keeps a DeviceClass whose `extendedResourceName` is the `mixed`
+/// strategy's resource, so a pod asking for `amd.com/cpx_nps4` is served by
+/// DRA with no edit, from that layout's devices only. Repartitioned, the
+/// node has no CPX partitions: that class goes and SPX's comes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_asking_for_a_partition_layout_is_served_through_that_layout_s_class() {
+    let mut node = Node::start(SimSpec::new("mi300x", Some(2), Some("cpx_nps4")).unwrap()).await;
+    node.eventually(
+        "the leader's classes serve amd.com/cpx_nps4 and amd.com/gpu",
+        |n| {
+            let classes = n.classes();
+            dra_scheduler::class_serving(&classes, "amd.com/cpx_nps4").is_some()
+                && dra_scheduler::class_serving(&classes, "amd.com/gpu").is_some()
+        },
+    )
+    .await;
+    let classes = node.classes();
+    let class = dra_scheduler::class_serving(&classes, "amd.com/cpx_nps4").unwrap();
+    assert_eq!(class["metadata"]["name"], "cpx-nps4.gpu.amd.com");
+    assert_eq!(
+        class["metadata"]["labels"]["app.kubernetes.io/managed-by"],
+        "gpu-operator"
+    );
+    assert!(
+        dra_scheduler::class_serving(&classes, "amd.com/spx_nps1").is_none(),
+        "no class for a layout no node has: {classes:#?}"
+    );
+    // The class selects the node's CPX partitions, all of them: 2 GPUs x 8.
+    let cpx = dra_scheduler::allocate(&node.slices(), class, 16, &[]).expect("16 partitions");
+    assert_eq!(cpx.len(), 16);
+
+    let pod = node.pod("inference", "amd.com/cpx_nps4", 1);
+    let (claim, held) = node.schedule(&pod, "amd.com/cpx_nps4", 1).await;
+    assert_eq!(
+        claim["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"],
+        "cpx-nps4.gpu.amd.com"
+    );
+    let device = node.device(&held[0]);
+    assert_eq!(
+        device["attributes"]["partitionProfile"]["string"],
+        "cpx_nps4"
+    );
+    assert_eq!(device["attributes"]["type"]["string"], "amdgpu-partition");
+    assert_eq!(
+        node.taints_seen_from("inference"),
+        vec![Vec::<String>::new()]
+    );
+
+    // Repartitioned to SPX: no node has CPX partitions any more.
+    simulate::write_host(
+        &node.host,
+        &SimSpec::new("mi300x", Some(2), Some("spx_nps1")).unwrap(),
+    )
+    .unwrap();
+    node.eventually("the cpx_nps4 class gone and spx_nps1's made", |n| {
+        let classes = n.classes();
+        dra_scheduler::class_serving(&classes, "amd.com/cpx_nps4").is_none()
+            && dra_scheduler::class_serving(&classes, "amd.com/spx_nps1").is_some()
+    })
+    .await;
+    let classes = node.classes();
+    let spx = dra_scheduler::class_serving(&classes, "amd.com/spx_nps1").unwrap();
+    assert_eq!(spx["metadata"]["name"], "spx-nps1.gpu.amd.com");
+    node.eventually("the slices follow the repartition", |n| {
+        n.devices().len() == 2
+    })
+    .await;
+    // It selects both whole GPUs (whatever their health right after the
+    // repartition, which is the taints' business).
+    for device in node.devices() {
+        assert_eq!(
+            dra_scheduler::selects(spx, "gpu.amd.com", &device),
+            Ok(true),
+            "{device:#}"
+        );
+    }
     node.stop().await;
 }

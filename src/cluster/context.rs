@@ -95,10 +95,10 @@ pub struct Context {
     pub remediations: Remediations,
     /// The Node cache has finished its first list (see [`Context::nodes_ready`]).
     nodes_listed: std::sync::atomic::AtomicBool,
-    /// Whether this term last made the DRA DeviceClass exist (`true`) or
-    /// not, and when; `None` until it first looked. Spares a read per
+    /// The DRA DeviceClasses this term last made the operator's (their
+    /// names), and when; `None` until it first looked. Spares a read per
     /// reconcile.
-    pub(super) device_class: Mutex<Option<(bool, Instant)>>,
+    pub(super) device_class: Mutex<Option<(Vec<String>, Instant)>>,
 }
 
 #[derive(Debug, Default)]

@@ -13,6 +13,7 @@
 //! leader only reads what agents report.
 
 pub mod context;
+pub mod device_classes;
 pub mod drain;
 pub mod lease;
 pub mod node_cache;

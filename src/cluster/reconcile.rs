@@ -11,7 +11,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Secret, Service};
 use k8s_openapi::api::resource::v1::DeviceClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams};
+use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::Store;
@@ -20,6 +20,7 @@ use serde_json::json;
 use tokio::time::Instant;
 
 use super::context::{Context, Error, kube_err};
+use super::device_classes;
 #[cfg(test)]
 use super::lease::LeaderGuard;
 use super::resources::{self, metrics_service, service_monitor};
@@ -471,21 +472,25 @@ async fn sync_service_monitor(
     }
 }
 
-/// The DeviceClass `gpu.amd.com` exists while any DeviceConfig not being
-/// deleted enables DRA, and goes with the last one. A class of that name that
-/// does not carry our label is someone else's (the reference chart ships
-/// one): it is left alone, neither taken over nor deleted. Read first, so a
-/// reconcile that finds it as wanted writes nothing; what a read found is
-/// remembered for [`DEVICE_CLASS_RECHECK`], so reconciles in between read
-/// nothing, and a class someone deleted or changed is put back after it.
+/// The DRA DeviceClasses ([`device_classes`]): `gpu.amd.com` exists while
+/// any DeviceConfig not being deleted enables DRA, and goes with the last
+/// one; beside it, one class per partition layout that some DRA node's agent
+/// reports, which goes when no node reports it any more. A class of one of
+/// those names that does not carry our label is someone else's (the
+/// reference chart ships `gpu.amd.com`): it is left alone, neither taken
+/// over nor deleted. The classes are listed first, so a reconcile that finds
+/// them as wanted writes nothing; what a list found is remembered for
+/// [`DEVICE_CLASS_RECHECK`] while the wanted names stay the same, so
+/// reconciles in between read nothing, and a class someone deleted or
+/// changed is put back after it.
 ///
-/// Failures are logged, not returned: the class is cluster-wide, and one
+/// Failures are logged, not returned: the classes are cluster-wide, and one
 /// refused write must not hold up every DeviceConfig's reconcile.
 async fn sync_device_class(ctx: &Context) -> Result<(), Error> {
     match try_sync_device_class(ctx).await {
         Err(Error::NotLeader) => Err(Error::NotLeader),
         Err(e) => {
-            tracing::warn!(error = %e, "cannot keep the DRA DeviceClass; will retry");
+            tracing::warn!(error = %e, "cannot keep the DRA DeviceClasses; will retry");
             Ok(())
         }
         Ok(()) => Ok(()),
@@ -496,69 +501,66 @@ async fn sync_device_class(ctx: &Context) -> Result<(), Error> {
 const DEVICE_CLASS_RECHECK: Duration = Duration::from_secs(300);
 
 async fn try_sync_device_class(ctx: &Context) -> Result<(), Error> {
-    let wanted = ctx.configs.state().iter().any(|c| {
+    let dra = ctx.configs.state().iter().any(|c| {
         c.metadata.deletion_timestamp.is_none() && c.spec.is_enabled(crate::api::Operand::DraDriver)
     });
+    let layouts = if dra {
+        device_classes::layouts_present(ctx.nodes.state().iter().map(AsRef::as_ref))
+    } else {
+        BTreeSet::new()
+    };
+    let wanted = device_classes::wanted_classes(dra, &layouts);
+    let names: Vec<String> = wanted.iter().map(ResourceExt::name_any).collect();
     let fresh = ctx
         .device_class
         .lock()
         .ok()
-        .and_then(|k| *k)
-        .is_some_and(|(was_wanted, at)| {
-            was_wanted == wanted && at.elapsed() < DEVICE_CLASS_RECHECK
-        });
+        .and_then(|k| k.clone())
+        .is_some_and(|(made, at)| made == names && at.elapsed() < DEVICE_CLASS_RECHECK);
     if fresh {
         return Ok(());
     }
     let classes: Api<DeviceClass> = Api::all(ctx.client.clone());
-    let name = crate::dra::DRIVER_NAME;
-    let done = || {
-        if let Ok(mut k) = ctx.device_class.lock() {
-            *k = Some((wanted, Instant::now()));
-        }
-    };
     let current = ctx
-        .leader_write("reading DeviceClass", name, classes.get_opt(name))
+        .leader_write(
+            "listing DeviceClasses",
+            "deviceclasses",
+            classes.list(&ListParams::default()),
+        )
         .await?;
-    let ours = current.as_ref().is_some_and(|c| {
-        c.labels()
-            .get(resources::DEVICE_CLASS_LABEL.0)
-            .is_some_and(|v| v == resources::DEVICE_CLASS_LABEL.1)
-    });
-    match (wanted, current) {
-        (_, Some(_)) if !ours => {
-            tracing::info!(
-                class = name,
-                "a DeviceClass of that name exists without our label: left alone"
-            );
-        }
-        (true, Some(current)) if resources::device_class_current(&current) => {}
-        (true, _) => {
-            let class = resources::device_class();
-            let params = apply_params();
-            let patch = Patch::Apply(&class);
-            let write = classes.patch(name, &params, &patch);
-            let applied = ctx
-                .leader_write("applying DeviceClass", name, write)
-                .await?;
-            if applied.spec.extended_resource_name.is_none() {
-                tracing::info!(
-                    class = name,
-                    "the API server dropped extendedResourceName (DRAExtendedResource is off before Kubernetes 1.36): pods asking for amd.com/gpu are not served by DRA"
-                );
-            }
-            tracing::info!(class = name, "applied the DRA DeviceClass");
-        }
-        (false, Some(_)) => {
-            delete_if_present(ctx, &classes, name).await?;
-            tracing::info!(
-                class = name,
-                "no DeviceConfig enables DRA: removed the DRA DeviceClass"
-            );
-        }
-        (false, None) => {}
+    let changes = device_classes::class_changes(&wanted, &current.items);
+    for name in &changes.foreign {
+        tracing::info!(
+            class = %name,
+            "a DeviceClass of that name exists without our label: left alone"
+        );
     }
-    done();
+    for class in &changes.apply {
+        let name = class.name_any();
+        let params = apply_params();
+        let patch = Patch::Apply(class);
+        let write = classes.patch(&name, &params, &patch);
+        let applied = ctx
+            .leader_write("applying DeviceClass", &name, write)
+            .await?;
+        if applied.spec.extended_resource_name.is_none() {
+            tracing::info!(
+                class = %name,
+                "the API server dropped extendedResourceName (DRAExtendedResource is off before Kubernetes 1.36): pods asking for its extended resource are not served by DRA"
+            );
+        }
+        tracing::info!(class = %name, "applied the DRA DeviceClass");
+    }
+    for name in &changes.delete {
+        delete_if_present(ctx, &classes, name).await?;
+        tracing::info!(
+            class = %name,
+            "no DeviceConfig enables DRA, or no DRA node has its layout: removed the DRA DeviceClass"
+        );
+    }
+    if let Ok(mut k) = ctx.device_class.lock() {
+        *k = Some((names, Instant::now()));
+    }
     Ok(())
 }
 

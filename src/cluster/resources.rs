@@ -1,6 +1,6 @@
 //! Objects the leader owns on behalf of a DeviceConfig, built as plain data: the
 //! metrics Service and the Prometheus ServiceMonitor, and the cluster-wide DRA
-//! DeviceClass.
+//! DeviceClass `gpu.amd.com` (the per-layout ones are `device_classes.rs`'s).
 
 use std::collections::BTreeMap;
 
@@ -324,19 +324,6 @@ pub fn device_class() -> DeviceClass {
             ..DeviceClassSpec::default()
         },
     }
-}
-
-/// Whether `current` is the class [`device_class`] makes. An API server
-/// without DRAExtendedResource drops `extendedResourceName`; such a class is
-/// applied again at each recheck, in case the feature was turned on since.
-pub fn device_class_current(current: &DeviceClass) -> bool {
-    let wanted = device_class();
-    current.spec.selectors == wanted.spec.selectors
-        && current.spec.extended_resource_name == wanted.spec.extended_resource_name
-        && current
-            .labels()
-            .get(DEVICE_CLASS_LABEL.0)
-            .is_some_and(|v| v == DEVICE_CLASS_LABEL.1)
 }
 
 #[cfg(test)]
