@@ -49,8 +49,16 @@ impl Node {
     /// The agent on a host of `spec`, its DeviceConfig enabling DRA, the
     /// plugin registered with the kubelet and its slices published.
     async fn start(spec: SimSpec) -> Self {
+        Self::start_with(spec, &[]).await
+    }
+
+    /// [`Node::start`] in a cluster that has `objects` (created first).
+    async fn start_with(spec: SimSpec, objects: &[Value]) -> Self {
         let cluster = TestCluster::start().await;
         cluster.add_node(cluster::node(NODE, json!({})));
+        for object in objects {
+            cluster.create(object.clone()).expect("object created");
+        }
         let dir = tempfile::tempdir().unwrap();
         let host = HostRoot::new(dir.path().join("host"));
         simulate::write_host(&host, &spec).unwrap();
@@ -404,14 +412,73 @@ async fn a_pod_asking_for_a_partition_layout_is_served_through_that_layout_s_cla
         n.devices().len() == 2
     })
     .await;
-    // It selects both whole GPUs (whatever their health right after the
-    // repartition, which is the taints' business).
-    for device in node.devices() {
-        assert_eq!(
-            dra_scheduler::selects(spx, "gpu.amd.com", &device),
-            Ok(true),
-            "{device:#}"
-        );
-    }
+    // Both whole GPUs are served through it once their health settles
+    // (the repartition swaps every DRM node under the health monitor).
+    node.eventually("the whole GPUs untainted", |n| {
+        n.devices().iter().all(|d| !dra_scheduler::tainted(d))
+    })
+    .await;
+    let whole = dra_scheduler::allocate(&node.slices(), spx, 2, &[]).expect("both GPUs");
+    assert_eq!(whole.len(), 2);
+    node.stop().await;
+}
+
+/// A class of a layout's name that the operator did not make (an
+/// administrator's, without the operator's label) is left alone: not taken
+/// over while its layout is present, not removed when it goes. Each step is
+/// judged once the leader made the class of another layout the same status
+/// reported, so it has seen the layouts of that step.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_administrator_s_class_of_a_layout_s_name_is_left_alone() {
+    let theirs = json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+        "metadata": {"name": "cpx-nps4.gpu.amd.com", "labels": {"team": "ml"}},
+        "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.amd.com'"}}]},
+    });
+    // One GPU in CPX, the other whole.
+    let spec = SimSpec::new("mi300x", Some(2), Some("cpx_nps4"))
+        .unwrap()
+        .with_gpu_partition(1, "spx_nps1")
+        .unwrap();
+    let mut node = Node::start_with(spec, &[theirs]).await;
+    let get = |n: &Node| {
+        n.cluster.get(
+            "resource.k8s.io/v1",
+            "DeviceClass",
+            "",
+            "cpx-nps4.gpu.amd.com",
+        )
+    };
+    let before = get(&node).expect("the administrator's class");
+    node.eventually("spx_nps1's class made beside it", |n| {
+        dra_scheduler::class_serving(&n.classes(), "amd.com/spx_nps1").is_some()
+    })
+    .await;
+    let after = get(&node).expect("still there");
+    assert_eq!(
+        after["metadata"]["resourceVersion"],
+        before["metadata"]["resourceVersion"]
+    );
+    assert_eq!(after["metadata"]["labels"], json!({"team": "ml"}));
+    assert!(after["spec"]["extendedResourceName"].is_null());
+    assert!(dra_scheduler::class_serving(&node.classes(), "amd.com/cpx_nps4").is_none());
+
+    // Both GPUs repartitioned to DPX: no node has CPX (nor SPX) any more.
+    simulate::write_host(
+        &node.host,
+        &SimSpec::new("mi300x", Some(2), Some("dpx_nps1")).unwrap(),
+    )
+    .unwrap();
+    node.eventually("dpx_nps1's class made and spx_nps1's gone", |n| {
+        let classes = n.classes();
+        dra_scheduler::class_serving(&classes, "amd.com/dpx_nps1").is_some()
+            && dra_scheduler::class_serving(&classes, "amd.com/spx_nps1").is_none()
+    })
+    .await;
+    let last = get(&node).expect("not removed");
+    assert_eq!(
+        last["metadata"]["resourceVersion"],
+        before["metadata"]["resourceVersion"]
+    );
     node.stop().await;
 }
