@@ -17,7 +17,7 @@ use gpu_operator::api::agent_status::{
 use gpu_operator::api::driver_upgrade::{self, UpgradeRecord};
 use gpu_operator::cluster::node_cache::{KEPT_ANNOTATIONS, kept_of};
 use gpu_operator::cluster::status::NodeView;
-use gpu_operator::cluster::{node_relevance, partitioner, remediator, upgrader};
+use gpu_operator::cluster::{device_classes, node_relevance, partitioner, remediator, upgrader};
 use gpu_operator::node_writer::{Concern, NodeIntent, plan_metadata};
 use gpu_operator::partition;
 use gpu_operator::remediation;
@@ -36,6 +36,8 @@ fn agent_status(boot: &str) -> String {
         uid: Some("uid-fleet".into()),
         generation: Some(1),
         services: [(ServiceName::DevicePlugin, ServiceStatus::Running)].into(),
+        // What a DRA node reports, for the per-layout DeviceClasses.
+        layouts: vec!["cpx_nps4".into()],
         gpus: 8,
         driver: Some(DriverReport {
             loaded: true,
@@ -187,6 +189,7 @@ fn decisions(dc: &DeviceConfig, node: &Node) -> Vec<String> {
             remediator::facts_of(node, &dc.spec.remediation_workflow, None)
         ),
         format!("{:?}", partitioner::facts_of(dc, node)),
+        format!("{:?}", device_classes::layouts_present([node])),
         // The upgrade record is written deciding on the cached Node.
         format!(
             "{:?}",
