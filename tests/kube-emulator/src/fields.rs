@@ -101,7 +101,13 @@ fn merges_over(value: &Value, applied: &FieldPath, owned: &FieldPath) -> bool {
 fn key_element(item: &Value, keys: &[String]) -> Option<String> {
     let mut m = Map::new();
     for k in keys {
-        m.insert(k.clone(), item.get(k)?.clone());
+        match item.get(k) {
+            Some(v) => {
+                m.insert(k.clone(), v.clone());
+            }
+            None if crate::resources::OPTIONAL_LIST_MAP_KEYS.contains(&k.as_str()) => {}
+            None => return None,
+        }
     }
     Some(format!("k:{}", Value::Object(m)))
 }
@@ -190,6 +196,19 @@ fn walk(
     }
 }
 
+/// An item with nothing but its key fields, and lists or maps its removed
+/// fields emptied (a nested keyed list whose last item went): it was owned
+/// only through what has been removed, and goes as a whole.
+fn only_keys_left(item: &Value, key: &Map<String, Value>) -> bool {
+    item.as_object().is_some_and(|m| {
+        m.iter().all(|(k, v)| {
+            key.contains_key(k)
+                || v.as_array().is_some_and(Vec::is_empty)
+                || v.as_object().is_some_and(Map::is_empty)
+        })
+    })
+}
+
 /// Removes the field a path names from `obj`; returns whether anything was removed.
 pub fn remove_path(obj: &mut Value, path: &[String]) -> bool {
     let Some((first, rest)) = path.split_first() else {
@@ -223,9 +242,7 @@ pub fn remove_path(obj: &mut Value, path: &[String]) -> bool {
         if let [only] = rest
             && only.strip_prefix("f:").is_some_and(|f| key.contains_key(f))
         {
-            let keys_only = items[pos]
-                .as_object()
-                .is_some_and(|m| m.keys().all(|k| key.contains_key(k)));
+            let keys_only = only_keys_left(&items[pos], &key);
             if keys_only {
                 items.remove(pos);
             }
@@ -233,11 +250,7 @@ pub fn remove_path(obj: &mut Value, path: &[String]) -> bool {
         }
         let removed = remove_path(&mut items[pos], rest);
         // An item left with nothing but its keys was owned only through those fields.
-        if removed
-            && items[pos]
-                .as_object()
-                .is_some_and(|m| m.keys().all(|k| key.contains_key(k)))
-        {
+        if removed && only_keys_left(&items[pos], &key) {
             items.remove(pos);
         }
         return removed;

@@ -33,8 +33,16 @@ fn strip_directives(v: &Value) -> Value {
     }
 }
 
+/// An item's key: its value of each key field, an optional one absent as null.
 fn key_of<'a>(item: &'a Value, keys: &[String]) -> Option<Vec<&'a Value>> {
-    keys.iter().map(|k| item.get(k)).collect()
+    keys.iter()
+        .map(|k| match item.get(k) {
+            None if crate::resources::OPTIONAL_LIST_MAP_KEYS.contains(&k.as_str()) => {
+                Some(&Value::Null)
+            }
+            found => found,
+        })
+        .collect()
 }
 
 /// Applies a strategic merge patch (`application/strategic-merge-patch+json`) to `original`.

@@ -170,6 +170,11 @@ impl ResourceType {
     }
 }
 
+/// List-map keys the API declares optional: an item without one is keyed by
+/// the others, as structured-merge-diff keys it (ResourceClaim
+/// `status.devices[].shareID`: only a shared device's allocation has one).
+pub const OPTIONAL_LIST_MAP_KEYS: &[&str] = &["shareID"];
+
 /// Merge keys of the built-in types, from their `patchMergeKey` / `patchStrategy` /
 /// `listType` markers. Keyed by field name, with the parent used where a name is ambiguous
 /// (`ports` in containers versus services). An approximation: the real server reads the
@@ -182,6 +187,15 @@ pub fn builtin_list_type(path: &[String]) -> ListType {
         .iter()
         .any(|p| p == "containers" || p == "initContainers" || p == "ephemeralContainers");
     let key = |k: &str| ListType::Map(vec![k.to_string()]);
+    // ResourceClaim: each driver's entries, keyed as `+listMapKey` says
+    // (KEP-4817; shareID since KEP-5075, optional: OPTIONAL_LIST_MAP_KEYS).
+    if path == ["status", "devices"] {
+        return ListType::Map(
+            ["driver", "device", "pool", "shareID"]
+                .map(str::to_owned)
+                .to_vec(),
+        );
+    }
     match last.as_str() {
         "finalizers" | "podCIDRs" => ListType::Set,
         "ownerReferences" => key("uid"),

@@ -2456,6 +2456,88 @@ mod tests {
     }
 
     #[test]
+    fn each_driver_applies_its_own_claim_device_status_entries() {
+        // ResourceClaim status.devices is a list map keyed by driver, device,
+        // pool and (optional) shareID: each driver's apply on /status merges
+        // beside the others' entries and removes only its own.
+        let mut s = store();
+        let claims = rt(&s, "resource.k8s.io", "resourceclaims");
+        s.create(
+            &claims,
+            "v1",
+            Some("default"),
+            json!({"metadata": {"name": "c"}, "spec": {"devices": {}}}),
+            &ctx("t"),
+        )
+        .unwrap();
+        let entry = |driver: &str, device: &str, ready: &str| {
+            json!({"driver": driver, "pool": "n1", "device": device,
+                   "conditions": [{"type": "Ready", "status": ready, "reason": "R", "message": "",
+                                   "lastTransitionTime": "2026-01-01T00:00:00Z"}]})
+        };
+        let apply = |s: &mut Store, manager: &str, entries: Value| {
+            let body = json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                              "metadata": {"name": "c"}, "status": {"devices": entries}});
+            s.apply(
+                &claims,
+                "v1",
+                Some("default"),
+                "c",
+                Scope::Status,
+                body,
+                true,
+                &ctx(manager),
+            )
+            .unwrap()
+        };
+        let devices = |v: &Value| -> Vec<(String, String)> {
+            v["status"]["devices"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|d| {
+                    (
+                        d["driver"].as_str().unwrap().to_owned(),
+                        d["device"].as_str().unwrap().to_owned(),
+                    )
+                })
+                .collect()
+        };
+        apply(
+            &mut s,
+            "gpu",
+            json!([entry("gpu.amd.com", "gpu-1-128", "True")]),
+        );
+        let both = apply(
+            &mut s,
+            "net",
+            json!([entry("net.example.com", "eth0", "True")]),
+        );
+        assert_eq!(
+            devices(&both),
+            [("gpu.amd.com", "gpu-1-128"), ("net.example.com", "eth0")]
+                .map(|(a, b)| (a.to_owned(), b.to_owned()))
+        );
+        // A condition changes in place; the other driver's entry stays.
+        let changed = apply(
+            &mut s,
+            "gpu",
+            json!([entry("gpu.amd.com", "gpu-1-128", "False")]),
+        );
+        assert_eq!(
+            changed["status"]["devices"][0]["conditions"][0]["status"],
+            "False"
+        );
+        assert_eq!(devices(&changed).len(), 2);
+        // Applying none of its entries removes exactly its own.
+        let removed = apply(&mut s, "gpu", json!([]));
+        assert_eq!(
+            devices(&removed),
+            [("net.example.com".to_owned(), "eth0".to_owned())]
+        );
+    }
+
+    #[test]
     fn stale_update_conflicts() {
         let mut s = store();
         let cm = rt(&s, "", "configmaps");
