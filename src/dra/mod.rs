@@ -3,8 +3,9 @@
 //! reports as the device plugin, in the same process.
 //!
 //! This module owns device naming and attributes as ResourceSlices carry them,
-//! the node's ResourceSlices, the kubelet's registration, DRA and resource
-//! health sockets, CDI specs of prepared claims and the checkpoint. It must
+//! the node's ResourceSlices, prepared claims' `status.devices` entries of
+//! this driver, the kubelet's registration, DRA and resource health sockets,
+//! CDI specs of prepared claims and the checkpoint. It must
 //! not discover GPUs or decide health (it reads [`crate::device::Inventory`]
 //! and [`crate::plugin::HealthReport`] and applies the device plugin's health
 //! rules), write Nodes, or create DeviceClasses (the leader does).
@@ -12,12 +13,14 @@
 //! Layout: [`devices`] (naming, attributes, slices), [`claims`] (which devices
 //! of a claim are ours), [`cdi`] (spec content and files), [`checkpoint`] and
 //! [`health`] are pure or plain file I/O; [`prepare`] reads claims and writes
-//! specs; `server` speaks gRPC; [`service`] runs it all.
+//! specs; [`claim_status`] writes prepared claims' `status.devices`; `server`
+//! speaks gRPC; [`service`] runs it all.
 
 pub mod api;
 mod calls;
 pub mod cdi;
 pub mod checkpoint;
+pub mod claim_status;
 pub mod claims;
 pub mod devices;
 pub mod health;

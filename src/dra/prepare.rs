@@ -19,6 +19,7 @@ use tokio::sync::{Mutex, watch};
 use super::calls::with_retries;
 use super::cdi::{self, ClaimDevice, DeviceNode};
 use super::checkpoint::{Checkpoint, PreparedClaim, PreparedDevice};
+use super::claim_status::StatusUpdates;
 use super::claims::{Allocated, allocated_here};
 use super::health::Published;
 use crate::host::reader::BoundedReader;
@@ -62,6 +63,8 @@ pub struct Preparer {
     pub(crate) client: kube::Client,
     pub(crate) reader: BoundedReader,
     pub(crate) published: watch::Receiver<Arc<Published>>,
+    /// Where prepared and unprepared claims go for their `status.devices`.
+    pub(crate) status: StatusUpdates,
 }
 
 impl Preparer {
@@ -154,15 +157,15 @@ impl Preparer {
                 continue;
             }
             checkpoint.kept_specs.remove(&claim.uid);
-            checkpoint.prepared_claims.insert(
-                claim.uid.clone(),
-                PreparedClaim {
-                    namespace: claim.namespace.clone(),
-                    name: claim.name.clone(),
-                    devices: devices.clone(),
-                },
-            );
-            written.push((claim.uid.clone(), devices));
+            let prepared = PreparedClaim {
+                namespace: claim.namespace.clone(),
+                name: claim.name.clone(),
+                devices: devices.clone(),
+            };
+            checkpoint
+                .prepared_claims
+                .insert(claim.uid.clone(), prepared.clone());
+            written.push((claim.uid.clone(), prepared));
         }
         let saved = checkpoint.save(&self.checkpoint_path).map_err(|e| {
             format!(
@@ -170,8 +173,11 @@ impl Preparer {
                 self.checkpoint_path.display()
             )
         });
-        for (uid, devices) in written {
-            out.insert(uid, saved.clone().map(|()| devices));
+        for (uid, prepared) in written {
+            if saved.is_ok() {
+                self.status.prepared(&uid, &prepared);
+            }
+            out.insert(uid, saved.clone().map(|()| prepared.devices));
         }
         self.log(claims, &out);
         out
@@ -258,11 +264,16 @@ impl Preparer {
             out.insert(claim.uid.clone(), Err(why));
         }
         let _lock = CHECKPOINT_LOCK.lock().await;
+        // The claims whose entries were ours: their status entries go.
+        let mut had_entries = Vec::new();
         let saved = match self.load() {
             Ok(mut checkpoint) => {
                 let mut changed = false;
                 for claim in &claims {
-                    changed |= checkpoint.prepared_claims.remove(&claim.uid).is_some();
+                    if checkpoint.prepared_claims.remove(&claim.uid).is_some() {
+                        changed = true;
+                        had_entries.push(claim.uid.clone());
+                    }
                     changed |= checkpoint.kept_specs.remove(&claim.uid);
                 }
                 if !changed {
@@ -278,6 +289,14 @@ impl Preparer {
             }
             Err(e) => Err(e),
         };
+        // Out of the checkpoint: the kubelet will not unprepare it again,
+        // so its entries go now, whatever happens to its spec.
+        for claim in claims.iter().filter(|c| had_entries.contains(&c.uid)) {
+            if saved.is_ok() {
+                self.status
+                    .unprepared(&claim.uid, &claim.namespace, &claim.name);
+            }
+        }
         for claim in claims {
             let result = saved.clone().and_then(|()| {
                 let spec_path = cdi::spec_path(&self.cdi_dir, &claim.uid)?;

@@ -30,7 +30,7 @@ use super::prepare::Preparer;
 use super::server::{
     DraServices, Registration, RegistrationService, dra_router, registration_router,
 };
-use super::{DRIVER_NAME, cdi};
+use super::{DRIVER_NAME, cdi, claim_status};
 use crate::api::field_manager;
 use crate::device::Inventory;
 use crate::events::{EventSink, EventType, NodeEvent, Origin};
@@ -237,8 +237,10 @@ async fn run(
     // Specs no entry names are removed, but only after a clean read: the
     // kubelet never prepares again a claim it counts as prepared, so a spec
     // must not go because the checkpoint could not be read.
+    let mut prepared_at_start = BTreeMap::new();
     match Checkpoint::load(&checkpoint_path) {
         Ok(prepared) => {
+            prepared_at_start = prepared.prepared_claims.clone();
             for orphan in checkpoint::orphaned_specs(&config.cdi_dir, &prepared) {
                 tracing::info!(spec = %orphan.display(), "removing a CDI spec no prepared claim names");
                 if let Err(e) = cdi::remove_spec(&orphan) {
@@ -261,6 +263,7 @@ async fn run(
             tracing::error!(error = %e, "cannot read the DRA checkpoint; CDI specs left in place");
         }
     }
+    let (status_updates, status_changes) = claim_status::channel();
     let preparer = Arc::new(Preparer {
         node: config.node_name.clone(),
         cdi_dir: config.cdi_dir.clone(),
@@ -268,7 +271,10 @@ async fn run(
         client: client.clone(),
         reader: reader.clone(),
         published: published_tx.subscribe(),
+        status: status_updates,
     });
+    let mut status_writer = Some((status_changes, prepared_at_start));
+    let mut claim_statuses = None;
     let (registration_tx, mut registration) = watch::channel(Registration::Waiting);
     // Started once the first snapshot is made: the empty initial one would
     // publish an empty pool for a moment.
@@ -320,6 +326,16 @@ async fn run(
                 published_tx.subscribe(),
                 status.clone(),
                 stop.clone(),
+            ))));
+        }
+        // Claims' status.devices, from the same first snapshot: before it,
+        // every prepared device would read as gone.
+        if let Some((changes, prepared)) = status_writer.take() {
+            claim_statuses = Some(AbortOnDropHandle::new(tokio::spawn(claim_status::follow(
+                client.clone(),
+                published_tx.subscribe(),
+                changes,
+                prepared,
             ))));
         }
 
@@ -381,6 +397,9 @@ async fn run(
         }
     };
     tokio::join!(sockets, slices);
+    // Entries of prepared claims stay, as the claims do; a write not made
+    // yet is made by the next start, from the checkpoint.
+    drop(claim_statuses);
     status.send_modify(|s| s.running = false);
 }
 
