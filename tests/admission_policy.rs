@@ -1,6 +1,6 @@
 //! deploy/15-admission-policy.yaml against recorded admission requests.
 //!
-//! Three ValidatingAdmissionPolicies. The first lets only the pod holding the
+//! Four ValidatingAdmissionPolicies. The first lets only the pod holding the
 //! leader Lease write Nodes other than its own, its metrics Services and
 //! ServiceMonitors (beside the agents), the DeviceClasses (gpu.amd.com and
 //! the partition layouts' only),
@@ -9,7 +9,8 @@
 //! and evict or delete Pods. The second keeps every agent
 //! to its own node's ResourceSlices of driver gpu.amd.com. The third keeps
 //! node detection (deploy/optional/node-detection.yaml) to its own Node's
-//! two labels. They are judged
+//! two labels. The fourth keeps every agent to the status of ResourceClaims
+//! allocated on its own node, and there to its driver's `status.devices`. They are judged
 //! by the kube-emulator's evaluator (`kube_emulator::admission::judge`, the
 //! one the emulator applies to every write), the way the API server applies
 //! them: a request in the policy's `matchConstraints` has its params
@@ -38,6 +39,8 @@ const LEADER_POLICY: &str = "gpu-operator-leader-only";
 const SLICES_POLICY: &str = "gpu-operator-own-node-resourceslices";
 /// Node detection sets or removes its own Node's two labels only.
 const DETECT_POLICY: &str = "gpu-operator-detect-own-node-labels";
+/// Each agent writes `status.devices` of its own node's claims only.
+const CLAIMS_POLICY: &str = "gpu-operator-own-node-resourceclaim-status";
 /// The operator's ServiceAccount, as the API server names it.
 const AGENT_USER: &str = "system:serviceaccount:kube-amd-gpu:gpu-operator";
 /// Node detection's ServiceAccount (deploy/optional/node-detection.yaml).
@@ -74,8 +77,8 @@ fn policies() -> Vec<(ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBindin
         .collect();
     assert_eq!(
         docs.len(),
-        6,
-        "{POLICY_FILE}: three policies, each with its binding"
+        8,
+        "{POLICY_FILE}: four policies, each with its binding"
     );
     docs.chunks(2)
         .map(|pair| {
@@ -422,6 +425,49 @@ fn slice_cases() -> Vec<(&'static str, Decision)> {
     ]
 }
 
+/// The ResourceClaim status fixtures and the claims policy's decision. The
+/// agent is the non-leader on gpu-node-2; the claim holds a GPU of its pool
+/// and a NIC of another driver, whose entry is there before and after.
+fn claim_cases() -> Vec<(&'static str, Decision)> {
+    use Decision::*;
+    vec![
+        // Its own node's claim: its entry written, then removed.
+        (
+            "agent-writes-device-status-of-its-own-nodes-claim.json",
+            Allowed,
+        ),
+        (
+            "agent-removes-device-status-of-its-own-nodes-claim.json",
+            Allowed,
+        ),
+        // Another node's claim, one some other node may also run, or one
+        // not allocated at all: the stored allocation decides.
+        (
+            "agent-writes-device-status-of-another-nodes-claim.json",
+            Denied,
+        ),
+        (
+            "agent-writes-device-status-of-a-claim-for-several-nodes.json",
+            Denied,
+        ),
+        (
+            "agent-writes-device-status-of-an-unallocated-claim.json",
+            Denied,
+        ),
+        // On its own node, nothing but its driver's entries.
+        ("agent-deallocates-its-own-nodes-claim.json", Denied),
+        (
+            "agent-reserves-its-own-nodes-claim-for-another-pod.json",
+            Denied,
+        ),
+        ("agent-changes-another-drivers-device-status.json", Denied),
+        // A token without the node claim proves no node.
+        ("token-without-node-claims-writes-claim-status.json", Denied),
+        // The scheduler allocating is not matched.
+        ("scheduler-allocates-a-claim.json", NotMatched),
+    ]
+}
+
 /// The node detection fixtures and the detect policy's decision. The caller
 /// is gpu-operator-detect on gpu-node-2 unless the name says otherwise.
 fn detect_cases() -> Vec<(&'static str, Decision)> {
@@ -514,6 +560,19 @@ fn each_agent_writes_only_its_own_nodes_resource_slices() {
 }
 
 #[test]
+fn each_agent_writes_only_its_own_nodes_claims_device_status() {
+    let (policy, binding) = policy(CLAIMS_POLICY);
+    let mut failures = Vec::new();
+    for (review, expected) in claim_cases() {
+        let got = decide(&policy, &binding, &fixture(review), None);
+        if got != expected {
+            failures.push(format!("{review}: {got:?}, expected {expected:?}"));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
 fn node_detection_writes_only_its_own_nodes_two_labels() {
     let (policy, binding) = policy(DETECT_POLICY);
     let mut failures = Vec::new();
@@ -533,7 +592,38 @@ fn each_policy_leaves_the_others_requests_alone() {
     let (leader, leader_binding) = policy(LEADER_POLICY);
     let (slices, slices_binding) = policy(SLICES_POLICY);
     let (detect, detect_binding) = policy(DETECT_POLICY);
+    let (claims, claims_binding) = policy(CLAIMS_POLICY);
     let lease = fixture("lease.json");
+    let others: Vec<&str> = cases()
+        .iter()
+        .map(|(r, _, _)| *r)
+        .chain(slice_cases().iter().map(|(r, _)| *r))
+        .chain(detect_cases().iter().map(|(r, _)| *r))
+        .collect();
+    let unmatched = |policy: &ValidatingAdmissionPolicy,
+                     binding: &ValidatingAdmissionPolicyBinding,
+                     review: &str,
+                     lease: Option<&Value>,
+                     what: &str| {
+        let got = decide(policy, binding, &fixture(review), lease);
+        assert_eq!(got, Decision::NotMatched, "{review}: the {what} policy");
+    };
+    for review in others {
+        unmatched(&claims, &claims_binding, review, None, "claims");
+    }
+    for (review, _) in claim_cases() {
+        // Claim status is node work, never the leader's.
+        unmatched(
+            &leader,
+            &leader_binding,
+            review,
+            Some(&lease),
+            "leader-only",
+        );
+        unmatched(&leader, &leader_binding, review, None, "leader-only");
+        unmatched(&slices, &slices_binding, review, None, "slices");
+        unmatched(&detect, &detect_binding, review, None, "node detection");
+    }
     for (review, _, _) in cases() {
         assert_eq!(
             decide(&slices, &slices_binding, &fixture(review), None),
@@ -586,6 +676,7 @@ fn every_fixture_is_judged_and_is_what_the_api_server_sends() {
         .flatten()
         .chain(slice_cases().iter().map(|(r, _)| *r))
         .chain(detect_cases().iter().map(|(r, _)| *r))
+        .chain(claim_cases().iter().map(|(r, _)| *r))
         .collect();
     let dir = repo().join("tests/fixtures/admission");
     let mut files: Vec<String> = std::fs::read_dir(&dir)
@@ -728,23 +819,31 @@ fn the_binding_uses_the_leader_lease_and_allows_without_it() {
     );
 }
 
-#[test]
-fn the_slices_policy_is_bound_for_every_agent_without_params() {
-    let (policy, binding) = policy(SLICES_POLICY);
+/// Policy `name`, checked as node work: no params (who leads does not
+/// matter), failing closed, bound with Deny to its own constraints.
+fn node_work_policy(name: &str) -> ValidatingAdmissionPolicy {
+    let (policy, binding) = policy(name);
     let spec = policy.spec.as_ref().unwrap();
-    assert!(spec.param_kind.is_none(), "node work: no Lease");
-    assert_eq!(spec.failure_policy.as_deref(), Some("Fail"));
+    assert!(spec.param_kind.is_none(), "{name}: node work: no Lease");
+    assert_eq!(spec.failure_policy.as_deref(), Some("Fail"), "{name}");
     let binding = binding.spec.unwrap();
     assert_eq!(
         binding.policy_name.as_deref(),
         policy.metadata.name.as_deref()
     );
     assert_eq!(binding.validation_actions, Some(vec!["Deny".to_owned()]));
-    assert!(binding.param_ref.is_none());
+    assert!(binding.param_ref.is_none(), "{name}");
     assert!(
         binding.match_resources.is_none(),
-        "the policy's own constraints, not narrowed"
+        "{name}: the policy's own constraints, not narrowed"
     );
+    policy
+}
+
+#[test]
+fn the_slices_policy_is_bound_for_every_agent_without_params() {
+    let policy = node_work_policy(SLICES_POLICY);
+    let spec = policy.spec.as_ref().unwrap();
     // Scoped to the agents' ServiceAccount, like the leader-only policy.
     let conditions: BTreeMap<String, String> = spec
         .match_conditions
@@ -767,6 +866,58 @@ fn the_slices_policy_is_bound_for_every_agent_without_params() {
     assert_eq!(
         operations,
         ["CREATE", "UPDATE", "DELETE"].map(str::to_owned).into()
+    );
+}
+
+#[test]
+fn the_claims_policy_is_bound_for_every_agent_and_rbac_grants_only_status_patch() {
+    let policy = node_work_policy(CLAIMS_POLICY);
+    let spec = policy.spec.as_ref().unwrap();
+    // What RBAC grants on claims: get of the claim, patch of its status
+    // (server-side apply, src/dra/claim_status.rs), nothing else; the policy
+    // matches every write that grant allows.
+    let text = std::fs::read_to_string(repo().join("deploy/10-rbac.yaml")).unwrap();
+    let docs: Vec<Value> = serde_saphyr::from_multiple(&text).unwrap();
+    let mut granted: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for rule in docs
+        .iter()
+        .filter(|d| d["kind"] == "ClusterRole" || d["kind"] == "Role")
+        .flat_map(|d| d["rules"].as_array().into_iter().flatten())
+    {
+        for resource in rule["resources"].as_array().into_iter().flatten() {
+            let resource = resource.as_str().unwrap();
+            if resource.starts_with("resourceclaims") || resource == "*" {
+                let verbs = rule["verbs"].as_array().unwrap();
+                granted
+                    .entry(resource.to_owned())
+                    .or_default()
+                    .extend(verbs.iter().map(|v| v.as_str().unwrap().to_owned()));
+            }
+        }
+    }
+    assert_eq!(
+        granted,
+        BTreeMap::from([
+            ("resourceclaims".to_owned(), vec!["get".to_owned()]),
+            ("resourceclaims/status".to_owned(), vec!["patch".to_owned()]),
+        ])
+    );
+    let rules = spec
+        .match_constraints
+        .as_ref()
+        .and_then(|m| m.resource_rules.clone())
+        .unwrap_or_default();
+    assert_eq!(rules.len(), 1);
+    assert_eq!(
+        rules[0].resources,
+        Some(vec!["resourceclaims/status".to_owned()])
+    );
+    assert_eq!(rules[0].operations, Some(vec!["UPDATE".to_owned()]));
+    // The fixture's write is the plugin's: its field manager.
+    let review = fixture("agent-writes-device-status-of-its-own-nodes-claim.json");
+    assert_eq!(
+        review["request"]["options"]["fieldManager"],
+        gpu_operator::api::field_manager::DRA
     );
 }
 

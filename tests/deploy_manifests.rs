@@ -1256,6 +1256,10 @@ const NEEDS: &[Need] = &[
     // get: read_claim (src/dra/prepare.rs), each claim the kubelet asks the
     // plugin to prepare, in the claim's namespace (any).
     need("resource.k8s.io", "resourceclaims", "get", Scope::Cluster),
+    // patch: each prepared device's status.devices entry, by server-side
+    // apply on the status subresource (src/dra/claim_status.rs); the
+    // admission policy keeps each agent to its own node's claims.
+    need("resource.k8s.io", "resourceclaims/status", "patch", Scope::Cluster),
     // The leader's DeviceClasses (sync_device_class in
     // src/cluster/reconcile.rs): all listed first, each server-side applied
     // (create when new), deleted with the last DeviceConfig enabling DRA or
