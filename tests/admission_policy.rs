@@ -874,8 +874,9 @@ fn the_claims_policy_is_bound_for_every_agent_and_rbac_grants_only_status_patch(
     let policy = node_work_policy(CLAIMS_POLICY);
     let spec = policy.spec.as_ref().unwrap();
     // What RBAC grants on claims: get of the claim, patch of its status
-    // (server-side apply, src/dra/claim_status.rs), nothing else; the policy
-    // matches every write that grant allows.
+    // (server-side apply, src/dra/claim_status.rs) and, for 1.36+ servers,
+    // the per-driver node-aware patch of status.devices; nothing else. The
+    // policy matches every write those grants allow.
     let text = std::fs::read_to_string(repo().join("deploy/10-rbac.yaml")).unwrap();
     let docs: Vec<Value> = serde_saphyr::from_multiple(&text).unwrap();
     let mut granted: BTreeMap<String, Vec<String>> = BTreeMap::new();
@@ -900,6 +901,10 @@ fn the_claims_policy_is_bound_for_every_agent_and_rbac_grants_only_status_patch(
         BTreeMap::from([
             ("resourceclaims".to_owned(), vec!["get".to_owned()]),
             ("resourceclaims/status".to_owned(), vec!["patch".to_owned()]),
+            (
+                "resourceclaims/driver".to_owned(),
+                vec!["associated-node:patch".to_owned()]
+            ),
         ])
     );
     let rules = spec

@@ -1260,6 +1260,9 @@ const NEEDS: &[Need] = &[
     // apply on the status subresource (src/dra/claim_status.rs); the
     // admission policy keeps each agent to its own node's claims.
     need("resource.k8s.io", "resourceclaims/status", "patch", Scope::Cluster),
+    // The same write, as 1.36+ servers authorize a change of status.devices:
+    // per driver, only on claims allocated on the caller's node.
+    named("resource.k8s.io", "resourceclaims/driver", "associated-node:patch", Scope::Cluster, DRA_DRIVER),
     // The leader's DeviceClasses (sync_device_class in
     // src/cluster/reconcile.rs): all listed first, each server-side applied
     // (create when new), deleted with the last DeviceConfig enabling DRA or
