@@ -152,15 +152,7 @@ impl Fleet {
     async fn build(node_labels: &[Value], no_kubelet: &[usize], under_policy: bool) -> Self {
         let cluster = TestCluster::start().await;
         if under_policy {
-            let text = std::fs::read_to_string(
-                std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                    .join("deploy/15-admission-policy.yaml"),
-            )
-            .unwrap();
-            let docs: Vec<Value> = serde_saphyr::from_multiple(&text).unwrap();
-            for doc in docs.into_iter().filter(|d| !d.is_null()) {
-                cluster.create(doc).expect("the policy file applies");
-            }
+            cluster.apply_admission_policies();
         }
         let mut members = Vec::new();
         for (i, labels) in node_labels.iter().enumerate() {

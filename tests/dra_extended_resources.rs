@@ -13,6 +13,10 @@
 //!   `amd.com/cpx_nps4`, gets a CPX partition through the class the leader
 //!   keeps for that layout while a node has it, and the class goes when no
 //!   node has the layout any more.
+//! - The claim's `status.devices` (KEP-4817) shows the GPU it got, ready and
+//!   how healthy, written by the agent under its own token with
+//!   deploy/15-admission-policy.yaml in force, and gone on unprepare;
+//!   `kubectl describe resourceclaim` shows it.
 
 mod support;
 
@@ -34,6 +38,15 @@ use support::wait;
 use tokio_util::sync::CancellationToken;
 
 const NODE: &str = "gpu-node-1";
+/// The agent's pod on it.
+const POD: &str = "pod-0";
+
+/// The agent pod's identity, from its bound token.
+fn agent_user() -> kube_emulator::UserInfo {
+    kube_emulator::UserInfo::service_account(NS, "gpu-operator")
+        .with_extra("authentication.kubernetes.io/node-name", &[NODE])
+        .with_extra("authentication.kubernetes.io/pod-name", &[POD])
+}
 
 /// One node whose agent also leads: the DeviceClasses are its leader's.
 struct Node {
@@ -49,12 +62,21 @@ impl Node {
     /// The agent on a host of `spec`, its DeviceConfig enabling DRA, the
     /// plugin registered with the kubelet and its slices published.
     async fn start(spec: SimSpec) -> Self {
-        Self::start_with(spec, &[]).await
+        Self::start_with(spec, &[], false).await
     }
 
     /// [`Node::start`] in a cluster that has `objects` (created first).
-    async fn start_with(spec: SimSpec, objects: &[Value]) -> Self {
+    /// `under_policy`: deploy/15-admission-policy.yaml in force and the
+    /// agent sending its pod's token (the operator's ServiceAccount, its
+    /// node and pod named), as the kubelet mints it.
+    async fn start_with(spec: SimSpec, objects: &[Value], under_policy: bool) -> Self {
         let cluster = TestCluster::start().await;
+        let client = if under_policy {
+            cluster.apply_admission_policies();
+            cluster.client_as(&agent_user())
+        } else {
+            cluster.client()
+        };
         cluster.add_node(cluster::node(NODE, json!({})));
         for object in objects {
             cluster.create(object.clone()).expect("object created");
@@ -78,7 +100,7 @@ impl Node {
             metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
             test_commands: None,
             leader: Some(LeaderConfig {
-                lease: LeaseConfig::new(NS, format!("{NODE}/pod-0")),
+                lease: LeaseConfig::new(NS, format!("{NODE}/{POD}")),
                 cluster: ClusterConfig {
                     instance: NODE.into(),
                     ..ClusterConfig::default()
@@ -87,7 +109,7 @@ impl Node {
             driver: support::bundles::no_modprobe(),
         };
         let shutdown = CancellationToken::new();
-        let agent = tokio::spawn(agent::run(cluster.client(), config, shutdown.clone()));
+        let agent = tokio::spawn(agent::run(client, config, shutdown.clone()));
         cluster
             .apply_device_config("gpus", json!({"draDriver": {"enable": true}}))
             .await;
@@ -440,7 +462,7 @@ async fn an_administrator_s_class_of_a_layout_s_name_is_left_alone() {
         .unwrap()
         .with_gpu_partition(1, "spx_nps1")
         .unwrap();
-    let mut node = Node::start_with(spec, &[theirs]).await;
+    let mut node = Node::start_with(spec, &[theirs], false).await;
     let get = |n: &Node| {
         n.cluster.get(
             "resource.k8s.io/v1",
@@ -479,6 +501,184 @@ async fn an_administrator_s_class_of_a_layout_s_name_is_left_alone() {
     assert_eq!(
         last["metadata"]["resourceVersion"],
         before["metadata"]["resourceVersion"]
+    );
+    node.stop().await;
+}
+
+/// kubectl: `$KUBECTL`, else /usr/bin/kubectl; `None` (after saying so)
+/// when it is not there and `REQUIRE_KUBECTL` is not set.
+fn kubectl_path(test: &str) -> Option<std::path::PathBuf> {
+    let path = std::env::var_os("KUBECTL")
+        .map(Into::into)
+        .unwrap_or_else(|| std::path::PathBuf::from("/usr/bin/kubectl"));
+    if path.exists() {
+        return Some(path);
+    }
+    assert!(
+        std::env::var_os("REQUIRE_KUBECTL").is_none(),
+        "{test}: REQUIRE_KUBECTL is set but {} does not exist",
+        path.display()
+    );
+    println!(
+        "SKIPPED {test}: {} not found; `kubectl describe` was not checked",
+        path.display()
+    );
+    None
+}
+
+impl Node {
+    /// Claim `name`'s `status.devices` entry of gpu.amd.com for `device`, or
+    /// null.
+    fn device_status(&self, claim: &str, device: &str) -> Value {
+        let claim = self
+            .cluster
+            .get("resource.k8s.io/v1", "ResourceClaim", NS, claim)
+            .expect("the claim");
+        claim["status"]["devices"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|d| d["driver"] == "gpu.amd.com" && d["device"] == device)
+            .cloned()
+            .unwrap_or(Value::Null)
+    }
+}
+
+/// The status of condition `type_` of a `status.devices` entry, or "".
+fn condition_of(entry: &Value, type_: &str) -> String {
+    entry["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["type"] == type_)
+        .and_then(|c| c["status"].as_str())
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// KEP-4817: on prepare the agent writes the device's entry in the claim's
+/// `status.devices` (Ready, Healthy, the PCI address and NUMA node), under
+/// its own token with the admission policy in force; a fault and its
+/// recovery move the Healthy condition; unprepare removes the entry.
+/// `kubectl describe resourceclaim` shows the GPU.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prepared_claims_status_shows_its_gpu_and_health_until_unprepared() {
+    const TEST: &str = "a_prepared_claims_status_shows_its_gpu_and_health_until_unprepared";
+    let mut node = Node::start_with(SimSpec::new("mi210", Some(2), None).unwrap(), &[], true).await;
+    node.eventually("the leader's class serves amd.com/gpu", |n| {
+        dra_scheduler::class_serving(&n.classes(), "amd.com/gpu").is_some()
+    })
+    .await;
+    let pod = node.pod("trainer", "amd.com/gpu", 1);
+    let (claim, held) = node.schedule(&pod, "amd.com/gpu", 1).await;
+    let name = claim["metadata"]["name"].as_str().unwrap().to_owned();
+    let uid = claim["metadata"]["uid"].as_str().unwrap().to_owned();
+    let device = node.device(&held[0]);
+    let bdf = device["attributes"]["resource.kubernetes.io/pciBusID"]["string"]
+        .as_str()
+        .expect("the device's PCI address")
+        .to_owned();
+
+    node.eventually("the claim's entry: ready and healthy", |n| {
+        let entry = n.device_status(&name, &held[0]);
+        condition_of(&entry, "Ready") == "True" && condition_of(&entry, "Healthy") == "True"
+    })
+    .await;
+    let entry = node.device_status(&name, &held[0]);
+    assert_eq!(entry["pool"], NODE);
+    assert_eq!(entry["data"]["pciAddress"], bdf.as_str(), "{entry:#}");
+    assert_eq!(
+        entry["data"]["numaNode"], device["attributes"]["resource.kubernetes.io/numaNode"]["int"],
+        "{entry:#}"
+    );
+    assert!(
+        entry["data"]["partition"].is_null(),
+        "a whole GPU: {entry:#}"
+    );
+    // Written by the agent's own token and field manager, and never refused.
+    let status_writes: Vec<_> = node
+        .cluster
+        .writes()
+        .into_iter()
+        .filter(|w| w.resource == "resourceclaims.resource.k8s.io/status")
+        .filter(|w| w.user == agent_user().username)
+        .collect();
+    assert!(!status_writes.is_empty());
+    assert!(
+        status_writes
+            .iter()
+            .all(|w| w.field_manager.as_deref() == Some(gpu_operator::api::field_manager::DRA)),
+        "{status_writes:?}"
+    );
+
+    if let Some(kubectl) = kubectl_path(TEST) {
+        let home = tempfile::tempdir().unwrap();
+        let out = tokio::time::timeout(
+            Duration::from_secs(60),
+            tokio::process::Command::new(kubectl)
+                .args(["describe", "resourceclaim", "-n", NS, &name])
+                .env_clear()
+                .env("KUBECONFIG", node.cluster.kubeconfig_path())
+                .env("HOME", home.path())
+                .arg("--cache-dir")
+                .arg(home.path().join("cache"))
+                .kill_on_drop(true)
+                .output(),
+        )
+        .await
+        .expect("kubectl describe in time")
+        .expect("kubectl runs");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        for shown in [held[0].as_str(), bdf.as_str(), "Healthy", "Ready"] {
+            assert!(text.contains(shown), "{shown} not in:\n{text}");
+        }
+    }
+
+    // An uncorrectable ECC error on the GPU: Healthy turns False, saying why.
+    simulate::set_ecc_counts(&node.host, &bdf, "umc", 7, 0).unwrap();
+    node.eventually("the entry says the GPU is unhealthy", |n| {
+        let entry = n.device_status(&name, &held[0]);
+        condition_of(&entry, "Healthy") == "False" && condition_of(&entry, "Ready") == "True"
+    })
+    .await;
+    let entry = node.device_status(&name, &held[0]);
+    let health = entry["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Healthy")
+        .unwrap();
+    assert!(
+        health["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("ECC")),
+        "{health:#}"
+    );
+    simulate::set_ecc_counts(&node.host, &bdf, "umc", 0, 0).unwrap();
+    node.eventually("the entry says the GPU recovered", |n| {
+        condition_of(&n.device_status(&name, &held[0]), "Healthy") == "True"
+    })
+    .await;
+
+    // Unprepare: the entry goes, the allocation stays (it is the scheduler's).
+    let answer = node.kubelet.unprepare(&[(NS, &uid, &name)]).await;
+    assert_eq!(answer.claims[&uid].error, "", "{answer:?}");
+    node.eventually("the entry removed", |n| {
+        n.device_status(&name, &held[0]).is_null()
+    })
+    .await;
+    let stored = node
+        .cluster
+        .get("resource.k8s.io/v1", "ResourceClaim", NS, &name)
+        .unwrap();
+    assert_eq!(
+        stored["status"]["allocation"]["devices"]["results"][0]["device"],
+        held[0].as_str()
     );
     node.stop().await;
 }

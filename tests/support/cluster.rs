@@ -65,6 +65,20 @@ impl TestCluster {
         cluster
     }
 
+    /// Puts deploy/15-admission-policy.yaml in force: its Lease, policies and
+    /// bindings, as `kubectl apply` creates them.
+    pub fn apply_admission_policies(&self) {
+        let text = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("deploy/15-admission-policy.yaml"),
+        )
+        .expect("deploy/15-admission-policy.yaml");
+        let docs: Vec<Value> = serde_saphyr::from_multiple(&text).expect("YAML");
+        for doc in docs.into_iter().filter(|d| !d.is_null()) {
+            self.emulator.create(doc).expect("the policy file applies");
+        }
+    }
+
     /// Creates a Node object, e.g. one made by [`node`] and then annotated.
     pub fn add_node(&self, node: Value) {
         self.emulator.create(node).expect("the Node is created");

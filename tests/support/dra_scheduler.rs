@@ -275,7 +275,9 @@ pub fn extended_resource_claim(
 }
 
 /// The allocation the scheduler writes for `request` of class `class`: the
-/// `devices`, `(pool, device)` of driver gpu.amd.com, and the pod it is
+/// `devices`, `(pool, device)` of driver gpu.amd.com, the node they are on
+/// (a node-local slice's devices pin the claim to its `nodeName` by a field
+/// selector; our pools are named after their node), and the pod it is
 /// reserved for.
 pub fn allocation_of(request: &str, devices: &[(String, String)], pod: &Value) -> Value {
     let results: Vec<Value> = devices
@@ -284,8 +286,19 @@ pub fn allocation_of(request: &str, devices: &[(String, String)], pod: &Value) -
             json!({"request": request, "driver": "gpu.amd.com", "pool": pool, "device": device})
         })
         .collect();
+    let mut nodes: Vec<&str> = devices.iter().map(|(pool, _)| pool.as_str()).collect();
+    nodes.dedup();
+    let terms: Vec<Value> = nodes
+        .iter()
+        .map(|node| {
+            json!({"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]})
+        })
+        .collect();
     json!({"status": {
-        "allocation": {"devices": {"results": results}},
+        "allocation": {
+            "devices": {"results": results},
+            "nodeSelector": {"nodeSelectorTerms": terms},
+        },
         "reservedFor": [{"resource": "pods", "name": pod["metadata"]["name"], "uid": pod["metadata"]["uid"]}],
     }})
 }
