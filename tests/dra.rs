@@ -1163,3 +1163,42 @@ async fn a_deleted_registration_socket_is_served_and_registered_again() {
     })
     .await;
 }
+
+/// A claim's `status.devices` entry is written after Prepare answers: a
+/// status write the API server fails does not fail Prepare, and is made
+/// once the server answers again (after the retry policy's tries, 5 s on).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_claim_status_write_does_not_fail_prepare_and_is_made_later() {
+    let rig = Rig::start("mi210", Some(1), None).await;
+    rig.kubelet.register().await;
+    rig.wait_status("published", |s| {
+        matches!(s.slices, Slices::Published { .. })
+    })
+    .await;
+    let device = rig.device_names()[0].clone();
+    let uid = rig.claim("solo", "gpu.amd.com", &[(NODE, &device)]).await;
+    // Every try of the first write: the call and the policy's four retries.
+    rig.cluster
+        .faults()
+        .fail_next(5, "patch", "resourceclaims.resource.k8s.io/status", 500);
+
+    let answer = rig.kubelet.prepare(&[(NS, &uid, "solo")]).await;
+    assert_eq!(answer.claims[&uid].error, "", "{answer:?}");
+    let entry = || {
+        rig.cluster
+            .get("resource.k8s.io/v1", "ResourceClaim", NS, "solo")
+            .and_then(|c| c["status"]["devices"].as_array().cloned())
+            .unwrap_or_default()
+    };
+    wait::eventually("every failure served", || {
+        rig.cluster.faults().pending_failures() == 0
+    })
+    .await;
+    assert!(entry().is_empty(), "{:?}", entry());
+    wait::eventually("the entry written once the server answers", || {
+        entry()
+            .iter()
+            .any(|e| e["device"] == device.as_str() && e["driver"] == "gpu.amd.com")
+    })
+    .await;
+}
