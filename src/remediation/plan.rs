@@ -392,33 +392,6 @@ fn request_id(what: &str, condition: &str, now: Timestamp) -> String {
     format!("{what}-{condition}-{}", now.as_millisecond())
 }
 
-/// The GPU reset path gave up: on to the whole-node steps (drain every GPU
-/// pod, then reboot or a person).
-fn escalate(
-    decision: &mut Decision,
-    record: &mut Record,
-    mut next: Run,
-    why: &str,
-    now: Timestamp,
-) {
-    decision.notes.push(Note {
-        warning: true,
-        reason: EVENT_ESCALATED,
-        message: format!(
-            "{}: {why}; going on with the whole node: draining every GPU pod",
-            next.condition
-        ),
-    });
-    next.phase = Phase::Draining;
-    next.since = now.to_string();
-    next.test = None;
-    // Off the reset path for good: a later failure fails the run.
-    next.gpu = None;
-    next.gpu_pods.clear();
-    decision.drain = DrainOrder::Start;
-    record.run = Some(next);
-}
-
 /// The agent's answer to the run's current request, if it gave one.
 fn answer_to<'a>(facts: &'a NodeFacts, run: &Run) -> Option<&'a Answer> {
     facts
@@ -435,7 +408,8 @@ fn named_template(template: &str) -> String {
     }
 }
 
-/// The node's next step.
+/// The node's next step: the idle node's, or the step of its run's phase
+/// (a person's abort first).
 pub fn node_step(
     facts: &NodeFacts,
     mapping: &Mapping,
@@ -445,53 +419,82 @@ pub fn node_step(
     let Some(run) = &facts.record.run else {
         return idle_step(facts, mapping, now);
     };
-    let mut decision = Decision::default();
-    let mut record = pruned(&facts.record, now);
-    let mut next = run.clone();
-    let moved = |next: &mut Run, phase: Phase| {
-        next.phase = phase;
-        next.since = now.to_string();
+    let step = RunStep {
+        facts,
+        policy,
+        run,
+        now,
+        in_phase: elapsed(&run.since, now),
+        decision: Decision::default(),
+        record: pruned(&facts.record, now),
     };
-
+    let next = run.clone();
     // A person's abort stops any run that is not over.
     if facts.abort && !run.phase.is_terminal() {
-        decision.consume.push(ABORT_LABEL);
-        decision.drain = DrainOrder::Stop;
-        if run.quarantined {
-            moved(&mut next, Phase::Aborted);
-            next.reason = Some("aborted by a person".into());
-            record.run = Some(next);
-        } else {
-            // Never quarantined (it awaited approval): nothing to keep.
-            record.run = None;
-        }
-        decision.notes.push(Note {
-            warning: true,
-            reason: EVENT_ABORTED,
-            message: format!(
-                "remediation of {} aborted at step {}{}",
-                run.condition,
-                run.phase.name(),
-                if run.quarantined {
-                    "; the node stays tainted until a person removes the taint"
-                } else {
-                    ""
-                }
-            ),
-        });
-        decision.outcomes.push(Outcome::Failed {
-            condition: run.condition.clone(),
-        });
-        decision.record = Some(record);
-        return NodeStep::Act(Box::new(decision));
+        return aborted(step, next);
+    }
+    match run.phase {
+        Phase::AwaitingApproval => awaiting_approval(step, next),
+        Phase::IsolatingGpu => isolating_gpu(step, next),
+        Phase::DrainingGpu => draining_gpu(step, next),
+        Phase::ResettingGpu => resetting_gpu(step, next),
+        Phase::Draining => draining(step, next),
+        Phase::AwaitingPerson => awaiting_person(step, next),
+        Phase::Rebooting => rebooting(step, next),
+        Phase::Validating => validating(step, next),
+        Phase::Confirming => confirming(step, next),
+        Phase::Failed | Phase::Aborted | Phase::Held => ended(step, mapping),
+    }
+}
+
+/// A run in progress, at one step: what its phase reads (the node's facts,
+/// the policy, the time) and what it writes (the decision, the record). The
+/// phase functions below take it with `next`, the run as it is to be.
+struct RunStep<'a> {
+    facts: &'a NodeFacts,
+    policy: &'a Policy,
+    /// The run as the record holds it.
+    run: &'a Run,
+    now: Timestamp,
+    /// How long the run has been in its phase.
+    in_phase: Duration,
+    decision: Decision,
+    record: Record,
+}
+
+impl RunStep<'_> {
+    /// `next` enters `phase` now.
+    fn moved(&self, next: &mut Run, phase: Phase) {
+        next.phase = phase;
+        next.since = self.now.to_string();
     }
 
-    let in_phase = elapsed(&run.since, now);
-    let fail = |decision: &mut Decision, record: &mut Record, mut next: Run, why: String| {
+    /// Acts on the decision and writes the record.
+    fn written(mut self) -> NodeStep {
+        self.decision.record = Some(self.record);
+        NodeStep::Act(Box::new(self.decision))
+    }
+
+    /// Acts on the decision (a wake, a lost quarantine put back) and leaves
+    /// the record as it is: a wait writes no record.
+    fn waiting(self) -> NodeStep {
+        NodeStep::Act(Box::new(self.decision))
+    }
+
+    /// Puts back a quarantine a write did not land (or a leader died before
+    /// it).
+    fn keep_quarantine(&mut self) {
+        if self.run.quarantined && !self.facts.tainted {
+            self.decision.quarantine = Some(true);
+        }
+    }
+
+    /// The run failed: the node stays tainted for a person.
+    fn fail(&mut self, mut next: Run, why: String) {
         // A failed drain's entry goes too: a run started later drains anew.
-        decision.drain = DrainOrder::Stop;
+        self.decision.drain = DrainOrder::Stop;
         next.phase = Phase::Failed;
-        next.since = now.to_string();
+        next.since = self.now.to_string();
         next.reason = Some(why.clone());
         let message = if next.entry.notify_test_failure_message.is_empty() {
             format!(
@@ -504,448 +507,535 @@ pub fn node_step(
                 next.entry.notify_test_failure_message
             )
         };
-        decision.notes.push(Note {
+        self.decision.notes.push(Note {
             warning: true,
             reason: EVENT_FAILED,
             message,
         });
-        decision.outcomes.push(Outcome::Failed {
+        self.decision.outcomes.push(Outcome::Failed {
             condition: next.condition.clone(),
         });
-        record.run = Some(next);
-    };
-
-    match run.phase {
-        Phase::AwaitingApproval => {
-            if facts.force_resume {
-                decision.consume.push(FORCE_RESUME_LABEL);
-                next.quarantined = true;
-                decision.quarantine = Some(true);
-                let step = if run.entry.gpu_reset_first {
-                    moved(&mut next, Phase::IsolatingGpu);
-                    next.test = Some(request_id("isolate", &run.condition, now));
-                    "finding the faulty GPU to reset it first"
-                } else {
-                    moved(&mut next, Phase::Draining);
-                    decision.drain = DrainOrder::Start;
-                    "draining the GPU pods"
-                };
-                decision.notes.push(Note {
-                    warning: true,
-                    reason: EVENT_STEP,
-                    message: format!("{}: approved; quarantined, {step}", run.condition),
-                });
-                record.run = Some(next);
-            } else if !facts.condition_true(&run.condition) {
-                // It cleared before anyone approved: nothing was done.
-                record.run = None;
-                decision.notes.push(Note {
-                    warning: false,
-                    reason: EVENT_RELEASED,
-                    message: format!(
-                        "{} cleared before the remediation was approved",
-                        run.condition
-                    ),
-                });
-            } else {
-                return NodeStep::Nothing;
-            }
-        }
-        Phase::IsolatingGpu => {
-            if run.quarantined && !facts.tainted {
-                decision.quarantine = Some(true);
-            }
-            match answer_to(facts, run) {
-                Some(Answer {
-                    passed: true,
-                    gpu: Some(gpu),
-                    pods,
-                    ..
-                }) => {
-                    moved(&mut next, Phase::DrainingGpu);
-                    next.gpu = Some(gpu.clone());
-                    next.gpu_pods = pods.clone();
-                    next.test = None;
-                    decision.drain = DrainOrder::Start;
-                    decision.notes.push(Note {
-                        warning: true,
-                        reason: EVENT_STEP,
-                        message: format!(
-                            "{}: the fault is confined to GPU {gpu}; evicting only the pods that hold it ({})",
-                            run.condition,
-                            if pods.is_empty() {
-                                "none".to_owned()
-                            } else {
-                                pods.join(", ")
-                            }
-                        ),
-                    });
-                    record.run = Some(next);
-                }
-                Some(answer) => {
-                    let why = format!("no GPU reset: {}", answer.message);
-                    escalate(&mut decision, &mut record, next, &why, now);
-                }
-                None if in_phase >= GPU_ISOLATION_LIMIT => {
-                    let why = format!(
-                        "no GPU reset: the agent did not say which GPU is at fault within {}s",
-                        GPU_ISOLATION_LIMIT.as_secs()
-                    );
-                    escalate(&mut decision, &mut record, next, &why, now);
-                }
-                None => {
-                    // Waiting (a lost quarantine put back): no record write.
-                    decision.wake = Some(GPU_ISOLATION_LIMIT - in_phase);
-                    return NodeStep::Act(Box::new(decision));
-                }
-            }
-        }
-        Phase::DrainingGpu => {
-            if run.quarantined && !facts.tainted {
-                decision.quarantine = Some(true);
-            }
-            match &facts.drain {
-                None => decision.drain = DrainOrder::Start,
-                Some(DrainState::Running) => decision.wake = Some(Duration::from_secs(30)),
-                Some(DrainState::Failed(why)) => {
-                    let why = format!("the pods on the GPU could not be drained: {why}");
-                    escalate(&mut decision, &mut record, next, &why, now);
-                }
-                Some(DrainState::Done) => {
-                    decision.drain = DrainOrder::Stop;
-                    moved(&mut next, Phase::ResettingGpu);
-                    next.test = Some(request_id("reset", &run.condition, now));
-                    decision.notes.push(Note {
-                        warning: true,
-                        reason: EVENT_STEP,
-                        message: format!(
-                            "{}: the pods on GPU {} are drained; asking the node's agent to reset it and test it",
-                            run.condition,
-                            run.gpu.as_deref().unwrap_or("?")
-                        ),
-                    });
-                    record.run = Some(next);
-                }
-            }
-        }
-        Phase::ResettingGpu => match answer_to(facts, run) {
-            Some(answer) if answer.not_run.is_some() || answer.passed => {
-                if answer.not_run.is_some() {
-                    tested_nothing(&mut decision, run, answer);
-                } else {
-                    decision.notes.push(Note {
-                        warning: false,
-                        reason: EVENT_STEP,
-                        message: format!(
-                            "{}: GPU {} was reset and passed its tests: {}",
-                            run.condition,
-                            run.gpu.as_deref().unwrap_or("?"),
-                            answer.message
-                        ),
-                    });
-                }
-                moved(&mut next, Phase::Confirming);
-                next.test = None;
-                next.checks = 0;
-                next.last_check = None;
-                decision.wake = Some(policy.confirm.interval);
-                record.run = Some(next);
-            }
-            Some(answer) => {
-                let why = format!("the GPU reset did not repair it: {}", answer.message);
-                escalate(&mut decision, &mut record, next, &why, now);
-            }
-            None => {
-                let limit = GPU_RESET_LIMIT + run.entry.validation_limit();
-                if in_phase >= limit {
-                    let why = format!(
-                        "the GPU reset and its tests did not report within {}s",
-                        limit.as_secs()
-                    );
-                    escalate(&mut decision, &mut record, next, &why, now);
-                } else {
-                    decision.wake = Some(limit - in_phase);
-                    return NodeStep::Act(Box::new(decision));
-                }
-            }
-        },
-        Phase::Draining => {
-            if run.quarantined && !facts.tainted {
-                // Put back a quarantine a write did not land (or a leader
-                // died before it).
-                decision.quarantine = Some(true);
-            }
-            match &facts.drain {
-                None => decision.drain = DrainOrder::Start,
-                Some(DrainState::Running) => decision.wake = Some(Duration::from_secs(30)),
-                Some(DrainState::Failed(why)) => fail(
-                    &mut decision,
-                    &mut record,
-                    next,
-                    format!("the drain failed: {why}"),
-                ),
-                Some(DrainState::Done) => {
-                    decision.drain = DrainOrder::Stop;
-                    let mut message = format!("{}: the node's GPU pods are drained", run.condition);
-                    if !run.entry.notify_remediation_message.is_empty() {
-                        message = format!("{message}: {}", run.entry.notify_remediation_message);
-                    }
-                    if run.entry.physical_action_needed {
-                        message.push_str(&format!(
-                            "; physical action is needed: label the node {FORCE_RESUME_LABEL}=true once done"
-                        ));
-                    }
-                    decision.notes.push(Note {
-                        warning: true,
-                        reason: EVENT_REQUIRED,
-                        message,
-                    });
-                    if run.entry.physical_action_needed {
-                        moved(&mut next, Phase::AwaitingPerson);
-                        record.run = Some(next);
-                    } else {
-                        after_person(facts, &mut decision, &mut record, next, now);
-                    }
-                }
-            }
-        }
-        Phase::AwaitingPerson => {
-            if !facts.force_resume {
-                return NodeStep::Nothing;
-            }
-            decision.consume.push(FORCE_RESUME_LABEL);
-            after_person(facts, &mut decision, &mut record, next, now);
-        }
-        Phase::Rebooting => {
-            let back = facts.ready && facts.boot_id.is_some() && facts.boot_id != run.reboot_from;
-            // Tests on a node whose driver is not loaded yet find no GPU and
-            // fail: validation waits for the driver of this boot.
-            if back && facts.driver_pending.is_none() {
-                decision.notes.push(Note {
-                    warning: false,
-                    reason: EVENT_STEP,
-                    message: format!(
-                        "{}: the node rebooted, is Ready and its driver is loaded",
-                        run.condition
-                    ),
-                });
-                validate(&mut decision, &mut record, next, now);
-            } else if in_phase >= policy.reboot_timeout {
-                let why = match (&facts.driver_pending, back) {
-                    (Some(pending), true) => format!(
-                        "the node rebooted, but its driver was not ready within {}s: {pending}",
-                        policy.reboot_timeout.as_secs()
-                    ),
-                    _ => format!(
-                        "the node did not come back Ready with a new boot id within {}s",
-                        policy.reboot_timeout.as_secs()
-                    ),
-                };
-                fail(&mut decision, &mut record, next, why);
-            } else {
-                decision.wake = Some(policy.reboot_timeout - in_phase);
-                return NodeStep::Act(Box::new(decision));
-            }
-        }
-        Phase::Validating => match answer_to(facts, run) {
-            Some(result) if result.not_run.is_some() => {
-                tested_nothing(&mut decision, run, result);
-                moved(&mut next, Phase::Confirming);
-                next.checks = 0;
-                next.last_check = None;
-                decision.wake = Some(policy.confirm.interval);
-                record.run = Some(next);
-            }
-            Some(result) if result.passed => {
-                decision.notes.push(Note {
-                    warning: false,
-                    reason: EVENT_STEP,
-                    message: format!("{}: the validation tests passed", run.condition),
-                });
-                moved(&mut next, Phase::Confirming);
-                next.checks = 0;
-                next.last_check = None;
-                decision.wake = Some(policy.confirm.interval);
-                record.run = Some(next);
-            }
-            Some(result) => {
-                let why = format!("the validation tests failed: {}", result.message);
-                fail(&mut decision, &mut record, next, why);
-            }
-            None => {
-                let limit = run.entry.validation_limit();
-                if in_phase >= limit {
-                    let why = format!(
-                        "the validation tests did not report within {}s",
-                        limit.as_secs()
-                    );
-                    fail(&mut decision, &mut record, next, why);
-                } else {
-                    decision.wake = Some(limit - in_phase);
-                    return NodeStep::Act(Box::new(decision));
-                }
-            }
-        },
-        Phase::Confirming => {
-            let confirm = policy.confirm;
-            let last = run.last_check.as_deref().unwrap_or(&run.since);
-            let since_last = elapsed(last, now);
-            if since_last < confirm.interval {
-                decision.wake = Some(confirm.interval - since_last);
-                return NodeStep::Act(Box::new(decision));
-            }
-            next.last_check = Some(now.to_string());
-            next.checks = if facts.condition_true(&run.condition) {
-                0
-            } else {
-                run.checks + 1
-            };
-            if next.checks >= confirm.checks {
-                let seconds = elapsed(&run.started, now).as_secs_f64();
-                decision.quarantine = Some(false);
-                decision.notes.push(Note {
-                    warning: false,
-                    reason: EVENT_SUCCEEDED,
-                    message: format!(
-                        "{} stayed False at {} checks: remediation succeeded; the taints and labels are lifted",
-                        run.condition, next.checks
-                    ),
-                });
-                decision.outcomes.push(Outcome::Succeeded {
-                    condition: run.condition.clone(),
-                    seconds,
-                });
-                if let Some(attempt) = record
-                    .attempts
-                    .iter_mut()
-                    .rev()
-                    .find(|a| a.condition == run.condition)
-                {
-                    attempt.healed = true;
-                }
-                record.run = None;
-            } else if in_phase + confirm.interval > confirm.within {
-                let why = format!(
-                    "{} did not stay False at {} checks {}s apart within {}s",
-                    run.condition,
-                    confirm.checks,
-                    confirm.interval.as_secs(),
-                    confirm.within.as_secs()
-                );
-                if run.gpu.is_some() {
-                    // The reset did not repair it: on to the node's steps.
-                    next.checks = 0;
-                    next.last_check = None;
-                    let why = format!("the GPU reset did not repair it: {why}");
-                    escalate(&mut decision, &mut record, next, &why, now);
-                } else {
-                    fail(&mut decision, &mut record, next, why);
-                }
-            } else {
-                decision.wake = Some(confirm.interval);
-                record.run = Some(next);
-            }
-        }
-        Phase::Failed | Phase::Aborted | Phase::Held => {
-            if facts.force_resume {
-                // A person asks for a new run: the window and the breaker
-                // do not hold it.
-                let entry = mapping
-                    .entry(&run.condition)
-                    .cloned()
-                    .unwrap_or_else(|| run.entry.clone());
-                return NodeStep::Candidate(Box::new(Candidate {
-                    node: facts.name.clone(),
-                    condition: run.condition.clone(),
-                    entry,
-                    forced: true,
-                }));
-            }
-            if run.quarantined && !facts.tainted {
-                // A person removed the taint: the node is theirs again.
-                decision.quarantine = Some(false);
-                decision.notes.push(Note {
-                    warning: false,
-                    reason: EVENT_RELEASED,
-                    message: format!(
-                        "a person removed the remediation taint: the {} run ({}) is closed and its labels lifted",
-                        run.condition,
-                        run.phase.name()
-                    ),
-                });
-                record.run = None;
-            } else {
-                return NodeStep::Nothing;
-            }
-        }
+        self.record.run = Some(next);
     }
-    decision.record = Some(record);
-    NodeStep::Act(Box::new(decision))
-}
 
-/// After the drain (and a person, when needed): reboot, or straight to the
-/// tests when the entry skips the reboot.
-fn after_person(
-    facts: &NodeFacts,
-    decision: &mut Decision,
-    record: &mut Record,
-    mut next: Run,
-    now: Timestamp,
-) {
-    if next.entry.skip_reboot_step {
-        validate(decision, record, next, now);
-        return;
+    /// The GPU reset path gave up: on to the whole-node steps (drain every
+    /// GPU pod, then reboot or a person).
+    fn escalate(&mut self, mut next: Run, why: &str) {
+        self.decision.notes.push(Note {
+            warning: true,
+            reason: EVENT_ESCALATED,
+            message: format!(
+                "{}: {why}; going on with the whole node: draining every GPU pod",
+                next.condition
+            ),
+        });
+        next.phase = Phase::Draining;
+        next.since = self.now.to_string();
+        next.test = None;
+        // Off the reset path for good: a later failure fails the run.
+        next.gpu = None;
+        next.gpu_pods.clear();
+        self.decision.drain = DrainOrder::Start;
+        self.record.run = Some(next);
     }
-    next.phase = Phase::Rebooting;
-    next.since = now.to_string();
-    next.reboot_from = facts.boot_id.clone();
-    decision.notes.push(Note {
-        warning: false,
-        reason: EVENT_STEP,
-        message: format!(
-            "{}: asking the node's agent to reboot (from boot {})",
-            next.condition,
-            facts.boot_id.as_deref().unwrap_or("unknown")
-        ),
-    });
-    record.run = Some(next);
-}
 
-/// The tests could not run (their tool cannot start on the node): not a
-/// verdict on the GPUs, so the run goes on to the confirmation (the node's
-/// own health checks, the condition staying False), with a Warning that
-/// names the tool and the agent's flag.
-fn tested_nothing(decision: &mut Decision, run: &Run, answer: &Answer) {
-    decision.notes.push(Note {
-        warning: true,
-        reason: EVENT_VALIDATION_NOT_RUN,
-        message: format!(
-            "{}: {}; the node is judged by its health checks alone (the condition must stay False)",
-            run.condition,
-            answer.not_run.as_deref().unwrap_or("the tests did not run")
-        ),
-    });
-}
-
-/// Starts the validation, or skips to the confirmation when the entry has
-/// no test profile.
-fn validate(decision: &mut Decision, record: &mut Record, mut next: Run, now: Timestamp) {
-    next.since = now.to_string();
-    next.reboot_from = None;
-    if next.entry.validation_tests_profile.is_some() {
-        next.phase = Phase::Validating;
-        next.test = Some(request_id("validate", &next.condition, now));
-        decision.notes.push(Note {
+    /// After the drain (and a person, when needed): reboot, or straight to
+    /// the tests when the entry skips the reboot.
+    fn after_person(&mut self, mut next: Run) {
+        if next.entry.skip_reboot_step {
+            self.validate(next);
+            return;
+        }
+        let facts = self.facts;
+        next.phase = Phase::Rebooting;
+        next.since = self.now.to_string();
+        next.reboot_from = facts.boot_id.clone();
+        self.decision.notes.push(Note {
             warning: false,
             reason: EVENT_STEP,
-            message: format!("{}: running the validation tests", next.condition),
+            message: format!(
+                "{}: asking the node's agent to reboot (from boot {})",
+                next.condition,
+                facts.boot_id.as_deref().unwrap_or("unknown")
+            ),
         });
-    } else {
-        next.phase = Phase::Confirming;
+        self.record.run = Some(next);
+    }
+
+    /// The tests could not run (their tool cannot start on the node): not a
+    /// verdict on the GPUs, so the run goes on to the confirmation (the
+    /// node's own health checks, the condition staying False), with a
+    /// Warning that names the tool and the agent's flag.
+    fn tested_nothing(&mut self, answer: &Answer) {
+        self.decision.notes.push(Note {
+            warning: true,
+            reason: EVENT_VALIDATION_NOT_RUN,
+            message: format!(
+                "{}: {}; the node is judged by its health checks alone (the condition must stay False)",
+                self.run.condition,
+                answer.not_run.as_deref().unwrap_or("the tests did not run")
+            ),
+        });
+    }
+
+    /// Starts the validation, or skips to the confirmation when the entry
+    /// has no test profile.
+    fn validate(&mut self, mut next: Run) {
+        let now = self.now;
+        next.since = now.to_string();
+        next.reboot_from = None;
+        if next.entry.validation_tests_profile.is_some() {
+            next.phase = Phase::Validating;
+            next.test = Some(request_id("validate", &next.condition, now));
+            self.decision.notes.push(Note {
+                warning: false,
+                reason: EVENT_STEP,
+                message: format!("{}: running the validation tests", next.condition),
+            });
+        } else {
+            next.phase = Phase::Confirming;
+            next.checks = 0;
+            next.last_check = None;
+        }
+        self.record.run = Some(next);
+    }
+
+    /// On to the confirmation, its count from zero.
+    fn confirm(&mut self, mut next: Run) {
+        self.moved(&mut next, Phase::Confirming);
         next.checks = 0;
         next.last_check = None;
+        self.decision.wake = Some(self.policy.confirm.interval);
+        self.record.run = Some(next);
     }
-    record.run = Some(next);
+}
+
+/// A person's abort: the run stops where it is; a quarantined node stays
+/// tainted until a person removes the taint.
+fn aborted(mut s: RunStep<'_>, mut next: Run) -> NodeStep {
+    let run = s.run;
+    s.decision.consume.push(ABORT_LABEL);
+    s.decision.drain = DrainOrder::Stop;
+    if run.quarantined {
+        s.moved(&mut next, Phase::Aborted);
+        next.reason = Some("aborted by a person".into());
+        s.record.run = Some(next);
+    } else {
+        // Never quarantined (it awaited approval): nothing to keep.
+        s.record.run = None;
+    }
+    s.decision.notes.push(Note {
+        warning: true,
+        reason: EVENT_ABORTED,
+        message: format!(
+            "remediation of {} aborted at step {}{}",
+            run.condition,
+            run.phase.name(),
+            if run.quarantined {
+                "; the node stays tainted until a person removes the taint"
+            } else {
+                ""
+            }
+        ),
+    });
+    s.decision.outcomes.push(Outcome::Failed {
+        condition: run.condition.clone(),
+    });
+    s.written()
+}
+
+/// `AwaitingApproval`: the force-resume label quarantines the node and
+/// starts the first step; a condition that clears first ends the wait.
+fn awaiting_approval(mut s: RunStep<'_>, mut next: Run) -> NodeStep {
+    let (facts, run, now) = (s.facts, s.run, s.now);
+    if facts.force_resume {
+        s.decision.consume.push(FORCE_RESUME_LABEL);
+        next.quarantined = true;
+        s.decision.quarantine = Some(true);
+        let step = if run.entry.gpu_reset_first {
+            s.moved(&mut next, Phase::IsolatingGpu);
+            next.test = Some(request_id("isolate", &run.condition, now));
+            "finding the faulty GPU to reset it first"
+        } else {
+            s.moved(&mut next, Phase::Draining);
+            s.decision.drain = DrainOrder::Start;
+            "draining the GPU pods"
+        };
+        s.decision.notes.push(Note {
+            warning: true,
+            reason: EVENT_STEP,
+            message: format!("{}: approved; quarantined, {step}", run.condition),
+        });
+        s.record.run = Some(next);
+    } else if !facts.condition_true(&run.condition) {
+        // It cleared before anyone approved: nothing was done.
+        s.record.run = None;
+        s.decision.notes.push(Note {
+            warning: false,
+            reason: EVENT_RELEASED,
+            message: format!(
+                "{} cleared before the remediation was approved",
+                run.condition
+            ),
+        });
+    } else {
+        return NodeStep::Nothing;
+    }
+    s.written()
+}
+
+/// `IsolatingGpu`: the agent names the one faulty GPU and its pods (on to
+/// draining those), or cannot (escalate), or has not yet.
+fn isolating_gpu(mut s: RunStep<'_>, mut next: Run) -> NodeStep {
+    let (facts, run, in_phase) = (s.facts, s.run, s.in_phase);
+    s.keep_quarantine();
+    match answer_to(facts, run) {
+        Some(Answer {
+            passed: true,
+            gpu: Some(gpu),
+            pods,
+            ..
+        }) => {
+            s.moved(&mut next, Phase::DrainingGpu);
+            next.gpu = Some(gpu.clone());
+            next.gpu_pods = pods.clone();
+            next.test = None;
+            s.decision.drain = DrainOrder::Start;
+            s.decision.notes.push(Note {
+                warning: true,
+                reason: EVENT_STEP,
+                message: format!(
+                    "{}: the fault is confined to GPU {gpu}; evicting only the pods that hold it ({})",
+                    run.condition,
+                    if pods.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        pods.join(", ")
+                    }
+                ),
+            });
+            s.record.run = Some(next);
+        }
+        Some(answer) => {
+            let why = format!("no GPU reset: {}", answer.message);
+            s.escalate(next, &why);
+        }
+        None if in_phase >= GPU_ISOLATION_LIMIT => {
+            let why = format!(
+                "no GPU reset: the agent did not say which GPU is at fault within {}s",
+                GPU_ISOLATION_LIMIT.as_secs()
+            );
+            s.escalate(next, &why);
+        }
+        None => {
+            // Waiting (a lost quarantine put back): no record write.
+            s.decision.wake = Some(GPU_ISOLATION_LIMIT - in_phase);
+            return s.waiting();
+        }
+    }
+    s.written()
+}
+
+/// `DrainingGpu`: the pods on the faulty GPU are evicted; then the agent is
+/// asked to reset the GPU and test it. A failed drain escalates.
+fn draining_gpu(mut s: RunStep<'_>, mut next: Run) -> NodeStep {
+    let (facts, run, now) = (s.facts, s.run, s.now);
+    s.keep_quarantine();
+    match &facts.drain {
+        None => s.decision.drain = DrainOrder::Start,
+        Some(DrainState::Running) => s.decision.wake = Some(Duration::from_secs(30)),
+        Some(DrainState::Failed(why)) => {
+            let why = format!("the pods on the GPU could not be drained: {why}");
+            s.escalate(next, &why);
+        }
+        Some(DrainState::Done) => {
+            s.decision.drain = DrainOrder::Stop;
+            s.moved(&mut next, Phase::ResettingGpu);
+            next.test = Some(request_id("reset", &run.condition, now));
+            s.decision.notes.push(Note {
+                warning: true,
+                reason: EVENT_STEP,
+                message: format!(
+                    "{}: the pods on GPU {} are drained; asking the node's agent to reset it and test it",
+                    run.condition,
+                    run.gpu.as_deref().unwrap_or("?")
+                ),
+            });
+            s.record.run = Some(next);
+        }
+    }
+    s.written()
+}
+
+/// `ResettingGpu`: a reset GPU that passed its tests (or could not be
+/// tested) goes on to the confirmation; a failure or silence past the limit
+/// escalates.
+fn resetting_gpu(mut s: RunStep<'_>, next: Run) -> NodeStep {
+    let (facts, run, in_phase) = (s.facts, s.run, s.in_phase);
+    match answer_to(facts, run) {
+        Some(answer) if answer.not_run.is_some() || answer.passed => {
+            if answer.not_run.is_some() {
+                s.tested_nothing(answer);
+            } else {
+                s.decision.notes.push(Note {
+                    warning: false,
+                    reason: EVENT_STEP,
+                    message: format!(
+                        "{}: GPU {} was reset and passed its tests: {}",
+                        run.condition,
+                        run.gpu.as_deref().unwrap_or("?"),
+                        answer.message
+                    ),
+                });
+            }
+            let mut next = next;
+            next.test = None;
+            s.confirm(next);
+        }
+        Some(answer) => {
+            let why = format!("the GPU reset did not repair it: {}", answer.message);
+            s.escalate(next, &why);
+        }
+        None => {
+            let limit = GPU_RESET_LIMIT + run.entry.validation_limit();
+            if in_phase >= limit {
+                let why = format!(
+                    "the GPU reset and its tests did not report within {}s",
+                    limit.as_secs()
+                );
+                s.escalate(next, &why);
+            } else {
+                s.decision.wake = Some(limit - in_phase);
+                return s.waiting();
+            }
+        }
+    }
+    s.written()
+}
+
+/// `Draining`: the node's GPU pods are evicted; then a person (when the
+/// entry needs physical action) or the reboot. A failed drain fails the run.
+fn draining(mut s: RunStep<'_>, mut next: Run) -> NodeStep {
+    let (facts, run) = (s.facts, s.run);
+    s.keep_quarantine();
+    match &facts.drain {
+        None => s.decision.drain = DrainOrder::Start,
+        Some(DrainState::Running) => s.decision.wake = Some(Duration::from_secs(30)),
+        Some(DrainState::Failed(why)) => s.fail(next, format!("the drain failed: {why}")),
+        Some(DrainState::Done) => {
+            s.decision.drain = DrainOrder::Stop;
+            let mut message = format!("{}: the node's GPU pods are drained", run.condition);
+            if !run.entry.notify_remediation_message.is_empty() {
+                message = format!("{message}: {}", run.entry.notify_remediation_message);
+            }
+            if run.entry.physical_action_needed {
+                message.push_str(&format!(
+                    "; physical action is needed: label the node {FORCE_RESUME_LABEL}=true once done"
+                ));
+            }
+            s.decision.notes.push(Note {
+                warning: true,
+                reason: EVENT_REQUIRED,
+                message,
+            });
+            if run.entry.physical_action_needed {
+                s.moved(&mut next, Phase::AwaitingPerson);
+                s.record.run = Some(next);
+            } else {
+                s.after_person(next);
+            }
+        }
+    }
+    s.written()
+}
+
+/// `AwaitingPerson`: the force-resume label says the hardware is seen to.
+fn awaiting_person(mut s: RunStep<'_>, next: Run) -> NodeStep {
+    if !s.facts.force_resume {
+        return NodeStep::Nothing;
+    }
+    s.decision.consume.push(FORCE_RESUME_LABEL);
+    s.after_person(next);
+    s.written()
+}
+
+/// `Rebooting`: the node back Ready with a new boot id and its driver
+/// loaded goes on to the tests; past the timeout the run fails.
+fn rebooting(mut s: RunStep<'_>, next: Run) -> NodeStep {
+    let (facts, run, policy, in_phase) = (s.facts, s.run, s.policy, s.in_phase);
+    let back = facts.ready && facts.boot_id.is_some() && facts.boot_id != run.reboot_from;
+    // Tests on a node whose driver is not loaded yet find no GPU and
+    // fail: validation waits for the driver of this boot.
+    if back && facts.driver_pending.is_none() {
+        s.decision.notes.push(Note {
+            warning: false,
+            reason: EVENT_STEP,
+            message: format!(
+                "{}: the node rebooted, is Ready and its driver is loaded",
+                run.condition
+            ),
+        });
+        s.validate(next);
+    } else if in_phase >= policy.reboot_timeout {
+        let why = match (&facts.driver_pending, back) {
+            (Some(pending), true) => format!(
+                "the node rebooted, but its driver was not ready within {}s: {pending}",
+                policy.reboot_timeout.as_secs()
+            ),
+            _ => format!(
+                "the node did not come back Ready with a new boot id within {}s",
+                policy.reboot_timeout.as_secs()
+            ),
+        };
+        s.fail(next, why);
+    } else {
+        s.decision.wake = Some(policy.reboot_timeout - in_phase);
+        return s.waiting();
+    }
+    s.written()
+}
+
+/// `Validating`: tests that passed (or could not run) go on to the
+/// confirmation; a failure or silence past the limit fails the run.
+fn validating(mut s: RunStep<'_>, next: Run) -> NodeStep {
+    let (facts, run, in_phase) = (s.facts, s.run, s.in_phase);
+    match answer_to(facts, run) {
+        Some(result) if result.not_run.is_some() => {
+            s.tested_nothing(result);
+            s.confirm(next);
+        }
+        Some(result) if result.passed => {
+            s.decision.notes.push(Note {
+                warning: false,
+                reason: EVENT_STEP,
+                message: format!("{}: the validation tests passed", run.condition),
+            });
+            s.confirm(next);
+        }
+        Some(result) => {
+            let why = format!("the validation tests failed: {}", result.message);
+            s.fail(next, why);
+        }
+        None => {
+            let limit = run.entry.validation_limit();
+            if in_phase >= limit {
+                let why = format!(
+                    "the validation tests did not report within {}s",
+                    limit.as_secs()
+                );
+                s.fail(next, why);
+            } else {
+                s.decision.wake = Some(limit - in_phase);
+                return s.waiting();
+            }
+        }
+    }
+    s.written()
+}
+
+/// `Confirming`: the condition must stay False at [`Confirm::checks`]
+/// checks; then the node is released. Past [`Confirm::within`] a GPU reset
+/// escalates and a whole-node run fails.
+fn confirming(mut s: RunStep<'_>, mut next: Run) -> NodeStep {
+    let (facts, run, now, in_phase) = (s.facts, s.run, s.now, s.in_phase);
+    let confirm = s.policy.confirm;
+    let last = run.last_check.as_deref().unwrap_or(&run.since);
+    let since_last = elapsed(last, now);
+    if since_last < confirm.interval {
+        s.decision.wake = Some(confirm.interval - since_last);
+        return s.waiting();
+    }
+    next.last_check = Some(now.to_string());
+    next.checks = if facts.condition_true(&run.condition) {
+        0
+    } else {
+        run.checks + 1
+    };
+    if next.checks >= confirm.checks {
+        let seconds = elapsed(&run.started, now).as_secs_f64();
+        s.decision.quarantine = Some(false);
+        s.decision.notes.push(Note {
+            warning: false,
+            reason: EVENT_SUCCEEDED,
+            message: format!(
+                "{} stayed False at {} checks: remediation succeeded; the taints and labels are lifted",
+                run.condition, next.checks
+            ),
+        });
+        s.decision.outcomes.push(Outcome::Succeeded {
+            condition: run.condition.clone(),
+            seconds,
+        });
+        if let Some(attempt) = s
+            .record
+            .attempts
+            .iter_mut()
+            .rev()
+            .find(|a| a.condition == run.condition)
+        {
+            attempt.healed = true;
+        }
+        s.record.run = None;
+    } else if in_phase + confirm.interval > confirm.within {
+        let why = format!(
+            "{} did not stay False at {} checks {}s apart within {}s",
+            run.condition,
+            confirm.checks,
+            confirm.interval.as_secs(),
+            confirm.within.as_secs()
+        );
+        if run.gpu.is_some() {
+            // The reset did not repair it: on to the node's steps.
+            next.checks = 0;
+            next.last_check = None;
+            let why = format!("the GPU reset did not repair it: {why}");
+            s.escalate(next, &why);
+        } else {
+            s.fail(next, why);
+        }
+    } else {
+        s.decision.wake = Some(confirm.interval);
+        s.record.run = Some(next);
+    }
+    s.written()
+}
+
+/// `Failed`, `Aborted`, `Held`: the node is quarantined until a person
+/// forces a new run (the window and the breaker do not hold it) or removes
+/// the taint (the run is closed).
+fn ended(mut s: RunStep<'_>, mapping: &Mapping) -> NodeStep {
+    let (facts, run) = (s.facts, s.run);
+    if facts.force_resume {
+        // A person asks for a new run: the window and the breaker
+        // do not hold it.
+        let entry = mapping
+            .entry(&run.condition)
+            .cloned()
+            .unwrap_or_else(|| run.entry.clone());
+        return NodeStep::Candidate(Box::new(Candidate {
+            node: facts.name.clone(),
+            condition: run.condition.clone(),
+            entry,
+            forced: true,
+        }));
+    }
+    if run.quarantined && !facts.tainted {
+        // A person removed the taint: the node is theirs again.
+        s.decision.quarantine = Some(false);
+        s.decision.notes.push(Note {
+            warning: false,
+            reason: EVENT_RELEASED,
+            message: format!(
+                "a person removed the remediation taint: the {} run ({}) is closed and its labels lifted",
+                run.condition,
+                run.phase.name()
+            ),
+        });
+        s.record.run = None;
+        s.written()
+    } else {
+        NodeStep::Nothing
+    }
 }
 
 /// A node with no run: a candidate when a mapped condition is True and the
