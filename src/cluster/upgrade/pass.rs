@@ -1,252 +1,17 @@
-//! Rolling driver upgrades across the cluster: the per-node state machine and
-//! the policy that picks which nodes go next. Pure: [`plan`] takes plain facts
-//! about every selected node and returns what to do with each, and when to
-//! look again. Carrying the decisions out (cordon, taint, drain, telling the
-//! agent its target, writing `status.nodeModuleStatus` and the state label)
-//! belongs to the caller.
-//!
-//! States use the reference operator's names ([`UpgradeState`]) so that its
-//! dashboards and runbooks carry over. Per node:
-//! 1. `Upgrade-Not-Started`: the node's driver differs from the target; it
-//!    waits to be picked.
-//! 2. `Upgrade-Started`: picked. Cordoned and tainted (whether a person had
-//!    cordoned it before is recorded first), then drained.
-//! 3. `Upgrade-In-Progress`: drained; the agent has its target and unloads
-//!    and loads. Or `Reboot-In-Progress`, when the policy asks for a reboot
-//!    or the in-box amdgpu runs (it goes only at a boot): the agent reboots,
-//!    and once the boot id changes the node is `Upgrade-In-Progress` again
-//!    while the agent loads the target.
-//! 4. `Upgrade-Complete`: the agent reports the target version; uncordoned
-//!    and untainted, unless a person had cordoned it.
-//!
-//! A node with no driver of ours yet installs without the policy
-//! (`Install-In-Progress`, `Install-Complete`), as in the reference. Every
-//! step has a timeout; a failure moves the node to its `*-Failed` state and the
-//! others go on. A failed node is tried again only when a person labels it
-//! `operator.amd.com/gpu-driver-upgrade-state=upgrade-required`.
-//!
-//! Picking follows `maxParallelUpgrades` (nodes in progress, 0 = no limit) and
-//! `maxUnavailableNodes` (nodes unavailable: cordoned, not Ready or in
-//! progress; a percentage of the selected nodes, rounded up). A node that is
-//! not Ready, that someone else cordoned, whose agent has not reported, or
-//! whose agent refuses the target, is not picked.
-//!
-//! This module must not do I/O or read the clock: the caller passes how long
-//! each node has been in its state.
+//! One planning pass over every selected node ([`plan`]): each node's step
+//! in its state (an install; the pick within `maxParallelUpgrades` and
+//! `maxUnavailableNodes`; the cordon and the drain; the load or the reboot)
+//! and when to look again. Pure: it must not do I/O or read the clock, and
+//! it carries nothing out (the caller does). The facts, decisions and
+//! policy it works on are the parent's and `policy.rs`'s.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
-use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use serde::Serialize;
-
-use super::drain::DrainPolicy;
-use crate::api::{DriverSpec, DriverUpgradePolicySpec, UpgradeState};
-
-pub use crate::api::driver_upgrade::{RETRY_VALUE, STATE_LABEL, TAINT_KEY};
-
-/// Step limits. The reboot wait and the whole-upgrade limit are the
-/// reference's (60 minutes, 2 hours).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-pub struct Timeouts {
-    /// Cordoning (the write being accepted).
-    pub cordon: Duration,
-    /// Draining; `None` waits as long as the drain policy does.
-    pub drain: Option<Duration>,
-    /// The agent reporting the target version after it was told.
-    pub load: Duration,
-    /// The node coming back with a new boot id.
-    pub reboot: Duration,
-    /// The whole upgrade of one node.
-    pub upgrade: Duration,
-}
-
-impl Default for Timeouts {
-    fn default() -> Self {
-        Self {
-            cordon: Duration::from_secs(60),
-            drain: Some(Duration::from_secs(300)),
-            load: Duration::from_secs(600),
-            reboot: Duration::from_secs(3600),
-            upgrade: Duration::from_secs(2 * 3600),
-        }
-    }
-}
-
-/// The upgrade policy as the planner uses it.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct Policy {
-    /// Nodes in progress at once; 0 is no limit.
-    pub max_parallel: usize,
-    pub max_unavailable: MaxUnavailable,
-    pub reboot_required: bool,
-    /// `driver.blacklist: true`: the in-box amdgpu does not come back at
-    /// boot, so a reboot can replace it.
-    pub blacklist: bool,
-    pub timeouts: Timeouts,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub enum MaxUnavailable {
-    Count(usize),
-    /// Percent of the selected nodes, rounded up.
-    Percent(u32),
-}
-
-impl MaxUnavailable {
-    /// Reads `maxUnavailableNodes`: an integer, or a string `N%`. Anything
-    /// else is an error for `validate` to report.
-    pub fn parse(value: &IntOrString) -> Result<Self, String> {
-        match value {
-            IntOrString::Int(n) => usize::try_from(*n)
-                .map(Self::Count)
-                .map_err(|_| format!("maxUnavailableNodes must not be negative, got {n}")),
-            IntOrString::String(text) => {
-                let number = text.strip_suffix('%').unwrap_or(text);
-                let parsed = number.trim().parse::<u32>().map_err(|_| {
-                    format!("maxUnavailableNodes must be an integer or a percentage, got {text:?}")
-                })?;
-                Ok(if text.ends_with('%') {
-                    Self::Percent(parsed.min(100))
-                } else {
-                    Self::Count(parsed as usize)
-                })
-            }
-        }
-    }
-
-    /// How many nodes of `total` may be unavailable. At least one, so that
-    /// an upgrade of a small cluster (25 % of 3 nodes) can start at all.
-    pub fn of(&self, total: usize) -> usize {
-        let n = match self {
-            Self::Count(n) => *n,
-            Self::Percent(p) => (total * *p as usize).div_ceil(100),
-        };
-        n.max(1)
-    }
-}
-
-impl Policy {
-    /// The policy the `driver` section asks for (the API's defaults where
-    /// unset), with the step limits of `timeouts` but the drain's own from
-    /// the drain policy. Only planned while `upgradePolicy.enable` is true.
-    pub fn of_spec(driver: &DriverSpec, timeouts: Timeouts) -> Self {
-        let default = DriverUpgradePolicySpec::default();
-        let spec = driver.upgrade_policy.as_ref().unwrap_or(&default);
-        Self {
-            blacklist: driver.blacklist == Some(true),
-            max_parallel: usize::try_from(spec.max_parallel_upgrades).unwrap_or(0),
-            max_unavailable: MaxUnavailable::parse(&spec.max_unavailable_nodes)
-                .unwrap_or(MaxUnavailable::Percent(25)),
-            reboot_required: spec.reboot_required,
-            timeouts: Timeouts {
-                drain: DrainPolicy::of_upgrade(spec).timeout,
-                ..timeouts
-            },
-        }
-    }
-}
-
-pub use super::drain::DrainOutcome;
-
-/// Everything the planner knows of one node.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
-pub struct NodeFacts {
-    pub name: String,
-    pub ready: bool,
-    /// `spec.unschedulable`, whoever set it.
-    pub unschedulable: bool,
-    /// The cordon is this upgrade's own (see
-    /// [`crate::api::driver_upgrade::UpgradeRecord::holds_cordon`]): it
-    /// does not stop the node from being picked again after a retry.
-    pub holds_cordon: bool,
-    /// Recorded when the node was picked: a person had cordoned it already.
-    /// `None` before the node was picked.
-    pub cordoned_before: Option<bool>,
-    pub tainted: bool,
-    /// The state as last written (status, mirrored by the label).
-    pub state: Option<UpgradeState>,
-    /// How long the node has been in `state`, and since its upgrade began.
-    pub in_state: Duration,
-    pub in_upgrade: Duration,
-    /// A person labelled the node [`RETRY_VALUE`].
-    pub retry_requested: bool,
-    /// The node's agent has reported its driver: without that, nothing is
-    /// known of it and nothing is done to it.
-    pub reported: bool,
-    /// Some amdgpu is loaded, in-box or not.
-    pub loaded: bool,
-    /// The in-box amdgpu is loaded: replacing it takes a reboot.
-    pub inbox: bool,
-    /// Of which built into the kernel: it cannot be replaced at all.
-    pub builtin: bool,
-    /// The agent refused the target its record tells it, in the node's
-    /// current step (no bundle verifies for its kernel, say): its reason
-    /// and message. Waiting would not help.
-    pub refused: Option<String>,
-    /// The agent refuses the target version now, told or not (it looks at
-    /// `driver.version` too): a node not picked yet is held back, rather
-    /// than drained only to fail.
-    pub refuses_target: Option<String>,
-    /// The out-of-tree driver version the agent reports loaded (`None`:
-    /// none, or only the in-box driver).
-    pub version: Option<String>,
-    /// The boot id the agent reports now.
-    pub boot_id: Option<String>,
-    /// The boot id recorded when the agent was told to reboot.
-    pub boot_id_before: Option<String>,
-    /// The target the agent was last told.
-    pub told: Option<String>,
-    pub drain: Option<DrainOutcome>,
-    /// The reason the record gives now.
-    pub reason: Option<String>,
-}
-
-/// What to do with one node now.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-#[serde(tag = "kind", rename_all = "camelCase")]
-pub enum Action {
-    /// Record whether it was cordoned already, then cordon and taint.
-    Cordon { was_cordoned: bool },
-    /// Start (or keep running) the drain.
-    Drain,
-    /// Tell the agent its target; with `reboot`, to reboot into it.
-    Tell { target: String, reboot: bool },
-    /// Remove the taint, and the cordon unless a person had set it.
-    Release { keep_cordon: bool },
-    /// The cordon the upgrade held was lifted by someone else: it is no
-    /// longer the upgrade's, and a cordon set later is theirs.
-    ForgetCordon,
-}
-
-/// The decision for one node.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Decision {
-    pub node: String,
-    /// The state to write, when it changes.
-    pub state: Option<UpgradeState>,
-    pub actions: Vec<Action>,
-    /// Why, for the Event and the status.
-    pub reason: Option<String>,
-}
-
-/// The decisions of one pass and when to look again (the nearest timeout).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct Plan {
-    pub decisions: Vec<Decision>,
-    pub wake_after: Option<Duration>,
-    /// Nodes per state after this pass, for `gpu_operator_upgrade_nodes`.
-    pub counts: BTreeMap<String, usize>,
-}
-
-/// The soonest a pass asks to look again: a limit just reached is acted on
-/// by the next look, not by a burst of looks while the step's own end (a
-/// drain giving up) is on its way.
-pub const MIN_WAKE: Duration = Duration::from_secs(1);
-/// How long past the drain policy's own timeout the planner waits for the
-/// drain to give up by itself (and name what blocked it) before it fails
-/// the node: after a change of leader the drain's own clock restarted.
-pub const DRAIN_GRACE: Duration = Duration::from_secs(10);
+use super::{
+    Action, DRAIN_GRACE, Decision, DrainOutcome, MIN_WAKE, NodeFacts, Plan, Policy, failed,
+    in_progress,
+};
+use crate::api::UpgradeState;
 
 /// Asks for a look again after `after` (at least [`MIN_WAKE`]), unless an
 /// earlier one is due.
@@ -255,35 +20,12 @@ fn wake(plan: &mut Plan, after: Duration) {
     plan.wake_after = Some(plan.wake_after.map_or(after, |w| w.min(after)));
 }
 
-fn in_progress(state: &Option<UpgradeState>) -> bool {
-    state.as_ref().is_some_and(UpgradeState::is_in_progress)
-}
-
-fn failed(state: &Option<UpgradeState>) -> bool {
-    state.as_ref().is_some_and(UpgradeState::is_failed)
-}
-
 /// The agent's refusal of `target`, once it was told it. Pure.
 fn refused(node: &NodeFacts, target: &str) -> Option<String> {
     node.refused
         .clone()
         .filter(|_| node.told.as_deref() == Some(target))
         .map(|why| format!("the agent refused driver {target}: {why}"))
-}
-
-impl NodeFacts {
-    /// Cordoned by someone other than this upgrade: a person, or another tool.
-    fn cordoned_by_someone_else(&self) -> bool {
-        self.unschedulable && !self.holds_cordon
-    }
-
-    /// Counts against `maxUnavailableNodes` while in `state`: cordoned (a
-    /// failed node the upgrade holds is), not Ready, or being upgraded. A
-    /// failed node that still takes pods (one that failed before anything
-    /// was done to it) does not.
-    fn unavailable_in(&self, state: &Option<UpgradeState>) -> bool {
-        self.unschedulable || !self.ready || in_progress(state)
-    }
 }
 
 /// Whether the node reboots into the target: the policy asks for it, or
@@ -320,41 +62,102 @@ fn release_if_held(node: &NodeFacts) -> Option<Action> {
     })
 }
 
+/// A failed node a person asked to retry: it starts again from the
+/// beginning.
+fn retried(node: &NodeFacts) -> bool {
+    failed(&node.state) && node.retry_requested
+}
+
+/// The state a node starts the pass in: `Upgrade-Not-Started` for a retry.
+fn start_state(node: &NodeFacts) -> Option<UpgradeState> {
+    if retried(node) {
+        Some(UpgradeState::NotStarted)
+    } else {
+        node.state.clone()
+    }
+}
+
 /// One pass over every selected node, for `target`.
 pub fn plan(target: &str, policy: &Policy, nodes: &[NodeFacts]) -> Plan {
-    let mut plan = Plan::default();
     // Nodes already moving, then the ones to pick; by name for a stable order.
     let mut order: Vec<&NodeFacts> = nodes.iter().collect();
     order.sort_by(|a, b| a.name.cmp(&b.name));
-    // A failed node a person asked to retry starts again from the beginning.
-    let retried = |n: &NodeFacts| failed(&n.state) && n.retry_requested;
-    let start_state = |n: &NodeFacts| {
-        if retried(n) {
-            Some(UpgradeState::NotStarted)
-        } else {
-            n.state.clone()
-        }
+    let mut pass = Pass {
+        target,
+        policy,
+        plan: Plan::default(),
+        busy: nodes.iter().filter(|n| in_progress(&n.state)).count(),
+        unavailable: nodes
+            .iter()
+            .filter(|n| n.unavailable_in(&start_state(n)))
+            .count(),
+        unavailable_cap: policy.max_unavailable.of(nodes.len()),
     };
-    let mut busy = nodes.iter().filter(|n| in_progress(&n.state)).count();
-    let mut unavailable = nodes
-        .iter()
-        .filter(|n| n.unavailable_in(&start_state(n)))
-        .count();
-    let unavailable_cap = policy.max_unavailable.of(nodes.len());
     let mut next_states: Vec<Option<UpgradeState>> = Vec::with_capacity(order.len());
     for node in order {
+        let mut turn = Turn::of(node, target);
+        pass.step(&mut turn);
+        next_states.push(pass.settle(turn));
+    }
+    for state in next_states.into_iter().flatten() {
+        *pass
+            .plan
+            .counts
+            .entry(state.as_str().to_owned())
+            .or_default() += 1;
+    }
+    pass.plan
+}
+
+/// A pass in the making: what it is for, the counts the picking keeps as
+/// nodes are picked, and the plan so far.
+struct Pass<'a> {
+    target: &'a str,
+    policy: &'a Policy,
+    plan: Plan,
+    /// Nodes in progress, for `maxParallelUpgrades`.
+    busy: usize,
+    /// Nodes unavailable, for `maxUnavailableNodes`, and how many may be.
+    unavailable: usize,
+    unavailable_cap: usize,
+}
+
+/// One node's turn in a pass: its facts, the state it is to have, and what
+/// to do with it.
+struct Turn<'a> {
+    node: &'a NodeFacts,
+    /// The agent reports the target loaded.
+    at_target: bool,
+    state: Option<UpgradeState>,
+    decision: Decision,
+}
+
+impl<'a> Turn<'a> {
+    /// The node as the pass finds it (a retry back at the beginning).
+    fn of(node: &'a NodeFacts, target: &str) -> Self {
         let mut decision = Decision {
             node: node.name.clone(),
             state: None,
             actions: Vec::new(),
             reason: None,
         };
-        let at_target = node.version.as_deref() == Some(target);
-        let mut state = start_state(node);
         if retried(node) {
             decision.reason = Some("retry asked for by the upgrade-required label".into());
         }
-        match state.clone() {
+        Self {
+            node,
+            at_target: node.version.as_deref() == Some(target),
+            state: start_state(node),
+            decision,
+        }
+    }
+}
+
+impl Pass<'_> {
+    /// The node's step in its state.
+    fn step(&mut self, turn: &mut Turn<'_>) {
+        let (node, target) = (turn.node, self.target);
+        match turn.state.clone() {
             // Through an upgrade or install, its driver gone for now (a
             // remediation's reboot, a person's): with no amdgpu loaded the
             // agent loads driver.version by itself, no drain needed (a
@@ -369,266 +172,299 @@ pub fn plan(target: &str, policy: &Policy, nodes: &[NodeFacts]) -> Plan {
             None
             | Some(
                 UpgradeState::NotStarted | UpgradeState::Complete | UpgradeState::InstallComplete,
-            ) if node.reported && !node.loaded && !node.holds_cordon => {
-                decision.actions.push(Action::Tell {
-                    target: target.into(),
-                    reboot: false,
-                });
-                state = Some(UpgradeState::InstallInProgress);
-                wake(&mut plan, policy.timeouts.load);
-            }
-            Some(UpgradeState::InstallInProgress) => {
-                if at_target {
-                    decision.actions.extend(release_if_held(node));
-                    state = Some(UpgradeState::InstallComplete);
-                } else if let Some(why) = refused(node, target) {
-                    state = Some(UpgradeState::Failed);
-                    decision.reason = Some(why);
-                } else if node.in_state >= policy.timeouts.load {
-                    state = Some(UpgradeState::Failed);
-                    decision.reason = Some(format!(
-                        "the agent did not report driver {target} within {:?}",
-                        policy.timeouts.load
-                    ));
-                } else {
-                    if node.told.as_deref() != Some(target) {
-                        decision.actions.push(Action::Tell {
-                            target: target.into(),
-                            reboot: false,
-                        });
-                    }
-                    wake(
-                        &mut plan,
-                        policy.timeouts.load.saturating_sub(node.in_state),
-                    );
-                }
-            }
+            ) if node.reported && !node.loaded && !node.holds_cordon => self.install(turn),
+            Some(UpgradeState::InstallInProgress) => self.installing(turn),
             None | Some(UpgradeState::Complete | UpgradeState::InstallComplete)
-                if !at_target && node.reported =>
+                if !turn.at_target && node.reported =>
             {
-                state = Some(UpgradeState::NotStarted);
+                turn.state = Some(UpgradeState::NotStarted);
             }
-            Some(UpgradeState::NotStarted) if at_target => {
-                decision.actions.extend(release_if_held(node));
-                state = Some(UpgradeState::Complete);
+            Some(UpgradeState::NotStarted) if turn.at_target => {
+                turn.decision.actions.extend(release_if_held(node));
+                turn.state = Some(UpgradeState::Complete);
             }
             // Failed, yet it runs the target and the upgrade holds nothing
             // of it (an install that got there after all): nothing is left
             // for a person to do.
-            Some(s) if s.is_failed() && at_target && !node.holds_cordon && !node.tainted => {
-                state = Some(UpgradeState::Complete);
-                decision.reason = Some(format!("runs driver {target}"));
+            Some(s) if s.is_failed() && turn.at_target && !node.holds_cordon && !node.tainted => {
+                turn.state = Some(UpgradeState::Complete);
+                turn.decision.reason = Some(format!("runs driver {target}"));
             }
-            Some(UpgradeState::NotStarted) => {
-                let parallel_ok = policy.max_parallel == 0 || busy < policy.max_parallel;
-                // Only a Ready node nobody else cordoned, whose agent has
-                // reported, is picked. One this upgrade holds cordoned (a
-                // retry) is unavailable already.
-                let pickable = node.ready && node.reported && !node.cordoned_by_someone_else();
-                let counted = node.unavailable_in(&state);
-                if let Some(why) = node.refuses_target.as_ref().filter(|_| pickable) {
-                    // It would be drained only to fail: held back, saying why.
-                    let reason = format!("not picked: the agent refuses driver {target}: {why}");
-                    if node.reason.as_deref() != Some(reason.as_str()) {
-                        decision.reason = Some(reason);
-                    }
-                } else if pickable && !(parallel_ok && (counted || unavailable < unavailable_cap)) {
-                    // It waits for room: say which limit holds it, in
-                    // words that do not change with the count, so that the
-                    // record is written once per wait.
-                    let reason = if parallel_ok {
-                        format!(
-                            "not picked yet: maxUnavailableNodes allows {unavailable_cap} node(s) \
-                             unavailable at once, and {unavailable_cap} already are (cordoned, \
-                             not Ready or being upgraded)"
-                        )
-                    } else {
-                        format!(
-                            "not picked yet: maxParallelUpgrades allows {0} upgrade(s) at once, \
-                             and {0} are under way",
-                            policy.max_parallel
-                        )
-                    };
-                    if node.reason.as_deref() != Some(reason.as_str()) {
-                        decision.reason = Some(reason);
-                    }
-                } else if pickable {
-                    if let Some(why) = cannot_replace(policy, node) {
-                        // Failed before anything is done to it: a person acts.
-                        state = Some(UpgradeState::Failed);
-                        decision.reason = Some(why);
-                        if !counted {
-                            unavailable += 1;
-                        }
-                    } else {
-                        busy += 1;
-                        if !counted {
-                            unavailable += 1;
-                        }
-                        state = Some(UpgradeState::Started);
-                        decision.actions.push(Action::Cordon {
-                            was_cordoned: node.cordoned_before.unwrap_or(false),
-                        });
-                    }
-                }
-            }
-            Some(UpgradeState::Started) => {
-                let started = node.unschedulable && node.tainted;
-                let drain_limit = policy.timeouts.drain.map(|d| d + DRAIN_GRACE);
-                match &node.drain {
-                    _ if node.in_upgrade >= policy.timeouts.upgrade => {
-                        state = Some(UpgradeState::TimedOut);
-                        decision.reason =
-                            Some(format!("not done within {:?}", policy.timeouts.upgrade));
-                    }
-                    _ if !started && node.in_state >= policy.timeouts.cordon => {
-                        // Undo whatever part of the cordon did take: the
-                        // failed node is left as it was.
-                        decision.actions.push(Action::Release {
-                            keep_cordon: node
-                                .cordoned_before
-                                .unwrap_or(node.cordoned_by_someone_else()),
-                        });
-                        state = Some(UpgradeState::CordonFailed);
-                        decision.reason = Some(format!(
-                            "the node was not cordoned within {:?}",
-                            policy.timeouts.cordon
-                        ));
-                    }
-                    _ if !started => {
-                        decision.actions.push(Action::Cordon {
-                            was_cordoned: node
-                                .cordoned_before
-                                .unwrap_or(node.cordoned_by_someone_else()),
-                        });
-                        wake(
-                            &mut plan,
-                            policy.timeouts.cordon.saturating_sub(node.in_state),
-                        );
-                    }
-                    Some(DrainOutcome::Failed(why)) => {
-                        state = Some(UpgradeState::DrainFailed);
-                        decision.reason = Some(why.clone());
-                    }
-                    Some(DrainOutcome::Done) => {
-                        let reboot = wants_reboot(policy, node);
-                        state = Some(if reboot {
-                            UpgradeState::RebootInProgress
-                        } else {
-                            UpgradeState::InProgress
-                        });
-                        decision.actions.push(Action::Tell {
-                            target: target.into(),
-                            reboot,
-                        });
-                    }
-                    // Only a drain of this term: after a change of leader
-                    // the drain runs again first (on an emptied node it ends
-                    // at once), bounded by its own limit.
-                    Some(DrainOutcome::Running)
-                        if drain_limit.is_some_and(|limit| node.in_state >= limit) =>
-                    {
-                        state = Some(UpgradeState::DrainFailed);
-                        decision.reason = Some(format!(
-                            "the drain did not finish within {:?}",
-                            policy.timeouts.drain.unwrap_or_default()
-                        ));
-                    }
-                    None | Some(DrainOutcome::Running) => {
-                        decision.actions.push(Action::Drain);
-                        if let Some(limit) = drain_limit {
-                            wake(&mut plan, limit.saturating_sub(node.in_state));
-                        }
-                        wake(
-                            &mut plan,
-                            policy.timeouts.upgrade.saturating_sub(node.in_upgrade),
-                        );
-                    }
-                }
-            }
+            Some(UpgradeState::NotStarted) => self.pick(turn),
+            Some(UpgradeState::Started) => self.cordon_and_drain(turn),
             Some(UpgradeState::InProgress | UpgradeState::RebootInProgress) => {
-                let rebooting = state == Some(UpgradeState::RebootInProgress);
-                // The agent was told to reboot, and has: its boot id moved on.
-                let asked_reboot = node.boot_id_before.is_some();
-                let rebooted =
-                    asked_reboot && node.boot_id.is_some() && node.boot_id != node.boot_id_before;
-                let limit = if rebooting {
-                    policy.timeouts.reboot
-                } else {
-                    policy.timeouts.load
-                };
-                if at_target && (!asked_reboot || rebooted) {
-                    decision.actions.push(Action::Release {
-                        keep_cordon: node.cordoned_before.unwrap_or(false),
-                    });
-                    state = Some(UpgradeState::Complete);
-                } else if let Some(why) = refused(node, target) {
-                    state = Some(UpgradeState::Failed);
-                    decision.reason = Some(why);
-                } else if node.in_upgrade >= policy.timeouts.upgrade {
-                    state = Some(UpgradeState::TimedOut);
-                    decision.reason =
-                        Some(format!("not done within {:?}", policy.timeouts.upgrade));
-                } else if rebooting && rebooted {
-                    // Back from the reboot: the agent loads the target now,
-                    // with the load's own time limit.
-                    state = Some(UpgradeState::InProgress);
-                    wake(&mut plan, policy.timeouts.load);
-                } else if node.in_state >= limit {
-                    state = Some(if rebooting {
-                        UpgradeState::RebootFailed
-                    } else {
-                        UpgradeState::Failed
-                    });
-                    decision.reason = Some(if rebooting {
-                        format!("the node did not come back from its reboot within {limit:?}")
-                    } else {
-                        format!("the agent did not report driver {target} within {limit:?}")
-                    });
-                } else {
-                    // A target changed mid-upgrade is told again; the node is
-                    // drained already and is not drained twice, nor rebooted
-                    // twice.
-                    if node.told.as_deref() != Some(target) {
-                        decision.actions.push(Action::Tell {
-                            target: target.into(),
-                            reboot: wants_reboot(policy, node) && !rebooted,
-                        });
-                    } else if asked_reboot && !rebooting && !rebooted {
-                        state = Some(UpgradeState::RebootInProgress);
-                    }
-                    wake(&mut plan, limit.saturating_sub(node.in_state));
-                    wake(
-                        &mut plan,
-                        policy.timeouts.upgrade.saturating_sub(node.in_upgrade),
-                    );
-                }
+                self.upgrading(turn);
             }
             _ => {}
         }
+    }
+
+    /// Ends a node's turn: its decision joins the plan when it says
+    /// anything; returns the state the node is in after the pass.
+    fn settle(&mut self, mut turn: Turn<'_>) -> Option<UpgradeState> {
+        let node = turn.node;
         // A cordon the upgrade held on a node that waits (failed, or
         // retried and not picked yet) and that someone lifted is theirs now.
-        let waiting = failed(&state) || state == Some(UpgradeState::NotStarted);
-        if waiting && node.holds_cordon && !node.unschedulable && decision.actions.is_empty() {
-            decision.actions.push(Action::ForgetCordon);
+        let waiting = failed(&turn.state) || turn.state == Some(UpgradeState::NotStarted);
+        if waiting && node.holds_cordon && !node.unschedulable && turn.decision.actions.is_empty() {
+            turn.decision.actions.push(Action::ForgetCordon);
         }
-        if state != node.state {
-            decision.state = state.clone();
+        if turn.state != node.state {
+            turn.decision.state = turn.state.clone();
         }
-        next_states.push(state);
+        let decision = turn.decision;
         if decision.state.is_some() || !decision.actions.is_empty() || decision.reason.is_some() {
-            plan.decisions.push(decision);
+            self.plan.decisions.push(decision);
+        }
+        turn.state
+    }
+
+    /// No amdgpu loaded: the agent is told the target, no drain.
+    fn install(&mut self, turn: &mut Turn<'_>) {
+        turn.decision.actions.push(Action::Tell {
+            target: self.target.into(),
+            reboot: false,
+        });
+        turn.state = Some(UpgradeState::InstallInProgress);
+        wake(&mut self.plan, self.policy.timeouts.load);
+    }
+
+    /// `Install-In-Progress`: complete at the target; failed on a refusal
+    /// or past the load's limit; else told (again) and waited for.
+    fn installing(&mut self, turn: &mut Turn<'_>) {
+        let (node, target, policy) = (turn.node, self.target, self.policy);
+        if turn.at_target {
+            turn.decision.actions.extend(release_if_held(node));
+            turn.state = Some(UpgradeState::InstallComplete);
+        } else if let Some(why) = refused(node, target) {
+            turn.state = Some(UpgradeState::Failed);
+            turn.decision.reason = Some(why);
+        } else if node.in_state >= policy.timeouts.load {
+            turn.state = Some(UpgradeState::Failed);
+            turn.decision.reason = Some(format!(
+                "the agent did not report driver {target} within {:?}",
+                policy.timeouts.load
+            ));
+        } else {
+            if node.told.as_deref() != Some(target) {
+                turn.decision.actions.push(Action::Tell {
+                    target: target.into(),
+                    reboot: false,
+                });
+            }
+            wake(
+                &mut self.plan,
+                policy.timeouts.load.saturating_sub(node.in_state),
+            );
         }
     }
-    for state in next_states.into_iter().flatten() {
-        *plan.counts.entry(state.as_str().to_owned()).or_default() += 1;
+
+    /// `Upgrade-Not-Started`, not at the target: picked within both limits
+    /// (cordoned next), held back saying why, or failed at once when its
+    /// driver cannot be replaced.
+    fn pick(&mut self, turn: &mut Turn<'_>) {
+        let (node, target, policy) = (turn.node, self.target, self.policy);
+        let unavailable_cap = self.unavailable_cap;
+        let parallel_ok = policy.max_parallel == 0 || self.busy < policy.max_parallel;
+        // Only a Ready node nobody else cordoned, whose agent has
+        // reported, is picked. One this upgrade holds cordoned (a
+        // retry) is unavailable already.
+        let pickable = node.ready && node.reported && !node.cordoned_by_someone_else();
+        let counted = node.unavailable_in(&turn.state);
+        if let Some(why) = node.refuses_target.as_ref().filter(|_| pickable) {
+            // It would be drained only to fail: held back, saying why.
+            let reason = format!("not picked: the agent refuses driver {target}: {why}");
+            if node.reason.as_deref() != Some(reason.as_str()) {
+                turn.decision.reason = Some(reason);
+            }
+        } else if pickable && !(parallel_ok && (counted || self.unavailable < unavailable_cap)) {
+            // It waits for room: say which limit holds it, in
+            // words that do not change with the count, so that the
+            // record is written once per wait.
+            let reason = if parallel_ok {
+                format!(
+                    "not picked yet: maxUnavailableNodes allows {unavailable_cap} node(s) \
+                     unavailable at once, and {unavailable_cap} already are (cordoned, \
+                     not Ready or being upgraded)"
+                )
+            } else {
+                format!(
+                    "not picked yet: maxParallelUpgrades allows {0} upgrade(s) at once, \
+                     and {0} are under way",
+                    policy.max_parallel
+                )
+            };
+            if node.reason.as_deref() != Some(reason.as_str()) {
+                turn.decision.reason = Some(reason);
+            }
+        } else if pickable {
+            if let Some(why) = cannot_replace(policy, node) {
+                // Failed before anything is done to it: a person acts.
+                turn.state = Some(UpgradeState::Failed);
+                turn.decision.reason = Some(why);
+                if !counted {
+                    self.unavailable += 1;
+                }
+            } else {
+                self.busy += 1;
+                if !counted {
+                    self.unavailable += 1;
+                }
+                turn.state = Some(UpgradeState::Started);
+                turn.decision.actions.push(Action::Cordon {
+                    was_cordoned: node.cordoned_before.unwrap_or(false),
+                });
+            }
+        }
     }
-    plan
+
+    /// `Upgrade-Started`: cordoned and tainted, then drained; then the agent
+    /// is told its target (to reboot into it, when it must). Each step has
+    /// its limit, and the whole upgrade too.
+    fn cordon_and_drain(&mut self, turn: &mut Turn<'_>) {
+        let (node, target, policy) = (turn.node, self.target, self.policy);
+        let started = node.unschedulable && node.tainted;
+        let drain_limit = policy.timeouts.drain.map(|d| d + DRAIN_GRACE);
+        match &node.drain {
+            _ if node.in_upgrade >= policy.timeouts.upgrade => {
+                turn.state = Some(UpgradeState::TimedOut);
+                turn.decision.reason =
+                    Some(format!("not done within {:?}", policy.timeouts.upgrade));
+            }
+            _ if !started && node.in_state >= policy.timeouts.cordon => {
+                // Undo whatever part of the cordon did take: the
+                // failed node is left as it was.
+                turn.decision.actions.push(Action::Release {
+                    keep_cordon: node
+                        .cordoned_before
+                        .unwrap_or(node.cordoned_by_someone_else()),
+                });
+                turn.state = Some(UpgradeState::CordonFailed);
+                turn.decision.reason = Some(format!(
+                    "the node was not cordoned within {:?}",
+                    policy.timeouts.cordon
+                ));
+            }
+            _ if !started => {
+                turn.decision.actions.push(Action::Cordon {
+                    was_cordoned: node
+                        .cordoned_before
+                        .unwrap_or(node.cordoned_by_someone_else()),
+                });
+                wake(
+                    &mut self.plan,
+                    policy.timeouts.cordon.saturating_sub(node.in_state),
+                );
+            }
+            Some(DrainOutcome::Failed(why)) => {
+                turn.state = Some(UpgradeState::DrainFailed);
+                turn.decision.reason = Some(why.clone());
+            }
+            Some(DrainOutcome::Done) => {
+                let reboot = wants_reboot(policy, node);
+                turn.state = Some(if reboot {
+                    UpgradeState::RebootInProgress
+                } else {
+                    UpgradeState::InProgress
+                });
+                turn.decision.actions.push(Action::Tell {
+                    target: target.into(),
+                    reboot,
+                });
+            }
+            // Only a drain of this term: after a change of leader
+            // the drain runs again first (on an emptied node it ends
+            // at once), bounded by its own limit.
+            Some(DrainOutcome::Running)
+                if drain_limit.is_some_and(|limit| node.in_state >= limit) =>
+            {
+                turn.state = Some(UpgradeState::DrainFailed);
+                turn.decision.reason = Some(format!(
+                    "the drain did not finish within {:?}",
+                    policy.timeouts.drain.unwrap_or_default()
+                ));
+            }
+            None | Some(DrainOutcome::Running) => {
+                turn.decision.actions.push(Action::Drain);
+                if let Some(limit) = drain_limit {
+                    wake(&mut self.plan, limit.saturating_sub(node.in_state));
+                }
+                wake(
+                    &mut self.plan,
+                    policy.timeouts.upgrade.saturating_sub(node.in_upgrade),
+                );
+            }
+        }
+    }
+
+    /// `Upgrade-In-Progress` or `Reboot-In-Progress`: complete (released)
+    /// at the target after any reboot asked for; failed on a refusal or past
+    /// a limit; else back from the reboot, told again after a change of
+    /// target, or waited for.
+    fn upgrading(&mut self, turn: &mut Turn<'_>) {
+        let (node, target, policy) = (turn.node, self.target, self.policy);
+        let rebooting = turn.state == Some(UpgradeState::RebootInProgress);
+        // The agent was told to reboot, and has: its boot id moved on.
+        let asked_reboot = node.boot_id_before.is_some();
+        let rebooted =
+            asked_reboot && node.boot_id.is_some() && node.boot_id != node.boot_id_before;
+        let limit = if rebooting {
+            policy.timeouts.reboot
+        } else {
+            policy.timeouts.load
+        };
+        if turn.at_target && (!asked_reboot || rebooted) {
+            turn.decision.actions.push(Action::Release {
+                keep_cordon: node.cordoned_before.unwrap_or(false),
+            });
+            turn.state = Some(UpgradeState::Complete);
+        } else if let Some(why) = refused(node, target) {
+            turn.state = Some(UpgradeState::Failed);
+            turn.decision.reason = Some(why);
+        } else if node.in_upgrade >= policy.timeouts.upgrade {
+            turn.state = Some(UpgradeState::TimedOut);
+            turn.decision.reason = Some(format!("not done within {:?}", policy.timeouts.upgrade));
+        } else if rebooting && rebooted {
+            // Back from the reboot: the agent loads the target now,
+            // with the load's own time limit.
+            turn.state = Some(UpgradeState::InProgress);
+            wake(&mut self.plan, policy.timeouts.load);
+        } else if node.in_state >= limit {
+            turn.state = Some(if rebooting {
+                UpgradeState::RebootFailed
+            } else {
+                UpgradeState::Failed
+            });
+            turn.decision.reason = Some(if rebooting {
+                format!("the node did not come back from its reboot within {limit:?}")
+            } else {
+                format!("the agent did not report driver {target} within {limit:?}")
+            });
+        } else {
+            // A target changed mid-upgrade is told again; the node is
+            // drained already and is not drained twice, nor rebooted
+            // twice.
+            if node.told.as_deref() != Some(target) {
+                turn.decision.actions.push(Action::Tell {
+                    target: target.into(),
+                    reboot: wants_reboot(policy, node) && !rebooted,
+                });
+            } else if asked_reboot && !rebooting && !rebooted {
+                turn.state = Some(UpgradeState::RebootInProgress);
+            }
+            wake(&mut self.plan, limit.saturating_sub(node.in_state));
+            wake(
+                &mut self.plan,
+                policy.timeouts.upgrade.saturating_sub(node.in_upgrade),
+            );
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cluster::upgrade::{MaxUnavailable, Timeouts};
 
     const TARGET: &str = "6.4.1";
 
@@ -677,34 +513,6 @@ mod tests {
             .filter(|d| d.state.is_none())
             .filter_map(|d| Some((d.node.clone(), d.reason.clone()?)))
             .collect()
-    }
-
-    #[test]
-    fn max_unavailable_reads_counts_and_rounds_percentages_up() {
-        let parse = |v: IntOrString| MaxUnavailable::parse(&v);
-        assert_eq!(parse(IntOrString::Int(2)), Ok(MaxUnavailable::Count(2)));
-        assert_eq!(
-            parse(IntOrString::String("25%".into())),
-            Ok(MaxUnavailable::Percent(25))
-        );
-        assert_eq!(
-            parse(IntOrString::String("3".into())),
-            Ok(MaxUnavailable::Count(3))
-        );
-        assert!(parse(IntOrString::Int(-1)).is_err());
-        assert!(parse(IntOrString::String("a quarter".into())).is_err());
-        assert_eq!(MaxUnavailable::Percent(25).of(5), 2);
-        assert_eq!(MaxUnavailable::Percent(25).of(1000), 250);
-        assert_eq!(MaxUnavailable::Percent(1).of(3), 1);
-        assert_eq!(MaxUnavailable::Count(0).of(10), 1);
-        // No upgradePolicy fields set: the API's defaults.
-        let unset = Policy::of_spec(&DriverSpec::default(), Timeouts::default());
-        assert!(!unset.blacklist);
-        assert_eq!(unset.max_parallel, 1);
-        assert_eq!(unset.max_unavailable, MaxUnavailable::Percent(25));
-        assert!(unset.reboot_required);
-        // The drain's limit is the drain policy's (300 s by default).
-        assert_eq!(unset.timeouts.drain, Some(Duration::from_secs(300)));
     }
 
     #[test]
