@@ -25,13 +25,13 @@
 //! `rate()`-free dashboards already expect).
 //!
 //! Pure, except that encoding allocates.
+//!
+//! This file holds the families and their series ([`families`]); the labels
+//! of a GPU's series are `labels.rs`'s, the text format `encode.rs`'s, the
+//! JSON view `json.rs`'s.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
-use prometheus_client::metrics::MetricType;
-use prometheus_client::registry::Registry;
 use serde::Serialize;
 
 use super::pods::{DevicePods, PodRef, pods_of};
@@ -44,6 +44,15 @@ use crate::telemetry::fields::{
     clocks as clocks_of, ecc_suffix,
 };
 use crate::telemetry::sample::{GpuReadings, HostSample};
+
+mod encode;
+mod json;
+mod labels;
+
+use labels::{gpu_labels, kfd_node};
+
+pub use encode::{CONTENT_TYPE, HistogramFamily, encode, encode_with_histograms};
+pub use json::{GpuView, JsonView, SampleInfo, json_view};
 
 /// One metric family and its series.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -74,139 +83,6 @@ pub struct RenderInput<'a> {
     pub hostname: &'a str,
     /// The GPUs are shared (time-slicing): `gpu_shared_pods` is exported.
     pub shared_gpus: bool,
-}
-
-/// The labels of one logical GPU as held by `pod` (the default: none),
-/// sorted by name.
-fn gpu_labels(
-    input: &RenderInput<'_>,
-    gpu: &Gpu,
-    logical: &LogicalGpu,
-    pod: &PodRef,
-) -> Vec<(String, String)> {
-    let pod = pod.clone();
-    let text = |v: &Option<String>| v.clone().unwrap_or_default();
-    let mut labels: BTreeMap<String, String> = BTreeMap::from([
-        ("gpu_id".into(), logical.gpu_id.to_string()),
-        ("serial_number".into(), text(&gpu.serial_number)),
-        ("card_model".into(), card_model(gpu)),
-        ("hostname".into(), input.hostname.to_owned()),
-        ("gpu_partition_id".into(), logical.partition.to_string()),
-        (
-            "gpu_compute_partition_type".into(),
-            gpu.compute_partition
-                .clone()
-                .unwrap_or_else(|| "none".into()),
-        ),
-        (
-            "gpu_memory_partition_type".into(),
-            gpu.memory_partition
-                .clone()
-                .unwrap_or_else(|| "none".into()),
-        ),
-        ("deployment_mode".into(), deployment_mode(gpu).into()),
-        ("pod".into(), pod.pod),
-        ("namespace".into(), pod.namespace),
-        ("container".into(), pod.container),
-        // The reference always sets these; they name a Slurm job, and
-        // under Kubernetes there is none.
-        ("job_id".into(), String::new()),
-        ("job_user".into(), String::new()),
-        ("job_partition".into(), String::new()),
-    ]);
-    let optional = &input.config.labels;
-    if optional.contains("GPU_UUID") {
-        labels.insert("gpu_uuid".into(), logical.uuid(gpu).unwrap_or_default());
-    }
-    if optional.contains("CARD_SERIES") {
-        // amd-smi's board product name.
-        labels.insert("card_series".into(), text(&gpu.product_name));
-    }
-    if optional.contains("CARD_VENDOR") {
-        labels.insert("card_vendor".into(), card_vendor(gpu));
-    }
-    if optional.contains("POD_UUID") {
-        labels.insert("pod_uuid".into(), pod.uid.clone());
-    }
-    for (name, pod_label) in &input.config.extra_pod_labels {
-        let value = pod.labels.get(pod_label).cloned().unwrap_or_default();
-        labels.entry(name.clone()).or_insert(value);
-    }
-    if optional.contains("KFD_PROCESS_ID") {
-        // The pids with queues on this partition's KFD node, ascending,
-        // comma-separated, as the reference joins them.
-        let node = kfd_node(gpu, logical.partition);
-        let pids: Vec<String> = node
-            .and_then(|n| input.sample.kfd_processes.get(&n))
-            .map(|pids| pids.iter().map(u32::to_string).collect())
-            .unwrap_or_default();
-        labels.insert("kfd_process_id".into(), pids.join(","));
-    }
-    if optional.contains("VBIOS_VERSION") {
-        labels.insert("vbios_version".into(), text(&gpu.vbios_version));
-    }
-    if optional.contains("DRIVER_VERSION") {
-        labels.insert(
-            "driver_version".into(),
-            text(&input.inventory.driver.version),
-        );
-    }
-    for (name, value) in &input.config.custom_labels {
-        labels.entry(name.clone()).or_insert_with(|| value.clone());
-    }
-    labels.into_iter().collect()
-}
-
-/// The KFD topology node of a GPU's partition (the GPU's own when it is not
-/// partitioned).
-fn kfd_node(gpu: &Gpu, partition: u32) -> Option<u32> {
-    gpu.partitions
-        .iter()
-        .find(|p| p.id == partition)
-        .and_then(|p| p.kfd_node)
-        .or(gpu.kfd_node)
-}
-
-/// `card_model` as the reference fills it: amd-smi's board model number
-/// (sysfs `product_number`), else the card series (`product_name`); else,
-/// where the reference falls back to amd-smi's market name from its own ID
-/// table, the PCI device ID (virtual functions have neither file).
-fn card_model(gpu: &Gpu) -> String {
-    gpu.product_number
-        .clone()
-        .or_else(|| gpu.product_name.clone())
-        .unwrap_or_else(|| format!("0x{:04x}", gpu.device_id))
-}
-
-/// `card_vendor` as the reference fills it: amd-smi's board manufacturer
-/// (sysfs `manufacturer`), else the PCI vendor's name in the PCI ID
-/// database, which is this one for every GPU amdgpu drives.
-fn card_vendor(gpu: &Gpu) -> String {
-    gpu.manufacturer
-        .clone()
-        .unwrap_or_else(|| "Advanced Micro Devices, Inc. [AMD/ATI]".into())
-}
-
-/// PCI device IDs of AMD's SR-IOV virtual functions, as the reference
-/// operator lists them for vGPU nodes (MI355X, MI350X, MI325X, MI308X,
-/// MI308X-HF, MI300X, MI300X-HF, MI210).
-const VF_DEVICE_IDS: &[u16] = &[
-    0x75b3, 0x75b0, 0x74b9, 0x74b6, 0x74bc, 0x74b5, 0x74bd, 0x7410,
-];
-
-/// The reference's `deployment_mode`: its GPU agent's virtualization mode
-/// mapped to `baremetal`, `hypervisor` (host), `vm_vf` (guest) or `vm_pf`
-/// (passthrough), `baremetal` when unknown. amdgpu bound to a virtual
-/// function is a guest. A whole GPU passed through to a VM is not told apart
-/// from bare metal here (the kernel's hint is the CPU's hypervisor flag, which
-/// is not read), and a hypervisor's GPUs are bound to AMD's host driver, not
-/// amdgpu, so they are never seen.
-fn deployment_mode(gpu: &Gpu) -> &'static str {
-    if VF_DEVICE_IDS.contains(&gpu.device_id) {
-        "vm_vf"
-    } else {
-        "baremetal"
-    }
 }
 
 /// Builds every family the configuration enables. Families without series are
@@ -514,160 +390,6 @@ fn with_label(labels: &[(String, String)], name: &str, index: usize) -> Vec<(Str
     labels
 }
 
-/// Encodes families in the Prometheus text format 0.0.4.
-pub fn encode(families: Vec<Family>) -> String {
-    encode_with_histograms(families, Vec::new())
-}
-
-/// One histogram family: cumulative buckets (upper bound, count), the sum
-/// and the count of its observations.
-#[derive(Clone, Debug, PartialEq)]
-pub struct HistogramFamily {
-    pub name: String,
-    pub help: String,
-    pub buckets: Vec<(f64, u64)>,
-    pub sum: f64,
-    pub count: u64,
-}
-
-/// [`encode`], with histogram families after the others.
-pub fn encode_with_histograms(families: Vec<Family>, histograms: Vec<HistogramFamily>) -> String {
-    let mut registry = Registry::default();
-    registry.register_collector(Box::new(Families(families, histograms)));
-    let mut text = String::new();
-    // Writing into a String cannot fail; an error would only come from a
-    // malformed descriptor, and a partial exposition is still served.
-    if let Err(e) = prometheus_client::encoding::prometheus_text::encode(&mut text, &registry) {
-        tracing::warn!(error = %e, "cannot encode metrics");
-    }
-    text
-}
-
-/// Content type of [`encode`]'s output.
-pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
-
-#[derive(Debug)]
-struct Families(Vec<Family>, Vec<HistogramFamily>);
-
-impl Collector for Families {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        for family in &self.0 {
-            // A counter's name is given without `_total`; the encoder adds it.
-            let (name, metric_type) = match family.kind {
-                Kind::Gauge => (family.name.as_str(), MetricType::Gauge),
-                Kind::Counter => (
-                    family.name.strip_suffix("_total").unwrap_or(&family.name),
-                    MetricType::Counter,
-                ),
-            };
-            let mut metric = encoder.encode_descriptor(name, &family.help, None, metric_type)?;
-            for series in &family.series {
-                let mut encoder = metric.encode_family(&series.labels)?;
-                match family.kind {
-                    Kind::Counter => {
-                        encoder.encode_counter::<NoLabelSet, _, u64>(&series.value, None)?
-                    }
-                    Kind::Gauge => encoder.encode_gauge(&series.value)?,
-                }
-            }
-        }
-        for histogram in &self.1 {
-            let mut metric = encoder.encode_descriptor(
-                &histogram.name,
-                &histogram.help,
-                None,
-                MetricType::Histogram,
-            )?;
-            metric.encode_histogram::<NoLabelSet>(
-                histogram.sum,
-                histogram.count,
-                &histogram.buckets,
-                None,
-            )?;
-        }
-        Ok(())
-    }
-}
-
-/// One logical GPU in the JSON view.
-#[derive(Clone, Debug, Serialize)]
-pub struct GpuView<'a> {
-    pub gpu_id: u32,
-    pub bdf: &'a str,
-    pub partition_id: u32,
-    pub card_model: String,
-    pub serial_number: Option<&'a str>,
-    pub compute_partition: Option<&'a str>,
-    pub memory_partition: Option<&'a str>,
-    pub healthy: Option<bool>,
-    pub health_reasons: Vec<String>,
-    pub pod: Option<&'a PodRef>,
-    /// Device-level readings, on the primary partition only.
-    pub readings: Option<&'a GpuReadings>,
-}
-
-/// The `/gpumetrics` document.
-#[derive(Clone, Debug, Serialize)]
-pub struct JsonView<'a> {
-    pub hostname: &'a str,
-    pub sample: SampleInfo,
-    pub gpus: Vec<GpuView<'a>>,
-}
-
-#[derive(Clone, Debug, Serialize)]
-pub struct SampleInfo {
-    pub taken_at_unix: f64,
-    pub duration_ms: f64,
-    pub kfd_present: Option<bool>,
-}
-
-pub fn json_view<'a>(input: &RenderInput<'a>) -> JsonView<'a> {
-    let gpus: BTreeMap<&str, &'a Gpu> = input
-        .inventory
-        .gpus
-        .iter()
-        .map(|g| (g.bdf.as_str(), g))
-        .collect();
-    let views = logical_gpus(input.inventory)
-        .into_iter()
-        .filter_map(|l| {
-            let gpu = *gpus.get(l.bdf.as_str())?;
-            let health = input.health.and_then(|h| h.gpus.get(&l.bdf));
-            Some(GpuView {
-                gpu_id: l.gpu_id,
-                bdf: &gpu.bdf,
-                partition_id: l.partition,
-                card_model: card_model(gpu),
-                serial_number: gpu.serial_number.as_deref(),
-                compute_partition: gpu.compute_partition.as_deref(),
-                memory_partition: gpu.memory_partition.as_deref(),
-                healthy: health.map(|h| h.healthy),
-                health_reasons: health.map(|h| h.reasons.clone()).unwrap_or_default(),
-                pod: pods_of(input.pods, &l.device_ref()).first(),
-                readings: l
-                    .is_primary()
-                    .then(|| input.sample.gpus.get(&gpu.bdf))
-                    .flatten(),
-            })
-        })
-        .collect();
-    let taken_at_unix = input
-        .sample
-        .taken_at
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0);
-    JsonView {
-        hostname: input.hostname,
-        sample: SampleInfo {
-            taken_at_unix,
-            duration_ms: input.sample.duration_ms,
-            kfd_present: input.sample.kfd_present,
-        },
-        gpus: views,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -677,7 +399,7 @@ mod tests {
     use crate::telemetry::config::parse_config;
     use crate::telemetry::sysfs::EccCount;
 
-    fn inventory() -> Inventory {
+    pub(super) fn inventory() -> Inventory {
         let partitioned = Gpu {
             bdf: "0000:05:00.0".into(),
             device_id: 0x74a1,
@@ -743,7 +465,7 @@ mod tests {
         r
     }
 
-    fn sample() -> HostSample {
+    pub(super) fn sample() -> HostSample {
         let mut s = HostSample::default();
         for (bdf, edge) in [("0000:05:00.0", 40.0), ("0000:27:00.0", 50.0)] {
             s.gpus.insert(bdf.into(), readings(bdf, edge));
@@ -751,7 +473,7 @@ mod tests {
         s
     }
 
-    fn health() -> HealthSnapshot {
+    pub(super) fn health() -> HealthSnapshot {
         let mut h = HealthSnapshot::default();
         h.gpus.insert(
             "0000:05:00.0".into(),
@@ -786,14 +508,14 @@ mod tests {
         })
     }
 
-    fn family<'a>(families: &'a [Family], name: &str) -> &'a Family {
+    pub(super) fn family<'a>(families: &'a [Family], name: &str) -> &'a Family {
         families
             .iter()
             .find(|f| f.name == name)
             .unwrap_or_else(|| panic!("no family {name}"))
     }
 
-    fn label<'a>(series: &'a Series, name: &str) -> &'a str {
+    pub(super) fn label<'a>(series: &'a Series, name: &str) -> &'a str {
         series
             .labels
             .iter()
@@ -1309,54 +1031,6 @@ mod tests {
     }
 
     #[test]
-    fn card_labels_come_from_the_board_as_amd_smi_reads_it() {
-        let board = Gpu {
-            device_id: 0x74a1,
-            product_name: Some("AMD Instinct MI300X".into()),
-            product_number: Some("102-X".into()),
-            manufacturer: Some("AMD".into()),
-            ..Gpu::default()
-        };
-        assert_eq!(card_model(&board), "102-X");
-        assert_eq!(card_vendor(&board), "AMD");
-        let older_kernel = Gpu {
-            product_number: None,
-            manufacturer: None,
-            ..board.clone()
-        };
-        assert_eq!(card_model(&older_kernel), "AMD Instinct MI300X");
-        assert_eq!(
-            card_vendor(&older_kernel),
-            "Advanced Micro Devices, Inc. [AMD/ATI]"
-        );
-        let config =
-            parse_config(r#"{"GPUConfig": {"Labels": ["CARD_SERIES", "CARD_VENDOR"]}}"#).unwrap();
-        assert!(config.warnings.is_empty(), "{:?}", config.warnings);
-        let inv = Inventory {
-            gpus: vec![Gpu {
-                bdf: "0000:05:00.0".into(),
-                ..board
-            }],
-            ..Inventory::default()
-        };
-        let sample = sample();
-        let input = RenderInput {
-            inventory: &inv,
-            sample: &sample,
-            pods: &BTreeMap::new(),
-            health: None,
-            config: &config,
-            hostname: "n",
-            shared_gpus: false,
-        };
-        let families = families(&input);
-        let edge = &family(&families, "gpu_edge_temperature").series[0];
-        assert_eq!(label(edge, "card_series"), "AMD Instinct MI300X");
-        assert_eq!(label(edge, "card_vendor"), "AMD");
-        assert_eq!(label(edge, "card_model"), "102-X");
-    }
-
-    #[test]
     fn kfd_process_id_lists_the_partition_s_processes() {
         let inv = inventory();
         let mut sample = sample();
@@ -1461,81 +1135,5 @@ mod tests {
         let series = &families[0].series[0];
         assert_eq!(label(series, "cluster_name"), "lab");
         assert_eq!(label(series, "driver_version"), "");
-    }
-
-    #[test]
-    fn encoding_declares_gauges_and_counters_by_their_full_name() {
-        let families = vec![
-            Family {
-                name: "gpu_operator_restarts_total".into(),
-                help: "Restarts".into(),
-                kind: Kind::Counter,
-                series: vec![Series {
-                    labels: vec![("gpu_id".into(), "0".into())],
-                    value: 2.0,
-                }],
-            },
-            Family {
-                name: "gpu_nodes_total".into(),
-                help: "GPUs".into(),
-                kind: Kind::Gauge,
-                series: vec![Series {
-                    labels: vec![("hostname".into(), "a\"b".into())],
-                    value: 8.0,
-                }],
-            },
-            Family {
-                name: "gpu_edge_temperature".into(),
-                help: "Edge".into(),
-                kind: Kind::Gauge,
-                series: vec![Series {
-                    labels: vec![],
-                    value: 41.5,
-                }],
-            },
-        ];
-        let text = encode(families);
-        assert!(
-            text.contains("# TYPE gpu_operator_restarts_total counter\n"),
-            "{text}"
-        );
-        assert!(
-            text.contains("gpu_operator_restarts_total{gpu_id=\"0\"} 2"),
-            "{text}"
-        );
-        assert!(text.contains("# TYPE gpu_nodes_total gauge\n"), "{text}");
-        assert!(
-            text.contains("gpu_nodes_total{hostname=\"a\\\"b\"} 8"),
-            "{text}"
-        );
-        assert!(
-            text.contains("# TYPE gpu_edge_temperature gauge\ngpu_edge_temperature 41.5\n"),
-            "{text}"
-        );
-        assert!(!text.contains("# EOF"));
-    }
-
-    #[test]
-    fn json_view_lists_logical_gpus_with_readings_on_primaries() {
-        let (inv, sample, health) = (inventory(), sample(), health());
-        let pods = BTreeMap::new();
-        let config = ExporterConfig::default();
-        let input = RenderInput {
-            inventory: &inv,
-            sample: &sample,
-            pods: &pods,
-            health: Some(&health),
-            config: &config,
-            hostname: "n",
-            shared_gpus: false,
-        };
-        let json = serde_json::to_value(json_view(&input)).unwrap();
-        let gpus = json["gpus"].as_array().unwrap();
-        assert_eq!(gpus.len(), 3);
-        assert_eq!(gpus[0]["readings"]["temperature"]["edge_c"], 40.0);
-        assert!(gpus[1]["readings"].is_null());
-        assert_eq!(gpus[1]["partition_id"], 1);
-        assert_eq!(gpus[1]["healthy"], false);
-        assert_eq!(gpus[2]["gpu_id"], 2);
     }
 }
