@@ -23,6 +23,7 @@ pub mod metricssvc;
 pub mod node_writer;
 pub mod partition;
 pub mod plugin;
+pub mod pod_resources;
 pub mod remediation;
 pub mod service;
 pub mod simulate;

@@ -59,6 +59,10 @@ const LAYERS: &[&[&str]] = &[
     // The DRA kubelet plugin: the same inventory and HealthReport, with the
     // device plugin's health rules and socket server.
     &["dra"],
+    // Which pods hold which GPU, from the kubelet's PodResources API: above
+    // the device plugin and DRA (whose device names it matches), below the
+    // exporter and the agent's remediation that both ask it.
+    &["pod_resources"],
     // sysfs sampling and the exporter's config.json and field catalogue, below
     // both health (thresholds, samples) and metrics.
     &["telemetry"],

@@ -482,14 +482,14 @@ fn daemonset_mounts_exactly_the_host_paths_the_code_uses() {
     ));
     // The kubelet's directories, at their default host paths, found through
     // KUBELET_DIR the way the agent derives them (src/agent/select.rs,
-    // src/metrics/mod.rs pod_resources_socket).
+    // src/pod_resources/mod.rs socket).
     needed.push((
         gpu_operator::plugin::PluginConfig::DEFAULT_DIR.to_owned(),
         kubelet_dir.join("device-plugins"),
         true,
         "device plugin sockets",
     ));
-    let pod_resources = gpu_operator::metrics::pod_resources_socket("", &kubelet_dir);
+    let pod_resources = gpu_operator::pod_resources::socket("", &kubelet_dir);
     needed.push((
         gpu_operator::api::DEFAULT_POD_RESOURCES_PATH.to_owned(),
         pod_resources.parent().unwrap().to_path_buf(),

@@ -27,7 +27,7 @@ use gpu_operator::cluster::lease::LeaseConfig;
 use gpu_operator::cluster::{ClusterConfig, ClusterRole, EvictionClient};
 use gpu_operator::driver::gpu_reset::GpuReset;
 use gpu_operator::host::HostRoot;
-use gpu_operator::metrics::podresources::v1::PodResources;
+use gpu_operator::pod_resources::api::v1::PodResources;
 use gpu_operator::remediation::RECORD_ANNOTATION;
 use gpu_operator::remediation::plan::Confirm;
 use gpu_operator::simulate::{self, SimSpec};

@@ -240,10 +240,8 @@ pub async fn run_with_followers(
     // What the leader's remediation record asks of this node: a reboot, the
     // validation tests, a GPU reset. It asks the kubelet which pods hold a
     // GPU where the metrics exporter does (the DeviceConfig may move it).
-    let (pod_resources, pod_resources_rx) = watch::channel(crate::metrics::pod_resources_socket(
-        "",
-        &config.kubelet_dir,
-    ));
+    let (pod_resources, pod_resources_rx) =
+        watch::channel(crate::pod_resources::socket("", &config.kubelet_dir));
     let (remediation_report, _remediation_task) = remediation::spawn(
         remediation::Feeds {
             node: node_rx.clone(),

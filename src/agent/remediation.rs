@@ -9,8 +9,9 @@
 //!   remediated like any other.
 //! - `IsolatingGpu` (`gpuResetFirst`): say which one GPU is at fault, from
 //!   the health monitor, and which pods hold it, from the kubelet's
-//!   PodResources API (device plugin devices and DRA claims alike); no
-//!   answer naming a GPU when none or several are unhealthy.
+//!   PodResources API ([`crate::pod_resources`]: device plugin devices and
+//!   DRA claims alike); no answer naming a GPU when none or several are
+//!   unhealthy.
 //! - `ResettingGpu`: reset that GPU through the driver's recovery interface
 //!   ([`crate::driver::gpu_reset`]), then run the entry's
 //!   `validationTestsProfile` on that GPU only, and answer.
@@ -23,7 +24,7 @@
 //! This module must not write the Node or decide the remediation's steps:
 //! it only answers the record.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -41,8 +42,6 @@ use crate::driver::reboot::{self, RebootCommand};
 use crate::events::{EventSink, NodeEvent};
 use crate::health::HealthSnapshot;
 use crate::host::reader::BoundedReader;
-use crate::metrics::podresources::v1::ListPodResourcesResponse;
-use crate::plugin::DeviceRef;
 use crate::remediation::mapping::ValidationTestsProfile;
 use crate::remediation::{Phase, Record};
 use crate::service::Followers;
@@ -168,38 +167,6 @@ pub fn faulty_gpu(snapshot: &HealthSnapshot) -> Result<String, String> {
                 .join(", ")
         )),
     }
-}
-
-/// The pods (`namespace/name`, sorted) that hold GPU `bdf` or one of its
-/// partitions: through the device plugin, as the metrics exporter assigns
-/// them ([`crate::metrics::pods::assign`]: `device_ids` are the advertised
-/// IDs; a shared device's replicas are their device), or through DRA
-/// (`dra_devices`: our driver's device name to GPU address). Pure.
-pub fn pods_holding(
-    response: &ListPodResourcesResponse,
-    device_ids: &BTreeMap<String, DeviceRef>,
-    dra_devices: &BTreeMap<String, String>,
-    bdf: &str,
-) -> Vec<String> {
-    let mut pods: BTreeSet<String> = crate::metrics::pods::assign(response, device_ids)
-        .iter()
-        .filter(|(device, _)| device.bdf == bdf)
-        .flat_map(|(_, holders)| holders)
-        .map(|holder| format!("{}/{}", holder.namespace, holder.pod))
-        .collect();
-    for pod in &response.pod_resources {
-        let by_claim = pod
-            .containers
-            .iter()
-            .flat_map(|c| &c.dynamic_resources)
-            .flat_map(|r| &r.claim_resources)
-            .filter(|c| c.driver_name == crate::dra::DRIVER_NAME)
-            .any(|c| dra_devices.get(&c.device_name).is_some_and(|b| b == bdf));
-        if by_claim {
-            pods.insert(format!("{}/{}", pod.namespace, pod.name));
-        }
-    }
-    pods.into_iter().collect()
 }
 
 /// The test case a profile asks for. Pure.
@@ -381,7 +348,7 @@ async fn isolate(feeds: &Feeds, id: &str) -> RemediationTestReport {
 /// instead.
 async fn holders(feeds: &Feeds, bdf: &str) -> Result<Vec<String>, String> {
     let socket = feeds.pod_resources.borrow().clone();
-    let response = match crate::metrics::pods::list(&socket, POD_RESOURCES_TIMEOUT).await {
+    let response = match crate::pod_resources::list(&socket, POD_RESOURCES_TIMEOUT).await {
         Ok(Some(response)) => response,
         Ok(None) => {
             return Err(format!(
@@ -399,7 +366,12 @@ async fn holders(feeds: &Feeds, bdf: &str) -> Result<Vec<String>, String> {
             .into_iter()
             .map(|d| (d.name, d.gpu_bdf))
             .collect();
-    Ok(pods_holding(&response, &device_ids, &dra_devices, bdf))
+    Ok(crate::pod_resources::pods_holding(
+        &response,
+        &device_ids,
+        &dra_devices,
+        bdf,
+    ))
 }
 
 /// Resets GPU `bdf`, then runs the profile's tests on it alone.
@@ -755,98 +727,6 @@ mod tests {
         assert!(
             why.contains("2 GPUs") && why.contains("0000:05:00.0"),
             "{why}"
-        );
-    }
-
-    #[test]
-    fn the_pods_on_a_gpu_are_found_through_the_plugin_and_dra() {
-        use crate::metrics::podresources::v1::{
-            ClaimResource, ContainerDevices, ContainerResources, DynamicResource, PodResources,
-        };
-        let pod =
-            |name: &str, devices: Vec<ContainerDevices>, dra: Vec<DynamicResource>| PodResources {
-                name: name.into(),
-                namespace: "ml".into(),
-                containers: vec![ContainerResources {
-                    name: "main".into(),
-                    devices,
-                    dynamic_resources: dra,
-                    ..ContainerResources::default()
-                }],
-            };
-        let plugin = |resource: &str, id: &str| ContainerDevices {
-            resource_name: resource.into(),
-            device_ids: vec![id.into()],
-            topology: None,
-        };
-        let claim = |driver: &str, device: &str| DynamicResource {
-            claim_name: "gpu".into(),
-            claim_namespace: "ml".into(),
-            claim_resources: vec![ClaimResource {
-                driver_name: driver.into(),
-                device_name: device.into(),
-                ..ClaimResource::default()
-            }],
-        };
-        let response = ListPodResourcesResponse {
-            pod_resources: vec![
-                pod(
-                    "on-gpu",
-                    vec![plugin("amd.com/gpu", "0000:03:00.0")],
-                    vec![],
-                ),
-                pod(
-                    "on-a-share",
-                    vec![plugin("amd.com/gpu", "0000:03:00.0::3")],
-                    vec![],
-                ),
-                pod(
-                    "on-partition",
-                    vec![plugin("amd.com/cpx_nps1", "amdgpu_xcp_2")],
-                    vec![],
-                ),
-                pod(
-                    "elsewhere",
-                    vec![plugin("amd.com/gpu", "0000:04:00.0")],
-                    vec![],
-                ),
-                pod(
-                    "other-vendor",
-                    vec![plugin("example.com/gpu", "0000:03:00.0")],
-                    vec![],
-                ),
-                pod(
-                    "by-claim",
-                    vec![],
-                    vec![claim(crate::dra::DRIVER_NAME, "gpu-1-129")],
-                ),
-                pod(
-                    "foreign-claim",
-                    vec![],
-                    vec![claim("example.com", "gpu-1-129")],
-                ),
-            ],
-        };
-        let ids = BTreeMap::from([
-            (
-                "0000:03:00.0".to_owned(),
-                DeviceRef::partition("0000:03:00.0", 0),
-            ),
-            (
-                "amdgpu_xcp_2".to_owned(),
-                DeviceRef::partition("0000:03:00.0", 2),
-            ),
-            ("0000:04:00.0".to_owned(), DeviceRef::gpu("0000:04:00.0")),
-        ]);
-        let dra = BTreeMap::from([("gpu-1-129".to_owned(), "0000:03:00.0".to_owned())]);
-        assert_eq!(
-            pods_holding(&response, &ids, &dra, "0000:03:00.0"),
-            [
-                "ml/by-claim",
-                "ml/on-a-share",
-                "ml/on-gpu",
-                "ml/on-partition"
-            ]
         );
     }
 }

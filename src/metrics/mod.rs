@@ -5,17 +5,17 @@
 //! `/gpumetrics` (JSON), `/healthz`, `/readyz`. A background task samples every
 //! GPU at an interval (default 5 s) through [`crate::telemetry`] (per-file
 //! deadlines on threads of its own, so a hung sysfs file costs one value), asks
-//! the kubelet which pod holds which device ([`pods`]) and publishes the
-//! sample; it is rendered ([`render`]) once, ahead of the scrapes while
-//! something scrapes and at the first scrape otherwise, so an exporter nobody
-//! scrapes renders nothing. A scrape never waits for sysfs. The agent's own
-//! metrics ([`agent`]) are served too.
+//! the kubelet which pod holds which device ([`crate::pod_resources`]) and
+//! publishes the sample; it is rendered ([`render`]) once, ahead of the
+//! scrapes while something scrapes and at the first scrape otherwise, so an
+//! exporter nobody scrapes renders nothing. A scrape never waits for sysfs.
+//! The agent's own metrics ([`agent`]) are served too.
 //!
 //! Layout: sampling, `config.json`, the field catalogue and the logical GPU
 //! numbering are in [`crate::telemetry`], shared with the health monitor; here
-//! are [`render`] (series, text and JSON), [`pods`], [`server`] (HTTP), and
+//! are [`render`] (series, text and JSON), [`server`] (HTTP), and
 //! [`MetricsService`], which the agent supervises. The decisions are pure; I/O
-//! is in the sampler, `pods`, `server` and the service loop.
+//! is in the sampler, the PodResources client, `server` and the service loop.
 //!
 //! The endpoint bounds its connections ([`server::ConnectionLimits`], with the
 //! descriptor budget of [`limits`]) and applies `rbacConfig` ([`access`]: TLS,
@@ -34,8 +34,10 @@ pub mod agent;
 mod compat_tests;
 pub mod limits;
 pub mod pod_metadata;
-pub mod podresources;
-pub mod pods;
+/// The generated PodResources protocol, at its former path for the test
+/// kubelet (`tests/support/pod_resources.rs`); new code uses
+/// [`crate::pod_resources::api`].
+pub use crate::pod_resources::api as podresources;
 pub mod render;
 pub mod server;
 #[cfg(test)]
@@ -59,6 +61,7 @@ use crate::device::watch::ScanState;
 use crate::health::HealthSnapshot;
 use crate::host::HostRoot;
 use crate::host::reader::BoundedReader;
+use crate::pod_resources::{self, DevicePods};
 use crate::service::{Readiness, Service, ServiceError, ServiceFuture};
 use crate::telemetry::config::{ExporterConfig, parse_config};
 use crate::telemetry::sample::{HostSample, Sampler, Scope};
@@ -135,23 +138,13 @@ impl MetricsConfig {
         Self {
             listen: SocketAddr::from((Ipv4Addr::UNSPECIFIED, port)),
             config_text,
-            pod_resources_socket: Some(pod_resources_socket(
+            pod_resources_socket: Some(crate::pod_resources::socket(
                 &spec.pod_resource_api_socket_path,
                 kubelet_dir,
             )),
             ..Self::new(host, hostname)
         }
     }
-}
-
-/// The kubelet's PodResources socket for a `podResourceAPISocketPath` value.
-pub fn pod_resources_socket(spec_dir: &str, kubelet_dir: &Path) -> PathBuf {
-    let dir = if spec_dir.is_empty() || spec_dir == crate::api::types::DEFAULT_POD_RESOURCES_PATH {
-        kubelet_dir.join("pod-resources")
-    } else {
-        PathBuf::from(spec_dir)
-    };
-    dir.join(podresources::SOCKET)
 }
 
 /// What the exporter is doing, for the agent's status and for tests.
@@ -185,7 +178,7 @@ pub struct MetricsService {
     /// What the endpoints serve, for in-process readers too.
     published: watch::Sender<Arc<Published>>,
     /// Which pod holds which device, as of the latest sample.
-    pods: watch::Sender<Arc<pods::DevicePods>>,
+    pods: watch::Sender<Arc<DevicePods>>,
     /// The API server, for pod UIDs and labels (`POD_UUID`,
     /// `ExtraPodLabels`); `None` in standalone mode.
     kube: Option<kube::Client>,
@@ -205,7 +198,7 @@ impl MetricsService {
             discovery: None,
             status: watch::Sender::new(ExporterStatus::default()),
             published: watch::Sender::new(Arc::new(Published::default())),
-            pods: watch::Sender::new(Arc::new(pods::DevicePods::new())),
+            pods: watch::Sender::new(Arc::new(DevicePods::new())),
             kube: None,
         }
     }
@@ -247,7 +240,7 @@ impl MetricsService {
     /// known pods while the kubelet cannot be asked). For readers that name
     /// a GPU's workloads elsewhere (the health socket), so that the kubelet
     /// is asked once per sample, not once per reader.
-    pub fn pods(&self) -> watch::Receiver<Arc<pods::DevicePods>> {
+    pub fn pods(&self) -> watch::Receiver<Arc<DevicePods>> {
         self.pods.subscribe()
     }
 
@@ -304,7 +297,7 @@ impl ConfigState {
 struct Latest {
     inventory: Arc<Inventory>,
     sample: HostSample,
-    pods: pods::DevicePods,
+    pods: DevicePods,
     pod_errors: u64,
     pod_error: Option<String>,
 }
@@ -645,14 +638,14 @@ impl MetricsService {
             let Some(socket) = &config.pod_resources_socket else {
                 return Ok(None);
             };
-            pods::list(socket, MetricsConfig::POD_RESOURCES_TIMEOUT).await
+            pod_resources::list(socket, MetricsConfig::POD_RESOURCES_TIMEOUT).await
         };
         let xcp = crate::plugin::devices::xcp_names_of(&inventory);
         let (sample, pod_list) = tokio::join!(sampler.sample(&inventory, Scope::Full), pods);
         let (pods, pod_errors, pod_error) = match pod_list {
             Ok(Some(list)) => {
                 let ids = crate::telemetry::devices::device_ids(&inventory, &xcp);
-                let mut pods = pods::assign(&list, &ids);
+                let mut pods = pod_resources::assign(&list, &ids);
                 if let Some(metadata) = pod_metadata {
                     pod_metadata::enrich(&mut pods, &metadata.current());
                 }

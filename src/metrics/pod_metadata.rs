@@ -99,7 +99,7 @@ fn entry(pod: &PartialObjectMeta<Pod>) -> Option<((String, String), PodMeta)> {
 
 /// Pure: each device's pod with its UID and labels filled in from `metadata`,
 /// where the API server knows the pod.
-pub fn enrich(pods: &mut super::pods::DevicePods, metadata: &PodMetadata) {
+pub fn enrich(pods: &mut crate::pod_resources::DevicePods, metadata: &PodMetadata) {
     for pod in pods.values_mut().flatten() {
         if let Some(meta) = metadata.get(&(pod.namespace.clone(), pod.pod.clone())) {
             pod.uid = meta.uid.clone();
@@ -111,8 +111,8 @@ pub fn enrich(pods: &mut super::pods::DevicePods, metadata: &PodMetadata) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metrics::pods::PodRef;
     use crate::plugin::DeviceRef;
+    use crate::pod_resources::PodRef;
     use serde_json::json;
 
     /// A wait that fails the test instead of hanging it.

@@ -69,8 +69,8 @@ use tokio_util::sync::CancellationToken;
 use crate::api::agent_status::ServiceName;
 use crate::device::Inventory;
 use crate::health::HealthSnapshot;
-use crate::metrics::pods::DevicePods;
 use crate::plugin::SocketServer;
+use crate::pod_resources::DevicePods;
 use crate::service::{Readiness, Service, ServiceError, ServiceFuture};
 pub use rpc::{NO_VERDICT, SET_ERROR_UNIMPLEMENTED};
 

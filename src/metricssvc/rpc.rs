@@ -20,8 +20,8 @@ use super::api::metricssvc::{
 use super::states::{gpu_states, select};
 use crate::device::Inventory;
 use crate::health::HealthSnapshot;
-use crate::metrics::pods::DevicePods;
 use crate::plugin::SocketServer;
+use crate::pod_resources::DevicePods;
 
 /// What `List` and `GetGPUState` answer while the health monitor has no
 /// verdict (it has not sampled yet, or it is stopped): an error, as the

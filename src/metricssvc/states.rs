@@ -25,9 +25,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::api::metricssvc::GpuState;
 use crate::device::Inventory;
 use crate::health::HealthSnapshot;
-use crate::metrics::pods::{DevicePods, PodRef};
 use crate::plugin::DeviceRef;
 use crate::plugin::devices::xcp_names_of;
+use crate::pod_resources::{DevicePods, PodRef};
 use crate::telemetry::devices::{device_ids, logical_gpus};
 
 /// `GPUState.Health` values: the reference's `GPUHealth` enum names, lower-cased.

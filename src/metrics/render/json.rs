@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::super::pods::{PodRef, pods_of};
+use crate::pod_resources::{PodRef, pods_of};
 use super::RenderInput;
 use super::labels::card_model;
 use crate::device::Gpu;

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use super::super::pods::PodRef;
+use crate::pod_resources::PodRef;
 use super::RenderInput;
 use crate::device::Gpu;
 use crate::telemetry::devices::LogicalGpu;

@@ -34,9 +34,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
-use super::pods::{DevicePods, PodRef, pods_of};
 use crate::device::{Gpu, Inventory};
 use crate::health::HealthSnapshot;
+use crate::pod_resources::{DevicePods, PodRef, pods_of};
 use crate::telemetry::config::ExporterConfig;
 use crate::telemetry::devices::{LogicalGpu, logical_gpus};
 use crate::telemetry::fields::{

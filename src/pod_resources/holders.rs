@@ -1,23 +1,17 @@
-//! Which pod holds which GPU, from the kubelet's PodResources API (`List` on
-//! `<kubelet-dir>/pod-resources/kubelet.sock`).
+//! Which pod holds which GPU, from a PodResources `List` answer. Pure.
 //!
 //! The kubelet reports devices by the IDs the device plugin advertised; they are
 //! matched against [`crate::telemetry::devices::device_ids`], so both sides use the device
 //! plugin's naming; a shared device's replicas (`<id>::<n>`) are their device,
 //! and every container holding one of them is the device's. Only `amd.com/*`
-//! resources are considered. A missing socket
-//! (no kubelet, standalone mode) means no pod labels, not an error. [`assign`] is
-//! pure; [`list`] does the I/O.
+//! resources are considered. DRA claims are matched by our driver's device
+//! names ([`pods_holding`]).
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
-use tonic::transport::Endpoint;
 
-use super::podresources::v1::pod_resources_lister_client::PodResourcesListerClient;
-use super::podresources::v1::{ListPodResourcesRequest, ListPodResourcesResponse};
+use super::api::v1::ListPodResourcesResponse;
 use crate::plugin::DeviceRef;
 use crate::plugin::devices::{RESOURCE_NAMESPACE, parent_id};
 
@@ -28,76 +22,11 @@ pub struct PodRef {
     pub namespace: String,
     pub container: String,
     /// The pod's UID and labels, from the API server (see
-    /// [`super::pod_metadata`]); empty without one.
+    /// [`crate::metrics::pod_metadata`]); empty without one.
     #[serde(skip_serializing_if = "String::is_empty")]
     pub uid: String,
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum PodResourcesError {
-    #[error("{socket}: cannot connect to the kubelet's PodResources API: {source}")]
-    Connect {
-        socket: PathBuf,
-        #[source]
-        source: tonic::transport::Error,
-    },
-    #[error("{socket}: PodResources List failed: {status}")]
-    List {
-        socket: PathBuf,
-        status: Box<tonic::Status>,
-    },
-    #[error("{socket}: PodResources List did not answer within {timeout:?}")]
-    Timeout { socket: PathBuf, timeout: Duration },
-    #[error("{socket}: the socket path is not UTF-8")]
-    NonUtf8Path { socket: PathBuf },
-}
-
-/// Asks the kubelet which devices each container holds. `Ok(None)` when the
-/// socket does not exist.
-pub async fn list(
-    socket: &Path,
-    timeout: Duration,
-) -> Result<Option<ListPodResourcesResponse>, PodResourcesError> {
-    if !socket.exists() {
-        return Ok(None);
-    }
-    let uri = socket
-        .to_str()
-        .map(|s| format!("unix://{s}"))
-        .ok_or_else(|| PodResourcesError::NonUtf8Path {
-            socket: socket.to_path_buf(),
-        })?;
-    let call = async {
-        let channel = Endpoint::from_shared(uri)
-            .map_err(|source| PodResourcesError::Connect {
-                socket: socket.to_path_buf(),
-                source,
-            })?
-            .connect()
-            .await
-            .map_err(|source| PodResourcesError::Connect {
-                socket: socket.to_path_buf(),
-                source,
-            })?;
-        PodResourcesListerClient::new(channel)
-            .list(ListPodResourcesRequest {})
-            .await
-            .map(|r| Some(r.into_inner()))
-            .map_err(|status| PodResourcesError::List {
-                socket: socket.to_path_buf(),
-                status: Box::new(status),
-            })
-    };
-    tokio::time::timeout(timeout, call)
-        .await
-        .unwrap_or_else(|_| {
-            Err(PodResourcesError::Timeout {
-                socket: socket.to_path_buf(),
-                timeout,
-            })
-        })
 }
 
 /// The containers holding each device: one, or several sharing it.
@@ -147,10 +76,42 @@ pub fn pods_of<'a>(pods: &'a DevicePods, device: &DeviceRef) -> &'a [PodRef] {
         .map_or(&[], Vec::as_slice)
 }
 
+/// The pods (`namespace/name`, sorted) that hold GPU `bdf` or one of its
+/// partitions: through the device plugin, as [`assign`] assigns them
+/// (`device_ids` are the advertised IDs; a shared device's replicas are
+/// their device), or through DRA
+/// (`dra_devices`: our driver's device name to GPU address). Pure.
+pub fn pods_holding(
+    response: &ListPodResourcesResponse,
+    device_ids: &BTreeMap<String, DeviceRef>,
+    dra_devices: &BTreeMap<String, String>,
+    bdf: &str,
+) -> Vec<String> {
+    let mut pods: BTreeSet<String> = assign(response, device_ids)
+        .iter()
+        .filter(|(device, _)| device.bdf == bdf)
+        .flat_map(|(_, holders)| holders)
+        .map(|holder| format!("{}/{}", holder.namespace, holder.pod))
+        .collect();
+    for pod in &response.pod_resources {
+        let by_claim = pod
+            .containers
+            .iter()
+            .flat_map(|c| &c.dynamic_resources)
+            .flat_map(|r| &r.claim_resources)
+            .filter(|c| c.driver_name == crate::dra::DRIVER_NAME)
+            .any(|c| dra_devices.get(&c.device_name).is_some_and(|b| b == bdf));
+        if by_claim {
+            pods.insert(format!("{}/{}", pod.namespace, pod.name));
+        }
+    }
+    pods.into_iter().collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metrics::podresources::v1::{ContainerDevices, ContainerResources, PodResources};
+    use crate::pod_resources::api::v1::{ContainerDevices, ContainerResources, PodResources};
 
     fn response() -> ListPodResourcesResponse {
         let devices = |resource: &str, ids: &[&str]| ContainerDevices {
@@ -272,12 +233,95 @@ mod tests {
         assert_eq!(pods_of(&pods, &DeviceRef::gpu("0000:27:00.0")).len(), 1);
     }
 
-    #[tokio::test]
-    async fn a_missing_socket_is_no_pods() {
-        let dir = tempfile::tempdir().unwrap();
-        let answer = list(&dir.path().join("kubelet.sock"), Duration::from_secs(1))
-            .await
-            .unwrap();
-        assert!(answer.is_none());
+    #[test]
+    fn the_pods_on_a_gpu_are_found_through_the_plugin_and_dra() {
+        use crate::pod_resources::api::v1::{
+            ClaimResource, ContainerDevices, ContainerResources, DynamicResource, PodResources,
+        };
+        let pod =
+            |name: &str, devices: Vec<ContainerDevices>, dra: Vec<DynamicResource>| PodResources {
+                name: name.into(),
+                namespace: "ml".into(),
+                containers: vec![ContainerResources {
+                    name: "main".into(),
+                    devices,
+                    dynamic_resources: dra,
+                    ..ContainerResources::default()
+                }],
+            };
+        let plugin = |resource: &str, id: &str| ContainerDevices {
+            resource_name: resource.into(),
+            device_ids: vec![id.into()],
+            topology: None,
+        };
+        let claim = |driver: &str, device: &str| DynamicResource {
+            claim_name: "gpu".into(),
+            claim_namespace: "ml".into(),
+            claim_resources: vec![ClaimResource {
+                driver_name: driver.into(),
+                device_name: device.into(),
+                ..ClaimResource::default()
+            }],
+        };
+        let response = ListPodResourcesResponse {
+            pod_resources: vec![
+                pod(
+                    "on-gpu",
+                    vec![plugin("amd.com/gpu", "0000:03:00.0")],
+                    vec![],
+                ),
+                pod(
+                    "on-a-share",
+                    vec![plugin("amd.com/gpu", "0000:03:00.0::3")],
+                    vec![],
+                ),
+                pod(
+                    "on-partition",
+                    vec![plugin("amd.com/cpx_nps1", "amdgpu_xcp_2")],
+                    vec![],
+                ),
+                pod(
+                    "elsewhere",
+                    vec![plugin("amd.com/gpu", "0000:04:00.0")],
+                    vec![],
+                ),
+                pod(
+                    "other-vendor",
+                    vec![plugin("example.com/gpu", "0000:03:00.0")],
+                    vec![],
+                ),
+                pod(
+                    "by-claim",
+                    vec![],
+                    vec![claim(crate::dra::DRIVER_NAME, "gpu-1-129")],
+                ),
+                pod(
+                    "foreign-claim",
+                    vec![],
+                    vec![claim("example.com", "gpu-1-129")],
+                ),
+            ],
+        };
+        let ids = BTreeMap::from([
+            (
+                "0000:03:00.0".to_owned(),
+                DeviceRef::partition("0000:03:00.0", 0),
+            ),
+            (
+                "amdgpu_xcp_2".to_owned(),
+                DeviceRef::partition("0000:03:00.0", 2),
+            ),
+            ("0000:04:00.0".to_owned(), DeviceRef::gpu("0000:04:00.0")),
+        ]);
+        let dra = BTreeMap::from([("gpu-1-129".to_owned(), "0000:03:00.0".to_owned())]);
+        assert_eq!(
+            pods_holding(&response, &ids, &dra, "0000:03:00.0"),
+            [
+                "ml/by-claim",
+                "ml/on-a-share",
+                "ml/on-gpu",
+                "ml/on-partition"
+            ]
+        );
     }
 }

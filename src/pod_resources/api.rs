@@ -1,7 +1,8 @@
 //! The kubelet PodResources API v1, generated from
 //! `proto/k8s.io/kubelet/podresources/v1/api.proto` by `build.rs`.
 //!
-//! Generated code only; [`super::pods`] uses it.
+//! Generated code only; [`super::list`] is its client here, and the test
+//! kubelet serves it.
 
 #![allow(clippy::all, missing_docs)]
 
@@ -9,6 +10,3 @@
 pub mod v1 {
     include!(concat!(env!("OUT_DIR"), "/podresources/v1.rs"));
 }
-
-/// The kubelet's socket, relative to the pod-resources directory.
-pub const SOCKET: &str = "kubelet.sock";
