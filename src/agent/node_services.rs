@@ -47,7 +47,7 @@ pub struct NodeServices {
     pub health_snapshot: watch::Receiver<Arc<HealthSnapshot>>,
     /// The GPU locks the test runner takes before each test case; whoever
     /// else runs tests on the node's GPUs takes them too.
-    pub gpu_locks: crate::testrunner::exclusive::GpuLocks,
+    pub gpu_locks: crate::testrunner::GpuLocks,
     transitions: broadcast::Sender<HealthTransition>,
     /// Each finished test case, for standalone mode's event log (kept only to
     /// subscribe from).

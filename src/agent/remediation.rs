@@ -17,7 +17,7 @@
 //!   `validationTestsProfile` on that GPU only, and answer.
 //! - `Validating` with a request id not answered yet: run the entry's
 //!   `validationTestsProfile` on every GPU of the node, through the test
-//!   runner's own execution ([`crate::testrunner::execute::run_case`]: the
+//!   runner's own execution ([`crate::testrunner::run_now`]: the
 //!   same commands, process groups, timeouts and logs), and publish the
 //!   result, which the agent puts in its status for the leader.
 //!
@@ -46,11 +46,8 @@ use crate::remediation::mapping::ValidationTestsProfile;
 use crate::remediation::{Phase, Record};
 use crate::service::Followers;
 use crate::testrunner::command::{tool_flag, tool_unavailable};
-use crate::testrunner::config::{Framework, TestCase, Trigger};
-use crate::testrunner::exclusive::GpuLocks;
-use crate::testrunner::execute::{CaseReport, Logs, run_case};
-use crate::testrunner::gpus::read_targets;
-use crate::testrunner::{Outcome, TestRunnerConfig};
+use crate::testrunner::config::{Framework, TestCase};
+use crate::testrunner::{GpuLocks, OnDemandRun, Outcome, TestRunnerConfig, run_now};
 
 /// Where the task gets its facts.
 pub struct Feeds {
@@ -542,51 +539,25 @@ async fn validate(
         };
     }
     let inventory = feeds.inventory.borrow().clone();
-    let host = tests.host.clone();
-    let mut gpus = tokio::task::spawn_blocking(move || read_targets(&inventory, &host))
-        .await
-        .unwrap_or_default();
-    if let Some(bdf) = only {
-        gpus.retain(|g| g.bdf == bdf);
-    }
-    tracing::info!(%id, recipe = %case.recipe, framework = case.framework.name(), gpus = gpus.len(), "running the remediation's validation tests");
-    let logs = Logs {
-        dir: &tests.logs_dir,
-        limits: &tests.log_limits,
-    };
-    let ran = tokio::select! {
-        held = feeds.gpu_locks.hold(gpus.iter().map(|g| g.bdf.as_str())) => {
-            let ran = run_case(
-                Trigger::Manual,
-                &case,
-                &gpus,
-                false,
-                &tests.commands,
-                logs,
-                &stop,
-            )
-            .await;
-            drop(held);
-            ran
-        }
-        _ = stop.cancelled() => CaseReport::cancelled_before_start(Trigger::Manual, &case),
-    };
-    let passed = ran.outcome == Outcome::Passed && !gpus.is_empty() && !ran.cancelled;
-    let message = if gpus.is_empty() {
+    tracing::info!(%id, recipe = %case.recipe, framework = case.framework.name(), only = ?only, "running the remediation's validation tests");
+    let OnDemandRun { gpus, report: ran } =
+        run_now(tests, inventory, only, &case, &feeds.gpu_locks, &stop).await;
+    let passed = ran.outcome == Outcome::Passed && gpus > 0 && !ran.cancelled;
+    let message = if gpus == 0 {
         "no GPU to test".to_owned()
     } else if ran.cancelled {
         format!(
             "{} {} on {} GPU(s) stopped before its end: the remediation was aborted",
             case.framework.name(),
             case.recipe,
-            gpus.len()
+            gpus
         )
     } else if let Some(why) = ran.missing_results(&tests.commands) {
         format!(
             "{} {} on {} GPU(s): {:?}: {why}",
             case.framework.name(),
             case.recipe,
-            gpus.len(),
+            gpus,
             ran.outcome,
         )
     } else {
@@ -594,7 +565,7 @@ async fn validate(
             "{} {} on {} GPU(s): {:?} ({})",
             case.framework.name(),
             case.recipe,
-            gpus.len(),
+            gpus,
             ran.outcome,
             ran.message()
         )

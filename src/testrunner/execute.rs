@@ -112,7 +112,7 @@ pub fn prune_logs(dir: &Path, limits: &LogLimits) -> usize {
 
 /// Where a case's logs go, and the limits of that directory.
 #[derive(Clone, Copy, Debug)]
-pub struct Logs<'a> {
+pub(super) struct Logs<'a> {
     pub dir: &'a Path,
     pub limits: &'a LogLimits,
 }
@@ -223,7 +223,7 @@ impl CaseReport {
 /// Runs `case` on `gpus` (naming them on the command line when `pass_ids`),
 /// writing logs under `logs_dir`. Never fails: what cannot be done becomes a
 /// failed iteration, explained in the logs and the process's own error output.
-pub async fn run_case(
+pub(super) async fn run_case(
     trigger: Trigger,
     case: &TestCase,
     gpus: &[TargetGpu],

@@ -55,7 +55,7 @@ pub fn number_gpus(inventory: &Inventory) -> Vec<TargetGpu> {
 }
 
 /// Numbers the inventory's GPUs and reads their KFD ids from the host.
-pub fn read_targets(inventory: &Inventory, host: &HostRoot) -> Vec<TargetGpu> {
+pub(super) fn read_targets(inventory: &Inventory, host: &HostRoot) -> Vec<TargetGpu> {
     let mut targets = number_gpus(inventory);
     for target in &mut targets {
         let kfd_node = inventory

@@ -26,7 +26,8 @@
 //! Layout: [`config`] (the ConfigMap's `config.json`, pure), [`decide`] (what
 //! runs when, pure), [`report`] (result shapes, pure), [`gpus`] and [`command`]
 //! (GPU numbering, command lines and result files), [`process`] and [`execute`]
-//! (running tests), [`kube`] (its Events and Node writes), [`service`] (the node service).
+//! (running tests), [`kube`] (its Events and Node writes), [`service`] (the node service),
+//! and [`run_now`], a run on demand for callers outside the runner's triggers.
 //!
 //! This module must not decide GPU health (it is told which GPU is unhealthy),
 //! watch the API itself (the agent hands it its Node and the ConfigMap text),
@@ -36,10 +37,11 @@
 pub mod command;
 pub mod config;
 pub mod decide;
-pub mod exclusive;
+mod exclusive;
 pub mod execute;
 pub mod gpus;
 pub mod kube;
+mod on_demand;
 pub mod process;
 pub mod report;
 pub mod service;
@@ -56,7 +58,9 @@ use crate::host::HostRoot;
 pub use command::{AllowedCommands, Commands};
 pub use config::{ConfigError, Framework, TestCase, TestConfig, Trigger, parse_config};
 pub use decide::TEST_REQUEST_ANNOTATION;
+pub use exclusive::GpuLocks;
 pub use execute::{CaseReport, LogLimits};
+pub use on_demand::{OnDemandRun, run_now};
 pub use report::Outcome;
 pub use service::TestRunnerService;
 pub use stats::TestRunnerStats;
