@@ -21,7 +21,10 @@
 //!
 //! Device nodes and `/dev/kfd` are not stat'ed every sample: [`nodes`]
 //! watches `/dev` and `/dev/dri` with inotify and checks them when something
-//! there changed (and at least every 10 s).
+//! there changed (and at least every 10 s). A GPU's missing nodes are no
+//! evidence while its partition modes on sysfs differ from the inventory's:
+//! the host was repartitioned and the device watch has not looked again yet,
+//! so the inventory still names the old layout's nodes, gone on purpose.
 //!
 //! Pure decisions for the Node ([`outputs`]): the `AMDGPUUnhealthy` condition,
 //! the reference's `metricsexporter.amd.com.gpu.<id>.state=unhealthy` labels,

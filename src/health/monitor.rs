@@ -169,6 +169,22 @@ impl MonitorState {
     }
 }
 
+/// One health sample of `inventory`'s GPUs. Device nodes and `/dev/kfd` are
+/// watched rather than stat'ed every sample (see [`NodeWatch`]).
+async fn take_sample(
+    sampler: &mut Sampler,
+    nodes: &mut NodeWatch,
+    inventory: &Inventory,
+    file_timeout: Duration,
+) -> HostSample {
+    let mut sample = sampler.sample(inventory, Scope::HealthWithoutNodes).await;
+    nodes
+        .status(sampler.reader(), inventory, file_timeout)
+        .await
+        .apply(inventory, &mut sample);
+    sample
+}
+
 /// Checks every GPU once, without damping: what `gpu-operator check` reports.
 /// `exporter_config` supplies `HealthThresholds` as the monitor would read them.
 pub async fn check_once(
@@ -361,13 +377,8 @@ impl Service for HealthMonitor {
                     continue;
                 }
                 let inventory = self.inventory.borrow().clone();
-                // Device nodes and /dev/kfd are watched rather than stat'ed
-                // every sample (see `nodes`).
-                let mut sample = sampler.sample(&inventory, Scope::HealthWithoutNodes).await;
-                nodes
-                    .status(sampler.reader(), &inventory, current.file_timeout)
-                    .await
-                    .apply(&inventory, &mut sample);
+                let sample =
+                    take_sample(&mut sampler, &mut nodes, &inventory, current.file_timeout).await;
                 let (snapshot, transitions) =
                     state.step(&inventory, &sample, &applied.0, &current.damping);
                 self.publish(snapshot, transitions);
@@ -528,6 +539,109 @@ mod tests {
         assert!(!state.confirming(), "settled unhealthy");
         state.step(&inv, &sample(0), &Thresholds::default(), &damping);
         assert!(state.confirming(), "one good sample wants a second look");
+    }
+
+    /// A simulated MI300X host with two GPUs, its first inventory, and the
+    /// monitor's sampling over it, as the running monitor samples (default
+    /// thresholds and damping).
+    struct SimRig {
+        _dir: tempfile::TempDir,
+        host: HostRoot,
+        inventory: Inventory,
+        sampler: Sampler,
+        nodes: NodeWatch,
+        state: MonitorState,
+    }
+
+    impl SimRig {
+        /// The host in `layout`, sampled once: every GPU healthy.
+        async fn new(layout: &str) -> Self {
+            let dir = tempfile::tempdir().unwrap();
+            let host = HostRoot::new(dir.path());
+            let mut rig = Self {
+                inventory: Inventory::default(),
+                sampler: Sampler::new(
+                    BoundedReader::new(host.clone(), 2),
+                    HealthConfig::DEFAULT_FILE_TIMEOUT,
+                ),
+                nodes: NodeWatch::new(host.clone()),
+                state: MonitorState::default(),
+                host,
+                _dir: dir,
+            };
+            rig.write(layout);
+            rig.inventory = crate::device::discover(&rig.host);
+            let (snapshot, _) = rig.step().await;
+            assert_eq!(snapshot.unhealthy().count(), 0, "{snapshot:?}");
+            rig
+        }
+
+        fn write(&self, layout: &str) {
+            use crate::simulate::{self, SimSpec};
+            let spec = SimSpec::new("mi300x", Some(2), Some(layout)).unwrap();
+            simulate::write_host(&self.host, &spec).unwrap();
+        }
+
+        /// One sample of the host against `self.inventory`.
+        async fn step(&mut self) -> (HealthSnapshot, Vec<HealthTransition>) {
+            let sample = take_sample(
+                &mut self.sampler,
+                &mut self.nodes,
+                &self.inventory,
+                HealthConfig::DEFAULT_FILE_TIMEOUT,
+            )
+            .await;
+            self.state.step(
+                &self.inventory,
+                &sample,
+                &Thresholds::default(),
+                &Damping::default(),
+            )
+        }
+    }
+
+    /// Right after a repartition the device watch still publishes the old
+    /// layout (until its next look, up to a rescan interval later), while
+    /// the old partitions' DRM nodes are already gone. That is the layout
+    /// changing, not a fault: no sample of it may count against the GPU.
+    #[tokio::test]
+    async fn a_repartition_the_inventory_has_not_caught_up_with_is_not_a_fault() {
+        let mut rig = SimRig::new("cpx_nps4").await;
+        rig.write("spx_nps1");
+        // Samples with the inventory of before, as many as damping needs
+        // and more.
+        for _ in 0..4 {
+            let (snapshot, transitions) = rig.step().await;
+            assert!(transitions.is_empty(), "{transitions:?}");
+            assert_eq!(snapshot.unhealthy().count(), 0, "{snapshot:?}");
+            assert!(!rig.state.confirming(), "a sample was bad: {snapshot:?}");
+        }
+        // Discovery catches up: the new layout is checked, and is fine.
+        rig.inventory = crate::device::discover(&rig.host);
+        assert!(rig.inventory.gpus.iter().all(|g| g.partitions.len() <= 1));
+        for _ in 0..2 {
+            let (snapshot, transitions) = rig.step().await;
+            assert!(transitions.is_empty(), "{transitions:?}");
+            assert_eq!(snapshot.unhealthy().count(), 0, "{snapshot:?}");
+        }
+    }
+
+    /// A partition's DRM node gone while the GPU keeps its layout is a
+    /// fault, shown after the usual two samples.
+    #[tokio::test]
+    async fn a_partitions_node_gone_without_a_repartition_is_still_a_fault() {
+        let mut rig = SimRig::new("cpx_nps4").await;
+        let gpu = rig.inventory.gpus[0].clone();
+        let minor = gpu.partitions[1].render_minor.expect("a render node");
+        let node = format!("/dev/dri/renderD{minor}");
+        rig.host.remove_all(&node).unwrap();
+        let mut transitions = Vec::new();
+        for _ in 0..2 {
+            transitions.extend(rig.step().await.1);
+        }
+        assert_eq!(transitions.len(), 1, "{transitions:?}");
+        assert_eq!(transitions[0].bdf, gpu.bdf);
+        assert_eq!(transitions[0].reasons, [format!("{node} does not exist")]);
     }
 
     #[test]

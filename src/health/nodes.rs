@@ -12,6 +12,12 @@
 //! up did not return in time) it stats them every sample, as before. A
 //! change is thus seen by the next sample, as when every sample stats.
 //!
+//! When a check finds nodes missing, it reads the partition modes of the GPUs
+//! they belong to: a GPU whose modes differ from the inventory's was
+//! repartitioned, and its missing nodes are the old layout's (see
+//! [`NodeStatus::relaid_out`]); they are checked again every sample until the
+//! inventory names the new layout.
+//!
 //! The watches are set up before the first check, so that no change between
 //! a check and the start of watching goes unseen. Setting up a watch resolves
 //! a host path, which could block on a broken host mount: it runs on a
@@ -27,7 +33,7 @@ use crate::host::HostRoot;
 use crate::host::inotify::{self as host_inotify, ENTRIES_AND_SELF};
 use crate::host::reader::{Answer, BoundedReader, Op};
 use crate::telemetry::sample::{HostSample, device_nodes, drm_minors};
-use crate::telemetry::sysfs::KFD_PATH;
+use crate::telemetry::sysfs::{KFD_PATH, device_dir};
 
 const DEV: &str = "/dev";
 const DRI: &str = "/dev/dri";
@@ -43,6 +49,11 @@ pub struct NodeStatus {
     pub missing: BTreeSet<String>,
     /// Every node (and `/dev/kfd`) got an answer.
     pub complete: bool,
+    /// GPUs with missing nodes whose partition modes on sysfs are no longer
+    /// those of the inventory: being repartitioned, or repartitioned and not
+    /// yet discovered again. Their missing nodes are the old layout's, gone
+    /// on purpose, and are no evidence (see [`relaid_out`]).
+    pub relaid_out: BTreeSet<String>,
 }
 
 impl NodeStatus {
@@ -52,7 +63,7 @@ impl NodeStatus {
         for gpu in &inventory.gpus {
             if let Some(r) = sample.gpus.get_mut(&gpu.bdf) {
                 // Nothing missing is the usual case: no node names to build.
-                r.missing_nodes = if self.missing.is_empty() {
+                r.missing_nodes = if self.missing.is_empty() || self.relaid_out.contains(&gpu.bdf) {
                     Vec::new()
                 } else {
                     device_nodes(gpu)
@@ -202,7 +213,14 @@ impl NodeWatch {
             {
                 inotify.rewatch_dri(&self.host, timeout).await;
             }
-            self.status = Some(check(reader, (*wanted).clone(), timeout).await);
+            let mut status = check(reader, (*wanted).clone(), timeout).await;
+            if !status.missing.is_empty() {
+                status.relaid_out = relaid_out(reader, inventory, &status.missing, timeout).await;
+                // Looked at again next sample, until the inventory names
+                // the new layout's nodes.
+                status.complete &= status.relaid_out.is_empty();
+            }
+            self.status = Some(status);
             self.checked_at = Some(now);
         }
         self.status.get_or_insert_with(NodeStatus::default)
@@ -238,7 +256,56 @@ async fn check(reader: &BoundedReader, wanted: BTreeSet<String>, timeout: Durati
         checked: wanted,
         missing,
         complete,
+        relaid_out: BTreeSet::new(),
     }
+}
+
+/// The GPUs of `inventory` with a node in `missing` whose compute or memory
+/// partition mode, read now, differs from the inventory's. A repartition
+/// removes the old layout's partition nodes before the device watch has
+/// looked again (up to its rescan interval later on a host without kernel
+/// events; a moment later with them); until it has, the inventory names
+/// nodes that are gone on purpose. A mode that cannot be read is no sign of
+/// a repartition: the missing nodes then count, as they would without it.
+/// Read only when a node is missing, so a healthy node costs nothing more.
+async fn relaid_out(
+    reader: &BoundedReader,
+    inventory: &Inventory,
+    missing: &BTreeSet<String>,
+    timeout: Duration,
+) -> BTreeSet<String> {
+    let suspects: Vec<&crate::device::Gpu> = inventory
+        .gpus
+        .iter()
+        .filter(|gpu| device_nodes(gpu).iter().any(|n| missing.contains(n)))
+        .collect();
+    if suspects.is_empty() {
+        return BTreeSet::new();
+    }
+    let requests: Vec<(Op, String)> = suspects
+        .iter()
+        .flat_map(|gpu| {
+            let dir = device_dir(&gpu.bdf);
+            [
+                (Op::Read, format!("{dir}/current_compute_partition")),
+                (Op::Read, format!("{dir}/current_memory_partition")),
+            ]
+        })
+        .collect();
+    let answers = reader.batch(requests, timeout).await;
+    suspects
+        .iter()
+        .zip(answers.chunks(2))
+        .filter(|(gpu, modes)| {
+            let differs = |known: &Option<String>, answer: Option<&Result<Answer, _>>| {
+                matches!(answer, Some(Ok(Answer::Text(now)))
+                    if known.as_deref() != Some(now.to_ascii_lowercase().as_str()))
+            };
+            differs(&gpu.compute_partition, modes.first())
+                || differs(&gpu.memory_partition, modes.get(1))
+        })
+        .map(|(gpu, _)| gpu.bdf.clone())
+        .collect()
 }
 
 /// An inotify instance watching `/dev` and `/dev/dri` for entries created,
