@@ -45,6 +45,7 @@ use gpu_operator::host::HostRoot;
 use gpu_operator::simulate::{self, SimSpec};
 use kube_emulator::{Emulator, EmulatorConfig};
 use serde_json::json;
+use support::fixtures::DeviceConfigBuilder;
 use support::kubelet::TestKubelet;
 use tokio_util::sync::CancellationToken;
 
@@ -80,9 +81,10 @@ async fn main() {
         .unwrap();
     emulator
         .create(
-            json!({"apiVersion": "amd.com/v1alpha1", "kind": "DeviceConfig",
-            "metadata": {"name": "gpus", "namespace": "kube-amd-gpu"},
-            "spec": {"metricsExporter": {"enable": true, "port": 0}, "devicePlugin": {}}}),
+            DeviceConfigBuilder::new("kube-amd-gpu", "gpus")
+                .spec("metricsExporter", json!({"enable": true, "port": 0}))
+                .spec("devicePlugin", json!({}))
+                .json(),
         )
         .unwrap();
 

@@ -33,7 +33,8 @@ use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 use kube_emulator::{Emulator, EmulatorConfig};
-use kubelet_node::{GPU_LABEL, kubelet_node, node_name};
+use kubelet_node::fixtures::DeviceConfigBuilder;
+use kubelet_node::{kubelet_node, node_name};
 use serde_json::json;
 
 const NS: &str = "kube-amd-gpu";
@@ -131,9 +132,9 @@ async fn main() {
     );
     let dc = emulator
         .create(
-            json!({"apiVersion": "amd.com/v1alpha1", "kind": "DeviceConfig",
-            "metadata": {"name": "fleet", "namespace": NS},
-            "spec": {"selector": {GPU_LABEL: "true"}, "devicePlugin": {}}}),
+            DeviceConfigBuilder::fleet(NS)
+                .spec("devicePlugin", json!({}))
+                .json(),
         )
         .unwrap();
     let uid = dc["metadata"]["uid"].as_str().unwrap().to_owned();

@@ -38,6 +38,7 @@ use kube::api::{Patch, PatchParams, PostParams};
 use kube_emulator::{Emulator, EmulatorConfig};
 use serde_json::{Value, json};
 use support::dra_kubelet::{DraKubelet, v1_claim};
+use support::fixtures::DeviceConfigBuilder;
 use support::hosts::SimHost;
 use support::kubelet::TestKubelet;
 use tokio_util::sync::CancellationToken;
@@ -220,9 +221,10 @@ async fn wait_until(what: &str, mut check: impl FnMut() -> bool) {
 async fn agent_figures(emulator: &Emulator) {
     emulator
         .create(
-            json!({"apiVersion": "amd.com/v1alpha1", "kind": "DeviceConfig",
-            "metadata": {"name": "gpus", "namespace": NS},
-            "spec": {"draDriver": {"enable": true}, "metricsExporter": {"port": 0}}}),
+            DeviceConfigBuilder::new(NS, "gpus")
+                .spec("draDriver", json!({"enable": true}))
+                .spec("metricsExporter", json!({"port": 0}))
+                .json(),
         )
         .unwrap();
     let dir = figures::scratch();

@@ -40,6 +40,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 use kube_emulator::{Emulator, EmulatorConfig};
+use kubelet_node::fixtures::DeviceConfigBuilder;
 use serde_json::{Value, json};
 
 const NS: &str = "kube-amd-gpu";
@@ -204,11 +205,16 @@ async fn main() {
         .unwrap();
     emulator
         .create(
-            json!({"apiVersion": "amd.com/v1alpha1", "kind": "DeviceConfig",
-            "metadata": {"name": "fleet", "namespace": NS,
-                "annotations": {"operator.amd.com/gpu-remediation-max-quarantined": "10%"}},
-            "spec": {"selector": {"feature.node.kubernetes.io/amd-gpu": "true"},
-                     "remediationWorkflow": {"enable": true, "config": {"name": "remediation"}}}}),
+            DeviceConfigBuilder::fleet(NS)
+                .metadata(
+                    "annotations",
+                    json!({"operator.amd.com/gpu-remediation-max-quarantined": "10%"}),
+                )
+                .spec(
+                    "remediationWorkflow",
+                    json!({"enable": true, "config": {"name": "remediation"}}),
+                )
+                .json(),
         )
         .unwrap();
     let kubeconfig = tempfile::NamedTempFile::new().unwrap();

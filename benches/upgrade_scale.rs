@@ -33,8 +33,7 @@ use std::time::{Duration, Instant};
 use figures::{cpu_seconds, rss_mib, summary};
 use futures::StreamExt;
 use gpu_operator::api::agent_status::{
-    AgentStatus, ConfigKey, DriverReport, ModuleOrigin, STATUS_ANNOTATION, STATUS_VERSION,
-    SecureBoot,
+    ConfigKey, DriverReport, ModuleOrigin, STATUS_ANNOTATION, SecureBoot,
 };
 use gpu_operator::api::driver_upgrade::UpgradeRecord;
 use gpu_operator::api::{DeviceConfig, UpgradeState};
@@ -45,6 +44,7 @@ use kube::Api;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube_emulator::{Emulator, EmulatorConfig};
+use kubelet_node::fixtures::{AgentStatusBuilder, DeviceConfigBuilder, loaded_driver};
 use serde_json::json;
 
 const NS: &str = "kube-amd-gpu";
@@ -53,23 +53,15 @@ const TO: &str = "6.4.1";
 const PARALLEL: i64 = 50;
 
 fn agent_status(version: &str, boot: &str) -> String {
-    AgentStatus {
-        v: STATUS_VERSION,
-        device_config: Some(ConfigKey::new(NS, "fleet")),
-        gpus: 8,
-        driver: Some(DriverReport {
-            loaded: true,
-            version: Some(version.to_owned()),
+    AgentStatusBuilder::of(NS, "fleet")
+        .driver(DriverReport {
             origin: ModuleOrigin::OutOfTree,
             kernel_release: Some("6.8.0-49-generic".into()),
-            boot_id: Some(boot.to_owned()),
             secure_boot: SecureBoot::NotUefi,
-            ..DriverReport::default()
-        }),
-        since: "2026-12-02T00:00:00Z".into(),
-        ..AgentStatus::default()
-    }
-    .to_json()
+            ..loaded_driver(version, boot)
+        })
+        .since("2026-12-02T00:00:00Z")
+        .to_json()
 }
 
 /// The `i`th Node as a kubelet, NFD and the agent write it
@@ -197,11 +189,15 @@ async fn main() {
         emulator.create(node(i)).unwrap();
     }
     emulator
-        .create(json!({"apiVersion": "amd.com/v1alpha1", "kind": "DeviceConfig",
-            "metadata": {"name": "fleet", "namespace": NS},
-            "spec": {"selector": {"feature.node.kubernetes.io/amd-gpu": "true"},
-                     "driver": {"enable": true, "version": FROM, "upgradePolicy": {
-                         "enable": true, "maxParallelUpgrades": PARALLEL, "rebootRequired": false}}}}))
+        .create(
+            DeviceConfigBuilder::fleet(NS)
+                .spec(
+                    "driver",
+                    json!({"enable": true, "version": FROM, "upgradePolicy": {
+                        "enable": true, "maxParallelUpgrades": PARALLEL, "rebootRequired": false}}),
+                )
+                .json(),
+        )
         .unwrap();
     let kubeconfig = tempfile::NamedTempFile::new().unwrap();
     emulator.write_kubeconfig(kubeconfig.path()).unwrap();

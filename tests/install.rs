@@ -18,6 +18,7 @@ use kube::api::{Patch, PatchParams};
 use kube_emulator::{Emulator, EmulatorConfig};
 use serde_json::{Value, json};
 use support::cluster::{self, NAMESPACE, TestCluster, ours_on};
+use support::fixtures::DeviceConfigBuilder;
 use support::wait;
 use tokio_util::sync::CancellationToken;
 
@@ -106,11 +107,8 @@ async fn crd_apply_installs_and_upgrades_the_crds_and_refuses_during_a_driver_up
     // A node in the middle of a driver upgrade: refused, naming it.
     emu.create(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}))
         .unwrap();
-    emu.create(
-        json!({"apiVersion": "amd.com/v1alpha1", "kind": "DeviceConfig",
-        "metadata": {"name": "gpus", "namespace": NAMESPACE}, "spec": {}}),
-    )
-    .unwrap();
+    emu.create(DeviceConfigBuilder::new(NAMESPACE, "gpus").json())
+        .unwrap();
     let configs: Api<gpu_operator::api::DeviceConfig> = Api::namespaced(emu.client(), NAMESPACE);
     set_upgrade_states(
         &configs,
@@ -143,11 +141,8 @@ async fn crd_apply_installs_and_upgrades_the_crds_and_refuses_during_a_driver_up
     set_upgrade_states(&configs, json!({"gpu-0": {"status": "Upgrade-Complete"}})).await;
     emu.create(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-a"}}))
         .unwrap();
-    emu.create(
-        json!({"apiVersion": "amd.com/v1alpha1", "kind": "DeviceConfig",
-        "metadata": {"name": "gpus", "namespace": "team-a"}, "spec": {}}),
-    )
-    .unwrap();
+    emu.create(DeviceConfigBuilder::new("team-a", "gpus").json())
+        .unwrap();
     let elsewhere: Api<gpu_operator::api::DeviceConfig> = Api::namespaced(emu.client(), "team-a");
     set_upgrade_states(&elsewhere, json!({"gpu-7": {"status": "Upgrade-Started"}})).await;
     let refuse = [
@@ -319,10 +314,12 @@ async fn uninstall_deletes_the_device_configs_once_the_leader_has_cleaned_the_no
     // --all-namespaces.
     cluster
         .create(
-            json!({"apiVersion": "amd.com/v1alpha1", "kind": "DeviceConfig",
-            "metadata": {"name": "stuck", "namespace": "team-a",
-                         "finalizers": [gpu_operator::cluster::reconcile::FINALIZER]},
-            "spec": {}}),
+            DeviceConfigBuilder::new("team-a", "stuck")
+                .metadata(
+                    "finalizers",
+                    json!([gpu_operator::cluster::reconcile::FINALIZER]),
+                )
+                .json(),
         )
         .unwrap();
     let out = gpu_operator(

@@ -19,7 +19,8 @@ use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 use kube_emulator::{Emulator, EmulatorConfig, RequestCounts};
-use kubelet_node::{GPU_LABEL, kubelet_node, node_name};
+use kubelet_node::fixtures::DeviceConfigBuilder;
+use kubelet_node::{kubelet_node, node_name};
 use serde_json::{Value, json};
 
 const NS: &str = "kube-amd-gpu";
@@ -82,9 +83,9 @@ async fn leader_over(count: usize) -> (Traffic, Traffic) {
         .expect("create the namespace");
     let dc = emulator
         .create(
-            json!({"apiVersion": "amd.com/v1alpha1", "kind": "DeviceConfig",
-            "metadata": {"name": "fleet", "namespace": NS},
-            "spec": {"selector": {GPU_LABEL: "true"}, "devicePlugin": {}}}),
+            DeviceConfigBuilder::fleet(NS)
+                .spec("devicePlugin", json!({}))
+                .json(),
         )
         .expect("create the DeviceConfig");
     let uid = dc["metadata"]["uid"].as_str().expect("a uid").to_owned();

@@ -11,9 +11,7 @@ use std::collections::BTreeSet;
 
 use gpu_operator::api::DeviceConfig;
 use gpu_operator::api::UpgradeState;
-use gpu_operator::api::agent_status::{
-    AgentStatus, ConfigKey, DriverReport, STATUS_VERSION, ServiceName, ServiceStatus,
-};
+use gpu_operator::api::agent_status::ConfigKey;
 use gpu_operator::api::driver_upgrade::{self, UpgradeRecord};
 use gpu_operator::cluster::node_cache::{KEPT_ANNOTATIONS, kept_of};
 use gpu_operator::cluster::status::NodeView;
@@ -22,6 +20,7 @@ use gpu_operator::node_writer::{Concern, NodeIntent, plan_metadata};
 use gpu_operator::partition;
 use gpu_operator::remediation;
 use k8s_openapi::api::core::v1::Node;
+use kubelet_node::fixtures::{AgentStatusBuilder, DeviceConfigBuilder, loaded_driver};
 use kubelet_node::kubelet_node;
 use serde_json::{Value, json};
 
@@ -30,39 +29,28 @@ const CONDITION: &str = "AMDGPUHardwareAssertionHwa";
 const SINCE: &str = "2026-12-01T00:00:00Z";
 
 fn agent_status(boot: &str) -> String {
-    AgentStatus {
-        v: STATUS_VERSION,
-        device_config: Some(ConfigKey::new(NS, "fleet")),
-        uid: Some("uid-fleet".into()),
-        generation: Some(1),
-        services: [(ServiceName::DevicePlugin, ServiceStatus::Running)].into(),
+    AgentStatusBuilder::serving(NS, "fleet")
+        .acting_on("uid-fleet", 1)
         // What a DRA node reports, for the per-layout DeviceClasses.
-        layouts: vec!["cpx_nps4".into()],
-        gpus: 8,
-        driver: Some(DriverReport {
-            loaded: true,
-            version: Some("6.12.12".into()),
-            boot_id: Some(boot.to_owned()),
-            ..DriverReport::default()
-        }),
-        since: SINCE.into(),
-        ..AgentStatus::default()
-    }
-    .to_json()
+        .layout("cpx_nps4")
+        .driver(loaded_driver("6.12.12", boot))
+        .since(SINCE)
+        .to_json()
 }
 
 fn device_config() -> DeviceConfig {
-    serde_json::from_value(json!({
-        "apiVersion": "amd.com/v1alpha1", "kind": "DeviceConfig",
-        "metadata": {"name": "fleet", "namespace": NS, "uid": "uid-fleet", "generation": 1},
-        "spec": {"selector": {kubelet_node::GPU_LABEL: "true"},
-            "driver": {"enable": true, "version": "6.14.0",
-                "upgradePolicy": {"enable": true, "maxParallelUpgrades": 2}},
-            "devicePlugin": {},
-            "configManager": {"enable": true},
-            "remediationWorkflow": {"enable": true}}
-    }))
-    .expect("a DeviceConfig")
+    DeviceConfigBuilder::fleet(NS)
+        .metadata("uid", json!("uid-fleet"))
+        .metadata("generation", json!(1))
+        .spec(
+            "driver",
+            json!({"enable": true, "version": "6.14.0",
+                "upgradePolicy": {"enable": true, "maxParallelUpgrades": 2}}),
+        )
+        .spec("devicePlugin", json!({}))
+        .spec("configManager", json!({"enable": true}))
+        .spec("remediationWorkflow", json!({"enable": true}))
+        .build()
 }
 
 /// Nodes in each state the leader's decisions tell apart, as a kubelet

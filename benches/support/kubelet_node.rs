@@ -7,32 +7,24 @@
 //! every bench and test that needs a realistic Node.
 #![allow(dead_code)]
 
-use gpu_operator::api::agent_status::{
-    AgentStatus, ConfigKey, STATUS_ANNOTATION, STATUS_VERSION, ServiceName, ServiceStatus,
-};
-use gpu_operator::api::field_manager;
-use serde_json::{Map, Value, json};
+#[path = "../../tests/support/fixtures.rs"]
+pub mod fixtures;
 
-/// The label every bench's DeviceConfig selects.
-pub const GPU_LABEL: &str = "feature.node.kubernetes.io/amd-gpu";
+use fixtures::AgentStatusBuilder;
+use gpu_operator::api::agent_status::STATUS_ANNOTATION;
+use gpu_operator::api::field_manager;
+use gpu_operator::detect::GPU_LABEL;
+use serde_json::{Map, Value, json};
 
 /// The status annotation of an agent serving the device plugin of
 /// DeviceConfig `namespace/fleet` (uid `uid`) at `generation`, as the
 /// simulated fleets of the benches report it.
 pub fn fleet_agent_status(namespace: &str, generation: i64, uid: &str) -> String {
-    AgentStatus {
-        v: STATUS_VERSION,
-        device_config: Some(ConfigKey::new(namespace, "fleet")),
-        uid: Some(uid.to_owned()),
-        generation: Some(generation),
-        services: [(ServiceName::DevicePlugin, ServiceStatus::Running)].into(),
-        resources: [("amd.com/gpu".to_string(), 8)].into(),
-        gpus: 8,
-        driver_version: Some("6.12.12".into()),
-        since: "2026-11-30T00:00:00Z".into(),
-        ..AgentStatus::default()
-    }
-    .to_json()
+    AgentStatusBuilder::serving(namespace, "fleet")
+        .acting_on(uid, generation)
+        .resource("amd.com/gpu", 8)
+        .driver_version("6.12.12")
+        .to_json()
 }
 
 /// The name of the `index`th Node.

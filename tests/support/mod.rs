@@ -9,6 +9,7 @@ pub mod bundles;
 pub mod cluster;
 pub mod dra_kubelet;
 pub mod dra_scheduler;
+pub mod fixtures;
 pub mod helm;
 pub mod hosts;
 pub mod http;
