@@ -39,12 +39,13 @@ use std::io::BufRead;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use gpu_operator::agent::{self, AgentConfig};
+use gpu_operator::agent;
 use gpu_operator::health::HealthConfig;
 use gpu_operator::host::HostRoot;
 use gpu_operator::simulate::{self, SimSpec};
 use kube_emulator::{Emulator, EmulatorConfig};
 use serde_json::json;
+use support::agent_config::AgentConfigBuilder;
 use support::fixtures::DeviceConfigBuilder;
 use support::kubelet::TestKubelet;
 use tokio_util::sync::CancellationToken;
@@ -103,21 +104,10 @@ async fn main() {
         std::fs::create_dir_all(&plugins).unwrap();
         let kubelet = TestKubelet::start(&plugins).await;
         let shutdown = CancellationToken::new();
-        let config = AgentConfig {
-            node_name: NODE.into(),
-            namespace: None,
-            host,
-            kubelet_dir: dir.path().join("kubelet"),
-            cdi_dir: dir.path().join("cdi"),
-            dra_device_taints: false,
-            health_socket: None,
-            rescan_interval: Duration::from_secs(5),
-            sampling: Default::default(),
-            metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
-            test_commands: None,
-            leader: None,
-            driver: support::bundles::no_modprobe(),
-        };
+        let config = AgentConfigBuilder::new(NODE, host, dir.path().join("kubelet"))
+            .cdi_dir(dir.path().join("cdi"))
+            .rescan_interval(Duration::from_secs(5))
+            .build();
         let started = Instant::now();
         let task = tokio::spawn(agent::run(emulator.client(), config, shutdown.clone()));
         kubelet.wait_for_registration("amd.com/gpu", 1).await;

@@ -26,7 +26,7 @@ mod support;
 use std::time::{Duration, Instant};
 
 use figures::{percentile, rss_mib};
-use gpu_operator::agent::{self, AgentConfig};
+use gpu_operator::agent;
 use gpu_operator::dra::api::dra_v1::NodePrepareResourcesRequest;
 use gpu_operator::dra::{DraConfig, DraPlugin, Slices};
 use gpu_operator::host::HostRoot;
@@ -37,6 +37,7 @@ use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube_emulator::{Emulator, EmulatorConfig};
 use serde_json::{Value, json};
+use support::agent_config::AgentConfigBuilder;
 use support::dra_kubelet::{DraKubelet, v1_claim};
 use support::fixtures::DeviceConfigBuilder;
 use support::hosts::SimHost;
@@ -232,22 +233,11 @@ async fn agent_figures(emulator: &Emulator) {
     simulate::write_host(&host, &SimSpec::new("mi300x", None, None).unwrap()).unwrap();
     let kubelet_dir = dir.path().join("kubelet");
     let shutdown = CancellationToken::new();
-    let config = AgentConfig {
-        node_name: NODE.into(),
-        namespace: None,
-        host: host.clone(),
-        kubelet_dir: kubelet_dir.clone(),
-        cdi_dir: dir.path().join("cdi"),
-        dra_device_taints: false,
-        health_socket: None,
+    let config = AgentConfigBuilder::new(NODE, host.clone(), kubelet_dir.clone())
+        .cdi_dir(dir.path().join("cdi"))
         // The agent's defaults: what a node runs.
-        rescan_interval: Duration::from_secs(1),
-        sampling: Default::default(),
-        metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
-        test_commands: None,
-        leader: None,
-        driver: support::bundles::no_modprobe(),
-    };
+        .rescan_interval(Duration::from_secs(1))
+        .build();
     let task = tokio::spawn(agent::run(emulator.client(), config, shutdown.clone()));
     let kubelet = DraKubelet::new(&kubelet_dir);
     kubelet.register().await;

@@ -23,13 +23,14 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use figures::percentile;
-use gpu_operator::agent::{self, AgentConfig, LeaderConfig};
+use gpu_operator::agent::{self, LeaderConfig};
 use gpu_operator::cluster::lease::LeaseConfig;
 use gpu_operator::cluster::{ClusterConfig, EvictionClient};
 use gpu_operator::host::{AttrStore, HostRoot};
 use gpu_operator::partition::{PROFILE_LABEL, STATE_LABEL};
 use gpu_operator::simulate::{self, SimSpec, kernel::SimulatedKernel};
 use serde_json::json;
+use support::agent_config::AgentConfigBuilder;
 use support::cluster::{self, NAMESPACE as NS, TestCluster};
 use support::kubelet::TestKubelet;
 use tokio_util::sync::CancellationToken;
@@ -57,29 +58,18 @@ async fn main() {
     let mut lease = LeaseConfig::new(NS, "bench");
     lease.renew_every = Duration::from_secs(1);
     let kubelet_dir = dir.path().join("kubelet");
-    let config = AgentConfig {
-        node_name: NODE.into(),
-        namespace: None,
-        host: host.clone(),
-        cdi_dir: kubelet_dir.join("cdi"),
-        dra_device_taints: false,
-        health_socket: None,
-        kubelet_dir,
+    let config = AgentConfigBuilder::new(NODE, host.clone(), kubelet_dir)
         // The agent's defaults: what a node runs.
-        rescan_interval: Duration::from_secs(1),
-        sampling: Default::default(),
-        metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
-        test_commands: None,
-        leader: Some(LeaderConfig {
+        .rescan_interval(Duration::from_secs(1))
+        .leader(Some(LeaderConfig {
             lease,
             cluster: ClusterConfig {
                 instance: "bench".into(),
                 eviction_client: Some(EvictionClient(cluster.client_without_retries())),
                 ..ClusterConfig::default()
             },
-        }),
-        driver: support::bundles::no_modprobe(),
-    };
+        }))
+        .build();
     let shutdown = CancellationToken::new();
     let task = tokio::spawn(agent::run(cluster.client(), config, shutdown.clone()));
     let registered = kubelet.wait_for_registration("amd.com/gpu", 1).await;

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use gpu_operator::agent::{self, AgentConfig};
+use gpu_operator::agent;
 use gpu_operator::api::agent_status::{AgentStatus, STATUS_ANNOTATION, ServiceName, ServiceStatus};
 use gpu_operator::host::HostRoot;
 use gpu_operator::labeller::OWNED_ANNOTATION;
@@ -18,6 +18,7 @@ use gpu_operator::simulate::{self, SimSpec};
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
+use support::agent_config::AgentConfigBuilder;
 use support::bundles;
 use support::cluster::{self, TestCluster};
 use support::dra_kubelet::DraKubelet;
@@ -92,21 +93,11 @@ impl Harness {
         };
         driver.commands.modprobe =
             bundles::modprobe_recorder(&self.tools(), self.host.root(), LOADABLE_VERSION);
-        let config = AgentConfig {
-            node_name: NODE.into(),
-            namespace: None,
-            host: self.host.clone(),
-            cdi_dir: kubelet_dir.join("cdi"),
-            dra_device_taints: false,
-            health_socket: Some(gpu_operator::metricssvc::DEFAULT_SOCKET.into()),
-            kubelet_dir,
-            rescan_interval: Duration::from_millis(200),
-            sampling: Default::default(),
-            metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
-            test_commands,
-            leader: None,
-            driver,
-        };
+        let config = AgentConfigBuilder::new(NODE, self.host.clone(), kubelet_dir)
+            .health_socket(gpu_operator::metricssvc::DEFAULT_SOCKET.into())
+            .test_commands(test_commands)
+            .driver(driver)
+            .build();
         let client = self.cluster.client();
         let shutdown = self.shutdown.clone();
         // A new agent's followers: a stopped agent's are stopping for good.

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use gpu_operator::agent::{self, AgentConfig, LeaderConfig};
+use gpu_operator::agent::{self, LeaderConfig};
 use gpu_operator::api::DeviceConfig;
 use gpu_operator::cluster::ClusterConfig;
 use gpu_operator::cluster::lease::{Election, LeaseConfig};
@@ -21,6 +21,7 @@ use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
 use kube_emulator::Emulator;
 use serde_json::{Value, json};
+use support::agent_config::AgentConfigBuilder;
 use support::cluster::{self, NAMESPACE as NS, TestCluster};
 use support::kubelet::TestKubelet;
 use support::wait;
@@ -205,32 +206,26 @@ impl Fleet {
         member.restarts += 1;
         lease.duration = LEASE_DURATION;
         lease.renew_every = Duration::from_secs(1);
-        let config = AgentConfig {
-            node_name: member.name.clone(),
-            namespace: None,
-            host: HostRoot::new(member._dir.path().join("host")),
-            kubelet_dir: member.kubelet_dir.clone(),
-            cdi_dir: member.kubelet_dir.join("cdi"),
-            dra_device_taints: false,
-            health_socket: None,
-            rescan_interval: Duration::from_millis(500),
-            sampling: Default::default(),
-            metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
-            // A test tool that does not exist until a test writes it.
-            test_commands: Some(Commands {
-                rvs: member._dir.path().join("rvs"),
-                ..Commands::default()
-            }),
-            leader: Some(LeaderConfig {
-                lease,
-                cluster: ClusterConfig {
-                    teardown_timeout: Duration::from_secs(5),
-                    instance: member.name.clone(),
-                    ..ClusterConfig::default()
-                },
-            }),
-            driver: support::bundles::no_modprobe(),
-        };
+        let config = AgentConfigBuilder::new(
+            &member.name,
+            HostRoot::new(member._dir.path().join("host")),
+            member.kubelet_dir.clone(),
+        )
+        .rescan_interval(Duration::from_millis(500))
+        // A test tool that does not exist until a test writes it.
+        .test_commands(Some(Commands {
+            rvs: member._dir.path().join("rvs"),
+            ..Commands::default()
+        }))
+        .leader(Some(LeaderConfig {
+            lease,
+            cluster: ClusterConfig {
+                teardown_timeout: Duration::from_secs(5),
+                instance: member.name.clone(),
+                ..ClusterConfig::default()
+            },
+        }))
+        .build();
         member.shutdown = CancellationToken::new();
         let client = client.unwrap_or_else(|| self.cluster.client());
         member.task = Some(tokio::spawn(agent::run(

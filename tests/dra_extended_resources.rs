@@ -22,7 +22,7 @@ mod support;
 
 use std::time::Duration;
 
-use gpu_operator::agent::{self, AgentConfig, AgentError, LeaderConfig};
+use gpu_operator::agent::{self, AgentError, LeaderConfig};
 use gpu_operator::cluster::ClusterConfig;
 use gpu_operator::cluster::lease::LeaseConfig;
 use gpu_operator::host::HostRoot;
@@ -31,6 +31,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 use serde_json::{Value, json};
+use support::agent_config::AgentConfigBuilder;
 use support::cluster::{self, NAMESPACE as NS, TestCluster};
 use support::dra_kubelet::DraKubelet;
 use support::dra_scheduler;
@@ -86,28 +87,17 @@ impl Node {
         simulate::write_host(&host, &spec).unwrap();
         let kubelet_dir = dir.path().join("kubelet");
         std::fs::create_dir_all(kubelet_dir.join("device-plugins")).unwrap();
-        let config = AgentConfig {
-            node_name: NODE.into(),
-            namespace: None,
-            host: host.clone(),
-            cdi_dir: kubelet_dir.join("cdi"),
-            kubelet_dir: kubelet_dir.clone(),
+        let config = AgentConfigBuilder::new(NODE, host.clone(), kubelet_dir.clone())
             // The default of `--dra-device-taints`.
-            dra_device_taints: true,
-            health_socket: None,
-            rescan_interval: Duration::from_millis(200),
-            sampling: Default::default(),
-            metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
-            test_commands: None,
-            leader: Some(LeaderConfig {
+            .dra_device_taints(true)
+            .leader(Some(LeaderConfig {
                 lease: LeaseConfig::new(NS, format!("{NODE}/{POD}")),
                 cluster: ClusterConfig {
                     instance: NODE.into(),
                     ..ClusterConfig::default()
                 },
-            }),
-            driver: support::bundles::no_modprobe(),
-        };
+            }))
+            .build();
         let shutdown = CancellationToken::new();
         let agent = tokio::spawn(agent::run(client, config, shutdown.clone()));
         cluster

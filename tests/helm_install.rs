@@ -18,13 +18,14 @@ use std::path::Path;
 use std::process::{Child, Command};
 use std::time::Duration;
 
-use gpu_operator::agent::{self, AgentConfig, LeaderConfig};
+use gpu_operator::agent::{self, LeaderConfig};
 use gpu_operator::cluster::ClusterConfig;
 use gpu_operator::cluster::lease::LeaseConfig;
 use gpu_operator::host::HostRoot;
 use gpu_operator::simulate::{self, SimSpec};
 use kube_emulator::{Emulator, EmulatorConfig};
 use serde_json::{Value, json};
+use support::agent_config::AgentConfigBuilder;
 use support::cluster::ours_on;
 use support::helm::{helm_present, helm_with};
 use support::wait;
@@ -106,29 +107,19 @@ fn start_agent(
     let mut lease = LeaseConfig::new(NAMESPACE, node.to_owned());
     lease.duration = Duration::from_secs(6);
     lease.renew_every = Duration::from_secs(1);
-    let config = AgentConfig {
-        node_name: node.into(),
-        // As the chart's DaemonSet: DeviceConfigs of every namespace.
-        namespace: None,
-        host,
-        cdi_dir: kubelet_dir.join("cdi"),
-        dra_device_taints: false,
-        health_socket: None,
-        kubelet_dir,
-        rescan_interval: Duration::from_millis(300),
-        sampling: Default::default(),
-        metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
-        test_commands: None,
-        leader: Some(LeaderConfig {
+    // As the chart's DaemonSet: DeviceConfigs of every namespace (the
+    // builder's `namespace: None`).
+    let config = AgentConfigBuilder::new(node, host, kubelet_dir)
+        .rescan_interval(Duration::from_millis(300))
+        .leader(Some(LeaderConfig {
             lease,
             cluster: ClusterConfig {
                 teardown_timeout: Duration::from_secs(20),
                 instance: node.to_owned(),
                 ..ClusterConfig::default()
             },
-        }),
-        driver: support::bundles::no_modprobe(),
-    };
+        }))
+        .build();
     tokio::spawn(agent::run(emu.client(), config, stop))
 }
 

@@ -8,7 +8,7 @@ mod support;
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use gpu_operator::agent::{self, AgentConfig, LeaderConfig};
+use gpu_operator::agent::{self, LeaderConfig};
 use gpu_operator::cluster::ClusterConfig;
 use gpu_operator::cluster::lease::LeaseConfig;
 use gpu_operator::host::HostRoot;
@@ -17,6 +17,7 @@ use kube::Api;
 use kube::api::{Patch, PatchParams};
 use kube_emulator::{Emulator, EmulatorConfig};
 use serde_json::{Value, json};
+use support::agent_config::AgentConfigBuilder;
 use support::cluster::{self, NAMESPACE, TestCluster, ours_on};
 use support::fixtures::DeviceConfigBuilder;
 use support::wait;
@@ -181,28 +182,17 @@ fn start_agent(
     let mut lease = LeaseConfig::new(NAMESPACE, "gpu-0".to_owned());
     lease.duration = Duration::from_secs(6);
     lease.renew_every = Duration::from_secs(1);
-    let config = AgentConfig {
-        node_name: "gpu-0".into(),
-        namespace: None,
-        host,
-        cdi_dir: kubelet_dir.join("cdi"),
-        dra_device_taints: false,
-        health_socket: None,
-        kubelet_dir,
-        rescan_interval: Duration::from_millis(300),
-        sampling: Default::default(),
-        metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
-        test_commands: None,
-        leader: Some(LeaderConfig {
+    let config = AgentConfigBuilder::new("gpu-0", host, kubelet_dir)
+        .rescan_interval(Duration::from_millis(300))
+        .leader(Some(LeaderConfig {
             lease,
             cluster: ClusterConfig {
                 teardown_timeout: Duration::from_secs(10),
                 instance: "gpu-0".to_owned(),
                 ..ClusterConfig::default()
             },
-        }),
-        driver: support::bundles::no_modprobe(),
-    };
+        }))
+        .build();
     tokio::spawn(agent::run(cluster.client(), config, stop))
 }
 

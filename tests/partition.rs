@@ -9,7 +9,7 @@ mod support;
 
 use std::time::Duration;
 
-use gpu_operator::agent::{self, AgentConfig, LeaderConfig};
+use gpu_operator::agent::{self, LeaderConfig};
 use gpu_operator::api::agent_status::{AgentStatus, STATUS_ANNOTATION};
 use gpu_operator::cluster::lease::LeaseConfig;
 use gpu_operator::cluster::{ClusterConfig, ClusterRole, EvictionClient};
@@ -20,6 +20,7 @@ use gpu_operator::simulate::{self, SimSpec};
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 use serde_json::{Value, json};
+use support::agent_config::AgentConfigBuilder;
 use support::cluster::{self, NAMESPACE as NS, TestCluster};
 use support::kubelet::TestKubelet;
 use support::wait;
@@ -79,21 +80,10 @@ impl Rig {
     fn start_agent(&mut self, with_leader: bool) {
         let kubelet_dir = self.dir.path().join("kubelet");
         let leader = with_leader.then(|| leader_config(&self.cluster, "agent"));
-        let config = AgentConfig {
-            node_name: NODE.into(),
-            namespace: None,
-            host: self.host.clone(),
-            cdi_dir: kubelet_dir.join("cdi"),
-            dra_device_taints: false,
-            health_socket: None,
-            kubelet_dir,
-            rescan_interval: Duration::from_millis(500),
-            sampling: Default::default(),
-            metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
-            test_commands: None,
-            leader,
-            driver: support::bundles::no_modprobe(),
-        };
+        let config = AgentConfigBuilder::new(NODE, self.host.clone(), kubelet_dir)
+            .rescan_interval(Duration::from_millis(500))
+            .leader(leader)
+            .build();
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(agent::run(self.cluster.client(), config, shutdown.clone()));
         self.agent = Some((shutdown, task));

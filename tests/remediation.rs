@@ -21,7 +21,7 @@ use std::time::Duration;
 #[path = "fixtures/testrunner/fake_rvs.rs"]
 mod fake_rvs;
 
-use gpu_operator::agent::{self, AgentConfig};
+use gpu_operator::agent;
 use gpu_operator::api::DeviceConfig;
 use gpu_operator::cluster::lease::LeaseConfig;
 use gpu_operator::cluster::{ClusterConfig, ClusterRole, EvictionClient};
@@ -35,6 +35,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
+use support::agent_config::AgentConfigBuilder;
 use support::cluster::{self, NAMESPACE as NS, TestCluster};
 use support::pod_resources::{FakeKubelet, pod, serve_kubelet};
 use support::wait;
@@ -399,29 +400,20 @@ impl AgentRig {
             program: self.tools.join("gpu-reset"),
             args: Vec::new(),
         };
-        let config = AgentConfig {
-            node_name: NODE.into(),
-            namespace: None,
-            host: self.host.clone(),
-            cdi_dir: kubelet_dir.join("cdi"),
-            dra_device_taints: false,
-            health_socket: None,
-            kubelet_dir,
-            rescan_interval: Duration::from_millis(300),
-            sampling: Default::default(),
-            metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
-            test_commands: Some(gpu_operator::testrunner::Commands {
+        let config = AgentConfigBuilder::new(NODE, self.host.clone(), kubelet_dir)
+            .rescan_interval(Duration::from_millis(300))
+            .test_commands(Some(gpu_operator::testrunner::Commands {
                 allowed: gpu_operator::testrunner::AllowedCommands::from_flags(
                     self.allowed.clone(),
                 ),
                 ..self.rvs.commands()
-            }),
-            leader: leader.map(|who| {
+            }))
+            .leader(leader.map(|who| {
                 let (lease, cluster) = leader_config(&self.cluster, who, fast_confirm());
                 gpu_operator::agent::LeaderConfig { lease, cluster }
-            }),
-            driver,
-        };
+            }))
+            .driver(driver)
+            .build();
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(agent::run(self.cluster.client(), config, shutdown.clone()));
         self.agent = Some((shutdown, task));

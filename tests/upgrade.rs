@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use gpu_operator::agent::{self, AgentConfig, LeaderConfig};
+use gpu_operator::agent::{self, LeaderConfig};
 use gpu_operator::api::agent_status::{AgentStatus, STATUS_ANNOTATION};
 use gpu_operator::api::driver_upgrade::{RETRY_VALUE, STATE_LABEL, TAINT_KEY};
 use gpu_operator::cluster::lease::LeaseConfig;
@@ -25,6 +25,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use serde_json::{Value, json};
+use support::agent_config::AgentConfigBuilder;
 use support::bundles;
 use support::cluster::{self, NAMESPACE as NS, TestCluster};
 use support::wait;
@@ -166,19 +167,8 @@ impl Fleet {
         driver.commands.modprobe = modprobe;
         let kubelet_dir = member.dir.path().join("kubelet");
         std::fs::create_dir_all(kubelet_dir.join("device-plugins")).unwrap();
-        let config = AgentConfig {
-            node_name: member.name.clone(),
-            namespace: None,
-            host: member.host.clone(),
-            cdi_dir: kubelet_dir.join("cdi"),
-            dra_device_taints: false,
-            health_socket: None,
-            kubelet_dir,
-            rescan_interval: Duration::from_millis(200),
-            sampling: Default::default(),
-            metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
-            test_commands: None,
-            leader: Some(LeaderConfig {
+        let config = AgentConfigBuilder::new(&member.name, member.host.clone(), kubelet_dir)
+            .leader(Some(LeaderConfig {
                 lease,
                 cluster: ClusterConfig {
                     teardown_timeout: Duration::from_secs(5),
@@ -187,9 +177,9 @@ impl Fleet {
                     eviction_client: Some(eviction),
                     ..ClusterConfig::default()
                 },
-            }),
-            driver,
-        };
+            }))
+            .driver(driver)
+            .build();
         member.shutdown = CancellationToken::new();
         member.task = Some(tokio::spawn(agent::run(
             self.cluster.client(),

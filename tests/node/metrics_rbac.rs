@@ -15,7 +15,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use gpu_operator::agent::{self, AgentConfig};
+use gpu_operator::agent;
 use gpu_operator::api::agent_status::{AgentStatus, STATUS_ANNOTATION};
 use gpu_operator::host::HostRoot;
 use gpu_operator::simulate::{self, SimSpec};
@@ -25,6 +25,7 @@ use kube::Api;
 use kube::api::{ObjectMeta, PostParams};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
 use serde_json::{Value, json};
+use support::agent_config::AgentConfigBuilder;
 use support::cluster::{NAMESPACE as NS, TestCluster};
 use support::kubelet::TestKubelet;
 use support::wait;
@@ -188,21 +189,9 @@ impl Harness {
             .unwrap()
             .local_addr()
             .unwrap();
-        let config = AgentConfig {
-            node_name: NODE.into(),
-            namespace: None,
-            host,
-            cdi_dir: kubelet_dir.join("cdi"),
-            dra_device_taints: false,
-            health_socket: None,
-            kubelet_dir,
-            rescan_interval: Duration::from_millis(200),
-            sampling: Default::default(),
-            metrics_listen: Some(metrics),
-            test_commands: None,
-            leader: None,
-            driver: support::bundles::no_modprobe(),
-        };
+        let config = AgentConfigBuilder::new(NODE, host, kubelet_dir)
+            .metrics_listen(metrics)
+            .build();
         let shutdown = CancellationToken::new();
         let agent = tokio::spawn(agent::run(cluster.client(), config, shutdown.clone()));
         Self {

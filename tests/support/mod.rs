@@ -5,6 +5,7 @@
 //! Each test binary uses a different subset, hence the `dead_code` allowance.
 #![allow(dead_code)]
 
+pub mod agent_config;
 pub mod bundles;
 pub mod cluster;
 pub mod dra_kubelet;
