@@ -34,10 +34,6 @@ pub mod agent;
 mod compat_tests;
 pub mod limits;
 pub mod pod_metadata;
-/// The generated PodResources protocol, at its former path for the test
-/// kubelet (`tests/support/pod_resources.rs`); new code uses
-/// [`crate::pod_resources::api`].
-pub use crate::pod_resources::api as podresources;
 pub mod render;
 pub mod server;
 #[cfg(test)]

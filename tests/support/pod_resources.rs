@@ -6,10 +6,10 @@
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use gpu_operator::metrics::podresources::v1::pod_resources_lister_server::{
+use gpu_operator::pod_resources::api::v1::pod_resources_lister_server::{
     PodResourcesLister, PodResourcesListerServer,
 };
-use gpu_operator::metrics::podresources::v1::{
+use gpu_operator::pod_resources::api::v1::{
     AllocatableResourcesRequest, AllocatableResourcesResponse, ContainerDevices,
     ContainerResources, GetPodResourcesRequest, GetPodResourcesResponse, ListPodResourcesRequest,
     ListPodResourcesResponse, PodResources,

@@ -6,10 +6,10 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::pod_resources::{PodRef, pods_of};
 use super::RenderInput;
 use super::labels::card_model;
 use crate::device::Gpu;
+use crate::pod_resources::{PodRef, pods_of};
 use crate::telemetry::devices::logical_gpus;
 use crate::telemetry::sample::GpuReadings;
 

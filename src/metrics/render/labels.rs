@@ -5,9 +5,9 @@
 
 use std::collections::BTreeMap;
 
-use crate::pod_resources::PodRef;
 use super::RenderInput;
 use crate::device::Gpu;
+use crate::pod_resources::PodRef;
 use crate::telemetry::devices::LogicalGpu;
 
 /// The labels of one logical GPU as held by `pod` (the default: none),
