@@ -14,11 +14,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::api::resource::v1::{
-    CELDeviceSelector, DeviceClass, DeviceClassSpec, DeviceSelector,
-};
+use k8s_openapi::api::resource::v1::DeviceClass;
 use kube::ResourceExt;
-use kube::api::ObjectMeta;
 
 use super::resources;
 use crate::api::agent_status::STATUS_ANNOTATION;
@@ -82,25 +79,11 @@ pub fn layout_selector(layout: &str) -> String {
 /// strategy's resource. `None` for a layout without a class name.
 pub fn layout_device_class(layout: &str) -> Option<DeviceClass> {
     let name = layout_class_name(layout)?;
-    Some(DeviceClass {
-        metadata: ObjectMeta {
-            name: Some(name.to_owned()),
-            labels: Some(BTreeMap::from([(
-                resources::DEVICE_CLASS_LABEL.0.to_owned(),
-                resources::DEVICE_CLASS_LABEL.1.to_owned(),
-            )])),
-            ..ObjectMeta::default()
-        },
-        spec: DeviceClassSpec {
-            selectors: Some(vec![DeviceSelector {
-                cel: Some(CELDeviceSelector {
-                    expression: layout_selector(layout),
-                }),
-            }]),
-            extended_resource_name: Some(crate::plugin::devices::resource_name(layout)),
-            ..DeviceClassSpec::default()
-        },
-    })
+    Some(resources::operator_device_class(
+        name,
+        layout_selector(layout),
+        crate::plugin::devices::resource_name(layout),
+    ))
 }
 
 /// The layouts the agents of `nodes` report (the status annotation's

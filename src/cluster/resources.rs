@@ -305,9 +305,24 @@ pub const DEVICE_CLASS_EXTENDED_RESOURCE: &str = "amd.com/gpu";
 /// extended resource name (honoured from Kubernetes 1.36, where the
 /// DRAExtendedResource gate is beta and on; dropped by older API servers).
 pub fn device_class() -> DeviceClass {
+    operator_device_class(
+        crate::dra::DRIVER_NAME,
+        DEVICE_CLASS_SELECTOR.to_owned(),
+        DEVICE_CLASS_EXTENDED_RESOURCE.to_owned(),
+    )
+}
+
+/// A DeviceClass the operator keeps: `name`, carrying
+/// [`DEVICE_CLASS_LABEL`], selecting by the CEL `selector`, and serving
+/// `extended_resource` (KEP-5004).
+pub fn operator_device_class(
+    name: &str,
+    selector: String,
+    extended_resource: String,
+) -> DeviceClass {
     DeviceClass {
         metadata: ObjectMeta {
-            name: Some(crate::dra::DRIVER_NAME.to_owned()),
+            name: Some(name.to_owned()),
             labels: Some(BTreeMap::from([(
                 DEVICE_CLASS_LABEL.0.to_owned(),
                 DEVICE_CLASS_LABEL.1.to_owned(),
@@ -317,10 +332,10 @@ pub fn device_class() -> DeviceClass {
         spec: DeviceClassSpec {
             selectors: Some(vec![DeviceSelector {
                 cel: Some(CELDeviceSelector {
-                    expression: DEVICE_CLASS_SELECTOR.to_owned(),
+                    expression: selector,
                 }),
             }]),
-            extended_resource_name: Some(DEVICE_CLASS_EXTENDED_RESOURCE.to_owned()),
+            extended_resource_name: Some(extended_resource),
             ..DeviceClassSpec::default()
         },
     }
