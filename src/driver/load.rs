@@ -267,6 +267,27 @@ pub async fn unload(
     Ok(())
 }
 
+/// Reloads amdgpu as the host installs it: [`unload`], then `modprobe
+/// ${loadArgs} amdgpu ${parameters}` (no bundle directory), then checks that
+/// `/sys/module/amdgpu` is back. A memory partition mode takes effect when
+/// the driver initialises, so a change of it is followed by this. Call it
+/// only with the GPUs free, as for [`unload`].
+pub async fn reload(
+    host: &HostRoot,
+    commands: &LoadCommands,
+    config: &KernelModuleConfigSpec,
+) -> Result<(), LoadError> {
+    unload(host, commands, config).await?;
+    let mut args: Vec<OsString> = config.load_args.iter().map(OsString::from).collect();
+    args.push("amdgpu".into());
+    args.extend(config.parameters.iter().map(OsString::from));
+    run_modprobe(commands, args).await?;
+    if !host.exists(MODULE_DIR) {
+        return Err(LoadError::NotLoaded);
+    }
+    Ok(())
+}
+
 /// Runs `modprobe` with `args`, keeping what it says on stderr for the
 /// error, killed at the commands' timeout.
 async fn run_modprobe(commands: &LoadCommands, args: Vec<OsString>) -> Result<(), LoadError> {

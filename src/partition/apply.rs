@@ -25,8 +25,8 @@ use super::plan::Plan;
 use crate::device::model::Inventory;
 use crate::device::watch::Rescan;
 use crate::driver::holders::{self, Holder};
-use crate::host::AttrStore;
 use crate::host::reader::BoundedReader;
+use crate::host::{AttrStore, HostRoot};
 
 /// Bounds of one change.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -204,6 +204,44 @@ pub fn missing(plan: &Plan, inventory: &Inventory) -> Vec<String> {
             (!shown).then(|| format!("{} in {}/{}", a.bdf, a.compute, a.memory))
         })
         .collect()
+}
+
+/// How often the host is looked at while the new partitions are awaited
+/// without a discovery watch.
+const POLL: Duration = Duration::from_millis(100);
+
+/// Waits until discovery of `host` itself shows the plan, within `limit`;
+/// the inventory then. For callers without a discovery watch to follow
+/// (`partition apply` on a host, the DRA plugin's Prepare).
+pub async fn seen_on_host(
+    host: &HostRoot,
+    plan: &Plan,
+    limit: Duration,
+) -> Result<Inventory, ApplyError> {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        let now = discover_off_runtime(host).await;
+        let missing = missing(plan, &now);
+        if missing.is_empty() {
+            return Ok(now);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(ApplyError::NotSeen {
+                limit,
+                missing: missing.join(", "),
+            });
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// Discovery of `host` on a blocking thread; an empty inventory if that
+/// thread fails.
+pub async fn discover_off_runtime(host: &HostRoot) -> Inventory {
+    let host = host.clone();
+    tokio::task::spawn_blocking(move || crate::device::discover(&host))
+        .await
+        .unwrap_or_default()
 }
 
 /// Waits until `inventory` shows the plan, asking discovery to look at once.

@@ -28,8 +28,6 @@ use crate::host::{AttrStore, HostRoot};
 
 /// How long one `systemctl` call may take.
 const SYSTEMCTL_TIMEOUT: Duration = Duration::from_secs(90);
-/// How often the host is looked at while the new partitions are awaited.
-const POLL: Duration = Duration::from_millis(100);
 
 /// What one host change needs besides the profile.
 #[derive(Clone, Debug)]
@@ -128,25 +126,7 @@ async fn change(
 ) -> Result<Inventory, LocalError> {
     let reader = BoundedReader::new(config.host.clone(), 2);
     apply::write_plan(plan, before, config.store.clone(), &reader, config.limits).await?;
-    let deadline = tokio::time::Instant::now() + config.limits.appear;
-    loop {
-        let host = config.host.clone();
-        let now = tokio::task::spawn_blocking(move || device::discover(&host))
-            .await
-            .unwrap_or_default();
-        let missing = apply::missing(plan, &now);
-        if missing.is_empty() {
-            return Ok(now);
-        }
-        if tokio::time::Instant::now() >= deadline {
-            return Err(ApplyError::NotSeen {
-                limit: config.limits.appear,
-                missing: missing.join(", "),
-            }
-            .into());
-        }
-        tokio::time::sleep(POLL).await;
-    }
+    Ok(apply::seen_on_host(&config.host, plan, config.limits.appear).await?)
 }
 
 fn partitions(inventory: &Inventory) -> usize {
