@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use gpu_operator::device::Inventory;
 use gpu_operator::dra::{DraConfig, DraPlugin, DraStatus, Registration, Slices};
+use gpu_operator::driver::load::LoadCommands;
 use gpu_operator::events::EventSink;
 use gpu_operator::plugin::{DeviceRef, HealthReport, TimeSlicing};
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
@@ -37,6 +38,9 @@ struct Rig {
     plugin: Option<DraPlugin>,
     taints: bool,
     sharing: TimeSlicing,
+    /// `draDriver.autoPartition`, and the `modprobe` its reloads run.
+    auto_partition: bool,
+    reload: Option<PathBuf>,
 }
 
 impl Rig {
@@ -79,8 +83,48 @@ impl Rig {
             plugin: None,
             taints,
             sharing,
+            auto_partition: false,
+            reload: None,
         };
         rig.start_plugin();
+        rig
+    }
+
+    /// A node of `gpus` MI300Xs in SPX/NPS1 that allocates partitions on
+    /// demand, reloading amdgpu with a `modprobe` stand-in; registered and
+    /// published.
+    async fn start_layouts(gpus: usize) -> Self {
+        let mut rig =
+            Self::start_full("mi300x", Some(gpus), None, true, TimeSlicing::default()).await;
+        rig.stop_plugin().await;
+        let tools = rig.dir.path().join("tools");
+        let root = rig.sim.host.path("/");
+        let recorder = support::bundles::modprobe_recorder(&tools, &root, "6.12.12");
+        // Fails while `tools/refuse` exists, and once for `tools/refuse-once`,
+        // as a modprobe refusing to unload a module in use does.
+        let refusing = tools.join("modprobe-or-refuse");
+        std::fs::write(
+            &refusing,
+            format!(
+                "#!/bin/sh\nif [ -e '{refuse}' ]; then echo 'modprobe: FATAL: Module amdgpu is in use.' >&2; exit 1; fi\nif [ -e '{refuse}-once' ]; then rm '{refuse}-once'; echo 'modprobe: FATAL: Module amdgpu is in use.' >&2; exit 1; fi\nexec '{recorder}' \"$@\"\n",
+                refuse = tools.join("refuse").display(),
+                recorder = recorder.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(
+            &refusing,
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .unwrap();
+        rig.auto_partition = true;
+        rig.reload = Some(refusing);
+        rig.start_plugin();
+        rig.kubelet.register().await;
+        rig.wait_status("published", |s| {
+            matches!(s.slices, Slices::Published { .. })
+        })
+        .await;
         rig
     }
 
@@ -89,6 +133,11 @@ impl Rig {
         config.cdi_dir = self.cdi_dir();
         config.device_taints = self.taints;
         config.sharing = self.sharing;
+        config.auto_partition = self.auto_partition;
+        config.reload = self.reload.clone().map(|modprobe| LoadCommands {
+            modprobe,
+            ..LoadCommands::default()
+        });
         config
     }
 
@@ -1201,4 +1250,363 @@ async fn a_failed_claim_status_write_does_not_fail_prepare_and_is_made_later() {
             .any(|e| e["device"] == device.as_str() && e["driver"] == "gpu.amd.com")
     })
     .await;
+}
+
+impl Rig {
+    /// Creates claim `name`, allocated one share of `device` of this node
+    /// as the scheduler records it; returns its UID.
+    async fn claim_share(
+        &self,
+        name: &str,
+        device: &str,
+        share: Option<&str>,
+        consumed: &BTreeMap<String, String>,
+    ) -> String {
+        let api: Api<ResourceClaim> = Api::namespaced(self.cluster.client(), NS);
+        let claim: ResourceClaim = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.amd.com"}}]}}
+        }))
+        .unwrap();
+        let uid = api
+            .create(&PostParams::default(), &claim)
+            .await
+            .expect("claim created")
+            .metadata
+            .uid
+            .expect("uid");
+        let mut result =
+            json!({"request": "gpu", "driver": "gpu.amd.com", "pool": NODE, "device": device});
+        if let Some(share) = share {
+            result["shareID"] = json!(share);
+            result["consumedCapacity"] = json!(consumed);
+        }
+        api.patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"allocation": {"devices": {"results": [result]}}}})),
+        )
+        .await
+        .expect("claim allocated");
+        uid
+    }
+
+    /// The published device `name`.
+    fn slice_device(&self, name: &str) -> Value {
+        self.slices()
+            .iter()
+            .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
+            .find(|d| d["name"] == name)
+            .unwrap_or_else(|| panic!("device {name} is published"))
+    }
+
+    /// The value of the memory-partition-conflict taint of each published
+    /// device that carries it (always `NoExecute`).
+    fn conflict_taints(&self) -> BTreeMap<String, String> {
+        let mut out = BTreeMap::new();
+        for slice in self.slices() {
+            for device in slice["spec"]["devices"].as_array().into_iter().flatten() {
+                for taint in device["taints"].as_array().into_iter().flatten() {
+                    if taint["key"] == "gpu.amd.com/memory-partition-conflict" {
+                        assert_eq!(taint["effect"], "NoExecute", "{taint}");
+                        out.insert(
+                            device["name"].as_str().unwrap().to_owned(),
+                            taint["value"].as_str().unwrap_or_default().to_owned(),
+                        );
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// GPU `index`'s modes and partition count, as discovery reads the host.
+    fn layout_of(&self, index: usize) -> (String, String, usize) {
+        let inventory = self.sim.discover();
+        let mut gpus: Vec<_> = inventory.gpus.iter().collect();
+        gpus.sort_by(|a, b| a.bdf.cmp(&b.bdf));
+        let gpu = gpus[index];
+        (
+            gpu.compute_partition.clone().unwrap_or_default(),
+            gpu.memory_partition.clone().unwrap_or_default(),
+            gpu.partitions.len().max(1),
+        )
+    }
+
+    fn checkpoint(&self) -> Value {
+        serde_json::from_str(
+            &std::fs::read_to_string(
+                self.kubelet_dir()
+                    .join("plugins/gpu.amd.com/checkpoint.json"),
+            )
+            .unwrap_or_else(|_| "{}".into()),
+        )
+        .unwrap()
+    }
+
+    /// The DRM nodes (path, minor) a prepared claim's CDI spec gives `device`.
+    fn cdi_nodes(&self, uid: &str, cdi_device: &str) -> Vec<(String, u64)> {
+        let spec: Value = serde_json::from_str(
+            &std::fs::read_to_string(spec_file(&self.cdi_dir(), uid)).unwrap(),
+        )
+        .unwrap();
+        let device = spec["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|d| d["name"] == format!("{uid}-{cdi_device}"))
+            .unwrap_or_else(|| panic!("{cdi_device} in {spec}"))
+            .clone();
+        device["containerEdits"]["deviceNodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| {
+                (
+                    n["path"].as_str().unwrap().to_owned(),
+                    n["minor"].as_u64().unwrap(),
+                )
+            })
+            .collect()
+    }
+}
+
+/// Issue 34 item 1: every layout a partitionable GPU runs is on offer,
+/// named as AMD's AutoPartition names them; the scheduler (a stand-in that
+/// charges counters as KEP-4815 documents) can allocate shares of one layout
+/// of a GPU and never two layouts; a claim for another layout repartitions
+/// its GPU on Prepare and gets its own partition; one that would change a
+/// GPU others hold fails cleanly, and again the same way when retried.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_for_another_layout_repartitions_its_gpu_and_layouts_never_mix() {
+    let mut rig = Rig::start_layouts(2).await;
+    let slices = rig.slices();
+    let sets: Vec<String> = slices
+        .iter()
+        .flat_map(|s| {
+            s["spec"]["sharedCounters"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .map(|c| c["name"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(sets, ["gpu-0-mutex", "gpu-1-mutex"]);
+    let names = rig.device_names();
+    for layout in [
+        "spx-nps1", "dpx-nps1", "qpx-nps1", "qpx-nps4", "cpx-nps1", "cpx-nps4",
+    ] {
+        for gpu in [0, 1] {
+            let name = format!("gpu-{gpu}-{layout}");
+            assert!(names.contains(&name), "{name} in {names:?}");
+        }
+    }
+    assert_eq!(names.len(), 12, "only layouts, no GPU as it is: {names:?}");
+    let cpx = rig.slice_device("gpu-0-cpx-nps1");
+    assert_eq!(cpx["attributes"]["computePartition"]["string"], "cpx");
+    assert_eq!(cpx["attributes"]["memoryPartition"]["string"], "nps1");
+    assert_eq!(cpx["attributes"]["gpuIndex"]["int"], 0);
+    assert_eq!(cpx["attributes"]["type"]["string"], "amdgpu-partition");
+    assert_eq!(cpx["capacity"]["partitions"]["value"], "8");
+    assert_eq!(cpx["allowMultipleAllocations"], true);
+    assert_eq!(cpx["consumesCounters"][0]["counterSet"], "gpu-0-mutex");
+    assert_eq!(rig.layout_of(0), ("spx".into(), "nps1".into(), 1));
+
+    // Two claims for one CPX partition each: the scheduler's part first.
+    let all = rig.slices();
+    let one = BTreeMap::from([("partitions", "1")]);
+    let first = dra_scheduler::fit(&cpx, &one, &[]).expect("a partition fits");
+    dra_scheduler::counters_allow(&all, "gpu-0-cpx-nps1", &[]).expect("GPU 0 is free");
+    let train = rig
+        .claim_share("train", "gpu-0-cpx-nps1", Some("share-train"), &first)
+        .await;
+    let answer = rig.kubelet.prepare(&[(NS, &train, "train")]).await;
+    let prepared = &answer.claims[&train];
+    assert_eq!(prepared.error, "", "{answer:?}");
+    assert_eq!(prepared.devices[0].device_name, "gpu-0-cpx-nps1");
+    assert_eq!(
+        prepared.devices[0].cdi_device_ids,
+        [format!("k8s.gpu.amd.com/gpu={train}-gpu-0-cpx-nps1-p0")]
+    );
+    assert_valid_cdi(&spec_file(&rig.cdi_dir(), &train));
+    assert_eq!(
+        rig.layout_of(0),
+        ("cpx".into(), "nps1".into(), 8),
+        "repartitioned"
+    );
+    assert_eq!(
+        rig.layout_of(1),
+        ("spx".into(), "nps1".into(), 1),
+        "the other GPU untouched"
+    );
+    let inventory = rig.sim.discover();
+    let mut gpus: Vec<_> = inventory.gpus.iter().collect();
+    gpus.sort_by(|a, b| a.bdf.cmp(&b.bdf));
+    let partition = |i: usize| {
+        let p = &gpus[0].partitions[i];
+        (p.card.unwrap() as u64, p.render_minor.unwrap() as u64)
+    };
+    let nodes = rig.cdi_nodes(&train, "gpu-0-cpx-nps1-p0");
+    assert_eq!(
+        nodes,
+        [
+            (format!("/dev/dri/card{}", partition(0).0), partition(0).0),
+            (
+                format!("/dev/dri/renderD{}", partition(0).1),
+                partition(0).1
+            )
+        ]
+    );
+
+    let second = dra_scheduler::fit(&cpx, &one, std::slice::from_ref(&first)).expect("fits");
+    dra_scheduler::counters_allow(&all, "gpu-0-cpx-nps1", &["gpu-0-cpx-nps1"])
+        .expect("a second share of the same layout is charged nothing more");
+    let infer = rig
+        .claim_share("infer", "gpu-0-cpx-nps1", Some("share-infer"), &second)
+        .await;
+    let answer = rig.kubelet.prepare(&[(NS, &infer, "infer")]).await;
+    assert_eq!(answer.claims[&infer].error, "", "{answer:?}");
+    assert_eq!(
+        rig.cdi_nodes(&infer, "gpu-0-cpx-nps1-p1")[0].0,
+        format!("/dev/dri/card{}", partition(1).0),
+        "the next partition"
+    );
+    // Never two layouts of one GPU; another GPU's layouts stay free.
+    let refused =
+        dra_scheduler::counters_allow(&all, "gpu-0-spx-nps1", &["gpu-0-cpx-nps1"]).unwrap_err();
+    assert!(refused.contains("gpu-0-mutex"), "{refused}");
+    dra_scheduler::counters_allow(&all, "gpu-1-spx-nps1", &["gpu-0-cpx-nps1"])
+        .expect("GPU 1 is free");
+    // The node's memory mode is held: layouts of another one are tainted.
+    wait::eventually("layouts of NPS4 carry the conflict taint", || {
+        let taints = rig.conflict_taints();
+        taints.len() == 4 && taints.values().all(|v| v == "nps1")
+    })
+    .await;
+    assert!(rig.conflict_taints().contains_key("gpu-1-cpx-nps4"));
+
+    // An allocation that went around the counters (a stale one) is refused
+    // cleanly: no CDI spec, no checkpoint entry, the layout kept; a retry
+    // is refused the same way.
+    let stale = rig
+        .claim_share("stale", "gpu-0-spx-nps1", None, &BTreeMap::new())
+        .await;
+    for _ in 0..2 {
+        let answer = rig.kubelet.prepare(&[(NS, &stale, "stale")]).await;
+        let error = &answer.claims[&stale].error;
+        assert!(
+            error.contains("gpu-0-cpx-nps1") && error.contains("free"),
+            "{error}"
+        );
+        assert!(!spec_file(&rig.cdi_dir(), &stale).exists());
+        assert!(rig.checkpoint()["preparedClaims"].get(&stale).is_none());
+        assert_eq!(rig.layout_of(0).0, "cpx");
+    }
+
+    // Both shares unprepared: the taints go, and the stale claim's layout
+    // can be had.
+    let answer = rig
+        .kubelet
+        .unprepare(&[(NS, &train, "train"), (NS, &infer, "infer")])
+        .await;
+    assert!(
+        answer.claims.values().all(|c| c.error.is_empty()),
+        "{answer:?}"
+    );
+    wait::eventually("no conflict taint once nothing is held", || {
+        rig.conflict_taints().is_empty()
+    })
+    .await;
+    let answer = rig.kubelet.prepare(&[(NS, &stale, "stale")]).await;
+    assert_eq!(answer.claims[&stale].error, "", "{answer:?}");
+    assert_eq!(rig.layout_of(0), ("spx".into(), "nps1".into(), 1));
+    assert_eq!(
+        rig.cdi_nodes(&stale, "gpu-0-spx-nps1-p0")[0].0,
+        format!("/dev/dri/card{}", gpus[0].card.unwrap())
+    );
+    assert_eq!(
+        rig.checkpoint()["preparedClaims"][&stale]["devices"][0]["partitions"],
+        json!([0])
+    );
+    rig.stop_plugin().await;
+}
+
+/// A memory mode change reloads amdgpu through the driver manager's
+/// `modprobe`; a change that fails is undone (the GPUs back in their
+/// layouts, nothing half written); one that cannot be undone taints the
+/// GPUs' layouts until a later change of them succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_memory_mode_change_reloads_the_driver_and_a_failed_one_is_undone_or_tainted() {
+    let mut rig = Rig::start_layouts(2).await;
+    let tools = rig.dir.path().join("tools");
+    let cpx = rig.slice_device("gpu-0-cpx-nps4");
+    let one = BTreeMap::from([("partitions", "1")]);
+    let consumed = dra_scheduler::fit(&cpx, &one, &[]).expect("fits");
+    let uid = rig
+        .claim_share("nps4", "gpu-0-cpx-nps4", Some("share-1"), &consumed)
+        .await;
+
+    // The reload fails once: the change is undone, its own reload works.
+    std::fs::write(tools.join("refuse-once"), "").unwrap();
+    let answer = rig.kubelet.prepare(&[(NS, &uid, "nps4")]).await;
+    let error = &answer.claims[&uid].error;
+    assert!(
+        error.contains("cannot reload amdgpu") && error.contains("back in their layouts"),
+        "{error}"
+    );
+    assert!(!spec_file(&rig.cdi_dir(), &uid).exists());
+    assert!(rig.checkpoint()["preparedClaims"].get(&uid).is_none());
+    assert_eq!(rig.layout_of(0), ("spx".into(), "nps1".into(), 1));
+    assert_eq!(rig.layout_of(1), ("spx".into(), "nps1".into(), 1));
+    assert!(rig.conflict_taints().is_empty());
+
+    // The kubelet's retry: the change is made, with one reload.
+    let before = support::bundles::modprobe_runs(&tools).len();
+    let answer = rig.kubelet.prepare(&[(NS, &uid, "nps4")]).await;
+    assert_eq!(answer.claims[&uid].error, "", "{answer:?}");
+    assert_eq!(
+        support::bundles::modprobe_runs(&tools)[before..],
+        ["-r amdgpu", "amdgpu"],
+        "unloaded and loaded again"
+    );
+    assert_eq!(rig.layout_of(0), ("cpx".into(), "nps4".into(), 8));
+    // The other GPU followed the memory mode, in the widest mode that runs with it.
+    assert_eq!(rig.layout_of(1), ("cpx".into(), "nps4".into(), 8));
+    wait::eventually("NPS1 layouts carry the conflict taint", || {
+        let taints = rig.conflict_taints();
+        taints.contains_key("gpu-1-spx-nps1") && taints.values().all(|v| v == "nps4")
+    })
+    .await;
+    let answer = rig.kubelet.unprepare(&[(NS, &uid, "nps4")]).await;
+    assert_eq!(answer.claims[&uid].error, "");
+
+    // Every reload refused: the change and its undoing fail, and the GPUs'
+    // layouts are tainted until a change of them succeeds.
+    let spx = rig
+        .claim_share("spx", "gpu-0-spx-nps1", None, &BTreeMap::new())
+        .await;
+    std::fs::write(tools.join("refuse"), "").unwrap();
+    let answer = rig.kubelet.prepare(&[(NS, &spx, "spx")]).await;
+    let error = &answer.claims[&spx].error;
+    assert!(
+        error.contains("gpu.amd.com/memory-partition-conflict"),
+        "{error}"
+    );
+    assert!(!spec_file(&rig.cdi_dir(), &spx).exists());
+    wait::eventually("every layout of both GPUs is tainted", || {
+        rig.conflict_taints().len() == 12
+    })
+    .await;
+    std::fs::remove_file(tools.join("refuse")).unwrap();
+    let answer = rig.kubelet.prepare(&[(NS, &spx, "spx")]).await;
+    assert_eq!(answer.claims[&spx].error, "", "{answer:?}");
+    assert_eq!(rig.layout_of(0), ("spx".into(), "nps1".into(), 1));
+    wait::eventually("only the other memory mode's layouts are tainted", || {
+        let taints = rig.conflict_taints();
+        !taints.contains_key("gpu-0-spx-nps1")
+            && taints.contains_key("gpu-0-cpx-nps4")
+            && taints.values().all(|v| v == "nps1")
+    })
+    .await;
+    rig.stop_plugin().await;
 }

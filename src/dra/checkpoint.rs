@@ -48,6 +48,11 @@ pub struct PreparedDevice {
     /// recorded it (`consumedCapacity`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub consumed_capacity: BTreeMap<String, String>,
+    /// A layout device's share ([`super::layouts`]): the partitions of its
+    /// GPU it was given, by index. Left out otherwise, so that a checkpoint
+    /// without layouts reads the same to an older agent.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub partitions: Vec<u32>,
 }
 
 /// A prepared claim.
@@ -194,6 +199,7 @@ mod tests {
                 cdi_device_ids: vec!["k8s.gpu.amd.com/gpu=u-gpu-1-128".into()],
                 share_id: Some("7c0b0d0e-share".into()),
                 consumed_capacity: BTreeMap::from([("memory".into(), "8Gi".into())]),
+                partitions: Vec::new(),
             }],
         }
     }

@@ -87,8 +87,18 @@ pub fn device_entry(
     let data = device.map(|d| {
         let mut data = serde_json::Map::new();
         data.insert("pciAddress".into(), json!(d.gpu_bdf));
-        if let Some(partition) = d.partition {
-            data.insert("partition".into(), json!(partition));
+        // A layout device's share names the partitions it was given.
+        match (d.partition, prepared.partitions.as_slice()) {
+            (Some(partition), _) | (None, &[partition]) => {
+                data.insert("partition".into(), json!(partition));
+            }
+            (None, []) => {}
+            (None, several) => {
+                data.insert("partitions".into(), json!(several));
+            }
+        }
+        if let Some(layout) = &d.layout {
+            data.insert("partitionProfile".into(), json!(layout.profile()));
         }
         if let Some(numa) = d.numa_node {
             data.insert("numaNode".into(), json!(numa));
@@ -353,6 +363,7 @@ mod tests {
             cdi_device_ids: vec![],
             share_id: None,
             consumed_capacity: BTreeMap::new(),
+            partitions: Vec::new(),
         }
     }
 
@@ -367,6 +378,8 @@ mod tests {
             xcc_count: None,
             attributes: BTreeMap::new(),
             capacity: BTreeMap::new(),
+            layout: None,
+            conflict: None,
         };
         Published {
             health: BTreeMap::from([(device.name.clone(), health)]),

@@ -15,13 +15,14 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::resource::v1::{
-    CapacityRequestPolicy, CapacityRequestPolicyRange, Device, DeviceAttribute, DeviceCapacity,
-    DeviceTaint, ResourcePool, ResourceSliceSpec,
+    CapacityRequestPolicy, CapacityRequestPolicyRange, CounterSet, Device, DeviceAttribute,
+    DeviceCapacity, DeviceTaint, ResourcePool, ResourceSliceSpec,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
+use super::layouts::{self, Layout};
 use crate::api::TimeSlicing;
-use crate::device::{Gpu, Inventory, family};
+use crate::device::{Gpu, Inventory, family, modes};
 use crate::plugin::PluginDevice;
 
 /// The step of shared `memory`: 1 GiB.
@@ -31,6 +32,8 @@ pub const MEMORY_STEP: u64 = 1 << 30;
 pub const DRIVER_NAME: &str = "gpu.amd.com";
 /// The API's limit on devices in one ResourceSlice.
 pub const MAX_DEVICES_PER_SLICE: usize = 128;
+/// The API's limit on counter sets in one ResourceSlice.
+pub const MAX_COUNTER_SETS_PER_SLICE: usize = 8;
 /// The API's lower limit for a slice in which any device has taints; slices
 /// are cut at it whenever taints are enabled, so that a device turning
 /// unhealthy never reshapes them.
@@ -72,6 +75,14 @@ pub struct DraDevice {
     pub xcc_count: Option<u32>,
     pub attributes: BTreeMap<String, DeviceAttribute>,
     pub capacity: BTreeMap<String, DeviceCapacity>,
+    /// The layout a device of on-demand partitioning stands for
+    /// ([`super::layouts`]); `None` for a GPU or partition as it is. Such a
+    /// device's `card` and `render_minor` are its GPU's now, by which its
+    /// health is judged; the partitions it hands out are chosen on Prepare.
+    pub layout: Option<Layout>,
+    /// The value of the [`layouts::CONFLICT_TAINT_KEY`] taint a layout
+    /// device carries while it cannot be had.
+    pub conflict: Option<String>,
 }
 
 impl DraDevice {
@@ -89,11 +100,16 @@ impl DraDevice {
 
     /// Host paths of its DRM nodes, card first.
     pub fn dri_nodes(&self) -> [String; 2] {
-        [
-            format!("/dev/dri/card{}", self.card),
-            format!("/dev/dri/renderD{}", self.render_minor),
-        ]
+        dri_paths(self.card, self.render_minor)
     }
+}
+
+/// Host paths of the DRM nodes `card<card>` and `renderD<render>`.
+pub fn dri_paths(card: u32, render_minor: u32) -> [String; 2] {
+    [
+        format!("/dev/dri/card{card}"),
+        format!("/dev/dri/renderD{render_minor}"),
+    ]
 }
 
 /// The name of a device with these DRM nodes.
@@ -206,7 +222,54 @@ fn device(
         xcc_count: xccs.filter(|x| *x > 0),
         attributes,
         capacity,
+        layout: None,
+        conflict: None,
     }
+}
+
+/// What the node offers with partitions allocated on demand: each
+/// partitionable GPU's layouts ([`super::layouts`]), and every other GPU as
+/// [`devices_of`] offers it. Sorted by name.
+pub fn layout_devices_of(inventory: &Inventory, roots: &PcieRoots) -> Vec<DraDevice> {
+    let mut out = Vec::new();
+    let mut fixed = Inventory {
+        gpus: Vec::new(),
+        ..inventory.clone()
+    };
+    for (index, gpu) in layouts::ordered(inventory).into_iter().enumerate() {
+        let (Some(card), Some(render)) = (gpu.card, gpu.render_minor) else {
+            continue;
+        };
+        if !layouts::partitionable(gpu) {
+            fixed.gpus.push(gpu.clone());
+            continue;
+        }
+        let common = common_attributes(gpu, roots, inventory);
+        for (compute, memory) in layouts::layouts_of(gpu) {
+            let layout = Layout {
+                gpu_index: index as u32,
+                partitions: modes::compute_partitions(&compute).unwrap_or(1),
+                compute,
+                memory,
+            };
+            out.push(DraDevice {
+                name: layouts::layout_name(layout.gpu_index, &layout.compute, &layout.memory),
+                gpu_bdf: gpu.bdf.clone(),
+                partition: None,
+                card,
+                render_minor: render,
+                numa_node: gpu.numa_node.filter(|n| *n >= 0).map(i64::from),
+                xcc_count: gpu.xcc_count.filter(|x| *x > 0),
+                attributes: layouts::layout_attributes(gpu, &layout, common.clone()),
+                capacity: layouts::capacity_of(gpu, layout.partitions),
+                layout: Some(layout),
+                conflict: None,
+            });
+        }
+    }
+    out.extend(devices_of(&fixed, roots));
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    out
 }
 
 /// How a capacity of `value` is shared `replicas` ways in steps of `step`:
@@ -394,7 +457,11 @@ pub type Unhealthy = BTreeMap<String, String>;
 /// `generation`. A node with no devices still publishes one empty slice, so
 /// that the scheduler sees the pool and knows it is empty rather than unknown.
 /// With `taints`, an unhealthy device carries [`UNHEALTHY_TAINT_KEY`]
-/// (`NoSchedule`).
+/// (`NoSchedule`). Layout devices ([`super::layouts`]) bring their GPUs'
+/// counter sets, published first in slices of their own (at most
+/// [`MAX_COUNTER_SETS_PER_SLICE`] each), and cut the device slices at the
+/// lower limit too; a layout device that cannot be had carries
+/// [`layouts::CONFLICT_TAINT_KEY`] (`NoExecute`) whatever `taints` says.
 pub fn slice_specs(
     node: &str,
     devices: &[DraDevice],
@@ -403,7 +470,8 @@ pub fn slice_specs(
     sharing: &TimeSlicing,
     generation: i64,
 ) -> Vec<ResourceSliceSpec> {
-    let per_slice = if taints {
+    let counter_sets = layouts::counter_sets(devices.iter().filter_map(|d| d.layout.as_ref()));
+    let per_slice = if taints || !counter_sets.is_empty() {
         MAX_DEVICES_PER_SLICE_WITH_TAINTS
     } else {
         MAX_DEVICES_PER_SLICE
@@ -413,26 +481,34 @@ pub fn slice_specs(
     } else {
         devices.chunks(per_slice).collect()
     };
-    let count = chunks.len() as i64;
-    chunks
-        .into_iter()
-        .map(|chunk| ResourceSliceSpec {
-            driver: DRIVER_NAME.to_owned(),
-            node_name: Some(node.to_owned()),
-            pool: ResourcePool {
-                name: node.to_owned(),
-                generation,
-                resource_slice_count: count,
-            },
-            devices: Some(
-                chunk
-                    .iter()
-                    .map(|d| api_device(d, unhealthy.get(&d.name), taints, sharing))
-                    .collect(),
-            ),
-            ..ResourceSliceSpec::default()
-        })
-        .collect()
+    // Counter sets go in slices of their own (the API takes devices or
+    // counter sets in a slice, not both), in the same pool.
+    let set_chunks: Vec<&[CounterSet]> = counter_sets.chunks(MAX_COUNTER_SETS_PER_SLICE).collect();
+    let pool = ResourcePool {
+        name: node.to_owned(),
+        generation,
+        resource_slice_count: (chunks.len() + set_chunks.len()) as i64,
+    };
+    let counters = set_chunks.into_iter().map(|sets| ResourceSliceSpec {
+        driver: DRIVER_NAME.to_owned(),
+        node_name: Some(node.to_owned()),
+        pool: pool.clone(),
+        shared_counters: Some(sets.to_vec()),
+        ..ResourceSliceSpec::default()
+    });
+    let devices = chunks.into_iter().map(|chunk| ResourceSliceSpec {
+        driver: DRIVER_NAME.to_owned(),
+        node_name: Some(node.to_owned()),
+        pool: pool.clone(),
+        devices: Some(
+            chunk
+                .iter()
+                .map(|d| api_device(d, unhealthy.get(&d.name), taints, sharing))
+                .collect(),
+        ),
+        ..ResourceSliceSpec::default()
+    });
+    counters.chain(devices).collect()
 }
 
 fn api_device(
@@ -441,14 +517,36 @@ fn api_device(
     taints: bool,
     sharing: &TimeSlicing,
 ) -> Device {
-    let taints = (taints && unhealthy.is_some()).then(|| {
-        vec![DeviceTaint {
+    let mut all = Vec::new();
+    if taints && unhealthy.is_some() {
+        all.push(DeviceTaint {
             key: UNHEALTHY_TAINT_KEY.to_owned(),
             value: None,
             effect: "NoSchedule".to_owned(),
             time_added: None,
-        }]
-    });
+        });
+    }
+    if let Some(mode) = &device.conflict {
+        all.push(DeviceTaint {
+            key: layouts::CONFLICT_TAINT_KEY.to_owned(),
+            value: Some(mode.clone()),
+            effect: "NoExecute".to_owned(),
+            time_added: None,
+        });
+    }
+    let taints = (!all.is_empty()).then_some(all);
+    if let Some(layout) = &device.layout {
+        // A layout's shares are its partitions; time-slicing does not apply.
+        return Device {
+            name: device.name.clone(),
+            attributes: Some(device.attributes.clone()),
+            capacity: Some(device.capacity.clone()),
+            allow_multiple_allocations: (layout.partitions > 1).then_some(true),
+            consumes_counters: Some(vec![layouts::consumption(layout)]),
+            taints,
+            ..Device::default()
+        };
+    }
     Device {
         name: device.name.clone(),
         attributes: Some(device.attributes.clone()),
@@ -585,6 +683,87 @@ mod tests {
         d.attributes
             .get(key)
             .unwrap_or_else(|| panic!("{key} missing"))
+    }
+
+    /// Layouts of sixteen GPUs: 48 devices and 16 counter sets, cut as the
+    /// API wants them (counter sets and devices never in one slice, at
+    /// most 8 sets and 64 devices per slice), one pool count over all.
+    #[test]
+    fn layouts_bring_counter_slices_cut_at_the_apis_limits() {
+        let mut gpus: Vec<Gpu> = (0..16)
+            .map(|i| gpu(&format!("0000:{:02x}:00.0", 0x10 + i), i, 128 + i))
+            .collect();
+        // One that cannot be partitioned is offered as it is.
+        gpus[15].available_compute_partitions.clear();
+        let devices = layout_devices_of(&inventory(gpus), &PcieRoots::new());
+        let layouts = devices.iter().filter(|d| d.layout.is_some()).count();
+        assert_eq!(layouts, 15 * 3, "spx-nps1, cpx-nps1 and cpx-nps4 of each");
+        assert!(devices.iter().any(|d| d.name == "gpu-15-143"));
+        assert!(devices.iter().any(|d| d.name == "gpu-14-cpx-nps4"));
+        let specs = slice_specs(
+            "n",
+            &devices,
+            &Unhealthy::new(),
+            false,
+            &TimeSlicing::default(),
+            2,
+        );
+        let sets: Vec<usize> = specs
+            .iter()
+            .filter_map(|s| s.shared_counters.as_ref().map(Vec::len))
+            .collect();
+        assert_eq!(sets, [8, 7]);
+        let sizes: Vec<usize> = specs
+            .iter()
+            .filter_map(|s| s.devices.as_ref().map(Vec::len))
+            .collect();
+        assert_eq!(sizes, [46], "at most 64 per slice");
+        assert!(
+            specs
+                .iter()
+                .all(|s| s.devices.is_none() || s.shared_counters.is_none())
+        );
+        assert!(specs.iter().all(|s| s.pool.resource_slice_count == 3));
+        let cpx = specs
+            .iter()
+            .flat_map(|s| s.devices.iter().flatten())
+            .find(|d| d.name == "gpu-3-cpx-nps1")
+            .unwrap();
+        assert_eq!(cpx.allow_multiple_allocations, Some(true));
+        let consumes = cpx.consumes_counters.as_ref().unwrap();
+        assert_eq!(consumes[0].counter_set, "gpu-3-mutex");
+        let spx = specs
+            .iter()
+            .flat_map(|s| s.devices.iter().flatten())
+            .find(|d| d.name == "gpu-3-spx-nps1")
+            .unwrap();
+        assert_eq!(
+            spx.allow_multiple_allocations, None,
+            "one allocation takes it"
+        );
+        // A layout in conflict carries AutoPartition's taint.
+        let mut conflicted = devices.clone();
+        conflicted[0].conflict = Some("nps1".into());
+        let specs = slice_specs(
+            "n",
+            &conflicted,
+            &Unhealthy::new(),
+            false,
+            &TimeSlicing::default(),
+            3,
+        );
+        let taint = &specs[2].devices.as_ref().unwrap()[0]
+            .taints
+            .as_ref()
+            .unwrap()[0];
+        assert_eq!(
+            (
+                taint.key.as_str(),
+                taint.value.as_deref(),
+                taint.effect.as_str()
+            ),
+            (layouts::CONFLICT_TAINT_KEY, Some("nps1"), "NoExecute")
+        );
     }
 
     #[test]

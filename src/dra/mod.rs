@@ -10,8 +10,9 @@
 //! and [`crate::plugin::HealthReport`] and applies the device plugin's health
 //! rules), write Nodes, or create DeviceClasses (the leader does).
 //!
-//! Layout: [`devices`] (naming, attributes, slices), [`claims`] (which devices
-//! of a claim are ours), [`cdi`] (spec content and files), [`checkpoint`] and
+//! Layout: [`devices`] (naming, attributes, slices), [`layouts`] (partitions
+//! allocated on demand: layout devices, counters, the changes a Prepare
+//! makes), [`claims`] (which devices of a claim are ours), [`cdi`] (spec content and files), [`checkpoint`] and
 //! [`health`] are pure or plain file I/O; [`prepare`] reads claims and writes
 //! specs; [`claim_status`] writes prepared claims' `status.devices`; `server`
 //! speaks gRPC; [`service`] runs it all.
@@ -24,6 +25,7 @@ pub mod claim_status;
 pub mod claims;
 pub mod devices;
 pub mod health;
+pub mod layouts;
 pub mod prepare;
 mod server;
 pub mod service;

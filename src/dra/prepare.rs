@@ -22,7 +22,12 @@ use super::checkpoint::{Checkpoint, PreparedClaim, PreparedDevice};
 use super::claim_status::StatusUpdates;
 use super::claims::{Allocated, allocated_here};
 use super::health::Published;
+use super::layouts::{self, Change, Holds};
+use crate::device::Inventory;
+use crate::driver::load::{self, LoadCommands};
 use crate::host::reader::BoundedReader;
+use crate::host::{AttrStore, HostRoot};
+use crate::partition::{Limits, Plan, apply};
 
 /// Bound on reading one device number from sysfs.
 const HOST_READ_TIMEOUT: Duration = Duration::from_secs(2);
@@ -65,6 +70,66 @@ pub struct Preparer {
     pub(crate) published: watch::Receiver<Arc<Published>>,
     /// Where prepared and unprepared claims go for their `status.devices`.
     pub(crate) status: StatusUpdates,
+    /// Partitions allocated on demand; `None` when off.
+    pub(crate) layouts: Option<LayoutWriter>,
+}
+
+/// What a Prepare of a layout device ([`layouts`]) changes the host with:
+/// the same writer `partition apply` uses, and the driver manager's
+/// `modprobe` for the reload a memory mode needs.
+pub struct LayoutWriter {
+    pub host: HostRoot,
+    pub store: Arc<dyn AttrStore>,
+    pub limits: Limits,
+    /// `None` reloads nothing (a simulated host's driver takes a memory mode
+    /// at once).
+    pub reload: Option<LoadCommands>,
+    /// What the layout devices' conflict taints are made of.
+    pub state: watch::Sender<LayoutState>,
+    /// Held through a whole Prepare and Unprepare: one layout change at a
+    /// time, and a share's partitions chosen and recorded before the next.
+    pub lock: Mutex<()>,
+}
+
+/// What decides which layout devices cannot be had now.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LayoutState {
+    /// The memory mode of the layouts prepared claims hold.
+    pub held_memory: Option<String>,
+    /// GPUs (by index) a failed change could not put back, with their
+    /// memory mode then.
+    pub stuck: BTreeMap<u32, String>,
+}
+
+/// What one Prepare call has given out so far, beside the checkpoint: the
+/// GPUs held and each layout device's partitions taken.
+#[derive(Default)]
+struct Given {
+    holds: Holds,
+    taken: BTreeMap<String, std::collections::BTreeSet<u32>>,
+}
+
+impl Given {
+    /// From the claims the checkpoint holds, with `gpus` (in PCI order)
+    /// naming each device's GPU.
+    fn of(checkpoint: &Checkpoint, gpus: &[&crate::device::Gpu]) -> Self {
+        let mut given = Self::default();
+        for device in checkpoint.prepared_claims.values().flat_map(|c| &c.devices) {
+            if let Some(bdf) = layouts::gpu_of_device(&device.device_name, gpus) {
+                given
+                    .holds
+                    .entry(bdf)
+                    .or_default()
+                    .insert(device.device_name.clone());
+            }
+            given
+                .taken
+                .entry(device.device_name.clone())
+                .or_default()
+                .extend(device.partitions.iter().copied());
+        }
+        given
+    }
 }
 
 impl Preparer {
@@ -76,6 +141,10 @@ impl Preparer {
 
     /// Prepares each claim; the answer is by claim UID.
     pub async fn prepare(&self, claims: &[ClaimRef]) -> BTreeMap<String, Prepared> {
+        let _one_change = match &self.layouts {
+            Some(writer) => Some(writer.lock.lock().await),
+            None => None,
+        };
         let mut out: BTreeMap<String, Prepared> = BTreeMap::new();
         // Prepared before, and its spec still there: the same answer, nothing
         // read or written.
@@ -112,10 +181,11 @@ impl Preparer {
                 .map(|c| read_claim(&self.client, &c.namespace, &c.name)),
         )
         .await;
+        let mut given = None;
         let mut specs: Vec<(&ClaimRef, String, Vec<PreparedDevice>)> = Vec::new();
         for (claim, object) in todo.iter().zip(objects) {
             let result = match object.and_then(|o| allocated_here(&o, &claim.uid, &self.node)) {
-                Ok(allocated) => self.claim_spec(claim, &allocated).await,
+                Ok(allocated) => self.claim_spec(claim, &allocated, &mut given).await,
                 Err(e) => Err(e),
             };
             match result {
@@ -173,6 +243,7 @@ impl Preparer {
                 self.checkpoint_path.display()
             )
         });
+        self.note_holds(&checkpoint);
         for (uid, prepared) in written {
             if saved.is_ok() {
                 self.status.prepared(&uid, &prepared);
@@ -203,6 +274,7 @@ impl Preparer {
         &self,
         claim: &ClaimRef,
         allocated: &[Allocated],
+        given: &mut Option<Given>,
     ) -> Result<(String, Vec<PreparedDevice>), String> {
         let published = self.published.borrow().clone();
         let kfd = self
@@ -217,6 +289,14 @@ impl Preparer {
                     a.device, claim.namespace, claim.name
                 ));
             };
+            if let Some(layout) = &device.layout {
+                let (claim_devices, prepared) = self
+                    .layout_share(claim, a, &device.name, layout, given)
+                    .await?;
+                devices.extend(claim_devices);
+                answer.push(prepared);
+                continue;
+            }
             // Two shares of one device in one claim: one CDI device (a spec
             // naming a device twice is refused), an answer for each share.
             let listed = devices.iter().any(|d: &ClaimDevice| d.name == device.name);
@@ -241,6 +321,7 @@ impl Preparer {
                 cdi_device_ids: vec![cdi::cdi_device_id(&claim.uid, &device.name)],
                 share_id: a.share_id.clone(),
                 consumed_capacity: a.consumed_capacity.clone(),
+                partitions: Vec::new(),
             });
         }
         Ok((
@@ -252,6 +333,10 @@ impl Preparer {
     /// Unprepares each claim: its checkpoint entry goes, then its spec. A claim
     /// never prepared (or already unprepared) succeeds.
     pub async fn unprepare(&self, claims: &[ClaimRef]) -> BTreeMap<String, Result<(), String>> {
+        let _one_change = match &self.layouts {
+            Some(writer) => Some(writer.lock.lock().await),
+            None => None,
+        };
         let mut out = BTreeMap::new();
         // A UID that is not one names no spec of ours: refused before any
         // path is made of it, as prepare refuses it.
@@ -276,6 +361,7 @@ impl Preparer {
                     }
                     changed |= checkpoint.kept_specs.remove(&claim.uid);
                 }
+                self.note_holds(&checkpoint);
                 if !changed {
                     Ok(())
                 } else {
@@ -313,6 +399,207 @@ impl Preparer {
             out.insert(claim.uid.clone(), result);
         }
         out
+    }
+
+    /// Records the memory mode prepared layout devices hold, for the
+    /// conflict taints.
+    fn note_holds(&self, checkpoint: &Checkpoint) {
+        if let Some(writer) = &self.layouts {
+            let held = layouts::held_memory(
+                checkpoint
+                    .prepared_claims
+                    .values()
+                    .flat_map(|c| &c.devices)
+                    .map(|d| d.device_name.as_str()),
+            );
+            writer.state.send_if_modified(|state| {
+                let changed = state.held_memory != held;
+                state.held_memory = held;
+                changed
+            });
+        }
+    }
+
+    /// One share of a layout device: the GPU put in the layout if it is not
+    /// (and nothing holds what changes), then the lowest free partitions
+    /// given to the share. Its CDI devices and its answer.
+    async fn layout_share(
+        &self,
+        claim: &ClaimRef,
+        allocated: &Allocated,
+        name: &str,
+        layout: &layouts::Layout,
+        given: &mut Option<Given>,
+    ) -> Result<(Vec<ClaimDevice>, PreparedDevice), String> {
+        let Some(writer) = &self.layouts else {
+            return Err(format!(
+                "device {name} is a partition layout, but this node does not allocate partitions on demand"
+            ));
+        };
+        let before = apply::discover_off_runtime(&writer.host).await;
+        let given = match given {
+            Some(given) => given,
+            None => {
+                let checkpoint = {
+                    let _lock = CHECKPOINT_LOCK.lock().await;
+                    self.load()?
+                };
+                given.insert(Given::of(&checkpoint, &layouts::ordered(&before)))
+            }
+        };
+        let inventory = match layouts::change_for(
+            &layouts::ordered(&before),
+            layout,
+            name,
+            &given.holds,
+        ) {
+            Change::None => before,
+            Change::Refused(why) => return Err(format!("cannot put {name} in place: {why}")),
+            Change::Write { plan, reload } => {
+                tracing::info!(claim = %format!("{}/{}", claim.namespace, claim.name), device = %name, reload, "repartitioning for a claim");
+                self.repartition(writer, &plan, reload, &before)
+                    .await
+                    .map_err(|why| format!("cannot put {name} in place: {why}"))?
+            }
+        };
+        let gpus = layouts::ordered(&inventory);
+        let Some(gpu) = gpus
+            .get(layout.gpu_index as usize)
+            .filter(|g| layouts::runs(g, layout))
+        else {
+            return Err(format!(
+                "GPU {} does not run {} after the change",
+                layout.gpu_index,
+                layout.profile()
+            ));
+        };
+        let bdf = gpu.bdf.clone();
+        let nodes_of: Vec<(Option<u32>, Option<u32>)> = if gpu.partitions.is_empty() {
+            vec![(gpu.card, gpu.render_minor)]
+        } else {
+            gpu.partitions
+                .iter()
+                .map(|p| (p.card, p.render_minor))
+                .collect()
+        };
+        let taken = given.taken.entry(name.to_owned()).or_default();
+        let wanted = layouts::partitions_wanted(&allocated.consumed_capacity);
+        let slots = layouts::assign(nodes_of.len() as u32, taken, wanted).ok_or_else(|| {
+            format!(
+                "{name} has {} partitions and {} are given out: none left for {wanted} more",
+                nodes_of.len(),
+                taken.len()
+            )
+        })?;
+        let mut devices = Vec::with_capacity(slots.len());
+        for &slot in &slots {
+            let (Some(card), Some(render)) = nodes_of[slot as usize] else {
+                return Err(format!("partition {slot} of GPU {bdf} has no DRM nodes"));
+            };
+            let mut nodes = Vec::with_capacity(2);
+            for path in super::devices::dri_paths(card, render) {
+                let file = path.trim_start_matches("/dev/dri/");
+                nodes.push(
+                    self.device_node(&path, &format!("/sys/class/drm/{file}/dev"))
+                        .await?,
+                );
+            }
+            devices.push(ClaimDevice {
+                name: format!("{name}-p{slot}"),
+                nodes,
+            });
+        }
+        // Given only once everything it needs was read.
+        taken.extend(slots.iter().copied());
+        given.holds.entry(bdf).or_default().insert(name.to_owned());
+        let prepared = PreparedDevice {
+            request_names: allocated.request_names.clone(),
+            pool_name: self.node.clone(),
+            device_name: name.to_owned(),
+            cdi_device_ids: devices
+                .iter()
+                .map(|d| cdi::cdi_device_id(&claim.uid, &d.name))
+                .collect(),
+            share_id: allocated.share_id.clone(),
+            consumed_capacity: allocated.consumed_capacity.clone(),
+            partitions: slots,
+        };
+        Ok((devices, prepared))
+    }
+
+    /// Writes `plan` (then reloads the driver when `reload`) and waits until
+    /// the host shows it; the inventory then. A change that fails is undone
+    /// the same way; a GPU that cannot be put back is marked stuck, which
+    /// taints its layouts, until a later change of it succeeds.
+    async fn repartition(
+        &self,
+        writer: &LayoutWriter,
+        plan: &Plan,
+        reload: bool,
+        before: &Inventory,
+    ) -> Result<Inventory, String> {
+        let done = self.change_layout(writer, plan, reload, before).await;
+        let indexes: Vec<u32> = plan.assignments.iter().map(|a| a.index as u32).collect();
+        let failed = match done {
+            Ok(inventory) => {
+                writer.state.send_if_modified(|state| {
+                    let before = state.stuck.len();
+                    state.stuck.retain(|index, _| !indexes.contains(index));
+                    before != state.stuck.len()
+                });
+                return Ok(inventory);
+            }
+            Err(e) => e,
+        };
+        let now = apply::discover_off_runtime(&writer.host).await;
+        let back = layouts::undo(plan, &layouts::ordered(&now));
+        match self.change_layout(writer, &back, reload, &now).await {
+            Ok(_) => Err(format!("{failed}; the GPUs are back in their layouts")),
+            Err(undo_failed) => {
+                let now = apply::discover_off_runtime(&writer.host).await;
+                let gpus = layouts::ordered(&now);
+                writer.state.send_modify(|state| {
+                    for &index in &indexes {
+                        let memory = gpus
+                            .get(index as usize)
+                            .and_then(|g| g.memory_partition.clone())
+                            .unwrap_or_default();
+                        state.stuck.insert(index, memory);
+                    }
+                });
+                tracing::error!(error = %failed, undo = %undo_failed, "a layout change failed and could not be undone; its layouts are tainted");
+                Err(format!(
+                    "{failed}; putting the GPUs back failed too ({undo_failed}): their layouts carry {} until a change of them succeeds",
+                    layouts::CONFLICT_TAINT_KEY
+                ))
+            }
+        }
+    }
+
+    async fn change_layout(
+        &self,
+        writer: &LayoutWriter,
+        plan: &Plan,
+        reload: bool,
+        before: &Inventory,
+    ) -> Result<Inventory, String> {
+        apply::write_plan(
+            plan,
+            before,
+            writer.store.clone(),
+            &self.reader,
+            writer.limits,
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+        if reload && let Some(commands) = &writer.reload {
+            load::reload(&writer.host, commands, &Default::default())
+                .await
+                .map_err(|e| format!("cannot reload amdgpu for the memory mode: {e}"))?;
+        }
+        apply::seen_on_host(&writer.host, plan, writer.limits.appear)
+            .await
+            .map_err(|e| e.to_string())
     }
 
     /// A character device's numbers, from its sysfs `dev` attribute

@@ -24,9 +24,11 @@ use tokio_util::task::AbortOnDropHandle;
 
 use super::calls::{API_TIMEOUT, with_retries};
 use super::checkpoint::{self, Checkpoint, CheckpointError};
-use super::devices::{DraDevice, PcieRoots, devices_of, same_content, slice_name, slice_specs};
+use super::devices::{
+    DraDevice, PcieRoots, devices_of, layout_devices_of, same_content, slice_name, slice_specs,
+};
 use super::health::Published;
-use super::prepare::Preparer;
+use super::prepare::{LayoutState, LayoutWriter, Preparer};
 use super::server::{
     DraServices, Registration, RegistrationService, dra_router, registration_router,
 };
@@ -66,6 +68,16 @@ pub struct DraConfig {
     pub sharing: crate::api::TimeSlicing,
     pub poll_interval: Duration,
     pub health_resend: Duration,
+    /// Partitions allocated on demand (`draDriver.autoPartition`): each
+    /// partitionable GPU offers every layout it runs, and a Prepare puts the
+    /// GPU in the layout allocated ([`super::layouts`]).
+    pub auto_partition: bool,
+    /// How amdgpu is reloaded after a memory mode change: the driver
+    /// manager's `modprobe`. `None` reloads nothing (a simulated host's
+    /// driver takes a memory mode at once).
+    pub reload: Option<crate::driver::load::LoadCommands>,
+    /// Bounds of one layout change.
+    pub partition_limits: crate::partition::Limits,
 }
 
 impl DraConfig {
@@ -83,6 +95,9 @@ impl DraConfig {
             sharing: crate::api::TimeSlicing::default(),
             poll_interval: Self::DEFAULT_POLL_INTERVAL,
             health_resend: Self::DEFAULT_HEALTH_RESEND,
+            auto_partition: false,
+            reload: None,
+            partition_limits: crate::partition::Limits::default(),
         }
     }
 
@@ -264,6 +279,26 @@ async fn run(
         }
     }
     let (status_updates, status_changes) = claim_status::channel();
+    let (layout_state_tx, mut layout_state) = watch::channel(LayoutState::default());
+    let layout_writer = config.auto_partition.then(|| LayoutWriter {
+        host: config.host.clone(),
+        store: crate::simulate::kernel::store_for(&config.host),
+        limits: config.partition_limits,
+        reload: config.reload.clone(),
+        state: layout_state_tx,
+        lock: tokio::sync::Mutex::new(()),
+    });
+    // The memory mode prepared layouts hold, from the start: their conflict
+    // taints are in the first slices.
+    if let Some(writer) = &layout_writer {
+        let held = super::layouts::held_memory(
+            prepared_at_start
+                .values()
+                .flat_map(|c| &c.devices)
+                .map(|d| d.device_name.as_str()),
+        );
+        writer.state.send_modify(|s| s.held_memory = held);
+    }
     let preparer = Arc::new(Preparer {
         node: config.node_name.clone(),
         cdi_dir: config.cdi_dir.clone(),
@@ -272,6 +307,7 @@ async fn run(
         reader: reader.clone(),
         published: published_tx.subscribe(),
         status: status_updates,
+        layouts: layout_writer,
     });
     let mut status_writer = Some((status_changes, prepared_at_start));
     let mut claim_statuses = None;
@@ -288,22 +324,43 @@ async fn run(
     let mut seen: Option<Arc<Inventory>> = None;
     let mut devices: Vec<DraDevice> = Vec::new();
     let mut plugin_devices: Vec<PluginDevice> = Vec::new();
+    let mut applied_state: Option<LayoutState> = None;
     let mut tick = tokio::time::interval(config.poll_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         // The snapshot: devices from the inventory, health from the device
         // plugin's rules over the host checks and the monitor's report.
         let inv = inventory.borrow_and_update().clone();
-        let rebuilt = seen.as_ref().is_none_or(|s| !Arc::ptr_eq(s, &inv));
+        // `changed()` below marks the state seen: compare what was applied.
+        let state_now = layout_state.borrow_and_update().clone();
+        let layouts_changed = applied_state.as_ref() != Some(&state_now);
+        let rebuilt = seen.as_ref().is_none_or(|s| !Arc::ptr_eq(s, &inv)) || layouts_changed;
         if rebuilt {
             let bdfs: Vec<String> = inv.gpus.iter().map(|g| g.bdf.clone()).collect();
             if roots.as_ref().is_none_or(|(known, _)| *known != bdfs) {
                 let found = pcie_roots(&reader, &bdfs).await;
                 roots = Some((bdfs, found));
             }
-            devices = devices_of(&inv, roots.as_ref().map_or(&PcieRoots::new(), |(_, r)| r));
+            let roots = roots.as_ref().map_or(&PcieRoots::new(), |(_, r)| r).clone();
+            devices = if config.auto_partition {
+                let mut offered = layout_devices_of(&inv, &roots);
+                let conflicts = super::layouts::conflicts(
+                    offered
+                        .iter()
+                        .filter_map(|d| d.layout.as_ref().map(|l| (d.name.as_str(), l))),
+                    state_now.held_memory.as_deref(),
+                    &state_now.stuck,
+                );
+                for device in &mut offered {
+                    device.conflict = conflicts.get(&device.name).cloned();
+                }
+                offered
+            } else {
+                devices_of(&inv, &roots)
+            };
             plugin_devices = devices.iter().map(DraDevice::as_plugin_device).collect();
             seen = Some(inv.clone());
+            applied_state = Some(state_now);
         }
         let checks = node_checks(&config.host, inv.driver.loaded, plugin_devices.iter());
         let health_now =
@@ -366,6 +423,9 @@ async fn run(
             _ = stop_requested(&mut stop) => break,
             _ = inventory.changed() => {}
             _ = health.changed() => {}
+            // Its sender lives in the preparer while layouts are on; off,
+            // it is gone and must not wake the loop.
+            _ = layout_state.changed(), if config.auto_partition => {}
             _ = registration.changed() => {
                 let now = registration.borrow_and_update().clone();
                 let before = status.borrow().registration.clone();

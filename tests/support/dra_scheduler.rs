@@ -302,3 +302,58 @@ pub fn allocation_of(request: &str, devices: &[(String, String)], pod: &Value) -
         "reservedFor": [{"resource": "pods", "name": pod["metadata"]["name"], "uid": pod["metadata"]["uid"]}],
     }})
 }
+
+/// KEP-4815: whether allocating `device` beside the `allocated` devices (by
+/// name) keeps every counter set the pool's `slices` publish within its
+/// counters; why not otherwise. Each device is charged its
+/// `consumesCounters` once, however many shares a device that takes several
+/// allocations has handed out, as the scheduler charges it.
+pub fn counters_allow(slices: &[Value], device: &str, allocated: &[&str]) -> Result<(), String> {
+    let mut available: BTreeMap<(String, String), u128> = BTreeMap::new();
+    let mut devices: BTreeMap<String, Value> = BTreeMap::new();
+    for slice in slices {
+        for set in slice["spec"]["sharedCounters"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            let name = set["name"].as_str().expect("a counter set's name");
+            for (counter, value) in set["counters"].as_object().expect("counters") {
+                let value = quantity(value["value"].as_str().expect("a counter's value"));
+                available.insert((name.to_owned(), counter.clone()), value);
+            }
+        }
+        for d in slice["spec"]["devices"].as_array().into_iter().flatten() {
+            devices.insert(d["name"].as_str().expect("a name").to_owned(), d.clone());
+        }
+    }
+    let mut charged: Vec<&str> = allocated.to_vec();
+    charged.push(device);
+    charged.sort_unstable();
+    charged.dedup();
+    let mut used: BTreeMap<(String, String), u128> = BTreeMap::new();
+    for name in charged {
+        let d = devices
+            .get(name)
+            .ok_or_else(|| format!("no device {name}"))?;
+        for consumption in d["consumesCounters"].as_array().into_iter().flatten() {
+            let set = consumption["counterSet"].as_str().expect("a counter set");
+            for (counter, value) in consumption["counters"].as_object().expect("counters") {
+                *used.entry((set.to_owned(), counter.clone())).or_default() +=
+                    quantity(value["value"].as_str().expect("a value"));
+            }
+        }
+    }
+    for (key, amount) in used {
+        let Some(limit) = available.get(&key) else {
+            return Err(format!("counter {}/{} is not published", key.0, key.1));
+        };
+        if amount > *limit {
+            return Err(format!(
+                "counter {}/{}: {amount} needed, {limit} there",
+                key.0, key.1
+            ));
+        }
+    }
+    Ok(())
+}
