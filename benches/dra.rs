@@ -15,7 +15,14 @@
 //! - RSS of the real `gpu-operator agent` process serving DRA for 64
 //!   partitions (mi300x cpx_nps4), after it settled (budget: 25 MiB).
 //!
-//! Run with `cargo bench --bench dra`. Prints figures; asserts nothing.
+//! - partitions allocated on demand (`autoPartition`), eight MI300Xs: the
+//!   slices and their size with every layout published, and
+//!   `NodePrepareResources` of a claim for a layout its GPU is not in (the
+//!   GPU repartitioned SPX <-> CPX on the simulated host, then the CDI spec
+//!   and checkpoint written), p50 and p99.
+//!
+//! Run with `cargo bench --bench dra`; `DRA_BENCH=layouts` runs only the
+//! last. Prints figures; asserts nothing.
 
 #[path = "support/figures.rs"]
 mod figures;
@@ -59,9 +66,117 @@ async fn main() {
     ] {
         emulator.create(object).unwrap();
     }
-    prepare_latency(&emulator).await;
-    agent_figures(&emulator).await;
-    rss(&emulator).await;
+    if std::env::var("DRA_BENCH").as_deref() != Ok("layouts") {
+        prepare_latency(&emulator).await;
+        agent_figures(&emulator).await;
+        rss(&emulator).await;
+    }
+    layouts(&emulator).await;
+}
+
+/// Partitions allocated on demand: slices, and a Prepare that repartitions.
+async fn layouts(emulator: &Emulator) {
+    let sim = SimHost::new("mi300x", None);
+    let dir = figures::scratch();
+    let kubelet_dir = dir.path().join("kubelet");
+    let mut config = DraConfig::new(&kubelet_dir, sim.host.clone(), NODE);
+    config.cdi_dir = dir.path().join("cdi");
+    config.auto_partition = true;
+    let (_inventory_tx, inventory) = sim.feed();
+    let (_health_tx, health) = tokio::sync::watch::channel(HealthReport::default());
+    let plugin = DraPlugin::start(
+        config,
+        inventory,
+        health,
+        emulator.client(),
+        gpu_operator::events::EventSink::log(NODE),
+    );
+    let kubelet = DraKubelet::new(&kubelet_dir);
+    kubelet.register().await;
+    let mut status = plugin.status();
+    let _ = status
+        .wait_for(|s| matches!(s.slices, Slices::Published { .. }))
+        .await;
+    let slices: Vec<Value> = emulator
+        .list("resource.k8s.io/v1", "ResourceSlice")
+        .into_iter()
+        .filter(|s| s["spec"]["nodeName"] == NODE)
+        .collect();
+    let bytes: usize = slices
+        .iter()
+        .map(|s| serde_json::to_vec(s).map_or(0, |v| v.len()))
+        .sum();
+    println!(
+        "autoPartition, 8 x MI300X: {} slices ({} devices), {:.1} KiB of JSON in all, largest {:.1} KiB",
+        slices.len(),
+        slice_devices(emulator),
+        bytes as f64 / 1024.0,
+        slices
+            .iter()
+            .map(|s| serde_json::to_vec(s).map_or(0, |v| v.len()))
+            .max()
+            .unwrap_or(0) as f64
+            / 1024.0
+    );
+    let client = emulator.client();
+    let api: Api<ResourceClaim> = Api::namespaced(client.clone(), NS);
+    let mut samples = Vec::new();
+    let runs = 20;
+    for i in 0..runs {
+        // Alternate the layouts of GPU 0, so that every Prepare repartitions.
+        let (device, share) = if i % 2 == 0 {
+            (
+                "gpu-0-cpx-nps1",
+                Some(json!({"shareID": format!("s{i}"), "consumedCapacity": {"partitions": "1"}})),
+            )
+        } else {
+            ("gpu-0-spx-nps1", None)
+        };
+        let name = format!("layout-{i}");
+        let object: ResourceClaim = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.amd.com"}}]}}
+        }))
+        .unwrap();
+        let uid = api
+            .create(&PostParams::default(), &object)
+            .await
+            .unwrap()
+            .metadata
+            .uid
+            .unwrap();
+        let mut result =
+            json!({"request": "gpu", "driver": "gpu.amd.com", "pool": NODE, "device": device});
+        if let Some(extra) = share {
+            for (k, v) in extra.as_object().unwrap() {
+                result[k] = v.clone();
+            }
+        }
+        api.patch_status(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"allocation": {"devices": {"results": [result]}}}})),
+        )
+        .await
+        .unwrap();
+        let started = Instant::now();
+        let answer = kubelet.prepare(&[(NS, &uid, &name)]).await;
+        samples.push(started.elapsed());
+        assert_eq!(answer.claims[&uid].error, "", "{answer:?}");
+        let answer = kubelet.unprepare(&[(NS, &uid, &name)]).await;
+        assert_eq!(answer.claims[&uid].error, "");
+    }
+    let (p50, p99) = (
+        percentile(&mut samples, 0.5),
+        percentile(&mut samples, 0.99),
+    );
+    println!(
+        "autoPartition: NodePrepareResources of a claim for another layout (GPU 0 SPX <-> CPX on the simulated host): p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms (n={runs})",
+        p50.as_secs_f64() * 1e3,
+        p99.as_secs_f64() * 1e3,
+        samples.last().copied().unwrap_or_default().as_secs_f64() * 1e3
+    );
+    plugin.stop().await;
 }
 
 /// Creates claim `name` allocated `devices` of this node; returns its UID.

@@ -404,6 +404,10 @@ pub async fn run_with_followers(
                 Selection::One(selected) => select::sharing_for(&selected.spec, node.labels())
                     .1
                     .into_iter()
+                    .chain(select::auto_partition_problem(
+                        &selected.spec,
+                        node.labels(),
+                    ))
                     .collect(),
                 _ => Vec::new(),
             };
@@ -704,6 +708,7 @@ impl Edges<'_> {
             test_commands: self.config.test_commands.clone(),
             cdi_dir: Some(self.config.cdi_dir.clone()),
             dra_device_taints: self.config.dra_device_taints,
+            reload: Some(self.config.driver.commands.clone()),
         };
         let mut desired = plan::services(selection, &context, &overrides);
         if let Selection::One(selected) = selection {

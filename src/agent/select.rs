@@ -12,6 +12,7 @@ use crate::health::{Damping, HealthConfig};
 use crate::metrics::MetricsConfig;
 use crate::metrics::access::{AccessMaterial, AccessPolicy, ReviewClient};
 use crate::metricssvc::HealthSocketConfig;
+use crate::partition::PROFILE_LABEL;
 use crate::plugin::PluginConfig;
 use crate::testrunner::TestRunnerConfig;
 
@@ -154,6 +155,21 @@ pub fn sharing_for(
     spec.device_plugin().time_slicing().0.for_node(labels)
 }
 
+/// Why `draDriver.autoPartition` is off on a node that `spec` asks it of:
+/// the node carries a partition profile label, and the profile decides its
+/// layout (the two would repartition the GPUs under each other).
+pub fn auto_partition_problem(
+    spec: &DeviceConfigSpec,
+    labels: &BTreeMap<String, String>,
+) -> Option<String> {
+    let profile = labels.get(PROFILE_LABEL)?;
+    (spec.dra_driver.auto_partition && spec.runs_on(Operand::DraDriver, labels)).then(|| {
+        format!(
+            "draDriver.autoPartition is off on this node: it carries {PROFILE_LABEL}={profile}, and the profile decides its partition layout"
+        )
+    })
+}
+
 /// What to run for a selected spec. The device plugin socket directory is the
 /// spec's `kubeletSocketPath` when it differs from the default, else
 /// `<kubelet-dir>/device-plugins`, so that `--kubelet-dir` moves everything.
@@ -166,6 +182,8 @@ pub fn plan_services(spec: &DeviceConfigSpec, node: &NodeContext<'_>) -> Desired
         .runs_on(Operand::DraDriver, node.labels)
         .then(|| DraConfig {
             sharing: sharing_for(spec, node.labels).0,
+            auto_partition: spec.dra_driver.auto_partition
+                && !node.labels.contains_key(PROFILE_LABEL),
             ..DraConfig::new(node.kubelet_dir, node.host.clone(), node.node_name)
         });
     let device_plugin =
@@ -282,6 +300,20 @@ pub fn with_access_material(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn auto_partition_is_off_on_a_node_with_a_profile_label_and_says_so() {
+        let mut spec = DeviceConfigSpec::default();
+        spec.dra_driver.enable = true;
+        spec.dra_driver.auto_partition = true;
+        let plain = BTreeMap::new();
+        assert_eq!(auto_partition_problem(&spec, &plain), None);
+        let labelled = BTreeMap::from([(PROFILE_LABEL.to_owned(), "cpx_nps4_all".to_owned())]);
+        let problem = auto_partition_problem(&spec, &labelled).expect("a problem");
+        assert!(problem.contains("cpx_nps4_all"), "{problem}");
+        spec.dra_driver.auto_partition = false;
+        assert_eq!(auto_partition_problem(&spec, &labelled), None);
+    }
     use crate::api::{DeviceConfigSpec, ResourceNamingStrategy};
 
     fn config(ns: &str, name: &str, selector: &[(&str, &str)]) -> DeviceConfig {

@@ -99,6 +99,9 @@ pub struct Overrides {
     pub cdi_dir: Option<std::path::PathBuf>,
     /// Whether the DRA plugin taints unhealthy devices (`--dra-device-taints`).
     pub dra_device_taints: bool,
+    /// How the DRA plugin reloads amdgpu after a memory mode change it makes
+    /// (`draDriver.autoPartition`): the driver manager's `modprobe`.
+    pub reload: Option<crate::driver::load::LoadCommands>,
 }
 
 /// Step 2: the services the selection asks for on this node (only the metrics
@@ -126,6 +129,7 @@ pub fn services(
             dra.cdi_dir = dir.clone();
         }
         dra.device_taints = overrides.dra_device_taints;
+        dra.reload = overrides.reload.clone();
     }
     desired
 }

@@ -344,6 +344,13 @@ pub struct DraDriverSpec {
     /// Node selector for the DRA driver; empty reuses spec.selector.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub selector: BTreeMap<String, String>,
+    /// Allocate GPU partitions on demand: each partitionable GPU offers every
+    /// layout it runs (gpu-<index>-<compute>-<memory>, as AMD's AutoPartition
+    /// names them), and the GPU is repartitioned when a claim for another
+    /// layout is prepared. Off by default. Not on a node that carries the
+    /// dcm.amd.com/gpu-config-profile label.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub auto_partition: bool,
 }
 
 /// Where test runner logs go.

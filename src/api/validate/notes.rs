@@ -124,6 +124,16 @@ pub fn ignored_field_notes(spec: &DeviceConfigSpec) -> Vec<IgnoredField> {
         !dra.cmd_line_arguments.is_empty(),
         WHY_DRA_ARGUMENTS,
     );
+    notes.set(
+        "spec.draDriver.autoPartition",
+        dra.auto_partition && !dra.enable,
+        "partitions are allocated on demand only by the DRA driver: set spec.draDriver.enable too",
+    );
+    notes.set(
+        "spec.draDriver.autoPartition",
+        dra.auto_partition && dra.enable && spec.config_manager.enable == Some(true),
+        "on a node labelled dcm.amd.com/gpu-config-profile the profile decides the layout and autoPartition is off there; the agent's status says so",
+    );
     notes.not_yet(
         "spec.testRunner.logsLocation.logsExportSecrets",
         !spec
