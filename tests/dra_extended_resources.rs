@@ -672,3 +672,124 @@ async fn a_prepared_claims_status_shows_its_gpu_and_health_until_unprepared() {
     );
     node.stop().await;
 }
+
+/// `draDriver.autoPartition` through the real agent, writing under its own
+/// token with the admission policy in force: the node offers every layout
+/// of its GPUs with their counter sets (slices the emulator validates as
+/// the API server does); a claim for a CPX partition of GPU 0 repartitions
+/// it on Prepare and its `status.devices` names the partition; a partition
+/// profile label on the node turns the mode off there, the GPUs are offered
+/// as they are again, and the agent's status says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auto_partition_through_the_agent_serves_layouts_and_yields_to_a_profile_label() {
+    let mut node =
+        Node::start_with(SimSpec::new("mi300x", Some(2), None).unwrap(), &[], true).await;
+    assert!(
+        node.devices()
+            .iter()
+            .all(|d| d["consumesCounters"].is_null())
+    );
+    node.cluster
+        .apply_device_config(
+            "gpus",
+            json!({"draDriver": {"enable": true, "autoPartition": true}}),
+        )
+        .await;
+    node.eventually("every layout is offered", |n| {
+        n.devices().iter().any(|d| d["name"] == "gpu-0-cpx-nps1")
+    })
+    .await;
+    let names: Vec<String> = node
+        .devices()
+        .iter()
+        .map(|d| d["name"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(names.len(), 12, "{names:?}");
+    let sets: Vec<Value> = node
+        .slices()
+        .iter()
+        .flat_map(|s| {
+            s["spec"]["sharedCounters"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .collect();
+    assert_eq!(sets.len(), 2, "{sets:?}");
+
+    let cpx = node.device("gpu-0-cpx-nps1");
+    let one = std::collections::BTreeMap::from([("partitions", "1")]);
+    let consumed = dra_scheduler::fit(&cpx, &one, &[]).expect("a partition fits");
+    let claims: Api<k8s_openapi::api::resource::v1::ResourceClaim> =
+        Api::namespaced(node.cluster.client(), NS);
+    let claim = node
+        .cluster
+        .create(json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": "cpx", "namespace": NS},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": "gpu.amd.com",
+                "capacity": {"requests": {"partitions": "1"}}}}]}},
+        }))
+        .expect("claim created");
+    claims
+        .patch_status(
+            "cpx",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"allocation": {
+                "devices": {"results": [{"request": "gpu", "driver": "gpu.amd.com",
+                    "pool": NODE, "device": "gpu-0-cpx-nps1", "shareID": "share-1",
+                    "consumedCapacity": consumed}]},
+                "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                    {"key": "metadata.name", "operator": "In", "values": [NODE]}]}]},
+            }}})),
+        )
+        .await
+        .expect("claim allocated");
+    let uid = claim["metadata"]["uid"].as_str().unwrap();
+    let answer = node.kubelet.prepare(&[(NS, uid, "cpx")]).await;
+    assert_eq!(answer.claims[uid].error, "", "{answer:?}");
+    let gpus = gpu_operator::device::discover(&node.host);
+    let mut modes: Vec<(String, Option<String>)> = gpus
+        .gpus
+        .iter()
+        .map(|g| (g.bdf.clone(), g.compute_partition.clone()))
+        .collect();
+    modes.sort();
+    assert_eq!(modes[0].1.as_deref(), Some("cpx"), "GPU 0 repartitioned");
+    assert_eq!(modes[1].1.as_deref(), Some("spx"));
+    node.eventually("status.devices names the partition", |n| {
+        let claim = n
+            .cluster
+            .get("resource.k8s.io/v1", "ResourceClaim", NS, "cpx")
+            .expect("the claim");
+        let data = &claim["status"]["devices"][0]["data"];
+        data["partition"] == 0 && data["partitionProfile"] == "cpx_nps1"
+    })
+    .await;
+    let answer = node.kubelet.unprepare(&[(NS, uid, "cpx")]).await;
+    assert_eq!(answer.claims[uid].error, "");
+
+    node.cluster
+        .label_node(NODE, "dcm.amd.com/gpu-config-profile", Some("cpx_nps1_all"))
+        .await;
+    node.eventually("the GPUs are offered as they are", |n| {
+        let devices = n.devices();
+        !devices.is_empty() && devices.iter().all(|d| d["consumesCounters"].is_null())
+    })
+    .await;
+    node.eventually("the status says why", |n| {
+        let node = n.cluster.node(NODE);
+        let status: Value = serde_json::from_str(
+            node["metadata"]["annotations"]["amd.com/gpu-agent-status"]
+                .as_str()
+                .unwrap_or("{}"),
+        )
+        .unwrap_or_default();
+        status["problems"]
+            .to_string()
+            .contains("draDriver.autoPartition is off on this node")
+    })
+    .await;
+    node.stop().await;
+}
