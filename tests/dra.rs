@@ -1610,3 +1610,71 @@ async fn a_memory_mode_change_reloads_the_driver_and_a_failed_one_is_undone_or_t
     .await;
     rig.stop_plugin().await;
 }
+
+/// A claim's `status.devices` removal that is not made before the plugin
+/// stops is made after the next start: the checkpoint keeps it until then,
+/// through a stop in between, and forgets it once made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_status_removal_pending_at_stop_is_made_after_the_next_start() {
+    let mut rig = Rig::start("mi210", Some(1), None).await;
+    rig.kubelet.register().await;
+    rig.wait_status("published", |s| {
+        matches!(s.slices, Slices::Published { .. })
+    })
+    .await;
+    let device = rig.device_names()[0].clone();
+    let uid = rig.claim("solo", "gpu.amd.com", &[(NODE, &device)]).await;
+    let answer = rig.kubelet.prepare(&[(NS, &uid, "solo")]).await;
+    assert_eq!(answer.claims[&uid].error, "", "{answer:?}");
+    let entries = |cluster: &TestCluster| {
+        cluster
+            .get("resource.k8s.io/v1", "ResourceClaim", NS, "solo")
+            .and_then(|c| c["status"]["devices"].as_array().cloned())
+            .unwrap_or_default()
+    };
+    wait::eventually("the entry written", || !entries(&rig.cluster).is_empty()).await;
+    let generation = rig
+        .cluster
+        .get("resource.k8s.io/v1", "ResourceClaim", NS, "solo")
+        .unwrap()["metadata"]["generation"]
+        .clone();
+    assert_eq!(
+        entries(&rig.cluster)[0]["conditions"][0]["observedGeneration"],
+        generation,
+        "conditions say which generation of the claim they saw"
+    );
+
+    // The removal's first try (the call and its four retries) fails; the
+    // plugin stops before the next.
+    rig.cluster
+        .faults()
+        .fail_next(5, "patch", "resourceclaims.resource.k8s.io/status", 500);
+    let answer = rig.kubelet.unprepare(&[(NS, &uid, "solo")]).await;
+    assert_eq!(answer.claims[&uid].error, "");
+    wait::eventually("every failure served", || {
+        rig.cluster.faults().pending_failures() == 0
+    })
+    .await;
+    rig.stop_plugin().await;
+    assert!(
+        !entries(&rig.cluster).is_empty(),
+        "not removed before the stop"
+    );
+    assert!(
+        rig.checkpoint()["statusRemovals"].get(&uid).is_some(),
+        "kept: {}",
+        rig.checkpoint()
+    );
+    rig.restart_plugin().await;
+    wait::eventually("the entry removed after the start", || {
+        entries(&rig.cluster).is_empty()
+    })
+    .await;
+    wait::eventually("the removal forgotten once made", || {
+        rig.checkpoint()["statusRemovals"].get(&uid).is_none()
+    })
+    .await;
+    rig.restart_plugin().await;
+    assert!(entries(&rig.cluster).is_empty());
+    rig.stop_plugin().await;
+}

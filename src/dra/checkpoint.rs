@@ -62,6 +62,18 @@ pub struct PreparedClaim {
     pub namespace: String,
     pub name: String,
     pub devices: Vec<PreparedDevice>,
+    /// The claim's `metadata.generation` as read for the Prepare: the
+    /// `observedGeneration` of its `status.devices` conditions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<i64>,
+}
+
+/// A claim by namespace and name.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClaimName {
+    pub namespace: String,
+    pub name: String,
 }
 
 /// What the file holds: prepared claims by UID.
@@ -75,6 +87,41 @@ pub struct Checkpoint {
     /// never orphans; unpreparing the claim removes it from here.
     #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
     pub kept_specs: BTreeSet<String>,
+    /// Unprepared claims (by UID) whose `status.devices` entries are still
+    /// to be removed: kept here so that a stop before the removal is made
+    /// does not lose it; the status writer forgets each once made.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub status_removals: BTreeMap<String, ClaimName>,
+}
+
+/// Serialises every change of a checkpoint file in this process: the
+/// preparer's and the status writer's.
+pub(crate) static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Forgets the pending `status.devices` removals of `uids` (made, or no
+/// longer possible) in the checkpoint at `path`. A failure is logged: the
+/// removal is then made again after the next start, which is harmless.
+pub async fn forget_status_removals(path: &Path, uids: &[String]) {
+    if uids.is_empty() {
+        return;
+    }
+    let _lock = LOCK.lock().await;
+    let mut checkpoint = match Checkpoint::load(path) {
+        Ok(checkpoint) => checkpoint,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot record the claims' status removals as made");
+            return;
+        }
+    };
+    let before = checkpoint.status_removals.len();
+    checkpoint
+        .status_removals
+        .retain(|uid, _| !uids.contains(uid));
+    if checkpoint.status_removals.len() != before
+        && let Err(e) = checkpoint.save(path)
+    {
+        tracing::warn!(path = %path.display(), error = %e, "cannot record the claims' status removals as made");
+    }
 }
 
 /// Why the file could not be read.
@@ -201,7 +248,36 @@ mod tests {
                 consumed_capacity: BTreeMap::from([("memory".into(), "8Gi".into())]),
                 partitions: Vec::new(),
             }],
+            generation: Some(4),
         }
+    }
+
+    #[tokio::test]
+    async fn a_pending_status_removal_is_kept_until_forgotten() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(FILE_NAME);
+        let mut c = Checkpoint::default();
+        for uid in ["u1", "u2"] {
+            c.status_removals.insert(
+                uid.into(),
+                ClaimName {
+                    namespace: "ns".into(),
+                    name: format!("claim-{uid}"),
+                },
+            );
+        }
+        c.save(&path).unwrap();
+        assert_eq!(Checkpoint::load(&path).unwrap().status_removals.len(), 2);
+        forget_status_removals(&path, &["u1".into()]).await;
+        let left: Vec<String> = Checkpoint::load(&path)
+            .unwrap()
+            .status_removals
+            .into_keys()
+            .collect();
+        assert_eq!(left, ["u2"]);
+        // A checkpoint written before these fields reads as none pending.
+        std::fs::write(&path, r#"{"version":1,"preparedClaims":{}}"#).unwrap();
+        assert!(Checkpoint::load(&path).unwrap().status_removals.is_empty());
     }
 
     #[test]

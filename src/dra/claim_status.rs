@@ -18,6 +18,7 @@
 //! ([`with_retries`]), then logged, and tried again later.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,7 +32,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::DRIVER_NAME;
 use super::calls::with_retries;
-use super::checkpoint::{PreparedClaim, PreparedDevice};
+use super::checkpoint::{self, Checkpoint, PreparedClaim, PreparedDevice};
 use super::health::{self, Published};
 use crate::api::field_manager;
 use crate::plugin::Health;
@@ -50,6 +51,7 @@ const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(5);
 /// not healthy and has no data. Pure.
 pub fn device_entry(
     prepared: &PreparedDevice,
+    generation: Option<i64>,
     published: &Published,
     previous: Option<&AllocatedDeviceStatus>,
     now: &Time,
@@ -81,7 +83,7 @@ pub fn device_entry(
             reason: reason.to_owned(),
             message,
             last_transition_time: kept.unwrap_or_else(|| now.clone()),
-            observed_generation: None,
+            observed_generation: generation,
         }
     };
     let data = device.map(|d| {
@@ -127,6 +129,7 @@ pub fn device_entry(
 /// Every entry of a prepared claim, in the order of its devices. Pure.
 pub fn claim_entries(
     devices: &[PreparedDevice],
+    generation: Option<i64>,
     published: &Published,
     previous: &[AllocatedDeviceStatus],
     now: &Time,
@@ -137,7 +140,7 @@ pub fn claim_entries(
             let before = previous.iter().find(|p| {
                 p.device == d.device_name && p.pool == d.pool_name && p.share_id == d.share_id
             });
-            device_entry(d, published, before, now)
+            device_entry(d, generation, published, before, now)
         })
         .collect()
 }
@@ -218,8 +221,10 @@ pub async fn follow(
     client: kube::Client,
     mut published: watch::Receiver<Arc<Published>>,
     StatusChanges(mut changes): StatusChanges,
-    prepared: BTreeMap<String, PreparedClaim>,
+    at_start: Checkpoint,
+    checkpoint_path: PathBuf,
 ) {
+    let prepared = at_start.prepared_claims;
     let mut claims: BTreeMap<String, Followed> = prepared
         .into_iter()
         .map(|(uid, claim)| {
@@ -232,10 +237,16 @@ pub async fn follow(
             )
         })
         .collect();
-    // Unprepared claims whose entries are still to be removed.
-    let mut removals: BTreeMap<String, (String, String)> = BTreeMap::new();
+    // Unprepared claims whose entries are still to be removed: those the
+    // checkpoint kept from before the start, then each unprepared one.
+    let mut removals: BTreeMap<String, (String, String)> = at_start
+        .status_removals
+        .iter()
+        .map(|(uid, c)| (uid.clone(), (c.namespace.clone(), c.name.clone())))
+        .collect();
     loop {
-        let failed = sync(&client, &published, &mut claims, &mut removals).await;
+        let (failed, removed) = sync(&client, &published, &mut claims, &mut removals).await;
+        checkpoint::forget_status_removals(&checkpoint_path, &removed).await;
         tokio::select! {
             change = changes.recv() => match change {
                 Some(Change::Prepared { uid, claim }) => {
@@ -256,21 +267,27 @@ pub async fn follow(
     }
 }
 
-/// Writes what differs from what the API holds; true when a write failed
-/// in a way a later try may cure.
+/// Writes what differs from what the API holds: whether a write failed in
+/// a way a later try may cure, and the claims whose removals are done with.
 async fn sync(
     client: &kube::Client,
     published: &watch::Receiver<Arc<Published>>,
     claims: &mut BTreeMap<String, Followed>,
     removals: &mut BTreeMap<String, (String, String)>,
-) -> bool {
+) -> (bool, Vec<String>) {
     let snapshot = published.borrow().clone();
     let now = Time(k8s_openapi::jiff::Timestamp::now());
     let mut retry = false;
     let mut gone = Vec::new();
     for (uid, followed) in claims.iter_mut() {
         let previous = followed.written.as_deref().unwrap_or_default();
-        let wanted = claim_entries(&followed.claim.devices, &snapshot, previous, &now);
+        let wanted = claim_entries(
+            &followed.claim.devices,
+            followed.claim.generation,
+            &snapshot,
+            previous,
+            &now,
+        );
         if followed.written.as_ref() == Some(&wanted) {
             continue;
         }
@@ -313,10 +330,10 @@ async fn sync(
             }
         }
     }
-    for uid in done {
-        removals.remove(&uid);
+    for uid in &done {
+        removals.remove(uid);
     }
-    retry
+    (retry, done)
 }
 
 /// Why a status write did not happen.
@@ -400,9 +417,18 @@ mod tests {
     fn a_prepared_device_is_ready_healthy_and_says_where_it_is() {
         let entry = device_entry(
             &prepared("gpu-1-129"),
+            Some(3),
             &published(Health::Healthy),
             None,
             &at(100),
+        );
+        assert!(
+            entry
+                .conditions
+                .iter()
+                .flatten()
+                .all(|c| c.observed_generation == Some(3)),
+            "the claim's generation read for the Prepare"
         );
         assert_eq!(
             (
@@ -424,12 +450,14 @@ mod tests {
     fn a_health_change_moves_only_the_health_condition() {
         let healthy = device_entry(
             &prepared("gpu-1-129"),
+            None,
             &published(Health::Healthy),
             None,
             &at(100),
         );
         let sick = device_entry(
             &prepared("gpu-1-129"),
+            None,
             &published(Health::Unhealthy {
                 reason: "uncorrectable ECC: 7 on umc".into(),
             }),
@@ -447,6 +475,7 @@ mod tests {
         // Nothing changed: the same entry, so nothing is written again.
         let again = claim_entries(
             &[prepared("gpu-1-129")],
+            None,
             &published(Health::Unhealthy {
                 reason: "uncorrectable ECC: 7 on umc".into(),
             }),
@@ -460,6 +489,7 @@ mod tests {
     fn a_device_no_longer_on_offer_is_not_healthy_and_has_no_data() {
         let entry = device_entry(
             &prepared("gpu-9-137"),
+            None,
             &published(Health::Healthy),
             None,
             &at(1),
@@ -472,7 +502,7 @@ mod tests {
     fn the_apply_names_the_claim_and_only_our_entries() {
         let mut shared = prepared("gpu-1-129");
         shared.share_id = Some("s-1".into());
-        let entries = claim_entries(&[shared], &published(Health::Healthy), &[], &at(1));
+        let entries = claim_entries(&[shared], None, &published(Health::Healthy), &[], &at(1));
         let body = status_apply("team-a", "c", &entries);
         assert_eq!(body["kind"], "ResourceClaim");
         assert_eq!(

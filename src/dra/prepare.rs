@@ -18,7 +18,10 @@ use tokio::sync::{Mutex, watch};
 
 use super::calls::with_retries;
 use super::cdi::{self, ClaimDevice, DeviceNode};
-use super::checkpoint::{Checkpoint, PreparedClaim, PreparedDevice};
+// Every change of a checkpoint file in this process is made under it.
+use super::checkpoint::{
+    Checkpoint, ClaimName, LOCK as CHECKPOINT_LOCK, PreparedClaim, PreparedDevice,
+};
 use super::claim_status::StatusUpdates;
 use super::claims::{Allocated, allocated_here};
 use super::health::Published;
@@ -31,9 +34,6 @@ use crate::partition::{Limits, Plan, apply};
 
 /// Bound on reading one device number from sysfs.
 const HOST_READ_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// Serialises every change of a checkpoint file in this process.
-static CHECKPOINT_LOCK: Mutex<()> = Mutex::const_new(());
 
 /// A claim the kubelet names.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -182,14 +182,15 @@ impl Preparer {
         )
         .await;
         let mut given = None;
-        let mut specs: Vec<(&ClaimRef, String, Vec<PreparedDevice>)> = Vec::new();
+        let mut specs: Vec<(&ClaimRef, String, Vec<PreparedDevice>, Option<i64>)> = Vec::new();
         for (claim, object) in todo.iter().zip(objects) {
+            let generation = object.as_ref().ok().and_then(|o| o.metadata.generation);
             let result = match object.and_then(|o| allocated_here(&o, &claim.uid, &self.node)) {
                 Ok(allocated) => self.claim_spec(claim, &allocated, &mut given).await,
                 Err(e) => Err(e),
             };
             match result {
-                Ok((spec, devices)) => specs.push((claim, spec, devices)),
+                Ok((spec, devices)) => specs.push((claim, spec, devices, generation)),
                 Err(e) => {
                     out.insert(claim.uid.clone(), Err(e));
                 }
@@ -210,7 +211,7 @@ impl Preparer {
             }
         };
         let mut written = Vec::new();
-        for (claim, spec, devices) in specs {
+        for (claim, spec, devices, generation) in specs {
             // The spec before its entry: see `checkpoint` for why.
             let path = match cdi::spec_path(&self.cdi_dir, &claim.uid) {
                 Ok(path) => path,
@@ -227,10 +228,12 @@ impl Preparer {
                 continue;
             }
             checkpoint.kept_specs.remove(&claim.uid);
+            checkpoint.status_removals.remove(&claim.uid);
             let prepared = PreparedClaim {
                 namespace: claim.namespace.clone(),
                 name: claim.name.clone(),
                 devices: devices.clone(),
+                generation,
             };
             checkpoint
                 .prepared_claims
@@ -358,6 +361,14 @@ impl Preparer {
                     if checkpoint.prepared_claims.remove(&claim.uid).is_some() {
                         changed = true;
                         had_entries.push(claim.uid.clone());
+                        // Kept until the status writer has removed them.
+                        checkpoint.status_removals.insert(
+                            claim.uid.clone(),
+                            ClaimName {
+                                namespace: claim.namespace.clone(),
+                                name: claim.name.clone(),
+                            },
+                        );
                     }
                     changed |= checkpoint.kept_specs.remove(&claim.uid);
                 }

@@ -252,10 +252,10 @@ async fn run(
     // Specs no entry names are removed, but only after a clean read: the
     // kubelet never prepares again a claim it counts as prepared, so a spec
     // must not go because the checkpoint could not be read.
-    let mut prepared_at_start = BTreeMap::new();
+    let mut at_start = Checkpoint::default();
     match Checkpoint::load(&checkpoint_path) {
         Ok(prepared) => {
-            prepared_at_start = prepared.prepared_claims.clone();
+            at_start = prepared.clone();
             for orphan in checkpoint::orphaned_specs(&config.cdi_dir, &prepared) {
                 tracing::info!(spec = %orphan.display(), "removing a CDI spec no prepared claim names");
                 if let Err(e) = cdi::remove_spec(&orphan) {
@@ -292,7 +292,8 @@ async fn run(
     // taints are in the first slices.
     if let Some(writer) = &layout_writer {
         let held = super::layouts::held_memory(
-            prepared_at_start
+            at_start
+                .prepared_claims
                 .values()
                 .flat_map(|c| &c.devices)
                 .map(|d| d.device_name.as_str()),
@@ -302,14 +303,14 @@ async fn run(
     let preparer = Arc::new(Preparer {
         node: config.node_name.clone(),
         cdi_dir: config.cdi_dir.clone(),
-        checkpoint_path,
+        checkpoint_path: checkpoint_path.clone(),
         client: client.clone(),
         reader: reader.clone(),
         published: published_tx.subscribe(),
         status: status_updates,
         layouts: layout_writer,
     });
-    let mut status_writer = Some((status_changes, prepared_at_start));
+    let mut status_writer = Some((status_changes, at_start));
     let mut claim_statuses = None;
     let (registration_tx, mut registration) = watch::channel(Registration::Waiting);
     // Started once the first snapshot is made: the empty initial one would
@@ -387,12 +388,13 @@ async fn run(
         }
         // Claims' status.devices, from the same first snapshot: before it,
         // every prepared device would read as gone.
-        if let Some((changes, prepared)) = status_writer.take() {
+        if let Some((changes, at_start)) = status_writer.take() {
             claim_statuses = Some(AbortOnDropHandle::new(tokio::spawn(claim_status::follow(
                 client.clone(),
                 published_tx.subscribe(),
                 changes,
-                prepared,
+                at_start,
+                checkpoint_path.clone(),
             ))));
         }
 
