@@ -101,13 +101,15 @@ impl Rig {
         let root = rig.sim.host.path("/");
         let recorder = support::bundles::modprobe_recorder(&tools, &root, "6.12.12");
         // Fails while `tools/refuse` exists, and once for `tools/refuse-once`,
-        // as a modprobe refusing to unload a module in use does.
+        // as a modprobe refusing to unload a module in use does; takes 2 s
+        // while `tools/slow` exists.
         let refusing = tools.join("modprobe-or-refuse");
         std::fs::write(
             &refusing,
             format!(
-                "#!/bin/sh\nif [ -e '{refuse}' ]; then echo 'modprobe: FATAL: Module amdgpu is in use.' >&2; exit 1; fi\nif [ -e '{refuse}-once' ]; then rm '{refuse}-once'; echo 'modprobe: FATAL: Module amdgpu is in use.' >&2; exit 1; fi\nexec '{recorder}' \"$@\"\n",
+                "#!/bin/sh\nif [ -e '{refuse}' ]; then echo 'modprobe: FATAL: Module amdgpu is in use.' >&2; exit 1; fi\nif [ -e '{slow}' ]; then sleep 2; fi\nif [ -e '{refuse}-once' ]; then rm '{refuse}-once'; echo 'modprobe: FATAL: Module amdgpu is in use.' >&2; exit 1; fi\nexec '{recorder}' \"$@\"\n",
                 refuse = tools.join("refuse").display(),
+                slow = tools.join("slow").display(),
                 recorder = recorder.display()
             ),
         )
@@ -1676,5 +1678,48 @@ async fn a_status_removal_pending_at_stop_is_made_after_the_next_start() {
     .await;
     rig.restart_plugin().await;
     assert!(entries(&rig.cluster).is_empty());
+    rig.stop_plugin().await;
+}
+
+/// A Prepare given up midway (the kubelet's call timed out during a memory
+/// mode change) leaves nothing half made: the change goes on to its end,
+/// amdgpu loaded again, and the kubelet's retry finds the layout in place
+/// and changes nothing more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prepare_given_up_midway_finishes_its_change() {
+    let mut rig = Rig::start_layouts(2).await;
+    let tools = rig.dir.path().join("tools");
+    let cpx = rig.slice_device("gpu-0-cpx-nps4");
+    let one = BTreeMap::from([("partitions", "1")]);
+    let consumed = dra_scheduler::fit(&cpx, &one, &[]).expect("fits");
+    let uid = rig
+        .claim_share("nps4", "gpu-0-cpx-nps4", Some("share-1"), &consumed)
+        .await;
+    std::fs::write(tools.join("slow"), "").unwrap();
+    let given_up = tokio::time::timeout(
+        Duration::from_millis(500),
+        rig.kubelet.prepare(&[(NS, &uid, "nps4")]),
+    )
+    .await;
+    assert!(
+        given_up.is_err(),
+        "the change outlasts the call: {given_up:?}"
+    );
+    wait::eventually("the change reloaded amdgpu to its end", || {
+        support::bundles::modprobe_runs(&tools) == ["-r amdgpu", "amdgpu"]
+    })
+    .await;
+    let answer = rig.kubelet.prepare(&[(NS, &uid, "nps4")]).await;
+    assert_eq!(answer.claims[&uid].error, "", "{answer:?}");
+    assert_eq!(rig.layout_of(0), ("cpx".into(), "nps4".into(), 8));
+    assert!(
+        rig.sim.host.exists("/sys/module/amdgpu"),
+        "amdgpu is loaded"
+    );
+    assert_eq!(
+        support::bundles::modprobe_runs(&tools),
+        ["-r amdgpu", "amdgpu"],
+        "the retry changed nothing"
+    );
     rig.stop_plugin().await;
 }

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::resource::v1::ResourceClaim;
-use tokio::sync::{Mutex, watch};
+use tokio::sync::{Mutex, OwnedMutexGuard, watch};
 
 use super::calls::with_retries;
 use super::cdi::{self, ClaimDevice, DeviceNode};
@@ -77,8 +77,10 @@ pub struct Preparer {
 /// What a Prepare of a layout device ([`layouts`]) changes the host with:
 /// the same writer `partition apply` uses, and the driver manager's
 /// `modprobe` for the reload a memory mode needs.
+#[derive(Clone)]
 pub struct LayoutWriter {
     pub host: HostRoot,
+    pub reader: BoundedReader,
     pub store: Arc<dyn AttrStore>,
     pub limits: Limits,
     /// `None` reloads nothing (a simulated host's driver takes a memory mode
@@ -88,7 +90,9 @@ pub struct LayoutWriter {
     pub state: watch::Sender<LayoutState>,
     /// Held through a whole Prepare and Unprepare: one layout change at a
     /// time, and a share's partitions chosen and recorded before the next.
-    pub lock: Mutex<()>,
+    /// A change itself holds it until it ends, even if the Prepare that
+    /// started it is given up (the kubelet's call timed out).
+    pub lock: Arc<Mutex<()>>,
 }
 
 /// What decides which layout devices cannot be had now.
@@ -99,6 +103,84 @@ pub struct LayoutState {
     /// GPUs (by index) a failed change could not put back, with their
     /// memory mode then.
     pub stuck: BTreeMap<u32, String>,
+}
+
+impl LayoutWriter {
+    /// Writes `plan` (then reloads the driver when `reload`) and waits until
+    /// the host shows it; the inventory then. A change that fails is undone
+    /// the same way; a GPU that cannot be put back is marked stuck, which
+    /// taints its layouts, until a later change of it succeeds.
+    async fn repartition(
+        &self,
+        plan: &Plan,
+        reload: bool,
+        before: &Inventory,
+    ) -> Result<Inventory, String> {
+        let done = self.change_layout(plan, reload, before).await;
+        let indexes: Vec<u32> = plan.assignments.iter().map(|a| a.index as u32).collect();
+        let failed = match done {
+            Ok(inventory) => {
+                self.state.send_if_modified(|state| {
+                    let before = state.stuck.len();
+                    state.stuck.retain(|index, _| !indexes.contains(index));
+                    before != state.stuck.len()
+                });
+                return Ok(inventory);
+            }
+            Err(e) => e,
+        };
+        let now = apply::discover_off_runtime(&self.host).await;
+        let back = layouts::undo(plan, &layouts::ordered(&now));
+        match self.change_layout(&back, reload, &now).await {
+            Ok(_) => Err(format!("{failed}; the GPUs are back in their layouts")),
+            Err(undo_failed) => {
+                let now = apply::discover_off_runtime(&self.host).await;
+                let gpus = layouts::ordered(&now);
+                self.state.send_modify(|state| {
+                    for &index in &indexes {
+                        let memory = gpus
+                            .get(index as usize)
+                            .and_then(|g| g.memory_partition.clone())
+                            .unwrap_or_default();
+                        state.stuck.insert(index, memory);
+                    }
+                });
+                tracing::error!(error = %failed, undo = %undo_failed, "a layout change failed and could not be undone; its layouts are tainted");
+                Err(format!(
+                    "{failed}; putting the GPUs back failed too ({undo_failed}): their layouts carry {} until a change of them succeeds",
+                    layouts::CONFLICT_TAINT_KEY
+                ))
+            }
+        }
+    }
+
+    async fn change_layout(
+        &self,
+        plan: &Plan,
+        reload: bool,
+        before: &Inventory,
+    ) -> Result<Inventory, String> {
+        apply::write_plan(plan, before, self.store.clone(), &self.reader, self.limits)
+            .await
+            .map_err(|e| e.to_string())?;
+        if reload && let Some(commands) = &self.reload {
+            load::reload(&self.host, commands, &Default::default())
+                .await
+                .map_err(|e| format!("cannot reload amdgpu for the memory mode: {e}"))?;
+        }
+        apply::seen_on_host(&self.host, plan, self.limits.appear)
+            .await
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// One Prepare call's part in layout changes: the lock it holds, and what
+/// it has given out so far.
+#[derive(Default)]
+struct Batch {
+    /// `None` while a change holds it (or when layouts are off).
+    guard: Option<OwnedMutexGuard<()>>,
+    given: Option<Given>,
 }
 
 /// What one Prepare call has given out so far, beside the checkpoint: the
@@ -141,9 +223,12 @@ impl Preparer {
 
     /// Prepares each claim; the answer is by claim UID.
     pub async fn prepare(&self, claims: &[ClaimRef]) -> BTreeMap<String, Prepared> {
-        let _one_change = match &self.layouts {
-            Some(writer) => Some(writer.lock.lock().await),
-            None => None,
+        let mut batch = Batch {
+            guard: match &self.layouts {
+                Some(writer) => Some(writer.lock.clone().lock_owned().await),
+                None => None,
+            },
+            given: None,
         };
         let mut out: BTreeMap<String, Prepared> = BTreeMap::new();
         // Prepared before, and its spec still there: the same answer, nothing
@@ -181,12 +266,11 @@ impl Preparer {
                 .map(|c| read_claim(&self.client, &c.namespace, &c.name)),
         )
         .await;
-        let mut given = None;
         let mut specs: Vec<(&ClaimRef, String, Vec<PreparedDevice>, Option<i64>)> = Vec::new();
         for (claim, object) in todo.iter().zip(objects) {
             let generation = object.as_ref().ok().and_then(|o| o.metadata.generation);
             let result = match object.and_then(|o| allocated_here(&o, &claim.uid, &self.node)) {
-                Ok(allocated) => self.claim_spec(claim, &allocated, &mut given).await,
+                Ok(allocated) => self.claim_spec(claim, &allocated, &mut batch).await,
                 Err(e) => Err(e),
             };
             match result {
@@ -277,7 +361,7 @@ impl Preparer {
         &self,
         claim: &ClaimRef,
         allocated: &[Allocated],
-        given: &mut Option<Given>,
+        batch: &mut Batch,
     ) -> Result<(String, Vec<PreparedDevice>), String> {
         let published = self.published.borrow().clone();
         let kfd = self
@@ -294,7 +378,7 @@ impl Preparer {
             };
             if let Some(layout) = &device.layout {
                 let (claim_devices, prepared) = self
-                    .layout_share(claim, a, &device.name, layout, given)
+                    .layout_share(claim, a, &device.name, layout, batch)
                     .await?;
                 devices.extend(claim_devices);
                 answer.push(prepared);
@@ -440,7 +524,7 @@ impl Preparer {
         allocated: &Allocated,
         name: &str,
         layout: &layouts::Layout,
-        given: &mut Option<Given>,
+        batch: &mut Batch,
     ) -> Result<(Vec<ClaimDevice>, PreparedDevice), String> {
         let Some(writer) = &self.layouts else {
             return Err(format!(
@@ -448,14 +532,16 @@ impl Preparer {
             ));
         };
         let before = apply::discover_off_runtime(&writer.host).await;
-        let given = match given {
+        let given = match &mut batch.given {
             Some(given) => given,
             None => {
                 let checkpoint = {
                     let _lock = CHECKPOINT_LOCK.lock().await;
                     self.load()?
                 };
-                given.insert(Given::of(&checkpoint, &layouts::ordered(&before)))
+                batch
+                    .given
+                    .insert(Given::of(&checkpoint, &layouts::ordered(&before)))
             }
         };
         let inventory = match layouts::change_for(
@@ -468,9 +554,19 @@ impl Preparer {
             Change::Refused(why) => return Err(format!("cannot put {name} in place: {why}")),
             Change::Write { plan, reload } => {
                 tracing::info!(claim = %format!("{}/{}", claim.namespace, claim.name), device = %name, reload, "repartitioning for a claim");
-                self.repartition(writer, &plan, reload, &before)
+                // On a task of its own, holding the lock until it ends: a
+                // Prepare given up midway (the kubelet's call timed out)
+                // must not leave a change half made or undone.
+                let (changer, guard) = (writer.clone(), batch.guard.take());
+                let change = tokio::spawn(async move {
+                    let result = changer.repartition(&plan, reload, &before).await;
+                    (result, guard)
+                });
+                let (result, guard) = change
                     .await
-                    .map_err(|why| format!("cannot put {name} in place: {why}"))?
+                    .map_err(|e| format!("cannot put {name} in place: the change ended: {e}"))?;
+                batch.guard = guard;
+                result.map_err(|why| format!("cannot put {name} in place: {why}"))?
             }
         };
         let gpus = layouts::ordered(&inventory);
@@ -536,81 +632,6 @@ impl Preparer {
             partitions: slots,
         };
         Ok((devices, prepared))
-    }
-
-    /// Writes `plan` (then reloads the driver when `reload`) and waits until
-    /// the host shows it; the inventory then. A change that fails is undone
-    /// the same way; a GPU that cannot be put back is marked stuck, which
-    /// taints its layouts, until a later change of it succeeds.
-    async fn repartition(
-        &self,
-        writer: &LayoutWriter,
-        plan: &Plan,
-        reload: bool,
-        before: &Inventory,
-    ) -> Result<Inventory, String> {
-        let done = self.change_layout(writer, plan, reload, before).await;
-        let indexes: Vec<u32> = plan.assignments.iter().map(|a| a.index as u32).collect();
-        let failed = match done {
-            Ok(inventory) => {
-                writer.state.send_if_modified(|state| {
-                    let before = state.stuck.len();
-                    state.stuck.retain(|index, _| !indexes.contains(index));
-                    before != state.stuck.len()
-                });
-                return Ok(inventory);
-            }
-            Err(e) => e,
-        };
-        let now = apply::discover_off_runtime(&writer.host).await;
-        let back = layouts::undo(plan, &layouts::ordered(&now));
-        match self.change_layout(writer, &back, reload, &now).await {
-            Ok(_) => Err(format!("{failed}; the GPUs are back in their layouts")),
-            Err(undo_failed) => {
-                let now = apply::discover_off_runtime(&writer.host).await;
-                let gpus = layouts::ordered(&now);
-                writer.state.send_modify(|state| {
-                    for &index in &indexes {
-                        let memory = gpus
-                            .get(index as usize)
-                            .and_then(|g| g.memory_partition.clone())
-                            .unwrap_or_default();
-                        state.stuck.insert(index, memory);
-                    }
-                });
-                tracing::error!(error = %failed, undo = %undo_failed, "a layout change failed and could not be undone; its layouts are tainted");
-                Err(format!(
-                    "{failed}; putting the GPUs back failed too ({undo_failed}): their layouts carry {} until a change of them succeeds",
-                    layouts::CONFLICT_TAINT_KEY
-                ))
-            }
-        }
-    }
-
-    async fn change_layout(
-        &self,
-        writer: &LayoutWriter,
-        plan: &Plan,
-        reload: bool,
-        before: &Inventory,
-    ) -> Result<Inventory, String> {
-        apply::write_plan(
-            plan,
-            before,
-            writer.store.clone(),
-            &self.reader,
-            writer.limits,
-        )
-        .await
-        .map_err(|e| e.to_string())?;
-        if reload && let Some(commands) = &writer.reload {
-            load::reload(&writer.host, commands, &Default::default())
-                .await
-                .map_err(|e| format!("cannot reload amdgpu for the memory mode: {e}"))?;
-        }
-        apply::seen_on_host(&writer.host, plan, writer.limits.appear)
-            .await
-            .map_err(|e| e.to_string())
     }
 
     /// A character device's numbers, from its sysfs `dev` attribute

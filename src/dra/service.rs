@@ -282,11 +282,12 @@ async fn run(
     let (layout_state_tx, mut layout_state) = watch::channel(LayoutState::default());
     let layout_writer = config.auto_partition.then(|| LayoutWriter {
         host: config.host.clone(),
+        reader: reader.clone(),
         store: crate::simulate::kernel::store_for(&config.host),
         limits: config.partition_limits,
         reload: config.reload.clone(),
         state: layout_state_tx,
-        lock: tokio::sync::Mutex::new(()),
+        lock: Arc::new(tokio::sync::Mutex::new(())),
     });
     // The memory mode prepared layouts hold, from the start: their conflict
     // taints are in the first slices.
