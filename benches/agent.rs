@@ -46,6 +46,7 @@ use gpu_operator::simulate::{self, SimSpec};
 use kube_emulator::{Emulator, EmulatorConfig};
 use serde_json::json;
 use support::agent_config::AgentConfigBuilder;
+use support::cluster::TestCluster;
 use support::fixtures::DeviceConfigBuilder;
 use support::kubelet::TestKubelet;
 use tokio_util::sync::CancellationToken;
@@ -66,20 +67,9 @@ async fn main() {
         detect_idle().await;
         return;
     }
-    let emulator = Emulator::start(EmulatorConfig::default())
+    let emulator = TestCluster::start_for(EmulatorConfig::default(), &[NODE])
         .await
-        .expect("emulator");
-    emulator
-        .create(serde_json::to_value(gpu_operator::api::crd()).unwrap())
-        .unwrap();
-    emulator
-        .create(
-            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kube-amd-gpu"}}),
-        )
-        .unwrap();
-    emulator
-        .create(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}))
-        .unwrap();
+        .emulator;
     emulator
         .create(
             DeviceConfigBuilder::new("kube-amd-gpu", "gpus")

@@ -45,6 +45,7 @@ use kube::api::{Patch, PatchParams, PostParams};
 use kube_emulator::{Emulator, EmulatorConfig};
 use serde_json::{Value, json};
 use support::agent_config::AgentConfigBuilder;
+use support::cluster::TestCluster;
 use support::dra_kubelet::{DraKubelet, v1_claim};
 use support::fixtures::DeviceConfigBuilder;
 use support::hosts::SimHost;
@@ -56,16 +57,9 @@ const NS: &str = "kube-amd-gpu";
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let emulator = Emulator::start(EmulatorConfig::default())
+    let emulator = TestCluster::start_for(EmulatorConfig::default(), &[NODE])
         .await
-        .expect("emulator");
-    for object in [
-        serde_json::to_value(gpu_operator::api::crd()).unwrap(),
-        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}),
-        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}),
-    ] {
-        emulator.create(object).unwrap();
-    }
+        .emulator;
     if std::env::var("DRA_BENCH").as_deref() != Ok("layouts") {
         prepare_latency(&emulator).await;
         agent_figures(&emulator).await;

@@ -23,14 +23,13 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use figures::percentile;
-use gpu_operator::agent::{self, LeaderConfig};
+use gpu_operator::agent;
 use gpu_operator::cluster::lease::LeaseConfig;
-use gpu_operator::cluster::{ClusterConfig, EvictionClient};
 use gpu_operator::host::{AttrStore, HostRoot};
 use gpu_operator::partition::{PROFILE_LABEL, STATE_LABEL};
 use gpu_operator::simulate::{self, SimSpec, kernel::SimulatedKernel};
 use serde_json::json;
-use support::agent_config::AgentConfigBuilder;
+use support::agent_config::{AgentConfigBuilder, LeaderConfigBuilder};
 use support::cluster::{self, NAMESPACE as NS, TestCluster};
 use support::kubelet::TestKubelet;
 use tokio_util::sync::CancellationToken;
@@ -55,20 +54,19 @@ async fn main() {
             json!({"selector": {"gpu": "amd"}, "configManager": {"enable": true}, "devicePlugin": {}}),
         )
         .await;
-    let mut lease = LeaseConfig::new(NS, "bench");
-    lease.renew_every = Duration::from_secs(1);
     let kubelet_dir = dir.path().join("kubelet");
     let config = AgentConfigBuilder::new(NODE, host.clone(), kubelet_dir)
         // The agent's defaults: what a node runs.
         .rescan_interval(Duration::from_secs(1))
-        .leader(Some(LeaderConfig {
-            lease,
-            cluster: ClusterConfig {
-                instance: "bench".into(),
-                eviction_client: Some(EvictionClient(cluster.client_without_retries())),
-                ..ClusterConfig::default()
-            },
-        }))
+        .leader(Some(
+            LeaderConfigBuilder::new(NS, "bench", "bench")
+                .lease_timing(
+                    LeaseConfig::new(NS, "bench").duration,
+                    Duration::from_secs(1),
+                )
+                .eviction_client(cluster.client_without_retries())
+                .build(),
+        ))
         .build();
     let shutdown = CancellationToken::new();
     let task = tokio::spawn(agent::run(cluster.client(), config, shutdown.clone()));

@@ -9,9 +9,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use gpu_operator::agent::{self, LeaderConfig};
+use gpu_operator::agent;
 use gpu_operator::api::DeviceConfig;
-use gpu_operator::cluster::ClusterConfig;
 use gpu_operator::cluster::lease::{Election, LeaseConfig};
 use gpu_operator::cluster::reconcile::FINALIZER;
 use gpu_operator::host::HostRoot;
@@ -21,7 +20,7 @@ use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
 use kube_emulator::Emulator;
 use serde_json::{Value, json};
-use support::agent_config::AgentConfigBuilder;
+use support::agent_config::{AgentConfigBuilder, LeaderConfigBuilder};
 use support::cluster::{self, NAMESPACE as NS, TestCluster};
 use support::kubelet::TestKubelet;
 use support::wait;
@@ -201,11 +200,8 @@ impl Fleet {
 
     fn spawn(&mut self, i: usize, client: Option<Client>) {
         let member = &mut self.members[i];
-        let mut lease =
-            LeaseConfig::new(NS, format!("{}/pod-{i}-{}", member.name, member.restarts));
+        let identity = format!("{}/pod-{i}-{}", member.name, member.restarts);
         member.restarts += 1;
-        lease.duration = LEASE_DURATION;
-        lease.renew_every = Duration::from_secs(1);
         let config = AgentConfigBuilder::new(
             &member.name,
             HostRoot::new(member._dir.path().join("host")),
@@ -217,14 +213,12 @@ impl Fleet {
             rvs: member._dir.path().join("rvs"),
             ..Commands::default()
         }))
-        .leader(Some(LeaderConfig {
-            lease,
-            cluster: ClusterConfig {
-                teardown_timeout: Duration::from_secs(5),
-                instance: member.name.clone(),
-                ..ClusterConfig::default()
-            },
-        }))
+        .leader(Some(
+            LeaderConfigBuilder::new(NS, &identity, &member.name)
+                .lease_timing(LEASE_DURATION, Duration::from_secs(1))
+                .teardown_timeout(Duration::from_secs(5))
+                .build(),
+        ))
         .build();
         member.shutdown = CancellationToken::new();
         let client = client.unwrap_or_else(|| self.cluster.client());

@@ -22,16 +22,14 @@ mod support;
 
 use std::time::Duration;
 
-use gpu_operator::agent::{self, AgentError, LeaderConfig};
-use gpu_operator::cluster::ClusterConfig;
-use gpu_operator::cluster::lease::LeaseConfig;
+use gpu_operator::agent::{self, AgentError};
 use gpu_operator::host::HostRoot;
 use gpu_operator::simulate::{self, SimSpec};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 use serde_json::{Value, json};
-use support::agent_config::AgentConfigBuilder;
+use support::agent_config::{AgentConfigBuilder, LeaderConfigBuilder};
 use support::cluster::{self, NAMESPACE as NS, TestCluster};
 use support::dra_kubelet::DraKubelet;
 use support::dra_scheduler;
@@ -90,13 +88,9 @@ impl Node {
         let config = AgentConfigBuilder::new(NODE, host.clone(), kubelet_dir.clone())
             // The default of `--dra-device-taints`.
             .dra_device_taints(true)
-            .leader(Some(LeaderConfig {
-                lease: LeaseConfig::new(NS, format!("{NODE}/{POD}")),
-                cluster: ClusterConfig {
-                    instance: NODE.into(),
-                    ..ClusterConfig::default()
-                },
-            }))
+            .leader(Some(
+                LeaderConfigBuilder::new(NS, &format!("{NODE}/{POD}"), NODE).build(),
+            ))
             .build();
         let shutdown = CancellationToken::new();
         let agent = tokio::spawn(agent::run(client, config, shutdown.clone()));

@@ -18,14 +18,12 @@ use std::path::Path;
 use std::process::{Child, Command};
 use std::time::Duration;
 
-use gpu_operator::agent::{self, LeaderConfig};
-use gpu_operator::cluster::ClusterConfig;
-use gpu_operator::cluster::lease::LeaseConfig;
+use gpu_operator::agent;
 use gpu_operator::host::HostRoot;
 use gpu_operator::simulate::{self, SimSpec};
 use kube_emulator::{Emulator, EmulatorConfig};
 use serde_json::{Value, json};
-use support::agent_config::AgentConfigBuilder;
+use support::agent_config::{AgentConfigBuilder, LeaderConfigBuilder};
 use support::cluster::ours_on;
 use support::helm::{helm_present, helm_with};
 use support::wait;
@@ -104,21 +102,16 @@ fn start_agent(
     stop: CancellationToken,
 ) -> tokio::task::JoinHandle<Result<(), agent::AgentError>> {
     let kubelet_dir = kubelet_dir.to_path_buf();
-    let mut lease = LeaseConfig::new(NAMESPACE, node.to_owned());
-    lease.duration = Duration::from_secs(6);
-    lease.renew_every = Duration::from_secs(1);
     // As the chart's DaemonSet: DeviceConfigs of every namespace (the
     // builder's `namespace: None`).
     let config = AgentConfigBuilder::new(node, host, kubelet_dir)
         .rescan_interval(Duration::from_millis(300))
-        .leader(Some(LeaderConfig {
-            lease,
-            cluster: ClusterConfig {
-                teardown_timeout: Duration::from_secs(20),
-                instance: node.to_owned(),
-                ..ClusterConfig::default()
-            },
-        }))
+        .leader(Some(
+            LeaderConfigBuilder::new(NAMESPACE, node, node)
+                .fast_lease()
+                .teardown_timeout(Duration::from_secs(20))
+                .build(),
+        ))
         .build();
     tokio::spawn(agent::run(emu.client(), config, stop))
 }

@@ -8,16 +8,14 @@ mod support;
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use gpu_operator::agent::{self, LeaderConfig};
-use gpu_operator::cluster::ClusterConfig;
-use gpu_operator::cluster::lease::LeaseConfig;
+use gpu_operator::agent;
 use gpu_operator::host::HostRoot;
 use gpu_operator::simulate::{self, SimSpec};
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 use kube_emulator::{Emulator, EmulatorConfig};
 use serde_json::{Value, json};
-use support::agent_config::AgentConfigBuilder;
+use support::agent_config::{AgentConfigBuilder, LeaderConfigBuilder};
 use support::cluster::{self, NAMESPACE, TestCluster, ours_on};
 use support::fixtures::DeviceConfigBuilder;
 use support::wait;
@@ -179,19 +177,14 @@ fn start_agent(
     simulate::write_host(&host, &SimSpec::new("mi210", Some(1), None).unwrap()).unwrap();
     let kubelet_dir = dir.join("kubelet");
     std::fs::create_dir_all(kubelet_dir.join("device-plugins")).unwrap();
-    let mut lease = LeaseConfig::new(NAMESPACE, "gpu-0".to_owned());
-    lease.duration = Duration::from_secs(6);
-    lease.renew_every = Duration::from_secs(1);
     let config = AgentConfigBuilder::new("gpu-0", host, kubelet_dir)
         .rescan_interval(Duration::from_millis(300))
-        .leader(Some(LeaderConfig {
-            lease,
-            cluster: ClusterConfig {
-                teardown_timeout: Duration::from_secs(10),
-                instance: "gpu-0".to_owned(),
-                ..ClusterConfig::default()
-            },
-        }))
+        .leader(Some(
+            LeaderConfigBuilder::new(NAMESPACE, "gpu-0", "gpu-0")
+                .fast_lease()
+                .teardown_timeout(Duration::from_secs(10))
+                .build(),
+        ))
         .build();
     tokio::spawn(agent::run(cluster.client(), config, stop))
 }

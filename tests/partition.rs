@@ -11,8 +11,7 @@ use std::time::Duration;
 
 use gpu_operator::agent::{self, LeaderConfig};
 use gpu_operator::api::agent_status::{AgentStatus, STATUS_ANNOTATION};
-use gpu_operator::cluster::lease::LeaseConfig;
-use gpu_operator::cluster::{ClusterConfig, ClusterRole, EvictionClient};
+use gpu_operator::cluster::ClusterRole;
 use gpu_operator::host::HostRoot;
 use gpu_operator::partition::state::RECORD_ANNOTATION;
 use gpu_operator::partition::{PROFILE_LABEL, STATE_LABEL};
@@ -20,7 +19,7 @@ use gpu_operator::simulate::{self, SimSpec};
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 use serde_json::{Value, json};
-use support::agent_config::AgentConfigBuilder;
+use support::agent_config::{AgentConfigBuilder, LeaderConfigBuilder};
 use support::cluster::{self, NAMESPACE as NS, TestCluster};
 use support::kubelet::TestKubelet;
 use support::wait;
@@ -192,18 +191,11 @@ impl Rig {
 }
 
 fn leader_config(cluster: &TestCluster, who: &str) -> LeaderConfig {
-    let mut lease = LeaseConfig::new(NS, who.to_owned());
-    lease.duration = Duration::from_secs(6);
-    lease.renew_every = Duration::from_secs(1);
-    LeaderConfig {
-        lease,
-        cluster: ClusterConfig {
-            teardown_timeout: Duration::from_secs(5),
-            instance: who.to_owned(),
-            eviction_client: Some(EvictionClient(cluster.client_without_retries())),
-            ..ClusterConfig::default()
-        },
-    }
+    LeaderConfigBuilder::new(NS, who, who)
+        .fast_lease()
+        .teardown_timeout(Duration::from_secs(5))
+        .eviction_client(cluster.client_without_retries())
+        .build()
 }
 
 /// A GPU pod on the node, owned by a ReplicaSet, running.

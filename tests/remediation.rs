@@ -22,9 +22,9 @@ use std::time::Duration;
 mod fake_rvs;
 
 use gpu_operator::agent;
+use gpu_operator::agent::LeaderConfig;
 use gpu_operator::api::DeviceConfig;
-use gpu_operator::cluster::lease::LeaseConfig;
-use gpu_operator::cluster::{ClusterConfig, ClusterRole, EvictionClient};
+use gpu_operator::cluster::ClusterRole;
 use gpu_operator::driver::gpu_reset::GpuReset;
 use gpu_operator::host::HostRoot;
 use gpu_operator::pod_resources::api::v1::PodResources;
@@ -35,7 +35,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
-use support::agent_config::AgentConfigBuilder;
+use support::agent_config::{AgentConfigBuilder, LeaderConfigBuilder};
 use support::cluster::{self, NAMESPACE as NS, TestCluster};
 use support::pod_resources::{FakeKubelet, pod, serve_kubelet};
 use support::wait;
@@ -133,24 +133,13 @@ async fn create_mapping_of(cluster: &TestCluster, mapping: &str) {
     api.create(&PostParams::default(), &map).await.unwrap();
 }
 
-fn leader_config(
-    cluster: &TestCluster,
-    who: &str,
-    confirm: Confirm,
-) -> (LeaseConfig, ClusterConfig) {
-    let mut lease = LeaseConfig::new(NS, who.to_owned());
-    lease.duration = Duration::from_secs(6);
-    lease.renew_every = Duration::from_secs(1);
-    (
-        lease,
-        ClusterConfig {
-            teardown_timeout: Duration::from_secs(5),
-            instance: who.to_owned(),
-            eviction_client: Some(EvictionClient(cluster.client_without_retries())),
-            remediation_confirm: confirm,
-            ..ClusterConfig::default()
-        },
-    )
+fn leader_config(cluster: &TestCluster, who: &str, confirm: Confirm) -> LeaderConfig {
+    LeaderConfigBuilder::new(NS, who, who)
+        .fast_lease()
+        .teardown_timeout(Duration::from_secs(5))
+        .eviction_client(cluster.client_without_retries())
+        .remediation_confirm(confirm)
+        .build()
 }
 
 /// A leader; dropping the token's guard or the role stops it.
@@ -159,9 +148,9 @@ fn start_leader(
     who: &str,
     confirm: Confirm,
 ) -> (CancellationToken, ClusterRole) {
-    let (lease, config) = leader_config(cluster, who, confirm);
+    let leader = leader_config(cluster, who, confirm);
     let stop = CancellationToken::new();
-    let role = ClusterRole::start(cluster.client(), lease, config, stop.clone());
+    let role = ClusterRole::start(cluster.client(), leader.lease, leader.cluster, stop.clone());
     (stop, role)
 }
 
@@ -408,10 +397,7 @@ impl AgentRig {
                 ),
                 ..self.rvs.commands()
             }))
-            .leader(leader.map(|who| {
-                let (lease, cluster) = leader_config(&self.cluster, who, fast_confirm());
-                gpu_operator::agent::LeaderConfig { lease, cluster }
-            }))
+            .leader(leader.map(|who| leader_config(&self.cluster, who, fast_confirm())))
             .driver(driver)
             .build();
         let shutdown = CancellationToken::new();

@@ -13,19 +13,17 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use gpu_operator::agent::{self, LeaderConfig};
+use gpu_operator::agent;
 use gpu_operator::api::agent_status::{AgentStatus, STATUS_ANNOTATION};
 use gpu_operator::api::driver_upgrade::{RETRY_VALUE, STATE_LABEL, TAINT_KEY};
-use gpu_operator::cluster::lease::LeaseConfig;
 use gpu_operator::cluster::upgrade::Timeouts;
-use gpu_operator::cluster::{ClusterConfig, EvictionClient};
 use gpu_operator::host::HostRoot;
 use gpu_operator::simulate::{self, SIM_KERNEL_RELEASE, SimModule, SimSpec};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use serde_json::{Value, json};
-use support::agent_config::AgentConfigBuilder;
+use support::agent_config::{AgentConfigBuilder, LeaderConfigBuilder};
 use support::bundles;
 use support::cluster::{self, NAMESPACE as NS, TestCluster};
 use support::wait;
@@ -136,14 +134,10 @@ impl Fleet {
     }
 
     fn spawn(&mut self, i: usize) {
-        let eviction = EvictionClient(self.cluster.client_without_retries());
+        let eviction = self.cluster.client_without_retries();
         let member = &mut self.members[i];
-        let mut lease = LeaseConfig::new(NS, format!("{}/pod-{}", member.name, member.restarts));
+        let identity = format!("{}/pod-{}", member.name, member.restarts);
         member.restarts += 1;
-        // Long enough that a loaded machine does not lose it between two
-        // renewals; the leader-loss test waits for one expiry.
-        lease.duration = Duration::from_secs(6);
-        lease.renew_every = Duration::from_secs(1);
         let tools = member.tools();
         // Written once: a restarted agent keeps the stand-ins (and their
         // logs) its node had.
@@ -168,16 +162,17 @@ impl Fleet {
         let kubelet_dir = member.dir.path().join("kubelet");
         std::fs::create_dir_all(kubelet_dir.join("device-plugins")).unwrap();
         let config = AgentConfigBuilder::new(&member.name, member.host.clone(), kubelet_dir)
-            .leader(Some(LeaderConfig {
-                lease,
-                cluster: ClusterConfig {
-                    teardown_timeout: Duration::from_secs(5),
-                    instance: member.name.clone(),
-                    upgrade_timeouts: self.setup.timeouts,
-                    eviction_client: Some(eviction),
-                    ..ClusterConfig::default()
-                },
-            }))
+            .leader(Some(
+                // A lease long enough that a loaded machine does not lose it
+                // between two renewals; the leader-loss test waits for one
+                // expiry.
+                LeaderConfigBuilder::new(NS, &identity, &member.name)
+                    .fast_lease()
+                    .teardown_timeout(Duration::from_secs(5))
+                    .upgrade_timeouts(self.setup.timeouts)
+                    .eviction_client(eviction)
+                    .build(),
+            ))
             .driver(driver)
             .build();
         member.shutdown = CancellationToken::new();

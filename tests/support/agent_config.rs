@@ -79,3 +79,62 @@ impl AgentConfigBuilder {
         self.0
     }
 }
+
+/// The one `LeaderConfig` of the tests and benches: a campaign in
+/// `namespace` as `identity`, the cluster role's instance named `instance`,
+/// with the production lease and cluster settings. A test names only what it
+/// changes.
+pub struct LeaderConfigBuilder(LeaderConfig);
+
+impl LeaderConfigBuilder {
+    pub fn new(namespace: &str, identity: &str, instance: &str) -> Self {
+        Self(LeaderConfig {
+            lease: gpu_operator::cluster::lease::LeaseConfig::new(namespace, identity),
+            cluster: gpu_operator::cluster::ClusterConfig {
+                instance: instance.to_owned(),
+                ..Default::default()
+            },
+        })
+    }
+
+    /// A lease of 6 s renewed every second: a lost leader is replaced within
+    /// a test's patience.
+    pub fn fast_lease(self) -> Self {
+        self.lease_timing(Duration::from_secs(6), Duration::from_secs(1))
+    }
+
+    pub fn lease_timing(mut self, duration: Duration, renew_every: Duration) -> Self {
+        self.0.lease.duration = duration;
+        self.0.lease.renew_every = renew_every;
+        self
+    }
+
+    pub fn teardown_timeout(mut self, timeout: Duration) -> Self {
+        self.0.cluster.teardown_timeout = timeout;
+        self
+    }
+
+    /// Evictions through `client` (one without retries, so that a refused
+    /// eviction is seen as the drain sees it).
+    pub fn eviction_client(mut self, client: kube::Client) -> Self {
+        self.0.cluster.eviction_client = Some(gpu_operator::cluster::EvictionClient(client));
+        self
+    }
+
+    pub fn upgrade_timeouts(mut self, timeouts: gpu_operator::cluster::upgrade::Timeouts) -> Self {
+        self.0.cluster.upgrade_timeouts = timeouts;
+        self
+    }
+
+    pub fn remediation_confirm(
+        mut self,
+        confirm: gpu_operator::remediation::plan::Confirm,
+    ) -> Self {
+        self.0.cluster.remediation_confirm = confirm;
+        self
+    }
+
+    pub fn build(self) -> LeaderConfig {
+        self.0
+    }
+}

@@ -38,7 +38,29 @@ impl TestCluster {
     /// As [`TestCluster::start`], with the Namespace object given (e.g. the
     /// one deploy/ holds).
     pub async fn start_with_namespace(namespace: Value) -> Self {
-        let emulator = Emulator::start(EmulatorConfig::default())
+        Self::start_configured(EmulatorConfig::default(), namespace).await
+    }
+
+    /// As [`TestCluster::start`], with an emulator of `config` (a bench's
+    /// longer watch history) and `nodes` (bare Nodes by name): the one
+    /// bootstrap of tests and benches.
+    pub async fn start_for(config: EmulatorConfig, nodes: &[&str]) -> Self {
+        let cluster = Self::start_configured(
+            config,
+            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}),
+        )
+        .await;
+        for name in nodes {
+            cluster
+                .emulator
+                .create(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}))
+                .expect("the node is created");
+        }
+        cluster
+    }
+
+    async fn start_configured(config: EmulatorConfig, namespace: Value) -> Self {
+        let emulator = Emulator::start(config)
             .await
             .expect("emulator starts on 127.0.0.1");
         emulator
