@@ -89,6 +89,21 @@ pub struct AgentConfig {
     pub health_socket: Option<PathBuf>,
 }
 
+impl AgentConfig {
+    /// What the command line overrides in the services a DeviceConfig asks
+    /// for (applied in [`plan::apply_overrides`]).
+    fn overrides(&self) -> plan::Overrides {
+        plan::Overrides {
+            metrics_listen: self.metrics_listen,
+            test_commands: self.test_commands.clone(),
+            cdi_dir: Some(self.cdi_dir.clone()),
+            dra_device_taints: Some(self.dra_device_taints),
+            reload: Some(self.driver.commands.clone()),
+            access: None,
+        }
+    }
+}
+
 /// How this agent takes part in leader election.
 #[derive(Clone, Debug)]
 pub struct LeaderConfig {
@@ -704,23 +719,13 @@ impl Edges<'_> {
             health_socket: self.config.health_socket.as_deref(),
         };
         let overrides = plan::Overrides {
-            metrics_listen: self.config.metrics_listen,
-            test_commands: self.config.test_commands.clone(),
-            cdi_dir: Some(self.config.cdi_dir.clone()),
-            dra_device_taints: self.config.dra_device_taints,
-            reload: Some(self.config.driver.commands.clone()),
-        };
-        let mut desired = plan::services(selection, &context, &overrides);
-        if let Selection::One(selected) = selection {
-            select::with_access_material(
-                &mut desired,
-                &selected.spec,
-                &selected.key.namespace,
+            access: Some((
                 self.access.material(),
                 crate::metrics::access::ReviewClient(self.client.clone()),
-            );
-        }
-        desired
+            )),
+            ..self.config.overrides()
+        };
+        plan::services(selection, &context, &overrides)
     }
 
     /// Carries out a report on the watched `node`; returns the status update

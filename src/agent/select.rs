@@ -10,7 +10,7 @@ use crate::api::{DeviceConfig, DeviceConfigSpec, NodeLabellerKind, Operand, sele
 use crate::dra::DraConfig;
 use crate::health::{Damping, HealthConfig};
 use crate::metrics::MetricsConfig;
-use crate::metrics::access::{AccessMaterial, AccessPolicy, ReviewClient};
+use crate::metrics::access::{AccessMaterial, AccessPolicy};
 use crate::metricssvc::HealthSocketConfig;
 use crate::partition::PROFILE_LABEL;
 use crate::plugin::PluginConfig;
@@ -236,7 +236,7 @@ pub fn plan_services(spec: &DeviceConfigSpec, node: &NodeContext<'_>) -> Desired
     // The endpoint runs even when metricsExporter is disabled: it serves the
     // probes. `enable` decides whether the cluster gets a Service for it.
     // `rbacConfig` as the spec says; the agent adds what it read of the Secret
-    // and ConfigMap, and its API client ([`with_access_material`]). Without
+    // and ConfigMap, and its API client (`plan::apply_overrides`). Without
     // them (standalone) a protected endpoint refuses /metrics.
     let metrics = Some(
         node.sampling.metrics(MetricsConfig {
@@ -274,26 +274,6 @@ pub fn plan_services(spec: &DeviceConfigSpec, node: &NodeContext<'_>) -> Desired
         metrics,
         test_runner,
         health_socket,
-    }
-}
-
-/// Completes the metrics endpoint's `rbacConfig` policy with what the agent
-/// read of the objects it names (in the DeviceConfig's `namespace`) and the
-/// client the reviews go through.
-pub fn with_access_material(
-    desired: &mut DesiredServices,
-    spec: &DeviceConfigSpec,
-    namespace: &str,
-    material: AccessMaterial,
-    api: ReviewClient,
-) {
-    if let Some(metrics) = desired.metrics.as_mut() {
-        metrics.access = AccessPolicy::for_spec(
-            &spec.metrics_exporter.rbac_config,
-            namespace,
-            material,
-            Some(api),
-        );
     }
 }
 

@@ -248,12 +248,7 @@ pub async fn run_observed(
         tracing::info!(dir = %plugin.device_plugin_dir.display(), "no kubelet device-plugin directory: the device plugin does not run");
         desired.device_plugin = None;
     }
-    if let (Some(metrics), Some(listen)) = (desired.metrics.as_mut(), config.metrics_listen) {
-        metrics.listen = listen;
-    }
-    if let Some(tests) = desired.test_runner.as_mut() {
-        tests.commands = config.test_commands.clone();
-    }
+    super::plan::apply_overrides(&mut desired, None, &config.overrides());
     hold_tests(
         &mut desired,
         report_rx.borrow_and_update().as_ref(),
@@ -424,6 +419,19 @@ pub async fn run_observed(
     services.stop().await;
     drop(devices);
     Ok(())
+}
+
+impl StandaloneConfig {
+    /// What the command line overrides in the services the spec asks for
+    /// (applied in [`super::plan::apply_overrides`]). DRA does not run in
+    /// standalone mode: nothing of it is overridden.
+    fn overrides(&self) -> super::plan::Overrides {
+        super::plan::Overrides {
+            metrics_listen: self.metrics_listen,
+            test_commands: Some(self.test_commands.clone()),
+            ..super::plan::Overrides::default()
+        }
+    }
 }
 
 /// The events a change of discovery progress is worth: a warning when a scan

@@ -33,7 +33,9 @@ mod services;
 pub use driver::{driver_condition_intent, driver_labels, driver_load_event};
 pub use follow::{Following, follow};
 pub use report::{HealthPublishing, Observed, Report, StatusUpdate, Warning, report};
-pub use services::{NodeWork, Overrides, hold_for_node_work, partition_wanted, services};
+pub use services::{
+    NodeWork, Overrides, apply_overrides, hold_for_node_work, partition_wanted, services,
+};
 
 /// What the agent remembers from one pass to the next.
 #[derive(Clone, Debug, Default, PartialEq)]

@@ -1,5 +1,6 @@
 //! Step 2 of a pass ([`services`]): the services the selection asks for on
-//! this node with the command line's overrides, the partition profiles it
+//! this node with the command line's overrides (applied in
+//! [`apply_overrides`], for standalone mode too), the partition profiles it
 //! gives ([`partition_wanted`]) and what the node's own work holds
 //! ([`hold_for_node_work`]). Pure: it must not start or apply services
 //! (that is `super::super::node_services`').
@@ -9,7 +10,9 @@ use std::net::SocketAddr;
 
 use super::super::select::{DesiredServices, NodeContext, Selection, idle_services, plan_services};
 use super::LoopState;
+use crate::api::DeviceConfigSpec;
 use crate::api::agent_status::{DriverLoad, DriverReport};
+use crate::metrics::access::{AccessMaterial, AccessPolicy, ReviewClient};
 
 /// The partition profiles the selected DeviceConfig gives this node: `None`
 /// when configManager does not run here. The text is the followed
@@ -87,8 +90,9 @@ pub fn hold_for_node_work(desired: &mut DesiredServices, work: NodeWork<'_>) -> 
     changed
 }
 
-/// What the agent's command line overrides in the services a DeviceConfig
-/// asks for.
+/// What the command line overrides in the services a DeviceConfig asks for,
+/// in either mode, and what the agent read for the metrics endpoint's
+/// `rbacConfig`. [`apply_overrides`] is the one place they are applied.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Overrides {
     /// Where the metrics endpoint listens, instead of `metricsExporter.port`.
@@ -97,26 +101,45 @@ pub struct Overrides {
     pub test_commands: Option<crate::testrunner::Commands>,
     /// Where the DRA plugin writes CDI specs (`--cdi-dir`).
     pub cdi_dir: Option<std::path::PathBuf>,
-    /// Whether the DRA plugin taints unhealthy devices (`--dra-device-taints`).
-    pub dra_device_taints: bool,
+    /// Whether the DRA plugin taints unhealthy devices (`--dra-device-taints`);
+    /// `None` keeps the plugin's default.
+    pub dra_device_taints: Option<bool>,
     /// How the DRA plugin reloads amdgpu after a memory mode change it makes
     /// (`draDriver.autoPartition`): the driver manager's `modprobe`.
     pub reload: Option<crate::driver::load::LoadCommands>,
+    /// What the agent read of the Secret and ConfigMap that the selected
+    /// DeviceConfig's `metricsExporter.rbacConfig` names, and the client the
+    /// reviews go through; `None` (standalone mode) leaves a protected
+    /// endpoint refusing /metrics.
+    pub access: Option<(AccessMaterial, ReviewClient)>,
 }
 
 /// Step 2: the services the selection asks for on this node (only the metrics
 /// endpoint without exactly one DeviceConfig), with the overrides applied.
-/// The metrics endpoint's `rbacConfig` material is the caller's to add: it
-/// needs the API client that reviews tokens.
 pub fn services(
     selection: &Selection,
     context: &NodeContext<'_>,
     overrides: &Overrides,
 ) -> DesiredServices {
-    let mut desired = match selection {
-        Selection::One(selected) => plan_services(&selected.spec, context),
-        Selection::None | Selection::Conflict(_) => idle_services(context),
+    let (mut desired, selected) = match selection {
+        Selection::One(selected) => (
+            plan_services(&selected.spec, context),
+            Some((&selected.spec, selected.key.namespace.as_str())),
+        ),
+        Selection::None | Selection::Conflict(_) => (idle_services(context), None),
     };
+    apply_overrides(&mut desired, selected, overrides);
+    desired
+}
+
+/// Applies `overrides` to the services planned for `selected` (the spec and
+/// the namespace of its DeviceConfig; `None` when none is selected): every
+/// override of either mode, here and nowhere else. Pure.
+pub fn apply_overrides(
+    desired: &mut DesiredServices,
+    selected: Option<(&DeviceConfigSpec, &str)>,
+    overrides: &Overrides,
+) {
     if let (Some(listen), Some(metrics)) = (overrides.metrics_listen, desired.metrics.as_mut()) {
         metrics.listen = listen;
     }
@@ -128,10 +151,24 @@ pub fn services(
         if let Some(dir) = &overrides.cdi_dir {
             dra.cdi_dir = dir.clone();
         }
-        dra.device_taints = overrides.dra_device_taints;
+        if let Some(taints) = overrides.dra_device_taints {
+            dra.device_taints = taints;
+        }
         dra.reload = overrides.reload.clone();
     }
-    desired
+    // The metrics endpoint's `rbacConfig` policy, completed with what the
+    // agent read of the objects it names (in the DeviceConfig's namespace)
+    // and the client the reviews go through.
+    if let (Some((spec, namespace)), Some((material, api)), Some(metrics)) =
+        (selected, &overrides.access, desired.metrics.as_mut())
+    {
+        metrics.access = AccessPolicy::for_spec(
+            &spec.metrics_exporter.rbac_config,
+            namespace,
+            material.clone(),
+            Some(api.clone()),
+        );
+    }
 }
 
 #[cfg(test)]
@@ -245,6 +282,47 @@ mod tests {
             idle_services(&context),
             "a conflict runs only the metrics endpoint"
         );
+    }
+
+    #[test]
+    fn every_override_of_either_mode_is_applied_in_one_place() {
+        let host = crate::host::HostRoot::new("/h");
+        let planned = || DesiredServices {
+            metrics: Some(crate::metrics::MetricsConfig::new(host.clone(), "n1")),
+            test_runner: Some(crate::testrunner::TestRunnerConfig::new(
+                host.clone(),
+                "n1",
+                "/var/log/amd-test-runner",
+            )),
+            dra: Some(crate::dra::DraConfig::new("/k", host.clone(), "n1")),
+            ..DesiredServices::default()
+        };
+        // Standalone mode's: nothing of DRA, whose defaults stay.
+        let mut standalone = planned();
+        apply_overrides(&mut standalone, None, &Overrides::default());
+        assert_eq!(standalone, planned(), "no override changes nothing");
+        let listen: SocketAddr = "127.0.0.1:9".parse().unwrap();
+        let commands = crate::testrunner::Commands {
+            rvs: "/opt/rvs".into(),
+            ..crate::testrunner::Commands::default()
+        };
+        let reload = crate::driver::load::LoadCommands::default();
+        let agent = Overrides {
+            metrics_listen: Some(listen),
+            test_commands: Some(commands.clone()),
+            cdi_dir: Some("/run/cdi-here".into()),
+            dra_device_taints: Some(false),
+            reload: Some(reload.clone()),
+            access: None,
+        };
+        let mut desired = planned();
+        apply_overrides(&mut desired, None, &agent);
+        assert_eq!(desired.metrics.map(|m| m.listen), Some(listen));
+        assert_eq!(desired.test_runner.map(|t| t.commands), Some(commands));
+        let dra = desired.dra.expect("DRA planned");
+        assert_eq!(dra.cdi_dir, std::path::PathBuf::from("/run/cdi-here"));
+        assert!(!dra.device_taints);
+        assert_eq!(dra.reload, Some(reload));
     }
 
     /// The reference's CRD has no default on `driver` or `devicePlugin`, and
