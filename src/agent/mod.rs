@@ -22,6 +22,7 @@
 
 pub mod configmaps;
 pub mod node_services;
+pub mod node_side;
 pub mod partition;
 pub mod plan;
 pub mod remediation;
@@ -47,7 +48,6 @@ use tokio_util::task::AbortOnDropHandle;
 use crate::api::DeviceConfig;
 use crate::api::agent_status::STATUS_ANNOTATION;
 use crate::api::driver_upgrade::UpgradeRecord;
-use crate::device::watch::{DeviceWatch, WatchConfig};
 use crate::events::{EventSink, EventType, NodeEvent};
 use crate::host::HostRoot;
 use crate::node_writer::{
@@ -55,7 +55,7 @@ use crate::node_writer::{
 };
 use crate::service::{Followers, Slot, Wake, Wakes};
 use configmaps::ConfigMapFollower;
-use node_services::NodeServices;
+use node_side::{DRIVER_MANAGER, DRIVER_REPORT, NodeSide};
 use select::{DesiredServices, NodeContext, Selection, select_config};
 
 /// How the agent was started.
@@ -120,8 +120,6 @@ pub enum AgentError {
 /// The followers' names, as the status and the log name one that ended.
 const NODE_WATCH: &str = "node-watch";
 const DEVICE_CONFIG_WATCH: &str = "device-config-watch";
-const DRIVER_REPORT: &str = "driver-report";
-const DRIVER_MANAGER: &str = "driver-manager";
 const METRICS_CONFIG_VERDICT: &str = "metrics-config-verdict";
 const METRICS_CONFIG_MAP: &str = "metrics-config-map";
 const TEST_CONFIG_MAP: &str = "test-config-map";
@@ -157,42 +155,6 @@ pub async fn run_with_followers(
 ) -> Result<(), AgentError> {
     let node_name = config.node_name.clone();
     tracing::info!(node = %node_name, namespace = ?config.namespace, host_root = %config.host.root().display(), "agent starting");
-    // Not waiting for the first scan: a hung host must not keep the metrics
-    // endpoint (and /healthz) down. The other services wait for discovery.
-    let devices = DeviceWatch::start_undiscovered(
-        config.host.clone(),
-        WatchConfig {
-            rescan_interval: config.rescan_interval,
-            use_udev: true,
-            ..WatchConfig::default()
-        },
-    );
-    let inventory = devices.inventory();
-    // Every follower stops with the agent; ends after that are expected.
-    let report_stop = followers.stopping();
-    let _stop_report = report_stop.clone().drop_guard();
-    // What driver and kernel the node runs, for the status, whatever the
-    // DeviceConfig says about drivers.
-    // One small reader pool for the driver's own host reads: the report
-    // and the holder scans of the driver manager and of partition changes.
-    let driver_reader = crate::host::reader::BoundedReader::new(config.host.clone(), 2);
-    let (driver_report, report_task) = crate::driver::report::follow(
-        driver_reader.clone(),
-        inventory.clone(),
-        devices.state(),
-        report_stop.clone(),
-    );
-    let _driver_report = followers.spawn(DRIVER_REPORT, report_task);
-    // Loads the driver the selected DeviceConfig asks for, if any.
-    let (driver_wanted, wanted_rx) = watch::channel(None);
-    let (driver_load, manager_task) = crate::driver::manager::follow(
-        driver_reader.clone(),
-        config.driver.clone(),
-        wanted_rx,
-        driver_report.clone(),
-        report_stop.clone(),
-    );
-    let _driver_manager = followers.spawn(DRIVER_MANAGER, manager_task);
     let nodes: Api<Node> = Api::all(client.clone());
     // Every write to this agent's own Node goes through it.
     let writer = NodeWriter::new(nodes.clone(), node_name.clone());
@@ -222,30 +184,41 @@ pub async fn run_with_followers(
 
     // Every Event about this Node goes through it.
     let events = EventSink::kubernetes(client.clone(), node_name.clone(), node_rx.clone());
-    let mut services = NodeServices::new(
-        inventory.clone(),
-        devices.state(),
+    // The driver is reported whatever the DeviceConfig says about drivers,
+    // and loaded as the selected one asks (each pass says).
+    let mut node_side = NodeSide::start(
+        node_side::Start {
+            host: config.host.clone(),
+            rescan_interval: config.rescan_interval,
+            driver: config.driver.clone(),
+            driver_wanted: None,
+        },
         Some(node_services::KubeSide {
             client: client.clone(),
             writer: writer.clone(),
             node: node_rx.clone(),
             events: events.clone(),
         }),
+        followers.clone(),
     );
-    let plugin_status = services.plugin_status.clone();
-    let discovery = services.discovery();
+    let report_stop = node_side.stopping();
+    let inventory = node_side.devices.inventory();
+    let driver_report = node_side.driver_report.clone();
+    let driver_load = node_side.driver_load.clone();
+    let plugin_status = node_side.services.plugin_status.clone();
+    let discovery = node_side.services.discovery();
     // Partition changes of this node (configManager), once the leader drained it.
     let (partition_wanted, partition_wanted_rx) = watch::channel(None);
     let (partition_report, _partition_task) = partition::spawn(
         partition::Feeds {
             node: node_rx.clone(),
             inventory: inventory.clone(),
-            discovered: services.discovery(),
-            rescan: devices.rescan(),
+            discovered: node_side.services.discovery(),
+            rescan: node_side.devices.rescan(),
             writer: writer.clone(),
             events: events.clone(),
             store: crate::simulate::kernel::store_for(&config.host),
-            reader: driver_reader.clone(),
+            reader: node_side.reader.clone(),
             limits: crate::partition::Limits::default(),
         },
         partition_wanted_rx,
@@ -265,11 +238,11 @@ pub async fn run_with_followers(
             events: events.clone(),
             reboot: config.driver.reboot.clone(),
             leader: leader.clone(),
-            health: services.health_snapshot.clone(),
+            health: node_side.services.health_snapshot.clone(),
             pod_resources: pod_resources_rx,
             gpu_reset: config.driver.gpu_reset.clone(),
-            reader: driver_reader.clone(),
-            gpu_locks: services.gpu_locks.clone(),
+            reader: node_side.reader.clone(),
+            gpu_locks: node_side.services.gpu_locks.clone(),
             tests: crate::testrunner::TestRunnerConfig {
                 commands: config.test_commands.clone().unwrap_or_default(),
                 ..crate::testrunner::TestRunnerConfig::for_spec(
@@ -284,7 +257,7 @@ pub async fn run_with_followers(
         report_stop.clone(),
     );
     let (metrics_config_error, _forward_config_error) =
-        config_error_changes(services.exporter_status.clone(), &followers);
+        config_error_changes(node_side.services.exporter_status.clone(), &followers);
     let metrics_config =
         ConfigMapFollower::new(client.clone(), followers.clone(), METRICS_CONFIG_MAP);
     let test_config = ConfigMapFollower::new(client.clone(), followers.clone(), TEST_CONFIG_MAP);
@@ -313,14 +286,14 @@ pub async fn run_with_followers(
     wakes.watch(remediation::FOLLOWER, remediation_report.clone());
     wakes.watch(METRICS_ACCESS, access.subscribe());
     wakes.watch(FOLLOWER_ENDS, ended.clone());
-    for states in services.state_changes() {
+    for states in node_side.services.state_changes() {
         wakes.watch(SERVICE_STATES, states);
     }
     let node_health = Slot::new(crate::health::NodeHealthPublisher {
         writer: writer.clone(),
         node: node_rx.clone(),
-        snapshots: services.health_snapshot.clone(),
-        transitions: services.transitions(),
+        snapshots: node_side.services.health_snapshot.clone(),
+        transitions: node_side.services.transitions(),
         events: events.clone(),
     });
     wakes.watch(SERVICE_STATES, node_health.subscribe());
@@ -366,11 +339,7 @@ pub async fn run_with_followers(
                 ),
                 _ => None,
             };
-            driver_wanted.send_if_modified(|current| {
-                let changed = *current != wanted;
-                *current = wanted.clone();
-                changed
-            });
+            node_side.want_driver(wanted.clone());
             let load = driver_load.borrow().clone();
             if let Some((type_, action, reason, note)) =
                 plan::driver_load_event(&mut state, load.as_ref())
@@ -442,7 +411,7 @@ pub async fn run_with_followers(
                 .as_ref()
                 .map(|m| crate::metrics::access::problems(&m.access))
                 .unwrap_or_default();
-            let applied = services.apply(desired).await;
+            let applied = node_side.services.apply(desired).await;
             let config_verdict = metrics_config_error.borrow().clone();
             let followers_ended: Vec<String> =
                 ended.borrow().iter().map(ToString::to_string).collect();
@@ -457,14 +426,14 @@ pub async fn run_with_followers(
                     discovery: &discovery.borrow(),
                     access_problems: &access_problems,
                     node_label_problems: &node_label_problems,
-                    services: services.states(),
+                    services: node_side.services.states(),
                     inventory: &inventory.borrow(),
                     driver: driver_report.borrow().as_ref(),
                     driver_load: load.as_ref(),
                     partition: partition_report.borrow().as_ref(),
                     remediation: remediation_report.borrow().as_ref(),
                     applied,
-                    health_running: services.health.is_running(),
+                    health_running: node_side.services.health.is_running(),
                     publishing_health: edges.node_health.is_running(),
                     followers_ended: &followers_ended,
                     now: k8s_openapi::jiff::Timestamp::now().to_string(),
@@ -496,8 +465,8 @@ pub async fn run_with_followers(
             role.step_down().await;
         }
     };
-    tokio::join!(services.stop(), edges.node_health.stop(), release);
-    drop(devices);
+    tokio::join!(node_side.services.stop(), edges.node_health.stop(), release);
+    drop(node_side);
     Ok(())
 }
 

@@ -19,11 +19,10 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::node_services::{DiscoveryProgress, NodeServices};
+use super::node_services::DiscoveryProgress;
+use super::node_side::{self, NodeSide};
 use super::select::{DesiredServices, NodeContext, plan_services};
-use super::{DRIVER_MANAGER, DRIVER_REPORT};
 use crate::api::{DeviceConfigSpec, parse_specs, validate};
-use crate::device::watch::{DeviceWatch, WatchConfig};
 use crate::events::{EventSink, EventType, NodeEvent};
 use crate::health::outputs::transition_event;
 use crate::host::HostRoot;
@@ -185,70 +184,30 @@ pub async fn run_observed(
     ready: impl FnOnce(Started),
 ) -> Result<(), StandaloneError> {
     let events = open_events(&config)?;
-    // Not waiting for the first scan: a hung host must not keep the metrics
-    // endpoint (and /healthz) down. The other services wait for discovery.
-    let devices = DeviceWatch::start_undiscovered(
-        config.host.clone(),
-        WatchConfig {
+    // The node side as the agent starts it, without the Kubernetes side. The
+    // driver is reported, and loaded when the spec asks (as by hand: there
+    // is no leader to roll upgrades). Its two tasks are followers: one that
+    // ends unasked is logged and recorded as an Event.
+    let mut node_side = NodeSide::start(
+        node_side::Start {
+            host: config.host.clone(),
             rescan_interval: config.rescan_interval,
-            use_udev: true,
-            ..WatchConfig::default()
+            driver: config.driver.clone(),
+            driver_wanted: crate::driver::manager::DriverWanted::from_spec(config.spec.driver()),
         },
+        None,
+        Followers::new(),
     );
-    let mut services = NodeServices::new(devices.inventory(), devices.state(), None);
-    // The driver: reported, and loaded when the spec asks (as by hand:
-    // there is no leader to roll upgrades). Its two tasks are followers:
-    // one that ends unasked is logged and recorded as an Event.
-    let followers = Followers::new();
-    let driver_stop = followers.stopping();
-    let _stop_driver = driver_stop.clone().drop_guard();
-    let driver_reader = crate::host::reader::BoundedReader::new(config.host.clone(), 2);
-    let (driver_report, report_task) = crate::driver::report::follow(
-        driver_reader.clone(),
-        devices.inventory(),
-        devices.state(),
-        driver_stop.clone(),
-    );
-    let _driver_report = followers.spawn(DRIVER_REPORT, report_task);
-    let (_driver_wanted, wanted_rx) = tokio::sync::watch::channel(
-        crate::driver::manager::DriverWanted::from_spec(config.spec.driver()),
-    );
-    let mut report_rx = driver_report.clone();
+    let mut report_rx = node_side.driver_report.clone();
     let mut report_open = true;
-    let (mut driver_load, manager_task) = crate::driver::manager::follow(
-        driver_reader,
-        config.driver.clone(),
-        wanted_rx,
-        driver_report,
-        driver_stop.clone(),
-    );
-    let _driver_manager = followers.spawn(DRIVER_MANAGER, manager_task);
-    let mut ended = followers.ended();
+    let mut driver_load = node_side.driver_load.clone();
+    let mut ended = node_side.followers().ended();
     let mut driver_events = super::plan::LoopState::default();
     let mut driver_open = true;
+    let services = &mut node_side.services;
     let mut discovery = services.discovery();
     let mut discovery_open = true;
-    let labels = Default::default();
-    let mut desired = plan_services(
-        &config.spec,
-        &NodeContext {
-            node_name: &config.node_name,
-            sampling: &config.sampling,
-            labels: &labels,
-            kubelet_dir: &config.kubelet_dir,
-            host: &config.host,
-            metrics_config: config.metrics_config.as_deref(),
-            test_config: config.test_config.as_deref(),
-            health_socket: config.health_socket.as_deref(),
-        },
-    );
-    if let Some(plugin) = &desired.device_plugin
-        && !plugin.device_plugin_dir.is_dir()
-    {
-        tracing::info!(dir = %plugin.device_plugin_dir.display(), "no kubelet device-plugin directory: the device plugin does not run");
-        desired.device_plugin = None;
-    }
-    super::plan::apply_overrides(&mut desired, None, &config.overrides());
+    let mut desired = desired_services(&config);
     hold_tests(
         &mut desired,
         report_rx.borrow_and_update().as_ref(),
@@ -417,8 +376,35 @@ pub async fn run_observed(
         ))
         .await;
     services.stop().await;
-    drop(devices);
+    drop(node_side);
     Ok(())
+}
+
+/// The services the spec asks for, with the command line's overrides; the
+/// device plugin only where the kubelet has a device-plugin directory.
+fn desired_services(config: &StandaloneConfig) -> DesiredServices {
+    let labels = Default::default();
+    let mut desired = plan_services(
+        &config.spec,
+        &NodeContext {
+            node_name: &config.node_name,
+            sampling: &config.sampling,
+            labels: &labels,
+            kubelet_dir: &config.kubelet_dir,
+            host: &config.host,
+            metrics_config: config.metrics_config.as_deref(),
+            test_config: config.test_config.as_deref(),
+            health_socket: config.health_socket.as_deref(),
+        },
+    );
+    if let Some(plugin) = &desired.device_plugin
+        && !plugin.device_plugin_dir.is_dir()
+    {
+        tracing::info!(dir = %plugin.device_plugin_dir.display(), "no kubelet device-plugin directory: the device plugin does not run");
+        desired.device_plugin = None;
+    }
+    super::plan::apply_overrides(&mut desired, None, &config.overrides());
+    desired
 }
 
 impl StandaloneConfig {
