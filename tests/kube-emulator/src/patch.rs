@@ -285,11 +285,43 @@ pub fn apply_merge(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::resources::builtin_list_type;
+    use crate::resources::{builtin_list_type, builtin_strategic_list_type};
     use serde_json::json;
 
+    /// As the store patches built-ins: by their strategic-merge tags.
     fn smp(orig: Value, patch: Value) -> Value {
-        strategic_merge(&orig, &patch, &builtin_list_type).unwrap()
+        strategic_merge(&orig, &patch, &builtin_strategic_list_type).unwrap()
+    }
+
+    #[test]
+    fn a_claims_status_devices_are_replaced_and_its_reservations_merged_by_uid() {
+        // status.devices has `+listType=map` but no `patchStrategy`: a strategic
+        // merge patch replaces the list (server-side apply merges it, see
+        // fields.rs); status.reservedFor merges by uid.
+        let entry =
+            |driver: &str, device: &str| json!({"driver": driver, "pool": "n1", "device": device});
+        let claim = json!({"status": {
+            "devices": [entry("gpu.amd.com", "gpu-0"), entry("net.example.com", "eth0")],
+            "reservedFor": [{"resource": "pods", "name": "a", "uid": "1"}]
+        }});
+        let out = smp(
+            claim,
+            json!({"status": {
+                "devices": [entry("gpu.amd.com", "gpu-1")],
+                "reservedFor": [{"resource": "pods", "name": "b", "uid": "2"}]
+            }}),
+        );
+        assert_eq!(
+            out["status"]["devices"],
+            json!([entry("gpu.amd.com", "gpu-1")])
+        );
+        let uids: Vec<&str> = out["status"]["reservedFor"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["uid"].as_str().unwrap())
+            .collect();
+        assert_eq!(uids, ["1", "2"]);
     }
 
     #[test]

@@ -168,6 +168,33 @@ impl ResourceType {
         }
         builtin_list_type(path)
     }
+
+    /// How the list at `path` merges in a strategic merge patch. Custom
+    /// resources have none (their strategic patches are refused); for
+    /// built-ins see [`builtin_strategic_list_type`].
+    pub fn strategic_list_type(&self, path: &[String]) -> ListType {
+        if self.custom {
+            return self.list_type(path);
+        }
+        builtin_strategic_list_type(path)
+    }
+}
+
+/// Where a strategic merge patch merges a built-in list differently from
+/// server-side apply: it reads the Go fields' `patchStrategy` /
+/// `patchMergeKey` tags, never `+listType`. ResourceClaim `status.devices`
+/// is `+listType=map` (apply merges per entry) but has no `patchStrategy`, so
+/// a strategic merge patch replaces the whole list, as for any untagged list;
+/// `status.reservedFor` has `patchStrategy:"merge" patchMergeKey:"uid"`
+/// (k8s.io/api resource/v1 `ResourceClaimStatus`).
+pub fn builtin_strategic_list_type(path: &[String]) -> ListType {
+    if path == ["status", "devices"] {
+        return ListType::Atomic;
+    }
+    if path == ["status", "reservedFor"] {
+        return ListType::Map(vec!["uid".to_owned()]);
+    }
+    builtin_list_type(path)
 }
 
 /// List-map keys the API declares optional: an item without one is keyed by

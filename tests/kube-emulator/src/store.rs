@@ -905,7 +905,7 @@ impl Store {
                 }
                 let p: Value = serde_json::from_slice(body)
                     .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
-                let lookup = |path: &[String]| rt.list_type(path);
+                let lookup = |path: &[String]| rt.strategic_list_type(path);
                 let merged = patch::strategic_merge(&base, &p, &lookup).map_err(|e| {
                     ApiError::new(
                         422,
