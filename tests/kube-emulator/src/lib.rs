@@ -36,6 +36,8 @@ mod fields;
 mod openapi;
 mod patch;
 mod protobuf;
+mod rbac;
+pub mod resource_claim;
 pub mod resource_slice;
 mod resources;
 mod reviews;
@@ -214,8 +216,9 @@ impl Emulator {
     /// A kube client configuration whose requests the emulator attributes to
     /// `user` (in `system:authenticated`): it sends a bearer token registered
     /// for that user (the same token for the same user every time). Admission
-    /// policies see the user as `request.userInfo`; nothing else is
-    /// authorized differently.
+    /// policies see the user as `request.userInfo`, and a ResourceClaim status
+    /// write is authorized as the user by the stored RBAC objects (see the
+    /// README); nothing else is authorized differently.
     pub fn config_as(&self, user: &UserInfo) -> kube::Config {
         let mut config = self.config();
         let token = self.shared.reviews.token_for(user);

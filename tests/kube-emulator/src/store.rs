@@ -18,6 +18,8 @@ use crate::admission::{self, Caller, Operation as Op, Param, Target, Verdict};
 use crate::error::{ApiError, ApiResult, Cause, Qualified};
 use crate::fields::{self, ManagerKey, Operation, Ownership, Scope};
 use crate::patch;
+use crate::rbac;
+use crate::resource_claim;
 use crate::resource_slice;
 use crate::resources::{ResourceType, builtin_types, type_from_crd};
 use crate::selector::{FieldSelector, LabelSelector};
@@ -571,6 +573,76 @@ impl Store {
         Err(ApiError::invalid(&rt.kind, &rt.group, name, causes))
     }
 
+    fn is_claim(rt: &ResourceType) -> bool {
+        rt.group == "resource.k8s.io" && rt.plural == "resourceclaims"
+    }
+
+    /// The stored RBAC objects, for the checks the server makes inside a write.
+    fn rbac_policy(&self) -> rbac::Policy {
+        let mut p = rbac::Policy::default();
+        for (k, o) in &self.objects {
+            if k.group != "rbac.authorization.k8s.io" {
+                continue;
+            }
+            let list = match k.resource.as_str() {
+                "roles" => &mut p.roles,
+                "clusterroles" => &mut p.cluster_roles,
+                "rolebindings" => &mut p.role_bindings,
+                "clusterrolebindings" => &mut p.cluster_role_bindings,
+                _ => continue,
+            };
+            list.push(o.value.clone());
+        }
+        p
+    }
+
+    /// A ResourceClaim status write's validation and the granular
+    /// authorization of what it changes ([`resource_claim`]): one `422 Invalid`
+    /// with a cause per problem, as the strategy's `ValidateUpdate` answers.
+    /// The emulator's own writes (no caller) are not authorized.
+    fn check_claim_status(
+        &self,
+        rt: &ResourceType,
+        key: &ObjKey,
+        new: &Value,
+        old: &Value,
+        ctx: &WriteCtx,
+        verb: &str,
+    ) -> ApiResult<()> {
+        let mut causes: Vec<Cause> = resource_claim::validate_status(new)
+            .into_iter()
+            .map(|(field, message)| Cause {
+                reason: resource_slice::cause_reason(&message).into(),
+                message,
+                field: Some(field),
+            })
+            .collect();
+        if let Some(caller) = &ctx.caller {
+            let needs =
+                resource_claim::status_authorization(new, old, &caller.user, verb, &key.namespace);
+            if !needs.is_empty() {
+                let policy = self.rbac_policy();
+                for need in needs {
+                    if !need
+                        .attempts
+                        .iter()
+                        .any(|a| rbac::allows(&policy, &caller.user, a))
+                    {
+                        causes.push(Cause {
+                            reason: "FieldValueForbidden".into(),
+                            message: format!("Forbidden: {}", need.message),
+                            field: Some(need.field.into()),
+                        });
+                    }
+                }
+            }
+        }
+        if causes.is_empty() {
+            return Ok(());
+        }
+        Err(ApiError::invalid(&rt.kind, &rt.group, &key.name, causes))
+    }
+
     /// `GET` one object.
     pub fn get(
         &self,
@@ -851,6 +923,7 @@ impl Store {
             scope,
             OwnerChange::Update(owner),
             ctx,
+            "update",
         )
     }
 
@@ -941,6 +1014,7 @@ impl Store {
             scope,
             OwnerChange::Update(owner),
             ctx,
+            "patch",
         )
     }
 
@@ -1073,6 +1147,7 @@ impl Store {
             scope,
             OwnerChange::Set(owners),
             ctx,
+            "patch",
         )
     }
 
@@ -1088,6 +1163,7 @@ impl Store {
         scope: Scope,
         owner_change: OwnerChange,
         ctx: &WriteCtx,
+        verb: &'static str,
     ) -> ApiResult<Value> {
         if !candidate.is_object() {
             return Err(ApiError::bad_request(
@@ -1146,6 +1222,10 @@ impl Store {
             }
         };
         Self::normalize(rt, &mut new)?;
+        if scope == Scope::Status && Self::is_claim(rt) {
+            resource_claim::drop_deallocated_devices(&mut new, &old.value);
+            self.check_claim_status(rt, &key, &new, &old.value, ctx, verb)?;
+        }
         Self::validate_kind(rt, &key.name, &new)?;
 
         // System metadata is the server's.
@@ -2399,6 +2479,120 @@ mod tests {
     }
 
     #[test]
+    fn a_claims_device_status_is_authorized_per_driver_and_node_and_dropped_on_deallocation() {
+        use crate::reviews::UserInfo;
+        let mut s = store();
+        let as_user = |user: &UserInfo| WriteCtx {
+            caller: Some(Caller {
+                user: user.clone(),
+                dry_run: false,
+                field_manager: None,
+                field_validation: None,
+                delete_options: Value::Null,
+                collection: false,
+            }),
+            ..ctx("gpu-operator-dra")
+        };
+        let agent = |node: &str| {
+            UserInfo::service_account("ops", "agent")
+                .with_extra(resource_claim::NODE_NAME_EXTRA, &[node])
+        };
+        // The agent's grant, as deploy/10-rbac.yaml words it.
+        for (plural, obj) in [
+            (
+                "clusterroles",
+                json!({"metadata": {"name": "agent"}, "rules": [
+                    {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/driver"],
+                     "resourceNames": ["gpu.amd.com"], "verbs": ["associated-node:patch"]}]}),
+            ),
+            (
+                "clusterrolebindings",
+                json!({"metadata": {"name": "agent"},
+                       "roleRef": {"apiGroup": "rbac.authorization.k8s.io",
+                                   "kind": "ClusterRole", "name": "agent"},
+                       "subjects": [{"kind": "ServiceAccount", "name": "agent",
+                                     "namespace": "ops"}]}),
+            ),
+        ] {
+            let t = rt(&s, "rbac.authorization.k8s.io", plural);
+            s.create(&t, "v1", None, obj, &ctx("t")).unwrap();
+        }
+        let claims = rt(&s, "resource.k8s.io", "resourceclaims");
+        s.create(
+            &claims,
+            "v1",
+            Some("default"),
+            json!({"metadata": {"name": "c"}, "spec": {"devices": {}}}),
+            &ctx("t"),
+        )
+        .unwrap();
+        let allocation = json!({"devices": {"results": [
+                {"request": "r", "driver": "gpu.amd.com", "pool": "n1", "device": "gpu-0"}]},
+            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                {"key": "metadata.name", "operator": "In", "values": ["n1"]}]}]}});
+        let status = |s: &mut Store, status: Value, ctx: &WriteCtx| {
+            let body = json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                              "metadata": {"name": "c"}, "status": status});
+            s.update(
+                &claims,
+                "v1",
+                Some("default"),
+                "c",
+                Scope::Status,
+                body,
+                ctx,
+            )
+        };
+        // Allocating needs resourceclaims/binding, which the agent lacks.
+        let refused = status(
+            &mut s,
+            json!({"allocation": allocation}),
+            &as_user(&agent("n1")),
+        )
+        .unwrap_err();
+        assert_eq!(
+            refused.message,
+            "ResourceClaim \"c\" is invalid: status: Forbidden: changing status.allocation or \
+             status.reservedFor requires extra permission"
+        );
+        status(&mut s, json!({"allocation": allocation}), &ctx("scheduler")).unwrap();
+        let apply = |s: &mut Store, user: &UserInfo| {
+            let body = json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                "metadata": {"name": "c"}, "status": {"devices": [
+                    {"driver": "gpu.amd.com", "pool": "n1", "device": "gpu-0"}]}});
+            s.apply(
+                &claims,
+                "v1",
+                Some("default"),
+                "c",
+                Scope::Status,
+                body,
+                true,
+                &as_user(user),
+            )
+        };
+        // Another node's agent: only arbitrary-node:patch counts, not granted.
+        let refused = apply(&mut s, &agent("n2")).unwrap_err();
+        assert_eq!(refused.code, 422);
+        assert_eq!(
+            refused.message,
+            "ResourceClaim \"c\" is invalid: status.devices: Forbidden: changing status.devices \
+             requires extra permission"
+        );
+        assert_eq!(refused.details.causes[0].reason, "FieldValueForbidden");
+        // The claim's own node's agent: associated-node:patch on gpu.amd.com.
+        let written = apply(&mut s, &agent("n1")).unwrap();
+        assert_eq!(written["status"]["devices"][0]["device"], "gpu-0");
+        // Deallocating takes the entry with it (the scheduler's write: no caller).
+        let freed = status(
+            &mut s,
+            json!({"devices": written["status"]["devices"]}),
+            &ctx("s"),
+        );
+        assert_eq!(freed.unwrap()["status"], json!({}));
+    }
+
+    #[test]
     fn resource_slices_are_validated_on_every_write() {
         let mut s = store();
         let slices = rt(&s, "resource.k8s.io", "resourceslices");
@@ -2468,6 +2662,21 @@ mod tests {
             Some("default"),
             json!({"metadata": {"name": "c"}, "spec": {"devices": {}}}),
             &ctx("t"),
+        )
+        .unwrap();
+        // Entries must name allocated devices, as on the real server.
+        let result = |driver: &str, device: &str| json!({"request": "r", "driver": driver, "pool": "n1", "device": device});
+        s.update(
+            &claims,
+            "v1",
+            Some("default"),
+            "c",
+            Scope::Status,
+            json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                   "metadata": {"name": "c"},
+                   "status": {"allocation": {"devices": {"results": [
+                       result("gpu.amd.com", "gpu-1-128"), result("net.example.com", "eth0")]}}}}),
+            &ctx("scheduler"),
         )
         .unwrap();
         let entry = |driver: &str, device: &str, ready: &str| {
