@@ -15,8 +15,9 @@
 //!   node has the layout any more.
 //! - The claim's `status.devices` (KEP-4817) shows the GPU it got, ready and
 //!   how healthy, written by the agent under its own token with
-//!   deploy/15-admission-policy.yaml in force, and gone on unprepare;
-//!   `kubectl describe resourceclaim` shows it.
+//!   deploy/10-rbac.yaml and deploy/15-admission-policy.yaml in force, and
+//!   gone on unprepare; `kubectl describe resourceclaim` shows it. Another
+//!   node's agent, or one without the driver grant, cannot write it.
 
 mod support;
 
@@ -65,12 +66,15 @@ impl Node {
     }
 
     /// [`Node::start`] in a cluster that has `objects` (created first).
-    /// `under_policy`: deploy/15-admission-policy.yaml in force and the
-    /// agent sending its pod's token (the operator's ServiceAccount, its
-    /// node and pod named), as the kubelet mints it.
+    /// `under_policy`: deploy/10-rbac.yaml's objects (which the emulator reads
+    /// to authorize a claim's `status.devices` per driver and node) and
+    /// deploy/15-admission-policy.yaml in force, and the agent sending its
+    /// pod's token (the operator's ServiceAccount, its node and pod named), as
+    /// the kubelet mints it.
     async fn start_with(spec: SimSpec, objects: &[Value], under_policy: bool) -> Self {
         let cluster = TestCluster::start().await;
         let client = if under_policy {
+            cluster.apply_rbac();
             cluster.apply_admission_policies();
             cluster.client_as(&agent_user())
         } else {
@@ -538,6 +542,105 @@ fn condition_of(entry: &Value, type_: &str) -> String {
         .and_then(|c| c["status"].as_str())
         .unwrap_or_default()
         .to_owned()
+}
+
+/// Kubernetes 1.36 authorizes a change of a claim's `status.devices` per
+/// driver and node (`resourceclaims/driver`, `associated-node:patch`, the
+/// emulator's `src/resource_claim.rs`): with deploy/10-rbac.yaml, the agent
+/// of the node a claim is allocated on writes gpu.amd.com's entry as the
+/// plugin does; another node's agent is refused, and so is the claim's own
+/// node's agent once the driver grant is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_claims_own_node_agent_with_the_driver_grant_writes_its_device_status() {
+    use gpu_operator::api::field_manager;
+    use gpu_operator::dra::claim_status::status_apply;
+    use k8s_openapi::api::rbac::v1::ClusterRole;
+    use k8s_openapi::api::resource::v1::{AllocatedDeviceStatus, ResourceClaim};
+
+    let cluster = TestCluster::start().await;
+    cluster.apply_rbac();
+    let admin: Api<ResourceClaim> = Api::namespaced(cluster.client(), NS);
+    admin
+        .create(
+            &Default::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "c"},
+                "spec": {"devices": {"requests": [
+                    {"name": "gpu", "exactly": {"deviceClassName": "gpu.amd.com"}}]}}
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    admin
+        .patch_status(
+            "c",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"allocation": {
+                "devices": {"results": [
+                    {"request": "gpu", "driver": "gpu.amd.com", "pool": NODE, "device": "gpu-0"}]},
+                "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                    {"key": "metadata.name", "operator": "In", "values": [NODE]}]}]}
+            }}})),
+        )
+        .await
+        .unwrap();
+    let write = |user: kube_emulator::UserInfo, ready: &str| {
+        let api: Api<ResourceClaim> = Api::namespaced(cluster.client_as(&user), NS);
+        let entry: AllocatedDeviceStatus = serde_json::from_value(json!({
+            "driver": "gpu.amd.com", "pool": NODE, "device": "gpu-0",
+            "conditions": [{"type": "Ready", "status": ready, "reason": "Prepared",
+                            "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}]
+        }))
+        .unwrap();
+        async move {
+            api.patch_status(
+                "c",
+                &field_manager::apply(field_manager::DRA),
+                &Patch::Apply(status_apply(NS, "c", &[entry])),
+            )
+            .await
+        }
+    };
+    let refused = |result: Result<ResourceClaim, kube::Error>| match result {
+        Err(kube::Error::Api(s)) => {
+            assert_eq!(s.code, 422, "{s:?}");
+            assert!(
+                s.message.contains(
+                    "status.devices: Forbidden: changing status.devices requires extra permission"
+                ),
+                "{s:?}"
+            );
+        }
+        other => panic!("not refused: {other:?}"),
+    };
+
+    let other_node = kube_emulator::UserInfo::service_account(NS, "gpu-operator")
+        .with_extra("authentication.kubernetes.io/node-name", &["gpu-node-2"]);
+    refused(write(other_node, "True").await);
+    let written = write(agent_user(), "True")
+        .await
+        .expect("its own node's claim");
+    let devices = written.status.and_then(|s| s.devices).unwrap_or_default();
+    assert_eq!(devices.len(), 1, "{devices:?}");
+
+    // Without deploy/'s resourceclaims/driver rule, no change goes through.
+    let roles: Api<ClusterRole> = Api::all(cluster.client());
+    let mut role = roles.get("gpu-operator").await.unwrap();
+    let rules = role.rules.as_mut().unwrap();
+    let before = rules.len();
+    rules.retain(|r| {
+        !r.resources
+            .iter()
+            .flatten()
+            .any(|res| res == "resourceclaims/driver")
+    });
+    assert_eq!(rules.len(), before - 1, "deploy/10-rbac.yaml grants it");
+    roles
+        .replace("gpu-operator", &Default::default(), &role)
+        .await
+        .unwrap();
+    refused(write(agent_user(), "False").await);
 }
 
 /// KEP-4817: on prepare the agent writes the device's entry in the claim's

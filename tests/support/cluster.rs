@@ -101,6 +101,21 @@ impl TestCluster {
         }
     }
 
+    /// Creates deploy/10-rbac.yaml's objects: the emulator reads them for the
+    /// checks the API server makes inside a write (a ResourceClaim's
+    /// `status.devices`, per driver and node), as a cluster the operator is
+    /// deployed in has them.
+    pub fn apply_rbac(&self) {
+        let text = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/10-rbac.yaml"),
+        )
+        .expect("deploy/10-rbac.yaml");
+        let docs: Vec<Value> = serde_saphyr::from_multiple(&text).expect("YAML");
+        for doc in docs.into_iter().filter(|d| !d.is_null()) {
+            self.emulator.create(doc).expect("the RBAC file applies");
+        }
+    }
+
     /// Creates a Node object, e.g. one made by [`node`] and then annotated.
     pub fn add_node(&self, node: Value) {
         self.emulator.create(node).expect("the Node is created");
