@@ -72,21 +72,7 @@ async fn main() {
 async fn layouts(emulator: &Emulator) {
     let sim = SimHost::new("mi300x", None);
     let dir = figures::scratch();
-    let kubelet_dir = dir.path().join("kubelet");
-    let mut config = DraConfig::new(&kubelet_dir, sim.host.clone(), NODE);
-    config.cdi_dir = dir.path().join("cdi");
-    config.auto_partition = true;
-    let (_inventory_tx, inventory) = sim.feed();
-    let (_health_tx, health) = tokio::sync::watch::channel(HealthReport::default());
-    let plugin = DraPlugin::start(
-        config,
-        inventory,
-        health,
-        emulator.client(),
-        gpu_operator::events::EventSink::log(NODE),
-    );
-    let kubelet = DraKubelet::new(&kubelet_dir);
-    kubelet.register().await;
+    let (plugin, kubelet, _inventory_tx) = start_plugin(emulator, &sim, &dir, true).await;
     let mut status = plugin.status();
     let _ = status
         .wait_for(|s| matches!(s.slices, Slices::Published { .. }))
@@ -173,6 +159,38 @@ async fn layouts(emulator: &Emulator) {
     plugin.stop().await;
 }
 
+/// The DRA plugin on `sim` (its kubelet directory and CDI specs under
+/// `dir`), registered with a test kubelet: the plugin, the kubelet, and the
+/// inventory feed it follows.
+async fn start_plugin(
+    emulator: &Emulator,
+    sim: &SimHost,
+    dir: &tempfile::TempDir,
+    auto_partition: bool,
+) -> (
+    DraPlugin,
+    DraKubelet,
+    tokio::sync::watch::Sender<std::sync::Arc<gpu_operator::device::Inventory>>,
+) {
+    let kubelet_dir = dir.path().join("kubelet");
+    let mut config = DraConfig::new(&kubelet_dir, sim.host.clone(), NODE);
+    config.cdi_dir = dir.path().join("cdi");
+    config.auto_partition = auto_partition;
+    let (inventory_tx, inventory) = sim.feed();
+    // The health feed's sender may go: a closed feed reads as "no problems".
+    let (_health_tx, health) = tokio::sync::watch::channel(HealthReport::default());
+    let plugin = DraPlugin::start(
+        config,
+        inventory,
+        health,
+        emulator.client(),
+        gpu_operator::events::EventSink::log(NODE),
+    );
+    let kubelet = DraKubelet::new(&kubelet_dir);
+    kubelet.register().await;
+    (plugin, kubelet, inventory_tx)
+}
+
 /// Creates claim `name` allocated `devices` of this node; returns its UID.
 async fn claim(client: &kube::Client, name: &str, devices: &[String]) -> String {
     let api: Api<ResourceClaim> = Api::namespaced(client.clone(), NS);
@@ -199,20 +217,7 @@ async fn claim(client: &kube::Client, name: &str, devices: &[String]) -> String 
 async fn prepare_latency(emulator: &Emulator) {
     let sim = SimHost::new("mi300x", None);
     let dir = figures::scratch();
-    let kubelet_dir = dir.path().join("kubelet");
-    let mut config = DraConfig::new(&kubelet_dir, sim.host.clone(), NODE);
-    config.cdi_dir = dir.path().join("cdi");
-    let (inventory_tx, inventory) = sim.feed();
-    let (_health_tx, health) = tokio::sync::watch::channel(HealthReport::default());
-    let plugin = DraPlugin::start(
-        config,
-        inventory,
-        health,
-        emulator.client(),
-        gpu_operator::events::EventSink::log(NODE),
-    );
-    let kubelet = DraKubelet::new(&kubelet_dir);
-    kubelet.register().await;
+    let (plugin, kubelet, inventory_tx) = start_plugin(emulator, &sim, &dir, false).await;
     let mut status = plugin.status();
     let _ = status
         .wait_for(|s| matches!(s.slices, Slices::Published { devices: 8, .. }))

@@ -1293,6 +1293,16 @@ impl Rig {
         uid
     }
 
+    /// Creates claim `name` with one partition of layout device `device`,
+    /// allocated as the scheduler allocates it (the first share); its UID.
+    async fn claim_one_partition(&self, name: &str, device: &str) -> String {
+        let published = self.slice_device(device);
+        let one = BTreeMap::from([("partitions", "1")]);
+        let consumed = dra_scheduler::fit(&published, &one, &[]).expect("a partition fits");
+        self.claim_share(name, device, Some("share-1"), &consumed)
+            .await
+    }
+
     /// The published device `name`.
     fn slice_device(&self, name: &str) -> Value {
         self.slices()
@@ -1541,12 +1551,7 @@ async fn a_claim_for_another_layout_repartitions_its_gpu_and_layouts_never_mix()
 async fn a_memory_mode_change_reloads_the_driver_and_a_failed_one_is_undone_or_tainted() {
     let mut rig = Rig::start_layouts(2).await;
     let tools = rig.dir.path().join("tools");
-    let cpx = rig.slice_device("gpu-0-cpx-nps4");
-    let one = BTreeMap::from([("partitions", "1")]);
-    let consumed = dra_scheduler::fit(&cpx, &one, &[]).expect("fits");
-    let uid = rig
-        .claim_share("nps4", "gpu-0-cpx-nps4", Some("share-1"), &consumed)
-        .await;
+    let uid = rig.claim_one_partition("nps4", "gpu-0-cpx-nps4").await;
 
     // The reload fails once: the change is undone, its own reload works.
     std::fs::write(tools.join("refuse-once"), "").unwrap();
@@ -1689,12 +1694,7 @@ async fn a_status_removal_pending_at_stop_is_made_after_the_next_start() {
 async fn a_prepare_given_up_midway_finishes_its_change() {
     let mut rig = Rig::start_layouts(2).await;
     let tools = rig.dir.path().join("tools");
-    let cpx = rig.slice_device("gpu-0-cpx-nps4");
-    let one = BTreeMap::from([("partitions", "1")]);
-    let consumed = dra_scheduler::fit(&cpx, &one, &[]).expect("fits");
-    let uid = rig
-        .claim_share("nps4", "gpu-0-cpx-nps4", Some("share-1"), &consumed)
-        .await;
+    let uid = rig.claim_one_partition("nps4", "gpu-0-cpx-nps4").await;
     std::fs::write(tools.join("slow"), "").unwrap();
     let given_up = tokio::time::timeout(
         Duration::from_millis(500),

@@ -327,6 +327,9 @@ async fn run(
     let mut devices: Vec<DraDevice> = Vec::new();
     let mut plugin_devices: Vec<PluginDevice> = Vec::new();
     let mut applied_state: Option<LayoutState> = None;
+    let mut feeds = crate::service::Wakes::new();
+    feeds.watch("inventory", inventory.clone());
+    feeds.watch("health", health.clone());
     let mut tick = tokio::time::interval(config.poll_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -424,8 +427,9 @@ async fn run(
 
         tokio::select! {
             _ = stop_requested(&mut stop) => break,
-            _ = inventory.changed() => {}
-            _ = health.changed() => {}
+            // A feed whose sender is gone stops waking the loop, rather
+            // than waking it forever.
+            _ = feeds.next() => {}
             // Its sender lives in the preparer while layouts are on; off,
             // it is gone and must not wake the loop.
             _ = layout_state.changed(), if config.auto_partition => {}
