@@ -1723,3 +1723,44 @@ async fn a_prepare_given_up_midway_finishes_its_change() {
     );
     rig.stop_plugin().await;
 }
+
+/// A GPU repartitioned on the host before discovery has seen it: its old
+/// partitions' DRM nodes are gone on purpose, so no device is tainted
+/// unhealthy meanwhile; once discovery sees the new layout, the whole GPU is
+/// published, healthy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn devices_of_a_gpu_repartitioned_behind_discovery_are_not_taken_for_faults() {
+    let rig = Rig::start("mi300x", Some(1), Some("cpx_nps4")).await;
+    rig.kubelet.register().await;
+    rig.wait_status("published", |s| {
+        matches!(s.slices, Slices::Published { .. })
+    })
+    .await;
+    let unhealthy = |rig: &Rig| {
+        rig.slices()
+            .iter()
+            .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
+            .filter(|d| {
+                d["taints"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|t| t["key"] == "gpu.amd.com/unhealthy")
+            })
+            .count()
+    };
+    assert_eq!(rig.device_names().len(), 8);
+    // The host goes back to SPX: seven partitions' nodes are gone, and the
+    // plugin's inventory still names them.
+    rig.sim.rewrite_with("mi300x", Some(1), None);
+    let watched = Instant::now();
+    while watched.elapsed() < Duration::from_secs(1) {
+        assert_eq!(unhealthy(&rig), 0, "{:#?}", rig.slices());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    rig.rediscover();
+    wait::eventually("the whole GPU published", || {
+        rig.device_names().len() == 1 && unhealthy(&rig) == 0
+    })
+    .await;
+}

@@ -119,7 +119,7 @@ impl Fingerprint {
                 .iter()
                 .filter(|n| is_bdf(n))
                 .flat_map(|bdf| {
-                    ["current_compute_partition", "current_memory_partition"]
+                    [super::modes::COMPUTE_ATTR, super::modes::MEMORY_ATTR]
                         .map(|attr| format!("{dir}/{bdf}/{attr}"))
                 })
                 .collect();

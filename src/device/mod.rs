@@ -19,6 +19,7 @@ pub mod fingerprint;
 pub mod kfd;
 pub mod model;
 pub mod modes;
+pub mod relayout;
 pub mod uevent;
 pub mod unbound;
 pub mod watch;
@@ -421,10 +422,10 @@ fn read_pci_function(host: &dyn HostRead, dir: &str, bdf: &str) -> Result<Gpu, H
         vram_bytes: attrs.parsed("mem_info_vram_total", "a byte count"),
         unique_id: attrs.number("unique_id").and_then(|t| parse_hex(&t)),
         compute_partition: attrs
-            .text("current_compute_partition")
+            .text(modes::COMPUTE_ATTR)
             .map(|s| s.to_ascii_lowercase()),
         memory_partition: attrs
-            .text("current_memory_partition")
+            .text(modes::MEMORY_ATTR)
             .map(|s| s.to_ascii_lowercase()),
         available_compute_partitions: attrs.modes("available_compute_partition"),
         available_memory_partitions: attrs.modes("available_memory_partition"),

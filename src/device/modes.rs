@@ -11,6 +11,11 @@
 //! (`SPX` and `spx` are the same mode). Both the simulated driver and the
 //! partition planner use these, so that they never disagree.
 
+/// The sysfs attribute of a GPU's PCI function holding its compute mode.
+pub const COMPUTE_ATTR: &str = "current_compute_partition";
+/// The sysfs attribute holding its memory mode.
+pub const MEMORY_ATTR: &str = "current_memory_partition";
+
 /// Partitions a compute mode makes of one GPU (`None` for an unknown mode).
 pub fn compute_partitions(mode: &str) -> Option<u32> {
     match mode.trim().to_ascii_uppercase().as_str() {

@@ -35,6 +35,7 @@ use super::server::{
 use super::{DRIVER_NAME, cdi, claim_status};
 use crate::api::field_manager;
 use crate::device::Inventory;
+use crate::device::relayout::repartitioned;
 use crate::events::{EventSink, EventType, NodeEvent, Origin};
 use crate::host::HostRoot;
 use crate::host::reader::{Answer, BoundedReader, Op};
@@ -45,6 +46,8 @@ use crate::plugin::{HealthReport, PluginDevice, SocketServer, node_checks};
 const STOP_BUDGET: Duration = Duration::from_millis(2500);
 /// Bound on removing the slices when stopping.
 const REMOVE_BUDGET: Duration = Duration::from_millis(1500);
+/// Bound on reading the partition modes of GPUs whose nodes are missing.
+const HOST_CHECK_TIMEOUT: Duration = Duration::from_secs(1);
 /// Wait before trying a failed slice write again (unless a change comes first).
 const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(5);
 
@@ -367,7 +370,30 @@ async fn run(
             seen = Some(inv.clone());
             applied_state = Some(state_now);
         }
-        let checks = node_checks(&config.host, inv.driver.loaded, plugin_devices.iter());
+        let mut checks = node_checks(&config.host, inv.driver.loaded, plugin_devices.iter());
+        if !checks.missing_nodes.is_empty() {
+            // The missing nodes of a GPU repartitioned behind the inventory
+            // are the old layout's, gone on purpose: no fault, until
+            // discovery names the new layout.
+            let suspects: Vec<&crate::device::Gpu> = inv
+                .gpus
+                .iter()
+                .filter(|g| {
+                    plugin_devices.iter().any(|d| {
+                        d.gpu_bdf == g.bdf
+                            && d.dri_nodes()
+                                .iter()
+                                .any(|n| checks.missing_nodes.contains(n))
+                    })
+                })
+                .collect();
+            let moved = repartitioned(&reader, &suspects, HOST_CHECK_TIMEOUT).await;
+            for device in plugin_devices.iter().filter(|d| moved.contains(&d.gpu_bdf)) {
+                for node in device.dri_nodes() {
+                    checks.missing_nodes.remove(&node);
+                }
+            }
+        }
         let health_now =
             Published::health_of(&plugin_devices, &checks, &health.borrow_and_update());
         published_tx.send_if_modified(|current| {

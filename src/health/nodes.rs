@@ -33,7 +33,7 @@ use crate::host::HostRoot;
 use crate::host::inotify::{self as host_inotify, ENTRIES_AND_SELF};
 use crate::host::reader::{Answer, BoundedReader, Op};
 use crate::telemetry::sample::{HostSample, device_nodes, drm_minors};
-use crate::telemetry::sysfs::{KFD_PATH, device_dir};
+use crate::telemetry::sysfs::KFD_PATH;
 
 const DEV: &str = "/dev";
 const DRI: &str = "/dev/dri";
@@ -279,33 +279,7 @@ async fn relaid_out(
         .iter()
         .filter(|gpu| device_nodes(gpu).iter().any(|n| missing.contains(n)))
         .collect();
-    if suspects.is_empty() {
-        return BTreeSet::new();
-    }
-    let requests: Vec<(Op, String)> = suspects
-        .iter()
-        .flat_map(|gpu| {
-            let dir = device_dir(&gpu.bdf);
-            [
-                (Op::Read, format!("{dir}/current_compute_partition")),
-                (Op::Read, format!("{dir}/current_memory_partition")),
-            ]
-        })
-        .collect();
-    let answers = reader.batch(requests, timeout).await;
-    suspects
-        .iter()
-        .zip(answers.chunks(2))
-        .filter(|(gpu, modes)| {
-            let differs = |known: &Option<String>, answer: Option<&Result<Answer, _>>| {
-                matches!(answer, Some(Ok(Answer::Text(now)))
-                    if known.as_deref() != Some(now.to_ascii_lowercase().as_str()))
-            };
-            differs(&gpu.compute_partition, modes.first())
-                || differs(&gpu.memory_partition, modes.get(1))
-        })
-        .map(|(gpu, _)| gpu.bdf.clone())
-        .collect()
+    crate::device::relayout::repartitioned(reader, &suspects, timeout).await
 }
 
 /// An inotify instance watching `/dev` and `/dev/dri` for entries created,

@@ -23,6 +23,7 @@ use tokio::sync::watch;
 
 use super::plan::Plan;
 use crate::device::model::Inventory;
+use crate::device::modes;
 use crate::device::watch::Rescan;
 use crate::driver::holders::{self, Holder};
 use crate::host::reader::BoundedReader;
@@ -113,10 +114,10 @@ pub async fn write_plan(
         let dir = format!("/sys/bus/pci/devices/{}", change.bdf);
         let mut writes = Vec::new();
         if change.memory_changes() {
-            writes.push((format!("{dir}/current_memory_partition"), &change.memory));
+            writes.push((format!("{dir}/{}", modes::MEMORY_ATTR), &change.memory));
         }
         if change.compute_changes() {
-            writes.push((format!("{dir}/current_compute_partition"), &change.compute));
+            writes.push((format!("{dir}/{}", modes::COMPUTE_ATTR), &change.compute));
         }
         for (path, value) in writes {
             tracing::info!(gpu = %change.bdf, %path, %value, "writing partition mode");
