@@ -9,11 +9,11 @@ mod kubelet_node;
 
 use std::collections::BTreeSet;
 
-use gpu_operator::api::DeviceConfig;
 use gpu_operator::api::UpgradeState;
 use gpu_operator::api::agent_status::ConfigKey;
 use gpu_operator::api::driver_upgrade::{self, UpgradeRecord};
-use gpu_operator::cluster::node_cache::{KEPT_ANNOTATIONS, kept_of};
+use gpu_operator::api::{DeviceConfig, Operand};
+use gpu_operator::cluster::node_cache::{KEPT_ANNOTATIONS, KeptLabels, kept_of};
 use gpu_operator::cluster::status::NodeView;
 use gpu_operator::cluster::{device_classes, node_relevance, partitioner, remediator, upgrader};
 use gpu_operator::node_writer::{Concern, NodeIntent, plan_metadata};
@@ -149,6 +149,16 @@ fn node(value: &Value) -> Node {
 
 /// Every decision the leader takes on a Node of its cache, as text.
 fn decisions(dc: &DeviceConfig, node: &Node) -> Vec<String> {
+    // The status views a Node's labels through the selectors alone, and
+    // the watch hashes the Node the cache holds: both see only the labels
+    // the cache keeps, whose choice the selector decisions below check.
+    let kept_labels = KeptLabels::for_configs([dc]);
+    let mut labels_kept = node.clone();
+    labels_kept
+        .metadata
+        .labels
+        .get_or_insert_default()
+        .retain(|k, _| kept_labels.keeps(k));
     let key = ConfigKey::of(dc);
     let now: k8s_openapi::jiff::Timestamp = SINCE.parse().expect("a time");
     let record = UpgradeRecord::of_annotations(kube::ResourceExt::annotations(node));
@@ -165,9 +175,23 @@ fn decisions(dc: &DeviceConfig, node: &Node) -> Vec<String> {
         .into(),
         ..NodeIntent::default()
     };
+    let operands = [
+        Operand::Driver,
+        Operand::DevicePlugin,
+        Operand::NodeLabeller,
+        Operand::DraDriver,
+        Operand::MetricsExporter,
+        Operand::TestRunner,
+        Operand::ConfigManager,
+    ];
     vec![
-        format!("{:?}", NodeView::from_node(node)),
-        format!("{}", node_relevance(node)),
+        format!("{:?}", NodeView::from_node(&labels_kept)),
+        format!("{}", node_relevance(&labels_kept)),
+        format!("{}", dc.spec.selects(kube::ResourceExt::labels(node))),
+        format!(
+            "{:?}",
+            operands.map(|o| dc.spec.runs_on(o, kube::ResourceExt::labels(node)))
+        ),
         format!(
             "{:?}",
             upgrader::facts_of(node, &key, Some("6.14.0"), record.as_ref(), None, now)
@@ -195,7 +219,7 @@ fn every_decision_on_a_kept_node_is_the_one_on_the_full_node() {
     let dc = device_config();
     for full in fleet() {
         let full = node(&full);
-        let kept = kept_of(full.clone());
+        let kept = kept_of(full.clone(), &KeptLabels::for_configs([&dc]));
         // The reconciler views cached Nodes sharing their labels.
         assert_eq!(
             NodeView::from_cached(&std::sync::Arc::new(kept.clone())),
@@ -222,7 +246,72 @@ fn the_fixture_tells_a_decision_that_reads_a_dropped_field() {
     };
     for full in fleet() {
         let full = node(&full);
-        assert_ne!(reads_images(&kept_of(full.clone())), reads_images(&full));
+        let kept = kept_of(full.clone(), &KeptLabels::for_configs([&device_config()]));
+        assert_ne!(reads_images(&kept), reads_images(&full));
+    }
+}
+
+#[test]
+fn the_fixture_tells_a_decision_that_reads_a_label_no_selector_names() {
+    // What the first test would catch: a decision on the hostname label.
+    let reads_hostname = |n: &Node| {
+        kube::ResourceExt::labels(n)
+            .get("kubernetes.io/hostname")
+            .cloned()
+    };
+    let kept_labels = KeptLabels::for_configs([&device_config()]);
+    for full in fleet() {
+        let full = node(&full);
+        let kept = kept_of(full.clone(), &kept_labels);
+        assert_ne!(reads_hostname(&kept), reads_hostname(&full));
+    }
+}
+
+#[test]
+fn the_labels_kept_are_the_operators_and_those_a_selector_names() {
+    let full = node(&fleet()[3]);
+    let kept_keys = |dc: &DeviceConfig| -> Vec<String> {
+        kube::ResourceExt::labels(&kept_of(full.clone(), &KeptLabels::for_configs([dc])))
+            .keys()
+            .cloned()
+            .collect()
+    };
+    assert!(kube::ResourceExt::labels(&full).len() >= 30);
+    assert_eq!(
+        kept_keys(&device_config()),
+        [
+            partition::PROFILE_LABEL,
+            partition::STATE_LABEL,
+            gpu_operator::detect::GPU_LABEL,
+        ]
+    );
+    // Another DeviceConfig selecting by zone, its partitions by instance
+    // type: those keys are kept instead, and every decision is the same.
+    let by_zone = DeviceConfigBuilder::new(NS, "zone")
+        .spec(
+            "selector",
+            json!({"topology.kubernetes.io/zone": "us-central-0"}),
+        )
+        .spec(
+            "configManager",
+            json!({"enable": true,
+                "selector": {"node.kubernetes.io/instance-type": "mi300x-8gpu"}}),
+        )
+        .spec("devicePlugin", json!({}))
+        .build();
+    assert_eq!(
+        kept_keys(&by_zone),
+        [
+            partition::PROFILE_LABEL,
+            partition::STATE_LABEL,
+            "node.kubernetes.io/instance-type",
+            "topology.kubernetes.io/zone",
+        ]
+    );
+    for full in fleet() {
+        let full = node(&full);
+        let kept = kept_of(full.clone(), &KeptLabels::for_configs([&by_zone]));
+        assert_eq!(decisions(&by_zone, &kept), decisions(&by_zone, &full));
     }
 }
 
@@ -292,10 +381,11 @@ fn the_cache_keeps_exactly_the_listed_fields() {
     ));
     let mut kept = BTreeSet::new();
     let mut full = BTreeSet::new();
+    let kept_labels = KeptLabels::for_configs([&device_config()]);
     for value in fleet() {
         let n = node(&value);
         paths(
-            &serde_json::to_value(kept_of(n.clone())).unwrap(),
+            &serde_json::to_value(kept_of(n.clone(), &kept_labels)).unwrap(),
             "",
             &mut kept,
         );

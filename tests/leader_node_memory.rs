@@ -8,7 +8,7 @@ mod kubelet_node;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicIsize, Ordering};
 
-use gpu_operator::cluster::node_cache::kept_of;
+use gpu_operator::cluster::node_cache::{KeptLabels, kept_of};
 use k8s_openapi::api::core::v1::Node;
 
 /// Counts live heap bytes and allocations; a chunk of glibc's malloc costs
@@ -80,18 +80,24 @@ fn held_per_node(keep: impl Fn(Node) -> Node) -> (f64, f64) {
 #[test]
 fn a_cached_node_holds_a_seventh_of_the_kubelets_node() {
     let (full_bytes, full_allocations) = held_per_node(|n| n);
-    let (kept_bytes, kept_allocations) = held_per_node(kept_of);
+    // What the leader keeps for the benches' DeviceConfig, selecting by the
+    // GPU label.
+    let fleet = kubelet_node::fixtures::DeviceConfigBuilder::fleet("kube-amd-gpu").build();
+    let kept_labels = KeptLabels::for_configs([&fleet]);
+    let (kept_bytes, kept_allocations) = held_per_node(|n| kept_of(n, &kept_labels));
     println!(
         "a kubelet's Node: {full_bytes:.0} bytes in {full_allocations:.0} allocations; \
          what the cache keeps of it: {kept_bytes:.0} bytes in {kept_allocations:.0} allocations"
     );
     assert!(full_bytes > 50_000.0, "the fixture is a full Node");
-    // 9.1 KB at the time of writing: the labels ~5.4 KB (30 of them, each
-    // key and value its own allocation), the Node struct itself 1.5 KB,
-    // the conditions 1.2 KB, the agent's status 0.9 KB. Keeping every
-    // gpu-operator manager's ownership added 5.9 KB (nested JSON maps).
+    // 4.4 KB at the time of writing (9.1 KB while every label was kept:
+    // 30 of them, each key and value its own allocation, ~5.4 KB; a real
+    // NFD node carries ~100): the Node struct itself 1.5 KB, the
+    // conditions 1.2 KB, the agent's status 0.9 KB, the one label the
+    // DeviceConfig selects by. Keeping every gpu-operator manager's
+    // ownership added 5.9 KB (nested JSON maps).
     assert!(
-        kept_bytes < 10_240.0,
+        kept_bytes < 6_144.0,
         "a cached Node holds {kept_bytes:.0} bytes: 130,000 of them need {:.2} GiB",
         kept_bytes * 130_000.0 / f64::from(1 << 30)
     );

@@ -99,6 +99,10 @@ pub struct Context {
     /// names), and when; `None` until it first looked. Spares a read per
     /// reconcile.
     pub(super) device_class: Mutex<Option<(Vec<String>, Instant)>>,
+    /// The Node watch `nodes` is made from: which labels it holds, and the
+    /// layouts DRA nodes report. `None` (a cache filled by hand, in tests):
+    /// the cache holds every label, and the layouts are read from it.
+    pub node_watch: Option<Arc<super::node_watch::NodeWatch>>,
 }
 
 #[derive(Debug, Default)]
@@ -137,6 +141,7 @@ impl Context {
             remediations: Remediations::default(),
             nodes_listed: std::sync::atomic::AtomicBool::new(false),
             device_class: Mutex::new(None),
+            node_watch: None,
         }
     }
 

@@ -11,11 +11,12 @@
 //! [`resources::DEVICE_CLASS_LABEL`]), nor name one outside
 //! [`LAYOUT_CLASS_NAMES`], which RBAC and the admission policy list.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::DeviceClass;
 use kube::ResourceExt;
+use kube::runtime::watcher;
 
 use super::resources;
 use crate::api::agent_status::STATUS_ANNOTATION;
@@ -90,26 +91,63 @@ pub fn layout_device_class(layout: &str) -> Option<DeviceClass> {
 /// `layouts`, written while a node runs DRA), each once. An annotation
 /// that does not parse adds none.
 pub fn layouts_present<'a>(nodes: impl IntoIterator<Item = &'a Node>) -> BTreeSet<String> {
+    nodes.into_iter().flat_map(layouts_of).collect()
+}
+
+/// The layouts the agent of `node` reports.
+fn layouts_of(node: &Node) -> Vec<String> {
     #[derive(serde::Deserialize)]
     struct Layouts {
         #[serde(default)]
         layouts: Vec<String>,
     }
-    let mut present = BTreeSet::new();
-    for node in nodes {
-        // Most agents report none: skip the parse of their status.
-        let Some(status) = node
-            .annotations()
-            .get(STATUS_ANNOTATION)
-            .filter(|s| s.contains("\"layouts\""))
-        else {
-            continue;
+    // Most agents report none: skip the parse of their status.
+    node.annotations()
+        .get(STATUS_ANNOTATION)
+        .filter(|s| s.contains("\"layouts\""))
+        .and_then(|status| serde_json::from_str::<Layouts>(status).ok())
+        .map(|found| found.layouts)
+        .unwrap_or_default()
+}
+
+/// [`layouts_present`] of the Nodes a watch has shown, kept from its events
+/// so that no reconcile reads every Node for it: which layouts each Node
+/// reporting some reports. Nodes reporting none take no room.
+#[derive(Clone, Debug, Default)]
+pub struct LayoutIndex {
+    by_node: HashMap<String, Vec<String>>,
+    /// The Nodes of a list under way, which replaces `by_node` once done.
+    listing: Option<HashMap<String, Vec<String>>>,
+}
+
+impl LayoutIndex {
+    /// Follows one event of a Node watch.
+    pub fn apply(&mut self, event: &watcher::Event<Node>) {
+        let put = |index: &mut HashMap<String, Vec<String>>, node: &Node| {
+            let layouts = layouts_of(node);
+            if layouts.is_empty() {
+                index.remove(&node.name_any());
+            } else {
+                index.insert(node.name_any(), layouts);
+            }
         };
-        if let Ok(found) = serde_json::from_str::<Layouts>(status) {
-            present.extend(found.layouts);
+        match event {
+            watcher::Event::Apply(node) => put(&mut self.by_node, node),
+            watcher::Event::Delete(node) => {
+                self.by_node.remove(&node.name_any());
+            }
+            watcher::Event::Init => self.listing = Some(HashMap::new()),
+            watcher::Event::InitApply(node) => put(self.listing.get_or_insert_default(), node),
+            watcher::Event::InitDone => {
+                self.by_node = self.listing.take().unwrap_or_default();
+            }
         }
     }
-    present
+
+    /// The layouts reported, each once.
+    pub fn present(&self) -> BTreeSet<String> {
+        self.by_node.values().flatten().cloned().collect()
+    }
 }
 
 /// The classes to keep: none without DRA; with it, `gpu.amd.com` and the
@@ -310,6 +348,61 @@ mod tests {
         ];
         assert_eq!(layouts_present(&nodes), layouts(&["cpx_nps4", "spx_nps1"]));
         assert!(layouts_present(&nodes[2..]).is_empty());
+    }
+
+    #[test]
+    fn the_layout_index_follows_the_watch_as_a_scan_of_the_nodes_would() {
+        use watcher::Event::*;
+        let named = |name: &str, layouts: Option<&[&str]>| {
+            let mut node =
+                node_with_status(layouts.map(|l| json!({"v": 1, "gpus": 8, "layouts": l})));
+            node.metadata.name = Some(name.into());
+            node
+        };
+        let mut index = LayoutIndex::default();
+        let mut cache: BTreeMap<String, Node> = BTreeMap::new();
+        let mut listing = BTreeMap::new();
+        let steps = [
+            Init,
+            InitApply(named("a", Some(&["cpx_nps4"]))),
+            InitApply(named("b", None)),
+            InitApply(named("c", Some(&["spx_nps1", "cpx_nps4"]))),
+            InitDone,
+            // "a" repartitioned, "b" turned DRA on, "c" turned it off.
+            Apply(named("a", Some(&["dpx_nps2"]))),
+            Apply(named("b", Some(&["qpx_nps1"]))),
+            Apply(named("c", None)),
+            Delete(named("b", None)),
+            // A list again, in which "a" is gone and "d" appeared.
+            Init,
+            InitApply(named("d", Some(&["tpx_nps1"]))),
+            InitDone,
+        ];
+        let mut seen = Vec::new();
+        for event in &steps {
+            index.apply(event);
+            match event {
+                Apply(n) => drop(cache.insert(n.name_any(), n.clone())),
+                Delete(n) => drop(cache.remove(&n.name_any())),
+                Init => listing.clear(),
+                InitApply(n) => drop(listing.insert(n.name_any(), n.clone())),
+                InitDone => cache = std::mem::take(&mut listing),
+            }
+            assert_eq!(
+                index.present(),
+                layouts_present(cache.values()),
+                "{event:?}"
+            );
+            seen.push(index.present());
+        }
+        // Not trivially empty: each state was told apart.
+        assert_eq!(seen[4], layouts(&["cpx_nps4", "spx_nps1"]));
+        assert_eq!(seen[7], layouts(&["dpx_nps2", "qpx_nps1"]));
+        assert_eq!(seen[8], layouts(&["dpx_nps2"]));
+        assert_eq!(seen[11], layouts(&["tpx_nps1"]));
+        // Until a list is done, the one before it holds.
+        assert_eq!(seen[9], seen[8]);
+        assert_eq!(seen[10], seen[8]);
     }
 
     #[test]

@@ -17,6 +17,7 @@ pub mod device_classes;
 pub mod drain;
 pub mod lease;
 pub mod node_cache;
+pub mod node_watch;
 pub mod partitioner;
 pub mod reconcile;
 pub mod remediator;
@@ -300,24 +301,41 @@ pub async fn reconcile_until_cancelled(
     guard: LeaderGuard,
     stats: Arc<Stats>,
 ) {
-    let (nodes, node_writer) = reflector::store::<Node>();
-    let node_events = reflector::reflector(
-        node_writer,
-        // The leader keeps every Node of the cluster in memory: only what its
-        // decisions read (see `node_cache`).
-        watcher::watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
-            .modify(node_cache::keep_decided),
-    )
-    .default_backoff();
-    let node_events = relevant_node_changes(node_events);
-
     let device_configs: Api<DeviceConfig> = match &config.watch_namespace {
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
     };
-    let controller = Controller::new(device_configs, watcher::Config::default())
+    // The leader keeps every Node of the cluster in memory: only what its
+    // decisions read (see `node_cache`), and of the labels those the
+    // DeviceConfigs' selectors name (see `node_watch`), which follows the
+    // DeviceConfigs for it. Otherwise what `Controller::new` makes.
+    let node_watch = Arc::new(node_watch::NodeWatch::default());
+    let (configs, configs_writer) = reflector::store::<DeviceConfig>();
+    let config_events = reflector::reflector(
+        configs_writer,
+        watcher::watcher(device_configs, watcher::Config::default()),
+    )
+    .inspect({
+        let node_watch = node_watch.clone();
+        move |event| {
+            if let Ok(event) = event {
+                node_watch.follow_configs(event);
+            }
+        }
+    })
+    .applied_objects();
+    let controller = Controller::for_stream(config_events, configs.clone())
         .with_config(controller::Config::default().debounce(Duration::from_millis(200)));
-    let configs = controller.store();
+
+    let (nodes, node_writer) = reflector::store::<Node>();
+    let node_events = node_watch
+        .events(
+            Api::<Node>::all(client.clone()),
+            configs.clone(),
+            node_writer,
+        )
+        .default_backoff();
+    let node_events = relevant_node_changes(node_events);
     let recorder = SeriesRecorder::new(
         client.clone(),
         Reporter {
@@ -357,6 +375,7 @@ pub async fn reconcile_until_cancelled(
     context.owned_services = Some((services, config.namespace.clone()));
     context.operator_namespace = config.namespace.clone();
     context.check_secret_references = config.check_secret_references;
+    context.node_watch = Some(node_watch.clone());
     let mapper_configs = configs.clone();
     controller
         // Each owned Service back to its DeviceConfig: by owner reference, or
@@ -367,6 +386,8 @@ pub async fn reconcile_until_cancelled(
         })
         // A drain that ended, or is stuck on something new, moves its upgrade.
         .reconcile_on(drain_moved)
+        // A list that holds the labels a DeviceConfig waited for.
+        .reconcile_all_on(node_watch.label_lists())
         .watches_stream(node_events, move |_node: Node| {
             // Any relevant Node change may change which DeviceConfigs select it and
             // what their status says; there are few DeviceConfigs.

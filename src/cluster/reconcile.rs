@@ -42,6 +42,15 @@ pub async fn reconcile(dc: Arc<DeviceConfig>, ctx: Arc<Context>) -> Result<Actio
     if !ctx.wait_for_nodes().await {
         return Ok(Action::requeue(Duration::from_secs(1)));
     }
+    if let Some(watch) = &ctx.node_watch
+        && !watch.holds_labels_of(&dc)
+    {
+        // A selector names a Node label the cache does not keep: the Node
+        // watch lists again keeping it, and every DeviceConfig is
+        // reconciled once that list is in. Deciding now would select
+        // nodes by a label the cache lacks.
+        return Ok(Action::await_change());
+    }
     let key = ConfigKey::of(&dc);
     let selected_nodes: Vec<Arc<Node>> = ctx
         .nodes
@@ -504,10 +513,10 @@ async fn try_sync_device_class(ctx: &Context) -> Result<(), Error> {
     let dra = ctx.configs.state().iter().any(|c| {
         c.metadata.deletion_timestamp.is_none() && c.spec.is_enabled(crate::api::Operand::DraDriver)
     });
-    let layouts = if dra {
-        device_classes::layouts_present(ctx.nodes.state().iter().map(AsRef::as_ref))
-    } else {
-        BTreeSet::new()
+    let layouts = match &ctx.node_watch {
+        _ if !dra => BTreeSet::new(),
+        Some(watch) => watch.layouts_present(),
+        None => device_classes::layouts_present(ctx.nodes.state().iter().map(AsRef::as_ref)),
     };
     let wanted = device_classes::wanted_classes(dra, &layouts);
     let names: Vec<String> = wanted.iter().map(ResourceExt::name_any).collect();
