@@ -23,6 +23,7 @@ pub mod reconcile;
 pub mod remediator;
 pub mod resources;
 pub mod status;
+pub mod steps;
 pub mod term;
 pub mod upgrade;
 pub mod upgrader;
@@ -45,7 +46,6 @@ use tokio_util::sync::CancellationToken;
 
 use crate::api::DeviceConfig;
 use crate::api::agent_status::STATUS_ANNOTATION;
-use crate::api::driver_upgrade::RECORD_ANNOTATION;
 use context::{Context, Stats};
 use lease::LeaderGuard;
 use reconcile::error_policy;
@@ -132,13 +132,11 @@ pub fn node_relevance(node: &Node) -> u64 {
     let mut hasher = DefaultHasher::new();
     node.labels().hash(&mut hasher);
     node.annotations().get(STATUS_ANNOTATION).hash(&mut hasher);
-    node.annotations().get(RECORD_ANNOTATION).hash(&mut hasher);
-    node.annotations()
-        .get(crate::partition::state::RECORD_ANNOTATION)
-        .hash(&mut hasher);
-    node.annotations()
-        .get(crate::remediation::RECORD_ANNOTATION)
-        .hash(&mut hasher);
+    for step in steps::STEPS {
+        node.annotations()
+            .get(step.record_annotation())
+            .hash(&mut hasher);
+    }
     let spec = node.spec.as_ref();
     spec.and_then(|s| s.unschedulable).hash(&mut hasher);
     for taint in spec.and_then(|s| s.taints.as_deref()).unwrap_or_default() {

@@ -25,7 +25,7 @@ use super::device_classes;
 use super::lease::LeaderGuard;
 use super::resources::{self, metrics_service, service_monitor};
 use super::status::{NodeView, Problems, desired_status, status_changed};
-use super::upgrader;
+use super::steps::STEPS;
 use crate::api::agent_status::ConfigKey;
 use crate::api::field_manager;
 use crate::api::{DeviceConfig, Operand, validate};
@@ -82,35 +82,22 @@ pub async fn reconcile(dc: Arc<DeviceConfig>, ctx: Arc<Context>) -> Result<Actio
         problems.other.push(e.to_string());
     }
 
-    // 5. Driver upgrades: woken again at the nearest step timeout.
-    let upgrade_wake = if problems.validation.is_empty() {
-        upgrader::reconcile(&dc, &selected_nodes, &ctx).await?
-    } else {
-        // Nothing moves while the spec is invalid: no pod is evicted for it.
-        ctx.drains.stop_all(&key);
-        None
-    };
-    // 5b. Partition changes (configManager), on the same terms; with
-    // configManager off, a node still under a change is released.
-    let partition_wake = if problems.validation.is_empty() {
-        super::partitioner::reconcile(&dc, &selected_nodes, &ctx).await?
-    } else {
-        None
-    };
-    // 5c. Remediation of nodes whose mapped conditions are True; with
-    // remediation off, a node still quarantined is released.
-    let remediation_wake = if problems.validation.is_empty() {
-        let summary = super::remediator::reconcile(&dc, &selected_nodes, &ctx).await?;
-        problems.other.extend(summary.problems);
-        problems.remediation_mapping = summary.mapping;
-        summary.wake
-    } else {
-        None
-    };
-    let upgrade_wake = [upgrade_wake, partition_wake, remediation_wake]
-        .into_iter()
-        .flatten()
-        .min();
+    // 5. The leader's steps (driver upgrades, partition changes,
+    // remediation), each woken again at its nearest timeout. Nothing moves
+    // while the spec is invalid: no pod is evicted for it.
+    let mut upgrade_wake: Option<Duration> = None;
+    for step in STEPS {
+        if !problems.validation.is_empty() {
+            step.hold(&key, &ctx);
+            continue;
+        }
+        let outcome = step.reconcile(&dc, &selected_nodes, &ctx).await?;
+        problems.other.extend(outcome.problems);
+        if outcome.remediation_mapping.is_some() {
+            problems.remediation_mapping = outcome.remediation_mapping;
+        }
+        upgrade_wake = upgrade_wake.into_iter().chain(outcome.wake).min();
+    }
     let settled = || upgrade_wake.map_or_else(Action::await_change, Action::requeue);
 
     // 6. Status, written only when it changes and at most once per interval.
@@ -635,12 +622,10 @@ async fn tear_down(
         return Ok(Action::requeue(recheck.min(Duration::from_secs(30))));
     }
     delete_owned(dc, ctx).await?;
-    // The upgrade's drains, records, cordons, taints and counts go with it.
-    upgrader::stop(&key, ctx).await?;
-    // So do a partition change's records, cordons and taints.
-    super::partitioner::release_all(selected_nodes, ctx).await?;
-    // And a remediation's quarantine.
-    super::remediator::release_all(dc, selected_nodes, ctx).await?;
+    // Each step's drains, records, cordons, taints and counts go with it.
+    for step in STEPS {
+        step.tear_down(dc, selected_nodes, ctx).await?;
+    }
     let given_up: Vec<String> = waiting.iter().map(|n| n.name.clone()).collect();
     let remaining: Vec<String> = dc
         .finalizers()
