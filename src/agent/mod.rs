@@ -47,7 +47,7 @@ use tokio_util::task::AbortOnDropHandle;
 
 use crate::api::DeviceConfig;
 use crate::api::agent_status::STATUS_ANNOTATION;
-use crate::api::driver_upgrade::UpgradeRecord;
+use crate::driver::decision;
 use crate::events::{EventSink, EventType, NodeEvent};
 use crate::host::HostRoot;
 use crate::node_writer::{
@@ -326,24 +326,18 @@ pub async fn run_with_followers(
             crate::counters::record_reconcile();
             let selection = select_config(node.labels(), configs.state().iter().map(Arc::as_ref));
             let following = plan::follow(&mut state, &selection);
-            if let Some(labels) = plan::driver_labels(&state, &selection, node.labels())
+            // The driver: what is asked of it, and how that shows on the Node
+            // (decided in `driver::decision`; written here).
+            let governing = selection.for_driver();
+            if let Some(labels) = state.driver.labels_to_apply(governing, node.labels())
                 && edges.apply_driver_labels(&labels).await
             {
-                state.driver_labels_written(labels);
+                state.driver.labels_written(labels);
             }
-            let wanted = match &selection {
-                Selection::One(selected) => crate::driver::manager::DriverWanted::for_node(
-                    selected.spec.driver(),
-                    &selected.key,
-                    UpgradeRecord::of_annotations(node.annotations()).as_ref(),
-                ),
-                _ => None,
-            };
+            let wanted = decision::wanted(governing, node.annotations());
             node_side.want_driver(wanted.clone());
             let load = driver_load.borrow().clone();
-            if let Some((type_, action, reason, note)) =
-                plan::driver_load_event(&mut state, load.as_ref())
-            {
+            if let Some((type_, action, reason, note)) = state.driver.load_event(load.as_ref()) {
                 edges
                     .events
                     .record(NodeEvent::agent(type_, action, reason, note))
@@ -352,8 +346,8 @@ pub async fn run_with_followers(
             let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
                 k8s_openapi::jiff::Timestamp::now(),
             );
-            let condition = plan::driver_condition_intent(
-                &selection,
+            let condition = decision::condition_intent(
+                governing,
                 driver_report.borrow().as_ref(),
                 load.as_ref(),
                 wanted.as_ref(),

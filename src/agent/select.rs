@@ -27,6 +27,21 @@ pub enum Selection {
     Conflict(Vec<String>),
 }
 
+impl Selection {
+    /// The selection as the driver's decisions see it.
+    pub fn for_driver(&self) -> crate::driver::decision::Governing<'_> {
+        use crate::driver::decision::Governing;
+        match self {
+            Selection::None => Governing::None,
+            Selection::One(selected) => Governing::One {
+                key: &selected.key,
+                spec: &selected.spec,
+            },
+            Selection::Conflict(_) => Governing::Conflict,
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct Selected {
     pub key: ConfigKey,

@@ -193,7 +193,7 @@ pub async fn run_observed(
             host: config.host.clone(),
             rescan_interval: config.rescan_interval,
             driver: config.driver.clone(),
-            driver_wanted: crate::driver::manager::DriverWanted::from_spec(config.spec.driver()),
+            driver_wanted: crate::driver::decision::DriverWanted::from_spec(config.spec.driver()),
         },
         None,
         Followers::new(),
@@ -202,7 +202,7 @@ pub async fn run_observed(
     let mut report_open = true;
     let mut driver_load = node_side.driver_load.clone();
     let mut ended = node_side.followers().ended();
-    let mut driver_events = super::plan::LoopState::default();
+    let mut driver_shown = crate::driver::decision::Shown::default();
     let mut driver_open = true;
     let services = &mut node_side.services;
     let mut discovery = services.discovery();
@@ -313,9 +313,7 @@ pub async fn run_observed(
                     continue;
                 }
                 let load = driver_load.borrow_and_update().clone();
-                if let Some((type_, action, reason, note)) =
-                    super::plan::driver_load_event(&mut driver_events, load.as_ref())
-                {
+                if let Some((type_, action, reason, note)) = driver_shown.load_event(load.as_ref()) {
                     events.record(NodeEvent::agent(type_, action, reason, note)).await;
                 }
                 let report = report_rx.borrow().clone();

@@ -58,7 +58,7 @@ use crate::api::driver_upgrade::{
     RECORD_ANNOTATION, RETRY_VALUE, STATE_LABEL, TAINT_KEY, UpgradeRecord,
 };
 use crate::api::{DeviceConfig, Operand, UpgradeState};
-use crate::driver::manager::REBOOT_FAILED;
+use crate::driver::decision::REBOOT_FAILED;
 use crate::node_writer::{Concern, CordonIntent, NodeIntent, NodeWriteError, NodeWriter};
 
 /// Nodes whose decisions are carried out at once.

@@ -14,20 +14,14 @@
 //! `spec.driver.blacklist` says ([`blacklist`]). An out-of-tree amdgpu of
 //! another version is replaced: unloaded, once nothing holds it
 //! ([`holders`]; a holder is named and the replacement waits), then the
-//! bundle loaded.
+//! bundle loaded. When the upgrade record asks for a reboot from the boot
+//! id the node runs, it reboots the node ([`reboot`]), once per boot; the
+//! in-box amdgpu is replaced that way.
 //!
-//! Which version, and when to replace one that runs, depends on whether the
-//! DeviceConfig rolls upgrades (`driver.upgradePolicy.enable`,
-//! [`DriverWanted::for_node`]): without, the agent loads `driver.version`
-//! and replaces another as soon as nothing holds it; with, the leader picks
-//! the node, drains it and writes the target in the node's upgrade record,
-//! and until then the agent installs a driver only where none is loaded and
-//! leaves a running one alone (`UpgradePending`). When the record asks for
-//! a reboot from the boot id the node runs, the agent reboots it
-//! ([`reboot`]), once per boot; the in-box amdgpu is replaced that way.
-//!
-//! This module must not write the Node or call the API: the agent does,
-//! from what [`spawn`] publishes.
+//! What is asked ([`DriverWanted`]), when to look again and the outcomes
+//! that need no command are decided in [`super::decision`]; this module
+//! carries them out on the host. It must not write the Node or call the
+//! API: the agent does, from what [`follow`] publishes.
 
 use std::time::Duration;
 
@@ -36,80 +30,19 @@ use tokio_util::sync::CancellationToken;
 
 use super::blacklist::{self, Blacklisted};
 use super::bundle::{Expected, Refusal, Verified};
-use super::condition::{REASON_LOADING, UPGRADE_PENDING};
+use super::condition::REASON_LOADING;
+use super::decision::{
+    DriverWanted, LOADED_HERE, REBOOT_FAILED, REBOOT_REQUESTED, Trigger, looks_again, outcome_of,
+    reboot_due, upgrade_pending,
+};
 use super::holders;
 use super::load::{self, LoadCommands, LoadDecision};
 use super::preflight::{self, DEFAULT_STORE};
 use super::reboot::{self, RebootCommand};
-use crate::api::agent_status::{
-    ConfigKey, DriverLoad, DriverLoadState, DriverReport, ModuleOrigin,
-};
-use crate::api::driver_upgrade::UpgradeRecord;
-use crate::api::{DriverSpec, DriverType, KernelModuleConfigSpec};
+use crate::api::DriverType;
+use crate::api::agent_status::{DriverLoad, DriverLoadState, DriverReport, ModuleOrigin};
 use crate::host::HostRoot;
 use crate::host::reader::BoundedReader;
-
-/// What the selected DeviceConfig asks of the driver, when it asks for one.
-#[derive(Clone, Debug, PartialEq)]
-pub struct DriverWanted {
-    pub driver_type: DriverType,
-    /// The version to load: the upgrade record's target, else
-    /// `spec.driver.version`; `None` takes whichever bundle the store has.
-    pub version: Option<String>,
-    /// `spec.driver.blacklist` ([`blacklist`]).
-    pub blacklist: Option<bool>,
-    pub module: KernelModuleConfigSpec,
-    /// A running amdgpu of another version may be replaced now. False while
-    /// a rolling upgrade governs replacements and the leader has not told
-    /// this node its target.
-    pub replace: bool,
-    /// Reboot while the node's boot id is this one (the leader's request).
-    pub reboot_from: Option<String>,
-    /// The `since` of the upgrade record the target came from.
-    pub told_at: Option<String>,
-}
-
-impl DriverWanted {
-    /// What `spec` asks for, managed by hand: `None` when
-    /// `spec.driver.enable` is false.
-    pub fn from_spec(spec: &DriverSpec) -> Option<Self> {
-        spec.enable.then(|| Self {
-            driver_type: spec.driver_type.clone(),
-            version: spec.version.clone(),
-            blacklist: spec.blacklist,
-            module: spec.kernel_module_config.clone(),
-            replace: true,
-            reboot_from: None,
-            told_at: None,
-        })
-    }
-
-    /// What the DeviceConfig `key`, whose driver section is `spec`, asks of
-    /// a node whose upgrade record is `record`. Pure.
-    ///
-    /// - The record names a target for this DeviceConfig: load it, replacing
-    ///   what runs, and reboot as it asks.
-    /// - Else, with `upgradePolicy.enable`: `spec.driver.version` where no
-    ///   amdgpu runs (a first install needs no drain), but a running one is
-    ///   not replaced: the leader's upgrade does that, node by node.
-    /// - Else (upgrades by hand): `spec.driver.version`, replacing another
-    ///   as soon as nothing holds it.
-    pub fn for_node(
-        spec: &DriverSpec,
-        key: &ConfigKey,
-        record: Option<&UpgradeRecord>,
-    ) -> Option<Self> {
-        let mut wanted = Self::from_spec(spec)?;
-        if let Some(record) = record.filter(|r| r.target_for(key).is_some()) {
-            wanted.version = record.target.clone();
-            wanted.reboot_from = record.reboot_from.clone();
-            wanted.told_at = Some(record.since.clone());
-        } else if spec.upgrade_policy.as_ref().and_then(|p| p.enable) == Some(true) {
-            wanted.replace = false;
-        }
-        Some(wanted)
-    }
-}
 
 /// Where bundles are and how loading runs.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -136,51 +69,6 @@ impl Default for ManagerConfig {
             gpu_reset: super::gpu_reset::GpuReset::default(),
             recheck: Duration::from_secs(60),
         }
-    }
-}
-
-/// The reason of a [`DriverLoadState::Loaded`] outcome when this manager
-/// loaded the driver, and when it found it running.
-pub use super::condition::LOADED_HERE;
-pub const RUNNING: &str = "DriverRunning";
-/// The reasons of a reboot asked for, and of one that could not be asked.
-pub const REBOOT_REQUESTED: &str = "RebootRequested";
-pub const REBOOT_FAILED: &str = "RebootFailed";
-
-/// The outcome for a decision that needs no command. Pure.
-pub fn outcome_of(decision: &LoadDecision) -> Option<DriverLoad> {
-    let outcome = |state, reason: &str, message: String, bundle: Option<&str>| DriverLoad {
-        state,
-        reason: reason.to_owned(),
-        message,
-        bundle: bundle.map(str::to_owned),
-        version: None,
-        asked: None,
-        told_at: None,
-    };
-    match decision {
-        LoadDecision::Load { .. } | LoadDecision::Replace { .. } => None,
-        LoadDecision::Nothing { version } => Some(DriverLoad {
-            version: Some(version.clone()),
-            ..outcome(
-                DriverLoadState::Loaded,
-                RUNNING,
-                format!("amdgpu {version} runs"),
-                None,
-            )
-        }),
-        LoadDecision::Refuse { reason, message } => Some(outcome(
-            DriverLoadState::Refused,
-            reason,
-            message.clone(),
-            None,
-        )),
-        LoadDecision::ReplaceNeeded { why, .. } => Some(outcome(
-            DriverLoadState::ReplaceNeeded,
-            "DriverReplaceNeeded",
-            why.clone(),
-            None,
-        )),
     }
 }
 
@@ -348,63 +236,6 @@ pub fn recheck_after(config: &ManagerConfig, awaiting_own_load: bool) -> Duratio
     }
 }
 
-/// What woke the manager, besides a change of the report.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Trigger {
-    /// What is asked for changed (the DeviceConfig, the upgrade record).
-    pub asked_changed: bool,
-    /// The recheck of a refused or failed load, or of a load the report has
-    /// not shown within [`ManagerConfig::recheck`], is due.
-    pub recheck_due: bool,
-}
-
-/// Whether to look again (decide, and maybe run `modprobe`) now. Pure.
-///
-/// Not while the report does not show yet the version this manager just
-/// loaded (`loaded_here`) and what is asked still is that version: a report
-/// read before the load says "not loaded", and acting on it would run
-/// `modprobe` a second time. A change of what is asked for (the leader
-/// rewriting the node's upgrade record after its reboot, a DeviceConfig
-/// edit that keeps the version) does not make that report any newer. A
-/// change of the version asked, a reboot asked for, or the recheck do look
-/// again.
-pub fn looks_again(
-    trigger: Trigger,
-    last: Option<&DriverLoad>,
-    loaded_here: Option<&str>,
-    asked: &DriverWanted,
-    report: &DriverReport,
-) -> bool {
-    let awaiting_own_load = loaded_here.is_some_and(|v| {
-        report.version.as_deref() != Some(v)
-            && asked.version.as_deref().is_none_or(|wanted| wanted == v)
-            && !reboot_due(asked, report)
-    });
-    if trigger.recheck_due {
-        return true;
-    }
-    if awaiting_own_load {
-        return false;
-    }
-    trigger.asked_changed || acts_on_report(last, loaded_here, report)
-}
-
-/// Whether a change of the report alone is reason to look again, after
-/// `last`. Not after a failed load (that waits for the recheck, so a failing
-/// `modprobe` is not retried at the pace the report moves), and not while
-/// the report does not show yet the version this manager just loaded
-/// (`loaded_here`): a report read during the load would have it load, or
-/// unload, a second time. Pure.
-pub fn acts_on_report(
-    last: Option<&DriverLoad>,
-    loaded_here: Option<&str>,
-    report: &DriverReport,
-) -> bool {
-    let failed = last.is_some_and(|l| l.state == DriverLoadState::Failed);
-    let stale = loaded_here.is_some_and(|v| report.version.as_deref() != Some(v));
-    !(failed || stale)
-}
-
 fn publish(tx: &watch::Sender<Option<DriverLoad>>, outcome: Option<DriverLoad>) {
     tx.send_if_modified(|current| {
         if *current == outcome {
@@ -416,12 +247,6 @@ fn publish(tx: &watch::Sender<Option<DriverLoad>>, outcome: Option<DriverLoad>) 
         *current = outcome;
         true
     });
-}
-
-/// Whether the node is to reboot now: the leader asked for a reboot from
-/// the boot id it runs. Pure.
-pub fn reboot_due(wanted: &DriverWanted, report: &DriverReport) -> bool {
-    wanted.reboot_from.is_some() && wanted.reboot_from == report.boot_id
 }
 
 /// Asks the host to reboot, once per boot id (`rebooted_from` remembers).
@@ -462,29 +287,6 @@ async fn reboot_once(
             format!("the upgrade to {target} asks for a reboot, which failed: {e}"),
             None,
         ),
-    }
-}
-
-/// The outcome while a rolling upgrade has not reached this node: what runs
-/// stays. Pure.
-pub fn upgrade_pending(report: &DriverReport, wanted: &DriverWanted) -> DriverLoad {
-    let running = match (&report.version, report.origin.is_inbox()) {
-        (Some(v), _) => format!("amdgpu {v}"),
-        (None, true) => "the in-box amdgpu".to_owned(),
-        (None, false) => "amdgpu".to_owned(),
-    };
-    DriverLoad {
-        state: DriverLoadState::Loaded,
-        reason: UPGRADE_PENDING.to_owned(),
-        message: format!(
-            "{running} runs; {} comes with the rolling upgrade (driver.upgradePolicy), \
-             when the leader has drained this node",
-            wanted.version.as_deref().unwrap_or("another driver")
-        ),
-        bundle: None,
-        version: report.version.clone(),
-        asked: None,
-        told_at: None,
     }
 }
 
@@ -707,177 +509,5 @@ fn failed(reason: &str, message: String, bundle: Option<&str>) -> DriverLoad {
         version: None,
         asked: None,
         told_at: None,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn decisions_without_a_command_have_their_outcome_and_a_load_has_none() {
-        let refuse = LoadDecision::Refuse {
-            reason: "ChecksumMismatch",
-            message: "lib/modules/x/amdgpu.ko: sha256 differs".into(),
-        };
-        let outcome = outcome_of(&refuse).unwrap();
-        assert_eq!(
-            (outcome.state, outcome.reason.as_str()),
-            (DriverLoadState::Refused, "ChecksumMismatch")
-        );
-        assert!(outcome.message.contains("sha256 differs"));
-        let nothing = outcome_of(&LoadDecision::Nothing {
-            version: "6.12.12".into(),
-        })
-        .unwrap();
-        assert_eq!(nothing.state, DriverLoadState::Loaded);
-        let replace = outcome_of(&LoadDecision::ReplaceNeeded {
-            loaded: crate::api::agent_status::ModuleOrigin::InTree,
-            version: None,
-            why: "the in-box amdgpu is loaded".into(),
-        })
-        .unwrap();
-        assert_eq!(
-            (replace.state, replace.reason.as_str()),
-            (DriverLoadState::ReplaceNeeded, "DriverReplaceNeeded")
-        );
-    }
-
-    #[test]
-    fn a_report_alone_wakes_no_retry_of_a_failure_and_no_second_load() {
-        let report = |version: &str| DriverReport {
-            loaded: true,
-            version: Some(version.into()),
-            ..DriverReport::default()
-        };
-        let outcome = |state| DriverLoad {
-            state,
-            reason: "r".into(),
-            message: "m".into(),
-            bundle: None,
-            version: None,
-            asked: None,
-            told_at: None,
-        };
-        let old = report("6.12.12");
-        assert!(acts_on_report(None, None, &old));
-        assert!(acts_on_report(
-            Some(&outcome(DriverLoadState::Refused)),
-            None,
-            &old
-        ));
-        // A failed load waits for its recheck.
-        assert!(!acts_on_report(
-            Some(&outcome(DriverLoadState::Failed)),
-            None,
-            &old
-        ));
-        // Just loaded 6.14.1: a report still saying 6.12.12 was read before.
-        let loaded = outcome(DriverLoadState::Loaded);
-        assert!(!acts_on_report(Some(&loaded), Some("6.14.1"), &old));
-        assert!(acts_on_report(
-            Some(&loaded),
-            Some("6.14.1"),
-            &report("6.14.1")
-        ));
-    }
-
-    #[test]
-    fn a_new_ask_does_not_load_again_while_the_report_lags_behind_the_load() {
-        let not_loaded = DriverReport {
-            loaded: false,
-            boot_id: Some("boot-2".into()),
-            ..DriverReport::default()
-        };
-        let loaded = DriverLoad {
-            state: DriverLoadState::Loaded,
-            reason: LOADED_HERE.into(),
-            message: "loaded".into(),
-            bundle: None,
-            version: Some("6.14.1".into()),
-            asked: Some("6.14.1".into()),
-            told_at: Some("t1".into()),
-        };
-        let asked = |version: Option<&str>, told_at: &str| DriverWanted {
-            driver_type: DriverType::Container,
-            version: version.map(str::to_owned),
-            blacklist: None,
-            module: KernelModuleConfigSpec::default(),
-            replace: true,
-            reboot_from: None,
-            told_at: Some(told_at.into()),
-        };
-        let changed = Trigger {
-            asked_changed: true,
-            recheck_due: false,
-        };
-        // The leader rewrote the record after the reboot: same version.
-        assert!(!looks_again(
-            changed,
-            Some(&loaded),
-            Some("6.14.1"),
-            &asked(Some("6.14.1"), "t2"),
-            &not_loaded
-        ));
-        // Any bundle asked for: the one just loaded is it.
-        assert!(!looks_again(
-            changed,
-            Some(&loaded),
-            Some("6.14.1"),
-            &asked(None, "t2"),
-            &not_loaded
-        ));
-        // Another version asked for: look again.
-        assert!(looks_again(
-            changed,
-            Some(&loaded),
-            Some("6.14.1"),
-            &asked(Some("6.15.0"), "t2"),
-            &not_loaded
-        ));
-        // A reboot asked for from this boot: look again.
-        let mut reboot = asked(Some("6.14.1"), "t2");
-        reboot.reboot_from = Some("boot-2".into());
-        assert!(looks_again(
-            changed,
-            Some(&loaded),
-            Some("6.14.1"),
-            &reboot,
-            &not_loaded
-        ));
-        // The recheck looks again even so: a report that never shows the
-        // load is not waited for forever.
-        assert!(looks_again(
-            Trigger {
-                asked_changed: false,
-                recheck_due: true
-            },
-            Some(&loaded),
-            Some("6.14.1"),
-            &asked(Some("6.14.1"), "t1"),
-            &not_loaded
-        ));
-        // Nothing loaded here: a new ask is looked at.
-        assert!(looks_again(
-            changed,
-            None,
-            None,
-            &asked(Some("6.14.1"), "t2"),
-            &not_loaded
-        ));
-    }
-
-    #[test]
-    fn only_an_enabled_driver_section_asks_for_a_driver() {
-        let mut spec = DriverSpec {
-            enable: false,
-            ..DriverSpec::default()
-        };
-        assert_eq!(DriverWanted::from_spec(&spec), None);
-        spec.enable = true;
-        spec.version = Some("6.12.12".into());
-        let wanted = DriverWanted::from_spec(&spec).unwrap();
-        assert_eq!(wanted.version.as_deref(), Some("6.12.12"));
-        assert_eq!(wanted.driver_type, DriverType::Container);
     }
 }

@@ -3,8 +3,10 @@
 //! one kernel, with the checks a bundle must pass before it may be loaded
 //! ([`bundle`]); the preflight an administrator runs before booting a new
 //! kernel ([`preflight`]); what to do about the driver, and loading a
-//! verified bundle with `modprobe` ([`load`]); and the agent's driver
-//! manager ([`manager`]), which does that when the DeviceConfig asks for a
+//! verified bundle with `modprobe` ([`load`]); what the node's driver should
+//! be and how that shows on the Node, decided in one place ([`decision`],
+//! pure: the agent's one door to the driver's decisions); and the agent's
+//! driver manager ([`manager`]), which does that when the DeviceConfig asks for a
 //! driver, keeps the amdgpu blacklist ([`blacklist`]), replaces an
 //! out-of-tree driver once nothing holds it ([`holders`]), follows the
 //! target of the node's rolling upgrade and reboots when it asks
@@ -22,6 +24,7 @@
 pub mod blacklist;
 pub mod bundle;
 pub mod condition;
+pub mod decision;
 pub mod gpu_reset;
 pub mod holders;
 pub mod load;

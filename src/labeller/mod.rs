@@ -51,7 +51,7 @@ use crate::node_writer::NodeIntent;
 
 mod operator;
 
-pub use operator::{driver_type_labels, kinds_for};
+pub use operator::kinds_for;
 
 /// Annotation in which earlier versions listed the label keys the labeller
 /// owned, comma-separated. Read once to hand those keys over, then removed.

@@ -1,6 +1,7 @@
 //! What the reference decides about labels at the operator, not in its node
-//! labeller: which label kinds a DeviceConfig asks for, and the driver-type
-//! label its controller writes on Nodes.
+//! labeller: which label kinds a DeviceConfig asks for. (The driver-type
+//! label its controller writes on Nodes is the driver's decision:
+//! `crate::driver::decision::type_labels`.)
 //!
 //! Rules from ROCm/gpu-operator:
 //! - `internal/nodelabeller/nodelabeller.go`, `SetNodeLabellerAsDesired`: the
@@ -8,19 +9,11 @@
 //!   `vfPassthroughCommandArgs` (`-device-id -driver-version`) or
 //!   `pfPassthroughCommandArgs` (`-device-id`) by `spec.driver.driverType`,
 //!   whatever `spec.driver.enable` says, and every `nodeLabellerArguments`
-//!   entry is appended as a further flag;
-//! - `internal/utils.go`, `UpdateDriverTypeNodeLabel` and
-//!   `GetDriverTypeNodeLabel`: with `spec.driver.enable`, every Node the
-//!   DeviceConfig selects carries `gpu.operator.amd.com/<ns>.<name>.driver=<driverType>`
-//!   (`DriverTypeNodeLabelTemplate`). `handleKMMModule` writes it on each
-//!   reconcile; `finalizeDeviceConfig` removes it when the DeviceConfig is
-//!   deleted (only while `enable` is still true).
+//!   entry is appended as a further flag.
 //!
 //! Pure functions; the caller writes what they return.
 
-use std::collections::BTreeMap;
-
-use crate::api::{DeviceConfigSpec, DriverType, NodeLabellerKind as LabelKind, Operand};
+use crate::api::{DeviceConfigSpec, DriverType, NodeLabellerKind as LabelKind};
 
 /// The label kinds the node labeller runs for `spec`: the reference's base
 /// set for its driver type, plus every recognised `nodeLabellerArguments`
@@ -35,30 +28,6 @@ pub fn kinds_for(spec: &DeviceConfigSpec) -> Vec<LabelKind> {
         DriverType::Container | DriverType::Other(_) => LabelKind::DEFAULTS,
     };
     spec.device_plugin().node_labeller_kinds_over(base)
-}
-
-/// The driver-type label of the DeviceConfig `namespace/name` on a Node it
-/// selects: one label while `spec.driver.enable`, none otherwise (so a writer
-/// that applies the whole set removes it once `enable` is off, where the
-/// reference leaves it until the DeviceConfig is deleted). A key longer than
-/// Kubernetes allows (a long name) is left out: the reference's patch would be
-/// refused.
-pub fn driver_type_labels(
-    namespace: &str,
-    name: &str,
-    spec: &DeviceConfigSpec,
-) -> BTreeMap<String, String> {
-    let mut labels = BTreeMap::new();
-    if !spec.is_enabled(Operand::Driver) {
-        return labels;
-    }
-    let key = format!("gpu.operator.amd.com/{namespace}.{name}.driver");
-    if super::key_name_fits(&key) {
-        labels.insert(key, spec.driver().driver_type.as_str().to_owned());
-    } else {
-        tracing::warn!(label = %key, "driver type label key longer than Kubernetes allows; not written");
-    }
-    labels
 }
 
 #[cfg(test)]
@@ -101,26 +70,5 @@ mod tests {
                 "{driver_type} {arguments:?}"
             );
         }
-    }
-
-    #[test]
-    fn the_driver_type_label_is_there_only_with_driver_enable() {
-        let label = |driver_type, enable| {
-            driver_type_labels(
-                "kube-amd-gpu",
-                "gpu-config",
-                &spec(driver_type, enable, &[]),
-            )
-        };
-        let key = "gpu.operator.amd.com/kube-amd-gpu.gpu-config.driver";
-        for driver_type in ["container", "vf-passthrough", "pf-passthrough"] {
-            assert_eq!(
-                label(driver_type, true),
-                BTreeMap::from([(key.to_owned(), driver_type.to_owned())])
-            );
-            assert!(label(driver_type, false).is_empty());
-        }
-        let long = "n".repeat(60);
-        assert!(driver_type_labels("ns", &long, &spec("container", true, &[])).is_empty());
     }
 }

@@ -18,19 +18,19 @@
 //! inputs and carries the plan out.
 //!
 //! This file holds [`LoopState`]; each decision has a file of its own:
-//! `follow.rs` (step 1), `services.rs` (step 2), `report.rs` (step 3) and
-//! `driver.rs` (the driver's Event, labels and condition on the Node).
+//! `follow.rs` (step 1), `services.rs` (step 2) and `report.rs` (step 3).
+//! The driver's Event, labels and condition on the Node are the driver's
+//! decisions (`crate::driver::decision`); the agent keeps what it last
+//! showed in [`LoopState::driver`].
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
-use crate::api::agent_status::{AgentStatus, DriverLoad};
+use crate::api::agent_status::AgentStatus;
 
-mod driver;
 mod follow;
 mod report;
 mod services;
 
-pub use driver::{driver_condition_intent, driver_labels, driver_load_event};
 pub use follow::{Following, follow};
 pub use report::{HealthPublishing, Observed, Report, StatusUpdate, Warning, report};
 pub use services::{
@@ -49,10 +49,9 @@ pub struct LoopState {
     last_status: Option<Option<AgentStatus>>,
     /// Set while the latest status write failed: it is retried on a timer.
     status_write_failed: bool,
-    /// The driver-type labels last applied; `None` before the first write.
-    driver_labels: Option<BTreeMap<String, String>>,
-    /// What the driver manager did, as last recorded in an Event.
-    driver_load: Option<DriverLoad>,
+    /// What the agent last showed of the driver on the Node (its labels,
+    /// the Event for what the driver manager did).
+    pub driver: crate::driver::decision::Shown,
     /// The partition profiles text last parsed, and what it gave: a pass
     /// parses it again only when it changed.
     partition_profiles: Option<(std::sync::Arc<str>, ParsedProfiles)>,

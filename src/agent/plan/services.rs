@@ -174,7 +174,7 @@ pub fn apply_overrides(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agent::plan::{driver_labels, one};
+    use crate::agent::plan::one;
 
     #[test]
     fn tests_wait_for_the_driver_and_health_waits_for_a_partition_being_written() {
@@ -387,7 +387,8 @@ mod tests {
                 planned.metrics.is_some(),
                 "the endpoint always runs: {yaml}"
             );
-            let written = driver_labels(&LoopState::default(), &selection, &BTreeMap::new());
+            let written = crate::driver::decision::Shown::default()
+                .labels_to_apply(selection.for_driver(), &BTreeMap::new());
             assert_eq!(
                 written.is_some_and(|labels| !labels.is_empty()),
                 *driver_label,
