@@ -24,9 +24,13 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
+use super::blacklist::{self, Blacklisted};
+use super::bundle::Verified;
 use super::condition::{CONDITION_TYPE, UPGRADE_PENDING, driver_condition};
 use super::load::LoadDecision;
-use crate::api::agent_status::{ConfigKey, DriverLoad, DriverLoadState, DriverReport};
+use crate::api::agent_status::{
+    ConfigKey, DriverLoad, DriverLoadState, DriverReport, ModuleOrigin,
+};
 use crate::api::driver_upgrade::UpgradeRecord;
 use crate::api::{DeviceConfigSpec, DriverSpec, DriverType, KernelModuleConfigSpec, Operand};
 use crate::events::EventType;
@@ -252,6 +256,119 @@ pub(super) fn upgrade_pending(report: &DriverReport, wanted: &DriverWanted) -> D
         ),
         bundle: None,
         version: report.version.clone(),
+        asked: None,
+        told_at: None,
+    }
+}
+
+/// What the manager does after a look, when no reboot is due.
+#[derive(Clone, Debug, PartialEq)]
+pub(super) enum Next {
+    /// Load the bundle; nothing runs that must go first.
+    Load(Box<Verified>),
+    /// Unload the amdgpu that runs (once nothing holds it), then load the
+    /// bundle.
+    Replace(Box<Verified>),
+    /// Nothing to run: this is the outcome.
+    Done(DriverLoad),
+}
+
+/// The step after a look: `decision` ([`super::load::decide`]'s), with the
+/// amdgpu blacklist as it now stands (`blacklisted`), for `wanted` on the
+/// node `report` describes. A replacement waits while `wanted` may not
+/// replace (a rolling upgrade has not reached the node: `UpgradePending`);
+/// an in-box amdgpu that must go says how the blacklist stands, since only
+/// a reboot replaces it. Pure.
+pub(super) fn next_step(
+    decision: LoadDecision,
+    blacklisted: Blacklisted,
+    wanted: &DriverWanted,
+    report: &DriverReport,
+) -> Next {
+    let decision = match decision {
+        LoadDecision::ReplaceNeeded {
+            loaded: ModuleOrigin::InTree,
+            version,
+            why,
+        } => {
+            let why = match blacklisted {
+                Blacklisted::Yes => format!(
+                    "the in-box amdgpu is loaded and is blacklisted for the next boot \
+                     ({}): reboot the node to load the bundle's (a rolling upgrade \
+                     reboots it; by hand, a person does)",
+                    blacklist::BLACKLIST_FILE
+                ),
+                Blacklisted::BlockedByForeignFile => format!(
+                    "the in-box amdgpu is loaded, and driver.blacklist cannot take effect: \
+                     {} was not written by an operator and has no `blacklist amdgpu` line, \
+                     so it is left as it is; add the line or remove the file, then reboot",
+                    blacklist::BLACKLIST_FILE
+                ),
+                Blacklisted::No => why,
+            };
+            LoadDecision::ReplaceNeeded {
+                loaded: ModuleOrigin::InTree,
+                version,
+                why,
+            }
+        }
+        decision => decision,
+    };
+    match decision {
+        LoadDecision::Load { bundle } => Next::Load(bundle),
+        LoadDecision::Replace { .. }
+        | LoadDecision::ReplaceNeeded {
+            loaded: ModuleOrigin::InTree,
+            ..
+        } if !wanted.replace => Next::Done(upgrade_pending(report, wanted)),
+        LoadDecision::Replace { bundle } => Next::Replace(bundle),
+        other => Next::Done(
+            outcome_of(&other)
+                .unwrap_or_else(|| failed("Internal", format!("no outcome for {other:?}"), None)),
+        ),
+    }
+}
+
+/// Why a reboot the upgrade asks for must not happen, as the outcome to
+/// publish: the in-box amdgpu runs and the blacklist (`written`, as it was
+/// just brought in line, or why that failed) is not in effect, so the
+/// reboot would bring the in-box driver back and end every pod on the node
+/// for nothing. `None`: the reboot may go ahead. Pure.
+pub(super) fn reboot_blocked(
+    report: &DriverReport,
+    written: &Result<Blacklisted, String>,
+) -> Option<DriverLoad> {
+    if !report.origin.is_inbox() || matches!(written, Ok(Blacklisted::Yes)) {
+        return None;
+    }
+    let why = match written {
+        Ok(Blacklisted::BlockedByForeignFile) => format!(
+            "{} was not written by an operator and has no `blacklist amdgpu` line",
+            blacklist::BLACKLIST_FILE
+        ),
+        Ok(_) => "driver.blacklist is not true".to_owned(),
+        Err(e) => e.clone(),
+    };
+    Some(
+        outcome_of(&LoadDecision::Refuse {
+            reason: "BlacklistNotInEffect",
+            message: format!(
+                "not rebooting for the upgrade: the in-box amdgpu would load again at \
+                 boot ({why})"
+            ),
+        })
+        .unwrap_or_else(|| failed("BlacklistNotInEffect", why, None)),
+    )
+}
+
+/// A failed outcome. Pure.
+pub(super) fn failed(reason: &str, message: String, bundle: Option<&str>) -> DriverLoad {
+    DriverLoad {
+        state: DriverLoadState::Failed,
+        reason: reason.to_owned(),
+        message,
+        bundle: bundle.map(str::to_owned),
+        version: None,
         asked: None,
         told_at: None,
     }
@@ -935,5 +1052,159 @@ mod tests {
             });
             assert_eq!(got, expected, "row {i}");
         }
+    }
+
+    #[test]
+    fn after_a_look_a_replacement_waits_for_the_rolling_upgrade_and_the_in_box_driver_names_its_blacklist()
+     {
+        let bundle = Box::new(Verified {
+            dir: "/var/lib/amd-gpu-operator/bundles/6.14.1".into(),
+            version: "6.14.1".into(),
+            kernel_release: "6.8.0".into(),
+            module: "amdgpu.ko".into(),
+            files: 1,
+            bytes: 1,
+            signatures_checked: false,
+        });
+        let report = DriverReport {
+            loaded: true,
+            origin: ModuleOrigin::OutOfTree,
+            version: Some("6.12.12".into()),
+            ..DriverReport::default()
+        };
+        let wanted = |replace| DriverWanted {
+            driver_type: DriverType::Container,
+            version: Some("6.14.1".into()),
+            blacklist: Some(true),
+            module: KernelModuleConfigSpec::default(),
+            replace,
+            reboot_from: None,
+            told_at: None,
+        };
+        let in_box = || LoadDecision::ReplaceNeeded {
+            loaded: ModuleOrigin::InTree,
+            version: None,
+            why: "the in-box amdgpu is loaded".into(),
+        };
+        let load = LoadDecision::Load {
+            bundle: bundle.clone(),
+        };
+        let replace = LoadDecision::Replace {
+            bundle: bundle.clone(),
+        };
+        let step = |decision, blacklisted, replace| {
+            next_step(decision, blacklisted, &wanted(replace), &report)
+        };
+        assert_eq!(
+            step(load.clone(), Blacklisted::No, true),
+            Next::Load(bundle.clone())
+        );
+        assert_eq!(
+            step(load, Blacklisted::No, false),
+            Next::Load(bundle.clone())
+        );
+        assert_eq!(
+            step(replace.clone(), Blacklisted::No, true),
+            Next::Replace(bundle.clone())
+        );
+        let done = |next: Next| match next {
+            Next::Done(outcome) => (outcome.state, outcome.reason, outcome.message),
+            other => panic!("not an outcome: {other:?}"),
+        };
+        let pending = done(step(replace, Blacklisted::No, false));
+        assert_eq!(
+            (pending.0, pending.1.as_str()),
+            (DriverLoadState::Loaded, UPGRADE_PENDING)
+        );
+        assert!(pending.2.contains("amdgpu 6.12.12 runs"), "{}", pending.2);
+        let pending = done(step(in_box(), Blacklisted::Yes, false));
+        assert_eq!(pending.1, UPGRADE_PENDING);
+        // Replacing the in-box driver needs a reboot: the message says how the
+        // blacklist stands.
+        let (state, reason, message) = done(step(in_box(), Blacklisted::Yes, true));
+        assert_eq!(
+            (state, reason.as_str()),
+            (DriverLoadState::ReplaceNeeded, "DriverReplaceNeeded")
+        );
+        assert!(
+            message.contains("blacklisted for the next boot"),
+            "{message}"
+        );
+        let (_, _, message) = done(step(in_box(), Blacklisted::BlockedByForeignFile, true));
+        assert!(
+            message.contains("was not written by an operator"),
+            "{message}"
+        );
+        let (_, _, message) = done(step(in_box(), Blacklisted::No, true));
+        assert_eq!(message, "the in-box amdgpu is loaded");
+        let refused = done(step(
+            LoadDecision::Refuse {
+                reason: "BundleMissingForKernel",
+                message: "none for 6.8.0".into(),
+            },
+            Blacklisted::No,
+            true,
+        ));
+        assert_eq!(
+            (refused.0, refused.1.as_str()),
+            (DriverLoadState::Refused, "BundleMissingForKernel")
+        );
+        let running = done(step(
+            LoadDecision::Nothing {
+                version: "6.14.1".into(),
+            },
+            Blacklisted::No,
+            true,
+        ));
+        assert_eq!(
+            (running.0, running.1.as_str()),
+            (DriverLoadState::Loaded, RUNNING)
+        );
+    }
+
+    #[test]
+    fn a_reboot_that_would_bring_the_in_box_driver_back_is_refused() {
+        let report = |origin| DriverReport {
+            loaded: true,
+            origin,
+            ..DriverReport::default()
+        };
+        let in_box = report(ModuleOrigin::InTree);
+        let table: Vec<(&DriverReport, Result<Blacklisted, String>, Option<&str>)> = vec![
+            (&in_box, Ok(Blacklisted::Yes), None),
+            (
+                &in_box,
+                Ok(Blacklisted::No),
+                Some("driver.blacklist is not true"),
+            ),
+            (
+                &in_box,
+                Ok(Blacklisted::BlockedByForeignFile),
+                Some("was not written by an operator"),
+            ),
+            (
+                &in_box,
+                Err("read-only file system".into()),
+                Some("read-only file system"),
+            ),
+        ];
+        for (report, written, why) in table {
+            let refused = reboot_blocked(report, &written);
+            match why {
+                None => assert_eq!(refused, None, "{written:?}"),
+                Some(why) => {
+                    let refused = refused.expect("refused");
+                    assert_eq!(
+                        (refused.state, refused.reason.as_str()),
+                        (DriverLoadState::Refused, "BlacklistNotInEffect"),
+                        "{written:?}"
+                    );
+                    assert!(refused.message.contains(why), "{}", refused.message);
+                }
+            }
+        }
+        // An out-of-tree driver does not come back at boot: reboot.
+        let out_of_tree = report(ModuleOrigin::OutOfTree);
+        assert_eq!(reboot_blocked(&out_of_tree, &Ok(Blacklisted::No)), None);
     }
 }

@@ -28,19 +28,19 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use super::blacklist::{self, Blacklisted};
+use super::blacklist;
 use super::bundle::{Expected, Refusal, Verified};
 use super::condition::REASON_LOADING;
 use super::decision::{
-    DriverWanted, LOADED_HERE, REBOOT_FAILED, REBOOT_REQUESTED, Trigger, looks_again, outcome_of,
-    reboot_due, upgrade_pending,
+    DriverWanted, LOADED_HERE, Next, REBOOT_FAILED, REBOOT_REQUESTED, Trigger, failed, looks_again,
+    next_step, outcome_of, reboot_blocked, reboot_due,
 };
 use super::holders;
 use super::load::{self, LoadCommands, LoadDecision};
 use super::preflight::{self, DEFAULT_STORE};
 use super::reboot::{self, RebootCommand};
 use crate::api::DriverType;
-use crate::api::agent_status::{DriverLoad, DriverLoadState, DriverReport, ModuleOrigin};
+use crate::api::agent_status::{DriverLoad, DriverLoadState, DriverReport};
 use crate::host::HostRoot;
 use crate::host::reader::BoundedReader;
 
@@ -322,27 +322,13 @@ async fn act(
             blacklist::apply(&blacklist_host, blacklist_wanted)
         })
         .await;
-        let in_effect = matches!(written, Ok(Ok(Blacklisted::Yes)));
-        if report.origin.is_inbox() && !in_effect {
-            // The reboot would bring the in-box driver back and end every
-            // pod on the node for nothing.
-            let why = match written {
-                Ok(Ok(Blacklisted::BlockedByForeignFile)) => format!(
-                    "{} was not written by an operator and has no `blacklist amdgpu` line",
-                    blacklist::BLACKLIST_FILE
-                ),
-                Ok(Ok(_)) => "driver.blacklist is not true".to_owned(),
-                Ok(Err(e)) => e.to_string(),
-                Err(e) => e.to_string(),
-            };
-            return outcome_of(&LoadDecision::Refuse {
-                reason: "BlacklistNotInEffect",
-                message: format!(
-                    "not rebooting for the upgrade: the in-box amdgpu would load again at \
-                     boot ({why})"
-                ),
-            })
-            .unwrap_or_else(|| failed("BlacklistNotInEffect", why, None));
+        let seen = match &written {
+            Ok(Ok(blacklisted)) => Ok(*blacklisted),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        if let Some(refused) = reboot_blocked(report, &seen) {
+            return refused;
         }
         if !matches!(written, Ok(Ok(_))) {
             tracing::warn!(result = ?written, "the amdgpu blacklist could not be brought in line before the reboot");
@@ -358,47 +344,11 @@ async fn act(
         Ok(Err(e)) => return failed("BlacklistFailed", e.to_string(), None),
         Err(e) => return failed("BlacklistFailed", e.to_string(), None),
     };
-    let decision = match look(host, config, wanted, report).await {
-        LoadDecision::ReplaceNeeded {
-            loaded: ModuleOrigin::InTree,
-            version,
-            why,
-        } => {
-            let why = match blacklisted {
-                Blacklisted::Yes => format!(
-                    "the in-box amdgpu is loaded and is blacklisted for the next boot \
-                     ({}): reboot the node to load the bundle's (a rolling upgrade \
-                     reboots it; by hand, a person does)",
-                    blacklist::BLACKLIST_FILE
-                ),
-                Blacklisted::BlockedByForeignFile => format!(
-                    "the in-box amdgpu is loaded, and driver.blacklist cannot take effect: \
-                     {} was not written by an operator and has no `blacklist amdgpu` line, \
-                     so it is left as it is; add the line or remove the file, then reboot",
-                    blacklist::BLACKLIST_FILE
-                ),
-                Blacklisted::No => why,
-            };
-            LoadDecision::ReplaceNeeded {
-                loaded: ModuleOrigin::InTree,
-                version,
-                why,
-            }
-        }
-        decision => decision,
-    };
-    let (bundle, replacing) = match decision {
-        LoadDecision::Load { bundle } => (bundle, false),
-        LoadDecision::Replace { .. }
-        | LoadDecision::ReplaceNeeded {
-            loaded: ModuleOrigin::InTree,
-            ..
-        } if !wanted.replace => return upgrade_pending(report, wanted),
-        LoadDecision::Replace { bundle } => (bundle, true),
-        other => {
-            return outcome_of(&other)
-                .unwrap_or_else(|| failed("Internal", format!("no outcome for {other:?}"), None));
-        }
+    let decision = look(host, config, wanted, report).await;
+    let (bundle, replacing) = match next_step(decision, blacklisted, wanted, report) {
+        Next::Load(bundle) => (bundle, false),
+        Next::Replace(bundle) => (bundle, true),
+        Next::Done(outcome) => return outcome,
     };
     if replacing {
         let running = report.version.as_deref().unwrap_or("of unknown version");
@@ -495,18 +445,6 @@ fn about(state: DriverLoadState, reason: &str, message: String, bundle: &Verifie
         message,
         bundle: Some(bundle.dir.clone()),
         version: Some(bundle.version.clone()),
-        asked: None,
-        told_at: None,
-    }
-}
-
-fn failed(reason: &str, message: String, bundle: Option<&str>) -> DriverLoad {
-    DriverLoad {
-        state: DriverLoadState::Failed,
-        reason: reason.to_owned(),
-        message,
-        bundle: bundle.map(str::to_owned),
-        version: None,
         asked: None,
         told_at: None,
     }
