@@ -1185,13 +1185,8 @@ async fn an_abort_stops_the_validation_tests_that_run() {
         phase_of(&r.node()).as_deref() == Some("Validating")
     })
     .await;
-    let test = rig.rvs.path().join("child.pid");
-    wait::eventually("the test runs", || test.exists()).await;
-    let pid: i32 = std::fs::read_to_string(&test)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    // The pid once it is written whole: the file exists a moment before.
+    let pid = tokio::task::block_in_place(|| rig.rvs.wait_for_pid("child.pid"));
     rig.cluster
         .label_node(NODE, "operator.amd.com/gpu-abort-workflow", Some("true"))
         .await;
