@@ -165,11 +165,14 @@ async fn the_leaders_writes_and_node_lists_do_not_grow_with_the_fleet() {
     for traffic in [&small_changed, &large_changed] {
         assert_eq!(traffic.node_lists, 0, "{traffic:?}");
     }
-    // From the list alone the leader converges in the same writes; while
-    // the acknowledgements arrive its status writes are paced in time
-    // (one a second), so ten times the fleet may add a write or two, not
-    // hundreds.
-    assert_eq!(large_converged.writes, small_converged.writes);
+    // From the list alone the leader converges in a few writes; its status
+    // writes are paced in time (one a second), so where the last one of the
+    // convergence falls against the spec change depends on the machine's
+    // speed: ten times the fleet may add a write, not hundreds.
+    assert!(
+        large_converged.writes <= small_converged.writes + 1,
+        "{small_converged:?} at 30 Nodes, {large_converged:?} at 300"
+    );
     assert!(
         large_changed.writes <= small_changed.writes + 2,
         "{small_changed:?} at 30 Nodes, {large_changed:?} at 300"
