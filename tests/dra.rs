@@ -237,6 +237,19 @@ impl Rig {
     /// Creates claim `name` in [`NS`], allocated the devices `(pool, device)`
     /// of driver `driver`; returns its UID.
     async fn claim(&self, name: &str, driver: &str, devices: &[(&str, &str)]) -> String {
+        let results: Vec<Value> = devices
+            .iter()
+            .map(|(pool, device)| {
+                json!({"request": "gpu", "driver": driver, "pool": pool, "device": device})
+            })
+            .collect();
+        self.allocated_claim(name, results).await
+    }
+
+    /// Creates claim `name` in [`NS`] with one request of class
+    /// `gpu.amd.com`, allocated `results` as the scheduler records them;
+    /// returns its UID.
+    async fn allocated_claim(&self, name: &str, results: Vec<Value>) -> String {
         let api: Api<ResourceClaim> = Api::namespaced(self.cluster.client(), NS);
         let claim: ResourceClaim = serde_json::from_value(json!({
             "metadata": {"name": name},
@@ -247,12 +260,6 @@ impl Rig {
             .create(&PostParams::default(), &claim)
             .await
             .expect("claim created");
-        let results: Vec<Value> = devices
-            .iter()
-            .map(|(pool, device)| {
-                json!({"request": "gpu", "driver": driver, "pool": pool, "device": device})
-            })
-            .collect();
         api.patch_status(
             name,
             &PatchParams::default(),
@@ -1264,33 +1271,13 @@ impl Rig {
         share: Option<&str>,
         consumed: &BTreeMap<String, String>,
     ) -> String {
-        let api: Api<ResourceClaim> = Api::namespaced(self.cluster.client(), NS);
-        let claim: ResourceClaim = serde_json::from_value(json!({
-            "metadata": {"name": name},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.amd.com"}}]}}
-        }))
-        .unwrap();
-        let uid = api
-            .create(&PostParams::default(), &claim)
-            .await
-            .expect("claim created")
-            .metadata
-            .uid
-            .expect("uid");
         let mut result =
             json!({"request": "gpu", "driver": "gpu.amd.com", "pool": NODE, "device": device});
         if let Some(share) = share {
             result["shareID"] = json!(share);
             result["consumedCapacity"] = json!(consumed);
         }
-        api.patch_status(
-            name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"allocation": {"devices": {"results": [result]}}}})),
-        )
-        .await
-        .expect("claim allocated");
-        uid
+        self.allocated_claim(name, vec![result]).await
     }
 
     /// Creates claim `name` with one partition of layout device `device`,

@@ -232,9 +232,10 @@ fn device(
 /// [`devices_of`] offers it. Sorted by name.
 pub fn layout_devices_of(inventory: &Inventory, roots: &PcieRoots) -> Vec<DraDevice> {
     let mut out = Vec::new();
+    // The GPUs offered as they are, with the inventory's driver facts.
     let mut fixed = Inventory {
-        gpus: Vec::new(),
-        ..inventory.clone()
+        driver: inventory.driver.clone(),
+        ..Inventory::default()
     };
     for (index, gpu) in layouts::ordered(inventory).into_iter().enumerate() {
         let (Some(card), Some(render)) = (gpu.card, gpu.render_minor) else {

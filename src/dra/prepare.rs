@@ -498,7 +498,7 @@ impl Preparer {
 
     /// Records the memory mode prepared layout devices hold, for the
     /// conflict taints.
-    fn note_holds(&self, checkpoint: &Checkpoint) {
+    pub(crate) fn note_holds(&self, checkpoint: &Checkpoint) {
         if let Some(writer) = &self.layouts {
             let held = layouts::held_memory(
                 checkpoint

@@ -282,7 +282,7 @@ async fn run(
         }
     }
     let (status_updates, status_changes) = claim_status::channel();
-    let (layout_state_tx, mut layout_state) = watch::channel(LayoutState::default());
+    let (layout_state_tx, layout_state) = watch::channel(LayoutState::default());
     let layout_writer = config.auto_partition.then(|| LayoutWriter {
         host: config.host.clone(),
         reader: reader.clone(),
@@ -292,18 +292,6 @@ async fn run(
         state: layout_state_tx,
         lock: Arc::new(tokio::sync::Mutex::new(())),
     });
-    // The memory mode prepared layouts hold, from the start: their conflict
-    // taints are in the first slices.
-    if let Some(writer) = &layout_writer {
-        let held = super::layouts::held_memory(
-            at_start
-                .prepared_claims
-                .values()
-                .flat_map(|c| &c.devices)
-                .map(|d| d.device_name.as_str()),
-        );
-        writer.state.send_modify(|s| s.held_memory = held);
-    }
     let preparer = Arc::new(Preparer {
         node: config.node_name.clone(),
         cdi_dir: config.cdi_dir.clone(),
@@ -314,6 +302,9 @@ async fn run(
         status: status_updates,
         layouts: layout_writer,
     });
+    // The memory mode prepared layouts hold, from the start: their conflict
+    // taints are in the first slices.
+    preparer.note_holds(&at_start);
     let mut status_writer = Some((status_changes, at_start));
     let mut claim_statuses = None;
     let (registration_tx, mut registration) = watch::channel(Registration::Waiting);
@@ -333,14 +324,16 @@ async fn run(
     let mut feeds = crate::service::Wakes::new();
     feeds.watch("inventory", inventory.clone());
     feeds.watch("health", health.clone());
+    // Its sender lives in the preparer while layouts are on; off, it is gone.
+    feeds.watch("layouts", layout_state.clone());
     let mut tick = tokio::time::interval(config.poll_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         // The snapshot: devices from the inventory, health from the device
         // plugin's rules over the host checks and the monitor's report.
         let inv = inventory.borrow_and_update().clone();
-        // `changed()` below marks the state seen: compare what was applied.
-        let state_now = layout_state.borrow_and_update().clone();
+        // Rebuilt when the layout state differs from what was applied.
+        let state_now = layout_state.borrow().clone();
         let layouts_changed = applied_state.as_ref() != Some(&state_now);
         let rebuilt = seen.as_ref().is_none_or(|s| !Arc::ptr_eq(s, &inv)) || layouts_changed;
         if rebuilt {
@@ -349,9 +342,10 @@ async fn run(
                 let found = pcie_roots(&reader, &bdfs).await;
                 roots = Some((bdfs, found));
             }
-            let roots = roots.as_ref().map_or(&PcieRoots::new(), |(_, r)| r).clone();
+            let no_roots = PcieRoots::new();
+            let roots = roots.as_ref().map_or(&no_roots, |(_, r)| r);
             devices = if config.auto_partition {
-                let mut offered = layout_devices_of(&inv, &roots);
+                let mut offered = layout_devices_of(&inv, roots);
                 let conflicts = super::layouts::conflicts(
                     offered
                         .iter()
@@ -364,7 +358,7 @@ async fn run(
                 }
                 offered
             } else {
-                devices_of(&inv, &roots)
+                devices_of(&inv, roots)
             };
             plugin_devices = devices.iter().map(DraDevice::as_plugin_device).collect();
             seen = Some(inv.clone());
@@ -456,9 +450,6 @@ async fn run(
             // A feed whose sender is gone stops waking the loop, rather
             // than waking it forever.
             _ = feeds.next() => {}
-            // Its sender lives in the preparer while layouts are on; off,
-            // it is gone and must not wake the loop.
-            _ = layout_state.changed(), if config.auto_partition => {}
             _ = registration.changed() => {
                 let now = registration.borrow_and_update().clone();
                 let before = status.borrow().registration.clone();
