@@ -387,18 +387,10 @@ impl Preparer {
             // Two shares of one device in one claim: one CDI device (a spec
             // naming a device twice is refused), an answer for each share.
             let listed = devices.iter().any(|d: &ClaimDevice| d.name == device.name);
-            let mut nodes = Vec::with_capacity(2);
-            for path in device.dri_nodes().into_iter().filter(|_| !listed) {
-                let name = path.trim_start_matches("/dev/dri/");
-                nodes.push(
-                    self.device_node(&path, &format!("/sys/class/drm/{name}/dev"))
-                        .await?,
-                );
-            }
             if !listed {
                 devices.push(ClaimDevice {
                     name: device.name.clone(),
-                    nodes,
+                    nodes: self.drm_nodes(device.card, device.render_minor).await?,
                 });
             }
             answer.push(PreparedDevice {
@@ -603,17 +595,9 @@ impl Preparer {
             let (Some(card), Some(render)) = nodes_of[slot as usize] else {
                 return Err(format!("partition {slot} of GPU {bdf} has no DRM nodes"));
             };
-            let mut nodes = Vec::with_capacity(2);
-            for path in super::devices::dri_paths(card, render) {
-                let file = path.trim_start_matches("/dev/dri/");
-                nodes.push(
-                    self.device_node(&path, &format!("/sys/class/drm/{file}/dev"))
-                        .await?,
-                );
-            }
             devices.push(ClaimDevice {
                 name: format!("{name}-p{slot}"),
-                nodes,
+                nodes: self.drm_nodes(card, render).await?,
             });
         }
         // Given only once everything it needs was read.
@@ -632,6 +616,20 @@ impl Preparer {
             partitions: slots,
         };
         Ok((devices, prepared))
+    }
+
+    /// The DRM nodes `card<card>` and `renderD<render>` with the numbers
+    /// the kernel gave them.
+    async fn drm_nodes(&self, card: u32, render: u32) -> Result<Vec<DeviceNode>, String> {
+        let mut nodes = Vec::with_capacity(2);
+        for path in super::devices::dri_paths(card, render) {
+            let file = path.trim_start_matches("/dev/dri/");
+            nodes.push(
+                self.device_node(&path, &format!("/sys/class/drm/{file}/dev"))
+                    .await?,
+            );
+        }
+        Ok(nodes)
     }
 
     /// A character device's numbers, from its sysfs `dev` attribute
