@@ -1,11 +1,14 @@
 //! What one cached Node costs the leader in heap, measured with a counting
 //! allocator: the cache of a 130,000-Node cluster must fit its share of the
-//! leader's 1 GiB budget (`cluster_scale`).
+//! leader's 1 GiB budget (`cluster_scale`). And what the API emulator that
+//! serves `cluster_scale` holds per Node, so that a fleet of that size fits
+//! the machine the bench runs on.
 
 #[path = "../benches/support/kubelet_node.rs"]
 mod kubelet_node;
 
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicIsize, Ordering};
 
 use gpu_operator::cluster::node_cache::{KeptLabels, kept_of};
@@ -41,6 +44,9 @@ unsafe impl GlobalAlloc for Counting {
 
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
+
+/// The counts are process-wide: one measurement at a time.
+static MEASURING: Mutex<()> = Mutex::new(());
 
 fn live() -> (isize, isize) {
     (
@@ -79,6 +85,7 @@ fn held_per_node(keep: impl Fn(Node) -> Node) -> (f64, f64) {
 
 #[test]
 fn a_cached_node_holds_a_seventh_of_the_kubelets_node() {
+    let _one_at_a_time = MEASURING.lock().unwrap_or_else(|e| e.into_inner());
     let (full_bytes, full_allocations) = held_per_node(|n| n);
     // What the leader keeps for the benches' DeviceConfig, selecting by the
     // GPU label.
@@ -100,5 +107,65 @@ fn a_cached_node_holds_a_seventh_of_the_kubelets_node() {
         kept_bytes < 6_144.0,
         "a cached Node holds {kept_bytes:.0} bytes: 130,000 of them need {:.2} GiB",
         kept_bytes * 130_000.0 / f64::from(1 << 30)
+    );
+}
+
+/// The emulator keeps each object frozen as its JSON text, shared between the
+/// store and the history record of the write that made it. Held as
+/// `serde_json::Value`s (the store's copy, and the record's copy of the new
+/// and the old version), a realistic Node cost 243 KB once seeded and 691 KB
+/// after two status reports: 130,000 of them did not fit a 24 GiB machine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_emulator_holds_a_realistic_node_in_a_few_times_its_json() {
+    use gpu_operator::api::agent_status::STATUS_ANNOTATION;
+    use kube::api::{Api, Patch, PatchParams};
+    use kube_emulator::{Emulator, EmulatorConfig};
+
+    const NODES: usize = 200;
+    let _one_at_a_time = MEASURING.lock().unwrap_or_else(|e| e.into_inner());
+    let emulator = Emulator::start(EmulatorConfig::default().history_limit(100_000))
+        .await
+        .expect("emulator");
+    let nodes: Api<Node> = Api::all(emulator.client());
+    let per_node = |since: (isize, isize)| (live().0 - since.0) as f64 / NODES as f64;
+    let before = live();
+    let mut json_bytes = 0;
+    for i in 0..NODES {
+        let node = kubelet_node::kubelet_node(i, None);
+        json_bytes += serde_json::to_vec(&node).map_or(0, |v| v.len());
+        emulator.create(node).expect("seed a Node");
+    }
+    let json_per_node = json_bytes as f64 / NODES as f64;
+    let seeded = per_node(before);
+    // Every Node reports twice, as the bench's fleet does: a server-side
+    // apply of the agent's status annotation.
+    let params = PatchParams::apply(gpu_operator::api::field_manager::AGENT_STATUS).force();
+    for generation in 1..=2 {
+        let status = kubelet_node::fleet_agent_status("kube-amd-gpu", generation, "uid");
+        for i in 0..NODES {
+            let name = kubelet_node::node_name(i);
+            let patch = serde_json::json!({"apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": name, "annotations": {STATUS_ANNOTATION: status}}});
+            nodes
+                .patch(&name, &params, &Patch::Apply(&patch))
+                .await
+                .expect("report");
+        }
+    }
+    let reported = per_node(before);
+    println!(
+        "the emulator per Node: {json_per_node:.0} bytes of JSON; {seeded:.0} bytes held once \
+         seeded, {reported:.0} after two reports (history kept)"
+    );
+    assert!(json_per_node > 15_000.0, "the fixture is a realistic Node");
+    // 45 KB at the time of writing: the text (18 KB) and the field
+    // ownership (27 KB); each report adds one version's text to the history.
+    assert!(
+        seeded < 3.0 * json_per_node,
+        "a seeded Node holds {seeded:.0} bytes"
+    );
+    assert!(
+        reported < seeded + 2.0 * 1.5 * json_per_node,
+        "a Node reported twice holds {reported:.0} bytes"
     );
 }

@@ -33,6 +33,7 @@ pub mod admission;
 mod error;
 mod faults;
 mod fields;
+mod frozen;
 mod openapi;
 mod patch;
 mod protobuf;

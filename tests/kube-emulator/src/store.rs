@@ -17,6 +17,7 @@ use tokio::sync::broadcast;
 use crate::admission::{self, Caller, Operation as Op, Param, Target, Verdict};
 use crate::error::{ApiError, ApiResult, Cause, Qualified};
 use crate::fields::{self, ManagerKey, Operation, Ownership, Scope};
+use crate::frozen::Frozen;
 use crate::patch;
 use crate::rbac;
 use crate::resource_claim;
@@ -37,10 +38,30 @@ pub struct ObjKey {
     pub name: String,
 }
 
+/// An object as the store keeps it: frozen (see [`crate::frozen`]), with its field
+/// ownership.
 #[derive(Clone, Debug)]
 struct Stored {
+    value: Frozen,
+    owners: Ownership,
+}
+
+/// A stored object thawed for one write: its value to read and change, its ownership,
+/// and the frozen form it came from (the `prev` of the write's event, shared, not copied).
+struct Live {
     value: Value,
     owners: Ownership,
+    frozen: Frozen,
+}
+
+impl Stored {
+    fn thaw(&self) -> Live {
+        Live {
+            value: self.value.thaw(),
+            owners: self.owners.clone(),
+            frozen: self.value.clone(),
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -67,9 +88,9 @@ pub struct Record {
     pub etype: EventType,
     pub key: ObjKey,
     /// The object after the change (for deletions: its last state, at the deletion's rv).
-    pub object: Value,
+    pub object: Frozen,
     /// The object before the change (modifications and deletions).
-    pub prev: Option<Value>,
+    pub prev: Option<Frozen>,
 }
 
 /// Who is writing, for field ownership, and whether to persist.
@@ -161,22 +182,24 @@ impl WatchFilter {
         {
             return None;
         }
-        let now = self.matches_obj(&rec.object);
+        let object = rec.object.thaw();
+        let now = self.matches_obj(&object);
+        // Without selectors every version matches: the old one need not be thawed.
+        let selects_all = self.label.is_empty() && self.field.is_empty();
+        let before = || {
+            rec.prev
+                .as_ref()
+                .is_some_and(|p| selects_all || self.matches_obj(&p.thaw()))
+        };
         match rec.etype {
-            EventType::Added => now.then(|| (EventType::Added, rec.object.clone())),
-            EventType::Deleted => {
-                let before = rec.prev.as_ref().is_some_and(|p| self.matches_obj(p));
-                (now || before).then(|| (EventType::Deleted, rec.object.clone()))
-            }
-            EventType::Modified => {
-                let before = rec.prev.as_ref().is_some_and(|p| self.matches_obj(p));
-                match (before, now) {
-                    (true, true) => Some((EventType::Modified, rec.object.clone())),
-                    (false, true) => Some((EventType::Added, rec.object.clone())),
-                    (true, false) => Some((EventType::Deleted, rec.object.clone())),
-                    (false, false) => None,
-                }
-            }
+            EventType::Added => now.then_some((EventType::Added, object)),
+            EventType::Deleted => (now || before()).then_some((EventType::Deleted, object)),
+            EventType::Modified => match (before(), now) {
+                (true, true) => Some((EventType::Modified, object)),
+                (false, true) => Some((EventType::Added, object)),
+                (true, false) => Some((EventType::Deleted, object)),
+                (false, false) => None,
+            },
         }
     }
 }
@@ -461,12 +484,21 @@ impl Store {
         out
     }
 
-    fn commit(&mut self, etype: EventType, key: ObjKey, object: Value, prev: Option<Value>) {
+    /// Records a change in the history and sends it to the watches. Returns the object
+    /// frozen, for the store to keep: the record and the store share it.
+    fn commit(
+        &mut self,
+        etype: EventType,
+        key: ObjKey,
+        object: &Value,
+        prev: Option<Frozen>,
+    ) -> Frozen {
+        let object = Frozen::new(object);
         let rec = Arc::new(Record {
             rv: self.rv,
             etype,
             key,
-            object,
+            object: object.clone(),
             prev,
         });
         self.history.push_back(rec.clone());
@@ -477,6 +509,7 @@ impl Store {
         }
         // No receivers is fine: nobody is watching.
         let _ = self.events.send(rec);
+        object
     }
 
     fn check_type_meta(rt: &ResourceType, version: &str, body: &Value) -> ApiResult<()> {
@@ -520,7 +553,9 @@ impl Store {
                 },
                 ns,
             )),
-            Some(s) if meta(&s.value).is_some_and(|m| m.contains_key("deletionTimestamp")) => {
+            Some(s)
+                if meta(&s.value.thaw()).is_some_and(|m| m.contains_key("deletionTimestamp")) =>
+            {
                 Err(ApiError::forbidden(format!(
                     "unable to create new content in namespace {ns} because it is being terminated"
                 )))
@@ -591,7 +626,7 @@ impl Store {
                 "clusterrolebindings" => &mut p.cluster_role_bindings,
                 _ => continue,
             };
-            list.push(o.value.clone());
+            list.push(o.value.thaw());
         }
         p
     }
@@ -654,7 +689,7 @@ impl Store {
         let key = Self::key(rt, ns, name);
         self.objects
             .get(&key)
-            .map(|s| Self::output(rt, version, &s.value))
+            .map(|s| Self::output(rt, version, &s.value.thaw()))
             .ok_or_else(|| ApiError::not_found(q(rt), name))
     }
 
@@ -876,14 +911,8 @@ impl Store {
         }
         self.rv += 1;
         meta_mut(&mut body).insert("resourceVersion".into(), json!(self.rv.to_string()));
-        self.objects.insert(
-            key.clone(),
-            Stored {
-                value: body.clone(),
-                owners,
-            },
-        );
-        self.commit(EventType::Added, key, body.clone(), None);
+        let value = self.commit(EventType::Added, key.clone(), &body, None);
+        self.objects.insert(key, Stored { value, owners });
         if let Some(t) = crd_type {
             self.types.insert((t.group.clone(), t.plural.clone()), t);
         }
@@ -903,7 +932,7 @@ impl Store {
         ctx: &WriteCtx,
     ) -> ApiResult<Value> {
         let key = Self::key(rt, ns, name);
-        let Some(old) = self.objects.get(&key).cloned() else {
+        let Some(old) = self.objects.get(&key).map(Stored::thaw) else {
             return Err(ApiError::not_found(q(rt), name));
         };
         let owner = ManagerKey {
@@ -941,7 +970,7 @@ impl Store {
         ctx: &WriteCtx,
     ) -> ApiResult<Value> {
         let key = Self::key(rt, ns, name);
-        let Some(old) = self.objects.get(&key).cloned() else {
+        let Some(old) = self.objects.get(&key).map(Stored::thaw) else {
             return Err(ApiError::not_found(q(rt), name));
         };
         let base = Self::output(rt, version, &old.value);
@@ -1065,7 +1094,7 @@ impl Store {
             scope,
         };
         let key = Self::key(rt, ns, name);
-        let Some(old) = self.objects.get(&key).cloned() else {
+        let Some(old) = self.objects.get(&key).map(Stored::thaw) else {
             if scope == Scope::Status {
                 return Err(ApiError::not_found(q(rt), name));
             }
@@ -1158,7 +1187,7 @@ impl Store {
         rt: &ResourceType,
         version: &str,
         key: ObjKey,
-        old: Stored,
+        old: Live,
         candidate: Value,
         scope: Scope,
         owner_change: OwnerChange,
@@ -1349,23 +1378,12 @@ impl Store {
         if terminating && finalizers(&new).is_empty() {
             // The last finalizer is gone: the deletion completes now.
             self.objects.remove(&key);
-            self.commit(
-                EventType::Deleted,
-                key.clone(),
-                new.clone(),
-                Some(old.value),
-            );
+            self.commit(EventType::Deleted, key.clone(), &new, Some(old.frozen));
             self.after_removal(rt, &key);
             return Ok(Self::output(rt, version, &new));
         }
-        self.objects.insert(
-            key.clone(),
-            Stored {
-                value: new.clone(),
-                owners,
-            },
-        );
-        self.commit(EventType::Modified, key, new.clone(), Some(old.value));
+        let value = self.commit(EventType::Modified, key.clone(), &new, Some(old.frozen));
+        self.objects.insert(key, Stored { value, owners });
         if let Some(t) = crd_type {
             self.types.insert((t.group.clone(), t.plural.clone()), t);
         }
@@ -1382,7 +1400,7 @@ impl Store {
         opts: &DeleteOpts,
     ) -> ApiResult<Value> {
         let key = Self::key(rt, ns, name);
-        let Some(old) = self.objects.get(&key).cloned() else {
+        let Some(old) = self.objects.get(&key).map(Stored::thaw) else {
             return Err(ApiError::not_found(q(rt), name));
         };
         let uid = meta_str(&old.value, "uid").unwrap_or("");
@@ -1447,14 +1465,9 @@ impl Store {
             }
             self.rv += 1;
             meta_mut(&mut new).insert("resourceVersion".into(), json!(self.rv.to_string()));
-            self.objects.insert(
-                key.clone(),
-                Stored {
-                    value: new.clone(),
-                    owners: old.owners,
-                },
-            );
-            self.commit(EventType::Modified, key, new.clone(), Some(old.value));
+            let value = self.commit(EventType::Modified, key.clone(), &new, Some(old.frozen));
+            let owners = old.owners;
+            self.objects.insert(key, Stored { value, owners });
             if is_namespace {
                 self.terminate_namespace(name);
                 // It may be gone already, when nothing in it had finalizers.
@@ -1467,18 +1480,18 @@ impl Store {
         if opts.dry_run {
             return Ok(Self::output(rt, version, &old.value));
         }
-        let out = self.remove_now(&key, old.value);
+        let out = self.remove_now(&key, &old.value, old.frozen);
         self.after_removal(rt, &key);
         Ok(Self::output(rt, version, &out))
     }
 
     /// Removes an object at a new revision and records the DELETED event.
-    fn remove_now(&mut self, key: &ObjKey, last: Value) -> Value {
+    fn remove_now(&mut self, key: &ObjKey, last: &Value, last_frozen: Frozen) -> Value {
         self.objects.remove(key);
         self.rv += 1;
         let mut fin = last.clone();
         meta_mut(&mut fin).insert("resourceVersion".into(), json!(self.rv.to_string()));
-        self.commit(EventType::Deleted, key.clone(), fin.clone(), Some(last));
+        self.commit(EventType::Deleted, key.clone(), &fin, Some(last_frozen));
         fin
     }
 
@@ -1499,8 +1512,8 @@ impl Store {
                     .cloned()
                     .collect();
                 for k in keys {
-                    if let Some(s) = self.objects.get(&k).cloned() {
-                        self.remove_now(&k, s.value);
+                    if let Some(s) = self.objects.get(&k).map(Stored::thaw) {
+                        self.remove_now(&k, &s.value, s.frozen);
                     }
                 }
                 self.types.remove(&gr);
@@ -1540,7 +1553,7 @@ impl Store {
             namespace: String::new(),
             name: ns.to_string(),
         };
-        let Some(s) = self.objects.get(&key).cloned() else {
+        let Some(s) = self.objects.get(&key).map(Stored::thaw) else {
             return;
         };
         let terminating = meta(&s.value).is_some_and(|m| m.contains_key("deletionTimestamp"));
@@ -1550,16 +1563,17 @@ impl Store {
         if self.objects.keys().any(|k| k.namespace == ns) {
             return;
         }
-        self.remove_now(&key, s.value);
+        self.remove_now(&key, &s.value, s.frozen);
     }
 
     /// Objects of one resource as they were at revision `at`, rebuilt from the history, in
-    /// key order. Borrowed: a page of a list of 100,000 Nodes copies its own items only.
-    fn snapshot(&self, rt: &ResourceType, at: u64) -> Vec<(&ObjKey, &Value)> {
+    /// key order. Borrowed and frozen: a page of a list of 100,000 Nodes thaws its own
+    /// items only.
+    fn snapshot(&self, rt: &ResourceType, at: u64) -> Vec<(&ObjKey, &Frozen)> {
         let (group, resource) = (rt.storage_group(), rt.storage_resource());
         // Each object changed after `at`, as it was then (None: it did not exist). The
         // oldest change after `at` says, so later ones are overwritten walking back.
-        let mut then: BTreeMap<&ObjKey, Option<&Value>> = BTreeMap::new();
+        let mut then: BTreeMap<&ObjKey, Option<&Frozen>> = BTreeMap::new();
         for rec in self.history.iter().rev().take_while(|r| r.rv > at) {
             if rec.key.group == group && rec.key.resource == resource {
                 let before = match rec.etype {
@@ -1575,7 +1589,7 @@ impl Store {
             namespace: String::new(),
             name: String::new(),
         };
-        let mut objects: Vec<(&ObjKey, &Value)> = self
+        let mut objects: Vec<(&ObjKey, &Frozen)> = self
             .objects
             .range(first..)
             .take_while(|(k, _)| k.group == group && k.resource == resource)
@@ -1700,15 +1714,19 @@ impl Store {
             self.snapshot(rt, at)
         };
         let position = |k: &ObjKey| format!("{}/{}", k.namespace, k.name);
-        let matching: Vec<(&ObjKey, &Value)> = snap
+        // Without selectors, only the page's items are thawed.
+        let selects_all = opts.label.is_empty() && opts.field.is_empty();
+        let matching: Vec<(&ObjKey, &Frozen)> = snap
             .into_iter()
             .filter(|(k, v)| {
                 ns.is_none_or(|n| k.namespace == n)
                     && start_after
                         .as_ref()
                         .is_none_or(|(sns, sname)| (&k.namespace, &k.name) > (sns, sname))
-                    && opts.label.matches_object(v)
-                    && opts.field.matches(v)
+                    && (selects_all || {
+                        let v = v.thaw();
+                        opts.label.matches_object(&v) && opts.field.matches(&v)
+                    })
             })
             .collect();
         let take = opts
@@ -1717,7 +1735,7 @@ impl Store {
             .map_or(matching.len(), |l| l.min(matching.len()));
         let items: Vec<Value> = matching[..take]
             .iter()
-            .map(|(_, v)| Self::output(rt, version, v))
+            .map(|(_, v)| Self::output(rt, version, &v.thaw()))
             .collect();
         let remaining = matching.len() - take;
         let last_key = take.checked_sub(1).map(|i| position(matching[i].0));
@@ -1832,13 +1850,14 @@ impl Store {
         let current_state = |s: &Self| -> Vec<(EventType, Value)> {
             s.objects
                 .iter()
-                .filter(|(k, st)| {
+                .filter(|(k, _)| {
                     k.group == rt.storage_group()
                         && k.resource == rt.storage_resource()
                         && ns.is_none_or(|n| k.namespace == n)
-                        && filter.matches_obj(&st.value)
                 })
-                .map(|(_, st)| (EventType::Added, st.value.clone()))
+                .map(|(_, st)| st.value.thaw())
+                .filter(|v| filter.matches_obj(v))
+                .map(|v| (EventType::Added, v))
                 .collect()
         };
         let initial = match rv {
@@ -2027,7 +2046,7 @@ impl Store {
             self.objects
                 .range(start..)
                 .take_while(move |(k, _)| k.group == GROUP && k.resource == resource)
-                .map(|(k, s)| (k.name.clone(), s.value.clone()))
+                .map(|(k, s)| (k.name.clone(), s.value.thaw()))
         };
         let mut bindings = Vec::new();
         for (name, v) in of("validatingadmissionpolicybindings") {
@@ -2127,7 +2146,7 @@ impl Store {
             namespace: String::new(),
             name: name.to_string(),
         };
-        self.objects.get(&key).map(|s| s.value.clone())
+        self.objects.get(&key).map(|s| s.value.thaw())
     }
 
     /// A policy's refusal as the API server answers it: a Forbidden error on
@@ -2181,13 +2200,13 @@ impl Store {
 
     fn check_disruption_budget(&self, ns: &str, pod: &Value) -> ApiResult<()> {
         let pod_labels = pod.pointer("/metadata/labels").and_then(Value::as_object);
-        let pdbs: Vec<&Value> = self
+        let pdbs: Vec<Value> = self
             .objects
             .iter()
             .filter(|(k, _)| {
                 k.group == "policy" && k.resource == "poddisruptionbudgets" && k.namespace == ns
             })
-            .map(|(_, s)| &s.value)
+            .map(|(_, s)| s.value.thaw())
             .filter(|pdb| {
                 pdb.pointer("/spec/selector")
                     .and_then(LabelSelector::from_object)
@@ -2197,18 +2216,18 @@ impl Store {
         match pdbs.len() {
             0 => Ok(()),
             1 => {
-                let pdb = pdbs[0];
+                let pdb = &pdbs[0];
                 let sel = pdb
                     .pointer("/spec/selector")
                     .and_then(LabelSelector::from_object)
                     .unwrap_or_default();
-                let covered: Vec<&Value> = self
+                let covered: Vec<Value> = self
                     .objects
                     .iter()
                     .filter(|(k, _)| {
                         k.group.is_empty() && k.resource == "pods" && k.namespace == ns
                     })
-                    .map(|(_, s)| &s.value)
+                    .map(|(_, s)| s.value.thaw())
                     .filter(|p| sel.matches_object(p))
                     .filter(|p| !meta(p).is_some_and(|m| m.contains_key("deletionTimestamp")))
                     .collect();
@@ -2952,8 +2971,8 @@ mod tests {
             rv: 1,
             etype: EventType::Modified,
             key: key.clone(),
-            object: obj.clone(),
-            prev: Some(prev.clone()),
+            object: Frozen::new(obj),
+            prev: Some(Frozen::new(prev)),
         };
         assert_eq!(
             f.event_for(&rec(&without, &with)).unwrap().0,
