@@ -29,6 +29,7 @@ use crate::admission::Caller;
 use crate::error::ApiError;
 use crate::faults::{FaultState, RequestCounts, RequestKey};
 use crate::fields::Scope;
+use crate::frozen::Frozen;
 use crate::resources::ResourceType;
 use crate::selector::{FieldReq, FieldSelector, LabelSelector};
 use crate::store::{
@@ -1051,12 +1052,12 @@ impl WatchJob {
 
     async fn run(
         self,
-        initial: Vec<(EventType, Value)>,
+        initial: Vec<(EventType, Frozen)>,
         mut events: broadcast::Receiver<Arc<Record>>,
     ) {
         let _open = OpenWatch::new(self.shared.clone());
         for (t, obj) in &initial {
-            if !self.send(self.line(*t, obj)).await {
+            if !self.send(self.line(*t, &obj.thaw())).await {
                 return;
             }
         }
@@ -1096,7 +1097,7 @@ impl WatchJob {
                         }
                         last_rv = last_rv.max(rec.rv);
                         if let Some((t, obj)) = self.filter.event_for(&rec)
-                            && !self.send(self.line(t, &obj)).await
+                            && !self.send(self.line(t, &obj.thaw())).await
                         {
                             break;
                         }

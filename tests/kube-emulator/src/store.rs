@@ -171,9 +171,14 @@ impl WatchFilter {
         self.label.matches_object(v) && self.field.matches(v)
     }
 
+    fn selects_all(&self) -> bool {
+        self.label.is_empty() && self.field.is_empty()
+    }
+
     /// The event a watch with this filter sees for a record, if any. Objects that start or
     /// stop matching a selector appear as ADDED or DELETED, as with the real watch cache.
-    pub fn event_for(&self, rec: &Record) -> Option<(EventType, Value)> {
+    /// The object stays frozen: a replay of 100,000 events is thawed one at a time, as sent.
+    pub fn event_for(&self, rec: &Record) -> Option<(EventType, Frozen)> {
         if rec.key.group != self.group || rec.key.resource != self.resource {
             return None;
         }
@@ -182,15 +187,15 @@ impl WatchFilter {
         {
             return None;
         }
-        let object = rec.object.thaw();
-        let now = self.matches_obj(&object);
-        // Without selectors every version matches: the old one need not be thawed.
-        let selects_all = self.label.is_empty() && self.field.is_empty();
+        // Without selectors every version matches: none needs to be thawed.
+        let selects_all = self.selects_all();
+        let now = selects_all || self.matches_obj(&rec.object.thaw());
         let before = || {
             rec.prev
                 .as_ref()
                 .is_some_and(|p| selects_all || self.matches_obj(&p.thaw()))
         };
+        let object = rec.object.clone();
         match rec.etype {
             EventType::Added => now.then_some((EventType::Added, object)),
             EventType::Deleted => (now || before()).then_some((EventType::Deleted, object)),
@@ -209,8 +214,9 @@ pub enum WatchStart {
     /// The requested resourceVersion is compacted: send this as an `ERROR` event and close.
     Expired(ApiError),
     Stream {
-        /// Events to send before live ones (initial state or history replay).
-        initial: Vec<(EventType, Value)>,
+        /// Events to send before live ones (initial state or history replay), thawed as
+        /// they are sent.
+        initial: Vec<(EventType, Frozen)>,
         rx: broadcast::Receiver<Arc<Record>>,
         /// Which live events the watch wants.
         filter: WatchFilter,
@@ -1847,17 +1853,16 @@ impl Store {
             ));
         }
         let rv = opts.resource_version.as_deref().filter(|s| !s.is_empty());
-        let current_state = |s: &Self| -> Vec<(EventType, Value)> {
+        let current_state = |s: &Self| -> Vec<(EventType, Frozen)> {
             s.objects
                 .iter()
-                .filter(|(k, _)| {
+                .filter(|(k, st)| {
                     k.group == rt.storage_group()
                         && k.resource == rt.storage_resource()
                         && ns.is_none_or(|n| k.namespace == n)
+                        && (filter.selects_all() || filter.matches_obj(&st.value.thaw()))
                 })
-                .map(|(_, st)| st.value.thaw())
-                .filter(|v| filter.matches_obj(v))
-                .map(|v| (EventType::Added, v))
+                .map(|(_, st)| (EventType::Added, st.value.clone()))
                 .collect()
         };
         let initial = match rv {
