@@ -68,21 +68,44 @@ async fn fleet_reports(nodes: &Api<Node>, count: usize, generation: i64, uid: &s
     started.elapsed()
 }
 
+/// Waits for the DeviceConfig's status to pass `ok`: two minutes, or a
+/// second per thousand Nodes for a larger fleet. Every 30 s it prints where
+/// the leader is (its status count, and how often it listed and watched
+/// Nodes), so a run that does not converge says why.
 async fn wait_status(
     configs: &Api<DeviceConfig>,
+    emulator: &Emulator,
+    count: usize,
     what: &str,
     ok: impl Fn(&serde_json::Value) -> bool,
 ) -> Duration {
     let started = Instant::now();
+    let patience = Duration::from_secs(120.max(count as u64 / 1000));
+    let mut next_report = Duration::from_secs(30);
     loop {
-        if let Ok(dc) = configs.get("fleet").await
-            && ok(&serde_json::to_value(&dc.status).unwrap_or_default())
-        {
+        let status = match configs.get("fleet").await {
+            Ok(dc) => serde_json::to_value(&dc.status).unwrap_or_default(),
+            Err(_) => serde_json::Value::Null,
+        };
+        if ok(&status) {
             return started.elapsed();
         }
+        if started.elapsed() > next_report {
+            next_report += Duration::from_secs(30);
+            let requests = emulator.requests();
+            println!(
+                "  {:.0} s waiting ({what}): availableNumber {}, observedGeneration {}; \
+                 Node LISTs {}, Node watches {}",
+                started.elapsed().as_secs_f64(),
+                status["devicePlugin"]["availableNumber"],
+                status["observedGeneration"],
+                requests.get("list", "nodes"),
+                requests.get("watch", "nodes"),
+            );
+        }
         assert!(
-            started.elapsed() < Duration::from_secs(120),
-            "no convergence ({what}) in 120 s"
+            started.elapsed() < patience,
+            "no convergence ({what}) in {patience:?}"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -108,7 +131,13 @@ async fn main() {
         .ok()
         .and_then(|n| n.parse().ok())
         .unwrap_or(5000);
-    let emulator = Emulator::start(EmulatorConfig::default().history_limit(100_000))
+    // HISTORY: the watch history's length, in events (a watcher further
+    // behind lists again, as with a real API server's watch cache).
+    let history: usize = std::env::var("HISTORY")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(100_000);
+    let emulator = Emulator::start(EmulatorConfig::default().history_limit(history))
         .await
         .expect("emulator");
     emulator
@@ -169,7 +198,13 @@ async fn main() {
         .expect("start leader");
 
     let fleet_took = fleet_reports(&nodes, count, 1, &uid).await;
-    let converged = wait_status(&configs, "first report", |s| {
+    println!(
+        "the fleet reported in {:.1} s; Node LISTs {}, Node watches {} so far",
+        fleet_took.as_secs_f64(),
+        emulator.requests().get("list", "nodes"),
+        emulator.requests().get("watch", "nodes"),
+    );
+    let converged = wait_status(&configs, &emulator, count, "first report", |s| {
         s["devicePlugin"]["availableNumber"] == count && s["observedGeneration"] == 1
     })
     .await;
@@ -198,7 +233,10 @@ async fn main() {
         .await
         .expect("spec change");
     fleet_reports(&nodes, count, 2, &uid).await;
-    wait_status(&configs, "generation 2", |s| s["observedGeneration"] == 2).await;
+    wait_status(&configs, &emulator, count, "generation 2", |s| {
+        s["observedGeneration"] == 2
+    })
+    .await;
     let took = change.elapsed();
     println!(
         "convergence after a spec change: {:.2} s (fleet of {count} acknowledging at once); leader writes: {}",
