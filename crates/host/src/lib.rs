@@ -12,7 +12,7 @@
 //! modules that read them. It is near the bottom of the module order, a
 //! crate of its own (`gpu-operator-host`, re-exported by `gpu-operator` as
 //! `host`) that cannot import the crates above it; every `unsafe` block in it
-//! is a libc call with its SAFETY note. [`reader`] reads files with a
+//! (libc calls and the raw values they take) has its SAFETY note. [`reader`] reads files with a
 //! deadline on a thread pool of its own, for discovery, health and metrics.
 //!
 //! [`HostRead`] is the read interface the agent's long-running paths use
