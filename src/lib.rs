@@ -3,9 +3,17 @@
 //! Every capability is a module of its own. Each module opens with a note on what
 //! it owns and what it must not do. The binary (`main.rs`) only parses the command
 //! line and hands over to [`cli`].
+//!
+//! The two lowest layers are crates of their own, so that the compiler keeps
+//! them from importing anything above them: [`api`] (`crates/api`, no
+//! `unsafe` at all) and [`host`] (`crates/host`). They are re-exported here
+//! under their module names, so `crate::api::…` and `gpu_operator::host::…`
+//! read as before.
+
+pub use gpu_operator_api as api;
+pub use gpu_operator_host as host;
 
 pub mod agent;
-pub mod api;
 pub mod cli;
 pub mod cluster;
 pub mod command;
@@ -16,7 +24,6 @@ pub mod dra;
 pub mod driver;
 pub mod events;
 pub mod health;
-pub mod host;
 pub mod labeller;
 pub mod metrics;
 pub mod metricssvc;

@@ -2,7 +2,13 @@
 //! it.
 //!
 //! Every file under `src/` belongs to the top-level module it is in
-//! (`src/metrics/render.rs` to `metrics`, `src/host.rs` to `host`). Its code
+//! (`src/metrics/render.rs` to `metrics`). The lowest layers are crates of
+//! their own ([`CRATES`]: `crates/api/`, `crates/host/`), which `src/lib.rs`
+//! re-exports under their module names; their files belong to that module
+//! (`crates/host/src/reader/mod.rs` to `host`), and their `crate::…` paths
+//! are read as that module's. The compiler already keeps such a crate from
+//! importing the crate above it; what it does not refuse, a path dependency
+//! on a crate of its own layer or above, is checked on its `Cargo.toml`. Its code
 //! refers to other modules through `crate::…` paths (in `use` lines or inline,
 //! grouped `use crate::{a, b::c}` included) and `super::…` chains that climb out
 //! of its module. Each such reference is an edge, and an edge is allowed only
@@ -80,6 +86,19 @@ const LAYERS: &[&[&str]] = &[
     // The command line.
     &["cli"],
 ];
+
+/// The modules of [`LAYERS`] that are crates of their own: `(module,
+/// directory, crate name)`. `src/lib.rs` re-exports each under its module
+/// name (`pub use gpu_operator_api as api;`), so the rest of the code and
+/// this check read `crate::api::…` as before.
+const CRATES: &[(&str, &str, &str)] = &[
+    ("api", "crates/api", "gpu_operator_api"),
+    ("host", "crates/host", "gpu_operator_host"),
+];
+
+/// The crates of [`CRATES`] that need no `unsafe` code and so must say
+/// `#![forbid(unsafe_code)]`.
+const UNSAFE_FREE: &[&str] = &["api"];
 
 /// Modules that test code of any module may use as fixtures.
 const TEST_FIXTURES: &[&str] = &["simulate"];
@@ -710,22 +729,99 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-fn crate_sources() -> Vec<(String, String)> {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+/// `source` as the checker reads it: in a file of the crate of `module`
+/// (`Some`), `crate::` is that module's root, so it becomes `crate::module::`;
+/// in every file, a path through a crate's own name (`gpu_operator_host::…`)
+/// becomes one through its module (`crate::host::…`).
+fn as_module_source(module: Option<&str>, source: &str) -> String {
+    let chars: Vec<char> = source.chars().collect();
+    let mut out = String::with_capacity(source.len());
+    let mut i = 0;
+    while i < chars.len() {
+        let word_start = i == 0 || !(chars[i - 1].is_alphanumeric() || "_$".contains(chars[i - 1]));
+        let rest: String = chars[i..chars.len().min(i + 64)].iter().collect();
+        if word_start {
+            if let (Some(m), true) = (module, rest.starts_with("crate::")) {
+                out.push_str(&format!("crate::{m}::"));
+                i += "crate::".len();
+                continue;
+            }
+            if let Some((m, _, name)) = CRATES
+                .iter()
+                .find(|(_, _, name)| rest.starts_with(&format!("{name}::")))
+            {
+                out.push_str(&format!("crate::{m}::"));
+                i += name.len() + 2;
+                continue;
+            }
+        }
+        out.push(chars[i]);
+        i += 1;
+    }
+    out
+}
+
+/// The `.rs` files under `dir`, each as (its path relative to `dir` with
+/// `prefix` before it, its text as [`as_module_source`] gives it for
+/// `module`).
+fn sources_under(dir: &Path, prefix: &str, module: Option<&str>) -> Vec<(String, String)> {
     let mut paths = Vec::new();
-    rust_files(&src, &mut paths);
+    rust_files(dir, &mut paths);
     paths.sort();
     paths
         .into_iter()
         .map(|path| {
             let relative = path
-                .strip_prefix(&src)
-                .expect("found under src/")
+                .strip_prefix(dir)
+                .expect("found under its directory")
                 .to_string_lossy()
                 .replace('\\', "/");
             let text =
                 fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-            (relative, text)
+            (
+                format!("{prefix}{relative}"),
+                as_module_source(module, &text),
+            )
+        })
+        .collect()
+}
+
+/// The files of `src/` and of the [`CRATES`] (`crates/host/src/lib.rs` as
+/// `host/lib.rs`), paths relative to `src/` as if the crates were modules.
+fn crate_sources() -> Vec<(String, String)> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = sources_under(&root.join("src"), "", None);
+    for (module, dir, _) in CRATES {
+        files.extend(sources_under(
+            &root.join(dir).join("src"),
+            &format!("{module}/"),
+            Some(module),
+        ));
+    }
+    files
+}
+
+/// The path dependencies of one of the [`CRATES`] (`module`, its
+/// `Cargo.toml` text) that the order does not allow: on this package
+/// (`gpu-operator`), or on a crate of its own layer or above. Every section
+/// counts, dev and build dependencies too.
+fn crate_dependency_violations(module: &str, cargo_toml: &str) -> Vec<String> {
+    let from_layer = layer_of(module);
+    cargo_toml
+        .lines()
+        .filter_map(|line| {
+            let name = line.split(['=', '.', ' ']).next()?.trim();
+            (name.starts_with("gpu-operator") || name.starts_with("gpu_operator"))
+                .then(|| name.replace('-', "_"))
+        })
+        .filter_map(|name| {
+            let Some((to, _, _)) = CRATES.iter().find(|(_, _, n)| *n == name) else {
+                return Some(format!("{module} -> {name}: not a crate below it"));
+            };
+            match (from_layer, layer_of(to)) {
+                (Some(from), Some(to_layer)) if to_layer < from => None,
+                _ => Some(format!("{module} -> {to}: not in a lower layer")),
+            }
         })
         .collect()
 }
@@ -839,7 +935,78 @@ fn every_module_under_src_is_placed_and_every_placed_module_exists() {
     assert_eq!(present, placed);
 }
 
+#[test]
+fn the_crates_depend_only_downwards_and_are_re_exported_under_their_module_names() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let lib = fs::read_to_string(root.join("src/lib.rs")).expect("src/lib.rs");
+    for (module, dir, name) in CRATES {
+        let cargo_toml = fs::read_to_string(root.join(dir).join("Cargo.toml"))
+            .unwrap_or_else(|e| panic!("{dir}/Cargo.toml: {e}"));
+        assert!(
+            cargo_toml.contains(&format!("name = \"{}\"", name.replace('_', "-"))),
+            "{dir}/Cargo.toml does not name the package {name}"
+        );
+        let violations = crate_dependency_violations(module, &cargo_toml);
+        assert!(violations.is_empty(), "{dir}/Cargo.toml: {violations:?}");
+        assert!(
+            lib.contains(&format!("pub use {name} as {module};")),
+            "src/lib.rs does not re-export {name} as {module}"
+        );
+        assert!(
+            !root.join("src").join(module).exists()
+                && !root.join("src").join(format!("{module}.rs")).exists(),
+            "{module} is both a crate ({dir}) and a module under src/"
+        );
+        let crate_root = fs::read_to_string(root.join(dir).join("src/lib.rs"))
+            .unwrap_or_else(|e| panic!("{dir}/src/lib.rs: {e}"));
+        assert_eq!(
+            crate_root.contains("#![forbid(unsafe_code)]"),
+            UNSAFE_FREE.contains(module),
+            "{dir}: #![forbid(unsafe_code)] must be there exactly when {module} is in UNSAFE_FREE"
+        );
+    }
+}
+
 // The checker itself, on fabricated sources.
+
+#[test]
+fn a_crate_s_own_paths_are_its_module_s_and_its_name_is_its_module() {
+    let source = "use crate::reader::BoundedReader;\nuse gpu_operator_api::DeviceConfig;\npub(crate) fn f() {}\n";
+    assert_eq!(
+        as_module_source(Some("host"), source),
+        "use crate::host::reader::BoundedReader;\nuse crate::api::DeviceConfig;\npub(crate) fn f() {}\n"
+    );
+    // Outside the crates, only the crate names are read as modules.
+    assert_eq!(
+        as_module_source(
+            None,
+            "use crate::agent::x;\nuse gpu_operator_host::HostRoot;\n"
+        ),
+        "use crate::agent::x;\nuse crate::host::HostRoot;\n"
+    );
+    // So host may use api; api may not use host, through either spelling.
+    let upward = as_module_source(Some("api"), "use gpu_operator_host::HostRoot;\n");
+    assert_eq!(violations_in("api/yaml.rs", &upward), ["1:api -> host"]);
+    let downward = as_module_source(Some("host"), "use gpu_operator_api::DeviceConfig;\n");
+    assert!(violations_in("host/lib.rs", &downward).is_empty());
+}
+
+#[test]
+fn a_crate_depending_on_its_own_layer_or_above_fails() {
+    let host_on_api =
+        "[dependencies]\ngpu-operator-api = { path = \"../api\" }\nlibc.workspace = true\n";
+    assert!(crate_dependency_violations("host", host_on_api).is_empty());
+    let api_on_host = "[dev-dependencies]\ngpu-operator-host = { path = \"../host\" }\n";
+    assert_eq!(
+        crate_dependency_violations("api", api_on_host),
+        ["api -> host: not in a lower layer"]
+    );
+    let on_the_package = "[dependencies]\ngpu-operator = { path = \"../..\" }\n";
+    assert_eq!(
+        crate_dependency_violations("host", on_the_package),
+        ["host -> gpu_operator: not a crate below it"]
+    );
+}
 
 fn violations_in(relative: &str, source: &str) -> Vec<String> {
     let (violations, _) = check(&[(relative.to_owned(), source.to_owned())]);
@@ -1069,13 +1236,17 @@ fn a_tree_of_files_test_modules_and_other_modules_loops_are_not_this_check_s() {
 }
 
 /// The modules the README's module table lists, in its order: the first
-/// cell of each row naming `src/…` (`src/host.rs`, `src/host/` is `host`).
+/// cell of each row naming `src/…` or `crates/…` (`src/metrics/` is
+/// `metrics`, `crates/host/` is `host`).
 fn readme_table_modules(readme: &str) -> Vec<String> {
     readme
         .lines()
         .skip_while(|l| !l.starts_with("| module | owns |"))
         .take_while(|l| l.starts_with('|'))
-        .filter_map(|l| l.strip_prefix("| `src/"))
+        .filter_map(|l| {
+            l.strip_prefix("| `src/")
+                .or_else(|| l.strip_prefix("| `crates/"))
+        })
         .map(|rest| {
             rest.split(|c: char| !(c.is_alphanumeric() || c == '_'))
                 .next()
@@ -1119,6 +1290,8 @@ fn a_readme_table_out_of_order_or_missing_a_module_disagrees() {
     host_rs = host_rs.replace("| `src/host/` |", "| `src/host.rs`, `src/host/` |");
     assert_eq!(readme_table_modules(&host_rs), all);
     assert_eq!(table_disagreement(&readme_table_modules(&host_rs)), None);
+    let crates = table(&all).replace("| `src/api/` |", "| `crates/api/` |");
+    assert_eq!(readme_table_modules(&crates), all);
     let mut swapped = all.clone();
     swapped.swap(0, 1);
     assert!(table_disagreement(&readme_table_modules(&table(&swapped))).is_some());

@@ -1689,7 +1689,7 @@ fn deployed_device_config_is_valid_and_selects_the_agents_nodes() {
 #[test]
 fn standalone_config_is_a_valid_device_config() {
     let text = std::fs::read_to_string(repo().join("systemd/config.yaml")).unwrap();
-    // Standalone mode reads DeviceConfig documents only (src/api/yaml.rs).
+    // Standalone mode reads DeviceConfig documents only (crates/api/src/yaml.rs).
     let configs = gpu_operator::api::parse_device_configs(&text).expect("parses as DeviceConfigs");
     assert_eq!(configs.len(), 1);
     for doc in parse_documents(&text).unwrap() {

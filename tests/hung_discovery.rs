@@ -4,6 +4,10 @@
 //! problems, keep the other GPUs, and never publish a GPU as removed because
 //! a file hung or a directory could not be read. Every hung file is released
 //! at the end of its test, so that no thread stays blocked.
+//!
+//! The bounded reader beneath discovery (`host::reader`) against hung files
+//! is tested here too, at the end: `host` is a crate of its own below the
+//! simulator, so its own tests cannot make a hung file the simulator's way.
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -11,7 +15,7 @@ use std::time::{Duration, Instant};
 use gpu_operator::device::watch::{DeviceAction, DeviceEvent, DeviceWatch, WatchConfig};
 use gpu_operator::device::{Inventory, Limits, discover, discover_bounded};
 use gpu_operator::host::HostRoot;
-use gpu_operator::host::reader::BoundedReader;
+use gpu_operator::host::reader::{Answer, BoundedReader, Op, ReadError, STALL};
 use gpu_operator::simulate::{self, SimSpec};
 
 const DRIVER: &str = "/sys/bus/pci/drivers/amdgpu";
@@ -378,4 +382,181 @@ fn check_gives_up_at_its_deadline_with_a_clear_message() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("did not finish within"), "{stderr}");
+}
+
+// The bounded reader (`host::reader`) against hung files.
+
+/// The reader tests' deadline.
+const SHORT: Duration = Duration::from_millis(100);
+
+/// A host with `/sys/a` = 1 and `/sys/b` = 2.
+fn host() -> (tempfile::TempDir, HostRoot) {
+    let dir = tempfile::tempdir().unwrap();
+    let host = HostRoot::new(dir.path());
+    host.write("/sys/a", "1\n").unwrap();
+    host.write("/sys/b", "2\n").unwrap();
+    (dir, host)
+}
+
+/// No runtime here: the calling thread keeps its request's time itself.
+#[test]
+fn a_blocking_caller_keeps_its_own_deadline_and_a_hung_file_costs_its_value() {
+    let (_dir, host) = host();
+    simulate::hang_file(&host, "/sys/a").unwrap();
+    let reader = BoundedReader::new(host.clone(), 2);
+    let started = Instant::now();
+    let answers = reader.batch_blocking(
+        vec![(Op::Read, "/sys/a".into()), (Op::Read, "/sys/b".into())],
+        SHORT,
+    );
+    let waited = started.elapsed();
+    assert!(
+        matches!(answers[0], Err(ReadError::TimedOut { .. })),
+        "{answers:?}"
+    );
+    // Behind the hung file: a second thread, started at the stall check,
+    // read it.
+    assert_eq!(answers[1].as_ref().unwrap(), &Answer::Text("2".into()));
+    assert!(waited >= SHORT, "returned before the deadline: {waited:?}");
+    assert_eq!(reader.stats().threads, 2);
+    simulate::release_hung_file(&host, "/sys/a", "1").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match reader.one_blocking(Op::Read, "/sys/a", SHORT) {
+            Ok(answer) => break assert_eq!(answer, Answer::Text("1".into())),
+            Err(_) if Instant::now() < deadline => std::thread::sleep(STALL),
+            Err(e) => panic!("the released file is not read again: {e}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_hung_file_costs_one_value_and_parks_one_thread() {
+    let (_dir, host) = host();
+    simulate::hang_file(&host, "/sys/a").unwrap();
+    let reader = BoundedReader::new(host.clone(), 2);
+    let err = reader.read_attr("/sys/a", SHORT).await.unwrap_err();
+    assert!(matches!(err, ReadError::TimedOut { .. }), "{err}");
+    // The next read of the same file is refused at once; others still work.
+    let started = Instant::now();
+    let err = reader.read_attr("/sys/a", SHORT).await.unwrap_err();
+    assert!(matches!(err, ReadError::Stuck { .. }), "{err}");
+    assert!(started.elapsed() < SHORT);
+    for _ in 0..20 {
+        assert_eq!(reader.read_attr("/sys/b", SHORT).await.unwrap(), "2");
+    }
+    let stats = reader.stats();
+    assert_eq!(stats.threads, 2, "one parked, one serving: {stats:?}");
+    assert_eq!((stats.timeouts, stats.skipped_stuck), (1, 1));
+    // Releasing the file frees the thread and the path.
+    simulate::release_hung_file(&host, "/sys/a", "3").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !reader.in_flight().is_empty() {
+        assert!(Instant::now() < deadline, "released read did not return");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(reader.read_attr("/sys/a", SHORT).await.unwrap(), "3");
+}
+
+#[tokio::test]
+async fn a_hung_file_in_a_burst_costs_only_its_own_value() {
+    let (_dir, host) = host();
+    let paths: Vec<String> = (0..50).map(|i| format!("/sys/f{i}")).collect();
+    for (i, path) in paths.iter().enumerate() {
+        host.write(path, format!("{i}\n")).unwrap();
+    }
+    simulate::hang_file(&host, &paths[10]).unwrap();
+    let reader = BoundedReader::new(host.clone(), 2);
+    // Queued at once, as a sample queues its reads: the thread that reads
+    // the first ten then hangs on the eleventh still holds their answers.
+    let timeout = Duration::from_millis(500);
+    let answers =
+        futures::future::join_all(paths.iter().map(|p| reader.read_attr(p, timeout))).await;
+    for (i, answer) in answers.iter().enumerate() {
+        match answer {
+            Ok(text) => assert_eq!(*text, i.to_string()),
+            Err(ReadError::TimedOut { path, .. }) if i == 10 => assert_eq!(*path, paths[10]),
+            Err(e) => panic!("file {i}: {e}"),
+        }
+    }
+    assert_eq!(reader.stats().threads, 2);
+    simulate::release_hung_file(&host, &paths[10], "10").unwrap();
+}
+
+#[tokio::test]
+async fn a_batch_answers_in_order_and_a_hung_file_costs_only_its_own_value() {
+    let (_dir, host) = host();
+    let paths: Vec<String> = (0..30).map(|i| format!("/sys/f{i}")).collect();
+    for (i, path) in paths.iter().enumerate() {
+        host.write(path, format!("{i}\n")).unwrap();
+    }
+    simulate::hang_file(&host, &paths[7]).unwrap();
+    let reader = BoundedReader::new(host.clone(), 2);
+    let mut requests: Vec<(Op, String)> = paths.iter().map(|p| (Op::Read, p.clone())).collect();
+    requests.push((Op::Exists, "/sys/a".into()));
+    requests.push((Op::Exists, "/sys/nope".into()));
+    requests.push((Op::List, "/nope".into()));
+    requests.push((Op::Read, "/sys/gone".into()));
+    let timeout = Duration::from_millis(300);
+    let started = Instant::now();
+    let answers = reader.batch(requests.clone(), timeout).await;
+    assert!(started.elapsed() < Duration::from_secs(2));
+    assert_eq!(answers.len(), requests.len());
+    for (i, answer) in answers.iter().take(30).enumerate() {
+        match answer {
+            Ok(Answer::Text(text)) => assert_eq!(*text, i.to_string()),
+            Err(ReadError::TimedOut { path, .. }) if i == 7 => assert_eq!(*path, paths[7]),
+            other => panic!("file {i}: {other:?}"),
+        }
+    }
+    assert_eq!(answers[30].as_ref().unwrap(), &Answer::Exists(true));
+    assert_eq!(answers[31].as_ref().unwrap(), &Answer::Exists(false));
+    assert_eq!(answers[32].as_ref().unwrap(), &Answer::Names(vec![]));
+    assert!(
+        answers[33].as_ref().is_err_and(ReadError::is_not_found),
+        "{:?}",
+        answers[33]
+    );
+    // While it hangs, the next batch refuses that file at once and reads
+    // the rest.
+    let answers = reader.batch(requests, timeout).await;
+    assert!(
+        matches!(answers[7], Err(ReadError::Stuck { .. })),
+        "{:?}",
+        answers[7]
+    );
+    assert_eq!(answers[8].as_ref().unwrap(), &Answer::Text("8".into()));
+    assert_eq!(reader.stats().skipped_stuck, 1);
+    simulate::release_hung_file(&host, &paths[7], "7").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !reader.in_flight().is_empty() {
+        assert!(Instant::now() < deadline, "released read did not return");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let answers = reader
+        .batch(vec![(Op::Read, paths[7].clone())], timeout)
+        .await;
+    assert_eq!(answers[0].as_ref().unwrap(), &Answer::Text("7".into()));
+}
+
+#[tokio::test]
+async fn when_every_thread_is_parked_reads_time_out_instead_of_blocking() {
+    let (_dir, host) = host();
+    simulate::hang_file(&host, "/sys/a").unwrap();
+    let reader = BoundedReader::new(host.clone(), 1);
+    assert!(reader.read_attr("/sys/a", SHORT).await.is_err());
+    let err = reader.read_attr("/sys/b", SHORT).await.unwrap_err();
+    assert!(matches!(err, ReadError::TimedOut { .. }), "{err}");
+    assert_eq!(reader.stats().threads, 1);
+    simulate::release_hung_file(&host, "/sys/a", "1").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match reader.read_attr("/sys/b", SHORT).await {
+            Ok(v) => break assert_eq!(v, "2"),
+            Err(_) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(10)).await
+            }
+            Err(e) => panic!("reader did not recover: {e}"),
+        }
+    }
 }

@@ -639,7 +639,7 @@ fn docs_mark_exactly_the_fields_not_acted_on_yet() {
         });
         assert!(
             listed,
-            "marked in the docs but not in NOT_ACTED_ON_YET (src/api/validate/notes.rs):\n{}",
+            "marked in the docs but not in NOT_ACTED_ON_YET (crates/api/src/validate/notes.rs):\n{}",
             row.line
         );
     }

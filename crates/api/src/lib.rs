@@ -13,8 +13,11 @@
 //! It also holds what both the node agent and the leader must agree on: the
 //! status annotation ([`agent_status`]), the record of a node's driver
 //! upgrade ([`driver_upgrade`]) and the field-manager names
-//! ([`field_manager`]). It is the bottom of the module order and must not
-//! import any other module of this crate.
+//! ([`field_manager`]). It is the bottom of the module order: a crate of
+//! its own (`gpu-operator-api`, re-exported by `gpu-operator` as `api`), so
+//! it cannot import the crates above it, and it has no `unsafe` code.
+
+#![forbid(unsafe_code)]
 
 pub mod agent_status;
 pub mod cli;

@@ -11,15 +11,15 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, MutexGuard};
 use std::time::Instant;
 
-use crate::host::inotify::{ENTRIES_AND_SELF, Inotify};
-use crate::host::{HostError, HostRoot, OpenAttr};
+use crate::inotify::{ENTRIES_AND_SELF, Inotify};
+use crate::{HostError, HostRoot, OpenAttr};
 
 use super::{Answer, Inner, Op};
 
 /// Attribute descriptors kept open between reads of the same file (see
 /// [`OpenAttr`]): a file the health monitor reads four times a second costs
 /// one `pread` each time instead of a path walk, an open, two reads and a
-/// close. At most `cap` are kept ([`crate::host::descriptors`] sets the
+/// close. At most `cap` are kept ([`crate::descriptors`] sets the
 /// budget); when full, the least recently read one is closed.
 pub(super) struct KeptFiles {
     cap: usize,
@@ -307,8 +307,8 @@ impl Replacements {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::host::reader::BoundedReader;
-    use crate::host::reader::tests::{SHORT, host};
+    use crate::reader::BoundedReader;
+    use crate::reader::tests::{SHORT, host};
 
     #[tokio::test]
     async fn a_kept_descriptor_is_reread_and_follows_writes_renames_and_removal() {

@@ -755,7 +755,7 @@ impl Checker {
 mod tests {
     use super::notes::WHY_PULL_SECRET;
     use super::*;
-    use crate::api::types::{DaemonSetUpgradeSpec, DriverUpgradePolicySpec, ServiceMonitorConfig};
+    use crate::types::{DaemonSetUpgradeSpec, DriverUpgradePolicySpec, ServiceMonitorConfig};
     use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
     #[test]
@@ -967,10 +967,10 @@ mod tests {
     #[test]
     fn service_monitor_rules() {
         let mut spec = DeviceConfigSpec::default();
-        spec.metrics_exporter.prometheus = Some(crate::api::types::PrometheusConfig {
+        spec.metrics_exporter.prometheus = Some(crate::types::PrometheusConfig {
             service_monitor: Some(ServiceMonitorConfig {
                 interval: Some("1m30s".into()),
-                relabelings: vec![crate::api::types::RelabelConfig {
+                relabelings: vec![crate::types::RelabelConfig {
                     action: "rename".into(),
                     source_labels: vec!["ok_label".into(), "9bad".into()],
                     ..Default::default()

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 /// The CRD, as deploy/crd holds it.
 pub const CRD_YAML: &str =
-    include_str!("../../deploy/crd/remediationworkflowstatuses.amd.com.yaml");
+    include_str!("../../../deploy/crd/remediationworkflowstatuses.amd.com.yaml");
 /// The one object's name in each namespace, as in the reference.
 pub const OBJECT_NAME: &str = "default";
 

@@ -8,9 +8,9 @@
 
 use std::fmt;
 
-use crate::api::enums::PullPolicy;
-use crate::api::semantics::ARG_DRIVER_TYPE;
-use crate::api::types::{
+use crate::enums::PullPolicy;
+use crate::semantics::ARG_DRIVER_TYPE;
+use crate::types::{
     DEFAULT_TEST_RUNNER_LOGS, DaemonSetUpgradeSpec, DeviceConfigSpec, RemediationWorkflowSpec,
     default_exporter_resources, is_default,
 };
@@ -380,7 +380,7 @@ impl Notes {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::types::{DrainSpec, DriverUpgradePolicySpec, LocalObjectRef};
+    use crate::types::{DrainSpec, DriverUpgradePolicySpec, LocalObjectRef};
     use k8s_openapi::api::core::v1::Taint;
 
     #[test]

@@ -123,7 +123,7 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for WithUnknown<T> {
     }
 }
 
-/// For `#[serde(deserialize_with = "crate::api::tracked::present")]` on an
+/// For `#[serde(deserialize_with = "crate::tracked::present")]` on an
 /// `Option` field: a key that is there must hold a `T`, `null` included
 /// (plain `Option` would take `null` for a missing key).
 pub fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(

@@ -9,8 +9,10 @@
 //!
 //! This module owns path mapping, bounded reads and the parsing of single-value
 //! sysfs attributes. It must not know what any file means: that belongs to the
-//! modules that read them. It is near the bottom of the module order and
-//! imports no other module of this crate. [`reader`] reads files with a
+//! modules that read them. It is near the bottom of the module order, a
+//! crate of its own (`gpu-operator-host`, re-exported by `gpu-operator` as
+//! `host`) that cannot import the crates above it; every `unsafe` block in it
+//! (libc calls and the raw values they take) has its SAFETY note. [`reader`] reads files with a
 //! deadline on a thread pool of its own, for discovery, health and metrics.
 //!
 //! [`HostRead`] is the read interface the agent's long-running paths use
@@ -20,6 +22,8 @@
 //! path can block on a hung file.
 //! A read that misses its deadline is an [`io::ErrorKind::TimedOut`] error
 //! naming the file ([`HostError::is_timeout`]).
+
+#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 
 pub mod descriptors;
 pub mod inotify;
