@@ -145,7 +145,9 @@ async fn health_once(
     host: &crate::host::HostRoot,
     exporter_config: Option<&str>,
 ) -> Result<(device::Inventory, crate::health::HealthSnapshot), crate::telemetry::ConfigError> {
-    let inventory = device::discover(host);
+    // Off the runtime's thread: discovery blocks on host reads, and check's
+    // deadline must be able to end the wait.
+    let inventory = device::discover_off_runtime(host).await;
     let snapshot =
         crate::health::check_once(host, &inventory, exporter_config, Duration::from_secs(2))
             .await?;

@@ -64,6 +64,16 @@ pub fn discover(host: &HostRoot) -> Inventory {
     inventory
 }
 
+/// [`discover`] on a blocking thread, for async callers: a runtime thread stays
+/// free, so a timer around the call (a command's deadline) can end the wait.
+/// An empty inventory if that thread fails.
+pub async fn discover_off_runtime(host: &HostRoot) -> Inventory {
+    let host = host.clone();
+    tokio::task::spawn_blocking(move || discover(&host))
+        .await
+        .unwrap_or_default()
+}
+
 /// Takes a snapshot through `reader` (whose host it reads), every file bounded
 /// by `limits`. Callable from any context: it runs on a thread of its own.
 pub fn discover_bounded(reader: &BoundedReader, limits: Limits) -> Discovery {

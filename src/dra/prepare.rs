@@ -129,12 +129,12 @@ impl LayoutWriter {
             }
             Err(e) => e,
         };
-        let now = apply::discover_off_runtime(&self.host).await;
+        let now = crate::device::discover_off_runtime(&self.host).await;
         let back = layouts::undo(plan, &layouts::ordered(&now));
         match self.change_layout(&back, reload, &now).await {
             Ok(_) => Err(format!("{failed}; the GPUs are back in their layouts")),
             Err(undo_failed) => {
-                let now = apply::discover_off_runtime(&self.host).await;
+                let now = crate::device::discover_off_runtime(&self.host).await;
                 let gpus = layouts::ordered(&now);
                 self.state.send_modify(|state| {
                     for &index in &indexes {
@@ -523,7 +523,7 @@ impl Preparer {
                 "device {name} is a partition layout, but this node does not allocate partitions on demand"
             ));
         };
-        let before = apply::discover_off_runtime(&writer.host).await;
+        let before = crate::device::discover_off_runtime(&writer.host).await;
         let given = match &mut batch.given {
             Some(given) => given,
             None => {

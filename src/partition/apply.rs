@@ -221,7 +221,7 @@ pub async fn seen_on_host(
 ) -> Result<Inventory, ApplyError> {
     let deadline = tokio::time::Instant::now() + limit;
     loop {
-        let now = discover_off_runtime(host).await;
+        let now = crate::device::discover_off_runtime(host).await;
         let missing = missing(plan, &now);
         if missing.is_empty() {
             return Ok(now);
@@ -234,15 +234,6 @@ pub async fn seen_on_host(
         }
         tokio::time::sleep(POLL).await;
     }
-}
-
-/// Discovery of `host` on a blocking thread; an empty inventory if that
-/// thread fails.
-pub async fn discover_off_runtime(host: &HostRoot) -> Inventory {
-    let host = host.clone();
-    tokio::task::spawn_blocking(move || crate::device::discover(&host))
-        .await
-        .unwrap_or_default()
 }
 
 /// Waits until `inventory` shows the plan, asking discovery to look at once.
