@@ -19,8 +19,8 @@
 
 #[path = "support/figures.rs"]
 mod figures;
-#[path = "support/kubelet_node.rs"]
-mod kubelet_node;
+#[path = "../tests/support/mod.rs"]
+mod support;
 
 use figures::rss_mib;
 use std::process::{Command, Stdio};
@@ -33,11 +33,12 @@ use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 use kube_emulator::{Emulator, EmulatorConfig};
-use kubelet_node::fixtures::DeviceConfigBuilder;
-use kubelet_node::{kubelet_node, node_name};
 use serde_json::json;
+use support::cluster::TestCluster;
+use support::fixtures::DeviceConfigBuilder;
+use support::kubelet_node::{self, kubelet_node, node_name};
 
-const NS: &str = "kube-amd-gpu";
+const NS: &str = support::cluster::NAMESPACE;
 
 fn agent_status(generation: i64, uid: &str) -> String {
     kubelet_node::fleet_agent_status(NS, generation, uid)
@@ -137,15 +138,9 @@ async fn main() {
         .ok()
         .and_then(|n| n.parse().ok())
         .unwrap_or(100_000);
-    let emulator = Emulator::start(EmulatorConfig::default().history_limit(history))
-        .await
-        .expect("emulator");
-    emulator
-        .create(serde_json::to_value(gpu_operator::api::crd()).unwrap())
-        .unwrap();
-    emulator
-        .create(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}))
-        .unwrap();
+    let cluster =
+        TestCluster::start_for(EmulatorConfig::default().history_limit(history), &[]).await;
+    let emulator = &cluster.emulator;
     let seeding = Instant::now();
     let mut bytes = 0usize;
     for i in 0..count {
@@ -204,7 +199,7 @@ async fn main() {
         emulator.requests().get("list", "nodes"),
         emulator.requests().get("watch", "nodes"),
     );
-    let converged = wait_status(&configs, &emulator, count, "first report", |s| {
+    let converged = wait_status(&configs, emulator, count, "first report", |s| {
         s["devicePlugin"]["availableNumber"] == count && s["observedGeneration"] == 1
     })
     .await;
@@ -215,7 +210,7 @@ async fn main() {
         first.as_secs_f64(),
         converged.as_secs_f64(),
         fleet_took.as_secs_f64(),
-        leader_writes(&emulator, &before)
+        leader_writes(emulator, &before)
     );
 
     let node_lists_at_start = emulator.requests().get("list", "nodes");
@@ -233,7 +228,7 @@ async fn main() {
         .await
         .expect("spec change");
     fleet_reports(&nodes, count, 2, &uid).await;
-    wait_status(&configs, &emulator, count, "generation 2", |s| {
+    wait_status(&configs, emulator, count, "generation 2", |s| {
         s["observedGeneration"] == 2
     })
     .await;
@@ -241,7 +236,7 @@ async fn main() {
     println!(
         "convergence after a spec change: {:.2} s (fleet of {count} acknowledging at once); leader writes: {}",
         took.as_secs_f64(),
-        leader_writes(&emulator, &before)
+        leader_writes(emulator, &before)
     );
 
     // Idle.

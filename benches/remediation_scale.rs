@@ -25,8 +25,8 @@
 
 #[path = "support/figures.rs"]
 mod figures;
-#[path = "support/kubelet_node.rs"]
-mod kubelet_node;
+#[path = "../tests/support/mod.rs"]
+mod support;
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -40,10 +40,12 @@ use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 use kube_emulator::{Emulator, EmulatorConfig};
-use kubelet_node::fixtures::DeviceConfigBuilder;
 use serde_json::{Value, json};
+use support::cluster::TestCluster;
+use support::fixtures::DeviceConfigBuilder;
+use support::kubelet_node;
 
-const NS: &str = "kube-amd-gpu";
+const NS: &str = support::cluster::NAMESPACE;
 const CONDITION: &str = "AMDGPUHardwareAssertionHwa";
 const MAPPING: &str = "- nodeCondition: AMDGPUHardwareAssertionHwa\n  workflowTemplate: default-template\n  skipRebootStep: true\n";
 
@@ -181,20 +183,9 @@ async fn main() {
          each node's step, admission): p50 {p50:.2} ms, p99 {p99:.2} ms, max {max:.2} ms"
     );
 
-    let emulator = Emulator::start(EmulatorConfig::default().history_limit(200_000))
-        .await
-        .expect("emulator");
-    emulator
-        .create(serde_json::to_value(gpu_operator::api::crd()).unwrap())
-        .unwrap();
-    emulator
-        .create(
-            serde_json::to_value(gpu_operator::api::remediation_status::crd().unwrap()).unwrap(),
-        )
-        .unwrap();
-    emulator
-        .create(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}))
-        .unwrap();
+    let cluster =
+        TestCluster::start_for(EmulatorConfig::default().history_limit(200_000), &[]).await;
+    let emulator = &cluster.emulator;
     for i in 0..count {
         emulator.create(node(i, false)).unwrap();
     }
@@ -275,7 +266,7 @@ async fn main() {
     // Settle: the last status writes and Events.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let cpu = cpu_seconds(leader.id()) - cpu_before;
-    let made = writes(&emulator, &before);
+    let made = writes(emulator, &before);
     let own = 2 * names.len() as u64;
     let leader_writes = made.total().saturating_sub(own);
     println!(

@@ -25,8 +25,8 @@
 
 #[path = "support/figures.rs"]
 mod figures;
-#[path = "support/kubelet_node.rs"]
-mod kubelet_node;
+#[path = "../tests/support/mod.rs"]
+mod support;
 
 use std::collections::HashSet;
 use std::process::{Command, Stdio};
@@ -47,10 +47,12 @@ use kube::Api;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube_emulator::{Emulator, EmulatorConfig};
-use kubelet_node::fixtures::{AgentStatusBuilder, DeviceConfigBuilder, loaded_driver};
 use serde_json::json;
+use support::cluster::TestCluster;
+use support::fixtures::{AgentStatusBuilder, DeviceConfigBuilder, loaded_driver};
+use support::kubelet_node;
 
-const NS: &str = "kube-amd-gpu";
+const NS: &str = support::cluster::NAMESPACE;
 const FROM: &str = "6.3.0";
 const TO: &str = "6.4.1";
 
@@ -186,15 +188,9 @@ async fn main() {
          p50 {p50:.2} ms, p99 {p99:.2} ms, max {max:.2} ms"
     );
 
-    let emulator = Emulator::start(EmulatorConfig::default().history_limit(200_000))
-        .await
-        .expect("emulator");
-    emulator
-        .create(serde_json::to_value(gpu_operator::api::crd()).unwrap())
-        .unwrap();
-    emulator
-        .create(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}))
-        .unwrap();
+    let cluster =
+        TestCluster::start_for(EmulatorConfig::default().history_limit(200_000), &[]).await;
+    let emulator = &cluster.emulator;
     for i in 0..count {
         emulator.create(node(i)).unwrap();
     }
@@ -264,7 +260,7 @@ async fn main() {
     .await;
     let cpu = cpu_seconds(leader.id()) - cpu_before;
     let fleet_writes = answered.lock().unwrap().len() as u64;
-    let all = writes(&emulator, &before);
+    let all = writes(emulator, &before);
     // Less the fleet's answers and this bench's own spec change.
     let leader_writes = all.saturating_sub(fleet_writes + 1);
     let made = emulator.requests().since(&before);

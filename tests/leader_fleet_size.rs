@@ -5,8 +5,7 @@
 //! again. A step that wrote per Node, or listed every Node, would show here
 //! as a count ten times larger.
 
-#[path = "../benches/support/kubelet_node.rs"]
-mod kubelet_node;
+mod support;
 
 use std::time::{Duration, Instant};
 
@@ -19,11 +18,13 @@ use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 use kube_emulator::{Emulator, EmulatorConfig, RequestCounts};
-use kubelet_node::fixtures::DeviceConfigBuilder;
 use kubelet_node::{kubelet_node, node_name};
 use serde_json::{Value, json};
+use support::cluster::TestCluster;
+use support::fixtures::DeviceConfigBuilder;
+use support::kubelet_node;
 
-const NS: &str = "kube-amd-gpu";
+const NS: &str = support::cluster::NAMESPACE;
 
 fn agent_status(generation: i64, uid: &str) -> String {
     kubelet_node::fleet_agent_status(NS, generation, uid)
@@ -72,15 +73,8 @@ async fn wait_status(configs: &Api<DeviceConfig>, ok: impl Fn(&Value) -> bool) {
 /// Nodes that have reported, and from a spec change to every agent's
 /// acknowledgement of it.
 async fn leader_over(count: usize) -> (Traffic, Traffic) {
-    let emulator = Emulator::start(EmulatorConfig::default())
-        .await
-        .expect("emulator");
-    emulator
-        .create(serde_json::to_value(gpu_operator::api::crd()).expect("the CRD"))
-        .expect("create the CRD");
-    emulator
-        .create(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}))
-        .expect("create the namespace");
+    let cluster = TestCluster::start_for(EmulatorConfig::default(), &[]).await;
+    let emulator = &cluster.emulator;
     let dc = emulator
         .create(
             DeviceConfigBuilder::fleet(NS)
@@ -113,7 +107,7 @@ async fn leader_over(count: usize) -> (Traffic, Traffic) {
         s["devicePlugin"]["availableNumber"] == count && s["observedGeneration"] == 1
     })
     .await;
-    let converged = traffic(&emulator, &before);
+    let converged = traffic(emulator, &before);
 
     let before = emulator.requests();
     configs
@@ -144,7 +138,7 @@ async fn leader_over(count: usize) -> (Traffic, Traffic) {
         s["observedGeneration"] == 2 && s["devicePlugin"]["availableNumber"] == count
     })
     .await;
-    let changed = traffic(&emulator, &before);
+    let changed = traffic(emulator, &before);
     stop.cancel();
     leader.await.expect("the leader stops");
     (converged, changed)

@@ -4,8 +4,7 @@
 //! A decision that starts reading a dropped field (`status.images`, say)
 //! fails the second test until the field is kept and listed.
 
-#[path = "../benches/support/kubelet_node.rs"]
-mod kubelet_node;
+mod support;
 
 use std::collections::BTreeSet;
 
@@ -20,9 +19,10 @@ use gpu_operator::node_writer::{Concern, NodeIntent, plan_metadata};
 use gpu_operator::partition;
 use gpu_operator::remediation;
 use k8s_openapi::api::core::v1::Node;
-use kubelet_node::fixtures::{AgentStatusBuilder, DeviceConfigBuilder, loaded_driver};
 use kubelet_node::kubelet_node;
 use serde_json::{Value, json};
+use support::fixtures::{AgentStatusBuilder, DeviceConfigBuilder, loaded_driver};
+use support::kubelet_node;
 
 const NS: &str = "kube-amd-gpu";
 const CONDITION: &str = "AMDGPUHardwareAssertionHwa";

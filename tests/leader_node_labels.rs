@@ -4,8 +4,7 @@
 //! the right Nodes: the leader lists the Nodes again keeping that label
 //! (`cluster::node_watch`), once, and follows later changes of it.
 
-#[path = "../benches/support/kubelet_node.rs"]
-mod kubelet_node;
+mod support;
 
 use std::time::{Duration, Instant};
 
@@ -18,12 +17,14 @@ use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::WatchStreamExt;
-use kube_emulator::{Emulator, EmulatorConfig};
-use kubelet_node::fixtures::DeviceConfigBuilder;
+use kube_emulator::EmulatorConfig;
 use kubelet_node::kubelet_node;
 use serde_json::{Value, json};
+use support::cluster::TestCluster;
+use support::fixtures::DeviceConfigBuilder;
+use support::kubelet_node;
 
-const NS: &str = "kube-amd-gpu";
+const NS: &str = support::cluster::NAMESPACE;
 const POOL: &str = "example.com/pool";
 
 async fn wait_status(configs: &Api<DeviceConfig>, name: &str, ok: impl Fn(&Value) -> bool) {
@@ -47,15 +48,8 @@ fn matching(status: &Value) -> &Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_device_config_selecting_by_a_label_not_kept_so_far_selects_the_right_nodes() {
-    let emulator = Emulator::start(EmulatorConfig::default())
-        .await
-        .expect("emulator");
-    emulator
-        .create(serde_json::to_value(gpu_operator::api::crd()).expect("the CRD"))
-        .expect("create the CRD");
-    emulator
-        .create(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}))
-        .expect("create the namespace");
+    let cluster = TestCluster::start_for(EmulatorConfig::default(), &[]).await;
+    let emulator = &cluster.emulator;
     emulator
         .create(
             DeviceConfigBuilder::fleet(NS)

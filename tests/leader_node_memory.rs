@@ -4,11 +4,11 @@
 //! serves `cluster_scale` holds per Node, so that a fleet of that size fits
 //! the machine the bench runs on.
 
-#[path = "../benches/support/kubelet_node.rs"]
-mod kubelet_node;
+mod support;
+
+use support::kubelet_node;
 
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicIsize, Ordering};
 
 use gpu_operator::cluster::node_cache::{KeptLabels, kept_of};
@@ -46,7 +46,7 @@ unsafe impl GlobalAlloc for Counting {
 static ALLOCATOR: Counting = Counting;
 
 /// The counts are process-wide: one measurement at a time.
-static MEASURING: Mutex<()> = Mutex::new(());
+static MEASURING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn live() -> (isize, isize) {
     (
@@ -85,11 +85,11 @@ fn held_per_node(keep: impl Fn(Node) -> Node) -> (f64, f64) {
 
 #[test]
 fn a_cached_node_holds_a_seventh_of_the_kubelets_node() {
-    let _one_at_a_time = MEASURING.lock().unwrap_or_else(|e| e.into_inner());
+    let _one_at_a_time = MEASURING.blocking_lock();
     let (full_bytes, full_allocations) = held_per_node(|n| n);
     // What the leader keeps for the benches' DeviceConfig, selecting by the
     // GPU label.
-    let fleet = kubelet_node::fixtures::DeviceConfigBuilder::fleet("kube-amd-gpu").build();
+    let fleet = support::fixtures::DeviceConfigBuilder::fleet("kube-amd-gpu").build();
     let kept_labels = KeptLabels::for_configs([&fleet]);
     let (kept_bytes, kept_allocations) = held_per_node(|n| kept_of(n, &kept_labels));
     println!(
@@ -119,13 +119,14 @@ fn a_cached_node_holds_a_seventh_of_the_kubelets_node() {
 async fn the_emulator_holds_a_realistic_node_in_a_few_times_its_json() {
     use gpu_operator::api::agent_status::STATUS_ANNOTATION;
     use kube::api::{Api, Patch, PatchParams};
-    use kube_emulator::{Emulator, EmulatorConfig};
+    use kube_emulator::EmulatorConfig;
+    use support::cluster::TestCluster;
 
     const NODES: usize = 200;
-    let _one_at_a_time = MEASURING.lock().unwrap_or_else(|e| e.into_inner());
-    let emulator = Emulator::start(EmulatorConfig::default().history_limit(100_000))
-        .await
-        .expect("emulator");
+    let _one_at_a_time = MEASURING.lock().await;
+    let cluster =
+        TestCluster::start_for(EmulatorConfig::default().history_limit(100_000), &[]).await;
+    let emulator = &cluster.emulator;
     let nodes: Api<Node> = Api::all(emulator.client());
     let per_node = |since: (isize, isize)| (live().0 - since.0) as f64 / NODES as f64;
     let before = live();

@@ -3,14 +3,10 @@
 //! sizes, addresses, capacity and allocatable, the usual conditions,
 //! `nodeInfo`, daemon endpoints), Node Feature Discovery's labels and
 //! annotations, the agent's labels, and the `managedFields` of each of those
-//! writers. About 17 KB of JSON. Included with `#[path]`; one builder for
-//! every bench and test that needs a realistic Node.
-#![allow(dead_code)]
+//! writers. About 18 KB of JSON. One builder for every bench and test that
+//! needs a realistic Node.
 
-#[path = "../../tests/support/fixtures.rs"]
-pub mod fixtures;
-
-use fixtures::AgentStatusBuilder;
+use super::fixtures::AgentStatusBuilder;
 use gpu_operator::api::agent_status::STATUS_ANNOTATION;
 use gpu_operator::api::field_manager;
 use gpu_operator::detect::GPU_LABEL;

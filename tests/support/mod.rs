@@ -16,6 +16,7 @@ pub mod hosts;
 pub mod http;
 pub mod jobs;
 pub mod kubelet;
+pub mod kubelet_node;
 pub mod metricssvc;
 pub mod pod_resources;
 pub mod promtool;
