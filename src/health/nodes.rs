@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use crate::device::Inventory;
 use crate::host::HostRoot;
-use crate::host::inotify::{self as host_inotify, ENTRIES_AND_SELF};
+use crate::host::inotify::{DevWatch, ENTRIES_AND_SELF};
 use crate::host::reader::{Answer, BoundedReader, Op};
 use crate::telemetry::sample::{HostSample, device_nodes, drm_minors};
 use crate::telemetry::sysfs::KFD_PATH;
@@ -96,7 +96,7 @@ pub enum Due {
 /// Watches the device nodes of an inventory; see the module doc.
 pub struct NodeWatch {
     host: HostRoot,
-    inotify: Option<Inotify>,
+    inotify: Option<DevWatch>,
     /// Set up (or given up on) yet.
     started: bool,
     status: Option<NodeStatus>,
@@ -144,7 +144,7 @@ impl NodeWatch {
         }
         self.started = true;
         let (dev, dri) = (self.host.path(DEV), self.host.path(DRI));
-        let setup = tokio::task::spawn_blocking(move || Inotify::open(&dev, &dri));
+        let setup = tokio::task::spawn_blocking(move || DevWatch::open(&dev, &dri));
         self.inotify = match tokio::time::timeout(timeout, setup).await {
             Ok(Ok(Ok(inotify))) => Some(inotify),
             Ok(Ok(Err(e))) => {
@@ -163,7 +163,7 @@ impl NodeWatch {
     /// Whether the nodes must be checked now; drains inotify's events.
     pub fn due(&mut self, wanted: &BTreeSet<String>, now: Instant) -> Due {
         // Drain first, so that events already seen do not count again.
-        let event = match self.inotify.as_mut().map(Inotify::drain) {
+        let event = match self.inotify.as_mut().map(DevWatch::drain) {
             Some(Ok(changed)) => changed,
             Some(Err(e)) => {
                 tracing::debug!(error = %e, "inotify failed; checking device nodes every sample");
@@ -209,9 +209,9 @@ impl NodeWatch {
             // A watch lost with its directory (/dev/dri removed and made
             // again) is set up again before the nodes are looked at.
             if let Some(inotify) = self.inotify.as_mut()
-                && inotify.dri.is_none()
+                && !inotify.watching_dri()
             {
-                inotify.rewatch_dri(&self.host, timeout).await;
+                rewatch_dri(inotify, &self.host, timeout).await;
             }
             let mut status = check(reader, (*wanted).clone(), timeout).await;
             if !status.missing.is_empty() {
@@ -282,49 +282,12 @@ async fn relaid_out(
     crate::device::relayout::repartitioned(reader, &suspects, timeout).await
 }
 
-/// An inotify instance watching `/dev` and `/dev/dri` for entries created,
-/// removed or renamed, and for the directories themselves going away.
-struct Inotify {
-    inotify: host_inotify::Inotify,
-    dev: i32,
-    /// `None` while `/dev/dri` does not exist (or its watch was removed).
-    dri: Option<i32>,
-}
-
-impl Inotify {
-    fn open(dev: &std::path::Path, dri: &std::path::Path) -> std::io::Result<Self> {
-        let inotify = host_inotify::Inotify::new()?;
-        let dev = inotify.add_watch(dev, ENTRIES_AND_SELF)?;
-        let dri = inotify.add_watch(dri, ENTRIES_AND_SELF).ok();
-        Ok(Self { inotify, dev, dri })
-    }
-
-    /// Watches `/dev/dri` again, bounded by `timeout`.
-    async fn rewatch_dri(&mut self, host: &HostRoot, timeout: Duration) {
-        let (inotify, dri) = (self.inotify.clone(), host.path(DRI));
-        let setup = tokio::task::spawn_blocking(move || inotify.add_watch(&dri, ENTRIES_AND_SELF));
-        if let Ok(Ok(Ok(wd))) = tokio::time::timeout(timeout, setup).await {
-            self.dri = Some(wd);
-        }
-    }
-
-    /// Reads every pending event. True if any arrived. An error when the
-    /// watch on `/dev` itself is gone, or the descriptor fails.
-    fn drain(&mut self) -> std::io::Result<bool> {
-        let mut dev_gone = false;
-        let (dev, dri) = (self.dev, &mut self.dri);
-        let changed = self.inotify.drain(|event| {
-            if event.watch_removed() {
-                dev_gone |= event.wd == dev;
-                if Some(event.wd) == *dri {
-                    *dri = None;
-                }
-            }
-        })?;
-        if dev_gone {
-            return Err(std::io::Error::other("the watch on /dev was removed"));
-        }
-        Ok(changed)
+/// Watches `/dev/dri` again, bounded by `timeout`.
+async fn rewatch_dri(watch: &mut DevWatch, host: &HostRoot, timeout: Duration) {
+    let (inotify, dri) = (watch.instance(), host.path(DRI));
+    let setup = tokio::task::spawn_blocking(move || inotify.add_watch(&dri, ENTRIES_AND_SELF));
+    if let Ok(Ok(Ok(wd))) = tokio::time::timeout(timeout, setup).await {
+        watch.dri_watched(wd);
     }
 }
 

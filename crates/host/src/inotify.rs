@@ -1,10 +1,10 @@
 //! A thin, safe wrapper of one Linux inotify instance: set up watches, and
 //! read the queued events without ever blocking.
 //!
-//! Two readers of the host use it: the health monitor's device-node watch
-//! (entries of `/dev` and `/dev/dri` created or removed) and the bounded
-//! reader, which learns from it that a kept descriptor's file was replaced
-//! off sysfs. This module owns the descriptor and the event format; what an
+//! Three readers of the host use it: the health monitor's and the device
+//! plugin's device-node checks ([`DevWatch`]: entries of `/dev` and
+//! `/dev/dri` created or removed) and the bounded reader, which learns from
+//! it that a kept descriptor's file was replaced off sysfs. This module owns the descriptor and the event format; what an
 //! event means belongs to its users. Setting up a watch resolves a path, which
 //! can block on a broken mount: callers run it where blocking is bounded.
 
@@ -116,6 +116,65 @@ impl Inotify {
                 each(event);
             }
         }
+    }
+}
+
+/// An inotify instance watching a devfs directory (`/dev`) and its DRM
+/// subdirectory (`/dev/dri`) for entries created, removed or renamed, and for
+/// the directories themselves going away: what tells a device-node check
+/// that its last answer may be stale.
+#[derive(Debug)]
+pub struct DevWatch {
+    inotify: Inotify,
+    dev: i32,
+    /// `None` while the subdirectory does not exist (or its watch was removed).
+    dri: Option<i32>,
+}
+
+impl DevWatch {
+    /// Watches `dev` (which must exist) and `dri` (which may not yet). Resolves
+    /// both paths, so it can block on a broken mount.
+    pub fn open(dev: &Path, dri: &Path) -> std::io::Result<Self> {
+        let inotify = Inotify::new()?;
+        let dev = inotify.add_watch(dev, ENTRIES_AND_SELF)?;
+        let dri = inotify.add_watch(dri, ENTRIES_AND_SELF).ok();
+        Ok(Self { inotify, dev, dri })
+    }
+
+    /// Whether the subdirectory is watched now.
+    pub fn watching_dri(&self) -> bool {
+        self.dri.is_some()
+    }
+
+    /// The instance, to set up the subdirectory's watch again elsewhere
+    /// (on a thread where blocking is bounded); hand the result to
+    /// [`DevWatch::dri_watched`].
+    pub fn instance(&self) -> Inotify {
+        self.inotify.clone()
+    }
+
+    /// Records the subdirectory's new watch.
+    pub fn dri_watched(&mut self, wd: i32) {
+        self.dri = Some(wd);
+    }
+
+    /// Reads every pending event. True if any arrived. An error when the
+    /// watch on the devfs directory itself is gone, or the descriptor fails.
+    pub fn drain(&mut self) -> std::io::Result<bool> {
+        let mut dev_gone = false;
+        let (dev, dri) = (self.dev, &mut self.dri);
+        let changed = self.inotify.drain(|event| {
+            if event.watch_removed() {
+                dev_gone |= event.wd == dev;
+                if Some(event.wd) == *dri {
+                    *dri = None;
+                }
+            }
+        })?;
+        if dev_gone {
+            return Err(std::io::Error::other("the watch on /dev was removed"));
+        }
+        Ok(changed)
     }
 }
 
