@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use crate::device::Inventory;
 use crate::host::HostRoot;
-use crate::host::inotify::{DevWatch, ENTRIES_AND_SELF};
+use crate::host::inotify::DevWatch;
 use crate::host::reader::{Answer, BoundedReader, Op};
 use crate::telemetry::sample::{HostSample, device_nodes, drm_minors};
 use crate::telemetry::sysfs::KFD_PATH;
@@ -211,7 +211,7 @@ impl NodeWatch {
             if let Some(inotify) = self.inotify.as_mut()
                 && !inotify.watching_dri()
             {
-                rewatch_dri(inotify, &self.host, timeout).await;
+                rewatch_dri(inotify, timeout).await;
             }
             let mut status = check(reader, (*wanted).clone(), timeout).await;
             if !status.missing.is_empty() {
@@ -283,9 +283,9 @@ async fn relaid_out(
 }
 
 /// Watches `/dev/dri` again, bounded by `timeout`.
-async fn rewatch_dri(watch: &mut DevWatch, host: &HostRoot, timeout: Duration) {
-    let (inotify, dri) = (watch.instance(), host.path(DRI));
-    let setup = tokio::task::spawn_blocking(move || inotify.add_watch(&dri, ENTRIES_AND_SELF));
+async fn rewatch_dri(watch: &mut DevWatch, timeout: Duration) {
+    let rewatch = watch.dri_rewatch();
+    let setup = tokio::task::spawn_blocking(move || rewatch.run());
     if let Ok(Ok(Ok(wd))) = tokio::time::timeout(timeout, setup).await {
         watch.dri_watched(wd);
     }

@@ -140,10 +140,7 @@ impl NodeProbe {
         // /dev/dri made again after it was removed: watched again first.
         if let Some(watch) = self.watch.as_mut()
             && !watch.watching_dri()
-            && let Ok(wd) = watch.instance().add_watch(
-                &host.path("/dev/dri"),
-                crate::host::inotify::ENTRIES_AND_SELF,
-            )
+            && let Ok(wd) = watch.dri_rewatch().run()
         {
             watch.dri_watched(wd);
         }

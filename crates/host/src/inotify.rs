@@ -9,7 +9,7 @@
 //! can block on a broken mount: callers run it where blocking is bounded.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// Entries created, removed or renamed in a directory, and the directory
@@ -127,8 +127,25 @@ impl Inotify {
 pub struct DevWatch {
     inotify: Inotify,
     dev: i32,
+    dri_path: PathBuf,
     /// `None` while the subdirectory does not exist (or its watch was removed).
     dri: Option<i32>,
+}
+
+/// Setting up a [`DevWatch`]'s subdirectory watch again, detached from the
+/// watch so that it can run where blocking is bounded.
+#[derive(Debug)]
+pub struct DriRewatch {
+    inotify: Inotify,
+    path: PathBuf,
+}
+
+impl DriRewatch {
+    /// Resolves the path, so it can block on a broken mount. The new watch
+    /// descriptor, for [`DevWatch::dri_watched`].
+    pub fn run(self) -> std::io::Result<i32> {
+        self.inotify.add_watch(&self.path, ENTRIES_AND_SELF)
+    }
 }
 
 impl DevWatch {
@@ -137,8 +154,14 @@ impl DevWatch {
     pub fn open(dev: &Path, dri: &Path) -> std::io::Result<Self> {
         let inotify = Inotify::new()?;
         let dev = inotify.add_watch(dev, ENTRIES_AND_SELF)?;
+        let dri_path = dri.to_path_buf();
         let dri = inotify.add_watch(dri, ENTRIES_AND_SELF).ok();
-        Ok(Self { inotify, dev, dri })
+        Ok(Self {
+            inotify,
+            dev,
+            dri_path,
+            dri,
+        })
     }
 
     /// Whether the subdirectory is watched now.
@@ -146,11 +169,13 @@ impl DevWatch {
         self.dri.is_some()
     }
 
-    /// The instance, to set up the subdirectory's watch again elsewhere
-    /// (on a thread where blocking is bounded); hand the result to
-    /// [`DevWatch::dri_watched`].
-    pub fn instance(&self) -> Inotify {
-        self.inotify.clone()
+    /// What sets the subdirectory's watch up again (after it was removed and
+    /// made again); hand its result to [`DevWatch::dri_watched`].
+    pub fn dri_rewatch(&self) -> DriRewatch {
+        DriRewatch {
+            inotify: self.inotify.clone(),
+            path: self.dri_path.clone(),
+        }
     }
 
     /// Records the subdirectory's new watch.
