@@ -12,8 +12,6 @@ use std::time::{Duration, Instant};
 use futures::{StreamExt, stream};
 use gpu_operator::api::DeviceConfig;
 use gpu_operator::api::agent_status::STATUS_ANNOTATION;
-use gpu_operator::cluster::ClusterConfig;
-use gpu_operator::cluster::lease::LeaderGuard;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
@@ -91,18 +89,10 @@ async fn leader_over(count: usize) -> (Traffic, Traffic) {
     }
     let client = emulator.client();
     let configs: Api<DeviceConfig> = Api::namespaced(client.clone(), NS);
-    let nodes: Api<Node> = Api::all(client.clone());
+    let nodes: Api<Node> = Api::all(client);
 
     let before = emulator.requests();
-    let (_leading, leading) = tokio::sync::watch::channel(true);
-    let stop = tokio_util::sync::CancellationToken::new();
-    let leader = tokio::spawn(gpu_operator::cluster::run(
-        client,
-        ClusterConfig::default(),
-        leading,
-        LeaderGuard::always(),
-        stop.clone(),
-    ));
+    let leader = cluster.run_leader();
     wait_status(&configs, |s| {
         s["devicePlugin"]["availableNumber"] == count && s["observedGeneration"] == 1
     })
@@ -139,8 +129,7 @@ async fn leader_over(count: usize) -> (Traffic, Traffic) {
     })
     .await;
     let changed = traffic(emulator, &before);
-    stop.cancel();
-    leader.await.expect("the leader stops");
+    leader.stop().await;
     (converged, changed)
 }
 

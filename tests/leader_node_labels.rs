@@ -10,8 +10,6 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use gpu_operator::api::DeviceConfig;
-use gpu_operator::cluster::ClusterConfig;
-use gpu_operator::cluster::lease::LeaderGuard;
 use gpu_operator::detect::GPU_LABEL;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
@@ -70,17 +68,9 @@ async fn a_new_device_config_selecting_by_a_label_not_kept_so_far_selects_the_ri
     }
     let client = emulator.client();
     let configs: Api<DeviceConfig> = Api::namespaced(client.clone(), NS);
-    let nodes: Api<Node> = Api::all(client.clone());
+    let nodes: Api<Node> = Api::all(client);
 
-    let (_leading, leading) = tokio::sync::watch::channel(true);
-    let stop = tokio_util::sync::CancellationToken::new();
-    let leader = tokio::spawn(gpu_operator::cluster::run(
-        client,
-        ClusterConfig::default(),
-        leading,
-        LeaderGuard::always(),
-        stop.clone(),
-    ));
+    let leader = cluster.run_leader();
     wait_status(&configs, "fleet", |s| matching(s) == 4).await;
     let lists_before = emulator.requests().get("list", "nodes");
     assert_eq!(lists_before, 1, "the leader lists the Nodes once to start");
@@ -160,6 +150,5 @@ async fn a_new_device_config_selecting_by_a_label_not_kept_so_far_selects_the_ri
         1,
         "a known label needs no list"
     );
-    stop.cancel();
-    leader.await.expect("the leader stops");
+    leader.stop().await;
 }

@@ -11,6 +11,22 @@ use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube_emulator::{Emulator, EmulatorConfig};
 use serde_json::{Value, json};
 
+/// The leader's reconcilers (`cluster::run`) in this process, leading
+/// unconditionally; see [`TestCluster::run_leader`].
+pub struct InProcessLeader {
+    stop: tokio_util::sync::CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+    _leading: tokio::sync::watch::Sender<bool>,
+}
+
+impl InProcessLeader {
+    /// Stops the reconcilers and waits for them to end.
+    pub async fn stop(self) {
+        self.stop.cancel();
+        self.task.await.expect("the leader stops");
+    }
+}
+
 /// The operator's namespace, as deploy/ creates it.
 pub const NAMESPACE: &str = "kube-amd-gpu";
 
@@ -76,6 +92,25 @@ impl TestCluster {
             .create(namespace)
             .expect("the namespace is created");
         Self { emulator }
+    }
+
+    /// The leader's reconcilers with the default configuration, in this
+    /// process, against this cluster.
+    pub fn run_leader(&self) -> InProcessLeader {
+        let (leading_tx, leading) = tokio::sync::watch::channel(true);
+        let stop = tokio_util::sync::CancellationToken::new();
+        let task = tokio::spawn(gpu_operator::cluster::run(
+            self.emulator.client(),
+            gpu_operator::cluster::ClusterConfig::default(),
+            leading,
+            gpu_operator::cluster::lease::LeaderGuard::always(),
+            stop.clone(),
+        ));
+        InProcessLeader {
+            stop,
+            task,
+            _leading: leading_tx,
+        }
     }
 
     /// As [`TestCluster::start`], with a Node per `(name, labels)`.
