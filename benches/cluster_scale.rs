@@ -22,7 +22,7 @@ mod figures;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
-use figures::rss_mib;
+use figures::{rss_mib, setting};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -130,16 +130,10 @@ fn leader_writes(emulator: &Emulator, before: &kube_emulator::RequestCounts) -> 
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let count: usize = std::env::var("NODES")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(5000);
+    let count: usize = setting("NODES", 5000);
     // HISTORY: the watch history's length, in events (a watcher further
     // behind lists again, as with a real API server's watch cache).
-    let history: usize = std::env::var("HISTORY")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(100_000);
+    let history: usize = setting("HISTORY", 100_000);
     let cluster =
         TestCluster::start_for(EmulatorConfig::default().history_limit(history), &[]).await;
     let emulator = &cluster.emulator;

@@ -31,7 +31,7 @@ mod support;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use figures::{cpu_seconds, rss_mib, summary};
+use figures::{cpu_seconds, rss_mib, setting, summary};
 use gpu_operator::api::RemediationWorkflowSpec;
 use gpu_operator::cluster::remediator::facts_of;
 use gpu_operator::remediation::plan::{self, Policy};
@@ -169,14 +169,8 @@ fn phase(node: &Node) -> Option<String> {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let count: usize = std::env::var("NODES")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(1000);
-    let failing: usize = std::env::var("FAILING")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(50);
+    let count: usize = setting("NODES", 1000);
+    let failing: usize = setting("FAILING", 50);
     let (p50, p99, max) = decision_times(count, failing);
     println!(
         "decision time of one reconcile at {count} nodes, {failing} failing (facts of every Node, \

@@ -33,7 +33,7 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use figures::{cpu_seconds, rss_mib, summary};
+use figures::{cpu_seconds, rss_mib, setting, summary};
 use futures::StreamExt;
 use gpu_operator::api::agent_status::{
     ConfigKey, DriverReport, ModuleOrigin, STATUS_ANNOTATION, SecureBoot,
@@ -58,10 +58,7 @@ const TO: &str = "6.4.1";
 
 /// `maxParallelUpgrades`: PARALLEL, or 50.
 fn parallel() -> i64 {
-    std::env::var("PARALLEL")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(50)
+    setting("PARALLEL", 50)
 }
 
 fn agent_status(version: &str, boot: &str) -> String {
@@ -178,10 +175,7 @@ fn decision_times(count: usize) -> (f64, f64, f64) {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let count: usize = std::env::var("NODES")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(1000);
+    let count: usize = setting("NODES", 1000);
     let (p50, p99, max) = decision_times(count);
     println!(
         "decision time of one reconcile at {count} nodes (facts of every Node, then the plan): \

@@ -5,6 +5,15 @@
 
 use std::time::Duration;
 
+/// The bench setting `name` from the environment (`NODES=10000`), or
+/// `default` when it is unset or not a `T`.
+pub fn setting<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 /// A temporary directory, in memory where possible: deleting a simulated
 /// cpx_nps4 host from a `discard`-mounted disk takes seconds.
 pub fn scratch() -> tempfile::TempDir {
