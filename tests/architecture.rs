@@ -734,29 +734,28 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
 /// in every file, a path through a crate's own name (`gpu_operator_host::…`)
 /// becomes one through its module (`crate::host::…`).
 fn as_module_source(module: Option<&str>, source: &str) -> String {
-    let chars: Vec<char> = source.chars().collect();
     let mut out = String::with_capacity(source.len());
-    let mut i = 0;
-    while i < chars.len() {
-        let word_start = i == 0 || !(chars[i - 1].is_alphanumeric() || "_$".contains(chars[i - 1]));
-        let rest: String = chars[i..chars.len().min(i + 64)].iter().collect();
+    let mut rest = source;
+    let mut previous: Option<char> = None;
+    while let Some(c) = rest.chars().next() {
+        let word_start = previous.is_none_or(|p| !(p.is_alphanumeric() || "_$".contains(p)));
         if word_start {
-            if let (Some(m), true) = (module, rest.starts_with("crate::")) {
+            let own = module.zip(rest.strip_prefix("crate::"));
+            let named = || {
+                CRATES.iter().find_map(|(m, _, name)| {
+                    Some((*m, rest.strip_prefix(name)?.strip_prefix("::")?))
+                })
+            };
+            if let Some((m, after)) = own.or_else(named) {
                 out.push_str(&format!("crate::{m}::"));
-                i += "crate::".len();
-                continue;
-            }
-            if let Some((m, _, name)) = CRATES
-                .iter()
-                .find(|(_, _, name)| rest.starts_with(&format!("{name}::")))
-            {
-                out.push_str(&format!("crate::{m}::"));
-                i += name.len() + 2;
+                rest = after;
+                previous = Some(':');
                 continue;
             }
         }
-        out.push(chars[i]);
-        i += 1;
+        out.push(c);
+        previous = Some(c);
+        rest = &rest[c.len_utf8()..];
     }
     out
 }
