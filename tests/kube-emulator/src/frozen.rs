@@ -22,6 +22,11 @@ impl Frozen {
         Frozen(Arc::from(serde_json::to_string(value).unwrap_or_default()))
     }
 
+    /// The length of the JSON text, in bytes.
+    pub fn json_len(&self) -> usize {
+        self.0.len()
+    }
+
     /// The object as a `Value`. The text was written by [`Frozen::new`], so it parses; if it
     /// ever did not, the reader sees `null` rather than a panic in the server.
     pub fn thaw(&self) -> Value {

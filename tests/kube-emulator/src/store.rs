@@ -27,6 +27,11 @@ use crate::selector::{FieldSelector, LabelSelector};
 use crate::validation::{self, Directive, FieldCheck, Origin};
 use crate::views;
 
+/// The largest object stored: etcd's default `--max-request-bytes`, 1.5 MiB. The
+/// request body limit (3 MiB, `server::MAX_BODY`) is larger, so an object can be
+/// refused here after its request was read.
+pub const MAX_STORED_BYTES: usize = 1536 * 1024;
+
 /// The key of one stored object. Cluster-scoped objects have an empty namespace. The served
 /// version is not part of the key: all versions of a resource share one object, as they do in
 /// a real cluster (the emulator converts between versions by rewriting `apiVersion` only).
@@ -490,16 +495,29 @@ impl Store {
         out
     }
 
+    /// `object` frozen for the store, or the error the real server gives when it is
+    /// larger than etcd stores ([`MAX_STORED_BYTES`]). Custom resources are stored as
+    /// JSON, so their JSON size is what counts; built-in types are stored as protobuf,
+    /// a little smaller, which this ignores.
+    fn freeze_for_storage(object: &Value) -> ApiResult<Frozen> {
+        let frozen = Frozen::new(object);
+        if frozen.json_len() > MAX_STORED_BYTES {
+            // The API server passes etcd's refusal on as an internal error
+            // (kubernetes/kubernetes#112152 is still open).
+            return Err(ApiError::internal("etcdserver: request is too large"));
+        }
+        Ok(frozen)
+    }
+
     /// Records a change in the history and sends it to the watches. Returns the object
     /// frozen, for the store to keep: the record and the store share it.
     fn commit(
         &mut self,
         etype: EventType,
         key: ObjKey,
-        object: &Value,
+        object: Frozen,
         prev: Option<Frozen>,
     ) -> Frozen {
-        let object = Frozen::new(object);
         let rec = Arc::new(Record {
             rv: self.rv,
             etype,
@@ -915,9 +933,10 @@ impl Store {
         if ctx.dry_run {
             return Ok(Self::output(rt, version, &body));
         }
+        meta_mut(&mut body).insert("resourceVersion".into(), json!((self.rv + 1).to_string()));
+        let frozen = Self::freeze_for_storage(&body)?;
         self.rv += 1;
-        meta_mut(&mut body).insert("resourceVersion".into(), json!(self.rv.to_string()));
-        let value = self.commit(EventType::Added, key.clone(), &body, None);
+        let value = self.commit(EventType::Added, key.clone(), frozen, None);
         self.objects.insert(key, Stored { value, owners });
         if let Some(t) = crd_type {
             self.types.insert((t.group.clone(), t.plural.clone()), t);
@@ -1378,17 +1397,18 @@ impl Store {
         if ctx.dry_run {
             return Ok(Self::output(rt, version, &new));
         }
+        meta_mut(&mut new).insert("resourceVersion".into(), json!((self.rv + 1).to_string()));
+        let frozen = Self::freeze_for_storage(&new)?;
         self.rv += 1;
-        meta_mut(&mut new).insert("resourceVersion".into(), json!(self.rv.to_string()));
         let terminating = meta(&new).is_some_and(|m| m.contains_key("deletionTimestamp"));
         if terminating && finalizers(&new).is_empty() {
             // The last finalizer is gone: the deletion completes now.
             self.objects.remove(&key);
-            self.commit(EventType::Deleted, key.clone(), &new, Some(old.frozen));
+            self.commit(EventType::Deleted, key.clone(), frozen, Some(old.frozen));
             self.after_removal(rt, &key);
             return Ok(Self::output(rt, version, &new));
         }
-        let value = self.commit(EventType::Modified, key.clone(), &new, Some(old.frozen));
+        let value = self.commit(EventType::Modified, key.clone(), frozen, Some(old.frozen));
         self.objects.insert(key, Stored { value, owners });
         if let Some(t) = crd_type {
             self.types.insert((t.group.clone(), t.plural.clone()), t);
@@ -1471,7 +1491,12 @@ impl Store {
             }
             self.rv += 1;
             meta_mut(&mut new).insert("resourceVersion".into(), json!(self.rv.to_string()));
-            let value = self.commit(EventType::Modified, key.clone(), &new, Some(old.frozen));
+            let value = self.commit(
+                EventType::Modified,
+                key.clone(),
+                Frozen::new(&new),
+                Some(old.frozen),
+            );
             let owners = old.owners;
             self.objects.insert(key, Stored { value, owners });
             if is_namespace {
@@ -1497,7 +1522,12 @@ impl Store {
         self.rv += 1;
         let mut fin = last.clone();
         meta_mut(&mut fin).insert("resourceVersion".into(), json!(self.rv.to_string()));
-        self.commit(EventType::Deleted, key.clone(), &fin, Some(last_frozen));
+        self.commit(
+            EventType::Deleted,
+            key.clone(),
+            Frozen::new(&fin),
+            Some(last_frozen),
+        );
         fin
     }
 
@@ -2446,6 +2476,55 @@ mod tests {
             "default"
         );
         assert_eq!(s.resource_version(), 4);
+    }
+
+    #[test]
+    fn an_object_larger_than_etcd_stores_is_refused_and_the_revision_stays() {
+        let mut s = store();
+        let cm = rt(&s, "", "configmaps");
+        let big = "x".repeat(MAX_STORED_BYTES);
+        let before = s.resource_version();
+        let refused = s
+            .create(
+                &cm,
+                "v1",
+                Some("default"),
+                json!({"metadata": {"name": "big"}, "data": {"a": big}}),
+                &ctx("t"),
+            )
+            .unwrap_err();
+        assert_eq!(
+            (refused.code, refused.message.as_str()),
+            (500, "etcdserver: request is too large")
+        );
+        assert_eq!(s.resource_version(), before);
+        assert!(s.get(&cm, "v1", Some("default"), "big").is_err());
+
+        // An object that grows past the limit keeps what it had.
+        s.create(
+            &cm,
+            "v1",
+            Some("default"),
+            json!({"metadata": {"name": "grows"}, "data": {"a": "small"}}),
+            &ctx("t"),
+        )
+        .unwrap();
+        let kept = s.resource_version();
+        let grown = s
+            .update(
+                &cm,
+                "v1",
+                Some("default"),
+                "grows",
+                Scope::Main,
+                json!({"metadata": {"name": "grows"}, "data": {"a": "x".repeat(MAX_STORED_BYTES)}}),
+                &ctx("t"),
+            )
+            .unwrap_err();
+        assert_eq!(grown.code, 500);
+        assert_eq!(s.resource_version(), kept);
+        let read = s.get(&cm, "v1", Some("default"), "grows").unwrap();
+        assert_eq!(read["data"]["a"], "small");
     }
 
     #[test]
