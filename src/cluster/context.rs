@@ -75,6 +75,8 @@ pub struct Context {
     /// How long deletion waits for agents on NotReady nodes to tear down.
     pub teardown_timeout: Duration,
     pub(super) last_status_write: Mutex<HashMap<ConfigKey, Instant>>,
+    /// The selected Nodes' views, made once per Node version.
+    pub(super) views: super::status::ViewMemo,
     /// Counts reconciles and writes, for tests, benchmarks and metrics.
     pub stats: Arc<Stats>,
     /// The owned Services the leader watches, and the namespace watched (`None`:
@@ -132,6 +134,7 @@ impl Context {
             status_interval: Duration::from_secs(1),
             teardown_timeout: Duration::from_secs(300),
             last_status_write: Mutex::new(HashMap::new()),
+            views: super::status::ViewMemo::default(),
             stats: Arc::default(),
             owned_services: None,
             operator_namespace: None,

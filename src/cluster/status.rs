@@ -8,8 +8,8 @@
 //! the DeviceConfig enables; otherwise its message says how many nodes do not,
 //! and why.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
@@ -122,11 +122,76 @@ impl NodeView {
         }
     }
 
+    /// The view was made of this very version of a cached Node.
+    fn is_view_of(&self, node: &Arc<Node>) -> bool {
+        matches!(&self.labels, NodeLabels::Shared(viewed) if Arc::ptr_eq(viewed, node))
+    }
+
     /// The agent reports that it follows this DeviceConfig.
     pub fn follows(&self, key: &ConfigKey, uid: Option<&str>) -> Option<&AgentStatus> {
         self.agent.as_ref().filter(|a| {
             a.device_config.as_ref() == Some(key) && (uid.is_none() || a.uid.as_deref() == uid)
         })
+    }
+}
+
+/// The views of the leader's cached Nodes, each made once per version of
+/// its Node. Making a view parses the Node's agent-status, upgrade and
+/// remediation annotations; a reconcile views every selected Node, and
+/// reconciles run back to back while a fleet reports, so without this each
+/// reconcile parsed 130,000 annotations that had not changed, and the Node
+/// watch (on the same thread) fell behind the fleet.
+///
+/// A view is kept for the `Arc<Node>` it was made of: the cache replaces a
+/// Node's `Arc` when the Node changes, so the same `Arc` means the same
+/// version. Shared by every DeviceConfig's reconcile; no I/O.
+#[derive(Default)]
+pub struct ViewMemo {
+    views: Mutex<HashMap<String, Arc<NodeView>>>,
+}
+
+impl ViewMemo {
+    /// The views of `nodes`, Nodes of the leader's cache, which holds
+    /// `cached` Nodes now. Views of Nodes gone from the cache are dropped
+    /// once the memo holds more views than the cache holds Nodes.
+    pub fn views_of(&self, nodes: &[Arc<Node>], cached: usize) -> Vec<Arc<NodeView>> {
+        let mut memo = self.views.lock().unwrap_or_else(PoisonError::into_inner);
+        let views: Vec<Arc<NodeView>> = nodes
+            .iter()
+            .map(|node| {
+                let name = node.metadata.name.as_deref().unwrap_or_default();
+                match memo.get(name) {
+                    Some(view) if view.is_view_of(node) => view.clone(),
+                    _ => {
+                        let view = Arc::new(NodeView::from_cached(node));
+                        memo.insert(name.to_owned(), view.clone());
+                        view
+                    }
+                }
+            })
+            .collect();
+        if memo.len() > cached {
+            // Some Node left the cache. Keeping only these Nodes' views
+            // drops it; another DeviceConfig's views are made again once.
+            memo.retain(|_, view| {
+                matches!(&view.labels, NodeLabels::Shared(node)
+                    if nodes.iter().any(|n| Arc::ptr_eq(n, node)))
+            });
+        }
+        views
+    }
+
+    /// How many views are kept.
+    pub fn len(&self) -> usize {
+        self.views
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+
+    /// No view is kept.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }
 
@@ -146,7 +211,7 @@ pub struct Problems {
 /// reports that it applied the current generation.
 pub fn desired_status(
     dc: &DeviceConfig,
-    selected: &[NodeView],
+    selected: &[Arc<NodeView>],
     problems: &Problems,
     previous: Option<&DeviceConfigStatus>,
     now: &Time,
@@ -194,9 +259,19 @@ pub fn desired_status(
         DeploymentStatus::default()
     };
     let previous_modules = previous.map(|p| &p.node_module_status);
+    let listed_modules = if spec.is_enabled(Operand::Driver) {
+        module_status_nodes(selected, &key)
+    } else {
+        Vec::new()
+    };
+    let modules_left_out = if spec.is_enabled(Operand::Driver) {
+        selected.len() - listed_modules.len()
+    } else {
+        0
+    };
     let node_module_status = if spec.is_enabled(Operand::Driver) {
-        selected
-            .iter()
+        listed_modules
+            .into_iter()
             .map(|n| {
                 let agent = n.follows(&key, uid);
                 // The Node's own report first, as the reference reads it; the
@@ -290,7 +365,13 @@ pub fn desired_status(
             (
                 "True",
                 REASON_OPERATOR_READY,
-                format!("applied to {matching} node(s)"),
+                match modules_left_out {
+                    0 => format!("applied to {matching} node(s)"),
+                    left_out => format!(
+                        "applied to {matching} node(s); nodeModuleStatus lists {} of them",
+                        matching as usize - left_out
+                    ),
+                },
             ),
             ("False", REASON_OPERATOR_READY, String::new()),
         )
@@ -352,11 +433,42 @@ pub fn desired_status(
     }
 }
 
+/// The most nodes `nodeModuleStatus` lists. The reference lists every
+/// selected node; at ~230 bytes an entry, the status of a DeviceConfig that
+/// selects more than ~6,000 nodes would outgrow what etcd stores (1.5 MiB),
+/// every status write would fail, and each write near that size costs the
+/// API server and every watcher of DeviceConfigs megabytes. The counts above
+/// it cover every node.
+pub const MODULE_STATUS_NODES: usize = 1_000;
+
+/// The nodes `nodeModuleStatus` lists: every selected node up to
+/// [`MODULE_STATUS_NODES`]; past that, the nodes in `key`'s upgrade first
+/// (failed, then in progress), then the rest by name, so that the entries
+/// an administrator looks for during an upgrade are there and the list does
+/// not change with the order the cache returns Nodes in.
+fn module_status_nodes<'a>(selected: &'a [Arc<NodeView>], key: &ConfigKey) -> Vec<&'a NodeView> {
+    let mut nodes: Vec<&NodeView> = selected.iter().map(AsRef::as_ref).collect();
+    if nodes.len() <= MODULE_STATUS_NODES {
+        return nodes;
+    }
+    let rank = |n: &NodeView| match n.upgrade.as_ref().filter(|r| r.device_config == *key) {
+        Some(r) if r.state.is_failed() => 0,
+        Some(r) if r.state.is_in_progress() => 1,
+        _ => 2,
+    };
+    let order = |a: &&NodeView, b: &&NodeView| (rank(a), &a.name).cmp(&(rank(b), &b.name));
+    // Selecting before sorting: O(n) over the fleet, a sort of the kept only.
+    nodes.select_nth_unstable_by(MODULE_STATUS_NODES, order);
+    nodes.truncate(MODULE_STATUS_NODES);
+    nodes.sort_unstable_by(order);
+    nodes
+}
+
 /// The rolling upgrade's counts over `selected`, when `dc` rolls upgrades
 /// (`driver.upgradePolicy.enable` and a `driver.version`). A node without a
 /// record of this DeviceConfig counts as complete when its agent reports
 /// the target loaded, else as not started.
-fn upgrade_summary(dc: &DeviceConfig, selected: &[NodeView]) -> Option<UpgradeSummary> {
+fn upgrade_summary(dc: &DeviceConfig, selected: &[Arc<NodeView>]) -> Option<UpgradeSummary> {
     let driver = dc.spec.driver();
     let rolling = dc.spec.is_enabled(Operand::Driver)
         && driver.upgrade_policy.as_ref().and_then(|p| p.enable) == Some(true);
@@ -391,52 +503,73 @@ fn upgrade_summary(dc: &DeviceConfig, selected: &[NodeView]) -> Option<UpgradeSu
     Some(summary)
 }
 
-/// Why a selected node does not serve what the DeviceConfig enables; `None`
-/// when it does: its agent follows this DeviceConfig and reports every enabled
-/// service available.
-fn why_not_serving(node: &NodeView, key: &ConfigKey, uid: Option<&str>) -> Option<String> {
+/// Whether a selected node serves what the DeviceConfig enables: it is
+/// Ready, its agent follows this DeviceConfig and reports every service
+/// available. [`why_not_serving`] says why not.
+fn serves(node: &NodeView, key: &ConfigKey, uid: Option<&str>) -> bool {
+    node.ready
+        && node.follows(key, uid).is_some_and(|agent| {
+            agent
+                .services
+                .iter()
+                .all(|(name, state)| *name == ServiceName::Unknown || state.is_available())
+        })
+}
+
+/// Why a node that does not [`serves`] does not.
+fn why_not_serving(node: &NodeView, key: &ConfigKey, uid: Option<&str>) -> String {
     if !node.ready {
-        return Some("the Node is not Ready".to_owned());
+        return "the Node is not Ready".to_owned();
     }
     let Some(agent) = node.follows(key, uid) else {
-        return Some(match &node.agent {
+        return match &node.agent {
             None => "no agent status yet".to_owned(),
             Some(_) => "its agent does not follow this DeviceConfig yet".to_owned(),
-        });
+        };
     };
-    let reasons: Vec<String> = agent
+    agent
         .services
         .iter()
         .filter(|(name, _)| **name != ServiceName::Unknown)
         .filter_map(|(name, state)| state.unavailable_reason().map(|r| format!("{name}: {r}")))
-        .collect();
-    (!reasons.is_empty()).then(|| reasons.join("; "))
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
-/// The Ready message when some selected nodes do not serve; `None` when all do.
+/// The Ready message when some selected nodes do not serve; `None` when all
+/// do. It names the first [`NODES_NAMED`] of them by name, so that the
+/// message does not change with the order the cache returns Nodes in, and
+/// says why only for those: while a fleet of 130,000 reports, most do not
+/// serve yet.
 fn not_serving_message(
-    selected: &[NodeView],
+    selected: &[Arc<NodeView>],
     key: &ConfigKey,
     uid: Option<&str>,
 ) -> Option<String> {
-    let failing: Vec<(&str, String)> = selected
+    let mut failing: Vec<&NodeView> = selected
         .iter()
-        .filter_map(|n| why_not_serving(n, key, uid).map(|why| (n.name.as_str(), why)))
+        .map(AsRef::as_ref)
+        .filter(|n| !serves(n, key, uid))
         .collect();
     if failing.is_empty() {
         return None;
     }
+    let count = failing.len();
+    let by_name = |a: &&NodeView, b: &&NodeView| a.name.cmp(&b.name);
+    if count > NODES_NAMED {
+        failing.select_nth_unstable_by(NODES_NAMED, by_name);
+        failing.truncate(NODES_NAMED);
+    }
+    failing.sort_unstable_by(by_name);
     let mut named: Vec<String> = failing
         .iter()
-        .take(NODES_NAMED)
-        .map(|(node, why)| format!("{node}: {why}"))
+        .map(|n| format!("{}: {}", n.name, why_not_serving(n, key, uid)))
         .collect();
-    if failing.len() > NODES_NAMED {
-        named.push(format!("and {} more", failing.len() - NODES_NAMED));
+    if count > NODES_NAMED {
+        named.push(format!("and {} more", count - NODES_NAMED));
     }
     Some(format!(
-        "{} of {} node(s) not serving: {}",
-        failing.len(),
+        "{count} of {} node(s) not serving: {}",
         selected.len(),
         named.join("; ")
     ))
@@ -528,6 +661,18 @@ mod tests {
 
     fn now() -> Time {
         Time(k8s_openapi::jiff::Timestamp::from_second(1_800_000_000).unwrap())
+    }
+
+    /// [`super::desired_status`] over views made here.
+    fn desired_status(
+        dc: &DeviceConfig,
+        selected: &[NodeView],
+        problems: &Problems,
+        previous: Option<&DeviceConfigStatus>,
+        now: &Time,
+    ) -> DeviceConfigStatus {
+        let selected: Vec<Arc<NodeView>> = selected.iter().cloned().map(Arc::new).collect();
+        super::desired_status(dc, &selected, problems, previous, now)
     }
 
     fn cond<'a>(status: &'a DeviceConfigStatus, type_: &str) -> &'a Condition {
@@ -690,6 +835,82 @@ mod tests {
                 .message
                 .ends_with("n4: no agent status yet; and 3 more")
         );
+        // Named by name, whatever order the cache gives the Nodes in: the
+        // message (and so the status) does not change with it.
+        let reversed: Vec<NodeView> = many.into_iter().rev().collect();
+        let again = desired_status(&dc(1), &reversed, &Problems::default(), None, &now());
+        assert_eq!(
+            cond(&again, "Ready").message,
+            cond(&status, "Ready").message
+        );
+    }
+
+    #[test]
+    fn node_module_status_is_bounded_with_the_upgrading_nodes_listed_first() {
+        use crate::api::UpgradeState;
+        let upgrading = |name: &str, state: UpgradeState| NodeView {
+            upgrade: Some(UpgradeRecord::new("ns/gpus".into(), state, "")),
+            ..node(name, Some(1), true)
+        };
+        let extra = 50;
+        let mut nodes: Vec<NodeView> = (0..MODULE_STATUS_NODES + extra)
+            .rev()
+            .map(|i| node(&format!("n{i:05}"), Some(1), true))
+            .collect();
+        nodes.push(upgrading("z-failed", UpgradeState::Failed));
+        nodes.push(upgrading("z-started", UpgradeState::Started));
+        let status = desired_status(&dc(1), &nodes, &Problems::default(), None, &now());
+        let listed = &status.node_module_status;
+        assert_eq!(listed.len(), MODULE_STATUS_NODES);
+        assert!(listed.contains_key("z-failed") && listed.contains_key("z-started"));
+        assert!(listed.contains_key("n00000"));
+        let last_kept = format!("n{:05}", MODULE_STATUS_NODES - 3);
+        let first_left = format!("n{:05}", MODULE_STATUS_NODES - 2);
+        assert!(listed.contains_key(&last_kept) && !listed.contains_key(&first_left));
+        assert_eq!(status.driver.available_number, nodes.len() as i32);
+        assert_eq!(
+            cond(&status, "Ready").message,
+            format!(
+                "applied to {} node(s); nodeModuleStatus lists {MODULE_STATUS_NODES} of them",
+                nodes.len()
+            )
+        );
+        // The status of the largest fleets fits what etcd stores (1.5 MiB).
+        let written = serde_json::to_vec(&status).unwrap();
+        assert!(written.len() < 512 * 1024, "{} bytes", written.len());
+    }
+
+    #[test]
+    fn a_view_is_made_once_per_version_of_its_node() {
+        let node = |name: &str, annotation: &str| {
+            let mut n = Node::default();
+            n.metadata.name = Some(name.into());
+            n.metadata.annotations =
+                Some([(STATUS_ANNOTATION.to_owned(), annotation.to_owned())].into());
+            Arc::new(n)
+        };
+        let reporting = AgentStatus {
+            v: 1,
+            gpus: 8,
+            ..AgentStatus::default()
+        };
+        let text = serde_json::to_string(&reporting).unwrap();
+        let memo = ViewMemo::default();
+        let (a, b) = (node("a", &text), node("b", "not json"));
+        let first = memo.views_of(&[a.clone(), b.clone()], 2);
+        assert_eq!(first[0].agent.as_ref().map(|s| s.gpus), Some(8));
+        assert!(first[1].agent.is_none());
+        let again = memo.views_of(&[a.clone(), b.clone()], 2);
+        assert!(Arc::ptr_eq(&first[0], &again[0]) && Arc::ptr_eq(&first[1], &again[1]));
+        // A new version of `b` (a new Arc in the cache) is viewed afresh.
+        let b2 = node("b", &text);
+        let after = memo.views_of(&[a.clone(), b2], 2);
+        assert!(Arc::ptr_eq(&first[0], &after[0]));
+        assert_eq!(after[1].agent.as_ref().map(|s| s.gpus), Some(8));
+        // `a` left the cache: its view goes once the memo outgrows it.
+        let b3 = node("b", &text);
+        memo.views_of(&[b3], 1);
+        assert_eq!(memo.len(), 1);
     }
 
     #[test]
