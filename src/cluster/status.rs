@@ -39,8 +39,9 @@ pub struct NodeView {
     pub ready: bool,
     pub kernel_version: String,
     pub boot_id: String,
-    /// The node's driver upgrade record, when it parses.
-    pub upgrade: Option<UpgradeRecord>,
+    /// The node's driver upgrade record, when it parses. Boxed: a view is
+    /// kept for every selected Node, and most have none.
+    pub upgrade: Option<Box<UpgradeRecord>>,
     /// A remediation quarantines the node (its record's run).
     pub quarantined: bool,
 }
@@ -115,11 +116,34 @@ impl NodeView {
                 .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True")),
             kernel_version: info.map(|i| i.kernel_version.clone()).unwrap_or_default(),
             boot_id: info.map(|i| i.boot_id.clone()).unwrap_or_default(),
-            upgrade: UpgradeRecord::of_annotations(node.annotations()),
+            upgrade: UpgradeRecord::of_annotations(node.annotations()).map(Box::new),
             quarantined: crate::remediation::Record::of_annotations(node.annotations())
                 .run
                 .is_some_and(|r| r.quarantined),
         }
+    }
+
+    /// The view without what no status reads of the agent's report
+    /// (`resources`, `layouts`, `problems`, `since`, `driverLoad`,
+    /// `remediation`, and of its driver report `srcversion`, `taint` and
+    /// `problems`): a view is kept for every selected Node, and these were
+    /// a third of each. `the_status_reads_nothing_a_kept_view_drops` fails
+    /// when the status starts reading one of them.
+    fn kept_for_status(mut self) -> Self {
+        if let Some(agent) = self.agent.as_mut() {
+            agent.resources = BTreeMap::new();
+            agent.layouts = Vec::new();
+            agent.problems = Vec::new();
+            agent.since = String::new();
+            agent.driver_load = None;
+            agent.remediation = None;
+            if let Some(driver) = agent.driver.as_mut() {
+                driver.srcversion = None;
+                driver.taint = None;
+                driver.problems = Vec::new();
+            }
+        }
+        self
     }
 
     /// The view was made of this very version of a cached Node.
@@ -163,7 +187,7 @@ impl ViewMemo {
                 match memo.get(name) {
                     Some(view) if view.is_view_of(node) => view.clone(),
                     _ => {
-                        let view = Arc::new(NodeView::from_cached(node));
+                        let view = Arc::new(NodeView::from_cached(node).kept_for_status());
                         memo.insert(name.to_owned(), view.clone());
                         view
                     }
@@ -849,7 +873,7 @@ mod tests {
     fn node_module_status_is_bounded_with_the_upgrading_nodes_listed_first() {
         use crate::api::UpgradeState;
         let upgrading = |name: &str, state: UpgradeState| NodeView {
-            upgrade: Some(UpgradeRecord::new("ns/gpus".into(), state, "")),
+            upgrade: Some(Box::new(UpgradeRecord::new("ns/gpus".into(), state, ""))),
             ..node(name, Some(1), true)
         };
         let extra = 50;
@@ -878,6 +902,98 @@ mod tests {
         // The status of the largest fleets fits what etcd stores (1.5 MiB).
         let written = serde_json::to_vec(&status).unwrap();
         assert!(written.len() < 512 * 1024, "{} bytes", written.len());
+    }
+
+    /// A kept view drops fields of the agent's report; the status over kept
+    /// views must be the one over full views.
+    #[test]
+    fn the_status_reads_nothing_a_kept_view_drops() {
+        use crate::api::UpgradeState;
+        use crate::api::agent_status::{
+            DriverLoad, DriverLoadState, ModuleOrigin, PartitionReport, RemediationTestReport,
+        };
+        let full = |name: &str, services: BTreeMap<ServiceName, ServiceStatus>| {
+            let mut view = node(name, Some(2), true);
+            if let Some(agent) = view.agent.as_mut() {
+                agent.services = services;
+                agent.resources = [("amd.com/gpu".to_owned(), 8)].into();
+                agent.layouts = vec!["cpx_nps4".into()];
+                agent.problems = vec!["a problem".into()];
+                agent.since = "2026-12-07T00:00:00Z".into();
+                agent.partition = Some(PartitionReport {
+                    profile: "cpx".into(),
+                    state: "failed".into(),
+                    reason: None,
+                });
+                agent.driver_load = Some(DriverLoad {
+                    state: DriverLoadState::Refused,
+                    reason: "Refused".into(),
+                    message: "no".into(),
+                    bundle: Some("/b".into()),
+                    version: Some("6.12.12".into()),
+                    asked: Some("6.12.12".into()),
+                    told_at: None,
+                });
+                agent.remediation = Some(RemediationTestReport {
+                    id: "t".into(),
+                    passed: false,
+                    message: "failed".into(),
+                    ..RemediationTestReport::default()
+                });
+                agent.driver = Some(DriverReport {
+                    loaded: true,
+                    version: Some("6.12.12".into()),
+                    srcversion: Some("ABC".into()),
+                    origin: ModuleOrigin::BuiltIn,
+                    taint: Some("O".into()),
+                    kernel_release: Some("6.8.0".into()),
+                    boot_id: Some("boot".into()),
+                    problems: vec!["driver problem".into()],
+                    ..DriverReport::default()
+                });
+            }
+            view.upgrade = Some(Box::new(UpgradeRecord::new(
+                "ns/gpus".into(),
+                UpgradeState::InProgress,
+                "",
+            )));
+            view
+        };
+        let nodes = [
+            full(
+                "a",
+                [(ServiceName::DevicePlugin, ServiceStatus::Running)].into(),
+            ),
+            full(
+                "b",
+                [(
+                    ServiceName::DevicePlugin,
+                    ServiceStatus::Unavailable {
+                        reason: "not registered".into(),
+                    },
+                )]
+                .into(),
+            ),
+        ];
+        let mut config = dc(2);
+        config.spec = serde_json::from_value(serde_json::json!({
+            "driver": {"enable": true, "version": "6.12.12", "upgradePolicy": {"enable": true}},
+            "devicePlugin": {},
+            "metricsExporter": {"enable": true},
+            "configManager": {"enable": true},
+            "remediationWorkflow": {"enable": true},
+        }))
+        .unwrap();
+        let kept: Vec<NodeView> = nodes
+            .iter()
+            .cloned()
+            .map(NodeView::kept_for_status)
+            .collect();
+        assert_ne!(kept, nodes, "the test must give the dropped fields values");
+        assert_eq!(
+            desired_status(&config, &kept, &Problems::default(), None, &now()),
+            desired_status(&config, &nodes, &Problems::default(), None, &now())
+        );
     }
 
     #[test]
