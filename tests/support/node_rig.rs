@@ -224,6 +224,19 @@ impl NodeRig {
         self.kubelet.as_mut().expect("the rig runs a test kubelet")
     }
 
+    /// Starts the test kubelet of a rig built without one: a kubelet that
+    /// comes up after the agent.
+    pub async fn start_kubelet(&mut self) {
+        let plugins = self.kubelet_dir().join("device-plugins");
+        self.kubelet = Some(TestKubelet::start(&plugins).await);
+    }
+
+    /// Hands the test kubelet over to the test (which then outlives the
+    /// rig's hold on it); panics if there is none.
+    pub fn take_kubelet(&mut self) -> TestKubelet {
+        self.kubelet.take().expect("the rig runs a test kubelet")
+    }
+
     /// The rig's own cluster; panics if it joined one or has none.
     pub fn cluster(&self) -> &TestCluster {
         self.cluster.as_ref().expect("the rig started a cluster")
@@ -248,11 +261,17 @@ impl NodeRig {
     /// Runs the agent of `config` against the node's cluster, with followers
     /// of its own; panics if one runs already.
     pub fn start_agent(&mut self, config: AgentConfig) {
+        self.start_agent_with(self.client(), config);
+    }
+
+    /// As [`NodeRig::start_agent`], the agent talking through `client` (one
+    /// with the identity of the agent's pod, say).
+    pub fn start_agent_with(&mut self, client: kube::Client, config: AgentConfig) {
         assert!(self.agent.is_none(), "an agent runs on the rig already");
         let shutdown = CancellationToken::new();
         self.followers = Followers::new();
         let task = tokio::spawn(agent::run_with_followers(
-            self.client(),
+            client,
             config,
             shutdown.clone(),
             self.followers.clone(),
@@ -287,19 +306,24 @@ impl NodeRig {
         Some((end, started.elapsed()))
     }
 
-    /// Cancels the agent without waiting for it: a process killed.
-    pub fn kill_agent(&mut self) -> Option<JoinHandle<Result<(), AgentError>>> {
-        let agent = self.agent.take()?;
-        agent.shutdown.cancel();
-        Some(agent.task)
-    }
-
     /// Serves `kubelet`'s PodResources API on the node's kubelet socket
     /// (`pod-resources/kubelet.sock`) until the rig stops.
     pub async fn serve_pod_resources(&mut self, kubelet: FakeKubelet) {
         let socket = self.kubelet_dir().join("pod-resources/kubelet.sock");
         self.pod_resources
             .push(pod_resources::serve_kubelet(&socket, kubelet).await);
+    }
+
+    /// Aborts the agent task: a crash, with no release and no clean-up.
+    pub fn abort_agent(&mut self) {
+        if let Some(agent) = self.agent.take() {
+            agent.task.abort();
+        }
+    }
+
+    /// Whether an agent runs (or ended by itself and was not yet waited for).
+    pub fn has_agent(&self) -> bool {
+        self.agent.is_some()
     }
 
     /// Stops everything the rig started.
