@@ -60,7 +60,7 @@ impl Rig {
             .cluster(json!({"gpu": "amd"}))
             .namespace("ml")
             .in_memory()
-            .profile("mi300x", None)
+            .profile("mi300x", None, None)
             .kubelet()
             .start()
             .await;

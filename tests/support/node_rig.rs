@@ -18,15 +18,20 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use gpu_operator::agent::{self, AgentConfig, AgentError};
+use gpu_operator::device::Inventory;
 use gpu_operator::host::HostRoot;
+use gpu_operator::plugin::HealthReport;
 use gpu_operator::service::Followers;
-use gpu_operator::simulate::{self, SimSpec};
+use gpu_operator::simulate::SimSpec;
 use serde_json::{Value, json};
+use std::sync::Arc;
+use tokio::sync::watch;
 use tokio::task::{JoinError, JoinHandle};
 use tokio_util::sync::CancellationToken;
 
 use super::agent_config::AgentConfigBuilder;
 use super::cluster::{self, TestCluster};
+use super::hosts::SimHost;
 use super::kubelet::TestKubelet;
 use super::pod_resources::{self, FakeKubelet};
 use super::wait;
@@ -50,6 +55,9 @@ type Prepare<'a> = Box<dyn FnOnce(&HostRoot) + 'a>;
 pub struct NodeRigBuilder<'a> {
     node: String,
     spec: Option<SimSpec>,
+    sim: Option<SimHost>,
+    feeds: bool,
+    inventory: Option<Inventory>,
     in_memory: bool,
     prepare: Vec<Prepare<'a>>,
     kubelet: bool,
@@ -64,9 +72,33 @@ impl<'a> NodeRigBuilder<'a> {
         self
     }
 
-    /// `host` of `profile`'s default GPU count, optionally partitioned.
-    pub fn profile(self, profile: &str, partition: Option<&str>) -> Self {
-        self.host(SimSpec::new(profile, None, partition).expect("a valid simulation spec"))
+    /// `host` of `profile` with `gpus` GPUs (the profile's count without),
+    /// optionally partitioned.
+    pub fn profile(self, profile: &str, gpus: Option<usize>, partition: Option<&str>) -> Self {
+        self.host(SimSpec::new(profile, gpus, partition).expect("a valid simulation spec"))
+    }
+
+    /// A host simulated already (a test's own make of one); the rest of the
+    /// node goes in its directory.
+    pub fn sim(mut self, sim: SimHost) -> Self {
+        self.sim = Some(sim);
+        self
+    }
+
+    /// The feeds a node service reads, as the agent passes them: the
+    /// inventory (a discovery of the host, or `inventory` if given) and the
+    /// health report (empty).
+    pub fn feeds(mut self) -> Self {
+        self.feeds = true;
+        self
+    }
+
+    /// [`NodeRigBuilder::feeds`] with `inventory` in place of a discovery
+    /// (one a test made up from the host, say).
+    pub fn feeds_with(mut self, inventory: Inventory) -> Self {
+        self.feeds = true;
+        self.inventory = Some(inventory);
+        self
     }
 
     /// The temporary directory in `/dev/shm` when there is one: a host of
@@ -134,20 +166,28 @@ impl<'a> NodeRigBuilder<'a> {
             }
             ClusterChoice::Joined(client) => (None, Some(client)),
         };
-        let dir = if self.in_memory {
-            tempfile::tempdir_in("/dev/shm").or_else(|_| tempfile::tempdir())
-        } else {
-            tempfile::tempdir()
-        }
-        .expect("a temporary directory");
-        let host = HostRoot::new(dir.path().join("host"));
-        if let Some(spec) = &self.spec {
-            simulate::write_host(&host, spec).expect("the simulated host is written");
-        }
+        let sim = match self.sim {
+            Some(sim) => sim,
+            None => {
+                let dir = if self.in_memory {
+                    tempfile::tempdir_in("/dev/shm").or_else(|_| tempfile::tempdir())
+                } else {
+                    tempfile::tempdir()
+                }
+                .expect("a temporary directory");
+                SimHost::in_dir(dir, self.spec.as_ref())
+            }
+        };
+        let host = sim.host.clone();
         for prepare in self.prepare {
             prepare(&host);
         }
-        let plugins = dir.path().join("kubelet/device-plugins");
+        let inventory = self.inventory;
+        let feeds = self.feeds.then(|| Feeds {
+            inventory: watch::Sender::new(Arc::new(inventory.unwrap_or_else(|| sim.discover()))),
+            health: watch::Sender::new(HealthReport::default()),
+        });
+        let plugins = sim.dir().join("kubelet/device-plugins");
         std::fs::create_dir_all(&plugins).expect("the kubelet directory");
         let kubelet = if self.kubelet {
             Some(TestKubelet::start(&plugins).await)
@@ -157,13 +197,14 @@ impl<'a> NodeRigBuilder<'a> {
         NodeRig {
             name: self.node,
             host,
+            feeds,
             kubelet,
             cluster,
             client,
             agent: None,
             followers: Followers::new(),
             pod_resources: Vec::new(),
-            dir,
+            sim,
         }
     }
 }
@@ -178,7 +219,9 @@ struct RunningAgent {
 pub struct NodeRig {
     /// The Node's name.
     pub name: String,
+    /// The simulated host's root (`sim.host`).
     pub host: HostRoot,
+    feeds: Option<Feeds>,
     kubelet: Option<TestKubelet>,
     cluster: Option<TestCluster>,
     client: Option<kube::Client>,
@@ -187,8 +230,14 @@ pub struct NodeRig {
     followers: Followers,
     /// Stops the PodResources servers ([`NodeRig::serve_pod_resources`]).
     pod_resources: Vec<tokio::sync::oneshot::Sender<()>>,
-    /// Holds the host and the kubelet directory; dropped last.
-    dir: tempfile::TempDir,
+    /// The simulated host, which holds the rig's directory: dropped last.
+    pub sim: SimHost,
+}
+
+/// The inputs of a node service ([`NodeRigBuilder::feeds`]).
+struct Feeds {
+    inventory: watch::Sender<Arc<Inventory>>,
+    health: watch::Sender<HealthReport>,
 }
 
 impl NodeRig {
@@ -197,6 +246,9 @@ impl NodeRig {
         NodeRigBuilder {
             node: node.to_owned(),
             spec: None,
+            sim: None,
+            feeds: false,
+            inventory: None,
             in_memory: false,
             prepare: Vec::new(),
             kubelet: false,
@@ -207,12 +259,32 @@ impl NodeRig {
 
     /// The rig's temporary directory (the host is its `host/`).
     pub fn dir(&self) -> &Path {
-        self.dir.path()
+        self.sim.dir()
     }
 
     /// The node's kubelet directory (`device-plugins/`, `pod-resources/`...).
     pub fn kubelet_dir(&self) -> PathBuf {
-        self.dir.path().join("kubelet")
+        self.dir().join("kubelet")
+    }
+
+    /// The device plugin directory the test kubelet serves in.
+    pub fn plugin_dir(&self) -> PathBuf {
+        self.kubelet_dir().join("device-plugins")
+    }
+
+    /// The inventory feed; panics if the rig was built without feeds.
+    pub fn inventory(&self) -> &watch::Sender<Arc<Inventory>> {
+        &self.feeds.as_ref().expect("the rig has feeds").inventory
+    }
+
+    /// The health report feed; panics if the rig was built without feeds.
+    pub fn health(&self) -> &watch::Sender<HealthReport> {
+        &self.feeds.as_ref().expect("the rig has feeds").health
+    }
+
+    /// Publishes a fresh discovery of the simulated host.
+    pub fn rediscover(&self) {
+        self.inventory().send_replace(Arc::new(self.sim.discover()));
     }
 
     /// The test kubelet; panics if the rig was built without one.
@@ -227,7 +299,7 @@ impl NodeRig {
     /// Starts the test kubelet of a rig built without one: a kubelet that
     /// comes up after the agent.
     pub async fn start_kubelet(&mut self) {
-        let plugins = self.kubelet_dir().join("device-plugins");
+        let plugins = self.plugin_dir();
         self.kubelet = Some(TestKubelet::start(&plugins).await);
     }
 
