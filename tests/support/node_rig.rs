@@ -51,6 +51,9 @@ enum ClusterChoice {
 /// Work on the simulated host before anything starts on it.
 type Prepare<'a> = Box<dyn FnOnce(&HostRoot) + 'a>;
 
+/// Work on the rig's own cluster before the Node is created in it.
+type ClusterSetup<'a> = Box<dyn FnOnce(&TestCluster) + 'a>;
+
 /// What to start; see [`NodeRig::builder`].
 pub struct NodeRigBuilder<'a> {
     node: String,
@@ -62,6 +65,7 @@ pub struct NodeRigBuilder<'a> {
     prepare: Vec<Prepare<'a>>,
     kubelet: bool,
     cluster: ClusterChoice,
+    cluster_setup: Option<ClusterSetup<'a>>,
     namespaces: Vec<String>,
 }
 
@@ -134,6 +138,13 @@ impl<'a> NodeRigBuilder<'a> {
         self
     }
 
+    /// Runs `setup` on the rig's own cluster before the Node is created in
+    /// it (RBAC objects, admission policies).
+    pub fn cluster_setup(mut self, setup: impl FnOnce(&TestCluster) + 'a) -> Self {
+        self.cluster_setup = Some(Box::new(setup));
+        self
+    }
+
     /// The node in a cluster another rig or fleet owns.
     pub fn join(mut self, client: kube::Client) -> Self {
         self.cluster = ClusterChoice::Joined(client);
@@ -154,6 +165,9 @@ impl<'a> NodeRigBuilder<'a> {
             ClusterChoice::None => (None, None),
             ClusterChoice::Own(node) => {
                 let cluster = TestCluster::start().await;
+                if let Some(setup) = self.cluster_setup {
+                    setup(&cluster);
+                }
                 cluster.add_node(node);
                 for name in &self.namespaces {
                     cluster
@@ -253,6 +267,7 @@ impl NodeRig {
             prepare: Vec::new(),
             kubelet: false,
             cluster: ClusterChoice::None,
+            cluster_setup: None,
             namespaces: Vec::new(),
         }
     }
