@@ -1,20 +1,26 @@
 //! One node of a test or bench, started the one way: a simulated host under a
 //! temporary directory, the node's kubelet directory beside it (with the test
-//! kubelet of the device plugin API when asked), the API emulator with the
-//! Node (or a client of a cluster several nodes share), and the node agent
-//! run on them with a config from the one `AgentConfig` literal
+//! kubelet of the device plugin API, or a PodResources kubelet, when asked),
+//! the feeds a node service reads (inventory, health), the API emulator with
+//! the Node (or a client of a cluster several nodes share), and the node
+//! agent run on them with a config from the one `AgentConfig` literal
 //! (`agent_config.rs`).
 //!
 //! ```text
-//! NodeRig::builder("gpu-0").host(spec).kubelet().cluster(labels).start().await
+//! NodeRig::builder("gpu-0").profile("mi300x", None, None).kubelet()
+//!     .cluster(labels).start().await
 //! ```
 //!
-//! What the rig starts it stops: `stop()` ends the agent and waits for it;
-//! dropping the rig cancels it (the temporary directory goes with the rig).
+//! What the rig starts it stops: `stop()` ends the agent (waiting for it)
+//! and the PodResources kubelet; dropping the rig cancels the agent, and the
+//! temporary directory goes with it. A node service other than the agent
+//! (the device plugin, DRA, the health monitor) is the wrapper's to start
+//! on the feeds and to stop.
 //! A test file keeps only what is its own (fault-injecting tools, the
 //! readings it asserts on) in a thin wrapper around the rig.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gpu_operator::agent::{self, AgentConfig, AgentError};
@@ -24,7 +30,6 @@ use gpu_operator::plugin::HealthReport;
 use gpu_operator::service::Followers;
 use gpu_operator::simulate::SimSpec;
 use serde_json::{Value, json};
-use std::sync::Arc;
 use tokio::sync::watch;
 use tokio::task::{JoinError, JoinHandle};
 use tokio_util::sync::CancellationToken;
