@@ -39,17 +39,14 @@ use std::io::BufRead;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use gpu_operator::agent;
 use gpu_operator::health::HealthConfig;
 use gpu_operator::host::HostRoot;
 use gpu_operator::simulate::{self, SimSpec};
 use kube_emulator::{Emulator, EmulatorConfig};
 use serde_json::json;
-use support::agent_config::AgentConfigBuilder;
 use support::cluster::TestCluster;
 use support::fixtures::DeviceConfigBuilder;
-use support::kubelet::TestKubelet;
-use tokio_util::sync::CancellationToken;
+use support::node_rig::NodeRig;
 
 const NODE: &str = "bench-node";
 
@@ -83,29 +80,23 @@ async fn main() {
     let mut to_registration = Vec::new();
     let mut to_exit = Vec::new();
     for _ in 0..runs {
-        let dir = tempfile::tempdir().unwrap();
-        let host = HostRoot::new(dir.path().join("host"));
-        simulate::write_host(
-            &host,
-            &SimSpec::new("mi300x", None, Some("cpx_nps4")).unwrap(),
-        )
-        .unwrap();
-        let plugins = dir.path().join("kubelet/device-plugins");
-        std::fs::create_dir_all(&plugins).unwrap();
-        let kubelet = TestKubelet::start(&plugins).await;
-        let shutdown = CancellationToken::new();
-        let config = AgentConfigBuilder::new(NODE, host, dir.path().join("kubelet"))
-            .cdi_dir(dir.path().join("cdi"))
+        let mut rig = NodeRig::builder(NODE)
+            .join(emulator.client())
+            .profile("mi300x", None, Some("cpx_nps4"))
+            .kubelet()
+            .start()
+            .await;
+        let config = rig
+            .agent_config()
+            .cdi_dir(rig.dir().join("cdi"))
             .rescan_interval(Duration::from_secs(5))
             .build();
         let started = Instant::now();
-        let task = tokio::spawn(agent::run(emulator.client(), config, shutdown.clone()));
-        kubelet.wait_for_registration("amd.com/gpu", 1).await;
+        rig.start_agent(config);
+        rig.kubelet().wait_for_registration("amd.com/gpu", 1).await;
         to_registration.push(started.elapsed());
-        let stopping = Instant::now();
-        shutdown.cancel();
-        let _ = task.await;
-        to_exit.push(stopping.elapsed());
+        let (_, stopping) = rig.stop_agent().await.expect("the agent ran");
+        to_exit.push(stopping);
     }
     println!(
         "agent start -> device plugin registered (mi300x cpx_nps4, 64 devices): p50 {:.1?} p99 {:.1?} (n={runs})",
@@ -119,20 +110,16 @@ async fn main() {
     );
 
     // Idle RSS of the real binary.
-    let dir = tempfile::tempdir().unwrap();
-    let host_dir = dir.path().join("host");
-    simulate::write_host(
-        &HostRoot::new(&host_dir),
-        &SimSpec::new("mi300x", None, Some("cpx_nps4")).unwrap(),
-    )
-    .unwrap();
-    let kubelet_dir = dir.path().join("kubelet");
-    std::fs::create_dir_all(kubelet_dir.join("device-plugins")).unwrap();
-    let kubelet = TestKubelet::start(&kubelet_dir.join("device-plugins")).await;
-    let kubeconfig = dir.path().join("kubeconfig");
+    let rig = NodeRig::builder(NODE)
+        .profile("mi300x", None, Some("cpx_nps4"))
+        .kubelet()
+        .start()
+        .await;
+    let (host_dir, kubelet_dir) = (rig.host.root().to_path_buf(), rig.kubelet_dir());
+    let kubeconfig = rig.dir().join("kubeconfig");
     emulator.write_kubeconfig(&kubeconfig).unwrap();
     let mut child = figures::spawn_agent(NODE, &host_dir, &kubelet_dir, &kubeconfig, &[]);
-    kubelet.wait_for_registration("amd.com/gpu", 1).await;
+    rig.kubelet().wait_for_registration("amd.com/gpu", 1).await;
     tokio::time::sleep(Duration::from_secs(15)).await;
     let idle = rss_mib(child.id());
     println!(
@@ -148,7 +135,7 @@ async fn main() {
     );
     let _ = child.kill();
     let _ = child.wait();
-    drop(kubelet);
+    drop(rig);
 
     tokio::task::spawn_blocking(standalone_idle_cpu)
         .await

@@ -33,7 +33,6 @@ mod support;
 use std::time::{Duration, Instant};
 
 use figures::{percentile, rss_mib};
-use gpu_operator::agent;
 use gpu_operator::dra::api::dra_v1::NodePrepareResourcesRequest;
 use gpu_operator::dra::{DraConfig, DraPlugin, Slices};
 use gpu_operator::host::HostRoot;
@@ -44,13 +43,12 @@ use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube_emulator::{Emulator, EmulatorConfig};
 use serde_json::{Value, json};
-use support::agent_config::AgentConfigBuilder;
 use support::cluster::TestCluster;
 use support::dra_kubelet::{DraKubelet, v1_claim};
 use support::fixtures::DeviceConfigBuilder;
 use support::hosts::SimHost;
 use support::kubelet::TestKubelet;
-use tokio_util::sync::CancellationToken;
+use support::node_rig::NodeRig;
 
 const NODE: &str = "bench-node";
 const NS: &str = "kube-amd-gpu";
@@ -342,18 +340,21 @@ async fn agent_figures(emulator: &Emulator) {
                 .json(),
         )
         .unwrap();
-    let dir = figures::scratch();
-    let host = HostRoot::new(dir.path().join("host"));
-    simulate::write_host(&host, &SimSpec::new("mi300x", None, None).unwrap()).unwrap();
-    let kubelet_dir = dir.path().join("kubelet");
-    let shutdown = CancellationToken::new();
-    let config = AgentConfigBuilder::new(NODE, host.clone(), kubelet_dir.clone())
-        .cdi_dir(dir.path().join("cdi"))
+    let mut rig = NodeRig::builder(NODE)
+        .join(emulator.client())
+        .in_memory()
+        .profile("mi300x", None, None)
+        .start()
+        .await;
+    let host = rig.host.clone();
+    let config = rig
+        .agent_config()
+        .cdi_dir(rig.dir().join("cdi"))
         // The agent's defaults: what a node runs.
         .rescan_interval(Duration::from_secs(1))
         .build();
-    let task = tokio::spawn(agent::run(emulator.client(), config, shutdown.clone()));
-    let kubelet = DraKubelet::new(&kubelet_dir);
+    rig.start_agent(config);
+    let kubelet = DraKubelet::new(&rig.kubelet_dir());
     kubelet.register().await;
     let mut stream = kubelet.health_v1alpha1().await;
     stream
@@ -398,8 +399,7 @@ async fn agent_figures(emulator: &Emulator) {
         },
     )
     .await;
-    shutdown.cancel();
-    let _ = task.await;
+    rig.stop().await;
 }
 
 /// RSS of the real binary serving DRA for 64 partitions, and, for

@@ -23,16 +23,14 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use figures::percentile;
-use gpu_operator::agent;
 use gpu_operator::cluster::lease::LeaseConfig;
 use gpu_operator::host::{AttrStore, HostRoot};
 use gpu_operator::partition::{PROFILE_LABEL, STATE_LABEL};
 use gpu_operator::simulate::{self, SimSpec, kernel::SimulatedKernel};
 use serde_json::json;
-use support::agent_config::{AgentConfigBuilder, LeaderConfigBuilder};
-use support::cluster::{self, NAMESPACE as NS, TestCluster};
-use support::kubelet::TestKubelet;
-use tokio_util::sync::CancellationToken;
+use support::agent_config::LeaderConfigBuilder;
+use support::cluster::NAMESPACE as NS;
+use support::node_rig::NodeRig;
 
 const NODE: &str = "bench-node";
 const RUNS: usize = 10;
@@ -40,22 +38,22 @@ const RUNS: usize = 10;
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     driver_time();
-    let cluster = TestCluster::start().await;
-    cluster.add_node(cluster::node(NODE, json!({"gpu": "amd"})));
-    let dir = figures::scratch();
-    let host = HostRoot::new(dir.path().join("host"));
-    simulate::write_host(&host, &SimSpec::new("mi300x", None, None).unwrap()).unwrap();
-    let plugins = dir.path().join("kubelet/device-plugins");
-    std::fs::create_dir_all(&plugins).unwrap();
-    let kubelet = TestKubelet::start(&plugins).await;
+    let mut rig = NodeRig::builder(NODE)
+        .cluster(json!({"gpu": "amd"}))
+        .in_memory()
+        .profile("mi300x", None, None)
+        .kubelet()
+        .start()
+        .await;
+    let cluster = rig.cluster();
     cluster
         .apply_device_config(
             "gpus",
             json!({"selector": {"gpu": "amd"}, "configManager": {"enable": true}, "devicePlugin": {}}),
         )
         .await;
-    let kubelet_dir = dir.path().join("kubelet");
-    let config = AgentConfigBuilder::new(NODE, host.clone(), kubelet_dir)
+    let config = rig
+        .agent_config()
         // The agent's defaults: what a node runs.
         .rescan_interval(Duration::from_secs(1))
         .leader(Some(
@@ -68,8 +66,9 @@ async fn main() {
                 .build(),
         ))
         .build();
-    let shutdown = CancellationToken::new();
-    let task = tokio::spawn(agent::run(cluster.client(), config, shutdown.clone()));
+    rig.start_agent(config);
+    let cluster = rig.cluster();
+    let kubelet = rig.kubelet();
     let registered = kubelet.wait_for_registration("amd.com/gpu", 1).await;
     let mut devices = kubelet.list_and_watch(&registered.request.endpoint).await;
     devices.next_matching("eight GPUs", |d| d.len() == 8).await;
@@ -150,8 +149,7 @@ async fn main() {
             .collect::<Vec<_>>()
             .join(", ")
     );
-    shutdown.cancel();
-    let _ = task.await;
+    rig.stop().await;
 }
 
 /// The simulated driver's own time for one change of eight GPUs: each GPU's

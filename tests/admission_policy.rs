@@ -23,6 +23,9 @@
 //! AdmissionReviews as the API server sends them, in
 //! tests/fixtures/admission/.
 
+#[path = "support/fixtures.rs"]
+mod fixtures;
+
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
@@ -1076,15 +1079,16 @@ fn the_services_the_leader_writes_pass_the_policy() {
                 "object": object, "oldObject": null}})
     };
     for namespace in [agents.as_str(), "team-a"] {
-        let dc: gpu_operator::api::DeviceConfig = serde_json::from_value(serde_json::json!({
-            "apiVersion": "amd.com/v1alpha1", "kind": "DeviceConfig",
-            "metadata": {"name": "gpus", "namespace": namespace, "uid": "u1"},
-            "spec": {"metricsExporter": {"enable": true, "serviceType": "NodePort",
-                "prometheus": {"serviceMonitor": {"enable": true,
-                    // A user's label of the same key does not take the mark off.
-                    "labels": {"app.kubernetes.io/name": "mine", "release": "prom"}}}}}
-        }))
-        .unwrap();
+        let dc = fixtures::DeviceConfigBuilder::new(namespace, "gpus")
+            .metadata("uid", "u1".into())
+            .spec(
+                "metricsExporter",
+                serde_json::json!({"enable": true, "serviceType": "NodePort",
+                    "prometheus": {"serviceMonitor": {"enable": true,
+                        // A user's label of the same key does not take the mark off.
+                        "labels": {"app.kubernetes.io/name": "mine", "release": "prom"}}}}),
+            )
+            .build();
         let mut service =
             serde_json::to_value(metrics_service(&dc, Some(&agents)).unwrap()).unwrap();
         service["apiVersion"] = "v1".into();

@@ -13,34 +13,37 @@ use gpu_operator::agent;
 use gpu_operator::api::agent_status::{AgentStatus, STATUS_ANNOTATION, ServiceName, ServiceStatus};
 use gpu_operator::host::HostRoot;
 use gpu_operator::labeller::OWNED_ANNOTATION;
-use gpu_operator::service::Followers;
 use gpu_operator::simulate::{self, SimSpec};
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
-use support::agent_config::AgentConfigBuilder;
 use support::bundles;
-use support::cluster::{self, TestCluster};
+use support::cluster;
 use support::dra_kubelet::DraKubelet;
-use support::kubelet::TestKubelet;
 use support::metricssvc;
+use support::node_rig::NodeRig;
 use support::pod_resources::{FakeKubelet, pod, serve_kubelet};
 use support::wait;
-use tokio_util::sync::CancellationToken;
 
 const NODE: &str = "gpu-node-1";
 /// The driver version the harness's `modprobe` recorder loads.
 const LOADABLE_VERSION: &str = "6.14.1";
 
-struct Harness {
-    cluster: TestCluster,
-    _dir: tempfile::TempDir,
-    host: HostRoot,
-    kubelet: TestKubelet,
-    shutdown: CancellationToken,
-    agent: Option<tokio::task::JoinHandle<Result<(), agent::AgentError>>>,
-    /// The running agent's followers.
-    followers: Followers,
+/// The node the agent runs on: its rig, with the readings these tests take.
+struct Harness(NodeRig);
+
+impl std::ops::Deref for Harness {
+    type Target = NodeRig;
+
+    fn deref(&self) -> &NodeRig {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Harness {
+    fn deref_mut(&mut self) -> &mut NodeRig {
+        &mut self.0
+    }
 }
 
 impl Harness {
@@ -55,37 +58,23 @@ impl Harness {
     /// The agent on a simulated host of `spec` and on `node`, with `prepare`
     /// run on the host before the agent starts.
     async fn start_prepared(spec: SimSpec, node: Value, prepare: impl FnOnce(&HostRoot)) -> Self {
-        let cluster = TestCluster::start().await;
-        cluster.add_node(node);
-        let dir = tempfile::tempdir().unwrap();
-        let host = HostRoot::new(dir.path().join("host"));
-        simulate::write_host(&host, &spec).unwrap();
-        prepare(&host);
-        let kubelet_dir = dir.path().join("kubelet");
-        std::fs::create_dir_all(kubelet_dir.join("device-plugins")).unwrap();
-        let kubelet = TestKubelet::start(&kubelet_dir.join("device-plugins")).await;
-        let mut harness = Self {
-            cluster,
-            _dir: dir,
-            host,
-            kubelet,
-            shutdown: CancellationToken::new(),
-            agent: None,
-            followers: Followers::new(),
-        };
-        harness.spawn_agent(kubelet_dir);
+        let rig = NodeRig::builder(NODE)
+            .cluster_with_node(node)
+            .host(spec)
+            .prepare(prepare)
+            .kubelet()
+            .start()
+            .await;
+        let mut harness = Self(rig);
+        harness.spawn_agent();
         harness
     }
 
-    fn spawn_agent(&mut self, kubelet_dir: PathBuf) {
-        self.spawn_agent_with(kubelet_dir, None);
+    fn spawn_agent(&mut self) {
+        self.spawn_agent_with(None);
     }
 
-    fn spawn_agent_with(
-        &mut self,
-        kubelet_dir: PathBuf,
-        test_commands: Option<gpu_operator::testrunner::Commands>,
-    ) {
+    fn spawn_agent_with(&mut self, test_commands: Option<gpu_operator::testrunner::Commands>) {
         let mut driver = gpu_operator::driver::manager::ManagerConfig {
             store: bundles::STORE.into(),
             recheck: Duration::from_millis(200),
@@ -93,19 +82,13 @@ impl Harness {
         };
         driver.commands.modprobe =
             bundles::modprobe_recorder(&self.tools(), self.host.root(), LOADABLE_VERSION);
-        let config = AgentConfigBuilder::new(NODE, self.host.clone(), kubelet_dir)
+        let config = self
+            .agent_config()
             .health_socket(gpu_operator::metricssvc::DEFAULT_SOCKET.into())
             .test_commands(test_commands)
             .driver(driver)
             .build();
-        let client = self.cluster.client();
-        let shutdown = self.shutdown.clone();
-        // A new agent's followers: a stopped agent's are stopping for good.
-        self.followers = Followers::new();
-        let followers = self.followers.clone();
-        self.agent = Some(tokio::spawn(agent::run_with_followers(
-            client, config, shutdown, followers,
-        )));
+        self.start_agent(config);
     }
 
     /// Whether the Node's `AMDGPUDriverReady` has `status` and `reason`, and
@@ -127,19 +110,15 @@ impl Harness {
 
     /// Where the agent's host commands (the `modprobe` recorder) live.
     fn tools(&self) -> PathBuf {
-        self._dir.path().join("tools")
+        self.dir().join("tools")
     }
 
     async fn apply_device_config(&self, name: &str, spec: Value) {
-        self.cluster.apply_device_config(name, spec).await;
+        self.cluster().apply_device_config(name, spec).await;
     }
 
     async fn delete_device_config(&self, name: &str) {
-        self.cluster.delete_device_config(name).await;
-    }
-
-    fn node(&self) -> Value {
-        self.cluster.node(NODE)
+        self.cluster().delete_device_config(name).await;
     }
 
     /// The field managers in the Node's managedFields.
@@ -173,14 +152,12 @@ impl Harness {
         .await
     }
 
+    /// Stops the agent, which must stop cleanly; how long that took.
     async fn stop(&mut self) -> Duration {
-        let started = Instant::now();
-        self.shutdown.cancel();
-        let result = wait::within("the agent stops", self.agent.take().unwrap())
-            .await
-            .expect("agent task did not panic");
-        result.expect("agent stops cleanly");
-        started.elapsed()
+        let (end, took) = self.stop_agent().await.expect("an agent runs");
+        end.expect("agent task did not panic")
+            .expect("agent stops cleanly");
+        took
     }
 }
 
@@ -212,16 +189,19 @@ async fn agent_runs_the_services_its_device_config_enables() {
     .await;
     // Nothing selects the node yet: nothing runs and no status is published.
     assert!(h.status().is_none(), "{:#}", h.node());
-    assert!(h.kubelet.registrations().is_empty());
+    assert!(h.kubelet().registrations().is_empty());
 
     h.apply_device_config(
         "gpus",
         json!({"selector": {"feature.node.kubernetes.io/amd-gpu": "true"}, "devicePlugin": {}}),
     )
     .await;
-    let registered = h.kubelet.wait_for_registration("amd.com/gpu", 1).await;
+    let registered = h.kubelet().wait_for_registration("amd.com/gpu", 1).await;
     assert_eq!(registered.request.version, "v1beta1");
-    let mut devices = h.kubelet.list_and_watch(&registered.request.endpoint).await;
+    let mut devices = h
+        .kubelet()
+        .list_and_watch(&registered.request.endpoint)
+        .await;
     assert_eq!(devices.next().await.len(), 8);
 
     h.eventually("GPU labels", |h| {
@@ -254,9 +234,9 @@ async fn agent_runs_the_services_its_device_config_enables() {
     // first half second lets writes already under way land; the next three
     // must see none.)
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let before = h.cluster.requests();
+    let before = h.cluster().requests();
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let made = h.cluster.requests().since(&before);
+    let made = h.cluster().requests().since(&before);
     assert_eq!(
         made.non_watch().total(),
         0,
@@ -286,7 +266,7 @@ async fn agent_runs_the_services_its_device_config_enables() {
     })
     .await;
     assert_eq!(
-        h.kubelet.registrations().len(),
+        h.kubelet().registrations().len(),
         1,
         "the plugin was not restarted"
     );
@@ -299,7 +279,7 @@ async fn agent_runs_the_services_its_device_config_enables() {
     })
     .await;
     h.eventually("sockets removed", |h| {
-        plugin_sockets(h.kubelet.dir()).is_empty()
+        plugin_sockets(h.kubelet().dir()).is_empty()
     })
     .await;
 
@@ -307,9 +287,9 @@ async fn agent_runs_the_services_its_device_config_enables() {
     let took = h.stop().await;
     assert!(took < Duration::from_secs(5), "shutdown took {took:?}");
     assert!(
-        plugin_sockets(h.kubelet.dir()).is_empty(),
+        plugin_sockets(h.kubelet().dir()).is_empty(),
         "{:?}",
-        plugin_sockets(h.kubelet.dir())
+        plugin_sockets(h.kubelet().dir())
     );
 }
 
@@ -321,7 +301,7 @@ async fn conflicting_device_configs_run_nothing_and_warn() {
         json!({"selector": {"gpu": "amd"}, "devicePlugin": {}}),
     )
     .await;
-    h.kubelet.wait_for_registration("amd.com/gpu", 1).await;
+    h.kubelet().wait_for_registration("amd.com/gpu", 1).await;
     h.apply_device_config("two", json!({})).await;
     h.eventually("conflict in status", |h| {
         h.status().is_some_and(|s| {
@@ -336,10 +316,10 @@ async fn conflicting_device_configs_run_nothing_and_warn() {
     })
     .await;
     h.eventually("plugin sockets removed", |h| {
-        plugin_sockets(h.kubelet.dir()).is_empty()
+        plugin_sockets(h.kubelet().dir()).is_empty()
     })
     .await;
-    let events = h.cluster.list("events.k8s.io/v1", "Event");
+    let events = h.cluster().list("events.k8s.io/v1", "Event");
     let warning = events
         .iter()
         .find(|e| e["reason"] == "ConflictingDeviceConfigs")
@@ -355,7 +335,7 @@ async fn conflicting_device_configs_run_nothing_and_warn() {
 
     // Resolving the conflict brings the services back.
     h.delete_device_config("two").await;
-    h.kubelet.wait_for_registration("amd.com/gpu", 2).await;
+    h.kubelet().wait_for_registration("amd.com/gpu", 2).await;
     h.stop().await;
 }
 
@@ -367,8 +347,11 @@ async fn repartitioning_updates_devices_and_labels_without_restart() {
         json!({"devicePlugin": {"nodeLabellerArguments": ["-compute-memory-partition"]}}),
     )
     .await;
-    let registered = h.kubelet.wait_for_registration("amd.com/gpu", 1).await;
-    let mut devices = h.kubelet.list_and_watch(&registered.request.endpoint).await;
+    let registered = h.kubelet().wait_for_registration("amd.com/gpu", 1).await;
+    let mut devices = h
+        .kubelet()
+        .list_and_watch(&registered.request.endpoint)
+        .await;
     assert_eq!(devices.next().await.len(), 8);
     h.eventually("spx label", |h| {
         h.labels()
@@ -395,7 +378,7 @@ async fn repartitioning_updates_devices_and_labels_without_restart() {
     })
     .await;
     assert_eq!(
-        h.kubelet.registrations().len(),
+        h.kubelet().registrations().len(),
         1,
         "no restart or re-registration needed"
     );
@@ -410,8 +393,11 @@ async fn sharing_follows_the_device_config_and_a_node_label_overrides_it_live() 
         json!({"devicePlugin": {"devicePluginArguments": {"time_slicing_replicas": "2"}}}),
     )
     .await;
-    let registered = h.kubelet.wait_for_registration("amd.com/gpu", 1).await;
-    let mut devices = h.kubelet.list_and_watch(&registered.request.endpoint).await;
+    let registered = h.kubelet().wait_for_registration("amd.com/gpu", 1).await;
+    let mut devices = h
+        .kubelet()
+        .list_and_watch(&registered.request.endpoint)
+        .await;
     devices
         .next_matching("16 replicas", |d| d.len() == 16)
         .await;
@@ -429,7 +415,7 @@ async fn sharing_follows_the_device_config_and_a_node_label_overrides_it_live() 
     .await;
 
     // The node's own count wins, live.
-    h.cluster
+    h.cluster()
         .label_node(NODE, "amd.com/gpu.sharing-replicas", Some("4"))
         .await;
     devices
@@ -440,7 +426,7 @@ async fn sharing_follows_the_device_config_and_a_node_label_overrides_it_live() 
     })
     .await;
     // A count it cannot use is reported; the DeviceConfig's count serves.
-    h.cluster
+    h.cluster()
         .label_node(NODE, "amd.com/gpu.sharing-replicas", Some("100"))
         .await;
     devices
@@ -455,7 +441,7 @@ async fn sharing_follows_the_device_config_and_a_node_label_overrides_it_live() 
     })
     .await;
     // 1 on the node: no sharing there.
-    h.cluster
+    h.cluster()
         .label_node(NODE, "amd.com/gpu.sharing-replicas", Some("1"))
         .await;
     devices.next_matching("8 GPUs", |d| d.len() == 8).await;
@@ -471,7 +457,7 @@ async fn sharing_follows_the_device_config_and_a_node_label_overrides_it_live() 
     })
     .await;
     assert_eq!(
-        h.kubelet.registrations().len(),
+        h.kubelet().registrations().len(),
         1,
         "the replica count changes without re-registering"
     );
@@ -487,10 +473,10 @@ async fn the_agent_survives_api_errors() {
     };
     let before = counted();
     // The first status writes fail; the agent retries and still converges.
-    h.cluster.faults().fail_next(2, "patch", "nodes", 500);
+    h.cluster().faults().fail_next(2, "patch", "nodes", 500);
     h.apply_device_config("gpus", json!({"devicePlugin": {}}))
         .await;
-    h.kubelet.wait_for_registration("amd.com/gpu", 1).await;
+    h.kubelet().wait_for_registration("amd.com/gpu", 1).await;
     h.eventually("labels despite failed patches", |h| {
         h.labels().contains_key("amd.com/gpu.family")
     })
@@ -503,7 +489,7 @@ async fn the_agent_survives_api_errors() {
     // (the Node writer counts every failed request, retried or not).
     assert!(counted() >= before + 2, "{} -> {}", before, counted());
     // A dropped watch is resumed: a later change still arrives.
-    h.cluster.faults().drop_watches();
+    h.cluster().faults().drop_watches();
     h.apply_device_config(
         "gpus",
         json!({"devicePlugin": {"enableNodeLabeller": false}}),
@@ -520,7 +506,7 @@ async fn the_agent_survives_api_errors() {
 async fn a_rejected_metrics_config_map_is_reported_and_a_fixed_one_clears_it() {
     let mut h = Harness::start("radeon-w7900", None, json!({})).await;
     let api: Api<k8s_openapi::api::core::v1::ConfigMap> =
-        Api::namespaced(h.cluster.client(), cluster::NAMESPACE);
+        Api::namespaced(h.cluster().client(), cluster::NAMESPACE);
     let bad: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(json!({
         "metadata": {"name": "metrics"}, "data": {"config.json": "{\"GPUConfig\": [oops"}
     }))
@@ -541,7 +527,7 @@ async fn a_rejected_metrics_config_map_is_reported_and_a_fixed_one_clears_it() {
     h.eventually("the rejected config in the status", rejected)
         .await;
     h.eventually("a MetricsConfigError Event", |h| {
-        h.cluster
+        h.cluster()
             .list("events.k8s.io/v1", "Event")
             .iter()
             .any(|e| e["reason"] == "MetricsConfigError")
@@ -581,7 +567,7 @@ async fn heterogeneous_layouts_warn_with_single_and_split_with_mixed() {
         })
     })
     .await;
-    let events = h.cluster.list("events.k8s.io/v1", "Event");
+    let events = h.cluster().list("events.k8s.io/v1", "Event");
     assert!(
         events
             .iter()
@@ -594,14 +580,20 @@ async fn heterogeneous_layouts_warn_with_single_and_split_with_mixed() {
         json!({"devicePlugin": {"devicePluginArguments": {"resource_naming_strategy": "mixed"}}}),
     )
     .await;
-    let cpx = h.kubelet.wait_for_registration("amd.com/cpx_nps4", 1).await;
-    let spx = h.kubelet.wait_for_registration("amd.com/spx_nps1", 1).await;
+    let cpx = h
+        .kubelet()
+        .wait_for_registration("amd.com/cpx_nps4", 1)
+        .await;
+    let spx = h
+        .kubelet()
+        .wait_for_registration("amd.com/spx_nps1", 1)
+        .await;
     assert_ne!(
         cpx.request.endpoint, spx.request.endpoint,
         "one socket per resource"
     );
     h.eventually("both sockets", |h| {
-        plugin_sockets(h.kubelet.dir()) == ["amd.com_cpx_nps4.sock", "amd.com_spx_nps1.sock"]
+        plugin_sockets(h.kubelet().dir()) == ["amd.com_cpx_nps4.sock", "amd.com_spx_nps1.sock"]
     })
     .await;
     h.eventually("problem cleared", |h| {
@@ -628,14 +620,11 @@ async fn the_pre_start_check_waits_for_the_driver_the_device_config_manages() {
     })
     .await;
     rvs.needs(&h.host.path("/sys/module/amdgpu"));
-    h.shutdown.cancel();
-    let _ = h.agent.take().unwrap().await;
-    h.shutdown = CancellationToken::new();
-    let kubelet_dir = h.kubelet.dir().parent().unwrap().to_path_buf();
-    h.spawn_agent_with(kubelet_dir, Some(rvs.commands()));
+    let _ = h.stop_agent().await;
+    h.spawn_agent_with(Some(rvs.commands()));
     let config = fake_rvs::config_json("PRE_START_JOB_CHECK", r#"{"Recipe":"gst_single"}"#);
     let api: Api<k8s_openapi::api::core::v1::ConfigMap> =
-        Api::namespaced(h.cluster.client(), cluster::NAMESPACE);
+        Api::namespaced(h.cluster().client(), cluster::NAMESPACE);
     let cm: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(json!({
         "metadata": {"name": "gpu-tests"}, "data": {"config.json": config}
     }))
@@ -676,7 +665,7 @@ async fn the_pre_start_check_waits_for_the_driver_the_device_config_manages() {
         true,
     );
     h.eventually("the pre-start check passed", |h| {
-        h.cluster.list("v1", "Event").iter().any(|e| {
+        h.cluster().list("v1", "Event").iter().any(|e| {
             e["reason"] == "TestPassed"
                 && e["metadata"]["labels"]["testrunner.amd.com/trigger"] == "pre_start_job_check"
         })
@@ -695,15 +684,12 @@ async fn an_ecc_error_marks_the_gpu_unhealthy_everywhere_and_triggers_the_test()
     rvs.modes(&["pass"]);
     let mut h = Harness::start("mi210", None, json!({})).await;
     // Restart the agent with the stand-in test tool.
-    h.shutdown.cancel();
-    let _ = h.agent.take().unwrap().await;
-    h.shutdown = CancellationToken::new();
-    let kubelet_dir = h.kubelet.dir().parent().unwrap().to_path_buf();
-    h.spawn_agent_with(kubelet_dir, Some(rvs.commands()));
+    let _ = h.stop_agent().await;
+    h.spawn_agent_with(Some(rvs.commands()));
 
     let config = fake_rvs::config_json("AUTO_UNHEALTHY_GPU_WATCH", r#"{"Recipe":"gst_single"}"#);
     let api: Api<k8s_openapi::api::core::v1::ConfigMap> =
-        Api::namespaced(h.cluster.client(), cluster::NAMESPACE);
+        Api::namespaced(h.cluster().client(), cluster::NAMESPACE);
     let cm: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(json!({
         "metadata": {"name": "gpu-tests"}, "data": {"config.json": config}
     }))
@@ -714,8 +700,11 @@ async fn an_ecc_error_marks_the_gpu_unhealthy_everywhere_and_triggers_the_test()
         json!({"testRunner": {"enable": true, "config": {"name": "gpu-tests"}}, "devicePlugin": {}}),
     )
     .await;
-    let registered = h.kubelet.wait_for_registration("amd.com/gpu", 1).await;
-    let mut devices = h.kubelet.list_and_watch(&registered.request.endpoint).await;
+    let registered = h.kubelet().wait_for_registration("amd.com/gpu", 1).await;
+    let mut devices = h
+        .kubelet()
+        .list_and_watch(&registered.request.endpoint)
+        .await;
     let bdf = "0000:03:00.0";
     devices
         .next_matching("all healthy", |d| {
@@ -740,7 +729,7 @@ async fn an_ecc_error_marks_the_gpu_unhealthy_everywhere_and_triggers_the_test()
     })
     .await;
     h.eventually("the triggered test reported", |h| {
-        h.cluster.list("v1", "Event").iter().any(|e| {
+        h.cluster().list("v1", "Event").iter().any(|e| {
             e["reason"] == "TestPassed"
                 && e["metadata"]["labels"]["testrunner.amd.com/trigger"]
                     == "auto_unhealthy_gpu_watch"
@@ -811,11 +800,11 @@ async fn until_discovery_completes_only_metrics_run_the_status_says_why_and_an_e
     h.eventually("a status that says discovery is under way", discovering)
         .await;
     assert!(
-        h.kubelet.registrations().is_empty(),
+        h.kubelet().registrations().is_empty(),
         "no device plugin before the GPUs are known"
     );
     h.eventually("a DiscoveryIncomplete Event", |h| {
-        h.cluster
+        h.cluster()
             .list("events.k8s.io/v1", "Event")
             .iter()
             .any(|e| e["reason"] == "DiscoveryIncomplete")
@@ -826,8 +815,11 @@ async fn until_discovery_completes_only_metrics_run_the_status_says_why_and_an_e
     for file in &hung {
         simulate::release_hung_file(&h.host, file, "1").unwrap();
     }
-    let registered = h.kubelet.wait_for_registration("amd.com/gpu", 1).await;
-    let mut devices = h.kubelet.list_and_watch(&registered.request.endpoint).await;
+    let registered = h.kubelet().wait_for_registration("amd.com/gpu", 1).await;
+    let mut devices = h
+        .kubelet()
+        .list_and_watch(&registered.request.endpoint)
+        .await;
     assert_eq!(devices.next().await.len(), 2);
     h.eventually("the discovery problem cleared", |h| {
         h.status().is_some_and(|s| {
@@ -846,7 +838,7 @@ async fn until_discovery_completes_only_metrics_run_the_status_says_why_and_an_e
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn labels_written_before_are_taken_over_and_removed_with_the_rest() {
     let mut h = Harness::start("mi300x", None, json!({})).await;
-    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(h.cluster.client());
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(h.cluster().client());
     // The reference wrote family (the same value we want) and a count we will
     // not want; an earlier version of ours listed vram as its own.
     nodes
@@ -970,7 +962,7 @@ async fn restarts_never_remove_the_agents_own_label_condition_or_status() {
     })
     .await;
     // Every version of the Node from now on.
-    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(h.cluster.client());
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(h.cluster().client());
     let (seen_tx, mut seen) = tokio::sync::mpsc::unbounded_channel::<Value>();
     let recorder = tokio::spawn(async move {
         let config = watcher::Config::default().fields(&format!("metadata.name={NODE}"));
@@ -983,18 +975,16 @@ async fn restarts_never_remove_the_agents_own_label_condition_or_status() {
     });
     // The list the review's race lost: slow, so that a start that decided
     // before it would do so every time.
-    h.cluster
+    h.cluster()
         .faults()
         .add_latency("list", "deviceconfigs.amd.com", Duration::from_millis(300));
-    let kubelet_dir = h._dir.path().join("kubelet");
     for restart in 1..=20 {
         h.stop().await;
-        let before = h.cluster.requests();
-        h.shutdown = CancellationToken::new();
-        h.spawn_agent(kubelet_dir.clone());
+        let before = h.cluster().requests();
+        h.spawn_agent();
         // Listed: the watch that follows the list has started.
         h.eventually(&format!("restart {restart}: DeviceConfigs listed"), |h| {
-            h.cluster
+            h.cluster()
                 .requests()
                 .since(&before)
                 .get("watch", "deviceconfigs.amd.com")
@@ -1004,7 +994,9 @@ async fn restarts_never_remove_the_agents_own_label_condition_or_status() {
     }
     // A mark written after the last restart: once the recorder has it, it
     // has every version before it.
-    h.cluster.label_node(NODE, "test-mark", Some("done")).await;
+    h.cluster()
+        .label_node(NODE, "test-mark", Some("done"))
+        .await;
     let mut versions = 0;
     loop {
         let node = wait::within("the recorder sees the mark", seen.recv())
@@ -1175,7 +1167,7 @@ async fn the_agent_loads_only_a_verified_bundle_and_names_each_refusal() {
         format!("{bundle}/firmware")
     );
     // Each refusal was an Event, and so was the load.
-    let events = h.cluster.list("events.k8s.io/v1", "Event");
+    let events = h.cluster().list("events.k8s.io/v1", "Event");
     for reason in [
         "BundleMissingForKernel",
         "ChecksumMismatch",
@@ -1331,12 +1323,12 @@ async fn a_new_kernel_without_a_bundle_sets_the_condition_and_offers_no_gpu() {
             && h.status().is_some_and(|s| s.gpus == 0)
     })
     .await;
-    assert!(
-        !h.agent.as_ref().is_some_and(|a| a.is_finished()),
-        "the agent keeps running"
-    );
-    for registered in h.kubelet.registrations() {
-        let mut devices = h.kubelet.list_and_watch(&registered.request.endpoint).await;
+    assert!(!h.agent_finished(), "the agent keeps running");
+    for registered in h.kubelet().registrations() {
+        let mut devices = h
+            .kubelet()
+            .list_and_watch(&registered.request.endpoint)
+            .await;
         assert_eq!(
             devices.next().await.len(),
             0,
@@ -1426,12 +1418,12 @@ async fn an_absent_device_plugin_section_runs_no_device_plugin_or_labeller() {
             && !status.services.contains_key(&ServiceName::Labeller),
         "{status:?}"
     );
-    assert!(h.kubelet.registrations().is_empty());
+    assert!(h.kubelet().registrations().is_empty());
     assert!(!h.labels().contains_key("amd.com/gpu.family"));
 
     h.apply_device_config("gpus", json!({"devicePlugin": {}}))
         .await;
-    h.kubelet.wait_for_registration("amd.com/gpu", 1).await;
+    h.kubelet().wait_for_registration("amd.com/gpu", 1).await;
     h.eventually("GPU labels once devicePlugin is written", |h| {
         h.labels().get("amd.com/gpu.family").map(String::as_str) == Some("AI")
     })
@@ -1441,17 +1433,17 @@ async fn an_absent_device_plugin_section_runs_no_device_plugin_or_labeller() {
 
 /// The files in the DRA kubelet directories and the device plugin directory.
 fn kubelet_sockets(h: &Harness) -> (Vec<String>, bool, bool) {
-    let kubelet = h.kubelet.dir().parent().unwrap();
+    let kubelet = h.kubelet().dir().parent().unwrap();
     let dra = DraKubelet::new(kubelet);
     (
-        plugin_sockets(h.kubelet.dir()),
+        plugin_sockets(h.kubelet().dir()),
         dra.registration_socket().exists(),
         dra.dra_socket().exists(),
     )
 }
 
 fn dra_slices(h: &Harness) -> Vec<Value> {
-    h.cluster
+    h.cluster()
         .list("resource.k8s.io/v1", "ResourceSlice")
         .into_iter()
         .filter(|s| s["spec"]["nodeName"] == NODE)
@@ -1461,10 +1453,10 @@ fn dra_slices(h: &Harness) -> Vec<Value> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_live_node_switches_between_the_device_plugin_and_dra_and_keeps_prepared_claims() {
     let mut h = Harness::start("mi210", None, json!({})).await;
-    let dra = DraKubelet::new(h.kubelet.dir().parent().unwrap());
+    let dra = DraKubelet::new(h.kubelet().dir().parent().unwrap());
     h.apply_device_config("gpus", json!({"devicePlugin": {}}))
         .await;
-    h.kubelet.wait_for_registration("amd.com/gpu", 1).await;
+    h.kubelet().wait_for_registration("amd.com/gpu", 1).await;
     assert!(dra_slices(&h).is_empty());
 
     // To DRA: the device plugin's sockets go first, then DRA serves.
@@ -1474,7 +1466,7 @@ async fn a_live_node_switches_between_the_device_plugin_and_dra_and_keeps_prepar
     )
     .await;
     wait::eventually("the device plugin's sockets removed", || {
-        plugin_sockets(h.kubelet.dir()).is_empty()
+        plugin_sockets(h.kubelet().dir()).is_empty()
     })
     .await;
     let (info, _) = dra.register().await;
@@ -1492,7 +1484,7 @@ async fn a_live_node_switches_between_the_device_plugin_and_dra_and_keeps_prepar
     let devices = slices[0]["spec"]["devices"].as_array().unwrap().clone();
     assert_eq!(devices.len(), 4, "mi210: four GPUs");
     assert_eq!(
-        plugin_sockets(h.kubelet.dir()),
+        plugin_sockets(h.kubelet().dir()),
         Vec::<String>::new(),
         "never both on one node"
     );
@@ -1500,7 +1492,7 @@ async fn a_live_node_switches_between_the_device_plugin_and_dra_and_keeps_prepar
     // A claim prepared on DRA.
     let device = devices[0]["name"].as_str().unwrap().to_owned();
     let claims: Api<k8s_openapi::api::resource::v1::ResourceClaim> =
-        Api::namespaced(h.cluster.client(), cluster::NAMESPACE);
+        Api::namespaced(h.cluster().client(), cluster::NAMESPACE);
     let claim = claims
         .create(
             &PostParams::default(),
@@ -1526,7 +1518,7 @@ async fn a_live_node_switches_between_the_device_plugin_and_dra_and_keeps_prepar
     let answer = dra.prepare(&[(cluster::NAMESPACE, &uid, "c")]).await;
     assert_eq!(answer.claims[&uid].error, "", "{answer:?}");
     let spec_file = h
-        .kubelet
+        .kubelet()
         .dir()
         .parent()
         .unwrap()
@@ -1541,7 +1533,7 @@ async fn a_live_node_switches_between_the_device_plugin_and_dra_and_keeps_prepar
         json!({"devicePlugin": {"enableDevicePlugin": true}, "draDriver": {"enable": false}}),
     )
     .await;
-    h.kubelet.wait_for_registration("amd.com/gpu", 2).await;
+    h.kubelet().wait_for_registration("amd.com/gpu", 2).await;
     h.eventually("slices removed", |h| dra_slices(h).is_empty())
         .await;
     let (_, reg, sock) = kubelet_sockets(&h);
@@ -1561,7 +1553,7 @@ async fn a_live_node_switches_between_the_device_plugin_and_dra_and_keeps_prepar
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ecc_error_reaches_the_dra_health_stream_within_a_second_and_recovers() {
     let mut h = Harness::start("mi210", None, json!({})).await;
-    let dra = DraKubelet::new(h.kubelet.dir().parent().unwrap());
+    let dra = DraKubelet::new(h.kubelet().dir().parent().unwrap());
     h.apply_device_config("gpus", json!({"draDriver": {"enable": true}}))
         .await;
     dra.register().await;
@@ -1614,7 +1606,7 @@ async fn the_reference_exporters_health_socket_follows_the_health_monitor() {
     let mut h = Harness::start("mi210", None, json!({})).await;
     let socket = h.host.path(gpu_operator::metricssvc::DEFAULT_SOCKET);
     let bdf = "0000:03:00.0";
-    let kubelet_dir = h.kubelet.dir().parent().unwrap().to_path_buf();
+    let kubelet_dir = h.kubelet().dir().parent().unwrap().to_path_buf();
     let _pods = serve_kubelet(
         &kubelet_dir.join("pod-resources/kubelet.sock"),
         FakeKubelet {
@@ -1630,8 +1622,11 @@ async fn the_reference_exporters_health_socket_follows_the_health_monitor() {
 
     h.apply_device_config("gpus", json!({"devicePlugin": {}}))
         .await;
-    let registered = h.kubelet.wait_for_registration("amd.com/gpu", 1).await;
-    let mut devices = h.kubelet.list_and_watch(&registered.request.endpoint).await;
+    let registered = h.kubelet().wait_for_registration("amd.com/gpu", 1).await;
+    let mut devices = h
+        .kubelet()
+        .list_and_watch(&registered.request.endpoint)
+        .await;
     let advertised = devices
         .next_matching("four devices", |d| d.len() == 4)
         .await;
@@ -1804,7 +1799,7 @@ fn each_follower_that_ends_is_named_and_the_agent_does_not_spin() {
             })
         })
         .await;
-        let mut followers = h.followers.running();
+        let mut followers = h.followers().running();
         for name in [
             "metrics-config-map",
             "test-config-map",
@@ -1822,7 +1817,7 @@ fn each_follower_that_ends_is_named_and_the_agent_does_not_spin() {
         for name in &followers {
             // One ended by the end of another (the driver manager without
             // the driver report) has said so already.
-            h.followers.end(name);
+            h.followers().end(name);
             let said = format!("follower {name} ended");
             h.eventually(&format!("the status names {name}"), |h| {
                 h.status()
@@ -1844,16 +1839,18 @@ fn each_follower_that_ends_is_named_and_the_agent_does_not_spin() {
             ended * 100.0
         );
         // Last, the DeviceConfig watch: the agent cannot go on without it.
-        assert!(h.followers.end("device-config-watch"));
-        let result = wait::within("the agent stops", h.agent.take().unwrap())
+        assert!(h.followers().end("device-config-watch"));
+        let result = h
+            .agent_ended()
             .await
+            .expect("an agent ran")
             .expect("agent task did not panic");
         assert!(
             matches!(result, Err(agent::AgentError::WatchEnded)),
             "{result:?}"
         );
         assert!(
-            h.followers
+            h.followers()
                 .ended()
                 .borrow()
                 .iter()

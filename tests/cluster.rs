@@ -9,20 +9,18 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use gpu_operator::agent;
 use gpu_operator::api::DeviceConfig;
 use gpu_operator::cluster::lease::{Election, LeaseConfig};
 use gpu_operator::cluster::reconcile::FINALIZER;
-use gpu_operator::host::HostRoot;
 use gpu_operator::simulate::{self, SimSpec};
 use gpu_operator::testrunner::Commands;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
 use kube_emulator::Emulator;
 use serde_json::{Value, json};
-use support::agent_config::{AgentConfigBuilder, LeaderConfigBuilder};
+use support::agent_config::LeaderConfigBuilder;
 use support::cluster::{self, NAMESPACE as NS, TestCluster};
-use support::kubelet::TestKubelet;
+use support::node_rig::NodeRig;
 use support::wait;
 use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
@@ -106,15 +104,11 @@ impl Proxy {
     }
 }
 
+/// A node of the fleet: its rig, and how often its agent's pod started.
 struct Member {
-    name: String,
+    rig: NodeRig,
     /// Pod restarts: a restarted pod has a new name, so a new identity.
     restarts: usize,
-    shutdown: CancellationToken,
-    task: Option<tokio::task::JoinHandle<Result<(), agent::AgentError>>>,
-    _dir: tempfile::TempDir,
-    kubelet_dir: std::path::PathBuf,
-    kubelet: Option<TestKubelet>,
 }
 
 struct Fleet {
@@ -145,7 +139,10 @@ impl Fleet {
         let member = &self.members[i];
         let pod = format!("pod-{i}-{}", member.restarts.saturating_sub(1));
         kube_emulator::UserInfo::service_account(NS, "gpu-operator")
-            .with_extra("authentication.kubernetes.io/node-name", &[&member.name])
+            .with_extra(
+                "authentication.kubernetes.io/node-name",
+                &[&member.rig.name],
+            )
             .with_extra("authentication.kubernetes.io/pod-name", &[&pod])
     }
 
@@ -158,24 +155,15 @@ impl Fleet {
         for (i, labels) in node_labels.iter().enumerate() {
             let name = format!("node-{i}");
             cluster.add_node(cluster::node(&name, labels.clone()));
-            let dir = tempfile::tempdir().unwrap();
-            let host = HostRoot::new(dir.path().join("host"));
-            simulate::write_host(&host, &SimSpec::new("mi210", Some(1), None).unwrap()).unwrap();
-            let kubelet_dir = dir.path().join("kubelet");
-            std::fs::create_dir_all(kubelet_dir.join("device-plugins")).unwrap();
-            let kubelet = if no_kubelet.contains(&i) {
-                None
-            } else {
-                Some(TestKubelet::start(&kubelet_dir.join("device-plugins")).await)
-            };
+            let mut rig = NodeRig::builder(&name)
+                .join(cluster.client())
+                .host(SimSpec::new("mi210", Some(1), None).unwrap());
+            if !no_kubelet.contains(&i) {
+                rig = rig.kubelet();
+            }
             members.push(Member {
-                name,
+                rig: rig.start().await,
                 restarts: 0,
-                shutdown: CancellationToken::new(),
-                task: None,
-                _dir: dir,
-                kubelet_dir,
-                kubelet,
             });
         }
         let mut fleet = Self { cluster, members };
@@ -194,39 +182,31 @@ impl Fleet {
 
     /// Starts node `i`'s kubelet, which its agent's device plugin then registers with.
     async fn start_kubelet(&mut self, i: usize) {
-        let dir = self.members[i].kubelet_dir.join("device-plugins");
-        self.members[i].kubelet = Some(TestKubelet::start(&dir).await);
+        self.members[i].rig.start_kubelet().await;
     }
 
     fn spawn(&mut self, i: usize, client: Option<Client>) {
         let member = &mut self.members[i];
-        let identity = format!("{}/pod-{i}-{}", member.name, member.restarts);
+        let identity = format!("{}/pod-{i}-{}", member.rig.name, member.restarts);
         member.restarts += 1;
-        let config = AgentConfigBuilder::new(
-            &member.name,
-            HostRoot::new(member._dir.path().join("host")),
-            member.kubelet_dir.clone(),
-        )
-        .rescan_interval(Duration::from_millis(500))
-        // A test tool that does not exist until a test writes it.
-        .test_commands(Some(Commands {
-            rvs: member._dir.path().join("rvs"),
-            ..Commands::default()
-        }))
-        .leader(Some(
-            LeaderConfigBuilder::new(NS, &identity, &member.name)
-                .lease_timing(LEASE_DURATION, Duration::from_secs(1))
-                .teardown_timeout(Duration::from_secs(5))
-                .build(),
-        ))
-        .build();
-        member.shutdown = CancellationToken::new();
+        let config = member
+            .rig
+            .agent_config()
+            .rescan_interval(Duration::from_millis(500))
+            // A test tool that does not exist until a test writes it.
+            .test_commands(Some(Commands {
+                rvs: member.rig.dir().join("rvs"),
+                ..Commands::default()
+            }))
+            .leader(Some(
+                LeaderConfigBuilder::new(NS, &identity, &member.rig.name)
+                    .lease_timing(LEASE_DURATION, Duration::from_secs(1))
+                    .teardown_timeout(Duration::from_secs(5))
+                    .build(),
+            ))
+            .build();
         let client = client.unwrap_or_else(|| self.cluster.client());
-        member.task = Some(tokio::spawn(agent::run(
-            client,
-            config,
-            member.shutdown.clone(),
-        )));
+        member.rig.start_agent_with(client, config);
     }
 
     async fn holder(&self) -> Option<String> {
@@ -248,30 +228,27 @@ impl Fleet {
     fn index_of(&self, identity: &str) -> usize {
         self.members
             .iter()
-            .position(|m| identity.starts_with(&format!("{}/", m.name)))
+            .position(|m| identity.starts_with(&format!("{}/", m.rig.name)))
             .unwrap()
     }
 
     fn kill(&mut self, i: usize) {
         // A crash: no release, no clean-up.
-        self.members[i].task.take().unwrap().abort();
+        assert!(self.members[i].rig.has_agent(), "node {i} runs an agent");
+        self.members[i].rig.abort_agent();
     }
 
     async fn stop(&mut self, i: usize) -> Duration {
         let started = Instant::now();
-        self.members[i].shutdown.cancel();
-        if let Some(task) = self.members[i].task.take() {
-            wait::within("the agent stops", task)
-                .await
-                .expect("no panic")
-                .expect("clean stop");
+        if let Some((end, _)) = self.members[i].rig.stop_agent().await {
+            end.expect("no panic").expect("clean stop");
         }
         started.elapsed()
     }
 
     async fn stop_all(&mut self) {
         for i in 0..self.members.len() {
-            if self.members[i].task.is_some() {
+            if self.members[i].rig.has_agent() {
                 self.stop(i).await;
             }
         }
@@ -787,7 +764,7 @@ async fn one_leader_reconciles_and_fails_over() {
                 "lastHeartbeatTime": format!("2026-11-30T00:00:0{beat}Z")}]}});
             nodes
                 .patch_status(
-                    &member.name,
+                    &member.rig.name,
                     &PatchParams::default(),
                     &Patch::Strategic(heartbeat),
                 )
@@ -887,7 +864,10 @@ async fn status_counts_what_real_agents_serve_and_ready_says_which_nodes_do_not(
 
     // Every name every real agent wrote parses to a service the leader knows.
     for member in &fleet.members {
-        let node = fleet.cluster.get("v1", "Node", "", &member.name).unwrap();
+        let node = fleet
+            .cluster
+            .get("v1", "Node", "", &member.rig.name)
+            .unwrap();
         let text = node["metadata"]["annotations"][STATUS_ANNOTATION]
             .as_str()
             .unwrap()
@@ -915,7 +895,7 @@ async fn status_counts_what_real_agents_serve_and_ready_says_which_nodes_do_not(
                 ServiceName::TestRunner,
             ],
             "{}: {text}",
-            member.name
+            member.rig.name
         );
     }
 
@@ -1061,7 +1041,7 @@ async fn invalid_and_overlapping_device_configs_get_validation_errors() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deleting_a_device_config_tears_down_then_releases_the_finalizer() {
     let mut fleet = Fleet::start(&[json!({})]).await;
-    let kubelet = fleet.members[0].kubelet.take().unwrap();
+    let kubelet = fleet.members[0].rig.take_kubelet();
     serve_service_monitors(&fleet.cluster);
     fleet.wait_holder(None).await;
     fleet

@@ -2306,20 +2306,20 @@ async fn agent_runs_with_the_daemonset_environment_within_its_rbac() {
         json!({"feature.node.kubernetes.io/amd-gpu": "true"}),
     ));
 
-    // The container's paths, mapped to temporary directories.
-    let dir = tempfile::tempdir().unwrap();
-    let host_root = dir.path().join("host");
-    let kubelet_dir = dir.path().join("kubelet");
-    gpu_operator::simulate::write_host(
-        &HostRoot::new(&host_root),
-        &gpu_operator::simulate::SimSpec::new("mi300x", None, None).unwrap(),
-    )
-    .unwrap();
-    let cdi_dir = dir.path().join("cdi");
-    std::fs::create_dir_all(kubelet_dir.join("device-plugins")).unwrap();
+    // The container's paths, mapped to the node rig's directories (the
+    // agent runs as the binary, outside the rig).
+    let rig = support::node_rig::NodeRig::builder(NODE)
+        .profile("mi300x", None, None)
+        .kubelet()
+        .start()
+        .await;
+    let dir = rig.dir();
+    let host_root = rig.host.root().to_path_buf();
+    let kubelet_dir = rig.kubelet_dir();
+    let cdi_dir = dir.join("cdi");
     std::fs::create_dir_all(kubelet_dir.join("pod-resources")).unwrap();
     std::fs::create_dir_all(&cdi_dir).unwrap();
-    let kubelet = support::kubelet::TestKubelet::start(&kubelet_dir.join("device-plugins")).await;
+    let kubelet = rig.kubelet();
     let paths: BTreeMap<&str, &Path> = BTreeMap::from([
         ("/host", host_root.as_path()),
         ("/var/lib/kubelet", kubelet_dir.as_path()),
@@ -2346,7 +2346,7 @@ async fn agent_runs_with_the_daemonset_environment_within_its_rbac() {
         };
         env.push((var.name, value));
     }
-    let log_path = dir.path().join("agent.log");
+    let log_path = dir.join("agent.log");
     let mut agent = tokio::process::Command::new(env!("CARGO_BIN_EXE_gpu-operator"))
         .args(container.args.clone().unwrap_or_default())
         .env_clear()

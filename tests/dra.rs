@@ -9,7 +9,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gpu_operator::device::Inventory;
 use gpu_operator::dra::{DraConfig, DraPlugin, DraStatus, Registration, Slices};
 use gpu_operator::driver::load::LoadCommands;
 use gpu_operator::events::EventSink;
@@ -21,26 +20,32 @@ use serde_json::{Value, json};
 use support::cluster::TestCluster;
 use support::dra_kubelet::DraKubelet;
 use support::dra_scheduler;
-use support::hosts::SimHost;
+use support::node_rig::NodeRig;
 use support::wait;
 use tokio::sync::watch;
 
 const NODE: &str = "gpu-node-1";
 const NS: &str = "team-a";
 
+/// The node (cluster, host, feeds) with the DRA plugin on it, and the
+/// kubelet's DRA side in the node's kubelet directory.
 struct Rig {
-    cluster: TestCluster,
-    sim: SimHost,
-    dir: tempfile::TempDir,
+    node: NodeRig,
     kubelet: DraKubelet,
-    inventory: watch::Sender<Arc<Inventory>>,
-    health: watch::Sender<HealthReport>,
     plugin: Option<DraPlugin>,
     taints: bool,
     sharing: TimeSlicing,
     /// `draDriver.autoPartition`, and the `modprobe` its reloads run.
     auto_partition: bool,
     reload: Option<PathBuf>,
+}
+
+impl std::ops::Deref for Rig {
+    type Target = NodeRig;
+
+    fn deref(&self) -> &NodeRig {
+        &self.node
+    }
 }
 
 impl Rig {
@@ -64,22 +69,17 @@ impl Rig {
         taints: bool,
         sharing: TimeSlicing,
     ) -> Self {
-        let cluster = TestCluster::with_nodes(&[(NODE, json!({}))]).await;
-        cluster
-            .create(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}))
-            .expect("namespace");
-        let sim = SimHost::with_gpus(profile, gpus, partition);
-        let dir = tempfile::tempdir().unwrap();
-        let kubelet = DraKubelet::new(&dir.path().join("kubelet"));
-        let (inventory, _) = watch::channel(Arc::new(sim.discover()));
-        let (health, _) = watch::channel(HealthReport::default());
+        let node = NodeRig::builder(NODE)
+            .cluster(json!({}))
+            .namespace(NS)
+            .profile(profile, gpus, partition)
+            .feeds()
+            .start()
+            .await;
+        let kubelet = DraKubelet::new(&node.kubelet_dir());
         let mut rig = Self {
-            cluster,
-            sim,
-            dir,
+            node,
             kubelet,
-            inventory,
-            health,
             plugin: None,
             taints,
             sharing,
@@ -97,7 +97,7 @@ impl Rig {
         let mut rig =
             Self::start_full("mi300x", Some(gpus), None, true, TimeSlicing::default()).await;
         rig.stop_plugin().await;
-        let tools = rig.dir.path().join("tools");
+        let tools = rig.dir().join("tools");
         let root = rig.sim.host.path("/");
         let recorder = support::bundles::modprobe_recorder(&tools, &root, "6.12.12");
         // Fails while `tools/refuse` exists, and once for `tools/refuse-once`,
@@ -143,21 +143,17 @@ impl Rig {
         config
     }
 
-    fn kubelet_dir(&self) -> PathBuf {
-        self.dir.path().join("kubelet")
-    }
-
     fn cdi_dir(&self) -> PathBuf {
-        self.dir.path().join("cdi")
+        self.dir().join("cdi")
     }
 
     fn start_plugin(&mut self) {
         self.plugin = Some(DraPlugin::start(
             self.config(),
-            self.inventory.subscribe(),
-            self.health.subscribe(),
-            self.cluster.client(),
-            EventSink::kubernetes(self.cluster.client(), NODE, watch::channel(None).1),
+            self.inventory().subscribe(),
+            self.health().subscribe(),
+            self.cluster().client(),
+            EventSink::kubernetes(self.cluster().client(), NODE, watch::channel(None).1),
         ));
     }
 
@@ -191,7 +187,7 @@ impl Rig {
 
     fn slices(&self) -> Vec<Value> {
         let mut slices: Vec<Value> = self
-            .cluster
+            .cluster()
             .list("resource.k8s.io/v1", "ResourceSlice")
             .into_iter()
             .filter(|s| s["spec"]["nodeName"] == NODE)
@@ -222,16 +218,12 @@ impl Rig {
 
     /// The notes of this node's Events of `reason`.
     fn event_notes(&self, reason: &str) -> Vec<String> {
-        self.cluster
+        self.cluster()
             .list("events.k8s.io/v1", "Event")
             .into_iter()
             .filter(|e| e["reason"] == reason && e["regarding"]["name"] == NODE)
             .filter_map(|e| e["note"].as_str().map(str::to_owned))
             .collect()
-    }
-
-    fn rediscover(&self) {
-        self.inventory.send_replace(Arc::new(self.sim.discover()));
     }
 
     /// Creates claim `name` in [`NS`], allocated the devices `(pool, device)`
@@ -250,7 +242,7 @@ impl Rig {
     /// `gpu.amd.com`, allocated `results` as the scheduler records them;
     /// returns its UID.
     async fn allocated_claim(&self, name: &str, results: Vec<Value>) -> String {
-        let api: Api<ResourceClaim> = Api::namespaced(self.cluster.client(), NS);
+        let api: Api<ResourceClaim> = Api::namespaced(self.cluster().client(), NS);
         let claim: ResourceClaim = serde_json::from_value(json!({
             "metadata": {"name": name},
             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.amd.com"}}]}}
@@ -450,17 +442,17 @@ async fn registers_with_the_kubelet_and_publishes_mi300x_gpus_and_partitions() {
 
     // A change the slices do not carry (health, with taints off) is looked
     // at and writes nothing: the publisher reports each look in the status.
-    let before = rig.cluster.requests();
+    let before = rig.cluster().requests();
     let mut looked = rig.status();
     looked.borrow_and_update();
     let inventory = rig.sim.discover();
-    rig.health.send_replace(HealthReport {
+    rig.health().send_replace(HealthReport {
         unhealthy: BTreeMap::from([(DeviceRef::gpu(inventory.gpus[0].bdf.clone()), "hot".into())]),
     });
     wait::within("the publisher looked", looked.changed())
         .await
         .unwrap();
-    let made = rig.cluster.requests().since(&before);
+    let made = rig.cluster().requests().since(&before);
     assert_eq!(
         made.get("patch", "resourceslices.resource.k8s.io")
             + made.get("create", "resourceslices.resource.k8s.io")
@@ -468,12 +460,12 @@ async fn registers_with_the_kubelet_and_publishes_mi300x_gpus_and_partitions() {
         0,
         "{made}"
     );
-    rig.health.send_replace(HealthReport::default());
+    rig.health().send_replace(HealthReport::default());
 
     // Slices someone else deletes (a restarting kubelet wipes its node's)
     // are written again at once, at a new generation.
     let generation = rig.pool_generation().unwrap();
-    let slices: Api<ResourceSlice> = Api::all(rig.cluster.client());
+    let slices: Api<ResourceSlice> = Api::all(rig.cluster().client());
     for slice in rig.slices() {
         slices
             .delete(
@@ -491,14 +483,14 @@ async fn registers_with_the_kubelet_and_publishes_mi300x_gpus_and_partitions() {
     // A plugin that ends without cleaning up (a crash) leaves its slices; the
     // next one finds them as wanted, reports them published, writes nothing.
     drop(rig.plugin.take());
-    let before = rig.cluster.requests();
+    let before = rig.cluster().requests();
     rig.start_plugin();
     rig.kubelet.register().await;
     rig.wait_status("published after a restart", |s| {
         matches!(s.slices, Slices::Published { devices: 8, .. })
     })
     .await;
-    let made = rig.cluster.requests().since(&before);
+    let made = rig.cluster().requests().since(&before);
     assert_eq!(
         made.get("patch", "resourceslices.resource.k8s.io"),
         0,
@@ -583,7 +575,7 @@ async fn a_refused_slice_is_a_problem_and_an_event_and_is_retried_only_on_new_co
     // An amdgpu srcversion the API cannot hold (over 64 bytes).
     let mut hostile = rig.sim.discover();
     hostile.driver.srcversion = Some("F".repeat(70));
-    rig.inventory.send_replace(Arc::new(hostile.clone()));
+    rig.inventory().send_replace(Arc::new(hostile.clone()));
     let status = rig
         .wait_status("rejected", |s| matches!(s.slices, Slices::Rejected { .. }))
         .await;
@@ -603,11 +595,11 @@ async fn a_refused_slice_is_a_problem_and_an_event_and_is_retried_only_on_new_co
     assert_eq!(rig.pool_generation(), generation, "the old slices stay");
 
     // The same content again (a health re-check, a watch event) writes nothing.
-    let before = rig.cluster.requests();
-    rig.inventory.send_replace(Arc::new(hostile));
-    rig.health.send_replace(HealthReport::default());
+    let before = rig.cluster().requests();
+    rig.inventory().send_replace(Arc::new(hostile));
+    rig.health().send_replace(HealthReport::default());
     // Someone else touching the slice makes the plugin compare again.
-    let slices: Api<ResourceSlice> = Api::all(rig.cluster.client());
+    let slices: Api<ResourceSlice> = Api::all(rig.cluster().client());
     slices
         .patch(
             &format!("{NODE}-gpu.amd.com-0"),
@@ -616,16 +608,16 @@ async fn a_refused_slice_is_a_problem_and_an_event_and_is_retried_only_on_new_co
         )
         .await
         .expect("slice labelled");
-    rig.cluster.faults().drop_watches();
-    let watched = rig.cluster.requests();
+    rig.cluster().faults().drop_watches();
+    let watched = rig.cluster().requests();
     wait::eventually("the slice watch is back", || {
-        rig.cluster.requests().since(&watched).watches() > 0
+        rig.cluster().requests().since(&watched).watches() > 0
     })
     .await;
     // A claim that nothing happens needs a window: one past the 5 s after
     // which a failed write is tried again, which a refusal must not be.
     tokio::time::sleep(Duration::from_secs(6)).await;
-    let writes = rig.cluster.requests().since(&before);
+    let writes = rig.cluster().requests().since(&before);
     assert_eq!(
         writes.get("patch", "resourceslices.resource.k8s.io"),
         1,
@@ -807,7 +799,7 @@ async fn two_claims_share_a_gpu_by_memory_and_a_third_that_does_not_fit_is_not_a
 
     // The scheduler's part: each claim asks for memory; what it consumes is
     // judged against the published policy and the shares already taken.
-    let api: Api<ResourceClaim> = Api::namespaced(rig.cluster.client(), NS);
+    let api: Api<ResourceClaim> = Api::namespaced(rig.cluster().client(), NS);
     let half = format!("{}Gi", total / gib / 2);
     let third = format!("{}Gi", total / gib / 3);
     let mut shares: Vec<BTreeMap<String, String>> = Vec::new();
@@ -1143,7 +1135,7 @@ async fn health_reaches_the_stream_and_the_taint_within_a_second_and_recovers() 
     let sick = &inventory.gpus[0];
     let sick_name = format!("gpu-{}-{}", sick.card.unwrap(), sick.render_minor.unwrap());
     let reported = Instant::now();
-    rig.health.send_replace(HealthReport {
+    rig.health().send_replace(HealthReport {
         unhealthy: BTreeMap::from([(
             DeviceRef::gpu(sick.bdf.clone()),
             "uncorrectable ECC: 7 on umc".to_string(),
@@ -1181,7 +1173,7 @@ async fn health_reaches_the_stream_and_the_taint_within_a_second_and_recovers() 
     .await;
 
     // Recovery: healthy in the stream, the taint gone.
-    rig.health.send_replace(HealthReport::default());
+    rig.health().send_replace(HealthReport::default());
     stream
         .next_matching("all healthy again", |d| {
             d.iter().all(|x| x.health == "HEALTHY")
@@ -1236,20 +1228,20 @@ async fn a_failed_claim_status_write_does_not_fail_prepare_and_is_made_later() {
     let device = rig.device_names()[0].clone();
     let uid = rig.claim("solo", "gpu.amd.com", &[(NODE, &device)]).await;
     // Every try of the first write: the call and the policy's four retries.
-    rig.cluster
+    rig.cluster()
         .faults()
         .fail_next(5, "patch", "resourceclaims.resource.k8s.io/status", 500);
 
     let answer = rig.kubelet.prepare(&[(NS, &uid, "solo")]).await;
     assert_eq!(answer.claims[&uid].error, "", "{answer:?}");
     let entry = || {
-        rig.cluster
+        rig.cluster()
             .get("resource.k8s.io/v1", "ResourceClaim", NS, "solo")
             .and_then(|c| c["status"]["devices"].as_array().cloned())
             .unwrap_or_default()
     };
     wait::eventually("every failure served", || {
-        rig.cluster.faults().pending_failures() == 0
+        rig.cluster().faults().pending_failures() == 0
     })
     .await;
     assert!(entry().is_empty(), "{:?}", entry());
@@ -1537,7 +1529,7 @@ async fn a_claim_for_another_layout_repartitions_its_gpu_and_layouts_never_mix()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_memory_mode_change_reloads_the_driver_and_a_failed_one_is_undone_or_tainted() {
     let mut rig = Rig::start_layouts(2).await;
-    let tools = rig.dir.path().join("tools");
+    let tools = rig.dir().join("tools");
     let uid = rig.claim_one_partition("nps4", "gpu-0-cpx-nps4").await;
 
     // The reload fails once: the change is undone, its own reload works.
@@ -1626,32 +1618,32 @@ async fn a_status_removal_pending_at_stop_is_made_after_the_next_start() {
             .and_then(|c| c["status"]["devices"].as_array().cloned())
             .unwrap_or_default()
     };
-    wait::eventually("the entry written", || !entries(&rig.cluster).is_empty()).await;
+    wait::eventually("the entry written", || !entries(rig.cluster()).is_empty()).await;
     let generation = rig
-        .cluster
+        .cluster()
         .get("resource.k8s.io/v1", "ResourceClaim", NS, "solo")
         .unwrap()["metadata"]["generation"]
         .clone();
     assert_eq!(
-        entries(&rig.cluster)[0]["conditions"][0]["observedGeneration"],
+        entries(rig.cluster())[0]["conditions"][0]["observedGeneration"],
         generation,
         "conditions say which generation of the claim they saw"
     );
 
     // The removal's first try (the call and its four retries) fails; the
     // plugin stops before the next.
-    rig.cluster
+    rig.cluster()
         .faults()
         .fail_next(5, "patch", "resourceclaims.resource.k8s.io/status", 500);
     let answer = rig.kubelet.unprepare(&[(NS, &uid, "solo")]).await;
     assert_eq!(answer.claims[&uid].error, "");
     wait::eventually("every failure served", || {
-        rig.cluster.faults().pending_failures() == 0
+        rig.cluster().faults().pending_failures() == 0
     })
     .await;
     rig.stop_plugin().await;
     assert!(
-        !entries(&rig.cluster).is_empty(),
+        !entries(rig.cluster()).is_empty(),
         "not removed before the stop"
     );
     assert!(
@@ -1661,7 +1653,7 @@ async fn a_status_removal_pending_at_stop_is_made_after_the_next_start() {
     );
     rig.restart_plugin().await;
     wait::eventually("the entry removed after the start", || {
-        entries(&rig.cluster).is_empty()
+        entries(rig.cluster()).is_empty()
     })
     .await;
     wait::eventually("the removal forgotten once made", || {
@@ -1669,7 +1661,7 @@ async fn a_status_removal_pending_at_stop_is_made_after_the_next_start() {
     })
     .await;
     rig.restart_plugin().await;
-    assert!(entries(&rig.cluster).is_empty());
+    assert!(entries(rig.cluster()).is_empty());
     rig.stop_plugin().await;
 }
 
@@ -1680,7 +1672,7 @@ async fn a_status_removal_pending_at_stop_is_made_after_the_next_start() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_prepare_given_up_midway_finishes_its_change() {
     let mut rig = Rig::start_layouts(2).await;
-    let tools = rig.dir.path().join("tools");
+    let tools = rig.dir().join("tools");
     let uid = rig.claim_one_partition("nps4", "gpu-0-cpx-nps4").await;
     std::fs::write(tools.join("slow"), "").unwrap();
     let given_up = tokio::time::timeout(

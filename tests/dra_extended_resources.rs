@@ -23,19 +23,17 @@ mod support;
 
 use std::time::Duration;
 
-use gpu_operator::agent::{self, AgentError};
-use gpu_operator::host::HostRoot;
 use gpu_operator::simulate::{self, SimSpec};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 use serde_json::{Value, json};
-use support::agent_config::{AgentConfigBuilder, LeaderConfigBuilder};
-use support::cluster::{self, NAMESPACE as NS, TestCluster};
+use support::agent_config::LeaderConfigBuilder;
+use support::cluster::{NAMESPACE as NS, TestCluster};
 use support::dra_kubelet::DraKubelet;
 use support::dra_scheduler;
+use support::node_rig::NodeRig;
 use support::wait;
-use tokio_util::sync::CancellationToken;
 
 const NODE: &str = "gpu-node-1";
 /// The agent's pod on it.
@@ -48,14 +46,19 @@ fn agent_user() -> kube_emulator::UserInfo {
         .with_extra("authentication.kubernetes.io/pod-name", &[POD])
 }
 
-/// One node whose agent also leads: the DeviceClasses are its leader's.
+/// One node whose agent also leads: the DeviceClasses are its leader's. Its
+/// rig, and the kubelet's DRA side in its kubelet directory.
 struct Node {
-    cluster: TestCluster,
-    _dir: tempfile::TempDir,
-    host: HostRoot,
+    rig: NodeRig,
     kubelet: DraKubelet,
-    shutdown: CancellationToken,
-    agent: Option<tokio::task::JoinHandle<Result<(), AgentError>>>,
+}
+
+impl std::ops::Deref for Node {
+    type Target = NodeRig;
+
+    fn deref(&self) -> &NodeRig {
+        &self.rig
+    }
 }
 
 impl Node {
@@ -72,45 +75,41 @@ impl Node {
     /// pod's token (the operator's ServiceAccount, its node and pod named), as
     /// the kubelet mints it.
     async fn start_with(spec: SimSpec, objects: &[Value], under_policy: bool) -> Self {
-        let cluster = TestCluster::start().await;
+        let mut rig = NodeRig::builder(NODE)
+            .cluster(json!({}))
+            .cluster_setup(|cluster| {
+                if under_policy {
+                    cluster.apply_rbac();
+                    cluster.apply_admission_policies();
+                }
+            })
+            .host(spec)
+            .start()
+            .await;
+        let cluster = rig.cluster();
         let client = if under_policy {
-            cluster.apply_rbac();
-            cluster.apply_admission_policies();
             cluster.client_as(&agent_user())
         } else {
             cluster.client()
         };
-        cluster.add_node(cluster::node(NODE, json!({})));
         for object in objects {
             cluster.create(object.clone()).expect("object created");
         }
-        let dir = tempfile::tempdir().unwrap();
-        let host = HostRoot::new(dir.path().join("host"));
-        simulate::write_host(&host, &spec).unwrap();
-        let kubelet_dir = dir.path().join("kubelet");
-        std::fs::create_dir_all(kubelet_dir.join("device-plugins")).unwrap();
-        let config = AgentConfigBuilder::new(NODE, host.clone(), kubelet_dir.clone())
+        let config = rig
+            .agent_config()
             // The default of `--dra-device-taints`.
             .dra_device_taints(true)
             .leader(Some(
                 LeaderConfigBuilder::new(NS, &format!("{NODE}/{POD}"), NODE).build(),
             ))
             .build();
-        let shutdown = CancellationToken::new();
-        let agent = tokio::spawn(agent::run(client, config, shutdown.clone()));
-        cluster
+        rig.start_agent_with(client, config);
+        rig.cluster()
             .apply_device_config("gpus", json!({"draDriver": {"enable": true}}))
             .await;
-        let kubelet = DraKubelet::new(&kubelet_dir);
+        let kubelet = DraKubelet::new(&rig.kubelet_dir());
         kubelet.register().await;
-        let node = Self {
-            cluster,
-            _dir: dir,
-            host,
-            kubelet,
-            shutdown,
-            agent: Some(agent),
-        };
+        let node = Self { rig, kubelet };
         node.eventually("the slices published", |n| !n.devices().is_empty())
             .await;
         node
@@ -118,7 +117,7 @@ impl Node {
 
     /// This node's ResourceSlices.
     fn slices(&self) -> Vec<Value> {
-        self.cluster
+        self.cluster()
             .list("resource.k8s.io/v1", "ResourceSlice")
             .into_iter()
             .filter(|s| s["spec"]["nodeName"] == NODE)
@@ -141,12 +140,12 @@ impl Node {
     }
 
     fn classes(&self) -> Vec<Value> {
-        self.cluster.list("resource.k8s.io/v1", "DeviceClass")
+        self.cluster().list("resource.k8s.io/v1", "DeviceClass")
     }
 
     /// The Node's condition of `type_`, or null.
     fn condition(&self, type_: &str) -> Value {
-        self.cluster.node(NODE)["status"]["conditions"]
+        self.cluster().node(NODE)["status"]["conditions"]
             .as_array()
             .into_iter()
             .flatten()
@@ -164,7 +163,7 @@ impl Node {
                     "slices: {:#}\nclasses: {:#?}\nnode conditions: {:#}",
                     json!(self.slices()),
                     self.classes(),
-                    self.cluster.node(NODE)["status"]["conditions"]
+                    self.cluster().node(NODE)["status"]["conditions"]
                 )
             },
         )
@@ -175,7 +174,7 @@ impl Node {
     /// resource `resource` in its one container, as a manifest written for
     /// the device plugin asks.
     fn pod(&self, name: &str, resource: &str, count: usize) -> Value {
-        self.cluster
+        self.cluster()
             .create(json!({
                 "apiVersion": "v1", "kind": "Pod",
                 "metadata": {"name": name, "namespace": NS},
@@ -199,14 +198,14 @@ impl Node {
         let (claim, pod_status) =
             dra_scheduler::extended_resource_claim(pod, class_name, resource, count);
         let claim = self
-            .cluster
+            .cluster()
             .create(claim)
             .expect("the special claim created");
         let devices = dra_scheduler::allocate(&self.slices(), class, count, &[])
             .expect("the class has devices for the pod");
         let name = claim["metadata"]["name"].as_str().unwrap();
         let claims: Api<k8s_openapi::api::resource::v1::ResourceClaim> =
-            Api::namespaced(self.cluster.client(), NS);
+            Api::namespaced(self.cluster().client(), NS);
         let request = &claim["spec"]["devices"]["requests"][0]["name"];
         claims
             .patch_status(
@@ -220,7 +219,7 @@ impl Node {
             )
             .await
             .expect("the claim allocated");
-        let pods: Api<Pod> = Api::namespaced(self.cluster.client(), NS);
+        let pods: Api<Pod> = Api::namespaced(self.cluster().client(), NS);
         pods.patch_status(
             pod["metadata"]["name"].as_str().unwrap(),
             &PatchParams::default(),
@@ -238,13 +237,13 @@ impl Node {
     /// claim, the claim names the device, the device's slice carries its
     /// taints. The taint keys on each device the pod holds.
     fn taints_seen_from(&self, pod: &str) -> Vec<Vec<String>> {
-        let pod = self.cluster.get("v1", "Pod", NS, pod).expect("the pod");
+        let pod = self.cluster().get("v1", "Pod", NS, pod).expect("the pod");
         let claim_name = pod["status"]["extendedResourceClaimStatus"]["resourceClaimName"]
             .as_str()
             .expect("the pod names its extended resource claim")
             .to_owned();
         let claim = self
-            .cluster
+            .cluster()
             .get("resource.k8s.io/v1", "ResourceClaim", NS, &claim_name)
             .expect("the claim");
         claim["status"]["allocation"]["devices"]["results"]
@@ -270,12 +269,8 @@ impl Node {
     }
 
     async fn stop(&mut self) {
-        self.shutdown.cancel();
-        if let Some(agent) = self.agent.take() {
-            wait::within("the agent stops", agent)
-                .await
-                .expect("no panic")
-                .expect("a clean stop");
+        if let Some((end, _)) = self.rig.stop_agent().await {
+            end.expect("no panic").expect("a clean stop");
         }
     }
 }
@@ -452,7 +447,7 @@ async fn an_administrator_s_class_of_a_layout_s_name_is_left_alone() {
         .unwrap();
     let mut node = Node::start_with(spec, &[theirs], false).await;
     let get = |n: &Node| {
-        n.cluster.get(
+        n.cluster().get(
             "resource.k8s.io/v1",
             "DeviceClass",
             "",
@@ -519,7 +514,7 @@ impl Node {
     /// null.
     fn device_status(&self, claim: &str, device: &str) -> Value {
         let claim = self
-            .cluster
+            .cluster()
             .get("resource.k8s.io/v1", "ResourceClaim", NS, claim)
             .expect("the claim");
         claim["status"]["devices"]
@@ -684,7 +679,7 @@ async fn a_prepared_claims_status_shows_its_gpu_and_health_until_unprepared() {
     );
     // Written by the agent's own token and field manager, and never refused.
     let status_writes: Vec<_> = node
-        .cluster
+        .cluster()
         .writes()
         .into_iter()
         .filter(|w| w.resource == "resourceclaims.resource.k8s.io/status")
@@ -705,7 +700,7 @@ async fn a_prepared_claims_status_shows_its_gpu_and_health_until_unprepared() {
             tokio::process::Command::new(kubectl)
                 .args(["describe", "resourceclaim", "-n", NS, &name])
                 .env_clear()
-                .env("KUBECONFIG", node.cluster.kubeconfig_path())
+                .env("KUBECONFIG", node.cluster().kubeconfig_path())
                 .env("HOME", home.path())
                 .arg("--cache-dir")
                 .arg(home.path().join("cache"))
@@ -760,7 +755,7 @@ async fn a_prepared_claims_status_shows_its_gpu_and_health_until_unprepared() {
     })
     .await;
     let stored = node
-        .cluster
+        .cluster()
         .get("resource.k8s.io/v1", "ResourceClaim", NS, &name)
         .unwrap();
     assert_eq!(
@@ -786,7 +781,7 @@ async fn auto_partition_through_the_agent_serves_layouts_and_yields_to_a_profile
             .iter()
             .all(|d| d["consumesCounters"].is_null())
     );
-    node.cluster
+    node.cluster()
         .apply_device_config(
             "gpus",
             json!({"draDriver": {"enable": true, "autoPartition": true}}),
@@ -818,9 +813,9 @@ async fn auto_partition_through_the_agent_serves_layouts_and_yields_to_a_profile
     let one = std::collections::BTreeMap::from([("partitions", "1")]);
     let consumed = dra_scheduler::fit(&cpx, &one, &[]).expect("a partition fits");
     let claims: Api<k8s_openapi::api::resource::v1::ResourceClaim> =
-        Api::namespaced(node.cluster.client(), NS);
+        Api::namespaced(node.cluster().client(), NS);
     let claim = node
-        .cluster
+        .cluster()
         .create(json!({
             "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
             "metadata": {"name": "cpx", "namespace": NS},
@@ -857,7 +852,7 @@ async fn auto_partition_through_the_agent_serves_layouts_and_yields_to_a_profile
     assert_eq!(modes[1].1.as_deref(), Some("spx"));
     node.eventually("status.devices names the partition", |n| {
         let claim = n
-            .cluster
+            .cluster()
             .get("resource.k8s.io/v1", "ResourceClaim", NS, "cpx")
             .expect("the claim");
         let data = &claim["status"]["devices"][0]["data"];
@@ -867,7 +862,7 @@ async fn auto_partition_through_the_agent_serves_layouts_and_yields_to_a_profile
     let answer = node.kubelet.unprepare(&[(NS, uid, "cpx")]).await;
     assert_eq!(answer.claims[uid].error, "");
 
-    node.cluster
+    node.cluster()
         .label_node(NODE, "dcm.amd.com/gpu-config-profile", Some("cpx_nps1_all"))
         .await;
     node.eventually("the GPUs are offered as they are", |n| {
@@ -876,7 +871,7 @@ async fn auto_partition_through_the_agent_serves_layouts_and_yields_to_a_profile
     })
     .await;
     node.eventually("the status says why", |n| {
-        let node = n.cluster.node(NODE);
+        let node = n.cluster().node(NODE);
         let status: Value = serde_json::from_str(
             node["metadata"]["annotations"]["amd.com/gpu-agent-status"]
                 .as_str()

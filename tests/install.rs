@@ -8,18 +8,17 @@ mod support;
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use gpu_operator::agent;
 use gpu_operator::host::HostRoot;
 use gpu_operator::simulate::{self, SimSpec};
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 use kube_emulator::{Emulator, EmulatorConfig};
 use serde_json::{Value, json};
-use support::agent_config::{AgentConfigBuilder, LeaderConfigBuilder};
+use support::agent_config::LeaderConfigBuilder;
 use support::cluster::{self, NAMESPACE, TestCluster, ours_on};
 use support::fixtures::DeviceConfigBuilder;
+use support::node_rig::NodeRig;
 use support::wait;
-use tokio_util::sync::CancellationToken;
 
 /// Runs the real binary with `args` against the emulator; off the runtime,
 /// since the emulator serves on it.
@@ -167,17 +166,15 @@ async fn crd_apply_installs_and_upgrades_the_crds_and_refuses_during_a_driver_up
     );
 }
 
-/// The agent on a simulated host, leading.
-fn start_agent(
-    cluster: &TestCluster,
-    dir: &std::path::Path,
-    stop: CancellationToken,
-) -> tokio::task::JoinHandle<Result<(), agent::AgentError>> {
-    let host = HostRoot::new(dir.join("host"));
-    simulate::write_host(&host, &SimSpec::new("mi210", Some(1), None).unwrap()).unwrap();
-    let kubelet_dir = dir.join("kubelet");
-    std::fs::create_dir_all(kubelet_dir.join("device-plugins")).unwrap();
-    let config = AgentConfigBuilder::new("gpu-0", host, kubelet_dir)
+/// Node `gpu-0` of `cluster` on a simulated host, its agent leading.
+async fn start_agent(cluster: &TestCluster) -> NodeRig {
+    let mut rig = NodeRig::builder("gpu-0")
+        .join(cluster.client())
+        .profile("mi210", Some(1), None)
+        .start()
+        .await;
+    let config = rig
+        .agent_config()
         .rescan_interval(Duration::from_millis(300))
         .leader(Some(
             LeaderConfigBuilder::new(NAMESPACE, "gpu-0", "gpu-0")
@@ -186,7 +183,8 @@ fn start_agent(
                 .build(),
         ))
         .build();
-    tokio::spawn(agent::run(cluster.client(), config, stop))
+    rig.start_agent(config);
+    rig
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -212,9 +210,7 @@ async fn uninstall_deletes_the_device_configs_once_the_leader_has_cleaned_the_no
             json!({"selector": {"gpu": "none"}, "metricsExporter": {"enable": true}}),
         )
         .await;
-    let dir = tempfile::tempdir().unwrap();
-    let stop = CancellationToken::new();
-    let agent = start_agent(&cluster, dir.path(), stop.clone());
+    let mut node = start_agent(&cluster).await;
     wait::eventually(
         "the agent follows the DeviceConfig and the leader holds it",
         || {
@@ -289,8 +285,7 @@ async fn uninstall_deletes_the_device_configs_once_the_leader_has_cleaned_the_no
     };
     assert!(gpu_label("gpu-0").is_null(), "{}", cluster.node("gpu-0"));
     assert_eq!(gpu_label("nfd-0"), "true");
-    stop.cancel();
-    let _ = wait::within("the agent stops", agent).await;
+    let _ = node.stop_agent().await;
 
     // With nobody to lift the finalizer: it says so at its timeout, naming
     // the DeviceConfig by namespace/name; one namespace only without

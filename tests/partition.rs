@@ -9,19 +9,18 @@ mod support;
 
 use std::time::Duration;
 
-use gpu_operator::agent::{self, LeaderConfig};
+use gpu_operator::agent::LeaderConfig;
 use gpu_operator::api::agent_status::{AgentStatus, STATUS_ANNOTATION};
 use gpu_operator::cluster::ClusterRole;
-use gpu_operator::host::HostRoot;
 use gpu_operator::partition::state::RECORD_ANNOTATION;
 use gpu_operator::partition::{PROFILE_LABEL, STATE_LABEL};
-use gpu_operator::simulate::{self, SimSpec};
+use gpu_operator::simulate;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 use serde_json::{Value, json};
-use support::agent_config::{AgentConfigBuilder, LeaderConfigBuilder};
-use support::cluster::{self, NAMESPACE as NS, TestCluster};
-use support::kubelet::TestKubelet;
+use support::agent_config::LeaderConfigBuilder;
+use support::cluster::{NAMESPACE as NS, TestCluster};
+use support::node_rig::NodeRig;
 use support::wait;
 use tokio_util::sync::CancellationToken;
 
@@ -29,15 +28,21 @@ const NODE: &str = "gpu-0";
 /// One change of eight GPUs, drain included; generous for a loaded machine.
 const CHANGE: Duration = Duration::from_secs(60);
 
-struct Rig {
-    cluster: TestCluster,
-    dir: tempfile::TempDir,
-    host: HostRoot,
-    kubelet: TestKubelet,
-    agent: Option<(
-        CancellationToken,
-        tokio::task::JoinHandle<Result<(), agent::AgentError>>,
-    )>,
+/// The node: its rig, with the readings these tests take.
+struct Rig(NodeRig);
+
+impl std::ops::Deref for Rig {
+    type Target = NodeRig;
+
+    fn deref(&self) -> &NodeRig {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Rig {
+    fn deref_mut(&mut self) -> &mut NodeRig {
+        &mut self.0
+    }
 }
 
 impl Rig {
@@ -51,52 +56,32 @@ impl Rig {
     }
 
     async fn start_with(spec: Value, with_leader: bool) -> Self {
-        let cluster = TestCluster::start().await;
-        cluster.add_node(cluster::node(NODE, json!({"gpu": "amd"})));
-        cluster
-            .create(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ml"}}))
-            .unwrap();
-        let dir = tempfile::tempdir_in("/dev/shm")
-            .or_else(|_| tempfile::tempdir())
-            .unwrap();
-        let host = HostRoot::new(dir.path().join("host"));
-        simulate::write_host(&host, &SimSpec::new("mi300x", None, None).unwrap()).unwrap();
-        let plugins = dir.path().join("kubelet/device-plugins");
-        std::fs::create_dir_all(&plugins).unwrap();
-        let kubelet = TestKubelet::start(&plugins).await;
-        cluster.apply_device_config("gpus", spec).await;
-        let mut rig = Self {
-            cluster,
-            dir,
-            host,
-            kubelet,
-            agent: None,
-        };
+        let node = NodeRig::builder(NODE)
+            .cluster(json!({"gpu": "amd"}))
+            .namespace("ml")
+            .in_memory()
+            .profile("mi300x", None, None)
+            .kubelet()
+            .start()
+            .await;
+        node.cluster().apply_device_config("gpus", spec).await;
+        let mut rig = Self(node);
         rig.start_agent(with_leader);
         rig
     }
 
     fn start_agent(&mut self, with_leader: bool) {
-        let kubelet_dir = self.dir.path().join("kubelet");
-        let leader = with_leader.then(|| leader_config(&self.cluster, "agent"));
-        let config = AgentConfigBuilder::new(NODE, self.host.clone(), kubelet_dir)
+        let leader = with_leader.then(|| leader_config(self.cluster(), "agent"));
+        let config = self
+            .agent_config()
             .rescan_interval(Duration::from_millis(500))
             .leader(leader)
             .build();
-        let shutdown = CancellationToken::new();
-        let task = tokio::spawn(agent::run(self.cluster.client(), config, shutdown.clone()));
-        self.agent = Some((shutdown, task));
+        self.0.start_agent(config);
     }
 
     async fn stop_agent(&mut self) {
-        if let Some((shutdown, task)) = self.agent.take() {
-            shutdown.cancel();
-            let _ = wait::within("the agent stops", task).await;
-        }
-    }
-
-    fn node(&self) -> Value {
-        self.cluster.node(NODE)
+        let _ = self.0.stop_agent().await;
     }
 
     fn state(&self) -> Option<String> {
@@ -136,7 +121,7 @@ impl Rig {
     }
 
     async fn patch_node(&self, patch: Value) {
-        let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(self.cluster.client());
+        let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(self.cluster().client());
         nodes
             .patch(NODE, &PatchParams::default(), &Patch::Merge(patch))
             .await
@@ -181,7 +166,7 @@ impl Rig {
     }
 
     fn reasons(&self) -> Vec<String> {
-        self.cluster
+        self.cluster()
             .list("v1", "Event")
             .iter()
             .filter(|e| e["involvedObject"]["name"] == NODE)
@@ -210,9 +195,9 @@ fn pod_exists(cluster: &TestCluster, name: &str) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cpx_nps4_is_applied_drain_safe_and_every_service_follows_then_back_to_default() {
     let mut rig = Rig::start(true).await;
-    let registered = rig.kubelet.wait_for_registration("amd.com/gpu", 1).await;
+    let registered = rig.kubelet().wait_for_registration("amd.com/gpu", 1).await;
     let mut devices = rig
-        .kubelet
+        .kubelet()
         .list_and_watch(&registered.request.endpoint)
         .await;
     devices.next_matching("eight GPUs", |d| d.len() == 8).await;
@@ -220,7 +205,7 @@ async fn cpx_nps4_is_applied_drain_safe_and_every_service_follows_then_back_to_d
         r.label("amd.com/gpu.cu-count").as_deref() == Some("304")
     })
     .await;
-    gpu_pod(&rig.cluster, "train").await;
+    gpu_pod(rig.cluster(), "train").await;
 
     rig.choose("cpx_nps4_all").await;
     rig.eventually("cpx_nps4_all applied and the node released", |r| {
@@ -228,10 +213,10 @@ async fn cpx_nps4_is_applied_drain_safe_and_every_service_follows_then_back_to_d
     })
     .await;
     assert!(
-        !pod_exists(&rig.cluster, "train"),
+        !pod_exists(rig.cluster(), "train"),
         "the GPU pod was drained"
     );
-    assert_eq!(rig.cluster.requests().get("create", "pods/eviction"), 1);
+    assert_eq!(rig.cluster().requests().get("create", "pods/eviction"), 1);
     assert!(rig.modes().iter().all(|m| m == "CPX"), "{:?}", rig.modes());
     devices
         .next_matching("64 partitions advertised", |d| d.len() == 64)
@@ -280,7 +265,7 @@ async fn cpx_nps4_is_applied_drain_safe_and_every_service_follows_then_back_to_d
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_nodes_own_partition_change_is_no_health_fault() {
     let mut rig = Rig::start(true).await;
-    let history = rig.cluster.record_nodes();
+    let history = rig.cluster().record_nodes();
     rig.eventually("the health condition published", |r| {
         r.node()["status"]["conditions"]
             .as_array()
@@ -358,7 +343,7 @@ async fn the_nodes_own_partition_change_is_no_health_fault() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_invalid_profile_is_rejected_before_any_drain() {
     let mut rig = Rig::start(true).await;
-    gpu_pod(&rig.cluster, "train").await;
+    gpu_pod(rig.cluster(), "train").await;
     rig.eventually("the agent reports", |r| {
         !r.node()["metadata"]["annotations"][STATUS_ANNOTATION].is_null()
     })
@@ -385,8 +370,8 @@ async fn an_invalid_profile_is_rejected_before_any_drain() {
     })
     .await;
     assert!(!rig.cordoned() && !rig.has_record(), "never cordoned");
-    assert!(pod_exists(&rig.cluster, "train"), "never drained");
-    assert_eq!(rig.cluster.requests().get("create", "pods/eviction"), 0);
+    assert!(pod_exists(rig.cluster(), "train"), "never drained");
+    assert_eq!(rig.cluster().requests().get("create", "pods/eviction"), 0);
     assert!(rig.modes().iter().all(|m| m == "SPX"));
     rig.stop_agent().await;
 }
@@ -433,7 +418,7 @@ async fn a_process_holding_the_gpus_blocks_the_change_and_is_named_and_a_persons
 async fn a_new_leader_resumes_after_the_drain_without_draining_again() {
     // The agent without the cluster role; leaders run on their own.
     let mut rig = Rig::start(false).await;
-    gpu_pod(&rig.cluster, "train").await;
+    gpu_pod(rig.cluster(), "train").await;
     rig.choose("cpx_nps4_all").await;
     rig.eventually("checked by the agent", |r| {
         r.state().as_deref() == Some("pending")
@@ -442,9 +427,9 @@ async fn a_new_leader_resumes_after_the_drain_without_draining_again() {
     // The agent goes away before the drain: nothing applies the change.
     rig.stop_agent().await;
     let first_stop = CancellationToken::new();
-    let first = leader_config(&rig.cluster, "leader-a");
+    let first = leader_config(rig.cluster(), "leader-a");
     let role = ClusterRole::start(
-        rig.cluster.client(),
+        rig.cluster().client(),
         first.lease,
         first.cluster,
         first_stop.clone(),
@@ -455,21 +440,21 @@ async fn a_new_leader_resumes_after_the_drain_without_draining_again() {
             .is_some_and(|a| a.contains("\"drained\""))
     })
     .await;
-    assert!(!pod_exists(&rig.cluster, "train"));
+    assert!(!pod_exists(rig.cluster(), "train"));
     // The first leader dies without letting go; a pod lands on the node
     // meanwhile (bound directly): a second drain would evict it.
     drop(role);
-    gpu_pod(&rig.cluster, "late").await;
-    let second = leader_config(&rig.cluster, "leader-b");
+    gpu_pod(rig.cluster(), "late").await;
+    let second = leader_config(rig.cluster(), "leader-b");
     let _role = ClusterRole::start(
-        rig.cluster.client(),
+        rig.cluster().client(),
         second.lease,
         second.cluster,
         CancellationToken::new(),
     );
     wait::poll_until(
         "the second leader takes over",
-        || rig.cluster.lease_holder(),
+        || rig.cluster().lease_holder(),
         |h| h.as_deref() == Some("leader-b"),
     )
     .await;
@@ -479,8 +464,8 @@ async fn a_new_leader_resumes_after_the_drain_without_draining_again() {
         r.state().as_deref() == Some("success") && !r.cordoned() && !r.has_record()
     })
     .await;
-    assert!(pod_exists(&rig.cluster, "late"), "not drained twice");
-    assert_eq!(rig.cluster.requests().get("create", "pods/eviction"), 1);
+    assert!(pod_exists(rig.cluster(), "late"), "not drained twice");
+    assert_eq!(rig.cluster().requests().get("create", "pods/eviction"), 1);
     assert!(rig.modes().iter().all(|m| m == "CPX"));
     first_stop.cancel();
     rig.stop_agent().await;
@@ -498,7 +483,7 @@ async fn a_heterogeneous_profile_gives_mixed_resources_and_a_clear_problem_under
                "devicePlugin": {"devicePluginArguments": {"resource_naming_strategy": strategy}}})
     };
     let mut rig = Rig::start_with(spec("mixed"), true).await;
-    rig.cluster
+    rig.cluster()
         .create(json!({"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": "profiles", "namespace": NS},
             "data": {"config.json": profiles}}))
@@ -513,16 +498,16 @@ async fn a_heterogeneous_profile_gives_mixed_resources_and_a_clear_problem_under
         ["CPX", "CPX", "CPX", "CPX", "SPX", "SPX", "SPX", "SPX"]
     );
     for (resource, count) in [("amd.com/cpx_nps1", 32), ("amd.com/spx_nps1", 4)] {
-        let registered = rig.kubelet.wait_for_registration(resource, 1).await;
+        let registered = rig.kubelet().wait_for_registration(resource, 1).await;
         let mut devices = rig
-            .kubelet
+            .kubelet()
             .list_and_watch(&registered.request.endpoint)
             .await;
         devices.next_matching(resource, |d| d.len() == count).await;
     }
     // Under `single` the node cannot name its GPUs one way: the status says
     // which layouts clash.
-    rig.cluster
+    rig.cluster()
         .apply_device_config("gpus", spec("single"))
         .await;
     rig.eventually("a problem under single", |r| {

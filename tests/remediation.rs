@@ -21,7 +21,6 @@ use std::time::Duration;
 #[path = "fixtures/testrunner/fake_rvs.rs"]
 mod fake_rvs;
 
-use gpu_operator::agent;
 use gpu_operator::agent::LeaderConfig;
 use gpu_operator::api::DeviceConfig;
 use gpu_operator::cluster::ClusterRole;
@@ -35,9 +34,10 @@ use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
-use support::agent_config::{AgentConfigBuilder, LeaderConfigBuilder};
+use support::agent_config::LeaderConfigBuilder;
 use support::cluster::{self, NAMESPACE as NS, TestCluster};
-use support::pod_resources::{FakeKubelet, pod, serve_kubelet};
+use support::node_rig::NodeRig;
+use support::pod_resources::{FakeKubelet, pod};
 use support::wait;
 use tokio_util::sync::CancellationToken;
 
@@ -272,10 +272,10 @@ async fn label_device_config(cluster: &TestCluster, labels: Value, annotations: 
 
 const NODE: &str = "gpu-0";
 
+/// The node with a real agent: its rig, and what this file adds to it (the
+/// RVS, reboot and GPU reset stand-ins, the kubelet's PodResources answer).
 struct AgentRig {
-    cluster: TestCluster,
-    _dir: tempfile::TempDir,
-    host: HostRoot,
+    rig: NodeRig,
     tools: PathBuf,
     rvs: fake_rvs::FakeRvs,
     bdf: String,
@@ -289,11 +289,20 @@ struct AgentRig {
     /// the agent loads it with a `modprobe` stand-in, and a reboot comes
     /// back without amdgpu, as a node whose in-box driver is blacklisted.
     managed_driver: bool,
-    _kubelet: tokio::sync::oneshot::Sender<()>,
-    agent: Option<(
-        CancellationToken,
-        tokio::task::JoinHandle<Result<(), agent::AgentError>>,
-    )>,
+}
+
+impl std::ops::Deref for AgentRig {
+    type Target = NodeRig;
+
+    fn deref(&self) -> &NodeRig {
+        &self.rig
+    }
+}
+
+impl std::ops::DerefMut for AgentRig {
+    fn deref_mut(&mut self) -> &mut NodeRig {
+        &mut self.rig
+    }
 }
 
 impl AgentRig {
@@ -302,36 +311,32 @@ impl AgentRig {
     }
 
     async fn start_with(rvs_modes: &[&str], mapping: &str, reset: ResetStandIn) -> Self {
-        let cluster = TestCluster::start().await;
-        cluster.add_node(cluster::node(NODE, json!({"gpu": "amd"})));
-        cluster
-            .create(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ml"}}))
-            .unwrap();
-        let dir = tempfile::tempdir_in("/dev/shm")
-            .or_else(|_| tempfile::tempdir())
-            .unwrap();
-        let host = HostRoot::new(dir.path().join("host"));
-        simulate::write_host(&host, &SimSpec::new("mi210", Some(2), None).unwrap()).unwrap();
+        let mut rig = NodeRig::builder(NODE)
+            .cluster(json!({"gpu": "amd"}))
+            .namespace("ml")
+            .in_memory()
+            .host(SimSpec::new("mi210", Some(2), None).unwrap())
+            .start()
+            .await;
+        let host = rig.host.clone();
         let gpus = gpu_operator::device::discover(&host).gpus;
         let (bdf, other_bdf) = (gpus[0].bdf.clone(), gpus[1].bdf.clone());
-        let tools = dir.path().join("tools");
+        let tools = rig.dir().join("tools");
         std::fs::create_dir_all(&tools).unwrap();
         write_reboot(&tools, &host, &bdf, false);
         write_gpu_reset(&tools, &host, reset);
         let rvs = fake_rvs::FakeRvs::new();
         rvs.modes(rvs_modes);
-        create_mapping_of(&cluster, mapping).await;
+        create_mapping_of(rig.cluster(), mapping).await;
         let kubelet_pods = Arc::new(Mutex::new(Vec::new()));
-        let kubelet = serve_kubelet(
-            &dir.path().join("kubelet/pod-resources/kubelet.sock"),
-            FakeKubelet {
-                shared: Some(kubelet_pods.clone()),
-                client: Some(cluster.client()),
-                ..FakeKubelet::default()
-            },
-        )
+        let client = rig.client();
+        rig.serve_pod_resources(FakeKubelet {
+            shared: Some(kubelet_pods.clone()),
+            client: Some(client),
+            ..FakeKubelet::default()
+        })
         .await;
-        cluster
+        rig.cluster()
             .apply_device_config(
                 "gpus",
                 json!({"selector": {"gpu": "amd"}, "devicePlugin": {},
@@ -341,9 +346,7 @@ impl AgentRig {
             )
             .await;
         let mut rig = Self {
-            cluster,
-            _dir: dir,
-            host,
+            rig,
             tools,
             rvs,
             bdf,
@@ -351,8 +354,6 @@ impl AgentRig {
             kubelet_pods,
             allowed: Vec::new(),
             managed_driver: false,
-            _kubelet: kubelet,
-            agent: None,
         };
         rig.start_agent();
         rig
@@ -365,8 +366,6 @@ impl AgentRig {
     /// Starts the agent; with `leader`, it campaigns for the Lease as that
     /// identity.
     fn start_agent_as(&mut self, leader: Option<&str>) {
-        let kubelet_dir = self._dir.path().join("kubelet");
-        std::fs::create_dir_all(kubelet_dir.join("device-plugins")).unwrap();
         let mut driver = if self.managed_driver {
             let mut driver = gpu_operator::driver::manager::ManagerConfig {
                 store: support::bundles::STORE.into(),
@@ -389,7 +388,8 @@ impl AgentRig {
             program: self.tools.join("gpu-reset"),
             args: Vec::new(),
         };
-        let config = AgentConfigBuilder::new(NODE, self.host.clone(), kubelet_dir)
+        let config = self
+            .agent_config()
             .rescan_interval(Duration::from_millis(300))
             .test_commands(Some(gpu_operator::testrunner::Commands {
                 allowed: gpu_operator::testrunner::AllowedCommands::from_flags(
@@ -397,12 +397,10 @@ impl AgentRig {
                 ),
                 ..self.rvs.commands()
             }))
-            .leader(leader.map(|who| leader_config(&self.cluster, who, fast_confirm())))
+            .leader(leader.map(|who| leader_config(self.cluster(), who, fast_confirm())))
             .driver(driver)
             .build();
-        let shutdown = CancellationToken::new();
-        let task = tokio::spawn(agent::run(self.cluster.client(), config, shutdown.clone()));
-        self.agent = Some((shutdown, task));
+        self.rig.start_agent(config);
     }
 
     /// Has the DeviceConfig manage the driver: a signed bundle in the
@@ -421,7 +419,7 @@ impl AgentRig {
         write_reboot(&self.tools, &self.host, &self.bdf, true);
         self.rvs.needs(&self.host.path("/sys/module/amdgpu"));
         self.managed_driver = true;
-        self.cluster
+        self.cluster()
             .apply_device_config(
                 "gpus",
                 json!({"driver": {"enable": true, "version": DRIVER_VERSION}}),
@@ -455,14 +453,7 @@ impl AgentRig {
     }
 
     async fn stop_agent(&mut self) {
-        if let Some((shutdown, task)) = self.agent.take() {
-            shutdown.cancel();
-            let _ = wait::within("the agent stops", task).await;
-        }
-    }
-
-    fn node(&self) -> Value {
-        self.cluster.node(NODE)
+        let _ = self.rig.stop_agent().await;
     }
 
     fn reboots(&self) -> usize {
@@ -519,10 +510,10 @@ impl AgentRig {
     /// Runs GPU pods `train` on the sick GPU and `other` on the healthy
     /// one: in the API, and in the kubelet's PodResources answer.
     async fn run_pods_on_both_gpus(&self) {
-        self.cluster
+        self.cluster()
             .running_gpu_pod("ml", "train", NODE, json!({}))
             .await;
-        self.cluster
+        self.cluster()
             .running_gpu_pod("ml", "other", NODE, json!({}))
             .await;
         *self.kubelet_pods.lock().unwrap() = vec![
@@ -602,8 +593,8 @@ fn write_reboot(tools: &Path, host: &HostRoot, bdf: &str, unload: bool) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ecc_error_is_remediated_end_to_end_taint_drain_reboot_test_confirm_untaint() {
     let mut rig = AgentRig::start(&["pass"]).await;
-    let (_stop, _leader) = start_leader(&rig.cluster, "leader-a", fast_confirm());
-    rig.cluster
+    let (_stop, _leader) = start_leader(rig.cluster(), "leader-a", fast_confirm());
+    rig.cluster()
         .running_gpu_pod("ml", "train", NODE, json!({}))
         .await;
     rig.agent_reported_its_boot().await;
@@ -635,7 +626,7 @@ async fn an_ecc_error_is_remediated_end_to_end_taint_drain_reboot_test_confirm_u
     assert_eq!(record_of(&node)["run"]["condition"], "AMDGPUUnhealthy");
     // 4. Drained through the Eviction API.
     rig.eventually("the GPU pod evicted", |r| {
-        r.cluster.get("v1", "Pod", "ml", "train").is_none()
+        r.cluster().get("v1", "Pod", "ml", "train").is_none()
     })
     .await;
     // 5. Rebooted once: a new boot id.
@@ -656,10 +647,10 @@ async fn an_ecc_error_is_remediated_end_to_end_taint_drain_reboot_test_confirm_u
     assert!(condition_is(&node, "AMDGPUUnhealthy", "False"));
     assert!(node["metadata"]["labels"]["example.com/remediating"].is_null());
     assert_eq!(rig.reboots(), 1, "rebooted once");
-    assert_eq!(rig.cluster.requests().get("create", "pods/eviction"), 1);
+    assert_eq!(rig.cluster().requests().get("create", "pods/eviction"), 1);
     // The emulator's write log, in order: the leader's record (with the
     // labels) and taint, then the eviction, then its later steps.
-    let log = rig.cluster.writes();
+    let log = rig.cluster().writes();
     let leader_writes: Vec<usize> = log
         .iter()
         .enumerate()
@@ -690,10 +681,10 @@ async fn an_ecc_error_is_remediated_end_to_end_taint_drain_reboot_test_confirm_u
         "RemediationTestPassed",
         "amd-gpu-remediation-succeeded",
     ] {
-        event_seen(&rig.cluster, reason, "").await;
+        event_seen(rig.cluster(), reason, "").await;
     }
     event_seen(
-        &rig.cluster,
+        rig.cluster(),
         "amd-gpu-remediation-required",
         "the GPU reported ECC errors",
     )
@@ -713,7 +704,7 @@ async fn an_ecc_error_is_remediated_end_to_end_taint_drain_reboot_test_confirm_u
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fault_on_one_gpu_is_reset_evicting_only_its_pods_and_tested_alone_without_a_reboot() {
     let rig = AgentRig::start_with(&["pass"], RESET_FIRST_MAPPING, ResetStandIn::Repairs).await;
-    let (_stop, _leader) = start_leader(&rig.cluster, "leader-a", fast_confirm());
+    let (_stop, _leader) = start_leader(rig.cluster(), "leader-a", fast_confirm());
     rig.run_pods_on_both_gpus().await;
     rig.agent_reported_its_boot().await;
 
@@ -723,7 +714,7 @@ async fn a_fault_on_one_gpu_is_reset_evicting_only_its_pods_and_tested_alone_wit
     })
     .await;
     rig.eventually("the pod on the sick GPU evicted", |r| {
-        r.cluster.get("v1", "Pod", "ml", "train").is_none()
+        r.cluster().get("v1", "Pod", "ml", "train").is_none()
     })
     .await;
     rig.eventually("released", |r| {
@@ -734,10 +725,10 @@ async fn a_fault_on_one_gpu_is_reset_evicting_only_its_pods_and_tested_alone_wit
     let node = rig.node();
     assert!(condition_is(&node, "AMDGPUUnhealthy", "False"));
     assert!(
-        rig.cluster.get("v1", "Pod", "ml", "other").is_some(),
+        rig.cluster().get("v1", "Pod", "ml", "other").is_some(),
         "the pod on the healthy GPU stays"
     );
-    assert_eq!(rig.cluster.requests().get("create", "pods/eviction"), 1);
+    assert_eq!(rig.cluster().requests().get("create", "pods/eviction"), 1);
     assert_eq!(
         rig.resets(),
         std::slice::from_ref(&rig.bdf),
@@ -747,16 +738,16 @@ async fn a_fault_on_one_gpu_is_reset_evicting_only_its_pods_and_tested_alone_wit
     let runs = rig.rvs.invocations();
     assert_eq!(runs.len(), 1, "{runs:?}");
     assert!(runs[0].ends_with("gpus=0"), "the reset GPU alone: {runs:?}");
-    event_seen(&rig.cluster, "RemediationGpuReset", &rig.bdf).await;
-    event_seen(&rig.cluster, "RemediationStep", "confined to GPU").await;
-    event_seen(&rig.cluster, "amd-gpu-remediation-succeeded", "").await;
-    assert!(events_with(&rig.cluster, "RemediationEscalated").is_empty());
+    event_seen(rig.cluster(), "RemediationGpuReset", &rig.bdf).await;
+    event_seen(rig.cluster(), "RemediationStep", "confined to GPU").await;
+    event_seen(rig.cluster(), "amd-gpu-remediation-succeeded", "").await;
+    assert!(events_with(rig.cluster(), "RemediationEscalated").is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_gpu_reset_escalates_to_draining_and_rebooting_the_node() {
     let mut rig = AgentRig::start_with(&["pass"], RESET_FIRST_MAPPING, ResetStandIn::Fails).await;
-    let (_stop, _leader) = start_leader(&rig.cluster, "leader-a", fast_confirm());
+    let (_stop, _leader) = start_leader(rig.cluster(), "leader-a", fast_confirm());
     rig.run_pods_on_both_gpus().await;
     rig.agent_reported_its_boot().await;
 
@@ -765,12 +756,12 @@ async fn a_failed_gpu_reset_escalates_to_draining_and_rebooting_the_node() {
         .await;
     // Escalated: the whole node is drained, then rebooted.
     rig.eventually("every GPU pod evicted", |r| {
-        r.cluster.get("v1", "Pod", "ml", "other").is_none()
-            && r.cluster.get("v1", "Pod", "ml", "train").is_none()
+        r.cluster().get("v1", "Pod", "ml", "other").is_none()
+            && r.cluster().get("v1", "Pod", "ml", "train").is_none()
     })
     .await;
     event_seen(
-        &rig.cluster,
+        rig.cluster(),
         "RemediationEscalated",
         "amdgpu: GPU reset failed",
     )
@@ -782,7 +773,7 @@ async fn a_failed_gpu_reset_escalates_to_draining_and_rebooting_the_node() {
     })
     .await;
     assert_eq!(rig.resets().len(), 1, "one reset tried");
-    assert_eq!(rig.cluster.requests().get("create", "pods/eviction"), 2);
+    assert_eq!(rig.cluster().requests().get("create", "pods/eviction"), 2);
     let runs = rig.rvs.invocations();
     assert_eq!(
         runs.len(),
@@ -800,8 +791,8 @@ async fn a_failed_gpu_reset_escalates_to_draining_and_rebooting_the_node() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_gpu_reset_while_a_pod_the_drain_leaves_still_holds_the_gpu() {
     let mut rig = AgentRig::start_with(&["pass"], RESET_FIRST_MAPPING, ResetStandIn::Repairs).await;
-    let (_stop, _leader) = start_leader(&rig.cluster, "leader-a", fast_confirm());
-    rig.cluster
+    let (_stop, _leader) = start_leader(rig.cluster(), "leader-a", fast_confirm());
+    rig.cluster()
         .create(json!({
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": "monitor", "namespace": "ml",
@@ -811,12 +802,12 @@ async fn no_gpu_reset_while_a_pod_the_drain_leaves_still_holds_the_gpu() {
                 "resources": {"limits": {"amd.com/gpu": "1"}}}]},
         }))
         .unwrap();
-    rig.cluster.start_pod("ml", "monitor").await;
+    rig.cluster().start_pod("ml", "monitor").await;
     *rig.kubelet_pods.lock().unwrap() = vec![pod("monitor", "amd.com/gpu", &[&rig.bdf])];
     rig.agent_reported_its_boot().await;
 
     rig.inject_ecc_error();
-    event_seen(&rig.cluster, "RemediationEscalated", "still hold GPU").await;
+    event_seen(rig.cluster(), "RemediationEscalated", "still hold GPU").await;
     rig.come_back_from_reboot(1).await;
     rig.eventually("released", |r| {
         let node = r.node();
@@ -825,7 +816,7 @@ async fn no_gpu_reset_while_a_pod_the_drain_leaves_still_holds_the_gpu() {
     .await;
     assert!(rig.resets().is_empty(), "no reset: {:?}", rig.resets());
     assert!(
-        rig.cluster.get("v1", "Pod", "ml", "monitor").is_some(),
+        rig.cluster().get("v1", "Pod", "ml", "monitor").is_some(),
         "drains leave DaemonSet pods"
     );
 }
@@ -834,18 +825,18 @@ async fn no_gpu_reset_while_a_pod_the_drain_leaves_still_holds_the_gpu() {
 async fn a_validation_waits_for_the_test_runners_test_on_the_same_gpu() {
     let rig =
         AgentRig::start_with(&["hang", "pass"], NO_REBOOT_MAPPING, ResetStandIn::Repairs).await;
-    let (_stop, _leader) = start_leader(&rig.cluster, "leader-a", fast_confirm());
+    let (_stop, _leader) = start_leader(rig.cluster(), "leader-a", fast_confirm());
     let config = fake_rvs::config_json(
         "AUTO_UNHEALTHY_GPU_WATCH",
         r#"{"Recipe":"gst_single","TimeoutSeconds":3}"#,
     );
-    let api: Api<ConfigMap> = Api::namespaced(rig.cluster.client(), NS);
+    let api: Api<ConfigMap> = Api::namespaced(rig.cluster().client(), NS);
     let map: ConfigMap = serde_json::from_value(json!({
         "metadata": {"name": "gpu-tests"}, "data": {"config.json": config}
     }))
     .unwrap();
     api.create(&PostParams::default(), &map).await.unwrap();
-    rig.cluster
+    rig.cluster()
         .apply_device_config(
             "gpus",
             json!({"selector": {"gpu": "amd"}, "devicePlugin": {},
@@ -889,8 +880,8 @@ async fn after_a_reboot_validation_waits_for_the_managed_driver_loaded_once() {
     let mut rig = AgentRig::start(&["pass"]).await;
     rig.manage_driver().await;
     assert_eq!(rig.modprobe_runs().len(), 1, "{:?}", rig.modprobe_runs());
-    let history = rig.cluster.record_nodes();
-    let (_stop, _leader) = start_leader(&rig.cluster, "leader-a", fast_confirm());
+    let history = rig.cluster().record_nodes();
+    let (_stop, _leader) = start_leader(rig.cluster(), "leader-a", fast_confirm());
     rig.agent_reported_its_boot().await;
     rig.inject_ecc_error();
     rig.eventually("the taint", |r| tainted(&r.node())).await;
@@ -900,8 +891,8 @@ async fn after_a_reboot_validation_waits_for_the_managed_driver_loaded_once() {
         phase_of(&node).is_none() && !tainted(&node)
     })
     .await;
-    event_seen(&rig.cluster, "RemediationTestPassed", "gst_single").await;
-    assert!(events_with(&rig.cluster, "amd-gpu-remediation-failed").is_empty());
+    event_seen(rig.cluster(), "RemediationTestPassed", "gst_single").await;
+    assert!(events_with(rig.cluster(), "amd-gpu-remediation-failed").is_empty());
     assert_eq!(
         rig.modprobe_runs().len(),
         2,
@@ -959,7 +950,7 @@ async fn after_a_reboot_validation_waits_for_the_managed_driver_loaded_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_validation_tool_that_cannot_start_is_not_a_gpu_failure() {
     let mut rig = AgentRig::start_with(&["pass"], AGFHC_MAPPING, ResetStandIn::Repairs).await;
-    let (_stop, _leader) = start_leader(&rig.cluster, "leader-a", fast_confirm());
+    let (_stop, _leader) = start_leader(rig.cluster(), "leader-a", fast_confirm());
     rig.agent_reported_its_boot().await;
     rig.inject_ecc_error();
     rig.eventually("the taint", |r| tainted(&r.node())).await;
@@ -969,21 +960,21 @@ async fn a_validation_tool_that_cannot_start_is_not_a_gpu_failure() {
         phase_of(&node).is_none() && !tainted(&node)
     })
     .await;
-    event_seen(&rig.cluster, "RemediationTestNotRun", "--agfhc").await;
+    event_seen(rig.cluster(), "RemediationTestNotRun", "--agfhc").await;
     event_seen(
-        &rig.cluster,
+        rig.cluster(),
         "RemediationValidationNotRun",
         "judged by its health checks alone",
     )
     .await;
     event_seen(
-        &rig.cluster,
+        rig.cluster(),
         "amd-gpu-remediation-succeeded",
         "stayed False",
     )
     .await;
     assert!(
-        events_with(&rig.cluster, "amd-gpu-remediation-failed").is_empty(),
+        events_with(rig.cluster(), "amd-gpu-remediation-failed").is_empty(),
         "no failure: nothing was tested"
     );
     assert!(rig.rvs.invocations().is_empty(), "RVS was not asked");
@@ -1011,7 +1002,7 @@ async fn a_command_profile_runs_its_program() {
     rig.allowed = vec![tools.path().to_path_buf()];
     rig.stop_agent().await;
     rig.start_agent();
-    let (_stop, _leader) = start_leader(&rig.cluster, "leader-a", fast_confirm());
+    let (_stop, _leader) = start_leader(rig.cluster(), "leader-a", fast_confirm());
     rig.agent_reported_its_boot().await;
     rig.inject_ecc_error();
     rig.eventually("the taint", |r| tainted(&r.node())).await;
@@ -1024,13 +1015,13 @@ async fn a_command_profile_runs_its_program() {
     let ran = std::fs::read_to_string(&log).unwrap_or_default();
     assert_eq!(ran.lines().count(), 1, "{ran}");
     assert!(ran.starts_with("--minutes 1 gpus="), "{ran}");
-    event_seen(&rig.cluster, "RemediationTestPassed", "COMMAND burn-in").await;
+    event_seen(rig.cluster(), "RemediationTestPassed", "COMMAND burn-in").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_validation_test_keeps_the_node_tainted_with_the_entrys_message() {
     let mut rig = AgentRig::start(&["fail"]).await;
-    let (_stop, _leader) = start_leader(&rig.cluster, "leader-a", fast_confirm());
+    let (_stop, _leader) = start_leader(rig.cluster(), "leader-a", fast_confirm());
     rig.eventually("the agent reports", |r| {
         r.node()["metadata"]["annotations"]["amd.com/gpu-agent-status"].is_string()
     })
@@ -1045,14 +1036,14 @@ async fn a_failed_validation_test_keeps_the_node_tainted_with_the_entrys_message
     assert!(tainted(&node), "a failed node stays tainted");
     assert_eq!(node["metadata"]["labels"]["example.com/remediating"], "yes");
     event_seen(
-        &rig.cluster,
+        rig.cluster(),
         "amd-gpu-remediation-failed",
         "call the vendor",
     )
     .await;
     assert_eq!(rig.reboots(), 1);
     // A person removes the taint: the run is closed and its labels go.
-    let nodes: Api<Node> = Api::all(rig.cluster.client());
+    let nodes: Api<Node> = Api::all(rig.cluster().client());
     nodes
         .patch(
             NODE,
@@ -1067,7 +1058,7 @@ async fn a_failed_validation_test_keeps_the_node_tainted_with_the_entrys_message
     })
     .await;
     event_seen(
-        &rig.cluster,
+        rig.cluster(),
         "RemediationReleased",
         "removed the remediation taint",
     )
@@ -1077,7 +1068,7 @@ async fn a_failed_validation_test_keeps_the_node_tainted_with_the_entrys_message
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_leader_resumes_a_remediation_without_a_second_drain_or_reboot() {
     let mut rig = AgentRig::start(&["pass"]).await;
-    rig.cluster
+    rig.cluster()
         .running_gpu_pod("ml", "train", NODE, json!({}))
         .await;
     rig.eventually("the agent reports", |r| {
@@ -1090,7 +1081,7 @@ async fn a_new_leader_resumes_a_remediation_without_a_second_drain_or_reboot() {
         interval: Duration::from_secs(2),
         within: Duration::from_secs(30),
     };
-    let (first_stop, first) = start_leader(&rig.cluster, "leader-a", slow);
+    let (first_stop, first) = start_leader(rig.cluster(), "leader-a", slow);
     rig.inject_ecc_error();
     rig.come_back_from_reboot(1).await;
     rig.eventually("rebooted and confirming", |r| {
@@ -1100,13 +1091,13 @@ async fn a_new_leader_resumes_a_remediation_without_a_second_drain_or_reboot() {
     // The first leader dies without letting go; a pod lands on the node
     // meanwhile (bound directly): a second drain would evict it.
     drop(first);
-    rig.cluster
+    rig.cluster()
         .running_gpu_pod("ml", "late", NODE, json!({}))
         .await;
-    let (_second_stop, _second) = start_leader(&rig.cluster, "leader-b", slow);
+    let (_second_stop, _second) = start_leader(rig.cluster(), "leader-b", slow);
     wait::poll_until(
         "the second leader takes over",
-        || rig.cluster.lease_holder(),
+        || rig.cluster().lease_holder(),
         |h| h.as_deref() == Some("leader-b"),
     )
     .await;
@@ -1115,9 +1106,9 @@ async fn a_new_leader_resumes_a_remediation_without_a_second_drain_or_reboot() {
     })
     .await;
     assert_eq!(rig.reboots(), 1, "not rebooted twice");
-    assert_eq!(rig.cluster.requests().get("create", "pods/eviction"), 1);
+    assert_eq!(rig.cluster().requests().get("create", "pods/eviction"), 1);
     assert!(
-        rig.cluster.get("v1", "Pod", "ml", "late").is_some(),
+        rig.cluster().get("v1", "Pod", "ml", "late").is_some(),
         "not drained twice"
     );
     assert_eq!(rig.rvs.invocations().len(), 1, "not tested twice");
@@ -1131,16 +1122,16 @@ async fn the_leaders_own_node_hands_the_lease_over_before_it_reboots() {
     rig.start_agent_as(Some("agent-gpu-0"));
     wait::poll_until(
         "the node's agent leads",
-        || rig.cluster.lease_holder(),
+        || rig.cluster().lease_holder(),
         |h| h.as_deref() == Some("agent-gpu-0"),
     )
     .await;
-    let (_stop, _standby) = start_leader(&rig.cluster, "leader-b", fast_confirm());
+    let (_stop, _standby) = start_leader(rig.cluster(), "leader-b", fast_confirm());
     rig.inject_ecc_error();
     rig.eventually("the reboot stand-in ran", |r| r.reboots() == 1)
         .await;
     // The stand-in ran after the agent let go of the Lease.
-    let holder = rig.cluster.lease_holder().await;
+    let holder = rig.cluster().lease_holder().await;
     assert_ne!(
         holder.as_deref(),
         Some("agent-gpu-0"),
@@ -1148,7 +1139,7 @@ async fn the_leaders_own_node_hands_the_lease_over_before_it_reboots() {
     );
     wait::poll_until(
         "the standby leads",
-        || rig.cluster.lease_holder(),
+        || rig.cluster().lease_holder(),
         |h| h.as_deref() == Some("leader-b"),
     )
     .await;
@@ -1163,18 +1154,18 @@ async fn the_leaders_own_node_hands_the_lease_over_before_it_reboots() {
     // The leader's Events of the steps its own node's agent acts on were
     // written before the agent let go of the Lease, not lost with it.
     event_seen(
-        &rig.cluster,
+        rig.cluster(),
         "amd-gpu-remediation-required",
         "the GPU reported ECC errors",
     )
     .await;
-    event_seen(&rig.cluster, "RemediationStep", "reboot").await;
+    event_seen(rig.cluster(), "RemediationStep", "reboot").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_abort_stops_the_validation_tests_that_run() {
     let mut rig = AgentRig::start(&["hang"]).await;
-    let (_stop, _leader) = start_leader(&rig.cluster, "leader-a", fast_confirm());
+    let (_stop, _leader) = start_leader(rig.cluster(), "leader-a", fast_confirm());
     rig.eventually("the agent reports", |r| {
         r.node()["metadata"]["annotations"]["amd.com/gpu-agent-status"].is_string()
     })
@@ -1187,7 +1178,7 @@ async fn an_abort_stops_the_validation_tests_that_run() {
     .await;
     // The pid once it is written whole: the file exists a moment before.
     let pid = tokio::task::block_in_place(|| rig.rvs.wait_for_pid("child.pid"));
-    rig.cluster
+    rig.cluster()
         .label_node(NODE, "operator.amd.com/gpu-abort-workflow", Some("true"))
         .await;
     rig.eventually("aborted", |r| {

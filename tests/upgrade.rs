@@ -13,21 +13,19 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use gpu_operator::agent;
 use gpu_operator::api::agent_status::{AgentStatus, STATUS_ANNOTATION};
 use gpu_operator::api::driver_upgrade::{RETRY_VALUE, STATE_LABEL, TAINT_KEY};
 use gpu_operator::cluster::upgrade::Timeouts;
-use gpu_operator::host::HostRoot;
 use gpu_operator::simulate::{self, SIM_KERNEL_RELEASE, SimModule, SimSpec};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use serde_json::{Value, json};
-use support::agent_config::{AgentConfigBuilder, LeaderConfigBuilder};
+use support::agent_config::LeaderConfigBuilder;
 use support::bundles;
 use support::cluster::{self, NAMESPACE as NS, TestCluster};
+use support::node_rig::NodeRig;
 use support::wait;
-use tokio_util::sync::CancellationToken;
 
 const FROM: &str = "6.3.0";
 const TO: &str = "6.4.1";
@@ -35,18 +33,23 @@ const TO: &str = "6.4.1";
 /// a second here; the bound is for a loaded 2-core machine.
 const ROLLOUT: Duration = Duration::from_secs(90);
 
+/// A node of the fleet: its rig, and how often its agent's pod started.
 struct Member {
-    name: String,
-    dir: tempfile::TempDir,
-    host: HostRoot,
+    rig: NodeRig,
     restarts: usize,
-    shutdown: CancellationToken,
-    task: Option<tokio::task::JoinHandle<Result<(), agent::AgentError>>>,
+}
+
+impl std::ops::Deref for Member {
+    type Target = NodeRig;
+
+    fn deref(&self) -> &NodeRig {
+        &self.rig
+    }
 }
 
 impl Member {
     fn tools(&self) -> PathBuf {
-        self.dir.path().join("tools")
+        self.dir().join("tools")
     }
 }
 
@@ -94,29 +97,27 @@ impl Fleet {
         for i in 0..setup.nodes {
             let name = format!("gpu-{i}");
             cluster.add_node(cluster::node(&name, json!({"gpu": "amd"})));
-            let dir = tempfile::tempdir().unwrap();
-            let host = HostRoot::new(dir.path().join("host"));
-            simulate::write_host(&host, &SimSpec::new("mi210", Some(1), None).unwrap()).unwrap();
-            // The out-of-tree driver the upgrade starts from.
-            simulate::load_module(
-                &host,
-                &SimModule {
-                    version: Some(FROM.into()),
-                    ..SimModule::default()
-                },
-            )
-            .unwrap();
-            for version in &setup.bundles {
-                bundles::write_bundle(&host, version, SIM_KERNEL_RELEASE, false);
-            }
-            members.push(Member {
-                name,
-                dir,
-                host,
-                restarts: 0,
-                shutdown: CancellationToken::new(),
-                task: None,
-            });
+            let bundle_versions = setup.bundles.clone();
+            let rig = NodeRig::builder(&name)
+                .join(cluster.client())
+                .host(SimSpec::new("mi210", Some(1), None).unwrap())
+                .prepare(move |host| {
+                    // The out-of-tree driver the upgrade starts from.
+                    simulate::load_module(
+                        host,
+                        &SimModule {
+                            version: Some(FROM.into()),
+                            ..SimModule::default()
+                        },
+                    )
+                    .unwrap();
+                    for version in &bundle_versions {
+                        bundles::write_bundle(host, version, SIM_KERNEL_RELEASE, false);
+                    }
+                })
+                .start()
+                .await;
+            members.push(Member { rig, restarts: 0 });
         }
         let watch = cluster.record_nodes();
         let history = watch.shared();
@@ -159,9 +160,8 @@ impl Fleet {
             ..Default::default()
         };
         driver.commands.modprobe = modprobe;
-        let kubelet_dir = member.dir.path().join("kubelet");
-        std::fs::create_dir_all(kubelet_dir.join("device-plugins")).unwrap();
-        let config = AgentConfigBuilder::new(&member.name, member.host.clone(), kubelet_dir)
+        let config = member
+            .agent_config()
             .leader(Some(
                 // A lease long enough that a loaded machine does not lose it
                 // between two renewals; the leader-loss test waits for one
@@ -175,12 +175,7 @@ impl Fleet {
             ))
             .driver(driver)
             .build();
-        member.shutdown = CancellationToken::new();
-        member.task = Some(tokio::spawn(agent::run(
-            self.cluster.client(),
-            config,
-            member.shutdown.clone(),
-        )));
+        member.rig.start_agent(config);
     }
 
     fn node(&self, name: &str) -> Value {
@@ -250,10 +245,7 @@ impl Fleet {
     async fn stop_all(&mut self) {
         self._watch.abort();
         for m in &mut self.members {
-            m.shutdown.cancel();
-            if let Some(task) = m.task.take() {
-                let _ = wait::within("an agent stops", task).await;
-            }
+            let _ = m.rig.stop_agent().await;
         }
     }
 
@@ -594,7 +586,7 @@ async fn a_new_leader_resumes_an_upgrade_without_draining_a_node_twice() {
     .await;
     // gpu-0, picked first, loads the target only once the test opens the
     // gate: it stays in progress meanwhile.
-    let gate = fleet.members[0].dir.path().join("gate");
+    let gate = fleet.members[0].dir().join("gate");
     bundles::hold_loads_until(&fleet.members[0].tools(), &gate);
     namespace(&fleet, "ml");
     for i in 0..3 {
@@ -618,7 +610,11 @@ async fn a_new_leader_resumes_an_upgrade_without_draining_a_node_twice() {
         .iter()
         .position(|m| old.starts_with(&format!("{}/", m.name)))
         .unwrap();
-    fleet.members[i].task.take().unwrap().abort();
+    assert!(
+        fleet.members[i].has_agent(),
+        "the leader's node runs an agent"
+    );
+    fleet.members[i].rig.abort_agent();
     fleet.spawn(i);
     let new = wait::poll_until(
         "a new leader",

@@ -5,11 +5,9 @@
 
 use crate::support;
 
-use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gpu_operator::device::{Inventory, discover};
 use gpu_operator::events::EventSink;
 use gpu_operator::health::outputs::{
     CONDITION_TYPE, EVENT_UNHEALTHY, REASON_HEALTHY, REASON_UNHEALTHY,
@@ -18,57 +16,67 @@ use gpu_operator::health::{
     GpuHealth, HealthConfig, HealthMonitor, HealthSnapshot, HealthTransition, NodeHealthPublisher,
     apply_node_health,
 };
-use gpu_operator::host::HostRoot;
 use gpu_operator::node_writer::NodeWriter;
 use gpu_operator::plugin::{DeviceRef, HealthReport};
 use gpu_operator::service::Slot;
-use gpu_operator::simulate::{self, SimSpec};
+use gpu_operator::simulate;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use serde_json::json;
 use support::cluster::TestCluster;
+use support::node_rig::NodeRig;
 use support::wait::{self, WAIT};
 use tokio::sync::{broadcast, watch};
 
 const GPU: &str = "0000:27:00.0";
 
-/// A temporary directory, in memory when the machine has /dev/shm (simulated
-/// hosts have thousands of files; deleting them from disk can take seconds).
-fn scratch() -> tempfile::TempDir {
-    let shm = Path::new("/dev/shm");
-    if shm.is_dir()
-        && let Ok(dir) = tempfile::tempdir_in(shm)
-    {
-        return dir;
-    }
-    tempfile::tempdir().unwrap()
-}
-
+/// The node (its host in memory when the machine has /dev/shm: simulated
+/// hosts have thousands of files; deleting them from disk can take seconds)
+/// and the monitor under a supervisor slot on its inventory feed.
 struct Rig {
-    _dir: tempfile::TempDir,
-    host: HostRoot,
-    inventory: watch::Sender<Arc<Inventory>>,
+    node: NodeRig,
     slot: Slot<HealthMonitor>,
     report: watch::Receiver<HealthReport>,
     snapshot: watch::Receiver<Arc<HealthSnapshot>>,
     transitions: broadcast::Receiver<HealthTransition>,
 }
 
+impl std::ops::Deref for Rig {
+    type Target = NodeRig;
+
+    fn deref(&self) -> &NodeRig {
+        &self.node
+    }
+}
+
+/// The simulated node of `profile`/`partition` with its feeds, `prepare`
+/// run on the host first.
+async fn node(
+    profile: &str,
+    partition: Option<&str>,
+    prepare: impl FnOnce(&gpu_operator::host::HostRoot),
+) -> NodeRig {
+    NodeRig::builder("gpu-node")
+        .in_memory()
+        .profile(profile, None, partition)
+        .prepare(prepare)
+        .feeds()
+        .start()
+        .await
+}
+
 async fn start(profile: &str, partition: Option<&str>, exporter_config: Option<&str>) -> Rig {
-    let dir = scratch();
-    let host = HostRoot::new(dir.path().join("host"));
-    simulate::write_host(&host, &SimSpec::new(profile, None, partition).unwrap()).unwrap();
-    let inventory = watch::Sender::new(Arc::new(discover(&host)));
-    let monitor = HealthMonitor::new(inventory.subscribe());
+    let node = node(profile, partition, |_| {}).await;
+    let monitor = HealthMonitor::new(node.inventory().subscribe());
     let (report, mut snapshot, transitions) =
         (monitor.report(), monitor.snapshot(), monitor.subscribe());
     let mut slot = Slot::new(monitor);
     slot.apply(Some(HealthConfig {
         exporter_config: exporter_config.map(str::to_owned),
-        ..HealthConfig::new(host.clone())
+        ..HealthConfig::new(node.host.clone())
     }))
     .await;
-    let gpus = inventory.borrow().gpus.len();
+    let gpus = node.inventory().borrow().gpus.len();
     wait::within(
         "the first health sample",
         snapshot.wait_for(|s| s.gpus.len() == gpus),
@@ -76,9 +84,7 @@ async fn start(profile: &str, partition: Option<&str>, exporter_config: Option<&
     .await
     .unwrap();
     Rig {
-        _dir: dir,
-        host,
-        inventory,
+        node,
         slot,
         report,
         snapshot,
@@ -161,12 +167,11 @@ async fn an_uncorrectable_ecc_error_marks_the_gpu_unhealthy_and_it_recovers() {
 
 #[tokio::test]
 async fn a_bad_sample_is_confirmed_at_the_short_interval_not_the_settled_one() {
-    let dir = scratch();
-    let host = HostRoot::new(dir.path().join("host"));
-    simulate::write_host(&host, &SimSpec::new("mi300x", None, None).unwrap()).unwrap();
-    simulate::set_ecc_counts(&host, GPU, "umc", 1, 0).unwrap();
-    let inventory = watch::Sender::new(Arc::new(discover(&host)));
-    let monitor = HealthMonitor::new(inventory.subscribe());
+    let node = node("mi300x", None, |host| {
+        simulate::set_ecc_counts(host, GPU, "umc", 1, 0).unwrap();
+    })
+    .await;
+    let monitor = HealthMonitor::new(node.inventory().subscribe());
     let mut transitions = monitor.subscribe();
     let mut slot = Slot::new(monitor);
     // Settled samples an hour apart: within the wait, only the confirmation
@@ -174,7 +179,7 @@ async fn a_bad_sample_is_confirmed_at_the_short_interval_not_the_settled_one() {
     slot.apply(Some(HealthConfig {
         interval: Duration::from_secs(3600),
         confirm_interval: Duration::from_millis(50),
-        ..HealthConfig::new(host.clone())
+        ..HealthConfig::new(node.host.clone())
     }))
     .await;
     let t = wait::within("the confirmed ECC error", transitions.recv())
@@ -247,9 +252,9 @@ async fn device_nodes_binding_and_vanished_gpus() {
     );
 
     // Discovery no longer lists a GPU: it is missing compared with the start.
-    let mut fewer = (**rig.inventory.borrow()).clone();
+    let mut fewer = (**rig.inventory().borrow()).clone();
     fewer.gpus.retain(|g| g.bdf != "0000:65:00.0");
-    rig.inventory.send_replace(Arc::new(fewer));
+    rig.inventory().send_replace(Arc::new(fewer));
     let health = rig.until_gpu("0000:65:00.0", false).await;
     assert_eq!(
         health.reasons,

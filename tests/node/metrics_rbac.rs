@@ -15,23 +15,18 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use gpu_operator::agent;
 use gpu_operator::api::agent_status::{AgentStatus, STATUS_ANNOTATION};
-use gpu_operator::host::HostRoot;
-use gpu_operator::simulate::{self, SimSpec};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::Api;
 use kube::api::{ObjectMeta, PostParams};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
 use serde_json::{Value, json};
-use support::agent_config::AgentConfigBuilder;
-use support::cluster::{NAMESPACE as NS, TestCluster};
-use support::kubelet::TestKubelet;
+use support::cluster::NAMESPACE as NS;
+use support::node_rig::NodeRig;
 use support::wait;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio_util::sync::CancellationToken;
 
 const NODE: &str = "gpu-node-1";
 const TOKEN_REVIEWS: &str = "tokenreviews.authentication.k8s.io";
@@ -166,46 +161,40 @@ async fn tls(
     request(stream, path, token).await
 }
 
+/// The node with its agent, serving metrics on `metrics`.
 struct Harness {
-    cluster: TestCluster,
-    _dir: tempfile::TempDir,
-    _kubelet: TestKubelet,
+    node: NodeRig,
     metrics: SocketAddr,
-    shutdown: CancellationToken,
-    agent: tokio::task::JoinHandle<Result<(), agent::AgentError>>,
+}
+
+impl std::ops::Deref for Harness {
+    type Target = NodeRig;
+
+    fn deref(&self) -> &NodeRig {
+        &self.node
+    }
 }
 
 impl Harness {
     async fn start() -> Self {
-        let cluster = TestCluster::with_nodes(&[(NODE, json!({}))]).await;
-        let dir = tempfile::tempdir().unwrap();
-        let host = HostRoot::new(dir.path().join("host"));
-        simulate::write_host(&host, &SimSpec::new("mi300x", None, None).unwrap()).unwrap();
-        let kubelet_dir = dir.path().join("kubelet");
-        std::fs::create_dir_all(kubelet_dir.join("device-plugins")).unwrap();
-        let kubelet = TestKubelet::start(&kubelet_dir.join("device-plugins")).await;
+        let mut node = NodeRig::builder(NODE)
+            .cluster(json!({}))
+            .profile("mi300x", None, None)
+            .kubelet()
+            .start()
+            .await;
         // The agent binds this address; take a free port and let it go.
         let metrics = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
             .unwrap();
-        let config = AgentConfigBuilder::new(NODE, host, kubelet_dir)
-            .metrics_listen(metrics)
-            .build();
-        let shutdown = CancellationToken::new();
-        let agent = tokio::spawn(agent::run(cluster.client(), config, shutdown.clone()));
-        Self {
-            cluster,
-            _dir: dir,
-            _kubelet: kubelet,
-            metrics,
-            shutdown,
-            agent,
-        }
+        let config = node.agent_config().metrics_listen(metrics).build();
+        node.start_agent(config);
+        Self { node, metrics }
     }
 
     async fn create_tls_secret(&self, name: &str, pki: &Pki) {
-        let api: Api<Secret> = Api::namespaced(self.cluster.client(), NS);
+        let api: Api<Secret> = Api::namespaced(self.client(), NS);
         let data = BTreeMap::from([
             (
                 "tls.crt".to_owned(),
@@ -229,7 +218,7 @@ impl Harness {
     }
 
     async fn create_client_ca(&self, name: &str, pki: &Pki) {
-        let api: Api<ConfigMap> = Api::namespaced(self.cluster.client(), NS);
+        let api: Api<ConfigMap> = Api::namespaced(self.client(), NS);
         let cm = ConfigMap {
             metadata: ObjectMeta {
                 name: Some(name.into()),
@@ -242,18 +231,17 @@ impl Harness {
     }
 
     async fn apply_device_config(&self, spec: Value) {
-        self.cluster.apply_device_config("gpus", spec).await;
+        self.cluster().apply_device_config("gpus", spec).await;
     }
 
     fn status(&self) -> Option<AgentStatus> {
-        let node = self.cluster.get("v1", "Node", "", NODE)?;
+        let node = self.cluster().get("v1", "Node", "", NODE)?;
         let text = node["metadata"]["annotations"][STATUS_ANNOTATION].as_str()?;
         AgentStatus::parse(text).ok()
     }
 
-    async fn stop(self) {
-        self.shutdown.cancel();
-        let stopped = wait::within("the agent stops", self.agent).await;
+    async fn stop(mut self) {
+        let (stopped, _) = self.node.stop_agent().await.expect("an agent runs");
         stopped.unwrap().unwrap();
     }
 }
@@ -275,7 +263,7 @@ fn rbac_spec() -> Value {
 async fn tokens_are_reviewed_and_cached_over_tls_and_healthz_stays_open() {
     let pki = Pki::new();
     let harness = Harness::start().await;
-    let reviews = harness.cluster.reviews();
+    let reviews = harness.cluster().reviews();
     reviews.add_token("good", PROMETHEUS_SA, &["system:serviceaccounts"]);
     reviews.allow_user(PROMETHEUS_SA, "get", "/metrics");
     reviews.add_token("no-grant", "alice", &[]);
@@ -323,30 +311,30 @@ async fn tokens_are_reviewed_and_cached_over_tls_and_healthz_stays_open() {
     assert_eq!(code(&plain_metrics), Some(400), "{plain_metrics:?}");
 
     // Within the cache window the same token and path make no new review.
-    let before = harness.cluster.requests();
+    let before = harness.cluster().requests();
     for _ in 0..3 {
         let again = tls(addr, &anonymous, "/metrics", Some("good")).await;
         assert_eq!(code(&again), Some(200), "{again:?}");
     }
     let forbidden_again = tls(addr, &anonymous, "/metrics", Some("no-grant")).await;
     assert_eq!(code(&forbidden_again), Some(403));
-    let made = harness.cluster.requests().since(&before);
+    let made = harness.cluster().requests().since(&before);
     assert_eq!(made.get("create", TOKEN_REVIEWS), 0, "{made}");
     assert_eq!(made.get("create", ACCESS_REVIEWS), 0, "{made}");
 
     // mTLS: the static client passes with no review at all; another client
     // certificate is authorized by a SubjectAccessReview for its CN.
-    let before = harness.cluster.requests();
+    let before = harness.cluster().requests();
     let prometheus = pki.connector(Some(pki.client("prometheus")));
     let (status, body) = tls(addr, &prometheus, "/metrics", None).await.unwrap();
     assert_eq!(status, 200, "{body}");
-    let made = harness.cluster.requests().since(&before);
+    let made = harness.cluster().requests().since(&before);
     assert_eq!(made.get("create", TOKEN_REVIEWS), 0, "{made}");
     assert_eq!(made.get("create", ACCESS_REVIEWS), 0, "{made}");
     let stranger = pki.connector(Some(pki.client("stranger")));
     let refused = tls(addr, &stranger, "/metrics", None).await;
     assert_eq!(code(&refused), Some(403), "{refused:?}");
-    let made = harness.cluster.requests().since(&before);
+    let made = harness.cluster().requests().since(&before);
     assert_eq!(made.get("create", ACCESS_REVIEWS), 1, "{made}");
     assert_eq!(made.get("create", TOKEN_REVIEWS), 0, "{made}");
     assert!(
@@ -361,7 +349,7 @@ async fn tokens_are_reviewed_and_cached_over_tls_and_healthz_stays_open() {
 async fn a_missing_secret_fails_closed_is_reported_and_its_creation_enables_tls() {
     let pki = Pki::new();
     let harness = Harness::start().await;
-    let reviews = harness.cluster.reviews();
+    let reviews = harness.cluster().reviews();
     reviews.add_token("good", PROMETHEUS_SA, &[]);
     reviews.allow_user(PROMETHEUS_SA, "get", "/metrics");
     harness

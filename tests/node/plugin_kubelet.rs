@@ -16,7 +16,7 @@ use tonic::Code;
 async fn registers_with_the_kubelet() {
     let mut rig = Rig::start("mi300x", None, Single).await;
     let registered = rig
-        .kubelet
+        .kubelet()
         .wait_for_registration("amd.com/gpu", 1)
         .await
         .request;
@@ -25,7 +25,7 @@ async fn registers_with_the_kubelet() {
     let options = registered.options.expect("options sent");
     assert!(options.get_preferred_allocation_available);
     assert!(!options.pre_start_required);
-    assert!(rig.plugin_dir.path().join("amd.com_gpu.sock").exists());
+    assert!(rig.plugin_dir().join("amd.com_gpu.sock").exists());
 
     let status = rig
         .wait_status("amd.com/gpu registered", |s| {
@@ -40,7 +40,7 @@ async fn registers_with_the_kubelet() {
     );
     assert_eq!(status.error, None);
 
-    let mut client = rig.kubelet.client("amd.com_gpu.sock").await;
+    let mut client = rig.kubelet().client("amd.com_gpu.sock").await;
     let served = client
         .get_device_plugin_options(Empty {})
         .await
@@ -58,8 +58,8 @@ async fn registers_with_the_kubelet() {
 async fn a_client_sending_localhost_as_authority_is_served() {
     use gpu_operator::plugin::api::v1beta1::device_plugin_client::DevicePluginClient;
     let rig = Rig::start("mi210", None, Single).await;
-    rig.kubelet.wait_for_registration("amd.com/gpu", 1).await;
-    let socket = rig.plugin_dir.path().join("amd.com_gpu.sock");
+    rig.kubelet().wait_for_registration("amd.com/gpu", 1).await;
+    let socket = rig.plugin_dir().join("amd.com_gpu.sock");
     let channel = tonic::transport::Endpoint::from_static("http://localhost")
         .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
             let socket = socket.clone();
@@ -81,9 +81,9 @@ async fn a_client_sending_localhost_as_authority_is_served() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn list_and_watch_offers_the_eight_gpus_of_an_mi300x() {
     let mut rig = Rig::start("mi300x", None, Single).await;
-    rig.kubelet.wait_for_registration("amd.com/gpu", 1).await;
+    rig.kubelet().wait_for_registration("amd.com/gpu", 1).await;
     let devices = rig
-        .kubelet
+        .kubelet()
         .list_and_watch("amd.com_gpu.sock")
         .await
         .next()
@@ -106,9 +106,9 @@ async fn list_and_watch_offers_the_eight_gpus_of_an_mi300x() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn list_and_watch_offers_64_partitions_of_a_cpx_nps4_mi300x() {
     let mut rig = Rig::start("mi300x", Some("cpx_nps4"), Single).await;
-    rig.kubelet.wait_for_registration("amd.com/gpu", 1).await;
+    rig.kubelet().wait_for_registration("amd.com/gpu", 1).await;
     let devices = rig
-        .kubelet
+        .kubelet()
         .list_and_watch("amd.com_gpu.sock")
         .await
         .next()
@@ -145,11 +145,11 @@ async fn mixed_strategy_serves_one_socket_per_resource() {
     let sim = SimHost::with_gpus("mi300x", Some(4), Some("cpx_nps4"));
     let inventory = heterogeneous(&sim);
     let mut rig = Rig::with_inventory(sim, inventory, Mixed).await;
-    rig.kubelet
+    rig.kubelet()
         .wait_for_registration("amd.com/cpx_nps4", 1)
         .await;
     let spx = rig
-        .kubelet
+        .kubelet()
         .wait_for_registration("amd.com/spx_nps1", 1)
         .await;
     assert_eq!(spx.request.endpoint, "amd.com_spx_nps1.sock");
@@ -163,13 +163,13 @@ async fn mixed_strategy_serves_one_socket_per_resource() {
     );
 
     let cpx_devices = rig
-        .kubelet
+        .kubelet()
         .list_and_watch("amd.com_cpx_nps4.sock")
         .await
         .next()
         .await;
     let spx_devices = rig
-        .kubelet
+        .kubelet()
         .list_and_watch("amd.com_spx_nps1.sock")
         .await
         .next()
@@ -189,9 +189,9 @@ async fn single_strategy_reports_a_heterogeneous_layout_and_serves_none_of_it() 
     let sim = SimHost::with_gpus("mi300x", Some(4), Some("cpx_nps4"));
     let inventory = heterogeneous(&sim);
     let mut rig = Rig::with_inventory(sim, inventory, Single).await;
-    rig.kubelet.wait_for_registration("amd.com/gpu", 1).await;
+    rig.kubelet().wait_for_registration("amd.com/gpu", 1).await;
     let devices = rig
-        .kubelet
+        .kubelet()
         .list_and_watch("amd.com_gpu.sock")
         .await
         .next()
@@ -216,9 +216,9 @@ async fn single_strategy_reports_a_heterogeneous_layout_and_serves_none_of_it() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn allocate_hands_out_kfd_and_the_devices_dri_nodes() {
     let mut rig = Rig::start_with_gpus("mi300x", Some(2), Some("cpx_nps4"), Single).await;
-    rig.kubelet.wait_for_registration("amd.com/gpu", 1).await;
+    rig.kubelet().wait_for_registration("amd.com/gpu", 1).await;
     let devices = rig
-        .kubelet
+        .kubelet()
         .list_and_watch("amd.com_gpu.sock")
         .await
         .next()
@@ -231,7 +231,7 @@ async fn allocate_hands_out_kfd_and_the_devices_dri_nodes() {
         .find(|id| id.starts_with("amdgpu_xcp_"))
         .expect("a partition after the first");
 
-    let mut client = rig.kubelet.client("amd.com_gpu.sock").await;
+    let mut client = rig.kubelet().client("amd.com_gpu.sock").await;
     let response = client
         .allocate(allocate_request(&[gpu.bdf.as_str()]))
         .await
@@ -277,10 +277,10 @@ async fn allocate_hands_out_kfd_and_the_devices_dri_nodes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn allocate_rejects_unknown_and_unhealthy_devices() {
     let mut rig = Rig::start("mi300x", None, Single).await;
-    rig.kubelet.wait_for_registration("amd.com/gpu", 1).await;
-    let mut stream = rig.kubelet.list_and_watch("amd.com_gpu.sock").await;
+    rig.kubelet().wait_for_registration("amd.com/gpu", 1).await;
+    let mut stream = rig.kubelet().list_and_watch("amd.com_gpu.sock").await;
     stream.next().await;
-    let mut client = rig.kubelet.client("amd.com_gpu.sock").await;
+    let mut client = rig.kubelet().client("amd.com_gpu.sock").await;
 
     let status = client
         .allocate(allocate_request(&["0000:ff:00.0"]))
@@ -318,9 +318,9 @@ async fn allocate_rejects_unknown_and_unhealthy_devices() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn preferred_allocation_packs_partitions_into_one_gpu() {
     let mut rig = Rig::start_with_gpus("mi300x", Some(4), Some("cpx_nps4"), Single).await;
-    rig.kubelet.wait_for_registration("amd.com/gpu", 1).await;
+    rig.kubelet().wait_for_registration("amd.com/gpu", 1).await;
     let devices = rig
-        .kubelet
+        .kubelet()
         .list_and_watch("amd.com_gpu.sock")
         .await
         .next()
@@ -329,7 +329,7 @@ async fn preferred_allocation_packs_partitions_into_one_gpu() {
     // Partition IDs of each GPU, in advertised order (8 per GPU).
     let gpu_of = |id: &str| all.iter().position(|x| x == id).unwrap() / 8;
 
-    let mut client = rig.kubelet.client("amd.com_gpu.sock").await;
+    let mut client = rig.kubelet().client("amd.com_gpu.sock").await;
     let answer = client
         .get_preferred_allocation(preferred_request(&all, &[], 8))
         .await

@@ -15,29 +15,29 @@ use support::rig::Rig;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubelet_restart_leads_to_a_new_registration() {
     let mut rig = Rig::start("mi300x", None, Single).await;
-    rig.kubelet.wait_for_registration("amd.com/gpu", 1).await;
+    rig.kubelet().wait_for_registration("amd.com/gpu", 1).await;
 
-    rig.kubelet.restart().await;
+    rig.kubelet_mut().restart().await;
     assert!(
-        !rig.plugin_dir.path().join("amd.com_gpu.sock").exists(),
+        !rig.plugin_dir().join("amd.com_gpu.sock").exists(),
         "restart wiped the plugin socket"
     );
     // How fast is a benchmark figure (`cargo bench --bench plugin`); here only
     // that it happens, within the test kubelet's bounded wait.
-    let again = rig.kubelet.wait_for_registration("amd.com/gpu", 2).await;
+    let again = rig.kubelet().wait_for_registration("amd.com/gpu", 2).await;
     assert_eq!(again.request.endpoint, "amd.com_gpu.sock");
     // Once: the wiped socket and the new kubelet.sock are one event. Several
     // poll intervals pass without another registration.
     tokio::time::sleep(Duration::from_millis(800)).await;
-    assert_eq!(rig.kubelet.registrations().len(), 2);
+    assert_eq!(rig.kubelet().registrations().len(), 2);
     assert!(
-        rig.plugin_dir.path().join("amd.com_gpu.sock").exists(),
+        rig.plugin_dir().join("amd.com_gpu.sock").exists(),
         "socket recreated"
     );
 
     // The new socket serves.
     let devices = rig
-        .kubelet
+        .kubelet()
         .list_and_watch("amd.com_gpu.sock")
         .await
         .next()
@@ -50,30 +50,30 @@ async fn kubelet_restart_leads_to_a_new_registration() {
 async fn a_recreated_kubelet_sock_alone_leads_to_a_new_registration() {
     use std::os::unix::fs::MetadataExt;
     let mut rig = Rig::start("mi300x", None, Single).await;
-    rig.kubelet.wait_for_registration("amd.com/gpu", 1).await;
-    let socket = rig.plugin_dir.path().join("amd.com_gpu.sock");
+    rig.kubelet().wait_for_registration("amd.com/gpu", 1).await;
+    let socket = rig.plugin_dir().join("amd.com_gpu.sock");
     let inode = std::fs::metadata(&socket).unwrap().ino();
-    rig.kubelet.recreate_socket().await;
-    rig.kubelet.wait_for_registration("amd.com/gpu", 2).await;
+    rig.kubelet_mut().recreate_socket().await;
+    rig.kubelet().wait_for_registration("amd.com/gpu", 2).await;
     // The plugin socket was never touched: the new kubelet.sock alone caused
     // the registration.
     assert_eq!(std::fs::metadata(&socket).unwrap().ino(), inode);
     // Several poll intervals pass without another registration.
     tokio::time::sleep(Duration::from_millis(800)).await;
-    assert_eq!(rig.kubelet.registrations().len(), 2, "registered once");
+    assert_eq!(rig.kubelet().registrations().len(), 2, "registered once");
     rig.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_plugin_socket_is_recreated_and_registered_again() {
     let mut rig = Rig::start("mi300x", None, Single).await;
-    rig.kubelet.wait_for_registration("amd.com/gpu", 1).await;
-    let socket = rig.plugin_dir.path().join("amd.com_gpu.sock");
+    rig.kubelet().wait_for_registration("amd.com/gpu", 1).await;
+    let socket = rig.plugin_dir().join("amd.com_gpu.sock");
     std::fs::remove_file(&socket).unwrap();
-    rig.kubelet.wait_for_registration("amd.com/gpu", 2).await;
+    rig.kubelet().wait_for_registration("amd.com/gpu", 2).await;
     assert!(socket.exists());
     let devices = rig
-        .kubelet
+        .kubelet()
         .list_and_watch("amd.com_gpu.sock")
         .await
         .next()
@@ -129,7 +129,7 @@ async fn repartitioning_updates_list_and_watch_without_a_restart() {
     )
     .await;
     let mut feed = watch.inventory();
-    let forward = rig.inventory.clone();
+    let forward = rig.inventory().clone();
     let forwarder = tokio::spawn(async move {
         while feed.changed().await.is_ok() {
             let next = feed.borrow_and_update().clone();
@@ -137,8 +137,8 @@ async fn repartitioning_updates_list_and_watch_without_a_restart() {
         }
     });
 
-    rig.kubelet.wait_for_registration("amd.com/gpu", 1).await;
-    let mut stream = rig.kubelet.list_and_watch("amd.com_gpu.sock").await;
+    rig.kubelet().wait_for_registration("amd.com/gpu", 1).await;
+    let mut stream = rig.kubelet().list_and_watch("amd.com_gpu.sock").await;
     assert_eq!(stream.next().await.len(), 8);
 
     rig.sim.rewrite("mi300x", Some("cpx_nps4"));
@@ -152,7 +152,7 @@ async fn repartitioning_updates_list_and_watch_without_a_restart() {
         .next_matching("16 partitions", |d| d.len() == 16)
         .await;
     assert_eq!(
-        rig.kubelet.registrations().len(),
+        rig.kubelet().registrations().len(),
         1,
         "no re-registration was needed"
     );
@@ -163,15 +163,15 @@ async fn repartitioning_updates_list_and_watch_without_a_restart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mixed_resources_come_and_go_with_the_partition_layout() {
     let mut rig = Rig::start_with_gpus("mi300x", Some(4), None, Mixed).await;
-    rig.kubelet
+    rig.kubelet()
         .wait_for_registration("amd.com/spx_nps1", 1)
         .await;
-    let mut spx_stream = rig.kubelet.list_and_watch("amd.com_spx_nps1.sock").await;
+    let mut spx_stream = rig.kubelet().list_and_watch("amd.com_spx_nps1.sock").await;
     assert_eq!(spx_stream.next().await.len(), 4);
 
     rig.sim.rewrite_with("mi300x", Some(4), Some("cpx_nps4"));
     rig.rediscover();
-    rig.kubelet
+    rig.kubelet()
         .wait_for_registration("amd.com/cpx_nps4", 1)
         .await;
     assert!(
@@ -192,8 +192,8 @@ async fn mixed_resources_come_and_go_with_the_partition_layout() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn devices_turn_unhealthy_and_recover() {
     let mut rig = Rig::start_with_gpus("mi300x", Some(2), Some("cpx_nps4"), Single).await;
-    rig.kubelet.wait_for_registration("amd.com/gpu", 1).await;
-    let mut stream = rig.kubelet.list_and_watch("amd.com_gpu.sock").await;
+    rig.kubelet().wait_for_registration("amd.com/gpu", 1).await;
+    let mut stream = rig.kubelet().list_and_watch("amd.com_gpu.sock").await;
     stream.next().await;
     let inventory = rig.sim.discover();
     let gpu = &inventory.gpus[1];
@@ -223,7 +223,7 @@ async fn devices_turn_unhealthy_and_recover() {
         DeviceRef::gpu(gpu.bdf.clone()),
         "uncorrectable ECC errors".into(),
     );
-    rig.health.send_replace(report);
+    rig.health().send_replace(report);
     let devices = stream
         .next_matching("8 unhealthy", |d| {
             d.iter().filter(|d| d.health == "Unhealthy").count() == 8
@@ -234,7 +234,7 @@ async fn devices_turn_unhealthy_and_recover() {
         .wait_status("8 healthy", |s| s.resources[0].healthy == 8)
         .await;
     assert_eq!(status.resources[0].devices, 16);
-    rig.health.send_replace(HealthReport::default());
+    rig.health().send_replace(HealthReport::default());
     stream
         .next_matching("all healthy again", |d| {
             d.iter().all(|d| d.health == "Healthy")
@@ -254,14 +254,14 @@ async fn devices_turn_unhealthy_and_recover() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broken_stream_does_not_disturb_the_plugin() {
     let mut rig = Rig::start("mi300x", None, Single).await;
-    rig.kubelet.wait_for_registration("amd.com/gpu", 1).await;
+    rig.kubelet().wait_for_registration("amd.com/gpu", 1).await;
     for _ in 0..3 {
-        let mut stream = rig.kubelet.list_and_watch("amd.com_gpu.sock").await;
+        let mut stream = rig.kubelet().list_and_watch("amd.com_gpu.sock").await;
         stream.next().await;
         drop(stream);
     }
     // Changes still flow to a new stream, and the old ones are gone.
-    let mut stream = rig.kubelet.list_and_watch("amd.com_gpu.sock").await;
+    let mut stream = rig.kubelet().list_and_watch("amd.com_gpu.sock").await;
     stream.next().await;
     rig.sim.host.remove_all("/dev/kfd").unwrap();
     stream
@@ -276,9 +276,9 @@ async fn a_broken_stream_does_not_disturb_the_plugin() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reconfiguring_the_strategy_swaps_resources() {
     let mut rig = Rig::start_with_gpus("mi300x", Some(2), Some("cpx_nps4"), Single).await;
-    rig.kubelet.wait_for_registration("amd.com/gpu", 1).await;
+    rig.kubelet().wait_for_registration("amd.com/gpu", 1).await;
     rig.plugin().reconfigure(rig.config(Mixed)).await.unwrap();
-    rig.kubelet
+    rig.kubelet()
         .wait_for_registration("amd.com/cpx_nps4", 1)
         .await;
     rig.wait_status("only cpx_nps4", |s| {
@@ -294,7 +294,7 @@ async fn reconfiguring_the_strategy_swaps_resources() {
     config.device_plugin_dir = other.path().to_path_buf();
     rig.plugin().reconfigure(config).await.unwrap();
     kubelet.wait_for_registration("amd.com/cpx_nps4", 1).await;
-    let old_socket = rig.plugin_dir.path().join("amd.com_cpx_nps4.sock");
+    let old_socket = rig.plugin_dir().join("amd.com_cpx_nps4.sock");
     support::wait::eventually("the old socket removed", || !old_socket.exists()).await;
     rig.stop().await;
 }
@@ -302,8 +302,8 @@ async fn reconfiguring_the_strategy_swaps_resources() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stopping_removes_the_sockets_and_ends_streams() {
     let mut rig = Rig::start("mi300x", None, Single).await;
-    rig.kubelet.wait_for_registration("amd.com/gpu", 1).await;
-    let mut stream = rig.kubelet.list_and_watch("amd.com_gpu.sock").await;
+    rig.kubelet().wait_for_registration("amd.com/gpu", 1).await;
+    let mut stream = rig.kubelet().list_and_watch("amd.com_gpu.sock").await;
     stream.next().await;
     let status = rig.plugin().status();
     rig.stop().await;

@@ -44,8 +44,8 @@ async fn preferred(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_replicas_of_an_mi300x_are_32_devices_that_allocate_and_spread_over_gpus() {
     let mut rig = Rig::start("mi300x", None, Single).await;
-    rig.kubelet.wait_for_registration("amd.com/gpu", 1).await;
-    let mut stream = rig.kubelet.list_and_watch("amd.com_gpu.sock").await;
+    rig.kubelet().wait_for_registration("amd.com/gpu", 1).await;
+    let mut stream = rig.kubelet().list_and_watch("amd.com_gpu.sock").await;
     assert_eq!(stream.next().await.len(), 8);
 
     // Shared live: the same resource, its stream re-advertises, no restart.
@@ -71,12 +71,12 @@ async fn four_replicas_of_an_mi300x_are_32_devices_that_allocate_and_spread_over
         );
     }
     assert_eq!(
-        rig.kubelet.registrations().len(),
+        rig.kubelet().registrations().len(),
         1,
         "a new replica count does not register again"
     );
 
-    let mut client = rig.kubelet.client("amd.com_gpu.sock").await;
+    let mut client = rig.kubelet().client("amd.com_gpu.sock").await;
     // Two replicas of one GPU: allowed, its nodes once.
     let bdf = &inventory.gpus[0].bdf;
     let card = inventory.gpus[0].card.unwrap();
@@ -115,7 +115,7 @@ async fn four_replicas_of_an_mi300x_are_32_devices_that_allocate_and_spread_over
         DeviceRef::gpu(bdf.clone()),
         "uncorrectable ECC errors".into(),
     );
-    rig.health.send_replace(report);
+    rig.health().send_replace(report);
     let devices = stream
         .next_matching("4 unhealthy replicas", |d| {
             d.iter().filter(|d| d.health == "Unhealthy").count() == 4
@@ -124,7 +124,7 @@ async fn four_replicas_of_an_mi300x_are_32_devices_that_allocate_and_spread_over
     assert_eq!(health_of(&devices, &b), Some("Unhealthy"));
 
     // Back to 2 replicas, live.
-    rig.health.send_replace(HealthReport::default());
+    rig.health().send_replace(HealthReport::default());
     rig.plugin()
         .reconfigure(shared(&rig, 2, false, false))
         .await
@@ -140,10 +140,10 @@ async fn with_the_fail_flag_a_request_for_two_replicas_is_refused() {
         .reconfigure(shared(&rig, 2, false, true))
         .await
         .unwrap();
-    rig.kubelet.wait_for_registration("amd.com/gpu", 1).await;
-    let mut stream = rig.kubelet.list_and_watch("amd.com_gpu.sock").await;
+    rig.kubelet().wait_for_registration("amd.com/gpu", 1).await;
+    let mut stream = rig.kubelet().list_and_watch("amd.com_gpu.sock").await;
     let devices = stream.next_matching("replicas", |d| d.len() == 4).await;
-    let mut client = rig.kubelet.client("amd.com_gpu.sock").await;
+    let mut client = rig.kubelet().client("amd.com_gpu.sock").await;
     let status = client
         .allocate(allocate_request(&[&devices[0].id, &devices[1].id]))
         .await
@@ -163,13 +163,13 @@ async fn with_the_fail_flag_a_request_for_two_replicas_is_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renaming_advertises_amd_com_gpu_shared_instead() {
     let mut rig = Rig::start_with_gpus("mi210", Some(2), None, Single).await;
-    rig.kubelet.wait_for_registration("amd.com/gpu", 1).await;
+    rig.kubelet().wait_for_registration("amd.com/gpu", 1).await;
     rig.plugin()
         .reconfigure(shared(&rig, 3, true, false))
         .await
         .unwrap();
     let registered = rig
-        .kubelet
+        .kubelet()
         .wait_for_registration("amd.com/gpu.shared", 1)
         .await
         .request;

@@ -7,36 +7,38 @@ use crate::support;
 
 use std::time::{Duration, Instant};
 
-use fake_rvs::{FakeRvs, config_json, kfd_ids, logs_in, sim_host, wait_gone};
+use fake_rvs::{FakeRvs, config_json, kfd_ids, logs_in, wait_gone};
 use gpu_operator::host::HostRoot;
 use gpu_operator::testrunner::report::{ActionResult, IterationStatus};
 use gpu_operator::testrunner::{CheckOptions, Framework, Outcome, TestRunnerError, check};
+use support::hosts::SimHost;
 use tokio_util::sync::CancellationToken;
 
+/// A simulated host (no kubelet, no cluster: the check runs without them)
+/// and the stand-in rvs.
 struct Rig {
     rvs: FakeRvs,
-    dir: tempfile::TempDir,
+    sim: SimHost,
     host: HostRoot,
 }
 
 impl Rig {
     fn new(gpus: usize) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let host = sim_host(dir.path(), gpus);
+        let sim = SimHost::with_gpus("mi210", Some(gpus), None);
         Self {
             rvs: FakeRvs::new(),
-            dir,
-            host,
+            host: sim.host.clone(),
+            sim,
         }
     }
 
+    fn dir(&self) -> &std::path::Path {
+        self.sim.dir()
+    }
+
     fn options(&self, recipe: &str) -> CheckOptions {
-        let mut options = CheckOptions::new(
-            recipe,
-            self.host.clone(),
-            "node1",
-            self.dir.path().join("logs"),
-        );
+        let mut options =
+            CheckOptions::new(recipe, self.host.clone(), "node1", self.dir().join("logs"));
         options.commands = self.rvs.commands();
         options
     }
@@ -90,7 +92,7 @@ async fn a_passing_check_reports_every_gpu_and_writes_logs() {
     );
 
     // Logs: the test's stdout and stderr, and the result summary.
-    let logs = logs_in(&rig.dir.path().join("logs"));
+    let logs = logs_in(&rig.dir().join("logs"));
     let names: Vec<String> = logs
         .iter()
         .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
@@ -255,7 +257,7 @@ async fn rvs_without_results_fails() {
 #[tokio::test]
 async fn command_tests_pass_on_exit_status_and_see_their_gpus() {
     let rig = Rig::new(2);
-    let seen = rig.dir.path().join("seen");
+    let seen = rig.dir().join("seen");
     let script = format!(
         "echo \"$GPU_TEST_RECIPE $GPU_TEST_GPUS $GPU_TEST_ITERATION $*\" >> '{}'; exit $EXIT",
         seen.display()
@@ -318,7 +320,7 @@ async fn a_missing_tool_is_its_own_outcome_not_a_failed_test() {
 async fn no_gpus_means_a_failed_check_without_running_anything() {
     let rig = Rig::new(1);
     let mut options = rig.options("gst_single");
-    options.host = HostRoot::new(rig.dir.path().join("empty-host"));
+    options.host = HostRoot::new(rig.dir().join("empty-host"));
     let report = check(&options, &CancellationToken::new()).await.unwrap();
     assert_eq!(report.outcome, Outcome::Failed);
     assert_eq!(
@@ -403,7 +405,7 @@ async fn the_service_runs_without_kubernetes() {
     let mut stats = service.stats();
     let mut results = service.results();
     let mut slot = Slot::new(service);
-    let logs = rig.dir.path().join("logs");
+    let logs = rig.dir().join("logs");
     slot.apply(Some(TestRunnerConfig {
         commands: rig.rvs.commands(),
         ..TestRunnerConfig::new(rig.host.clone(), "bare-metal", &logs)

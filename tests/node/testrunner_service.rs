@@ -8,13 +8,10 @@ use crate::support;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fake_rvs::{FakeRvs, config_json, kfd_ids, logs_in, sim_host, wait_gone};
-use gpu_operator::device::Inventory;
+use fake_rvs::{FakeRvs, config_json, kfd_ids, logs_in, wait_gone};
 use gpu_operator::events::EventSink;
-use gpu_operator::host::HostRoot;
 use gpu_operator::service::{ServiceState, Slot};
 use gpu_operator::testrunner::{
     GpuUnhealthy, Outcome, TestRunnerConfig, TestRunnerService, TestRunnerStats, Trigger,
@@ -23,52 +20,67 @@ use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 use serde_json::{Value, json};
-use support::cluster::TestCluster;
+use support::node_rig::NodeRig;
 use support::wait;
 use tokio::sync::{mpsc, watch};
 
 const NODE: &str = "gpu-node-1";
 const REQUEST: &str = "amd.com/gpu-test-request";
 
+/// The node (host, cluster, inventory feed) with the test runner under a
+/// supervisor slot and the stand-in rvs.
 struct Harness {
-    cluster: TestCluster,
-    dir: tempfile::TempDir,
-    host: HostRoot,
+    node: NodeRig,
     rvs: FakeRvs,
     slot: Slot<TestRunnerService>,
-    /// The inventory the service reads, as discovery publishes it.
-    _inventory: watch::Sender<Arc<Inventory>>,
     unhealthy: mpsc::Sender<GpuUnhealthy>,
     stats: watch::Receiver<TestRunnerStats>,
     /// PCI addresses in GPU index order.
     bdfs: Vec<String>,
 }
 
+impl std::ops::Deref for Harness {
+    type Target = NodeRig;
+
+    fn deref(&self) -> &NodeRig {
+        &self.node
+    }
+}
+
 impl Harness {
     async fn start(gpus: usize, config_text: Option<String>, modes: &[&str]) -> Self {
-        let cluster = TestCluster::with_nodes(&[(NODE, json!({}))]).await;
-        let dir = tempfile::tempdir().unwrap();
-        let host = sim_host(dir.path(), gpus);
+        let node = NodeRig::builder(NODE)
+            .cluster(json!({}))
+            .profile("mi210", Some(gpus), None)
+            .feeds()
+            .start()
+            .await;
         let rvs = FakeRvs::new();
         rvs.modes(modes);
-        let inventory = gpu_operator::device::discover(&host);
-        let mut bdfs: Vec<String> = inventory.gpus.iter().map(|g| g.bdf.clone()).collect();
+        let mut bdfs: Vec<String> = node
+            .inventory()
+            .borrow()
+            .gpus
+            .iter()
+            .map(|g| g.bdf.clone())
+            .collect();
         bdfs.sort();
-        let (inventory_tx, inventory_rx) = watch::channel(Arc::new(inventory));
         let (unhealthy, unhealthy_rx) = mpsc::channel(16);
-        let client = cluster.client();
-        let node = cluster.watch_node(NODE);
-        let events = EventSink::kubernetes(client.clone(), NODE, node.clone());
-        let service =
-            TestRunnerService::new(Some(client), Some(events), inventory_rx, node, unhealthy_rx);
+        let client = node.client();
+        let watch = node.cluster().watch_node(NODE);
+        let events = EventSink::kubernetes(client.clone(), NODE, watch.clone());
+        let service = TestRunnerService::new(
+            Some(client),
+            Some(events),
+            node.inventory().subscribe(),
+            watch,
+            unhealthy_rx,
+        );
         let stats = service.stats();
         let mut harness = Self {
-            cluster,
-            dir,
-            host,
+            node,
             rvs,
             slot: Slot::new(service),
-            _inventory: inventory_tx,
             unhealthy,
             stats,
             bdfs,
@@ -79,7 +91,7 @@ impl Harness {
     }
 
     fn logs_dir(&self) -> PathBuf {
-        self.dir.path().join("logs")
+        self.dir().join("logs")
     }
 
     fn config(&self, config_text: Option<String>) -> TestRunnerConfig {
@@ -91,7 +103,7 @@ impl Harness {
     }
 
     async fn request(&self, recipe: &str) {
-        let nodes: Api<Node> = Api::all(self.cluster.client());
+        let nodes: Api<Node> = Api::all(self.client());
         nodes
             .patch(
                 NODE,
@@ -100,10 +112,6 @@ impl Harness {
             )
             .await
             .unwrap();
-    }
-
-    fn node(&self) -> Value {
-        self.cluster.node(NODE)
     }
 
     fn annotation(&self) -> Option<String> {
@@ -126,7 +134,7 @@ impl Harness {
     /// The runner's core/v1 Events, oldest first.
     fn events(&self) -> Vec<Value> {
         let mut events: Vec<Value> = self
-            .cluster
+            .cluster()
             .list("v1", "Event")
             .into_iter()
             .filter(|e| e["source"]["component"] == "amd-test-runner")

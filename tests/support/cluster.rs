@@ -185,12 +185,9 @@ impl TestCluster {
             .await
             .unwrap();
         } else {
-            let object: DeviceConfig = serde_json::from_value(json!({
-                "apiVersion": "amd.com/v1alpha1", "kind": "DeviceConfig",
-                "metadata": {"name": name, "namespace": namespace},
-                "spec": spec,
-            }))
-            .unwrap();
+            let object = super::fixtures::DeviceConfigBuilder::new(namespace, name)
+                .with_spec(spec)
+                .build();
             api.create(&PostParams::default(), &object).await.unwrap();
         }
     }

@@ -110,6 +110,12 @@ impl DeviceConfigBuilder {
         Self::new(namespace, "fleet").spec("selector", json!({ GPU_LABEL: "true" }))
     }
 
+    /// Sets the whole `spec`.
+    pub fn with_spec(mut self, spec: Value) -> Self {
+        self.0["spec"] = spec;
+        self
+    }
+
     /// Sets `spec.<field>`.
     pub fn spec(mut self, field: &str, value: Value) -> Self {
         self.0["spec"][field] = value;

@@ -25,11 +25,24 @@ impl SimHost {
     /// Like [`SimHost::new`] with `gpus` GPUs. Fewer GPUs keep partitioned hosts
     /// (thousands of KFD link files at eight GPUs) quick to write.
     pub fn with_gpus(profile: &str, gpus: Option<usize>, partition: Option<&str>) -> Self {
-        let dir = tempfile::tempdir().expect("temp dir");
+        let spec = SimSpec::new(profile, gpus, partition).expect("valid simulation spec");
+        Self::in_dir(tempfile::tempdir().expect("temp dir"), Some(&spec))
+    }
+
+    /// The host at `dir/host`, simulated from `spec` (left empty without
+    /// one); `dir` lives as long as the host.
+    pub fn in_dir(dir: TempDir, spec: Option<&SimSpec>) -> Self {
         let host = HostRoot::new(dir.path().join("host"));
-        let sim = Self { _dir: dir, host };
-        sim.rewrite_with(profile, gpus, partition);
-        sim
+        if let Some(spec) = spec {
+            write_host(&host, spec).expect("simulated host written");
+        }
+        Self { _dir: dir, host }
+    }
+
+    /// The directory the host is in (`host/` under it), where a node rig
+    /// keeps the rest of the node (its kubelet directory, tools).
+    pub fn dir(&self) -> &std::path::Path {
+        self._dir.path()
     }
 
     /// Rewrites the host with the profile's default GPU count, e.g. to repartition it.

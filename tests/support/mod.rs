@@ -18,6 +18,7 @@ pub mod jobs;
 pub mod kubelet;
 pub mod kubelet_node;
 pub mod metricssvc;
+pub mod node_rig;
 pub mod pod_resources;
 pub mod promtool;
 pub mod rig;

@@ -1,26 +1,33 @@
 //! A device plugin wired to a simulated host and a test kubelet, as the agent
-//! would wire it.
-
-use std::sync::Arc;
+//! would wire it: a [`NodeRig`] with the test kubelet and the feeds, and the
+//! plugin on them.
 
 use gpu_operator::device::Inventory;
 use gpu_operator::plugin::{
-    DevicePluginService, HealthReport, PluginConfig, PluginStatus, ResourceNamingStrategy,
+    DevicePluginService, PluginConfig, PluginStatus, ResourceNamingStrategy,
 };
-use tempfile::TempDir;
-use tokio::sync::watch;
 
 use super::hosts::SimHost;
-use super::kubelet::{TestKubelet, WAIT};
+use super::kubelet::WAIT;
+use super::node_rig::NodeRig;
 
 pub struct Rig {
-    pub sim: SimHost,
-    /// Holds the device plugin directory.
-    pub plugin_dir: TempDir,
-    pub kubelet: TestKubelet,
-    pub inventory: watch::Sender<Arc<Inventory>>,
-    pub health: watch::Sender<HealthReport>,
+    node: NodeRig,
     pub plugin: Option<DevicePluginService>,
+}
+
+impl std::ops::Deref for Rig {
+    type Target = NodeRig;
+
+    fn deref(&self) -> &NodeRig {
+        &self.node
+    }
+}
+
+impl std::ops::DerefMut for Rig {
+    fn deref_mut(&mut self) -> &mut NodeRig {
+        &mut self.node
+    }
 }
 
 impl Rig {
@@ -49,24 +56,25 @@ impl Rig {
         inventory: Inventory,
         strategy: ResourceNamingStrategy,
     ) -> Self {
-        let plugin_dir = tempfile::tempdir().expect("temp dir");
-        let kubelet = TestKubelet::start(plugin_dir.path()).await;
-        let (inventory_tx, inventory_rx) = watch::channel(Arc::new(inventory));
-        let (health_tx, health_rx) = watch::channel(HealthReport::default());
-        let config = PluginConfig::new(plugin_dir.path(), strategy, sim.host.clone());
-        let plugin = DevicePluginService::start(config, inventory_rx, health_rx);
+        let node = NodeRig::builder("gpu-node")
+            .sim(sim)
+            .kubelet()
+            .feeds_with(inventory)
+            .start()
+            .await;
+        let plugin = DevicePluginService::start(
+            plugin_config(&node, strategy),
+            node.inventory().subscribe(),
+            node.health().subscribe(),
+        );
         Self {
-            sim,
-            plugin_dir,
-            kubelet,
-            inventory: inventory_tx,
-            health: health_tx,
+            node,
             plugin: Some(plugin),
         }
     }
 
     pub fn config(&self, strategy: ResourceNamingStrategy) -> PluginConfig {
-        PluginConfig::new(self.plugin_dir.path(), strategy, self.sim.host.clone())
+        plugin_config(&self.node, strategy)
     }
 
     pub fn plugin(&self) -> &DevicePluginService {
@@ -75,7 +83,7 @@ impl Rig {
 
     /// Names of the files in the device plugin directory, sorted.
     pub fn sockets(&self) -> Vec<String> {
-        let mut names: Vec<String> = std::fs::read_dir(self.plugin_dir.path())
+        let mut names: Vec<String> = std::fs::read_dir(self.plugin_dir())
             .expect("read plugin dir")
             .flatten()
             .filter_map(|e| e.file_name().into_string().ok())
@@ -104,14 +112,17 @@ impl Rig {
         })
     }
 
-    /// Publishes a fresh discovery of the simulated host.
-    pub fn rediscover(&self) {
-        self.inventory.send_replace(Arc::new(self.sim.discover()));
-    }
-
+    /// Stops the plugin, then what the rig started.
     pub async fn stop(&mut self) {
         if let Some(plugin) = self.plugin.take() {
             plugin.stop().await;
         }
+        self.node.stop().await;
     }
+}
+
+/// The plugin's config on `node`: its device plugin directory, `strategy`,
+/// the host.
+fn plugin_config(node: &NodeRig, strategy: ResourceNamingStrategy) -> PluginConfig {
+    PluginConfig::new(node.plugin_dir(), strategy, node.host.clone())
 }
