@@ -1737,9 +1737,24 @@ async fn devices_of_a_gpu_repartitioned_behind_discovery_are_not_taken_for_fault
             .count()
     };
     assert_eq!(rig.device_names().len(), 8);
-    // The host goes back to SPX: seven partitions' nodes are gone, and the
-    // plugin's inventory still names them.
-    rig.sim.rewrite_with("mi300x", Some(1), None);
+    // The GPU goes back to SPX, as amdgpu does it when its compute mode is
+    // written: seven partitions' nodes are gone, and the plugin's inventory
+    // still names them. (Not the whole host written again: that takes
+    // /dev/kfd away for the rewrite's length, which no repartition does, and
+    // a look in that window rightly finds every device unhealthy.)
+    let spec = gpu_operator::simulate::spec_of(&rig.sim.host).unwrap();
+    let bdf = &gpu_operator::simulate::gpu_addresses(&spec)[0];
+    let kernel = gpu_operator::simulate::kernel::store_for(&rig.sim.host);
+    // SPX runs with NPS1 only: the memory mode first.
+    for (attr, mode) in [
+        ("current_memory_partition", "NPS1"),
+        ("current_compute_partition", "SPX"),
+    ] {
+        kernel
+            .store(&format!("/sys/bus/pci/devices/{bdf}/{attr}"), mode)
+            .unwrap();
+    }
+    kernel.settle().unwrap();
     let watched = Instant::now();
     while watched.elapsed() < Duration::from_secs(1) {
         assert_eq!(unhealthy(&rig), 0, "{:#?}", rig.slices());
