@@ -923,7 +923,9 @@ async fn a_mixed_strategy_pod_is_served_by_a_layout_made_on_demand() {
         ["amd.com/cpx_nps1", "amd.com/cpx_nps4", "amd.com/spx_nps1"]
             .iter()
             .all(|r| dra_scheduler::class_serving(&classes, r).is_some())
-            && n.devices().iter().any(|d| d["name"] == "gpu-0-cpx-nps1")
+            && n.devices()
+                .iter()
+                .any(|d| d["name"] == "gpu-0-cpx-nps1" && !dra_scheduler::tainted(d))
     })
     .await;
     let classes = node.classes();
@@ -966,7 +968,9 @@ async fn a_mixed_strategy_pod_is_served_by_a_layout_made_on_demand() {
 
     // Layouts of another memory mode carry the conflict taint now.
     node.eventually("the NPS4 layouts tainted", |n| {
-        dra_scheduler::tainted(&n.device("gpu-1-cpx-nps4"))
+        n.devices()
+            .iter()
+            .any(|d| d["name"] == "gpu-1-cpx-nps4" && dra_scheduler::tainted(d))
     })
     .await;
     let in_use = dra_scheduler::Allocated::of_claims(
@@ -975,6 +979,14 @@ async fn a_mixed_strategy_pod_is_served_by_a_layout_made_on_demand() {
     let nps4 = dra_scheduler::class_serving(&classes, "amd.com/cpx_nps4").unwrap();
     assert!(dra_scheduler::allocate(&node.slices(), nps4, 1, &in_use).is_err());
 
+    // The simulated driver lays every GPU's DRM nodes out again on a
+    // repartition: GPU 1's health settles first.
+    node.eventually("GPU 1's whole layout untainted", |n| {
+        n.devices()
+            .iter()
+            .any(|d| d["name"] == "gpu-1-spx-nps1" && !dra_scheduler::tainted(d))
+    })
+    .await;
     let whole = node.pod("trainer", "amd.com/spx_nps1", 1);
     let (_, held) = node.schedule(&whole, "amd.com/spx_nps1", 1).await;
     assert_eq!(held, ["gpu-1-spx-nps1"], "GPU 0's counter is taken");
