@@ -369,6 +369,30 @@ mod tests {
     use crate::api::DeviceConfigSpec;
     use crate::plugin::LayoutConflict;
 
+    /// The leader's per-layout classes come from these: an autoPartition
+    /// node reports every layout its partitionable GPUs offer, beside the
+    /// one they are in; otherwise only the one they are in.
+    #[test]
+    fn an_auto_partition_node_reports_the_layouts_its_gpus_offer() {
+        let gpu = crate::device::Gpu {
+            bdf: "0000:05:00.0".into(),
+            compute_partition: Some("SPX".into()),
+            memory_partition: Some("NPS1".into()),
+            available_compute_partitions: ["SPX", "CPX"].map(String::from).to_vec(),
+            available_memory_partitions: ["NPS1", "NPS4"].map(String::from).to_vec(),
+            ..crate::device::Gpu::default()
+        };
+        let inventory = Inventory {
+            gpus: vec![gpu],
+            ..Inventory::default()
+        };
+        assert_eq!(dra_layouts(&inventory, false), ["spx_nps1"]);
+        assert_eq!(
+            dra_layouts(&inventory, true),
+            ["cpx_nps1", "cpx_nps4", "spx_nps1"]
+        );
+    }
+
     #[test]
     fn discovery_problems_say_what_runs_and_warn_once_per_reason() {
         let whole = DiscoveryProgress {
