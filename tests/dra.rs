@@ -1597,6 +1597,75 @@ async fn a_memory_mode_change_reloads_the_driver_and_a_failed_one_is_undone_or_t
     rig.stop_plugin().await;
 }
 
+/// Issue 34 item 1, the window counters cannot close: amdgpu sets one
+/// memory mode for all of a node's GPUs, but each GPU has its own counter
+/// set, and the memory-partition-conflict taint comes only once a claim
+/// holds a layout device (at Prepare). Two claims allocated before the
+/// first Prepare can so take different memory modes on two GPUs. The first
+/// prepared wins. The second's Prepare fails cleanly: its error names the
+/// memory mode and what holds the node; nothing is written (modes, reload,
+/// CDI spec, checkpoint entry); its device carries the conflict taint
+/// (NoExecute: the device-taint eviction takes its pod off and the
+/// scheduler allocates again); and the kubelet's retries are idempotent,
+/// refused alike while the first claim is prepared and made once it is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_allocated_on_two_memory_modes_before_a_prepare_fail_the_second_cleanly() {
+    let mut rig = Rig::start_layouts(2).await;
+    let tools = rig.dir.path().join("tools");
+    let first = rig.claim_one_partition("nps1", "gpu-0-cpx-nps1").await;
+    let second = rig.claim_one_partition("nps4", "gpu-1-cpx-nps4").await;
+    assert!(
+        rig.conflict_taints().is_empty(),
+        "no claim holds a layout yet"
+    );
+    let reloads = support::bundles::modprobe_runs(&tools).len();
+
+    let answer = rig.kubelet.prepare(&[(NS, &first, "nps1")]).await;
+    assert_eq!(answer.claims[&first].error, "", "{answer:?}");
+    assert_eq!(rig.layout_of(0), ("cpx".into(), "nps1".into(), 8));
+
+    let mut errors = Vec::new();
+    for _ in 0..2 {
+        let answer = rig.kubelet.prepare(&[(NS, &second, "nps4")]).await;
+        let error = answer.claims[&second].error.clone();
+        assert!(
+            error.contains("memory mode nps4 needs every GPU of the node free")
+                && error.contains("gpu-0-cpx-nps1"),
+            "{error}"
+        );
+        assert!(!spec_file(&rig.cdi_dir(), &second).exists());
+        assert!(rig.checkpoint()["preparedClaims"].get(&second).is_none());
+        assert_eq!(rig.layout_of(1), ("spx".into(), "nps1".into(), 1));
+        assert_eq!(rig.layout_of(0), ("cpx".into(), "nps1".into(), 8));
+        assert_eq!(support::bundles::modprobe_runs(&tools).len(), reloads);
+        errors.push(error);
+    }
+    assert_eq!(errors[0], errors[1], "the retry is answered alike");
+    wait::eventually(
+        "the second claim's device carries the conflict taint",
+        || {
+            rig.conflict_taints()
+                .get("gpu-1-cpx-nps4")
+                .map(String::as_str)
+                == Some("nps1")
+        },
+    )
+    .await;
+
+    // The first claim unprepared: the retry makes the change, one reload.
+    let answer = rig.kubelet.unprepare(&[(NS, &first, "nps1")]).await;
+    assert_eq!(answer.claims[&first].error, "");
+    let answer = rig.kubelet.prepare(&[(NS, &second, "nps4")]).await;
+    assert_eq!(answer.claims[&second].error, "", "{answer:?}");
+    assert_eq!(rig.layout_of(1), ("cpx".into(), "nps4".into(), 8));
+    assert_eq!(
+        support::bundles::modprobe_runs(&tools)[reloads..],
+        ["-r amdgpu", "amdgpu"]
+    );
+    assert!(spec_file(&rig.cdi_dir(), &second).exists());
+    rig.stop_plugin().await;
+}
+
 /// A claim's `status.devices` removal that is not made before the plugin
 /// stops is made after the next start: the checkpoint keeps it until then,
 /// through a stop in between, and forgets it once made.
@@ -1729,9 +1798,24 @@ async fn devices_of_a_gpu_repartitioned_behind_discovery_are_not_taken_for_fault
             .count()
     };
     assert_eq!(rig.device_names().len(), 8);
-    // The host goes back to SPX: seven partitions' nodes are gone, and the
-    // plugin's inventory still names them.
-    rig.sim.rewrite_with("mi300x", Some(1), None);
+    // The GPU goes back to SPX, as amdgpu does it when its compute mode is
+    // written: seven partitions' nodes are gone, and the plugin's inventory
+    // still names them. (Not the whole host written again: that takes
+    // /dev/kfd away for the rewrite's length, which no repartition does, and
+    // a look in that window rightly finds every device unhealthy.)
+    let spec = gpu_operator::simulate::spec_of(&rig.sim.host).unwrap();
+    let bdf = &gpu_operator::simulate::gpu_addresses(&spec)[0];
+    let kernel = gpu_operator::simulate::kernel::store_for(&rig.sim.host);
+    // SPX runs with NPS1 only: the memory mode first.
+    for (attr, mode) in [
+        ("current_memory_partition", "NPS1"),
+        ("current_compute_partition", "SPX"),
+    ] {
+        kernel
+            .store(&format!("/sys/bus/pci/devices/{bdf}/{attr}"), mode)
+            .unwrap();
+    }
+    kernel.settle().unwrap();
     let watched = Instant::now();
     while watched.elapsed() < Duration::from_secs(1) {
         assert_eq!(unhealthy(&rig), 0, "{:#?}", rig.slices());

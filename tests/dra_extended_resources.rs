@@ -201,7 +201,10 @@ impl Node {
             .cluster()
             .create(claim)
             .expect("the special claim created");
-        let devices = dra_scheduler::allocate(&self.slices(), class, count, &[])
+        let in_use = dra_scheduler::Allocated::of_claims(
+            &self.cluster.list("resource.k8s.io/v1", "ResourceClaim"),
+        );
+        let devices = dra_scheduler::allocate(&self.slices(), class, count, &in_use)
             .expect("the class has devices for the pod");
         let name = claim["metadata"]["name"].as_str().unwrap();
         let claims: Api<k8s_openapi::api::resource::v1::ResourceClaim> =
@@ -230,7 +233,7 @@ impl Node {
         let uid = claim["metadata"]["uid"].as_str().unwrap();
         let answer = self.kubelet.prepare(&[(NS, uid, name)]).await;
         assert_eq!(answer.claims[uid].error, "", "{answer:?}");
-        (claim, devices.into_iter().map(|(_, d)| d).collect())
+        (claim, devices.into_iter().map(|a| a.device).collect())
     }
 
     /// What a person can follow from `pod`: its status names the special
@@ -333,7 +336,11 @@ async fn a_gpu_fault_reaches_a_pod_served_through_the_extended_resource_and_clea
     assert!(refused.contains("1 of 2"), "{refused}");
     assert_eq!(
         dra_scheduler::allocate(&node.slices(), class, 1, &[]).unwrap(),
-        vec![(NODE.to_owned(), untainted[0].clone())]
+        vec![dra_scheduler::Allocated {
+            pool: NODE.to_owned(),
+            device: untainted[0].clone(),
+            share: None
+        }]
     );
 
     // Recovery: the taint and the condition clear.
@@ -883,5 +890,100 @@ async fn auto_partition_through_the_agent_serves_layouts_and_yields_to_a_profile
             .contains("draDriver.autoPartition is off on this node")
     })
     .await;
+    node.stop().await;
+}
+
+/// Issue 34 items 1 and 6 together: with `draDriver.autoPartition`, a pod
+/// written for the device plugin's `mixed` strategy is served by a layout
+/// no GPU is in yet. The node reports every layout its GPUs offer, so the
+/// leader makes their classes; `cpx-nps1.gpu.amd.com` selects the layout
+/// devices by `computePartition`/`memoryPartition`; the scheduler gives
+/// `amd.com/cpx_nps1: 2` two shares of one layout device (as the
+/// structured allocator does with a device that allows multiple
+/// allocations), Prepare repartitions that GPU and hands each share its own
+/// partition. A second pod for `amd.com/spx_nps1` gets the other GPU, the
+/// counter keeping it off the CPX one, and layouts of another memory mode
+/// are not allocatable while the node's is held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mixed_strategy_pod_is_served_by_a_layout_made_on_demand() {
+    let mut node = Node::start(SimSpec::new("mi300x", Some(2), None).unwrap()).await;
+    node.cluster
+        .apply_device_config(
+            "gpus",
+            json!({"draDriver": {"enable": true, "autoPartition": true}}),
+        )
+        .await;
+    node.eventually("the classes of the offered layouts made", |n| {
+        let classes = n.classes();
+        ["amd.com/cpx_nps1", "amd.com/cpx_nps4", "amd.com/spx_nps1"]
+            .iter()
+            .all(|r| dra_scheduler::class_serving(&classes, r).is_some())
+            && n.devices()
+                .iter()
+                .any(|d| d["name"] == "gpu-0-cpx-nps1" && !dra_scheduler::tainted(d))
+    })
+    .await;
+    let classes = node.classes();
+    let class = dra_scheduler::class_serving(&classes, "amd.com/cpx_nps1").unwrap();
+    assert_eq!(class["metadata"]["name"], "cpx-nps1.gpu.amd.com");
+
+    let pod = node.pod("inference", "amd.com/cpx_nps1", 2);
+    let (claim, held) = node.schedule(&pod, "amd.com/cpx_nps1", 2).await;
+    assert_eq!(held, ["gpu-0-cpx-nps1", "gpu-0-cpx-nps1"]);
+    let gpus = gpu_operator::device::discover(&node.host);
+    let mut modes: Vec<(String, Option<String>, usize)> = gpus
+        .gpus
+        .iter()
+        .map(|g| {
+            (
+                g.bdf.clone(),
+                g.compute_partition.clone(),
+                g.partitions.len(),
+            )
+        })
+        .collect();
+    modes.sort();
+    assert_eq!(modes[0].1.as_deref(), Some("cpx"), "GPU 0 repartitioned");
+    assert_eq!(modes[0].2, 8, "{modes:?}");
+    assert_eq!(modes[1].1.as_deref(), Some("spx"), "GPU 1 left alone");
+    // The kubelet's retry answers the same: two distinct partitions.
+    let uid = claim["metadata"]["uid"].as_str().unwrap();
+    let name = claim["metadata"]["name"].as_str().unwrap();
+    let answer = node.kubelet.prepare(&[(NS, uid, name)]).await;
+    let prepared = &answer.claims[uid];
+    assert_eq!(prepared.error, "", "{answer:?}");
+    let mut cdi: Vec<&String> = prepared
+        .devices
+        .iter()
+        .flat_map(|d| &d.cdi_device_ids)
+        .collect();
+    cdi.sort();
+    cdi.dedup();
+    assert_eq!(cdi.len(), 2, "each share its own partition: {prepared:?}");
+
+    // Layouts of another memory mode carry the conflict taint now.
+    node.eventually("the NPS4 layouts tainted", |n| {
+        n.devices()
+            .iter()
+            .any(|d| d["name"] == "gpu-1-cpx-nps4" && dra_scheduler::tainted(d))
+    })
+    .await;
+    let in_use = dra_scheduler::Allocated::of_claims(
+        &node.cluster.list("resource.k8s.io/v1", "ResourceClaim"),
+    );
+    let nps4 = dra_scheduler::class_serving(&classes, "amd.com/cpx_nps4").unwrap();
+    assert!(dra_scheduler::allocate(&node.slices(), nps4, 1, &in_use).is_err());
+
+    // The simulated driver lays every GPU's DRM nodes out again on a
+    // repartition: GPU 1's health settles first.
+    node.eventually("GPU 1's whole layout untainted", |n| {
+        n.devices()
+            .iter()
+            .any(|d| d["name"] == "gpu-1-spx-nps1" && !dra_scheduler::tainted(d))
+    })
+    .await;
+    let whole = node.pod("trainer", "amd.com/spx_nps1", 1);
+    let (_, held) = node.schedule(&whole, "amd.com/spx_nps1", 1).await;
+    assert_eq!(held, ["gpu-1-spx-nps1"], "GPU 0's counter is taken");
     node.stop().await;
 }

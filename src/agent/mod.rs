@@ -405,6 +405,7 @@ pub async fn run_with_followers(
                 .as_ref()
                 .map(|m| crate::metrics::access::problems(&m.access))
                 .unwrap_or_default();
+            let auto_partition = desired.dra.as_ref().is_some_and(|d| d.auto_partition);
             let applied = node_side.services.apply(desired).await;
             let config_verdict = metrics_config_error.borrow().clone();
             let followers_ended: Vec<String> =
@@ -422,6 +423,7 @@ pub async fn run_with_followers(
                     node_label_problems: &node_label_problems,
                     services: node_side.services.states(),
                     inventory: &inventory.borrow(),
+                    auto_partition,
                     driver: driver_report.borrow().as_ref(),
                     driver_load: load.as_ref(),
                     partition: partition_report.borrow().as_ref(),

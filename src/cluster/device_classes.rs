@@ -63,16 +63,33 @@ pub fn layout_class_name(layout: &str) -> Option<&'static str> {
     })
 }
 
-/// The CEL selector of `layout`'s class: devices of our driver whose
-/// `partitionProfile` is `layout`. `has()` first, since looking up an
-/// attribute a device lacks (a GPU without partition support) is an error
-/// that fails the allocation rather than skipping the device.
-pub fn layout_selector(layout: &str) -> String {
-    format!(
+/// The CEL selector of `layout`'s class: devices of our driver in that
+/// layout, either way the plugin publishes one:
+///
+/// - a whole GPU or partition as the GPU is now: `partitionProfile` is
+///   `layout` (`cpx_nps4`);
+/// - with `draDriver.autoPartition`, a layout device the GPU can take
+///   (`gpu-0-cpx-nps4`, [`crate::dra::layouts`]): `computePartition` and
+///   `memoryPartition` are the layout's halves, lower case as published.
+///
+/// `has()` before each read, since looking up an attribute a device lacks
+/// (a GPU without partition support, a layout device's missing
+/// `partitionProfile`) is an error that fails the allocation rather than
+/// skipping the device. `None` for a layout that is not
+/// `<compute>_<memory>`.
+pub fn layout_selector(layout: &str) -> Option<String> {
+    let (compute, memory) = layout.split_once('_')?;
+    let (compute, memory) = (compute.to_ascii_lowercase(), memory.to_ascii_lowercase());
+    let attr = |name: &str| format!("device.attributes['{DRIVER_NAME}'].{name}");
+    Some(format!(
         "device.driver == '{DRIVER_NAME}' && \
-         has(device.attributes['{DRIVER_NAME}'].partitionProfile) && \
-         device.attributes['{DRIVER_NAME}'].partitionProfile == '{layout}'"
-    )
+         ((has({profile}) && {profile} == '{layout}') || \
+         (has({compute_attr}) && has({memory_attr}) && \
+         {compute_attr} == '{compute}' && {memory_attr} == '{memory}'))",
+        profile = attr("partitionProfile"),
+        compute_attr = attr("computePartition"),
+        memory_attr = attr("memoryPartition"),
+    ))
 }
 
 /// The class for `layout`: named by [`layout_class_name`], selecting the
@@ -82,7 +99,7 @@ pub fn layout_device_class(layout: &str) -> Option<DeviceClass> {
     let name = layout_class_name(layout)?;
     Some(resources::operator_device_class(
         name,
-        layout_selector(layout),
+        layout_selector(layout)?,
         crate::plugin::devices::resource_name(layout),
     ))
 }
@@ -290,8 +307,12 @@ mod tests {
         assert_eq!(
             expression,
             "device.driver == 'gpu.amd.com' && \
-             has(device.attributes['gpu.amd.com'].partitionProfile) && \
-             device.attributes['gpu.amd.com'].partitionProfile == 'cpx_nps4'"
+             ((has(device.attributes['gpu.amd.com'].partitionProfile) && \
+             device.attributes['gpu.amd.com'].partitionProfile == 'cpx_nps4') || \
+             (has(device.attributes['gpu.amd.com'].computePartition) && \
+             has(device.attributes['gpu.amd.com'].memoryPartition) && \
+             device.attributes['gpu.amd.com'].computePartition == 'cpx' && \
+             device.attributes['gpu.amd.com'].memoryPartition == 'nps4'))"
         );
         assert_eq!(layout_device_class("xpx_nps9"), None);
     }
@@ -302,7 +323,7 @@ mod tests {
     #[test]
     fn a_layout_selector_picks_that_layout_and_skips_devices_without_one() {
         let evaluate = |device: Value| {
-            let program = cel::Program::compile(&layout_selector("cpx_nps4")).unwrap();
+            let program = cel::Program::compile(&layout_selector("cpx_nps4").unwrap()).unwrap();
             let mut context = cel::Context::default();
             context.add_variable_from_value("device", cel::to_value(device).unwrap());
             program.execute(&context).map_err(|e| e.to_string())
@@ -326,6 +347,30 @@ mod tests {
             evaluate(device("gpu.amd.com", json!({"type": "amdgpu"}))),
             Ok(cel::Value::Bool(false))
         );
+        // autoPartition's layout devices: no partitionProfile, the layout's
+        // halves in lower case, as `dra::layouts` publishes them.
+        assert_eq!(
+            evaluate(device(
+                "gpu.amd.com",
+                json!({"type": "amdgpu-partition", "computePartition": "cpx", "memoryPartition": "nps4"})
+            )),
+            Ok(cel::Value::Bool(true))
+        );
+        for (compute, memory) in [("cpx", "nps1"), ("spx", "nps4"), ("dpx", "nps1")] {
+            assert_eq!(
+                evaluate(device(
+                    "gpu.amd.com",
+                    json!({"computePartition": compute, "memoryPartition": memory})
+                )),
+                Ok(cel::Value::Bool(false)),
+                "{compute}_{memory}"
+            );
+        }
+        assert_eq!(
+            evaluate(device("gpu.amd.com", json!({"computePartition": "cpx"}))),
+            Ok(cel::Value::Bool(false))
+        );
+        assert_eq!(layout_selector("cpx"), None);
         assert_eq!(
             evaluate(device(
                 "other.example.com",

@@ -118,6 +118,21 @@ pub fn layouts_of(gpu: &Gpu) -> Vec<(String, String)> {
     out
 }
 
+/// The profiles (`cpx_nps4`) of every layout the partitionable GPUs of
+/// `inventory` offer, as the device plugin's `mixed` strategy names them:
+/// what a node in this mode reports, so that the leader keeps a class
+/// serving each. Sorted, each once.
+pub fn offered_profiles(inventory: &Inventory) -> Vec<String> {
+    let profiles: BTreeSet<String> = inventory
+        .gpus
+        .iter()
+        .filter(|gpu| partitionable(gpu))
+        .flat_map(layouts_of)
+        .map(|(compute, memory)| format!("{compute}_{memory}"))
+        .collect();
+    profiles.into_iter().collect()
+}
+
 /// One partition's worth of each capacity of `gpu` in a layout of `count`.
 pub fn capacity_of(gpu: &Gpu, count: u32) -> BTreeMap<String, DeviceCapacity> {
     let count = u64::from(count.max(1));
@@ -474,6 +489,29 @@ mod tests {
             memory: memory.into(),
             partitions: modes::compute_partitions(compute).unwrap_or(1),
         }
+    }
+
+    #[test]
+    fn a_node_offers_the_profiles_of_its_partitionable_gpus_once() {
+        let plain = Gpu {
+            bdf: "0000:07:00.0".into(),
+            ..Gpu::default()
+        };
+        let inventory = Inventory {
+            gpus: vec![
+                mi300x("0000:05:00.0", "spx", "nps1"),
+                mi300x("0000:06:00.0", "CPX", "NPS4"),
+                plain,
+            ],
+            ..Inventory::default()
+        };
+        assert_eq!(
+            offered_profiles(&inventory),
+            [
+                "cpx_nps1", "cpx_nps4", "dpx_nps1", "qpx_nps1", "qpx_nps4", "spx_nps1"
+            ]
+        );
+        assert!(offered_profiles(&Inventory::default()).is_empty());
     }
 
     #[test]

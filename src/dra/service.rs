@@ -4,10 +4,11 @@
 //!
 //! Timing: the snapshot is rebuilt at once on an inventory or health change,
 //! and device-node presence and the sockets are re-checked every
-//! `poll_interval`. Slices are written as soon as the snapshot changes what
+//! `poll_interval`; device nodes are stat'ed then only when `/dev` changed
+//! since (`plugin::NodeProbe`, as the device plugin does it). Slices are written as soon as the snapshot changes what
 //! they carry, and not at all otherwise. Every wait is bounded or cancellable.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -39,7 +40,7 @@ use crate::device::relayout::repartitioned;
 use crate::events::{EventSink, EventType, NodeEvent, Origin};
 use crate::host::HostRoot;
 use crate::host::reader::{Answer, BoundedReader, Op};
-use crate::plugin::{HealthReport, PluginDevice, SocketServer, node_checks};
+use crate::plugin::{HealthReport, NodeProbe, PluginDevice, SocketServer, dri_nodes};
 
 /// Bound on the whole stop sequence: below the service slot's 3 s grace, so
 /// the slot never aborts a stop half done.
@@ -320,6 +321,9 @@ async fn run(
     let mut seen: Option<Arc<Inventory>> = None;
     let mut devices: Vec<DraDevice> = Vec::new();
     let mut plugin_devices: Vec<PluginDevice> = Vec::new();
+    // Their DRM nodes, stat'ed by `probe` only after a change in /dev.
+    let mut nodes = BTreeSet::new();
+    let mut probe = NodeProbe::default();
     let mut applied_state: Option<LayoutState> = None;
     let mut feeds = crate::service::Wakes::new();
     feeds.watch("inventory", inventory.clone());
@@ -361,10 +365,11 @@ async fn run(
                 devices_of(&inv, roots)
             };
             plugin_devices = devices.iter().map(DraDevice::as_plugin_device).collect();
+            nodes = dri_nodes(&plugin_devices);
             seen = Some(inv.clone());
             applied_state = Some(state_now);
         }
-        let mut checks = node_checks(&config.host, inv.driver.loaded, plugin_devices.iter());
+        let mut checks = probe.checks(&config.host, inv.driver.loaded, &nodes);
         if !checks.missing_nodes.is_empty() {
             // The missing nodes of a GPU repartitioned behind the inventory
             // are the old layout's, gone on purpose: no fault, until

@@ -50,7 +50,7 @@ pub use devices::{
 };
 pub use health::{DeviceRef, Health, HealthReport};
 pub use preferred::{Topology, preferred_allocation, preferred_replicas};
-pub(crate) use probe::node_checks;
+pub(crate) use probe::{NodeProbe, dri_nodes};
 pub(crate) use server::SocketServer;
 pub use server::{RegisterError, plugin_options};
 pub use service::{DevicePluginService, PluginConfig, PluginStatus, ResourceStatus, Stopped};

@@ -1,5 +1,6 @@
-//! The host facts the plugin reads itself, beyond the inventory: whether the
-//! device nodes it hands to containers exist.
+//! The host facts the plugins (the device plugin and the DRA plugin) read
+//! themselves, beyond the inventory: whether the device nodes they hand to
+//! containers exist.
 //!
 //! Device nodes come and go only when devtmpfs, udev or an administrator
 //! creates or removes them, and inotify watchers of `/dev` and `/dev/dri` hear
@@ -24,7 +25,7 @@ use super::health::NodeChecks;
 use super::state::KFD_PATH;
 
 /// The DRM nodes of `devices`, each once.
-pub(super) fn dri_nodes<'a>(
+pub(crate) fn dri_nodes<'a>(
     devices: impl IntoIterator<Item = &'a PluginDevice>,
 ) -> BTreeSet<String> {
     devices
@@ -34,7 +35,8 @@ pub(super) fn dri_nodes<'a>(
 }
 
 /// Presence of `/dev/kfd` and of every DRM node of `devices`, stat'ed now.
-pub(crate) fn node_checks<'a>(
+#[cfg(test)]
+fn node_checks<'a>(
     host: &HostRoot,
     driver_loaded: bool,
     devices: impl IntoIterator<Item = &'a PluginDevice>,
@@ -85,9 +87,11 @@ pub(super) struct Checked {
     at: Instant,
 }
 
-/// [`node_checks`], repeated only when its answer may have changed.
+/// Presence of `/dev/kfd` and of DRM nodes, stat'ed again only when the
+/// answer may have changed (see the module doc): the one way the device
+/// plugin and the DRA plugin (`dra::service`) look at device nodes.
 #[derive(Debug, Default)]
-pub(super) struct NodeProbe {
+pub(crate) struct NodeProbe {
     /// The host the watch was set up (or given up) for.
     watched_host: Option<HostRoot>,
     /// `None` without inotify.
@@ -103,7 +107,7 @@ impl NodeProbe {
     pub const SAFETY_INTERVAL: Duration = Duration::from_secs(10);
 
     /// Presence of `/dev/kfd` and of `nodes` on `host`, now.
-    pub(super) fn checks(
+    pub(crate) fn checks(
         &mut self,
         host: &HostRoot,
         driver_loaded: bool,
@@ -115,7 +119,7 @@ impl NodeProbe {
             self.watch = match DevWatch::open(&host.path("/dev"), &host.path("/dev/dri")) {
                 Ok(watch) => Some(watch),
                 Err(e) => {
-                    tracing::debug!(error = %e, "cannot watch /dev; the device plugin stats device nodes at every look");
+                    tracing::debug!(error = %e, "cannot watch /dev; device nodes are stat'ed at every look");
                     None
                 }
             };
@@ -125,7 +129,7 @@ impl NodeProbe {
         let quiet = match self.watch.as_mut().map(DevWatch::drain) {
             Some(Ok(changed)) => !changed,
             Some(Err(e)) => {
-                tracing::debug!(error = %e, "inotify failed; the device plugin stats device nodes at every look");
+                tracing::debug!(error = %e, "inotify failed; device nodes are stat'ed at every look");
                 self.watch = None;
                 false
             }

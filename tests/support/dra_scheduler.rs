@@ -176,28 +176,122 @@ pub fn tainted(device: &Value) -> bool {
         .any(|t| t["effect"] == "NoSchedule" || t["effect"] == "NoExecute")
 }
 
-/// Allocates `count` devices for a request of `class` from the published
-/// `slices`, skipping tainted devices and the `taken` ones: `(pool, device)`
-/// of each, in the slices' order, or why the request cannot be met.
+/// One device result of an allocation, as the scheduler records it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Allocated {
+    pub pool: String,
+    pub device: String,
+    /// For a device that allows multiple allocations: the share's ID and
+    /// its `consumedCapacity`.
+    pub share: Option<(String, BTreeMap<String, String>)>,
+}
+
+impl Allocated {
+    /// The allocation results of `claims` (ResourceClaims), as the
+    /// scheduler counts what is in use.
+    pub fn of_claims(claims: &[Value]) -> Vec<Self> {
+        claims
+            .iter()
+            .flat_map(|c| {
+                c["status"]["allocation"]["devices"]["results"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default()
+            })
+            .map(|r| Self {
+                pool: r["pool"].as_str().expect("a pool").to_owned(),
+                device: r["device"].as_str().expect("a device").to_owned(),
+                share: r["shareID"].as_str().map(|id| {
+                    let consumed = r["consumedCapacity"]
+                        .as_object()
+                        .into_iter()
+                        .flatten()
+                        .map(|(k, v)| (k.clone(), v.as_str().expect("a quantity").to_owned()))
+                        .collect();
+                    (id.to_owned(), consumed)
+                }),
+            })
+            .collect()
+    }
+}
+
+/// Allocates `count` devices for an ExactCount request of `class` with no
+/// capacity requests and no tolerations, from the published `slices`,
+/// beside the `allocated` results of other claims: each result in the
+/// slices' order, or why the request cannot be met. As the structured
+/// allocator does it (k8s.io/dynamic-resource-allocation, `structured`,
+/// `allocateDevice`, with consumable capacity and partitionable devices on):
+///
+/// - a `NoSchedule` or `NoExecute` taint keeps a device out (KEP-5055);
+/// - a device that does not allow multiple allocations is taken once;
+/// - one that does (KEP-5075) is taken again, by other claims and by the
+///   same request, while its capacities hold another share of each
+///   policy's default; each result is a share with its ID and
+///   `consumedCapacity`;
+/// - a device's `consumesCounters` must fit its counter sets beside the
+///   devices in use (KEP-4815), checked when it is first taken: a device
+///   already shared out is charged once, so further shares skip the check.
+///
+/// A KEP-5004 extended-resource claim is such a request (`ExactCount`,
+/// the pod's count, the class that serves the resource), so a pod asking
+/// for `amd.com/cpx_nps4: 2` may get two shares of one layout device.
 pub fn allocate(
     slices: &[Value],
     class: &Value,
     count: usize,
-    taken: &[String],
-) -> Result<Vec<(String, String)>, String> {
-    let mut chosen = Vec::new();
-    for slice in slices {
-        let driver = slice["spec"]["driver"].as_str().expect("a slice's driver");
-        let pool = slice["spec"]["pool"]["name"].as_str().expect("a pool name");
-        for device in slice["spec"]["devices"].as_array().into_iter().flatten() {
-            let name = device["name"].as_str().expect("a device name");
-            if chosen.len() == count || taken.iter().any(|t| t == name) || tainted(device) {
-                continue;
-            }
-            if selects(class, driver, device)? {
-                chosen.push((pool.to_owned(), name.to_owned()));
+    allocated: &[Allocated],
+) -> Result<Vec<Allocated>, String> {
+    let mut chosen: Vec<Allocated> = Vec::new();
+    'results: for _ in 0..count {
+        for slice in slices {
+            let driver = slice["spec"]["driver"].as_str().expect("a slice's driver");
+            let pool = slice["spec"]["pool"]["name"].as_str().expect("a pool name");
+            for device in slice["spec"]["devices"].as_array().into_iter().flatten() {
+                let name = device["name"].as_str().expect("a device name");
+                if tainted(device) || !selects(class, driver, device)? {
+                    continue;
+                }
+                let in_use: Vec<&Allocated> = allocated
+                    .iter()
+                    .chain(&chosen)
+                    .filter(|a| a.pool == pool && a.device == name)
+                    .collect();
+                let shared = device["allowMultipleAllocations"] == true;
+                if !shared && !in_use.is_empty() {
+                    continue;
+                }
+                if in_use.is_empty() {
+                    let others: Vec<&str> = allocated
+                        .iter()
+                        .chain(&chosen)
+                        .filter(|a| a.pool == pool)
+                        .map(|a| a.device.as_str())
+                        .collect();
+                    if counters_allow(slices, name, &others).is_err() {
+                        continue;
+                    }
+                }
+                let share = if shared {
+                    let shares: Vec<BTreeMap<String, String>> = in_use
+                        .iter()
+                        .filter_map(|a| a.share.as_ref().map(|(_, c)| c.clone()))
+                        .collect();
+                    let Ok(consumed) = fit(device, &BTreeMap::new(), &shares) else {
+                        continue;
+                    };
+                    Some((format!("share-{}", in_use.len() + 1), consumed))
+                } else {
+                    None
+                };
+                chosen.push(Allocated {
+                    pool: pool.to_owned(),
+                    device: name.to_owned(),
+                    share,
+                });
+                continue 'results;
             }
         }
+        break;
     }
     if chosen.len() < count {
         return Err(format!(
@@ -274,19 +368,24 @@ pub fn extended_resource_claim(
     (claim, status)
 }
 
-/// The allocation the scheduler writes for `request` of class `class`: the
-/// `devices`, `(pool, device)` of driver gpu.amd.com, the node they are on
-/// (a node-local slice's devices pin the claim to its `nodeName` by a field
-/// selector; our pools are named after their node), and the pod it is
-/// reserved for.
-pub fn allocation_of(request: &str, devices: &[(String, String)], pod: &Value) -> Value {
+/// The allocation the scheduler writes for `request`: the `devices` of
+/// driver gpu.amd.com (a share with its `shareID` and `consumedCapacity`),
+/// the node they are on (a node-local slice's devices pin the claim to its
+/// `nodeName` by a field selector; our pools are named after their node),
+/// and the pod it is reserved for.
+pub fn allocation_of(request: &str, devices: &[Allocated], pod: &Value) -> Value {
     let results: Vec<Value> = devices
         .iter()
-        .map(|(pool, device)| {
-            json!({"request": request, "driver": "gpu.amd.com", "pool": pool, "device": device})
+        .map(|a| {
+            let mut result = json!({"request": request, "driver": "gpu.amd.com", "pool": a.pool, "device": a.device});
+            if let Some((id, consumed)) = &a.share {
+                result["shareID"] = json!(id);
+                result["consumedCapacity"] = json!(consumed);
+            }
+            result
         })
         .collect();
-    let mut nodes: Vec<&str> = devices.iter().map(|(pool, _)| pool.as_str()).collect();
+    let mut nodes: Vec<&str> = devices.iter().map(|a| a.pool.as_str()).collect();
     nodes.dedup();
     let terms: Vec<Value> = nodes
         .iter()

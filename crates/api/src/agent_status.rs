@@ -29,7 +29,8 @@
 //!   restarted. `Finished`: it ended on its own. A disabled service is absent.
 //! - `resources`: device plugin resources and their device counts.
 //! - `layouts`: with DRA, the partition layouts of the node's GPUs
-//!   (`["cpx_nps4"]`), for the leader's per-layout DeviceClasses.
+//!   (`["cpx_nps4"]`), and with `draDriver.autoPartition` every layout
+//!   they offer, for the leader's per-layout DeviceClasses.
 //! - `driver`: the amdgpu module and kernel the node runs ([`DriverReport`]),
 //!   reported whatever `spec.driver` says.
 //! - `problems`: what needs a person (conflicting DeviceConfigs, a partition layout
@@ -159,9 +160,11 @@ pub struct AgentStatus {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub resources: BTreeMap<String, usize>,
     /// While the node runs DRA: the partition layouts of its GPUs
-    /// (`cpx_nps4`...), as the device plugin's `mixed` strategy names its
-    /// resources; the leader keeps a DeviceClass for each layout present on
-    /// some node. Empty (and absent) otherwise.
+    /// (`cpx_nps4`...), and with `draDriver.autoPartition` every layout its
+    /// partitionable GPUs offer (Prepare puts a GPU in it), as the device
+    /// plugin's `mixed` strategy names its resources; the leader keeps a
+    /// DeviceClass for each layout present on some node. Empty (and absent)
+    /// otherwise.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub layouts: Vec<String>,
     pub gpus: usize,

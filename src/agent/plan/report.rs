@@ -33,6 +33,9 @@ pub struct Observed<'a> {
     /// Each service's state, as the annotation shows it.
     pub services: BTreeMap<ServiceName, ServiceStatus>,
     pub inventory: &'a Inventory,
+    /// The DRA plugin offers every layout of its GPUs
+    /// (`draDriver.autoPartition` on this node).
+    pub auto_partition: bool,
     /// The driver and kernel the node runs, once read.
     pub driver: Option<&'a DriverReport>,
     /// What the driver manager did, when the DeviceConfig asks for a driver.
@@ -165,6 +168,11 @@ pub fn report(state: &mut LoopState, observed: Observed<'_>) -> Report {
     let status = match observed.selection {
         Selection::None => None,
         selection => Some(AgentStatus {
+            layouts: if observed.services.contains_key(&ServiceName::DraDriver) {
+                dra_layouts(observed.inventory, observed.auto_partition)
+            } else {
+                Vec::new()
+            },
             driver_load: observed.driver_load.cloned(),
             partition: observed.partition.cloned(),
             remediation: observed.remediation.cloned(),
@@ -303,6 +311,21 @@ fn discovery_problem(progress: &DiscoveryProgress) -> Option<Problem> {
     }
 }
 
+/// The layouts a DRA node reports, for the leader's per-layout
+/// DeviceClasses to serve: those its GPUs are in, and with
+/// `draDriver.autoPartition` every layout its GPUs offer (the plugin
+/// publishes a device for each, and Prepare puts the GPU in it). Sorted,
+/// each once.
+fn dra_layouts(inventory: &Inventory, auto_partition: bool) -> Vec<String> {
+    let mut layouts = crate::plugin::layouts_of(inventory);
+    if auto_partition {
+        layouts.extend(crate::dra::layouts::offered_profiles(inventory));
+        layouts.sort();
+        layouts.dedup();
+    }
+    layouts
+}
+
 fn build_status(
     selection: &Selection,
     services: BTreeMap<ServiceName, ServiceStatus>,
@@ -316,12 +339,6 @@ fn build_status(
         Selection::One(s) => (Some(s.key.clone()), s.uid.clone(), s.generation),
         _ => (None, None, None),
     };
-    // The leader's per-layout DeviceClasses serve these through DRA.
-    let layouts = if services.contains_key(&ServiceName::DraDriver) {
-        crate::plugin::layouts_of(inventory)
-    } else {
-        Vec::new()
-    };
     AgentStatus {
         v: STATUS_VERSION,
         device_config,
@@ -333,7 +350,7 @@ fn build_status(
             .iter()
             .map(|r| (r.name.clone(), r.devices))
             .collect(),
-        layouts,
+        layouts: Vec::new(),
         gpus: inventory.gpus.len(),
         driver_version: inventory.driver.version.clone(),
         driver: driver.cloned(),
@@ -351,6 +368,30 @@ mod tests {
     use crate::agent::plan::one;
     use crate::api::DeviceConfigSpec;
     use crate::plugin::LayoutConflict;
+
+    /// The leader's per-layout classes come from these: an autoPartition
+    /// node reports every layout its partitionable GPUs offer, beside the
+    /// one they are in; otherwise only the one they are in.
+    #[test]
+    fn an_auto_partition_node_reports_the_layouts_its_gpus_offer() {
+        let gpu = crate::device::Gpu {
+            bdf: "0000:05:00.0".into(),
+            compute_partition: Some("SPX".into()),
+            memory_partition: Some("NPS1".into()),
+            available_compute_partitions: ["SPX", "CPX"].map(String::from).to_vec(),
+            available_memory_partitions: ["NPS1", "NPS4"].map(String::from).to_vec(),
+            ..crate::device::Gpu::default()
+        };
+        let inventory = Inventory {
+            gpus: vec![gpu],
+            ..Inventory::default()
+        };
+        assert_eq!(dra_layouts(&inventory, false), ["spx_nps1"]);
+        assert_eq!(
+            dra_layouts(&inventory, true),
+            ["cpx_nps1", "cpx_nps4", "spx_nps1"]
+        );
+    }
 
     #[test]
     fn discovery_problems_say_what_runs_and_warn_once_per_reason() {
@@ -507,6 +548,7 @@ mod tests {
                     node_label_problems: &[],
                     services: [(ServiceName::MetricsExporter, ServiceStatus::Running)].into(),
                     inventory: &inventory,
+                    auto_partition: false,
                     driver: None,
                     driver_load: None,
                     partition: self.partition.as_ref(),
