@@ -58,7 +58,7 @@ pub async fn reconcile(dc: Arc<DeviceConfig>, ctx: Arc<Context>) -> Result<Actio
         .into_iter()
         .filter(|n| dc.spec.selects(n.labels()))
         .collect();
-    let selected: Vec<Arc<NodeView>> = ctx.views.views_of(&selected_nodes, ctx.nodes.len());
+    let selected: Vec<NodeView> = ctx.views.views_of(&selected_nodes, ctx.nodes.len());
     if dc.metadata.deletion_timestamp.is_some() {
         return tear_down(&dc, &selected, &selected_nodes, &ctx).await;
     }
@@ -354,7 +354,7 @@ async fn missing_references(dc: &DeviceConfig, ctx: &Context) -> Result<Vec<Stri
 /// Nodes that another (live) DeviceConfig selects too.
 fn conflicts(
     dc: &DeviceConfig,
-    selected: &[Arc<NodeView>],
+    selected: &[NodeView],
     configs: &Store<DeviceConfig>,
 ) -> Vec<String> {
     let key = ConfigKey::of(dc);
@@ -587,7 +587,7 @@ where
 /// NotReady past the timeout), owned objects are removed and the finalizer with them.
 async fn tear_down(
     dc: &DeviceConfig,
-    selected: &[Arc<NodeView>],
+    selected: &[NodeView],
     selected_nodes: &[Arc<Node>],
     ctx: &Context,
 ) -> Result<Action, Error> {
@@ -609,7 +609,6 @@ async fn tear_down(
     let uid = dc.metadata.uid.as_deref();
     let waiting: Vec<&NodeView> = selected
         .iter()
-        .map(AsRef::as_ref)
         .filter(|n| n.follows(&key, uid).is_some())
         .collect();
     let timed_out = since_deletion >= ctx.teardown_timeout;

@@ -30,11 +30,32 @@ use crate::api::{
 /// How many nodes the Ready message names before it only counts the rest.
 const NODES_NAMED: usize = 5;
 
-/// A selected Node as the status needs it.
+/// A selected Node as the status needs it: its labels (the cached Node's
+/// own, shared) and the facts read from the rest of it, which a
+/// [`ViewMemo`] keeps from one reconcile to the next.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct NodeView {
-    pub name: String,
     pub labels: NodeLabels,
+    pub facts: Arc<NodeFacts>,
+}
+
+impl std::ops::Deref for NodeView {
+    type Target = NodeFacts;
+    fn deref(&self) -> &NodeFacts {
+        &self.facts
+    }
+}
+
+impl std::ops::DerefMut for NodeView {
+    fn deref_mut(&mut self) -> &mut NodeFacts {
+        Arc::make_mut(&mut self.facts)
+    }
+}
+
+/// What the status reads of a Node besides its labels.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct NodeFacts {
+    pub name: String,
     /// What the status reads of the agent's status annotation, when
     /// present and parseable.
     pub agent: Option<AgentView>,
@@ -42,7 +63,7 @@ pub struct NodeView {
     pub ready: bool,
     pub kernel_version: String,
     pub boot_id: String,
-    /// The node's driver upgrade record, when it parses. Boxed: a view is
+    /// The node's driver upgrade record, when it parses. Boxed: facts are
     /// kept for every selected Node, and most have none.
     pub upgrade: Option<Box<UpgradeRecord>>,
     /// A remediation quarantines the node (its record's run).
@@ -155,24 +176,26 @@ impl NodeView {
     pub fn from_cached(node: &Arc<Node>) -> Self {
         Self {
             labels: NodeLabels::Shared(node.clone()),
-            ..Self::viewed(node)
+            facts: Arc::new(NodeFacts::of(node)),
         }
     }
 
     pub fn from_node(node: &Node) -> Self {
         Self {
             labels: NodeLabels::Owned(node.labels().clone()),
-            ..Self::viewed(node)
+            facts: Arc::new(NodeFacts::of(node)),
         }
     }
+}
 
-    /// All but the labels.
-    fn viewed(node: &Node) -> Self {
+impl NodeFacts {
+    /// Reads the facts of `node`: parses its agent-status, upgrade and
+    /// remediation annotations.
+    fn of(node: &Node) -> Self {
         let status = node.status.as_ref();
         let info = status.and_then(|s| s.node_info.as_ref());
         Self {
             name: node.name_any(),
-            labels: NodeLabels::default(),
             agent: node
                 .annotations()
                 .get(STATUS_ANNOTATION)
@@ -190,11 +213,6 @@ impl NodeView {
         }
     }
 
-    /// The view was made of this very version of a cached Node.
-    fn is_view_of(&self, node: &Arc<Node>) -> bool {
-        matches!(&self.labels, NodeLabels::Shared(viewed) if Arc::ptr_eq(viewed, node))
-    }
-
     /// The agent reports that it follows this DeviceConfig.
     pub fn follows(&self, key: &ConfigKey, uid: Option<&str>) -> Option<&AgentView> {
         self.agent.as_ref().filter(|a| {
@@ -203,61 +221,71 @@ impl NodeView {
     }
 }
 
-/// The views of the leader's cached Nodes, each made once per version of
-/// its Node. Making a view parses the Node's agent-status, upgrade and
+/// The facts of the leader's cached Nodes, each read once per version of
+/// its Node. Reading them parses the Node's agent-status, upgrade and
 /// remediation annotations; a reconcile views every selected Node, and
 /// reconciles run back to back while a fleet reports, so without this each
 /// reconcile parsed 130,000 annotations that had not changed, and the Node
 /// watch (on the same thread) fell behind the fleet.
 ///
-/// A view is kept for the `Arc<Node>` it was made of: the cache replaces a
-/// Node's `Arc` when the Node changes, so the same `Arc` means the same
-/// version. Shared by every DeviceConfig's reconcile; no I/O.
+/// Facts are kept per Node name with the `resourceVersion` they were read
+/// at, not with the Node itself: holding a Node would keep its old version
+/// alive beside the cache's new one until the next reconcile, twice the
+/// cache while a fleet acknowledges a spec change. Shared by every
+/// DeviceConfig's reconcile; no I/O.
 #[derive(Default)]
 pub struct ViewMemo {
-    views: Mutex<HashMap<String, Arc<NodeView>>>,
+    facts: Mutex<HashMap<String, (String, Arc<NodeFacts>)>>,
 }
 
 impl ViewMemo {
     /// The views of `nodes`, Nodes of the leader's cache, which holds
-    /// `cached` Nodes now. Views of Nodes gone from the cache are dropped
-    /// once the memo holds more views than the cache holds Nodes.
-    pub fn views_of(&self, nodes: &[Arc<Node>], cached: usize) -> Vec<Arc<NodeView>> {
-        let mut memo = self.views.lock().unwrap_or_else(PoisonError::into_inner);
-        let views: Vec<Arc<NodeView>> = nodes
+    /// `cached` Nodes now. Facts of Nodes gone from the cache are dropped
+    /// once the memo holds more than the cache holds Nodes.
+    pub fn views_of(&self, nodes: &[Arc<Node>], cached: usize) -> Vec<NodeView> {
+        let mut memo = self.facts.lock().unwrap_or_else(PoisonError::into_inner);
+        let views: Vec<NodeView> = nodes
             .iter()
             .map(|node| {
-                let name = node.metadata.name.as_deref().unwrap_or_default();
-                match memo.get(name) {
-                    Some(view) if view.is_view_of(node) => view.clone(),
+                let labels = NodeLabels::Shared(node.clone());
+                let (Some(name), Some(version)) = (
+                    node.metadata.name.as_deref(),
+                    node.metadata.resource_version.as_deref(),
+                ) else {
+                    return NodeView::from_cached(node);
+                };
+                let facts = match memo.get(name) {
+                    Some((read_at, facts)) if read_at == version => facts.clone(),
                     _ => {
-                        let view = Arc::new(NodeView::from_cached(node));
-                        memo.insert(name.to_owned(), view.clone());
-                        view
+                        let facts = Arc::new(NodeFacts::of(node));
+                        memo.insert(name.to_owned(), (version.to_owned(), facts.clone()));
+                        facts
                     }
-                }
+                };
+                NodeView { labels, facts }
             })
             .collect();
         if memo.len() > cached {
-            // Some Node left the cache. Keeping only these Nodes' views
-            // drops it; another DeviceConfig's views are made again once.
-            memo.retain(|_, view| {
-                matches!(&view.labels, NodeLabels::Shared(node)
-                    if nodes.iter().any(|n| Arc::ptr_eq(n, node)))
-            });
+            // Some Node left the cache. Keeping only these Nodes' facts
+            // drops it; another DeviceConfig's are read again once.
+            let names: std::collections::HashSet<&str> = nodes
+                .iter()
+                .filter_map(|n| n.metadata.name.as_deref())
+                .collect();
+            memo.retain(|name, _| names.contains(name.as_str()));
         }
         views
     }
 
-    /// How many views are kept.
+    /// How many Nodes' facts are kept.
     pub fn len(&self) -> usize {
-        self.views
+        self.facts
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .len()
     }
 
-    /// No view is kept.
+    /// No facts are kept.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -279,7 +307,7 @@ pub struct Problems {
 /// reports that it applied the current generation.
 pub fn desired_status(
     dc: &DeviceConfig,
-    selected: &[Arc<NodeView>],
+    selected: &[NodeView],
     problems: &Problems,
     previous: Option<&DeviceConfigStatus>,
     now: &Time,
@@ -513,8 +541,8 @@ pub const MODULE_STATUS_NODES: usize = 1_000;
 /// (failed, then in progress), then the rest by name, so that the entries
 /// an administrator looks for during an upgrade are there and the list does
 /// not change with the order the cache returns Nodes in.
-fn module_status_nodes<'a>(selected: &'a [Arc<NodeView>], key: &ConfigKey) -> Vec<&'a NodeView> {
-    let mut nodes: Vec<&NodeView> = selected.iter().map(AsRef::as_ref).collect();
+fn module_status_nodes<'a>(selected: &'a [NodeView], key: &ConfigKey) -> Vec<&'a NodeView> {
+    let mut nodes: Vec<&NodeView> = selected.iter().collect();
     if nodes.len() <= MODULE_STATUS_NODES {
         return nodes;
     }
@@ -535,7 +563,7 @@ fn module_status_nodes<'a>(selected: &'a [Arc<NodeView>], key: &ConfigKey) -> Ve
 /// (`driver.upgradePolicy.enable` and a `driver.version`). A node without a
 /// record of this DeviceConfig counts as complete when its agent reports
 /// the target loaded, else as not started.
-fn upgrade_summary(dc: &DeviceConfig, selected: &[Arc<NodeView>]) -> Option<UpgradeSummary> {
+fn upgrade_summary(dc: &DeviceConfig, selected: &[NodeView]) -> Option<UpgradeSummary> {
     let driver = dc.spec.driver();
     let rolling = dc.spec.is_enabled(Operand::Driver)
         && driver.upgrade_policy.as_ref().and_then(|p| p.enable) == Some(true);
@@ -609,15 +637,11 @@ fn why_not_serving(node: &NodeView, key: &ConfigKey, uid: Option<&str>) -> Strin
 /// says why only for those: while a fleet of 130,000 reports, most do not
 /// serve yet.
 fn not_serving_message(
-    selected: &[Arc<NodeView>],
+    selected: &[NodeView],
     key: &ConfigKey,
     uid: Option<&str>,
 ) -> Option<String> {
-    let mut failing: Vec<&NodeView> = selected
-        .iter()
-        .map(AsRef::as_ref)
-        .filter(|n| !serves(n, key, uid))
-        .collect();
+    let mut failing: Vec<&NodeView> = selected.iter().filter(|n| !serves(n, key, uid)).collect();
     if failing.is_empty() {
         return None;
     }
@@ -704,7 +728,7 @@ mod tests {
     }
 
     fn node(name: &str, generation: Option<i64>, plugin_running: bool) -> NodeView {
-        NodeView {
+        let facts = NodeFacts {
             name: name.into(),
             ready: true,
             agent: generation.map(|g| AgentView {
@@ -720,24 +744,16 @@ mod tests {
                 driver_version: Some("6.12.12".into()),
                 ..AgentView::default()
             }),
+            ..NodeFacts::default()
+        };
+        NodeView {
+            facts: Arc::new(facts),
             ..NodeView::default()
         }
     }
 
     fn now() -> Time {
         Time(k8s_openapi::jiff::Timestamp::from_second(1_800_000_000).unwrap())
-    }
-
-    /// [`super::desired_status`] over views made here.
-    fn desired_status(
-        dc: &DeviceConfig,
-        selected: &[NodeView],
-        problems: &Problems,
-        previous: Option<&DeviceConfigStatus>,
-        now: &Time,
-    ) -> DeviceConfigStatus {
-        let selected: Vec<Arc<NodeView>> = selected.iter().cloned().map(Arc::new).collect();
-        super::desired_status(dc, &selected, problems, previous, now)
     }
 
     fn cond<'a>(status: &'a DeviceConfigStatus, type_: &str) -> &'a Condition {
@@ -915,9 +931,10 @@ mod tests {
     #[test]
     fn node_module_status_is_bounded_with_the_upgrading_nodes_listed_first() {
         use crate::api::UpgradeState;
-        let upgrading = |name: &str, state: UpgradeState| NodeView {
-            upgrade: Some(Box::new(UpgradeRecord::new("ns/gpus".into(), state, ""))),
-            ..node(name, Some(1), true)
+        let upgrading = |name: &str, state: UpgradeState| {
+            let mut view = node(name, Some(1), true);
+            view.upgrade = Some(Box::new(UpgradeRecord::new("ns/gpus".into(), state, "")));
+            view
         };
         let extra = 50;
         let mut nodes: Vec<NodeView> = (0..MODULE_STATUS_NODES + extra)
@@ -948,10 +965,11 @@ mod tests {
     }
 
     #[test]
-    fn a_view_is_made_once_per_version_of_its_node() {
-        let node = |name: &str, annotation: &str| {
+    fn a_nodes_facts_are_read_once_per_version_of_it() {
+        let node = |name: &str, version: &str, annotation: &str| {
             let mut n = Node::default();
             n.metadata.name = Some(name.into());
+            n.metadata.resource_version = Some(version.into());
             n.metadata.annotations =
                 Some([(STATUS_ANNOTATION.to_owned(), annotation.to_owned())].into());
             Arc::new(n)
@@ -963,20 +981,24 @@ mod tests {
         };
         let text = serde_json::to_string(&reporting).unwrap();
         let memo = ViewMemo::default();
-        let (a, b) = (node("a", &text), node("b", "not json"));
+        let (a, b) = (node("a", "1", &text), node("b", "2", "not json"));
         let first = memo.views_of(&[a.clone(), b.clone()], 2);
         assert_eq!(first[0].agent.as_ref().map(|s| s.gpus), Some(8));
         assert!(first[1].agent.is_none());
         let again = memo.views_of(&[a.clone(), b.clone()], 2);
-        assert!(Arc::ptr_eq(&first[0], &again[0]) && Arc::ptr_eq(&first[1], &again[1]));
-        // A new version of `b` (a new Arc in the cache) is viewed afresh.
-        let b2 = node("b", &text);
-        let after = memo.views_of(&[a.clone(), b2], 2);
-        assert!(Arc::ptr_eq(&first[0], &after[0]));
+        assert!(Arc::ptr_eq(&first[0].facts, &again[0].facts));
+        assert!(Arc::ptr_eq(&first[1].facts, &again[1].facts));
+        // A new version of `b` is read afresh; the old one is not held.
+        let b2 = node("b", "3", &text);
+        let after = memo.views_of(&[a.clone(), b2.clone()], 2);
+        assert!(Arc::ptr_eq(&first[0].facts, &after[0].facts));
         assert_eq!(after[1].agent.as_ref().map(|s| s.gpus), Some(8));
-        // `a` left the cache: its view goes once the memo outgrows it.
-        let b3 = node("b", &text);
-        memo.views_of(&[b3], 1);
+        drop((first, again));
+        assert_eq!(Arc::strong_count(&b), 1, "the memo holds no Node");
+        // The view's labels are the cached Node's own.
+        assert!(matches!(&after[1].labels, NodeLabels::Shared(n) if Arc::ptr_eq(n, &b2)));
+        // `a` left the cache: its facts go once the memo outgrows it.
+        memo.views_of(&[b2], 1);
         assert_eq!(memo.len(), 1);
     }
 
