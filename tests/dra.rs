@@ -1611,7 +1611,7 @@ async fn a_memory_mode_change_reloads_the_driver_and_a_failed_one_is_undone_or_t
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claims_allocated_on_two_memory_modes_before_a_prepare_fail_the_second_cleanly() {
     let mut rig = Rig::start_layouts(2).await;
-    let tools = rig.dir.path().join("tools");
+    let tools = rig.dir().join("tools");
     let first = rig.claim_one_partition("nps1", "gpu-0-cpx-nps1").await;
     let second = rig.claim_one_partition("nps4", "gpu-1-cpx-nps4").await;
     assert!(

@@ -202,7 +202,7 @@ impl Node {
             .create(claim)
             .expect("the special claim created");
         let in_use = dra_scheduler::Allocated::of_claims(
-            &self.cluster.list("resource.k8s.io/v1", "ResourceClaim"),
+            &self.cluster().list("resource.k8s.io/v1", "ResourceClaim"),
         );
         let devices = dra_scheduler::allocate(&self.slices(), class, count, &in_use)
             .expect("the class has devices for the pod");
@@ -907,7 +907,7 @@ async fn auto_partition_through_the_agent_serves_layouts_and_yields_to_a_profile
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mixed_strategy_pod_is_served_by_a_layout_made_on_demand() {
     let mut node = Node::start(SimSpec::new("mi300x", Some(2), None).unwrap()).await;
-    node.cluster
+    node.cluster()
         .apply_device_config(
             "gpus",
             json!({"draDriver": {"enable": true, "autoPartition": true}}),
@@ -969,7 +969,7 @@ async fn a_mixed_strategy_pod_is_served_by_a_layout_made_on_demand() {
     })
     .await;
     let in_use = dra_scheduler::Allocated::of_claims(
-        &node.cluster.list("resource.k8s.io/v1", "ResourceClaim"),
+        &node.cluster().list("resource.k8s.io/v1", "ResourceClaim"),
     );
     let nps4 = dra_scheduler::class_serving(&classes, "amd.com/cpx_nps4").unwrap();
     assert!(dra_scheduler::allocate(&node.slices(), nps4, 1, &in_use).is_err());
