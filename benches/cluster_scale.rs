@@ -75,6 +75,20 @@ async fn fleet_reports(nodes: &Api<Node>, count: usize, generation: i64, uid: &s
 /// two minutes after the fleet finished). Every 30 s it prints where
 /// the leader is (its status count, and how often it listed and watched
 /// Nodes), so a run that does not converge says why.
+/// How long after now the emulator has sent revision `rv` of `plural` on a
+/// watch (`None` if not within 10 minutes): the part of a convergence that is
+/// the emulator's pace, when it is busy, rather than the watcher's.
+async fn delivered_by(emulator: &Emulator, plural: &str, rv: u64) -> Option<Duration> {
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(600) {
+        if emulator.delivered(plural) >= rv {
+            return Some(started.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    None
+}
+
 async fn wait_status(
     configs: &Api<DeviceConfig>,
     emulator: &Emulator,
@@ -195,10 +209,13 @@ async fn main() {
         emulator.requests().get("list", "nodes"),
         emulator.requests().get("watch", "nodes"),
     );
-    let converged = wait_status(&configs, emulator, count, "first report", |s| {
-        s["devicePlugin"]["availableNumber"] == count && s["observedGeneration"] == 1
-    })
-    .await;
+    let last_write = emulator.resource_version();
+    let (converged, delivered) = tokio::join!(
+        wait_status(&configs, emulator, count, "first report", |s| {
+            s["devicePlugin"]["availableNumber"] == count && s["observedGeneration"] == 1
+        }),
+        delivered_by(emulator, "nodes", last_write),
+    );
     let first = started.elapsed();
     println!(
         "initial convergence: {:.2} s after leader start ({:.2} s after the fleet finished reporting; fleet took {:.2} s); \
@@ -207,6 +224,14 @@ async fn main() {
         converged.as_secs_f64(),
         fleet_took.as_secs_f64(),
         leader_writes(emulator, &before)
+    );
+    println!(
+        "  the emulator sent the fleet's last Node write on a watch {}",
+        delivered.map_or("(not seen)".to_owned(), |d| format!(
+            "{:.2} s after it: the leader converged {:.2} s after it had it",
+            d.as_secs_f64(),
+            converged.saturating_sub(d).as_secs_f64()
+        ))
     );
 
     let node_lists_at_start = emulator.requests().get("list", "nodes");
@@ -224,10 +249,13 @@ async fn main() {
         .await
         .expect("spec change");
     let acks_took = fleet_reports(&nodes, count, 2, &uid).await;
-    let after_acks = wait_status(&configs, emulator, count, "generation 2", |s| {
-        s["observedGeneration"] == 2
-    })
-    .await;
+    let last_ack = emulator.resource_version();
+    let (after_acks, acks_delivered) = tokio::join!(
+        wait_status(&configs, emulator, count, "generation 2", |s| {
+            s["observedGeneration"] == 2
+        }),
+        delivered_by(emulator, "nodes", last_ack),
+    );
     let took = change.elapsed();
     // The fleet's writes are the emulator's pace, not the leader's: the
     // leader's part is the time after the last acknowledgement.
@@ -239,6 +267,13 @@ async fn main() {
         after_acks.as_secs_f64(),
         leader_writes(emulator, &before)
     );
+    if let Some(d) = acks_delivered {
+        println!(
+            "  the emulator sent the last acknowledgement on a watch {:.2} s after it; the leader converged {:.2} s after it had it",
+            d.as_secs_f64(),
+            after_acks.saturating_sub(d).as_secs_f64()
+        );
+    }
 
     // Idle.
     tokio::time::sleep(Duration::from_secs(3)).await;

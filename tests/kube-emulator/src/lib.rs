@@ -303,6 +303,13 @@ impl Emulator {
         self.shared.writes()
     }
 
+    /// The newest revision of `plural` (`nodes`) that a watch has sent an event of:
+    /// compared with [`Emulator::resource_version`], how far the watchers trail the
+    /// writes, which is the emulator's pace and not theirs when it is busy.
+    pub fn delivered(&self, plural: &str) -> u64 {
+        self.shared.delivered(plural)
+    }
+
     /// Watches currently streaming.
     pub fn open_watches(&self) -> usize {
         self.shared.open_watches()

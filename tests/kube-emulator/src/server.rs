@@ -59,6 +59,9 @@ pub(crate) struct Shared {
     writes: Mutex<std::collections::VecDeque<crate::faults::LoggedWrite>>,
     watch_drop: Mutex<CancellationToken>,
     open_watches: AtomicUsize,
+    /// Per resource (plural), the newest revision a watch has sent an event of:
+    /// how far behind the writes its watchers are.
+    delivered: Mutex<BTreeMap<String, u64>>,
     port: AtomicU16,
     settings: Settings,
     pub reviews: crate::reviews::Reviews,
@@ -80,6 +83,7 @@ impl Shared {
             writes: Mutex::new(std::collections::VecDeque::new()),
             watch_drop: Mutex::new(CancellationToken::new()),
             open_watches: AtomicUsize::new(0),
+            delivered: Mutex::new(BTreeMap::new()),
             port: AtomicU16::new(0),
             settings,
             reviews: Default::default(),
@@ -92,6 +96,17 @@ impl Shared {
 
     pub fn faults(&self) -> MutexGuard<'_, FaultState> {
         lock(&self.faults)
+    }
+
+    /// The newest revision a watch of `plural` has sent an event of (0: none).
+    pub fn delivered(&self, plural: &str) -> u64 {
+        lock(&self.delivered).get(plural).copied().unwrap_or(0)
+    }
+
+    fn note_delivered(&self, plural: &str, rv: u64) {
+        let mut delivered = lock(&self.delivered);
+        let newest = delivered.entry(plural.to_owned()).or_default();
+        *newest = (*newest).max(rv);
     }
 
     pub fn counts(&self) -> RequestCounts {
@@ -1057,8 +1072,13 @@ impl WatchJob {
     ) {
         let _open = OpenWatch::new(self.shared.clone());
         for (t, obj) in &initial {
-            if !self.send(self.line(*t, &obj.thaw())).await {
+            let obj = obj.thaw();
+            if !self.send(self.line(*t, &obj)).await {
                 return;
+            }
+            let rv = obj["metadata"]["resourceVersion"].as_str();
+            if let Some(rv) = rv.and_then(|rv| rv.parse().ok()) {
+                self.shared.note_delivered(&self.rt.plural, rv);
             }
         }
         if self.initial_events_end
@@ -1096,10 +1116,11 @@ impl WatchJob {
                             continue;
                         }
                         last_rv = last_rv.max(rec.rv);
-                        if let Some((t, obj)) = self.filter.event_for(&rec)
-                            && !self.send(self.line(t, &obj.thaw())).await
-                        {
-                            break;
+                        if let Some((t, obj)) = self.filter.event_for(&rec) {
+                            if !self.send(self.line(t, &obj.thaw())).await {
+                                break;
+                            }
+                            self.shared.note_delivered(&self.rt.plural, rec.rv);
                         }
                     }
                     // A watcher too slow to keep up is closed, as the real server does; the

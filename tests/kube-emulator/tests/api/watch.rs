@@ -120,6 +120,49 @@ async fn raw_watch_reports_changes_and_bookmarks() {
     assert!(got.is_empty(), "{got:?}");
 }
 
+/// `delivered` says how far the watchers of a resource trail its writes: it moves
+/// when a watch sends an event, live or replayed, and not on the write itself.
+#[tokio::test]
+async fn delivered_follows_what_the_watches_sent() {
+    let emu = start().await;
+    let api: Api<ConfigMap> = Api::default_namespaced(emu.client());
+    let a = api
+        .create(&PostParams::default(), &cm("a", json!({})))
+        .await
+        .unwrap();
+    assert_eq!(emu.delivered("configmaps"), 0, "no watch yet");
+
+    // A replay from a's revision - 1 sends a as an initial event.
+    let mut replay = api
+        .watch(
+            &WatchParams::default().timeout(5),
+            &(rv_of(&a) - 1).to_string(),
+        )
+        .await
+        .unwrap()
+        .boxed();
+    let WatchEvent::Added(_) = next_change(&mut replay).await else {
+        panic!("expected ADDED a")
+    };
+    eventually("a's replay counted", || {
+        emu.delivered("configmaps") == rv_of(&a)
+    })
+    .await;
+
+    let b = api
+        .create(&PostParams::default(), &cm("b", json!({})))
+        .await
+        .unwrap();
+    let WatchEvent::Added(_) = next_change(&mut replay).await else {
+        panic!("expected ADDED b")
+    };
+    eventually("b's live event counted", || {
+        emu.delivered("configmaps") == rv_of(&b)
+    })
+    .await;
+    assert_eq!(emu.delivered("secrets"), 0, "per resource");
+}
+
 #[tokio::test]
 async fn watch_resumes_from_a_resource_version() {
     let emu = start().await;
