@@ -18,16 +18,14 @@ use std::path::Path;
 use std::process::{Child, Command};
 use std::time::Duration;
 
-use gpu_operator::agent;
 use gpu_operator::host::HostRoot;
-use gpu_operator::simulate::{self, SimSpec};
 use kube_emulator::{Emulator, EmulatorConfig};
 use serde_json::{Value, json};
-use support::agent_config::{AgentConfigBuilder, LeaderConfigBuilder};
+use support::agent_config::LeaderConfigBuilder;
 use support::cluster::ours_on;
 use support::helm::{helm_present, helm_with};
+use support::node_rig::NodeRig;
 use support::wait;
-use tokio_util::sync::CancellationToken;
 
 const NAMESPACE: &str = "kube-amd-gpu";
 const CHART: &str = "deploy/helm/gpu-operator";
@@ -92,28 +90,21 @@ fn start_detect(emu: &Emulator, daemonset: &Value, node: &str, host: &Path) -> C
         .expect("detect starts")
 }
 
-/// The agent on `node`'s simulated host, as its pod runs it, leading when
-/// it wins the Lease.
-fn start_agent(
-    emu: &Emulator,
-    kubelet_dir: &Path,
-    node: &str,
-    host: HostRoot,
-    stop: CancellationToken,
-) -> tokio::task::JoinHandle<Result<(), agent::AgentError>> {
-    let kubelet_dir = kubelet_dir.to_path_buf();
-    // As the chart's DaemonSet: DeviceConfigs of every namespace (the
-    // builder's `namespace: None`).
-    let config = AgentConfigBuilder::new(node, host, kubelet_dir)
+/// The agent of `rig`'s node, as its pod runs it (DeviceConfigs of every
+/// namespace, the builder's `namespace: None`), leading when it wins the
+/// Lease.
+fn start_agent(rig: &mut NodeRig, client: kube::Client) {
+    let config = rig
+        .agent_config()
         .rescan_interval(Duration::from_millis(300))
         .leader(Some(
-            LeaderConfigBuilder::new(NAMESPACE, node, node)
+            LeaderConfigBuilder::new(NAMESPACE, &rig.name, &rig.name)
                 .fast_lease()
                 .teardown_timeout(Duration::from_secs(20))
                 .build(),
         ))
         .build();
-    tokio::spawn(agent::run(emu.client(), config, stop))
+    rig.start_agent_with(client, config);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -123,18 +114,21 @@ async fn helm_install_upgrade_and_uninstall_leave_nothing_of_ours_on_any_node() 
     };
     let emu = Emulator::start(EmulatorConfig::default()).await.unwrap();
     let kubeconfig = emu.kubeconfig_path().to_path_buf();
-    let dir = tempfile::tempdir().unwrap();
-    // A GPU node and a CPU node, nobody has labelled.
-    let hosts: Vec<(&str, HostRoot)> = ["gpu-0", "cpu-0"]
-        .into_iter()
-        .map(|name| {
-            emu.create(node(name)).unwrap();
-            let host = HostRoot::new(dir.path().join(name).join("host"));
-            std::fs::create_dir_all(host.root()).unwrap();
-            (name, host)
-        })
-        .collect();
-    simulate::write_host(&hosts[0].1, &SimSpec::new("mi210", Some(2), None).unwrap()).unwrap();
+    // A GPU node and a CPU node, nobody has labelled; the GPU node has a
+    // kubelet, for the agent the chart's DaemonSet runs there.
+    for name in ["gpu-0", "cpu-0"] {
+        emu.create(node(name)).unwrap();
+    }
+    let mut gpu_node = NodeRig::builder("gpu-0")
+        .profile("mi210", Some(2), None)
+        .kubelet()
+        .join(emu.client())
+        .start()
+        .await;
+    let cpu_node = NodeRig::builder("cpu-0").join(emu.client()).start().await;
+    let hosts: Vec<(String, HostRoot)> = [&gpu_node, &cpu_node]
+        .map(|rig| (rig.name.clone(), rig.host.clone()))
+        .to_vec();
     let jobs = support::jobs::run_jobs(emu.client(), NAMESPACE, kubeconfig.clone());
     let run_helm = |args: Vec<String>| {
         let (helm, kubeconfig) = (helm.clone(), kubeconfig.clone());
@@ -200,17 +194,7 @@ async fn helm_install_upgrade_and_uninstall_leave_nothing_of_ours_on_any_node() 
         labels("cpu-0")
     );
     // So the GPU node gets an agent, beside its kubelet.
-    let kubelet_dir = dir.path().join("gpu-0").join("kubelet");
-    std::fs::create_dir_all(kubelet_dir.join("device-plugins")).unwrap();
-    let _kubelet = support::kubelet::TestKubelet::start(&kubelet_dir.join("device-plugins")).await;
-    let stop = CancellationToken::new();
-    let agent = start_agent(
-        &emu,
-        &kubelet_dir,
-        "gpu-0",
-        hosts[0].1.clone(),
-        stop.clone(),
-    );
+    start_agent(&mut gpu_node, emu.client());
     let device_config = || emu.get("amd.com/v1alpha1", "DeviceConfig", NAMESPACE, "default");
     let ready = |dc: &Value| {
         dc["status"]["conditions"]
@@ -316,8 +300,7 @@ async fn helm_install_upgrade_and_uninstall_leave_nothing_of_ours_on_any_node() 
         let _ = child.kill();
         let _ = child.wait();
     }
-    stop.cancel();
-    let _ = wait::within("the agent stops", agent).await;
+    gpu_node.stop_agent().await;
     for (name, _) in &hosts {
         let node = emu.get("v1", "Node", "", name).unwrap();
         assert_eq!(ours_on(&node), Vec::<String>::new(), "{name}: {node:#}");
