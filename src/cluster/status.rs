@@ -247,7 +247,6 @@ impl ViewMemo {
         let views: Vec<NodeView> = nodes
             .iter()
             .map(|node| {
-                let labels = NodeLabels::Shared(node.clone());
                 let (Some(name), Some(version)) = (
                     node.metadata.name.as_deref(),
                     node.metadata.resource_version.as_deref(),
@@ -262,7 +261,10 @@ impl ViewMemo {
                         facts
                     }
                 };
-                NodeView { labels, facts }
+                NodeView {
+                    labels: NodeLabels::Shared(node.clone()),
+                    facts,
+                }
             })
             .collect();
         if memo.len() > cached {
@@ -278,16 +280,12 @@ impl ViewMemo {
     }
 
     /// How many Nodes' facts are kept.
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    fn len(&self) -> usize {
         self.facts
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .len()
-    }
-
-    /// No facts are kept.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 
@@ -355,67 +353,63 @@ pub fn desired_status(
         DeploymentStatus::default()
     };
     let previous_modules = previous.map(|p| &p.node_module_status);
+    // None with the inbox driver; at most MODULE_STATUS_NODES.
     let listed_modules = if spec.is_enabled(Operand::Driver) {
         module_status_nodes(selected, &key)
     } else {
         Vec::new()
     };
+    let node_module_status: BTreeMap<String, ModuleStatus> = listed_modules
+        .into_iter()
+        .map(|n| {
+            let agent = n.follows(&key, uid);
+            // The Node's own report first, as the reference reads it; the
+            // agent's where the kubelet left it empty.
+            let reported = |node: &str, of_agent: fn(&DriverView) -> Option<&String>| match node {
+                "" => agent
+                    .and_then(|a| a.driver.as_ref())
+                    .and_then(of_agent)
+                    .cloned()
+                    .unwrap_or_default(),
+                node => node.to_owned(),
+            };
+            let upgrade = n.upgrade.as_ref().filter(|r| r.device_config == key);
+            let module = ModuleStatus {
+                container_image: agent
+                    .and_then(|a| a.driver_version.clone())
+                    .map(|v| format!("amdgpu {v}"))
+                    .unwrap_or_default(),
+                kernel_version: reported(&n.kernel_version, |d| d.kernel_release.as_ref()),
+                boot_id: reported(&n.boot_id, |d| d.boot_id.as_ref()),
+                status: upgrade.map(|r| r.state.clone()),
+                upgrade_start_time: upgrade.and_then(|r| r.started.clone()).unwrap_or_default(),
+                ..ModuleStatus::default()
+            };
+            let last = previous_modules.and_then(|m| m.get(&n.name));
+            let transition = match last {
+                Some(last)
+                    if ModuleStatus {
+                        last_transition_time: String::new(),
+                        ..last.clone()
+                    } == module =>
+                {
+                    last.last_transition_time.clone()
+                }
+                _ => now.0.to_string(),
+            };
+            (
+                n.name.clone(),
+                ModuleStatus {
+                    last_transition_time: transition,
+                    ..module
+                },
+            )
+        })
+        .collect();
     let modules_left_out = if spec.is_enabled(Operand::Driver) {
-        selected.len() - listed_modules.len()
+        selected.len() - node_module_status.len()
     } else {
         0
-    };
-    let node_module_status = if spec.is_enabled(Operand::Driver) {
-        listed_modules
-            .into_iter()
-            .map(|n| {
-                let agent = n.follows(&key, uid);
-                // The Node's own report first, as the reference reads it; the
-                // agent's where the kubelet left it empty.
-                let reported = |node: &str, of_agent: fn(&DriverView) -> Option<&String>| match node
-                {
-                    "" => agent
-                        .and_then(|a| a.driver.as_ref())
-                        .and_then(of_agent)
-                        .cloned()
-                        .unwrap_or_default(),
-                    node => node.to_owned(),
-                };
-                let upgrade = n.upgrade.as_ref().filter(|r| r.device_config == key);
-                let module = ModuleStatus {
-                    container_image: agent
-                        .and_then(|a| a.driver_version.clone())
-                        .map(|v| format!("amdgpu {v}"))
-                        .unwrap_or_default(),
-                    kernel_version: reported(&n.kernel_version, |d| d.kernel_release.as_ref()),
-                    boot_id: reported(&n.boot_id, |d| d.boot_id.as_ref()),
-                    status: upgrade.map(|r| r.state.clone()),
-                    upgrade_start_time: upgrade.and_then(|r| r.started.clone()).unwrap_or_default(),
-                    ..ModuleStatus::default()
-                };
-                let last = previous_modules.and_then(|m| m.get(&n.name));
-                let transition = match last {
-                    Some(last)
-                        if ModuleStatus {
-                            last_transition_time: String::new(),
-                            ..last.clone()
-                        } == module =>
-                    {
-                        last.last_transition_time.clone()
-                    }
-                    _ => now.0.to_string(),
-                };
-                (
-                    n.name.clone(),
-                    ModuleStatus {
-                        last_transition_time: transition,
-                        ..module
-                    },
-                )
-            })
-            .collect()
-    } else {
-        BTreeMap::new()
     };
 
     let all_applied = !selected.is_empty()
@@ -463,9 +457,9 @@ pub fn desired_status(
                 REASON_OPERATOR_READY,
                 match modules_left_out {
                     0 => format!("applied to {matching} node(s)"),
-                    left_out => format!(
+                    _ => format!(
                         "applied to {matching} node(s); nodeModuleStatus lists {} of them",
-                        matching as usize - left_out
+                        node_module_status.len()
                     ),
                 },
             ),

@@ -5,8 +5,9 @@
 //! Timing: the snapshot is rebuilt at once on an inventory or health change,
 //! and device-node presence and the sockets are re-checked every
 //! `poll_interval`; device nodes are stat'ed then only when `/dev` changed
-//! since (`plugin::NodeProbe`, as the device plugin does it). Slices are written as soon as the snapshot changes what
-//! they carry, and not at all otherwise. Every wait is bounded or cancellable.
+//! since (`plugin::NodeProbe`, as the device plugin does it). Slices are
+//! written as soon as the snapshot changes what they carry, and not at all
+//! otherwise. Every wait is bounded or cancellable.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
