@@ -69,12 +69,6 @@ async fn fleet_reports(nodes: &Api<Node>, count: usize, generation: i64, uid: &s
     started.elapsed()
 }
 
-/// Waits for the DeviceConfig's status to pass `ok`: two minutes, or a
-/// second per hundred Nodes for a larger fleet (at 130,000 on a loaded
-/// 2-core machine, the leader still had 44,000 Nodes' reports to take in
-/// two minutes after the fleet finished). Every 30 s it prints where
-/// the leader is (its status count, and how often it listed and watched
-/// Nodes), so a run that does not converge says why.
 /// How long after now the emulator has sent revision `rv` of `plural` on a
 /// watch (`None` if not within 10 minutes): the part of a convergence that is
 /// the emulator's pace, when it is busy, rather than the watcher's.
@@ -89,6 +83,26 @@ async fn delivered_by(emulator: &Emulator, plural: &str, rv: u64) -> Option<Dura
     None
 }
 
+/// The line that splits a convergence, `converged` after `what` was
+/// written, into the emulator's part (until it `delivered` the write on a
+/// watch) and the leader's.
+fn delivery_line(what: &str, delivered: Option<Duration>, converged: Duration) -> String {
+    match delivered {
+        Some(d) => format!(
+            "  the emulator sent {what} on a watch {:.2} s after it; the leader converged {:.2} s after it had it",
+            d.as_secs_f64(),
+            converged.saturating_sub(d).as_secs_f64()
+        ),
+        None => format!("  the emulator sent {what} on a watch: not seen"),
+    }
+}
+
+/// Waits for the DeviceConfig's status to pass `ok`: two minutes, or a
+/// second per hundred Nodes for a larger fleet (at 130,000 on a loaded
+/// 2-core machine, the leader still had 44,000 Nodes' reports to take in
+/// two minutes after the fleet finished). Every 30 s it prints where
+/// the leader is (its status count, and how often it listed and watched
+/// Nodes), so a run that does not converge says why.
 async fn wait_status(
     configs: &Api<DeviceConfig>,
     emulator: &Emulator,
@@ -226,12 +240,8 @@ async fn main() {
         leader_writes(emulator, &before)
     );
     println!(
-        "  the emulator sent the fleet's last Node write on a watch {}",
-        delivered.map_or("(not seen)".to_owned(), |d| format!(
-            "{:.2} s after it: the leader converged {:.2} s after it had it",
-            d.as_secs_f64(),
-            converged.saturating_sub(d).as_secs_f64()
-        ))
+        "{}",
+        delivery_line("the fleet's last Node write", delivered, converged)
     );
 
     let node_lists_at_start = emulator.requests().get("list", "nodes");
@@ -267,13 +277,10 @@ async fn main() {
         after_acks.as_secs_f64(),
         leader_writes(emulator, &before)
     );
-    if let Some(d) = acks_delivered {
-        println!(
-            "  the emulator sent the last acknowledgement on a watch {:.2} s after it; the leader converged {:.2} s after it had it",
-            d.as_secs_f64(),
-            after_acks.saturating_sub(d).as_secs_f64()
-        );
-    }
+    println!(
+        "{}",
+        delivery_line("the last acknowledgement", acks_delivered, after_acks)
+    );
 
     // Idle.
     tokio::time::sleep(Duration::from_secs(3)).await;
