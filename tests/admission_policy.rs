@@ -517,8 +517,8 @@ fn only_the_lease_holder_writes_other_nodes_and_services() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-/// Every DeviceClass the leader may make (gpu.amd.com and each layout's,
-/// `LAYOUT_CLASS_NAMES`) passes the policy, and a name off that list does
+/// Every DeviceClass the leader may make (gpu.amd.com, amd-gpu.gpu.amd.com
+/// and each layout's, `LAYOUT_CLASS_NAMES`) passes the policy, and a name off that list does
 /// not, whatever the class says.
 #[test]
 fn the_leader_writes_exactly_the_device_classes_it_may_make() {
@@ -534,8 +534,14 @@ fn the_leader_writes_exactly_the_device_classes_it_may_make() {
     let ours = gpu_operator::cluster::device_classes::LAYOUT_CLASS_NAMES
         .iter()
         .copied()
-        .chain([gpu_operator::dra::DRIVER_NAME]);
+        .chain([
+            gpu_operator::dra::DRIVER_NAME,
+            gpu_operator::cluster::resources::EXTENDED_RESOURCE_CLASS,
+        ]);
     for name in ours {
+        assert!(gpu_operator::cluster::device_classes::operator_class_name(
+            name
+        ));
         assert_eq!(judged(name), Decision::Allowed, "{name}");
     }
     for name in [
@@ -543,8 +549,13 @@ fn the_leader_writes_exactly_the_device_classes_it_may_make() {
         "cpx_nps4.gpu.amd.com",
         "cpx-nps4.gpu.amd.com.evil",
         "x.cpx-nps4.gpu.amd.com",
+        "amd-gpu.gpu.amd.com.evil",
+        "gpu.gpu.amd.com",
         "fast.example.com",
     ] {
+        assert!(!gpu_operator::cluster::device_classes::operator_class_name(
+            name
+        ));
         assert_eq!(judged(name), Decision::Denied, "{name}");
     }
 }

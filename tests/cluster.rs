@@ -1482,25 +1482,57 @@ async fn the_dra_device_class_exists_while_a_device_config_enables_dra() {
         .await;
     assert!(class(&fleet).is_none(), "no DeviceConfig enables DRA");
 
+    // gpu.amd.com as operators before this one applied it, serving
+    // amd.com/gpu itself, under the leader's field manager.
+    let classes: kube::Api<k8s_openapi::api::resource::v1::DeviceClass> =
+        kube::Api::all(fleet.cluster.client());
+    let mut old = gpu_operator::cluster::resources::device_class();
+    old.spec.extended_resource_name = Some("amd.com/gpu".into());
+    classes
+        .patch(
+            "gpu.amd.com",
+            &kube::api::PatchParams::apply(gpu_operator::api::field_manager::LEADER),
+            &kube::api::Patch::Apply(&old),
+        )
+        .await
+        .expect("the old class applied");
     fleet
         .apply(
             "gpus",
             json!({"devicePlugin": {"enableDevicePlugin": false}, "draDriver": {"enable": true}}),
         )
         .await;
+    let serving = |f: &Fleet| {
+        f.cluster.get(
+            "resource.k8s.io/v1",
+            "DeviceClass",
+            "",
+            "amd-gpu.gpu.amd.com",
+        )
+    };
     fleet
-        .eventually("the DeviceClass created", async |f| class(f).is_some())
+        .eventually("both DeviceClasses as wanted", async |f| {
+            serving(f).is_some()
+                && class(f).is_some_and(|c| c["spec"]["extendedResourceName"].is_null())
+        })
         .await;
     let created = class(&fleet).unwrap();
     assert_eq!(
         created["spec"]["selectors"][0]["cel"]["expression"],
         "device.driver == 'gpu.amd.com'"
     );
-    assert_eq!(created["spec"]["extendedResourceName"], "amd.com/gpu");
+    let serving_class = serving(&fleet).unwrap();
+    assert_eq!(serving_class["spec"]["extendedResourceName"], "amd.com/gpu");
     assert_eq!(
-        created["metadata"]["labels"]["app.kubernetes.io/managed-by"],
-        "gpu-operator"
+        serving_class["spec"]["selectors"][0]["cel"]["expression"],
+        gpu_operator::cluster::resources::EXTENDED_RESOURCE_CLASS_SELECTOR
     );
+    for made in [&created, &serving_class] {
+        assert_eq!(
+            made["metadata"]["labels"]["app.kubernetes.io/managed-by"],
+            "gpu-operator"
+        );
+    }
 
     // Back to the device plugin: the last DRA DeviceConfig is gone, so is the class.
     fleet
@@ -1510,7 +1542,9 @@ async fn the_dra_device_class_exists_while_a_device_config_enables_dra() {
         )
         .await;
     fleet
-        .eventually("the DeviceClass removed", async |f| class(f).is_none())
+        .eventually("the DeviceClasses removed", async |f| {
+            class(f).is_none() && serving(f).is_none()
+        })
         .await;
     fleet.stop_all().await;
 }

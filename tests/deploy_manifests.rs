@@ -1285,11 +1285,13 @@ const NEEDS: &[Need] = &[
     need("", "events", "create", NODE_EVENTS_NS),
 ];
 
-/// [`NEEDS`], and the patch and delete of each per-layout DeviceClass the
-/// leader may make (`LAYOUT_CLASS_NAMES`, src/cluster/device_classes.rs).
+/// [`NEEDS`], and the patch and delete of amd-gpu.gpu.amd.com and each
+/// per-layout DeviceClass the leader may make (`LAYOUT_CLASS_NAMES`,
+/// src/cluster/device_classes.rs).
 fn needs() -> Vec<Need> {
     let layouts = gpu_operator::cluster::device_classes::LAYOUT_CLASS_NAMES
         .iter()
+        .chain([&gpu_operator::cluster::resources::EXTENDED_RESOURCE_CLASS])
         .flat_map(|&name| {
             ["patch", "delete"].map(|verb| {
                 named(

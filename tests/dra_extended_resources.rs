@@ -13,6 +13,8 @@
 //!   `amd.com/cpx_nps4`, gets a CPX partition through the class the leader
 //!   keeps for that layout while a node has it, and the class goes when no
 //!   node has the layout any more.
+//! - On an autoPartition node `amd.com/gpu` still means a whole GPU: its
+//!   class never selects a share of a partition layout made on demand.
 //! - The claim's `status.devices` (KEP-4817) shows the GPU it got, ready and
 //!   how healthy, written by the agent under its own token with
 //!   deploy/10-rbac.yaml and deploy/15-admission-policy.yaml in force, and
@@ -66,6 +68,19 @@ impl Node {
     /// plugin registered with the kubelet and its slices published.
     async fn start(spec: SimSpec) -> Self {
         Self::start_with(spec, &[], false).await
+    }
+
+    /// [`Node::start`] on an MI300X of 2 GPUs, its DeviceConfig then enabling
+    /// `draDriver.autoPartition`.
+    async fn start_auto_partition() -> Self {
+        let node = Self::start(SimSpec::new("mi300x", Some(2), None).unwrap()).await;
+        node.cluster()
+            .apply_device_config(
+                "gpus",
+                json!({"draDriver": {"enable": true, "autoPartition": true}}),
+            )
+            .await;
+        node
     }
 
     /// [`Node::start`] in a cluster that has `objects` (created first).
@@ -295,7 +310,7 @@ async fn a_gpu_fault_reaches_a_pod_served_through_the_extended_resource_and_clea
     let (claim, held) = node.schedule(&pod, "amd.com/gpu", 1).await;
     assert_eq!(
         claim["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"],
-        "gpu.amd.com"
+        "amd-gpu.gpu.amd.com"
     );
     assert_eq!(node.taints_seen_from("trainer"), vec![Vec::<String>::new()]);
     assert!(
@@ -906,13 +921,7 @@ async fn auto_partition_through_the_agent_serves_layouts_and_yields_to_a_profile
 /// are not allocatable while the node's is held.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mixed_strategy_pod_is_served_by_a_layout_made_on_demand() {
-    let mut node = Node::start(SimSpec::new("mi300x", Some(2), None).unwrap()).await;
-    node.cluster()
-        .apply_device_config(
-            "gpus",
-            json!({"draDriver": {"enable": true, "autoPartition": true}}),
-        )
-        .await;
+    let mut node = Node::start_auto_partition().await;
     node.eventually("the classes of the offered layouts made", |n| {
         let classes = n.classes();
         ["amd.com/cpx_nps1", "amd.com/cpx_nps4", "amd.com/spx_nps1"]
@@ -985,5 +994,71 @@ async fn a_mixed_strategy_pod_is_served_by_a_layout_made_on_demand() {
     let whole = node.pod("trainer", "amd.com/spx_nps1", 1);
     let (_, held) = node.schedule(&whole, "amd.com/spx_nps1", 1).await;
     assert_eq!(held, ["gpu-1-spx-nps1"], "GPU 0's counter is taken");
+    node.stop().await;
+}
+
+/// `amd.com/gpu` on an autoPartition node means a whole GPU, as on any
+/// other: its class (`amd-gpu.gpu.amd.com`) selects each GPU's whole
+/// layout (`gpu-<i>-spx-nps1`) and none of the partition layouts, so no
+/// pod asking for it is handed one CPX share and has its GPU
+/// repartitioned; `gpu.amd.com`, which AutoPartition's claims name with
+/// their own CEL, still selects every layout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_amd_com_gpu_pod_on_an_auto_partition_node_gets_a_whole_gpu_and_repartitions_nothing() {
+    let mut node = Node::start_auto_partition().await;
+    node.eventually("the layouts published, both classes made", |n| {
+        let classes = n.classes();
+        dra_scheduler::class_serving(&classes, "amd.com/gpu").is_some()
+            && classes
+                .iter()
+                .any(|c| c["metadata"]["name"] == "gpu.amd.com")
+            && n.devices()
+                .iter()
+                .any(|d| d["name"] == "gpu-1-cpx-nps1" && !dra_scheduler::tainted(d))
+    })
+    .await;
+    let classes = node.classes();
+    let serving = dra_scheduler::class_serving(&classes, "amd.com/gpu").unwrap();
+    assert_eq!(serving["metadata"]["name"], "amd-gpu.gpu.amd.com");
+    let every = classes
+        .iter()
+        .find(|c| c["metadata"]["name"] == "gpu.amd.com")
+        .expect("gpu.amd.com kept for claims");
+    let selected_by = |class: &Value| -> Vec<String> {
+        let mut names: Vec<String> = node
+            .devices()
+            .iter()
+            .filter(|d| dra_scheduler::selects(class, "gpu.amd.com", d).unwrap())
+            .filter_map(|d| d["name"].as_str().map(str::to_owned))
+            .collect();
+        names.sort();
+        names
+    };
+    assert_eq!(selected_by(serving), ["gpu-0-spx-nps1", "gpu-1-spx-nps1"]);
+    let all = selected_by(every);
+    assert!(
+        all.contains(&"gpu-0-cpx-nps4".to_owned()) && all.len() > 2,
+        "{all:?}"
+    );
+
+    let pod = node.pod("trainer", "amd.com/gpu", 1);
+    let (claim, held) = node.schedule(&pod, "amd.com/gpu", 1).await;
+    assert_eq!(
+        claim["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"],
+        "amd-gpu.gpu.amd.com"
+    );
+    assert_eq!(held.len(), 1);
+    assert!(held[0].ends_with("-spx-nps1"), "{held:?}");
+    let gpus = gpu_operator::device::discover(&node.host);
+    assert_eq!(gpus.gpus.len(), 2);
+    for gpu in &gpus.gpus {
+        assert_eq!(gpu.compute_partition.as_deref(), Some("spx"), "{}", gpu.bdf);
+        assert!(
+            gpu.partitions.len() <= 1,
+            "{}: {:?}",
+            gpu.bdf,
+            gpu.partitions
+        );
+    }
     node.stop().await;
 }

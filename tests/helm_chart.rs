@@ -1386,21 +1386,27 @@ fn the_device_class_is_the_one_the_leader_keeps() {
     };
     let rendered = template(&helm_bin, &[]);
     assert!(find(&rendered, "DeviceClass", "gpu.amd.com").is_none());
+    assert!(find(&rendered, "DeviceClass", "amd-gpu.gpu.amd.com").is_none());
     let rendered = template(&helm_bin, &["--set=draDriver.deviceClass.create=true"]);
-    let class: DeviceClass = typed(the(&rendered, "DeviceClass", "gpu.amd.com"));
-    let leaders = gpu_operator::cluster::resources::device_class();
-    assert_eq!(class.spec, leaders.spec);
-    // Helm's, not the operator's: the leader leaves it alone (docs/dra.md).
     let label = gpu_operator::cluster::resources::DEVICE_CLASS_LABEL;
-    assert_ne!(
-        class
-            .metadata
-            .labels
-            .unwrap()
-            .get(label.0)
-            .map(String::as_str),
-        Some(label.1)
-    );
+    for leaders in [
+        gpu_operator::cluster::resources::device_class(),
+        gpu_operator::cluster::resources::extended_resource_class(),
+    ] {
+        let name = leaders.metadata.name.clone().unwrap();
+        let class: DeviceClass = typed(the(&rendered, "DeviceClass", &name));
+        assert_eq!(class.spec, leaders.spec, "{name}");
+        // Helm's, not the operator's: the leader leaves it alone (docs/dra.md).
+        assert_ne!(
+            class
+                .metadata
+                .labels
+                .unwrap()
+                .get(label.0)
+                .map(String::as_str),
+            Some(label.1)
+        );
+    }
     // Not on a cluster without resource.k8s.io/v1 (before 1.34): helm
     // template assumes every API of its own Kubernetes version, so only
     // the rendering's condition is checked here.

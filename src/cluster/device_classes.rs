@@ -1,6 +1,8 @@
 //! The DRA DeviceClasses the leader keeps, as plain data, and the writes
 //! that make the cluster's classes so: `gpu.amd.com`
-//! ([`resources::device_class`], serving `amd.com/gpu`) and one class per
+//! ([`resources::device_class`], every device, for claims),
+//! `amd-gpu.gpu.amd.com` ([`resources::extended_resource_class`], serving
+//! `amd.com/gpu` with whole GPUs and existing partitions) and one class per
 //! partition layout present on a DRA node (`cpx-nps4.gpu.amd.com`, serving
 //! `amd.com/cpx_nps4`, the name the device plugin's `mixed` strategy gives
 //! that layout), so that pods written for the mixed strategy are served by
@@ -9,7 +11,7 @@
 //! Pure: the Nodes and classes come in as data; `reconcile.rs` reads and
 //! writes. It must not touch a class that is not the operator's (no
 //! [`resources::DEVICE_CLASS_LABEL`]), nor name one outside
-//! [`LAYOUT_CLASS_NAMES`], which RBAC and the admission policy list.
+//! [`operator_class_name`], which RBAC and the admission policy list.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -100,7 +102,7 @@ pub fn layout_device_class(layout: &str) -> Option<DeviceClass> {
     Some(resources::operator_device_class(
         name,
         layout_selector(layout)?,
-        crate::plugin::devices::resource_name(layout),
+        Some(crate::plugin::devices::resource_name(layout)),
     ))
 }
 
@@ -167,15 +169,29 @@ impl LayoutIndex {
     }
 }
 
-/// The classes to keep: none without DRA; with it, `gpu.amd.com` and the
-/// class of each of `layouts` that has one. Sorted by name.
+/// Whether the operator may make a class of this name: `gpu.amd.com`,
+/// [`resources::EXTENDED_RESOURCE_CLASS`] and [`LAYOUT_CLASS_NAMES`], the
+/// names RBAC (`deploy/10-rbac.yaml`) and the admission policy list.
+pub fn operator_class_name(name: &str) -> bool {
+    name == DRIVER_NAME
+        || name == resources::EXTENDED_RESOURCE_CLASS
+        || LAYOUT_CLASS_NAMES.contains(&name)
+}
+
+/// The classes to keep: none without DRA; with it, `gpu.amd.com`,
+/// `amd-gpu.gpu.amd.com` and the class of each of `layouts` that has one.
+/// Sorted by name.
 pub fn wanted_classes(dra: bool, layouts: &BTreeSet<String>) -> Vec<DeviceClass> {
     if !dra {
         return Vec::new();
     }
-    let mut wanted: Vec<DeviceClass> = std::iter::once(resources::device_class())
-        .chain(layouts.iter().filter_map(|l| layout_device_class(l)))
-        .collect();
+    let mut wanted: Vec<DeviceClass> = [
+        resources::device_class(),
+        resources::extended_resource_class(),
+    ]
+    .into_iter()
+    .chain(layouts.iter().filter_map(|l| layout_device_class(l)))
+    .collect();
     wanted.sort_by_key(ResourceExt::name_any);
     wanted
 }
@@ -212,8 +228,8 @@ pub struct ClassChanges {
 }
 
 /// The writes from `current` (every class in the cluster) to `wanted`. Only
-/// classes the operator may make ([`resources::device_class`]'s name and
-/// [`LAYOUT_CLASS_NAMES`]) with its label are ever deleted.
+/// classes the operator may make ([`operator_class_name`]) with its label
+/// are ever deleted.
 pub fn class_changes(wanted: &[DeviceClass], current: &[DeviceClass]) -> ClassChanges {
     let by_name: BTreeMap<String, &DeviceClass> =
         current.iter().map(|c| (c.name_any(), c)).collect();
@@ -230,9 +246,7 @@ pub fn class_changes(wanted: &[DeviceClass], current: &[DeviceClass]) -> ClassCh
     changes.delete = by_name
         .iter()
         .filter(|(name, class)| {
-            is_ours(class)
-                && !wanted_names.contains(*name)
-                && (name.as_str() == DRIVER_NAME || LAYOUT_CLASS_NAMES.contains(&name.as_str()))
+            is_ours(class) && !wanted_names.contains(*name) && operator_class_name(name)
         })
         .map(|(name, _)| name.clone())
         .collect();
@@ -380,6 +394,64 @@ mod tests {
         );
     }
 
+    /// `amd.com/gpu`'s class takes GPUs and partitions as they are and,
+    /// of the layouts a GPU can take on demand, only the whole GPU; while
+    /// `gpu.amd.com` keeps every device, for claims that pick a layout by
+    /// CEL as AutoPartition's do.
+    #[test]
+    fn amd_com_gpu_never_gets_a_share_of_a_layout_made_on_demand() {
+        let evaluate = |selector: &str, attributes: Value| {
+            let program = cel::Program::compile(selector).unwrap();
+            let mut context = cel::Context::default();
+            let device =
+                json!({"driver": "gpu.amd.com", "attributes": {"gpu.amd.com": attributes}});
+            context.add_variable_from_value("device", cel::to_value(device).unwrap());
+            program.execute(&context).map_err(|e| e.to_string())
+        };
+        let whole_gpu = json!({"type": "amdgpu", "partitionProfile": "spx_nps1"});
+        let no_partition_support = json!({"type": "amdgpu"});
+        let existing_partition =
+            json!({"type": "amdgpu-partition", "partitionProfile": "cpx_nps4"});
+        let spx_layout =
+            json!({"type": "amdgpu", "computePartition": "spx", "memoryPartition": "nps1"});
+        let cpx_layout = json!({"type": "amdgpu-partition", "computePartition": "cpx", "memoryPartition": "nps4"});
+        let extended = resources::EXTENDED_RESOURCE_CLASS_SELECTOR;
+        for (device, wanted) in [
+            (&whole_gpu, true),
+            (&no_partition_support, true),
+            (&existing_partition, true),
+            (&spx_layout, true),
+            (&cpx_layout, false),
+        ] {
+            assert_eq!(
+                evaluate(extended, device.clone()),
+                Ok(cel::Value::Bool(wanted)),
+                "{device}"
+            );
+            assert_eq!(
+                evaluate(resources::DEVICE_CLASS_SELECTOR, device.clone()),
+                Ok(cel::Value::Bool(true)),
+                "{device}"
+            );
+        }
+        // Another driver's devices are not ours.
+        let program = cel::Program::compile(extended).unwrap();
+        let mut context = cel::Context::default();
+        let device = json!({"driver": "other.example.com", "attributes": {}});
+        context.add_variable_from_value("device", cel::to_value(device).unwrap());
+        assert_eq!(program.execute(&context), Ok(cel::Value::Bool(false)));
+        // The one class serving amd.com/gpu: gpu.amd.com serves none, so
+        // that the scheduler's choice between two classes of one name
+        // (the newer wins) never comes into it.
+        let classes = wanted_classes(true, &layouts(&["cpx_nps4"]));
+        let serving: Vec<String> = classes
+            .iter()
+            .filter(|c| c.spec.extended_resource_name.as_deref() == Some("amd.com/gpu"))
+            .map(ResourceExt::name_any)
+            .collect();
+        assert_eq!(serving, ["amd-gpu.gpu.amd.com"]);
+    }
+
     #[test]
     fn layouts_come_from_the_agents_status_and_a_bad_one_adds_none() {
         let nodes = [
@@ -457,6 +529,7 @@ mod tests {
         assert_eq!(
             names(&wanted_classes(true, &present)),
             [
+                "amd-gpu.gpu.amd.com",
                 "cpx-nps4.gpu.amd.com",
                 "gpu.amd.com",
                 "spx-nps1.gpu.amd.com"
@@ -464,7 +537,7 @@ mod tests {
         );
         assert_eq!(
             names(&wanted_classes(true, &BTreeSet::new())),
-            ["gpu.amd.com"]
+            ["amd-gpu.gpu.amd.com", "gpu.amd.com"]
         );
     }
 
@@ -473,8 +546,11 @@ mod tests {
         let wanted = wanted_classes(true, &layouts(&["cpx_nps4", "dpx_nps1"]));
         // Ours and current; ours but edited; ours and stale; a foreign class
         // under a wanted name; a foreign class under a name we may make; a
-        // labelled class under a name we never make.
-        let gpu = resources::device_class();
+        // labelled class under a name we never make. `gpu.amd.com` as
+        // operators before this one made it, serving amd.com/gpu itself:
+        // applied again without it, and amd-gpu.gpu.amd.com made.
+        let mut gpu = resources::device_class();
+        gpu.spec.extended_resource_name = Some("amd.com/gpu".into());
         let mut edited = layout_device_class("dpx_nps1").unwrap();
         edited.spec.extended_resource_name = None;
         let stale = layout_device_class("spx_nps1").unwrap();
@@ -489,7 +565,10 @@ mod tests {
         unrelated.metadata.name = Some("fast.example.com".into());
         let current = [gpu, edited, stale, foreign, foreign_stale, unrelated];
         let changes = class_changes(&wanted, &current);
-        assert_eq!(names(&changes.apply), ["dpx-nps1.gpu.amd.com"]);
+        assert_eq!(
+            names(&changes.apply),
+            ["amd-gpu.gpu.amd.com", "dpx-nps1.gpu.amd.com", "gpu.amd.com"]
+        );
         assert_eq!(changes.delete, ["spx-nps1.gpu.amd.com"]);
         assert_eq!(changes.foreign, ["cpx-nps4.gpu.amd.com"]);
 
@@ -517,6 +596,10 @@ mod tests {
                 "gpu.amd.com",
                 "spx-nps1.gpu.amd.com"
             ]
+        );
+        assert_eq!(
+            class_changes(&[], &[resources::extended_resource_class()]).delete,
+            ["amd-gpu.gpu.amd.com"]
         );
     }
 }

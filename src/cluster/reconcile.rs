@@ -539,7 +539,9 @@ async fn try_sync_device_class(ctx: &Context) -> Result<(), Error> {
         let applied = ctx
             .leader_write("applying DeviceClass", &name, write)
             .await?;
-        if applied.spec.extended_resource_name.is_none() {
+        if class.spec.extended_resource_name.is_some()
+            && applied.spec.extended_resource_name.is_none()
+        {
             tracing::info!(
                 class = %name,
                 "the API server dropped extendedResourceName (DRAExtendedResource is off before Kubernetes 1.36): pods asking for its extended resource are not served by DRA"

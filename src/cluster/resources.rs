@@ -296,29 +296,57 @@ pub fn service_monitor(dc: &DeviceConfig, agents_namespace: Option<&str>) -> Opt
 pub const DEVICE_CLASS_LABEL: (&str, &str) = ("app.kubernetes.io/managed-by", "gpu-operator");
 /// The CEL selector of [`device_class`]: every device of our DRA driver.
 pub const DEVICE_CLASS_SELECTOR: &str = "device.driver == 'gpu.amd.com'";
-/// The extended resource that DRA serves through [`device_class`] (KEP-5004):
+
+/// The class that serves [`EXTENDED_RESOURCE`] (KEP-5004), named after it.
+/// Not `gpu.amd.com`: on a `draDriver.autoPartition` node that class also
+/// selects the layout devices a GPU can take (`gpu-0-cpx-nps4`), which
+/// AutoPartition's claims pick by CEL; through it, a pod asking for
+/// `amd.com/gpu: 1` could be given one CPX share and have its GPU
+/// repartitioned.
+pub const EXTENDED_RESOURCE_CLASS: &str = "amd-gpu.gpu.amd.com";
+/// The CEL selector of [`extended_resource_class`]: devices of our driver
+/// as they are (whole GPUs, and partitions that exist: these carry no
+/// `computePartition`), and of the layout devices only the whole GPU's
+/// (`spx`). `has()` first: reading an attribute a device lacks fails the
+/// allocation instead of skipping the device.
+pub const EXTENDED_RESOURCE_CLASS_SELECTOR: &str = "device.driver == 'gpu.amd.com' && \
+    (!has(device.attributes['gpu.amd.com'].computePartition) || \
+    device.attributes['gpu.amd.com'].computePartition == 'spx')";
+/// The extended resource that DRA serves through [`extended_resource_class`]:
 /// pods that ask for `amd.com/gpu: 1` get a GPU from DRA on DRA nodes.
-pub const DEVICE_CLASS_EXTENDED_RESOURCE: &str = "amd.com/gpu";
+pub const EXTENDED_RESOURCE: &str = "amd.com/gpu";
 
 /// The DeviceClass `gpu.amd.com`, as the reference DRA driver's chart ships
-/// it: every device of driver `gpu.amd.com`, and `amd.com/gpu` as its
-/// extended resource name (honoured from Kubernetes 1.36, where the
-/// DRAExtendedResource gate is beta and on; dropped by older API servers).
+/// it: every device of driver `gpu.amd.com`. Claims name it, with their own
+/// CEL selectors (AutoPartition's `computePartition == "cpx"`, say). It
+/// serves no extended resource: [`extended_resource_class`] does.
 pub fn device_class() -> DeviceClass {
     operator_device_class(
         crate::dra::DRIVER_NAME,
         DEVICE_CLASS_SELECTOR.to_owned(),
-        DEVICE_CLASS_EXTENDED_RESOURCE.to_owned(),
+        None,
+    )
+}
+
+/// The DeviceClass [`EXTENDED_RESOURCE_CLASS`], serving `amd.com/gpu`
+/// (honoured from Kubernetes 1.36, where the DRAExtendedResource gate is
+/// beta and on; dropped by older API servers): a whole GPU, or a partition
+/// the node already has, never a share of a layout made on demand.
+pub fn extended_resource_class() -> DeviceClass {
+    operator_device_class(
+        EXTENDED_RESOURCE_CLASS,
+        EXTENDED_RESOURCE_CLASS_SELECTOR.to_owned(),
+        Some(EXTENDED_RESOURCE.to_owned()),
     )
 }
 
 /// A DeviceClass the operator keeps: `name`, carrying
 /// [`DEVICE_CLASS_LABEL`], selecting by the CEL `selector`, and serving
-/// `extended_resource` (KEP-5004).
+/// `extended_resource` (KEP-5004), if any.
 pub fn operator_device_class(
     name: &str,
     selector: String,
-    extended_resource: String,
+    extended_resource: Option<String>,
 ) -> DeviceClass {
     DeviceClass {
         metadata: ObjectMeta {
@@ -335,7 +363,7 @@ pub fn operator_device_class(
                     expression: selector,
                 }),
             }]),
-            extended_resource_name: Some(extended_resource),
+            extended_resource_name: extended_resource,
             ..DeviceClassSpec::default()
         },
     }
