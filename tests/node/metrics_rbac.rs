@@ -310,6 +310,23 @@ async fn tokens_are_reviewed_and_cached_over_tls_and_healthz_stays_open() {
     let plain_metrics = plain(addr, "/metrics").await;
     assert_eq!(code(&plain_metrics), Some(400), "{plain_metrics:?}");
 
+    // The client CA may be read a moment after the Secret, and the
+    // endpoint's guard, with its cache of reviews, is built again when it
+    // is: count reviews only once mTLS is in force (the static client
+    // passes), and with this guard's cache filled.
+    let prometheus = pki.connector(Some(pki.client("prometheus")));
+    wait::poll_until(
+        "mTLS in force",
+        || tls(addr, &prometheus, "/metrics", None),
+        |a| code(a) == Some(200),
+    )
+    .await
+    .unwrap();
+    let filled = tls(addr, &anonymous, "/metrics", Some("good")).await;
+    assert_eq!(code(&filled), Some(200), "{filled:?}");
+    let filled = tls(addr, &anonymous, "/metrics", Some("no-grant")).await;
+    assert_eq!(code(&filled), Some(403), "{filled:?}");
+
     // Within the cache window the same token and path make no new review.
     let before = harness.cluster().requests();
     for _ in 0..3 {
@@ -325,7 +342,6 @@ async fn tokens_are_reviewed_and_cached_over_tls_and_healthz_stays_open() {
     // mTLS: the static client passes with no review at all; another client
     // certificate is authorized by a SubjectAccessReview for its CN.
     let before = harness.cluster().requests();
-    let prometheus = pki.connector(Some(pki.client("prometheus")));
     let (status, body) = tls(addr, &prometheus, "/metrics", None).await.unwrap();
     assert_eq!(status, 200, "{body}");
     let made = harness.cluster().requests().since(&before);
