@@ -1039,7 +1039,7 @@ fn the_policies_and_fixtures_spell_the_driver_as_the_code_does() {
     let slice = &review["request"]["object"];
     assert_eq!(
         slice["metadata"]["name"],
-        gpu_operator::dra::devices::slice_name(node, 0).as_str()
+        gpu_operator::dra::slices::slice_name(node, 0).as_str()
     );
     assert_eq!(review["request"]["name"], slice["metadata"]["name"]);
     assert_eq!(slice["spec"]["nodeName"], node);

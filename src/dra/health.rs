@@ -12,7 +12,8 @@ use crate::plugin::{
     Health, HealthReport, PluginDevice, health::NodeChecks, health::device_health,
 };
 
-use super::devices::{DraDevice, Unhealthy};
+use super::devices::DraDevice;
+use super::slices::Unhealthy;
 
 /// The longest `message` the kubelet keeps; longer ones it cuts itself, we
 /// cut first so the cut is ours and says so.

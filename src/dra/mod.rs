@@ -10,7 +10,8 @@
 //! and [`crate::plugin::HealthReport`] and applies the device plugin's health
 //! rules), write Nodes, or create DeviceClasses (the leader does).
 //!
-//! Layout: [`devices`] (naming, attributes, slices), [`layouts`] (partitions
+//! Layout: [`devices`] (naming, attributes), [`slices`] (the node's
+//! ResourceSlices, cut at the API's limits), [`layouts`] (partitions
 //! allocated on demand: layout devices, counters, the changes a Prepare
 //! makes), [`claims`] (which devices of a claim are ours), [`cdi`] (spec content and files), [`checkpoint`] and
 //! [`health`] are pure or plain file I/O; [`prepare`] reads claims and writes
@@ -29,8 +30,10 @@ pub mod layouts;
 pub mod prepare;
 mod server;
 pub mod service;
+pub mod slices;
 
-pub use devices::{DRIVER_NAME, DraDevice, UNHEALTHY_TAINT_KEY};
+pub use devices::{DRIVER_NAME, DraDevice};
 pub use health::Published;
 pub use server::Registration;
 pub use service::{DraConfig, DraPlugin, DraStatus, Slices};
+pub use slices::UNHEALTHY_TAINT_KEY;

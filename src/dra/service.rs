@@ -26,14 +26,13 @@ use tokio_util::task::AbortOnDropHandle;
 
 use super::calls::{API_TIMEOUT, with_retries};
 use super::checkpoint::{self, Checkpoint, CheckpointError};
-use super::devices::{
-    DraDevice, PcieRoots, devices_of, layout_devices_of, same_content, slice_name, slice_specs,
-};
+use super::devices::{DraDevice, PcieRoots, devices_of, layout_devices_of};
 use super::health::Published;
 use super::prepare::{LayoutState, LayoutWriter, Preparer};
 use super::server::{
     DraServices, Registration, RegistrationService, dra_router, registration_router,
 };
+use super::slices::{same_content, slice_name, slice_specs};
 use super::{DRIVER_NAME, cdi, claim_status};
 use crate::api::field_manager;
 use crate::device::Inventory;
