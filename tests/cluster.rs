@@ -127,9 +127,11 @@ impl Fleet {
         Self::build(node_labels, no_kubelet, false).await
     }
 
-    /// As [`Fleet::start`], with deploy/15-admission-policy.yaml in force and
-    /// each agent sending its own pod's token: the operator's ServiceAccount,
-    /// its node and pod named in the token, as the kubelet mints it.
+    /// As [`Fleet::start`], with deploy/10-rbac.yaml and
+    /// deploy/15-admission-policy.yaml in force and each agent sending its
+    /// own pod's token: the operator's ServiceAccount, its node and pod named
+    /// in the token, as the kubelet mints it. Each request the agents and the
+    /// leader make then needs its grant.
     async fn start_under_the_admission_policy(node_labels: &[Value]) -> Self {
         Self::build(node_labels, &[], true).await
     }
@@ -149,6 +151,7 @@ impl Fleet {
     async fn build(node_labels: &[Value], no_kubelet: &[usize], under_policy: bool) -> Self {
         let cluster = TestCluster::start().await;
         if under_policy {
+            cluster.apply_rbac();
             cluster.apply_admission_policies();
         }
         let mut members = Vec::new();
@@ -436,6 +439,10 @@ async fn under_the_admission_policy_only_the_leader_writes_device_config_status_
             async |f| f.status_of("gpus").await["observedGeneration"] == 2,
         )
         .await;
+    // The agents' and the leader's own requests all had their grants in
+    // deploy/10-rbac.yaml.
+    let refused = fleet.cluster.refused();
+    assert!(refused.is_empty(), "{refused:#?}");
     fleet.stop_all().await;
 }
 
@@ -696,6 +703,10 @@ async fn device_configs_in_other_namespaces_are_followed_and_conflict_across_nam
                 && agent_status("node-0")["deviceConfig"].is_null()
         })
         .await;
+    // The agents' and the leader's own requests all had their grants in
+    // deploy/10-rbac.yaml.
+    let refused = fleet.cluster.refused();
+    assert!(refused.is_empty(), "{refused:#?}");
     fleet.stop_all().await;
 }
 

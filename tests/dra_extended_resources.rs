@@ -84,8 +84,8 @@ impl Node {
     }
 
     /// [`Node::start`] in a cluster that has `objects` (created first).
-    /// `under_policy`: deploy/10-rbac.yaml's objects (which the emulator reads
-    /// to authorize a claim's `status.devices` per driver and node) and
+    /// `under_policy`: deploy/10-rbac.yaml (by which the emulator authorizes
+    /// each request, and a claim's `status.devices` per driver and node) and
     /// deploy/15-admission-policy.yaml in force, and the agent sending its
     /// pod's token (the operator's ServiceAccount, its node and pod named), as
     /// the kubelet mints it.
@@ -286,10 +286,14 @@ impl Node {
             .collect()
     }
 
+    /// Stops the agent. Under the policy, each request it made, as agent and
+    /// as leader, had its grant in deploy/10-rbac.yaml.
     async fn stop(&mut self) {
         if let Some((end, _)) = self.rig.stop_agent().await {
             end.expect("no panic").expect("a clean stop");
         }
+        let refused = self.cluster().refused();
+        assert!(refused.is_empty(), "{refused:#?}");
     }
 }
 

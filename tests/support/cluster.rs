@@ -136,10 +136,13 @@ impl TestCluster {
         }
     }
 
-    /// Creates deploy/10-rbac.yaml's objects: the emulator reads them for the
-    /// checks the API server makes inside a write (a ResourceClaim's
-    /// `status.devices`, per driver and node), as a cluster the operator is
-    /// deployed in has them.
+    /// Creates deploy/10-rbac.yaml's objects and has the emulator authorize
+    /// every request by them, as a cluster the operator is deployed in
+    /// does: each request a client of the operator's ServiceAccount makes
+    /// (the agent's, the leader's) needs its grant, and so do the checks the
+    /// API server makes inside a write (a ResourceClaim's `status.devices`,
+    /// per driver and node). Requests without a token (the tests' own) are
+    /// an administrator's.
     pub fn apply_rbac(&self) {
         let text = std::fs::read_to_string(
             std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/10-rbac.yaml"),
@@ -149,6 +152,7 @@ impl TestCluster {
         for doc in docs.into_iter().filter(|d| !d.is_null()) {
             self.emulator.create(doc).expect("the RBAC file applies");
         }
+        self.emulator.authorize_requests(true);
     }
 
     /// Creates a Node object, e.g. one made by [`node`] and then annotated.

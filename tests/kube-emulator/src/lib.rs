@@ -279,6 +279,26 @@ impl Emulator {
         })
     }
 
+    /// Authorizes every request by the stored RBAC objects (Roles,
+    /// ClusterRoles and their bindings), as the real server's RBAC
+    /// authorizer does, or (`false`, the default) allows every request.
+    /// Requests without a known token are `system:masters`, allowed all.
+    pub fn authorize_requests(&self, on: bool) {
+        self.shared
+            .authorize_requests
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The requests RBAC refused so far ([`Emulator::authorize_requests`]),
+    /// each as its `403`'s message, in order.
+    pub fn refused(&self) -> Vec<String> {
+        self.shared
+            .refused
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
     /// Tokens and grants that TokenReviews and SubjectAccessReviews answer from.
     pub fn reviews(&self) -> Reviews {
         self.shared.reviews.clone()

@@ -1,6 +1,7 @@
 //! RBAC decisions over the Roles, ClusterRoles and their bindings the emulator
-//! stores, for the authorization checks the API server makes *inside* a write
-//! (today: a ResourceClaim's status, see [`crate::resource_claim`]), worded
+//! stores: for requests, once `Emulator::authorize_requests` turned that on
+//! (the server's `authorize`), and for the checks the API server makes
+//! *inside* a write (a ResourceClaim's status, see [`crate::resource_claim`]), worded
 //! after the real `rbac/v1` evaluation (`pkg/registry/rbac/validation` and
 //! `plugin/pkg/auth/authorizer/rbac`).
 //!
@@ -13,8 +14,8 @@
 //! must refer to a role with a matching rule (verbs, apiGroups, resources as
 //! `name`, `name/sub`, `*` or `*/sub`, resourceNames).
 //!
-//! Must not: authorize requests themselves (the emulator enforces no RBAC on
-//! requests, see the README), or read anything but the objects it is given.
+//! Must not: read a request (the server turns it into [`Attributes`]), or
+//! read anything but the objects it is given.
 //! Aggregated ClusterRoles count with the rules they store (no aggregation
 //! controller fills them in). Pure functions.
 

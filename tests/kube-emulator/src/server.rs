@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
-use std::sync::atomic::{AtomicU16, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -65,6 +65,11 @@ pub(crate) struct Shared {
     port: AtomicU16,
     settings: Settings,
     pub reviews: crate::reviews::Reviews,
+    /// Whether requests are authorized by the stored RBAC objects
+    /// ([`authorize`]); off, every authenticated request is allowed.
+    pub(crate) authorize_requests: AtomicBool,
+    /// What [`authorize`] refused, each as its `403`'s message, in order.
+    pub(crate) refused: Mutex<Vec<String>>,
 }
 
 /// Locks a mutex even if a panicking thread poisoned it: the data is plain and every
@@ -83,6 +88,8 @@ impl Shared {
             writes: Mutex::new(std::collections::VecDeque::new()),
             watch_drop: Mutex::new(CancellationToken::new()),
             open_watches: AtomicUsize::new(0),
+            authorize_requests: AtomicBool::new(false),
+            refused: Mutex::new(Vec::new()),
             delivered: Mutex::new(BTreeMap::new()),
             port: AtomicU16::new(0),
             settings,
@@ -341,6 +348,80 @@ fn verb_for(method: &Method, rp: &ResPath, params: &Params) -> &'static str {
         ("DELETE", true) => "delete",
         _ => "unknown",
     }
+}
+
+/// RBAC over one request, as the real server's authorizer sees it (its
+/// `RequestInfo`): the verb, group, resource, subresource, namespace and
+/// name; a list or watch of one object by `fieldSelector=metadata.name=<n>`
+/// is authorized for that name, as the server does. A server-side apply of
+/// an object that does not exist is also a create, and needs `create` too.
+/// Refused: `403 Forbidden`, worded as the server words it.
+fn authorize(
+    shared: &Shared,
+    rt: &ResourceType,
+    rp: &ResPath,
+    params: &Params,
+    verb: &str,
+    apply: bool,
+    user: &crate::reviews::UserInfo,
+) -> Result<(), ApiError> {
+    let name = match (&rp.name, verb) {
+        (Some(name), _) => name.clone(),
+        (None, "list" | "watch") => params
+            .get("fieldSelector")
+            .and_then(|f| f.strip_prefix("metadata.name="))
+            .filter(|n| !n.contains(','))
+            .unwrap_or_default()
+            .to_owned(),
+        _ => String::new(),
+    };
+    let namespace = rp.namespace.clone().unwrap_or_default();
+    let store = shared.store();
+    let policy = store.rbac_policy();
+    let missing = apply
+        && store
+            .get(rt, &rp.version, rp.namespace.as_deref(), &name)
+            .is_err();
+    drop(store);
+    let verbs: &[&str] = if missing { &[verb, "create"] } else { &[verb] };
+    for verb in verbs {
+        let attributes = crate::rbac::Attributes {
+            verb: (*verb).to_owned(),
+            group: rt.group.clone(),
+            resource: rt.plural.clone(),
+            subresource: rp.sub.clone().unwrap_or_default(),
+            namespace: namespace.clone(),
+            name: name.clone(),
+        };
+        if crate::rbac::allows(&policy, user, &attributes) {
+            continue;
+        }
+        let resource = match &rp.sub {
+            Some(sub) => format!("{}/{sub}", rt.plural),
+            None => rt.plural.clone(),
+        };
+        let what = if name.is_empty() {
+            rt.plural.clone()
+        } else {
+            format!("{} \"{name}\"", rt.plural)
+        };
+        let scope = if namespace.is_empty() {
+            "at the cluster scope".to_owned()
+        } else {
+            format!("in the namespace \"{namespace}\"")
+        };
+        let message = format!(
+            "{what} is forbidden: User \"{}\" cannot {verb} resource \"{resource}\" in API group \"{}\" {scope}",
+            user.username, rt.group
+        );
+        shared
+            .refused
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(message.clone());
+        return Err(ApiError::forbidden(message));
+    }
+    Ok(())
 }
 
 async fn read_body(body: Incoming) -> Result<Bytes, ApiError> {
@@ -712,6 +793,12 @@ async fn handle_resource(
             Ok(v) => v,
             Err(e) => return error_response(&e),
         };
+    if shared.authorize_requests.load(Ordering::Relaxed) {
+        let apply = verb == "patch" && content_type.starts_with("application/apply-patch");
+        if let Err(e) = authorize(shared, &rt, &rp, &params, verb, apply, &user) {
+            return error_response(&e);
+        }
+    }
     let dry_run = params.get("dryRun") == Some("All");
     let caller = Caller {
         user,

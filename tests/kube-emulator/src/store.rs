@@ -636,8 +636,9 @@ impl Store {
         rt.group == "resource.k8s.io" && rt.plural == "resourceclaims"
     }
 
-    /// The stored RBAC objects, for the checks the server makes inside a write.
-    fn rbac_policy(&self) -> rbac::Policy {
+    /// The stored RBAC objects, for the checks the server makes inside a
+    /// write and, when on, of requests.
+    pub(crate) fn rbac_policy(&self) -> rbac::Policy {
         let mut p = rbac::Policy::default();
         for (k, o) in &self.objects {
             if k.group != "rbac.authorization.k8s.io" {

@@ -12,5 +12,6 @@ mod api_semantics;
 mod crd;
 mod eviction;
 mod field_validation;
+mod rbac;
 mod server_side_apply;
 mod watch;
