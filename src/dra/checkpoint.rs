@@ -33,6 +33,15 @@ pub const MAX_BYTES: u64 = 16 * 1024 * 1024;
 /// there already).
 pub const SET_ASIDE_SUFFIX: &str = "unreadable";
 
+/// The fields of a checkpoint entry that this agent does not know, by name:
+/// what a newer agent recorded (a layout device's partitions were such a
+/// field once). An agent rolled back to an older version keeps them as they
+/// are when it rewrites the file, so that the newer one, rolled forward
+/// again, finds what it wrote for each claim still prepared; they go only
+/// with their claim. A change that an older agent must not read as it
+/// stands takes a new [`VERSION`] instead, which an older agent sets aside.
+pub type Unknown = serde_json::Map<String, serde_json::Value>;
+
 /// One device of a prepared claim, as answered to the kubelet.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -53,6 +62,10 @@ pub struct PreparedDevice {
     /// without layouts reads the same to an older agent.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub partitions: Vec<u32>,
+    /// Fields a newer agent wrote that this one does not know, kept as they
+    /// are (see [`Unknown`]).
+    #[serde(flatten)]
+    pub unknown: Unknown,
 }
 
 /// A prepared claim.
@@ -66,6 +79,9 @@ pub struct PreparedClaim {
     /// `observedGeneration` of its `status.devices` conditions.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub generation: Option<i64>,
+    /// Fields a newer agent wrote that this one does not know ([`Unknown`]).
+    #[serde(flatten)]
+    pub unknown: Unknown,
 }
 
 /// A claim by namespace and name.
@@ -92,6 +108,9 @@ pub struct Checkpoint {
     /// does not lose it; the status writer forgets each once made.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub status_removals: BTreeMap<String, ClaimName>,
+    /// Fields a newer agent wrote that this one does not know ([`Unknown`]).
+    #[serde(flatten)]
+    pub unknown: Unknown,
 }
 
 /// Serialises every change of a checkpoint file in this process: the
@@ -247,8 +266,10 @@ mod tests {
                 share_id: Some("7c0b0d0e-share".into()),
                 consumed_capacity: BTreeMap::from([("memory".into(), "8Gi".into())]),
                 partitions: Vec::new(),
+                unknown: Default::default(),
             }],
             generation: Some(4),
+            unknown: Default::default(),
         }
     }
 
@@ -291,6 +312,52 @@ mod tests {
         let back = Checkpoint::load(&path).unwrap();
         assert_eq!(back.prepared_claims, c.prepared_claims);
         assert_eq!(back.version, VERSION);
+    }
+
+    /// A rolled-back agent keeps what a newer one wrote: fields it does not
+    /// know, at every level, survive its own changes to the file, and go
+    /// only with the claim they belong to.
+    #[test]
+    fn fields_a_newer_agent_wrote_survive_an_older_agents_rewrite() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(FILE_NAME);
+        let newer = serde_json::json!({
+            "version": VERSION,
+            "futureTop": {"a": 1},
+            "preparedClaims": {
+                "u1": {"namespace": "ns", "name": "c1", "futureClaim": "x",
+                    "devices": [{"requestNames": ["gpu"], "poolName": "n",
+                        "deviceName": "gpu-0-cpx-nps4", "cdiDeviceIds": ["k8s.gpu.amd.com/gpu=u1-gpu-0"],
+                        "partitions": [3], "futureDevice": [7, 8]}]},
+                "u2": {"namespace": "ns", "name": "c2", "futureClaim": "gone with u2",
+                    "devices": []}
+            }
+        });
+        std::fs::write(&path, serde_json::to_vec(&newer).unwrap()).unwrap();
+        let mut c = Checkpoint::load(&path).unwrap();
+        assert_eq!(c.prepared_claims["u1"].devices[0].partitions, [3]);
+        // The older agent's own changes: one claim unprepared, one added.
+        c.prepared_claims.remove("u2");
+        c.prepared_claims.insert("u3".into(), claim());
+        c.save(&path).unwrap();
+        let written: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        assert_eq!(written["futureTop"], serde_json::json!({"a": 1}));
+        let u1 = &written["preparedClaims"]["u1"];
+        assert_eq!(u1["futureClaim"], "x");
+        assert_eq!(u1["devices"][0]["futureDevice"], serde_json::json!([7, 8]));
+        assert_eq!(u1["devices"][0]["partitions"], serde_json::json!([3]));
+        assert!(written["preparedClaims"].get("u2").is_none());
+        assert_eq!(
+            written["preparedClaims"]["u3"]
+                .as_object()
+                .unwrap()
+                .keys()
+                .filter(|k| k.starts_with("future"))
+                .count(),
+            0
+        );
+        assert_eq!(Checkpoint::load(&path).unwrap(), c);
     }
 
     #[test]

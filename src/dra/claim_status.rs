@@ -381,6 +381,7 @@ mod tests {
             share_id: None,
             consumed_capacity: BTreeMap::new(),
             partitions: Vec::new(),
+            unknown: Default::default(),
         }
     }
 

@@ -318,6 +318,7 @@ impl Preparer {
                 name: claim.name.clone(),
                 devices: devices.clone(),
                 generation,
+                unknown: Default::default(),
             };
             checkpoint
                 .prepared_claims
@@ -401,6 +402,7 @@ impl Preparer {
                 share_id: a.share_id.clone(),
                 consumed_capacity: a.consumed_capacity.clone(),
                 partitions: Vec::new(),
+                unknown: Default::default(),
             });
         }
         Ok((
@@ -614,6 +616,7 @@ impl Preparer {
             share_id: allocated.share_id.clone(),
             consumed_capacity: allocated.consumed_capacity.clone(),
             partitions: slots,
+            unknown: Default::default(),
         };
         Ok((devices, prepared))
     }
