@@ -6,7 +6,6 @@ mod fake_rvs;
 mod support;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use gpu_operator::agent;
@@ -21,7 +20,7 @@ use support::bundles;
 use support::cluster;
 use support::dra_kubelet::DraKubelet;
 use support::metricssvc;
-use support::node_rig::NodeRig;
+use support::node_rig::{Modprobe, NodeRig};
 use support::pod_resources::{FakeKubelet, pod, serve_kubelet};
 use support::wait;
 
@@ -75,13 +74,7 @@ impl Harness {
     }
 
     fn spawn_agent_with(&mut self, test_commands: Option<gpu_operator::testrunner::Commands>) {
-        let mut driver = gpu_operator::driver::manager::ManagerConfig {
-            store: bundles::STORE.into(),
-            recheck: Duration::from_millis(200),
-            ..Default::default()
-        };
-        driver.commands.modprobe =
-            bundles::modprobe_recorder(&self.tools(), self.host.root(), LOADABLE_VERSION);
+        let driver = self.driver_manager(Modprobe::Loads(LOADABLE_VERSION));
         let config = self
             .agent_config()
             .health_socket(gpu_operator::metricssvc::DEFAULT_SOCKET.into())
@@ -106,11 +99,6 @@ impl Harness {
                         .as_str()
                         .is_some_and(|m| words.iter().all(|w| m.contains(w)))
             })
-    }
-
-    /// Where the agent's host commands (the `modprobe` recorder) live.
-    fn tools(&self) -> PathBuf {
-        self.dir().join("tools")
     }
 
     async fn apply_device_config(&self, name: &str, spec: Value) {
@@ -658,12 +646,7 @@ async fn the_pre_start_check_waits_for_the_driver_the_device_config_manages() {
         "no test before the driver: {:?}",
         rvs.invocations()
     );
-    bundles::write_bundle(
-        &h.host,
-        LOADABLE_VERSION,
-        simulate::SIM_KERNEL_RELEASE,
-        true,
-    );
+    h.add_driver_bundle(LOADABLE_VERSION, true);
     h.eventually("the pre-start check passed", |h| {
         h.cluster().list("v1", "Event").iter().any(|e| {
             e["reason"] == "TestPassed"
@@ -671,7 +654,7 @@ async fn the_pre_start_check_waits_for_the_driver_the_device_config_manages() {
         })
     })
     .await;
-    assert_eq!(bundles::modprobe_runs(&h.tools()).len(), 1, "loaded once");
+    assert_eq!(h.modprobe_runs().len(), 1, "loaded once");
     let runs = rvs.invocations();
     assert_eq!(runs.len(), 1, "the check ran once: {runs:?}");
     assert!(runs[0].contains("trigger=PRE_START_JOB_CHECK"), "{runs:?}");
@@ -1048,7 +1031,7 @@ async fn the_driver_ready_condition_follows_the_asked_version_and_goes_with_the_
         })
     })
     .await;
-    assert!(bundles::modprobe_runs(&h.tools()).is_empty());
+    assert!(h.modprobe_runs().is_empty());
     assert!(
         h.field_managers()
             .iter()
@@ -1143,7 +1126,7 @@ async fn the_agent_loads_only_a_verified_bundle_and_names_each_refusal() {
     )
     .await;
     assert!(
-        bundles::modprobe_runs(&h.tools()).is_empty(),
+        h.modprobe_runs().is_empty(),
         "nothing is loaded from a refused bundle"
     );
     // A signed, intact bundle: loaded, once.
@@ -1157,7 +1140,7 @@ async fn the_agent_loads_only_a_verified_bundle_and_names_each_refusal() {
             })
     })
     .await;
-    let runs = bundles::modprobe_runs(&h.tools());
+    let runs = h.modprobe_runs();
     let expected = format!("--dirname {} amdgpu", h.host.path(&bundle).display());
     assert_eq!(runs, [expected], "modprobe ran once, on the bundle");
     assert_eq!(
@@ -1220,7 +1203,7 @@ async fn abbreviated_modprobe_options_never_reach_modprobe() {
     })
     .await;
     assert!(
-        bundles::modprobe_runs(&h.tools()).is_empty(),
+        h.modprobe_runs().is_empty(),
         "nothing runs with a refused option"
     );
     h.apply_device_config("gpus", module_config(json!(["-vq", "--verb"])))
@@ -1233,7 +1216,7 @@ async fn abbreviated_modprobe_options_never_reach_modprobe() {
     .await;
     let bundle = bundles::bundle_dir(LOADABLE_VERSION, kernel);
     assert_eq!(
-        bundles::modprobe_runs(&h.tools()),
+        h.modprobe_runs(),
         [format!(
             "--dirname {} -vq --verb amdgpu ras_enable=1",
             h.host.path(&bundle).display()
@@ -1277,10 +1260,7 @@ async fn a_driver_in_use_is_not_unloaded_and_its_holder_is_named() {
         condition(h, "False", "DriverInUse", &[&holder, &running])
     })
     .await;
-    assert!(
-        bundles::modprobe_runs(&h.tools()).is_empty(),
-        "nothing unloaded while held"
-    );
+    assert!(h.modprobe_runs().is_empty(), "nothing unloaded while held");
     // The workload is gone (drained): the agent replaces the driver.
     h.host.remove_all("/proc/4242").unwrap();
     h.eventually("the new driver runs", |h| {
@@ -1289,7 +1269,7 @@ async fn a_driver_in_use_is_not_unloaded_and_its_holder_is_named() {
     .await;
     let bundle = bundles::bundle_dir(LOADABLE_VERSION, simulate::SIM_KERNEL_RELEASE);
     assert_eq!(
-        bundles::modprobe_runs(&h.tools()),
+        h.modprobe_runs(),
         [
             "-r amdgpu".to_owned(),
             format!("--dirname {} amdgpu", h.host.path(&bundle).display())
@@ -1336,7 +1316,7 @@ async fn a_new_kernel_without_a_bundle_sets_the_condition_and_offers_no_gpu() {
             registered.request.resource_name
         );
     }
-    assert!(bundles::modprobe_runs(&h.tools()).is_empty());
+    assert!(h.modprobe_runs().is_empty());
     h.stop().await;
 }
 
@@ -1385,7 +1365,7 @@ async fn the_blacklist_follows_the_device_config_and_an_in_box_driver_needs_a_re
     .await;
     assert_eq!(h.host.read_string(BLACKLIST_FILE).unwrap(), theirs);
     assert!(
-        bundles::modprobe_runs(&h.tools()).is_empty(),
+        h.modprobe_runs().is_empty(),
         "nothing is loaded over the in-box module"
     );
     h.stop().await;

@@ -36,7 +36,7 @@ use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use support::agent_config::LeaderConfigBuilder;
 use support::cluster::{self, NAMESPACE as NS, TestCluster};
-use support::node_rig::NodeRig;
+use support::node_rig::{Modprobe, NodeRig};
 use support::pod_resources::{FakeKubelet, pod};
 use support::wait;
 use tokio_util::sync::CancellationToken;
@@ -366,18 +366,11 @@ impl AgentRig {
     /// Starts the agent; with `leader`, it campaigns for the Lease as that
     /// identity.
     fn start_agent_as(&mut self, leader: Option<&str>) {
-        let mut driver = if self.managed_driver {
-            let mut driver = gpu_operator::driver::manager::ManagerConfig {
-                store: support::bundles::STORE.into(),
-                recheck: Duration::from_millis(200),
-                ..Default::default()
-            };
-            driver.commands.modprobe =
-                support::bundles::modprobe_recorder(&self.tools, self.host.root(), DRIVER_VERSION);
-            driver
+        let mut driver = self.driver_manager(if self.managed_driver {
+            Modprobe::Loads(DRIVER_VERSION)
         } else {
-            support::bundles::no_modprobe()
-        };
+            Modprobe::Missing
+        });
         driver.reboot = Some(
             gpu_operator::driver::reboot::RebootCommand::parse(
                 &self.tools.join("reboot").display().to_string(),
@@ -410,12 +403,7 @@ impl AgentRig {
     async fn manage_driver(&mut self) {
         self.stop_agent().await;
         simulate::unload_module(&self.host).unwrap();
-        support::bundles::write_bundle(
-            &self.host,
-            DRIVER_VERSION,
-            simulate::SIM_KERNEL_RELEASE,
-            true,
-        );
+        self.add_driver_bundle(DRIVER_VERSION, true);
         write_reboot(&self.tools, &self.host, &self.bdf, true);
         self.rvs.needs(&self.host.path("/sys/module/amdgpu"));
         self.managed_driver = true;
@@ -437,10 +425,6 @@ impl AgentRig {
                     .is_some_and(|s| s["driver"]["version"] == DRIVER_VERSION)
         })
         .await;
-    }
-
-    fn modprobe_runs(&self) -> Vec<String> {
-        support::bundles::modprobe_runs(&self.tools)
     }
 
     /// The host's reboot, as the agent lives it: once the stand-in ran, the

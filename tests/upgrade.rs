@@ -9,7 +9,6 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -24,7 +23,7 @@ use serde_json::{Value, json};
 use support::agent_config::LeaderConfigBuilder;
 use support::bundles;
 use support::cluster::{self, NAMESPACE as NS, TestCluster};
-use support::node_rig::NodeRig;
+use support::node_rig::{Modprobe, NodeRig};
 use support::wait;
 
 const FROM: &str = "6.3.0";
@@ -44,12 +43,6 @@ impl std::ops::Deref for Member {
 
     fn deref(&self) -> &NodeRig {
         &self.rig
-    }
-}
-
-impl Member {
-    fn tools(&self) -> PathBuf {
-        self.dir().join("tools")
     }
 }
 
@@ -97,8 +90,7 @@ impl Fleet {
         for i in 0..setup.nodes {
             let name = format!("gpu-{i}");
             cluster.add_node(cluster::node(&name, json!({"gpu": "amd"})));
-            let bundle_versions = setup.bundles.clone();
-            let rig = NodeRig::builder(&name)
+            let mut rig = NodeRig::builder(&name)
                 .join(cluster.client())
                 .host(SimSpec::new("mi210", Some(1), None).unwrap())
                 .prepare(move |host| {
@@ -111,12 +103,11 @@ impl Fleet {
                         },
                     )
                     .unwrap();
-                    for version in &bundle_versions {
-                        bundles::write_bundle(host, version, SIM_KERNEL_RELEASE, false);
-                    }
-                })
-                .start()
-                .await;
+                });
+            for version in &setup.bundles {
+                rig = rig.driver_bundle(version, false);
+            }
+            let rig = rig.start().await;
             members.push(Member { rig, restarts: 0 });
         }
         let watch = cluster.record_nodes();
@@ -140,12 +131,8 @@ impl Fleet {
         let identity = format!("{}/pod-{}", member.name, member.restarts);
         member.restarts += 1;
         let tools = member.tools();
-        // Written once: a restarted agent keeps the stand-ins (and their
-        // logs) its node had.
-        let modprobe = tools.join("modprobe");
-        if !modprobe.exists() {
-            bundles::modprobe_recorder_of_bundles(&tools, member.host.root());
-        }
+        // The reboot stand-in is written once: a restarted agent keeps the
+        // boot it counts (and its log).
         let reboot = match tools.join("reboot") {
             p if p.exists() => {
                 gpu_operator::driver::reboot::RebootCommand::parse(&p.display().to_string())
@@ -153,13 +140,9 @@ impl Fleet {
             }
             _ => bundles::reboot_recorder(&tools, member.host.root(), self.setup.reboot_comes_back),
         };
-        let mut driver = gpu_operator::driver::manager::ManagerConfig {
-            store: bundles::STORE.into(),
-            recheck: Duration::from_millis(300),
-            reboot: Some(reboot),
-            ..Default::default()
-        };
-        driver.commands.modprobe = modprobe;
+        let mut driver = member.driver_manager(Modprobe::LoadsBundles);
+        driver.recheck = Duration::from_millis(300);
+        driver.reboot = Some(reboot);
         let config = member
             .agent_config()
             .leader(Some(
@@ -334,7 +317,7 @@ async fn a_rolling_upgrade_keeps_to_its_limits_and_ends_with_every_node_upgraded
     );
     assert_eq!(busy, 2, "the two nodes allowed were used");
     for m in &fleet.members {
-        let runs = bundles::modprobe_runs(&m.tools());
+        let runs = m.modprobe_runs();
         assert_eq!(
             runs,
             [
@@ -679,7 +662,7 @@ async fn a_reboot_completes_on_a_new_boot_id_and_one_that_never_comes_back_fails
         let boot = m.host.read_attr("/proc/sys/kernel/random/boot_id").unwrap();
         assert_ne!(boot, simulate::SIM_BOOT_ID, "a new boot");
         // Nothing to unload after a boot: only the load.
-        let runs = bundles::modprobe_runs(&m.tools());
+        let runs = m.modprobe_runs();
         assert_eq!(runs.len(), 1, "{runs:?}");
         assert!(runs[0].starts_with("--dirname"), "{runs:?}");
     }

@@ -18,6 +18,12 @@
 //! on the feeds and to stop.
 //! A test file keeps only what is its own (fault-injecting tools, the
 //! readings it asserts on) in a thin wrapper around the rig.
+//!
+//! The node's driver store: `.driver_bundle(version, signed)` puts a bundle
+//! for the simulated kernel in it before anything starts (and
+//! [`NodeRig::add_driver_bundle`] later); [`NodeRig::driver_manager`] is the
+//! agent's driver manager on it, with a `modprobe` stand-in in the node's
+//! `tools/` ([`Modprobe`]) whose runs [`NodeRig::modprobe_runs`] reads.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -25,16 +31,18 @@ use std::time::{Duration, Instant};
 
 use gpu_operator::agent::{self, AgentConfig, AgentError};
 use gpu_operator::device::Inventory;
+use gpu_operator::driver::manager::ManagerConfig;
 use gpu_operator::host::HostRoot;
 use gpu_operator::plugin::HealthReport;
 use gpu_operator::service::Followers;
-use gpu_operator::simulate::SimSpec;
+use gpu_operator::simulate::{SIM_KERNEL_RELEASE, SimSpec};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 use tokio::task::{JoinError, JoinHandle};
 use tokio_util::sync::CancellationToken;
 
 use super::agent_config::AgentConfigBuilder;
+use super::bundles;
 use super::cluster::{self, TestCluster};
 use super::hosts::SimHost;
 use super::kubelet::TestKubelet;
@@ -55,6 +63,19 @@ enum ClusterChoice {
 
 /// Work on the simulated host before anything starts on it.
 type Prepare<'a> = Box<dyn FnOnce(&HostRoot) + 'a>;
+
+/// What the `modprobe` of [`NodeRig::driver_manager`] does.
+#[derive(Clone, Copy, Debug)]
+pub enum Modprobe<'a> {
+    /// Loads amdgpu of this version whatever it is given
+    /// ([`bundles::modprobe_recorder`]).
+    Loads(&'a str),
+    /// Loads the bundle `--dirname` names, at its manifest's version
+    /// ([`bundles::modprobe_recorder_of_bundles`]).
+    LoadsBundles,
+    /// Does not exist: the agent must never run it ([`bundles::no_modprobe`]).
+    Missing,
+}
 
 /// Work on the rig's own cluster before the Node is created in it.
 type ClusterSetup<'a> = Box<dyn FnOnce(&TestCluster) + 'a>;
@@ -121,6 +142,15 @@ impl<'a> NodeRigBuilder<'a> {
     pub fn prepare(mut self, prepare: impl FnOnce(&HostRoot) + 'a) -> Self {
         self.prepare.push(Box::new(prepare));
         self
+    }
+
+    /// A complete bundle of amdgpu `version` for the simulated kernel in the
+    /// node's driver store (`bundles::STORE`), its modules carrying the
+    /// signature trailer when `signed`.
+    pub fn driver_bundle(self, version: &'a str, signed: bool) -> Self {
+        self.prepare(move |host| {
+            bundles::write_bundle(host, version, SIM_KERNEL_RELEASE, signed);
+        })
     }
 
     /// The test kubelet of the device plugin API in the kubelet directory's
@@ -342,6 +372,52 @@ impl NodeRig {
     /// The Node as stored now.
     pub fn node(&self) -> Value {
         self.cluster().node(&self.name)
+    }
+
+    /// Where the node's host command stand-ins are (`modprobe`, `reboot`,
+    /// …), and their logs.
+    pub fn tools(&self) -> PathBuf {
+        self.dir().join("tools")
+    }
+
+    /// The agent's driver manager on this node: the bundles in
+    /// `bundles::STORE`, looked at again every 200 ms, and a `modprobe` as
+    /// `modprobe` says, in [`NodeRig::tools`]. The stand-in is written the
+    /// first time only: an agent started again on the node keeps the one
+    /// its node had, as a test may have changed it
+    /// ([`bundles::hold_loads_until`]), and its log. Tests change the rest
+    /// (reboot, timings) on what this returns.
+    pub fn driver_manager(&self, modprobe: Modprobe<'_>) -> ManagerConfig {
+        if let Modprobe::Missing = modprobe {
+            return bundles::no_modprobe();
+        }
+        let mut config = ManagerConfig {
+            store: bundles::STORE.into(),
+            recheck: Duration::from_millis(200),
+            ..ManagerConfig::default()
+        };
+        let tools = self.tools();
+        let written = tools.join("modprobe");
+        config.commands.modprobe = match modprobe {
+            _ if written.exists() => written,
+            Modprobe::Loads(version) => {
+                bundles::modprobe_recorder(&tools, self.host.root(), version)
+            }
+            _ => bundles::modprobe_recorder_of_bundles(&tools, self.host.root()),
+        };
+        config
+    }
+
+    /// Puts a bundle of `version` for the simulated kernel in the node's
+    /// driver store now (see [`NodeRigBuilder::driver_bundle`]); returns its
+    /// directory, a host path.
+    pub fn add_driver_bundle(&self, version: &str, signed: bool) -> String {
+        bundles::write_bundle(&self.host, version, SIM_KERNEL_RELEASE, signed)
+    }
+
+    /// The argument lines the `modprobe` stand-in logged, one per run.
+    pub fn modprobe_runs(&self) -> Vec<String> {
+        bundles::modprobe_runs(&self.tools())
     }
 
     /// The agent's config on this node, for a test to change what it is
