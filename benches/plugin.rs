@@ -19,11 +19,31 @@ use std::time::{Duration, Instant};
 use gpu_operator::device::{Gpu, Link, LinkKind};
 use gpu_operator::plugin::api::v1beta1::device_plugin_client::DevicePluginClient;
 use gpu_operator::plugin::{
-    DevicePluginService, HealthReport, PluginConfig, PluginDevice, ResourceNamingStrategy,
-    TimeSlicing, Topology, preferred_allocation, preferred_replicas,
+    DevicePluginService, PluginConfig, PluginDevice, ResourceNamingStrategy, TimeSlicing, Topology,
+    preferred_allocation, preferred_replicas,
 };
-use support::hosts::SimHost;
-use support::kubelet::{TestKubelet, allocate_request, preferred_request};
+use support::kubelet::{allocate_request, preferred_request};
+use support::node_rig::NodeRig;
+
+/// An MI300X node (in `partition`) with the test kubelet and the feeds the
+/// plugin reads.
+async fn node(partition: Option<&str>) -> NodeRig {
+    NodeRig::builder("gpu-node")
+        .profile("mi300x", None, partition)
+        .kubelet()
+        .feeds()
+        .start()
+        .await
+}
+
+/// The device plugin of `config` on `rig`'s feeds.
+fn start_plugin(rig: &NodeRig, config: PluginConfig) -> DevicePluginService {
+    DevicePluginService::start(
+        config,
+        rig.inventory().subscribe(),
+        rig.health().subscribe(),
+    )
+}
 
 struct Figures {
     name: String,
@@ -78,16 +98,17 @@ fn sharing(replicas: u32) -> TimeSlicing {
 /// Time-slicing over gRPC: an MI300X in CPX (64 partitions) advertised 8
 /// times, 512 devices; and a new replica count until ListAndWatch shows it.
 async fn shared_rpc_latency() {
-    let sim = SimHost::new("mi300x", Some("cpx_nps4"));
-    let dir = tempfile::tempdir().expect("temp dir");
-    let kubelet = TestKubelet::start(dir.path()).await;
-    let (_inventory_tx, inventory) = sim.feed();
-    let (_health_tx, health) = tokio::sync::watch::channel(HealthReport::default());
+    let rig = node(Some("cpx_nps4")).await;
+    let kubelet = rig.kubelet();
     let config = PluginConfig {
         sharing: sharing(8),
-        ..PluginConfig::new(dir.path(), ResourceNamingStrategy::Single, sim.host.clone())
+        ..PluginConfig::new(
+            rig.plugin_dir(),
+            ResourceNamingStrategy::Single,
+            rig.host.clone(),
+        )
     };
-    let plugin = DevicePluginService::start(config.clone(), inventory, health);
+    let plugin = start_plugin(&rig, config.clone());
     kubelet.wait_for_registration("amd.com/gpu", 1).await;
     let mut stream = kubelet.list_and_watch("amd.com_gpu.sock").await;
     let devices = stream
@@ -189,19 +210,19 @@ fn measure<T>(label: impl Into<String>, mut call: impl FnMut() -> T) {
 /// Start → registration accepted by the test kubelet (which dials back into the
 /// plugin before accepting), and kubelet restart → registration again.
 async fn registration() {
-    let sim = SimHost::new("mi300x", None);
     let mut start = Figures::new("start -> registered (mi300x, 8 GPUs)");
     let mut again = Figures::new("kubelet restart -> registered again");
     let mut stop = Figures::new("stop() with an open ListAndWatch stream");
     for _ in 0..20 {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let mut kubelet = TestKubelet::start(dir.path()).await;
-        let (_inventory_tx, inventory) = sim.feed();
-        let (_health_tx, health) = tokio::sync::watch::channel(HealthReport::default());
-        let config =
-            PluginConfig::new(dir.path(), ResourceNamingStrategy::Single, sim.host.clone());
+        let mut rig = node(None).await;
+        let config = PluginConfig::new(
+            rig.plugin_dir(),
+            ResourceNamingStrategy::Single,
+            rig.host.clone(),
+        );
         let began = Instant::now();
-        let plugin = DevicePluginService::start(config, inventory, health);
+        let plugin = start_plugin(&rig, config);
+        let kubelet = rig.kubelet_mut();
         let registered = kubelet.wait_for_registration("amd.com/gpu", 1).await;
         start.samples.push(registered.at.duration_since(began));
 
@@ -224,13 +245,14 @@ async fn registration() {
 
 /// Allocate and GetPreferredAllocation as the kubelet calls them.
 async fn rpc_latency() {
-    let sim = SimHost::new("mi300x", Some("cpx_nps4"));
-    let dir = tempfile::tempdir().expect("temp dir");
-    let kubelet = TestKubelet::start(dir.path()).await;
-    let (_inventory_tx, inventory) = sim.feed();
-    let (_health_tx, health) = tokio::sync::watch::channel(HealthReport::default());
-    let config = PluginConfig::new(dir.path(), ResourceNamingStrategy::Single, sim.host.clone());
-    let plugin = DevicePluginService::start(config, inventory, health);
+    let rig = node(Some("cpx_nps4")).await;
+    let kubelet = rig.kubelet();
+    let config = PluginConfig::new(
+        rig.plugin_dir(),
+        ResourceNamingStrategy::Single,
+        rig.host.clone(),
+    );
+    let plugin = start_plugin(&rig, config);
     kubelet.wait_for_registration("amd.com/gpu", 1).await;
     let devices = kubelet
         .list_and_watch("amd.com_gpu.sock")
