@@ -293,20 +293,12 @@ fn has_reference_taint(node: &Node) -> bool {
 /// Puts the reference's taint on (`on`) or lifts it; the cordon stays as
 /// it is.
 async fn set_reference_taint(ctx: &Context, name: &str, on: bool) -> Result<(), Error> {
-    let writer = ctx.node_writer(name);
     let intent = CordonIntent {
         unschedulable: None,
         taints: vec![reference_taint()],
         tainted: on,
     };
-    guarded(
-        ctx,
-        name,
-        writer.set_cordon(Concern::PartitionLeader, &intent),
-    )
-    .await?
-    .map_err(|e| node_error(name, e))?;
-    Ok(())
+    set_cordon(ctx, name, &intent).await
 }
 
 /// Cordons and taints (`on`), or lifts the taint and, with `uncordon`, the
@@ -318,7 +310,6 @@ async fn cordon(
     on: bool,
     uncordon: bool,
 ) -> Result<(), Error> {
-    let writer = ctx.node_writer(name);
     let intent = CordonIntent {
         unschedulable: if on {
             Some(true)
@@ -328,10 +319,17 @@ async fn cordon(
         taints: vec![taint(profile)],
         tainted: on,
     };
+    set_cordon(ctx, name, &intent).await
+}
+
+/// Writes `intent` to Node `name` as the partition leader, while the lease
+/// is held.
+async fn set_cordon(ctx: &Context, name: &str, intent: &CordonIntent) -> Result<(), Error> {
+    let writer = ctx.node_writer(name);
     guarded(
         ctx,
         name,
-        writer.set_cordon(Concern::PartitionLeader, &intent),
+        writer.set_cordon(Concern::PartitionLeader, intent),
     )
     .await?
     .map_err(|e| node_error(name, e))?;

@@ -284,6 +284,22 @@ mod tests {
         (dir, host)
     }
 
+    /// `plan` written on `host` (found as `before`) by its simulated driver.
+    async fn write_simulated(
+        host: &HostRoot,
+        plan: &Plan,
+        before: &Inventory,
+    ) -> Result<Vec<String>, ApplyError> {
+        write_plan(
+            plan,
+            before,
+            Arc::new(SimulatedKernel::new(host.clone())),
+            &BoundedReader::new(host.clone(), 2),
+            Limits::default(),
+        )
+        .await
+    }
+
     #[tokio::test]
     async fn cpx_nps4_is_written_memory_first_and_seen() {
         let (_dir, host) = host();
@@ -295,16 +311,7 @@ mod tests {
             &before.gpus,
         )
         .unwrap();
-        let reader = BoundedReader::new(host.clone(), 2);
-        let written = write_plan(
-            &plan,
-            &before,
-            Arc::new(SimulatedKernel::new(host.clone())),
-            &reader,
-            Limits::default(),
-        )
-        .await
-        .unwrap();
+        let written = write_simulated(&host, &plan, &before).await.unwrap();
         // Memory first; the simulated driver then already runs CPX, which
         // is written all the same.
         assert_eq!(written.len(), 16);
@@ -340,15 +347,7 @@ mod tests {
             &before.gpus,
         )
         .unwrap();
-        let err = write_plan(
-            &plan,
-            &before,
-            Arc::new(SimulatedKernel::new(host.clone())),
-            &BoundedReader::new(host.clone(), 2),
-            Limits::default(),
-        )
-        .await
-        .unwrap_err();
+        let err = write_simulated(&host, &plan, &before).await.unwrap_err();
         assert!(
             err.to_string()
                 .contains("pid 4242 (pytorch) holds /dev/kfd"),
@@ -367,15 +366,7 @@ mod tests {
         // A plan the driver refuses: QPX is made TPX behind the planner's back.
         let mut refused = plan_ok.clone();
         refused.assignments[0].compute = "TPX".into();
-        let err = write_plan(
-            &refused,
-            &before,
-            Arc::new(SimulatedKernel::new(host.clone())),
-            &BoundedReader::new(host.clone(), 2),
-            Limits::default(),
-        )
-        .await
-        .unwrap_err();
+        let err = write_simulated(&host, &refused, &before).await.unwrap_err();
         assert!(
             matches!(&err, ApplyError::Write { error, .. } if error.contains("Invalid argument")),
             "{err}"

@@ -138,9 +138,14 @@ pub const RUNNING: &str = "DriverRunning";
 pub const REBOOT_REQUESTED: &str = "RebootRequested";
 pub const REBOOT_FAILED: &str = "RebootFailed";
 
-/// The outcome for a decision that needs no command. Pure.
-pub(super) fn outcome_of(decision: &LoadDecision) -> Option<DriverLoad> {
-    let outcome = |state, reason: &str, message: String, bundle: Option<&str>| DriverLoad {
+/// An outcome in `state`, of no version, not yet told. Pure.
+fn outcome(
+    state: DriverLoadState,
+    reason: &str,
+    message: String,
+    bundle: Option<&str>,
+) -> DriverLoad {
+    DriverLoad {
         state,
         reason: reason.to_owned(),
         message,
@@ -148,7 +153,11 @@ pub(super) fn outcome_of(decision: &LoadDecision) -> Option<DriverLoad> {
         version: None,
         asked: None,
         told_at: None,
-    };
+    }
+}
+
+/// The outcome for a decision that needs no command. Pure.
+pub(super) fn outcome_of(decision: &LoadDecision) -> Option<DriverLoad> {
     match decision {
         LoadDecision::Load { .. } | LoadDecision::Replace { .. } => None,
         LoadDecision::Nothing { version } => Some(DriverLoad {
@@ -363,15 +372,7 @@ pub(super) fn reboot_blocked(
 
 /// A failed outcome. Pure.
 pub(super) fn failed(reason: &str, message: String, bundle: Option<&str>) -> DriverLoad {
-    DriverLoad {
-        state: DriverLoadState::Failed,
-        reason: reason.to_owned(),
-        message,
-        bundle: bundle.map(str::to_owned),
-        version: None,
-        asked: None,
-        told_at: None,
-    }
+    outcome(DriverLoadState::Failed, reason, message, bundle)
 }
 
 /// What the agent last showed of the driver on the Node: the driver-type
