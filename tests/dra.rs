@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use gpu_operator::dra::{DraConfig, DraPlugin, DraStatus, Registration, Slices};
 use gpu_operator::driver::load::LoadCommands;
+use gpu_operator::driver::reload::{Handoff, Reloader};
 use gpu_operator::events::EventSink;
 use gpu_operator::plugin::{DeviceRef, HealthReport, TimeSlicing};
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
@@ -136,9 +137,12 @@ impl Rig {
         config.device_taints = self.taints;
         config.sharing = self.sharing;
         config.auto_partition = self.auto_partition;
-        config.reload = self.reload.clone().map(|modprobe| LoadCommands {
-            modprobe,
-            ..LoadCommands::default()
+        config.reload = self.reload.clone().map(|modprobe| Reloader {
+            commands: LoadCommands {
+                modprobe,
+                ..LoadCommands::default()
+            },
+            handoff: Handoff::default(),
         });
         config
     }
