@@ -316,3 +316,56 @@ async fn the_driver_manager_records_its_bundle_and_holds_off_during_a_reload() {
     cancel.cancel();
     manager.await.unwrap();
 }
+
+/// A reload of an out-of-tree amdgpu the driver manager found running (an
+/// earlier agent loaded it): the store's verified bundle of the running
+/// version is loaded again, as the manager would load it; with no such
+/// bundle, the reload is refused before anything runs, saying why.
+#[tokio::test]
+async fn a_reload_of_a_driver_found_running_takes_the_stores_bundle_of_its_version() {
+    use gpu_operator::driver::reload::{self, ReloadFrom};
+    let root = tempfile::tempdir().unwrap();
+    let host = HostRoot::new(root.path());
+    write_bundle(&host);
+    let module = KernelModuleConfigSpec {
+        parameters: vec!["ras_enable=1".into()],
+        ..KernelModuleConfigSpec::default()
+    };
+    let found = |version: &str| ReloadFrom::Store {
+        store: "/var/lib/gpu-operator/drivers".into(),
+        expected: Expected {
+            kernel_release: SIM_KERNEL_RELEASE.into(),
+            version: Some(version.into()),
+            signature_required: true,
+        },
+        module: module.clone(),
+    };
+    let steps = reload::plan(&host, &found("6.12.12"), &KernelModuleConfigSpec::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        steps.firmware.as_deref(),
+        Some(&*format!("{BUNDLE}/firmware"))
+    );
+    let bundle_seen = host.path(BUNDLE);
+    assert_eq!(
+        steps.load,
+        load::modprobe_args(&bundle_seen, &module),
+        "the bundle's directory and the asked module config"
+    );
+    let err = reload::plan(&host, &found("6.10.5"), &KernelModuleConfigSpec::default())
+        .await
+        .unwrap_err();
+    assert!(
+        err.contains("amdgpu 6.10.5 runs, and no bundle of it"),
+        "{err}"
+    );
+    let err = reload::plan(
+        &host,
+        &ReloadFrom::Refused("amdgpu is not loaded".into()),
+        &module,
+    )
+    .await
+    .unwrap_err();
+    assert!(err.contains("amdgpu is not loaded"), "{err}");
+}
