@@ -172,6 +172,8 @@ pub fn follow(
         let mut reloads = config.handoff.reloads();
         let mut reloads_ended = reloads.borrow().ended;
         let mut reload_grace: Option<tokio::time::Instant> = None;
+        // The bundle this manager loaded last, for what it records.
+        let mut own_load: Option<reload::OwnLoad> = None;
         loop {
             let asked = wanted.borrow_and_update().clone();
             let seen = report.borrow_and_update().clone();
@@ -181,7 +183,13 @@ pub fn follow(
                 reload_grace = Some(tokio::time::Instant::now() + RELOAD_GRACE);
             }
             let in_grace = reload_grace.filter(|until| tokio::time::Instant::now() < *until);
-            let held = reload::manager_holds(reloading, in_grace.is_some(), seen.as_ref());
+            // The version that ran before a reload: what the report must
+            // show again.
+            let ran = last
+                .as_ref()
+                .filter(|l| l.state == DriverLoadState::Loaded)
+                .and_then(|l| l.version.as_deref());
+            let held = reload::manager_holds(reloading, in_grace.is_some(), seen.as_ref(), ran);
             if let (Some(v), Some(seen)) = (&loaded_here, &seen)
                 && seen.loaded
                 && seen.version.as_deref() == Some(v.as_str())
@@ -234,12 +242,15 @@ pub fn follow(
                     }
                     _ => None,
                 };
+                if let Some(loaded) = reload::OwnLoad::of(outcome.as_ref()) {
+                    own_load = Some(loaded);
+                }
                 config.handoff.record(reload::reload_from(
                     asked.as_ref(),
                     outcome.as_ref(),
                     seen.as_ref(),
                     &config.store,
-                    &config.handoff.from(),
+                    own_load.as_ref(),
                 ));
                 drop(commands);
                 last = outcome.clone();

@@ -66,9 +66,37 @@ pub enum ReloadFrom {
     Refused(String),
 }
 
+/// The bundle a driver manager loaded last: its directory (a host path)
+/// and version.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OwnLoad {
+    pub dir: String,
+    pub version: String,
+}
+
+impl OwnLoad {
+    /// The bundle `outcome` says this manager loaded, if it says so.
+    pub fn of(outcome: Option<&DriverLoad>) -> Option<Self> {
+        match outcome? {
+            DriverLoad {
+                state: DriverLoadState::Loaded,
+                reason,
+                bundle: Some(dir),
+                version: Some(version),
+                ..
+            } if reason == LOADED_HERE => Some(Self {
+                dir: dir.clone(),
+                version: version.clone(),
+            }),
+            _ => None,
+        }
+    }
+}
+
 /// What the manager records after a look: what it was `asked`, its
-/// `outcome`, the `report` it acted on, its bundle `store`, and what it
-/// recorded `before`. Pure.
+/// `outcome`, the `report` it acted on, its bundle `store`, and the bundle
+/// it loaded last (`own`, kept across looks: a report read mid-change must
+/// not make it forget). Pure.
 ///
 /// - Nothing asked: the host's driver ([`ReloadFrom::NotManaged`]).
 /// - The manager's own load, or the version of the bundle it loaded still
@@ -83,24 +111,16 @@ pub fn reload_from(
     outcome: Option<&DriverLoad>,
     report: Option<&DriverReport>,
     store: &str,
-    before: &ReloadFrom,
+    own: Option<&OwnLoad>,
 ) -> ReloadFrom {
     let Some(asked) = asked else {
         return ReloadFrom::NotManaged;
     };
     let module = asked.module.clone();
-    if let Some(DriverLoad {
-        state: DriverLoadState::Loaded,
-        reason,
-        bundle: Some(dir),
-        version: Some(version),
-        ..
-    }) = outcome
-        && reason == LOADED_HERE
-    {
+    if let Some(OwnLoad { dir, version }) = OwnLoad::of(outcome) {
         return ReloadFrom::Bundle {
-            dir: dir.clone(),
-            version: version.clone(),
+            dir,
+            version,
             module,
         };
     }
@@ -114,8 +134,8 @@ pub fn reload_from(
         return ReloadFrom::Refused(format!("amdgpu is not loaded{why}"));
     }
     let running = report.version.as_deref();
-    match (report.origin, before) {
-        (ModuleOrigin::OutOfTree, ReloadFrom::Bundle { dir, version, .. })
+    match (report.origin, own) {
+        (ModuleOrigin::OutOfTree, Some(OwnLoad { dir, version }))
             if running == Some(version.as_str()) =>
         {
             ReloadFrom::Bundle {
@@ -296,12 +316,21 @@ pub struct Reloads {
 /// own load (`manager::OWN_LOAD_GRACE`).
 pub const RELOAD_GRACE: Duration = Duration::from_secs(30);
 
-/// Whether the manager holds off looking: while a reload runs, and, within
-/// [`RELOAD_GRACE`] of one's end (`just_reloaded`), while the report says
-/// amdgpu is not loaded (a report read during the reload; the recheck at
-/// the grace's end looks again). Pure.
-pub fn manager_holds(reloads: Reloads, just_reloaded: bool, report: Option<&DriverReport>) -> bool {
-    reloads.running || (just_reloaded && report.is_some_and(|r| !r.loaded))
+/// Whether the manager holds off looking, as while its own load is not
+/// seen yet: while a reload runs, and, within [`RELOAD_GRACE`] of one's end
+/// (`just_reloaded`), while the report does not show amdgpu loaded, of the
+/// version that `ran` before (when the manager knew it): a report read
+/// during the reload, or of a module half set up. The recheck at the
+/// grace's end looks again. Pure.
+pub fn manager_holds(
+    reloads: Reloads,
+    just_reloaded: bool,
+    report: Option<&DriverReport>,
+    ran: Option<&str>,
+) -> bool {
+    let back =
+        report.is_some_and(|r| r.loaded && ran.is_none_or(|v| r.version.as_deref() == Some(v)));
+    reloads.running || (just_reloaded && !back)
 }
 
 /// What the driver manager and a reloader share: what the manager loaded,
@@ -437,12 +466,11 @@ mod tests {
 
     const DIR: &str = "/var/lib/gpu-operator/drivers/6.12.12-6.8.0";
 
-    fn bundle(version: &str) -> ReloadFrom {
-        ReloadFrom::Bundle {
+    fn own(version: &str) -> Option<OwnLoad> {
+        Some(OwnLoad {
             dir: DIR.into(),
             version: version.into(),
-            module: module(),
-        }
+        })
     }
 
     fn kind(from: &ReloadFrom) -> String {
@@ -460,33 +488,33 @@ mod tests {
     #[test]
     fn a_reload_loads_what_the_manager_loaded_or_found() {
         use ModuleOrigin::*;
-        let own = outcome(LOADED_HERE, Some(DIR), Some("6.12.12"));
+        let loaded_here = outcome(LOADED_HERE, Some(DIR), Some("6.12.12"));
         let running = outcome("DriverRunning", None, Some("6.12.12"));
         let loaded = report(OutOfTree, Some("6.12.12"));
-        // What was asked, the look's outcome, the report, what was
-        // recorded before, and what is recorded now.
+        // What was asked, the look's outcome, the report, the bundle the
+        // manager loaded last, and what is recorded now.
         type Case<'a> = (
             Option<DriverWanted>,
             Option<&'a DriverLoad>,
             Option<DriverReport>,
-            ReloadFrom,
+            Option<OwnLoad>,
             &'a str,
         );
         let cases: Vec<Case> = vec![
             // Nothing asked: the host's, whatever ran before.
             (
                 None,
-                Some(&own),
+                Some(&loaded_here),
                 Some(loaded.clone()),
-                bundle("6.12.12"),
+                own("6.12.12"),
                 "not managed",
             ),
             // The manager's own load, before the report shows it.
             (
                 Some(asked()),
-                Some(&own),
+                Some(&loaded_here),
                 Some(report(NotLoaded, None)),
-                ReloadFrom::NotManaged,
+                None,
                 "bundle 6.12.12 /var/lib/gpu-operator/drivers/6.12.12-6.8.0",
             ),
             // Found running afterwards: the bundle it loaded is kept.
@@ -494,7 +522,7 @@ mod tests {
                 Some(asked()),
                 Some(&running),
                 Some(loaded.clone()),
-                bundle("6.12.12"),
+                own("6.12.12"),
                 "bundle 6.12.12 /var/lib/gpu-operator/drivers/6.12.12-6.8.0",
             ),
             // Another version runs now (replaced by hand): not that bundle.
@@ -502,7 +530,7 @@ mod tests {
                 Some(asked()),
                 Some(&running),
                 Some(report(OutOfTree, Some("6.10.5"))),
-                bundle("6.12.12"),
+                own("6.12.12"),
                 "store 6.10.5",
             ),
             // Found running at the start: the store's bundle of its version.
@@ -510,21 +538,21 @@ mod tests {
                 Some(asked()),
                 Some(&running),
                 Some(loaded.clone()),
-                ReloadFrom::NotManaged,
+                None,
                 "store 6.12.12",
             ),
             (
                 Some(asked()),
                 None,
                 Some(report(InTree, None)),
-                ReloadFrom::NotManaged,
+                None,
                 "host",
             ),
             (
                 Some(asked()),
                 None,
                 Some(report(Unknown, Some("6.12.12"))),
-                ReloadFrom::NotManaged,
+                None,
                 "refused: amdgpu 6.12.12 of Unknown origin runs: the agent loads again only a \
                  driver it can tell apart",
             ),
@@ -532,7 +560,7 @@ mod tests {
                 Some(asked()),
                 None,
                 Some(report(OutOfTree, None)),
-                ReloadFrom::NotManaged,
+                None,
                 "refused: an out-of-tree amdgpu whose version or kernel cannot be read runs: it \
                  is not loaded again on a guess",
             ),
@@ -540,26 +568,26 @@ mod tests {
                 Some(asked()),
                 None,
                 Some(report(NotLoaded, None)),
-                bundle("6.12.12"),
+                own("6.12.12"),
                 "refused: amdgpu is not loaded",
             ),
             (
                 Some(asked()),
                 None,
                 None,
-                ReloadFrom::NotManaged,
+                None,
                 "refused: the driver report is not read yet",
             ),
         ];
-        for (asked, outcome, report, before, want) in cases {
+        for (asked, outcome, report, own, want) in cases {
             let from = reload_from(
                 asked.as_ref(),
                 outcome,
                 report.as_ref(),
                 "/var/lib/gpu-operator/drivers",
-                &before,
+                own.as_ref(),
             );
-            assert_eq!(kind(&from), want, "{outcome:?} {report:?} {before:?}");
+            assert_eq!(kind(&from), want, "{outcome:?} {report:?} {own:?}");
         }
     }
 
@@ -573,7 +601,7 @@ mod tests {
                 ..report(ModuleOrigin::OutOfTree, Some("6.12.12"))
             }),
             "/store",
-            &ReloadFrom::NotManaged,
+            None,
         );
         assert_eq!(
             from,
@@ -649,19 +677,34 @@ mod tests {
     fn the_manager_holds_off_while_a_reload_runs_and_while_its_gap_may_show() {
         let gone = report(ModuleOrigin::NotLoaded, None);
         let back = report(ModuleOrigin::OutOfTree, Some("6.12.12"));
+        // A module directory seen before its files are written.
+        let half = report(ModuleOrigin::OutOfTree, None);
         let running = Reloads {
             running: true,
             ended: 0,
         };
         let idle = Reloads::default();
-        assert!(manager_holds(running, false, Some(&back)));
-        assert!(manager_holds(running, false, None));
+        let ran = Some("6.12.12");
+        assert!(manager_holds(running, false, Some(&back), ran));
+        assert!(manager_holds(running, false, None, ran));
         assert!(
-            manager_holds(idle, true, Some(&gone)),
+            manager_holds(idle, true, Some(&gone), ran),
             "a report from the gap"
         );
-        assert!(!manager_holds(idle, true, Some(&back)));
-        assert!(!manager_holds(idle, false, Some(&gone)), "after the grace");
+        assert!(
+            manager_holds(idle, true, Some(&half), ran),
+            "a module half set up"
+        );
+        assert!(manager_holds(idle, true, None, ran));
+        assert!(!manager_holds(idle, true, Some(&back), ran));
+        assert!(
+            !manager_holds(idle, true, Some(&half), None),
+            "no version known"
+        );
+        assert!(
+            !manager_holds(idle, false, Some(&gone), ran),
+            "after the grace"
+        );
     }
 
     #[tokio::test]
