@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use gpu_operator::dra::{DraConfig, DraPlugin, DraStatus, Registration, Slices};
 use gpu_operator::driver::load::LoadCommands;
-use gpu_operator::driver::reload::{Handoff, Reloader};
+use gpu_operator::driver::reload::{Handoff, ReloadFrom, Reloader};
 use gpu_operator::events::EventSink;
 use gpu_operator::plugin::{DeviceRef, HealthReport, TimeSlicing};
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
@@ -1866,14 +1866,7 @@ async fn managed_driver_node() -> Rig {
         .start()
         .await;
     let tools = node.dir().join("tools");
-    let mut driver = gpu_operator::driver::manager::ManagerConfig {
-        store: support::bundles::STORE.into(),
-        recheck: Duration::from_millis(200),
-        ..Default::default()
-    };
-    driver.commands.modprobe = refusing_modprobe(&tools, &node.sim.host.path("/"));
-    let config = node.agent_config().driver(driver).build();
-    node.start_agent(config);
+    start_managed_agent(&mut node);
     node.cluster()
         .apply_device_config(
             "gpus",
@@ -1910,6 +1903,22 @@ async fn managed_driver_node() -> Rig {
     rig
 }
 
+/// Starts the agent of [`managed_driver_node`] on `node`; returns its driver
+/// manager's record of what it loaded.
+fn start_managed_agent(node: &mut NodeRig) -> Handoff {
+    let mut driver = gpu_operator::driver::manager::ManagerConfig {
+        store: support::bundles::STORE.into(),
+        recheck: Duration::from_millis(200),
+        ..Default::default()
+    };
+    driver.commands.modprobe =
+        refusing_modprobe(&node.dir().join("tools"), &node.sim.host.path("/"));
+    let handoff = driver.handoff.clone();
+    let config = node.agent_config().driver(driver).build();
+    node.start_agent(config);
+    handoff
+}
+
 /// The `modprobe` run that loads the managed bundle of [`managed_driver_node`].
 fn managed_load(rig: &Rig) -> String {
     let bundle =
@@ -1932,7 +1941,9 @@ fn agent_spec_file(rig: &Rig, uid: &str) -> PathBuf {
 /// amdgpu with the DeviceConfig's `unloadArgs` and loading the same bundle
 /// again, from its directory, with its firmware path, `loadArgs` and
 /// `parameters`, not the host's driver; the driver manager runs nothing of
-/// its own meanwhile; Prepare answers with the new partition's devices.
+/// its own meanwhile; Prepare answers with the new partition's devices. An
+/// agent started again finds that driver running and reloads the store's
+/// bundle of its version.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_memory_mode_change_reloads_the_bundle_the_driver_manager_loaded() {
     let mut rig = managed_driver_node().await;
@@ -1999,6 +2010,31 @@ async fn a_memory_mode_change_reloads_the_bundle_the_driver_manager_loaded() {
     })
     .await;
     assert_eq!(support::bundles::modprobe_runs(&tools).len(), 3);
+
+    // The agent started again (an operator upgrade, say): its manager finds
+    // the bundle's amdgpu running, loaded by no one it knows, and the next
+    // memory mode change loads the store's bundle of the version that runs.
+    let answer = rig.kubelet.unprepare(&[(NS, &uid, "nps4")]).await;
+    assert_eq!(answer.claims[&uid].error, "");
+    rig.node.stop_agent().await;
+    let handoff = start_managed_agent(&mut rig.node);
+    rig.kubelet.register().await;
+    wait::eventually("the running bundle found and the layouts published", || {
+        matches!(handoff.from(), ReloadFrom::Store { .. })
+            && rig.device_names().iter().any(|d| d == "gpu-0-spx-nps1")
+    })
+    .await;
+    let whole = rig
+        .claim_share("whole", "gpu-0-spx-nps1", None, &BTreeMap::new())
+        .await;
+    let answer = rig.kubelet.prepare(&[(NS, &whole, "whole")]).await;
+    assert_eq!(answer.claims[&whole].error, "", "{answer:?}");
+    assert_eq!(rig.layout_of(0), ("spx".into(), "nps1".into(), 1));
+    assert_eq!(
+        support::bundles::modprobe_runs(&tools)[3..],
+        ["-r --wait=5000 amdgpu".to_owned(), managed_load(&rig)],
+        "the store's bundle of the running version, nothing else"
+    );
     rig.node.stop().await;
 }
 
