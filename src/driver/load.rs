@@ -6,9 +6,12 @@
 //!
 //! [`decide`] is the pure rule for what to do given what is loaded and the
 //! bundle's verdict; [`load`] carries out a [`LoadDecision::Load`] with a
-//! configurable `modprobe` and waits for the evidence (`/sys/module/amdgpu`).
-//! Nothing here unloads or reboots: those are not built yet, so a node that
-//! runs another driver is told what is needed instead.
+//! configurable `modprobe` and waits for the evidence (`/sys/module/amdgpu`);
+//! [`unload`] removes an out-of-tree amdgpu the manager replaces. The
+//! argument lists are pure ([`modprobe_args`], [`host_load_args`],
+//! [`unload_args`]) and shared with the reload another makes
+//! ([`super::reload`]). Nothing here decides to unload or reboots: the
+//! manager and [`super::reboot`] do.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
