@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use gpu_operator::dra::{DraConfig, DraPlugin, DraStatus, Registration, Slices};
 use gpu_operator::driver::load::LoadCommands;
+use gpu_operator::driver::reload::{Handoff, ReloadFrom, Reloader};
 use gpu_operator::events::EventSink;
 use gpu_operator::plugin::{DeviceRef, HealthReport, TimeSlicing};
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
@@ -98,27 +99,7 @@ impl Rig {
             Self::start_full("mi300x", Some(gpus), None, true, TimeSlicing::default()).await;
         rig.stop_plugin().await;
         let tools = rig.dir().join("tools");
-        let root = rig.sim.host.path("/");
-        let recorder = support::bundles::modprobe_recorder(&tools, &root, "6.12.12");
-        // Fails while `tools/refuse` exists, and once for `tools/refuse-once`,
-        // as a modprobe refusing to unload a module in use does; takes 2 s
-        // while `tools/slow` exists.
-        let refusing = tools.join("modprobe-or-refuse");
-        std::fs::write(
-            &refusing,
-            format!(
-                "#!/bin/sh\nif [ -e '{refuse}' ]; then echo 'modprobe: FATAL: Module amdgpu is in use.' >&2; exit 1; fi\nif [ -e '{slow}' ]; then sleep 2; fi\nif [ -e '{refuse}-once' ]; then rm '{refuse}-once'; echo 'modprobe: FATAL: Module amdgpu is in use.' >&2; exit 1; fi\nexec '{recorder}' \"$@\"\n",
-                refuse = tools.join("refuse").display(),
-                slow = tools.join("slow").display(),
-                recorder = recorder.display()
-            ),
-        )
-        .unwrap();
-        std::fs::set_permissions(
-            &refusing,
-            std::os::unix::fs::PermissionsExt::from_mode(0o755),
-        )
-        .unwrap();
+        let refusing = refusing_modprobe(&tools, &rig.sim.host.path("/"));
         rig.auto_partition = true;
         rig.reload = Some(refusing);
         rig.start_plugin();
@@ -136,9 +117,12 @@ impl Rig {
         config.device_taints = self.taints;
         config.sharing = self.sharing;
         config.auto_partition = self.auto_partition;
-        config.reload = self.reload.clone().map(|modprobe| LoadCommands {
-            modprobe,
-            ..LoadCommands::default()
+        config.reload = self.reload.clone().map(|modprobe| Reloader {
+            commands: LoadCommands {
+                modprobe,
+                ..LoadCommands::default()
+            },
+            handoff: Handoff::default(),
         });
         config
     }
@@ -261,6 +245,32 @@ impl Rig {
         .expect("claim allocated");
         created.metadata.uid.expect("uid")
     }
+}
+
+/// A `modprobe` stand-in in `tools` for the host at `root`: the bundles
+/// recorder (`support::bundles::modprobe_recorder`, logging each run), but
+/// failing while `tools/refuse` exists, and once for `tools/refuse-once`,
+/// as a modprobe refusing to unload a module in use does (such a run is
+/// not logged); taking 2 s while `tools/slow` exists. Returns its path.
+fn refusing_modprobe(tools: &Path, root: &Path) -> PathBuf {
+    let recorder = support::bundles::modprobe_recorder(tools, root, "6.12.12");
+    let refusing = tools.join("modprobe-or-refuse");
+    std::fs::write(
+        &refusing,
+        format!(
+            "#!/bin/sh\nif [ -e '{refuse}' ]; then echo 'modprobe: FATAL: Module amdgpu is in use.' >&2; exit 1; fi\nif [ -e '{slow}' ]; then sleep 2; fi\nif [ -e '{refuse}-once' ]; then rm '{refuse}-once'; echo 'modprobe: FATAL: Module amdgpu is in use.' >&2; exit 1; fi\nexec '{recorder}' \"$@\"\n",
+            refuse = tools.join("refuse").display(),
+            slow = tools.join("slow").display(),
+            recorder = recorder.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        &refusing,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    refusing
 }
 
 fn spec_file(cdi_dir: &Path, uid: &str) -> PathBuf {
@@ -1826,4 +1836,245 @@ async fn devices_of_a_gpu_repartitioned_behind_discovery_are_not_taken_for_fault
         rig.device_names().len() == 1 && unhealthy(&rig) == 0
     })
     .await;
+}
+
+/// The driver the node's DeviceConfig has the operator manage, for the
+/// agent tests below.
+const MANAGED_VERSION: &str = "6.12.12";
+
+/// A node of two MI300Xs (SPX/NPS1) booted with no amdgpu, a bundle in its
+/// store, and the real agent, whose DeviceConfig has the driver manager
+/// load that bundle with `kernelModuleConfig` and allocates partitions on
+/// demand (`draDriver.autoPartition`); the driver manager's `modprobe` is
+/// [`refusing_modprobe`]. Returns once the bundle is loaded and the layouts
+/// are published, with the kubelet's DRA side registered.
+async fn managed_driver_node() -> Rig {
+    use gpu_operator::simulate;
+    let mut node = NodeRig::builder(NODE)
+        .cluster(json!({}))
+        .namespace(NS)
+        .profile("mi300x", Some(2), None)
+        .prepare(|host| {
+            simulate::unload_module(host).unwrap();
+            support::bundles::write_bundle(
+                host,
+                MANAGED_VERSION,
+                simulate::SIM_KERNEL_RELEASE,
+                true,
+            );
+        })
+        .start()
+        .await;
+    let tools = node.dir().join("tools");
+    start_managed_agent(&mut node);
+    node.cluster()
+        .apply_device_config(
+            "gpus",
+            json!({
+                "driver": {"enable": true, "version": MANAGED_VERSION, "kernelModuleConfig": {
+                    "loadArgs": ["-v"], "unloadArgs": ["--wait=5000"],
+                    "parameters": ["ras_enable=1"]}},
+                "draDriver": {"enable": true, "autoPartition": true},
+            }),
+        )
+        .await;
+    let kubelet = DraKubelet::new(&node.kubelet_dir());
+    kubelet.register().await;
+    let rig = Rig {
+        node,
+        kubelet,
+        // The agent runs it.
+        plugin: None,
+        taints: false,
+        sharing: TimeSlicing::default(),
+        auto_partition: true,
+        reload: None,
+    };
+    wait::eventually("the bundle loaded and the layouts published", || {
+        support::bundles::modprobe_runs(&tools).len() == 1
+            && rig.device_names().iter().any(|d| d == "gpu-0-cpx-nps4")
+    })
+    .await;
+    assert_eq!(
+        support::bundles::modprobe_runs(&tools),
+        [managed_load(&rig)],
+        "the driver manager's load"
+    );
+    rig
+}
+
+/// Starts the agent of [`managed_driver_node`] on `node`; returns its driver
+/// manager's record of what it loaded.
+fn start_managed_agent(node: &mut NodeRig) -> Handoff {
+    let mut driver = gpu_operator::driver::manager::ManagerConfig {
+        store: support::bundles::STORE.into(),
+        recheck: Duration::from_millis(200),
+        ..Default::default()
+    };
+    driver.commands.modprobe =
+        refusing_modprobe(&node.dir().join("tools"), &node.sim.host.path("/"));
+    let handoff = driver.handoff.clone();
+    let config = node.agent_config().driver(driver).build();
+    node.start_agent(config);
+    handoff
+}
+
+/// The `modprobe` run that loads the managed bundle of [`managed_driver_node`].
+fn managed_load(rig: &Rig) -> String {
+    let bundle =
+        support::bundles::bundle_dir(MANAGED_VERSION, gpu_operator::simulate::SIM_KERNEL_RELEASE);
+    format!(
+        "--dirname {} -v amdgpu ras_enable=1",
+        rig.sim.host.path(&bundle).display()
+    )
+}
+
+/// The agent's CDI spec of claim `uid` (`--cdi-dir` is the kubelet
+/// directory's `cdi/` in these agents).
+fn agent_spec_file(rig: &Rig, uid: &str) -> PathBuf {
+    spec_file(&rig.kubelet_dir().join("cdi"), uid)
+}
+
+/// Issue 34, the reload's known gap closed, with the real agent: on a node
+/// whose DeviceConfig has the operator manage the driver from a bundle, a
+/// claim whose layout changes the memory mode is prepared by unloading
+/// amdgpu with the DeviceConfig's `unloadArgs` and loading the same bundle
+/// again, from its directory, with its firmware path, `loadArgs` and
+/// `parameters`, not the host's driver; the driver manager runs nothing of
+/// its own meanwhile; Prepare answers with the new partition's devices. An
+/// agent started again finds that driver running and reloads the store's
+/// bundle of its version.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_memory_mode_change_reloads_the_bundle_the_driver_manager_loaded() {
+    let mut rig = managed_driver_node().await;
+    let tools = rig.dir().join("tools");
+    // The firmware path set elsewhere since: the reload points it back.
+    rig.sim
+        .host
+        .write(
+            gpu_operator::driver::load::FIRMWARE_PATH_PARAM,
+            "/elsewhere",
+        )
+        .unwrap();
+    let uid = rig.claim_one_partition("nps4", "gpu-0-cpx-nps4").await;
+    let answer = rig.kubelet.prepare(&[(NS, &uid, "nps4")]).await;
+    let prepared = &answer.claims[&uid];
+    assert_eq!(prepared.error, "", "{answer:?}");
+    assert_eq!(
+        support::bundles::modprobe_runs(&tools),
+        [
+            managed_load(&rig),
+            "-r --wait=5000 amdgpu".to_owned(),
+            managed_load(&rig)
+        ],
+        "unloaded with unloadArgs, the same bundle loaded again"
+    );
+    let bundle =
+        support::bundles::bundle_dir(MANAGED_VERSION, gpu_operator::simulate::SIM_KERNEL_RELEASE);
+    assert_eq!(
+        rig.sim
+            .host
+            .read_attr(gpu_operator::driver::load::FIRMWARE_PATH_PARAM)
+            .unwrap(),
+        format!("{bundle}/firmware")
+    );
+    assert_eq!(rig.layout_of(0), ("cpx".into(), "nps4".into(), 8));
+    // The answer and the CDI spec name the new layout's first partition.
+    assert_eq!(prepared.devices.len(), 1, "{prepared:?}");
+    assert_eq!(prepared.devices[0].device_name, "gpu-0-cpx-nps4");
+    assert_eq!(
+        prepared.devices[0].cdi_device_ids,
+        [format!("k8s.gpu.amd.com/gpu={uid}-gpu-0-cpx-nps4-p0")]
+    );
+    let gpus = rig.sim.discover();
+    let mut gpus: Vec<_> = gpus.gpus.iter().collect();
+    gpus.sort_by(|a, b| a.bdf.cmp(&b.bdf));
+    let card = gpus[0].partitions[0].card.expect("partition 0 has a card");
+    let spec: Value =
+        serde_json::from_str(&std::fs::read_to_string(agent_spec_file(&rig, &uid)).unwrap())
+            .unwrap();
+    assert!(
+        spec["devices"]
+            .to_string()
+            .contains(&format!("/dev/dri/card{card}")),
+        "{spec}"
+    );
+    // The driver manager still counts the bundle as its own, and loaded
+    // nothing more.
+    wait::eventually("the driver condition still says the bundle runs", || {
+        rig.node()["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["type"] == "AMDGPUDriverReady" && c["status"] == "True")
+    })
+    .await;
+    assert_eq!(support::bundles::modprobe_runs(&tools).len(), 3);
+
+    // The agent started again (an operator upgrade, say): its manager finds
+    // the bundle's amdgpu running, loaded by no one it knows, and the next
+    // memory mode change loads the store's bundle of the version that runs.
+    let answer = rig.kubelet.unprepare(&[(NS, &uid, "nps4")]).await;
+    assert_eq!(answer.claims[&uid].error, "");
+    rig.node.stop_agent().await;
+    let handoff = start_managed_agent(&mut rig.node);
+    rig.kubelet.register().await;
+    wait::eventually("the running bundle found and the layouts published", || {
+        matches!(handoff.from(), ReloadFrom::Store { .. })
+            && rig.device_names().iter().any(|d| d == "gpu-0-spx-nps1")
+    })
+    .await;
+    let whole = rig
+        .claim_share("whole", "gpu-0-spx-nps1", None, &BTreeMap::new())
+        .await;
+    let answer = rig.kubelet.prepare(&[(NS, &whole, "whole")]).await;
+    assert_eq!(answer.claims[&whole].error, "", "{answer:?}");
+    assert_eq!(rig.layout_of(0), ("spx".into(), "nps1".into(), 1));
+    assert_eq!(
+        support::bundles::modprobe_runs(&tools)[3..],
+        ["-r --wait=5000 amdgpu".to_owned(), managed_load(&rig)],
+        "the store's bundle of the running version, nothing else"
+    );
+    rig.node.stop().await;
+}
+
+/// With the real agent and a managed driver, a reload that fails (the
+/// unload refused, as for a module in use) fails the Prepare cleanly: the
+/// GPUs back in their layout, the driver loaded again from the same
+/// bundle, no CDI spec and no checkpoint entry; the kubelet's retry makes
+/// the change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_reload_of_the_managed_bundle_fails_the_prepare_cleanly() {
+    let mut rig = managed_driver_node().await;
+    let tools = rig.dir().join("tools");
+    let uid = rig.claim_one_partition("nps4", "gpu-0-cpx-nps4").await;
+    std::fs::write(tools.join("refuse-once"), "").unwrap();
+    let answer = rig.kubelet.prepare(&[(NS, &uid, "nps4")]).await;
+    let error = &answer.claims[&uid].error;
+    assert!(
+        error.contains("cannot reload amdgpu") && error.contains("back in their layouts"),
+        "{error}"
+    );
+    assert!(!agent_spec_file(&rig, &uid).exists());
+    assert!(rig.checkpoint()["preparedClaims"].get(&uid).is_none());
+    assert_eq!(rig.layout_of(0), ("spx".into(), "nps1".into(), 1));
+    assert_eq!(rig.layout_of(1), ("spx".into(), "nps1".into(), 1));
+    // The refused unload is not logged; the undoing's reload is, with the
+    // bundle.
+    assert_eq!(
+        support::bundles::modprobe_runs(&tools),
+        [
+            managed_load(&rig),
+            "-r --wait=5000 amdgpu".to_owned(),
+            managed_load(&rig)
+        ]
+    );
+    assert!(rig.conflict_taints().is_empty());
+
+    let answer = rig.kubelet.prepare(&[(NS, &uid, "nps4")]).await;
+    assert_eq!(answer.claims[&uid].error, "", "{answer:?}");
+    assert_eq!(rig.layout_of(0), ("cpx".into(), "nps4".into(), 8));
+    assert!(agent_spec_file(&rig, &uid).exists());
+    assert_eq!(support::bundles::modprobe_runs(&tools).len(), 5);
+    rig.node.stop().await;
 }

@@ -98,7 +98,10 @@ impl AgentConfig {
             test_commands: self.test_commands.clone(),
             cdi_dir: Some(self.cdi_dir.clone()),
             dra_device_taints: Some(self.dra_device_taints),
-            reload: Some(self.driver.commands.clone()),
+            reload: Some(crate::driver::reload::Reloader {
+                commands: self.driver.commands.clone(),
+                handoff: self.driver.handoff.clone(),
+            }),
             access: None,
         }
     }

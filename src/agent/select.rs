@@ -199,6 +199,7 @@ pub fn plan_services(spec: &DeviceConfigSpec, node: &NodeContext<'_>) -> Desired
             sharing: sharing_for(spec, node.labels).0,
             auto_partition: spec.dra_driver.auto_partition
                 && !node.labels.contains_key(PROFILE_LABEL),
+            driver_module: spec.driver().kernel_module_config.clone(),
             ..DraConfig::new(node.kubelet_dir, node.host.clone(), node.node_name)
         });
     let device_plugin =

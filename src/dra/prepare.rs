@@ -26,8 +26,9 @@ use super::claim_status::StatusUpdates;
 use super::claims::{Allocated, allocated_here};
 use super::health::Published;
 use super::layouts::{self, Change, Holds};
+use crate::api::KernelModuleConfigSpec;
 use crate::device::Inventory;
-use crate::driver::load::{self, LoadCommands};
+use crate::driver::reload::{self, ReloadSteps, Reloader};
 use crate::host::reader::BoundedReader;
 use crate::host::{AttrStore, HostRoot};
 use crate::partition::{Limits, Plan, apply};
@@ -76,7 +77,8 @@ pub struct Preparer {
 
 /// What a Prepare of a layout device ([`layouts`]) changes the host with:
 /// the same writer `partition apply` uses, and the driver manager's
-/// `modprobe` for the reload a memory mode needs.
+/// `modprobe` for the reload a memory mode needs, loading again what the
+/// driver manager loaded ([`reload`]).
 #[derive(Clone)]
 pub struct LayoutWriter {
     pub host: HostRoot,
@@ -85,7 +87,10 @@ pub struct LayoutWriter {
     pub limits: Limits,
     /// `None` reloads nothing (a simulated host's driver takes a memory mode
     /// at once).
-    pub reload: Option<LoadCommands>,
+    pub reload: Option<Reloader>,
+    /// The DeviceConfig's `driver.kernelModuleConfig`: what a reload takes
+    /// when the operator does not manage the driver.
+    pub not_managed: KernelModuleConfigSpec,
     /// What the layout devices' conflict taints are made of.
     pub state: watch::Sender<LayoutState>,
     /// Held through a whole Prepare and Unprepare: one layout change at a
@@ -109,14 +114,28 @@ impl LayoutWriter {
     /// Writes `plan` (then reloads the driver when `reload`) and waits until
     /// the host shows it; the inventory then. A change that fails is undone
     /// the same way; a GPU that cannot be put back is marked stuck, which
-    /// taints its layouts, until a later change of it succeeds.
+    /// taints its layouts, until a later change of it succeeds. A reload
+    /// that cannot be made (what runs cannot be loaded again as it was) is
+    /// refused before anything is written; the driver manager holds off
+    /// from the first write to the end of the undoing.
     async fn repartition(
         &self,
         plan: &Plan,
         reload: bool,
         before: &Inventory,
     ) -> Result<Inventory, String> {
-        let done = self.change_layout(plan, reload, before).await;
+        let reloading = match (&self.reload, reload) {
+            (Some(reloader), true) => {
+                let guard = reloader.handoff.begin().await;
+                let steps = reload::plan(&self.host, &reloader.handoff.from(), &self.not_managed)
+                    .await
+                    .map_err(|e| format!("cannot reload amdgpu for the memory mode: {e}"))?;
+                Some((guard, steps))
+            }
+            _ => None,
+        };
+        let steps = reloading.as_ref().map(|(_, steps)| steps);
+        let done = self.change_layout(plan, steps, before).await;
         let indexes: Vec<u32> = plan.assignments.iter().map(|a| a.index as u32).collect();
         let failed = match done {
             Ok(inventory) => {
@@ -131,7 +150,7 @@ impl LayoutWriter {
         };
         let now = crate::device::discover_off_runtime(&self.host).await;
         let back = layouts::undo(plan, &layouts::ordered(&now));
-        match self.change_layout(&back, reload, &now).await {
+        match self.change_layout(&back, steps, &now).await {
             Ok(_) => Err(format!("{failed}; the GPUs are back in their layouts")),
             Err(undo_failed) => {
                 let now = crate::device::discover_off_runtime(&self.host).await;
@@ -154,17 +173,19 @@ impl LayoutWriter {
         }
     }
 
+    /// Writes `plan`, reloads amdgpu with `reload`'s steps if any, and
+    /// waits until the host shows the plan.
     async fn change_layout(
         &self,
         plan: &Plan,
-        reload: bool,
+        reload: Option<&ReloadSteps>,
         before: &Inventory,
     ) -> Result<Inventory, String> {
         apply::write_plan(plan, before, self.store.clone(), &self.reader, self.limits)
             .await
             .map_err(|e| e.to_string())?;
-        if reload && let Some(commands) = &self.reload {
-            load::reload(&self.host, commands, &Default::default())
+        if let (Some(steps), Some(reloader)) = (reload, &self.reload) {
+            reload::run(&self.host, &reloader.commands, steps)
                 .await
                 .map_err(|e| format!("cannot reload amdgpu for the memory mode: {e}"))?;
         }

@@ -77,9 +77,13 @@ pub struct DraConfig {
     /// GPU in the layout allocated ([`super::layouts`]).
     pub auto_partition: bool,
     /// How amdgpu is reloaded after a memory mode change: the driver
-    /// manager's `modprobe`. `None` reloads nothing (a simulated host's
-    /// driver takes a memory mode at once).
-    pub reload: Option<crate::driver::load::LoadCommands>,
+    /// manager's `modprobe`, loading again what the manager loaded. `None`
+    /// reloads nothing (a simulated host's driver takes a memory mode at
+    /// once).
+    pub reload: Option<crate::driver::reload::Reloader>,
+    /// The DeviceConfig's `driver.kernelModuleConfig`: what a reload takes
+    /// when the operator does not manage the driver.
+    pub driver_module: crate::api::KernelModuleConfigSpec,
     /// Bounds of one layout change.
     pub partition_limits: crate::partition::Limits,
 }
@@ -101,6 +105,7 @@ impl DraConfig {
             health_resend: Self::DEFAULT_HEALTH_RESEND,
             auto_partition: false,
             reload: None,
+            driver_module: crate::api::KernelModuleConfigSpec::default(),
             partition_limits: crate::partition::Limits::default(),
         }
     }
@@ -290,6 +295,7 @@ async fn run(
         store: crate::simulate::kernel::store_for(&config.host),
         limits: config.partition_limits,
         reload: config.reload.clone(),
+        not_managed: config.driver_module.clone(),
         state: layout_state_tx,
         lock: Arc::new(tokio::sync::Mutex::new(())),
     });

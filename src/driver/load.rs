@@ -6,9 +6,12 @@
 //!
 //! [`decide`] is the pure rule for what to do given what is loaded and the
 //! bundle's verdict; [`load`] carries out a [`LoadDecision::Load`] with a
-//! configurable `modprobe` and waits for the evidence (`/sys/module/amdgpu`).
-//! Nothing here unloads or reboots: those are not built yet, so a node that
-//! runs another driver is told what is needed instead.
+//! configurable `modprobe` and waits for the evidence (`/sys/module/amdgpu`);
+//! [`unload`] removes an out-of-tree amdgpu the manager replaces. The
+//! argument lists are pure ([`modprobe_args`], [`host_load_args`],
+//! [`unload_args`]) and shared with the reload another makes
+//! ([`super::reload`]). Nothing here decides to unload or reboots: the
+//! manager and [`super::reboot`] do.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -224,6 +227,29 @@ pub fn modprobe_args(
     args
 }
 
+/// `modprobe`'s arguments for amdgpu as the host installs it: `${loadArgs}
+/// amdgpu ${parameters}`. Pure.
+pub fn host_load_args(config: &KernelModuleConfigSpec) -> Vec<OsString> {
+    let mut args: Vec<OsString> = config.load_args.iter().map(OsString::from).collect();
+    args.push("amdgpu".into());
+    args.extend(config.parameters.iter().map(OsString::from));
+    args
+}
+
+/// `modprobe`'s arguments to unload amdgpu: `-r ${unloadArgs} amdgpu`. Pure.
+pub fn unload_args(config: &KernelModuleConfigSpec) -> Vec<OsString> {
+    let mut args: Vec<OsString> = vec!["-r".into()];
+    args.extend(config.unload_args.iter().map(OsString::from));
+    args.push("amdgpu".into());
+    args
+}
+
+/// The firmware search path for the bundle at host path `bundle_dir`: its
+/// `firmware/`. Pure.
+pub fn firmware_dir(bundle_dir: &str) -> String {
+    format!("{}/firmware", bundle_dir.trim_end_matches('/'))
+}
+
 /// Loads `bundle`: points the kernel's firmware search path at its
 /// `firmware/` (the host path, as the kernel resolves it), runs `modprobe`,
 /// and checks that `/sys/module/amdgpu` appeared. Call it only for
@@ -234,7 +260,7 @@ pub async fn load(
     bundle: &Verified,
     config: &KernelModuleConfigSpec,
 ) -> Result<(), LoadError> {
-    let firmware = format!("{}/firmware", bundle.dir.trim_end_matches('/'));
+    let firmware = firmware_dir(&bundle.dir);
     if firmware.len() > MAX_FIRMWARE_PATH {
         return Err(LoadError::FirmwarePathTooLong { path: firmware });
     }
@@ -257,40 +283,19 @@ pub async fn unload(
     commands: &LoadCommands,
     config: &KernelModuleConfigSpec,
 ) -> Result<(), LoadError> {
-    let mut args: Vec<OsString> = vec!["-r".into()];
-    args.extend(config.unload_args.iter().map(OsString::from));
-    args.push("amdgpu".into());
-    run_modprobe(commands, args).await?;
+    run_modprobe(commands, unload_args(config)).await?;
     if host.exists(MODULE_DIR) {
         return Err(LoadError::StillLoaded);
     }
     Ok(())
 }
 
-/// Reloads amdgpu as the host installs it: [`unload`], then `modprobe
-/// ${loadArgs} amdgpu ${parameters}` (no bundle directory), then checks that
-/// `/sys/module/amdgpu` is back. A memory partition mode takes effect when
-/// the driver initialises, so a change of it is followed by this. Call it
-/// only with the GPUs free, as for [`unload`].
-pub async fn reload(
-    host: &HostRoot,
-    commands: &LoadCommands,
-    config: &KernelModuleConfigSpec,
-) -> Result<(), LoadError> {
-    unload(host, commands, config).await?;
-    let mut args: Vec<OsString> = config.load_args.iter().map(OsString::from).collect();
-    args.push("amdgpu".into());
-    args.extend(config.parameters.iter().map(OsString::from));
-    run_modprobe(commands, args).await?;
-    if !host.exists(MODULE_DIR) {
-        return Err(LoadError::NotLoaded);
-    }
-    Ok(())
-}
-
 /// Runs `modprobe` with `args`, keeping what it says on stderr for the
 /// error, killed at the commands' timeout.
-async fn run_modprobe(commands: &LoadCommands, args: Vec<OsString>) -> Result<(), LoadError> {
+pub(super) async fn run_modprobe(
+    commands: &LoadCommands,
+    args: Vec<OsString>,
+) -> Result<(), LoadError> {
     let modprobe = Invocation {
         program: commands.modprobe.clone(),
         args,

@@ -18,6 +18,13 @@
 //! id the node runs, it reboots the node ([`reboot`]), once per boot; the
 //! in-box amdgpu is replaced that way.
 //!
+//! What it loaded it records in [`ManagerConfig::handoff`]
+//! ([`reload::reload_from`]), so that a reload by another (the DRA plugin's
+//! memory mode change) loads the same bundle with the same
+//! `kernelModuleConfig`; it runs `modprobe` only holding the handoff's
+//! lock, and it does not act while such a reload runs, nor, for a while
+//! after it, on a report that says amdgpu is gone ([`reload::manager_holds`]).
+//!
 //! What is asked ([`DriverWanted`]), when to look again and the outcomes
 //! that need no command are decided in [`super::decision`]; this module
 //! carries them out on the host. It must not write the Node or call the
@@ -39,6 +46,7 @@ use super::holders;
 use super::load::{self, LoadCommands, LoadDecision};
 use super::preflight::{self, DEFAULT_STORE};
 use super::reboot::{self, RebootCommand};
+use super::reload::{self, Handoff, RELOAD_GRACE};
 use crate::api::DriverType;
 use crate::api::agent_status::{DriverLoad, DriverLoadState, DriverReport};
 use crate::host::HostRoot;
@@ -58,6 +66,11 @@ pub struct ManagerConfig {
     pub gpu_reset: super::gpu_reset::GpuReset,
     /// How often a refused or failed load is looked at again.
     pub recheck: Duration,
+    /// What this manager loaded, for a reload by another (the DRA
+    /// plugin's memory mode change), and the lock and announcement that
+    /// keep the two apart ([`reload`]). Shared by the clones of this
+    /// config.
+    pub handoff: Handoff,
 }
 
 impl Default for ManagerConfig {
@@ -68,6 +81,7 @@ impl Default for ManagerConfig {
             reboot: None,
             gpu_reset: super::gpu_reset::GpuReset::default(),
             recheck: Duration::from_secs(60),
+            handoff: Handoff::default(),
         }
     }
 }
@@ -153,29 +167,60 @@ pub fn follow(
         // The boot id this manager asked to reboot from: once per boot.
         let mut rebooted_from: Option<String> = None;
         let (mut asked_changed, mut recheck_due) = (true, false);
+        // Reloads by another: while one runs, and while the report may
+        // still show its gap, amdgpu gone is not a driver to load.
+        let mut reloads = config.handoff.reloads();
+        let mut reloads_ended = reloads.borrow().ended;
+        let mut reload_grace: Option<tokio::time::Instant> = None;
+        // The bundle this manager loaded last, for what it records.
+        let mut own_load: Option<reload::OwnLoad> = None;
         loop {
             let asked = wanted.borrow_and_update().clone();
             let seen = report.borrow_and_update().clone();
+            let reloading = *reloads.borrow_and_update();
+            if reloading.ended != reloads_ended {
+                reloads_ended = reloading.ended;
+                reload_grace = Some(tokio::time::Instant::now() + RELOAD_GRACE);
+            }
+            let in_grace = reload_grace.filter(|until| tokio::time::Instant::now() < *until);
+            // The version that ran before a reload: what the report must
+            // show again.
+            let ran = last
+                .as_ref()
+                .filter(|l| l.state == DriverLoadState::Loaded)
+                .and_then(|l| l.version.as_deref());
+            let held = reload::manager_holds(reloading, in_grace.is_some(), seen.as_ref(), ran);
             if let (Some(v), Some(seen)) = (&loaded_here, &seen)
                 && seen.loaded
                 && seen.version.as_deref() == Some(v.as_str())
             {
                 loaded_here = None;
             }
-            let look_again = match (&asked, &seen) {
-                (Some(asked), Some(seen)) => looks_again(
-                    Trigger {
-                        asked_changed,
-                        recheck_due,
-                    },
-                    last.as_ref(),
-                    loaded_here.as_deref(),
-                    asked,
-                    seen,
-                ),
-                _ => true,
-            };
+            let look_again = !held
+                && match (&asked, &seen) {
+                    (Some(asked), Some(seen)) => looks_again(
+                        Trigger {
+                            asked_changed,
+                            recheck_due,
+                        },
+                        last.as_ref(),
+                        loaded_here.as_deref(),
+                        asked,
+                        seen,
+                    ),
+                    _ => true,
+                };
             if look_again {
+                // Nothing runs `modprobe` on amdgpu beside this look; a
+                // reload that ran while it waited makes the report stale.
+                let commands = tokio::select! {
+                    commands = config.handoff.commands() => commands,
+                    _ = cancel.cancelled() => return,
+                };
+                if reloads.borrow().ended != reloads_ended {
+                    drop(commands);
+                    continue;
+                }
                 let outcome = match (&asked, &seen) {
                     (Some(asked), Some(seen)) => {
                         let done = act(
@@ -197,6 +242,17 @@ pub fn follow(
                     }
                     _ => None,
                 };
+                if let Some(loaded) = reload::OwnLoad::of(outcome.as_ref()) {
+                    own_load = Some(loaded);
+                }
+                config.handoff.record(reload::reload_from(
+                    asked.as_ref(),
+                    outcome.as_ref(),
+                    seen.as_ref(),
+                    &config.store,
+                    own_load.as_ref(),
+                ));
+                drop(commands);
                 last = outcome.clone();
                 publish(&tx, outcome);
             }
@@ -204,7 +260,14 @@ pub fn follow(
                 && last
                     .as_ref()
                     .is_none_or(|o| o.state == DriverLoadState::Loaded);
-            (asked_changed, recheck_due) = (false, false);
+            // A change asked for while held is looked at once it is not.
+            (asked_changed, recheck_due) = (asked_changed && held, false);
+            // Held by a reload's gap: looked at again when the grace ends.
+            let wait = match in_grace.filter(|_| held) {
+                Some(until) => until.saturating_duration_since(tokio::time::Instant::now()),
+                None => recheck_after(&config, loaded_here.is_some()),
+            };
+            let settled = settled && !held;
             tokio::select! {
                 _ = cancel.cancelled() => return,
                 changed = wanted.changed() => {
@@ -212,7 +275,8 @@ pub fn follow(
                     asked_changed = true;
                 }
                 changed = report.changed() => if changed.is_err() { return },
-                _ = tokio::time::sleep(recheck_after(&config, loaded_here.is_some())), if !settled => recheck_due = true,
+                changed = reloads.changed() => if changed.is_err() { return },
+                _ = tokio::time::sleep(wait), if !settled => recheck_due = true,
             }
         }
     };

@@ -10,7 +10,8 @@
 //! driver, keeps the amdgpu blacklist ([`blacklist`]), replaces an
 //! out-of-tree driver once nothing holds it ([`holders`]), follows the
 //! target of the node's rolling upgrade and reboots when it asks
-//! ([`reboot`]); one GPU is reset when its remediation asks ([`gpu_reset`]). Bundles come into the store from a directory configuration
+//! ([`reboot`]); what a reload by another (the DRA plugin's memory mode
+//! change) loads again, and keeping it and the manager apart ([`reload`]); one GPU is reset when its remediation asks ([`gpu_reset`]). Bundles come into the store from a directory configuration
 //! management fills, or ([`source`]) from the reference's precompiled driver
 //! images and from sha256-pinned tarballs (`driver import`, `driver fetch`),
 //! within a bound on the disk a fetch takes ([`space`]).
@@ -31,6 +32,7 @@ pub mod load;
 pub mod manager;
 pub mod preflight;
 pub mod reboot;
+pub mod reload;
 pub mod report;
 pub mod source;
 pub mod space;

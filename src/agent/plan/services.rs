@@ -105,8 +105,9 @@ pub struct Overrides {
     /// `None` keeps the plugin's default.
     pub dra_device_taints: Option<bool>,
     /// How the DRA plugin reloads amdgpu after a memory mode change it makes
-    /// (`draDriver.autoPartition`): the driver manager's `modprobe`.
-    pub reload: Option<crate::driver::load::LoadCommands>,
+    /// (`draDriver.autoPartition`): the driver manager's `modprobe`, and
+    /// its record of what it loaded.
+    pub reload: Option<crate::driver::reload::Reloader>,
     /// What the agent read of the Secret and ConfigMap that the selected
     /// DeviceConfig's `metricsExporter.rbacConfig` names, and the client the
     /// reviews go through; `None` (standalone mode) leaves a protected
@@ -306,7 +307,10 @@ mod tests {
             rvs: "/opt/rvs".into(),
             ..crate::testrunner::Commands::default()
         };
-        let reload = crate::driver::load::LoadCommands::default();
+        let reload = crate::driver::reload::Reloader {
+            commands: crate::driver::load::LoadCommands::default(),
+            handoff: crate::driver::reload::Handoff::default(),
+        };
         let agent = Overrides {
             metrics_listen: Some(listen),
             test_commands: Some(commands.clone()),

@@ -36,7 +36,7 @@ pub struct VfioConfigSpec {
 }
 
 /// Arguments for loading and unloading the kernel module.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", default)]
 pub struct KernelModuleConfigSpec {
     /// Arguments to `modprobe` when loading: `modprobe ${loadArgs} amdgpu ${parameters}`.
