@@ -29,6 +29,7 @@ use super::fingerprint::Fingerprint;
 use super::uevent::{self, HintSource, HostFacts, UeventSocket};
 use super::{Discovery, Gpu, Inventory, discover_with};
 use crate::host::HostRoot;
+use crate::host::alarm::Ticker;
 use crate::host::reader::BoundedReader;
 
 static INCOMPLETE_SCANS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -315,9 +316,10 @@ async fn run(
     _hint_tx: mpsc::Sender<()>,
     mut netlink: Option<UeventSocket>,
 ) {
-    let mut ticker = tokio::time::interval(watcher.rescan_interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    ticker.tick().await;
+    // The ticks fall on the process's grid of the interval, where the
+    // health monitor's samples fall too, and wait on an alarm: one wake-up
+    // of the runtime serves both (see `Ticker`).
+    let mut ticker = Ticker::new(watcher.rescan_interval);
     let first = scan(&watcher.reader, watcher.limits, None, true).await;
     let mut fingerprint = Arc::new(first.fingerprint.clone());
     let mut last_full = tokio::time::Instant::now();
