@@ -14,8 +14,10 @@
 //! from any context (an async task, a test, the CLI); [`run_bounded_here`]
 //! runs it on the calling thread, for callers already on a thread that may
 //! block (the change stream's `spawn_blocking`), so that a scan a second costs
-//! no thread start. This module owns the deadlines of discovery's reads; it
-//! must not know what any file means.
+//! no thread start; [`read_ahead`] runs one that needs a single request of
+//! known reads (the fingerprint, while the bound GPUs stay) over answers
+//! awaited on the runtime, with no blocking thread at all. This module owns
+//! the deadlines of discovery's reads; it must not know what any file means.
 
 use std::cell::Cell;
 use std::time::{Duration, Instant};
@@ -180,14 +182,7 @@ impl HostRead for BoundedHost {
         };
         let batch: Requests = requests
             .iter()
-            .map(|(op, path)| {
-                let op = match op {
-                    HostOp::Read => Op::Read,
-                    HostOp::Exists => Op::Exists,
-                    HostOp::List => Op::List,
-                };
-                (op, (*path).to_owned())
-            })
+            .map(|(op, path)| (reader_op(*op), (*path).to_owned()))
             .collect();
         let answers = self.reader.batch_blocking(batch, timeout);
         answers
@@ -246,6 +241,110 @@ pub fn run_bounded_here<T>(
     (value, host.deadline_missed())
 }
 
+/// Runs `scan` over answers read ahead: `requests` in one request to
+/// `reader`, awaited on the runtime, so that no blocking thread is woken
+/// for a scan that needs nothing else (the change stream's usual tick).
+/// `None` when `scan` asked for anything but exactly `requests`, or an answer
+/// is one only a bounded scan can judge (a read that timed out or was
+/// refused as stuck, an empty listing that may be an absent directory): the
+/// caller then scans as usual ([`run_bounded_here`]).
+pub async fn read_ahead<T>(
+    reader: &BoundedReader,
+    limits: Limits,
+    requests: &[(HostOp, String)],
+    scan: impl FnOnce(&dyn HostRead) -> T,
+) -> Option<T> {
+    let batch: Requests = requests
+        .iter()
+        .map(|(op, path)| (reader_op(*op), path.clone()))
+        .collect();
+    let mut answers = Vec::with_capacity(requests.len());
+    for (answer, (op, _)) in reader
+        .batch(batch, limits.file_timeout)
+        .await
+        .into_iter()
+        .zip(requests)
+    {
+        answers.push(match answer {
+            Ok(Answer::Text(text)) => Ok(HostAnswer::Text(text)),
+            Ok(Answer::Exists(exists)) => Ok(HostAnswer::Exists(exists)),
+            Ok(Answer::Names(names)) if names.is_empty() || *op != HostOp::List => return None,
+            Ok(Answer::Names(names)) => Ok(HostAnswer::Names(names)),
+            Ok(Answer::Bytes(_)) => return None,
+            Err(ReadError::Host(e)) => Err(e),
+            Err(_) => return None,
+        });
+    }
+    let host = ReadAhead {
+        host: reader.host(),
+        requests,
+        answers: std::cell::RefCell::new(Some(answers)),
+        missed: Cell::new(false),
+    };
+    let value = scan(&host);
+    (!host.missed.get()).then_some(value)
+}
+
+fn reader_op(op: HostOp) -> Op {
+    match op {
+        HostOp::Read => Op::Read,
+        HostOp::Exists => Op::Exists,
+        HostOp::List => Op::List,
+    }
+}
+
+/// The [`HostRead`] of [`read_ahead`]: answers its one request, and notes
+/// any other.
+struct ReadAhead<'a> {
+    host: &'a HostRoot,
+    requests: &'a [(HostOp, String)],
+    answers: std::cell::RefCell<Option<Vec<Result<HostAnswer>>>>,
+    missed: Cell<bool>,
+}
+
+impl ReadAhead<'_> {
+    fn not_read(&self, host_path: &str) -> HostError {
+        self.missed.set(true);
+        HostError::Io {
+            path: self.host.path(host_path),
+            source: std::io::Error::other("not read ahead"),
+        }
+    }
+}
+
+impl HostRead for ReadAhead<'_> {
+    fn host(&self) -> &HostRoot {
+        self.host
+    }
+
+    fn read_attr(&self, host_path: &str) -> Result<String> {
+        Err(self.not_read(host_path))
+    }
+
+    fn list_dir(&self, host_path: &str) -> Result<Vec<String>> {
+        Err(self.not_read(host_path))
+    }
+
+    fn exists(&self, host_path: &str) -> Result<bool> {
+        Err(self.not_read(host_path))
+    }
+
+    fn read_many(&self, requests: &[(HostOp, &str)]) -> Vec<Result<HostAnswer>> {
+        let same = requests.len() == self.requests.len()
+            && requests
+                .iter()
+                .zip(self.requests)
+                .all(|((op, path), (ahead_op, ahead_path))| op == ahead_op && path == ahead_path);
+        match self.answers.borrow_mut().take() {
+            Some(answers) if same => answers,
+            _ => requests
+                .iter()
+                .map(|(_, path)| Err(self.not_read(path)))
+                .collect(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -256,6 +355,51 @@ mod tests {
             file_timeout: Duration::from_millis(file_ms),
             scan_deadline: Duration::from_millis(scan_ms),
         }
+    }
+
+    #[tokio::test]
+    async fn read_ahead_answers_its_one_request_and_leaves_the_rest_to_a_scan() {
+        let dir = tempfile::tempdir().unwrap();
+        let host = HostRoot::new(dir.path());
+        host.write("/sys/a", "1\n").unwrap();
+        let reader = BoundedReader::new(host.clone(), 2);
+        let requests = vec![
+            (HostOp::Read, "/sys/a".to_owned()),
+            (HostOp::List, "/sys".to_owned()),
+            (HostOp::Read, "/sys/absent".to_owned()),
+        ];
+        let asked: Vec<(HostOp, &str)> = requests.iter().map(|(o, p)| (*o, p.as_str())).collect();
+        let answers = read_ahead(&reader, limits(100, 1000), &requests, |h| {
+            h.read_many(&asked)
+        })
+        .await
+        .expect("all read ahead");
+        assert_eq!(answers[0].as_ref().unwrap(), &HostAnswer::Text("1".into()));
+        assert_eq!(
+            answers[1].as_ref().unwrap(),
+            &HostAnswer::Names(vec!["a".into()])
+        );
+        assert!(answers[2].as_ref().unwrap_err().is_not_found());
+        // Asking for anything else.
+        let other = read_ahead(&reader, limits(100, 1000), &requests, |h| {
+            h.read_many(&asked);
+            h.read_attr("/sys/a")
+        });
+        assert!(other.await.is_none());
+        let twice = read_ahead(&reader, limits(100, 1000), &requests, |h| {
+            (h.read_many(&asked), h.read_many(&asked))
+        });
+        assert!(twice.await.is_none());
+        // A hung file is for a bounded scan to judge.
+        simulate::hang_file(&host, "/sys/hung").unwrap();
+        let hung = vec![(HostOp::Read, "/sys/hung".to_owned())];
+        let started = Instant::now();
+        let read = read_ahead(&reader, limits(100, 1000), &hung, |h| {
+            h.read_many(&[(HostOp::Read, "/sys/hung")])
+        });
+        assert!(read.await.is_none());
+        assert!(started.elapsed() < Duration::from_secs(2));
+        simulate::release_hung_file(&host, "/sys/hung", "2").unwrap();
     }
 
     #[test]

@@ -39,6 +39,27 @@ pub struct Fingerprint {
 }
 
 impl Fingerprint {
+    /// The first request [`Fingerprint::read_after`] makes after `last`:
+    /// the fixed entries and the partition modes of the GPUs bound at
+    /// `last`. While those GPUs stay bound it is the only one, so a caller
+    /// can read its answers ahead (the change stream's tick does, on the
+    /// runtime, without a blocking thread).
+    pub fn first_batch(last: Option<&Fingerprint>) -> Vec<(HostOp, String)> {
+        let hinted: &[String] = last.map_or(&[], |l| &l.partition_paths);
+        let fixed = [
+            (HostOp::Exists, "/sys/module/amdgpu".to_owned()),
+            (HostOp::Exists, "/dev/kfd".to_owned()),
+            (HostOp::List, AMDGPU_PCI_DIRS[0].to_owned()),
+            (HostOp::List, DRM_CLASS_DIR.to_owned()),
+            (HostOp::Read, format!("{}/generation_id", kfd::TOPOLOGY_DIR)),
+            (HostOp::List, format!("{}/nodes", kfd::TOPOLOGY_DIR)),
+            (HostOp::Read, SRCVERSION.to_owned()),
+        ];
+        let mut first = fixed.to_vec();
+        first.extend(hinted.iter().map(|p| (HostOp::Read, p.clone())));
+        first
+    }
+
     /// Reads the fingerprint of `host`. Never fails: an unreadable entry is
     /// recorded as its error kind, so that it changing is still seen. The
     /// entries are asked for in two batches ([`HostRead::read_many`]): the
@@ -55,17 +76,8 @@ impl Fingerprint {
         let hinted: &[String] = last.map_or(&[], |l| &l.partition_paths);
         let generation = format!("{}/generation_id", kfd::TOPOLOGY_DIR);
         let kfd_nodes = format!("{}/nodes", kfd::TOPOLOGY_DIR);
-        let fixed = [
-            (HostOp::Exists, "/sys/module/amdgpu"),
-            (HostOp::Exists, "/dev/kfd"),
-            (HostOp::List, AMDGPU_PCI_DIRS[0]),
-            (HostOp::List, DRM_CLASS_DIR),
-            (HostOp::Read, generation.as_str()),
-            (HostOp::List, kfd_nodes.as_str()),
-            (HostOp::Read, SRCVERSION),
-        ];
-        let mut first: Vec<(HostOp, &str)> = fixed.to_vec();
-        first.extend(hinted.iter().map(|p| (HostOp::Read, p.as_str())));
+        let first = Self::first_batch(last);
+        let first: Vec<(HostOp, &str)> = first.iter().map(|(op, p)| (*op, p.as_str())).collect();
         let mut answers = host.read_many(&first).into_iter();
         let mut next = || {
             answers.next().unwrap_or_else(|| {
@@ -331,6 +343,44 @@ mod tests {
         assert_eq!(batches, 1);
         assert_ne!(repartitioned, after_add);
         assert_eq!(repartitioned, look(None).0);
+    }
+
+    /// The change stream's usual tick reads the first batch ahead on the
+    /// runtime: that gives the fingerprint a bounded scan gives, and gives
+    /// none (the tick then scans as usual) where one batch is not enough.
+    #[tokio::test]
+    async fn read_ahead_gives_the_fingerprint_or_none() {
+        use crate::device::bounded::read_ahead;
+        let (_dir, host) = sim(&SimSpec::new("mi300x", Some(2), Some("cpx_nps4")).unwrap());
+        let reader = BoundedReader::new(host.clone(), 2);
+        let ahead = |last: Fingerprint| {
+            let reader = reader.clone();
+            async move {
+                let requests = Fingerprint::first_batch(Some(&last));
+                read_ahead(&reader, Limits::default(), &requests, |h| {
+                    Fingerprint::read_after(h, Some(&last))
+                })
+                .await
+            }
+        };
+        let first = fp(&host);
+        assert_eq!(ahead(first.clone()).await, Some(first.clone()));
+        // A repartition is seen in the one batch.
+        simulate::write_host(&host, &SimSpec::new("mi300x", Some(2), None).unwrap()).unwrap();
+        let repartitioned = ahead(first.clone()).await;
+        assert_eq!(repartitioned, Some(fp(&host)));
+        assert_ne!(repartitioned, Some(first.clone()));
+        // A GPU more needs a second batch: none.
+        let before_add = fp(&host);
+        simulate::write_host(&host, &SimSpec::new("mi300x", Some(3), None).unwrap()).unwrap();
+        assert_eq!(ahead(before_add).await, None);
+        // An empty listing may be an absent directory: none.
+        let before_empty = fp(&host);
+        host.remove_all("/sys/class/kfd/kfd/topology/nodes")
+            .unwrap();
+        host.create_dir_all("/sys/class/kfd/kfd/topology/nodes")
+            .unwrap();
+        assert_eq!(ahead(before_empty).await, None);
     }
 
     #[test]

@@ -24,11 +24,12 @@ use std::time::Duration;
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio::task::JoinHandle;
 
-use super::bounded::{Limits, run_bounded_here};
+use super::bounded::{Limits, read_ahead, run_bounded_here};
 use super::fingerprint::Fingerprint;
 use super::uevent::{self, HintSource, HostFacts, UeventSocket};
 use super::{Discovery, Gpu, Inventory, discover_with};
 use crate::host::HostRoot;
+use crate::host::alarm::Ticker;
 use crate::host::reader::BoundedReader;
 
 static INCOMPLETE_SCANS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -229,6 +230,26 @@ async fn scan(
     previous: Option<Arc<Fingerprint>>,
     deep: bool,
 ) -> Scan {
+    // The usual tick: the fingerprint, in one request while the bound GPUs
+    // stay, read on the runtime (a blocking thread would cost two more
+    // wake-ups a second on an idle node). Anything else, or a change, is
+    // looked at on a blocking thread below, which reads it again.
+    if !deep && let Some(last) = previous.as_deref() {
+        let requests = Fingerprint::first_batch(Some(last));
+        let read = read_ahead(reader, limits, &requests, |host| {
+            Fingerprint::read_after(host, Some(last))
+        });
+        if let Some(fingerprint) = read.await
+            && fingerprint == *last
+        {
+            return Scan {
+                fingerprint,
+                discovery: None,
+                fingerprint_changed: false,
+                incomplete: None,
+            };
+        }
+    }
     let reader = reader.clone();
     let work = tokio::task::spawn_blocking(move || {
         // Already on a blocking thread: no thread of its own per scan.
@@ -315,9 +336,10 @@ async fn run(
     _hint_tx: mpsc::Sender<()>,
     mut netlink: Option<UeventSocket>,
 ) {
-    let mut ticker = tokio::time::interval(watcher.rescan_interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    ticker.tick().await;
+    // The ticks fall on the process's grid of the interval, where the
+    // health monitor's samples fall too, and wait on an alarm: one wake-up
+    // of the runtime serves both (see `Ticker`).
+    let mut ticker = Ticker::new(watcher.rescan_interval);
     let first = scan(&watcher.reader, watcher.limits, None, true).await;
     let mut fingerprint = Arc::new(first.fingerprint.clone());
     let mut last_full = tokio::time::Instant::now();

@@ -3,10 +3,13 @@
 //!
 //! Samples are taken every `interval` while every GPU's state is settled, and
 //! every `confirm_interval` while a sample disagrees with a GPU's state and
-//! the damping has not decided yet ([`next_sample_in`]; HAProxy's `fastinter`
+//! the damping has not decided yet ([`next_sample_at`]; HAProxy's `fastinter`
 //! works the same way). So a problem costs one interval to be seen and one
 //! short confirmation to be believed, while an idle node is read at the slow
-//! rate.
+//! rate. The settled samples fall on the process's grid of `interval`
+//! ([`alarm::next_on_grid`]), where discovery's and the exporter's ticks
+//! fall too, and wait on an [`Alarm`]: on an idle node one wake-up of the
+//! runtime serves them all.
 //!
 //! [`MonitorState::step`] is the pure core (sample in, snapshot and transitions
 //! out); [`HealthMonitor`] is the supervised service around it. The channels
@@ -28,6 +31,7 @@ use super::{GpuHealth, HealthSnapshot, HealthTransition};
 use crate::api::agent_status::ServiceName;
 use crate::device::Inventory;
 use crate::host::HostRoot;
+use crate::host::alarm::{self, Alarm};
 use crate::host::reader::BoundedReader;
 use crate::plugin::HealthReport;
 use crate::service::{Readiness, Service, ServiceFuture};
@@ -91,13 +95,20 @@ pub struct MonitorState {
     ids: BTreeMap<String, Vec<u32>>,
 }
 
-/// Time from the start of one sample to the next: `confirm` (at most
-/// `interval`) while a GPU's state is being confirmed, else `interval`.
-pub fn next_sample_in(interval: Duration, confirm: Duration, confirming: bool) -> Duration {
+/// When the sample after one that started at `started` is due: `confirm`
+/// (at most `interval`) after it while a GPU's state is being confirmed,
+/// else the next point of the grid of `interval`, at most `interval` after
+/// it. A sample that overran that time is followed at once.
+pub fn next_sample_at(
+    started: tokio::time::Instant,
+    interval: Duration,
+    confirm: Duration,
+    confirming: bool,
+) -> tokio::time::Instant {
     if confirming {
-        confirm.min(interval)
+        started + confirm.min(interval)
     } else {
-        interval
+        alarm::next_on_grid(started, interval)
     }
 }
 
@@ -338,6 +349,7 @@ impl Service for HealthMonitor {
             );
             let mut nodes = NodeWatch::new(current.host.clone());
             let mut state = MonitorState::default();
+            let mut alarm = Alarm::new();
             let mut next_sample = tokio::time::Instant::now();
             loop {
                 tokio::select! {
@@ -369,11 +381,11 @@ impl Service for HealthMonitor {
                         current = next;
                         continue;
                     }
-                    _ = tokio::time::sleep_until(next_sample) => {}
+                    _ = alarm.sleep_until(next_sample) => {}
                 }
                 let started = tokio::time::Instant::now();
                 if current.hold.is_some() {
-                    next_sample = started + applied.1;
+                    next_sample = alarm::next_on_grid(started, applied.1);
                     continue;
                 }
                 let inventory = self.inventory.borrow().clone();
@@ -385,9 +397,12 @@ impl Service for HealthMonitor {
                 readiness.available();
                 // A sample that overran its slot is followed at once, not by
                 // a burst of catch-up samples.
-                next_sample = (started
-                    + next_sample_in(applied.1, current.confirm_interval, state.confirming()))
-                .max(tokio::time::Instant::now());
+                next_sample = next_sample_at(
+                    started,
+                    applied.1,
+                    current.confirm_interval,
+                    state.confirming(),
+                );
             }
             // Stopped: nothing vouches for the old verdicts any more; the device
             // plugin's own checks remain.
@@ -520,11 +535,19 @@ mod tests {
     #[test]
     fn samples_come_fast_only_while_a_state_change_is_being_confirmed() {
         let (slow, fast) = (Duration::from_millis(500), Duration::from_millis(100));
-        assert_eq!(next_sample_in(slow, fast, false), slow);
-        assert_eq!(next_sample_in(slow, fast, true), fast);
+        let started = tokio::time::Instant::now();
+        let settled = next_sample_at(started, slow, fast, false);
+        assert!(settled > started && settled <= started + slow);
+        assert_eq!(settled, alarm::next_on_grid(started, slow), "on the grid");
         assert_eq!(
-            next_sample_in(fast, slow, true),
-            fast,
+            next_sample_at(settled, slow, fast, false),
+            settled + slow,
+            "every interval while settled"
+        );
+        assert_eq!(next_sample_at(started, slow, fast, true), started + fast);
+        assert_eq!(
+            next_sample_at(started, fast, slow, true),
+            started + fast,
             "never slower than the interval"
         );
 

@@ -56,6 +56,7 @@ use crate::device::Inventory;
 use crate::device::watch::ScanState;
 use crate::health::HealthSnapshot;
 use crate::host::HostRoot;
+use crate::host::alarm::{self, Alarm};
 use crate::host::reader::BoundedReader;
 use crate::pod_resources::{self, DevicePods};
 use crate::service::{Readiness, Service, ServiceError, ServiceFuture};
@@ -461,8 +462,11 @@ impl Service for MetricsService {
             let mut last_scraped: Option<tokio::time::Instant> = None;
             let mut rendered_once = false;
             let mut health = self.health.clone();
-            let mut ticker = tokio::time::interval(current.interval);
-            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            // Samples fall on the process's grid of the interval, where the
+            // health monitor's and discovery's ticks fall too, and wait on
+            // an alarm: one wake-up of the runtime serves them all.
+            let mut alarm = Alarm::new();
+            let mut next_tick = tokio::time::Instant::now();
             let mut sampled = false;
             let mut discovery = self.discovery.clone();
             // A JoinHandle must not be awaited again once it has completed.
@@ -517,8 +521,7 @@ impl Service for MetricsService {
                             sampler = new_sampler(&next);
                         }
                         if next.interval != current.interval {
-                            ticker = tokio::time::interval(next.interval);
-                            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                            next_tick = tokio::time::Instant::now();
                         }
                         exporter_config.apply(next.config_text.as_deref());
                         let resample = next.host != current.host;
@@ -538,7 +541,12 @@ impl Service for MetricsService {
                         }
                         false
                     }
-                    _ = ticker.tick() => true,
+                    _ = alarm.sleep_until(next_tick) => {
+                        // A late tick is followed by the next point of the
+                        // grid, not by a burst of catch-up ticks.
+                        next_tick = alarm::next_on_grid(tokio::time::Instant::now(), current.interval);
+                        true
+                    }
                 };
                 if !self.discovered() {
                     published_tx.send_replace(Arc::new(Published::waiting(Some("discovering"))));

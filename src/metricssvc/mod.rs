@@ -69,6 +69,7 @@ use tokio_util::sync::CancellationToken;
 use crate::api::agent_status::ServiceName;
 use crate::device::Inventory;
 use crate::health::HealthSnapshot;
+use crate::host::alarm::Ticker;
 use crate::plugin::SocketServer;
 use crate::pod_resources::DevicePods;
 use crate::service::{Readiness, Service, ServiceError, ServiceFuture};
@@ -139,8 +140,9 @@ impl Service for HealthSocket {
             let mut health = self.feeds.health.clone();
             let mut health_open = true;
             let mut server: Option<SocketServer> = None;
-            let mut recheck = tokio::time::interval(RECHECK);
-            recheck.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            // On the process's grid, with the other services' ticks: no
+            // wake-up of its own (see `Ticker`).
+            let mut recheck = Ticker::new(RECHECK);
             let result = loop {
                 if server.as_ref().is_some_and(|s| !s.is_intact()) {
                     tracing::warn!(socket = %current.socket.display(), "the health socket was removed or replaced");

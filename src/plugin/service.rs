@@ -21,10 +21,11 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
-use tokio::time::{Instant, MissedTickBehavior};
+use tokio::time::Instant;
 
 use crate::device::Inventory;
 use crate::host::HostRoot;
+use crate::host::alarm::Ticker;
 
 use super::api;
 use super::devices::{
@@ -234,8 +235,6 @@ struct Supervisor {
     status: Arc<watch::Sender<PluginStatus>>,
     kubelet_generation: watch::Sender<u64>,
     kubelet_id: Option<FileId>,
-    /// Where every tick of the plugin falls (see [`ticker`]).
-    epoch: Instant,
 }
 
 impl Supervisor {
@@ -254,7 +253,6 @@ impl Supervisor {
             status,
             kubelet_generation: watch::channel(0).0,
             kubelet_id,
-            epoch: Instant::now(),
         }
     }
 
@@ -268,7 +266,7 @@ impl Supervisor {
         self.report = health.borrow_and_update().clone();
         self.replan().await;
         let (mut inventory_open, mut health_open) = (true, true);
-        let mut tick = ticker(self.config.poll_interval, self.epoch);
+        let mut tick = ticker(self.config.poll_interval);
         loop {
             tokio::select! {
                 command = commands.recv() => match command {
@@ -278,7 +276,7 @@ impl Supervisor {
                         if restart {
                             self.stop_all().await;
                             self.kubelet_id = file_id(&config.device_plugin_dir.join(api::KUBELET_SOCKET));
-                            tick = ticker(config.poll_interval, self.epoch);
+                            tick = ticker(config.poll_interval);
                         }
                         self.config = config;
                         self.replan().await;
@@ -453,7 +451,6 @@ impl Supervisor {
             short: short.to_owned(),
             dir: self.config.device_plugin_dir.clone(),
             poll_interval: self.config.poll_interval,
-            epoch: self.epoch,
             status: self.status.clone(),
         };
         // The entry exists before the task can report on it.
@@ -498,25 +495,13 @@ async fn join_bounded(tasks: Vec<JoinHandle<()>>) {
     }
 }
 
-/// An interval of `period` whose ticks fall on `epoch + k * period`. The
-/// supervisor and every resource task tick on the supervisor's epoch, so
-/// their ticks coincide and one timer wake-up of the runtime serves them all
-/// (on an idle node, the plugin's ticks are most of its cost); a late tick is
-/// followed by the next one on that grid, not by one a period after it.
-fn ticker(period: Duration, epoch: Instant) -> tokio::time::Interval {
-    let period = period.max(Duration::from_millis(10));
-    let mut tick = tokio::time::interval_at(next_on_grid(epoch, Instant::now(), period), period);
-    tick.set_missed_tick_behavior(MissedTickBehavior::Skip);
-    tick
-}
-
-/// The first instant `epoch + k * period` (k >= 0) at or after `now`. Pure.
-fn next_on_grid(epoch: Instant, now: Instant, period: Duration) -> Instant {
-    let elapsed = now.saturating_duration_since(epoch).as_nanos();
-    let period_ns = period.as_nanos().max(1);
-    let periods = elapsed.div_ceil(period_ns);
-    let offset = u64::try_from(periods.saturating_mul(period_ns)).unwrap_or(u64::MAX);
-    epoch + Duration::from_nanos(offset)
+/// A ticker of `period` on the process's grid ([`Ticker`]): the supervisor
+/// and every resource task tick at the same instants, where the health
+/// monitor's and discovery's ticks fall too, so one wake-up of the runtime
+/// serves them all (on an idle node, the plugin's ticks are most of its
+/// cost).
+fn ticker(period: Duration) -> Ticker {
+    Ticker::new(period.max(Duration::from_millis(10)))
 }
 
 fn build_state(
@@ -553,8 +538,6 @@ struct ResourceTask {
     short: String,
     dir: PathBuf,
     poll_interval: Duration,
-    /// The supervisor's: this task's ticks fall on its (see [`ticker`]).
-    epoch: Instant,
     status: Arc<watch::Sender<PluginStatus>>,
 }
 
@@ -566,7 +549,7 @@ impl ResourceTask {
         mut stop: watch::Receiver<bool>,
     ) {
         let socket = self.dir.join(socket_name(&self.short));
-        let mut tick = ticker(self.poll_interval, self.epoch);
+        let mut tick = ticker(self.poll_interval);
         let mut server: Option<SocketServer> = None;
         let kubelet_socket = self.dir.join(api::KUBELET_SOCKET);
         let mut need_register = true;
@@ -659,34 +642,14 @@ impl ResourceTask {
 mod tests {
     use super::*;
 
-    #[test]
-    fn ticks_started_at_different_moments_fall_on_one_grid() {
-        let epoch = Instant::now();
-        let period = Duration::from_millis(200);
-        assert_eq!(next_on_grid(epoch, epoch, period), epoch);
-        for started_after in [1, 150, 199, 200, 201, 3_333] {
-            let now = epoch + Duration::from_millis(started_after);
-            let first = next_on_grid(epoch, now, period);
-            assert!(first >= now && first < now + period, "{started_after} ms");
-            assert_eq!(
-                (first - epoch).as_nanos() % period.as_nanos(),
-                0,
-                "{started_after} ms: off the grid"
-            );
-        }
-        // Before the epoch (a clock read earlier): the epoch itself.
-        assert_eq!(next_on_grid(epoch + period, epoch, period), epoch + period);
-    }
-
     /// The supervisor's and a resource task's tickers, made at different
     /// moments, fire at the same instants: one wake-up for both.
     #[tokio::test]
     async fn the_plugins_tickers_fire_together() {
-        let epoch = Instant::now();
         let period = Duration::from_millis(100);
-        let mut supervisor = ticker(period, epoch);
-        tokio::time::sleep(Duration::from_millis(30)).await;
-        let mut resource = ticker(period, epoch);
+        let mut supervisor = ticker(period);
+        supervisor.tick().await;
+        let mut resource = ticker(period);
         for _ in 0..3 {
             let (a, b) = (supervisor.tick().await, resource.tick().await);
             assert_eq!(a, b);

@@ -25,6 +25,7 @@
 
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 
+pub mod alarm;
 pub mod descriptors;
 pub mod inotify;
 pub mod reader;
