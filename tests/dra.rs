@@ -1532,6 +1532,19 @@ async fn a_claim_for_another_layout_repartitions_its_gpu_and_layouts_never_mix()
     rig.stop_plugin().await;
 }
 
+/// Prepares claim `nps4` (`uid`) with the `modprobe` stand-in in `tools`
+/// refusing the next unload: the Prepare fails, saying the change was
+/// undone.
+async fn prepare_with_the_reload_refused_once(kubelet: &DraKubelet, tools: &Path, uid: &str) {
+    std::fs::write(tools.join("refuse-once"), "").unwrap();
+    let answer = kubelet.prepare(&[(NS, uid, "nps4")]).await;
+    let error = &answer.claims[uid].error;
+    assert!(
+        error.contains("cannot reload amdgpu") && error.contains("back in their layouts"),
+        "{error}"
+    );
+}
+
 /// A memory mode change reloads amdgpu through the driver manager's
 /// `modprobe`; a change that fails is undone (the GPUs back in their
 /// layouts, nothing half written); one that cannot be undone taints the
@@ -1543,13 +1556,7 @@ async fn a_memory_mode_change_reloads_the_driver_and_a_failed_one_is_undone_or_t
     let uid = rig.claim_one_partition("nps4", "gpu-0-cpx-nps4").await;
 
     // The reload fails once: the change is undone, its own reload works.
-    std::fs::write(tools.join("refuse-once"), "").unwrap();
-    let answer = rig.kubelet.prepare(&[(NS, &uid, "nps4")]).await;
-    let error = &answer.claims[&uid].error;
-    assert!(
-        error.contains("cannot reload amdgpu") && error.contains("back in their layouts"),
-        "{error}"
-    );
+    prepare_with_the_reload_refused_once(&rig.kubelet, &tools, &uid).await;
     assert!(!spec_file(&rig.cdi_dir(), &uid).exists());
     assert!(rig.checkpoint()["preparedClaims"].get(&uid).is_none());
     assert_eq!(rig.layout_of(0), ("spx".into(), "nps1".into(), 1));
@@ -2048,13 +2055,7 @@ async fn a_failed_reload_of_the_managed_bundle_fails_the_prepare_cleanly() {
     let mut rig = managed_driver_node().await;
     let tools = rig.dir().join("tools");
     let uid = rig.claim_one_partition("nps4", "gpu-0-cpx-nps4").await;
-    std::fs::write(tools.join("refuse-once"), "").unwrap();
-    let answer = rig.kubelet.prepare(&[(NS, &uid, "nps4")]).await;
-    let error = &answer.claims[&uid].error;
-    assert!(
-        error.contains("cannot reload amdgpu") && error.contains("back in their layouts"),
-        "{error}"
-    );
+    prepare_with_the_reload_refused_once(&rig.kubelet, &tools, &uid).await;
     assert!(!agent_spec_file(&rig, &uid).exists());
     assert!(rig.checkpoint()["preparedClaims"].get(&uid).is_none());
     assert_eq!(rig.layout_of(0), ("spx".into(), "nps1".into(), 1));

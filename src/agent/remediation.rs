@@ -75,6 +75,21 @@ pub struct Feeds {
     pub gpu_locks: GpuLocks,
 }
 
+impl Feeds {
+    /// Records a Warning Event of reason `reason` about the node's
+    /// remediation.
+    async fn warn(&self, reason: &str, message: String) {
+        self.events
+            .record(NodeEvent::agent(
+                EventType::Warning,
+                "Remediation",
+                reason,
+                message,
+            ))
+            .await;
+    }
+}
+
 /// How long the kubelet may take to list pod resources.
 const POD_RESOURCES_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -403,13 +418,10 @@ async fn reset_and_test(
         Err(why) => return failed(why),
     }
     feeds
-        .events
-        .record(NodeEvent::agent(
-            EventType::Warning,
-            "Remediation",
+        .warn(
             "RemediationGpuReset",
             format!("resetting GPU {bdf} for its remediation"),
-        ))
+        )
         .await;
     let reset = tokio::select! {
         reset = gpu_reset::reset(&feeds.gpu_reset, &feeds.reader, &gpu) => reset,
@@ -421,13 +433,7 @@ async fn reset_and_test(
             let message = format!("cannot reset GPU {bdf}: {why}");
             tracing::warn!(%id, "{message}");
             feeds
-                .events
-                .record(NodeEvent::agent(
-                    EventType::Warning,
-                    "Remediation",
-                    "RemediationGpuResetFailed",
-                    message.clone(),
-                ))
+                .warn("RemediationGpuResetFailed", message.clone())
                 .await;
             return failed(message);
         }
@@ -455,24 +461,18 @@ async fn reboot_now(feeds: &Feeds, from: &str) {
     }
     tracing::warn!(boot = %from, "rebooting the node: its remediation asks");
     feeds
-        .events
-        .record(NodeEvent::agent(
-            EventType::Warning,
-            "Remediation",
+        .warn(
             "RemediationReboot",
             format!("rebooting the node for its remediation (from boot {from})"),
-        ))
+        )
         .await;
     if let Err(e) = reboot::reboot(feeds.reboot.as_ref()).await {
         tracing::error!(error = %e, "cannot reboot the node for its remediation");
         feeds
-            .events
-            .record(NodeEvent::agent(
-                EventType::Warning,
-                "Remediation",
+            .warn(
                 "RemediationRebootFailed",
                 format!("cannot reboot the node for its remediation: {e}"),
-            ))
+            )
             .await;
     }
 }
@@ -500,15 +500,7 @@ async fn validate(
             tool_flag(case.framework),
         );
         tracing::warn!(%id, "{message}");
-        feeds
-            .events
-            .record(NodeEvent::agent(
-                EventType::Warning,
-                "Remediation",
-                "RemediationTestNotRun",
-                message.clone(),
-            ))
-            .await;
+        feeds.warn("RemediationTestNotRun", message.clone()).await;
         return RemediationTestReport {
             id: id.to_owned(),
             passed: false,

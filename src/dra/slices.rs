@@ -401,21 +401,26 @@ mod tests {
         }
     }
 
-    #[test]
-    fn slices_hold_at_most_128_devices_in_one_pool() {
-        let mut gpus = Vec::new();
-        for i in 0..130u32 {
-            gpus.push(gpu(&format!("0000:{:02x}:00.0", i), i, 128 + i));
-        }
+    /// The slices of node `n1` with `count` whole GPUs, all healthy, not
+    /// shared, at `generation`.
+    fn slices_of_whole_gpus(count: u32, taints: bool, generation: i64) -> Vec<ResourceSliceSpec> {
+        let gpus = (0..count)
+            .map(|i| gpu(&format!("0000:{:02x}:00.0", i), i, 128 + i))
+            .collect();
         let devices = devices_of(&inventory(gpus), &PcieRoots::new());
-        let specs = slice_specs(
+        slice_specs(
             "n1",
             &devices,
             &Unhealthy::new(),
-            false,
+            taints,
             &TimeSlicing::default(),
-            7,
-        );
+            generation,
+        )
+    }
+
+    #[test]
+    fn slices_hold_at_most_128_devices_in_one_pool() {
+        let specs = slices_of_whole_gpus(130, false, 7);
         assert_eq!(specs.len(), 2);
         assert_eq!(specs[0].devices.as_ref().map(Vec::len), Some(128));
         assert_eq!(specs[1].devices.as_ref().map(Vec::len), Some(2));
@@ -499,18 +504,7 @@ mod tests {
 
     #[test]
     fn with_taints_on_slices_hold_at_most_64_devices() {
-        let gpus = (0..100u32)
-            .map(|i| gpu(&format!("0000:{:02x}:00.0", i), i, 128 + i))
-            .collect();
-        let devices = devices_of(&inventory(gpus), &PcieRoots::new());
-        let specs = slice_specs(
-            "n1",
-            &devices,
-            &Unhealthy::new(),
-            true,
-            &TimeSlicing::default(),
-            1,
-        );
+        let specs = slices_of_whole_gpus(100, true, 1);
         assert_eq!(specs.len(), 2);
         assert_eq!(specs[0].devices.as_ref().map(Vec::len), Some(64));
         assert_eq!(specs[0].pool.resource_slice_count, 2);
