@@ -324,10 +324,12 @@ async fn an_unreadable_driver_directory_keeps_the_last_inventory() {
     let mut state = watch.state();
     let before = gpu_operator::device::watch::incomplete_scans();
     // The driver directory turns into something that cannot be listed
-    // (ENOTDIR; as root, EACCES cannot be provoked).
-    let saved = host.path("/sys/bus/pci/drivers/amdgpu.saved");
-    std::fs::rename(host.path(DRIVER), &saved).unwrap();
-    host.write(DRIVER, "not a directory").unwrap();
+    // (ENOTDIR; as root, EACCES cannot be provoked), in one step: a rename
+    // and then a write would leave a moment without the directory, an
+    // absent driver whose empty inventory is true.
+    let saved = "/sys/bus/pci/drivers/amdgpu.saved";
+    host.write(saved, "not a directory").unwrap();
+    host.exchange(saved, DRIVER).unwrap();
     tokio::time::timeout(
         Duration::from_secs(10),
         state.wait_for(|s| s.last_incomplete.is_some()),
@@ -358,8 +360,7 @@ async fn an_unreadable_driver_directory_keeps_the_last_inventory() {
     ));
     assert_eq!(watch.inventory().borrow().gpus.len(), 2);
     // Restored, the watch trusts its scans again.
-    host.remove_all(DRIVER).unwrap();
-    std::fs::rename(&saved, host.path(DRIVER)).unwrap();
+    host.exchange(saved, DRIVER).unwrap();
     tokio::time::timeout(
         Duration::from_secs(10),
         state.wait_for(|s| s.last_incomplete.is_none()),
