@@ -46,7 +46,7 @@ use super::holders;
 use super::load::{self, LoadCommands, LoadDecision};
 use super::preflight::{self, DEFAULT_STORE};
 use super::reboot::{self, RebootCommand};
-use super::reload::{self, Handoff, RELOAD_GRACE};
+use super::reload::{self, Handoff};
 use crate::api::DriverType;
 use crate::api::agent_status::{DriverLoad, DriverLoadState, DriverReport};
 use crate::host::HostRoot;
@@ -180,7 +180,7 @@ pub fn follow(
             let reloading = *reloads.borrow_and_update();
             if reloading.ended != reloads_ended {
                 reloads_ended = reloading.ended;
-                reload_grace = Some(tokio::time::Instant::now() + RELOAD_GRACE);
+                reload_grace = Some(tokio::time::Instant::now() + OWN_LOAD_GRACE);
             }
             let in_grace = reload_grace.filter(|until| tokio::time::Instant::now() < *until);
             // The version that ran before a reload: what the report must
@@ -287,6 +287,8 @@ pub fn follow(
 /// is looked at again. Discovery, not `modprobe`, says what is loaded, on
 /// its own pace (udev, the rescan); looking again sooner would run
 /// `modprobe` a second time for a module that is there.
+/// The same holds after a reload by another ([`reload`]): that long the
+/// report's "not loaded" is taken for the reload's gap.
 pub const OWN_LOAD_GRACE: Duration = Duration::from_secs(30);
 
 /// When to look again while not settled: after [`ManagerConfig::recheck`],

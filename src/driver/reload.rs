@@ -21,7 +21,6 @@
 
 use std::ffi::OsString;
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio::sync::{Mutex, OwnedMutexGuard, watch};
 
@@ -310,14 +309,9 @@ pub struct Reloads {
     pub ended: u64,
 }
 
-/// How long after a reload the manager waits for the report to show
-/// amdgpu back before it takes "not loaded" at its word: discovery, not
-/// `modprobe`, says what is loaded, on its own pace; as long as after its
-/// own load (`manager::OWN_LOAD_GRACE`).
-pub const RELOAD_GRACE: Duration = Duration::from_secs(30);
-
 /// Whether the manager holds off looking, as while its own load is not
-/// seen yet: while a reload runs, and, within [`RELOAD_GRACE`] of one's end
+/// seen yet: while a reload runs, and, within the manager's grace for its
+/// own load (`manager::OWN_LOAD_GRACE`) after one's end
 /// (`just_reloaded`), while the report does not show amdgpu loaded, of the
 /// version that `ran` before (when the manager knew it): a report read
 /// during the reload, or of a module half set up. The recheck at the
