@@ -56,7 +56,7 @@ use crate::device::Inventory;
 use crate::device::watch::ScanState;
 use crate::health::HealthSnapshot;
 use crate::host::HostRoot;
-use crate::host::alarm::{self, Alarm};
+use crate::host::alarm::Ticker;
 use crate::host::reader::BoundedReader;
 use crate::pod_resources::{self, DevicePods};
 use crate::service::{Readiness, Service, ServiceError, ServiceFuture};
@@ -462,11 +462,10 @@ impl Service for MetricsService {
             let mut last_scraped: Option<tokio::time::Instant> = None;
             let mut rendered_once = false;
             let mut health = self.health.clone();
-            // Samples fall on the process's grid of the interval, where the
-            // health monitor's and discovery's ticks fall too, and wait on
-            // an alarm: one wake-up of the runtime serves them all.
-            let mut alarm = Alarm::new();
-            let mut next_tick = tokio::time::Instant::now();
+            // The first sample at once, then on the process's grid of the
+            // interval, where the health monitor's and discovery's ticks
+            // fall too: one wake-up of the runtime serves them all.
+            let mut ticker = Ticker::starting_now(current.interval);
             let mut sampled = false;
             let mut discovery = self.discovery.clone();
             // A JoinHandle must not be awaited again once it has completed.
@@ -521,7 +520,7 @@ impl Service for MetricsService {
                             sampler = new_sampler(&next);
                         }
                         if next.interval != current.interval {
-                            next_tick = tokio::time::Instant::now();
+                            ticker = Ticker::starting_now(next.interval);
                         }
                         exporter_config.apply(next.config_text.as_deref());
                         let resample = next.host != current.host;
@@ -541,12 +540,9 @@ impl Service for MetricsService {
                         }
                         false
                     }
-                    _ = alarm.sleep_until(next_tick) => {
-                        // A late tick is followed by the next point of the
-                        // grid, not by a burst of catch-up ticks.
-                        next_tick = alarm::next_on_grid(tokio::time::Instant::now(), current.interval);
-                        true
-                    }
+                    // A late tick is followed by the next point of the grid,
+                    // not by a burst of catch-up ticks.
+                    _ = ticker.tick() => true,
                 };
                 if !self.discovered() {
                     published_tx.send_replace(Arc::new(Published::waiting(Some("discovering"))));

@@ -176,6 +176,16 @@ impl Ticker {
         }
     }
 
+    /// As [`Ticker::new`], but the first tick is at once; the next ones
+    /// fall on the grid.
+    pub fn starting_now(period: Duration) -> Self {
+        Self {
+            alarm: Alarm::new(),
+            period,
+            next: Instant::now(),
+        }
+    }
+
     /// Waits for the next tick, and returns its point of the grid.
     pub async fn tick(&mut self) -> Instant {
         self.alarm.sleep_until(self.next).await;
@@ -319,6 +329,24 @@ mod tests {
         }
         let coarse_point = coarse.tick().await;
         assert_eq!(monotonic_nanos(coarse_point) % period.as_nanos(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_ticker_starting_now_ticks_at_once_then_on_the_grid() {
+        let period = Duration::from_millis(100);
+        let made = Instant::now();
+        let mut ticker = Ticker::starting_now(period);
+        let first = ticker.tick().await;
+        assert!(first >= made && first < made + period / 2, "at once");
+        let second = ticker.tick().await;
+        assert_eq!(
+            monotonic_nanos(second) % period.as_nanos(),
+            0,
+            "on the grid"
+        );
+        // The next point after the first tick returned: within a period of it,
+        // give or take the moment the tick itself took.
+        assert!(second > first && second < first + period + period / 2);
     }
 
     #[tokio::test]
