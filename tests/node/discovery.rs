@@ -600,8 +600,8 @@ async fn hotplug_arrives_on_the_change_stream() {
     assert_eq!(inventory.borrow().gpus.len(), 2);
 
     simulate::write_host(&host, &SimSpec::new("mi210", Some(3), None).unwrap()).unwrap();
-    let added = next_event(&mut events, DeviceAction::Added).await;
-    assert_eq!(added.bdf, "0000:43:00.0");
+    let added = next_event(&mut events, DeviceAction::Added, "0000:43:00.0").await;
+    assert_eq!(added.action, DeviceAction::Added);
     tokio::time::timeout(
         Duration::from_secs(5),
         inventory.wait_for(|inv| inv.gpus.len() == 3),
@@ -611,8 +611,8 @@ async fn hotplug_arrives_on_the_change_stream() {
     .unwrap();
 
     simulate::write_host(&host, &SimSpec::new("mi210", Some(2), None).unwrap()).unwrap();
-    let removed = next_event(&mut events, DeviceAction::Removed).await;
-    assert_eq!(removed.bdf, "0000:43:00.0");
+    let removed = next_event(&mut events, DeviceAction::Removed, "0000:43:00.0").await;
+    assert_eq!(removed.action, DeviceAction::Removed);
 }
 
 #[tokio::test]
@@ -624,8 +624,8 @@ async fn repartitioning_is_a_change_event() {
         &SimSpec::new("mi300x", Some(1), Some("cpx_nps4")).unwrap(),
     )
     .unwrap();
-    let changed = next_event(&mut events, DeviceAction::Changed).await;
-    assert_eq!(changed.bdf, "0000:05:00.0");
+    let changed = next_event(&mut events, DeviceAction::Changed, "0000:05:00.0").await;
+    assert_eq!(changed.action, DeviceAction::Changed);
     let mut inventory = watch.inventory();
     tokio::time::timeout(
         Duration::from_secs(5),
@@ -636,20 +636,23 @@ async fn repartitioning_is_a_change_event() {
     .unwrap();
 }
 
-/// Waits for the first event of the given kind, skipping transient ones seen while
-/// the simulator rewrites the tree.
+/// Waits for the first event of the given kind about the GPU at `bdf`,
+/// skipping transient ones seen while the simulator rewrites the tree:
+/// `write_host` clears every GPU before it writes them again, which no
+/// kernel does, so a scan in between may see the others go and come back.
 async fn next_event(
     events: &mut tokio::sync::broadcast::Receiver<gpu_operator::device::watch::DeviceEvent>,
     action: DeviceAction,
+    bdf: &str,
 ) -> gpu_operator::device::watch::DeviceEvent {
     tokio::time::timeout(Duration::from_secs(5), async {
         loop {
             let event = events.recv().await.expect("stream open");
-            if event.action == action {
+            if event.action == action && event.bdf == bdf {
                 return event;
             }
         }
     })
     .await
-    .unwrap_or_else(|_| panic!("no {action:?} event within 5 s"))
+    .unwrap_or_else(|_| panic!("no {action:?} event of {bdf} within 5 s"))
 }
