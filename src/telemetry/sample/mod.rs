@@ -419,26 +419,25 @@ impl Sampler {
             Some(Ok(Answer::Exists(exists))) => Some(exists),
             _ => None,
         };
-        let mut per_gpu: Vec<Vec<(Field, String, Raw)>> =
-            inventory.gpus.iter().map(|_| Vec::new()).collect();
+        // The answers borrow their fields and paths from the plan: a health
+        // sample would otherwise copy a hundred-odd strings it only reads.
+        let mut per_gpu: Vec<Vec<Read<'_>>> = inventory.gpus.iter().map(|_| Vec::new()).collect();
         for ((&(index, ref field), (_, path)), answer) in
             owners.iter().zip(planned_requests.iter()).zip(answers)
         {
-            let (field, path) = (field.clone(), path.to_owned());
             let raw = match answer {
                 Ok(Answer::Exists(exists)) => Raw::Exists(exists),
                 Ok(Answer::Text(text)) => Raw::Text(text),
                 Ok(Answer::Bytes(bytes)) => Raw::Bytes(bytes),
-                Ok(Answer::Names(_)) => Raw::Failed(ReadError::Closed { path: path.clone() }),
+                Ok(Answer::Names(_)) => Raw::Failed(ReadError::Closed { path: path.into() }),
                 Err(e) => Raw::Failed(e),
             };
             if let Some(list) = per_gpu.get_mut(index) {
                 list.push((field, path, raw));
             }
         }
-        for (index, field, path) in nodes {
-            let (index, field, path) = (*index, field.clone(), path.clone());
-            let dir = parent_dir(&path);
+        for (index, field, path) in nodes.iter() {
+            let dir = parent_dir(path);
             let listing = node_dirs
                 .iter()
                 .position(|d| d == dir)
@@ -448,23 +447,23 @@ impl Sampler {
                     let name = &path[dir.len()..].trim_start_matches('/');
                     Raw::Exists(names.iter().any(|n| n == name))
                 }
-                Some(Err(e)) => Raw::Failed(listing_failed(e, &path)),
+                Some(Err(e)) => Raw::Failed(listing_failed(e, path)),
                 _ => Raw::Failed(ReadError::Closed { path: path.clone() }),
             };
-            if let Some(list) = per_gpu.get_mut(index) {
+            if let Some(list) = per_gpu.get_mut(*index) {
                 list.push((field, path, raw));
             }
         }
-        let mut unbound: Vec<(usize, String)> = Vec::new();
-        for (index, path) in presence {
-            let (index, path) = (*index, path.clone());
+        let mut unbound: Vec<(usize, &str)> = Vec::new();
+        for (index, path) in presence.iter() {
+            let index = *index;
             let bound = per_gpu.get(index).is_some_and(|answers| {
                 answers
                     .iter()
-                    .any(|(f, _, raw)| *f == Field::Bound && matches!(raw, Raw::Exists(true)))
+                    .any(|(f, _, raw)| **f == Field::Bound && matches!(raw, Raw::Exists(true)))
             });
             match per_gpu.get_mut(index) {
-                Some(answers) if bound => answers.push((Field::Present, path, Raw::Exists(true))),
+                Some(answers) if bound => answers.push((&PRESENT, path, Raw::Exists(true))),
                 Some(_) => unbound.push((index, path)),
                 None => {}
             }
@@ -472,17 +471,17 @@ impl Sampler {
         if !unbound.is_empty() {
             let requests: Requests = unbound
                 .iter()
-                .map(|(_, p)| (Op::Exists, p.clone()))
+                .map(|(_, p)| (Op::Exists, (*p).to_owned()))
                 .collect();
             let answers = self.reader.batch(requests, self.timeout).await;
             for ((index, path), answer) in unbound.into_iter().zip(answers) {
                 let raw = match answer {
                     Ok(Answer::Exists(exists)) => Raw::Exists(exists),
-                    Ok(_) => Raw::Failed(ReadError::Closed { path: path.clone() }),
+                    Ok(_) => Raw::Failed(ReadError::Closed { path: path.into() }),
                     Err(e) => Raw::Failed(e),
                 };
                 if let Some(list) = per_gpu.get_mut(index) {
-                    list.push((Field::Present, path, raw));
+                    list.push((&PRESENT, path, raw));
                 }
             }
         }
@@ -497,10 +496,10 @@ impl Sampler {
         let mut gpus = BTreeMap::new();
         for ((gpu, answers), statics) in inventory.gpus.iter().zip(per_gpu).zip(cached) {
             let fresh = statics.is_none() && statics_answered(&answers);
-            let static_paths: Vec<String> = answers
+            let static_paths: Vec<&str> = answers
                 .iter()
                 .filter(|(f, _, _)| f.is_static())
-                .map(|(_, p, _)| p.clone())
+                .map(|(_, p, _)| *p)
                 .collect();
             let mut r = assemble(&gpu.bdf, answers);
             match statics {
@@ -509,7 +508,7 @@ impl Sampler {
                     && !r
                         .errors
                         .iter()
-                        .any(|e| static_paths.iter().any(|p| e.starts_with(p.as_str()))) =>
+                        .any(|e| static_paths.iter().any(|p| e.starts_with(p))) =>
                 {
                     self.statics.insert(
                         gpu.bdf.clone(),
@@ -547,6 +546,12 @@ impl Sampler {
         }
     }
 }
+
+/// One read of a sample: what it is for, its path, and what it gave.
+type Read<'a> = (&'a Field, &'a str, Raw);
+
+/// [`Field::Present`], for answers that borrow their field.
+static PRESENT: Field = Field::Present;
 
 /// The directory part of a host path (`/dev/dri/card0` → `/dev/dri`).
 fn parent_dir(path: &str) -> &str {
@@ -607,7 +612,7 @@ impl Statics {
 
 /// Every static file of a GPU answered (or is absent): the values can be
 /// kept. One that timed out or failed is read again next sample.
-fn statics_answered(answers: &[(Field, String, Raw)]) -> bool {
+fn statics_answered(answers: &[Read<'_>]) -> bool {
     answers
         .iter()
         .filter(|(field, _, _)| field.is_static())

@@ -191,7 +191,7 @@ pub fn device_nodes(gpu: &Gpu) -> Vec<String> {
 }
 
 /// Turns the raw answers for one GPU into readings. Pure.
-pub fn assemble(bdf: &str, answers: Vec<(Field, String, Raw)>) -> GpuReadings {
+pub fn assemble(bdf: &str, answers: Vec<(&Field, &str, Raw)>) -> GpuReadings {
     let mut r = GpuReadings {
         bdf: bdf.to_owned(),
         ..GpuReadings::default()
@@ -199,7 +199,7 @@ pub fn assemble(bdf: &str, answers: Vec<(Field, String, Raw)>) -> GpuReadings {
     for (field, path, raw) in answers {
         let text = match raw {
             Raw::Exists(exists) => {
-                match &field {
+                match field {
                     Field::Present => r.present = Some(exists),
                     Field::Bound => r.bound = Some(exists),
                     Field::Node(node) if !exists => r.missing_nodes.push(node.clone()),
@@ -221,7 +221,7 @@ pub fn assemble(bdf: &str, answers: Vec<(Field, String, Raw)>) -> GpuReadings {
             }
             Raw::Text(text) => text,
         };
-        if let Err(e) = apply(&mut r, &field, &text) {
+        if let Err(e) = apply(&mut r, field, &text) {
             r.errors.push(format!("{path}: {e}"));
         }
     }
@@ -342,38 +342,38 @@ mod tests {
 
     #[test]
     fn assemble_parses_and_reports_what_failed() {
-        let answers = vec![
-            (Field::Present, "/p".into(), Raw::Exists(true)),
-            (Field::Bound, "/b".into(), Raw::Exists(false)),
+        let answers: Vec<(Field, &str, Raw)> = vec![
+            (Field::Present, "/p", Raw::Exists(true)),
+            (Field::Bound, "/b", Raw::Exists(false)),
             (
                 Field::Node("/dev/dri/renderD129".into()),
-                "/dev/dri/renderD129".into(),
+                "/dev/dri/renderD129",
                 Raw::Exists(false),
             ),
             (
                 Field::Temp(Sensor::Junction),
-                "/t".into(),
+                "/t",
                 Raw::Text("71500".into()),
             ),
             (
                 Field::Sclk,
-                "/s".into(),
+                "/s",
                 Raw::Text("0: 500Mhz\n1: 2100Mhz *".into()),
             ),
             (
                 Field::Ras("umc".into()),
-                "/r".into(),
+                "/r",
                 Raw::Text("ue: 1\nce: 4".into()),
             ),
             (
                 Field::Ras("gfx".into()),
-                "/g".into(),
+                "/g",
                 Raw::Text("ue: 2\nce: 0".into()),
             ),
-            (Field::LinkSpeed, "/l".into(), Raw::Text("garbage".into())),
+            (Field::LinkSpeed, "/l", Raw::Text("garbage".into())),
             (
                 Field::PowerCurrent,
-                "/pw".into(),
+                "/pw",
                 Raw::Failed(ReadError::TimedOut {
                     path: "/pw".into(),
                     timeout: Duration::from_millis(5),
@@ -381,19 +381,20 @@ mod tests {
             ),
             (
                 Field::Energy,
-                "/e".into(),
+                "/e",
                 Raw::Failed(ReadError::Host(crate::host::HostError::Io {
                     path: "/e".into(),
                     source: std::io::ErrorKind::NotFound.into(),
                 })),
             ),
-            (
-                Field::PowerAverage,
-                "/pa".into(),
-                Raw::Text("140000000".into()),
-            ),
+            (Field::PowerAverage, "/pa", Raw::Text("140000000".into())),
         ];
-        let r = assemble("0000:05:00.0", answers);
+        let (fields, reads): (Vec<Field>, Vec<(&str, Raw)>) = answers
+            .into_iter()
+            .map(|(field, path, raw)| (field, (path, raw)))
+            .unzip();
+        let answers = fields.iter().zip(reads).map(|(f, (p, r))| (f, p, r));
+        let r = assemble("0000:05:00.0", answers.collect());
         assert_eq!(r.present, Some(true));
         assert_eq!(r.bound, Some(false));
         assert_eq!(r.missing_nodes, ["/dev/dri/renderD129"]);

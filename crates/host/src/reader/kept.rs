@@ -14,7 +14,7 @@ use std::time::Instant;
 use crate::inotify::{ENTRIES_AND_SELF, Inotify};
 use crate::{HostError, HostRoot, OpenAttr};
 
-use super::{Answer, Inner, Op};
+use super::{Answer, ByPath, Inner, Op, PathKey};
 
 /// Attribute descriptors kept open between reads of the same file (see
 /// [`OpenAttr`]): a file the health monitor reads four times a second costs
@@ -23,7 +23,7 @@ use super::{Answer, Inner, Op};
 /// budget); when full, the least recently read one is closed.
 pub(super) struct KeptFiles {
     cap: usize,
-    files: HashMap<String, KeptFile>,
+    files: HashMap<PathKey, KeptFile, ByPath>,
     /// Counts reads, to order the files by their last one.
     clock: u64,
 }
@@ -37,19 +37,19 @@ impl KeptFiles {
     pub(super) fn new(cap: usize) -> Self {
         Self {
             cap,
-            files: HashMap::new(),
+            files: HashMap::default(),
             clock: 0,
         }
     }
 
-    fn get(&mut self, path: &str) -> Option<Arc<OpenAttr>> {
+    fn get(&mut self, path: &PathKey) -> Option<Arc<OpenAttr>> {
         self.clock += 1;
         let kept = self.files.get_mut(path)?;
         kept.last_read = self.clock;
         Some(kept.attr.clone())
     }
 
-    fn keep(&mut self, path: &str, attr: OpenAttr) {
+    fn keep(&mut self, path: &PathKey, attr: OpenAttr) {
         if self.cap == 0 {
             return;
         }
@@ -67,7 +67,7 @@ impl KeptFiles {
             attr: Arc::new(attr),
             last_read: self.clock,
         };
-        self.files.insert(path.to_owned(), kept);
+        self.files.insert(path.clone(), kept);
     }
 
     /// How many are kept now.
@@ -75,12 +75,13 @@ impl KeptFiles {
         self.files.len()
     }
 
-    fn forget(&mut self, path: &str) {
+    fn forget(&mut self, path: &PathKey) {
         self.files.remove(path);
     }
 
     fn forget_under(&mut self, dir: &str) {
         self.files.retain(|path, _| {
+            let path = path.as_str();
             !(path.starts_with(dir) && path.as_bytes().get(dir.len()) == Some(&b'/'))
         });
     }
@@ -104,23 +105,24 @@ impl KeptFiles {
 /// read; where no watch can be set up, each read checks the file's links.
 pub(super) fn read_kept(
     inner: &Inner,
-    path: &str,
+    key: &PathKey,
     op: Op,
     buf: &mut Vec<u8>,
     queued_at: Instant,
 ) -> Result<Answer, HostError> {
+    let path = key.as_str();
     let lock = || inner.kept.lock().unwrap_or_else(|p| p.into_inner());
     let answer = |bytes: &[u8]| match op {
         Op::Bytes => Ok(Answer::Bytes(bytes.to_vec())),
         _ => inner.host.attr_str(path, bytes).map(Answer::Text),
     };
     let epoch = notice_replacements(inner, queued_at);
-    let kept = lock().get(path);
+    let kept = lock().get(key);
     if let Some(attr) = kept {
         if let Ok(Some(len)) = attr.reread_into(buf) {
             return answer(&buf[..len]);
         }
-        lock().forget(path);
+        lock().forget(key);
     }
     inner.opened.fetch_add(1, Ordering::Relaxed);
     let (bytes, attr) = inner.host.open_attr(path)?;
@@ -141,7 +143,7 @@ pub(super) fn read_kept(
         other => other,
     };
     if let Some(attr) = keep {
-        lock().keep(path, attr);
+        lock().keep(key, attr);
     }
     answer(&bytes)
 }
@@ -164,7 +166,7 @@ fn notice_replacements(inner: &Inner, queued_at: Instant) -> u64 {
         let mut kept = inner.kept.lock().unwrap_or_else(|p| p.into_inner());
         for what in forget {
             match what {
-                Forget::File(path) => kept.forget(&path),
+                Forget::File(path) => kept.forget(&PathKey::from(path.as_str())),
                 Forget::Under(dir) => kept.forget_under(&dir),
                 Forget::All => kept.forget_all(),
             }
@@ -446,15 +448,15 @@ mod tests {
         host.write("/sys/c", "3\n").unwrap();
         let open = |path: &str| host.open_attr(path).unwrap().1.unwrap();
         let mut kept = KeptFiles::new(2);
-        kept.keep("/sys/a", open("/sys/a"));
-        kept.keep("/sys/b", open("/sys/b"));
-        assert!(kept.get("/sys/a").is_some());
-        kept.keep("/sys/c", open("/sys/c"));
-        let mut paths: Vec<&String> = kept.files.keys().collect();
+        kept.keep(&"/sys/a".into(), open("/sys/a"));
+        kept.keep(&"/sys/b".into(), open("/sys/b"));
+        assert!(kept.get(&"/sys/a".into()).is_some());
+        kept.keep(&"/sys/c".into(), open("/sys/c"));
+        let mut paths: Vec<&str> = kept.files.keys().map(PathKey::as_str).collect();
         paths.sort();
         assert_eq!(paths, ["/sys/a", "/sys/c"], "b was read least recently");
         let mut none = KeptFiles::new(0);
-        none.keep("/sys/a", open("/sys/a"));
+        none.keep(&"/sys/a".into(), open("/sys/a"));
         assert!(none.files.is_empty(), "a cap of zero keeps nothing");
         drop(dir);
     }

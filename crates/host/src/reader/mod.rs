@@ -37,6 +37,7 @@
 
 use std::collections::{HashSet, VecDeque};
 use std::future::Future;
+use std::hash::{BuildHasherDefault, DefaultHasher, Hash, Hasher};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -114,12 +115,90 @@ pub enum Answer {
     Names(Vec<String>),
 }
 
+/// A path with its hash, worked out once when a request is made. The
+/// in-flight set and the kept descriptors look a path up at every read, and
+/// a sample plan asks for the same paths sample after sample: hashing each
+/// path once, not three times per read, is most of what those lookups cost.
+#[derive(Clone, Debug)]
+pub(crate) struct PathKey {
+    hash: u64,
+    path: Arc<str>,
+}
+
+impl PathKey {
+    pub(crate) fn new(path: Arc<str>) -> Self {
+        let mut hasher = DefaultHasher::new();
+        path.hash(&mut hasher);
+        Self {
+            hash: hasher.finish(),
+            path,
+        }
+    }
+
+    pub(crate) fn as_str(&self) -> &str {
+        &self.path
+    }
+}
+
+impl From<&str> for PathKey {
+    fn from(path: &str) -> Self {
+        Self::new(Arc::from(path))
+    }
+}
+
+impl PartialEq for PathKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.hash == other.hash && self.path == other.path
+    }
+}
+
+impl Eq for PathKey {}
+
+impl Hash for PathKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.hash);
+    }
+}
+
+/// Hashes a [`PathKey`] by the hash it carries.
+#[derive(Default)]
+pub(crate) struct CarriedHash(u64);
+
+impl Hasher for CarriedHash {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write_u64(&mut self, hash: u64) {
+        self.0 = hash;
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `PathKey`s are hashed with it, and they write one u64; mix
+        // anything else in rather than lose it.
+        for &b in bytes {
+            self.0 = self.0.rotate_left(5) ^ u64::from(b);
+        }
+    }
+}
+
+/// Sets and maps keyed by [`PathKey`].
+pub(crate) type ByPath = BuildHasherDefault<CarriedHash>;
+
 /// The paths of one request, shared by the caller and the threads. A caller
 /// that reads the same paths again and again (a sample plan) keeps its
-/// `Requests` and hands over a reference each time, so queueing copies no
-/// path.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Requests(Arc<[(Op, Arc<str>)]>);
+/// `Requests` and hands over a reference each time, so queueing copies and
+/// hashes no path.
+#[derive(Clone, Debug, Default)]
+pub struct Requests(Arc<[(Op, PathKey)]>);
+
+impl PartialEq for Requests {
+    fn eq(&self, other: &Self) -> bool {
+        self.iter().eq(other.iter())
+    }
+}
+
+impl Eq for Requests {}
 
 impl Requests {
     pub fn len(&self) -> usize {
@@ -131,7 +210,7 @@ impl Requests {
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (Op, &str)> {
-        self.0.iter().map(|(op, path)| (*op, &**path))
+        self.0.iter().map(|(op, path)| (*op, path.as_str()))
     }
 }
 
@@ -146,7 +225,7 @@ impl FromIterator<(Op, String)> for Requests {
         Requests(
             requests
                 .into_iter()
-                .map(|(op, path)| (op, Arc::from(path)))
+                .map(|(op, path)| (op, PathKey::new(Arc::from(path))))
                 .collect(),
         )
     }
@@ -199,7 +278,7 @@ impl Batch {
         self.todo.len()
     }
 
-    fn read(&self, k: usize) -> (Op, &Arc<str>) {
+    fn read(&self, k: usize) -> (Op, &PathKey) {
         let (op, path) = &self.requests.0[self.todo[k]];
         (*op, path)
     }
@@ -232,9 +311,9 @@ struct BatchAnswered {
     inner: Arc<Inner>,
     /// `None` once the answers are taken, or when nothing was queued.
     batch: Option<Arc<Batch>>,
-    /// The answers so far, in the order of `requests`; refusals are filled in
-    /// when queued.
-    results: Vec<Option<Result<Answer, ReadError>>>,
+    /// The reads refused when queued (stuck, or the reader shut down), by
+    /// their index in `requests`, in order; usually none.
+    refused: Vec<(usize, ReadError)>,
     requests: Requests,
     timeout: Duration,
     /// When the caller looks at the request next ([`Inner::look_at`]).
@@ -275,33 +354,43 @@ impl BatchAnswered {
         }
     }
 
-    /// Takes the answers: missing ones time out.
+    /// Takes the answers, in the order of `requests`: the refusals, and the
+    /// batch's answers for the others; missing ones time out.
     fn take(&mut self) -> Vec<Result<Answer, ReadError>> {
-        if let Some(batch) = self.batch.take() {
-            for (k, &i) in batch.todo.iter().enumerate() {
-                self.results[i] = Some(match batch.answer(k).take() {
-                    Some(answer) => answer.map_err(ReadError::Host),
-                    None => {
-                        self.inner.timeouts.fetch_add(1, Ordering::Relaxed);
-                        Err(ReadError::TimedOut {
-                            path: batch.read(k).1.to_string(),
-                            timeout: self.timeout,
-                        })
-                    }
-                });
+        let batch = self.batch.take();
+        let mut refused = std::mem::take(&mut self.refused).into_iter().peekable();
+        let mut answers = Vec::with_capacity(self.requests.len());
+        // The batch's reads are the requests not refused, in order.
+        let mut k = 0;
+        for (i, (_, path)) in self.requests.iter().enumerate() {
+            if let Some((_, refusal)) = refused.next_if(|(at, _)| *at == i) {
+                answers.push(Err(refusal));
+                continue;
             }
+            let answer = match &batch {
+                Some(batch) if batch.todo.get(k) == Some(&i) => {
+                    k += 1;
+                    match batch.answer(k - 1).take() {
+                        Some(answer) => answer.map_err(ReadError::Host),
+                        None => {
+                            self.inner.timeouts.fetch_add(1, Ordering::Relaxed);
+                            Err(ReadError::TimedOut {
+                                path: path.to_owned(),
+                                timeout: self.timeout,
+                            })
+                        }
+                    }
+                }
+                // Neither refused nor queued: only if this module has a bug.
+                _ => Err(ReadError::Closed { path: path.into() }),
+            };
+            answers.push(answer);
+        }
+        if let Some(batch) = batch {
             // Nobody waits any more: threads skip what is left.
             batch.abandoned.store(true, Ordering::Release);
         }
-        std::mem::take(&mut self.results)
-            .into_iter()
-            .zip(self.requests.iter())
-            .map(|(result, (_, path))| {
-                // Every read got an answer above; `Closed` only if this
-                // module has a bug.
-                result.unwrap_or_else(|| Err(ReadError::Closed { path: path.into() }))
-            })
-            .collect()
+        answers
     }
 
     /// Waits on the calling thread, which may block: parked until the last
@@ -377,12 +466,19 @@ impl Drop for BatchAnswered {
 struct State {
     queue: VecDeque<Arc<Batch>>,
     /// Paths queued or being read. A path stays here while its read is stuck.
-    in_flight: HashSet<Arc<str>>,
+    in_flight: HashSet<PathKey, ByPath>,
     /// When each thread (by index) started the file it is on, if any.
     busy_since: Vec<Option<Instant>>,
+    /// Threads waiting for work, notified or not.
     idle: usize,
     /// Notifications sent to idle threads that have not woken yet.
     waking: usize,
+    /// The idle threads not yet notified, the one that went idle last on
+    /// top: it is woken first, while what it touched is still in the
+    /// caches (a pool woken in turn runs each thread cold).
+    sleeping: Vec<usize>,
+    /// Which threads (by index) have been notified and not yet woken.
+    notified: Vec<bool>,
     threads: usize,
     shutdown: bool,
 }
@@ -454,7 +550,9 @@ struct Inner {
     host: HostRoot,
     max_threads: usize,
     state: Mutex<State>,
-    work: Condvar,
+    /// One per thread (by index), so that a notification goes to the thread
+    /// chosen for it.
+    work: Vec<Condvar>,
     reads: AtomicU64,
     timeouts: AtomicU64,
     skipped: AtomicU64,
@@ -504,7 +602,9 @@ struct ShutdownGuard(Arc<Inner>);
 impl Drop for ShutdownGuard {
     fn drop(&mut self) {
         self.0.lock().shutdown = true;
-        self.0.work.notify_all();
+        for work in &self.0.work {
+            work.notify_all();
+        }
     }
 }
 
@@ -527,7 +627,7 @@ impl BoundedReader {
             host,
             max_threads: max_threads.max(1),
             state: Mutex::new(State::default()),
-            work: Condvar::new(),
+            work: (0..max_threads.max(1)).map(|_| Condvar::new()).collect(),
             reads: AtomicU64::new(0),
             timeouts: AtomicU64::new(0),
             skipped: AtomicU64::new(0),
@@ -603,7 +703,7 @@ impl BoundedReader {
             .lock()
             .in_flight
             .iter()
-            .map(|p| p.to_string())
+            .map(|p| p.as_str().to_owned())
             .collect();
         paths.sort();
         paths
@@ -650,20 +750,25 @@ impl BoundedReader {
 
     fn queue(&self, requests: Requests, timeout: Duration) -> BatchAnswered {
         let now = Instant::now();
-        let mut results: Vec<Option<Result<Answer, ReadError>>> =
-            requests.iter().map(|_| None).collect();
+        let mut refused = Vec::new();
         let mut todo = Vec::with_capacity(requests.len());
         let mut state = self.inner.lock();
         for (i, (_, path)) in requests.0.iter().enumerate() {
             if state.shutdown {
-                results[i] = Some(Err(ReadError::Closed {
-                    path: path.to_string(),
-                }));
+                refused.push((
+                    i,
+                    ReadError::Closed {
+                        path: path.as_str().to_owned(),
+                    },
+                ));
             } else if !state.in_flight.insert(path.clone()) {
                 self.inner.skipped.fetch_add(1, Ordering::Relaxed);
-                results[i] = Some(Err(ReadError::Stuck {
-                    path: path.to_string(),
-                }));
+                refused.push((
+                    i,
+                    ReadError::Stuck {
+                        path: path.as_str().to_owned(),
+                    },
+                ));
             } else {
                 todo.push(i);
             }
@@ -687,10 +792,14 @@ impl BoundedReader {
                 for (k, &i) in queued.todo.iter().enumerate() {
                     let path = queued.read(k).1;
                     state.in_flight.remove(path);
-                    results[i] = Some(Err(ReadError::Closed {
-                        path: path.to_string(),
-                    }));
+                    refused.push((
+                        i,
+                        ReadError::Closed {
+                            path: path.as_str().to_owned(),
+                        },
+                    ));
                 }
+                refused.sort_by_key(|(i, _)| *i);
             }
         }
         drop(state);
@@ -700,7 +809,7 @@ impl BoundedReader {
         BatchAnswered {
             inner: self.inner.clone(),
             batch,
-            results,
+            refused,
             requests,
             timeout,
             next_look,
@@ -722,8 +831,8 @@ fn only_answer(answers: Vec<Result<Answer, ReadError>>, path: &str) -> Result<An
 enum Woken {
     /// No thread was needed.
     Nothing,
-    /// An idle thread is to be notified, once the state lock is let go.
-    Notify,
+    /// This idle thread is to be notified, once the state lock is let go.
+    Notify(usize),
     /// A thread was started.
     Spawned,
     /// A thread was needed and could not be started.
@@ -732,8 +841,10 @@ enum Woken {
 
 impl Woken {
     fn notify(self, inner: &Inner) {
-        if self == Woken::Notify {
-            inner.work.notify_one();
+        if let Woken::Notify(index) = self
+            && let Some(work) = inner.work.get(index)
+        {
+            work.notify_one();
         }
     }
 }
@@ -742,10 +853,18 @@ impl Woken {
 fn wake(inner: &Arc<Inner>, state: &mut State, stalled: bool) -> Woken {
     match wake_decision(inner.facts(state, Instant::now()), stalled) {
         Wake::Nothing => Woken::Nothing,
-        Wake::Idle => {
-            state.waking += 1;
-            Woken::Notify
-        }
+        Wake::Idle => match state.sleeping.pop() {
+            Some(index) => {
+                state.waking += 1;
+                if let Some(notified) = state.notified.get_mut(index) {
+                    *notified = true;
+                }
+                Woken::Notify(index)
+            }
+            // `idle > waking` means someone sleeps un-notified; only a bug
+            // in this module gets here, and the caller's next look retries.
+            None => Woken::Nothing,
+        },
         Wake::Spawn => {
             let index = state.threads;
             let worker_inner = inner.clone();
@@ -759,6 +878,7 @@ fn wake(inner: &Arc<Inner>, state: &mut State, stalled: bool) -> Woken {
             state.threads += 1;
             if state.busy_since.len() <= index {
                 state.busy_since.resize(index + 1, None);
+                state.notified.resize(index + 1, false);
             }
             Woken::Spawned
         }
@@ -812,16 +932,45 @@ fn unreachable_answer<T>(path: &str) -> Result<T, ReadError> {
 fn read_one(
     inner: &Inner,
     op: Op,
-    path: &str,
+    key: &PathKey,
     buf: &mut Vec<u8>,
     queued_at: Instant,
 ) -> Result<Answer, HostError> {
+    let path = key.as_str();
     match op {
-        Op::Read | Op::Bytes => read_kept(inner, path, op, buf, queued_at),
+        Op::Read | Op::Bytes => read_kept(inner, key, op, buf, queued_at),
         Op::Exists => Ok(Answer::Exists(inner.host.exists(path))),
         Op::List => inner.host.list_dir_or_empty(path).map(Answer::Names),
         Op::Link => inner.host.read_link(path).map(Answer::Text),
     }
+}
+
+/// Waits, idle, until this thread is notified (see [`State::sleeping`]) or
+/// the reader shuts down.
+fn sleep<'a>(
+    inner: &'a Inner,
+    mut state: MutexGuard<'a, State>,
+    index: usize,
+) -> MutexGuard<'a, State> {
+    let Some(work) = inner.work.get(index) else {
+        return state;
+    };
+    state.idle += 1;
+    state.sleeping.push(index);
+    // A wake-up without a notification (spurious) waits again.
+    while !state.shutdown && !state.notified.get(index).copied().unwrap_or(true) {
+        state = work.wait(state).unwrap_or_else(|p| p.into_inner());
+    }
+    state.idle -= 1;
+    match state.notified.get_mut(index) {
+        Some(notified) if *notified => {
+            *notified = false;
+            state.waking = state.waking.saturating_sub(1);
+        }
+        // Shut down while still asleep: no longer one to notify.
+        _ => state.sleeping.retain(|&i| i != index),
+    }
+    state
 }
 
 fn worker(inner: Arc<Inner>, index: usize) {
@@ -842,10 +991,7 @@ fn worker(inner: Arc<Inner>, index: usize) {
                 state.threads -= 1;
                 return;
             }
-            state.idle += 1;
-            state = inner.work.wait(state).unwrap_or_else(|p| p.into_inner());
-            state.idle -= 1;
-            state.waking = state.waking.saturating_sub(1);
+            state = sleep(&inner, state, index);
             continue;
         };
         if let Some(since) = state.busy_since.get_mut(index) {
@@ -900,6 +1046,17 @@ mod tests {
         let err = reader.read_attr("/sys/c", SHORT).await.unwrap_err();
         assert!(err.is_not_found(), "{err}");
         assert!(reader.in_flight().is_empty());
+    }
+
+    #[test]
+    fn a_path_is_found_by_a_key_made_anew_and_only_by_its_own() {
+        let mut set: HashSet<PathKey, ByPath> = HashSet::default();
+        let request: Requests = vec![(Op::Read, "/sys/a".to_owned())].into();
+        assert!(set.insert(request.0[0].1.clone()));
+        assert!(set.contains(&PathKey::from("/sys/a")));
+        assert!(!set.contains(&PathKey::from("/sys/b")));
+        assert!(!set.insert(PathKey::from("/sys/a")), "the same path twice");
+        assert!(set.remove(&PathKey::from("/sys/a")) && set.is_empty());
     }
 
     #[test]
