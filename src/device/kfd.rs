@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 
 use super::model::{Link, LinkKind, NodeSize, format_bdf, split_location_id};
-use crate::host::HostRead;
+use crate::host::{HostAnswer, HostError, HostOp, HostRead};
 
 pub const TOPOLOGY_DIR: &str = "/sys/class/kfd/kfd/topology";
 
@@ -301,12 +301,13 @@ pub fn read_topology_with(host: &dyn HostRead, dir: &str) -> KfdTopology {
             return topology;
         }
     };
-    for name in names {
-        let Ok(id) = name.parse::<u32>() else {
-            continue;
-        };
-        let node_dir = format!("{nodes_dir}/{name}");
-        match host.read_attr(&format!("{node_dir}/properties")) {
+    let ids: Vec<u32> = names.iter().filter_map(|n| n.parse().ok()).collect();
+    let properties: Vec<String> = ids
+        .iter()
+        .map(|id| format!("{nodes_dir}/{id}/properties"))
+        .collect();
+    for (&id, answer) in ids.iter().zip(read_all(host, &properties)) {
+        match answer {
             Ok(text) => {
                 let (props, problems) = NodeProperties::parse(&text);
                 let problems = problems
@@ -329,31 +330,97 @@ pub fn read_topology_with(host: &dyn HostRead, dir: &str) -> KfdTopology {
     topology.nodes.sort_by_key(|n| n.id);
 
     let primaries: Vec<u32> = topology.gpus().iter().map(|g| g.primary().id).collect();
-    for node in topology.nodes.iter_mut().filter(|n| n.props.is_gpu()) {
-        let node_dir = format!("{nodes_dir}/{}", node.id);
-        node.vram_bytes = read_vram(host, &node_dir, &mut node.problems);
-        if primaries.contains(&node.id) {
-            for kind in ["io_links", "p2p_links"] {
-                read_links(host, &format!("{node_dir}/{kind}"), node);
-            }
-        }
-    }
+    let gpus: Vec<&mut KfdNode> = topology
+        .nodes
+        .iter_mut()
+        .filter(|n| n.props.is_gpu())
+        .collect();
+    read_vram(host, &nodes_dir, gpus);
+    let linked: Vec<&mut KfdNode> = topology
+        .nodes
+        .iter_mut()
+        .filter(|n| n.props.is_gpu() && primaries.contains(&n.id))
+        .collect();
+    read_links(host, &nodes_dir, linked);
     topology
 }
 
-fn read_vram(host: &dyn HostRead, node_dir: &str, problems: &mut Vec<String>) -> Option<u64> {
-    let banks_dir = format!("{node_dir}/mem_banks");
-    let names = host.list_dir_or_empty(&banks_dir).unwrap_or_else(|e| {
-        problems.push(e.to_string());
-        Vec::new()
+/// Reads every file of `paths` in one request ([`HostRead::read_many`]),
+/// answered in order. A partitioned host's topology is over a thousand
+/// files (an MI300X in CPX mode: 64 GPU nodes, 63 links for each of 8
+/// GPUs); asked for one by one through the bounded reader, each would cost
+/// a hand-off to its threads and back.
+fn read_all(host: &dyn HostRead, paths: &[String]) -> Vec<crate::host::Result<String>> {
+    ask_all(host, HostOp::Read, paths, |answer| match answer {
+        HostAnswer::Text(text) => Some(text),
+        _ => None,
+    })
+}
+
+/// Lists every directory of `dirs` in one request, as [`read_all`] reads;
+/// an absent directory is empty.
+fn list_all(host: &dyn HostRead, dirs: &[String]) -> Vec<crate::host::Result<Vec<String>>> {
+    let listings = ask_all(host, HostOp::List, dirs, |answer| match answer {
+        HostAnswer::Names(names) => Some(names),
+        _ => None,
     });
-    let mut total = None;
-    for name in names {
-        let text = match host.read_attr(&format!("{banks_dir}/{name}/properties")) {
+    listings
+        .into_iter()
+        .map(|listing| match listing {
+            Err(e) if e.is_not_found() => Ok(Vec::new()),
+            other => other,
+        })
+        .collect()
+}
+
+/// `op` on every path in one request; `take` picks the answer of its kind
+/// (another kind comes only from a bug in the reader: a missing value).
+fn ask_all<T>(
+    host: &dyn HostRead,
+    op: HostOp,
+    paths: &[String],
+    take: impl Fn(HostAnswer) -> Option<T>,
+) -> Vec<crate::host::Result<T>> {
+    let requests: Vec<(HostOp, &str)> = paths.iter().map(|p| (op, p.as_str())).collect();
+    let answers = host.read_many(&requests);
+    answers
+        .into_iter()
+        .zip(paths)
+        .map(|(answer, path)| {
+            take(answer?).ok_or_else(|| HostError::Io {
+                path: host.host().path(path),
+                source: std::io::ErrorKind::InvalidData.into(),
+            })
+        })
+        .collect()
+}
+
+/// Each GPU node's device memory, from its memory banks: one request lists
+/// every node's banks, one reads them all.
+fn read_vram(host: &dyn HostRead, nodes_dir: &str, mut nodes: Vec<&mut KfdNode>) {
+    let dirs: Vec<String> = nodes
+        .iter()
+        .map(|n| format!("{nodes_dir}/{}/mem_banks", n.id))
+        .collect();
+    let mut banks: Vec<(usize, String)> = Vec::new();
+    for (at, (listing, dir)) in list_all(host, &dirs).into_iter().zip(&dirs).enumerate() {
+        match listing {
+            Ok(names) => banks.extend(
+                names
+                    .into_iter()
+                    .map(|name| (at, format!("{dir}/{name}/properties"))),
+            ),
+            Err(e) => nodes[at].problems.push(e.to_string()),
+        }
+    }
+    let paths: Vec<String> = banks.iter().map(|(_, path)| path.clone()).collect();
+    for ((at, _), answer) in banks.iter().zip(read_all(host, &paths)) {
+        let node = &mut nodes[*at];
+        let text = match answer {
             Ok(text) => text,
             Err(e) if e.is_not_found() => continue,
             Err(e) => {
-                problems.push(e.to_string());
+                node.problems.push(e.to_string());
                 continue;
             }
         };
@@ -362,22 +429,36 @@ fn read_vram(host: &dyn HostRead, node_dir: &str, problems: &mut Vec<String>) ->
         if matches!(fields.get("heap_type"), Some(1 | 2))
             && let Some(size) = fields.get("size_in_bytes")
         {
-            *total.get_or_insert(0u64) += size;
+            *node.vram_bytes.get_or_insert(0u64) += size;
         }
     }
-    total
 }
 
-fn read_links(host: &dyn HostRead, links_dir: &str, node: &mut KfdNode) {
-    let names = match host.list_dir_or_empty(links_dir) {
-        Ok(names) => names,
-        Err(e) => {
-            node.problems.push(e.to_string());
-            return;
+/// The IO and peer-to-peer links of `nodes`: one request lists the links
+/// of them all, one reads them all.
+fn read_links(host: &dyn HostRead, nodes_dir: &str, mut nodes: Vec<&mut KfdNode>) {
+    let dirs: Vec<(usize, String)> = (0..nodes.len())
+        .flat_map(|at| {
+            let id = nodes[at].id;
+            ["io_links", "p2p_links"].map(|kind| (at, format!("{nodes_dir}/{id}/{kind}")))
+        })
+        .collect();
+    let dir_paths: Vec<String> = dirs.iter().map(|(_, dir)| dir.clone()).collect();
+    let mut links: Vec<(usize, String)> = Vec::new();
+    for ((at, dir), listing) in dirs.iter().zip(list_all(host, &dir_paths)) {
+        match listing {
+            Ok(names) => links.extend(
+                names
+                    .into_iter()
+                    .map(|name| (*at, format!("{dir}/{name}/properties"))),
+            ),
+            Err(e) => nodes[*at].problems.push(e.to_string()),
         }
-    };
-    for name in names {
-        match host.read_attr(&format!("{links_dir}/{name}/properties")) {
+    }
+    let paths: Vec<String> = links.iter().map(|(_, path)| path.clone()).collect();
+    for ((at, path), answer) in links.iter().zip(read_all(host, &paths)) {
+        let node = &mut nodes[*at];
+        match answer {
             Ok(text) => {
                 let fields = parse_pairs(&text);
                 match (fields.get("type"), fields.get("node_to")) {
@@ -386,9 +467,11 @@ fn read_links(host: &dyn HostRead, links_dir: &str, node: &mut KfdNode) {
                         node_to: to as u32,
                         weight: fields.get("weight").copied().unwrap_or(0) as u32,
                     }),
-                    _ => node
-                        .problems
-                        .push(format!("{links_dir}/{name}: link without type or node_to")),
+                    _ => {
+                        let link = path.trim_end_matches("/properties");
+                        node.problems
+                            .push(format!("{link}: link without type or node_to"))
+                    }
                 }
             }
             Err(e) if e.is_not_found() => {}

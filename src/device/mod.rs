@@ -30,7 +30,7 @@ use std::str::FromStr;
 pub use model::*;
 
 use crate::host::reader::BoundedReader;
-use crate::host::{HostError, HostRead, HostRoot, parse_hex};
+use crate::host::{HostAnswer, HostError, HostOp, HostRead, HostRoot, parse_hex};
 
 pub use bounded::Limits;
 
@@ -250,11 +250,19 @@ fn partition_drm_nodes(host: &dyn HostRead, warnings: &mut Vec<String>) -> BTree
         warnings.push(e.to_string());
         Vec::new()
     });
-    for entry in entries {
-        if !(entry.starts_with("amdgpu_xcp_") || entry.starts_with("amdgpu_xcp.")) {
-            continue;
-        }
-        if let Ok(names) = host.list_dir(&format!("{PLATFORM_DIR}/{entry}/drm"))
+    let partitions: Vec<String> = entries
+        .into_iter()
+        .filter(|e| e.starts_with("amdgpu_xcp_") || e.starts_with("amdgpu_xcp."))
+        .collect();
+    // One request for all their listings (a CPX host has 56 partition
+    // devices), not one each.
+    let dirs: Vec<String> = partitions
+        .iter()
+        .map(|entry| format!("{PLATFORM_DIR}/{entry}/drm"))
+        .collect();
+    let requests: Vec<(HostOp, &str)> = dirs.iter().map(|d| (HostOp::List, d.as_str())).collect();
+    for (entry, listing) in partitions.into_iter().zip(host.read_many(&requests)) {
+        if let Ok(HostAnswer::Names(names)) = listing
             && let (Some(card), Some(minor)) = drm_nodes(&names)
         {
             map.insert(
@@ -304,6 +312,9 @@ struct AttrReader<'a> {
     host: &'a dyn HostRead,
     dir: &'a str,
     problems: Vec<String>,
+    /// Answers read ahead in one request ([`AttrReader::read_ahead`]), by
+    /// file name; a name not among them is read on its own.
+    ahead: BTreeMap<String, crate::host::Result<HostAnswer>>,
 }
 
 impl AttrReader<'_> {
@@ -311,13 +322,56 @@ impl AttrReader<'_> {
         format!("{}/{name}", self.dir)
     }
 
+    /// Reads the files `names` of the directory in one request: a GPU has
+    /// thirty-odd, and each request costs a hand-off to the bounded
+    /// reader's threads and back.
+    fn read_ahead(&mut self, names: impl IntoIterator<Item = (HostOp, String)>) {
+        let wanted: Vec<(HostOp, String, String)> = names
+            .into_iter()
+            .map(|(op, name)| (op, self.path(&name), name))
+            .collect();
+        let requests: Vec<(HostOp, &str)> = wanted
+            .iter()
+            .map(|(op, path, _)| (*op, path.as_str()))
+            .collect();
+        let answers = self.host.read_many(&requests);
+        for ((_, _, name), answer) in wanted.into_iter().zip(answers) {
+            self.ahead.insert(name, answer);
+        }
+    }
+
+    /// The file's text, `None` when it is absent or empty (as
+    /// [`HostRead::read_optional_attr`]).
     fn raw(&mut self, name: &str) -> Option<String> {
-        match self.host.read_optional_attr(&self.path(name)) {
+        let read = match self.ahead.remove(name) {
+            Some(Ok(HostAnswer::Text(value))) => Ok((!value.is_empty()).then_some(value)),
+            Some(Ok(_)) => Err(HostError::Io {
+                path: self.host.host().path(self.path(name)),
+                source: std::io::ErrorKind::InvalidData.into(),
+            }),
+            Some(Err(e)) if e.is_not_found() => Ok(None),
+            Some(Err(e)) => Err(e),
+            None => self.host.read_optional_attr(&self.path(name)),
+        };
+        match read {
             Ok(value) => value,
             Err(e) => {
                 self.problems.push(e.to_string());
                 None
             }
+        }
+    }
+
+    /// A listing of a subdirectory, read ahead or now.
+    fn list(&mut self, name: &str) -> crate::host::Result<Vec<String>> {
+        match self.ahead.remove(name) {
+            Some(Ok(HostAnswer::Names(names))) => Ok(names),
+            Some(Ok(_)) => Err(HostError::Io {
+                path: self.host.host().path(self.path(name)),
+                source: std::io::ErrorKind::InvalidData.into(),
+            }),
+            Some(Err(e)) => Err(e),
+            None => self.host.list_dir(&self.path(name)),
         }
     }
 
@@ -384,6 +438,28 @@ impl AttrReader<'_> {
     }
 }
 
+/// The attributes [`read_pci_function`] reads of a PCI function besides its
+/// identity, read ahead in one request with its firmware versions and DRM
+/// listing. One it reads and this list lacks costs a request of its own
+/// (the request count test in this module sees it).
+const PCI_FUNCTION_ATTRS: [&str; 15] = [
+    "revision",
+    "subsystem_vendor",
+    "subsystem_device",
+    "product_name",
+    "product_number",
+    "manufacturer",
+    "serial_number",
+    "vbios_version",
+    "numa_node",
+    "mem_info_vram_total",
+    "unique_id",
+    modes::COMPUTE_ATTR,
+    modes::MEMORY_ATTR,
+    "available_compute_partition",
+    "available_memory_partition",
+];
+
 /// Reads one PCI function. `Err` when its identity cannot be read (it vanished, the
 /// directory is broken) or is not an AMD device: amdgpu binds nothing else. An
 /// identity file that hangs is a problem, not a reason to drop the GPU: it is
@@ -415,7 +491,16 @@ fn read_pci_function(host: &dyn HostRead, dir: &str, bdf: &str) -> Result<Gpu, H
         host,
         dir,
         problems,
+        ahead: BTreeMap::new(),
     };
+    let firmware = FIRMWARE_ENGINES.map(|(stem, _)| format!("fw_version/{stem}_fw_version"));
+    attrs.read_ahead(
+        PCI_FUNCTION_ATTRS
+            .iter()
+            .map(|name| (HostOp::Read, (*name).to_owned()))
+            .chain(firmware.into_iter().map(|file| (HostOp::Read, file)))
+            .chain([(HostOp::List, "drm".to_owned())]),
+    );
     let mut gpu = Gpu {
         bdf: bdf.to_ascii_lowercase(),
         vendor_id: AMD_VENDOR_ID,
@@ -442,7 +527,7 @@ fn read_pci_function(host: &dyn HostRead, dir: &str, bdf: &str) -> Result<Gpu, H
         ..Gpu::default()
     };
     gpu.firmware = read_firmware(&mut attrs);
-    match host.list_dir(&format!("{dir}/drm")) {
+    match attrs.list("drm") {
         Ok(names) => (gpu.card, gpu.render_minor) = drm_nodes(&names),
         Err(e) if e.is_not_found() => attrs.problems.push("no DRM nodes (drm/ is missing)".into()),
         Err(e) => attrs.problems.push(e.to_string()),
@@ -563,6 +648,81 @@ fn join_kfd(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::cell::Cell;
+
+    /// Counts the requests a scan makes of its host (a single read is one,
+    /// a batch is one), and answers batches whole (`batched`) or one read
+    /// at a time.
+    struct Counted<'a> {
+        host: &'a dyn HostRead,
+        batched: bool,
+        requests: Cell<usize>,
+    }
+
+    impl<'a> Counted<'a> {
+        fn new(host: &'a dyn HostRead, batched: bool) -> Self {
+            Self {
+                host,
+                batched,
+                requests: Cell::new(0),
+            }
+        }
+
+        fn count(&self) {
+            self.requests.set(self.requests.get() + 1);
+        }
+    }
+
+    impl HostRead for Counted<'_> {
+        fn host(&self) -> &HostRoot {
+            self.host.host()
+        }
+        fn read_attr(&self, path: &str) -> crate::host::Result<String> {
+            self.count();
+            self.host.read_attr(path)
+        }
+        fn list_dir(&self, path: &str) -> crate::host::Result<Vec<String>> {
+            self.count();
+            self.host.list_dir(path)
+        }
+        fn exists(&self, path: &str) -> crate::host::Result<bool> {
+            self.count();
+            self.host.exists(path)
+        }
+        fn read_many(&self, requests: &[(HostOp, &str)]) -> Vec<crate::host::Result<HostAnswer>> {
+            if self.batched {
+                self.count();
+                return self.host.read_many(requests);
+            }
+            crate::host::read_each(self, requests)
+        }
+    }
+
+    /// Each request is a hand-off to the reader's threads and back; a scan
+    /// of a partitioned host once made over a thousand of them, a minute
+    /// apart on an idle node.
+    #[test]
+    fn a_scan_of_a_partitioned_host_asks_in_few_requests_and_finds_what_single_reads_find() {
+        let dir = tempfile::tempdir().unwrap();
+        let host = HostRoot::new(dir.path());
+        let spec = crate::simulate::SimSpec::new("mi300x", None, Some("cpx_nps4")).unwrap();
+        crate::simulate::write_host(&host, &spec).unwrap();
+        let reader = BoundedReader::new(host.clone(), 2);
+        let (batched, single) = bounded::run_bounded(&reader, Limits::default(), |h| {
+            let (batched, single) = (Counted::new(h, true), Counted::new(h, false));
+            let found = (discover_with(&batched), discover_with(&single));
+            (
+                (found.0, batched.requests.get()),
+                (found.1, single.requests.get()),
+            )
+        })
+        .unwrap()
+        .0;
+        assert_eq!(batched.0.inventory, single.0.inventory);
+        assert_eq!(batched.0.inventory.gpus.len(), 8);
+        assert!(single.1 > 1_000, "one read at a time: {}", single.1);
+        assert!(batched.1 < 40, "{} requests", batched.1);
+    }
 
     #[test]
     fn drm_listing_yields_card_and_render_minor() {
