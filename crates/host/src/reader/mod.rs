@@ -502,6 +502,39 @@ impl State {
     }
 }
 
+/// How a request's reads are going, at a look after [`STALL`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pace {
+    /// Since it was queued.
+    pub elapsed: Duration,
+    /// Reads answered, and reads no thread has started.
+    pub done: usize,
+    pub waiting: usize,
+    /// Until its deadline.
+    pub left: Duration,
+}
+
+impl Pace {
+    /// Whether, at the pace of the reads answered so far, those still
+    /// waiting end within half the time left. A request of a thousand
+    /// reads (a full discovery) outlasts [`STALL`] on one thread without any
+    /// file being slow, and more threads would only start, contend for the
+    /// queue and keep a memory arena each.
+    pub fn keeps_up(&self) -> bool {
+        let Ok(done) = u32::try_from(self.done) else {
+            return true;
+        };
+        if done == 0 {
+            return false;
+        }
+        let waiting = u32::try_from(self.waiting).unwrap_or(u32::MAX);
+        let per_read = self.elapsed / done;
+        per_read
+            .checked_mul(waiting)
+            .is_some_and(|rest| rest <= self.left / 2)
+    }
+}
+
 /// What a queued read needs so that some thread gets to it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Wake {
@@ -888,7 +921,9 @@ fn wake(inner: &Arc<Inner>, state: &mut State, stalled: bool) -> Woken {
 impl Inner {
     /// A caller's look at its waiting request at `now` (see the module doc):
     /// at the deadline the request expires; while reads wait unstarted past
-    /// the stall time, one more thread for them, and another look after
+    /// the stall time, and no thread is on a file it started within [`STALL`]
+    /// or the reads go too slowly to end well inside the deadline
+    /// ([`Pace::keeps_up`]), one more thread for them, and another look after
     /// [`STALL`] as long as more threads could help (on a busy machine any
     /// thread is late now and then, and waking the whole pool at once costs
     /// more than the wait). Returns when to look next, or `None` when the
@@ -908,6 +943,16 @@ impl Inner {
             return Some(batch.deadline);
         }
         let mut state = self.lock();
+        let pace = Pace {
+            elapsed: now.saturating_duration_since(batch.queued_at),
+            done: batch.done.load(Ordering::Acquire),
+            waiting: batch.unstarted(),
+            left: batch.deadline.saturating_duration_since(now),
+        };
+        if self.facts(&state, now).recent > 0 && pace.keeps_up() {
+            // Busy, not stuck: look again in case that changes.
+            return Some((now + STALL).min(batch.deadline));
+        }
         let woken = wake(self, &mut state, true);
         let more_could_help = woken != Woken::Failed
             && batch.unstarted() > state.waking
@@ -1057,6 +1102,26 @@ mod tests {
         assert!(!set.contains(&PathKey::from("/sys/b")));
         assert!(!set.insert(PathKey::from("/sys/a")), "the same path twice");
         assert!(set.remove(&PathKey::from("/sys/a")) && set.is_empty());
+    }
+
+    #[test]
+    fn a_request_that_keeps_its_pace_needs_no_more_threads() {
+        let ms = Duration::from_millis;
+        let pace = |elapsed, done, waiting, left| Pace {
+            elapsed: ms(elapsed),
+            done,
+            waiting,
+            left: ms(left),
+        };
+        // A thousand quick reads, a third done after 5 ms: on pace.
+        assert!(pace(5, 300, 700, 995).keeps_up());
+        // Nothing answered yet: no pace to judge by.
+        assert!(!pace(5, 0, 1000, 995).keeps_up());
+        // Slow reads: the rest would take 700 ms of the 995 left.
+        assert!(!pace(300, 300, 700, 700).keeps_up());
+        // At the edge: exactly half the time left.
+        assert!(pace(10, 10, 50, 100).keeps_up());
+        assert!(!pace(10, 10, 51, 100).keeps_up());
     }
 
     #[test]
