@@ -45,18 +45,7 @@ impl Host {
 
     /// Runs `gpu-operator driver ARGS --host-root <root>`: exit code, stdout.
     fn driver(&self, args: &[&str]) -> (i32, String, String) {
-        let out = Command::new(env!("CARGO_BIN_EXE_gpu-operator"))
-            .arg("driver")
-            .args(args)
-            .arg("--host-root")
-            .arg(self.dir.path())
-            .output()
-            .unwrap();
-        (
-            out.status.code().unwrap_or(-1),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
+        bundles::run_driver(self.dir.path(), args)
     }
 
     fn check_json(&self, args: &[&str]) -> (i32, serde_json::Value) {

@@ -4,22 +4,20 @@
 //! is blocked, and a 64 KiB `product_name` does not blow up the scrape. Every
 //! hung file is released at the end.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 mod support;
 
 use gpu_operator::host::HostRoot;
 use gpu_operator::simulate::{self, SimSpec};
+use support::logged::{self, Logged};
 use support::wait;
 
 const DRIVER: &str = "/sys/bus/pci/drivers/amdgpu";
 
+/// The agent, killed on drop, and the metrics address its log names.
 struct Agent {
-    child: Child,
-    lines: mpsc::Receiver<String>,
+    process: Logged,
     addr: String,
 }
 
@@ -27,78 +25,29 @@ impl Agent {
     fn start(dir: &std::path::Path, host: &HostRoot) -> Self {
         let config = dir.join("config.yaml");
         std::fs::write(&config, "metricsExporter: {enable: true}\n").unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_gpu-operator"))
-            .args(["standalone", "--metrics-bind", "127.0.0.1:0", "--host-root"])
-            .arg(host.root())
-            .arg("--config")
-            .arg(&config)
-            .arg("--kubelet-dir")
-            .arg(dir.join("no-kubelet"))
-            .arg("--events-file")
-            .arg(dir.join("events.jsonl"))
-            .env("RUST_LOG", "info")
-            .env("NO_COLOR", "1")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let (tx, lines) = mpsc::channel();
-        let stderr = child.stderr.take().unwrap();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    return;
-                }
-            }
-        });
-        let mut agent = Self {
-            child,
-            lines,
-            addr: String::new(),
-        };
-        let line = agent.wait_line("metrics on", |l| l.contains("metrics on http://"));
-        agent.addr = line
-            .split("metrics on http://")
-            .nth(1)
-            .and_then(|rest| rest.split('/').next())
-            .unwrap()
-            .to_owned();
-        agent
+        let process = Logged::start(
+            logged::gpu_operator()
+                .args(["standalone", "--metrics-bind", "127.0.0.1:0", "--host-root"])
+                .arg(host.root())
+                .arg("--config")
+                .arg(&config)
+                .arg("--kubelet-dir")
+                .arg(dir.join("no-kubelet"))
+                .arg("--events-file")
+                .arg(dir.join("events.jsonl")),
+        );
+        let addr = process.metrics_address();
+        Self { process, addr }
     }
 
     /// The next log line that `wanted` accepts (a timeout kills the agent, on drop).
     fn wait_line(&mut self, what: &str, wanted: impl Fn(&str) -> bool) -> String {
-        let lines = &self.lines;
-        wait::poll_until_blocking(
-            &format!("the log line {what}"),
-            || lines.try_iter().find(|l| wanted(l)),
-            Option::is_some,
-        )
-        .unwrap()
+        self.process.wait_line(what, wanted)
     }
 
     /// SIGTERM, then the exit within `bound`.
     fn stop_within(&mut self, bound: Duration) {
-        let stopping = Instant::now();
-        // SAFETY: kill(2) on our own child's pid.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        loop {
-            if self.child.try_wait().unwrap().is_some() {
-                return;
-            }
-            if stopping.elapsed() > bound {
-                let _ = self.child.kill();
-                panic!("no exit {bound:?} after SIGTERM");
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.process.terminate_within(bound);
     }
 }
 

@@ -8,14 +8,13 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::os::unix::process::CommandExt;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use support::kubelet::TestKubelet;
+use support::logged::{self, Logged};
 use support::wait;
 
 /// The descriptor limit (soft and hard) of the agent under test.
@@ -24,20 +23,14 @@ const NOFILE: u64 = 256;
 const IDLE_CONNECTIONS: usize = 300;
 
 struct Agent {
-    child: Child,
+    /// Killed on drop.
+    _child: Logged,
     addr: String,
     /// The test kubelet the agent's device plugin registers with, and the
     /// runtime its servers run on.
     kubelet: TestKubelet,
     runtime: tokio::runtime::Runtime,
     _dir: tempfile::TempDir,
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// Starts `standalone --simulate mi300x` with `RLIMIT_NOFILE` at [`NOFILE`] and
@@ -52,7 +45,7 @@ fn start_agent() -> Agent {
         .build()
         .unwrap();
     let kubelet = runtime.block_on(TestKubelet::start(&kubelet_dir.join("device-plugins")));
-    let mut command = Command::new(env!("CARGO_BIN_EXE_gpu-operator"));
+    let mut command = logged::gpu_operator();
     command
         .args([
             "standalone",
@@ -66,11 +59,7 @@ fn start_agent() -> Agent {
         .arg("--events-file")
         .arg(dir.path().join("events.jsonl"))
         .arg("--kubelet-dir")
-        .arg(&kubelet_dir)
-        .env("RUST_LOG", "info")
-        .env("NO_COLOR", "1")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
+        .arg(&kubelet_dir);
     // SAFETY: the closure runs in the forked child before exec and only calls
     // `setrlimit`, which is async-signal-safe; it touches no memory shared with
     // the parent besides reading the `limit` it owns.
@@ -86,24 +75,10 @@ fn start_agent() -> Agent {
             Ok(())
         });
     }
-    let mut child = command.spawn().expect("spawn gpu-operator");
-    // Drain the log on a thread for the whole run, so that the child never
-    // blocks on a full pipe; the address comes back over a channel.
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines() {
-            let Ok(line) = line else { return };
-            if let Some(rest) = line.split("metrics on http://").nth(1) {
-                let _ = tx.send(rest.split('/').next().unwrap_or_default().to_owned());
-            }
-        }
-    });
-    let addr = rx
-        .recv_timeout(Duration::from_secs(30))
-        .expect("the log names the metrics address within 30 s");
+    let child = Logged::start(&mut command);
+    let addr = child.metrics_address();
     Agent {
-        child,
+        _child: child,
         addr,
         kubelet,
         runtime,

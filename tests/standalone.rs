@@ -6,16 +6,16 @@ mod fake_rvs;
 mod support;
 
 use std::io::{BufRead, BufReader, Read};
-use std::os::unix::net::UnixDatagram;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use gpu_operator::host::HostRoot;
 use gpu_operator::simulate::{self, SimSpec};
+use support::logged::{Logged, Notify};
 use support::wait;
 
 fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_gpu-operator"))
+    support::logged::gpu_operator()
 }
 
 fn promtool_accepts(text: &str) {
@@ -25,43 +25,26 @@ fn promtool_accepts(text: &str) {
 #[test]
 fn standalone_on_a_simulated_mi300x_serves_metrics_promtool_accepts() {
     let dir = tempfile::tempdir().unwrap();
-    let notify = dir.path().join("notify.sock");
-    let systemd = UnixDatagram::bind(&notify).unwrap();
-    systemd
-        .set_read_timeout(Some(Duration::from_secs(20)))
-        .unwrap();
-    let mut child = bin()
-        .args([
-            "standalone",
-            "--simulate",
-            "mi300x",
-            "--metrics-bind",
-            "127.0.0.1:0",
-        ])
-        .arg("--events-file")
-        .arg(dir.path().join("events.jsonl"))
-        .env("NOTIFY_SOCKET", &notify)
-        .env("RUST_LOG", "info")
-        .env("NO_COLOR", "1")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let systemd = Notify::bind(&dir.path().join("notify.sock"));
+    let mut agent = Logged::start(
+        bin()
+            .args([
+                "standalone",
+                "--simulate",
+                "mi300x",
+                "--metrics-bind",
+                "127.0.0.1:0",
+            ])
+            .arg("--events-file")
+            .arg(dir.path().join("events.jsonl"))
+            .env("NOTIFY_SOCKET", systemd.path()),
+    );
 
     // systemd readiness (Type=notify) arrives once the endpoint listens.
-    let mut buf = [0u8; 256];
-    let n = systemd.recv(&mut buf).expect("READY=1 from sd_notify");
-    assert!(String::from_utf8_lossy(&buf[..n]).contains("READY=1"));
+    systemd.wait_ready();
 
     // The log names the address it listens on.
-    let stderr = child.stderr.take().unwrap();
-    let mut lines = BufReader::new(stderr).lines();
-    let addr = loop {
-        let line = lines.next().expect("log line").unwrap();
-        if let Some(rest) = line.split("metrics on http://").nth(1) {
-            break rest.split('/').next().unwrap().to_owned();
-        }
-    };
+    let addr = agent.metrics_address();
     let scrape = wait::poll_until_blocking(
         "GPU metrics",
         || support::http::get(&addr, "/metrics"),
@@ -76,20 +59,8 @@ fn standalone_on_a_simulated_mi300x_serves_metrics_promtool_accepts() {
     assert!(support::http::get(&addr, "/healthz").len() < 100);
 
     // SIGTERM: out within 5 s.
-    let stopping = Instant::now();
-    // SAFETY: kill(2) on our own child's pid.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            assert!(status.success(), "{status}");
-            break;
-        }
-        assert!(
-            stopping.elapsed() < Duration::from_secs(5),
-            "no exit 5 s after SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let status = agent.terminate_within(Duration::from_secs(5));
+    assert!(status.success(), "{status}");
     let events = std::fs::read_to_string(dir.path().join("events.jsonl")).unwrap();
     assert!(
         events.contains("\"Started\"") && events.contains("\"Stopping\""),
@@ -366,58 +337,28 @@ fn a_signal_while_a_service_is_restarting_still_stops_cleanly_within_5_s() {
         "metricsExporter: {enable: true}\ntestRunner: {enable: true}\n",
     )
     .unwrap();
-    let mut child = bin()
-        .args(["standalone", "--metrics-bind", "127.0.0.1:0", "--host-root"])
-        .arg(host.root())
-        .arg("--config")
-        .arg(&config)
-        .arg("--kubelet-dir")
-        .arg(dir.path().join("no-kubelet"))
-        .arg("--events-file")
-        .arg(dir.path().join("events.jsonl"))
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let (lines_tx, lines_rx) = std::sync::mpsc::channel();
-    let stderr = child.stderr.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if lines_tx.send(line).is_err() {
-                return;
-            }
-        }
-    });
-    wait::poll_until_blocking(
-        "the test runner failing and waiting to restart",
-        || {
-            lines_rx
-                .try_iter()
-                .find(|l| l.contains("restarting after backoff") && l.contains("testRunner"))
-        },
-        Option::is_some,
+    let mut agent = Logged::start(
+        bin()
+            .args(["standalone", "--metrics-bind", "127.0.0.1:0", "--host-root"])
+            .arg(host.root())
+            .arg("--config")
+            .arg(&config)
+            .arg("--kubelet-dir")
+            .arg(dir.path().join("no-kubelet"))
+            .arg("--events-file")
+            .arg(dir.path().join("events.jsonl")),
     );
-    let stopping = Instant::now();
-    // SAFETY: kill(2) on our own child's pid.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            assert!(
-                status.success(),
-                "a clean stop, not a forced exit: {status}"
-            );
-            break;
-        }
-        // Within the 5 s promise, and well under the 3 s a slot waits before
-        // it aborts a service that ignores its stop: the backoff wait itself
-        // must end on the signal.
-        assert!(
-            stopping.elapsed() < Duration::from_secs(2),
-            "no exit 2 s after SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    agent.wait_line("of the test runner failing and waiting to restart", |l| {
+        l.contains("restarting after backoff") && l.contains("testRunner")
+    });
+    // Within the 5 s promise, and well under the 3 s a slot waits before it
+    // aborts a service that ignores its stop: the backoff wait itself must
+    // end on the signal.
+    let status = agent.terminate_within(Duration::from_secs(2));
+    assert!(
+        status.success(),
+        "a clean stop, not a forced exit: {status}"
+    );
 }
 
 /// `--show-metrics` prints a frame per sample with one row per GPU, read from
@@ -556,40 +497,27 @@ fn standalone_applies_a_partition_profile_before_it_serves() {
         ("cpx_nps4_all", "cpx", "partition profile applied"),
         ("dpx_nps2_all", "cpx", "partition profile not applied"),
     ] {
-        let notify = dir.path().join(format!("notify-{profile}.sock"));
-        let systemd = UnixDatagram::bind(&notify).unwrap();
-        systemd
-            .set_read_timeout(Some(Duration::from_secs(30)))
-            .unwrap();
-        let child = bin()
-            .args(["standalone", "--metrics-bind", "127.0.0.1:0"])
-            .arg("--host-root")
-            .arg(host.root())
-            .args(["--partition-profile", profile, "--systemctl", "none"])
-            .arg("--events-file")
-            .arg(dir.path().join("events.jsonl"))
-            .env("NOTIFY_SOCKET", &notify)
-            .env("RUST_LOG", "info")
-            .env("NO_COLOR", "1")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut buf = [0u8; 256];
-        let n = systemd.recv(&mut buf).expect("READY=1 from sd_notify");
-        assert!(String::from_utf8_lossy(&buf[..n]).contains("READY=1"));
+        let systemd = Notify::bind(&dir.path().join(format!("notify-{profile}.sock")));
+        let mut agent = Logged::start(
+            bin()
+                .args(["standalone", "--metrics-bind", "127.0.0.1:0"])
+                .arg("--host-root")
+                .arg(host.root())
+                .args(["--partition-profile", profile, "--systemctl", "none"])
+                .arg("--events-file")
+                .arg(dir.path().join("events.jsonl"))
+                .env("NOTIFY_SOCKET", systemd.path()),
+        );
+        systemd.wait_ready();
         // The change came before readiness.
         assert!(
             modes().iter().all(|m| m == expected),
             "{profile}: {:?}",
             modes()
         );
-        // SAFETY: kill(2) on our own child's pid.
-        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-        let output = child.wait_with_output().unwrap();
-        assert!(output.status.success());
-        let log = String::from_utf8_lossy(&output.stderr);
-        assert!(log.contains(logged), "{profile}: {log}");
+        agent.wait_line(logged, |l| l.contains(logged));
+        let status = agent.terminate_within(Duration::from_secs(5));
+        assert!(status.success(), "{profile}: {status}");
     }
 }
 

@@ -181,3 +181,15 @@ pub fn hold_loads_until(tools: &Path, gate: &Path) {
     );
     write_script(tools, "modprobe", &held);
 }
+
+/// Runs `gpu-operator driver ARGS --host-root <root>` to its exit: exit
+/// code, stdout, stderr.
+pub fn run_driver(root: &std::path::Path, args: &[&str]) -> (i32, String, String) {
+    super::logged::run(
+        super::logged::gpu_operator()
+            .arg("driver")
+            .args(args)
+            .arg("--host-root")
+            .arg(root),
+    )
+}

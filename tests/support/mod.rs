@@ -17,6 +17,7 @@ pub mod http;
 pub mod jobs;
 pub mod kubelet;
 pub mod kubelet_node;
+pub mod logged;
 pub mod metricssvc;
 pub mod node_rig;
 pub mod pod_resources;
