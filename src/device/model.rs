@@ -299,6 +299,32 @@ mod u64_string_opt {
     }
 }
 
+/// GPUs as tests build them.
+#[cfg(test)]
+impl Gpu {
+    /// An MI300X at `bdf` that can be split in SPX or CPX (NPS1), split into
+    /// `partitions` (0 or 1: whole, in SPX), each partition with its index
+    /// only: tests fill in the nodes they need.
+    pub(crate) fn split_into(bdf: &str, partitions: u32) -> Gpu {
+        Gpu {
+            bdf: bdf.into(),
+            device_id: 0x74a1,
+            available_compute_partitions: vec!["spx".into(), "cpx".into()],
+            available_memory_partitions: vec!["nps1".into()],
+            compute_partition: Some(if partitions > 1 { "cpx" } else { "spx" }.into()),
+            memory_partition: Some("nps1".into()),
+            partitions: (0..partitions)
+                .filter(|_| partitions > 1)
+                .map(|id| Partition {
+                    id,
+                    ..Partition::default()
+                })
+                .collect(),
+            ..Gpu::default()
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

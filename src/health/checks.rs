@@ -175,28 +175,9 @@ mod tests {
     use crate::telemetry::sysfs::EccCount;
 
     fn good() -> GpuReadings {
-        let mut r = GpuReadings {
-            bdf: "0000:05:00.0".into(),
-            present: Some(true),
-            bound: Some(true),
-            ..GpuReadings::default()
-        };
-        r.ecc.insert(
-            "umc".into(),
-            EccCount {
-                ue: 0,
-                ce: 9,
-                de: None,
-            },
-        );
-        r.ecc.insert(
-            "pcie_bif".into(),
-            EccCount {
-                ue: 0,
-                ce: 0,
-                de: None,
-            },
-        );
+        let mut r = GpuReadings::bound_gpu("0000:05:00.0")
+            .with_ecc("umc", 0, 9)
+            .with_ecc("pcie_bif", 0, 0);
         r.temperature.junction_c = Some(70.0);
         r.temperature.junction_crit_c = Some(105.0);
         r.pcie.width = Some(16);

@@ -466,7 +466,6 @@ mod tests {
         );
     }
     use crate::telemetry::sample::GpuReadings;
-    use crate::telemetry::sysfs::EccCount;
 
     fn inventory(bdfs: &[&str]) -> Inventory {
         Inventory {
@@ -482,20 +481,7 @@ mod tests {
     }
 
     fn sample(ue: u64) -> HostSample {
-        let mut r = GpuReadings {
-            bdf: "0000:05:00.0".into(),
-            present: Some(true),
-            bound: Some(true),
-            ..GpuReadings::default()
-        };
-        r.ecc.insert(
-            "umc".into(),
-            EccCount {
-                ue,
-                ce: 0,
-                de: None,
-            },
-        );
+        let r = GpuReadings::bound_gpu("0000:05:00.0").with_ecc("umc", ue, 0);
         let mut s = HostSample {
             kfd_present: Some(true),
             ..HostSample::default()

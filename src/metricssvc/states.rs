@@ -117,31 +117,19 @@ fn workload(pod: &PodRef) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::{Gpu, Partition};
+    use crate::device::Gpu;
     use crate::health::GpuHealth;
 
     /// A GPU at `bdf` split into `partitions` (1: whole), whose partitions
     /// after the first have `amdgpu_xcp_N` platform devices.
     fn gpu(bdf: &str, partitions: u32) -> Gpu {
-        Gpu {
-            bdf: bdf.into(),
-            device_id: 0x74a1,
-            unique_id: Some(0x512e_2769_a3f6_a69e),
-            available_compute_partitions: vec!["spx".into(), "cpx".into()],
-            available_memory_partitions: vec!["nps1".into()],
-            compute_partition: Some(if partitions > 1 { "cpx" } else { "spx" }.into()),
-            memory_partition: Some("nps1".into()),
-            partitions: (0..partitions)
-                .filter(|_| partitions > 1)
-                .map(|i| Partition {
-                    id: i,
-                    render_minor: Some(129 + i),
-                    platform_device: (i > 0).then(|| format!("amdgpu_xcp_{i}")),
-                    ..Partition::default()
-                })
-                .collect(),
-            ..Gpu::default()
+        let mut gpu = Gpu::split_into(bdf, partitions);
+        gpu.unique_id = Some(0x512e_2769_a3f6_a69e);
+        for p in &mut gpu.partitions {
+            p.render_minor = Some(129 + p.id);
+            p.platform_device = (p.id > 0).then(|| format!("amdgpu_xcp_{}", p.id));
         }
+        gpu
     }
 
     fn inventory(gpus: &[(&str, u32)]) -> Inventory {

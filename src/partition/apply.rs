@@ -273,15 +273,10 @@ mod tests {
     use crate::host::HostRoot;
     use crate::partition::plan::plan;
     use crate::partition::profiles::ProfileSet;
-    use crate::simulate::{self, SimSpec, kernel::SimulatedKernel};
+    use crate::simulate::{self, kernel::SimulatedKernel};
 
     fn host() -> (tempfile::TempDir, HostRoot) {
-        let dir = tempfile::tempdir_in("/dev/shm")
-            .or_else(|_| tempfile::tempdir())
-            .unwrap();
-        let host = HostRoot::new(dir.path());
-        simulate::write_host(&host, &SimSpec::new("mi300x", None, None).unwrap()).unwrap();
-        (dir, host)
+        simulate::mi300x_in_memory()
     }
 
     /// `plan` written on `host` (found as `before`) by its simulated driver.

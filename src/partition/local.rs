@@ -180,16 +180,11 @@ async fn invoke(systemctl: &std::path::Path, args: &[&str]) -> command::Finished
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::simulate::{self, SimSpec, kernel::SimulatedKernel};
+    use crate::simulate::{self, kernel::SimulatedKernel};
     use std::os::unix::fs::PermissionsExt;
 
     fn host() -> (tempfile::TempDir, HostRoot) {
-        let dir = tempfile::tempdir_in("/dev/shm")
-            .or_else(|_| tempfile::tempdir())
-            .unwrap();
-        let host = HostRoot::new(dir.path().join("host"));
-        simulate::write_host(&host, &SimSpec::new("mi300x", None, None).unwrap()).unwrap();
-        (dir, host)
+        simulate::mi300x_in_memory()
     }
 
     /// A systemctl that records its arguments and says `gpuagent` is active.

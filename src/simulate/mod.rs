@@ -781,6 +781,21 @@ fn pci_uevent(model: &GpuModel, bdf: &str, class: u32, driver_bound: bool) -> St
     out
 }
 
+/// A whole-GPU MI300X written under `<dir>/host`, in memory where the
+/// machine has `/dev/shm` (partition writes re-lay many files), for tests
+/// that change what is on it. The directory holds anything else a test
+/// writes beside the host.
+#[cfg(test)]
+pub(crate) fn mi300x_in_memory() -> (tempfile::TempDir, HostRoot) {
+    let dir = tempfile::tempdir_in("/dev/shm")
+        .or_else(|_| tempfile::tempdir())
+        .expect("a temporary directory");
+    let host = HostRoot::new(dir.path().join("host"));
+    let spec = SimSpec::new("mi300x", None, None).expect("the mi300x profile");
+    write_host(&host, &spec).expect("the simulated host written");
+    (dir, host)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -113,29 +113,14 @@ pub fn device_ids(inventory: &Inventory, xcp_names: &XcpNames) -> BTreeMap<Strin
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::Partition;
 
     fn gpu(bdf: &str, partitions: u32) -> Gpu {
-        Gpu {
-            bdf: bdf.into(),
-            card: Some(0),
-            render_minor: Some(128),
-            available_compute_partitions: vec!["spx".into(), "cpx".into()],
-            available_memory_partitions: vec!["nps1".into()],
-            compute_partition: Some(if partitions > 1 { "cpx" } else { "spx" }.into()),
-            memory_partition: Some("nps1".into()),
-            partitions: (0..partitions)
-                .filter(|_| partitions > 1)
-                .map(|i| Partition {
-                    id: i,
-                    card: Some(i),
-                    render_minor: Some(128 + i),
-                    kfd_node: Some(i + 2),
-                    platform_device: None,
-                })
-                .collect(),
-            ..Gpu::default()
+        let mut gpu = Gpu::split_into(bdf, partitions);
+        (gpu.card, gpu.render_minor) = (Some(0), Some(128));
+        for p in &mut gpu.partitions {
+            (p.card, p.render_minor, p.kfd_node) = (Some(p.id), Some(128 + p.id), Some(p.id + 2));
         }
+        gpu
     }
 
     #[test]

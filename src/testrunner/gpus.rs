@@ -90,20 +90,9 @@ pub fn model_dir(device_id: u16) -> Option<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::Partition;
 
     fn gpu(bdf: &str, partitions: u32) -> Gpu {
-        Gpu {
-            bdf: bdf.into(),
-            device_id: 0x74a1,
-            partitions: (0..partitions)
-                .map(|id| Partition {
-                    id,
-                    ..Partition::default()
-                })
-                .collect(),
-            ..Gpu::default()
-        }
+        Gpu::split_into(bdf, partitions)
     }
 
     #[test]

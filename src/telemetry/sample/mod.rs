@@ -677,6 +677,27 @@ pub async fn locate(reader: &BoundedReader, bdf: &str, timeout: Duration) -> Gpu
     files
 }
 
+/// Readings as tests build them.
+#[cfg(test)]
+impl GpuReadings {
+    /// A GPU that is there and bound to amdgpu, with nothing else read.
+    pub(crate) fn bound_gpu(bdf: &str) -> Self {
+        GpuReadings {
+            bdf: bdf.into(),
+            present: Some(true),
+            bound: Some(true),
+            ..GpuReadings::default()
+        }
+    }
+
+    /// The same with a RAS block's counts.
+    pub(crate) fn with_ecc(mut self, block: &str, ue: u64, ce: u64) -> Self {
+        let count = crate::telemetry::sysfs::EccCount { ue, ce, de: None };
+        self.ecc.insert(block.into(), count);
+        self
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::kfd::{KFD_NODES, KFD_PROC};
