@@ -619,11 +619,18 @@ async fn hotplug_arrives_on_the_change_stream() {
 async fn repartitioning_is_a_change_event() {
     let (_dir, host, watch) = watched_host(SimSpec::new("mi300x", Some(1), None).unwrap()).await;
     let mut events = watch.subscribe();
-    simulate::write_host(
-        &host,
-        &SimSpec::new("mi300x", Some(1), Some("cpx_nps4")).unwrap(),
-    )
-    .unwrap();
+    // Through the simulated driver, as a real repartition goes: writing the
+    // whole host again would take the GPU away for the rewrite's length,
+    // and a scan in that window rightly sees it removed and added.
+    let kernel = simulate::kernel::store_for(&host);
+    for (attr, mode) in [
+        ("current_compute_partition", "CPX"),
+        ("current_memory_partition", "NPS4"),
+    ] {
+        let path = format!("/sys/bus/pci/devices/0000:05:00.0/{attr}");
+        kernel.store(&path, mode).unwrap();
+    }
+    kernel.settle().unwrap();
     let changed = next_event(&mut events, DeviceAction::Changed, "0000:05:00.0").await;
     assert_eq!(changed.action, DeviceAction::Changed);
     let mut inventory = watch.inventory();
