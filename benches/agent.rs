@@ -35,8 +35,7 @@ mod figures;
 mod support;
 
 use figures::{percentile, rss_mib};
-use std::io::BufRead;
-use std::process::{Command, Stdio};
+
 use std::time::{Duration, Instant};
 
 use gpu_operator::health::HealthConfig;
@@ -46,6 +45,7 @@ use kube_emulator::{Emulator, EmulatorConfig};
 use serde_json::json;
 use support::cluster::TestCluster;
 use support::fixtures::DeviceConfigBuilder;
+use support::logged::{self, Logged};
 use support::node_rig::NodeRig;
 
 const NODE: &str = "bench-node";
@@ -271,20 +271,17 @@ async fn detect_idle() {
         let kubeconfig = emulator.kubeconfig_path().to_path_buf();
         let root = host.root().to_path_buf();
         let (rss, cpu) = tokio::task::spawn_blocking(move || {
-            let mut child = spawn_until_logged(
-                Command::new(env!("CARGO_BIN_EXE_gpu-operator"))
+            let detect = Logged::start(
+                logged::gpu_operator()
                     .args(["detect", "--node-name", node, "--host-root"])
                     .arg(&root)
                     .env("KUBECONFIG", &kubeconfig),
-                // Its one log line: the labels are on the Node.
-                |line| line.contains("node labels"),
             );
+            // Its one log line: the labels are on the Node.
+            detect.wait_line("of the labels", |line| line.contains("node labels"));
             std::thread::sleep(SETTLE);
-            let rss = rss_mib(child.id());
-            let cpu = idle_cpu(child.id(), IDLE_WINDOW);
-            let _ = child.kill();
-            let _ = child.wait();
-            (rss, cpu)
+            let rss = rss_mib(detect.child.id());
+            (rss, idle_cpu(detect.child.id(), IDLE_WINDOW))
         })
         .await
         .expect("detect measured");
@@ -301,8 +298,8 @@ async fn detect_idle() {
 }
 
 fn standalone_idle(scratch: &std::path::Path, host_args: &[std::ffi::OsString]) -> IdleCpu {
-    let mut child = spawn_until_logged(
-        Command::new(env!("CARGO_BIN_EXE_gpu-operator"))
+    let standalone = Logged::start(
+        logged::gpu_operator()
             .arg("standalone")
             .args(host_args)
             .args(["--metrics-bind", "127.0.0.1:0", "--kubelet-dir"])
@@ -310,33 +307,11 @@ fn standalone_idle(scratch: &std::path::Path, host_args: &[std::ffi::OsString]) 
             .arg("--events-file")
             .arg(scratch.join("events.jsonl"))
             .env("TMPDIR", scratch),
-        // The first log line is the evidence that the process is up.
-        |_| true,
     );
+    // The first log line is the evidence that the process is up.
+    standalone.wait_line("of any kind", |_| true);
     std::thread::sleep(SETTLE);
-    let cpu = idle_cpu(child.id(), IDLE_WINDOW);
-    let _ = child.kill();
-    let _ = child.wait();
-    cpu
-}
-
-/// Starts `command` logging at info level to a pipe, and returns once a
-/// line `wanted` says so has come (panicking if it exits first); the rest
-/// of its log is drained so that it never blocks on a full pipe.
-fn spawn_until_logged(command: &mut Command, wanted: impl Fn(&str) -> bool) -> std::process::Child {
-    let mut child = command
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start gpu-operator");
-    let stderr = child.stderr.take().expect("stderr piped");
-    let mut lines = std::io::BufReader::new(stderr).lines();
-    if !lines.by_ref().any(|l| l.is_ok_and(|l| wanted(&l))) {
-        panic!("gpu-operator exited before logging what the bench waits for");
-    }
-    std::thread::spawn(move || for _ in lines {});
-    child
+    idle_cpu(standalone.child.id(), IDLE_WINDOW)
 }
 
 /// CPU time a process used over a window: to the nanosecond from its
