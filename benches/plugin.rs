@@ -254,11 +254,7 @@ async fn rpc_latency() {
     );
     let plugin = start_plugin(&rig, config);
     kubelet.wait_for_registration("amd.com/gpu", 1).await;
-    let devices = kubelet
-        .list_and_watch("amd.com_gpu.sock")
-        .await
-        .next()
-        .await;
+    let devices = kubelet.first_list("amd.com_gpu.sock").await;
     let ids: Vec<String> = devices.iter().map(|d| d.id.clone()).collect();
     let mut client = kubelet.client("amd.com_gpu.sock").await;
 

@@ -82,12 +82,7 @@ async fn a_client_sending_localhost_as_authority_is_served() {
 async fn list_and_watch_offers_the_eight_gpus_of_an_mi300x() {
     let mut rig = Rig::start("mi300x", None, Single).await;
     rig.kubelet().wait_for_registration("amd.com/gpu", 1).await;
-    let devices = rig
-        .kubelet()
-        .list_and_watch("amd.com_gpu.sock")
-        .await
-        .next()
-        .await;
+    let devices = rig.kubelet().first_list("amd.com_gpu.sock").await;
 
     let inventory = rig.sim.discover();
     assert_eq!(devices.len(), 8);
@@ -107,12 +102,7 @@ async fn list_and_watch_offers_the_eight_gpus_of_an_mi300x() {
 async fn list_and_watch_offers_64_partitions_of_a_cpx_nps4_mi300x() {
     let mut rig = Rig::start("mi300x", Some("cpx_nps4"), Single).await;
     rig.kubelet().wait_for_registration("amd.com/gpu", 1).await;
-    let devices = rig
-        .kubelet()
-        .list_and_watch("amd.com_gpu.sock")
-        .await
-        .next()
-        .await;
+    let devices = rig.kubelet().first_list("amd.com_gpu.sock").await;
 
     assert_eq!(devices.len(), 64);
     let ids: BTreeSet<&str> = devices.iter().map(|d| d.id.as_str()).collect();
@@ -162,18 +152,8 @@ async fn mixed_strategy_serves_one_socket_per_resource() {
         ]
     );
 
-    let cpx_devices = rig
-        .kubelet()
-        .list_and_watch("amd.com_cpx_nps4.sock")
-        .await
-        .next()
-        .await;
-    let spx_devices = rig
-        .kubelet()
-        .list_and_watch("amd.com_spx_nps1.sock")
-        .await
-        .next()
-        .await;
+    let cpx_devices = rig.kubelet().first_list("amd.com_cpx_nps4.sock").await;
+    let spx_devices = rig.kubelet().first_list("amd.com_spx_nps1.sock").await;
     assert_eq!((cpx_devices.len(), spx_devices.len()), (16, 2));
     let status = rig
         .wait_status("both registered", |s| {
@@ -190,12 +170,7 @@ async fn single_strategy_reports_a_heterogeneous_layout_and_serves_none_of_it() 
     let inventory = heterogeneous(&sim);
     let mut rig = Rig::with_inventory(sim, inventory, Single).await;
     rig.kubelet().wait_for_registration("amd.com/gpu", 1).await;
-    let devices = rig
-        .kubelet()
-        .list_and_watch("amd.com_gpu.sock")
-        .await
-        .next()
-        .await;
+    let devices = rig.kubelet().first_list("amd.com_gpu.sock").await;
     assert!(
         devices.is_empty(),
         "conflicting GPUs are not offered: {devices:?}"
@@ -217,12 +192,7 @@ async fn single_strategy_reports_a_heterogeneous_layout_and_serves_none_of_it() 
 async fn allocate_hands_out_kfd_and_the_devices_dri_nodes() {
     let mut rig = Rig::start_with_gpus("mi300x", Some(2), Some("cpx_nps4"), Single).await;
     rig.kubelet().wait_for_registration("amd.com/gpu", 1).await;
-    let devices = rig
-        .kubelet()
-        .list_and_watch("amd.com_gpu.sock")
-        .await
-        .next()
-        .await;
+    let devices = rig.kubelet().first_list("amd.com_gpu.sock").await;
     let inventory = rig.sim.discover();
     let gpu = &inventory.gpus[0];
     let second = devices
@@ -319,12 +289,7 @@ async fn allocate_rejects_unknown_and_unhealthy_devices() {
 async fn preferred_allocation_packs_partitions_into_one_gpu() {
     let mut rig = Rig::start_with_gpus("mi300x", Some(4), Some("cpx_nps4"), Single).await;
     rig.kubelet().wait_for_registration("amd.com/gpu", 1).await;
-    let devices = rig
-        .kubelet()
-        .list_and_watch("amd.com_gpu.sock")
-        .await
-        .next()
-        .await;
+    let devices = rig.kubelet().first_list("amd.com_gpu.sock").await;
     let all: Vec<String> = devices.iter().map(|d| d.id.clone()).collect();
     // Partition IDs of each GPU, in advertised order (8 per GPU).
     let gpu_of = |id: &str| all.iter().position(|x| x == id).unwrap() / 8;

@@ -36,12 +36,7 @@ async fn kubelet_restart_leads_to_a_new_registration() {
     );
 
     // The new socket serves.
-    let devices = rig
-        .kubelet()
-        .list_and_watch("amd.com_gpu.sock")
-        .await
-        .next()
-        .await;
+    let devices = rig.kubelet().first_list("amd.com_gpu.sock").await;
     assert_eq!(devices.len(), 8);
     rig.stop().await;
 }
@@ -72,12 +67,7 @@ async fn a_deleted_plugin_socket_is_recreated_and_registered_again() {
     std::fs::remove_file(&socket).unwrap();
     rig.kubelet().wait_for_registration("amd.com/gpu", 2).await;
     assert!(socket.exists());
-    let devices = rig
-        .kubelet()
-        .list_and_watch("amd.com_gpu.sock")
-        .await
-        .next()
-        .await;
+    let devices = rig.kubelet().first_list("amd.com_gpu.sock").await;
     assert_eq!(devices.len(), 8);
     rig.stop().await;
 }

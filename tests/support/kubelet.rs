@@ -212,6 +212,11 @@ impl TestKubelet {
             .into_inner();
         DeviceStream { stream }
     }
+
+    /// The devices of the first list a plugin's ListAndWatch sends.
+    pub async fn first_list(&self, endpoint: &str) -> Vec<Device> {
+        self.list_and_watch(endpoint).await.next().await
+    }
 }
 
 /// Connects to a plugin socket.
