@@ -262,14 +262,15 @@ async fn detect_idle() {
         emulator
             .create(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}}))
             .unwrap();
-        let scratch = figures::scratch();
-        let host = HostRoot::new(scratch.path().join("host"));
-        std::fs::create_dir_all(host.root()).unwrap();
+        let mut rig = NodeRig::builder(node).in_memory().join(emulator.client());
         if let Some(profile) = profile {
-            simulate::write_host(&host, &SimSpec::new(profile, None, None).unwrap()).unwrap();
+            rig = rig.profile(profile, None, None);
         }
+        let rig = rig.start().await;
+        // A node without a GPU has an empty host root, not none.
+        std::fs::create_dir_all(rig.host.root()).unwrap();
         let kubeconfig = emulator.kubeconfig_path().to_path_buf();
-        let root = host.root().to_path_buf();
+        let root = rig.host.root().to_path_buf();
         let (rss, cpu) = tokio::task::spawn_blocking(move || {
             let detect = Logged::start(
                 logged::gpu_operator()

@@ -36,7 +36,6 @@ use figures::{percentile, rss_mib};
 use gpu_operator::dra::api::dra_v1::NodePrepareResourcesRequest;
 use gpu_operator::dra::{DraConfig, DraPlugin, Slices};
 use gpu_operator::host::HostRoot;
-use gpu_operator::plugin::HealthReport;
 use gpu_operator::simulate::{self, SimSpec};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::Api;
@@ -68,9 +67,9 @@ async fn main() {
 
 /// Partitions allocated on demand: slices, and a Prepare that repartitions.
 async fn layouts(emulator: &Emulator) {
-    let sim = SimHost::new("mi300x", None);
+    let rig = plugin_node(emulator).await;
     let dir = figures::scratch();
-    let (plugin, kubelet, _inventory_tx) = start_plugin(emulator, &sim, &dir, true).await;
+    let (plugin, kubelet) = start_plugin(emulator, &rig, &dir, true).await;
     let mut status = plugin.status();
     let _ = status
         .wait_for(|s| matches!(s.slices, Slices::Published { .. }))
@@ -157,36 +156,40 @@ async fn layouts(emulator: &Emulator) {
     plugin.stop().await;
 }
 
-/// The DRA plugin on `sim` (its kubelet directory and CDI specs under
-/// `dir`), registered with a test kubelet: the plugin, the kubelet, and the
-/// inventory feed it follows.
+/// The bench's node: an MI300X on disk (as the Prepare figures were first
+/// measured), its inventory and health fed by hand, joined to `emulator`.
+async fn plugin_node(emulator: &Emulator) -> NodeRig {
+    NodeRig::builder(NODE)
+        .sim(SimHost::new("mi300x", None))
+        .feeds()
+        .join(emulator.client())
+        .start()
+        .await
+}
+
+/// Starts the DRA plugin on `rig`'s host and feeds, with its kubelet and CDI
+/// directories in `dir` (in memory: the Prepare figures include their
+/// writes), and a test kubelet that registers it.
 async fn start_plugin(
     emulator: &Emulator,
-    sim: &SimHost,
+    rig: &NodeRig,
     dir: &tempfile::TempDir,
     auto_partition: bool,
-) -> (
-    DraPlugin,
-    DraKubelet,
-    tokio::sync::watch::Sender<std::sync::Arc<gpu_operator::device::Inventory>>,
-) {
+) -> (DraPlugin, DraKubelet) {
     let kubelet_dir = dir.path().join("kubelet");
-    let mut config = DraConfig::new(&kubelet_dir, sim.host.clone(), NODE);
+    let mut config = DraConfig::new(&kubelet_dir, rig.host.clone(), NODE);
     config.cdi_dir = dir.path().join("cdi");
     config.auto_partition = auto_partition;
-    let (inventory_tx, inventory) = sim.feed();
-    // The health feed's sender may go: a closed feed reads as "no problems".
-    let (_health_tx, health) = tokio::sync::watch::channel(HealthReport::default());
     let plugin = DraPlugin::start(
         config,
-        inventory,
-        health,
+        rig.inventory().subscribe(),
+        rig.health().subscribe(),
         emulator.client(),
         gpu_operator::events::EventSink::log(NODE),
     );
     let kubelet = DraKubelet::new(&kubelet_dir);
     kubelet.register().await;
-    (plugin, kubelet, inventory_tx)
+    (plugin, kubelet)
 }
 
 /// Creates claim `name` allocated `devices` of this node; returns its UID.
@@ -213,9 +216,9 @@ async fn claim(client: &kube::Client, name: &str, devices: &[String]) -> String 
 }
 
 async fn prepare_latency(emulator: &Emulator) {
-    let sim = SimHost::new("mi300x", None);
+    let rig = plugin_node(emulator).await;
     let dir = figures::scratch();
-    let (plugin, kubelet, inventory_tx) = start_plugin(emulator, &sim, &dir, false).await;
+    let (plugin, kubelet) = start_plugin(emulator, &rig, &dir, false).await;
     let mut status = plugin.status();
     let _ = status
         .wait_for(|s| matches!(s.slices, Slices::Published { devices: 8, .. }))
@@ -271,10 +274,10 @@ async fn prepare_latency(emulator: &Emulator) {
         emulator,
         "new inventory handed to the DRA plugin -> ResourceSlices updated (spx <-> cpx_nps4)",
         |partition| {
-            sim.rewrite("mi300x", partition);
-            let discovered = std::sync::Arc::new(sim.discover());
+            rig.sim.rewrite("mi300x", partition);
+            let discovered = std::sync::Arc::new(rig.sim.discover());
             let handed = Instant::now();
-            inventory_tx.send_replace(discovered);
+            rig.inventory().send_replace(discovered);
             handed
         },
     )
