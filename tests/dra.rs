@@ -21,7 +21,7 @@ use serde_json::{Value, json};
 use support::cluster::TestCluster;
 use support::dra_kubelet::DraKubelet;
 use support::dra_scheduler;
-use support::node_rig::NodeRig;
+use support::node_rig::{Modprobe, NodeRig};
 use support::wait;
 use tokio::sync::watch;
 
@@ -99,7 +99,8 @@ impl Rig {
             Self::start_full("mi300x", Some(gpus), None, true, TimeSlicing::default()).await;
         rig.stop_plugin().await;
         let tools = rig.dir().join("tools");
-        let refusing = refusing_modprobe(&tools, &rig.sim.host.path("/"));
+        let refusing =
+            support::bundles::modprobe_with_faults(&tools, &rig.sim.host.path("/"), "6.12.12");
         rig.auto_partition = true;
         rig.reload = Some(refusing);
         rig.start_plugin();
@@ -245,32 +246,6 @@ impl Rig {
         .expect("claim allocated");
         created.metadata.uid.expect("uid")
     }
-}
-
-/// A `modprobe` stand-in in `tools` for the host at `root`: the bundles
-/// recorder (`support::bundles::modprobe_recorder`, logging each run), but
-/// failing while `tools/refuse` exists, and once for `tools/refuse-once`,
-/// as a modprobe refusing to unload a module in use does (such a run is
-/// not logged); taking 2 s while `tools/slow` exists. Returns its path.
-fn refusing_modprobe(tools: &Path, root: &Path) -> PathBuf {
-    let recorder = support::bundles::modprobe_recorder(tools, root, "6.12.12");
-    let refusing = tools.join("modprobe-or-refuse");
-    std::fs::write(
-        &refusing,
-        format!(
-            "#!/bin/sh\nif [ -e '{refuse}' ]; then echo 'modprobe: FATAL: Module amdgpu is in use.' >&2; exit 1; fi\nif [ -e '{slow}' ]; then sleep 2; fi\nif [ -e '{refuse}-once' ]; then rm '{refuse}-once'; echo 'modprobe: FATAL: Module amdgpu is in use.' >&2; exit 1; fi\nexec '{recorder}' \"$@\"\n",
-            refuse = tools.join("refuse").display(),
-            slow = tools.join("slow").display(),
-            recorder = recorder.display()
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(
-        &refusing,
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
-    refusing
 }
 
 fn spec_file(cdi_dir: &Path, uid: &str) -> PathBuf {
@@ -1853,7 +1828,7 @@ const MANAGED_VERSION: &str = "6.12.12";
 /// store, and the real agent, whose DeviceConfig has the driver manager
 /// load that bundle with `kernelModuleConfig` and allocates partitions on
 /// demand (`draDriver.autoPartition`); the driver manager's `modprobe` is
-/// [`refusing_modprobe`]. Returns once the bundle is loaded and the layouts
+/// [`support::bundles::modprobe_with_faults`]. Returns once the bundle is loaded and the layouts
 /// are published, with the kubelet's DRA side registered.
 async fn managed_driver_node() -> Rig {
     use gpu_operator::simulate;
@@ -1913,13 +1888,7 @@ async fn managed_driver_node() -> Rig {
 /// Starts the agent of [`managed_driver_node`] on `node`; returns its driver
 /// manager's record of what it loaded.
 fn start_managed_agent(node: &mut NodeRig) -> Handoff {
-    let mut driver = gpu_operator::driver::manager::ManagerConfig {
-        store: support::bundles::STORE.into(),
-        recheck: Duration::from_millis(200),
-        ..Default::default()
-    };
-    driver.commands.modprobe =
-        refusing_modprobe(&node.dir().join("tools"), &node.sim.host.path("/"));
+    let driver = node.driver_manager(Modprobe::WithFaults("6.12.12"));
     let handoff = driver.handoff.clone();
     let config = node.agent_config().driver(driver).build();
     node.start_agent(config);

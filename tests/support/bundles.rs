@@ -193,3 +193,32 @@ pub fn run_driver(root: &std::path::Path, args: &[&str]) -> (i32, String, String
             .arg(root),
     )
 }
+
+/// The `modprobe` stand-in's name in `tools` of [`modprobe_with_faults`].
+pub const MODPROBE_WITH_FAULTS: &str = "modprobe-or-refuse";
+
+/// A `modprobe` stand-in in `tools` for the host at `root`: the
+/// recorder of `version` ([`modprobe_recorder`], logging each run), but
+/// failing while `tools/refuse` exists, and once for `tools/refuse-once`,
+/// as a modprobe refusing to unload a module in use does (such a run is
+/// not logged); taking 2 s while `tools/slow` exists. Returns its path.
+pub fn modprobe_with_faults(tools: &Path, root: &Path, version: &str) -> PathBuf {
+    let recorder = modprobe_recorder(tools, root, version);
+    let refusing = tools.join(MODPROBE_WITH_FAULTS);
+    std::fs::write(
+        &refusing,
+        format!(
+            "#!/bin/sh\nif [ -e '{refuse}' ]; then echo 'modprobe: FATAL: Module amdgpu is in use.' >&2; exit 1; fi\nif [ -e '{slow}' ]; then sleep 2; fi\nif [ -e '{refuse}-once' ]; then rm '{refuse}-once'; echo 'modprobe: FATAL: Module amdgpu is in use.' >&2; exit 1; fi\nexec '{recorder}' \"$@\"\n",
+            refuse = tools.join("refuse").display(),
+            slow = tools.join("slow").display(),
+            recorder = recorder.display()
+        ),
+    )
+    .expect("the modprobe stand-in written");
+    std::fs::set_permissions(
+        &refusing,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .expect("the modprobe stand-in written");
+    refusing
+}

@@ -75,6 +75,9 @@ pub enum Modprobe<'a> {
     LoadsBundles,
     /// Does not exist: the agent must never run it ([`bundles::no_modprobe`]).
     Missing,
+    /// Loads amdgpu of this version, with faults a test switches on
+    /// ([`bundles::modprobe_with_faults`]).
+    WithFaults(&'a str),
 }
 
 /// Work on the rig's own cluster before the Node is created in it.
@@ -398,7 +401,12 @@ impl NodeRig {
         };
         let tools = self.tools();
         let written = tools.join("modprobe");
+        let with_faults = tools.join(bundles::MODPROBE_WITH_FAULTS);
         config.commands.modprobe = match modprobe {
+            Modprobe::WithFaults(_) if with_faults.exists() => with_faults,
+            Modprobe::WithFaults(version) => {
+                bundles::modprobe_with_faults(&tools, self.host.root(), version)
+            }
             _ if written.exists() => written,
             Modprobe::Loads(version) => {
                 bundles::modprobe_recorder(&tools, self.host.root(), version)
