@@ -85,10 +85,7 @@ impl BoundedHost {
     /// An answer of another kind than asked for: only a bug in the reader
     /// gives one, and a missing value is the safe outcome.
     fn unexpected(&self, path: &str) -> HostError {
-        HostError::Io {
-            path: self.host().path(path),
-            source: std::io::ErrorKind::InvalidData.into(),
-        }
+        HostError::wrong_answer(self.host().path(path))
     }
 
     fn hung(&self, path: &str) -> HostError {

@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 
 use super::model::{Link, LinkKind, NodeSize, format_bdf, split_location_id};
-use crate::host::{HostAnswer, HostError, HostOp, HostRead};
+use crate::host::HostRead;
 
 pub const TOPOLOGY_DIR: &str = "/sys/class/kfd/kfd/topology";
 
@@ -301,12 +301,17 @@ pub fn read_topology_with(host: &dyn HostRead, dir: &str) -> KfdTopology {
             return topology;
         }
     };
+    // Each node's properties, the banks and the links are read in batches
+    // (`HostRead::read_attrs`): a partitioned host's topology is over a
+    // thousand files (an MI300X in CPX mode: 64 GPU nodes, 63 links for each
+    // of 8 GPUs), and through the bounded reader each request is a hand-off
+    // to its threads and back.
     let ids: Vec<u32> = names.iter().filter_map(|n| n.parse().ok()).collect();
     let properties: Vec<String> = ids
         .iter()
         .map(|id| format!("{nodes_dir}/{id}/properties"))
         .collect();
-    for (&id, answer) in ids.iter().zip(read_all(host, &properties)) {
+    for (&id, answer) in ids.iter().zip(host.read_attrs(&properties)) {
         match answer {
             Ok(text) => {
                 let (props, problems) = NodeProperties::parse(&text);
@@ -345,56 +350,6 @@ pub fn read_topology_with(host: &dyn HostRead, dir: &str) -> KfdTopology {
     topology
 }
 
-/// Reads every file of `paths` in one request ([`HostRead::read_many`]),
-/// answered in order. A partitioned host's topology is over a thousand
-/// files (an MI300X in CPX mode: 64 GPU nodes, 63 links for each of 8
-/// GPUs); asked for one by one through the bounded reader, each would cost
-/// a hand-off to its threads and back.
-fn read_all(host: &dyn HostRead, paths: &[String]) -> Vec<crate::host::Result<String>> {
-    ask_all(host, HostOp::Read, paths, |answer| match answer {
-        HostAnswer::Text(text) => Some(text),
-        _ => None,
-    })
-}
-
-/// Lists every directory of `dirs` in one request, as [`read_all`] reads;
-/// an absent directory is empty.
-fn list_all(host: &dyn HostRead, dirs: &[String]) -> Vec<crate::host::Result<Vec<String>>> {
-    let listings = ask_all(host, HostOp::List, dirs, |answer| match answer {
-        HostAnswer::Names(names) => Some(names),
-        _ => None,
-    });
-    listings
-        .into_iter()
-        .map(|listing| match listing {
-            Err(e) if e.is_not_found() => Ok(Vec::new()),
-            other => other,
-        })
-        .collect()
-}
-
-/// `op` on every path in one request; `take` picks the answer of its kind
-/// (another kind comes only from a bug in the reader: a missing value).
-fn ask_all<T>(
-    host: &dyn HostRead,
-    op: HostOp,
-    paths: &[String],
-    take: impl Fn(HostAnswer) -> Option<T>,
-) -> Vec<crate::host::Result<T>> {
-    let requests: Vec<(HostOp, &str)> = paths.iter().map(|p| (op, p.as_str())).collect();
-    let answers = host.read_many(&requests);
-    answers
-        .into_iter()
-        .zip(paths)
-        .map(|(answer, path)| {
-            take(answer?).ok_or_else(|| HostError::Io {
-                path: host.host().path(path),
-                source: std::io::ErrorKind::InvalidData.into(),
-            })
-        })
-        .collect()
-}
-
 /// Each GPU node's device memory, from its memory banks: one request lists
 /// every node's banks, one reads them all.
 fn read_vram(host: &dyn HostRead, nodes_dir: &str, mut nodes: Vec<&mut KfdNode>) {
@@ -403,7 +358,12 @@ fn read_vram(host: &dyn HostRead, nodes_dir: &str, mut nodes: Vec<&mut KfdNode>)
         .map(|n| format!("{nodes_dir}/{}/mem_banks", n.id))
         .collect();
     let mut banks: Vec<(usize, String)> = Vec::new();
-    for (at, (listing, dir)) in list_all(host, &dirs).into_iter().zip(&dirs).enumerate() {
+    for (at, (listing, dir)) in host
+        .list_dirs_or_empty(&dirs)
+        .into_iter()
+        .zip(&dirs)
+        .enumerate()
+    {
         match listing {
             Ok(names) => banks.extend(
                 names
@@ -414,7 +374,7 @@ fn read_vram(host: &dyn HostRead, nodes_dir: &str, mut nodes: Vec<&mut KfdNode>)
         }
     }
     let paths: Vec<String> = banks.iter().map(|(_, path)| path.clone()).collect();
-    for ((at, _), answer) in banks.iter().zip(read_all(host, &paths)) {
+    for ((at, _), answer) in banks.iter().zip(host.read_attrs(&paths)) {
         let node = &mut nodes[*at];
         let text = match answer {
             Ok(text) => text,
@@ -445,7 +405,7 @@ fn read_links(host: &dyn HostRead, nodes_dir: &str, mut nodes: Vec<&mut KfdNode>
         .collect();
     let dir_paths: Vec<String> = dirs.iter().map(|(_, dir)| dir.clone()).collect();
     let mut links: Vec<(usize, String)> = Vec::new();
-    for ((at, dir), listing) in dirs.iter().zip(list_all(host, &dir_paths)) {
+    for ((at, dir), listing) in dirs.iter().zip(host.list_dirs_or_empty(&dir_paths)) {
         match listing {
             Ok(names) => links.extend(
                 names
@@ -456,7 +416,7 @@ fn read_links(host: &dyn HostRead, nodes_dir: &str, mut nodes: Vec<&mut KfdNode>
         }
     }
     let paths: Vec<String> = links.iter().map(|(_, path)| path.clone()).collect();
-    for ((at, path), answer) in links.iter().zip(read_all(host, &paths)) {
+    for ((at, path), answer) in links.iter().zip(host.read_attrs(&paths)) {
         let node = &mut nodes[*at];
         match answer {
             Ok(text) => {

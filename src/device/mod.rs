@@ -260,9 +260,8 @@ fn partition_drm_nodes(host: &dyn HostRead, warnings: &mut Vec<String>) -> BTree
         .iter()
         .map(|entry| format!("{PLATFORM_DIR}/{entry}/drm"))
         .collect();
-    let requests: Vec<(HostOp, &str)> = dirs.iter().map(|d| (HostOp::List, d.as_str())).collect();
-    for (entry, listing) in partitions.into_iter().zip(host.read_many(&requests)) {
-        if let Ok(HostAnswer::Names(names)) = listing
+    for (entry, listing) in partitions.into_iter().zip(host.list_dirs_or_empty(&dirs)) {
+        if let Ok(names) = listing
             && let (Some(card), Some(minor)) = drm_nodes(&names)
         {
             map.insert(
@@ -345,10 +344,9 @@ impl AttrReader<'_> {
     fn raw(&mut self, name: &str) -> Option<String> {
         let read = match self.ahead.remove(name) {
             Some(Ok(HostAnswer::Text(value))) => Ok((!value.is_empty()).then_some(value)),
-            Some(Ok(_)) => Err(HostError::Io {
-                path: self.host.host().path(self.path(name)),
-                source: std::io::ErrorKind::InvalidData.into(),
-            }),
+            Some(Ok(_)) => Err(HostError::wrong_answer(
+                self.host.host().path(self.path(name)),
+            )),
             Some(Err(e)) if e.is_not_found() => Ok(None),
             Some(Err(e)) => Err(e),
             None => self.host.read_optional_attr(&self.path(name)),
@@ -366,10 +364,9 @@ impl AttrReader<'_> {
     fn list(&mut self, name: &str) -> crate::host::Result<Vec<String>> {
         match self.ahead.remove(name) {
             Some(Ok(HostAnswer::Names(names))) => Ok(names),
-            Some(Ok(_)) => Err(HostError::Io {
-                path: self.host.host().path(self.path(name)),
-                source: std::io::ErrorKind::InvalidData.into(),
-            }),
+            Some(Ok(_)) => Err(HostError::wrong_answer(
+                self.host.host().path(self.path(name)),
+            )),
             Some(Err(e)) => Err(e),
             None => self.host.list_dir(&self.path(name)),
         }

@@ -77,6 +77,16 @@ impl HostError {
         }
     }
 
+    /// An answer of another kind than asked for (a listing for a read):
+    /// only a bug in a reader gives one, and a missing value is the safe
+    /// outcome.
+    pub fn wrong_answer(path: PathBuf) -> Self {
+        HostError::Io {
+            path,
+            source: io::ErrorKind::InvalidData.into(),
+        }
+    }
+
     fn io(path: &Path, source: io::Error) -> Self {
         HostError::Io {
             path: path.to_path_buf(),
@@ -694,6 +704,41 @@ pub trait HostRead {
             Err(e) if e.is_not_found() => Ok(Vec::new()),
             other => other,
         }
+    }
+
+    /// [`HostRead::read_attr`] of every path in one
+    /// [`HostRead::read_many`], answered in order: where the reads go to a
+    /// bounded reader, one hand-off to its threads instead of one a file.
+    fn read_attrs(&self, paths: &[String]) -> Vec<Result<String>> {
+        let requests: Vec<(HostOp, &str)> =
+            paths.iter().map(|p| (HostOp::Read, p.as_str())).collect();
+        let answers = self.read_many(&requests);
+        answers
+            .into_iter()
+            .zip(paths)
+            .map(|(answer, path)| match answer? {
+                HostAnswer::Text(text) => Ok(text),
+                _ => Err(HostError::wrong_answer(self.host().path(path))),
+            })
+            .collect()
+    }
+
+    /// [`HostRead::list_dir_or_empty`] of every directory in one request,
+    /// as [`HostRead::read_attrs`] reads.
+    fn list_dirs_or_empty(&self, dirs: &[String]) -> Vec<Result<Vec<String>>> {
+        let requests: Vec<(HostOp, &str)> =
+            dirs.iter().map(|d| (HostOp::List, d.as_str())).collect();
+        let answers = self.read_many(&requests);
+        answers
+            .into_iter()
+            .zip(dirs)
+            .map(|(answer, dir)| match answer {
+                Ok(HostAnswer::Names(names)) => Ok(names),
+                Ok(_) => Err(HostError::wrong_answer(self.host().path(dir))),
+                Err(e) if e.is_not_found() => Ok(Vec::new()),
+                Err(e) => Err(e),
+            })
+            .collect()
     }
 }
 
