@@ -361,28 +361,28 @@ impl BatchAnswered {
         let mut refused = std::mem::take(&mut self.refused).into_iter().peekable();
         let mut answers = Vec::with_capacity(self.requests.len());
         // The batch's reads are the requests not refused, in order.
-        let mut k = 0;
+        let mut queued = batch
+            .iter()
+            .flat_map(|b| b.todo.iter().enumerate())
+            .peekable();
         for (i, (_, path)) in self.requests.iter().enumerate() {
-            if let Some((_, refusal)) = refused.next_if(|(at, _)| *at == i) {
-                answers.push(Err(refusal));
-                continue;
-            }
-            let answer = match &batch {
-                Some(batch) if batch.todo.get(k) == Some(&i) => {
-                    k += 1;
-                    match batch.answer(k - 1).take() {
-                        Some(answer) => answer.map_err(ReadError::Host),
-                        None => {
-                            self.inner.timeouts.fetch_add(1, Ordering::Relaxed);
-                            Err(ReadError::TimedOut {
-                                path: path.to_owned(),
-                                timeout: self.timeout,
-                            })
-                        }
+            let answer = if let Some((_, refusal)) = refused.next_if(|(at, _)| *at == i) {
+                Err(refusal)
+            } else if let Some((k, _)) = queued.next_if(|(_, at)| **at == i) {
+                let answer = batch.as_ref().and_then(|b| b.answer(k).take());
+                match answer {
+                    Some(answer) => answer.map_err(ReadError::Host),
+                    None => {
+                        self.inner.timeouts.fetch_add(1, Ordering::Relaxed);
+                        Err(ReadError::TimedOut {
+                            path: path.to_owned(),
+                            timeout: self.timeout,
+                        })
                     }
                 }
+            } else {
                 // Neither refused nor queued: only if this module has a bug.
-                _ => Err(ReadError::Closed { path: path.into() }),
+                Err(ReadError::Closed { path: path.into() })
             };
             answers.push(answer);
         }
@@ -561,7 +561,8 @@ pub struct PoolFacts {
 }
 
 /// Whether a read just queued (`stalled == false`) or one that has waited
-/// [`STALL`] without being started (`stalled == true`) needs another thread.
+/// [`STALL`] without being started, in a request that does not keep its pace
+/// ([`Pace::keeps_up`]; `stalled == true`), needs another thread.
 /// A thread that is between files, on a file it started recently, or about
 /// to wake will get to a new read; one that has been on a file longer may be
 /// stuck, so it does not count. A stalled read wants one more thread whatever
@@ -921,9 +922,9 @@ fn wake(inner: &Arc<Inner>, state: &mut State, stalled: bool) -> Woken {
 impl Inner {
     /// A caller's look at its waiting request at `now` (see the module doc):
     /// at the deadline the request expires; while reads wait unstarted past
-    /// the stall time, and no thread is on a file it started within [`STALL`]
-    /// or the reads go too slowly to end well inside the deadline
-    /// ([`Pace::keeps_up`]), one more thread for them, and another look after
+    /// the stall time, one more thread for them if no thread is making
+    /// progress or the reads go too slowly to end well inside the deadline
+    /// ([`Pace::keeps_up`]), and another look after
     /// [`STALL`] as long as more threads could help (on a busy machine any
     /// thread is late now and then, and waking the whole pool at once costs
     /// more than the wait). Returns when to look next, or `None` when the
@@ -949,11 +950,9 @@ impl Inner {
             waiting: batch.unstarted(),
             left: batch.deadline.saturating_duration_since(now),
         };
-        if self.facts(&state, now).recent > 0 && pace.keeps_up() {
-            // Busy, not stuck: look again in case that changes.
-            return Some((now + STALL).min(batch.deadline));
-        }
-        let woken = wake(self, &mut state, true);
+        // A request that keeps its pace is only waiting, like one just
+        // queued: a thread making progress gets to it.
+        let woken = wake(self, &mut state, !pace.keeps_up());
         let more_could_help = woken != Woken::Failed
             && batch.unstarted() > state.waking
             && (state.threads < self.max_threads || state.idle > state.waking);
