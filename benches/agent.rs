@@ -24,7 +24,9 @@
 //!   it has labelled the Node.
 //!
 //! `AGENT_BENCH=idle` runs only the standalone idle-CPU figures,
-//! `AGENT_BENCH=detect` only the detect figures.
+//! `AGENT_BENCH=agent` only the agent's idle figures, `AGENT_BENCH=detect`
+//! only the detect figures. Each idle-CPU figure is followed by its split
+//! by thread name (CPU and times scheduled per second), to say where it goes.
 //!
 //! Run with `cargo bench --bench agent`. Prints figures; asserts nothing.
 
@@ -75,6 +77,10 @@ async fn main() {
                 .json(),
         )
         .unwrap();
+    if std::env::var("AGENT_BENCH").as_deref() == Ok("agent") {
+        agent_idle(&emulator).await;
+        return;
+    }
 
     let runs = 20;
     let mut to_registration = Vec::new();
@@ -109,7 +115,15 @@ async fn main() {
         percentile(&mut to_exit, 0.99)
     );
 
-    // Idle RSS of the real binary.
+    agent_idle(&emulator).await;
+    tokio::task::spawn_blocking(standalone_idle_cpu)
+        .await
+        .unwrap();
+}
+
+/// Idle RSS and CPU of the real `gpu-operator agent` process, with every
+/// service of the DeviceConfig running.
+async fn agent_idle(emulator: &Emulator) {
     let rig = NodeRig::builder(NODE)
         .profile("mi300x", None, Some("cpx_nps4"))
         .kubelet()
@@ -133,13 +147,10 @@ async fn main() {
         "idle CPU of `gpu-operator agent` (mi300x cpx_nps4, all services running): {}",
         cpu.describe()
     );
+    println!("{}", cpu.by_thread());
     let _ = child.kill();
     let _ = child.wait();
     drop(rig);
-
-    tokio::task::spawn_blocking(standalone_idle_cpu)
-        .await
-        .unwrap();
 }
 
 /// Idle CPU of `gpu-operator standalone` at the default intervals on a
@@ -167,6 +178,7 @@ fn standalone_idle_cpu() {
             "idle CPU of `gpu-operator standalone {what}`: {}",
             cpu.describe()
         );
+        println!("{}", cpu.by_thread());
     }
     let (files, floor) = read_floor(&host_dir.join("sys/devices"));
     println!(
@@ -243,6 +255,7 @@ fn read_floor(devices: &std::path::Path) -> (usize, IdleCpu) {
             cpu: thread_cpu().saturating_sub(before),
             ticks: None,
             main_thread: Duration::ZERO,
+            threads: Default::default(),
             window: started.elapsed(),
         }
     })
@@ -324,6 +337,8 @@ struct IdleCpu {
     /// Of `cpu`, the main thread's: where `standalone --simulate` runs the
     /// simulator's writes (the services run on the runtime's threads).
     main_thread: Duration,
+    /// Of `cpu`, by thread name: CPU time and times scheduled.
+    threads: std::collections::BTreeMap<String, (Duration, u64)>,
     window: Duration,
 }
 
@@ -348,6 +363,26 @@ impl IdleCpu {
             self.window
         )
     }
+
+    /// The split by thread name, busiest first: ms of CPU and times
+    /// scheduled per second.
+    fn by_thread(&self) -> String {
+        let seconds = self.window.as_secs_f64();
+        let mut threads: Vec<_> = self.threads.iter().collect();
+        threads.sort_by_key(|(_, (cpu, _))| std::cmp::Reverse(*cpu));
+        let parts: Vec<String> = threads
+            .iter()
+            .filter(|(_, (cpu, _))| !cpu.is_zero())
+            .map(|(name, (cpu, runs))| {
+                format!(
+                    "{name} {:.2} ms/s {:.1}/s",
+                    cpu.as_secs_f64() * 1000.0 / seconds,
+                    *runs as f64 / seconds
+                )
+            })
+            .collect();
+        format!("  by thread: {}", parts.join(", "))
+    }
 }
 
 /// Measures the CPU time of `pid`'s threads over `window`.
@@ -356,23 +391,43 @@ fn idle_cpu(pid: u32, window: Duration) -> IdleCpu {
     let started = Instant::now();
     std::thread::sleep(window);
     let (after, ticks_after) = (threads_cpu_time(pid), cpu_time(pid));
-    let used = |tid: &String| {
-        let at = |times: &std::collections::BTreeMap<String, Duration>| {
-            times.get(tid).copied().unwrap_or_default()
-        };
-        at(&after).saturating_sub(at(&before))
-    };
+    let mut threads = std::collections::BTreeMap::<String, (Duration, u64)>::new();
+    for (tid, now) in &after {
+        let then = before.get(tid);
+        let cpu = now
+            .cpu
+            .saturating_sub(then.map_or(Duration::ZERO, |t| t.cpu));
+        let runs = now.runs.saturating_sub(then.map_or(0, |t| t.runs));
+        let entry = threads.entry(now.name.clone()).or_default();
+        entry.0 += cpu;
+        entry.1 += runs;
+    }
+    let main_thread = after.get(&pid.to_string()).map_or(Duration::ZERO, |now| {
+        let then = before
+            .get(&pid.to_string())
+            .map_or(Duration::ZERO, |t| t.cpu);
+        now.cpu.saturating_sub(then)
+    });
     IdleCpu {
-        cpu: after.keys().map(used).sum(),
+        cpu: threads.values().map(|(cpu, _)| *cpu).sum(),
         ticks: Some(ticks_after.saturating_sub(ticks_before)),
-        main_thread: used(&pid.to_string()),
+        main_thread,
+        threads,
         window: started.elapsed(),
     }
 }
 
-/// Each live thread's time on a CPU, from `/proc/<pid>/task/*/schedstat`
-/// (its first field, in nanoseconds).
-fn threads_cpu_time(pid: u32) -> std::collections::BTreeMap<String, Duration> {
+/// One thread's scheduler statistics.
+struct ThreadTime {
+    name: String,
+    cpu: Duration,
+    /// Times it was scheduled (each wake-up is at least one).
+    runs: u64,
+}
+
+/// Each live thread's name, time on a CPU and times scheduled, from
+/// `/proc/<pid>/task/*/{comm,schedstat}` (its first and third fields).
+fn threads_cpu_time(pid: u32) -> std::collections::BTreeMap<String, ThreadTime> {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return Default::default();
     };
@@ -380,10 +435,18 @@ fn threads_cpu_time(pid: u32) -> std::collections::BTreeMap<String, Duration> {
         .flatten()
         .filter_map(|task| {
             let text = std::fs::read_to_string(task.path().join("schedstat")).ok()?;
-            let nanos: u64 = text.split_whitespace().next()?.parse().ok()?;
+            let fields: Vec<u64> = text
+                .split_whitespace()
+                .map(|f| f.parse().unwrap_or(0))
+                .collect();
+            let name = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
             Some((
                 task.file_name().to_string_lossy().into_owned(),
-                Duration::from_nanos(nanos),
+                ThreadTime {
+                    name: name.trim().to_owned(),
+                    cpu: Duration::from_nanos(*fields.first()?),
+                    runs: fields.get(2).copied().unwrap_or(0),
+                },
             ))
         })
         .collect()

@@ -9,7 +9,9 @@
 //! `/dev` or `/dev/dri` (or lost events), when the nodes asked about or the
 //! driver's state change, and at least every [`NodeProbe::SAFETY_INTERVAL`];
 //! without inotify, at every look, as before. A change is thus seen at the
-//! plugin's next look, as when every look stats.
+//! plugin's next look, as when every look stats. A plugin that looks only
+//! when something may have changed awaits [`NodeProbe::changed`], which
+//! returns when the watches have events queued (the next look reads them).
 //!
 //! All reads go through [`HostRoot`]. This module must not decide anything; the
 //! pure modules turn these facts into device IDs and health.
@@ -18,7 +20,7 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use crate::host::HostRoot;
-use crate::host::inotify::DevWatch;
+use crate::host::inotify::{DevWatch, Readiness};
 
 use super::devices::PluginDevice;
 use super::health::NodeChecks;
@@ -96,6 +98,9 @@ pub(crate) struct NodeProbe {
     watched_host: Option<HostRoot>,
     /// `None` without inotify.
     watch: Option<DevWatch>,
+    /// Wakes [`NodeProbe::changed`]; `None` without a watch or outside a
+    /// tokio runtime.
+    ready: Option<Readiness>,
     last: Option<Checked>,
     /// Looks that stat'ed the nodes (for tests).
     pub(crate) checks_run: u64,
@@ -105,6 +110,22 @@ impl NodeProbe {
     /// The nodes are stat'ed at least this often, whatever inotify says: a
     /// safety net for a `/dev` whose filesystem does not report changes.
     pub const SAFETY_INTERVAL: Duration = Duration::from_secs(10);
+
+    /// Whether [`NodeProbe::changed`] wakes for changes: the watches are set
+    /// up (at the first look) and registered with the runtime. Until then, and
+    /// without inotify, a plugin must look on a timer.
+    pub(crate) fn event_driven(&self) -> bool {
+        self.ready.is_some()
+    }
+
+    /// Returns when `/dev` or `/dev/dri` has events queued, which the next
+    /// look reads; never while not [`NodeProbe::event_driven`]. Cancel-safe.
+    pub(crate) async fn changed(&self) {
+        match &self.ready {
+            Some(ready) if ready.queued().await.is_ok() => {}
+            _ => std::future::pending().await,
+        }
+    }
 
     /// Presence of `/dev/kfd` and of `nodes` on `host`, now.
     pub(crate) fn checks(
@@ -123,6 +144,10 @@ impl NodeProbe {
                     None
                 }
             };
+            self.ready = self
+                .watch
+                .as_ref()
+                .and_then(|watch| Readiness::new(watch.inotify()).ok());
             self.watched_host = Some(host.clone());
             self.last = None;
         }
@@ -131,6 +156,7 @@ impl NodeProbe {
             Some(Err(e)) => {
                 tracing::debug!(error = %e, "inotify failed; device nodes are stat'ed at every look");
                 self.watch = None;
+                self.ready = None;
                 false
             }
             None => false,

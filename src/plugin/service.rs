@@ -8,11 +8,16 @@
 //! the pure modules; this module only wires them to time, files and sockets. It
 //! must not block: every wait is bounded or cancellable by `stop`.
 //!
-//! Timing: every `poll_interval` (200 ms by default) the supervisor re-checks
-//! device nodes and the identity of `kubelet.sock`, and each resource task checks
-//! that its own socket is still there. A recreated `kubelet.sock` therefore leads
-//! to re-registration within about one interval; a deleted plugin socket is
-//! bound again and re-registered.
+//! Timing: the supervisor looks at the device nodes, at the identity of
+//! `kubelet.sock` and (through its resource tasks) at each plugin socket when
+//! inotify says the device-plugin directory, `/dev` or `/dev/dri` changed. A
+//! recreated `kubelet.sock` therefore leads to re-registration, and a deleted
+//! plugin socket is bound again and re-registered, as soon as the event is
+//! read. It also looks every [`BACKSTOP`] (a safety net for a filesystem that
+//! does not report a change), and every `poll_interval` (200 ms by default)
+//! while a watch is missing: the directory does not exist yet, inotify is
+//! unavailable, or the runtime cannot wait on it. On an idle node the plugin
+//! thus wakes the process every ten seconds instead of five times a second.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -26,6 +31,7 @@ use tokio::time::Instant;
 use crate::device::Inventory;
 use crate::host::HostRoot;
 use crate::host::alarm::Ticker;
+use crate::host::inotify::{DirWatch, Readiness};
 
 use super::api;
 use super::devices::{
@@ -40,6 +46,10 @@ use super::state::{AdvertisedDevice, ResourceState};
 
 /// How often registration is retried while the kubelet is unreachable.
 const REGISTER_RETRY: Duration = Duration::from_secs(1);
+/// With every watch in place, the supervisor still looks this often (or
+/// every `poll_interval`, if longer): the device-node probe's own safety
+/// interval, so one look serves both.
+const BACKSTOP: Duration = probe::NodeProbe::SAFETY_INTERVAL;
 /// Bound on the whole stop sequence; the agent has 5 s from SIGTERM to exit.
 const STOP_BUDGET: Duration = Duration::from_secs(3);
 
@@ -55,7 +65,9 @@ pub struct PluginConfig {
     pub sharing: TimeSlicing,
     /// Where device nodes (`/dev/kfd`, `/dev/dri/...`) and sysfs are read.
     pub host: HostRoot,
-    /// Period of the presence checks described in the module documentation.
+    /// Period of the presence checks while a watch is missing (see the
+    /// module documentation); with the watches in place, the backstop's
+    /// period when longer than [`BACKSTOP`].
     pub poll_interval: Duration,
 }
 
@@ -235,10 +247,51 @@ struct Supervisor {
     status: Arc<watch::Sender<PluginStatus>>,
     kubelet_generation: watch::Sender<u64>,
     kubelet_id: Option<FileId>,
+    /// Bumped at each look at the directory: resource tasks then check
+    /// their sockets.
+    looks: watch::Sender<u64>,
+    /// `None` while the directory cannot be watched.
+    dir_events: Option<DirEvents>,
+}
+
+/// The device-plugin directory's inotify watch, with what wakes the
+/// supervisor when it has events.
+struct DirEvents {
+    watch: DirWatch,
+    ready: Readiness,
+}
+
+impl DirEvents {
+    /// Watches `dir`; `None`, logged at debug, when it cannot (the directory
+    /// does not exist yet, or no inotify or runtime). The directory is on the
+    /// node's own disk, so setting the watch up does not block for long.
+    fn open(dir: &std::path::Path) -> Option<Self> {
+        let opened = DirWatch::open(dir).and_then(|watch| {
+            let ready = Readiness::new(watch.inotify())?;
+            Ok(Self { watch, ready })
+        });
+        match opened {
+            Ok(events) => Some(events),
+            Err(e) => {
+                tracing::debug!(dir = %dir.display(), error = %e, "cannot watch the device-plugin directory; looking every poll interval");
+                None
+            }
+        }
+    }
+
+    /// Returns when events are queued; never without a watch.
+    async fn queued(events: Option<&Self>) {
+        match events {
+            Some(events) if events.ready.queued().await.is_ok() => {}
+            _ => std::future::pending().await,
+        }
+    }
 }
 
 impl Supervisor {
     fn new(config: PluginConfig, status: Arc<watch::Sender<PluginStatus>>) -> Self {
+        // Watched before the first look, so no change in between goes unseen.
+        let dir_events = DirEvents::open(&config.device_plugin_dir);
         let kubelet_id = file_id(&config.device_plugin_dir.join(api::KUBELET_SOCKET));
         Self {
             config,
@@ -253,6 +306,8 @@ impl Supervisor {
             status,
             kubelet_generation: watch::channel(0).0,
             kubelet_id,
+            looks: watch::channel(0).0,
+            dir_events,
         }
     }
 
@@ -266,7 +321,8 @@ impl Supervisor {
         self.report = health.borrow_and_update().clone();
         self.replan().await;
         let (mut inventory_open, mut health_open) = (true, true);
-        let mut tick = ticker(self.config.poll_interval);
+        let mut period = self.look_period();
+        let mut tick = ticker(period);
         loop {
             tokio::select! {
                 command = commands.recv() => match command {
@@ -275,8 +331,8 @@ impl Supervisor {
                             || config.poll_interval != self.config.poll_interval;
                         if restart {
                             self.stop_all().await;
+                            self.dir_events = DirEvents::open(&config.device_plugin_dir);
                             self.kubelet_id = file_id(&config.device_plugin_dir.join(api::KUBELET_SOCKET));
-                            tick = ticker(config.poll_interval);
                         }
                         self.config = config;
                         self.replan().await;
@@ -297,13 +353,18 @@ impl Supervisor {
                     }
                     Err(_) => health_open = false,
                 },
+                () = DirEvents::queued(self.dir_events.as_ref()) => self.look_at_dir(),
+                () = self.probe.changed() => self.look_at_nodes(),
                 _ = tick.tick() => {
-                    self.check_kubelet();
-                    // Unchanged checks change no device's health.
-                    if self.refresh_checks() {
-                        self.publish();
-                    }
+                    self.look_at_dir();
+                    self.look_at_nodes();
                 }
+            }
+            // A watch set up or lost changes how often the plugin must look.
+            let wanted = self.look_period();
+            if wanted != period {
+                period = wanted;
+                tick = ticker(period);
             }
         }
         self.stop_all().await;
@@ -312,6 +373,41 @@ impl Supervisor {
             s.running = false;
             s.error = None;
         });
+    }
+
+    /// How often to look without being told: every `poll_interval` while a
+    /// watch is missing, else the backstop.
+    fn look_period(&self) -> Duration {
+        if self.dir_events.is_some() && self.probe.event_driven() {
+            self.config.poll_interval.max(BACKSTOP)
+        } else {
+            self.config.poll_interval
+        }
+    }
+
+    /// Reads the directory's events (watching it again if its watch is
+    /// missing), then looks at `kubelet.sock` and has the resource tasks
+    /// look at their sockets.
+    fn look_at_dir(&mut self) {
+        match &mut self.dir_events {
+            Some(events) => {
+                if let Err(e) = events.watch.drain() {
+                    tracing::debug!(error = %e, "lost the device-plugin directory's watch; looking every poll interval");
+                    self.dir_events = None;
+                }
+            }
+            None => self.dir_events = DirEvents::open(&self.config.device_plugin_dir),
+        }
+        self.check_kubelet();
+        self.looks.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// Looks at the device nodes; publishes if their checks changed.
+    fn look_at_nodes(&mut self) {
+        // Unchanged checks change no device's health.
+        if self.refresh_checks() {
+            self.publish();
+        }
     }
 
     /// Bumps the kubelet generation when `kubelet.sock` appears or is replaced.
@@ -450,7 +546,6 @@ impl Supervisor {
         let task = ResourceTask {
             short: short.to_owned(),
             dir: self.config.device_plugin_dir.clone(),
-            poll_interval: self.config.poll_interval,
             status: self.status.clone(),
         };
         // The entry exists before the task can report on it.
@@ -464,7 +559,8 @@ impl Supervisor {
             }
         });
         let kubelet = self.kubelet_generation.subscribe();
-        let task = tokio::spawn(task.run(state_rx, kubelet, stop_rx));
+        let looks = self.looks.subscribe();
+        let task = tokio::spawn(task.run(state_rx, kubelet, looks, stop_rx));
         ResourceHandle {
             state: state_tx,
             stop,
@@ -495,11 +591,9 @@ async fn join_bounded(tasks: Vec<JoinHandle<()>>) {
     }
 }
 
-/// A ticker of `period` on the process's grid ([`Ticker`]): the supervisor
-/// and every resource task tick at the same instants, where the health
-/// monitor's and discovery's ticks fall too, so one wake-up of the runtime
-/// serves them all (on an idle node, the plugin's ticks are most of its
-/// cost).
+/// A ticker of `period` on the process's grid ([`Ticker`]): the supervisor's
+/// looks fall where the health monitor's and discovery's ticks fall, so one
+/// wake-up of the runtime serves them all.
 fn ticker(period: Duration) -> Ticker {
     Ticker::new(period.max(Duration::from_millis(10)))
 }
@@ -533,11 +627,12 @@ fn summarize(status: &PluginStatus) -> Option<String> {
     (!problems.is_empty()).then(|| problems.join("; "))
 }
 
-/// Keeps one resource's socket served and registered.
+/// Keeps one resource's socket served and registered. It checks its socket
+/// when the supervisor looks at the directory (`looks`), and retries a
+/// failed registration every [`REGISTER_RETRY`].
 struct ResourceTask {
     short: String,
     dir: PathBuf,
-    poll_interval: Duration,
     status: Arc<watch::Sender<PluginStatus>>,
 }
 
@@ -546,10 +641,10 @@ impl ResourceTask {
         self,
         state: watch::Receiver<Arc<ResourceState>>,
         mut kubelet: watch::Receiver<u64>,
+        mut looks: watch::Receiver<u64>,
         mut stop: watch::Receiver<bool>,
     ) {
         let socket = self.dir.join(socket_name(&self.short));
-        let mut tick = ticker(self.poll_interval);
         let mut server: Option<SocketServer> = None;
         let kubelet_socket = self.dir.join(api::KUBELET_SOCKET);
         let mut need_register = true;
@@ -595,8 +690,12 @@ impl ResourceTask {
                     }
                 }
             }
+            let retrying = need_register && server.is_some();
             tokio::select! {
-                _ = tick.tick() => {}
+                changed = looks.changed() => if changed.is_err() {
+                    break;
+                },
+                () = tokio::time::sleep_until(next_attempt), if retrying => {}
                 changed = kubelet.changed() => match changed {
                     Ok(()) => {
                         let current = file_id(&kubelet_socket);
@@ -641,20 +740,6 @@ impl ResourceTask {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The supervisor's and a resource task's tickers, made at different
-    /// moments, fire at the same instants: one wake-up for both.
-    #[tokio::test]
-    async fn the_plugins_tickers_fire_together() {
-        let period = Duration::from_millis(100);
-        let mut supervisor = ticker(period);
-        supervisor.tick().await;
-        let mut resource = ticker(period);
-        for _ in 0..3 {
-            let (a, b) = (supervisor.tick().await, resource.tick().await);
-            assert_eq!(a, b);
-        }
-    }
 
     fn resource(registered: bool, error: Option<&str>) -> ResourceStatus {
         ResourceStatus {

@@ -5,11 +5,12 @@ use crate::support;
 
 use std::time::Duration;
 
+use gpu_operator::device::Gpu;
 use gpu_operator::device::watch::{DeviceWatch, WatchConfig};
 use gpu_operator::plugin::ResourceNamingStrategy::{Mixed, Single};
 use gpu_operator::plugin::{DevicePluginService, DeviceRef, HealthReport, PluginConfig};
 use support::hosts::SimHost;
-use support::kubelet::{TestKubelet, WAIT, health_of};
+use support::kubelet::{DeviceStream, TestKubelet, WAIT, health_of};
 use support::rig::Rig;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -187,25 +188,7 @@ async fn devices_turn_unhealthy_and_recover() {
     stream.next().await;
     let inventory = rig.sim.discover();
     let gpu = &inventory.gpus[1];
-
-    // A device node disappears, then comes back.
-    let card = format!("/dev/dri/card{}", gpu.partitions[0].card.unwrap());
-    rig.sim.host.remove_all(&card).unwrap();
-    let devices = stream
-        .next_matching("partition 0 unhealthy", |d| {
-            health_of(d, &gpu.bdf) == Some("Unhealthy")
-        })
-        .await;
-    assert_eq!(
-        devices.iter().filter(|d| d.health == "Unhealthy").count(),
-        1
-    );
-    rig.sim.host.write(&card, "").unwrap();
-    stream
-        .next_matching("all healthy again", |d| {
-            d.iter().all(|d| d.health == "Healthy")
-        })
-        .await;
+    a_device_node_goes_and_comes_back(&rig, &mut stream, gpu).await;
 
     // Another health source flags the whole GPU: all its partitions go.
     let mut report = HealthReport::default();
@@ -326,5 +309,102 @@ async fn a_closed_inventory_feed_keeps_the_last_inventory() {
             d.iter().all(|d| d.health == "Unhealthy")
         })
         .await;
+    plugin.stop().await;
+}
+
+/// With its watches in place the plugin looks when the device-plugin
+/// directory or `/dev` changes, not on a timer: with the poll interval at an
+/// hour, a deleted plugin socket, a new `kubelet.sock` and a removed device
+/// node are each acted on within the test's bounded wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_are_acted_on_when_inotify_reports_them_without_a_timer() {
+    let mut rig = Rig::start_with_gpus("mi300x", Some(2), Some("cpx_nps4"), Single).await;
+    rig.kubelet().wait_for_registration("amd.com/gpu", 1).await;
+    let mut config = rig.config(Single);
+    config.poll_interval = Duration::from_secs(3600);
+    rig.plugin().reconfigure(config).await.unwrap();
+    // A new poll interval restarts the servers, which register again.
+    rig.kubelet().wait_for_registration("amd.com/gpu", 2).await;
+
+    let socket = rig.plugin_dir().join("amd.com_gpu.sock");
+    std::fs::remove_file(&socket).unwrap();
+    rig.kubelet().wait_for_registration("amd.com/gpu", 3).await;
+    assert!(socket.exists(), "served again");
+
+    rig.kubelet_mut().recreate_socket().await;
+    rig.kubelet().wait_for_registration("amd.com/gpu", 4).await;
+
+    let mut stream = rig.kubelet().list_and_watch("amd.com_gpu.sock").await;
+    stream.next().await;
+    let inventory = rig.sim.discover();
+    a_device_node_goes_and_comes_back(&rig, &mut stream, &inventory.gpus[1]).await;
+    rig.stop().await;
+}
+
+/// Removes the DRM card node of `gpu`'s first partition: that partition
+/// alone turns unhealthy; made again, every device is healthy again.
+async fn a_device_node_goes_and_comes_back(rig: &Rig, stream: &mut DeviceStream, gpu: &Gpu) {
+    let card = format!("/dev/dri/card{}", gpu.partitions[0].card.unwrap());
+    rig.sim.host.remove_all(&card).unwrap();
+    let devices = stream
+        .next_matching("partition 0 unhealthy", |d| {
+            health_of(d, &gpu.bdf) == Some("Unhealthy")
+        })
+        .await;
+    assert_eq!(
+        devices.iter().filter(|d| d.health == "Unhealthy").count(),
+        1
+    );
+    rig.sim.host.write(&card, "").unwrap();
+    stream
+        .next_matching("all healthy again", |d| {
+            d.iter().all(|d| d.health == "Healthy")
+        })
+        .await;
+}
+
+/// A directory that does not exist yet cannot be watched: the plugin looks
+/// every poll interval until it can, registers once the kubelet is there,
+/// and watches the directory again after it was removed and made again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_plugin_directory_made_late_or_made_again_is_watched() {
+    let sim = SimHost::new("mi210", None);
+    let scratch = tempfile::tempdir().unwrap();
+    let dir = scratch.path().join("device-plugins");
+    let (_inventory_tx, inventory) = sim.feed();
+    let (_health_tx, health) = tokio::sync::watch::channel(HealthReport::default());
+    let plugin = DevicePluginService::start(
+        PluginConfig::new(&dir, Single, sim.host.clone()),
+        inventory,
+        health,
+    );
+    let mut status = plugin.status();
+    tokio::time::timeout(
+        WAIT,
+        status.wait_for(|s| {
+            s.error
+                .as_deref()
+                .is_some_and(|e| e.contains("cannot serve"))
+        }),
+    )
+    .await
+    .expect("the missing directory is reported")
+    .unwrap();
+
+    std::fs::create_dir(&dir).unwrap();
+    let mut kubelet = TestKubelet::start(&dir).await;
+    kubelet.wait_for_registration("amd.com/gpu", 1).await;
+
+    // The kubelet's directory wiped and made again: the watch went with it.
+    kubelet.stop().await;
+    std::fs::remove_dir_all(&dir).unwrap();
+    std::fs::create_dir(&dir).unwrap();
+    kubelet.recreate_socket().await;
+    kubelet.wait_for_registration("amd.com/gpu", 2).await;
+    // A resource registers only once its socket is served.
+    assert!(
+        dir.join("amd.com_gpu.sock").exists(),
+        "served in the new directory"
+    );
     plugin.stop().await;
 }

@@ -1,14 +1,18 @@
 //! A thin, safe wrapper of one Linux inotify instance: set up watches, and
 //! read the queued events without ever blocking.
 //!
-//! Three readers of the host use it: the health monitor's and the device
+//! Four readers of the host use it: the health monitor's and the device
 //! plugin's device-node checks ([`DevWatch`]: entries of `/dev` and
-//! `/dev/dri` created or removed) and the bounded reader, which learns from
-//! it that a kept descriptor's file was replaced off sysfs. This module owns the descriptor and the event format; what an
-//! event means belongs to its users. Setting up a watch resolves a path, which
-//! can block on a broken mount: callers run it where blocking is bounded.
+//! `/dev/dri` created or removed), the device plugin's watch of the kubelet's
+//! directory ([`DirWatch`]: `kubelet.sock` replaced, a plugin socket removed)
+//! and the bounded reader, which learns from it that a kept descriptor's file
+//! was replaced off sysfs. [`Readiness`] lets an async task sleep until
+//! events are queued instead of looking on a timer. This module owns the
+//! descriptor and the event format; what an event means belongs to its users.
+//! Setting up a watch resolves a path, which can block on a broken mount:
+//! callers run it where blocking is bounded.
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -119,6 +123,90 @@ impl Inotify {
     }
 }
 
+impl AsRawFd for Inotify {
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
+/// Wakes an async task when an inotify instance has events queued, through
+/// the tokio runtime's reactor: the task sleeps until something happened
+/// instead of looking every few hundred milliseconds.
+#[derive(Debug)]
+pub struct Readiness {
+    fd: tokio::io::unix::AsyncFd<Inotify>,
+}
+
+impl Readiness {
+    /// Registers `inotify` with the current runtime's reactor. An error
+    /// outside a tokio runtime (where registering would panic), or when the
+    /// reactor refuses it; one instance can have one `Readiness` at a time.
+    pub fn new(inotify: &Inotify) -> std::io::Result<Self> {
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(std::io::Error::other("no tokio runtime to wait in"));
+        }
+        // SAFETY: the clone owns a reference to the instance's `OwnedFd`,
+        // so the descriptor stays open, the same file description, for as
+        // long as the `AsyncFd` holds it, and `as_raw_fd` always returns it.
+        let fd = unsafe {
+            tokio::io::unix::AsyncFd::register_with_interest(
+                inotify.clone(),
+                tokio::io::Interest::READABLE,
+            )
+        }
+        .map_err(|e| e.into_parts().1)?;
+        Ok(Self { fd })
+    }
+
+    /// Returns once events are queued; the caller then drains them. The
+    /// readiness is cleared before the caller drains, so an event queued
+    /// while it drains wakes the next wait (at worst once for nothing)
+    /// instead of being slept through. Cancel-safe. An error only when the
+    /// runtime's reactor is gone.
+    pub async fn queued(&self) -> std::io::Result<()> {
+        let mut guard = self.fd.readable().await?;
+        guard.clear_ready();
+        Ok(())
+    }
+}
+
+/// An inotify instance watching one directory for entries created, removed
+/// or renamed, and for the directory itself going away.
+#[derive(Debug)]
+pub struct DirWatch {
+    inotify: Inotify,
+    wd: i32,
+}
+
+impl DirWatch {
+    /// Watches `dir`, which must exist. Resolves the path, so it can block on
+    /// a broken mount.
+    pub fn open(dir: &Path) -> std::io::Result<Self> {
+        let inotify = Inotify::new()?;
+        let wd = inotify.add_watch(dir, ENTRIES_AND_SELF)?;
+        Ok(Self { inotify, wd })
+    }
+
+    /// The instance, for [`Readiness`].
+    pub fn inotify(&self) -> &Inotify {
+        &self.inotify
+    }
+
+    /// Reads every pending event. True if any arrived. An error once the
+    /// watch is gone (the directory was removed or moved: a new one at the
+    /// same path needs a new watch), or the descriptor fails.
+    pub fn drain(&mut self) -> std::io::Result<bool> {
+        let (wd, mut gone) = (self.wd, false);
+        let changed = self.inotify.drain(|event| {
+            gone |= event.wd == wd && event.about_the_directory();
+        })?;
+        if gone {
+            return Err(std::io::Error::other("the directory's watch was removed"));
+        }
+        Ok(changed)
+    }
+}
+
 /// An inotify instance watching a devfs directory (`/dev`) and its DRM
 /// subdirectory (`/dev/dri`) for entries created, removed or renamed, and for
 /// the directories themselves going away: what tells a device-node check
@@ -162,6 +250,11 @@ impl DevWatch {
             dri_path,
             dri,
         })
+    }
+
+    /// The instance, for [`Readiness`].
+    pub fn inotify(&self) -> &Inotify {
+        &self.inotify
     }
 
     /// Whether the subdirectory is watched now.
@@ -280,5 +373,60 @@ mod tests {
                 && e.name.as_deref() == Some("value")),
             "{seen:?}"
         );
+    }
+
+    #[test]
+    fn a_directory_watch_reports_entries_and_fails_once_the_directory_is_gone() {
+        let dir = tempfile::tempdir().unwrap();
+        let watched = dir.path().join("plugins");
+        std::fs::create_dir(&watched).unwrap();
+        let mut watch = DirWatch::open(&watched).unwrap();
+        assert!(!watch.drain().unwrap(), "nothing happened yet");
+        std::fs::write(watched.join("kubelet.sock"), "").unwrap();
+        assert!(watch.drain().unwrap());
+        assert!(!watch.drain().unwrap(), "drained");
+        std::fs::remove_dir_all(&watched).unwrap();
+        assert!(watch.drain().is_err(), "the watch went with its directory");
+        assert!(DirWatch::open(&watched).is_err(), "nothing to watch");
+    }
+
+    #[tokio::test]
+    async fn readiness_wakes_a_task_for_events_queued_before_and_after_it_waits() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut watch = DirWatch::open(dir.path()).unwrap();
+        let ready = Readiness::new(watch.inotify()).unwrap();
+        let bound = std::time::Duration::from_secs(10);
+        // Queued before the first wait.
+        std::fs::write(dir.path().join("a"), "").unwrap();
+        tokio::time::timeout(bound, ready.queued())
+            .await
+            .expect("woken for an event queued before")
+            .unwrap();
+        assert!(watch.drain().unwrap());
+        // Nothing queued: the wait does not return.
+        assert!(
+            tokio::time::timeout(std::time::Duration::from_millis(50), ready.queued())
+                .await
+                .is_err(),
+            "no event, no wake-up"
+        );
+        // Queued while it waits.
+        let path = dir.path().join("b");
+        let writer = tokio::spawn(async move {
+            tokio::task::yield_now().await;
+            std::fs::write(path, "").unwrap();
+        });
+        tokio::time::timeout(bound, ready.queued())
+            .await
+            .expect("woken for an event queued while waiting")
+            .unwrap();
+        writer.await.unwrap();
+        assert!(watch.drain().unwrap());
+    }
+
+    #[test]
+    fn readiness_needs_a_runtime_and_says_so() {
+        let inotify = Inotify::new().unwrap();
+        assert!(Readiness::new(&inotify).is_err());
     }
 }
