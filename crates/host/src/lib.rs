@@ -165,7 +165,7 @@ impl HostRoot {
     /// Reads a whole (small) file as UTF-8, at most 64 KiB.
     pub fn read_string(&self, host_path: impl AsRef<Path>) -> Result<String> {
         let path = self.path(host_path);
-        let file = fs::File::open(&path).map_err(|e| HostError::io(&path, e))?;
+        let file = open_to_read(&path).map_err(|e| HostError::io(&path, e))?;
         let mut buf = String::new();
         file.take(MAX_ATTR_BYTES)
             .read_to_string(&mut buf)
@@ -180,7 +180,7 @@ impl HostRoot {
     /// attributes go through [`HostRoot::attr_str`].
     pub fn open_attr(&self, host_path: impl AsRef<Path>) -> Result<(Vec<u8>, Option<OpenAttr>)> {
         let path = self.path(host_path);
-        let file = fs::File::open(&path).map_err(|e| HostError::io(&path, e))?;
+        let file = open_to_read(&path).map_err(|e| HostError::io(&path, e))?;
         let regular = file.metadata().is_ok_and(|m| m.file_type().is_file());
         if !regular {
             return Ok((read_bounded(&file, &path)?, None));
@@ -194,7 +194,7 @@ impl HostRoot {
             Some(bytes) => Ok((bytes, Some(attr))),
             // Replaced between open and read: read the new file once.
             None => {
-                let file = fs::File::open(&attr.path).map_err(|e| HostError::io(&attr.path, e))?;
+                let file = open_to_read(&attr.path).map_err(|e| HostError::io(&attr.path, e))?;
                 Ok((read_bounded(&file, &attr.path)?, None))
             }
         }
@@ -589,6 +589,24 @@ impl OpenAttr {
 const ATTR_PAGE: usize = 4096;
 
 /// A whole (small) file from its start, at most 64 KiB.
+/// Opens a host file to read it, asking the kernel not to update its access
+/// time (`O_NOATIME`). The operator reads the same attributes several times
+/// a second for as long as it runs; on a filesystem that keeps access times
+/// (the tmpfs of a simulated host; sysfs keeps none) each read would
+/// otherwise also write the inode. Only the file's owner or a process with
+/// `CAP_FOWNER` may ask that: anyone else opens the file as usual.
+fn open_to_read(path: &Path) -> io::Result<fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    match fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOATIME)
+        .open(path)
+    {
+        Err(e) if e.raw_os_error() == Some(libc::EPERM) => fs::File::open(path),
+        opened => opened,
+    }
+}
+
 fn read_bounded(file: &fs::File, path: &Path) -> Result<Vec<u8>> {
     let mut buf = Vec::new();
     file.take(MAX_ATTR_BYTES)
@@ -947,5 +965,55 @@ mod tests {
                 .unwrap(),
             "0x1002"
         );
+    }
+
+    /// Sets `path`'s access time to two days before its modification time,
+    /// which a `relatime` mount updates at the next read.
+    fn age_access_time(path: &Path) {
+        use std::os::unix::ffi::OsStrExt;
+        let c_path = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap();
+        let times = [
+            libc::timespec {
+                tv_sec: (now.as_secs() - 2 * 86_400) as libc::time_t,
+                tv_nsec: 0,
+            },
+            libc::timespec {
+                tv_sec: now.as_secs() as libc::time_t,
+                tv_nsec: 0,
+            },
+        ];
+        // SAFETY: the path is NUL-terminated; `times` holds two timespecs.
+        let done = unsafe { libc::utimensat(libc::AT_FDCWD, c_path.as_ptr(), times.as_ptr(), 0) };
+        assert_eq!(done, 0, "{}", io::Error::last_os_error());
+    }
+
+    fn access_time(path: &Path) -> i64 {
+        use std::os::unix::fs::MetadataExt;
+        fs::metadata(path).unwrap().atime()
+    }
+
+    #[test]
+    fn reading_an_attribute_leaves_its_access_time_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let host = HostRoot::new(dir.path());
+        host.write("/sys/a", "1\n").unwrap();
+        let path = host.path("/sys/a");
+
+        // The control: a plain read on this filesystem updates it.
+        age_access_time(&path);
+        let aged = access_time(&path);
+        fs::read(&path).unwrap();
+        assert_ne!(access_time(&path), aged, "this mount keeps access times");
+
+        age_access_time(&path);
+        let (bytes, kept) = host.open_attr("/sys/a").unwrap();
+        assert_eq!(bytes, b"1\n");
+        let kept = kept.expect("a regular file stays open");
+        assert_eq!(kept.reread().unwrap().unwrap(), b"1\n");
+        assert_eq!(host.read_string("/sys/a").unwrap(), "1\n");
+        assert_eq!(access_time(&path), aged, "no read wrote the inode");
     }
 }
