@@ -8,7 +8,12 @@
 //! the kubelet which pod holds which device ([`crate::pod_resources`]) and
 //! publishes the sample; it is rendered ([`render`]) once, ahead of the
 //! scrapes while something scrapes and at the first scrape otherwise, so an
-//! exporter nobody scrapes renders nothing. A scrape never waits for sysfs.
+//! exporter nobody scrapes renders nothing. Nor does it sample at its interval
+//! once nobody scraped for [`PRERENDER_AFTER_SCRAPE`] (or ever), unless the
+//! sample also tells the health socket which pods hold the GPUs
+//! ([`samples_on_tick`]): it samples when the next scrape asks, and that
+//! scrape waits for the fresh sample (a few milliseconds; at most
+//! [`server::FRESH_WAIT`]). Any other scrape never waits for sysfs.
 //! The agent's own metrics ([`agent`]) are served too.
 //!
 //! Layout: sampling, `config.json`, the field catalogue and the logical GPU
@@ -312,6 +317,16 @@ pub fn renders_ahead(rendered_once: bool, since_scrape: Option<Duration>) -> boo
     !rendered_once || since_scrape.is_some_and(|d| d < PRERENDER_AFTER_SCRAPE)
 }
 
+/// Whether the sampling task samples at its interval, rather than when a
+/// scrape asks: while a scrape came within [`PRERENDER_AFTER_SCRAPE`]
+/// (`since_scrape`), or while the sample also feeds the pod association
+/// that the health socket reports (`feeds_pods`: the kubelet answered the
+/// last sample's PodResources query). An exporter nobody scrapes then costs
+/// nothing between scrapes on a node without pods to follow. Pure.
+pub fn samples_on_tick(since_scrape: Option<Duration>, feeds_pods: bool) -> bool {
+    feeds_pods || since_scrape.is_some_and(|d| d < PRERENDER_AFTER_SCRAPE)
+}
+
 /// Everything one rendering needs, owned, so that a scrape can render it
 /// after the sampling task moved on.
 struct SampleExposition {
@@ -467,10 +482,16 @@ impl Service for MetricsService {
             // fall too: one wake-up of the runtime serves them all.
             let mut ticker = Ticker::starting_now(current.interval);
             let mut sampled = false;
+            // A scrape's ask for a fresh sample, while sampling waits for one.
+            let asks = Arc::new(tokio::sync::Notify::new());
             let mut discovery = self.discovery.clone();
             // A JoinHandle must not be awaited again once it has completed.
             let mut server_finished = false;
             let result = loop {
+                let feeds_pods =
+                    current.pod_resources_socket.is_some() && latest.pod_error.is_none();
+                let ticking =
+                    !sampled || samples_on_tick(last_scraped.map(|at| at.elapsed()), feeds_pods);
                 let discovered = self.discovered();
                 let discovery_changed = async {
                     match discovery.as_mut() {
@@ -542,7 +563,8 @@ impl Service for MetricsService {
                     }
                     // A late tick is followed by the next point of the grid,
                     // not by a burst of catch-up ticks.
-                    _ = ticker.tick() => true,
+                    _ = ticker.tick(), if ticking => true,
+                    () = asks.notified() => true,
                 };
                 if !self.discovered() {
                     published_tx.send_replace(Arc::new(Published::waiting(Some("discovering"))));
@@ -598,6 +620,14 @@ impl Service for MetricsService {
                 if published_tx.borrow().served() {
                     last_scraped = Some(tokio::time::Instant::now());
                 }
+                let feeds_pods =
+                    current.pod_resources_socket.is_some() && latest.pod_error.is_none();
+                let published = if samples_on_tick(last_scraped.map(|at| at.elapsed()), feeds_pods)
+                {
+                    published
+                } else {
+                    published.asking_through(asks.clone())
+                };
                 if renders_ahead(rendered_once, last_scraped.map(|at| at.elapsed())) {
                     // The first rendering also tells the status its series.
                     published.prerender();
@@ -709,6 +739,14 @@ mod tests {
         assert!(!renders_ahead(true, None), "never scraped");
         assert!(renders_ahead(true, Some(Duration::from_secs(60))));
         assert!(!renders_ahead(true, Some(PRERENDER_AFTER_SCRAPE)));
+    }
+
+    #[test]
+    fn sampling_waits_for_a_scrape_only_when_nothing_else_reads_the_sample() {
+        assert!(!samples_on_tick(None, false), "never scraped");
+        assert!(samples_on_tick(Some(Duration::from_secs(60)), false));
+        assert!(!samples_on_tick(Some(PRERENDER_AFTER_SCRAPE), false));
+        assert!(samples_on_tick(None, true), "the pods follow the kubelet");
     }
 
     #[test]

@@ -72,6 +72,10 @@ pub struct Published {
     json: OnceLock<Bytes>,
     /// A client asked for a body (prerendering does not count).
     served: AtomicBool,
+    /// Set while the sampling task waits for a scrape instead of sampling at
+    /// its interval (nobody scraped for a while): a client first asks it for
+    /// a fresh sample ([`Published::ask_fresh`]).
+    asks: Option<Arc<tokio::sync::Notify>>,
     /// A first sample has been rendered.
     pub ready: bool,
     /// Why there is no sample yet, for `/readyz` (e.g. `discovering`);
@@ -105,6 +109,26 @@ impl Published {
             source: Some(Box::new(source)),
             ready: true,
             ..Self::default()
+        }
+    }
+
+    /// The same sample, taken by a sampling task that now waits for a scrape
+    /// to sample again: it is asked through `asks`.
+    pub fn asking_through(mut self, asks: Arc<tokio::sync::Notify>) -> Self {
+        self.asks = Some(asks);
+        self
+    }
+
+    /// For a client: when this is the last sample before the sampling task
+    /// paused, marks it served and asks for a fresh one. True if it asked.
+    pub fn ask_fresh(&self) -> bool {
+        match &self.asks {
+            Some(asks) => {
+                self.served.store(true, Ordering::Relaxed);
+                asks.notify_one();
+                true
+            }
+            None => false,
         }
     }
 
@@ -215,14 +239,37 @@ async fn check_access(request: axum::extract::Request, next: axum::middleware::N
     next.run(request).await
 }
 
+/// How long a client waits for the fresh sample it asked for before it is
+/// served the last one (a sample's reads have deadlines well inside it).
+pub const FRESH_WAIT: Duration = Duration::from_secs(5);
+
+/// The sample a client is served: the current one, or, when the sampling
+/// task paused for want of scrapes, the fresh one it takes when asked (the
+/// current one if that takes longer than [`FRESH_WAIT`]).
+async fn sample_to_serve(mut published: Shared) -> Arc<Published> {
+    let current = published.borrow_and_update().clone();
+    if !current.ask_fresh() {
+        return current;
+    }
+    let fresh = tokio::time::timeout(
+        FRESH_WAIT,
+        published.wait_for(|p| !Arc::ptr_eq(p, &current) && p.ready),
+    )
+    .await;
+    match fresh {
+        Ok(Ok(fresh)) => fresh.clone(),
+        _ => current,
+    }
+}
+
 async fn metrics(State(published): State<Shared>) -> Response {
-    let published = published.borrow().clone();
+    let published = sample_to_serve(published).await;
     let body = published.metrics();
     ([(header::CONTENT_TYPE, CONTENT_TYPE)], body).into_response()
 }
 
 async fn gpumetrics(State(published): State<Shared>) -> Response {
-    let published = published.borrow().clone();
+    let published = sample_to_serve(published).await;
     if !published.ready {
         // Before the first sample there is no document; an empty 200 would
         // not be JSON.

@@ -476,6 +476,33 @@ async fn values_change_when_telemetry_moves() {
     assert_eq!(value_of(&after, "gpu_ecc_correct_total", "0"), Some(7.0));
 }
 
+/// Nobody scrapes and no pods are followed: after its first sample the
+/// exporter does not sample at its interval. A scrape then asks for a fresh
+/// sample and is served it, and sampling at the interval resumes.
+#[tokio::test]
+async fn an_exporter_nobody_scrapes_samples_when_a_scrape_asks() {
+    let sim = simulated("mi210", None);
+    let mut running = start(&sim, config(&sim), None).await;
+    let first = running.status.borrow().samples;
+    // Ten intervals of 100 ms: nothing to wait for but time.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        running.status.borrow().samples,
+        first,
+        "no scrape, no sample"
+    );
+
+    simulate::set_ecc_counts(&sim.host, "0000:03:00.0", "umc", 0, 7).unwrap();
+    let text = running.scrape().await;
+    assert_eq!(
+        value_of(&text, "gpu_ecc_correct_umc", "0"),
+        Some(7.0),
+        "the scrape was served a sample taken after it asked"
+    );
+    // And sampling at the interval resumed.
+    running.samples(2).await;
+}
+
 #[tokio::test]
 async fn deferred_ecc_errors_are_exported_where_the_kernel_reports_them() {
     // Kernels add `de:` to UMC's counts (every ASIC); older ones did not.
@@ -511,6 +538,8 @@ async fn a_hung_file_costs_one_value_and_scrapes_still_answer() {
     let mut running = start(&sim, config(&sim), None).await;
     let hung = "/sys/devices/pci0000:00/0000:27:00.0/current_link_speed";
     simulate::hang_file(&sim.host, hung).unwrap();
+    // Scraped, the exporter samples at its interval.
+    running.scrape().await;
     running.samples(3).await;
     let started = Instant::now();
     let text = running.scrape().await;
