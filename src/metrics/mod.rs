@@ -302,6 +302,9 @@ struct Latest {
     pods: DevicePods,
     pod_errors: u64,
     pod_error: Option<String>,
+    /// The kubelet's PodResources socket was there (it answered, or failed
+    /// to): the sample follows its pods, which the health socket reports.
+    follows_pods: bool,
 }
 
 /// How long after a scrape each new sample is rendered ahead of the next
@@ -319,12 +322,12 @@ pub fn renders_ahead(rendered_once: bool, since_scrape: Option<Duration>) -> boo
 
 /// Whether the sampling task samples at its interval, rather than when a
 /// scrape asks: while a scrape came within [`PRERENDER_AFTER_SCRAPE`]
-/// (`since_scrape`), or while the sample also feeds the pod association
-/// that the health socket reports (`feeds_pods`: the kubelet answered the
-/// last sample's PodResources query). An exporter nobody scrapes then costs
+/// (`since_scrape`), or while the sample also follows the kubelet's pods,
+/// which the health socket reports (`follows_pods`: the kubelet's
+/// PodResources socket was there at the last sample, answering or not). An exporter nobody scrapes then costs
 /// nothing between scrapes on a node without pods to follow. Pure.
-pub fn samples_on_tick(since_scrape: Option<Duration>, feeds_pods: bool) -> bool {
-    feeds_pods || since_scrape.is_some_and(|d| d < PRERENDER_AFTER_SCRAPE)
+pub fn samples_on_tick(since_scrape: Option<Duration>, follows_pods: bool) -> bool {
+    follows_pods || since_scrape.is_some_and(|d| d < PRERENDER_AFTER_SCRAPE)
 }
 
 /// Everything one rendering needs, owned, so that a scrape can render it
@@ -488,10 +491,8 @@ impl Service for MetricsService {
             // A JoinHandle must not be awaited again once it has completed.
             let mut server_finished = false;
             let result = loop {
-                let feeds_pods =
-                    current.pod_resources_socket.is_some() && latest.pod_error.is_none();
-                let ticking =
-                    !sampled || samples_on_tick(last_scraped.map(|at| at.elapsed()), feeds_pods);
+                let ticking = !sampled
+                    || samples_on_tick(last_scraped.map(|at| at.elapsed()), latest.follows_pods);
                 let discovered = self.discovered();
                 let discovery_changed = async {
                     match discovery.as_mut() {
@@ -620,10 +621,8 @@ impl Service for MetricsService {
                 if published_tx.borrow().served() {
                     last_scraped = Some(tokio::time::Instant::now());
                 }
-                let feeds_pods =
-                    current.pod_resources_socket.is_some() && latest.pod_error.is_none();
-                let published = if samples_on_tick(last_scraped.map(|at| at.elapsed()), feeds_pods)
-                {
+                let since_scrape = last_scraped.map(|at| at.elapsed());
+                let published = if samples_on_tick(since_scrape, latest.follows_pods) {
                     published
                 } else {
                     published.asking_through(asks.clone())
@@ -672,6 +671,7 @@ impl MetricsService {
         };
         let xcp = crate::plugin::devices::xcp_names_of(&inventory);
         let (sample, pod_list) = tokio::join!(sampler.sample(&inventory, Scope::Full), pods);
+        let follows_pods = !matches!(pod_list, Ok(None));
         let (pods, pod_errors, pod_error) = match pod_list {
             Ok(Some(list)) => {
                 let ids = crate::telemetry::devices::device_ids(&inventory, &xcp);
@@ -699,6 +699,7 @@ impl MetricsService {
             pods,
             pod_errors,
             pod_error,
+            follows_pods,
         }
     }
 }

@@ -476,13 +476,19 @@ async fn values_change_when_telemetry_moves() {
     assert_eq!(value_of(&after, "gpu_ecc_correct_total", "0"), Some(7.0));
 }
 
-/// Nobody scrapes and no pods are followed: after its first sample the
+/// Nobody scrapes and no pods are followed (as in standalone mode: the
+/// kubelet's PodResources socket is not there): after its first sample the
 /// exporter does not sample at its interval. A scrape then asks for a fresh
 /// sample and is served it, and sampling at the interval resumes.
 #[tokio::test]
 async fn an_exporter_nobody_scrapes_samples_when_a_scrape_asks() {
     let sim = simulated("mi210", None);
-    let mut running = start(&sim, config(&sim), None).await;
+    let no_kubelet = scratch();
+    let config = MetricsConfig {
+        pod_resources_socket: Some(no_kubelet.path().join("pod-resources/kubelet.sock")),
+        ..config(&sim)
+    };
+    let mut running = start(&sim, config, None).await;
     let first = running.status.borrow().samples;
     // Ten intervals of 100 ms: nothing to wait for but time.
     tokio::time::sleep(Duration::from_secs(1)).await;
