@@ -302,8 +302,10 @@ struct Latest {
     pods: DevicePods,
     pod_errors: u64,
     pod_error: Option<String>,
-    /// The kubelet's PodResources socket was there (it answered, or failed
-    /// to): the sample follows its pods, which the health socket reports.
+    /// A kubelet serves PodResources here: the socket was there at this or
+    /// an earlier sample (it answered, or failed to), or its directory is
+    /// (a kubelet restarting makes the socket again). The sample then
+    /// follows its pods, which the health socket reports.
     follows_pods: bool,
 }
 
@@ -323,8 +325,8 @@ pub fn renders_ahead(rendered_once: bool, since_scrape: Option<Duration>) -> boo
 /// Whether the sampling task samples at its interval, rather than when a
 /// scrape asks: while a scrape came within [`PRERENDER_AFTER_SCRAPE`]
 /// (`since_scrape`), or while the sample also follows the kubelet's pods,
-/// which the health socket reports (`follows_pods`: the kubelet's
-/// PodResources socket was there at the last sample, answering or not). An exporter nobody scrapes then costs
+/// which the health socket reports (`follows_pods`: a kubelet serves
+/// PodResources where the config says). An exporter nobody scrapes then costs
 /// nothing between scrapes on a node without pods to follow. Pure.
 pub fn samples_on_tick(since_scrape: Option<Duration>, follows_pods: bool) -> bool {
     follows_pods || since_scrape.is_some_and(|d| d < PRERENDER_AFTER_SCRAPE)
@@ -545,7 +547,10 @@ impl Service for MetricsService {
                             ticker = Ticker::starting_now(next.interval);
                         }
                         exporter_config.apply(next.config_text.as_deref());
-                        let resample = next.host != current.host;
+                        // A new socket may change whether the sample
+                        // follows pods, and so whether it waits for scrapes.
+                        let resample = next.host != current.host
+                            || next.pod_resources_socket != current.pod_resources_socket;
                         current = next;
                         resample
                     }
@@ -671,7 +676,13 @@ impl MetricsService {
         };
         let xcp = crate::plugin::devices::xcp_names_of(&inventory);
         let (sample, pod_list) = tokio::join!(sampler.sample(&inventory, Scope::Full), pods);
-        let follows_pods = !matches!(pod_list, Ok(None));
+        let follows_pods = previous.follows_pods
+            || !matches!(pod_list, Ok(None))
+            || config
+                .pod_resources_socket
+                .as_deref()
+                .and_then(std::path::Path::parent)
+                .is_some_and(std::path::Path::is_dir);
         let (pods, pod_errors, pod_error) = match pod_list {
             Ok(Some(list)) => {
                 let ids = crate::telemetry::devices::device_ids(&inventory, &xcp);
