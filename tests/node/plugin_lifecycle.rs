@@ -18,11 +18,9 @@ async fn kubelet_restart_leads_to_a_new_registration() {
     let mut rig = Rig::start("mi300x", None, Single).await;
     rig.kubelet().wait_for_registration("amd.com/gpu", 1).await;
 
+    // The restart wipes the plugin socket; the plugin hears of it through
+    // inotify and may have served it again before `restart` returns.
     rig.kubelet_mut().restart().await;
-    assert!(
-        !rig.plugin_dir().join("amd.com_gpu.sock").exists(),
-        "restart wiped the plugin socket"
-    );
     // How fast is a benchmark figure (`cargo bench --bench plugin`); here only
     // that it happens, within the test kubelet's bounded wait.
     let again = rig.kubelet().wait_for_registration("amd.com/gpu", 2).await;
