@@ -392,22 +392,20 @@ fn idle_cpu(pid: u32, window: Duration) -> IdleCpu {
     std::thread::sleep(window);
     let (after, ticks_after) = (threads_cpu_time(pid), cpu_time(pid));
     let mut threads = std::collections::BTreeMap::<String, (Duration, u64)>::new();
+    let mut main_thread = Duration::ZERO;
     for (tid, now) in &after {
         let then = before.get(tid);
         let cpu = now
             .cpu
             .saturating_sub(then.map_or(Duration::ZERO, |t| t.cpu));
         let runs = now.runs.saturating_sub(then.map_or(0, |t| t.runs));
+        if *tid == pid.to_string() {
+            main_thread = cpu;
+        }
         let entry = threads.entry(now.name.clone()).or_default();
         entry.0 += cpu;
         entry.1 += runs;
     }
-    let main_thread = after.get(&pid.to_string()).map_or(Duration::ZERO, |now| {
-        let then = before
-            .get(&pid.to_string())
-            .map_or(Duration::ZERO, |t| t.cpu);
-        now.cpu.saturating_sub(then)
-    });
     IdleCpu {
         cpu: threads.values().map(|(cpu, _)| *cpu).sum(),
         ticks: Some(ticks_after.saturating_sub(ticks_before)),

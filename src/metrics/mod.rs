@@ -632,7 +632,7 @@ impl Service for MetricsService {
                 } else {
                     published.asking_through(asks.clone())
                 };
-                if renders_ahead(rendered_once, last_scraped.map(|at| at.elapsed())) {
+                if renders_ahead(rendered_once, since_scrape) {
                     // The first rendering also tells the status its series.
                     published.prerender();
                     rendered_once = true;

@@ -121,10 +121,7 @@ impl NodeProbe {
     /// Returns when `/dev` or `/dev/dri` has events queued, which the next
     /// look reads; never while not [`NodeProbe::event_driven`]. Cancel-safe.
     pub(crate) async fn changed(&self) {
-        match &self.ready {
-            Some(ready) if ready.queued().await.is_ok() => {}
-            _ => std::future::pending().await,
-        }
+        Readiness::queued_or_never(self.ready.as_ref()).await;
     }
 
     /// Presence of `/dev/kfd` and of `nodes` on `host`, now.

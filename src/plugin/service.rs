@@ -278,14 +278,6 @@ impl DirEvents {
             }
         }
     }
-
-    /// Returns when events are queued; never without a watch.
-    async fn queued(events: Option<&Self>) {
-        match events {
-            Some(events) if events.ready.queued().await.is_ok() => {}
-            _ => std::future::pending().await,
-        }
-    }
 }
 
 impl Supervisor {
@@ -353,7 +345,7 @@ impl Supervisor {
                     }
                     Err(_) => health_open = false,
                 },
-                () = DirEvents::queued(self.dir_events.as_ref()) => self.look_at_dir(),
+                () = Readiness::queued_or_never(self.dir_events.as_ref().map(|e| &e.ready)) => self.look_at_dir(),
                 () = self.probe.changed() => self.look_at_nodes(),
                 _ = tick.tick() => {
                     self.look_at_dir();

@@ -168,6 +168,16 @@ impl Readiness {
         guard.clear_ready();
         Ok(())
     }
+
+    /// [`Readiness::queued`] of a watch that may be missing: never returns
+    /// without one, or once the reactor is gone, so that a task can wait
+    /// on it beside its other wake-ups whether or not it has a watch.
+    pub async fn queued_or_never(ready: Option<&Self>) {
+        match ready {
+            Some(ready) if ready.queued().await.is_ok() => {}
+            _ => std::future::pending().await,
+        }
+    }
 }
 
 /// An inotify instance watching one directory for entries created, removed

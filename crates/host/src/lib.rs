@@ -588,7 +588,6 @@ impl OpenAttr {
 /// attribute fits in.
 const ATTR_PAGE: usize = 4096;
 
-/// A whole (small) file from its start, at most 64 KiB.
 /// Opens a host file to read it, asking the kernel not to update its access
 /// time (`O_NOATIME`). The operator reads the same attributes several times
 /// a second for as long as it runs; on a filesystem that keeps access times
@@ -607,6 +606,7 @@ fn open_to_read(path: &Path) -> io::Result<fs::File> {
     }
 }
 
+/// A whole (small) file from its start, at most 64 KiB.
 fn read_bounded(file: &fs::File, path: &Path) -> Result<Vec<u8>> {
     let mut buf = Vec::new();
     file.take(MAX_ATTR_BYTES)
